@@ -1,0 +1,114 @@
+// The validated training configuration.
+//
+//   lockstep::Config cfg = lockstep::load_config("configs/quickstart.yaml",
+//                                                {"trainer.devices=4", "trainer.steps=100"});
+//
+// Every value is checked when it is read. A bad value throws ConfigError, whose message
+// reads "FILE:LINE:COL: KEY.PATH: expected ..., got ...". Unknown keys are rejected with a
+// "did you mean" suggestion. Overrides ("a.b.c=value") pass through the same checks and are
+// named "--set a.b.c=value" in messages.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "lockstep/error.hpp"
+
+namespace lockstep {
+
+class ConfigError : public InputError {
+ public:
+  using InputError::InputError;
+};
+
+enum class Activation { relu, gelu, tanh };
+enum class DatasetKind { csv, idx, synthetic };
+enum class OptimizerKind { sgd, adamw };
+enum class ScheduleKind { constant, warmup_cosine };
+enum class BackendKind { automatic, cpu, cuda };
+
+std::string_view to_string(Activation);
+std::string_view to_string(DatasetKind);
+std::string_view to_string(OptimizerKind);
+std::string_view to_string(ScheduleKind);
+std::string_view to_string(BackendKind);
+
+struct ModelConfig {
+  std::string type = "mlp";      // only "mlp" for now
+  std::vector<int> hidden{64};   // hidden layer widths; input and output sizes come from the data
+  Activation activation = Activation::relu;
+};
+
+struct DataConfig {
+  DatasetKind dataset = DatasetKind::csv;
+  std::string path;              // csv: the file
+  int label_column = -1;         // csv: column holding the class; negative counts from the end
+  bool header = false;           // csv: skip the first line
+  std::string images;            // idx: images file (e.g. train-images-idx3-ubyte)
+  std::string labels;            // idx: labels file
+  std::int64_t samples = 10000;  // synthetic: number of samples
+  int features = 32;             // synthetic: features per sample
+  int classes = 10;              // synthetic: number of classes
+  double eval_fraction = 0.2;    // held-out share of the samples, in [0, 1)
+  int batch_size = 32;           // per device, as in DDP: the global batch is batch_size x devices
+  bool shuffle = true;
+  bool drop_last = false;
+  bool normalize = true;         // standardise every feature with the train split's mean and std
+  int prefetch = 2;              // batches each worker assembles ahead of compute
+};
+
+struct OptimizerConfig {
+  OptimizerKind type = OptimizerKind::sgd;
+  double lr = 0.01;
+  double momentum = 0.0;         // sgd
+  bool nesterov = false;         // sgd; needs momentum > 0
+  double weight_decay = 0.0;     // sgd: L2 added to the gradient; adamw: decoupled
+  double beta1 = 0.9;            // adamw
+  double beta2 = 0.999;          // adamw
+  double eps = 1e-8;             // adamw
+  double clip_grad_norm = 0.0;   // clip the averaged gradient to this global norm; 0 = off
+};
+
+struct ScheduleConfig {
+  ScheduleKind type = ScheduleKind::constant;
+  std::int64_t warmup_steps = 0;  // warmup_cosine: linear ramp from lr/warmup to lr
+  double min_lr = 0.0;            // warmup_cosine: floor of the cosine decay
+};
+
+struct TrainerConfig {
+  BackendKind backend = BackendKind::automatic;
+  std::vector<int> devices{0};    // device ids; "devices: 4" in YAML means [0, 1, 2, 3]
+  std::int64_t steps = 0;         // exactly one of steps and epochs is set
+  std::int64_t epochs = 0;
+  std::uint64_t seed = 0;
+  std::int64_t log_every = 50;
+  std::int64_t eval_every = 0;    // 0: evaluate only at the end
+  std::int64_t check_replicas_every = 100;  // 0: check only at the end
+  int threads_per_device = 0;     // cpu backend: 0 = hardware threads / devices (at least 1)
+};
+
+struct Config {
+  ModelConfig model;
+  DataConfig data;
+  OptimizerConfig optimizer;
+  ScheduleConfig schedule;
+  TrainerConfig trainer;
+  std::string source = "<defaults>";  // where it was read from, for messages
+
+  // Checks the cross-field rules (steps xor epochs, nesterov needs momentum, ...).
+  // load_config() calls it; embedders who fill a Config by hand should too.
+  void validate() const;
+};
+
+// Reads and validates a YAML file, then applies "a.b.c=value" overrides.
+Config load_config(const std::filesystem::path& file, std::span<const std::string> overrides = {});
+
+// Same, from text in memory. `source` names it in messages.
+Config parse_config(std::string_view yaml, std::string_view source,
+                    std::span<const std::string> overrides = {});
+
+}  // namespace lockstep

@@ -1,0 +1,140 @@
+// Datasets, the DistributedSampler and per-worker batch loading.
+//
+//   auto data = lockstep::InMemoryDataset(features, labels, /*features=*/4, /*classes=*/3);
+//   lockstep::DistributedSampler sampler(data.size(), /*replicas=*/4, /*rank=*/1,
+//                                        /*shuffle=*/true, /*seed=*/0, /*drop_last=*/false);
+//   sampler.set_epoch(3);
+//   for (std::size_t i : sampler.indices()) { ... }
+//
+// Loaders throw InputError naming the file, the line (or byte offset) and what was expected.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "lockstep/config.hpp"
+
+namespace lockstep {
+
+class Dataset {
+ public:
+  virtual ~Dataset() = default;
+  virtual std::size_t size() const noexcept = 0;
+  virtual int features() const noexcept = 0;
+  virtual int classes() const noexcept = 0;
+  // Copies sample i's features into out[0..features()) and returns its label in [0, classes()).
+  virtual std::int32_t get(std::size_t i, float* out) const = 0;
+};
+
+// Samples held in memory: x (size, features) row-major, y (size).
+class InMemoryDataset final : public Dataset {
+ public:
+  // Throws InputError if the shapes disagree or a label is outside [0, classes).
+  InMemoryDataset(std::vector<float> x, std::vector<std::int32_t> y, int features, int classes);
+
+  std::size_t size() const noexcept override { return y_.size(); }
+  int features() const noexcept override { return features_; }
+  int classes() const noexcept override { return classes_; }
+  std::int32_t get(std::size_t i, float* out) const override;
+
+  std::span<const float> x() const noexcept { return x_; }
+  std::span<const std::int32_t> y() const noexcept { return y_; }
+  // The samples at `indices`, in that order.
+  InMemoryDataset subset(std::span<const std::size_t> indices) const;
+  // Per-feature mean and standard deviation (a zero std becomes 1).
+  void feature_stats(std::vector<float>& mean, std::vector<float>& stddev) const;
+  // x = (x - mean) / stddev, per feature.
+  void standardize(std::span<const float> mean, std::span<const float> stddev);
+
+ private:
+  std::vector<float> x_;
+  std::vector<std::int32_t> y_;
+  int features_;
+  int classes_;
+};
+
+// CSV of numbers, one sample per line. The label column holds integer classes 0..K-1;
+// `label_column` < 0 counts from the end. Classes = max label + 1.
+InMemoryDataset load_csv(const std::filesystem::path& file, int label_column, bool header);
+// The IDX format of MNIST: an images file (ubyte, any number of dims) and a labels file.
+// Pixels are scaled to [0, 1].
+InMemoryDataset load_idx(const std::filesystem::path& images, const std::filesystem::path& labels);
+// A deterministic Gaussian-mixture classification problem: class centres and samples are
+// drawn from `seed`, so any size can be generated for benchmarks.
+InMemoryDataset make_synthetic(std::size_t samples, int features, int classes, std::uint64_t seed);
+
+struct DataSplit {
+  std::shared_ptr<const Dataset> train;
+  std::shared_ptr<const Dataset> eval;  // may be empty (size 0) when eval_fraction is 0
+};
+
+// Shuffles with `seed`, holds out round(eval_fraction * size) samples for eval, and
+// standardises both with the train split's statistics when `normalize` is set.
+DataSplit split_dataset(const InMemoryDataset& all, double eval_fraction, bool normalize,
+                        std::uint64_t seed);
+// Loads what cfg.data describes and splits it. Relative paths are resolved against `base_dir`.
+DataSplit load_dataset(const DataConfig& cfg, std::uint64_t seed,
+                       const std::filesystem::path& base_dir = {});
+
+// PyTorch's DistributedSampler: a permutation of [0, size) seeded by seed + epoch, identical on
+// every rank; padded by wrap-around to a multiple of num_replicas (or trimmed with drop_last);
+// rank r takes positions r, r + N, r + 2N, ...
+class DistributedSampler {
+ public:
+  DistributedSampler(std::size_t dataset_size, int num_replicas, int rank, bool shuffle,
+                     std::uint64_t seed, bool drop_last);
+  void set_epoch(std::uint64_t epoch) noexcept { epoch_ = epoch; }
+  std::uint64_t epoch() const noexcept { return epoch_; }
+  std::size_t num_samples() const noexcept { return num_samples_; }  // per rank
+  std::size_t total_size() const noexcept { return num_samples_ * num_replicas_; }
+  std::vector<std::size_t> indices() const;
+
+ private:
+  std::size_t size_;
+  int num_replicas_;
+  int rank_;
+  bool shuffle_;
+  std::uint64_t seed_;
+  bool drop_last_;
+  std::uint64_t epoch_ = 0;
+  std::size_t num_samples_;
+};
+
+struct Batch {
+  std::vector<float> x;             // (size, features)
+  std::vector<std::int32_t> y;      // (size)
+  int size = 0;
+  std::uint64_t epoch = 0;
+  std::size_t index_in_epoch = 0;
+};
+
+// Assembles one worker's batches on a background thread, `prefetch` batches ahead, epoch after
+// epoch. next() blocks until a batch is ready and rethrows a loading error. stop() (also run by
+// the destructor) wakes and ends the producer.
+class ShardLoader {
+ public:
+  ShardLoader(std::shared_ptr<const Dataset> data, DistributedSampler sampler, int batch_size,
+              bool drop_last, int prefetch);
+  ~ShardLoader();
+  ShardLoader(const ShardLoader&) = delete;
+  ShardLoader& operator=(const ShardLoader&) = delete;
+
+  // Batches per epoch for this rank.
+  std::size_t batches_per_epoch() const noexcept;
+  Batch next();
+  void stop() noexcept;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+// Number of batches of `batch_size` in `samples` samples.
+std::size_t batches_in(std::size_t samples, int batch_size, bool drop_last) noexcept;
+
+}  // namespace lockstep

@@ -1,0 +1,184 @@
+// Devices and backends.
+//
+// A Device is one worker's compute engine: its memory, its queue (a CUDA stream, or the
+// calling thread on the CPU) and the kernels the model and optimiser need. Pointers passed to
+// the kernels come from allocate() on the same device. Kernels are ordered on the device's
+// queue; calls that return a value to the host (softmax_cross_entropy, sum_squares, hash,
+// copy_to_host) wait for the queue.
+//
+// A Backend makes devices and the communicators that join them:
+//
+//   auto backend = lockstep::make_backend(lockstep::BackendKind::cpu);
+//   auto comms = backend->create_communicators(ids);   // on the host thread, before workers
+//   // in worker thread r:
+//   auto device = backend->create_device(ids[r], ids.size());
+//
+// All matrices are row-major. Shapes are given in comments as (rows, cols).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "lockstep/config.hpp"
+
+namespace lockstep {
+
+class Communicator;
+
+enum class Transpose { no, yes };
+
+struct LossStats {
+  double loss_sum = 0.0;     // summed over the rows, not averaged
+  std::int64_t correct = 0;  // rows whose argmax equals the label
+};
+
+struct SgdParams {
+  float momentum = 0.0f;
+  float weight_decay = 0.0f;
+  bool nesterov = false;
+};
+
+struct AdamWParams {
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+
+  virtual std::string_view backend() const noexcept = 0;
+  virtual int id() const noexcept = 0;
+  // "cpu:0", "cuda:1": used in logs and error messages.
+  std::string label() const { return std::string(backend()) + ":" + std::to_string(id()); }
+
+  // Memory. allocate() returns zeroed memory aligned for any element type.
+  virtual void* allocate(std::size_t bytes) = 0;
+  virtual void deallocate(void* ptr) noexcept = 0;
+  virtual void copy_to_device(void* dst, const void* host_src, std::size_t bytes) = 0;
+  virtual void copy_to_host(void* host_dst, const void* src, std::size_t bytes) = 0;  // waits
+  virtual void copy(void* dst, const void* src, std::size_t bytes) = 0;  // device to device
+  virtual void synchronize() = 0;
+
+  // x[0..n) = value
+  virtual void fill(float* x, float value, std::size_t n) = 0;
+  // x[0..n) *= alpha
+  virtual void scale(float* x, float alpha, std::size_t n) = 0;
+
+  // C (m, n) = alpha * op(A) (m, k) * op(B) (k, n) + beta * C, row-major with leading dims.
+  virtual void gemm(Transpose ta, Transpose tb, int m, int n, int k, float alpha, const float* a,
+                    int lda, const float* b, int ldb, float beta, float* c, int ldc) = 0;
+  // y (rows, cols) += bias (cols), broadcast over rows
+  virtual void add_bias(float* y, const float* bias, int rows, int cols) = 0;
+  // dbias (cols) += column sums of dy (rows, cols)
+  virtual void bias_grad(float* dbias, const float* dy, int rows, int cols) = 0;
+  // y = f(x), elementwise over n
+  virtual void activation_forward(Activation f, const float* x, float* y, std::size_t n) = 0;
+  // dx = dy * f'(x), elementwise over n (x is the activation's input)
+  virtual void activation_backward(Activation f, const float* x, const float* dy, float* dx,
+                                   std::size_t n) = 0;
+  // logits (rows, classes), labels (rows). Returns the summed loss and the correct count.
+  // If dlogits is not null it receives (softmax(logits) - onehot(label)) * grad_scale.
+  virtual LossStats softmax_cross_entropy(const float* logits, const std::int32_t* labels,
+                                          int rows, int classes, float* dlogits,
+                                          float grad_scale) = 0;
+
+  // Sum of squares of x[0..n), accumulated in double on the CPU.
+  virtual double sum_squares(const float* x, std::size_t n) = 0;
+  // Order-independent 64-bit hash of the bit patterns of x[0..n) and their positions.
+  // Equal buffers hash equal on every backend; used to prove replicas are identical.
+  virtual std::uint64_t hash(const float* x, std::size_t n) = 0;
+
+  // One SGD step, PyTorch semantics (dampening 0): g += wd * p; buf = momentum * buf + g;
+  // g = nesterov ? g + momentum * buf : buf; p -= lr * g. momentum_buf may be null if momentum == 0.
+  virtual void sgd_step(const SgdParams& opt, float lr, float* params, const float* grads,
+                        float* momentum_buf, std::size_t n) = 0;
+  // One AdamW step, PyTorch semantics, with step count t >= 1 for bias correction.
+  virtual void adamw_step(const AdamWParams& opt, float lr, std::int64_t t, float* params,
+                          const float* grads, float* m, float* v, std::size_t n) = 0;
+};
+
+// Owns `size` elements of T on a device. Move-only.
+template <class T>
+class DeviceArray {
+ public:
+  DeviceArray() = default;
+  DeviceArray(Device& device, std::size_t size)
+      : device_(&device),
+        data_(static_cast<T*>(size ? device.allocate(size * sizeof(T)) : nullptr)),
+        size_(size) {}
+  DeviceArray(DeviceArray&& other) noexcept { swap(other); }
+  DeviceArray& operator=(DeviceArray&& other) noexcept {
+    DeviceArray(std::move(other)).swap(*this);
+    return *this;
+  }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  ~DeviceArray() {
+    if (data_) device_->deallocate(data_);
+  }
+
+  T* data() noexcept { return data_; }
+  const T* data() const noexcept { return data_; }
+  std::size_t size() const noexcept { return size_; }
+
+  void upload(std::span<const T> host) {
+    if (!host.empty()) device_->copy_to_device(data_, host.data(), host.size_bytes());
+  }
+  std::vector<T> download() const {
+    std::vector<T> out(size_);
+    if (size_) device_->copy_to_host(out.data(), data_, size_ * sizeof(T));
+    return out;
+  }
+
+ private:
+  void swap(DeviceArray& o) noexcept {
+    std::swap(device_, o.device_);
+    std::swap(data_, o.data_);
+    std::swap(size_, o.size_);
+  }
+  Device* device_ = nullptr;
+  T* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
+struct DeviceInfo {
+  std::string backend;
+  int id = 0;
+  std::string name;
+  std::size_t memory_bytes = 0;
+  std::string detail;  // e.g. compute capability, or threads for the CPU
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string_view name() const noexcept = 0;
+  // The devices this backend can use right now. Empty when none is usable.
+  virtual std::vector<DeviceInfo> devices() const = 0;
+  // One communicator per worker, all in one group. Called on the host thread before the
+  // workers start; worker r uses element r only.
+  virtual std::vector<std::unique_ptr<Communicator>> create_communicators(
+      std::span<const int> device_ids) = 0;
+  // Called on the worker's own thread, once. `workers` is the number of workers sharing the
+  // machine, so CPU devices can divide the cores between them.
+  virtual std::unique_ptr<Device> create_device(int device_id, int workers,
+                                                int threads_per_device) = 0;
+};
+
+// The CPU backend: N devices are N worker threads, joined by a shared-memory communicator.
+std::unique_ptr<Backend> make_cpu_backend();
+// BackendKind::automatic picks CUDA when a GPU is usable, the CPU otherwise.
+std::unique_ptr<Backend> make_backend(BackendKind kind);
+
+// A CPU device. `threads` is the size of its private oneTBB arena (at least 1).
+std::unique_ptr<Device> make_cpu_device(int id, int threads);
+
+}  // namespace lockstep

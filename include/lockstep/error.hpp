@@ -1,0 +1,42 @@
+// Exceptions shared by every part of lockstep.
+//
+// Two tiers, as the CLI sees them:
+//   InputError   - the user gave us something wrong (a config key, a flag, a data file).
+//                  The message names the file, key or line and what was expected. Exit code 2.
+//   everything else derived from std::exception is a run-time failure. Exit code 1.
+// Library code never calls exit(); it throws, and the trainer stops every worker.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace lockstep {
+
+class InputError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Thrown inside a worker whose communication group was aborted because another worker
+// failed. The trainer reports the original error, not this one.
+class CommAborted : public std::runtime_error {
+ public:
+  CommAborted() : std::runtime_error("communicator aborted by another worker") {}
+};
+
+// A failure inside one worker, tagged with where it happened.
+class WorkerError : public std::runtime_error {
+ public:
+  WorkerError(int rank, std::string device, const std::string& what)
+      : std::runtime_error("worker " + std::to_string(rank) + " (" + device + "): " + what),
+        rank_(rank),
+        device_(std::move(device)) {}
+  int rank() const noexcept { return rank_; }
+  const std::string& device() const noexcept { return device_; }
+
+ private:
+  int rank_;
+  std::string device_;
+};
+
+}  // namespace lockstep

@@ -1,0 +1,96 @@
+// The data-parallel trainer.
+//
+//   lockstep::Config cfg = lockstep::load_config("configs/quickstart.yaml");
+//   auto split = lockstep::load_dataset(cfg.data, cfg.trainer.seed);
+//   lockstep::Trainer trainer(cfg, split.train, split.eval);
+//   trainer.on_step([](const lockstep::StepMetrics& m) { std::printf("%lld %f\n", m.step, m.loss); });
+//   lockstep::Summary s = trainer.run();
+//
+// run() starts one std::thread per configured device. Each worker owns a replica of the model
+// (copied from parameters initialised once on the host), its own data shard and its own
+// communicator. Each step: forward, backward, all-reduce (average) of the gradients, optimiser
+// step, barrier. Every replica applies the same update, and the trainer proves they stay
+// identical by comparing parameter hashes. If any worker throws, every worker stops and run()
+// rethrows that error as a WorkerError (InputError passes through unchanged).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lockstep/config.hpp"
+#include "lockstep/dataset.hpp"
+#include "lockstep/model.hpp"
+
+namespace lockstep {
+
+// Averaged over every worker's batch. Delivered on rank 0's thread every log_every steps,
+// and for the final step.
+struct StepMetrics {
+  std::int64_t step = 0;        // 1-based, after the update
+  std::int64_t total_steps = 0;
+  std::uint64_t epoch = 0;
+  double loss = 0.0;
+  double accuracy = 0.0;
+  double lr = 0.0;
+  double grad_norm = 0.0;       // of the averaged gradient, before clipping
+  double samples_per_s = 0.0;   // global, since the previous report
+  double elapsed_s = 0.0;
+};
+
+struct EvalMetrics {
+  std::int64_t step = 0;
+  double loss = 0.0;
+  double accuracy = 0.0;
+  std::size_t samples = 0;
+};
+
+struct Summary {
+  std::string backend;
+  std::vector<int> devices;
+  std::int64_t steps = 0;
+  std::int64_t samples = 0;     // training samples consumed, over all workers
+  double wall_s = 0.0;
+  double samples_per_s = 0.0;
+  double final_train_loss = 0.0;
+  double final_train_accuracy = 0.0;
+  double eval_loss = 0.0;       // NaN when there is no eval split
+  double eval_accuracy = 0.0;
+  bool replicas_identical = false;
+  std::int64_t replica_checks = 0;
+  std::uint64_t param_hash = 0;
+  std::size_t parameters = 0;
+
+  std::string to_json() const;
+};
+
+// Test hooks: called on each worker's thread. A throw here behaves like a failure in that
+// worker (fault injection).
+struct TrainerHooks {
+  std::function<void(int rank, std::int64_t step)> before_forward;
+};
+
+class Trainer {
+ public:
+  Trainer(Config config, std::shared_ptr<const Dataset> train, std::shared_ptr<const Dataset> eval);
+  ~Trainer();
+
+  void on_step(std::function<void(const StepMetrics&)> callback);
+  void on_eval(std::function<void(const EvalMetrics&)> callback);
+  void set_hooks(TrainerHooks hooks);
+
+  const Model& model() const noexcept;
+  std::int64_t total_steps() const noexcept;
+
+  Summary run();
+  // Rank 0's parameters after run(), on the host.
+  const std::vector<float>& final_parameters() const noexcept;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace lockstep
