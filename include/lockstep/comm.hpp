@@ -21,6 +21,8 @@
 
 namespace lockstep {
 
+class Device;
+
 enum class ReduceOp { sum, avg };
 
 class Communicator {
@@ -29,6 +31,10 @@ class Communicator {
 
   virtual int rank() const noexcept = 0;
   virtual int size() const noexcept = 0;
+
+  // Tells the communicator which device (and so which queue) its worker computes on. Called
+  // once, on the worker's thread, after the device is created and before any collective.
+  virtual void attach(Device& /*device*/) {}
 
   // Data plane. Every rank ends with bit-identical contents.
   virtual void all_reduce(float* data, std::size_t count, ReduceOp op) = 0;

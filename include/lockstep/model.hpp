@@ -47,9 +47,9 @@ class Layer {
   virtual int out_features() const noexcept = 0;
   virtual std::size_t param_count() const noexcept { return 0; }
   // This layer's tensors, with offsets relative to the layer's first parameter.
-  virtual std::vector<ParamTensor> param_tensors(const std::string& prefix) const { return {}; }
+  virtual std::vector<ParamTensor> param_tensors(const std::string& /*prefix*/) const { return {}; }
   // Fills params[0..param_count()) on the host from rng draws (a 64-bit generator).
-  virtual void init_parameters(float* params, std::uint64_t& rng_state) const {}
+  virtual void init_parameters(float* /*params*/, std::uint64_t& /*rng_state*/) const {}
 
   // in (B, in_features), out (B, out_features)
   virtual void forward(Device& dev, const float* params, const float* in, float* out,

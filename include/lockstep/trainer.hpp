@@ -70,6 +70,8 @@ struct Summary {
 // worker (fault injection).
 struct TrainerHooks {
   std::function<void(int rank, std::int64_t step)> before_forward;
+  // After the optimiser step, before the step's barrier.
+  std::function<void(int rank, std::int64_t step, Replica& replica)> after_update;
 };
 
 class Trainer {
@@ -77,7 +79,11 @@ class Trainer {
   Trainer(Config config, std::shared_ptr<const Dataset> train, std::shared_ptr<const Dataset> eval);
   ~Trainer();
 
+  // Every log_every steps and at the last step, with metrics averaged over that window.
   void on_step(std::function<void(const StepMetrics&)> callback);
+  // After every step, with that step's metrics, for live progress displays. Keep it cheap: it
+  // runs on rank 0's thread inside the step.
+  void on_progress(std::function<void(const StepMetrics&)> callback);
   void on_eval(std::function<void(const EvalMetrics&)> callback);
   void set_hooks(TrainerHooks hooks);
 

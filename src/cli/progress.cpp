@@ -1,0 +1,86 @@
+#include "cli/progress.hpp"
+
+#include <cmath>
+#include <string>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+namespace lockstep::cli {
+namespace {
+
+std::string duration(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  const long t = std::lround(s);
+  return t >= 3600 ? fmt::format("{}:{:02}:{:02}", t / 3600, t / 60 % 60, t % 60)
+                   : fmt::format("{}:{:02}", t / 60, t % 60);
+}
+
+}  // namespace
+
+Progress::Progress(std::FILE* out, bool live) : out_(out), live_(live) {}
+
+void Progress::clear_line() {
+  if (line_open_) {
+    fmt::print(out_, "\r\033[2K");
+    line_open_ = false;
+  }
+}
+
+void Progress::step(const StepMetrics& m) {
+  if (!live_) return;
+  if (m.step != m.total_steps && m.elapsed_s - last_draw_s_ < 0.1) return;
+  last_draw_s_ = m.elapsed_s;
+  const double eta = m.elapsed_s / static_cast<double>(m.step) *
+                     static_cast<double>(m.total_steps - m.step);
+  fmt::print(out_, "\r\033[2Kstep {}/{} | epoch {} | loss {:.4f} | {:.0f} samples/s | ETA {}",
+             m.step, m.total_steps, m.epoch, m.loss, m.samples_per_s, duration(eta));
+  std::fflush(out_);
+  line_open_ = true;
+}
+
+void Progress::log(const StepMetrics& m) {
+  if (live_) return;  // the live line already shows it
+  fmt::print(out_,
+             "step {}/{} epoch {} loss {:.4f} acc {:.4f} lr {:.4g} grad_norm {:.4g} "
+             "samples/s {:.0f}\n",
+             m.step, m.total_steps, m.epoch, m.loss, m.accuracy, m.lr, m.grad_norm,
+             m.samples_per_s);
+  std::fflush(out_);
+}
+
+void Progress::eval(const EvalMetrics& m) {
+  clear_line();
+  fmt::print(out_, "eval step {}: loss {:.4f} accuracy {:.4f} ({} samples)\n", m.step, m.loss,
+             m.accuracy, m.samples);
+  std::fflush(out_);
+}
+
+void Progress::finish() {
+  if (line_open_) {
+    fmt::print(out_, "\n");
+    line_open_ = false;
+  }
+}
+
+void print_summary(std::FILE* out, const Summary& s) {
+  fmt::print(out, "summary\n");
+  fmt::print(out, "  backend             {} ({} worker{}: devices {})\n", s.backend,
+             s.devices.size(), s.devices.size() == 1 ? "" : "s", fmt::join(s.devices, ","));
+  fmt::print(out, "  parameters          {}\n", s.parameters);
+  fmt::print(out, "  steps               {}\n", s.steps);
+  fmt::print(out, "  wall time           {:.3f} s\n", s.wall_s);
+  fmt::print(out, "  samples/s           {:.0f}\n", s.samples_per_s);
+  fmt::print(out, "  final train loss    {:.4f} (accuracy {:.4f})\n", s.final_train_loss,
+             s.final_train_accuracy);
+  if (std::isfinite(s.eval_loss)) {
+    fmt::print(out, "  eval loss           {:.4f}\n", s.eval_loss);
+    fmt::print(out, "  eval accuracy       {:.4f}\n", s.eval_accuracy);
+  } else {
+    fmt::print(out, "  eval                none (data.eval_fraction is 0)\n");
+  }
+  fmt::print(out, "  replicas identical  {} ({} hash checks, parameter hash {:016x})\n",
+             s.replicas_identical ? "yes" : "NO", s.replica_checks, s.param_hash);
+}
+
+}  // namespace lockstep::cli

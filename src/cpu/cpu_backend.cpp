@@ -1,0 +1,49 @@
+// The CPU backend: N devices are N worker threads of this process, sharing the machine's cores,
+// joined by the shared-memory communicator.
+#include <unistd.h>
+
+#include <algorithm>
+#include <thread>
+
+#include "lockstep/comm.hpp"
+#include "lockstep/device.hpp"
+
+namespace lockstep {
+namespace {
+
+int hardware_threads() { return std::max(1u, std::thread::hardware_concurrency()); }
+
+class CpuBackend final : public Backend {
+ public:
+  std::string_view name() const noexcept override { return "cpu"; }
+
+  std::vector<DeviceInfo> devices() const override {
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+    DeviceInfo info;
+    info.backend = "cpu";
+    info.id = 0;
+    info.name = "host CPU";
+    info.memory_bytes = pages > 0 && page > 0 ? static_cast<std::size_t>(pages) * page : 0;
+    info.detail = std::to_string(hardware_threads()) + " hardware threads";
+    return {info};
+  }
+
+  std::vector<std::unique_ptr<Communicator>> create_communicators(
+      std::span<const int> device_ids) override {
+    return make_shared_memory_group(static_cast<int>(device_ids.size()));
+  }
+
+  // CPU "device ids" only name the workers: any id is valid, and repeated ids are fine.
+  std::unique_ptr<Device> create_device(int device_id, int workers,
+                                        int threads_per_device) override {
+    const int threads =
+        threads_per_device > 0 ? threads_per_device : std::max(1, hardware_threads() / std::max(1, workers));
+    return make_cpu_device(device_id, threads);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+
+}  // namespace lockstep

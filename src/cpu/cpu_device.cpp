@@ -1,0 +1,356 @@
+// The CPU device: host memory, kernels on a private oneTBB arena, GEMM through OpenBLAS.
+//
+// Invariants:
+//  - Results are bit-identical for identical inputs whatever the arena's size and however TBB
+//    schedules the work. Elementwise kernels compute every element on its own; reductions and
+//    GEMM split the work into blocks whose bounds depend on the shape alone, and reductions
+//    combine the per-block partials in block order.
+//  - OpenBLAS runs single-threaded (set once, process-wide); the arena supplies the parallelism.
+//  - A single block runs on the calling thread without entering the arena.
+//  - The queue is the calling thread: every kernel has finished when it returns.
+#include <cblas.h>
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <stdexcept>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "common/random.hpp"
+#include "lockstep/device.hpp"
+
+namespace lockstep {
+namespace {
+
+constexpr std::size_t kGrain = 16384;   // elements per block (elementwise and reductions)
+constexpr std::size_t kAlignment = 64;  // bytes, for allocate()
+constexpr int kGemmRowBlock = 64;       // rows of C per sgemm call in a row-blocked GEMM
+constexpr std::uint64_t kGemmBlockedAbove = std::uint64_t{1} << 20;  // m * n * k
+
+std::size_t blocks_of(std::size_t n, std::size_t block) { return (n + block - 1) / block; }
+// Rows of a (rows, cols) matrix per block: about kGrain elements.
+std::size_t rows_per_block(std::size_t cols) {
+  return std::max<std::size_t>(1, kGrain / std::max<std::size_t>(1, cols));
+}
+
+// ---- Activations: f(x) and f'(x), as lambdas so that each instantiates (and inlines) its own loop
+
+constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluA = 0.044715f;
+
+constexpr auto relu = [](float x) { return x > 0.0f ? x : 0.0f; };
+constexpr auto relu_grad = [](float x) { return x > 0.0f ? 1.0f : 0.0f; };
+const auto tanh_fn = [](float x) { return std::tanh(x); };
+const auto tanh_grad = [](float x) {
+  const float t = std::tanh(x);
+  return 1.0f - t * t;
+};
+// The tanh approximation: 0.5 x (1 + tanh(c (x + a x^3))).
+const auto gelu = [](float x) {
+  return 0.5f * x * (1.0f + std::tanh(kGeluC * (x + kGeluA * x * x * x)));
+};
+const auto gelu_grad = [](float x) {
+  const float t = std::tanh(kGeluC * (x + kGeluA * x * x * x));
+  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kGeluC * (1.0f + 3.0f * kGeluA * x * x);
+};
+
+class CpuDevice final : public Device {
+ public:
+  CpuDevice(int id, int threads) : id_(id), arena_(threads) {}
+
+  std::string_view backend() const noexcept override { return "cpu"; }
+  int id() const noexcept override { return id_; }
+
+  // ---- Memory ---------------------------------------------------------------------------------
+
+  void* allocate(std::size_t bytes) override {
+    const std::size_t size = std::max(kAlignment, blocks_of(bytes, kAlignment) * kAlignment);
+    void* p = ::operator new(size, std::align_val_t{kAlignment});
+    std::memset(p, 0, size);
+    return p;
+  }
+  void deallocate(void* ptr) noexcept override {
+    ::operator delete(ptr, std::align_val_t{kAlignment});
+  }
+  void copy_to_device(void* dst, const void* host_src, std::size_t bytes) override {
+    copy(dst, host_src, bytes);
+  }
+  void copy_to_host(void* host_dst, const void* src, std::size_t bytes) override {
+    copy(host_dst, src, bytes);
+  }
+  void copy(void* dst, const void* src, std::size_t bytes) override {
+    if (bytes) std::memcpy(dst, src, bytes);
+  }
+  void synchronize() override {}
+
+  // ---- Elementwise ----------------------------------------------------------------------------
+
+  void fill(float* x, float value, std::size_t n) override {
+    for_range(n, [&](std::size_t i0, std::size_t i1) { std::fill(x + i0, x + i1, value); });
+  }
+
+  void scale(float* x, float alpha, std::size_t n) override {
+    for_range(n, [&](std::size_t i0, std::size_t i1) {
+      for (std::size_t i = i0; i < i1; ++i) x[i] *= alpha;
+    });
+  }
+
+  // y (rows, cols) += bias (cols)
+  void add_bias(float* y, const float* bias, int rows, int cols) override {
+    const std::size_t nc = static_cast<std::size_t>(cols), nr = static_cast<std::size_t>(rows);
+    const std::size_t block = rows_per_block(nc);
+    for_blocks(blocks_of(nr, block), [&](std::size_t b) {
+      for (std::size_t r = b * block; r < std::min(nr, (b + 1) * block); ++r)
+        for (std::size_t c = 0; c < nc; ++c) y[r * nc + c] += bias[c];
+    });
+  }
+
+  void activation_forward(Activation f, const float* x, float* y, std::size_t n) override {
+    switch (f) {
+      case Activation::relu: return map(x, y, n, relu);
+      case Activation::tanh: return map(x, y, n, tanh_fn);
+      case Activation::gelu: return map(x, y, n, gelu);
+    }
+    throw std::invalid_argument("activation_forward: unknown activation");
+  }
+
+  void activation_backward(Activation f, const float* x, const float* dy, float* dx,
+                           std::size_t n) override {
+    switch (f) {
+      case Activation::relu: return map_grad(x, dy, dx, n, relu_grad);
+      case Activation::tanh: return map_grad(x, dy, dx, n, tanh_grad);
+      case Activation::gelu: return map_grad(x, dy, dx, n, gelu_grad);
+    }
+    throw std::invalid_argument("activation_backward: unknown activation");
+  }
+
+  // ---- GEMM -----------------------------------------------------------------------------------
+
+  // C (m, n) = alpha * op(A) (m, k) * op(B) (k, n) + beta * C. Large products run one sgemm per
+  // block of kGemmRowBlock rows of C; the blocking depends on the shape only.
+  void gemm(Transpose ta, Transpose tb, int m, int n, int k, float alpha, const float* a, int lda,
+            const float* b, int ldb, float beta, float* c, int ldc) override {
+    const bool at = ta == Transpose::yes, bt = tb == Transpose::yes;
+    if (m < 0 || n < 0 || k < 0 || lda < std::max(1, at ? m : k) ||
+        ldb < std::max(1, bt ? k : n) || ldc < std::max(1, n))
+      throw std::invalid_argument(fmt::format(
+          "gemm: bad shape m={} n={} k={} lda={} ldb={} ldc={}", m, n, k, lda, ldb, ldc));
+    if (m == 0 || n == 0) return;
+    const auto sgemm = [&](int row0, int rows) {
+      // Row `row0` of op(A) starts at a + row0 * lda when A is (m, k), at a + row0 when (k, m).
+      const std::size_t r0 = static_cast<std::size_t>(row0);
+      cblas_sgemm(CblasRowMajor, at ? CblasTrans : CblasNoTrans, bt ? CblasTrans : CblasNoTrans,
+                  rows, n, k, alpha, a + (at ? r0 : r0 * lda), lda, b, ldb, beta, c + r0 * ldc,
+                  ldc);
+    };
+    const std::uint64_t work = std::uint64_t(m) * std::uint64_t(n) * std::uint64_t(k);
+    if (work <= kGemmBlockedAbove) return sgemm(0, m);
+    for_blocks(blocks_of(m, kGemmRowBlock), [&](std::size_t blk) {
+      const int row0 = static_cast<int>(blk) * kGemmRowBlock;
+      sgemm(row0, std::min(kGemmRowBlock, m - row0));
+    });
+  }
+
+  // ---- Reductions -----------------------------------------------------------------------------
+
+  // dbias (cols) += column sums of dy (rows, cols). Each column is summed over the rows in order,
+  // in double; columns are split into fixed blocks.
+  void bias_grad(float* dbias, const float* dy, int rows, int cols) override {
+    constexpr std::size_t kCols = 64;
+    const std::size_t nc = static_cast<std::size_t>(cols), nr = static_cast<std::size_t>(rows);
+    const auto columns = [&](std::size_t c0, std::size_t c1) {
+      double acc[kCols];
+      for (std::size_t c = c0; c < c1; ++c) acc[c - c0] = dbias[c];
+      for (std::size_t r = 0; r < nr; ++r)
+        for (std::size_t c = c0; c < c1; ++c) acc[c - c0] += dy[r * nc + c];
+      for (std::size_t c = c0; c < c1; ++c) dbias[c] = static_cast<float>(acc[c - c0]);
+    };
+    if (nr * nc <= kGrain) {
+      for (std::size_t c0 = 0; c0 < nc; c0 += kCols) columns(c0, std::min(nc, c0 + kCols));
+      return;
+    }
+    for_blocks(blocks_of(nc, kCols),
+               [&](std::size_t b) { columns(b * kCols, std::min(nc, (b + 1) * kCols)); });
+  }
+
+  // logits (rows, classes), labels (rows), dlogits (rows, classes) or null.
+  LossStats softmax_cross_entropy(const float* logits, const std::int32_t* labels, int rows,
+                                  int classes, float* dlogits, float grad_scale) override {
+    if (rows < 0 || classes < 1)
+      throw std::invalid_argument(
+          fmt::format("softmax_cross_entropy: bad shape rows={} classes={}", rows, classes));
+    for (int r = 0; r < rows; ++r)
+      if (labels[r] < 0 || labels[r] >= classes)
+        throw std::out_of_range(fmt::format(
+            "softmax_cross_entropy: label {} of row {} is outside [0, {})", labels[r], r, classes));
+    const std::size_t nc = static_cast<std::size_t>(classes);
+    const auto rows_loss = [&](std::size_t r0, std::size_t r1) {
+      LossStats s;
+      for (std::size_t r = r0; r < r1; ++r) {
+        const float* z = logits + r * nc;
+        const std::size_t label = static_cast<std::size_t>(labels[r]);
+        std::size_t argmax = 0;
+        for (std::size_t j = 1; j < nc; ++j)
+          if (z[j] > z[argmax]) argmax = j;
+        const double zmax = z[argmax];
+        double sum = 0.0;
+        for (std::size_t j = 0; j < nc; ++j) sum += std::exp(z[j] - zmax);
+        s.loss_sum += std::log(sum) - (z[label] - zmax);  // logsumexp - z[label]
+        s.correct += argmax == label ? 1 : 0;
+        if (!dlogits) continue;
+        float* d = dlogits + r * nc;
+        for (std::size_t j = 0; j < nc; ++j) {
+          const double p = std::exp(z[j] - zmax) / sum - (j == label ? 1.0 : 0.0);
+          d[j] = static_cast<float>(p * grad_scale);
+        }
+      }
+      return s;
+    };
+    return reduce_blocks<LossStats>(
+        static_cast<std::size_t>(rows), rows_per_block(nc), rows_loss,
+        [](LossStats acc, const LossStats& s) {
+          acc.loss_sum += s.loss_sum;
+          acc.correct += s.correct;
+          return acc;
+        });
+  }
+
+  double sum_squares(const float* x, std::size_t n) override {
+    return reduce_blocks<double>(
+        n, kGrain,
+        [&](std::size_t i0, std::size_t i1) {
+          double s = 0.0;
+          for (std::size_t i = i0; i < i1; ++i) s += double(x[i]) * double(x[i]);
+          return s;
+        },
+        [](double acc, double s) { return acc + s; });
+  }
+
+  // n + sum over i of mix64(bits(x[i]) ^ mix64(i)), mod 2^64: exactly associative.
+  std::uint64_t hash(const float* x, std::size_t n) override {
+    return n + reduce_blocks<std::uint64_t>(
+                   n, kGrain,
+                   [&](std::size_t i0, std::size_t i1) {
+                     std::uint64_t h = 0;
+                     for (std::size_t i = i0; i < i1; ++i)
+                       h += detail::mix64(std::bit_cast<std::uint32_t>(x[i]) ^ detail::mix64(i));
+                     return h;
+                   },
+                   [](std::uint64_t acc, std::uint64_t h) { return acc + h; });
+  }
+
+  // ---- Optimisers -----------------------------------------------------------------------------
+
+  void sgd_step(const SgdParams& opt, float lr, float* params, const float* grads,
+                float* momentum_buf, std::size_t n) override {
+    const float mu = opt.momentum, wd = opt.weight_decay;
+    if (mu != 0.0f && !momentum_buf)
+      throw std::invalid_argument("sgd_step: momentum needs a momentum buffer");
+    for_range(n, [&](std::size_t i0, std::size_t i1) {
+      for (std::size_t i = i0; i < i1; ++i) {
+        float g = grads[i];
+        if (wd != 0.0f) g += wd * params[i];
+        if (mu != 0.0f) {
+          const float buf = momentum_buf[i] = mu * momentum_buf[i] + g;
+          g = opt.nesterov ? g + mu * buf : buf;
+        }
+        params[i] -= lr * g;
+      }
+    });
+  }
+
+  void adamw_step(const AdamWParams& opt, float lr, std::int64_t t, float* params,
+                  const float* grads, float* m, float* v, std::size_t n) override {
+    if (t < 1) throw std::invalid_argument(fmt::format("adamw_step: step {} < 1", t));
+    const double b1 = opt.beta1, b2 = opt.beta2, td = static_cast<double>(t);
+    const float decay = static_cast<float>(1.0 - double(lr) * opt.weight_decay);
+    const float beta1 = opt.beta1, beta2 = opt.beta2, eps = opt.eps;
+    const float one_minus_b1 = static_cast<float>(1.0 - b1);
+    const float one_minus_b2 = static_cast<float>(1.0 - b2);
+    const float step_size = static_cast<float>(lr / (1.0 - std::pow(b1, td)));
+    const float bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(b2, td)));
+    for_range(n, [&](std::size_t i0, std::size_t i1) {
+      for (std::size_t i = i0; i < i1; ++i) {
+        const float g = grads[i];
+        const float mi = m[i] = beta1 * m[i] + one_minus_b1 * g;
+        const float vi = v[i] = beta2 * v[i] + one_minus_b2 * g * g;
+        const float denom = std::sqrt(vi) / bc2_sqrt + eps;
+        params[i] = params[i] * decay - step_size * (mi / denom);
+      }
+    });
+  }
+
+ private:
+  // Calls fn(b) for every b in [0, count): on the caller when count is 1, else in the arena.
+  template <class Fn>
+  void for_blocks(std::size_t count, const Fn& fn) {
+    if (count <= 1) {
+      if (count == 1) fn(std::size_t{0});
+      return;
+    }
+    arena_.execute([&] {
+      tbb::parallel_for(tbb::blocked_range<std::size_t>(0, count, 1),
+                        [&](const tbb::blocked_range<std::size_t>& r) {
+                          for (std::size_t b = r.begin(); b != r.end(); ++b) fn(b);
+                        });
+    });
+  }
+
+  // Calls body(i0, i1) over [0, n) in blocks of kGrain.
+  template <class Body>
+  void for_range(std::size_t n, const Body& body) {
+    for_blocks(blocks_of(n, kGrain),
+               [&](std::size_t b) { body(b * kGrain, std::min(n, (b + 1) * kGrain)); });
+  }
+
+  // combine(...combine(combine(T{}, partial(block 0)), partial(block 1))...), blocks of `block`.
+  template <class T, class Partial, class Combine>
+  T reduce_blocks(std::size_t n, std::size_t block, const Partial& partial,
+                  const Combine& combine) {
+    std::vector<T> partials(blocks_of(n, block));
+    for_blocks(partials.size(), [&](std::size_t b) {
+      partials[b] = partial(b * block, std::min(n, (b + 1) * block));
+    });
+    T acc{};
+    for (const T& p : partials) acc = combine(acc, p);
+    return acc;
+  }
+
+  // y = f(x) and dx = dy * f'(x), elementwise over n.
+  template <class F>
+  void map(const float* x, float* y, std::size_t n, F f) {
+    for_range(n, [&](std::size_t i0, std::size_t i1) {
+      for (std::size_t i = i0; i < i1; ++i) y[i] = f(x[i]);
+    });
+  }
+  template <class F>
+  void map_grad(const float* x, const float* dy, float* dx, std::size_t n, F fprime) {
+    for_range(n, [&](std::size_t i0, std::size_t i1) {
+      for (std::size_t i = i0; i < i1; ++i) dx[i] = dy[i] * fprime(x[i]);
+    });
+  }
+
+  int id_;
+  tbb::task_arena arena_;
+};
+
+}  // namespace
+
+std::unique_ptr<Device> make_cpu_device(int id, int threads) {
+  if (threads < 1)
+    throw std::invalid_argument(
+        fmt::format("cpu:{}: threads must be at least 1, got {}", id, threads));
+  static std::once_flag blas_once;
+  std::call_once(blas_once, [] { openblas_set_num_threads(1); });
+  return std::make_unique<CpuDevice>(id, threads);
+}
+
+}  // namespace lockstep

@@ -1,0 +1,165 @@
+// InMemoryDataset, the train/eval split and load_dataset().
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <utility>
+
+#include "data/shuffle.hpp"
+#include "lockstep/dataset.hpp"
+#include "lockstep/error.hpp"
+
+namespace lockstep {
+
+namespace {
+
+// Keeps the split's shuffle independent of the other streams drawn from the same seed
+// (the synthetic labels are shuffled with the same Fisher-Yates over the same size).
+constexpr std::uint64_t kSplitStream = 0x73706c6974000000ull;  // "split"
+
+std::filesystem::path resolve(const std::filesystem::path& base_dir, const std::string& path) {
+  std::filesystem::path p(path);
+  return base_dir.empty() || p.is_absolute() ? p : base_dir / p;
+}
+
+void require_path(const std::string& value, const char* key, const char* what) {
+  if (value.empty()) throw InputError(fmt::format("{}: expected {}, got ''", key, what));
+}
+
+}  // namespace
+
+InMemoryDataset::InMemoryDataset(std::vector<float> x, std::vector<std::int32_t> y, int features,
+                                 int classes)
+    : x_(std::move(x)), y_(std::move(y)), features_(features), classes_(classes) {
+  if (features_ < 1) {
+    throw InputError(fmt::format("dataset: expected at least 1 feature, got {}", features_));
+  }
+  if (classes_ < 1) {
+    throw InputError(fmt::format("dataset: expected at least 1 class, got {}", classes_));
+  }
+  const std::size_t n = y_.size();
+  const auto f = static_cast<std::size_t>(features_);
+  if (x_.size() / f != n || x_.size() % f != 0) {
+    throw InputError(fmt::format("dataset: expected {} samples x {} features = {} values, got {}",
+                                 n, f, n * f, x_.size()));
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    if (y_[i] < 0 || y_[i] >= classes_) {
+      throw InputError(fmt::format("dataset: sample {}: expected a label in [0, {}), got {}", i,
+                                   classes_, y_[i]));
+    }
+  }
+}
+
+std::int32_t InMemoryDataset::get(std::size_t i, float* out) const {
+  if (i >= y_.size()) {
+    throw std::out_of_range(fmt::format("dataset: sample {} of {}", i, y_.size()));
+  }
+  const auto f = static_cast<std::size_t>(features_);
+  std::memcpy(out, x_.data() + i * f, f * sizeof(float));
+  return y_[i];
+}
+
+InMemoryDataset InMemoryDataset::subset(std::span<const std::size_t> indices) const {
+  const auto f = static_cast<std::size_t>(features_);
+  std::vector<float> x(indices.size() * f);
+  std::vector<std::int32_t> y(indices.size());
+  for (std::size_t k = 0; k < indices.size(); ++k) y[k] = get(indices[k], x.data() + k * f);
+  return InMemoryDataset(std::move(x), std::move(y), features_, classes_);
+}
+
+void InMemoryDataset::feature_stats(std::vector<float>& mean, std::vector<float>& stddev) const {
+  // Two passes in double: a constant column then has exactly zero variance (and becomes 1).
+  const auto f = static_cast<std::size_t>(features_);
+  const std::size_t n = y_.size();
+  std::vector<double> sum(f, 0.0);
+  std::vector<double> sq(f, 0.0);
+  for (std::size_t i = 0; i < n; ++i) {
+    for (std::size_t j = 0; j < f; ++j) sum[j] += x_[i * f + j];
+  }
+  for (std::size_t j = 0; j < f; ++j) sum[j] = n > 0 ? sum[j] / static_cast<double>(n) : 0.0;
+  for (std::size_t i = 0; i < n; ++i) {
+    for (std::size_t j = 0; j < f; ++j) {
+      const double d = x_[i * f + j] - sum[j];
+      sq[j] += d * d;
+    }
+  }
+  mean.assign(f, 0.0f);
+  stddev.assign(f, 1.0f);
+  for (std::size_t j = 0; j < f; ++j) {
+    mean[j] = static_cast<float>(sum[j]);
+    const double sd = n > 0 ? std::sqrt(sq[j] / static_cast<double>(n)) : 0.0;
+    if (sd > 0.0) stddev[j] = static_cast<float>(sd);
+  }
+}
+
+void InMemoryDataset::standardize(std::span<const float> mean, std::span<const float> stddev) {
+  const auto f = static_cast<std::size_t>(features_);
+  if (mean.size() != f || stddev.size() != f) {
+    throw std::invalid_argument(
+        fmt::format("standardize: expected {} means and stddevs, got {} and {}", f, mean.size(),
+                    stddev.size()));
+  }
+  for (std::size_t i = 0; i < y_.size(); ++i) {
+    float* row = x_.data() + i * f;
+    for (std::size_t j = 0; j < f; ++j) row[j] = (row[j] - mean[j]) / stddev[j];
+  }
+}
+
+DataSplit split_dataset(const InMemoryDataset& all, double eval_fraction, bool normalize,
+                        std::uint64_t seed) {
+  if (!(eval_fraction >= 0.0 && eval_fraction < 1.0)) {
+    throw InputError(
+        fmt::format("eval_fraction: expected a value in [0, 1), got {}", eval_fraction));
+  }
+  const std::size_t n = all.size();
+  const auto n_eval =
+      static_cast<std::size_t>(std::llround(eval_fraction * static_cast<double>(n)));
+  if (n_eval >= n) {
+    throw InputError(
+        fmt::format("dataset too small: {} samples with eval_fraction {} leave no training samples",
+                    n, eval_fraction));
+  }
+
+  std::uint64_t state = detail::mix64(seed ^ kSplitStream);
+  const std::vector<std::size_t> order = detail::permutation(n, state);
+  const std::span<const std::size_t> all_order(order);
+  InMemoryDataset eval = all.subset(all_order.first(n_eval));
+  InMemoryDataset train = all.subset(all_order.subspan(n_eval));
+  if (normalize) {
+    std::vector<float> mean;
+    std::vector<float> stddev;
+    train.feature_stats(mean, stddev);
+    train.standardize(mean, stddev);
+    eval.standardize(mean, stddev);
+  }
+  return {std::make_shared<const InMemoryDataset>(std::move(train)),
+          std::make_shared<const InMemoryDataset>(std::move(eval))};
+}
+
+DataSplit load_dataset(const DataConfig& cfg, std::uint64_t seed,
+                       const std::filesystem::path& base_dir) {
+  switch (cfg.dataset) {
+    case DatasetKind::csv:
+      require_path(cfg.path, "data.path", "the CSV file of a csv dataset");
+      return split_dataset(load_csv(resolve(base_dir, cfg.path), cfg.label_column, cfg.header),
+                           cfg.eval_fraction, cfg.normalize, seed);
+    case DatasetKind::idx:
+      require_path(cfg.images, "data.images", "the images file of an idx dataset");
+      require_path(cfg.labels, "data.labels", "the labels file of an idx dataset");
+      return split_dataset(load_idx(resolve(base_dir, cfg.images), resolve(base_dir, cfg.labels)),
+                           cfg.eval_fraction, cfg.normalize, seed);
+    case DatasetKind::synthetic:
+      if (cfg.samples < 1) {
+        throw InputError(
+            fmt::format("data.samples: expected a positive sample count, got {}", cfg.samples));
+      }
+      return split_dataset(
+          make_synthetic(static_cast<std::size_t>(cfg.samples), cfg.features, cfg.classes, seed),
+          cfg.eval_fraction, cfg.normalize, seed);
+  }
+  throw InputError(fmt::format("data.dataset: unknown kind {}", static_cast<int>(cfg.dataset)));
+}
+
+}  // namespace lockstep

@@ -1,0 +1,149 @@
+// ShardLoader: one worker's batches, assembled on a background thread into a bounded queue.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <stdexcept>
+#include <thread>
+#include <utility>
+
+#include "lockstep/dataset.hpp"
+#include "lockstep/error.hpp"
+
+namespace lockstep {
+
+struct ShardLoader::State {
+  State(std::shared_ptr<const Dataset> d, DistributedSampler smp, std::size_t batch, bool drop,
+        std::size_t cap)
+      : data(std::move(d)), sampler(smp), batch_size(batch), drop_last(drop), capacity(cap) {}
+
+  std::shared_ptr<const Dataset> data;
+  DistributedSampler sampler;
+  std::size_t batch_size;
+  bool drop_last;
+  std::size_t capacity;
+
+  std::mutex mutex;
+  std::condition_variable ready;  // a batch, an error or stop: wakes next()
+  std::condition_variable room;   // space in the queue or stop: wakes the producer
+  std::deque<Batch> queue;
+  std::exception_ptr error;
+  bool stopped = false;
+  std::thread producer;
+
+  Batch assemble(std::span<const std::size_t> indices, std::uint64_t epoch,
+                 std::size_t index_in_epoch) const;
+  void produce();
+};
+
+Batch ShardLoader::State::assemble(std::span<const std::size_t> indices, std::uint64_t epoch,
+                                   std::size_t index_in_epoch) const {
+  const auto features = static_cast<std::size_t>(data->features());
+  Batch b;
+  b.x.resize(indices.size() * features);
+  b.y.resize(indices.size());
+  b.size = static_cast<int>(indices.size());
+  b.epoch = epoch;
+  b.index_in_epoch = index_in_epoch;
+  for (std::size_t k = 0; k < indices.size(); ++k) {
+    const std::int32_t label = data->get(indices[k], b.x.data() + k * features);
+    // Dataset is open to user subclasses; a bad label would index out of bounds in the loss.
+    if (label < 0 || label >= data->classes()) {
+      throw std::out_of_range(fmt::format("dataset: sample {}: label {} is outside [0, {})",
+                                          indices[k], label, data->classes()));
+    }
+    b.y[k] = label;
+  }
+  return b;
+}
+
+void ShardLoader::State::produce() {
+  try {
+    for (std::uint64_t epoch = sampler.epoch();; ++epoch) {
+      sampler.set_epoch(epoch);
+      const std::vector<std::size_t> order = sampler.indices();
+      const std::size_t batches = batches_in(order.size(), static_cast<int>(batch_size), drop_last);
+      for (std::size_t i = 0; i < batches; ++i) {
+        const std::size_t begin = i * batch_size;
+        const std::size_t count = std::min(batch_size, order.size() - begin);
+        Batch b = assemble(std::span(order).subspan(begin, count), epoch, i);
+
+        std::unique_lock lock(mutex);
+        room.wait(lock, [&] { return stopped || queue.size() < capacity; });
+        if (stopped) return;
+        queue.push_back(std::move(b));
+        ready.notify_one();
+      }
+    }
+  } catch (...) {
+    const std::lock_guard lock(mutex);
+    error = std::current_exception();
+    ready.notify_all();
+  }
+}
+
+ShardLoader::ShardLoader(std::shared_ptr<const Dataset> data, DistributedSampler sampler,
+                         int batch_size, bool drop_last, int prefetch) {
+  if (!data) throw std::invalid_argument("ShardLoader: no dataset");
+  if (batch_size < 1) {
+    throw std::invalid_argument(
+        fmt::format("ShardLoader: batch_size must be >= 1, got {}", batch_size));
+  }
+  if (prefetch < 1) {
+    throw std::invalid_argument(
+        fmt::format("ShardLoader: prefetch must be >= 1, got {}", prefetch));
+  }
+  if (batches_in(sampler.num_samples(), batch_size, drop_last) == 0) {
+    throw InputError(fmt::format(
+        "dataset too small: worker shard has no full batch ({} samples of {} per worker over "
+        "{} sampled positions, batch_size {}, drop_last {})",
+        sampler.num_samples(), data->size(), sampler.total_size(), batch_size, drop_last));
+  }
+  state_ = std::make_unique<State>(std::move(data), sampler, static_cast<std::size_t>(batch_size),
+                                   drop_last, static_cast<std::size_t>(prefetch));
+  state_->producer = std::thread([s = state_.get()] { s->produce(); });
+}
+
+ShardLoader::~ShardLoader() { stop(); }
+
+std::size_t ShardLoader::batches_per_epoch() const noexcept {
+  return batches_in(state_->sampler.num_samples(), static_cast<int>(state_->batch_size),
+                    state_->drop_last);
+}
+
+Batch ShardLoader::next() {
+  State& s = *state_;
+  std::unique_lock lock(s.mutex);
+  s.ready.wait(lock, [&] { return s.stopped || !s.queue.empty() || s.error; });
+  if (s.stopped) throw std::runtime_error("loader stopped");
+  // Batches assembled before a failure are still delivered; then the error, on every call.
+  if (s.queue.empty()) std::rethrow_exception(s.error);
+  Batch b = std::move(s.queue.front());
+  s.queue.pop_front();
+  s.room.notify_one();
+  return b;
+}
+
+void ShardLoader::stop() noexcept {
+  State& s = *state_;
+  {
+    const std::lock_guard lock(s.mutex);
+    s.stopped = true;
+  }
+  s.ready.notify_all();
+  s.room.notify_all();
+  if (s.producer.joinable()) s.producer.join();
+}
+
+std::size_t batches_in(std::size_t samples, int batch_size, bool drop_last) noexcept {
+  if (batch_size < 1) return 0;
+  const auto b = static_cast<std::size_t>(batch_size);
+  return drop_last ? samples / b : (samples + b - 1) / b;
+}
+
+}  // namespace lockstep

@@ -1,0 +1,172 @@
+// Model (architecture and parameter layout) and Replica (one worker's buffers).
+//
+// Invariants:
+//  - A Model has at least one layer, and layer i's out_features equals layer i+1's in_features.
+//  - Parameter offsets run in REVERSE layer order: the last layer's parameters sit at offset 0.
+//    Names, initialisation and the forward pass run in forward order.
+//  - A Replica's gradient buffer has the parameter buffer's layout. Activation gradients
+//    alternate between two ping-pong buffers, so a layer's din is never its dout.
+#include <algorithm>
+#include <functional>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "lockstep/model.hpp"
+
+namespace lockstep {
+
+std::size_t ParamTensor::numel() const {
+  std::size_t n = 1;
+  for (std::int64_t d : shape) n *= static_cast<std::size_t>(d);
+  return n;
+}
+
+// ---- Model ----------------------------------------------------------------------------------
+
+Model::Model(std::vector<std::unique_ptr<Layer>> layers) : layers_(std::move(layers)) {
+  if (layers_.empty()) throw std::invalid_argument("model: needs at least one layer");
+  for (std::size_t i = 0; i < layers_.size(); ++i) {
+    if (!layers_[i]) throw std::invalid_argument(fmt::format("model: layer {} is null", i));
+    if (i > 0 && layers_[i - 1]->out_features() != layers_[i]->in_features())
+      throw std::invalid_argument(fmt::format(
+          "model: layer {} ({}) outputs {} features but layer {} ({}) expects {}", i - 1,
+          layers_[i - 1]->kind(), layers_[i - 1]->out_features(), i, layers_[i]->kind(),
+          layers_[i]->in_features()));
+  }
+  offsets_.resize(layers_.size());
+  for (std::size_t i = layers_.size(); i-- > 0;) {
+    offsets_[i] = param_count_;
+    param_count_ += layers_[i]->param_count();
+  }
+}
+
+// Linear(inputs, h1), act, Linear(h1, h2), act, ..., Linear(h_last, classes).
+Model Model::mlp(const MlpSpec& spec) {
+  if (spec.inputs < 1)
+    throw std::invalid_argument(
+        fmt::format("mlp: inputs must be at least 1, got {}", spec.inputs));
+  if (spec.classes < 1)
+    throw std::invalid_argument(
+        fmt::format("mlp: classes must be at least 1, got {}", spec.classes));
+  for (std::size_t i = 0; i < spec.hidden.size(); ++i)
+    if (spec.hidden[i] < 1)
+      throw std::invalid_argument(
+          fmt::format("mlp: hidden width {} must be at least 1, got {}", i, spec.hidden[i]));
+  std::vector<std::unique_ptr<Layer>> layers;
+  int width = spec.inputs;
+  for (int h : spec.hidden) {
+    layers.push_back(make_linear(width, h));
+    layers.push_back(make_activation(spec.activation, h));
+    width = h;
+  }
+  layers.push_back(make_linear(width, spec.classes));
+  return Model(std::move(layers));
+}
+
+int Model::inputs() const { return layers_.front()->in_features(); }
+int Model::outputs() const { return layers_.back()->out_features(); }
+
+std::vector<ParamTensor> Model::param_tensors() const {
+  std::vector<ParamTensor> out;
+  for (std::size_t i = 0; i < layers_.size(); ++i)
+    for (ParamTensor& t : layers_[i]->param_tensors(fmt::format("layers.{}", i))) {
+      t.offset += offsets_[i];
+      out.push_back(std::move(t));
+    }
+  return out;
+}
+
+int Model::max_width() const {
+  int width = 0;
+  for (const auto& layer : layers_)
+    width = std::max({width, layer->in_features(), layer->out_features()});
+  return width;
+}
+
+std::vector<float> Model::initial_parameters(std::uint64_t seed) const {
+  std::vector<float> params(param_count_);
+  std::uint64_t rng_state = seed;
+  for (std::size_t i = 0; i < layers_.size(); ++i)
+    layers_[i]->init_parameters(params.data() + offsets_[i], rng_state);
+  return params;
+}
+
+// ---- Replica --------------------------------------------------------------------------------
+
+namespace {
+
+int checked_max_batch(int max_batch) {
+  if (max_batch < 1)
+    throw std::invalid_argument(
+        fmt::format("replica: max_batch must be at least 1, got {}", max_batch));
+  return max_batch;
+}
+
+void check_batch(int batch, int max_batch) {
+  if (batch < 0 || batch > max_batch)
+    throw std::invalid_argument(
+        fmt::format("replica: batch {} is outside [0, max_batch = {}]", batch, max_batch));
+}
+
+std::size_t elements(int batch, int features) {
+  return static_cast<std::size_t>(batch) * static_cast<std::size_t>(features);
+}
+
+}  // namespace
+
+Replica::Replica(Device& device, const Model& model, int max_batch)
+    : device_(&device),
+      model_(&model),
+      max_batch_(checked_max_batch(max_batch)),
+      params_(device, model.param_count()),
+      grads_(device, model.param_count()),
+      dbuf_{DeviceArray<float>(device, elements(max_batch, model.max_width())),
+            DeviceArray<float>(device, elements(max_batch, model.max_width()))} {
+  for (const auto& layer : model.layers())
+    acts_.emplace_back(device, elements(max_batch, layer->out_features()));
+}
+
+void Replica::load_parameters(std::span<const float> host) {
+  if (host.size() != params_.size())
+    throw std::invalid_argument(fmt::format("replica: got {} parameters, the model has {}",
+                                            host.size(), params_.size()));
+  params_.upload(host);
+}
+
+std::vector<float> Replica::parameters() const { return params_.download(); }
+std::vector<float> Replica::gradients() const { return grads_.download(); }
+
+void Replica::zero_grads() {
+  if (grads_.size()) device_->fill(grads_.data(), 0.0f, grads_.size());
+}
+
+const float* Replica::forward(const float* x, int batch) {
+  check_batch(batch, max_batch_);
+  const auto& layers = model_->layers();
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    const float* in = i == 0 ? x : acts_[i - 1].data();
+    layers[i]->forward(*device_, params_.data() + model_->param_offset(i), in, acts_[i].data(),
+                       batch);
+  }
+  return acts_.back().data();
+}
+
+// Layer i writes its din into dbuf_[i % 2] and reads its dout from dbuf_[(i + 1) % 2], which
+// layer i + 1 wrote; the last layer reads dlogits, the first writes no din.
+void Replica::backward(const float* x, const float* dlogits, int batch,
+                       const std::function<void(std::size_t)>& grads_ready) {
+  check_batch(batch, max_batch_);
+  const auto& layers = model_->layers();
+  for (std::size_t i = layers.size(); i-- > 0;) {
+    const float* in = i == 0 ? x : acts_[i - 1].data();
+    const float* dout = i + 1 == layers.size() ? dlogits : dbuf_[(i + 1) % 2].data();
+    float* din = i == 0 ? nullptr : dbuf_[i % 2].data();
+    const std::size_t offset = model_->param_offset(i);
+    layers[i]->backward(*device_, params_.data() + offset, grads_.data() + offset, in,
+                        acts_[i].data(), dout, din, batch);
+    if (grads_ready && layers[i]->param_count() > 0) grads_ready(i);
+  }
+}
+
+}  // namespace lockstep

@@ -1,0 +1,54 @@
+#include "train/optimizer.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+
+namespace lockstep::detail {
+
+Optimizer::Optimizer(Device& device, const OptimizerConfig& cfg, std::size_t params)
+    : device_(&device), cfg_(cfg), n_(params) {
+  const bool needs_m = cfg.type == OptimizerKind::adamw || cfg.momentum > 0.0;
+  if (needs_m) m_ = DeviceArray<float>(device, n_);
+  if (cfg.type == OptimizerKind::adamw) v_ = DeviceArray<float>(device, n_);
+}
+
+void Optimizer::step(float* params, const float* grads, double lr) {
+  ++t_;
+  const float lr_f = static_cast<float>(lr);
+  switch (cfg_.type) {
+    case OptimizerKind::sgd:
+      device_->sgd_step({.momentum = static_cast<float>(cfg_.momentum),
+                         .weight_decay = static_cast<float>(cfg_.weight_decay),
+                         .nesterov = cfg_.nesterov},
+                        lr_f, params, grads, m_.data(), n_);
+      return;
+    case OptimizerKind::adamw:
+      device_->adamw_step({.beta1 = static_cast<float>(cfg_.beta1),
+                           .beta2 = static_cast<float>(cfg_.beta2),
+                           .eps = static_cast<float>(cfg_.eps),
+                           .weight_decay = static_cast<float>(cfg_.weight_decay)},
+                          lr_f, t_, params, grads, m_.data(), v_.data(), n_);
+      return;
+  }
+}
+
+double learning_rate(const OptimizerConfig& opt, const ScheduleConfig& schedule, std::int64_t step,
+                     std::int64_t total) {
+  switch (schedule.type) {
+    case ScheduleKind::constant:
+      return opt.lr;
+    case ScheduleKind::warmup_cosine: {
+      const std::int64_t warmup = schedule.warmup_steps;
+      if (step < warmup) return opt.lr * static_cast<double>(step + 1) / static_cast<double>(warmup);
+      const std::int64_t decay = std::max<std::int64_t>(1, total - warmup - 1);
+      const double progress =
+          std::clamp(static_cast<double>(step - warmup) / static_cast<double>(decay), 0.0, 1.0);
+      return schedule.min_lr +
+             0.5 * (opt.lr - schedule.min_lr) * (1.0 + std::cos(std::numbers::pi * progress));
+    }
+  }
+  return opt.lr;
+}
+
+}  // namespace lockstep::detail

@@ -1,0 +1,41 @@
+#include <cmath>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "lockstep/trainer.hpp"
+
+namespace lockstep {
+namespace {
+
+// JSON has no NaN or Infinity: write null.
+std::string number(double v) { return std::isfinite(v) ? fmt::format("{:.9g}", v) : "null"; }
+
+}  // namespace
+
+std::string Summary::to_json() const {
+  return fmt::format(
+      "{{\n"
+      "  \"backend\": \"{}\",\n"
+      "  \"devices\": [{}],\n"
+      "  \"workers\": {},\n"
+      "  \"parameters\": {},\n"
+      "  \"steps\": {},\n"
+      "  \"samples\": {},\n"
+      "  \"wall_s\": {},\n"
+      "  \"samples_per_s\": {},\n"
+      "  \"final_train_loss\": {},\n"
+      "  \"final_train_accuracy\": {},\n"
+      "  \"eval_loss\": {},\n"
+      "  \"eval_accuracy\": {},\n"
+      "  \"replicas_identical\": {},\n"
+      "  \"replica_checks\": {},\n"
+      "  \"param_hash\": \"{:016x}\"\n"
+      "}}\n",
+      backend, fmt::join(devices, ", "), devices.size(), parameters, steps, samples,
+      number(wall_s), number(samples_per_s), number(final_train_loss),
+      number(final_train_accuracy), number(eval_loss), number(eval_accuracy),
+      replicas_identical ? "true" : "false", replica_checks, param_hash);
+}
+
+}  // namespace lockstep

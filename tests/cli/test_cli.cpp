@@ -1,0 +1,137 @@
+// The `lockstep` binary end to end: exit codes, messages for bad input, and the quickstart.
+#include <doctest/doctest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <string>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Result {
+  int code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+Result run_cli(const std::string& args) {
+  const std::string cmd = std::string("\"") + LOCKSTEP_CLI_PATH + "\" " + args + " 2>&1";
+  Result r;
+  FILE* pipe = popen(cmd.c_str(), "r");
+  REQUIRE(pipe != nullptr);
+  char buf[4096];
+  std::size_t got;
+  while ((got = fread(buf, 1, sizeof buf, pipe)) > 0) r.output.append(buf, got);
+  const int status = pclose(pipe);
+  // Dying on a signal is a failure of its own: no input may do that.
+  REQUIRE_MESSAGE(WIFEXITED(status), "killed by a signal: " << r.output);
+  r.code = WEXITSTATUS(status);
+  return r;
+}
+
+fs::path temp_dir() {
+  const fs::path dir = fs::temp_directory_path() / "lockstep_cli_test";
+  fs::create_directories(dir);
+  return dir;
+}
+
+fs::path write(const std::string& name, const std::string& text) {
+  const fs::path p = temp_dir() / name;
+  std::ofstream(p) << text;
+  return p;
+}
+
+const std::string kQuickstart = std::string(LOCKSTEP_SOURCE_DIR) + "/configs/quickstart.yaml";
+
+double json_number(const std::string& json, const std::string& key) {
+  const std::regex re("\"" + key + "\": ([-0-9.eE+]+)");
+  std::smatch m;
+  REQUIRE_MESSAGE(std::regex_search(json, m, re), key << " missing in " << json);
+  return std::stod(m[1]);
+}
+
+std::string read(const fs::path& p) {
+  std::ifstream f(p);
+  return {std::istreambuf_iterator<char>(f), {}};
+}
+
+}  // namespace
+
+TEST_CASE("cli: help, version and bad flags") {
+  CHECK(run_cli("--help").code == 0);
+  CHECK(run_cli("--version").output.find("lockstep ") != std::string::npos);
+  Result none = run_cli("");
+  CHECK(none.code == 2);
+  Result unknown = run_cli("frobnicate");
+  CHECK(unknown.code == 2);
+  CHECK(unknown.output.find("unknown command 'frobnicate'") != std::string::npos);
+  Result flag = run_cli("train " + kQuickstart + " --bogus");
+  CHECK(flag.code == 2);
+  CHECK(flag.output.find("unknown option '--bogus'") != std::string::npos);
+  Result missing_value = run_cli("train " + kQuickstart + " --set");
+  CHECK(missing_value.code == 2);
+  CHECK(run_cli("devices").code == 0);
+}
+
+TEST_CASE("cli: each class of bad config exits 2 and names the key and line") {
+  struct Case {
+    std::string yaml, expect;
+  };
+  const Case cases[] = {
+      {"trainer:\n  steps: 10\n  devcies: 2\n", "3:3: trainer.devcies: unknown key; did you mean 'trainer.devices'"},
+      {"trainer:\n  steps: ten\n", "2:10: trainer.steps: expected an integer"},
+      {"trainer:\n  steps: -4\n", "2:10: trainer.steps"},
+      {"trainer:\n  steps: 5\noptimizer:\n  type: adam\n", "4:9: optimizer.type: expected one of"},
+      {"trainer:\n  steps: 5\noptimizer:\n  lr: [1, 2]\n", "4:7: optimizer.lr"},
+      {"trainer: [\n", "bad.yaml:"},
+      {"trainer:\n  steps: 5\n  epochs: 2\n", "trainer.epochs"},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.yaml);
+    const fs::path cfg = write("bad.yaml", c.yaml);
+    const Result r = run_cli("train " + cfg.string());
+    CHECK(r.code == 2);
+    CHECK_MESSAGE(r.output.find(c.expect) != std::string::npos, r.output);
+  }
+  const Result missing = run_cli("train " + (temp_dir() / "nope.yaml").string());
+  CHECK(missing.code == 2);
+  CHECK(missing.output.find("nope.yaml") != std::string::npos);
+  const Result set = run_cli("train " + kQuickstart + " --set trainer.steps=abc");
+  CHECK(set.code == 2);
+  CHECK(set.output.find("--set trainer.steps=abc") != std::string::npos);
+}
+
+TEST_CASE("cli: a bad data file exits 2 and names the file and line") {
+  const fs::path csv = write("bad.csv", "1,2,0\n3,4,1\n5,x,1\n");
+  const fs::path cfg = write("data.yaml", "data:\n  dataset: csv\n  path: " + csv.string() +
+                                              "\ntrainer:\n  steps: 2\n");
+  const Result r = run_cli("train " + cfg.string());
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(r.output.find("bad.csv:3") != std::string::npos, r.output);
+}
+
+TEST_CASE("cli: the quickstart reaches 90% eval accuracy within its step budget") {
+  const fs::path json = temp_dir() / "quickstart.json";
+  const Result r = run_cli("train " + kQuickstart + " --summary-json " + json.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const std::string s = read(json);
+  CHECK(s.find("\"replicas_identical\": true") != std::string::npos);
+  CHECK(json_number(s, "eval_accuracy") >= 0.90);
+  CHECK(json_number(s, "steps") == 300);
+}
+
+TEST_CASE("cli: 1 device x batch 64 and 4 devices x batch 16 give the same eval loss") {
+  const std::string common = " --set trainer.seed=7 --set trainer.steps=20";
+  const fs::path a = temp_dir() / "one.json", b = temp_dir() / "four.json";
+  REQUIRE(run_cli("train " + kQuickstart + common +
+                  " --set trainer.devices=1 --set data.batch_size=64 --summary-json " + a.string())
+              .code == 0);
+  REQUIRE(run_cli("train " + kQuickstart + common +
+                  " --set trainer.devices=4 --set data.batch_size=16 --summary-json " + b.string())
+              .code == 0);
+  const double la = json_number(read(a), "eval_loss"), lb = json_number(read(b), "eval_loss");
+  CHECK(std::abs(la - lb) <= 1e-4 * std::abs(la));
+}

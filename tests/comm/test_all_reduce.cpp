@@ -1,0 +1,114 @@
+// The shared-memory communicator against closed-form expectations: rank r fills its buffer
+// with values derived from r and the index, and every rank must end with the exact sum.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <thread>
+#include <vector>
+
+#include "lockstep/comm.hpp"
+
+using lockstep::Communicator;
+using lockstep::ReduceOp;
+
+namespace {
+
+// Runs fn(rank, comm) on one thread per rank of a fresh group.
+template <class Fn>
+void on_group(int n, Fn fn) {
+  auto comms = lockstep::make_shared_memory_group(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) threads.emplace_back([&, r] { fn(r, *comms[r]); });
+  for (auto& t : threads) t.join();
+}
+
+// Small integers keep every partial sum exact in float.
+float value(int rank, std::size_t i) { return static_cast<float>((rank + 1) * 3 + i % 7); }
+float expected_sum(int n, std::size_t i) {
+  return static_cast<float>(3 * n * (n + 1) / 2 + n * static_cast<int>(i % 7));
+}
+
+}  // namespace
+
+TEST_CASE("all_reduce sums and averages exactly for any length and group size") {
+  for (int n = 1; n <= 8; ++n) {
+    const std::size_t n_sz = static_cast<std::size_t>(n);
+    for (std::size_t len : {std::size_t{0}, std::size_t{1}, n_sz - 1, n_sz + 1, std::size_t{1} << 17,
+                            (std::size_t{1} << 17) + 13}) {
+      CAPTURE(n);
+      CAPTURE(len);
+      std::vector<std::vector<float>> sums(n), avgs(n);
+      on_group(n, [&](int r, Communicator& c) {
+        std::vector<float> a(len), b(len);
+        for (std::size_t i = 0; i < len; ++i) a[i] = b[i] = value(r, i);
+        c.all_reduce(a.data(), len, ReduceOp::sum);
+        c.all_reduce(b.data(), len, ReduceOp::avg);
+        sums[r] = std::move(a);
+        avgs[r] = std::move(b);
+      });
+      for (int r = 0; r < n; ++r) {
+        for (std::size_t i = 0; i < len; ++i) {
+          REQUIRE(sums[r][i] == expected_sum(n, i));
+          REQUIRE(avgs[r][i] == doctest::Approx(expected_sum(n, i) / n).epsilon(1e-6));
+        }
+        // Every rank holds the same bits, whatever the rounding of the average.
+        REQUIRE(avgs[r] == avgs[0]);
+      }
+    }
+  }
+}
+
+TEST_CASE("broadcast copies the root's buffer to every rank") {
+  for (int n = 1; n <= 5; ++n) {
+    for (int root = 0; root < n; ++root) {
+      std::vector<std::vector<float>> out(n);
+      on_group(n, [&](int r, Communicator& c) {
+        std::vector<float> a(37, static_cast<float>(r));
+        c.broadcast(a.data(), a.size(), root);
+        out[r] = a;
+      });
+      for (int r = 0; r < n; ++r) CHECK(out[r] == std::vector<float>(37, static_cast<float>(root)));
+    }
+  }
+}
+
+TEST_CASE("host collectives: sum of doubles and all-gather") {
+  const int n = 6;
+  std::vector<std::vector<double>> sums(n);
+  std::vector<std::vector<std::uint64_t>> gathered(n);
+  on_group(n, [&](int r, Communicator& c) {
+    std::vector<double> v{1.0, static_cast<double>(r), 0.5 * r};
+    c.all_reduce_host(v);
+    sums[r] = v;
+    gathered[r] = c.all_gather_host(100u + static_cast<std::uint64_t>(r));
+    c.barrier();
+  });
+  for (int r = 0; r < n; ++r) {
+    CHECK(sums[r] == std::vector<double>{6.0, 15.0, 7.5});
+    CHECK(gathered[r] == std::vector<std::uint64_t>{100, 101, 102, 103, 104, 105});
+  }
+}
+
+TEST_CASE("a rank that aborts releases every other rank from the collective") {
+  for (int n = 2; n <= 6; ++n) {
+    const int failing = n - 1;
+    std::vector<int> aborted(n, 0);
+    on_group(n, [&](int r, Communicator& c) {
+      std::vector<float> a(1000, 1.0f);
+      try {
+        for (int step = 0; step < 5; ++step) {
+          if (r == failing && step == 2) throw std::runtime_error("injected");
+          c.all_reduce(a.data(), a.size(), ReduceOp::sum);
+          c.barrier();
+        }
+      } catch (const lockstep::CommAborted&) {
+        aborted[r] = 1;
+        c.abort();
+      } catch (const std::runtime_error&) {
+        c.abort();
+      }
+    });
+    for (int r = 0; r < n; ++r)
+      if (r != failing) CHECK(aborted[r] == 1);
+  }
+}

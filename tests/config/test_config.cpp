@@ -1,0 +1,465 @@
+// The YAML config loader: every key reads into its field, and every kind of bad input throws
+// ConfigError naming where (FILE:LINE:COL or --set KEY=VALUE), the key path and what was expected.
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "lockstep/config.hpp"
+
+using namespace lockstep;
+namespace fs = std::filesystem;
+
+namespace {
+
+// The smallest config that passes validation: everything else keeps its default.
+constexpr std::string_view kMinimal = "data: {dataset: synthetic}\ntrainer: {steps: 10}\n";
+
+// The message of the ConfigError that parsing `yaml` (as "q.yaml") throws.
+std::string error_of(std::string_view yaml, const std::vector<std::string>& overrides = {}) {
+  try {
+    parse_config(yaml, "q.yaml", overrides);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  FAIL_CHECK("no ConfigError for:\n" << std::string(yaml));
+  return "";
+}
+
+bool contains(const std::string& haystack, std::string_view needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+// A file under the system's temporary directory, removed at the end of the test.
+class TempFile {
+ public:
+  TempFile(std::string_view name, std::string_view text)
+      : path_(fs::temp_directory_path() / name) {
+    std::ofstream(path_, std::ios::binary) << text;
+  }
+  ~TempFile() {
+    std::error_code ignored;
+    fs::remove(path_, ignored);
+  }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+}  // namespace
+
+TEST_CASE("config: unset keys keep the defaults of config.hpp") {
+  const Config cfg = parse_config(kMinimal, "min.yaml");
+  const Config defaults;
+  CHECK(cfg.source == "min.yaml");
+  CHECK(cfg.model.type == defaults.model.type);
+  CHECK(cfg.model.hidden == defaults.model.hidden);
+  CHECK(cfg.model.activation == defaults.model.activation);
+  CHECK(cfg.data.dataset == DatasetKind::synthetic);
+  CHECK(cfg.data.samples == defaults.data.samples);
+  CHECK(cfg.data.eval_fraction == defaults.data.eval_fraction);
+  CHECK(cfg.data.batch_size == defaults.data.batch_size);
+  CHECK(cfg.data.shuffle == defaults.data.shuffle);
+  CHECK(cfg.optimizer.type == defaults.optimizer.type);
+  CHECK(cfg.optimizer.lr == defaults.optimizer.lr);
+  CHECK(cfg.optimizer.beta2 == defaults.optimizer.beta2);
+  CHECK(cfg.schedule.type == defaults.schedule.type);
+  CHECK(cfg.trainer.backend == BackendKind::automatic);
+  CHECK(cfg.trainer.devices == defaults.trainer.devices);
+  CHECK(cfg.trainer.steps == 10);
+  CHECK(cfg.trainer.epochs == 0);
+  CHECK(cfg.trainer.log_every == defaults.trainer.log_every);
+
+  // Null values and empty sections also keep the defaults.
+  const Config nulls = parse_config(
+      "model:\ndata:\n  dataset: synthetic\n  batch_size: ~\ntrainer: {steps: 10, seed: null}\n",
+      "nulls.yaml");
+  CHECK(nulls.model.hidden == defaults.model.hidden);
+  CHECK(nulls.data.batch_size == defaults.data.batch_size);
+  CHECK(nulls.trainer.seed == defaults.trainer.seed);
+
+  // An empty document is all defaults, which need only steps and a data source.
+  const std::vector<std::string> set = {"trainer.steps=3", "data.dataset=synthetic"};
+  CHECK(parse_config("", "empty.yaml", set).trainer.steps == 3);
+  CHECK(parse_config("# just a comment\n", "empty.yaml", set).trainer.steps == 3);
+  CHECK(error_of("") == "q.yaml: trainer: set trainer.steps or trainer.epochs");
+}
+
+TEST_CASE("config: every key reads into its field") {
+  const Config cfg = parse_config(R"(model:
+  type: mlp
+  hidden: [128, 64, 32]
+  activation: gelu
+data:
+  dataset: csv
+  path: data/train.csv
+  label_column: 0
+  header: yes
+  images: train-images
+  labels: train-labels
+  samples: 5000
+  features: 16
+  classes: 3
+  eval_fraction: 0.25
+  batch_size: 64
+  shuffle: off
+  drop_last: true
+  normalize: False
+  prefetch: 4
+optimizer:
+  type: adamw
+  lr: 3e-4
+  momentum: 0.5
+  nesterov: ON
+  weight_decay: 0.01
+  beta1: 0.8
+  beta2: 0.95
+  eps: 1.0e-6
+  clip_grad_norm: 1.5
+schedule:
+  type: warmup_cosine
+  warmup_steps: 100
+  min_lr: 1e-5
+trainer:
+  backend: cuda
+  devices: [2, 3]
+  steps: +1000
+  seed: 18446744073709551615
+  log_every: 10
+  eval_every: 200
+  check_replicas_every: 0
+  threads_per_device: 2
+)",
+                                  "full.yaml");
+  CHECK(cfg.model.type == "mlp");
+  CHECK(cfg.model.hidden == std::vector<int>{128, 64, 32});
+  CHECK(cfg.model.activation == Activation::gelu);
+  CHECK(cfg.data.dataset == DatasetKind::csv);
+  CHECK(cfg.data.path == "data/train.csv");
+  CHECK(cfg.data.label_column == 0);
+  CHECK(cfg.data.header);
+  CHECK(cfg.data.images == "train-images");
+  CHECK(cfg.data.labels == "train-labels");
+  CHECK(cfg.data.samples == 5000);
+  CHECK(cfg.data.features == 16);
+  CHECK(cfg.data.classes == 3);
+  CHECK(cfg.data.eval_fraction == 0.25);
+  CHECK(cfg.data.batch_size == 64);
+  CHECK_FALSE(cfg.data.shuffle);
+  CHECK(cfg.data.drop_last);
+  CHECK_FALSE(cfg.data.normalize);
+  CHECK(cfg.data.prefetch == 4);
+  CHECK(cfg.optimizer.type == OptimizerKind::adamw);
+  CHECK(cfg.optimizer.lr == 3e-4);
+  CHECK(cfg.optimizer.momentum == 0.5);
+  CHECK(cfg.optimizer.nesterov);
+  CHECK(cfg.optimizer.weight_decay == 0.01);
+  CHECK(cfg.optimizer.beta1 == 0.8);
+  CHECK(cfg.optimizer.beta2 == 0.95);
+  CHECK(cfg.optimizer.eps == 1e-6);
+  CHECK(cfg.optimizer.clip_grad_norm == 1.5);
+  CHECK(cfg.schedule.type == ScheduleKind::warmup_cosine);
+  CHECK(cfg.schedule.warmup_steps == 100);
+  CHECK(cfg.schedule.min_lr == 1e-5);
+  CHECK(cfg.trainer.backend == BackendKind::cuda);
+  CHECK(cfg.trainer.devices == std::vector<int>{2, 3});
+  CHECK(cfg.trainer.steps == 1000);
+  CHECK(cfg.trainer.epochs == 0);
+  CHECK(cfg.trainer.seed == 18446744073709551615ull);
+  CHECK(cfg.trainer.log_every == 10);
+  CHECK(cfg.trainer.eval_every == 200);
+  CHECK(cfg.trainer.check_replicas_every == 0);
+  CHECK(cfg.trainer.threads_per_device == 2);
+  CHECK_NOTHROW(cfg.validate());
+}
+
+TEST_CASE("config: the other spellings: device count, betas, epochs, empty hidden") {
+  const Config cfg = parse_config(
+      "model: {hidden: [], activation: tanh}\n"
+      "data: {dataset: idx, images: i.idx, labels: l.idx, label_column: -1}\n"
+      "optimizer: {type: sgd, betas: [0.7, 0.9]}\n"
+      "trainer: {backend: auto, devices: 4, epochs: 3}\n",
+      "other.yaml");
+  CHECK(cfg.model.hidden.empty());
+  CHECK(cfg.model.activation == Activation::tanh);
+  CHECK(cfg.data.dataset == DatasetKind::idx);
+  CHECK(cfg.data.label_column == -1);
+  CHECK(cfg.optimizer.type == OptimizerKind::sgd);
+  CHECK(cfg.optimizer.beta1 == 0.7);
+  CHECK(cfg.optimizer.beta2 == 0.9);
+  CHECK(cfg.trainer.backend == BackendKind::automatic);
+  CHECK(cfg.trainer.devices == std::vector<int>{0, 1, 2, 3});
+  CHECK(cfg.trainer.steps == 0);
+  CHECK(cfg.trainer.epochs == 3);
+}
+
+TEST_CASE("config: enums print as their YAML spelling") {
+  CHECK(to_string(Activation::relu) == "relu");
+  CHECK(to_string(Activation::gelu) == "gelu");
+  CHECK(to_string(Activation::tanh) == "tanh");
+  CHECK(to_string(DatasetKind::csv) == "csv");
+  CHECK(to_string(DatasetKind::idx) == "idx");
+  CHECK(to_string(DatasetKind::synthetic) == "synthetic");
+  CHECK(to_string(OptimizerKind::sgd) == "sgd");
+  CHECK(to_string(OptimizerKind::adamw) == "adamw");
+  CHECK(to_string(ScheduleKind::constant) == "constant");
+  CHECK(to_string(ScheduleKind::warmup_cosine) == "warmup_cosine");
+  CHECK(to_string(BackendKind::automatic) == "auto");
+  CHECK(to_string(BackendKind::cpu) == "cpu");
+  CHECK(to_string(BackendKind::cuda) == "cuda");
+}
+
+TEST_CASE("config: unknown keys and sections are rejected with a suggestion") {
+  CHECK(error_of("trainer:\n  steps: 10\n  devcies: 2\n") ==
+        "q.yaml:3:3: trainer.devcies: unknown key; did you mean 'trainer.devices'?");
+  CHECK(error_of("model:\n  hiden: [32]\n") ==
+        "q.yaml:2:3: model.hiden: unknown key; did you mean 'model.hidden'?");
+  CHECK(error_of("optimizer: {LR: 0.1}\n") ==
+        "q.yaml:1:13: optimizer.LR: unknown key; did you mean 'optimizer.lr'?");
+  // Nothing close: list the section's keys instead.
+  CHECK(error_of("model:\n  depth: 3\n") ==
+        "q.yaml:2:3: model.depth: unknown key; valid keys: type, hidden, activation");
+  CHECK(error_of("trainer: {steps: 1}\ntraner:\n  steps: 5\n") ==
+        "q.yaml:2:1: traner: unknown section; did you mean 'trainer'?");
+  CHECK(error_of("logging: {level: 3}\n") ==
+        "q.yaml:1:1: logging: unknown section; valid sections: model, data, optimizer, schedule, "
+        "trainer");
+}
+
+TEST_CASE("config: values of the wrong type") {
+  CHECK(error_of("trainer:\n  steps: ten\n") ==
+        "q.yaml:2:10: trainer.steps: expected an integer >= 1, got 'ten'");
+  CHECK(error_of("trainer:\n  steps: 1.5\n") ==
+        "q.yaml:2:10: trainer.steps: expected an integer >= 1, got '1.5'");
+  CHECK(error_of("trainer:\n  steps: 10x\n") ==
+        "q.yaml:2:10: trainer.steps: expected an integer >= 1, got '10x'");
+  CHECK(error_of("trainer:\n  steps: 1e3\n") ==
+        "q.yaml:2:10: trainer.steps: expected an integer >= 1, got '1e3'");
+  // A quoted number is a string.
+  CHECK(error_of("trainer:\n  steps: \"10\"\n") ==
+        "q.yaml:2:10: trainer.steps: expected an integer >= 1, got the string \"10\"");
+  CHECK(error_of("optimizer:\n  lr: [1, 2]\n") ==
+        "q.yaml:2:7: optimizer.lr: expected a number > 0, got a list");
+  CHECK(error_of("optimizer:\n  type: {name: sgd}\n") ==
+        "q.yaml:2:9: optimizer.type: expected one of sgd, adamw, got a map");
+  CHECK(error_of("data:\n  path: [a.csv]\n") ==
+        "q.yaml:2:9: data.path: expected a string, got a list");
+  CHECK(error_of("model:\n  hidden: 64\n") ==
+        "q.yaml:2:11: model.hidden: expected a list of integers, got '64'");
+  CHECK(error_of("model:\n  hidden: [64, wide]\n") ==
+        "q.yaml:2:16: model.hidden[1]: expected an integer >= 1, got 'wide'");
+  CHECK(error_of("trainer: {devices: {a: 1}}\n") ==
+        "q.yaml:1:20: trainer.devices: expected a device count or a list of device ids, got a "
+        "map");
+  CHECK(error_of("model: [mlp]\n") == "q.yaml:1:8: model: expected a map, got a list");
+
+  // Booleans: true/false/yes/no/on/off in any case, nothing else.
+  for (const std::string yes : {"true", "True", "YES", "on"})
+    CHECK(parse_config(kMinimal, "b.yaml", std::vector{"data.drop_last=" + yes}).data.drop_last);
+  for (const std::string no : {"false", "FALSE", "no", "Off"})
+    CHECK_FALSE(parse_config(kMinimal, "b.yaml", std::vector{"data.shuffle=" + no}).data.shuffle);
+  CHECK(error_of("data:\n  shuffle: maybe\n") ==
+        "q.yaml:2:12: data.shuffle: expected true or false, got 'maybe'");
+  CHECK(error_of("data:\n  shuffle: 1\n") ==
+        "q.yaml:2:12: data.shuffle: expected true or false, got '1'");
+}
+
+TEST_CASE("config: values out of range") {
+  CHECK(error_of("model: {}\ntrainer:\n  steps: -5\n") ==
+        "q.yaml:3:10: trainer.steps: expected an integer >= 1, got '-5'");
+  CHECK(error_of("trainer:\n  steps: 0\n") ==
+        "q.yaml:2:10: trainer.steps: expected an integer >= 1, got '0'");
+  CHECK(error_of("trainer:\n  steps: 99999999999999999999\n") ==
+        "q.yaml:2:10: trainer.steps: expected an integer <= 9223372036854775807, got "
+        "'99999999999999999999'");
+  CHECK(error_of("data:\n  batch_size: 4294967296\n") ==
+        "q.yaml:2:15: data.batch_size: expected an integer <= 2147483647, got '4294967296'");
+  CHECK(error_of("trainer:\n  seed: -1\n") ==
+        "q.yaml:2:9: trainer.seed: expected an integer >= 0, got '-1'");
+  CHECK(error_of("data:\n  classes: 1\n") ==
+        "q.yaml:2:12: data.classes: expected an integer >= 2, got '1'");
+  CHECK(error_of("optimizer:\n  lr: 0\n") ==
+        "q.yaml:2:7: optimizer.lr: expected a number > 0, got '0'");
+  CHECK(error_of("optimizer:\n  momentum: 1.0\n") ==
+        "q.yaml:2:13: optimizer.momentum: expected a number in [0, 1), got '1.0'");
+  CHECK(error_of("optimizer:\n  weight_decay: -0.1\n") ==
+        "q.yaml:2:17: optimizer.weight_decay: expected a number >= 0, got '-0.1'");
+  CHECK(error_of("optimizer:\n  eps: .nan\n") ==
+        "q.yaml:2:8: optimizer.eps: expected a number > 0, got '.nan'");
+  CHECK(error_of("optimizer:\n  betas: [0.9, 1.5]\n") ==
+        "q.yaml:2:16: optimizer.betas[1]: expected a number in [0, 1), got '1.5'");
+  CHECK(error_of("optimizer:\n  betas: [0.9]\n") ==
+        "q.yaml:2:10: optimizer.betas: expected a list [beta1, beta2], got a list");
+  CHECK(error_of("data:\n  eval_fraction: 1\n") ==
+        "q.yaml:2:18: data.eval_fraction: expected a number in [0, 1), got '1'");
+  CHECK(error_of("model:\n  hidden: [32, 0]\n") ==
+        "q.yaml:2:16: model.hidden[1]: expected an integer >= 1, got '0'");
+  CHECK(error_of("trainer:\n  devices: [0, -1]\n") ==
+        "q.yaml:2:16: trainer.devices[1]: expected an integer >= 0, got '-1'");
+  CHECK(contains(error_of("trainer:\n  devices: []\n"), "q.yaml:2:12: trainer.devices: expected"));
+  CHECK(contains(error_of("trainer:\n  devices: 0\n"), "q.yaml:2:12: trainer.devices: expected"));
+  CHECK(contains(error_of("trainer:\n  devices: 100000\n"),
+                 "q.yaml:2:12: trainer.devices: expected at most"));
+}
+
+TEST_CASE("config: enum values outside their choices") {
+  CHECK(error_of("trainer: {steps: 1}\noptimizer:\n  type: adam\n") ==
+        "q.yaml:3:9: optimizer.type: expected one of sgd, adamw, got 'adam'");
+  CHECK(error_of("model: {activation: sigmoid}\n") ==
+        "q.yaml:1:21: model.activation: expected one of relu, gelu, tanh, got 'sigmoid'");
+  CHECK(error_of("model: {type: cnn}\n") ==
+        "q.yaml:1:15: model.type: expected one of mlp, got 'cnn'");
+  CHECK(contains(error_of("data: {dataset: parquet}\n"), "expected one of csv, idx, synthetic"));
+  CHECK(contains(error_of("schedule: {type: cosine}\n"),
+                 "expected one of constant, warmup_cosine"));
+  CHECK(contains(error_of("trainer: {backend: tpu}\n"), "expected one of auto, cpu, cuda"));
+}
+
+TEST_CASE("config: malformed documents") {
+  CHECK(error_of("trainer: [\n") == "q.yaml:2:1: end of sequence flow not found");
+  CHECK(contains(error_of("trainer:\n  steps: 1\n bad: x: y\n"), "q.yaml:3:"));
+  CHECK(error_of("- model\n- data\n") ==
+        "q.yaml:1:1: expected a map of sections (model, data, optimizer, schedule, trainer), got a "
+        "list");
+  CHECK(error_of("just text\n") ==
+        "q.yaml:1:1: expected a map of sections (model, data, optimizer, schedule, trainer), got "
+        "'just text'");
+  CHECK(error_of("trainer: {steps: 1}\n---\ntrainer: {steps: 2}\n") ==
+        "q.yaml:3:1: expected one YAML document, found 2");
+  CHECK(error_of("trainer:\n  steps: 5\n  steps: 6\n") ==
+        "q.yaml:3:3: trainer.steps: duplicate key (first at q.yaml:2:3)");
+  CHECK(error_of("model: {[a, b]: 1}\n") == "q.yaml:1:9: model: expected a key name, got a list");
+}
+
+TEST_CASE("config: files") {
+  const TempFile good("lockstep_test_config_good.yaml", kMinimal);
+  const Config cfg = load_config(good.path(), std::vector<std::string>{"trainer.seed=9"});
+  CHECK(cfg.source == good.path().string());
+  CHECK(cfg.trainer.seed == 9);
+
+  const TempFile bad("lockstep_test_config_bad.yaml", "trainer:\n  steps: -5\n");
+  try {
+    load_config(bad.path());
+    FAIL("no ConfigError");
+  } catch (const ConfigError& e) {
+    CHECK(std::string(e.what()) ==
+          bad.path().string() + ":2:10: trainer.steps: expected an integer >= 1, got '-5'");
+  }
+
+  const fs::path missing = fs::temp_directory_path() / "lockstep_test_config_missing.yaml";
+  const std::string cannot_open = missing.string() + ": cannot open config file: ";
+  CHECK_THROWS_WITH_AS(load_config(missing), doctest::Contains(cannot_open.c_str()), ConfigError);
+  CHECK_THROWS_WITH_AS(load_config(fs::temp_directory_path()),
+                       doctest::Contains(": cannot open config file: "), ConfigError);
+}
+
+TEST_CASE("config: cross-field rules") {
+  CHECK(error_of("data: {dataset: synthetic}\ntrainer: {log_every: 5}\n") ==
+        "q.yaml: trainer: set trainer.steps or trainer.epochs");
+  CHECK(error_of("data: {dataset: synthetic}\ntrainer:\n  steps: 5\n  epochs: 2\n") ==
+        "q.yaml:3:3: trainer.steps: conflicts with trainer.epochs (set at q.yaml:4:3); set only "
+        "one (null unsets a key)");
+  CHECK(error_of(std::string(kMinimal) + "optimizer:\n  nesterov: true\n") ==
+        "q.yaml:4:3: optimizer.nesterov: requires optimizer.momentum > 0");
+  CHECK(error_of("trainer: {steps: 5}\n") ==
+        "q.yaml: data.path: required when data.dataset is csv");
+  CHECK(error_of("trainer: {steps: 5}\ndata:\n  dataset: csv\n") ==
+        "q.yaml:3:3: data.path: required when data.dataset is csv");
+  CHECK(error_of("trainer: {steps: 5}\ndata:\n  dataset: idx\n  images: i.idx\n") ==
+        "q.yaml:3:3: data.labels: required when data.dataset is idx");
+  CHECK(error_of("trainer: {steps: 5}\ndata:\n  dataset: idx\n  labels: l.idx\n") ==
+        "q.yaml:3:3: data.images: required when data.dataset is idx");
+  CHECK(error_of(std::string(kMinimal) + "schedule:\n  min_lr: 0.5\n") ==
+        "q.yaml:4:3: schedule.min_lr: must be <= optimizer.lr (0.01), got 0.5");
+  CHECK(error_of(std::string(kMinimal) + "schedule:\n  warmup_steps: 10\n") ==
+        "q.yaml:4:3: schedule.warmup_steps: must be < trainer.steps (10), got 10");
+  CHECK(error_of(std::string(kMinimal) + "optimizer: {beta1: 0.5, betas: [0.5, 0.6]}\n") ==
+        "q.yaml:3:25: optimizer.betas: conflicts with optimizer.beta1; set one or the other");
+  // Warmup is bounded by steps only when steps are set.
+  CHECK(parse_config("data: {dataset: synthetic}\ntrainer: {epochs: 1}\nschedule: {warmup_steps: 50}\n",
+                     "e.yaml")
+            .schedule.warmup_steps == 50);
+}
+
+TEST_CASE("config: validate() checks a Config filled by hand") {
+  Config cfg;
+  cfg.source = "hand";
+  cfg.data.dataset = DatasetKind::synthetic;
+  cfg.trainer.steps = 10;
+  CHECK_NOTHROW(cfg.validate());
+
+  Config bad_lr = cfg;
+  bad_lr.optimizer.lr = -1;
+  CHECK_THROWS_WITH_AS(bad_lr.validate(), "hand: optimizer.lr: expected a number > 0, got '-1'",
+                       ConfigError);
+  Config bad_devices = cfg;
+  bad_devices.trainer.devices = {0, -2};
+  CHECK_THROWS_WITH_AS(bad_devices.validate(),
+                       "hand: trainer.devices[1]: expected an integer >= 0, got '-2'", ConfigError);
+  Config no_devices = cfg;
+  no_devices.trainer.devices.clear();
+  CHECK_THROWS_AS(no_devices.validate(), ConfigError);
+  Config both = cfg;
+  both.trainer.epochs = 2;
+  CHECK_THROWS_WITH_AS(both.validate(), doctest::Contains("hand: trainer.steps: conflicts with trainer.epochs"),
+                       ConfigError);
+  Config nesterov = cfg;
+  nesterov.optimizer.nesterov = true;
+  CHECK_THROWS_WITH_AS(nesterov.validate(),
+                       "hand: optimizer.nesterov: requires optimizer.momentum > 0", ConfigError);
+  nesterov.optimizer.momentum = 0.9;
+  CHECK_NOTHROW(nesterov.validate());
+}
+
+TEST_CASE("config: overrides") {
+  const std::vector<std::string> set = {"trainer.devices=[0, 1]", "model.hidden=[32,32]",
+                                        "optimizer.type=adamw", "data.shuffle=no",
+                                        "schedule.min_lr=1e-4"};
+  const Config cfg = parse_config(kMinimal, "q.yaml", set);
+  CHECK(cfg.trainer.devices == std::vector<int>{0, 1});
+  CHECK(cfg.model.hidden == std::vector<int>{32, 32});
+  CHECK(cfg.optimizer.type == OptimizerKind::adamw);
+  CHECK_FALSE(cfg.data.shuffle);
+  CHECK(cfg.schedule.min_lr == 1e-4);
+
+  // The last override wins; null unsets, so a file's epochs can become steps.
+  const std::string epochs_file = "data: {dataset: synthetic}\ntrainer:\n  epochs: 3\n";
+  const Config switched = parse_config(
+      epochs_file, "q.yaml", std::vector<std::string>{"trainer.steps=7", "trainer.steps=70",
+                                                      "trainer.epochs=null"});
+  CHECK(switched.trainer.steps == 70);
+  CHECK(switched.trainer.epochs == 0);
+  CHECK(error_of(epochs_file, {"trainer.steps=70"}) ==
+        "--set trainer.steps=70: trainer.steps: conflicts with trainer.epochs (set at "
+        "q.yaml:3:3); set only one (null unsets a key)");
+
+  // A whole section, as a flow map.
+  CHECK(parse_config(kMinimal, "q.yaml", std::vector<std::string>{"model={activation: gelu}"})
+            .model.activation == Activation::gelu);
+}
+
+TEST_CASE("config: bad overrides name the --set and the key") {
+  CHECK(error_of(kMinimal, {"trainer.steps=abc"}) ==
+        "--set trainer.steps=abc: trainer.steps: expected an integer >= 1, got 'abc'");
+  CHECK(error_of(kMinimal, {"trainer.devices=[0,-1]"}) ==
+        "--set trainer.devices=[0,-1]: trainer.devices[1]: expected an integer >= 0, got '-1'");
+  CHECK(error_of(kMinimal, {"trainer.steps.every=3"}) ==
+        "--set trainer.steps.every=3: trainer.steps: expected an integer >= 1, got a map");
+  CHECK(error_of(kMinimal, {"trainer.stpes=100"}) ==
+        "--set trainer.stpes=100: trainer.stpes: unknown key; did you mean 'trainer.steps'?");
+  CHECK(error_of(kMinimal, {"trainr.steps=100"}) ==
+        "--set trainr.steps=100: trainr: unknown section; did you mean 'trainer'?");
+  CHECK(error_of(kMinimal, {"optimizer.nesterov=true"}) ==
+        "--set optimizer.nesterov=true: optimizer.nesterov: requires optimizer.momentum > 0");
+  CHECK(error_of(kMinimal, {"trainer.steps"}) == "--set trainer.steps: expected KEY=VALUE");
+  CHECK(error_of(kMinimal, {"=5"}) == "--set =5: expected KEY=VALUE");
+  CHECK(error_of(kMinimal, {"trainer..steps=5"}) == "--set trainer..steps=5: expected KEY=VALUE");
+  CHECK(contains(error_of(kMinimal, {"model.hidden=[1,"}),
+                 "--set model.hidden=[1,: model.hidden: invalid YAML value: "));
+  // A key the override did not touch still points into the file.
+  CHECK(error_of("data: {dataset: synthetic}\ntrainer:\n  steps: -1\n", {"trainer.seed=1"}) ==
+        "q.yaml:3:10: trainer.steps: expected an integer >= 1, got '-1'");
+}

@@ -1,0 +1,279 @@
+// Finite-difference checks of every layer's backward, of the loss gradient and of a whole MLP
+// through a Replica; and the model's parameter layout.
+//
+// Objectives run on the CPU device in float and are summed in double. Derivatives are central
+// differences over the step actually taken after float rounding, and must agree with the
+// analytic gradient within abs_tol + rel_tol * |fd|.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "common/random.hpp"
+#include "lockstep/model.hpp"
+
+namespace {
+
+using lockstep::Activation;
+using lockstep::Device;
+using lockstep::DeviceArray;
+using lockstep::Layer;
+using lockstep::Model;
+
+constexpr float kStep = 1e-2f;
+
+std::vector<float> random_floats(std::size_t n, std::uint64_t seed, double lo = -1.0,
+                                 double hi = 1.0) {
+  std::vector<float> v(n);
+  for (float& x : v) x = static_cast<float>(lo + (hi - lo) * lockstep::detail::uniform01(seed));
+  return v;
+}
+
+std::vector<std::int32_t> random_labels(std::size_t n, int classes, std::uint64_t seed) {
+  std::vector<std::int32_t> v(n);
+  for (auto& l : v) l = static_cast<std::int32_t>(lockstep::detail::uniform_below(seed, classes));
+  return v;
+}
+
+template <class T>
+DeviceArray<T> on_device(Device& dev, const std::vector<T>& host) {
+  DeviceArray<T> a(dev, host.size());
+  a.upload(host);
+  return a;
+}
+
+// d objective() / d v[i], by central differences; v[i] is restored.
+template <class Objective>
+double central_difference(std::vector<float>& v, std::size_t i, const Objective& objective) {
+  const float v0 = v[i];
+  v[i] = v0 + kStep;
+  const double up = objective(), h_up = double(v[i]) - v0;
+  v[i] = v0 - kStep;
+  const double down = objective(), h_down = v0 - double(v[i]);
+  v[i] = v0;
+  return (up - down) / (h_up + h_down);
+}
+
+// Empty when every analytic[i] matches fd[i]; otherwise describes the first miss.
+std::string mismatch(const std::vector<double>& fd, const std::vector<float>& analytic,
+                     double abs_tol = 1e-4, double rel_tol = 5e-3) {
+  if (fd.size() != analytic.size()) return "sizes differ";
+  for (std::size_t i = 0; i < fd.size(); ++i)
+    if (!(std::abs(analytic[i] - fd[i]) <= abs_tol + rel_tol * std::abs(fd[i]))) {
+      std::ostringstream out;
+      out << "element " << i << ": analytic " << analytic[i] << ", finite difference " << fd[i];
+      return out.str();
+    }
+  return {};
+}
+
+struct LayerGradients {
+  std::vector<float> params, input;    // analytic, from backward
+  std::vector<double> fd_params, fd_input;
+};
+
+// Gradients of J(P, X) = sum(forward(P, X) * R) for a random R (batch, out_features). The
+// parameter gradient buffer starts non-zero to check that backward accumulates into it.
+LayerGradients layer_gradients(const Layer& layer, int batch, std::vector<float> params,
+                               std::vector<float> x, std::uint64_t seed) {
+  auto dev = lockstep::make_cpu_device(0, 1);
+  const auto r = random_floats(std::size_t(batch) * layer.out_features(), seed);
+  const auto g0 = random_floats(params.size(), seed + 1);
+  auto pd = on_device(*dev, params), xd = on_device(*dev, x), rd = on_device(*dev, r);
+  auto gd = on_device(*dev, g0);
+  auto dxd = on_device(*dev, random_floats(x.size(), seed + 2));  // overwritten by backward
+  DeviceArray<float> yd(*dev, r.size());
+  const auto objective = [&] {
+    pd.upload(params);
+    xd.upload(x);
+    layer.forward(*dev, pd.data(), xd.data(), yd.data(), batch);
+    const auto y = yd.download();
+    double j = 0.0;
+    for (std::size_t i = 0; i < y.size(); ++i) j += double(y[i]) * r[i];
+    return j;
+  };
+  objective();
+  layer.backward(*dev, pd.data(), gd.data(), xd.data(), yd.data(), rd.data(), dxd.data(), batch);
+  LayerGradients g{gd.download(), dxd.download(), {}, {}};
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    g.params[i] -= g0[i];
+    g.fd_params.push_back(central_difference(params, i, objective));
+  }
+  for (std::size_t i = 0; i < x.size(); ++i)
+    g.fd_input.push_back(central_difference(x, i, objective));
+  return g;
+}
+
+void check_activation(Activation f, std::vector<float> x, int batch) {
+  const auto layer = lockstep::make_activation(f, static_cast<int>(x.size()) / batch);
+  const auto g = layer_gradients(*layer, batch, {}, std::move(x), 7);
+  CHECK(g.params.empty());
+  const std::string miss = mismatch(g.fd_input, g.input);
+  CHECK_MESSAGE(miss.empty(), miss);
+}
+
+// Mean cross-entropy of a 2-hidden-layer MLP: replica.gradients() against finite differences
+// of every parameter; also checks the order of the grads_ready calls.
+void check_mlp(Activation f) {
+  CAPTURE(int(f));
+  const Model model = Model::mlp({.inputs = 6, .hidden = {8, 7}, .classes = 4, .activation = f});
+  auto dev = lockstep::make_cpu_device(0, 2);
+  const int batch = 5;
+  lockstep::Replica replica(*dev, model, /*max_batch=*/8);
+  std::vector<float> params = model.initial_parameters(3);
+  for (float& p : params) p *= 2.0f;  // larger weights: more curvature for the check to see
+  auto xd = on_device(*dev, random_floats(std::size_t(batch) * 6, 11, -2.0, 2.0));
+  auto yd = on_device(*dev, random_labels(batch, 4, 12));
+  DeviceArray<float> dlogits(*dev, std::size_t(batch) * 4);
+  const auto loss = [&](float* grad) {
+    replica.load_parameters(params);
+    const float* logits = replica.forward(xd.data(), batch);
+    return dev->softmax_cross_entropy(logits, yd.data(), batch, 4, grad, 1.0f / batch).loss_sum /
+           batch;
+  };
+  replica.zero_grads();
+  loss(dlogits.data());
+  std::vector<std::size_t> ready;
+  replica.backward(xd.data(), dlogits.data(), batch, [&](std::size_t i) { ready.push_back(i); });
+  CHECK(ready == std::vector<std::size_t>{4, 2, 0});
+  const auto analytic = replica.gradients();
+  std::vector<double> fd;
+  for (std::size_t i = 0; i < params.size(); ++i)
+    fd.push_back(central_difference(params, i, [&] { return loss(nullptr); }));
+  const std::string miss = mismatch(fd, analytic);
+  CHECK_MESSAGE(miss.empty(), miss);
+}
+
+}  // namespace
+
+TEST_SUITE("gradcheck") {
+  TEST_CASE("linear: weight, bias and input; and the check can fail") {
+    const int in = 5, out = 4, batch = 3;
+    const auto layer = lockstep::make_linear(in, out);
+    const auto g = layer_gradients(*layer, batch, random_floats(layer->param_count(), 1),
+                                   random_floats(std::size_t(batch) * in, 2), 3);
+    std::string miss = mismatch(g.fd_params, g.params);
+    CHECK_MESSAGE(miss.empty(), miss);
+    miss = mismatch(g.fd_input, g.input);
+    CHECK_MESSAGE(miss.empty(), miss);
+
+    // A 5% error in the largest weight gradient, or a missing bias gradient, must be caught.
+    auto wrong = g.params;
+    const auto by_magnitude = [](double a, double b) { return std::abs(a) < std::abs(b); };
+    const auto largest = std::max_element(g.fd_params.begin(), g.fd_params.end(), by_magnitude);
+    wrong[largest - g.fd_params.begin()] *= 1.05f;
+    CHECK_FALSE(mismatch(g.fd_params, wrong).empty());
+    wrong = g.params;
+    std::fill(wrong.end() - out, wrong.end(), 0.0f);
+    CHECK_FALSE(mismatch(g.fd_params, wrong).empty());
+  }
+
+  TEST_CASE("relu, away from the kink") {
+    auto x = random_floats(24, 4, 0.1, 1.0);
+    std::uint64_t s = 5;
+    for (float& v : x) v = lockstep::detail::splitmix64(s) & 1 ? -v : v;
+    check_activation(Activation::relu, std::move(x), 3);
+  }
+
+  TEST_CASE("gelu") { check_activation(Activation::gelu, random_floats(24, 6, -3.0, 3.0), 4); }
+
+  TEST_CASE("tanh") { check_activation(Activation::tanh, random_floats(24, 8, -2.0, 2.0), 2); }
+
+  TEST_CASE("softmax cross-entropy w.r.t. the logits") {
+    auto dev = lockstep::make_cpu_device(0, 1);
+    const int rows = 4, classes = 5;
+    const float scale = 0.5f;
+    auto logits = random_floats(std::size_t(rows) * classes, 9, -3.0, 3.0);
+    auto ld = on_device(*dev, logits);
+    auto yd = on_device(*dev, random_labels(rows, classes, 10));
+    DeviceArray<float> dd(*dev, logits.size());
+    dev->softmax_cross_entropy(ld.data(), yd.data(), rows, classes, dd.data(), scale);
+    const auto objective = [&] {
+      ld.upload(logits);
+      return scale * dev->softmax_cross_entropy(ld.data(), yd.data(), rows, classes, nullptr, 0)
+                         .loss_sum;
+    };
+    std::vector<double> fd;
+    for (std::size_t i = 0; i < logits.size(); ++i)
+      fd.push_back(central_difference(logits, i, objective));
+    const std::string miss = mismatch(fd, dd.download());
+    CHECK_MESSAGE(miss.empty(), miss);
+  }
+
+  TEST_CASE("a 2-hidden-layer MLP through a Replica") {
+    check_mlp(Activation::gelu);
+    check_mlp(Activation::tanh);
+  }
+}
+
+TEST_SUITE("model") {
+  TEST_CASE("layout: reversed offsets, torch names, counts") {
+    const Model model = Model::mlp({.inputs = 3, .hidden = {4, 5}, .classes = 2});
+    REQUIRE(model.layers().size() == 5);
+    CHECK(model.param_count() == 16 + 25 + 12);
+    CHECK(model.param_offset(4) == 0);
+    CHECK(model.param_offset(2) == 12);
+    CHECK(model.param_offset(0) == 12 + 25);
+    CHECK(model.inputs() == 3);
+    CHECK(model.outputs() == 2);
+    CHECK(model.max_width() == 5);
+
+    const auto tensors = model.param_tensors();
+    REQUIRE(tensors.size() == 6);
+    CHECK(tensors[0].name == "layers.0.weight");
+    CHECK(tensors[0].offset == 37);
+    CHECK(tensors[0].shape == std::vector<std::int64_t>{4, 3});
+    CHECK(tensors[1].name == "layers.0.bias");
+    CHECK(tensors[1].offset == 49);
+    CHECK(tensors[4].name == "layers.4.weight");
+    CHECK(tensors[4].offset == 0);
+    CHECK(tensors[5].name == "layers.4.bias");
+    CHECK(tensors[5].shape == std::vector<std::int64_t>{2});
+    std::size_t total = 0;
+    for (const auto& t : tensors) total += t.numel();
+    CHECK(total == model.param_count());
+  }
+
+  TEST_CASE("initial_parameters depend on the seed alone, layers drawn in forward order") {
+    const lockstep::MlpSpec spec{.inputs = 3, .hidden = {4}, .classes = 2};
+    const Model a = Model::mlp(spec), b = Model::mlp(spec);
+    const auto p = a.initial_parameters(7);
+    CHECK(p == b.initial_parameters(7));
+    CHECK(p != a.initial_parameters(8));
+    // The first draw is layers.0.weight[0, 0], stored after the last layer's 10 parameters.
+    std::uint64_t rng = 7;
+    const double first = (2.0 * lockstep::detail::uniform01(rng) - 1.0) / std::sqrt(3.0);
+    CHECK(p[a.param_offset(0)] == static_cast<float>(first));
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      const double bound = 1.0 / std::sqrt(i < a.param_offset(0) ? 4.0 : 3.0);
+      CHECK(std::abs(p[i]) <= bound);
+    }
+  }
+
+  TEST_CASE("bad shapes and sizes are rejected") {
+    std::vector<std::unique_ptr<Layer>> layers;
+    layers.push_back(lockstep::make_linear(3, 4));
+    layers.push_back(lockstep::make_linear(5, 2));
+    CHECK_THROWS_AS(Model(std::move(layers)), std::invalid_argument);
+    CHECK_THROWS_AS(Model::mlp({.inputs = 0, .hidden = {}, .classes = 2}), std::invalid_argument);
+    CHECK_THROWS_AS(Model::mlp({.inputs = 2, .hidden = {}, .classes = 0}), std::invalid_argument);
+    CHECK_THROWS_AS(Model::mlp({.inputs = 2, .hidden = {3, 0}, .classes = 2}),
+                    std::invalid_argument);
+
+    auto dev = lockstep::make_cpu_device(0, 1);
+    const Model model = Model::mlp({.inputs = 2, .hidden = {3}, .classes = 2});
+    lockstep::Replica replica(*dev, model, 4);
+    CHECK_THROWS_AS(replica.load_parameters(std::vector<float>(model.param_count() + 1)),
+                    std::invalid_argument);
+    DeviceArray<float> x(*dev, 10);
+    CHECK_THROWS_AS(replica.forward(x.data(), 5), std::invalid_argument);
+    replica.load_parameters(model.initial_parameters(1));
+    CHECK(replica.parameters() == model.initial_parameters(1));
+  }
+}
