@@ -177,24 +177,15 @@ struct SectionKeys {
 class KeyCollector {
  public:
   void section(std::string_view name) { sections_.push_back({name, {}}); }
-  template <class... Rest>
-  void integer(std::string_view key, Rest&&...) { add(key); }
-  template <class... Rest>
-  void number(std::string_view key, Rest&&...) { add(key); }
-  template <class... Rest>
-  void flag(std::string_view key, Rest&&...) { add(key); }
-  template <class... Rest>
-  void text(std::string_view key, Rest&&...) { add(key); }
-  template <class... Rest>
-  void choice(std::string_view key, Rest&&...) { add(key); }
-  template <class... Rest>
-  void enumeration(std::string_view key, Rest&&...) { add(key); }
-  template <class... Rest>
-  void integer_list(std::string_view key, Rest&&...) { add(key); }
-  template <class... Rest>
-  void devices(std::string_view key, Rest&&...) { add(key); }
-  template <class... Rest>
-  void number_pair(std::string_view key, Rest&&...) { add(key); }
+  template <class... Rest> void integer(std::string_view key, Rest&&...) { add(key); }
+  template <class... Rest> void number(std::string_view key, Rest&&...) { add(key); }
+  template <class... Rest> void flag(std::string_view key, Rest&&...) { add(key); }
+  template <class... Rest> void text(std::string_view key, Rest&&...) { add(key); }
+  template <class... Rest> void choice(std::string_view key, Rest&&...) { add(key); }
+  template <class... Rest> void enumeration(std::string_view key, Rest&&...) { add(key); }
+  template <class... Rest> void integer_list(std::string_view key, Rest&&...) { add(key); }
+  template <class... Rest> void devices(std::string_view key, Rest&&...) { add(key); }
+  template <class... Rest> void number_pair(std::string_view key, Rest&&...) { add(key); }
 
   std::vector<SectionKeys> take() && { return std::move(sections_); }
 
@@ -226,6 +217,9 @@ std::string mark_location(std::string_view source, const YAML::Mark& mark) {
   return fmt::format("{}:{}:{}", source, mark.line + 1, mark.column + 1);
 }
 
+// yaml-cpp tags a quoted scalar "!" (a plain one "?").
+bool is_quoted(const YAML::Node& node) { return node.Tag() == "!"; }
+
 // How a node reads after "got": 'text' for a plain scalar, the string "text" for a quoted
 // one (so that "got the string \"5\"" explains why 5 was not taken as a number), else its kind.
 std::string got(const YAML::Node& node) {
@@ -235,7 +229,7 @@ std::string got(const YAML::Node& node) {
   constexpr std::size_t kMaxShown = 60;  // keep the message on one line
   std::string text = node.Scalar();
   if (text.size() > kMaxShown) text = text.substr(0, kMaxShown) + "...";
-  return node.Tag() == "!" ? fmt::format("the string \"{}\"", text) : fmt::format("'{}'", text);
+  return is_quoted(node) ? fmt::format("the string \"{}\"", text) : fmt::format("'{}'", text);
 }
 
 std::string lowercase(std::string_view s) {
@@ -290,13 +284,14 @@ std::vector<std::string_view> section_names() {
 
 // The text of a plain scalar. Quoted scalars are strings, even "5" or "true".
 std::optional<std::string_view> plain_text(const YAML::Node& node) {
-  if (!node.IsScalar() || node.Tag() == "!") return std::nullopt;
+  if (!node.IsScalar() || is_quoted(node)) return std::nullopt;
   return std::string_view(node.Scalar());
 }
 
 // YAML allows a leading '+'; from_chars does not.
 std::string_view strip_plus(std::string_view s) {
-  if (s.size() > 1 && s[0] == '+' && (std::isdigit(static_cast<unsigned char>(s[1])) || s[1] == '.'))
+  if (s.size() > 1 && s[0] == '+' &&
+      (std::isdigit(static_cast<unsigned char>(s[1])) || s[1] == '.'))
     return s.substr(1);
   return s;
 }
@@ -399,7 +394,9 @@ YAML::Node load_tree(std::string_view yaml, const std::string& source) {
 // Sets "a.b.c=value" in the tree, making maps along the way. A scalar in the way is replaced
 // by a map, so that its key then reports "expected ..., got a map".
 void apply_override(YAML::Node& root, const std::string& text, Origins& origins) {
-  const auto malformed = [&] { return ConfigError(fmt::format("--set {}: expected KEY=VALUE", text)); };
+  const auto malformed = [&] {
+    return ConfigError(fmt::format("--set {}: expected KEY=VALUE", text));
+  };
   const std::size_t equals = text.find('=');
   if (equals == std::string::npos) throw malformed();
   const std::string key = text.substr(0, equals);
@@ -413,13 +410,14 @@ void apply_override(YAML::Node& root, const std::string& text, Origins& origins)
     begin = dot + 1;
   }
 
-  YAML::Node value;
-  try {
-    // As a YAML node, so that "model.hidden=[32, 32]" gives a list.
-    value = YAML::Load(text.substr(equals + 1));
-  } catch (const YAML::Exception& e) {
-    throw ConfigError(fmt::format("--set {}: {}: invalid YAML value: {}", text, key, e.msg));
-  }
+  // The value is YAML too, so that "model.hidden=[32, 32]" gives a list.
+  const YAML::Node value = [&] {
+    try {
+      return YAML::Load(text.substr(equals + 1));
+    } catch (const YAML::Exception& e) {
+      throw ConfigError(fmt::format("--set {}: {}: invalid YAML value: {}", text, key, e.msg));
+    }
+  }();
 
   YAML::Node node = root;
   for (std::size_t i = 0; i + 1 < parts.size(); ++i) {
@@ -441,11 +439,10 @@ class Parser {
     for (const Entry& section : entries(root, "", section_names())) {
       if (section.value.IsNull()) continue;  // "model:" alone keeps every default
       if (!section.value.IsMap()) expected(section.name, section.value, "a map");
-      const auto schema_section = std::find_if(
-          schema().begin(), schema().end(),
-          [&](const SectionKeys& s) { return s.name == section.name; });
-      sections_.emplace(section.name,
-                        entries(section.value, section.name, schema_section->keys));
+      const auto schema_section =
+          std::find_if(schema().begin(), schema().end(),
+                       [&](const SectionKeys& s) { return s.name == section.name; });
+      sections_.emplace(section.name, entries(section.value, section.name, schema_section->keys));
     }
   }
 
@@ -467,8 +464,8 @@ class Parser {
   void flag(std::string_view key, bool& out) {
     const YAML::Node* node = value_of(key);
     if (!node) return;
-    const auto text = plain_text(*node);
-    const auto value = text ? parse_bool(*text) : std::nullopt;
+    const auto word = plain_text(*node);
+    const auto value = word ? parse_bool(*word) : std::nullopt;
     if (!value) expected(path_of(key), *node, "true or false");
     out = *value;
   }
@@ -483,7 +480,8 @@ class Parser {
   void choice(std::string_view key, std::string& out, std::span<const std::string_view> choices) {
     const YAML::Node* node = value_of(key);
     if (!node) return;
-    if (!node->IsScalar() || std::find(choices.begin(), choices.end(), node->Scalar()) == choices.end())
+    if (!node->IsScalar() ||
+        std::find(choices.begin(), choices.end(), node->Scalar()) == choices.end())
       expected(path_of(key), *node, fmt::format("one of {}", fmt::join(choices, ", ")));
     out = node->Scalar();
   }
@@ -516,11 +514,13 @@ class Parser {
     if (!node) return;
     const std::string path = path_of(key);
     if (node->IsSequence()) {
-      if (node->size() == 0) expected(path, *node, "a device count or a non-empty list of device ids");
+      if (node->size() == 0)
+        expected(path, *node, "a device count or a non-empty list of device ids");
       out = read_integer_list(path, *node, IntRule{.min = 0});
     } else if (node->IsScalar()) {
       const int count = read_integer<int>(path, *node, IntRule{.min = 1});
-      if (count > kMaxDevices) expected(path, *node, fmt::format("at most {} devices", kMaxDevices));
+      if (count > kMaxDevices)
+        expected(path, *node, fmt::format("at most {} devices", kMaxDevices));
       out.resize(static_cast<std::size_t>(count));
       std::iota(out.begin(), out.end(), 0);
     } else {
@@ -575,8 +575,9 @@ class Parser {
         fail(where, key_path,
              unknown_name(top ? "section" : "key", name, valid, top ? "" : path + "."));
       if (const Entry* first = find(out, name))
-        fail(where, key_path, fmt::format("duplicate key (first at {})",
-                                          origins_.locate(key_path, first->key.Mark())));
+        fail(where, key_path,
+             fmt::format("duplicate key (first at {})",
+                         origins_.locate(key_path, first->key.Mark())));
       out.push_back({name, key, pair.second});
       origins_.remember(key_path, where);
     }
@@ -594,7 +595,8 @@ class Parser {
 
   [[noreturn]] void expected(const std::string& path, const YAML::Node& node,
                              std::string_view what) const {
-    fail(origins_.locate(path, node.Mark()), path, fmt::format("expected {}, got {}", what, got(node)));
+    fail(origins_.locate(path, node.Mark()), path,
+         fmt::format("expected {}, got {}", what, got(node)));
   }
 
   template <class T>
@@ -624,7 +626,8 @@ class Parser {
     return values;
   }
 
-  double read_number(const std::string& path, const YAML::Node& node, const NumberRule& rule) const {
+  double read_number(const std::string& path, const YAML::Node& node,
+                     const NumberRule& rule) const {
     const auto text = plain_text(node);
     const auto value = text ? parse_number(*text) : std::nullopt;
     if (!value || !satisfies(*value, rule)) expected(path, node, rule.description);
@@ -705,16 +708,31 @@ void check_config(const Config& c, const Origins& origins) {
   const auto fail_at = [&](std::string_view path, std::string_view what) {
     fail(origins.of(path), path, what);
   };
+  // "trainer.steps (20, set at --set trainer.steps=20)": the other key of a rule, which may
+  // have been written somewhere else than the key the message is about.
+  const auto other = [&](std::string_view path, auto value) {
+    const auto at = origins.written(path);
+    return at ? fmt::format("{} ({}, set at {})", path, value, *at)
+              : fmt::format("{} ({})", path, value);
+  };
+
   const TrainerConfig& t = c.trainer;
-  if (t.steps == 0 && t.epochs == 0) fail(origins.source(), "trainer", "set trainer.steps or trainer.epochs");
-  if (t.steps != 0 && t.epochs != 0) {
-    const auto epochs_at = origins.written("trainer.epochs");
-    fail_at("trainer.steps",
-            fmt::format("conflicts with trainer.epochs{}; set only one (null unsets a key)",
-                        epochs_at ? fmt::format(" (set at {})", *epochs_at) : ""));
-  }
+  if (t.steps == 0 && t.epochs == 0)
+    fail(origins.source(), "trainer", "set trainer.steps or trainer.epochs");
+  if (t.steps != 0 && t.epochs != 0)
+    fail_at("trainer.steps", fmt::format("conflicts with {}; set only one (null unsets a key)",
+                                         other("trainer.epochs", t.epochs)));
   if (c.optimizer.nesterov && !(c.optimizer.momentum > 0))
     fail_at("optimizer.nesterov", "requires optimizer.momentum > 0");
+  if (c.schedule.min_lr > c.optimizer.lr)
+    fail_at("schedule.min_lr",
+            fmt::format("must be <= {}, got {}", other("optimizer.lr", c.optimizer.lr),
+                        c.schedule.min_lr));
+}
+
+// The files data.dataset needs. Checked when a config is read, not by Config::validate(): an
+// embedder who hands the Trainer its own datasets never sets them.
+void check_data_source(const Config& c, const Origins& origins) {
   // A missing file key has no place of its own; point at the dataset choice if it was written.
   const auto require_file = [&](std::string_view path, const std::string& value) {
     if (value.empty())
@@ -726,12 +744,6 @@ void check_config(const Config& c, const Origins& origins) {
     require_file("data.images", c.data.images);
     require_file("data.labels", c.data.labels);
   }
-  if (c.schedule.min_lr > c.optimizer.lr)
-    fail_at("schedule.min_lr", fmt::format("must be <= optimizer.lr ({}), got {}", c.optimizer.lr,
-                                           c.schedule.min_lr));
-  if (t.steps != 0 && c.schedule.warmup_steps >= t.steps)
-    fail_at("schedule.warmup_steps", fmt::format("must be < trainer.steps ({}), got {}", t.steps,
-                                                 c.schedule.warmup_steps));
 }
 
 std::string read_config_file(const std::filesystem::path& file) {
@@ -770,6 +782,7 @@ Config parse_config(std::string_view yaml, std::string_view source,
   Parser parser(root, origins);
   visit_schema(parser, config);
   check_config(config, origins);
+  check_data_source(config, origins);
   return config;
 }
 
