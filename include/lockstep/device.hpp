@@ -175,8 +175,9 @@ class Backend {
 
 // The CPU backend: N devices are N worker threads, joined by a shared-memory communicator.
 std::unique_ptr<Backend> make_cpu_backend();
-// BackendKind::automatic picks CUDA when a GPU is usable, the CPU otherwise.
-std::unique_ptr<Backend> make_backend(BackendKind kind);
+// BackendKind::automatic picks CUDA when GPUs are usable and every id in `device_ids` names one
+// (repeated ids share a GPU); the CPU otherwise.
+std::unique_ptr<Backend> make_backend(BackendKind kind, std::span<const int> device_ids = {});
 
 // A CPU device. `threads` is the size of its private oneTBB arena (at least 1).
 std::unique_ptr<Device> make_cpu_device(int id, int threads);

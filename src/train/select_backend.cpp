@@ -1,4 +1,6 @@
 // The one place that knows which backends this build has. Everything else talks to Backend.
+#include <algorithm>
+
 #include "lockstep/device.hpp"
 #include "lockstep/error.hpp"
 
@@ -8,13 +10,19 @@
 
 namespace lockstep {
 
-std::unique_ptr<Backend> make_backend(BackendKind kind) {
+std::unique_ptr<Backend> make_backend(BackendKind kind, std::span<const int> device_ids) {
   switch (kind) {
     case BackendKind::cpu:
       return make_cpu_backend();
     case BackendKind::automatic:
 #ifdef LOCKSTEP_HAVE_CUDA
-      if (probe_gpus().count > 0) return make_cuda_backend();
+    {
+      // CUDA when the GPUs can hold the requested devices; otherwise the CPU, which takes any ids.
+      const GpuProbe probe = probe_gpus();
+      const bool fits = std::all_of(device_ids.begin(), device_ids.end(),
+                                    [&](int id) { return id >= 0 && id < probe.count; });
+      if (probe.count > 0 && fits) return make_cuda_backend();
+    }
 #endif
       return make_cpu_backend();
     case BackendKind::cuda: {

@@ -294,7 +294,7 @@ const std::vector<float>& Trainer::final_parameters() const noexcept { return im
 Summary Trainer::run() {
   Impl& im = *impl_;
   const TrainerConfig& tc = im.cfg.trainer;
-  std::unique_ptr<Backend> backend = make_backend(tc.backend);
+  std::unique_ptr<Backend> backend = make_backend(tc.backend, tc.devices);
   std::vector<std::unique_ptr<Communicator>> comms = backend->create_communicators(tc.devices);
 
   im.summary = Summary{};

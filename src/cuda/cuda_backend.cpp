@@ -1,0 +1,117 @@
+// The CUDA backend: one worker thread per configured GPU id, each with its own CudaDevice.
+// Workers on distinct GPUs are joined by NCCL; repeated ids (several replicas on one GPU, which
+// NCCL refuses) by the peer communicator. See cuda_backend.hpp for the choice.
+#include "cuda/cuda_backend.hpp"
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <set>
+#include <span>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "cuda/check.hpp"
+#include "cuda/cuda_device.hpp"
+#include "cuda/nccl_comm.hpp"
+#include "cuda/peer_comm.hpp"
+#include "lockstep/comm.hpp"
+#include "lockstep/error.hpp"
+
+namespace lockstep {
+namespace {
+
+// CUDA encodes 13.0 as 13000.
+std::string cuda_version(int v) { return fmt::format("{}.{}", v / 1000, v % 1000 / 10); }
+
+// NCCL encodes 2.28.9 as 22809 since 2.9, and 2.8.4 as 2804 before.
+std::string nccl_version(int v) {
+  if (v >= 20900) return fmt::format("{}.{}.{}", v / 10000, v / 100 % 100, v % 100);
+  return fmt::format("{}.{}.{}", v / 1000, v / 100 % 10, v % 100);
+}
+
+// Throws InputError unless every id names a usable GPU.
+void check_device_ids(std::span<const int> ids) {
+  const GpuProbe probe = probe_gpus();
+  if (probe.count == 0)
+    throw InputError("trainer.backend: cuda was requested, but no usable GPU: " + probe.reason);
+  for (int id : ids)
+    if (id < 0 || id >= probe.count)
+      throw InputError(fmt::format(
+          "trainer.devices: GPU {} does not exist; this machine has {} GPU(s), ids 0 to {}", id,
+          probe.count, probe.count - 1));
+}
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(CudaComm comm) : comm_(comm) {}
+
+  std::string_view name() const noexcept override { return "cuda"; }
+
+  std::vector<DeviceInfo> devices() const override {
+    const GpuProbe probe = probe_gpus();
+    if (probe.count == 0) return {};
+    int runtime = 0, driver = 0, nccl = 0;
+    CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
+    CUDA_CHECK(cudaDriverGetVersion(&driver));
+    NCCL_CHECK(ncclGetVersion(&nccl));
+    std::vector<DeviceInfo> out;
+    for (int id = 0; id < probe.count; ++id) {
+      cudaDeviceProp prop{};
+      CUDA_CHECK(cudaGetDeviceProperties(&prop, id));
+      out.push_back({.backend = "cuda",
+                     .id = id,
+                     .name = prop.name,
+                     .memory_bytes = prop.totalGlobalMem,
+                     .detail = fmt::format("sm_{}{}, CUDA runtime {}, driver {}, NCCL {}",
+                                           prop.major, prop.minor, cuda_version(runtime),
+                                           cuda_version(driver), nccl_version(nccl))});
+    }
+    return out;
+  }
+
+  std::vector<std::unique_ptr<Communicator>> create_communicators(
+      std::span<const int> device_ids) override {
+    check_device_ids(device_ids);
+    const bool distinct =
+        std::set<int>(device_ids.begin(), device_ids.end()).size() == device_ids.size();
+    if (comm_ == CudaComm::nccl && !distinct)
+      throw InputError(
+          "trainer.devices: NCCL needs a distinct GPU per worker, and these ids repeat; use the "
+          "peer communicator for several workers on one GPU");
+    const bool nccl = comm_ == CudaComm::nccl || (comm_ == CudaComm::automatic && distinct);
+    return nccl ? cuda::make_nccl_group(device_ids) : cuda::make_peer_group(device_ids);
+  }
+
+  // Called on the worker's thread: the device becomes that thread's current device. The CPU's
+  // `workers` and `threads_per_device` do not apply to a GPU.
+  std::unique_ptr<Device> create_device(int device_id, int /*workers*/,
+                                        int /*threads_per_device*/) override {
+    check_device_ids(std::span<const int>(&device_id, 1));
+    return std::make_unique<cuda::CudaDevice>(device_id);
+  }
+
+ private:
+  CudaComm comm_;
+};
+
+}  // namespace
+
+GpuProbe probe_gpus() {
+  int count = 0;  // left untouched when the call fails (no driver)
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess) {
+    (void)cudaGetLastError();
+    return {0, fmt::format("cudaGetDeviceCount: {}: {}", cudaGetErrorName(status),
+                           cudaGetErrorString(status))};
+  }
+  if (count == 0) return {0, "the CUDA runtime sees no GPU"};
+  return {count, {}};
+}
+
+std::unique_ptr<Backend> make_cuda_backend(CudaComm comm) {
+  return std::make_unique<CudaBackend>(comm);
+}
+
+}  // namespace lockstep

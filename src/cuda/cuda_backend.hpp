@@ -1,0 +1,34 @@
+// The CUDA backend's entry points, for select_backend.cpp and the tests. No CUDA types here, so
+// any translation unit of the library may include it (when LOCKSTEP_HAVE_CUDA is defined).
+//
+//   lockstep::GpuProbe probe = lockstep::probe_gpus();
+//   if (probe.count > 0) backend = lockstep::make_cuda_backend();
+//   else std::puts(probe.reason.c_str());   // e.g. no driver
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "lockstep/device.hpp"
+
+namespace lockstep {
+
+// The data plane that joins the CUDA workers.
+enum class CudaComm {
+  automatic,  // NCCL when every worker has its own GPU, peer when device ids repeat
+  nccl,       // NCCL; the device ids must be distinct (NCCL refuses two ranks on one GPU)
+  peer,       // our in-process all-reduce over device memory; any ids, including repeated ones
+};
+
+struct GpuProbe {
+  int count = 0;       // GPUs this process can use
+  std::string reason;  // why there is none, when count == 0
+};
+
+// Asks the CUDA runtime for the GPUs. Reports a missing driver or device in `reason`; does not
+// throw for them.
+GpuProbe probe_gpus();
+
+std::unique_ptr<Backend> make_cuda_backend(CudaComm comm = CudaComm::automatic);
+
+}  // namespace lockstep

@@ -1,0 +1,228 @@
+// The CUDA device. See cuda_device.hpp for its threading and ordering rules, and kernels.cu for
+// the arithmetic (which follows the CPU device's).
+#include "cuda/cuda_device.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "cuda/check.hpp"
+
+namespace lockstep::cuda {
+namespace {
+
+constexpr std::size_t kMinAllocation = 256;  // bytes; cudaMalloc's own alignment
+
+ActivationKind kind_of(Activation f) {
+  switch (f) {
+    case Activation::relu: return ActivationKind::relu;
+    case Activation::gelu: return ActivationKind::gelu;
+    case Activation::tanh: return ActivationKind::tanh;
+  }
+  throw std::invalid_argument("activation: unknown activation");
+}
+
+cublasOperation_t op_of(Transpose t) { return t == Transpose::yes ? CUBLAS_OP_T : CUBLAS_OP_N; }
+
+}  // namespace
+
+CudaDevice::CudaDevice(int id) : id_(id) {
+  CUDA_CHECK(cudaSetDevice(id));
+  stream_ = make_stream();
+  cublas_ = make_cublas(stream_.get());
+  CUBLAS_CHECK(cublasSetMathMode(cublas_.get(), CUBLAS_DEFAULT_MATH));
+  partials_ = make_device_memory(kReduceBlocks * sizeof(double));
+  result_ = make_device_memory(sizeof(LossResult));  // the largest result
+  host_result_ = make_pinned_memory(sizeof(LossResult));
+}
+
+CudaDevice::~CudaDevice() {
+  // Let queued work finish before its scratch memory is freed.
+  if (stream_) (void)cudaStreamSynchronize(stream_.get());
+}
+
+void CudaDevice::set_tf32(bool enabled) {
+  CUBLAS_CHECK(cublasSetMathMode(cublas_.get(),
+                                 enabled ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+}
+
+// ---- Memory -------------------------------------------------------------------------------------
+
+void* CudaDevice::allocate(std::size_t bytes) {
+  const std::size_t size = std::max(bytes, kMinAllocation);
+  void* p = nullptr;
+  if (const cudaError_t status = cudaMalloc(&p, size); status != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw CudaError(fmt::format("{}: cannot allocate {} bytes: {}: {}", label(), bytes,
+                                cudaGetErrorName(status), cudaGetErrorString(status)));
+  }
+  DeviceMemory owner(p);  // freed again if zeroing fails
+  CUDA_CHECK(cudaMemsetAsync(p, 0, size, stream()));
+  CUDA_CHECK(cudaStreamSynchronize(stream()));
+  return owner.release();
+}
+
+void CudaDevice::deallocate(void* ptr) noexcept {
+  if (!ptr) return;
+  // Kernels still queued may use the memory. Work on other streams that touched it (the
+  // communicators') is already ordered before the compute stream's later work by events.
+  (void)cudaStreamSynchronize(stream());
+  (void)cudaFree(ptr);
+}
+
+// The host memory may be pageable, so wait: the caller may reuse it as soon as we return.
+void CudaDevice::copy_to_device(void* dst, const void* host_src, std::size_t bytes) {
+  if (bytes == 0) return;
+  CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream()));
+  CUDA_CHECK(cudaStreamSynchronize(stream()));
+}
+
+void CudaDevice::copy_to_host(void* host_dst, const void* src, std::size_t bytes) {
+  if (bytes == 0) return;
+  CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream()));
+  CUDA_CHECK(cudaStreamSynchronize(stream()));
+}
+
+void CudaDevice::copy(void* dst, const void* src, std::size_t bytes) {
+  if (bytes == 0) return;
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream()));
+}
+
+void CudaDevice::synchronize() { CUDA_CHECK(cudaStreamSynchronize(stream())); }
+
+template <class T>
+T CudaDevice::read_result() {
+  static_assert(sizeof(T) <= sizeof(LossResult));
+  CUDA_CHECK(cudaMemcpyAsync(host_result_.get(), result_.get(), sizeof(T), cudaMemcpyDeviceToHost,
+                             stream()));
+  CUDA_CHECK(cudaStreamSynchronize(stream()));
+  T value;
+  std::memcpy(&value, host_result_.get(), sizeof(T));
+  return value;
+}
+
+void CudaDevice::reserve_rows(int rows) {
+  if (rows <= row_capacity_) return;
+  const int capacity = std::max(rows, 2 * row_capacity_);
+  CUDA_CHECK(cudaStreamSynchronize(stream()));  // the old scratch may still be in use
+  row_loss_ = make_device_memory(static_cast<std::size_t>(capacity) * sizeof(double));
+  row_correct_ = make_device_memory(static_cast<std::size_t>(capacity) * sizeof(int));
+  row_capacity_ = capacity;
+}
+
+// ---- Elementwise --------------------------------------------------------------------------------
+
+void CudaDevice::fill(float* x, float value, std::size_t n) { launch_fill(stream(), x, value, n); }
+
+void CudaDevice::scale(float* x, float alpha, std::size_t n) {
+  launch_scale(stream(), x, alpha, n);
+}
+
+// y (rows, cols) += bias (cols)
+void CudaDevice::add_bias(float* y, const float* bias, int rows, int cols) {
+  if (rows < 0 || cols < 0)
+    throw std::invalid_argument(fmt::format("add_bias: bad shape rows={} cols={}", rows, cols));
+  launch_add_bias(stream(), y, bias, rows, cols);
+}
+
+void CudaDevice::activation_forward(Activation f, const float* x, float* y, std::size_t n) {
+  launch_activation_forward(stream(), kind_of(f), x, y, n);
+}
+
+void CudaDevice::activation_backward(Activation f, const float* x, const float* dy, float* dx,
+                                     std::size_t n) {
+  launch_activation_backward(stream(), kind_of(f), x, dy, dx, n);
+}
+
+// ---- GEMM ---------------------------------------------------------------------------------------
+
+// C (m, n) = alpha * op(A) (m, k) * op(B) (k, n) + beta * C, all row-major. cuBLAS is
+// column-major, and a row-major matrix is its transpose in column-major, so we ask cuBLAS for
+// C^T (n, m) = op(B)^T (n, k) * op(A)^T (k, m): the same buffers and leading dimensions, with
+// the operands swapped and the transposes kept.
+void CudaDevice::gemm(Transpose ta, Transpose tb, int m, int n, int k, float alpha,
+                      const float* a, int lda, const float* b, int ldb, float beta, float* c,
+                      int ldc) {
+  const bool at = ta == Transpose::yes, bt = tb == Transpose::yes;
+  if (m < 0 || n < 0 || k < 0 || lda < std::max(1, at ? m : k) ||
+      ldb < std::max(1, bt ? k : n) || ldc < std::max(1, n))
+    throw std::invalid_argument(fmt::format(
+        "gemm: bad shape m={} n={} k={} lda={} ldb={} ldc={}", m, n, k, lda, ldb, ldc));
+  if (m == 0 || n == 0) return;
+  CUBLAS_CHECK(cublasSgemm(cublas_.get(), op_of(tb), op_of(ta), n, m, k, &alpha, b, ldb, a, lda,
+                           &beta, c, ldc));
+}
+
+// ---- Reductions ---------------------------------------------------------------------------------
+
+// dbias (cols) += column sums of dy (rows, cols)
+void CudaDevice::bias_grad(float* dbias, const float* dy, int rows, int cols) {
+  if (rows < 0 || cols < 0)
+    throw std::invalid_argument(fmt::format("bias_grad: bad shape rows={} cols={}", rows, cols));
+  launch_bias_grad(stream(), dbias, dy, rows, cols);
+}
+
+// logits (rows, classes), labels (rows), dlogits (rows, classes) or null.
+LossStats CudaDevice::softmax_cross_entropy(const float* logits, const std::int32_t* labels,
+                                            int rows, int classes, float* dlogits,
+                                            float grad_scale) {
+  if (rows < 0 || classes < 1)
+    throw std::invalid_argument(
+        fmt::format("softmax_cross_entropy: bad shape rows={} classes={}", rows, classes));
+  if (rows == 0) return {};
+  reserve_rows(rows);
+  launch_softmax_cross_entropy(stream(), logits, labels, rows, classes, dlogits, grad_scale,
+                               static_cast<double*>(row_loss_.get()),
+                               static_cast<int*>(row_correct_.get()),
+                               static_cast<LossResult*>(result_.get()));
+  const LossResult r = read_result<LossResult>();
+  if (r.bad_row < rows)
+    throw std::out_of_range(
+        fmt::format("softmax_cross_entropy: label {} of row {} is outside [0, {})", r.bad_label,
+                    r.bad_row, classes));
+  return {.loss_sum = r.loss_sum, .correct = r.correct};
+}
+
+double CudaDevice::sum_squares(const float* x, std::size_t n) {
+  launch_sum_squares(stream(), x, n, static_cast<double*>(partials_.get()),
+                     static_cast<double*>(result_.get()));
+  return read_result<double>();
+}
+
+// n + sum over i of mix64(bits(x[i]) ^ mix64(i)), mod 2^64: the CPU device's formula.
+std::uint64_t CudaDevice::hash(const float* x, std::size_t n) {
+  launch_hash(stream(), x, n, static_cast<unsigned long long*>(result_.get()));
+  return n + static_cast<std::uint64_t>(read_result<unsigned long long>());
+}
+
+// ---- Optimisers ---------------------------------------------------------------------------------
+
+void CudaDevice::sgd_step(const SgdParams& opt, float lr, float* params, const float* grads,
+                          float* momentum_buf, std::size_t n) {
+  if (opt.momentum != 0.0f && !momentum_buf)
+    throw std::invalid_argument("sgd_step: momentum needs a momentum buffer");
+  launch_sgd_step(stream(), lr, opt.momentum, opt.weight_decay, opt.nesterov, params, grads,
+                  momentum_buf, n);
+}
+
+// The scalars exactly as the CPU device computes them: in double, rounded once to float.
+void CudaDevice::adamw_step(const AdamWParams& opt, float lr, std::int64_t t, float* params,
+                            const float* grads, float* m, float* v, std::size_t n) {
+  if (t < 1) throw std::invalid_argument(fmt::format("adamw_step: step {} < 1", t));
+  const double b1 = opt.beta1, b2 = opt.beta2, td = static_cast<double>(t);
+  AdamWScalars s{};
+  s.beta1 = opt.beta1;
+  s.beta2 = opt.beta2;
+  s.one_minus_beta1 = static_cast<float>(1.0 - b1);
+  s.one_minus_beta2 = static_cast<float>(1.0 - b2);
+  s.step_size = static_cast<float>(lr / (1.0 - std::pow(b1, td)));
+  s.bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(b2, td)));
+  s.eps = opt.eps;
+  s.decay = static_cast<float>(1.0 - double(lr) * opt.weight_decay);
+  launch_adamw_step(stream(), s, params, grads, m, v, n);
+}
+
+}  // namespace lockstep::cuda

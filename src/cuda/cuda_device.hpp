@@ -1,0 +1,82 @@
+// The CUDA device: one GPU as seen by one worker thread.
+//
+//   auto device = std::make_unique<lockstep::cuda::CudaDevice>(0);  // on the worker's thread
+//   cudaStream_t s = device->stream();                             // to order other work after it
+//
+// The constructor makes `id` the calling thread's current device; use the object on that thread.
+// Every kernel runs on one non-blocking compute stream; cuBLAS is bound to it. Calls that return
+// a value to the host (copy_to_host, softmax_cross_entropy, sum_squares, hash) and copy_to_device
+// wait for the stream; everything else only enqueues.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+#include "cuda/handles.hpp"
+#include "cuda/kernels.hpp"
+#include "lockstep/device.hpp"
+
+namespace lockstep::cuda {
+
+class CudaDevice final : public Device {
+ public:
+  explicit CudaDevice(int id);
+  ~CudaDevice() override;
+  CudaDevice(const CudaDevice&) = delete;
+  CudaDevice& operator=(const CudaDevice&) = delete;
+
+  std::string_view backend() const noexcept override { return "cuda"; }
+  int id() const noexcept override { return id_; }
+
+  // The compute stream: every kernel of this device runs on it.
+  cudaStream_t stream() const noexcept { return stream_.get(); }
+  // TF32 tensor cores for gemm (faster, about 10 mantissa bits). Off by default.
+  void set_tf32(bool enabled);
+
+  void* allocate(std::size_t bytes) override;
+  void deallocate(void* ptr) noexcept override;
+  void copy_to_device(void* dst, const void* host_src, std::size_t bytes) override;
+  void copy_to_host(void* host_dst, const void* src, std::size_t bytes) override;
+  void copy(void* dst, const void* src, std::size_t bytes) override;
+  void synchronize() override;
+
+  void fill(float* x, float value, std::size_t n) override;
+  void scale(float* x, float alpha, std::size_t n) override;
+  void gemm(Transpose ta, Transpose tb, int m, int n, int k, float alpha, const float* a,
+            int lda, const float* b, int ldb, float beta, float* c, int ldc) override;
+  void add_bias(float* y, const float* bias, int rows, int cols) override;
+  void bias_grad(float* dbias, const float* dy, int rows, int cols) override;
+  void activation_forward(Activation f, const float* x, float* y, std::size_t n) override;
+  void activation_backward(Activation f, const float* x, const float* dy, float* dx,
+                           std::size_t n) override;
+  LossStats softmax_cross_entropy(const float* logits, const std::int32_t* labels, int rows,
+                                  int classes, float* dlogits, float grad_scale) override;
+  double sum_squares(const float* x, std::size_t n) override;
+  std::uint64_t hash(const float* x, std::size_t n) override;
+  void sgd_step(const SgdParams& opt, float lr, float* params, const float* grads,
+                float* momentum_buf, std::size_t n) override;
+  void adamw_step(const AdamWParams& opt, float lr, std::int64_t t, float* params,
+                  const float* grads, float* m, float* v, std::size_t n) override;
+
+ private:
+  // Copies the first sizeof(T) bytes of result_ to the host, after the stream's work.
+  template <class T>
+  T read_result();
+  // Per-row scratch of softmax_cross_entropy, grown to at least `rows`.
+  void reserve_rows(int rows);
+
+  int id_;
+  Stream stream_;
+  CublasHandle cublas_;
+  DeviceMemory partials_;     // kReduceBlocks doubles: pass 1 of sum_squares
+  DeviceMemory result_;       // one reduction result (a LossResult at most)
+  PinnedMemory host_result_;  // its host mirror
+  DeviceMemory row_loss_;     // row_capacity_ doubles
+  DeviceMemory row_correct_;  // row_capacity_ ints
+  int row_capacity_ = 0;
+};
+
+}  // namespace lockstep::cuda

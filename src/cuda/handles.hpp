@@ -1,0 +1,104 @@
+// RAII owners for CUDA streams, events, memory and cuBLAS handles. Move-only; destructors never
+// throw and ignore the status of the destroy call (there is nobody left to tell).
+//
+//   cuda::Stream s = cuda::make_stream();
+//   cuda::DeviceMemory buf = cuda::make_device_memory(bytes);
+//   kernel<<<grid, block, 0, s.get()>>>(static_cast<float*>(buf.get()));
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <utility>
+
+#include "cuda/check.hpp"
+
+namespace lockstep::cuda {
+
+template <class T, class Destroy>
+class Owner {
+ public:
+  Owner() = default;
+  explicit Owner(T handle) noexcept : handle_(handle) {}
+  Owner(Owner&& other) noexcept : handle_(std::exchange(other.handle_, T{})) {}
+  Owner& operator=(Owner&& other) noexcept {
+    Owner(std::move(other)).swap(*this);
+    return *this;
+  }
+  Owner(const Owner&) = delete;
+  Owner& operator=(const Owner&) = delete;
+  ~Owner() {
+    if (handle_) Destroy{}(handle_);
+  }
+
+  T get() const noexcept { return handle_; }
+  // Gives up ownership: the caller destroys the handle.
+  T release() noexcept { return std::exchange(handle_, T{}); }
+  explicit operator bool() const noexcept { return handle_ != T{}; }
+
+ private:
+  void swap(Owner& other) noexcept { std::swap(handle_, other.handle_); }
+  T handle_{};
+};
+
+struct DestroyStream {
+  void operator()(cudaStream_t s) const noexcept { (void)cudaStreamDestroy(s); }
+};
+struct DestroyEvent {
+  void operator()(cudaEvent_t e) const noexcept { (void)cudaEventDestroy(e); }
+};
+struct FreeDevice {
+  void operator()(void* p) const noexcept { (void)cudaFree(p); }
+};
+struct FreePinned {
+  void operator()(void* p) const noexcept { (void)cudaFreeHost(p); }
+};
+struct DestroyCublas {
+  void operator()(cublasHandle_t h) const noexcept { (void)cublasDestroy(h); }
+};
+
+using Stream = Owner<cudaStream_t, DestroyStream>;
+using Event = Owner<cudaEvent_t, DestroyEvent>;
+using DeviceMemory = Owner<void*, FreeDevice>;
+using PinnedMemory = Owner<void*, FreePinned>;
+using CublasHandle = Owner<cublasHandle_t, DestroyCublas>;
+
+// All of these act on the calling thread's current device.
+
+// A non-blocking stream: no implicit ordering against the legacy default stream.
+inline Stream make_stream() {
+  cudaStream_t s = nullptr;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  return Stream(s);
+}
+
+// An event for ordering only: no timing, so recording and waiting stay cheap.
+inline Event make_event() {
+  cudaEvent_t e = nullptr;
+  CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  return Event(e);
+}
+
+inline DeviceMemory make_device_memory(std::size_t bytes) {
+  void* p = nullptr;
+  CUDA_CHECK(cudaMalloc(&p, bytes));
+  return DeviceMemory(p);
+}
+
+inline PinnedMemory make_pinned_memory(std::size_t bytes) {
+  void* p = nullptr;
+  CUDA_CHECK(cudaMallocHost(&p, bytes));
+  return PinnedMemory(p);
+}
+
+// A cuBLAS handle whose work goes to `stream`.
+inline CublasHandle make_cublas(cudaStream_t stream) {
+  cublasHandle_t h = nullptr;
+  CUBLAS_CHECK(cublasCreate(&h));
+  CublasHandle owner(h);
+  CUBLAS_CHECK(cublasSetStream(h, stream));
+  return owner;
+}
+
+}  // namespace lockstep::cuda

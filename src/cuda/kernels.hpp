@@ -1,0 +1,101 @@
+// Launchers for the CUDA backend's kernels (kernels.cu).
+//
+// Each launcher enqueues its kernel on `stream`, returns without waiting, and checks the launch
+// (throws CudaError). Empty inputs launch nothing. Pointers are device memory of the stream's
+// device unless said otherwise. Shapes are (rows, cols), row-major, as in device.hpp.
+//
+// Plain C++17 and CUDA runtime types only: included by nvcc (.cu) and by the C++20 host
+// compiler (.cpp) alike, so nothing from include/lockstep (which needs C++20) appears here.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace lockstep::cuda {
+
+// Threads per block of every kernel, and the fixed grid of the two-pass reductions: a fixed
+// shape makes reductions sum in the same order on every GPU.
+constexpr int kThreads = 256;
+constexpr int kReduceBlocks = 256;
+
+// Mirrors lockstep::Activation.
+enum class ActivationKind : int { relu, gelu, tanh };
+
+// ---- Elementwise ---------------------------------------------------------------------------
+
+// x[0..n) = value
+void launch_fill(cudaStream_t stream, float* x, float value, std::size_t n);
+// x[0..n) *= alpha
+void launch_scale(cudaStream_t stream, float* x, float alpha, std::size_t n);
+// y (rows, cols) += bias (cols)
+void launch_add_bias(cudaStream_t stream, float* y, const float* bias, int rows, int cols);
+// y = f(x); dx = dy * f'(x)
+void launch_activation_forward(cudaStream_t stream, ActivationKind f, const float* x, float* y,
+                               std::size_t n);
+void launch_activation_backward(cudaStream_t stream, ActivationKind f, const float* x,
+                                const float* dy, float* dx, std::size_t n);
+
+// ---- Reductions ----------------------------------------------------------------------------
+
+// dbias (cols) += column sums of dy (rows, cols), each column summed over the rows in order, in
+// double: the same arithmetic as the CPU device.
+void launch_bias_grad(cudaStream_t stream, float* dbias, const float* dy, int rows, int cols);
+
+// What softmax_cross_entropy leaves in device memory for the host to read.
+struct LossResult {
+  double loss_sum;     // summed over the rows
+  long long correct;   // rows whose argmax equals the label
+  int bad_row;         // first row with a label outside [0, classes); >= rows if none
+  int bad_label;       // that row's label
+};
+// logits (rows, classes), labels (rows), dlogits (rows, classes) or null. Scratch: row_loss and
+// row_correct hold `rows` elements each. Rows with a bad label are skipped (and reported).
+void launch_softmax_cross_entropy(cudaStream_t stream, const float* logits,
+                                  const std::int32_t* labels, int rows, int classes,
+                                  float* dlogits, float grad_scale, double* row_loss,
+                                  int* row_correct, LossResult* result);
+
+// *result = sum of x[i]^2 in double. partials: kReduceBlocks doubles of scratch.
+void launch_sum_squares(cudaStream_t stream, const float* x, std::size_t n, double* partials,
+                        double* result);
+
+// *result = sum over i of mix64(bits(x[i]) ^ mix64(i)) mod 2^64 (the caller adds n).
+void launch_hash(cudaStream_t stream, const float* x, std::size_t n,
+                 unsigned long long* result);
+
+// ---- Optimisers ----------------------------------------------------------------------------
+
+// SGD, PyTorch semantics (see device.hpp). momentum_buf may be null when momentum == 0.
+void launch_sgd_step(cudaStream_t stream, float lr, float momentum, float weight_decay,
+                     bool nesterov, float* params, const float* grads, float* momentum_buf,
+                     std::size_t n);
+
+// AdamW's per-step scalars, computed in double on the host and rounded once.
+struct AdamWScalars {
+  float beta1, beta2;
+  float one_minus_beta1, one_minus_beta2;
+  float step_size;  // lr / (1 - beta1^t)
+  float bc2_sqrt;   // sqrt(1 - beta2^t)
+  float eps;
+  float decay;      // 1 - lr * weight_decay
+};
+void launch_adamw_step(cudaStream_t stream, const AdamWScalars& s, float* params,
+                       const float* grads, float* m, float* v, std::size_t n);
+
+// ---- Peer all-reduce -----------------------------------------------------------------------
+
+constexpr int kMaxPeerRanks = 64;
+// One slice of every rank's buffer, readable from the stream's device (same device, peer
+// access, or a local staging copy).
+struct PeerSlices {
+  const float* src[kMaxPeerRanks];
+};
+// out[i] = (src[0][i] + src[1][i] + ... + src[ranks-1][i]) in rank order, in float, then
+// times 1/ranks if `average`: the same arithmetic as the CPU shared-memory all-reduce.
+// out may alias one of the sources.
+void launch_peer_reduce(cudaStream_t stream, const PeerSlices& slices, int ranks, float* out,
+                        std::size_t n, bool average);
+
+}  // namespace lockstep::cuda

@@ -1,0 +1,165 @@
+// NCCL communicators, one per rank, created together by ncclCommInitAll.
+//
+// Note [NCCL ordering]
+//   Data-plane calls are ordered on the GPU alone, never by a host wait:
+//     compute stream --ready event--> comm stream: NCCL op --done event--> compute stream
+//   Before enqueuing, the ranks meet at a barrier of the control group (a shared-memory group,
+//   which also serves barrier() and the host collectives). It costs microseconds and is what lets
+//   a failing rank stop the others: without it a rank could enqueue a collective that its failed
+//   peer never joins, then block for ever in its next stream synchronisation, out of reach of
+//   abort(). With it, a rank either meets every peer at the barrier, after which every peer
+//   enqueues its part, or it throws CommAborted there.
+//
+// Note [NCCL teardown]
+//   abort() aborts this rank's NCCL communicator at once (ncclCommAbort). The destructor runs on
+//   the host thread after the workers have joined; it destroys the communicator normally, or
+//   aborts it if the group was aborted, since ncclCommDestroy may wait for a peer that is gone.
+#include "cuda/nccl_comm.hpp"
+
+#include <atomic>
+#include <stdexcept>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "cuda/check.hpp"
+#include "cuda/cuda_device.hpp"
+#include "cuda/handles.hpp"
+
+namespace lockstep::cuda {
+namespace {
+
+// ncclGroupStart() now, ncclGroupEnd() at end() or, if an enqueue threw first, on unwinding.
+class NcclGroup {
+ public:
+  NcclGroup() { NCCL_CHECK(ncclGroupStart()); }
+  NcclGroup(const NcclGroup&) = delete;
+  NcclGroup& operator=(const NcclGroup&) = delete;
+  ~NcclGroup() {
+    if (open_) (void)ncclGroupEnd();
+  }
+  void end() {
+    open_ = false;
+    NCCL_CHECK(ncclGroupEnd());
+  }
+
+ private:
+  bool open_ = true;
+};
+
+class NcclCommunicator final : public Communicator {
+ public:
+  NcclCommunicator(int rank, int size, int device_id, ncclComm_t comm,
+                   std::unique_ptr<Communicator> control)
+      : rank_(rank),
+        size_(size),
+        device_id_(device_id),
+        comm_(comm),
+        control_(std::move(control)) {}
+
+  NcclCommunicator(const NcclCommunicator&) = delete;
+  NcclCommunicator& operator=(const NcclCommunicator&) = delete;
+
+  ~NcclCommunicator() override {  // Note [NCCL teardown]
+    if (released_.exchange(true)) return;
+    if (control_->aborted())
+      (void)ncclCommAbort(comm_);
+    else
+      (void)ncclCommDestroy(comm_);
+  }
+
+  int rank() const noexcept override { return rank_; }
+  int size() const noexcept override { return size_; }
+
+  void attach(Device& device) override {
+    auto* gpu = dynamic_cast<CudaDevice*>(&device);
+    if (!gpu)
+      throw std::invalid_argument(fmt::format(
+          "NCCL communicator: rank {} needs a CUDA device, got {}", rank_, device.label()));
+    if (gpu->id() != device_id_)
+      throw std::invalid_argument(fmt::format(
+          "NCCL communicator: rank {} was created for cuda:{}, attached to {}", rank_, device_id_,
+          device.label()));
+    compute_ = gpu->stream();
+    comm_stream_ = make_stream();
+    ready_ = make_event();
+    done_ = make_event();
+  }
+
+  void all_reduce(float* data, std::size_t count, ReduceOp op) override {
+    if (count == 0) return check_not_aborted();  // the same count on every rank
+    const ncclRedOp_t nccl_op = op == ReduceOp::avg ? ncclAvg : ncclSum;
+    const cudaStream_t stream = begin_collective();
+    NcclGroup group;
+    NCCL_CHECK(ncclAllReduce(data, data, count, ncclFloat, nccl_op, comm_, stream));
+    group.end();
+    end_collective();
+  }
+
+  void broadcast(float* data, std::size_t count, int root) override {
+    if (root < 0 || root >= size_) throw std::invalid_argument("broadcast: root out of range");
+    if (count == 0) return check_not_aborted();
+    const cudaStream_t stream = begin_collective();
+    NcclGroup group;
+    NCCL_CHECK(ncclBroadcast(data, data, count, ncclFloat, root, comm_, stream));
+    group.end();
+    end_collective();
+  }
+
+  void barrier() override { control_->barrier(); }
+  void all_reduce_host(std::span<double> values) override { control_->all_reduce_host(values); }
+  std::vector<std::uint64_t> all_gather_host(std::uint64_t value) override {
+    return control_->all_gather_host(value);
+  }
+
+  void abort() noexcept override {
+    control_->abort();
+    if (!released_.exchange(true)) (void)ncclCommAbort(comm_);
+  }
+  bool aborted() const noexcept override { return control_->aborted(); }
+
+ private:
+  void check_not_aborted() const {
+    if (control_->aborted()) throw CommAborted();
+  }
+  // Note [NCCL ordering]: meet the other ranks, then order the comm stream after the compute
+  // stream's work so far. Returns the comm stream.
+  cudaStream_t begin_collective() {
+    if (!compute_) throw std::logic_error("NCCL communicator: attach() was not called");
+    control_->barrier();
+    CUDA_CHECK(cudaEventRecord(ready_.get(), compute_));
+    CUDA_CHECK(cudaStreamWaitEvent(comm_stream_.get(), ready_.get(), 0));
+    return comm_stream_.get();
+  }
+  // Orders the compute stream's later work after the collective.
+  void end_collective() {
+    CUDA_CHECK(cudaEventRecord(done_.get(), comm_stream_.get()));
+    CUDA_CHECK(cudaStreamWaitEvent(compute_, done_.get(), 0));
+  }
+
+  const int rank_, size_, device_id_;
+  ncclComm_t comm_;
+  std::unique_ptr<Communicator> control_;
+  std::atomic<bool> released_{false};  // comm_ was aborted or destroyed
+  cudaStream_t compute_ = nullptr;     // owned by the CudaDevice
+  Stream comm_stream_;
+  Event ready_, done_;
+};
+
+}  // namespace
+
+std::vector<std::unique_ptr<Communicator>> make_nccl_group(std::span<const int> device_ids) {
+  const int n = static_cast<int>(device_ids.size());
+  if (n < 1) throw std::invalid_argument("make_nccl_group: no devices");
+  std::vector<std::unique_ptr<Communicator>> control = make_shared_memory_group(n);
+  std::vector<ncclComm_t> comms(n, nullptr);
+  NCCL_CHECK(ncclCommInitAll(comms.data(), n, device_ids.data()));
+  std::vector<std::unique_ptr<Communicator>> group;
+  group.reserve(n);
+  for (int r = 0; r < n; ++r)
+    group.push_back(std::make_unique<NcclCommunicator>(r, n, device_ids[r], comms[r],
+                                                       std::move(control[r])));
+  return group;
+}
+
+}  // namespace lockstep::cuda

@@ -1,0 +1,240 @@
+// The peer communicator: every rank is a worker thread of this process, and with unified
+// addressing every rank's device buffer is a pointer any rank can name.
+//
+// Note [Peer all-reduce]
+//   The shared-memory all-reduce of src/comm, with GPU streams and events in place of host
+//   loops. The host threads only exchange pointers and meet at barriers of the control group;
+//   the data moves on each rank's comm stream, ordered by events, and no rank waits for a GPU.
+//     1. record `ready` on the compute stream (the buffer's contents are final there);
+//        publish the buffer pointer.                                                  barrier
+//     2. the comm stream waits for every rank's `ready`, then a kernel sums slice r over ranks
+//        0..N-1 in that order (deterministic, and the CPU group's arithmetic) into slice r of
+//        our own buffer; record `reduced`.                                             barrier
+//     3. the comm stream waits for each other rank's `reduced` and copies its slice from it;
+//        record `done`.                                                                barrier
+//     4. the compute stream waits for every rank's `done`: our later kernels cannot overwrite
+//        the buffer while another rank still copies from it, nor read it before our own copies.
+//   Each event is recorded again only in the next collective, after barriers that every rank
+//   passes once it has enqueued its waits on the previous record, so no wait sees a later one.
+//   A rank whose GPU cannot read another's memory directly (no peer access) copies that rank's
+//   slice into a local staging buffer first.
+#include "cuda/peer_comm.hpp"
+
+#include <algorithm>
+#include <memory>
+#include <stdexcept>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "cuda/check.hpp"
+#include "cuda/cuda_device.hpp"
+#include "cuda/handles.hpp"
+#include "cuda/kernels.hpp"
+
+namespace lockstep::cuda {
+namespace {
+
+// What the ranks publish to each other. Each rank writes only its own elements, then reads the
+// others' after a barrier of the control group, which orders the accesses.
+struct PeerGroup {
+  explicit PeerGroup(std::vector<int> ids)
+      : device_ids(std::move(ids)),
+        buffers(device_ids.size()),
+        ready(device_ids.size()),
+        reduced(device_ids.size()),
+        done(device_ids.size()) {}
+
+  const std::vector<int> device_ids;
+  std::vector<float*> buffers;                    // this collective's buffer, per rank
+  std::vector<cudaEvent_t> ready, reduced, done;  // per rank, owned by that rank's communicator
+};
+
+// Slice [begin, end) of `count` elements owned by `rank`, as in the CPU group: the remainder goes
+// to the first ranks, so any count (0, < size, not divisible) is covered exactly once.
+struct Slice {
+  std::size_t begin, end;
+  std::size_t size() const { return end - begin; }
+};
+Slice slice_of(std::size_t count, int size, int rank) {
+  const std::size_t base = count / size, extra = count % size;
+  const std::size_t r = static_cast<std::size_t>(rank);
+  const std::size_t begin = r * base + std::min(r, extra);
+  return {begin, begin + base + (r < extra ? 1 : 0)};
+}
+
+// Lets the current device read `peer`'s memory. False if the hardware cannot.
+bool enable_peer_access(int device, int peer) {
+  int possible = 0;
+  CUDA_CHECK(cudaDeviceCanAccessPeer(&possible, device, peer));
+  if (!possible) return false;
+  const cudaError_t status = cudaDeviceEnablePeerAccess(peer, 0);
+  if (status == cudaErrorPeerAccessAlreadyEnabled) {
+    (void)cudaGetLastError();  // another rank on this device enabled it first
+    return true;
+  }
+  CUDA_CHECK(status);
+  return true;
+}
+
+class PeerCommunicator final : public Communicator {
+ public:
+  PeerCommunicator(std::shared_ptr<PeerGroup> group, int rank,
+                   std::unique_ptr<Communicator> control)
+      : group_(std::move(group)), rank_(rank), control_(std::move(control)) {}
+
+  int rank() const noexcept override { return rank_; }
+  int size() const noexcept override { return static_cast<int>(group_->device_ids.size()); }
+
+  void attach(Device& device) override {
+    PeerGroup& g = *group_;
+    const int mine = g.device_ids[rank_];
+    auto* gpu = dynamic_cast<CudaDevice*>(&device);
+    if (!gpu)
+      throw std::invalid_argument(fmt::format(
+          "peer communicator: rank {} needs a CUDA device, got {}", rank_, device.label()));
+    if (gpu->id() != mine)
+      throw std::invalid_argument(fmt::format(
+          "peer communicator: rank {} was created for cuda:{}, attached to {}", rank_, mine,
+          device.label()));
+    compute_ = gpu->stream();
+    comm_stream_ = make_stream();
+    ready_ = make_event();
+    reduced_ = make_event();
+    done_ = make_event();
+    direct_.assign(g.device_ids.size(), true);
+    for (std::size_t q = 0; q < g.device_ids.size(); ++q)
+      if (g.device_ids[q] != mine) direct_[q] = enable_peer_access(mine, g.device_ids[q]);
+    g.ready[rank_] = ready_.get();
+    g.reduced[rank_] = reduced_.get();
+    g.done[rank_] = done_.get();
+  }
+
+  // Note [Peer all-reduce]
+  void all_reduce(float* data, std::size_t count, ReduceOp op) override {
+    PeerGroup& g = *group_;
+    const int n = size();
+    check_attached();
+    if (n == 1 || count == 0) return check_not_aborted();  // the identity, on every rank
+
+    CUDA_CHECK(cudaEventRecord(ready_.get(), compute_));
+    g.buffers[rank_] = data;
+    control_->barrier();  // 1
+
+    const cudaStream_t comm = comm_stream_.get();
+    for (int q = 0; q < n; ++q) CUDA_CHECK(cudaStreamWaitEvent(comm, g.ready[q], 0));
+    const Slice mine = slice_of(count, n, rank_);
+    if (mine.size() > 0) {
+      PeerSlices sources{};
+      for (int q = 0; q < n; ++q) sources.src[q] = readable_slice(q, mine);
+      launch_peer_reduce(comm, sources, n, data + mine.begin, mine.size(), op == ReduceOp::avg);
+    }
+    CUDA_CHECK(cudaEventRecord(reduced_.get(), comm));
+    control_->barrier();  // 2
+
+    for (int q = 0; q < n; ++q) {
+      const Slice theirs = slice_of(count, n, q);
+      if (q == rank_ || theirs.size() == 0) continue;
+      CUDA_CHECK(cudaStreamWaitEvent(comm, g.reduced[q], 0));
+      copy_from(q, data + theirs.begin, g.buffers[q] + theirs.begin, theirs.size());
+    }
+    CUDA_CHECK(cudaEventRecord(done_.get(), comm));
+    control_->barrier();  // 3
+
+    for (int q = 0; q < n; ++q) CUDA_CHECK(cudaStreamWaitEvent(compute_, g.done[q], 0));
+  }
+
+  // The same protocol with one source: every rank copies the root's buffer.
+  void broadcast(float* data, std::size_t count, int root) override {
+    PeerGroup& g = *group_;
+    const int n = size();
+    if (root < 0 || root >= n) throw std::invalid_argument("broadcast: root out of range");
+    check_attached();
+    if (n == 1 || count == 0) return check_not_aborted();
+
+    CUDA_CHECK(cudaEventRecord(ready_.get(), compute_));
+    g.buffers[rank_] = data;
+    control_->barrier();
+
+    const cudaStream_t comm = comm_stream_.get();
+    if (rank_ != root) {
+      CUDA_CHECK(cudaStreamWaitEvent(comm, g.ready[root], 0));
+      CUDA_CHECK(cudaStreamWaitEvent(comm, ready_.get(), 0));  // our own pending writes to data
+      copy_from(root, data, g.buffers[root], count);
+    }
+    CUDA_CHECK(cudaEventRecord(done_.get(), comm));
+    control_->barrier();
+
+    for (int q = 0; q < n; ++q) CUDA_CHECK(cudaStreamWaitEvent(compute_, g.done[q], 0));
+  }
+
+  void barrier() override { control_->barrier(); }
+  void all_reduce_host(std::span<double> values) override { control_->all_reduce_host(values); }
+  std::vector<std::uint64_t> all_gather_host(std::uint64_t value) override {
+    return control_->all_gather_host(value);
+  }
+
+  // Every wait of the protocol is a barrier of the control group, so aborting it is enough.
+  void abort() noexcept override { control_->abort(); }
+  bool aborted() const noexcept override { return control_->aborted(); }
+
+ private:
+  void check_attached() const {
+    if (!compute_) throw std::logic_error("peer communicator: attach() was not called");
+  }
+  void check_not_aborted() const {
+    if (control_->aborted()) throw CommAborted();
+  }
+
+  // On the comm stream: dst (ours) = count floats of rank q's src.
+  void copy_from(int q, float* dst, const float* src, std::size_t count) {
+    const PeerGroup& g = *group_;
+    CUDA_CHECK(cudaMemcpyPeerAsync(dst, g.device_ids[rank_], src, g.device_ids[q],
+                                   count * sizeof(float), comm_stream_.get()));
+  }
+
+  // Slice s of rank q's buffer, as a pointer our kernels can read: the buffer itself when our
+  // GPU can address it, else a copy in our staging buffer (enqueued on the comm stream).
+  const float* readable_slice(int q, Slice s) {
+    const float* src = group_->buffers[q] + s.begin;
+    if (direct_[q]) return src;
+    const std::size_t need = s.size() * static_cast<std::size_t>(size());
+    if (need > staging_capacity_) {
+      CUDA_CHECK(cudaStreamSynchronize(comm_stream_.get()));  // the old one may be in use
+      staging_ = make_device_memory(need * sizeof(float));
+      staging_capacity_ = need;
+    }
+    float* dst = static_cast<float*>(staging_.get()) + static_cast<std::size_t>(q) * s.size();
+    copy_from(q, dst, src, s.size());
+    return dst;
+  }
+
+  std::shared_ptr<PeerGroup> group_;
+  const int rank_;
+  std::unique_ptr<Communicator> control_;
+  cudaStream_t compute_ = nullptr;  // owned by the CudaDevice
+  Stream comm_stream_;
+  Event ready_, reduced_, done_;
+  std::vector<bool> direct_;        // direct_[q]: our kernels can read rank q's memory
+  DeviceMemory staging_;            // slices of ranks we cannot read directly
+  std::size_t staging_capacity_ = 0;  // floats
+};
+
+}  // namespace
+
+std::vector<std::unique_ptr<Communicator>> make_peer_group(std::span<const int> device_ids) {
+  const int n = static_cast<int>(device_ids.size());
+  if (n < 1) throw std::invalid_argument("make_peer_group: no devices");
+  if (n > kMaxPeerRanks)
+    throw std::invalid_argument(
+        fmt::format("peer communicator: {} ranks, at most {} supported", n, kMaxPeerRanks));
+  auto group = std::make_shared<PeerGroup>(std::vector<int>(device_ids.begin(), device_ids.end()));
+  std::vector<std::unique_ptr<Communicator>> control = make_shared_memory_group(n);
+  std::vector<std::unique_ptr<Communicator>> comms;
+  comms.reserve(n);
+  for (int r = 0; r < n; ++r)
+    comms.push_back(std::make_unique<PeerCommunicator>(group, r, std::move(control[r])));
+  return comms;
+}
+
+}  // namespace lockstep::cuda
