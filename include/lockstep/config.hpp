@@ -30,12 +30,14 @@ enum class DatasetKind { csv, idx, synthetic };
 enum class OptimizerKind { sgd, adamw };
 enum class ScheduleKind { constant, warmup_cosine };
 enum class BackendKind { automatic, cpu, cuda };
+enum class CommKind { automatic, nccl, peer };
 
 std::string_view to_string(Activation);
 std::string_view to_string(DatasetKind);
 std::string_view to_string(OptimizerKind);
 std::string_view to_string(ScheduleKind);
 std::string_view to_string(BackendKind);
+std::string_view to_string(CommKind);
 
 struct ModelConfig {
   std::string type = "mlp";      // only "mlp" for now
@@ -89,6 +91,13 @@ struct TrainerConfig {
   std::int64_t eval_every = 0;    // 0: evaluate only at the end
   std::int64_t check_replicas_every = 100;  // 0: check only at the end
   int threads_per_device = 0;     // cpu backend: 0 = hardware threads / devices (at least 1)
+  CommKind comm = CommKind::automatic;  // cuda: nccl, or peer (one process, any ids, repeats ok)
+  bool tf32 = false;              // cuda: TF32 tensor-core GEMMs
+  // Gradient reduction (see Note [Buckets] in src/train/reducer.hpp).
+  double bucket_cap_mb = 25.0;    // the first bucket is capped at 1 MB, as in DDP
+  bool overlap = true;            // all-reduce each bucket as soon as backward fills it
+  int accumulate_steps = 1;       // micro-batches per optimiser step; all-reduce after the last
+  std::string trace;              // Chrome trace-event JSON of every worker, when set
 };
 
 struct Config {
@@ -103,6 +112,12 @@ struct Config {
   // load_config() calls it; embedders who fill a Config by hand should too.
   void validate() const;
 };
+
+// A stable 64-bit hash (FNV-1a 64 of a canonical text) of every setting that changes the math
+// of training: model.*, data.* but prefetch, optimizer.*, schedule.* and trainer.seed. Not the
+// backend, devices, steps, epochs or logging. Checkpoints record it, so that a resumed run can
+// tell whether it trains the same problem the same way.
+std::uint64_t config_hash(const Config& config);
 
 // Reads and validates a YAML file, then applies "a.b.c=value" overrides.
 Config load_config(const std::filesystem::path& file, std::span<const std::string> overrides = {});

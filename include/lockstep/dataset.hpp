@@ -114,12 +114,16 @@ struct Batch {
 };
 
 // Assembles one worker's batches on a background thread, `prefetch` batches ahead, epoch after
-// epoch. next() blocks until a batch is ready and rethrows a loading error. stop() (also run by
-// the destructor) wakes and ends the producer.
+// epoch, from the sampler's epoch on. next() blocks until a batch is ready and rethrows a
+// loading error. stop() (also run by the destructor) wakes and ends the producer.
+//
+// To resume mid-epoch, skip_batches skips that many batches of the first epoch, which is then
+// loaded from batch `skip_batches` on (the whole epoch when it equals batches_per_epoch());
+// more than batches_per_epoch() is std::invalid_argument.
 class ShardLoader {
  public:
   ShardLoader(std::shared_ptr<const Dataset> data, DistributedSampler sampler, int batch_size,
-              bool drop_last, int prefetch);
+              bool drop_last, int prefetch, std::size_t skip_batches = 0);
   ~ShardLoader();
   ShardLoader(const ShardLoader&) = delete;
   ShardLoader& operator=(const ShardLoader&) = delete;

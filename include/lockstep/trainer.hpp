@@ -62,6 +62,16 @@ struct Summary {
   std::int64_t replica_checks = 0;
   std::uint64_t param_hash = 0;
   std::size_t parameters = 0;
+  int accumulate_steps = 1;
+  std::size_t buckets = 0;
+  bool overlap = true;
+
+  // Where the time went, per worker, averaged over workers (seconds over the whole run).
+  double data_wait_s = 0.0;       // waiting for the loader
+  double barrier_wait_s = 0.0;    // waiting at the end-of-step barrier
+  double comm_s = 0.0;            // gradient all-reduce, start to end
+  double comm_exposed_s = 0.0;    // blocked waiting for the all-reduce
+  double comm_hidden_fraction = 0.0;  // 1 - exposed / comm: the share hidden behind backward
 
   std::string to_json() const;
 };

@@ -3,10 +3,12 @@
 // Exit codes: 0 success, 1 run-time failure, 2 bad input (config, flags, data files).
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -26,10 +28,12 @@ constexpr int kExitOk = 0, kExitFailure = 1, kExitBadInput = 2;
 constexpr std::string_view kUsage = R"(usage: lockstep <command> [options]
 
 commands:
-  train CONFIG [--set KEY=VALUE]... [--summary-json FILE]
+  train CONFIG [--set KEY=VALUE]... [--summary-json FILE] [--scaling N,N,...]
                       train the model described by the YAML file CONFIG on every
                       configured device; --set overrides a config key (repeatable),
-                      e.g. --set trainer.devices=4 --set optimizer.lr=0.05
+                      e.g. --set trainer.devices=4 --set optimizer.lr=0.05;
+                      --scaling 1,2,4 trains once per device count and reports
+                      samples/s, speedup and efficiency against one device
   devices             list the backends and devices this binary can use
 
 options:
@@ -43,7 +47,29 @@ struct TrainArgs {
   std::string config;
   std::vector<std::string> overrides;
   std::string summary_json;
+  std::vector<int> scaling;  // device counts
 };
+
+std::vector<int> parse_counts(std::string_view flag, const std::string& text) {
+  std::vector<int> out;
+  std::size_t pos = 0;
+  while (pos <= text.size()) {
+    const std::size_t comma = std::min(text.find(',', pos), text.size());
+    const std::string item = text.substr(pos, comma - pos);
+    int value = 0;
+    std::size_t used = 0;
+    try {
+      value = std::stoi(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != item.size() || value < 1 || value > 1024)
+      throw InputError(fmt::format("{} {}: expected device counts like 1,2,4, got '{}'", flag, text, item));
+    out.push_back(value);
+    pos = comma + 1;
+  }
+  return out;
+}
 
 TrainArgs parse_train_args(const std::vector<std::string_view>& args) {
   TrainArgs out;
@@ -58,6 +84,8 @@ TrainArgs parse_train_args(const std::vector<std::string_view>& args) {
       out.overrides.push_back(value("--set"));
     } else if (a == "--summary-json" || a.starts_with("--summary-json=")) {
       out.summary_json = value("--summary-json");
+    } else if (a == "--scaling" || a.starts_with("--scaling=")) {
+      out.scaling = parse_counts("--scaling", value("--scaling"));
     } else if (a.starts_with("-")) {
       throw InputError(fmt::format("train: unknown option '{}'; see lockstep --help", a));
     } else if (out.config.empty()) {
@@ -82,6 +110,58 @@ void write_file_atomically(const fs::path& path, const std::string& text) {
   fs::rename(tmp, path);
 }
 
+// Trains once per device count and compares steady-state throughput with the ideal
+// (one device's samples/s times N). The first tenth of each run is warm-up and not timed.
+int scaling(const Config& base, const DataSplit& data, const TrainArgs& args) {
+  struct Point {
+    int devices;
+    double samples_per_s;
+    Summary summary;
+  };
+  std::vector<Point> points;
+  for (int n : args.scaling) {
+    Config cfg = base;
+    cfg.trainer.devices.resize(n);
+    std::iota(cfg.trainer.devices.begin(), cfg.trainer.devices.end(), 0);
+    Trainer trainer(cfg, data.train, data.eval);
+    const std::int64_t total = trainer.total_steps();
+    const std::int64_t warmup = std::max<std::int64_t>(1, total / 10);
+    double t_warm = 0.0, t_end = 0.0;
+    trainer.on_progress([&](const StepMetrics& m) {
+      if (m.step == warmup) t_warm = m.elapsed_s;
+      if (m.step == total) t_end = m.elapsed_s;
+    });
+    fmt::print("scaling: {} device(s), {} steps\n", n, total);
+    std::fflush(stdout);
+    const Summary s = trainer.run();
+    const double samples = static_cast<double>(total - warmup) * cfg.data.batch_size *
+              cfg.trainer.accumulate_steps * n;
+    const double sps = total > warmup && t_end > t_warm ? samples / (t_end - t_warm)
+                                                        : s.samples_per_s;
+    points.push_back({n, sps, s});
+  }
+  const double one = points.front().samples_per_s / points.front().devices;  // per device
+  fmt::print("\n{:>8} {:>12} {:>8} {:>10}  {}\n", "devices", "samples/s", "speedup",
+             "efficiency", "ideal = one device's samples/s x N");
+  std::string json = "{\n  \"scaling\": [\n";
+  for (std::size_t i = 0; i < points.size(); ++i) {
+    const Point& p = points[i];
+    const double speedup = p.samples_per_s / one, efficiency = speedup / p.devices;
+    fmt::print("{:>8} {:>12.0f} {:>8.2f} {:>9.0f}%\n", p.devices, p.samples_per_s, speedup,
+               100.0 * efficiency);
+    json += fmt::format(
+        "    {{\"devices\": {}, \"samples_per_s\": {:.6g}, \"speedup\": {:.6g}, "
+        "\"efficiency\": {:.6g}, \"summary\": {}}}{}\n",
+        p.devices, p.samples_per_s, speedup, efficiency, p.summary.to_json(),
+        i + 1 < points.size() ? "," : "");
+  }
+  json += "  ]\n}\n";
+  if (!args.summary_json.empty()) write_file_atomically(args.summary_json, json);
+  const bool identical = std::all_of(points.begin(), points.end(),
+                                     [](const Point& p) { return p.summary.replicas_identical; });
+  return identical ? kExitOk : kExitFailure;
+}
+
 int train(const std::vector<std::string_view>& argv) {
   const TrainArgs args = parse_train_args(argv);
   if (!args.summary_json.empty()) {
@@ -93,6 +173,8 @@ int train(const std::vector<std::string_view>& argv) {
   const Config cfg = load_config(args.config, args.overrides);
   const DataSplit data =
       load_dataset(cfg.data, cfg.trainer.seed, fs::path(args.config).parent_path());
+
+  if (!args.scaling.empty()) return scaling(cfg, data, args);
 
   Trainer trainer(cfg, data.train, data.eval);
   const bool live = isatty(STDERR_FILENO) != 0;

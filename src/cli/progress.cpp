@@ -81,6 +81,12 @@ void print_summary(std::FILE* out, const Summary& s) {
   }
   fmt::print(out, "  replicas identical  {} ({} hash checks, parameter hash {:016x})\n",
              s.replicas_identical ? "yes" : "NO", s.replica_checks, s.param_hash);
+  fmt::print(out, "  gradient buckets    {} (overlap {}, accumulate {} micro-batches per step)\n",
+             s.buckets, s.overlap ? "on" : "off", s.accumulate_steps);
+  fmt::print(out, "  all-reduce          {:.3f} s per worker, {:.0f}% hidden behind backward\n",
+             s.comm_s, 100.0 * s.comm_hidden_fraction);
+  fmt::print(out, "  waiting             {:.3f} s for data, {:.3f} s at the barrier (per worker)\n",
+             s.data_wait_s, s.barrier_wait_s);
 }
 
 }  // namespace lockstep::cli

@@ -7,34 +7,76 @@
 //      deterministic) and writes it into slice r of its own buffer;  barrier
 //   3. rank r copies every other slice s from rank s's buffer;        barrier
 // The last barrier keeps a rank from reusing its buffer while others still read from it.
-// Each slice is computed once and copied, so every rank ends with the same bits.
+// Each slice is computed once and copied, so every rank ends with the same bits, and the result
+// of an element does not depend on how the buffer was cut into calls (buckets).
 //
-// The whole group shares ONE std::barrier, so its phases form a single sequence that every rank
-// walks in the same order. A failing rank sets the abort flag and then drops out of the barrier
-// (arrive_and_drop): the phase the others wait in completes without it, they see the flag and
-// throw CommAborted. The flag is set before the drop, so any phase the drop completes sees it.
+// Two planes, two barriers. The data plane (all_reduce, broadcast) may run on a rank's
+// communication thread (all_reduce_async) while its worker thread uses the control plane
+// (barrier, host collectives): each plane is one sequence of phases that every rank walks in
+// the same order. abort() aborts both barriers and ends every wait in the group.
 #include <algorithm>
 #include <atomic>
-#include <barrier>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <stdexcept>
+#include <string>
+#include <thread>
 #include <vector>
 
+#include "comm/abortable_barrier.hpp"
 #include "lockstep/comm.hpp"
 
 namespace lockstep {
+
+std::unique_ptr<CommWork> Communicator::all_reduce_async(float* data, std::size_t count,
+                                                         ReduceOp op) {
+  struct Done final : CommWork {
+    void wait() override {}
+  };
+  all_reduce(data, count, op);
+  return std::make_unique<Done>();
+}
+
 namespace {
 
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Interconnect emulation for benchmarks: seconds = alpha + 2(n-1)/n * bytes / bandwidth.
+struct Wire {
+  double alpha_s = 0.0;
+  double bytes_per_s = 0.0;  // 0: no emulation
+  double delay(std::size_t bytes, int ranks) const {
+    if (bytes_per_s <= 0.0) return 0.0;
+    return alpha_s + 2.0 * (ranks - 1) / ranks * static_cast<double>(bytes) / bytes_per_s;
+  }
+};
+
+Wire wire_from_environment() {
+  const char* spec = std::getenv("LOCKSTEP_EMULATE_INTERCONNECT");
+  if (!spec || !*spec) return {};
+  double alpha_us = 0.0, gbps = 0.0;
+  if (std::sscanf(spec, "%lf,%lf", &alpha_us, &gbps) != 2 || alpha_us < 0 || gbps <= 0)
+    throw InputError(std::string("LOCKSTEP_EMULATE_INTERCONNECT: expected ALPHA_US,GBPS, got '") +
+                     spec + "'");
+  return {alpha_us * 1e-6, gbps * 1e9};
+}
+
 struct Group {
-  explicit Group(int n) : size(n), barrier(n), slots(n), host_slots(n), dropped(n) {}
+  explicit Group(int n)
+      : size(n), data(n), control(n), slots(n), host_slots(n), wire(wire_from_environment()) {}
 
   const int size;
-  std::barrier<> barrier;
-  std::atomic<bool> aborted{false};
-  std::vector<float*> slots;               // data-plane buffers, one per rank
-  std::vector<const void*> host_slots;     // control-plane buffers
-  std::vector<std::atomic<bool>> dropped;  // rank has left the barrier for good
+  detail::AbortableBarrier data;     // data plane
+  detail::AbortableBarrier control;  // control plane
+  std::vector<float*> slots;             // data-plane buffers, one per rank
+  std::vector<const void*> host_slots;   // control-plane buffers
+  Wire wire;
 };
 
 // Slice [begin, end) of `count` elements owned by `rank`: the remainder goes to the first ranks,
@@ -49,10 +91,49 @@ Slice slice_of(std::size_t count, int size, int rank) {
   return {begin, begin + base + (r < extra ? 1 : 0)};
 }
 
+// An all-reduce queued on a rank's communication thread.
+class QueuedWork final : public CommWork {
+ public:
+  QueuedWork(float* d, std::size_t n, ReduceOp o) : data(d), count(n), op(o) {}
+  void wait() override {
+    std::unique_lock lock(mutex_);
+    cv_.wait(lock, [&] { return done_; });
+    if (error_) std::rethrow_exception(error_);
+  }
+  void complete(std::exception_ptr error) {
+    {
+      std::lock_guard lock(mutex_);
+      done_ = true;
+      error_ = error;
+    }
+    cv_.notify_all();
+  }
+  float* const data;
+  const std::size_t count;
+  const ReduceOp op;
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::exception_ptr error_;
+};
+
 class SharedMemoryCommunicator final : public Communicator {
  public:
   SharedMemoryCommunicator(std::shared_ptr<Group> group, int rank)
       : group_(std::move(group)), rank_(rank) {}
+
+  ~SharedMemoryCommunicator() override {
+    if (thread_.joinable()) {
+      {
+        std::lock_guard lock(queue_mutex_);
+        stopping_ = true;
+      }
+      queue_cv_.notify_all();
+      thread_.join();
+    }
+  }
 
   int rank() const noexcept override { return rank_; }
   int size() const noexcept override { return group_->size; }
@@ -64,17 +145,41 @@ class SharedMemoryCommunicator final : public Communicator {
       return;  // sum and average of one rank are the identity
     }
     g.slots[rank_] = data;
-    sync();
-    const Slice s = slice_of(count, g.size, rank_);
-    reduce_slice(s, op);
-    sync();
+    sync(g.data);
+    reduce_slice(slice_of(count, g.size, rank_), op);
+    sync(g.data);
     for (int r = 0; r < g.size; ++r) {
       if (r == rank_) continue;
       const Slice o = slice_of(count, g.size, r);
       if (o.end > o.begin)
         std::memcpy(data + o.begin, g.slots[r] + o.begin, (o.end - o.begin) * sizeof(float));
     }
-    sync();
+    if (const double delay = g.wire.delay(count * sizeof(float), g.size); delay > 0.0)
+      std::this_thread::sleep_for(std::chrono::duration<double>(delay));
+    sync(g.data);
+  }
+
+  std::unique_ptr<CommWork> all_reduce_async(float* data, std::size_t count,
+                                             ReduceOp op) override {
+    auto work = std::make_shared<QueuedWork>(data, count, op);
+    {
+      std::lock_guard lock(queue_mutex_);
+      if (!thread_.joinable()) thread_ = std::thread([this] { communication_loop(); });
+      queue_.push_back(work);
+    }
+    queue_cv_.notify_one();
+    // The caller owns a handle; the queue keeps the work alive until the thread is done with it.
+    struct Handle final : CommWork {
+      std::shared_ptr<QueuedWork> work;
+      void wait() override {
+        work->wait();
+        started_s = work->started_s;
+        finished_s = work->finished_s;
+      }
+    };
+    auto handle = std::make_unique<Handle>();
+    handle->work = std::move(work);
+    return handle;
   }
 
   void broadcast(float* data, std::size_t count, int root) override {
@@ -82,53 +187,70 @@ class SharedMemoryCommunicator final : public Communicator {
     if (root < 0 || root >= g.size) throw std::invalid_argument("broadcast: root out of range");
     if (g.size == 1) return check_not_aborted();
     g.slots[rank_] = data;
-    sync();
+    sync(g.data);
     if (rank_ != root && count) std::memcpy(data, g.slots[root], count * sizeof(float));
-    sync();
+    sync(g.data);
   }
 
-  void barrier() override { sync(); }
+  void barrier() override { sync(group_->control); }
 
   void all_reduce_host(std::span<double> values) override {
     Group& g = *group_;
     std::vector<double> mine(values.begin(), values.end());
     g.host_slots[rank_] = mine.data();
-    sync();
+    sync(g.control);
     for (std::size_t i = 0; i < values.size(); ++i) {
       double acc = 0.0;
       for (int r = 0; r < g.size; ++r) acc += static_cast<const double*>(g.host_slots[r])[i];
       values[i] = acc;
     }
-    sync();
+    sync(g.control);
   }
 
   std::vector<std::uint64_t> all_gather_host(std::uint64_t value) override {
     Group& g = *group_;
     g.host_slots[rank_] = &value;
-    sync();
+    sync(g.control);
     std::vector<std::uint64_t> all(g.size);
     for (int r = 0; r < g.size; ++r) all[r] = *static_cast<const std::uint64_t*>(g.host_slots[r]);
-    sync();
+    sync(g.control);
     return all;
   }
 
   void abort() noexcept override {
-    Group& g = *group_;
-    g.aborted.store(true);
-    if (!g.dropped[rank_].exchange(true)) g.barrier.arrive_and_drop();
+    group_->data.abort();
+    group_->control.abort();
   }
 
-  bool aborted() const noexcept override { return group_->aborted.load(); }
+  bool aborted() const noexcept override { return group_->control.aborted(); }
 
  private:
   void check_not_aborted() const {
-    if (group_->aborted.load()) throw CommAborted();
+    if (aborted()) throw CommAborted();
   }
-  // One phase of the group's barrier, then the abort check.
-  void sync() {
-    check_not_aborted();
-    group_->barrier.arrive_and_wait();
-    check_not_aborted();
+  void sync(detail::AbortableBarrier& b) { b.arrive_and_wait(rank_); }
+
+  // Runs queued all-reduces in order until the communicator is destroyed.
+  void communication_loop() {
+    for (;;) {
+      std::shared_ptr<QueuedWork> work;
+      {
+        std::unique_lock lock(queue_mutex_);
+        queue_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        work = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      std::exception_ptr error;
+      work->started_s = now_s();
+      try {
+        all_reduce(work->data, work->count, work->op);
+      } catch (...) {
+        error = std::current_exception();
+      }
+      work->finished_s = now_s();
+      work->complete(error);
+    }
   }
 
   // data[s] = (slots[0][s] + slots[1][s] + ...) in rank order, a cache-sized chunk at a time so
@@ -155,7 +277,13 @@ class SharedMemoryCommunicator final : public Communicator {
 
   std::shared_ptr<Group> group_;
   int rank_;
-  std::vector<float> scratch_;
+  std::vector<float> scratch_;  // used by whichever thread runs the data plane, one at a time
+
+  std::mutex queue_mutex_;
+  std::condition_variable queue_cv_;
+  std::deque<std::shared_ptr<QueuedWork>> queue_;
+  bool stopping_ = false;
+  std::thread thread_;
 };
 
 }  // namespace

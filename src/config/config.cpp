@@ -32,6 +32,7 @@
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
+#include "common/fnv1a.hpp"
 #include "lockstep/config.hpp"
 
 namespace lockstep {
@@ -55,6 +56,9 @@ constexpr Spelling<ScheduleKind> kScheduleKinds[] = {
     {ScheduleKind::constant, "constant"}, {ScheduleKind::warmup_cosine, "warmup_cosine"}};
 constexpr Spelling<BackendKind> kBackendKinds[] = {
     {BackendKind::automatic, "auto"}, {BackendKind::cpu, "cpu"}, {BackendKind::cuda, "cuda"}};
+
+constexpr Spelling<CommKind> kCommKinds[] = {
+    {CommKind::automatic, "auto"}, {CommKind::nccl, "nccl"}, {CommKind::peer, "peer"}};
 
 constexpr std::string_view kModelTypes[] = {"mlp"};
 
@@ -166,6 +170,12 @@ void visit_schema(Visitor& v, C& c) {
   v.integer("eval_every", c.trainer.eval_every, IntRule{.min = 0});
   v.integer("check_replicas_every", c.trainer.check_replicas_every, IntRule{.min = 0});
   v.integer("threads_per_device", c.trainer.threads_per_device, IntRule{.min = 0});
+  v.enumeration("comm", c.trainer.comm, kCommKinds);
+  v.flag("tf32", c.trainer.tf32);
+  v.number("bucket_cap_mb", c.trainer.bucket_cap_mb, kPositive);
+  v.flag("overlap", c.trainer.overlap);
+  v.integer("accumulate_steps", c.trainer.accumulate_steps, IntRule{.min = 1});
+  v.text("trace", c.trainer.trace);
 }
 
 struct SectionKeys {
@@ -700,6 +710,57 @@ class Checker {
   std::string section_;
 };
 
+// ---- Hasher ---------------------------------------------------------------------------------
+
+// Renders the keys that change the math of training as "section.key=value" lines, for
+// config_hash(). Left out are data.prefetch and every trainer key but trainer.seed: they say
+// how fast, where and for how long to train, and a resumed run may change them. A key added to
+// the schema is hashed unless it is listed here.
+class Hasher {
+ public:
+  void section(std::string_view name) { section_ = name; }
+
+  template <class T>
+  void integer(std::string_view key, T value, IntRule) {
+    add(key, fmt::format("{}", value));
+  }
+  // fmt prints the shortest text that reads back as the same double: stable across platforms.
+  void number(std::string_view key, double value, const NumberRule&) {
+    add(key, fmt::format("{}", value));
+  }
+  void flag(std::string_view key, bool value) { add(key, value ? "true" : "false"); }
+  // Length-prefixed, so that no text can pass for the end of its line and another key.
+  void text(std::string_view key, const std::string& value) {
+    add(key, fmt::format("{}:{}", value.size(), value));
+  }
+  void choice(std::string_view key, const std::string& value, std::span<const std::string_view>) {
+    text(key, value);
+  }
+  template <class E, class Table>
+  void enumeration(std::string_view key, E value, const Table& table) {
+    add(key, spelling(table, value));
+  }
+  void integer_list(std::string_view key, const std::vector<int>& values, IntRule) {
+    add(key, fmt::format("[{}]", fmt::join(values, ",")));
+  }
+  void devices(std::string_view, const std::vector<int>&) {}
+  // betas is hashed as beta1 and beta2.
+  void number_pair(std::string_view, std::string_view, double, std::string_view, double,
+                   const NumberRule&) {}
+
+  const std::string& rendering() const { return rendering_; }
+
+ private:
+  void add(std::string_view key, std::string_view value) {
+    const bool run_setting =
+        section_ == "trainer" ? key != "seed" : section_ == "data" && key == "prefetch";
+    if (!run_setting) rendering_ += fmt::format("{}.{}={}\n", section_, key, value);
+  }
+
+  std::string section_;
+  std::string rendering_;
+};
+
 // Every value, then the rules that tie keys together.
 void check_config(const Config& c, const Origins& origins) {
   Checker checker(origins);
@@ -768,8 +829,15 @@ std::string_view to_string(DatasetKind v) { return spelling(kDatasetKinds, v); }
 std::string_view to_string(OptimizerKind v) { return spelling(kOptimizerKinds, v); }
 std::string_view to_string(ScheduleKind v) { return spelling(kScheduleKinds, v); }
 std::string_view to_string(BackendKind v) { return spelling(kBackendKinds, v); }
+std::string_view to_string(CommKind v) { return spelling(kCommKinds, v); }
 
 void Config::validate() const { check_config(*this, Origins(source)); }
+
+std::uint64_t config_hash(const Config& config) {
+  Hasher hasher;
+  visit_schema(hasher, config);
+  return detail::fnv1a64(hasher.rendering().data(), hasher.rendering().size());
+}
 
 Config parse_config(std::string_view yaml, std::string_view source,
                     std::span<const std::string> overrides) {

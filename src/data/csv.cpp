@@ -46,9 +46,13 @@ std::optional<double> parse_number(std::string_view s) {
 
 class CsvParser {
  public:
-  // `max_rows` (the number of lines) sizes the buffers up front.
-  CsvParser(std::string name, int label_column, std::size_t max_rows)
-      : name_(std::move(name)), label_column_(label_column), max_rows_(max_rows) {
+  // `max_rows` (the number of lines) and `max_values` (a value takes at least a character and
+  // a separator) size the buffers up front.
+  CsvParser(std::string name, int label_column, std::size_t max_rows, std::size_t max_values)
+      : name_(std::move(name)),
+        label_column_(label_column),
+        max_rows_(max_rows),
+        max_values_(max_values) {
     y_.reserve(max_rows_);
   }
 
@@ -100,7 +104,9 @@ class CsvParser {
                                 label_column_, -n, n - 1, n));
     }
     label_ = static_cast<std::size_t>(label_column_ < 0 ? n + label_column_ : label_column_);
-    x_.reserve(max_rows_ * (columns_ - 1));
+    // Lines x columns alone would let a wide first line over many blank lines ask for
+    // terabytes.
+    x_.reserve(std::min(max_rows_, max_values_ / columns_) * (columns_ - 1));
   }
 
   float parse_feature(std::string_view field, std::size_t column, std::size_t line_no) const {
@@ -126,6 +132,7 @@ class CsvParser {
   std::string name_;
   int label_column_;
   std::size_t max_rows_;
+  std::size_t max_values_;
   std::size_t columns_ = 0;
   std::size_t label_ = 0;
   std::vector<std::string_view> fields_;
@@ -141,7 +148,8 @@ InMemoryDataset load_csv(const std::filesystem::path& file, int label_column, bo
   if (rest.starts_with("\xEF\xBB\xBF")) rest.remove_prefix(3);  // a UTF-8 byte-order mark
 
   CsvParser parser(file.string(), label_column,
-                   static_cast<std::size_t>(std::count(rest.begin(), rest.end(), '\n')) + 1);
+                   static_cast<std::size_t>(std::count(rest.begin(), rest.end(), '\n')) + 1,
+                   rest.size() / 2 + 1);
   bool header_pending = header;
   bool saw_any_line = false;
   for (std::size_t line_no = 1; !rest.empty(); ++line_no) {

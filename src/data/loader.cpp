@@ -19,14 +19,20 @@ namespace lockstep {
 
 struct ShardLoader::State {
   State(std::shared_ptr<const Dataset> d, DistributedSampler smp, std::size_t batch, bool drop,
-        std::size_t cap)
-      : data(std::move(d)), sampler(smp), batch_size(batch), drop_last(drop), capacity(cap) {}
+        std::size_t cap, std::size_t skip)
+      : data(std::move(d)),
+        sampler(smp),
+        batch_size(batch),
+        drop_last(drop),
+        capacity(cap),
+        skip_batches(skip) {}
 
   std::shared_ptr<const Dataset> data;
   DistributedSampler sampler;
   std::size_t batch_size;
   bool drop_last;
   std::size_t capacity;
+  std::size_t skip_batches;  // of the first epoch only
 
   std::mutex mutex;
   std::condition_variable ready;  // a batch, an error or stop: wakes next()
@@ -64,11 +70,12 @@ Batch ShardLoader::State::assemble(std::span<const std::size_t> indices, std::ui
 
 void ShardLoader::State::produce() {
   try {
-    for (std::uint64_t epoch = sampler.epoch();; ++epoch) {
+    const std::uint64_t first_epoch = sampler.epoch();
+    for (std::uint64_t epoch = first_epoch;; ++epoch) {
       sampler.set_epoch(epoch);
       const std::vector<std::size_t> order = sampler.indices();
       const std::size_t batches = batches_in(order.size(), static_cast<int>(batch_size), drop_last);
-      for (std::size_t i = 0; i < batches; ++i) {
+      for (std::size_t i = epoch == first_epoch ? skip_batches : 0; i < batches; ++i) {
         const std::size_t begin = i * batch_size;
         const std::size_t count = std::min(batch_size, order.size() - begin);
         Batch b = assemble(std::span(order).subspan(begin, count), epoch, i);
@@ -88,7 +95,7 @@ void ShardLoader::State::produce() {
 }
 
 ShardLoader::ShardLoader(std::shared_ptr<const Dataset> data, DistributedSampler sampler,
-                         int batch_size, bool drop_last, int prefetch) {
+                         int batch_size, bool drop_last, int prefetch, std::size_t skip_batches) {
   if (!data) throw std::invalid_argument("ShardLoader: no dataset");
   if (batch_size < 1) {
     throw std::invalid_argument(
@@ -98,14 +105,19 @@ ShardLoader::ShardLoader(std::shared_ptr<const Dataset> data, DistributedSampler
     throw std::invalid_argument(
         fmt::format("ShardLoader: prefetch must be >= 1, got {}", prefetch));
   }
-  if (batches_in(sampler.num_samples(), batch_size, drop_last) == 0) {
+  const std::size_t per_epoch = batches_in(sampler.num_samples(), batch_size, drop_last);
+  if (per_epoch == 0) {
     throw InputError(fmt::format(
         "dataset too small: worker shard has no full batch ({} samples of {} per worker over "
         "{} sampled positions, batch_size {}, drop_last {})",
         sampler.num_samples(), data->size(), sampler.total_size(), batch_size, drop_last));
   }
+  if (skip_batches > per_epoch) {
+    throw std::invalid_argument(fmt::format(
+        "ShardLoader: skip_batches {} exceeds the {} batches of an epoch", skip_batches, per_epoch));
+  }
   state_ = std::make_unique<State>(std::move(data), sampler, static_cast<std::size_t>(batch_size),
-                                   drop_last, static_cast<std::size_t>(prefetch));
+                                   drop_last, static_cast<std::size_t>(prefetch), skip_batches);
   state_->producer = std::thread([s = state_.get()] { s->produce(); });
 }
 

@@ -13,22 +13,24 @@ Optimizer::Optimizer(Device& device, const OptimizerConfig& cfg, std::size_t par
   if (cfg.type == OptimizerKind::adamw) v_ = DeviceArray<float>(device, n_);
 }
 
-void Optimizer::step(float* params, const float* grads, double lr) {
-  ++t_;
+void Optimizer::apply(float* params, const float* grads, double lr, std::size_t begin,
+                      std::size_t end) {
   const float lr_f = static_cast<float>(lr);
+  const std::size_t n = end - begin;
+  auto at = [begin](DeviceArray<float>& a) { return a.data() ? a.data() + begin : nullptr; };
   switch (cfg_.type) {
     case OptimizerKind::sgd:
       device_->sgd_step({.momentum = static_cast<float>(cfg_.momentum),
                          .weight_decay = static_cast<float>(cfg_.weight_decay),
                          .nesterov = cfg_.nesterov},
-                        lr_f, params, grads, m_.data(), n_);
+                        lr_f, params + begin, grads + begin, at(m_), n);
       return;
     case OptimizerKind::adamw:
       device_->adamw_step({.beta1 = static_cast<float>(cfg_.beta1),
                            .beta2 = static_cast<float>(cfg_.beta2),
                            .eps = static_cast<float>(cfg_.eps),
                            .weight_decay = static_cast<float>(cfg_.weight_decay)},
-                          lr_f, t_, params, grads, m_.data(), v_.data(), n_);
+                          lr_f, t_, params + begin, grads + begin, at(m_), at(v_), n);
       return;
   }
 }

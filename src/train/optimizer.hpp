@@ -16,7 +16,15 @@ class Optimizer {
  public:
   Optimizer(Device& device, const OptimizerConfig& cfg, std::size_t params);
   // params -= update(grads) at learning rate lr; counts the step.
-  void step(float* params, const float* grads, double lr);
+  void step(float* params, const float* grads, double lr) {
+    begin_step();
+    apply(params, grads, lr, 0, n_);
+  }
+  // The same step in pieces: begin_step() once, then apply() to ranges that together cover the
+  // buffer once (the reducer updates each bucket as soon as its all-reduce is done). Every
+  // element's update is the same as in step().
+  void begin_step() noexcept { ++t_; }
+  void apply(float* params, const float* grads, double lr, std::size_t begin, std::size_t end);
   std::int64_t steps_taken() const noexcept { return t_; }
 
  private:

@@ -30,12 +30,22 @@ std::string Summary::to_json() const {
       "  \"eval_accuracy\": {},\n"
       "  \"replicas_identical\": {},\n"
       "  \"replica_checks\": {},\n"
-      "  \"param_hash\": \"{:016x}\"\n"
+      "  \"param_hash\": \"{:016x}\",\n"
+      "  \"accumulate_steps\": {},\n"
+      "  \"buckets\": {},\n"
+      "  \"overlap\": {},\n"
+      "  \"data_wait_s\": {},\n"
+      "  \"barrier_wait_s\": {},\n"
+      "  \"comm_s\": {},\n"
+      "  \"comm_exposed_s\": {},\n"
+      "  \"comm_hidden_fraction\": {}\n"
       "}}\n",
       backend, fmt::join(devices, ", "), devices.size(), parameters, steps, samples,
       number(wall_s), number(samples_per_s), number(final_train_loss),
       number(final_train_accuracy), number(eval_loss), number(eval_accuracy),
-      replicas_identical ? "true" : "false", replica_checks, param_hash);
+      replicas_identical ? "true" : "false", replica_checks, param_hash, accumulate_steps, buckets,
+      overlap ? "true" : "false", number(data_wait_s), number(barrier_wait_s), number(comm_s),
+      number(comm_exposed_s), number(comm_hidden_fraction));
 }
 
 }  // namespace lockstep

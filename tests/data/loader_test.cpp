@@ -83,6 +83,29 @@ TEST_CASE("ShardLoader: yields the sampler's indices, epoch after epoch") {
   }
 }
 
+TEST_CASE("ShardLoader: skip_batches resumes mid-epoch where a fresh loader would be") {
+  auto data = std::make_shared<IndexDataset>(47);
+  DistributedSampler sampler(47, 3, 2, true, 4, false);  // 16 samples per rank, 4 batches of 5
+  sampler.set_epoch(6);
+  ShardLoader fresh(data, sampler, 5, false, 2);
+  std::vector<lockstep::Batch> expected;
+  for (int i = 0; i < 10; ++i) expected.push_back(fresh.next());
+
+  for (const std::size_t skip : {0, 1, 3, 4}) {
+    CAPTURE(skip);
+    ShardLoader resumed(data, sampler, 5, false, 2, skip);
+    for (std::size_t i = skip; i < expected.size(); ++i) {
+      const lockstep::Batch b = resumed.next();
+      CHECK(b.epoch == expected[i].epoch);
+      CHECK(b.index_in_epoch == expected[i].index_in_epoch);
+      CHECK(b.x == expected[i].x);
+      CHECK(b.y == expected[i].y);
+    }
+  }
+  CHECK(expected[4].epoch == 7);  // skipping a whole epoch starts the next one
+  CHECK_THROWS_AS(ShardLoader(data, sampler, 5, false, 2, 5), std::invalid_argument);
+}
+
 TEST_CASE("ShardLoader: prefetch 1 through many batches") {
   auto data = std::make_shared<IndexDataset>(1000);
   ShardLoader loader(data, DistributedSampler(1000, 1, 0, true, 1, false), 1, false, 1);

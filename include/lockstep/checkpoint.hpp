@@ -1,0 +1,139 @@
+// Checkpoints: the weights as safetensors, the training state beside them, crash-safe saves.
+//
+//   lockstep::CheckpointManager ckpts("runs/a/checkpoints", /*keep_last=*/3);
+//   ckpts.save({.tensors = model.param_tensors(), .params = replica.parameters(),
+//               .state = {.step = 500, .epoch = 2, .batch_in_epoch = 17, ...},
+//               .optimizer_state = {{"momentum", momentum}}});
+//   std::optional<lockstep::Checkpoint> last =
+//       ckpts.load_latest([](const std::string& w) { std::fprintf(stderr, "%s\n", w.c_str()); });
+//
+// A checkpoint of step S is two files in one directory:
+//   step_<S, 8 digits>.safetensors  the parameters (https://github.com/huggingface/safetensors),
+//                                   one F32 tensor per ParamTensor, loadable by
+//                                   safetensors.numpy.load_file or torch;
+//   step_<S, 8 digits>.state        the TrainState and the optimiser's state vectors (see
+//                                   src/train/state_file.hpp for the format).
+// Each file is written to "<name>.tmp", fsynced and renamed into place, so a crash leaves
+// either the old file or the new one; the .state file is written last. A checkpoint is complete
+// when both files exist and verify (checksums, and the .state names the weights' checksum, so
+// files of two different saves never pair up). Leftover .tmp files are ignored.
+//
+// Checksums are FNV-1a 64 of the bytes, as 16 lowercase hex digits in the safetensors metadata
+// ("lockstep.checksum", over the data section) and as a u64 in the .state file (over its
+// payload).
+//
+// Readers take untrusted bytes: a truncated or corrupt file throws InputError naming the file,
+// the byte offset or tensor, and what was expected. Write failures throw std::system_error.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "lockstep/config.hpp"
+#include "lockstep/model.hpp"
+
+namespace lockstep {
+
+// ---- safetensors ----------------------------------------------------------------------------
+
+struct SafetensorsFile {
+  std::vector<ParamTensor> tensors;  // sorted by offset; offsets index `data`, in elements
+  std::vector<float> data;           // the data section, so tensors keep their file layout
+  std::map<std::string, std::string> metadata;
+};
+
+// Writes `params` as one F32 tensor per entry of `tensors`, each read from its offset; the
+// tensors must tile `params` exactly (std::invalid_argument otherwise). The data section is
+// `params` byte for byte, so reading it back restores the buffer layout. The metadata gets
+// "format": "pt", "lockstep.version" and "lockstep.checksum", replacing any given values.
+// Returns the checksum. Crash-safe as described above.
+std::uint64_t write_safetensors(const std::filesystem::path& file,
+                                std::span<const ParamTensor> tensors, std::span<const float> params,
+                                const std::map<std::string, std::string>& metadata = {});
+
+// Reads any safetensors file of F32 tensors. Checks the data against "lockstep.checksum" when
+// the metadata has one. Headers are limited to 100 MB, as in the reference implementation.
+SafetensorsFile read_safetensors(const std::filesystem::path& file);
+
+// ---- training state -------------------------------------------------------------------------
+
+// Where training stands after `step` optimiser steps: what a resumed run needs besides weights.
+struct TrainState {
+  std::int64_t step = 0;             // optimiser steps done; also the lr schedule's position
+  std::uint64_t epoch = 0;           // the sampler epoch of the next batch
+  std::uint64_t batch_in_epoch = 0;  // batches of `epoch` each worker has consumed
+  std::int64_t samples = 0;          // training samples consumed, over all workers
+  std::uint64_t config_hash = 0;     // config_hash() of the run that wrote it
+  std::int32_t workers = 0;          // the device count that wrote it; must be >= 1
+  OptimizerKind optimizer = OptimizerKind::sgd;
+  std::int64_t optimizer_steps = 0;  // Optimizer::steps_taken(): AdamW's bias-correction t
+  std::uint64_t seed = 0;            // trainer.seed
+};
+
+// One optimiser buffer in the parameter buffer's layout: "momentum" (SGD with momentum),
+// "adamw.m" and "adamw.v".
+struct StateVector {
+  std::string name;
+  std::vector<float> values;
+};
+
+struct Checkpoint {
+  std::vector<ParamTensor> tensors;  // names, shapes and offsets into `params`
+  std::vector<float> params;         // the model's parameter buffer
+  TrainState state;
+  std::vector<StateVector> optimizer_state;  // each params.size() long
+  std::filesystem::path weights_file;        // set by loads, for messages
+};
+
+// Throws InputError naming ckpt.weights_file unless `ckpt` has exactly the tensors `expected`
+// (names, shapes and offsets; Model::param_tensors()).
+void check_layout(const Checkpoint& ckpt, std::span<const ParamTensor> expected);
+
+// ---- the checkpoint directory ---------------------------------------------------------------
+
+struct CheckpointFiles {
+  std::int64_t step = 0;
+  std::filesystem::path weights;  // .safetensors
+  std::filesystem::path state;    // .state
+};
+
+class CheckpointManager {
+ public:
+  using Warn = std::function<void(const std::string&)>;
+
+  // keep_last: how many complete checkpoints save() keeps; 0 keeps all.
+  CheckpointManager(std::filesystem::path dir, int keep_last);
+
+  const std::filesystem::path& dir() const noexcept { return dir_; }
+
+  // Writes ckpt as step ckpt.state.step (replacing a checkpoint of that step), creating the
+  // directory if needed. Once it is complete, removes every file of older steps except the
+  // newest keep_last - 1 complete checkpoints: so incomplete and corrupt older ones go too.
+  // Newer steps are never touched. Nothing is removed if writing fails. Throws
+  // std::invalid_argument for a Checkpoint that does not hold together (state vectors of the
+  // wrong length, workers < 1, negative step).
+  CheckpointFiles save(const Checkpoint& ckpt);
+
+  // Complete checkpoints, oldest first. Reads every file in full to verify it.
+  std::vector<CheckpointFiles> list() const;
+
+  // The newest valid checkpoint; each newer one that is missing a file or corrupt is skipped
+  // with warn("<file>: <reason>; using the previous checkpoint step_..."). nullopt when the
+  // directory holds no checkpoint files; InputError when it holds some but none is valid.
+  std::optional<Checkpoint> load_latest(const Warn& warn = {}) const;
+
+  // A directory (its newest valid checkpoint), or either file of one checkpoint.
+  static Checkpoint load(const std::filesystem::path& path, const Warn& warn = {});
+
+ private:
+  std::filesystem::path dir_;
+  int keep_last_;
+};
+
+}  // namespace lockstep

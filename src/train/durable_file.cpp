@@ -1,0 +1,104 @@
+#include "train/durable_file.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include <cerrno>
+#include <system_error>
+#include <utility>
+
+#include "lockstep/error.hpp"
+
+namespace lockstep::detail {
+namespace {
+
+// Closes on scope exit; a failed close while unwinding has nothing left to report.
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+  int release() noexcept { return std::exchange(fd, -1); }
+};
+
+[[noreturn]] void fail_system(int error, const std::filesystem::path& file, std::string_view doing) {
+  throw std::system_error(error, std::generic_category(),
+                          fmt::format("{}: cannot {}", file.string(), doing));
+}
+
+void write_all(int fd, std::span<const std::byte> bytes, const std::filesystem::path& file) {
+  while (!bytes.empty()) {
+    const ::ssize_t n = ::write(fd, bytes.data(), bytes.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) fail_system(errno, file, "write");
+    bytes = bytes.subspan(static_cast<std::size_t>(n));
+  }
+}
+
+// Without this, a rename can be lost on power failure even after the file's data is on disk.
+void sync_directory(const std::filesystem::path& dir) {
+  Fd d{::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
+  if (d.fd < 0) fail_system(errno, dir, "open the directory to sync it");
+  if (::fsync(d.fd) != 0) fail_system(errno, dir, "sync the directory");
+}
+
+}  // namespace
+
+void write_file_atomically(const std::filesystem::path& target,
+                           std::span<const std::span<const std::byte>> pieces) {
+  std::filesystem::path temp = target;
+  temp += kTempSuffix;
+  Fd out{::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
+  if (out.fd < 0) fail_system(errno, temp, "create");
+  try {
+    for (const std::span<const std::byte> piece : pieces) write_all(out.fd, piece, temp);
+    if (::fsync(out.fd) != 0) fail_system(errno, temp, "sync");
+    // close() can report a deferred write error (NFS), so its result counts.
+    if (::close(out.release()) != 0) fail_system(errno, temp, "close");
+    if (::rename(temp.c_str(), target.c_str()) != 0) fail_system(errno, target, "rename onto");
+  } catch (...) {
+    ::unlink(temp.c_str());
+    throw;
+  }
+  sync_directory(target.has_parent_path() ? target.parent_path() : ".");
+}
+
+void fail_input(const std::filesystem::path& file, std::string_view what) {
+  throw InputError(fmt::format("{}: {}", file.string(), what));
+}
+
+InputFile::InputFile(std::filesystem::path path) : path_(std::move(path)) {
+  Fd in{::open(path_.c_str(), O_RDONLY | O_CLOEXEC)};
+  if (in.fd < 0)
+    fail_input(path_, "cannot open: " + std::generic_category().message(errno));
+  struct ::stat st {};
+  if (::fstat(in.fd, &st) != 0)
+    fail_input(path_, "cannot open: " + std::generic_category().message(errno));
+  if (!S_ISREG(st.st_mode)) fail_input(path_, "cannot open: not a regular file");
+  size_ = static_cast<std::uint64_t>(st.st_size);
+  fd_ = in.release();
+}
+
+InputFile::~InputFile() { ::close(fd_); }
+
+void InputFile::read(std::span<std::byte> out, std::string_view what) {
+  const std::uint64_t start = position_;
+  std::size_t done = 0;
+  while (done < out.size()) {
+    const ::ssize_t n = ::read(fd_, out.data() + done, out.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0)
+      fail_input(path_, fmt::format("offset {}: cannot read: {}", position_,
+                                    std::generic_category().message(errno)));
+    if (n == 0)
+      fail_input(path_, fmt::format("offset {}: expected {} bytes of {}, the file ends at {}",
+                                    start, out.size(), what, position_));
+    done += static_cast<std::size_t>(n);
+    position_ += static_cast<std::uint64_t>(n);
+  }
+}
+
+}  // namespace lockstep::detail

@@ -1,0 +1,51 @@
+// File I/O for checkpoints: crash-safe whole-file writes, and bounds-checked reads whose errors
+// name the file and the byte offset.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <string_view>
+
+namespace lockstep::detail {
+
+// Appended to a file's name while it is being written.
+inline constexpr std::string_view kTempSuffix = ".tmp";
+
+// Writes the concatenation of `pieces` to `target` so that, after a crash at any point,
+// `target` holds either its previous contents or all of the new ones: write "<target>.tmp" in
+// the same directory, fsync it, rename it over `target`, fsync the directory. Throws
+// std::system_error naming the file; the temp file is removed on failure.
+void write_file_atomically(const std::filesystem::path& target,
+                           std::span<const std::span<const std::byte>> pieces);
+
+// InputError "FILE: what".
+[[noreturn]] void fail_input(const std::filesystem::path& file, std::string_view what);
+
+// A regular file opened for sequential reading.
+class InputFile {
+ public:
+  // Throws InputError "FILE: cannot open: REASON", also for a directory.
+  explicit InputFile(std::filesystem::path path);
+  ~InputFile();
+  InputFile(const InputFile&) = delete;
+  InputFile& operator=(const InputFile&) = delete;
+
+  const std::filesystem::path& path() const noexcept { return path_; }
+  std::uint64_t size() const noexcept { return size_; }  // when opened
+  std::uint64_t position() const noexcept { return position_; }
+
+  // Fills `out` from the current position and advances it. Throws InputError
+  // "FILE: offset N: expected K bytes of WHAT, the file ends at M" when it cannot.
+  void read(std::span<std::byte> out, std::string_view what);
+
+ private:
+  std::filesystem::path path_;
+  int fd_ = -1;
+  std::uint64_t size_ = 0;
+  std::uint64_t position_ = 0;
+};
+
+}  // namespace lockstep::detail

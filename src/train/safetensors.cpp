@@ -1,0 +1,277 @@
+// The safetensors format (https://github.com/huggingface/safetensors):
+//
+//   u64 N (little-endian)  |  N bytes: a JSON object, space-padded  |  the data section
+//
+//   {"__metadata__": {"format": "pt", ...},
+//    "layers.1.weight": {"dtype": "F32", "shape": [10, 64], "data_offsets": [0, 2560]}, ...}
+//
+// data_offsets are byte ranges of the data section; the reader requires, as the reference
+// implementation does, that the tensors tile it with no gap or overlap. Only F32 is read.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <bit>
+#include <charconv>
+#include <limits>
+#include <numeric>
+#include <stdexcept>
+
+#include "common/fnv1a.hpp"
+#include "lockstep/checkpoint.hpp"
+#include "lockstep/version.hpp"
+#include "train/durable_file.hpp"
+#include "train/json.hpp"
+
+namespace lockstep {
+namespace {
+
+static_assert(std::endian::native == std::endian::little,
+              "checkpoint files are little-endian and are copied to and from memory as is");
+
+// The reference implementation's limit; it keeps a corrupt size field from allocating much.
+constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;
+constexpr std::string_view kMetadataKey = "__metadata__";
+constexpr std::string_view kChecksumKey = "lockstep.checksum";
+
+std::string checksum_hex(std::uint64_t checksum) { return fmt::format("{:016x}", checksum); }
+
+std::uint64_t checksum_of(std::span<const float> data) {
+  return detail::fnv1a64(data.data(), data.size_bytes());
+}
+
+std::string shape_text(std::span<const std::int64_t> shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
+
+// ---- reading --------------------------------------------------------------------------------
+
+struct TensorEntry {
+  std::string name;
+  std::vector<std::int64_t> shape;
+  std::uint64_t begin = 0, end = 0;  // bytes into the data section
+};
+
+class HeaderReader {
+ public:
+  explicit HeaderReader(const std::filesystem::path& file) : file_(file) {}
+
+  [[noreturn]] void fail(std::string_view what) const { detail::fail_input(file_, what); }
+  [[noreturn]] void fail_at(const detail::JsonValue& v, std::string_view what) const {
+    // Header offsets count from the start of the JSON, which follows the 8-byte size.
+    detail::fail_input(file_, fmt::format("offset {}: {}", 8 + v.offset, what));
+  }
+
+  std::uint64_t unsigned_integer(const detail::JsonValue& v, std::string_view what) const {
+    std::uint64_t n = 0;
+    const std::string& t = v.text;
+    const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), n);
+    if (v.kind != detail::JsonValue::Kind::number || ec != std::errc{} || end != t.data() + t.size())
+      fail_at(v, fmt::format("{}: expected an integer in [0, 2^64), got {} {}", what,
+                             v.kind_name(), v.text));
+    return n;
+  }
+
+  std::map<std::string, std::string> metadata(const detail::JsonValue& v) const {
+    if (v.kind != detail::JsonValue::Kind::object)
+      fail_at(v, fmt::format("{}: expected an object of strings, got {}", kMetadataKey,
+                             v.kind_name()));
+    std::map<std::string, std::string> out;
+    for (const auto& [key, value] : v.members) {
+      if (value.kind != detail::JsonValue::Kind::string)
+        fail_at(value, fmt::format("{}: \"{}\": expected a string, got {}", kMetadataKey, key,
+                                   value.kind_name()));
+      out.emplace(key, value.text);
+    }
+    return out;
+  }
+
+  TensorEntry tensor(const std::string& name, const detail::JsonValue& v) const {
+    const std::string where = fmt::format("tensor '{}'", name);
+    if (v.kind != detail::JsonValue::Kind::object)
+      fail_at(v, fmt::format("{}: expected an object with dtype, shape and data_offsets, got {}",
+                             where, v.kind_name()));
+    const detail::JsonValue *dtype = nullptr, *shape = nullptr, *offsets = nullptr;
+    for (const auto& [key, value] : v.members) {
+      if (key == "dtype") dtype = &value;
+      else if (key == "shape") shape = &value;
+      else if (key == "data_offsets") offsets = &value;
+      else fail_at(value, fmt::format("{}: unknown key \"{}\"; expected dtype, shape and "
+                                      "data_offsets", where, key));
+    }
+    if (!dtype || !shape || !offsets)
+      fail_at(v, fmt::format("{}: expected the keys dtype, shape and data_offsets", where));
+    if (dtype->kind != detail::JsonValue::Kind::string || dtype->text != "F32")
+      fail_at(*dtype, fmt::format("{}: dtype: expected \"F32\", got {} {}", where,
+                                  dtype->kind_name(), dtype->text));
+    if (shape->kind != detail::JsonValue::Kind::array)
+      fail_at(*shape, fmt::format("{}: shape: expected an array of integers, got {}", where,
+                                  shape->kind_name()));
+    if (offsets->kind != detail::JsonValue::Kind::array || offsets->items.size() != 2)
+      fail_at(*offsets, fmt::format("{}: data_offsets: expected [begin, end]", where));
+
+    TensorEntry t{.name = name, .shape = {}};
+    constexpr auto kMaxDim = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
+    for (const detail::JsonValue& d : shape->items) {
+      const std::uint64_t dim = unsigned_integer(d, where + ": shape");
+      if (dim > kMaxDim) fail_at(d, fmt::format("{}: shape: dimension {} is too large", where, dim));
+      t.shape.push_back(static_cast<std::int64_t>(dim));
+    }
+    t.begin = unsigned_integer(offsets->items[0], where + ": data_offsets[0]");
+    t.end = unsigned_integer(offsets->items[1], where + ": data_offsets[1]");
+    if (t.begin > t.end)
+      fail_at(*offsets, fmt::format("{}: data_offsets [{}, {}]: expected begin <= end", where,
+                                    t.begin, t.end));
+
+    // Any zero dimension makes the tensor empty, whatever the others; else guard the product.
+    std::uint64_t bytes = sizeof(float);
+    const bool empty = std::find(t.shape.begin(), t.shape.end(), 0) != t.shape.end();
+    for (const std::int64_t dim : t.shape) {
+      if (empty) break;
+      if (bytes > std::numeric_limits<std::uint64_t>::max() / static_cast<std::uint64_t>(dim))
+        fail_at(*shape, fmt::format("{}: shape {} is too large", where, shape_text(t.shape)));
+      bytes *= static_cast<std::uint64_t>(dim);
+    }
+    if (empty) bytes = 0;
+    if (t.end - t.begin != bytes)
+      fail_at(*offsets, fmt::format("{}: data_offsets [{}, {}] span {} bytes, but F32 of shape "
+                                    "{} takes {}", where, t.begin, t.end, t.end - t.begin,
+                                    shape_text(t.shape), bytes));
+    return t;
+  }
+
+ private:
+  const std::filesystem::path& file_;
+};
+
+std::uint64_t read_le64(detail::InputFile& in, std::string_view what) {
+  std::uint64_t v = 0;
+  in.read(std::as_writable_bytes(std::span(&v, 1)), what);
+  return v;
+}
+
+}  // namespace
+
+// ---- writing --------------------------------------------------------------------------------
+
+std::uint64_t write_safetensors(const std::filesystem::path& file,
+                                std::span<const ParamTensor> tensors, std::span<const float> params,
+                                const std::map<std::string, std::string>& metadata) {
+  // The data section is `params` itself, so the tensors, by offset, must tile it.
+  std::vector<const ParamTensor*> order;
+  for (const ParamTensor& t : tensors) order.push_back(&t);
+  std::sort(order.begin(), order.end(),
+            [](const ParamTensor* a, const ParamTensor* b) { return a->offset < b->offset; });
+  std::size_t next = 0;
+  for (const ParamTensor* t : order) {
+    if (t->name == kMetadataKey || t->offset != next ||
+        std::any_of(t->shape.begin(), t->shape.end(), [](std::int64_t d) { return d < 0; }))
+      throw std::invalid_argument(fmt::format(
+          "write_safetensors: {}: tensor '{}' at offset {} with shape {}: the tensors must tile "
+          "the {} parameters (next offset {})",
+          file.string(), t->name, t->offset, shape_text(t->shape), params.size(), next));
+    next += t->numel();
+  }
+  if (next != params.size())
+    throw std::invalid_argument(fmt::format(
+        "write_safetensors: {}: the tensors cover {} of {} parameters", file.string(), next,
+        params.size()));
+
+  const std::uint64_t checksum = checksum_of(params);
+  std::map<std::string, std::string> meta = metadata;
+  meta.insert_or_assign("format", "pt");
+  meta.insert_or_assign("lockstep.version", kVersion);
+  meta.insert_or_assign(std::string(kChecksumKey), checksum_hex(checksum));
+
+  std::string header = fmt::format("{{{}:{{", detail::json_quote(kMetadataKey));
+  for (auto it = meta.begin(); it != meta.end(); ++it)
+    header += fmt::format("{}{}:{}", it == meta.begin() ? "" : ",", detail::json_quote(it->first),
+                          detail::json_quote(it->second));
+  header += "}";
+  for (const ParamTensor* t : order) {
+    const std::size_t begin = t->offset * sizeof(float);
+    header += fmt::format(",{}:{{\"dtype\":\"F32\",\"shape\":[{}],\"data_offsets\":[{},{}]}}",
+                          detail::json_quote(t->name), fmt::join(t->shape, ","), begin,
+                          begin + t->numel() * sizeof(float));
+  }
+  header += "}";
+  // Pad so that the data starts 8-byte aligned, as the reference writer does.
+  header.append((8 - header.size() % 8) % 8, ' ');
+
+  const std::uint64_t header_size = header.size();
+  const std::span<const std::byte> pieces[] = {std::as_bytes(std::span(&header_size, 1)),
+                                               std::as_bytes(std::span(header)),
+                                               std::as_bytes(params)};
+  detail::write_file_atomically(file, pieces);
+  return checksum;
+}
+
+// ---- reading --------------------------------------------------------------------------------
+
+SafetensorsFile read_safetensors(const std::filesystem::path& file) {
+  detail::InputFile in(file);
+  const HeaderReader reader(file);
+  if (in.size() < 8)
+    reader.fail(fmt::format("offset 0: expected an 8-byte header size, the file has {} bytes",
+                            in.size()));
+  const std::uint64_t header_size = read_le64(in, "header size");
+  if (header_size > kMaxHeaderBytes)
+    reader.fail(fmt::format("offset 0: header size {} exceeds the limit of {} bytes",
+                            header_size, kMaxHeaderBytes));
+  if (header_size > in.size() - 8)
+    reader.fail(fmt::format("offset 0: header size {} runs past the end of the file ({} bytes "
+                            "after the size)", header_size, in.size() - 8));
+  std::string header(header_size, '\0');
+  in.read(std::as_writable_bytes(std::span(header)), "JSON header");
+
+  detail::JsonValue root;
+  try {
+    root = detail::parse_json(header);
+  } catch (const detail::JsonError& e) {
+    reader.fail(fmt::format("offset {}: bad JSON header: {}", 8 + e.offset(), e.what()));
+  }
+  if (root.kind != detail::JsonValue::Kind::object)
+    reader.fail_at(root, fmt::format("expected a JSON object as the header, got {}",
+                                     root.kind_name()));
+
+  SafetensorsFile out;
+  std::vector<TensorEntry> entries;
+  for (const auto& [key, value] : root.members) {
+    if (key == kMetadataKey) out.metadata = reader.metadata(value);
+    else entries.push_back(reader.tensor(key, value));
+  }
+
+  const std::uint64_t data_start = 8 + header_size;
+  const std::uint64_t data_size = in.size() - data_start;
+  std::sort(entries.begin(), entries.end(), [](const TensorEntry& a, const TensorEntry& b) {
+    return std::tie(a.begin, a.end) < std::tie(b.begin, b.end);
+  });
+  std::uint64_t covered = 0;
+  for (const TensorEntry& t : entries) {
+    if (t.begin != covered)
+      reader.fail(fmt::format(
+          "tensor '{}': data_offsets [{}, {}]: expected it to begin at {}, where the previous "
+          "tensor ends (tensors must not overlap or leave gaps)", t.name, t.begin, t.end, covered));
+    covered = t.end;
+  }
+  if (covered != data_size)
+    reader.fail(fmt::format("offset {}: the tensors cover {} bytes of data, the file holds {} "
+                            "(truncated or extended?)", data_start, covered, data_size));
+
+  out.data.resize(data_size / sizeof(float));
+  in.read(std::as_writable_bytes(std::span(out.data)), "tensor data");
+  for (TensorEntry& t : entries)
+    out.tensors.push_back({.name = std::move(t.name),
+                           .offset = static_cast<std::size_t>(t.begin / sizeof(float)),
+                           .shape = std::move(t.shape)});
+
+  if (const auto it = out.metadata.find(std::string(kChecksumKey)); it != out.metadata.end()) {
+    const std::string actual = checksum_hex(checksum_of(out.data));
+    if (it->second != actual)
+      reader.fail(fmt::format("offset {}: the data's checksum is {}, the header's {} says {} "
+                              "(the data is corrupt)", data_start, actual, kChecksumKey,
+                              it->second));
+  }
+  return out;
+}
+
+}  // namespace lockstep

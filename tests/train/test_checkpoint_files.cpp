@@ -1,0 +1,316 @@
+// The two checkpoint file formats: exact round trips, and readers that reject every truncated,
+// corrupt or random input with an InputError naming the file (never a crash, never a huge
+// allocation).
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <bit>
+#include <cstdlib>
+#include <random>
+
+#include "checkpoint_fixtures.hpp"
+#include "common/fnv1a.hpp"
+#include "lockstep/version.hpp"
+#include "train/json.hpp"
+#include "train/state_file.hpp"
+
+using namespace lockstep;
+using namespace lockstep::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A .npy of the flat float32 buffer, for tests/train/check_safetensors.py.
+void write_npy(const fs::path& file, const std::vector<float>& values) {
+  std::string header = fmt::format("{{'descr': '<f4', 'fortran_order': False, 'shape': ({},), }}",
+                                   values.size());
+  header.append(63 - (10 + header.size()) % 64, ' ');  // the data starts 64-byte aligned
+  header += '\n';
+  const auto length = static_cast<std::uint16_t>(header.size());
+  std::string bytes = std::string("\x93NUMPY\x01\x00", 8);
+  bytes.append(reinterpret_cast<const char*>(&length), 2);
+  bytes += header;
+  bytes.append(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
+  spit(file, bytes);
+}
+
+// Reads `bytes` as a safetensors file; true if it loaded, false if it was rejected with an
+// InputError that names the file. Anything else fails the test.
+bool loads(const TempDir& dir, std::string_view bytes) {
+  const fs::path file = dir.write("fuzz.safetensors", bytes);
+  try {
+    read_safetensors(file);
+    return true;
+  } catch (const InputError& e) {
+    CHECK(std::string(e.what()).starts_with(file.string() + ": "));
+    return false;
+  }
+}
+
+bool loads_state(const TempDir& dir, std::string_view bytes) {
+  const fs::path file = dir.write("fuzz.state", bytes);
+  try {
+    detail::read_state_file(file);
+    return true;
+  } catch (const InputError& e) {
+    CHECK(std::string(e.what()).starts_with(file.string() + ": "));
+    return false;
+  }
+}
+
+// A safetensors file made by hand: the given JSON header, then `data_bytes` zero bytes.
+std::string safetensors_bytes(std::string_view header, std::size_t data_bytes) {
+  const std::uint64_t n = header.size();
+  std::string out(reinterpret_cast<const char*>(&n), 8);
+  out += header;
+  out.append(data_bytes, '\0');
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("safetensors: round trip is bit-exact, in the parameter buffer's layout") {
+  TempDir dir;
+  const Model model = small_model();
+  const Checkpoint c = make_checkpoint(model, 5);
+  const fs::path file = dir.path() / "w.safetensors";
+  const std::uint64_t checksum = write_safetensors(file, c.tensors, c.params, {{"note", "hi"}});
+
+  const SafetensorsFile read = read_safetensors(file);
+  CHECK(same_bits(read.data, c.params));
+  REQUIRE(read.tensors.size() == 4);
+  for (const ParamTensor& t : c.tensors) {
+    CAPTURE(t.name);
+    const auto it = std::find_if(read.tensors.begin(), read.tensors.end(),
+                                 [&](const ParamTensor& r) { return r.name == t.name; });
+    REQUIRE(it != read.tensors.end());
+    CHECK(it->shape == t.shape);
+    CHECK(it->offset == t.offset);
+  }
+  CHECK(read.tensors.front().name == "layers.2.weight");  // sorted by offset: the last layer first
+  CHECK(read.metadata.at("format") == "pt");
+  CHECK(read.metadata.at("lockstep.version") == kVersion);
+  CHECK(read.metadata.at("lockstep.checksum") == fmt::format("{:016x}", checksum));
+  CHECK(read.metadata.at("note") == "hi");
+
+  const std::string bytes = slurp(file);
+  std::uint64_t header_size = 0;
+  std::memcpy(&header_size, bytes.data(), 8);
+  CHECK(header_size % 8 == 0);
+  CHECK(bytes[8] == '{');
+  CHECK(bytes.size() == 8 + header_size + c.params.size() * sizeof(float));
+  CHECK(checksum == detail::fnv1a64(bytes.data() + 8 + header_size, bytes.size() - 8 - header_size));
+
+  // For tests/train/check_safetensors.py: LOCKSTEP_KEEP_CHECKPOINT_DIR=dir keeps a copy.
+  if (const char* keep = std::getenv("LOCKSTEP_KEEP_CHECKPOINT_DIR")) {
+    fs::create_directories(keep);
+    Checkpoint finite = make_checkpoint(model, 5);
+    finite.params = model.initial_parameters(5);
+    write_safetensors(fs::path(keep) / "small.safetensors", finite.tensors, finite.params);
+    write_npy(fs::path(keep) / "small.npy", finite.params);
+  }
+}
+
+TEST_CASE("safetensors: the writer refuses tensors that do not tile the parameters") {
+  TempDir dir;
+  const Model model = small_model();
+  const Checkpoint c = make_checkpoint(model, 1);
+  std::vector<ParamTensor> gap = c.tensors;
+  gap.pop_back();
+  CHECK_THROWS_AS(write_safetensors(dir.path() / "a.safetensors", gap, c.params),
+                  std::invalid_argument);
+  std::vector<ParamTensor> overlap = c.tensors;
+  overlap[1].offset -= 1;
+  CHECK_THROWS_AS(write_safetensors(dir.path() / "b.safetensors", overlap, c.params),
+                  std::invalid_argument);
+  CHECK(fs::is_empty(dir.path()));
+}
+
+TEST_CASE("safetensors: each kind of bad file is named, with where and what was expected") {
+  TempDir dir;
+  const std::string t2 = R"("t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]})";
+  const struct {
+    std::string bytes;
+    std::string message;
+  } cases[] = {
+      {"abc", "offset 0: expected an 8-byte header size, the file has 3 bytes"},
+      {std::string(8, '\xff'), "offset 0: header size 18446744073709551615 exceeds the limit"},
+      {safetensors_bytes("{}", 0).substr(0, 9), "offset 0: header size 2 runs past the end"},
+      {safetensors_bytes("{\"t\":", 0), "offset 13: bad JSON header: expected a value"},
+      {safetensors_bytes("[]", 0), "offset 8: expected a JSON object as the header, got an array"},
+      {safetensors_bytes(R"({"t":{"dtype":"F16","shape":[2],"data_offsets":[0,4]}})", 4),
+       "offset 22: tensor 't': dtype: expected \"F32\", got a string F16"},
+      {safetensors_bytes(R"({"t":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", 4),
+       "offset 37: tensor 't': shape: expected an integer in [0, 2^64), got a number -1"},
+      {safetensors_bytes(R"({"t":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8),
+       "offset 55: tensor 't': data_offsets [0, 8] span 8 bytes, but F32 of shape [3] takes 12"},
+      {safetensors_bytes(R"({"t":{"dtype":"F32","shape":[65536,65536,65536,65536],)"
+                         R"("data_offsets":[0,0]}})", 0),
+       "offset 36: tensor 't': shape [65536, 65536, 65536, 65536] is too large"},
+      {safetensors_bytes("{" + t2 + R"(,"u":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8),
+       "tensor 'u': data_offsets [4, 8]: expected it to begin at 8"},
+      {safetensors_bytes("{" + t2 + "}", 12),
+       "offset 62: the tensors cover 8 bytes of data, the file holds 12 (truncated or extended?)"},
+      {safetensors_bytes("{" + t2 + "}", 4), "offset 62: the tensors cover 8 bytes of data, the file holds 4"},
+      {safetensors_bytes(R"({"__metadata__":{"lockstep.checksum":"0000000000000000"},)" + t2 + "}",
+                         8),
+       "offset 118: the data's checksum is a8c7f832281a39c5, the header's lockstep.checksum says "
+       "0000000000000000 (the data is corrupt)"},
+      {safetensors_bytes(R"({"__metadata__":{"a":1}})", 0),
+       "offset 29: __metadata__: \"a\": expected a string, got a number"},
+      {safetensors_bytes(R"({"t":{"dtype":"F32","shape":[],"data_offsets":[0,4],"x":0}})", 4),
+       "offset 64: tensor 't': unknown key \"x\"; expected dtype, shape and data_offsets"},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.message);
+    const fs::path file = dir.write("bad.safetensors", c.bytes);
+    CHECK_THROWS_WITH_AS(read_safetensors(file),
+                         doctest::Contains((file.string() + ": " + c.message).c_str()), InputError);
+  }
+  // Padding after the JSON is allowed; a scalar has shape [].
+  const fs::path ok = dir.write(
+      "ok.safetensors",
+      safetensors_bytes("{" + t2 + R"(,"s":{"dtype":"F32","shape":[],"data_offsets":[8,12]}}  )", 12));
+  CHECK(read_safetensors(ok).data.size() == 3);
+}
+
+TEST_CASE("safetensors: every truncation and every flipped data byte is rejected") {
+  TempDir dir;
+  const Checkpoint c = make_checkpoint(small_model(), 2);
+  const fs::path file = dir.path() / "w.safetensors";
+  write_safetensors(file, c.tensors, c.params);
+  const std::string bytes = slurp(file);
+  for (std::size_t n = 0; n < bytes.size(); ++n) {
+    CAPTURE(n);
+    CHECK_FALSE(loads(dir, std::string_view(bytes).substr(0, n)));
+  }
+  std::uint64_t header_size = 0;
+  std::memcpy(&header_size, bytes.data(), 8);
+  for (std::size_t i = 0; i < bytes.size(); ++i) {
+    CAPTURE(i);
+    std::string flipped = bytes;
+    flipped[i] = static_cast<char>(flipped[i] ^ 0x10);
+    // A flip in the header may still leave a valid file (a metadata value); never a crash.
+    const bool loaded = loads(dir, flipped);
+    if (i >= 8 + header_size) CHECK_FALSE(loaded);
+  }
+}
+
+TEST_CASE("safetensors: the reader survives random garbage and random header edits") {
+  TempDir dir;
+  std::mt19937_64 rng(7);
+  const auto byte = [&] { return static_cast<char>(rng() & 0xff); };
+  for (int i = 0; i < 100; ++i) {
+    std::string junk(rng() % 64, '\0');
+    for (char& ch : junk) ch = byte();
+    loads(dir, junk);
+    // A plausible size field, so the JSON parser sees the garbage.
+    loads(dir, safetensors_bytes(junk, rng() % 16));
+  }
+  const Checkpoint c = make_checkpoint(small_model(), 3);
+  write_safetensors(dir.path() / "w.safetensors", c.tensors, c.params);
+  const std::string valid = slurp(dir.path() / "w.safetensors");
+  const std::string_view json_chars = "{}[]\",:0123456789-.eE \\u";
+  for (int i = 0; i < 500; ++i) {
+    std::string edited = valid;
+    for (int k = 0; k < 1 + static_cast<int>(rng() % 4); ++k) {
+      const std::size_t at = 8 + rng() % 200;
+      edited[at] = rng() % 2 ? byte() : json_chars[rng() % json_chars.size()];
+    }
+    loads(dir, edited);
+  }
+  // Nesting a million levels deep must not overflow the stack.
+  CHECK_FALSE(loads(dir, safetensors_bytes(std::string(1'000'000, '['), 0)));
+}
+
+TEST_CASE("json: strings, escapes and UTF-8") {
+  using detail::parse_json;
+  CHECK(parse_json(R"("a\"b\\\/\n\u00e9\ud83d\ude00")").text == "a\"b\\/\n\xc3\xa9\xf0\x9f\x98\x80");
+  CHECK(parse_json(detail::json_quote("q\"\x01\xc3\xa9")).text == "q\"\x01\xc3\xa9");
+  CHECK_THROWS_AS(parse_json(R"("\ud83d")"), detail::JsonError);
+  CHECK_THROWS_AS(parse_json("\"\xc0\xaf\""), detail::JsonError);  // overlong '/'
+  CHECK_THROWS_AS(parse_json("\"\xed\xa0\x80\""), detail::JsonError);  // a surrogate
+  CHECK_THROWS_AS(parse_json(R"({"a":1,"a":2})"), detail::JsonError);
+  CHECK_THROWS_AS(parse_json("01"), detail::JsonError);
+  CHECK_THROWS_AS(parse_json("1."), detail::JsonError);
+  CHECK(parse_json(" [1.5e-3, -0, true, null] ").items.size() == 4);
+  CHECK_THROWS_AS(detail::json_quote("\xff"), std::invalid_argument);
+}
+
+TEST_CASE("state file: round trip, and every truncation and every flipped byte is rejected") {
+  TempDir dir;
+  const Checkpoint c = make_checkpoint(small_model(), 42);
+  const fs::path file = dir.path() / "s.state";
+  detail::write_state_file(file, c.state, c.optimizer_state, 0x0123456789abcdefull);
+
+  const detail::StateFile read = detail::read_state_file(file);
+  CHECK(read.state.step == 42);
+  CHECK(read.state.epoch == 3);
+  CHECK(read.state.batch_in_epoch == 7);
+  CHECK(read.state.samples == 42 * 64);
+  CHECK(read.state.config_hash == 0xfeedfacecafebeefull);
+  CHECK(read.state.workers == 2);
+  CHECK(read.state.optimizer == OptimizerKind::adamw);
+  CHECK(read.state.optimizer_steps == 42);
+  CHECK(read.state.seed == 9);
+  CHECK(read.weights_checksum == 0x0123456789abcdefull);
+  REQUIRE(read.optimizer_state.size() == 2);
+  CHECK(read.optimizer_state[1].name == "adamw.v");
+  CHECK(same_bits(read.optimizer_state[0].values, c.optimizer_state[0].values));
+  CHECK(same_bits(read.optimizer_state[1].values, c.optimizer_state[1].values));
+
+  const std::string bytes = slurp(file);
+  CHECK(bytes.starts_with("LSTPSTATE"));
+  for (std::size_t n = 0; n < bytes.size(); ++n) {
+    CAPTURE(n);
+    CHECK_FALSE(loads_state(dir, std::string_view(bytes).substr(0, n)));
+  }
+  for (std::size_t i = 0; i < bytes.size(); ++i) {
+    CAPTURE(i);
+    std::string flipped = bytes;
+    flipped[i] = static_cast<char>(flipped[i] ^ 0x01);
+    CHECK_FALSE(loads_state(dir, flipped));
+  }
+  CHECK_THROWS_WITH_AS(detail::read_state_file(dir.write("x.state", "LSTPSTATX")),
+                       doctest::Contains("offset 0: expected the magic \"LSTPSTATE\""), InputError);
+}
+
+TEST_CASE("state file: a payload with a valid checksum but bad fields is rejected") {
+  TempDir dir;
+  const Checkpoint c = make_checkpoint(small_model(), 1);
+  const fs::path file = dir.path() / "s.state";
+  detail::write_state_file(file, c.state, c.optimizer_state, 1);
+  const std::string valid = slurp(file);
+  constexpr std::size_t kHeader = 29;
+
+  // Rewrites the payload from `at` with `patch` and recomputes the checksum.
+  const auto patched = [&](std::size_t at, std::string_view patch) {
+    std::string out = valid;
+    out.replace(kHeader + at, patch.size(), patch);
+    const std::uint64_t sum = detail::fnv1a64(out.data() + kHeader, out.size() - kHeader);
+    std::memcpy(out.data() + 21, &sum, 8);
+    return out;
+  };
+  const auto le = [](auto v) { return std::string(reinterpret_cast<const char*>(&v), sizeof v); };
+  const auto error = [&](const std::string& bytes) {
+    return input_error_of([&] { detail::read_state_file(dir.write("p.state", bytes)); });
+  };
+  CHECK(error(patched(0, le(std::int64_t{-5}))).find("offset 29: step: expected >= 0, got -5") !=
+        std::string::npos);
+  CHECK(error(patched(40, le(std::int32_t{0}))).find("workers: expected >= 1, got 0") !=
+        std::string::npos);
+  CHECK(error(patched(44, "\x05" "adamx")).find("optimizer: expected sgd or adamw, got 'adamx'") !=
+        std::string::npos);
+  // The first vector's length, after its 2-byte name length and 7-byte name: 2^60 floats.
+  const std::size_t first_vector = 44 + 1 + 5 + 8 + 8 + 8 + 4;
+  CHECK(error(patched(first_vector + 2 + 7, le(std::uint64_t{1} << 60)))
+            .find("state vector 'adamw.m': expected 1152921504606846976 floats") != std::string::npos);
+
+  std::mt19937_64 rng(11);
+  for (int i = 0; i < 600; ++i) {
+    std::string patch(1 + rng() % 8, '\0');
+    for (char& ch : patch) ch = static_cast<char>(rng() % 4 == 0 ? 0xff : rng() & 0xff);
+    const std::size_t at = rng() % (valid.size() - kHeader - patch.size());
+    loads_state(dir, patched(at, patch));
+  }
+}

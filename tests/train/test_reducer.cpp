@@ -1,0 +1,164 @@
+// The gradient reducer: bucket plans, bucketed + overlapped training against the single
+// all-reduce path, gradient accumulation, and the trace.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <set>
+
+#include "lockstep/lockstep.hpp"
+#include "train/json.hpp"
+#include "train/reducer.hpp"
+
+using namespace lockstep;
+
+namespace {
+
+std::shared_ptr<const Dataset> synthetic(std::size_t n, std::uint64_t seed, int features = 12) {
+  return std::make_shared<InMemoryDataset>(make_synthetic(n, features, 4, seed));
+}
+
+Config config(int devices, int batch) {
+  Config cfg;
+  cfg.source = "test";
+  cfg.model.hidden = {64, 48, 32};
+  cfg.model.activation = Activation::gelu;
+  cfg.data.batch_size = batch;
+  cfg.optimizer.type = OptimizerKind::adamw;
+  cfg.optimizer.lr = 0.01;
+  cfg.optimizer.weight_decay = 0.01;
+  cfg.trainer.backend = BackendKind::cpu;
+  cfg.trainer.devices.resize(devices);
+  std::iota(cfg.trainer.devices.begin(), cfg.trainer.devices.end(), 0);
+  cfg.trainer.steps = 10;
+  cfg.trainer.seed = 3;
+  cfg.trainer.log_every = 1000;
+  cfg.trainer.check_replicas_every = 1;
+  cfg.trainer.threads_per_device = 1;
+  return cfg;
+}
+
+std::vector<float> train(const Config& cfg, Summary* summary = nullptr) {
+  Trainer t(cfg, synthetic(240, 1), synthetic(40, 2));
+  const Summary s = t.run();
+  CHECK(s.replicas_identical);
+  if (summary) *summary = s;
+  return t.final_parameters();
+}
+
+}  // namespace
+
+TEST_CASE("buckets: every parameter in exactly one bucket, caps respected, reverse order") {
+  const Model model = Model::mlp({.inputs = 300, .hidden = {500, 400, 300}, .classes = 10});
+  for (double cap_mb : {0.2, 0.5, 1.0, 25.0}) {
+    CAPTURE(cap_mb);
+    const auto buckets = detail::plan_buckets(model, cap_mb);
+    std::vector<int> covered(model.param_count(), 0);
+    std::size_t expect_begin = 0;
+    for (std::size_t b = 0; b < buckets.size(); ++b) {
+      const detail::Bucket& bucket = buckets[b];
+      CHECK(bucket.begin == expect_begin);  // contiguous views, front to back
+      expect_begin = bucket.end;
+      for (std::size_t i = bucket.begin; i < bucket.end; ++i) ++covered[i];
+      const double cap = (b == 0 ? std::min(1.0, cap_mb) : cap_mb) * 1024 * 1024;
+      // Over the cap only when one layer alone is bigger than it.
+      if (static_cast<double>(bucket.bytes()) > cap) CHECK(bucket.layers.size() == 1);
+      for (std::size_t j = 1; j < bucket.layers.size(); ++j)
+        CHECK(bucket.layers[j] < bucket.layers[j - 1]);  // backward order within a bucket
+    }
+    CHECK(std::all_of(covered.begin(), covered.end(), [](int c) { return c == 1; }));
+    // The last layer, which backward finishes first, is in the first bucket.
+    CHECK(buckets.front().layers.front() == model.layers().size() - 1);
+    CHECK(buckets.back().layers.back() == 0);
+  }
+  // Small caps really split: 0.2 MB gives one bucket per Linear layer here.
+  CHECK(detail::plan_buckets(model, 0.2).size() == 4);
+  CHECK(detail::plan_buckets(model, 0.2).front().bytes() == (300 * 10 + 10) * sizeof(float));
+  CHECK(detail::plan_buckets(model, 25.0).size() == 2);  // 1 MB first bucket, then the rest
+}
+
+TEST_CASE("bucketed and overlapped training is bitwise equal to one all-reduce after backward") {
+  for (int n : {1, 2, 3}) {
+    CAPTURE(n);
+    Config whole = config(n, 8);
+    whole.trainer.overlap = false;
+    whole.trainer.bucket_cap_mb = 1000.0;
+    Config bucketed = config(n, 8);
+    bucketed.trainer.overlap = true;
+    bucketed.trainer.bucket_cap_mb = 0.005;  // one bucket per Linear layer
+    Summary s;
+    const std::vector<float> a = train(whole), b = train(bucketed, &s);
+    CHECK(s.buckets == 4);
+    CHECK(a == b);
+    // Clipping takes the path that waits for every bucket before the update: same bits too.
+    whole.optimizer.clip_grad_norm = bucketed.optimizer.clip_grad_norm = 0.05;
+    CHECK(train(whole) == train(bucketed));
+  }
+}
+
+TEST_CASE("k micro-batches of B equal one step of k*B") {
+  for (int n : {1, 2}) {
+    for (int k : {2, 3}) {
+      CAPTURE(n);
+      CAPTURE(k);
+      Config micro = config(n, 4);
+      micro.trainer.accumulate_steps = k;
+      const Config big = config(n, 4 * k);
+      const std::vector<float> a = train(micro), b = train(big);
+      double diff = 0.0, scale = 0.0;
+      for (std::size_t i = 0; i < a.size(); ++i) {
+        diff = std::max(diff, std::abs(static_cast<double>(a[i]) - b[i]));
+        scale = std::max(scale, std::abs(static_cast<double>(b[i])));
+      }
+      CHECK(diff / scale <= 1e-5);
+    }
+  }
+}
+
+TEST_CASE("accumulation counts samples and epochs in optimiser steps") {
+  Config cfg = config(2, 10);
+  cfg.trainer.steps = 0;
+  cfg.trainer.epochs = 1;
+  cfg.trainer.accumulate_steps = 3;
+  Trainer t(cfg, synthetic(240, 1), synthetic(40, 2));
+  // 240 samples / 2 workers / batch 10 = 12 batches per epoch = 4 optimiser steps of 3.
+  CHECK(t.total_steps() == 4);
+  const Summary s = t.run();
+  CHECK(s.samples == 240);
+}
+
+TEST_CASE("the trace is valid JSON with a track per worker and per communication thread") {
+  const std::filesystem::path file = std::filesystem::temp_directory_path() / "lockstep_trace_test.json";
+  Config cfg = config(2, 8);
+  cfg.trainer.trace = file.string();
+  cfg.trainer.bucket_cap_mb = 0.005;
+  cfg.trainer.eval_every = 5;
+  train(cfg);
+  std::ifstream in(file);
+  const std::string text{std::istreambuf_iterator<char>(in), {}};
+  const detail::JsonValue doc = detail::parse_json(text);
+  const detail::JsonValue* events = nullptr;
+  for (const auto& [key, value] : doc.members)
+    if (key == "traceEvents") events = &value;
+  REQUIRE(events != nullptr);
+  std::set<std::string> names, threads;
+  for (const detail::JsonValue& e : events->items) {
+    std::string name, ph;
+    for (const auto& [key, value] : e.members) {
+      if (key == "name") name = value.text;
+      if (key == "ph") ph = value.text;
+      if (key == "args" && name == "thread_name")
+        for (const auto& [k2, v2] : value.members) threads.insert(v2.text);
+    }
+    if (ph == "X") names.insert(name);
+  }
+  CHECK(threads == std::set<std::string>{"worker 0", "worker 1", "comm 0", "comm 1"});
+  for (const char* expected : {"forward", "backward", "backward layers.0", "backward layers.6",
+                               "all-reduce bucket 0", "all-reduce bucket 3", "optimizer",
+                               "barrier", "data wait", "eval", "replica check"})
+    CHECK_MESSAGE(names.count(expected) == 1, expected);
+  std::filesystem::remove(file);
+}
