@@ -112,12 +112,13 @@ class CheckpointManager {
 
   const std::filesystem::path& dir() const noexcept { return dir_; }
 
-  // Writes ckpt as step ckpt.state.step (replacing a checkpoint of that step), creating the
-  // directory if needed. Once it is complete, removes every file of older steps except the
-  // newest keep_last - 1 complete checkpoints: so incomplete and corrupt older ones go too.
-  // Newer steps are never touched. Nothing is removed if writing fails. Throws
-  // std::invalid_argument for a Checkpoint that does not hold together (state vectors of the
-  // wrong length, workers < 1, negative step).
+  // Writes ckpt as step ckpt.state.step, creating the directory if needed. Once it is
+  // complete, removes every file of older steps except the newest keep_last - 1 complete
+  // checkpoints: so incomplete and corrupt older ones go too. Newer steps are never touched.
+  // Nothing is removed if writing fails. Throws std::invalid_argument for a Checkpoint that
+  // does not hold together (state vectors of the wrong length, workers < 1, negative step).
+  // Saving a step that already has a checkpoint replaces it, and that pair is incomplete
+  // until the save ends: save each step once.
   CheckpointFiles save(const Checkpoint& ckpt);
 
   // Complete checkpoints, oldest first. Reads every file in full to verify it.

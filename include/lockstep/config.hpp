@@ -31,6 +31,7 @@ enum class OptimizerKind { sgd, adamw };
 enum class ScheduleKind { constant, warmup_cosine };
 enum class BackendKind { automatic, cpu, cuda };
 enum class CommKind { automatic, nccl, peer };
+enum class NonfinitePolicy { stop, skip };
 
 std::string_view to_string(Activation);
 std::string_view to_string(DatasetKind);
@@ -38,6 +39,7 @@ std::string_view to_string(OptimizerKind);
 std::string_view to_string(ScheduleKind);
 std::string_view to_string(BackendKind);
 std::string_view to_string(CommKind);
+std::string_view to_string(NonfinitePolicy);
 
 struct ModelConfig {
   std::string type = "mlp";      // only "mlp" for now
@@ -81,6 +83,12 @@ struct ScheduleConfig {
   double min_lr = 0.0;            // warmup_cosine: floor of the cosine decay
 };
 
+struct CheckpointConfig {
+  std::string dir;                // where checkpoints go; empty = no checkpoints
+  std::int64_t every_steps = 0;   // 0: only at the end (and on SIGINT/SIGTERM)
+  int keep_last = 3;
+};
+
 struct TrainerConfig {
   BackendKind backend = BackendKind::automatic;
   std::vector<int> devices{0};    // device ids; "devices: 4" in YAML means [0, 1, 2, 3]
@@ -98,6 +106,11 @@ struct TrainerConfig {
   bool overlap = true;            // all-reduce each bucket as soon as backward fills it
   int accumulate_steps = 1;       // micro-batches per optimiser step; all-reduce after the last
   std::string trace;              // Chrome trace-event JSON of every worker, when set
+  // Failure handling.
+  NonfinitePolicy on_nonfinite = NonfinitePolicy::stop;  // NaN/Inf loss or gradient norm
+  int max_nonfinite_skips = 5;    // skip: stop after this many skipped steps in a row
+  double step_timeout_s = 0.0;    // stop the run when a worker makes no progress this long; 0 = off
+  CheckpointConfig checkpoint;
 };
 
 struct Config {

@@ -12,6 +12,7 @@
 //   lockstep::Summary summary = trainer.run();
 #pragma once
 
+#include "lockstep/checkpoint.hpp"
 #include "lockstep/comm.hpp"
 #include "lockstep/config.hpp"
 #include "lockstep/dataset.hpp"

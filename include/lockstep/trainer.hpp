@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "lockstep/checkpoint.hpp"
 #include "lockstep/config.hpp"
 #include "lockstep/dataset.hpp"
 #include "lockstep/model.hpp"
@@ -73,16 +74,32 @@ struct Summary {
   double comm_exposed_s = 0.0;    // blocked waiting for the all-reduce
   double comm_hidden_fraction = 0.0;  // 1 - exposed / comm: the share hidden behind backward
 
+  std::int64_t resumed_from_step = 0;  // 0 when the run started from scratch
+  bool stopped_early = false;          // request_stop() ended the run before `steps`
+  std::int64_t nonfinite_skips = 0;    // updates dropped by on_nonfinite: skip
+  std::string last_checkpoint;         // the weights file of the last checkpoint written
+
   std::string to_json() const;
 };
 
 // Test hooks: called on each worker's thread. A throw here behaves like a failure in that
-// worker (fault injection).
+// worker (fault injection). The environment variable LOCKSTEP_FAULT=RANK:STEP:KIND injects one
+// fault without code: KIND is forward (throw before forward), loader (throw on the loader
+// thread), nan (a NaN gradient) or stall (the worker stops making progress until the run is
+// aborted; set trainer.step_timeout_s).
 struct TrainerHooks {
   std::function<void(int rank, std::int64_t step)> before_forward;
   // After the optimiser step, before the step's barrier.
   std::function<void(int rank, std::int64_t step, Replica& replica)> after_update;
 };
+
+// The model a config describes for a dataset: its features in, its classes out.
+Model make_model(const Config& config, const Dataset& train);
+
+// Loss and accuracy of `params` (in `model`'s layout) over all of `data`, on the first
+// configured device of the config's backend.
+EvalMetrics evaluate(const Config& config, const Model& model, std::span<const float> params,
+                     const Dataset& data);
 
 class Trainer {
  public:
@@ -99,6 +116,18 @@ class Trainer {
 
   const Model& model() const noexcept;
   std::int64_t total_steps() const noexcept;
+
+  // Continue from a checkpoint: its weights, optimiser state, step (and so the learning-rate
+  // schedule) and sampler position. Throws InputError if it was written for another model or
+  // config (config_hash). With the same device count the resumed run is bit-identical to an
+  // uninterrupted one; with another count, the position in the epoch is carried over as a
+  // count of samples, rounded down to a whole batch per worker.
+  void resume_from(Checkpoint checkpoint);
+
+  // Asks every worker to stop after the current step. The workers agree on the step, and a
+  // checkpoint is written when trainer.checkpoint.dir is set. Callable from any thread and
+  // from a signal handler (it only stores to a lock-free atomic).
+  void request_stop() noexcept;
 
   Summary run();
   // Rank 0's parameters after run(), on the host.

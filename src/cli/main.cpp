@@ -8,6 +8,9 @@
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <optional>
+#include <csignal>
+#include <atomic>
 #include <numeric>
 #include <string>
 #include <string_view>
@@ -29,11 +32,20 @@ constexpr std::string_view kUsage = R"(usage: lockstep <command> [options]
 
 commands:
   train CONFIG [--set KEY=VALUE]... [--summary-json FILE] [--scaling N,N,...]
+        [--resume [DIR|FILE]]
                       train the model described by the YAML file CONFIG on every
                       configured device; --set overrides a config key (repeatable),
                       e.g. --set trainer.devices=4 --set optimizer.lr=0.05;
                       --scaling 1,2,4 trains once per device count and reports
-                      samples/s, speedup and efficiency against one device
+                      samples/s, speedup and efficiency against one device;
+                      --resume continues from the latest valid checkpoint in DIR
+                      (default: trainer.checkpoint.dir) or from one checkpoint FILE.
+                      SIGINT/SIGTERM finish the step, write a checkpoint and exit
+                      130/143; a second SIGINT exits at once
+  eval CONFIG --checkpoint CKPT [--set KEY=VALUE]...
+                      loss and accuracy of a checkpoint on the config's eval split
+  export CKPT --out FILE
+                      write a checkpoint's weights as one safetensors file
   devices             list the backends and devices this binary can use
 
 options:
@@ -48,6 +60,7 @@ struct TrainArgs {
   std::vector<std::string> overrides;
   std::string summary_json;
   std::vector<int> scaling;  // device counts
+  std::optional<std::string> resume;  // "" = trainer.checkpoint.dir
 };
 
 std::vector<int> parse_counts(std::string_view flag, const std::string& text) {
@@ -84,6 +97,12 @@ TrainArgs parse_train_args(const std::vector<std::string_view>& args) {
       out.overrides.push_back(value("--set"));
     } else if (a == "--summary-json" || a.starts_with("--summary-json=")) {
       out.summary_json = value("--summary-json");
+    } else if (a == "--resume" || a.starts_with("--resume=")) {
+      // The path is optional: take the next argument only once CONFIG is known.
+      if (a.starts_with("--resume=")) out.resume = std::string(a.substr(9));
+      else if (!out.config.empty() && i + 1 < args.size() && !args[i + 1].starts_with("-"))
+        out.resume = std::string(args[++i]);
+      else out.resume = std::string();
     } else if (a == "--scaling" || a.starts_with("--scaling=")) {
       out.scaling = parse_counts("--scaling", value("--scaling"));
     } else if (a.starts_with("-")) {
@@ -162,6 +181,42 @@ int scaling(const Config& base, const DataSplit& data, const TrainArgs& args) {
   return identical ? kExitOk : kExitFailure;
 }
 
+// SIGINT/SIGTERM: the first asks the trainer to stop after the current step (and checkpoint);
+// a second SIGINT exits at once. The handler only touches lock-free atomics.
+std::atomic<int> g_signal{0};
+std::atomic<Trainer*> g_trainer{nullptr};
+
+extern "C" void on_signal(int sig) {
+  if (sig == SIGINT && g_signal.load() != 0) std::_Exit(128 + SIGINT);
+  g_signal.store(sig);
+  if (Trainer* t = g_trainer.load()) t->request_stop();
+}
+
+class SignalScope {
+ public:
+  explicit SignalScope(Trainer& trainer) {
+    g_trainer.store(&trainer);
+    struct sigaction sa {};
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int_);
+    sigaction(SIGTERM, &sa, &old_term_);
+    if (g_signal.load() != 0) trainer.request_stop();  // a signal that came before we were ready
+  }
+  ~SignalScope() {
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+    g_trainer.store(nullptr);
+  }
+  SignalScope(const SignalScope&) = delete;
+  SignalScope& operator=(const SignalScope&) = delete;
+
+ private:
+  struct sigaction old_int_ {}, old_term_ {};
+};
+
+void warn(const std::string& message) { fmt::print(stderr, "lockstep: warning: {}\n", message); }
+
 int train(const std::vector<std::string_view>& argv) {
   const TrainArgs args = parse_train_args(argv);
   if (!args.summary_json.empty()) {
@@ -177,6 +232,21 @@ int train(const std::vector<std::string_view>& argv) {
   if (!args.scaling.empty()) return scaling(cfg, data, args);
 
   Trainer trainer(cfg, data.train, data.eval);
+  if (args.resume) {
+    const fs::path from = args.resume->empty() ? fs::path(cfg.trainer.checkpoint.dir) : fs::path(*args.resume);
+    if (from.empty())
+      throw InputError("--resume: give a checkpoint DIR or FILE, or set trainer.checkpoint.dir");
+    std::optional<Checkpoint> ckpt;
+    if (fs::is_directory(from)) ckpt = CheckpointManager(from, 0).load_latest(warn);
+    else if (fs::exists(from)) ckpt = CheckpointManager::load(from, warn);
+    else if (!args.resume->empty()) throw InputError(fmt::format("--resume {}: no such file or directory", from.string()));
+    if (ckpt) {
+      fmt::print("resuming from {} (step {})\n", ckpt->weights_file.string(), ckpt->state.step);
+      trainer.resume_from(std::move(*ckpt));
+    } else {
+      warn(fmt::format("--resume: no checkpoint in {}; starting from scratch", from.string()));
+    }
+  }
   const bool live = isatty(STDERR_FILENO) != 0;
   Progress progress(live ? stderr : stdout, live);
   trainer.on_progress([&](const StepMetrics& m) { progress.step(m); });
@@ -189,6 +259,7 @@ int train(const std::vector<std::string_view>& argv) {
   std::fflush(stdout);
   Summary summary;
   try {
+    SignalScope signals(trainer);
     summary = trainer.run();
   } catch (...) {
     progress.finish();
@@ -197,7 +268,77 @@ int train(const std::vector<std::string_view>& argv) {
   progress.finish();
   print_summary(stdout, summary);
   if (!args.summary_json.empty()) write_file_atomically(args.summary_json, summary.to_json());
+  if (const int sig = g_signal.load(); sig != 0) {
+    fmt::print(stderr, "lockstep: stopped by signal {} after step {}{}\n", sig, summary.steps,
+               summary.last_checkpoint.empty() ? " (no trainer.checkpoint.dir: nothing saved)"
+                                               : "; checkpoint " + summary.last_checkpoint);
+    return 128 + sig;
+  }
   return summary.replicas_identical ? kExitOk : kExitFailure;
+}
+
+// Options shared by eval and export: one positional argument and named values.
+struct CommandArgs {
+  std::string positional;
+  std::vector<std::string> overrides;
+  std::string checkpoint, out;
+};
+
+CommandArgs parse_command_args(std::string_view command, const std::vector<std::string_view>& args,
+                               std::initializer_list<std::string_view> flags) {
+  CommandArgs out;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string_view a = args[i];
+    const auto it = std::find_if(flags.begin(), flags.end(), [&](std::string_view f) {
+      return a == f || (a.starts_with(f) && a.size() > f.size() && a[f.size()] == '=');
+    });
+    if (it != flags.end()) {
+      std::string value;
+      if (a.size() > it->size()) value = std::string(a.substr(it->size() + 1));
+      else if (i + 1 < args.size()) value = std::string(args[++i]);
+      else throw InputError(fmt::format("{}: expected a value after it", *it));
+      if (*it == "--set") out.overrides.push_back(value);
+      else if (*it == "--checkpoint") out.checkpoint = value;
+      else out.out = value;
+    } else if (a.starts_with("-")) {
+      throw InputError(fmt::format("{}: unknown option '{}'; see lockstep --help", command, a));
+    } else if (out.positional.empty()) {
+      out.positional = std::string(a);
+    } else {
+      throw InputError(fmt::format("{}: unexpected argument '{}'", command, a));
+    }
+  }
+  return out;
+}
+
+int eval(const std::vector<std::string_view>& argv) {
+  const CommandArgs args = parse_command_args("eval", argv, {"--set", "--checkpoint"});
+  if (args.positional.empty()) throw InputError("eval: expected a CONFIG file; see lockstep --help");
+  if (args.checkpoint.empty()) throw InputError("eval: expected --checkpoint CKPT");
+  const Config cfg = load_config(args.positional, args.overrides);
+  const DataSplit data =
+      load_dataset(cfg.data, cfg.trainer.seed, fs::path(args.positional).parent_path());
+  if (!data.eval || data.eval->size() == 0)
+    throw InputError(fmt::format("{}: data.eval_fraction: the eval split is empty", cfg.source));
+  const Checkpoint ckpt = CheckpointManager::load(args.checkpoint, warn);
+  const Model model = make_model(cfg, *data.train);
+  check_layout(ckpt, model.param_tensors());
+  const EvalMetrics m = evaluate(cfg, model, ckpt.params, *data.eval);
+  fmt::print("checkpoint {} (step {})\n", ckpt.weights_file.string(), ckpt.state.step);
+  fmt::print("eval loss {:.6f} accuracy {:.4f} ({} samples)\n", m.loss, m.accuracy, m.samples);
+  return kExitOk;
+}
+
+int export_weights(const std::vector<std::string_view>& argv) {
+  const CommandArgs args = parse_command_args("export", argv, {"--out"});
+  if (args.positional.empty()) throw InputError("export: expected a checkpoint CKPT; see lockstep --help");
+  if (args.out.empty()) throw InputError("export: expected --out FILE");
+  const Checkpoint ckpt = CheckpointManager::load(args.positional, warn);
+  write_safetensors(args.out, ckpt.tensors, ckpt.params,
+                    {{"lockstep.step", std::to_string(ckpt.state.step)}});
+  fmt::print("wrote {} ({} tensors, {} parameters, step {})\n", args.out, ckpt.tensors.size(),
+             ckpt.params.size(), ckpt.state.step);
+  return kExitOk;
 }
 
 int devices() {
@@ -237,7 +378,9 @@ int run(int argc, char** argv) {
   }
   if (command == "train") return train(rest);
   if (command == "devices") return devices();
-  throw InputError(fmt::format("unknown command '{}'; expected train or devices (see lockstep --help)", command));
+  if (command == "eval") return eval(rest);
+  if (command == "export") return export_weights(rest);
+  throw InputError(fmt::format("unknown command '{}'; expected train, eval, export or devices (see lockstep --help)", command));
 }
 
 }  // namespace

@@ -60,6 +60,9 @@ constexpr Spelling<BackendKind> kBackendKinds[] = {
 constexpr Spelling<CommKind> kCommKinds[] = {
     {CommKind::automatic, "auto"}, {CommKind::nccl, "nccl"}, {CommKind::peer, "peer"}};
 
+constexpr Spelling<NonfinitePolicy> kNonfinitePolicies[] = {
+    {NonfinitePolicy::stop, "stop"}, {NonfinitePolicy::skip, "skip"}};
+
 constexpr std::string_view kModelTypes[] = {"mlp"};
 
 template <class Table, class E>
@@ -176,6 +179,15 @@ void visit_schema(Visitor& v, C& c) {
   v.flag("overlap", c.trainer.overlap);
   v.integer("accumulate_steps", c.trainer.accumulate_steps, IntRule{.min = 1});
   v.text("trace", c.trainer.trace);
+  v.enumeration("on_nonfinite", c.trainer.on_nonfinite, kNonfinitePolicies);
+  v.integer("max_nonfinite_skips", c.trainer.max_nonfinite_skips, IntRule{.min = 1});
+  v.number("step_timeout_s", c.trainer.step_timeout_s, kNonNegative);
+  v.nested("checkpoint");
+
+  v.section("trainer.checkpoint");
+  v.text("dir", c.trainer.checkpoint.dir);
+  v.integer("every_steps", c.trainer.checkpoint.every_steps, IntRule{.min = 0});
+  v.integer("keep_last", c.trainer.checkpoint.keep_last, IntRule{.min = 1});
 }
 
 struct SectionKeys {
@@ -196,6 +208,7 @@ class KeyCollector {
   template <class... Rest> void integer_list(std::string_view key, Rest&&...) { add(key); }
   template <class... Rest> void devices(std::string_view key, Rest&&...) { add(key); }
   template <class... Rest> void number_pair(std::string_view key, Rest&&...) { add(key); }
+  void nested(std::string_view key) { add(key); }
 
   std::vector<SectionKeys> take() && { return std::move(sections_); }
 
@@ -284,9 +297,11 @@ std::string unknown_name(std::string_view kind, std::string_view name,
   return fmt::format("unknown {}; valid {}s: {}", kind, kind, fmt::join(candidates, ", "));
 }
 
+// The top-level sections; "trainer.checkpoint" is a map inside "trainer".
 std::vector<std::string_view> section_names() {
   std::vector<std::string_view> names;
-  for (const SectionKeys& s : schema()) names.push_back(s.name);
+  for (const SectionKeys& s : schema())
+    if (s.name.find('.') == std::string_view::npos) names.push_back(s.name);
   return names;
 }
 
@@ -454,6 +469,18 @@ class Parser {
                        [&](const SectionKeys& s) { return s.name == section.name; });
       sections_.emplace(section.name, entries(section.value, section.name, schema_section->keys));
     }
+    // Nested sections ("trainer.checkpoint"): a key of the parent whose value is a map.
+    for (const SectionKeys& nested : schema()) {
+      const std::size_t dot = nested.name.find('.');
+      if (dot == std::string_view::npos) continue;
+      const auto parent = sections_.find(nested.name.substr(0, dot));
+      if (parent == sections_.end()) continue;
+      const Entry* entry = find(parent->second, nested.name.substr(dot + 1));
+      if (!entry || entry->value.IsNull()) continue;
+      if (!entry->value.IsMap()) expected(std::string(nested.name), entry->value, "a map");
+      sections_.emplace(std::string(nested.name),
+                        entries(entry->value, std::string(nested.name), nested.keys));
+    }
   }
 
   void section(std::string_view name) {
@@ -554,6 +581,8 @@ class Parser {
     first = read_number(path + "[0]", (*node)[0], rule);
     second = read_number(path + "[1]", (*node)[1], rule);
   }
+  // A nested section's map is read by the constructor, as a section of its own.
+  void nested(std::string_view) {}
 
  private:
   struct Entry {
@@ -698,6 +727,7 @@ class Checker {
   // betas is checked as beta1 and beta2.
   void number_pair(std::string_view, std::string_view, double, std::string_view, double,
                    const NumberRule&) {}
+  void nested(std::string_view) {}
 
  private:
   template <class V>
@@ -747,13 +777,14 @@ class Hasher {
   // betas is hashed as beta1 and beta2.
   void number_pair(std::string_view, std::string_view, double, std::string_view, double,
                    const NumberRule&) {}
+  void nested(std::string_view) {}
 
   const std::string& rendering() const { return rendering_; }
 
  private:
   void add(std::string_view key, std::string_view value) {
     const bool run_setting =
-        section_ == "trainer" ? key != "seed" : section_ == "data" && key == "prefetch";
+        section_.starts_with("trainer") ? key != "seed" : section_ == "data" && key == "prefetch";
     if (!run_setting) rendering_ += fmt::format("{}.{}={}\n", section_, key, value);
   }
 
@@ -830,6 +861,7 @@ std::string_view to_string(OptimizerKind v) { return spelling(kOptimizerKinds, v
 std::string_view to_string(ScheduleKind v) { return spelling(kScheduleKinds, v); }
 std::string_view to_string(BackendKind v) { return spelling(kBackendKinds, v); }
 std::string_view to_string(CommKind v) { return spelling(kCommKinds, v); }
+std::string_view to_string(NonfinitePolicy v) { return spelling(kNonfinitePolicies, v); }
 
 void Config::validate() const { check_config(*this, Origins(source)); }
 

@@ -114,7 +114,8 @@ ShardLoader::ShardLoader(std::shared_ptr<const Dataset> data, DistributedSampler
   }
   if (skip_batches > per_epoch) {
     throw std::invalid_argument(fmt::format(
-        "ShardLoader: skip_batches {} exceeds the {} batches of an epoch", skip_batches, per_epoch));
+        "ShardLoader: skip_batches {} exceeds the {} batches of an epoch", skip_batches,
+        per_epoch));
   }
   state_ = std::make_unique<State>(std::move(data), sampler, static_cast<std::size_t>(batch_size),
                                    drop_last, static_cast<std::size_t>(prefetch), skip_batches);

@@ -116,7 +116,8 @@ void check_savable(const Checkpoint& c) {
 CheckpointManager::CheckpointManager(fs::path dir, int keep_last)
     : dir_(std::move(dir)), keep_last_(keep_last) {
   if (keep_last < 0)
-    throw std::invalid_argument(fmt::format("checkpoint: keep_last must be >= 0, got {}", keep_last));
+    throw std::invalid_argument(
+        fmt::format("checkpoint: keep_last must be >= 0, got {}", keep_last));
 }
 
 CheckpointFiles CheckpointManager::save(const Checkpoint& ckpt) {
@@ -129,13 +130,15 @@ CheckpointFiles CheckpointManager::save(const Checkpoint& ckpt) {
   detail::write_state_file(files.state, ckpt.state, ckpt.optimizer_state, checksum);
 
   // See Note [Checkpoint durability]: nothing goes before the new checkpoint verifies.
-  const std::vector<CheckpointFiles> complete = list();
-  if (std::none_of(complete.begin(), complete.end(),
-                   [&](const CheckpointFiles& f) { return f.step == step; }))
-    throw std::runtime_error(fmt::format("{}: the checkpoint just written does not verify",
-                                         files.state.string()));
+  try {
+    load_files(files);
+  } catch (const InputError& e) {
+    throw std::runtime_error(fmt::format("the checkpoint just written does not verify: {}",
+                                         e.what()));
+  }
   if (keep_last_ == 0) return files;
 
+  const std::vector<CheckpointFiles> complete = list();
   std::vector<std::int64_t> kept;  // the newest keep_last complete steps up to `step`
   for (auto it = complete.rbegin(); it != complete.rend(); ++it)
     if (it->step <= step && std::cmp_less(kept.size(), keep_last_)) kept.push_back(it->step);
@@ -205,14 +208,17 @@ Checkpoint CheckpointManager::load(const fs::path& path, const Warn& warn) {
 
 void check_layout(const Checkpoint& ckpt, std::span<const ParamTensor> expected) {
   const auto fail = [&](const std::string& what) { detail::fail_input(ckpt.weights_file, what); };
-  const auto shape = [](const ParamTensor& t) { return fmt::format("[{}]", fmt::join(t.shape, ", ")); };
+  const auto shape = [](const ParamTensor& t) {
+    return fmt::format("[{}]", fmt::join(t.shape, ", "));
+  };
   for (const ParamTensor& e : expected) {
     const auto it = std::find_if(ckpt.tensors.begin(), ckpt.tensors.end(),
                                  [&](const ParamTensor& t) { return t.name == e.name; });
     if (it == ckpt.tensors.end())
       fail(fmt::format("tensor '{}': missing; the model expects shape {}", e.name, shape(e)));
     if (it->shape != e.shape)
-      fail(fmt::format("tensor '{}': shape {}, the model expects {}", e.name, shape(*it), shape(e)));
+      fail(fmt::format("tensor '{}': shape {}, the model expects {}", e.name, shape(*it),
+                       shape(e)));
     if (it->offset != e.offset)
       fail(fmt::format("tensor '{}': at element {} of the buffer, the model expects {} (written "
                        "in another layout)", e.name, it->offset, e.offset));

@@ -24,7 +24,8 @@ struct Fd {
   int release() noexcept { return std::exchange(fd, -1); }
 };
 
-[[noreturn]] void fail_system(int error, const std::filesystem::path& file, std::string_view doing) {
+[[noreturn]] void fail_system(int error, const std::filesystem::path& file,
+                              std::string_view doing) {
   throw std::system_error(error, std::generic_category(),
                           fmt::format("{}: cannot {}", file.string(), doing));
 }

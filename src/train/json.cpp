@@ -70,10 +70,13 @@ class Parser {
   }
 
  private:
-  [[noreturn]] static void fail(std::size_t at, const std::string& what) { throw JsonError(at, what); }
+  [[noreturn]] static void fail(std::size_t at, const std::string& what) {
+    throw JsonError(at, what);
+  }
 
   [[noreturn]] void unexpected(std::string_view expected) const {
-    if (pos_ >= s_.size()) fail(pos_, fmt::format("expected {}, got the end of the text", expected));
+    if (pos_ >= s_.size())
+      fail(pos_, fmt::format("expected {}, got the end of the text", expected));
     fail(pos_, fmt::format("expected {}, got {}", expected, describe_byte(s_[pos_])));
   }
 
@@ -185,8 +188,8 @@ class Parser {
         ++pos_;
         return out;
       }
-      if (static_cast<unsigned char>(c) < 0x20) unexpected("a string character (control "
-                                                           "characters must be escaped)");
+      if (static_cast<unsigned char>(c) < 0x20)
+        unexpected("a string character (control characters must be escaped)");
       if (c != '\\') {
         out += c;
         ++pos_;

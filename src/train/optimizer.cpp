@@ -4,6 +4,9 @@
 #include <cmath>
 #include <numbers>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 namespace lockstep::detail {
 
 Optimizer::Optimizer(Device& device, const OptimizerConfig& cfg, std::size_t params)
@@ -33,6 +36,37 @@ void Optimizer::apply(float* params, const float* grads, double lr, std::size_t 
                           lr_f, t_, params + begin, grads + begin, at(m_), at(v_), n);
       return;
   }
+}
+
+std::vector<StateVector> Optimizer::state() const {
+  std::vector<StateVector> out;
+  if (cfg_.type == OptimizerKind::sgd) {
+    if (m_.data()) out.push_back({"momentum", m_.download()});
+  } else {
+    out.push_back({"adamw.m", m_.download()});
+    out.push_back({"adamw.v", v_.download()});
+  }
+  return out;
+}
+
+void Optimizer::load_state(std::span<const StateVector> state, std::int64_t steps_taken,
+                           const std::string& source) {
+  const std::vector<StateVector> mine = this->state();  // the names and sizes expected
+  std::vector<std::string> expected, got;
+  for (const StateVector& v : mine) expected.push_back(v.name);
+  for (const StateVector& v : state) got.push_back(v.name);
+  if (expected != got)
+    throw InputError(fmt::format("{}: optimizer state holds [{}], this {} optimizer needs [{}]",
+                                 source, fmt::join(got, ", "), to_string(cfg_.type),
+                                 fmt::join(expected, ", ")));
+  for (const StateVector& v : state) {
+    if (v.values.size() != n_)
+      throw InputError(fmt::format("{}: optimizer state '{}' has {} values, the model {}", source,
+                                   v.name, v.values.size(), n_));
+    DeviceArray<float>& target = v.name == "adamw.v" ? v_ : m_;
+    target.upload(v.values);
+  }
+  t_ = steps_taken;
 }
 
 double learning_rate(const OptimizerConfig& opt, const ScheduleConfig& schedule, std::int64_t step,

@@ -7,6 +7,11 @@
 
 #include <cstdint>
 
+#include <span>
+#include <string>
+#include <vector>
+
+#include "lockstep/checkpoint.hpp"
 #include "lockstep/config.hpp"
 #include "lockstep/device.hpp"
 
@@ -26,6 +31,13 @@ class Optimizer {
   void begin_step() noexcept { ++t_; }
   void apply(float* params, const float* grads, double lr, std::size_t begin, std::size_t end);
   std::int64_t steps_taken() const noexcept { return t_; }
+
+  // The state for checkpoints: "momentum" (SGD with momentum), "adamw.m" and "adamw.v".
+  std::vector<StateVector> state() const;
+  // Restores what state() returned, and the step count. Throws InputError naming `source` if the
+  // vectors do not match this optimiser.
+  void load_state(std::span<const StateVector> state, std::int64_t steps_taken,
+                  const std::string& source);
 
  private:
   Device* device_;

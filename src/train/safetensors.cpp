@@ -13,8 +13,9 @@
 #include <bit>
 #include <charconv>
 #include <limits>
-#include <numeric>
+#include <set>
 #include <stdexcept>
+#include <tuple>
 
 #include "common/fnv1a.hpp"
 #include "lockstep/checkpoint.hpp"
@@ -65,7 +66,8 @@ class HeaderReader {
     std::uint64_t n = 0;
     const std::string& t = v.text;
     const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), n);
-    if (v.kind != detail::JsonValue::Kind::number || ec != std::errc{} || end != t.data() + t.size())
+    if (v.kind != detail::JsonValue::Kind::number || ec != std::errc{} ||
+        end != t.data() + t.size())
       fail_at(v, fmt::format("{}: expected an integer in [0, 2^64), got {} {}", what,
                              v.kind_name(), v.text));
     return n;
@@ -113,7 +115,8 @@ class HeaderReader {
     constexpr auto kMaxDim = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
     for (const detail::JsonValue& d : shape->items) {
       const std::uint64_t dim = unsigned_integer(d, where + ": shape");
-      if (dim > kMaxDim) fail_at(d, fmt::format("{}: shape: dimension {} is too large", where, dim));
+      if (dim > kMaxDim)
+        fail_at(d, fmt::format("{}: shape: dimension {} is too large", where, dim));
       t.shape.push_back(static_cast<std::int64_t>(dim));
     }
     t.begin = unsigned_integer(offsets->items[0], where + ": data_offsets[0]");
@@ -162,12 +165,13 @@ std::uint64_t write_safetensors(const std::filesystem::path& file,
   std::sort(order.begin(), order.end(),
             [](const ParamTensor* a, const ParamTensor* b) { return a->offset < b->offset; });
   std::size_t next = 0;
+  std::set<std::string_view> names;
   for (const ParamTensor* t : order) {
-    if (t->name == kMetadataKey || t->offset != next ||
+    if (t->name == kMetadataKey || !names.insert(t->name).second || t->offset != next ||
         std::any_of(t->shape.begin(), t->shape.end(), [](std::int64_t d) { return d < 0; }))
       throw std::invalid_argument(fmt::format(
-          "write_safetensors: {}: tensor '{}' at offset {} with shape {}: the tensors must tile "
-          "the {} parameters (next offset {})",
+          "write_safetensors: {}: tensor '{}' at offset {} with shape {}: the tensors must have "
+          "unique names and tile the {} parameters (next offset {})",
           file.string(), t->name, t->offset, shape_text(t->shape), params.size(), next));
     next += t->numel();
   }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -104,6 +105,10 @@ void check_state(const TrainState& s, std::span<const StateVector> optimizer_sta
     throw std::invalid_argument(fmt::format(
         "checkpoint state: expected step, samples and optimizer_steps >= 0 and workers >= 1, "
         "got {}, {}, {} and {}", s.step, s.samples, s.optimizer_steps, s.workers));
+  if (std::find(std::begin(kOptimizers), std::end(kOptimizers), s.optimizer) ==
+      std::end(kOptimizers))
+    throw std::invalid_argument(fmt::format("checkpoint state: unknown optimizer kind {}",
+                                            static_cast<int>(s.optimizer)));
   for (std::size_t i = 0; i < optimizer_state.size(); ++i) {
     const std::string& name = optimizer_state[i].name;
     const bool repeated = std::any_of(optimizer_state.begin(), optimizer_state.begin() + i,
@@ -116,7 +121,8 @@ void check_state(const TrainState& s, std::span<const StateVector> optimizer_sta
 }
 
 void write_state_file(const std::filesystem::path& file, const TrainState& s,
-                      std::span<const StateVector> optimizer_state, std::uint64_t weights_checksum) {
+                      std::span<const StateVector> optimizer_state,
+                      std::uint64_t weights_checksum) {
   check_state(s, optimizer_state);
   std::string fields;
   put(fields, s.step);

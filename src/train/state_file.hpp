@@ -34,8 +34,8 @@ struct StateFile {
 };
 
 // Throws std::invalid_argument for what read_state_file() would reject: a negative step,
-// sample or optimiser step count, workers < 1, a state vector name that is empty, repeated or
-// longer than 65535 bytes.
+// sample or optimiser step count, workers < 1, an unknown optimizer, a state vector name that
+// is empty, repeated or longer than 65535 bytes.
 void check_state(const TrainState& state, std::span<const StateVector> optimizer_state);
 
 // Crash-safe, as write_file_atomically(). Runs check_state() first.

@@ -34,9 +34,11 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <cstdlib>
 
 #include <fmt/format.h>
 
+#include "lockstep/checkpoint.hpp"
 #include "lockstep/comm.hpp"
 #include "train/optimizer.hpp"
 #include "train/reducer.hpp"
@@ -53,6 +55,59 @@ struct WorkerFailure {
   int rank = 0;
   std::exception_ptr error;
   std::string device;
+};
+
+// LOCKSTEP_FAULT=RANK:STEP:KIND (see TrainerHooks in trainer.hpp).
+struct Fault {
+  enum class Kind { none, forward, loader, nan, stall };
+  int rank = -1;
+  std::int64_t step = 0;
+  Kind kind = Kind::none;
+  bool at(int r, std::int64_t s, Kind k) const { return kind == k && rank == r && step == s; }
+};
+
+Fault fault_from_environment() {
+  const char* spec = std::getenv("LOCKSTEP_FAULT");
+  if (!spec || !*spec) return {};
+  Fault f;
+  char kind[16] = {};
+  long long step = 0;
+  const auto bad = [&] {
+    return InputError(fmt::format(
+        "LOCKSTEP_FAULT: expected RANK:STEP:KIND with KIND one of forward, loader, nan, stall, "
+        "got '{}'", spec));
+  };
+  if (std::sscanf(spec, "%d:%lld:%15s", &f.rank, &step, kind) != 3 || f.rank < 0 || step < 1)
+    throw bad();
+  f.step = step;
+  const std::string k = kind;
+  if (k == "forward") f.kind = Fault::Kind::forward;
+  else if (k == "loader") f.kind = Fault::Kind::loader;
+  else if (k == "nan") f.kind = Fault::Kind::nan;
+  else if (k == "stall") f.kind = Fault::Kind::stall;
+  else throw bad();
+  return f;
+}
+
+// A dataset whose get() fails once the loader thread reaches the `fail_at`-th sample it reads:
+// the loader fault of LOCKSTEP_FAULT.
+class FailingDataset final : public Dataset {
+ public:
+  FailingDataset(std::shared_ptr<const Dataset> inner, std::size_t fail_at)
+      : inner_(std::move(inner)), fail_at_(fail_at) {}
+  std::size_t size() const noexcept override { return inner_->size(); }
+  int features() const noexcept override { return inner_->features(); }
+  int classes() const noexcept override { return inner_->classes(); }
+  std::int32_t get(std::size_t i, float* out) const override {
+    if (reads_.fetch_add(1) >= fail_at_)
+      throw std::runtime_error(fmt::format("injected fault: the loader failed reading sample {}", i));
+    return inner_->get(i, out);
+  }
+
+ private:
+  std::shared_ptr<const Dataset> inner_;
+  std::size_t fail_at_;
+  mutable std::atomic<std::size_t> reads_{0};
 };
 
 // Everything one worker owns, destroyed on its own thread after the teardown latch.
@@ -84,10 +139,7 @@ struct Trainer::Impl {
                                    "train split {} and {}",
                                    cfg.source, eval->features(), eval->classes(),
                                    train->features(), train->classes()));
-    return Model::mlp({.inputs = train->features(),
-                       .hidden = cfg.model.hidden,
-                       .classes = train->classes(),
-                       .activation = cfg.model.activation});
+    return make_model(cfg, *train);
   }
 
   int workers() const { return static_cast<int>(cfg.trainer.devices.size()); }
@@ -110,6 +162,11 @@ struct Trainer::Impl {
   }
 
   void worker(int rank, Backend& backend, Communicator& comm, WorkerContext& ctx);
+  void save_checkpoint(Replica& replica, const detail::Optimizer& optimizer, std::int64_t step,
+                       std::uint64_t epoch, std::uint64_t batch_in_epoch, std::int64_t samples);
+  [[noreturn]] void report_nonfinite(Replica& replica, std::int64_t step, double loss,
+                                     double grad_norm) const;
+  void record_failure(int rank, std::exception_ptr error, const std::string& device);
   EvalMetrics evaluate(int rank, Replica& replica, Communicator& comm, std::int64_t step);
   void check_replicas(Replica& replica, Communicator& comm, std::int64_t step);
 
@@ -128,6 +185,15 @@ struct Trainer::Impl {
   Summary summary;
   std::vector<float> final_params;
   std::unique_ptr<detail::Trace> trace;
+  std::optional<Checkpoint> resume;
+  std::unique_ptr<CheckpointManager> checkpoints;
+  std::atomic<bool> stop_requested{false};
+  Fault fault;
+  // Per rank, for the step timeout: when it last showed progress, how many progress points it
+  // has passed (every rank passes the same points in the same order), and its step.
+  std::unique_ptr<std::atomic<double>[]> heartbeat;
+  std::unique_ptr<std::atomic<std::int64_t>[]> progress;
+  std::unique_ptr<std::atomic<std::int64_t>[]> heartbeat_step;
   std::mutex failure_mutex;
   std::vector<WorkerFailure> failures;
   std::atomic<std::uint64_t> failure_order{0};
@@ -183,34 +249,98 @@ void Trainer::Impl::check_replicas(Replica& replica, Communicator& comm, std::in
   }
 }
 
+void Trainer::Impl::save_checkpoint(Replica& replica, const detail::Optimizer& optimizer,
+                                    std::int64_t step, std::uint64_t epoch,
+                                    std::uint64_t batch_in_epoch, std::int64_t samples) {
+  Checkpoint ckpt;
+  ckpt.tensors = model.param_tensors();
+  ckpt.params = replica.parameters();
+  ckpt.state = {.step = step,
+                .epoch = epoch,
+                .batch_in_epoch = batch_in_epoch,
+                .samples = samples,
+                .config_hash = config_hash(cfg),
+                .workers = workers(),
+                .optimizer = cfg.optimizer.type,
+                .optimizer_steps = optimizer.steps_taken(),
+                .seed = cfg.trainer.seed};
+  ckpt.optimizer_state = optimizer.state();
+  summary.last_checkpoint = checkpoints->save(ckpt).weights.string();
+}
+
+void Trainer::Impl::report_nonfinite(Replica& replica, std::int64_t step, double loss,
+                                     double grad_norm) const {
+  if (!std::isfinite(loss))
+    throw std::runtime_error(fmt::format("non-finite loss ({}) at step {} (trainer.on_nonfinite: {})",
+                                         loss, step, to_string(cfg.trainer.on_nonfinite)));
+  // Name the first tensor, in forward order, whose averaged gradient is not finite.
+  const std::vector<float> grads = replica.gradients();
+  std::string where = "?";
+  for (const ParamTensor& t : model.param_tensors()) {
+    const auto begin = grads.begin() + static_cast<std::ptrdiff_t>(t.offset);
+    if (std::any_of(begin, begin + static_cast<std::ptrdiff_t>(t.numel()),
+                    [](float g) { return !std::isfinite(g); })) {
+      where = t.name;
+      break;
+    }
+  }
+  throw std::runtime_error(fmt::format(
+      "non-finite gradient at step {}: global norm {}, first in {} (trainer.on_nonfinite: {})",
+      step, grad_norm, where, to_string(cfg.trainer.on_nonfinite)));
+}
+
 void Trainer::Impl::worker(int rank, Backend& backend, Communicator& comm, WorkerContext& ctx) {
   const int n = workers();
   const TrainerConfig& tc = cfg.trainer;
   const int batch = cfg.data.batch_size, k = tc.accumulate_steps;
   const int features = train->features(), classes = train->classes();
   std::vector<detail::TraceEvent>* track = trace->worker(rank);
+  std::int64_t step = resume ? resume->state.step : 0;
+  const auto beat = [&] {
+    heartbeat_step[rank].store(step);
+    progress[rank].fetch_add(1);
+    heartbeat[rank].store(steady_now_s());
+  };
 
   ctx.device = backend.create_device(tc.devices[rank], n, tc.threads_per_device);
   Device& dev = *ctx.device;
   comm.attach(dev);
   ctx.replica = std::make_unique<Replica>(dev, model, batch);
   Replica& replica = *ctx.replica;
-  replica.load_parameters(initial);
+  replica.load_parameters(resume ? std::span<const float>(resume->params) : std::span<const float>(initial));
   // The replicas start from the same host copy; the broadcast makes rank 0 the authority anyway,
   // as any later backend (several processes) needs.
   comm.broadcast(replica.params(), replica.param_count(), 0);
 
   const std::size_t params = replica.param_count();
   ctx.optimizer = std::make_unique<detail::Optimizer>(dev, cfg.optimizer, params);
+  detail::Optimizer& optimizer = *ctx.optimizer;
+  if (resume)
+    optimizer.load_state(resume->optimizer_state, resume->state.optimizer_steps,
+                         resume->weights_file.string());
   ctx.reducer = std::make_unique<detail::Reducer>(
       model, comm, replica.grads(), detail::plan_buckets(model, tc.bucket_cap_mb), tc.overlap,
       trace->comm(rank));
-  detail::Optimizer& optimizer = *ctx.optimizer;
   detail::Reducer& reducer = *ctx.reducer;
   if (rank == 0) summary.buckets = reducer.buckets().size();
-  ctx.loader = std::make_unique<ShardLoader>(
-      train, DistributedSampler(train->size(), n, rank, cfg.data.shuffle, tc.seed, cfg.data.drop_last),
-      batch, cfg.data.drop_last, cfg.data.prefetch);
+
+  // The sampler position: a resumed run continues inside the epoch it stopped in. With another
+  // device count, the samples consumed so far in that epoch are rounded down to whole batches.
+  DistributedSampler sampler(train->size(), n, rank, cfg.data.shuffle, tc.seed, cfg.data.drop_last);
+  std::uint64_t epoch = 0, batch_in_epoch = 0;
+  if (resume) {
+    epoch = resume->state.epoch;
+    batch_in_epoch = resume->state.batch_in_epoch * static_cast<std::uint64_t>(resume->state.workers) /
+                     static_cast<std::uint64_t>(n);
+  }
+  sampler.set_epoch(epoch);
+  std::shared_ptr<const Dataset> shard_data = train;
+  if (fault.kind == Fault::Kind::loader && fault.rank == rank && fault.step > step)
+    shard_data = std::make_shared<FailingDataset>(
+        train, static_cast<std::size_t>(fault.step - step - 1) * static_cast<std::size_t>(k * batch));
+  ctx.loader = std::make_unique<ShardLoader>(shard_data, sampler, batch, cfg.data.drop_last,
+                                             cfg.data.prefetch, batch_in_epoch);
+  const std::uint64_t batches_per_epoch = ctx.loader->batches_per_epoch();
 
   DeviceArray<float> x(dev, static_cast<std::size_t>(batch) * features);
   DeviceArray<std::int32_t> y(dev, batch);
@@ -218,21 +348,33 @@ void Trainer::Impl::worker(int rank, Backend& backend, Communicator& comm, Worke
 
   // Backward reports each layer; the reducer starts a bucket's all-reduce once it is full.
   double layer_start_s = 0.0;
+  bool inject_nan = false;
   const auto grads_ready = [&](std::size_t layer) {
     if (track) {
       const double now = steady_now_s();
       track->push_back({fmt::format("backward layers.{}", layer), layer_start_s, now, {}});
       layer_start_s = now;
     }
+    if (inject_nan) {
+      dev.fill(replica.grads() + model.param_offset(layer), std::numeric_limits<float>::quiet_NaN(), 1);
+      inject_nan = false;
+    }
     reducer.layer_ready(layer);
   };
   const bool clipping = cfg.optimizer.clip_grad_norm > 0.0;
+  // Updating each bucket as soon as it lands is only possible when nothing must be decided
+  // about the whole gradient first: no clipping, and no update to drop on a non-finite norm.
+  const bool update_per_bucket = !clipping && tc.on_nonfinite == NonfinitePolicy::stop;
+  const std::int64_t samples_before = resume ? resume->state.samples : 0;
+  std::int64_t samples_seen = 0;  // over all workers, this run
+  int skips_in_row = 0;
 
   double last_report_s = steady_now_s();
   double window[3] = {0.0, 0.0, 0.0};  // loss sum, correct, samples since the last report
   StepMetrics last{};
-  std::uint64_t epoch = 0;
-  for (std::int64_t step = 1; step <= total_steps; ++step) {
+  while (step < total_steps) {
+    ++step;
+    beat();
     replica.zero_grads();
     reducer.reset();
     LossStats stats;
@@ -245,8 +387,21 @@ void Trainer::Impl::worker(int rank, Backend& backend, Communicator& comm, Worke
         b = ctx.loader->next();
         ctx.data_wait_s += steady_now_s() - t0;
       }
+      // Where the next batch comes from, for checkpoints.
       epoch = b.epoch;
+      batch_in_epoch = b.index_in_epoch + 1;
+      if (batch_in_epoch == batches_per_epoch) {
+        ++epoch;
+        batch_in_epoch = 0;
+      }
       if (hooks.before_forward) hooks.before_forward(rank, step);
+      if (fault.at(rank, step, Fault::Kind::forward))
+        throw std::runtime_error(fmt::format("injected fault: throw in forward at step {}", step));
+      if (fault.at(rank, step, Fault::Kind::stall)) {
+        // A worker that stops making progress, until the step timeout aborts the run.
+        while (!comm.aborted()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        throw CommAborted();
+      }
       x.upload(b.x);
       y.upload(b.y);
       const float* logits;
@@ -264,59 +419,76 @@ void Trainer::Impl::worker(int rank, Backend& backend, Communicator& comm, Worke
       step_samples += b.size;
       // Gradients accumulate over the micro-batches; only the last one is reduced (no_sync).
       const bool last_micro = micro == k - 1;
+      inject_nan = last_micro && fault.at(rank, step, Fault::Kind::nan);
       layer_start_s = steady_now_s();
       TraceSpan span(track, "backward");
       replica.backward(x.data(), dlogits.data(), b.size,
                        last_micro ? std::function<void(std::size_t)>(grads_ready) : nullptr);
     }
     reducer.launch_remaining();
+    beat();
 
-    // Optimiser: bucket by bucket as each all-reduce lands, unless clipping needs the global
-    // norm of every bucket first.
+    // Metrics and the stop decision, agreed by every rank while the buckets are in flight.
+    double totals[4] = {stats.loss_sum, static_cast<double>(stats.correct), step_samples,
+                        stop_requested.load() ? 1.0 : 0.0};
+    comm.all_reduce_host(totals);
+    samples_seen += static_cast<std::int64_t>(totals[2]);
+    const double loss = totals[0] / totals[2];
+    const bool stop_now = totals[3] > 0.0;
+
     double sum_squares = 0.0;
     const double lr = detail::learning_rate(cfg.optimizer, cfg.schedule, step - 1, total_steps);
     {
       TraceSpan span(track, "optimizer");
-      optimizer.begin_step();
       const auto& buckets = reducer.buckets();
+      if (update_per_bucket) optimizer.begin_step();
       for (std::size_t i = 0; i < buckets.size(); ++i) {
         reducer.wait(i);
-        if (clipping) continue;
+        if (!update_per_bucket) continue;
         sum_squares += dev.sum_squares(replica.grads() + buckets[i].begin,
                                        buckets[i].end - buckets[i].begin);
         optimizer.apply(replica.params(), replica.grads(), lr, buckets[i].begin, buckets[i].end);
       }
-      if (clipping) sum_squares = dev.sum_squares(replica.grads(), params);
+      if (!update_per_bucket) sum_squares = dev.sum_squares(replica.grads(), params);
     }
+    beat();
     const double grad_norm = std::sqrt(sum_squares);
-    if (!std::isfinite(grad_norm))
-      throw std::runtime_error(fmt::format("non-finite gradient norm ({}) at step {}", grad_norm, step));
-    if (clipping) {
+    // The loss and the norm are the same on every rank, so every rank decides the same.
+    const bool finite = std::isfinite(grad_norm) && std::isfinite(loss);
+    if (!finite && tc.on_nonfinite == NonfinitePolicy::stop) report_nonfinite(replica, step, loss, grad_norm);
+    if (!finite) {
+      ++skips_in_row;
+      if (rank == 0) ++summary.nonfinite_skips;
+      if (skips_in_row >= tc.max_nonfinite_skips)
+        throw std::runtime_error(fmt::format(
+            "{} steps in a row had a non-finite loss or gradient (the last at step {}); stopping "
+            "(trainer.max_nonfinite_skips: {})",
+            skips_in_row, step, tc.max_nonfinite_skips));
+    } else if (!update_per_bucket) {
+      skips_in_row = 0;
       TraceSpan span(track, "optimizer");
-      if (grad_norm > cfg.optimizer.clip_grad_norm)
+      if (clipping && grad_norm > cfg.optimizer.clip_grad_norm)
         dev.scale(replica.grads(), static_cast<float>(cfg.optimizer.clip_grad_norm / (grad_norm + 1e-6)),
                   params);
+      optimizer.begin_step();
       optimizer.apply(replica.params(), replica.grads(), lr, 0, params);
     }
     if (hooks.after_update) hooks.after_update(rank, step, replica);
 
-    double totals[3] = {stats.loss_sum, static_cast<double>(stats.correct), step_samples};
-    comm.all_reduce_host(totals);
     for (int i = 0; i < 3; ++i) window[i] += totals[i];
-
     if (rank == 0 && progress_callback) {
       const double elapsed = steady_now_s() - start_s;
       progress_callback({.step = step,
                          .total_steps = total_steps,
                          .epoch = epoch,
-                         .loss = totals[0] / totals[2],
+                         .loss = loss,
                          .accuracy = totals[1] / totals[2],
                          .lr = lr,
                          .grad_norm = grad_norm,
-                         .samples_per_s = (summary.samples + window[2]) / std::max(1e-9, elapsed),
+                         .samples_per_s = samples_seen / std::max(1e-9, elapsed),
                          .elapsed_s = elapsed});
     }
-    const bool report = step % tc.log_every == 0 || step == total_steps;
+    const bool report = step % tc.log_every == 0 || step == total_steps || stop_now;
     if (rank == 0 && report) {
       const double now = steady_now_s();
       last = {.step = step,
@@ -329,12 +501,11 @@ void Trainer::Impl::worker(int rank, Backend& backend, Communicator& comm, Worke
               .samples_per_s = window[2] / std::max(1e-9, now - last_report_s),
               .elapsed_s = now - start_s};
       last_report_s = now;
-      summary.samples += static_cast<std::int64_t>(window[2]);
       if (step_callback) step_callback(last);
     }
     if (report) std::fill(std::begin(window), std::end(window), 0.0);
 
-    if (tc.eval_every > 0 && step % tc.eval_every == 0 && step != total_steps) {
+    if (tc.eval_every > 0 && step % tc.eval_every == 0 && step != total_steps && !stop_now) {
       TraceSpan span(track, "eval");
       evaluate(rank, replica, comm, step);
     }
@@ -342,20 +513,36 @@ void Trainer::Impl::worker(int rank, Backend& backend, Communicator& comm, Worke
       TraceSpan span(track, "replica check");
       check_replicas(replica, comm, step);
     }
-    TraceSpan span(track, "barrier");
-    const double t0 = steady_now_s();
-    comm.barrier();
-    ctx.barrier_wait_s += steady_now_s() - t0;
+    {
+      TraceSpan span(track, "barrier");
+      const double t0 = steady_now_s();
+      comm.barrier();
+      ctx.barrier_wait_s += steady_now_s() - t0;
+    }
+    // Rank 0 writes after the step's barrier: every replica has taken the update.
+    const bool save = checkpoints && (stop_now || step == total_steps ||
+                                      (tc.checkpoint.every_steps > 0 && step % tc.checkpoint.every_steps == 0));
+    if (rank == 0 && save) {
+      TraceSpan span(track, "checkpoint");
+      save_checkpoint(replica, optimizer, step, epoch, batch_in_epoch, samples_before + samples_seen);
+    }
+    if (stop_now) {
+      if (rank == 0) summary.stopped_early = step < total_steps;
+      break;
+    }
   }
+  beat();
 
-  const EvalMetrics final_eval = evaluate(rank, replica, comm, total_steps);
-  check_replicas(replica, comm, total_steps);
+  const EvalMetrics final_eval = evaluate(rank, replica, comm, step);
+  check_replicas(replica, comm, step);
 
   // Where the time went, averaged over workers.
   double times[4] = {ctx.data_wait_s, ctx.barrier_wait_s, reducer.comm_seconds(),
                      reducer.exposed_seconds()};
   comm.all_reduce_host(times);
   if (rank == 0) {
+    summary.steps = step;
+    summary.samples = samples_seen;
     summary.final_train_loss = last.loss;
     summary.final_train_accuracy = last.accuracy;
     summary.eval_loss = final_eval.loss;
@@ -369,6 +556,47 @@ void Trainer::Impl::worker(int rank, Backend& backend, Communicator& comm, Worke
         times[2] > 0.0 ? std::clamp(1.0 - times[3] / times[2], 0.0, 1.0) : 0.0;
     final_params = replica.parameters();
   }
+}
+
+Model make_model(const Config& config, const Dataset& train) {
+  return Model::mlp({.inputs = train.features(),
+                     .hidden = config.model.hidden,
+                     .classes = train.classes(),
+                     .activation = config.model.activation});
+}
+
+EvalMetrics evaluate(const Config& config, const Model& model, std::span<const float> params,
+                     const Dataset& data) {
+  const int device_id = config.trainer.devices.at(0);
+  std::unique_ptr<Backend> backend = make_backend(config.trainer.backend, std::span(&device_id, 1));
+  std::unique_ptr<Device> device = backend->create_device(device_id, 1, config.trainer.threads_per_device);
+  const int batch = config.data.batch_size, features = model.inputs();
+  if (data.features() != features)
+    throw InputError(fmt::format("{}: the data has {} features, the model takes {}", config.source,
+                                 data.features(), features));
+  Replica replica(*device, model, batch);
+  replica.load_parameters(params);
+  std::vector<float> x(static_cast<std::size_t>(batch) * features);
+  std::vector<std::int32_t> y(batch);
+  DeviceArray<float> xd(*device, x.size());
+  DeviceArray<std::int32_t> yd(*device, y.size());
+  double loss = 0.0, correct = 0.0;
+  for (std::size_t begin = 0; begin < data.size(); begin += static_cast<std::size_t>(batch)) {
+    const int rows = static_cast<int>(std::min<std::size_t>(batch, data.size() - begin));
+    for (int r = 0; r < rows; ++r)
+      y[r] = data.get(begin + r, x.data() + static_cast<std::size_t>(r) * features);
+    xd.upload(std::span<const float>(x.data(), static_cast<std::size_t>(rows) * features));
+    yd.upload(std::span<const std::int32_t>(y.data(), rows));
+    const LossStats s = device->softmax_cross_entropy(replica.forward(xd.data(), rows), yd.data(),
+                                                      rows, model.outputs(), nullptr, 0.0f);
+    loss += s.loss_sum;
+    correct += static_cast<double>(s.correct);
+  }
+  EvalMetrics m;
+  m.samples = data.size();
+  m.loss = m.samples ? loss / m.samples : std::numeric_limits<double>::quiet_NaN();
+  m.accuracy = m.samples ? correct / m.samples : std::numeric_limits<double>::quiet_NaN();
+  return m;
 }
 
 Trainer::Trainer(Config config, std::shared_ptr<const Dataset> train,
@@ -393,9 +621,31 @@ const Model& Trainer::model() const noexcept { return impl_->model; }
 std::int64_t Trainer::total_steps() const noexcept { return impl_->total_steps; }
 const std::vector<float>& Trainer::final_parameters() const noexcept { return impl_->final_params; }
 
+void Trainer::Impl::record_failure(int rank, std::exception_ptr error, const std::string& device) {
+  WorkerFailure f{failure_order.fetch_add(1), rank, std::move(error), device};
+  std::lock_guard lock(failure_mutex);
+  failures.push_back(std::move(f));
+}
+
+void Trainer::resume_from(Checkpoint checkpoint) {
+  Impl& im = *impl_;
+  const std::string source = checkpoint.weights_file.string();
+  check_layout(checkpoint, im.model.param_tensors());
+  const std::uint64_t expected = config_hash(im.cfg);
+  if (checkpoint.state.config_hash != expected)
+    throw InputError(fmt::format(
+        "{}: written by a different configuration (config hash {:016x}, this config {:016x}); "
+        "model, data, optimizer, schedule and trainer.seed must match to resume",
+        source, checkpoint.state.config_hash, expected));
+  im.resume = std::move(checkpoint);
+}
+
+void Trainer::request_stop() noexcept { impl_->stop_requested.store(true); }
+
 Summary Trainer::run() {
   Impl& im = *impl_;
   const TrainerConfig& tc = im.cfg.trainer;
+  im.fault = fault_from_environment();
   std::unique_ptr<Backend> backend = make_backend(tc.backend, tc.devices);
   std::vector<std::unique_ptr<Communicator>> comms = backend->create_communicators(tc.devices);
   const int n = static_cast<int>(comms.size());
@@ -403,32 +653,41 @@ Summary Trainer::run() {
   im.summary = Summary{};
   im.summary.backend = std::string(backend->name());
   im.summary.devices = tc.devices;
-  im.summary.steps = im.total_steps;
   im.summary.parameters = im.model.param_count();
   im.summary.accumulate_steps = tc.accumulate_steps;
   im.summary.overlap = tc.overlap;
+  im.summary.resumed_from_step = im.resume ? im.resume->state.step : 0;
   im.failures.clear();
   im.final_params.clear();
   im.trace = std::make_unique<detail::Trace>(n, !tc.trace.empty());
-  im.initial = im.model.initial_parameters(tc.seed);
+  im.checkpoints = tc.checkpoint.dir.empty()
+                       ? nullptr
+                       : std::make_unique<CheckpointManager>(tc.checkpoint.dir, tc.checkpoint.keep_last);
+  if (!im.resume) im.initial = im.model.initial_parameters(tc.seed);
   im.start_s = steady_now_s();
+  im.heartbeat = std::make_unique<std::atomic<double>[]>(n);
+  im.progress = std::make_unique<std::atomic<std::int64_t>[]>(n);
+  im.heartbeat_step = std::make_unique<std::atomic<std::int64_t>[]>(n);
+  for (int r = 0; r < n; ++r) {
+    im.heartbeat[r].store(im.start_s);
+    im.progress[r].store(0);
+    im.heartbeat_step[r].store(0);
+  }
+  const auto device_name = [&](int rank) {
+    return std::string(backend->name()) + ":" + std::to_string(tc.devices[rank]);
+  };
 
   std::latch teardown(n);
   std::vector<std::thread> threads;
   threads.reserve(n);
   for (int rank = 0; rank < n; ++rank) {
-    threads.emplace_back([&im, &backend, &comms, &teardown, rank] {
+    threads.emplace_back([&im, &backend, &comms, &teardown, &device_name, rank] {
       Communicator& comm = *comms[rank];
       WorkerContext ctx;
       try {
         im.worker(rank, *backend, comm, ctx);
       } catch (...) {
-        WorkerFailure f{im.failure_order.fetch_add(1), rank, std::current_exception(),
-                        std::string(backend->name()) + ":" + std::to_string(im.cfg.trainer.devices[rank])};
-        {
-          std::lock_guard lock(im.failure_mutex);
-          im.failures.push_back(std::move(f));
-        }
+        im.record_failure(rank, std::current_exception(), device_name(rank));
         comm.abort();
       }
       // See Note [Failure]: nothing of ours may be freed while a peer can still touch it.
@@ -436,7 +695,39 @@ Summary Trainer::run() {
       teardown.arrive_and_wait();
     });
   }
+
+  // The step timeout. One stalled worker soon leaves the others waiting for it in a collective,
+  // so the whole group goes quiet; when no worker has made progress for step_timeout_s, the one
+  // furthest behind is the culprit, and the run is aborted in its name.
+  std::atomic<bool> finished{false};
+  std::thread watchdog;
+  if (tc.step_timeout_s > 0.0) {
+    watchdog = std::thread([&] {
+      const auto poll = std::chrono::duration<double>(std::min(0.1, tc.step_timeout_s / 4));
+      while (!finished.load() && !comms[0]->aborted()) {
+        std::this_thread::sleep_for(poll);
+        int behind = 0;
+        double latest = im.heartbeat[0].load();
+        for (int r = 1; r < n; ++r) {
+          if (im.progress[r].load() < im.progress[behind].load()) behind = r;
+          latest = std::max(latest, im.heartbeat[r].load());
+        }
+        const double silent = steady_now_s() - latest;
+        if (silent > tc.step_timeout_s && !finished.load()) {
+          im.record_failure(behind,
+                            std::make_exception_ptr(std::runtime_error(fmt::format(
+                                "no progress for {:.1f} s at step {}; the other workers wait for "
+                                "it (trainer.step_timeout_s: {})",
+                                silent, im.heartbeat_step[behind].load(), tc.step_timeout_s))),
+                            device_name(behind));
+          comms[0]->abort();
+        }
+      }
+    });
+  }
   for (std::thread& t : threads) t.join();
+  finished.store(true);
+  if (watchdog.joinable()) watchdog.join();
   im.summary.wall_s = steady_now_s() - im.start_s;
   if (im.trace->enabled()) im.trace->write_json(tc.trace, im.start_s);
 

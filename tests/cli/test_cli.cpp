@@ -1,6 +1,11 @@
 // The `lockstep` binary end to end: exit codes, messages for bad input, and the quickstart.
 #include <doctest/doctest.h>
+#include <signal.h>
 #include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
 
 #include <cstdio>
 #include <filesystem>
@@ -134,4 +139,66 @@ TEST_CASE("cli: 1 device x batch 64 and 4 devices x batch 16 give the same eval 
               .code == 0);
   const double la = json_number(read(a), "eval_loss"), lb = json_number(read(b), "eval_loss");
   CHECK(std::abs(la - lb) <= 1e-4 * std::abs(la));
+}
+
+TEST_CASE("cli: SIGINT finishes the step, leaves a loadable checkpoint and exits 130") {
+  const fs::path dir = temp_dir() / "sigint_ckpt";
+  fs::remove_all(dir);
+  const std::string set_dir = "trainer.checkpoint.dir=" + dir.string();
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    freopen("/dev/null", "w", stdout);
+    execl(LOCKSTEP_CLI_PATH, "lockstep", "train", kQuickstart.c_str(), "--set",
+          "trainer.steps=10000000", "--set", set_dir.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  REQUIRE(kill(pid, SIGINT) == 0);
+  int status = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(20)) {
+      kill(pid, SIGKILL);
+      FAIL("lockstep did not stop within 20 s of SIGINT");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 130);
+  // The checkpoint it left exports and evaluates.
+  const fs::path out = temp_dir() / "sigint.safetensors";
+  const Result exported = run_cli("export " + dir.string() + " --out " + out.string());
+  CHECK_MESSAGE(exported.code == 0, exported.output);
+  CHECK(fs::exists(out));
+  const Result evaluated = run_cli("eval " + kQuickstart + " --checkpoint " + dir.string());
+  CHECK_MESSAGE(evaluated.code == 0, evaluated.output);
+  CHECK(evaluated.output.find("eval loss") != std::string::npos);
+}
+
+TEST_CASE("cli: an injected fault exits 1 and names the worker") {
+  const std::string cmd = std::string("LOCKSTEP_FAULT=2:10:forward \"") + LOCKSTEP_CLI_PATH +
+                          "\" train " + kQuickstart + " --set trainer.devices=3 2>&1";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  REQUIRE(pipe != nullptr);
+  std::string output;
+  char buf[4096];
+  std::size_t got;
+  while ((got = fread(buf, 1, sizeof buf, pipe)) > 0) output.append(buf, got);
+  const int status = pclose(pipe);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 1);
+  CHECK_MESSAGE(output.find("worker 2 (cpu:2): injected fault: throw in forward at step 10") !=
+                    std::string::npos,
+                output);
+}
+
+TEST_CASE("cli: export and eval reject what is not a checkpoint") {
+  const fs::path junk = write("junk.safetensors", "not a safetensors file at all");
+  const Result ex = run_cli("export " + junk.string() + " --out " + (temp_dir() / "x.safetensors").string());
+  CHECK(ex.code == 2);
+  CHECK(ex.output.find("junk") != std::string::npos);
+  const Result ev = run_cli("eval " + kQuickstart + " --checkpoint " + (temp_dir() / "none").string());
+  CHECK(ev.code == 2);
+  CHECK(run_cli("export").code == 2);
 }

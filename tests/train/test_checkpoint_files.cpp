@@ -99,7 +99,8 @@ TEST_CASE("safetensors: round trip is bit-exact, in the parameter buffer's layou
   CHECK(header_size % 8 == 0);
   CHECK(bytes[8] == '{');
   CHECK(bytes.size() == 8 + header_size + c.params.size() * sizeof(float));
-  CHECK(checksum == detail::fnv1a64(bytes.data() + 8 + header_size, bytes.size() - 8 - header_size));
+  const std::size_t data_start = 8 + header_size;
+  CHECK(checksum == detail::fnv1a64(bytes.data() + data_start, bytes.size() - data_start));
 
   // For tests/train/check_safetensors.py: LOCKSTEP_KEEP_CHECKPOINT_DIR=dir keeps a copy.
   if (const char* keep = std::getenv("LOCKSTEP_KEEP_CHECKPOINT_DIR")) {
@@ -122,6 +123,10 @@ TEST_CASE("safetensors: the writer refuses tensors that do not tile the paramete
   std::vector<ParamTensor> overlap = c.tensors;
   overlap[1].offset -= 1;
   CHECK_THROWS_AS(write_safetensors(dir.path() / "b.safetensors", overlap, c.params),
+                  std::invalid_argument);
+  std::vector<ParamTensor> twins = c.tensors;
+  twins[1].name = twins[0].name;
+  CHECK_THROWS_AS(write_safetensors(dir.path() / "c.safetensors", twins, c.params),
                   std::invalid_argument);
   CHECK(fs::is_empty(dir.path()));
 }
@@ -151,7 +156,8 @@ TEST_CASE("safetensors: each kind of bad file is named, with where and what was 
        "tensor 'u': data_offsets [4, 8]: expected it to begin at 8"},
       {safetensors_bytes("{" + t2 + "}", 12),
        "offset 62: the tensors cover 8 bytes of data, the file holds 12 (truncated or extended?)"},
-      {safetensors_bytes("{" + t2 + "}", 4), "offset 62: the tensors cover 8 bytes of data, the file holds 4"},
+      {safetensors_bytes("{" + t2 + "}", 4),
+       "offset 62: the tensors cover 8 bytes of data, the file holds 4"},
       {safetensors_bytes(R"({"__metadata__":{"lockstep.checksum":"0000000000000000"},)" + t2 + "}",
                          8),
        "offset 118: the data's checksum is a8c7f832281a39c5, the header's lockstep.checksum says "
@@ -170,7 +176,9 @@ TEST_CASE("safetensors: each kind of bad file is named, with where and what was 
   // Padding after the JSON is allowed; a scalar has shape [].
   const fs::path ok = dir.write(
       "ok.safetensors",
-      safetensors_bytes("{" + t2 + R"(,"s":{"dtype":"F32","shape":[],"data_offsets":[8,12]}}  )", 12));
+      safetensors_bytes("{" + t2 + R"(,"s":{"dtype":"F32","shape":[],"data_offsets":[8,12]}})" +
+                            "  ",
+                        12));
   CHECK(read_safetensors(ok).data.size() == 3);
 }
 
@@ -225,7 +233,8 @@ TEST_CASE("safetensors: the reader survives random garbage and random header edi
 
 TEST_CASE("json: strings, escapes and UTF-8") {
   using detail::parse_json;
-  CHECK(parse_json(R"("a\"b\\\/\n\u00e9\ud83d\ude00")").text == "a\"b\\/\n\xc3\xa9\xf0\x9f\x98\x80");
+  CHECK(parse_json(R"("a\"b\\\/\n\u00e9\ud83d\ude00")").text ==
+        "a\"b\\/\n\xc3\xa9\xf0\x9f\x98\x80");
   CHECK(parse_json(detail::json_quote("q\"\x01\xc3\xa9")).text == "q\"\x01\xc3\xa9");
   CHECK_THROWS_AS(parse_json(R"("\ud83d")"), detail::JsonError);
   CHECK_THROWS_AS(parse_json("\"\xc0\xaf\""), detail::JsonError);  // overlong '/'
@@ -304,7 +313,8 @@ TEST_CASE("state file: a payload with a valid checksum but bad fields is rejecte
   // The first vector's length, after its 2-byte name length and 7-byte name: 2^60 floats.
   const std::size_t first_vector = 44 + 1 + 5 + 8 + 8 + 8 + 4;
   CHECK(error(patched(first_vector + 2 + 7, le(std::uint64_t{1} << 60)))
-            .find("state vector 'adamw.m': expected 1152921504606846976 floats") != std::string::npos);
+            .find("state vector 'adamw.m': expected 1152921504606846976 floats") !=
+        std::string::npos);
 
   std::mt19937_64 rng(11);
   for (int i = 0; i < 600; ++i) {

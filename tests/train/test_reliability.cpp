@@ -1,0 +1,194 @@
+// Checkpoints and exact resume, injected faults, the step timeout and the non-finite policy.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <numeric>
+
+#include "lockstep/lockstep.hpp"
+
+using namespace lockstep;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::shared_ptr<const Dataset> synthetic(std::size_t n, std::uint64_t seed) {
+  return std::make_shared<InMemoryDataset>(make_synthetic(n, 10, 3, seed));
+}
+
+Config config(int devices, OptimizerKind opt, const fs::path& dir) {
+  Config cfg;
+  cfg.source = "test";
+  cfg.model.hidden = {24, 16};
+  cfg.data.batch_size = 8;
+  cfg.optimizer.type = opt;
+  cfg.optimizer.lr = opt == OptimizerKind::sgd ? 0.05 : 0.01;
+  cfg.optimizer.momentum = opt == OptimizerKind::sgd ? 0.9 : 0.0;
+  cfg.schedule.type = ScheduleKind::warmup_cosine;
+  cfg.schedule.warmup_steps = 5;
+  cfg.trainer.backend = BackendKind::cpu;
+  cfg.trainer.devices.resize(devices);
+  std::iota(cfg.trainer.devices.begin(), cfg.trainer.devices.end(), 0);
+  cfg.trainer.steps = 40;  // 200 samples / 2 workers / batch 8: 13 batches an epoch, so 3+ epochs
+  cfg.trainer.seed = 11;
+  cfg.trainer.log_every = 1000;
+  cfg.trainer.threads_per_device = 1;
+  cfg.trainer.checkpoint.dir = dir.string();
+  cfg.trainer.checkpoint.keep_last = 2;
+  return cfg;
+}
+
+fs::path fresh_dir(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / ("lockstep_reliability_" + name);
+  fs::remove_all(dir);
+  return dir;
+}
+
+// Sets an environment variable for the scope of a test. Each doctest case runs in its own
+// process under CTest, so nothing leaks into other tests.
+struct ScopedEnv {
+  ScopedEnv(const char* name, const std::string& value) : name_(name) { setenv(name, value.c_str(), 1); }
+  ~ScopedEnv() { unsetenv(name_); }
+  const char* name_;
+};
+
+}  // namespace
+
+TEST_CASE("an interrupted and resumed run ends bit-identical to an uninterrupted one") {
+  for (OptimizerKind opt : {OptimizerKind::sgd, OptimizerKind::adamw}) {
+    CAPTURE(to_string(opt));
+    const fs::path full_dir = fresh_dir("full"), part_dir = fresh_dir("part");
+    auto train = synthetic(200, 1), eval = synthetic(30, 2);
+
+    Trainer full(config(2, opt, full_dir), train, eval);
+    full.run();
+
+    Trainer first(config(2, opt, part_dir), train, eval);
+    TrainerHooks hooks;
+    hooks.after_update = [&first](int rank, std::int64_t step, Replica&) {
+      if (rank == 0 && step == 16) first.request_stop();  // as SIGINT would
+    };
+    first.set_hooks(hooks);
+    const Summary stopped = first.run();
+    CHECK(stopped.stopped_early);
+    CHECK(stopped.steps == 17);  // the workers agree on the next step's boundary
+    CHECK(fs::exists(part_dir / "step_00000017.safetensors"));
+
+    Trainer second(config(2, opt, part_dir), train, eval);
+    second.resume_from(*CheckpointManager(part_dir, 0).load_latest());
+    const Summary resumed = second.run();
+    CHECK(resumed.resumed_from_step == 17);
+    CHECK(resumed.steps == 40);
+    CHECK(second.final_parameters() == full.final_parameters());
+    // The saved weights are those final parameters too.
+    CHECK(CheckpointManager::load(part_dir).params == full.final_parameters());
+  }
+}
+
+TEST_CASE("a checkpoint resumes on another device count, and refuses another config") {
+  const fs::path dir = fresh_dir("count");
+  auto train = synthetic(200, 1), eval = synthetic(30, 2);
+  Config cfg = config(2, OptimizerKind::sgd, dir);
+  cfg.trainer.steps = 10;
+  Trainer(cfg, train, eval).run();
+
+  Config more = config(4, OptimizerKind::sgd, dir);
+  more.trainer.steps = 20;
+  Trainer four(more, train, eval);
+  four.resume_from(*CheckpointManager(dir, 0).load_latest());
+  const Summary s = four.run();
+  CHECK(s.steps == 20);
+  CHECK(s.replicas_identical);
+
+  Config other = config(2, OptimizerKind::sgd, dir);
+  other.model.hidden = {24, 16};
+  other.optimizer.lr = 0.5;
+  Trainer different(other, train, eval);
+  CHECK_THROWS_WITH_AS(different.resume_from(*CheckpointManager(dir, 0).load_latest()),
+                       doctest::Contains("written by a different configuration"), InputError);
+}
+
+TEST_CASE("every injected fault ends the run within 10 s, naming the worker") {
+  struct Case {
+    const char* spec;
+    const char* message;
+    int rank;
+  };
+  const Case cases[] = {{"1:5:forward", "throw in forward at step 5", 1},
+                        {"0:3:loader", "the loader failed", 0},
+                        // Every rank sees the same non-finite norm; whichever reports first.
+                        {"2:4:nan", "non-finite gradient at step 4", -1},
+                        {"1:6:stall", "no progress for", 1}};
+  for (const Case& c : cases) {
+    CAPTURE(c.spec);
+    ScopedEnv fault("LOCKSTEP_FAULT", c.spec);
+    Config cfg = config(3, OptimizerKind::sgd, fresh_dir("fault"));
+    cfg.trainer.steps = 1000;
+    cfg.trainer.step_timeout_s = 1.0;
+    Trainer trainer(cfg, synthetic(200, 1), synthetic(30, 2));
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      trainer.run();
+      FAIL("run() should have thrown");
+    } catch (const WorkerError& e) {
+      if (c.rank >= 0) CHECK(e.rank() == c.rank);
+      CHECK_MESSAGE(std::string(e.what()).find(c.message) != std::string::npos, e.what());
+    }
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
+  }
+}
+
+TEST_CASE("the non-finite policy: stop names the tensor, skip drops the update and counts it") {
+  ScopedEnv fault("LOCKSTEP_FAULT", "1:7:nan");
+  Config cfg = config(2, OptimizerKind::adamw, fresh_dir("nonfinite"));
+  cfg.trainer.checkpoint.dir.clear();
+  cfg.trainer.steps = 12;
+  auto train = synthetic(200, 1), eval = synthetic(30, 2);
+
+  // The NaN lands in the last layer's gradient, which backward finishes first.
+  CHECK_THROWS_WITH_AS(Trainer(cfg, train, eval).run(),
+                       doctest::Contains("non-finite gradient at step 7: global norm nan, first in layers.4.weight"),
+                       WorkerError);
+
+  cfg.trainer.on_nonfinite = NonfinitePolicy::skip;
+  Trainer skipping(cfg, train, eval);
+  std::vector<float> before, after;
+  TrainerHooks hooks;
+  hooks.after_update = [&](int rank, std::int64_t step, Replica& replica) {
+    if (rank == 0 && step == 6) before = replica.parameters();
+    if (rank == 0 && step == 7) after = replica.parameters();
+  };
+  skipping.set_hooks(hooks);
+  const Summary s = skipping.run();
+  CHECK(s.nonfinite_skips == 1);
+  CHECK(s.steps == 12);
+  CHECK(before == after);  // step 7's update was dropped
+  for (float p : skipping.final_parameters()) REQUIRE(std::isfinite(p));
+
+  cfg.trainer.max_nonfinite_skips = 1;
+  CHECK_THROWS_WITH_AS(Trainer(cfg, train, eval).run(), doctest::Contains("in a row"), WorkerError);
+}
+
+TEST_CASE("checkpoints keep the newest keep_last, and a corrupt newest one falls back") {
+  const fs::path dir = fresh_dir("keep");
+  Config cfg = config(2, OptimizerKind::sgd, dir);
+  cfg.trainer.steps = 25;
+  cfg.trainer.checkpoint.every_steps = 5;
+  cfg.trainer.checkpoint.keep_last = 2;
+  Trainer(cfg, synthetic(200, 1), synthetic(30, 2)).run();
+  const auto kept = CheckpointManager(dir, 0).list();
+  REQUIRE(kept.size() == 2);
+  CHECK(kept[0].step == 20);
+  CHECK(kept[1].step == 25);
+
+  fs::resize_file(kept[1].weights, fs::file_size(kept[1].weights) - 3);  // truncated
+  std::vector<std::string> warnings;
+  const auto ckpt = CheckpointManager(dir, 0).load_latest(
+      [&](const std::string& w) { warnings.push_back(w); });
+  REQUIRE(ckpt.has_value());
+  CHECK(ckpt->state.step == 20);
+  REQUIRE(warnings.size() == 1);
+  CHECK(warnings[0].find("step_00000025.safetensors") != std::string::npos);
+}
