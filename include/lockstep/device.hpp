@@ -173,11 +173,18 @@ class Backend {
                                                 int threads_per_device) = 0;
 };
 
+// Settings of the GPU backend (trainer.comm, trainer.tf32); the CPU backend has none.
+struct BackendOptions {
+  CommKind comm = CommKind::automatic;
+  bool tf32 = false;
+};
+
 // The CPU backend: N devices are N worker threads, joined by a shared-memory communicator.
 std::unique_ptr<Backend> make_cpu_backend();
 // BackendKind::automatic picks CUDA when GPUs are usable and every id in `device_ids` names one
 // (repeated ids share a GPU); the CPU otherwise.
-std::unique_ptr<Backend> make_backend(BackendKind kind, std::span<const int> device_ids = {});
+std::unique_ptr<Backend> make_backend(BackendKind kind, std::span<const int> device_ids = {},
+                                      const BackendOptions& options = {});
 
 // A CPU device. `threads` is the size of its private oneTBB arena (at least 1).
 std::unique_ptr<Device> make_cpu_device(int id, int threads);

@@ -48,6 +48,15 @@ struct EvalMetrics {
   std::size_t samples = 0;
 };
 
+// Where one worker's time went over the run, in seconds.
+struct WorkerTimes {
+  double total_s = 0.0;           // the training loop, first step to last
+  double compute_s = 0.0;         // the rest: forward, backward, optimiser, eval
+  double comm_exposed_s = 0.0;    // blocked waiting for gradient all-reduces
+  double data_wait_s = 0.0;
+  double barrier_wait_s = 0.0;
+};
+
 struct Summary {
   std::string backend;
   std::vector<int> devices;
@@ -73,6 +82,8 @@ struct Summary {
   double comm_s = 0.0;            // gradient all-reduce, start to end
   double comm_exposed_s = 0.0;    // blocked waiting for the all-reduce
   double comm_hidden_fraction = 0.0;  // 1 - exposed / comm: the share hidden behind backward
+
+  std::vector<WorkerTimes> worker_times;  // indexed by rank
 
   std::int64_t resumed_from_step = 0;  // 0 when the run started from scratch
   bool stopped_early = false;          // request_stop() ended the run before `steps`

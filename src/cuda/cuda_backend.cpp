@@ -45,7 +45,7 @@ void check_device_ids(std::span<const int> ids) {
 
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(CudaComm comm) : comm_(comm) {}
+  explicit CudaBackend(const BackendOptions& options) : options_(options) {}
 
   std::string_view name() const noexcept override { return "cuda"; }
 
@@ -76,11 +76,11 @@ class CudaBackend final : public Backend {
     check_device_ids(device_ids);
     const bool distinct =
         std::set<int>(device_ids.begin(), device_ids.end()).size() == device_ids.size();
-    if (comm_ == CudaComm::nccl && !distinct)
+    if (options_.comm == CommKind::nccl && !distinct)
       throw InputError(
           "trainer.devices: NCCL needs a distinct GPU per worker, and these ids repeat; use the "
           "peer communicator for several workers on one GPU");
-    const bool nccl = comm_ == CudaComm::nccl || (comm_ == CudaComm::automatic && distinct);
+    const bool nccl = options_.comm == CommKind::nccl || (options_.comm == CommKind::automatic && distinct);
     return nccl ? cuda::make_nccl_group(device_ids) : cuda::make_peer_group(device_ids);
   }
 
@@ -89,11 +89,13 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Device> create_device(int device_id, int /*workers*/,
                                         int /*threads_per_device*/) override {
     check_device_ids(std::span<const int>(&device_id, 1));
-    return std::make_unique<cuda::CudaDevice>(device_id);
+    auto device = std::make_unique<cuda::CudaDevice>(device_id);
+    device->set_tf32(options_.tf32);
+    return device;
   }
 
  private:
-  CudaComm comm_;
+  BackendOptions options_;
 };
 
 }  // namespace
@@ -110,8 +112,8 @@ GpuProbe probe_gpus() {
   return {count, {}};
 }
 
-std::unique_ptr<Backend> make_cuda_backend(CudaComm comm) {
-  return std::make_unique<CudaBackend>(comm);
+std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options) {
+  return std::make_unique<CudaBackend>(options);
 }
 
 }  // namespace lockstep

@@ -13,13 +13,6 @@
 
 namespace lockstep {
 
-// The data plane that joins the CUDA workers.
-enum class CudaComm {
-  automatic,  // NCCL when every worker has its own GPU, peer when device ids repeat
-  nccl,       // NCCL; the device ids must be distinct (NCCL refuses two ranks on one GPU)
-  peer,       // our in-process all-reduce over device memory; any ids, including repeated ones
-};
-
 struct GpuProbe {
   int count = 0;       // GPUs this process can use
   std::string reason;  // why there is none, when count == 0
@@ -29,6 +22,10 @@ struct GpuProbe {
 // throw for them.
 GpuProbe probe_gpus();
 
-std::unique_ptr<Backend> make_cuda_backend(CudaComm comm = CudaComm::automatic);
+// options.comm picks the data plane: NCCL when every worker has its own GPU (automatic with
+// distinct ids; NCCL refuses two ranks on one GPU), or the peer communicator, our in-process
+// all-reduce over device memory, for any ids including repeated ones. options.tf32 switches
+// cuBLAS to TF32 tensor-core math on every device.
+std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options = {});
 
 }  // namespace lockstep

@@ -10,7 +10,9 @@
 
 namespace lockstep {
 
-std::unique_ptr<Backend> make_backend(BackendKind kind, std::span<const int> device_ids) {
+std::unique_ptr<Backend> make_backend(BackendKind kind,
+                                      [[maybe_unused]] std::span<const int> device_ids,
+                                      [[maybe_unused]] const BackendOptions& options) {
   switch (kind) {
     case BackendKind::cpu:
       return make_cpu_backend();
@@ -21,7 +23,7 @@ std::unique_ptr<Backend> make_backend(BackendKind kind, std::span<const int> dev
       const GpuProbe probe = probe_gpus();
       const bool fits = std::all_of(device_ids.begin(), device_ids.end(),
                                     [&](int id) { return id >= 0 && id < probe.count; });
-      if (probe.count > 0 && fits) return make_cuda_backend();
+      if (probe.count > 0 && fits) return make_cuda_backend(options);
     }
 #endif
       return make_cpu_backend();
@@ -30,7 +32,7 @@ std::unique_ptr<Backend> make_backend(BackendKind kind, std::span<const int> dev
       const GpuProbe probe = probe_gpus();
       if (probe.count == 0)
         throw InputError("trainer.backend: cuda was requested, but no usable GPU: " + probe.reason);
-      return make_cuda_backend();
+      return make_cuda_backend(options);
 #else
       throw InputError(
           "trainer.backend: cuda was requested, but this build of lockstep has no CUDA backend; "

@@ -11,6 +11,19 @@ namespace {
 // JSON has no NaN or Infinity: write null.
 std::string number(double v) { return std::isfinite(v) ? fmt::format("{:.9g}", v) : "null"; }
 
+std::string worker_times_json(const std::vector<WorkerTimes>& rows) {
+  std::string out;
+  for (std::size_t r = 0; r < rows.size(); ++r) {
+    const WorkerTimes& w = rows[r];
+    out += fmt::format(
+        "{}\n    {{\"rank\": {}, \"total_s\": {}, \"compute_s\": {}, \"comm_exposed_s\": {}, "
+        "\"data_wait_s\": {}, \"barrier_wait_s\": {}}}",
+        r ? "," : "", r, number(w.total_s), number(w.compute_s), number(w.comm_exposed_s),
+        number(w.data_wait_s), number(w.barrier_wait_s));
+  }
+  return rows.empty() ? out : out + "\n  ";
+}
+
 }  // namespace
 
 std::string Summary::to_json() const {
@@ -38,14 +51,19 @@ std::string Summary::to_json() const {
       "  \"barrier_wait_s\": {},\n"
       "  \"comm_s\": {},\n"
       "  \"comm_exposed_s\": {},\n"
-      "  \"comm_hidden_fraction\": {}\n"
+      "  \"comm_hidden_fraction\": {},\n"
+      "  \"resumed_from_step\": {},\n"
+      "  \"stopped_early\": {},\n"
+      "  \"nonfinite_skips\": {},\n"
+      "  \"worker_times\": [{}]\n"
       "}}\n",
       backend, fmt::join(devices, ", "), devices.size(), parameters, steps, samples,
       number(wall_s), number(samples_per_s), number(final_train_loss),
       number(final_train_accuracy), number(eval_loss), number(eval_accuracy),
       replicas_identical ? "true" : "false", replica_checks, param_hash, accumulate_steps, buckets,
       overlap ? "true" : "false", number(data_wait_s), number(barrier_wait_s), number(comm_s),
-      number(comm_exposed_s), number(comm_hidden_fraction));
+      number(comm_exposed_s), number(comm_hidden_fraction), resumed_from_step,
+      stopped_early ? "true" : "false", nonfinite_skips, worker_times_json(worker_times));
 }
 
 }  // namespace lockstep

@@ -369,7 +369,8 @@ void Trainer::Impl::worker(int rank, Backend& backend, Communicator& comm, Worke
   std::int64_t samples_seen = 0;  // over all workers, this run
   int skips_in_row = 0;
 
-  double last_report_s = steady_now_s();
+  const double loop_start_s = steady_now_s();
+  double last_report_s = loop_start_s;
   double window[3] = {0.0, 0.0, 0.0};  // loss sum, correct, samples since the last report
   StepMetrics last{};
   while (step < total_steps) {
@@ -536,10 +537,25 @@ void Trainer::Impl::worker(int rank, Backend& backend, Communicator& comm, Worke
   const EvalMetrics final_eval = evaluate(rank, replica, comm, step);
   check_replicas(replica, comm, step);
 
-  // Where the time went, averaged over workers.
-  double times[4] = {ctx.data_wait_s, ctx.barrier_wait_s, reducer.comm_seconds(),
-                     reducer.exposed_seconds()};
-  comm.all_reduce_host(times);
+  // Where the time went: per worker (each fills its own row), and averaged over workers.
+  const double loop_s = steady_now_s() - loop_start_s;
+  constexpr int kColumns = 5;
+  std::vector<double> rows(static_cast<std::size_t>(n) * kColumns, 0.0);
+  double* mine = rows.data() + static_cast<std::size_t>(rank) * kColumns;
+  mine[0] = loop_s;
+  mine[1] = reducer.exposed_seconds();
+  mine[2] = ctx.data_wait_s;
+  mine[3] = ctx.barrier_wait_s;
+  mine[4] = reducer.comm_seconds();
+  comm.all_reduce_host(rows);
+  double times[4] = {0.0, 0.0, 0.0, 0.0};  // data wait, barrier wait, comm, exposed comm
+  for (int r = 0; r < n; ++r) {
+    const double* row = rows.data() + static_cast<std::size_t>(r) * kColumns;
+    times[0] += row[2];
+    times[1] += row[3];
+    times[2] += row[4];
+    times[3] += row[1];
+  }
   if (rank == 0) {
     summary.steps = step;
     summary.samples = samples_seen;
@@ -554,6 +570,15 @@ void Trainer::Impl::worker(int rank, Backend& backend, Communicator& comm, Worke
     summary.comm_exposed_s = times[3] / n;
     summary.comm_hidden_fraction =
         times[2] > 0.0 ? std::clamp(1.0 - times[3] / times[2], 0.0, 1.0) : 0.0;
+    summary.worker_times.clear();
+    for (int r = 0; r < n; ++r) {
+      const double* row = rows.data() + static_cast<std::size_t>(r) * kColumns;
+      summary.worker_times.push_back({.total_s = row[0],
+                                      .compute_s = std::max(0.0, row[0] - row[1] - row[2] - row[3]),
+                                      .comm_exposed_s = row[1],
+                                      .data_wait_s = row[2],
+                                      .barrier_wait_s = row[3]});
+    }
     final_params = replica.parameters();
   }
 }
@@ -568,7 +593,8 @@ Model make_model(const Config& config, const Dataset& train) {
 EvalMetrics evaluate(const Config& config, const Model& model, std::span<const float> params,
                      const Dataset& data) {
   const int device_id = config.trainer.devices.at(0);
-  std::unique_ptr<Backend> backend = make_backend(config.trainer.backend, std::span(&device_id, 1));
+  std::unique_ptr<Backend> backend = make_backend(config.trainer.backend, std::span(&device_id, 1),
+                   {.comm = config.trainer.comm, .tf32 = config.trainer.tf32});
   std::unique_ptr<Device> device = backend->create_device(device_id, 1, config.trainer.threads_per_device);
   const int batch = config.data.batch_size, features = model.inputs();
   if (data.features() != features)
@@ -646,7 +672,7 @@ Summary Trainer::run() {
   Impl& im = *impl_;
   const TrainerConfig& tc = im.cfg.trainer;
   im.fault = fault_from_environment();
-  std::unique_ptr<Backend> backend = make_backend(tc.backend, tc.devices);
+  std::unique_ptr<Backend> backend = make_backend(tc.backend, tc.devices, {.comm = tc.comm, .tf32 = tc.tf32});
   std::vector<std::unique_ptr<Communicator>> comms = backend->create_communicators(tc.devices);
   const int n = static_cast<int>(comms.size());
 
