@@ -106,6 +106,7 @@ struct TrainerConfig {
   bool overlap = true;            // all-reduce each bucket as soon as backward fills it
   int accumulate_steps = 1;       // micro-batches per optimiser step; all-reduce after the last
   std::string trace;              // Chrome trace-event JSON of every worker, when set
+  std::string report;             // offline HTML report of the run (`lockstep train`), when set
   // Failure handling.
   NonfinitePolicy on_nonfinite = NonfinitePolicy::stop;  // NaN/Inf loss or gradient norm
   int max_nonfinite_skips = 5;    // skip: stop after this many skipped steps in a row

@@ -19,6 +19,7 @@
 #include <fmt/format.h>
 
 #include "cli/progress.hpp"
+#include "cli/report.hpp"
 #include "lockstep/lockstep.hpp"
 
 namespace fs = std::filesystem;
@@ -249,9 +250,17 @@ int train(const std::vector<std::string_view>& argv) {
   }
   const bool live = isatty(STDERR_FILENO) != 0;
   Progress progress(live ? stderr : stdout, live);
-  trainer.on_progress([&](const StepMetrics& m) { progress.step(m); });
+  std::optional<RunReport> report;
+  if (!cfg.trainer.report.empty()) report.emplace(cfg.trainer.report);
+  trainer.on_progress([&](const StepMetrics& m) {
+    progress.step(m);
+    if (report) report->step(m);
+  });
   trainer.on_step([&](const StepMetrics& m) { progress.log(m); });
-  trainer.on_eval([&](const EvalMetrics& m) { progress.eval(m); });
+  trainer.on_eval([&](const EvalMetrics& m) {
+    progress.eval(m);
+    if (report) report->eval(m);
+  });
 
   fmt::print("training {} parameters on {} worker(s), {} steps, batch {} per worker\n",
              trainer.model().param_count(), cfg.trainer.devices.size(), trainer.total_steps(),
@@ -268,6 +277,7 @@ int train(const std::vector<std::string_view>& argv) {
   progress.finish();
   print_summary(stdout, summary);
   if (!args.summary_json.empty()) write_file_atomically(args.summary_json, summary.to_json());
+  if (report) report->write(cfg, summary);
   if (const int sig = g_signal.load(); sig != 0) {
     fmt::print(stderr, "lockstep: stopped by signal {} after step {}{}\n", sig, summary.steps,
                summary.last_checkpoint.empty() ? " (no trainer.checkpoint.dir: nothing saved)"

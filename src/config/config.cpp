@@ -30,6 +30,7 @@
 #include <utility>
 
 #include <fmt/format.h>
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include "common/fnv1a.hpp"
@@ -179,6 +180,7 @@ void visit_schema(Visitor& v, C& c) {
   v.flag("overlap", c.trainer.overlap);
   v.integer("accumulate_steps", c.trainer.accumulate_steps, IntRule{.min = 1});
   v.text("trace", c.trainer.trace);
+  v.text("report", c.trainer.report);
   v.enumeration("on_nonfinite", c.trainer.on_nonfinite, kNonfinitePolicies);
   v.integer("max_nonfinite_skips", c.trainer.max_nonfinite_skips, IntRule{.min = 1});
   v.number("step_timeout_s", c.trainer.step_timeout_s, kNonNegative);
@@ -396,19 +398,72 @@ class Origins {
 
 // ---- Loading the tree -----------------------------------------------------------------------
 
+// Where each document of a YAML stream starts (its first token) and where its root node is.
+class DocumentMarks : public YAML::EventHandler {
+ public:
+  struct Document {
+    YAML::Mark start;
+    YAML::Mark root = YAML::Mark::null_mark();
+  };
+  std::vector<Document> documents;
+
+  void OnDocumentStart(const YAML::Mark& mark) override { documents.push_back({mark}); }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark& mark, YAML::anchor_t) override { node(mark); }
+  void OnAlias(const YAML::Mark& mark, YAML::anchor_t) override { node(mark); }
+  void OnScalar(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                const std::string&) override {
+    node(mark);
+  }
+  void OnSequenceStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {
+    node(mark);
+  }
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                  YAML::EmitterStyle::value) override {
+    node(mark);
+  }
+  void OnMapEnd() override {}
+
+ private:
+  void node(const YAML::Mark& mark) {
+    if (documents.back().root.is_null()) documents.back().root = mark;
+  }
+};
+
 // Parses `yaml` into a map of sections; an empty document is an empty map.
+//
+// The documents are counted with YAML::Parser rather than YAML::LoadAll: on a token that cannot
+// start a node ("," alone, "- 1\n,"), yaml-cpp 0.7 returns an empty document without consuming
+// it, and LoadAll loops forever, allocating (yaml-cpp issue #1040). Here a document that starts
+// where the previous one did is that stuck token, and an error.
 YAML::Node load_tree(std::string_view yaml, const std::string& source) {
-  std::vector<YAML::Node> documents;
+  const std::string text(yaml);
+  DocumentMarks marks;
+  YAML::Node root;
   try {
-    documents = YAML::LoadAll(std::string(yaml));
+    std::istringstream in(text);
+    YAML::Parser parser(in);
+    while (parser.HandleNextDocument(marks)) {
+      const auto& docs = marks.documents;
+      if (docs.size() > 1 && docs.back().start.pos == docs[docs.size() - 2].start.pos) {
+        const YAML::Mark at = docs.back().start;
+        const auto pos = static_cast<std::size_t>(at.pos);
+        const bool shown = pos < text.size() && std::isprint(static_cast<unsigned char>(text[pos]));
+        fail(mark_location(source, at), "",
+             shown ? fmt::format("unexpected '{}': expected a YAML node", text[pos])
+                   : std::string("unexpected token: expected a YAML node"));
+      }
+    }
+    root = YAML::Load(text);
   } catch (const YAML::Exception& e) {
     throw ConfigError(fmt::format("{}: {}", mark_location(source, e.mark), e.msg));
   }
-  if (documents.size() > 1)
-    fail(mark_location(source, documents[1].Mark()), "",
-         fmt::format("expected one YAML document, found {}", documents.size()));
-  if (documents.empty() || documents[0].IsNull()) return YAML::Node(YAML::NodeType::Map);
-  const YAML::Node& root = documents[0];
+  if (marks.documents.size() > 1)
+    fail(mark_location(source, marks.documents[1].root), "",
+         fmt::format("expected one YAML document, found {}", marks.documents.size()));
+  if (!root.IsDefined() || root.IsNull()) return YAML::Node(YAML::NodeType::Map);
   if (!root.IsMap())
     fail(mark_location(source, root.Mark()), "",
          fmt::format("expected a map of sections ({}), got {}", fmt::join(section_names(), ", "),

@@ -15,6 +15,7 @@ namespace lockstep::cuda {
 namespace {
 
 constexpr std::size_t kMinAllocation = 256;  // bytes; cudaMalloc's own alignment
+constexpr std::size_t kStagingChunk = std::size_t{4} << 20;  // bytes; copy_to_device's chunks
 
 ActivationKind kind_of(Activation f) {
   switch (f) {
@@ -37,11 +38,24 @@ CudaDevice::CudaDevice(int id) : id_(id) {
   partials_ = make_device_memory(kReduceBlocks * sizeof(double));
   result_ = make_device_memory(sizeof(LossResult));  // the largest result
   host_result_ = make_pinned_memory(sizeof(LossResult));
+  staging_ = make_pinned_memory(2 * kStagingChunk);
+  for (Event& e : staging_done_) e = make_event();
 }
 
 CudaDevice::~CudaDevice() {
-  // Let queued work finish before its scratch memory is freed.
+  // Possibly on another thread than ours, whose current device is another GPU: release
+  // everything with our device current, newest first, once the queued work that uses it is done.
+  DeviceGuard guard(id_);
   if (stream_) (void)cudaStreamSynchronize(stream_.get());
+  for (Event& e : staging_done_) e.reset();
+  staging_.reset();
+  row_correct_.reset();
+  row_loss_.reset();
+  host_result_.reset();
+  result_.reset();
+  partials_.reset();
+  cublas_.reset();
+  stream_.reset();
 }
 
 void CudaDevice::set_tf32(bool enabled) {
@@ -67,17 +81,32 @@ void* CudaDevice::allocate(std::size_t bytes) {
 
 void CudaDevice::deallocate(void* ptr) noexcept {
   if (!ptr) return;
+  DeviceGuard guard(id_);  // a DeviceArray may be destroyed on another thread
   // Kernels still queued may use the memory. Work on other streams that touched it (the
   // communicators') is already ordered before the compute stream's later work by events.
   (void)cudaStreamSynchronize(stream());
   (void)cudaFree(ptr);
 }
 
-// The host memory may be pageable, so wait: the caller may reuse it as soon as we return.
+// The host memory may be pageable, and the caller may reuse it as soon as we return. A plain
+// cudaMemcpyAsync from pageable memory may wait for the whole stream (and a stream sync after it
+// surely does), which would stall the host behind every queued kernel at each batch upload. So
+// the bytes go through two pinned chunks in turn: we wait only until the chunk's previous
+// transfer is done (long ago, in steady state), copy into it on the host, and queue the DMA.
 void CudaDevice::copy_to_device(void* dst, const void* host_src, std::size_t bytes) {
-  if (bytes == 0) return;
-  CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream()));
-  CUDA_CHECK(cudaStreamSynchronize(stream()));
+  auto* out = static_cast<char*>(dst);
+  const auto* in = static_cast<const char*>(host_src);
+  for (std::size_t done = 0; done < bytes;) {
+    const std::size_t len = std::min(kStagingChunk, bytes - done);
+    const int k = next_chunk_;
+    next_chunk_ = 1 - k;
+    char* chunk = static_cast<char*>(staging_.get()) + static_cast<std::size_t>(k) * kStagingChunk;
+    CUDA_CHECK(cudaEventSynchronize(staging_done_[k].get()));
+    std::memcpy(chunk, in + done, len);
+    CUDA_CHECK(cudaMemcpyAsync(out + done, chunk, len, cudaMemcpyHostToDevice, stream()));
+    CUDA_CHECK(cudaEventRecord(staging_done_[k].get(), stream()));
+    done += len;
+  }
 }
 
 void CudaDevice::copy_to_host(void* host_dst, const void* src, std::size_t bytes) {

@@ -3,10 +3,12 @@
 //   auto device = std::make_unique<lockstep::cuda::CudaDevice>(0);  // on the worker's thread
 //   cudaStream_t s = device->stream();                             // to order other work after it
 //
-// The constructor makes `id` the calling thread's current device; use the object on that thread.
-// Every kernel runs on one non-blocking compute stream; cuBLAS is bound to it. Calls that return
-// a value to the host (copy_to_host, softmax_cross_entropy, sum_squares, hash) and copy_to_device
-// wait for the stream; everything else only enqueues.
+// The constructor makes `id` the calling thread's current device; use the object on that thread
+// (the destructor may run on any thread). Every kernel runs on one non-blocking compute stream;
+// cuBLAS is bound to it. Calls that return a value to the host (copy_to_host,
+// softmax_cross_entropy, sum_squares, hash) wait for the stream; everything else only enqueues.
+// copy_to_device copies the host data into pinned staging memory before it returns, so the
+// caller may reuse its buffer at once, and the transfer itself is queued on the stream.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -77,6 +79,11 @@ class CudaDevice final : public Device {
   DeviceMemory row_loss_;     // row_capacity_ doubles
   DeviceMemory row_correct_;  // row_capacity_ ints
   int row_capacity_ = 0;
+  // copy_to_device's two pinned chunks of kStagingChunk bytes, each with an event recorded
+  // after its last transfer: a chunk is refilled once that transfer is done.
+  PinnedMemory staging_;
+  Event staging_done_[2];
+  int next_chunk_ = 0;
 };
 
 }  // namespace lockstep::cuda

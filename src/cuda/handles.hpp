@@ -33,6 +33,8 @@ class Owner {
   }
 
   T get() const noexcept { return handle_; }
+  // Destroys the handle now, if any.
+  void reset() noexcept { Owner().swap(*this); }
   // Gives up ownership: the caller destroys the handle.
   T release() noexcept { return std::exchange(handle_, T{}); }
   explicit operator bool() const noexcept { return handle_ != T{}; }
@@ -63,6 +65,30 @@ using Event = Owner<cudaEvent_t, DestroyEvent>;
 using DeviceMemory = Owner<void*, FreeDevice>;
 using PinnedMemory = Owner<void*, FreePinned>;
 using CublasHandle = Owner<cublasHandle_t, DestroyCublas>;
+
+// Makes `device` the calling thread's current device for the scope, then restores the previous
+// one. For code that may run on a thread whose current device is another, such as a destructor
+// on the host thread after the workers joined: cuBLAS handles and memory are released with
+// their own device current. Never throws; a failure leaves the current device as it was.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) noexcept : device_(device) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) {
+      (void)cudaGetLastError();
+      previous_ = -1;
+    }
+    if (previous_ != device_ && cudaSetDevice(device_) != cudaSuccess) (void)cudaGetLastError();
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+  ~DeviceGuard() {
+    if (previous_ >= 0 && previous_ != device_) (void)cudaSetDevice(previous_);
+  }
+
+ private:
+  int device_;
+  int previous_ = -1;
+};
 
 // All of these act on the calling thread's current device.
 

@@ -104,11 +104,13 @@ __global__ void activation_backward_kernel(ActivationKind f, const float* x, con
 // ---- Reduction kernels --------------------------------------------------------------------------
 
 // One thread per column: dbias[c] = float(dbias[c] + dy[0][c] + dy[1][c] + ...) in double, rows
-// in order, exactly as the CPU device. Neighbouring threads read neighbouring columns.
+// in order, exactly as the CPU device. Neighbouring threads read neighbouring columns. There are
+// only `cols` threads, so each keeps 16 loads in flight (the adds stay in row order).
 __global__ void bias_grad_kernel(float* dbias, const float* dy, int rows, int cols) {
   const int c = static_cast<int>(first_index());
   if (c >= cols) return;
   double acc = dbias[c];
+#pragma unroll 16
   for (int r = 0; r < rows; ++r) acc += dy[static_cast<std::size_t>(r) * cols + c];
   dbias[c] = static_cast<float>(acc);
 }
@@ -192,10 +194,21 @@ __global__ void softmax_xent_total_kernel(const double* row_loss, const int* row
   }
 }
 
-// Pass 1 of sum_squares: grid of exactly kReduceBlocks blocks, one partial per block.
+// Pass 1 of sum_squares: grid of exactly kReduceBlocks blocks, one partial per block. Each
+// thread takes its elements in grid-stride order, four loads at a time so that enough bytes are
+// in flight to stream at full bandwidth; the adds stay in that order.
 __global__ void sum_squares_kernel(const float* x, std::size_t n, double* partials) {
+  const std::size_t stride = grid_stride();
+  std::size_t i = first_index();
   double s = 0.0;
-  for (std::size_t i = first_index(); i < n; i += grid_stride()) {
+  for (; i < n && 3 * stride < n - i; i += 4 * stride) {  // i + 3 stride < n, without overflow
+    const double a = x[i], b = x[i + stride], c = x[i + 2 * stride], d = x[i + 3 * stride];
+    s += a * a;
+    s += b * b;
+    s += c * c;
+    s += d * d;
+  }
+  for (; i < n; i += stride) {
     const double v = x[i];
     s += v * v;
   }

@@ -330,8 +330,10 @@ void Trainer::Impl::worker(int rank, Backend& backend, Communicator& comm, Worke
   std::uint64_t epoch = 0, batch_in_epoch = 0;
   if (resume) {
     epoch = resume->state.epoch;
-    batch_in_epoch = resume->state.batch_in_epoch * static_cast<std::uint64_t>(resume->state.workers) /
-                     static_cast<std::uint64_t>(n);
+    batch_in_epoch = std::min<std::uint64_t>(
+        resume->state.batch_in_epoch * static_cast<std::uint64_t>(resume->state.workers) /
+            static_cast<std::uint64_t>(n),
+        batches_in(sampler.num_samples(), batch, cfg.data.drop_last));
   }
   sampler.set_epoch(epoch);
   std::shared_ptr<const Dataset> shard_data = train;

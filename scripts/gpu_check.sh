@@ -1,0 +1,349 @@
+#!/usr/bin/env bash
+# The GPU check: one command that builds lockstep with its CUDA backend (sm_90), runs the GPU
+# tests, the GPU benchmark (bench/bench_gpu.cpp) and the PyTorch reference
+# (bench/gpu_mlp_torch.py), and prints a short table last. See bench/GPU.md.
+#
+#   bash scripts/gpu_check.sh          # logs and CSVs under ${OUT:-./gpu-check-out}
+#
+# On the lent GPU machine (one H200; no network, none of our Debian packages; see
+# shared/GPU.md):
+#   1. here, once, from the project root:   bash ../shared/device/fetch-debs.sh .devdeps
+#   2. the device tool's run:               command "bash scripts/gpu_check.sh",
+#                                           carry [".devdeps"], timeout_s 540
+#   It takes about 3 to 5 minutes there, build included, and stops each phase with `timeout` so
+#   that the whole stays within LOCKSTEP_GPU_BUDGET_S (450 s). Then give the machine back.
+#
+# What it does:
+#   - .devdeps/*.deb present: unpacks them into /tmp/p and configures against that prefix
+#     (shared/GPU.md's flags); absent: uses the system's packages;
+#   - finds NCCL (the CUDA toolkit's, $NCCL_HOME, pip's nvidia-nccl package, or a search) and,
+#     when the toolkit lacks it, cuBLAS the same way;
+#   - configures build-gpu/ (Ninja when available, Release, CMAKE_CUDA_ARCHITECTURES=90) and
+#     builds with every core;
+#   - runs `lockstep_tests -ts='cuda*'` and reports passed / failed / skipped;
+#   - with a usable GPU: bench_gpu (TF32 off/on, peer replicas N = 1, 2, 4) and the PyTorch
+#     reference, then the table: lockstep and PyTorch samples/s and their ratio;
+#   - without one: says so plainly ("no usable GPU: <reason>") and exits 0 once the build and the
+#     (skipping) tests are done.
+#
+# Environment: OUT (log folder), LOCKSTEP_GPU_BUILD (build folder, default build-gpu),
+# LOCKSTEP_GPU_BUDGET_S (time budget, default 450), LOCKSTEP_DEPS_PREFIX (default /tmp/p),
+# LOCKSTEP_CMAKE_ARGS (extra configure arguments, split on spaces), NCCL_HOME, BENCH_ARGS and
+# TORCH_ARGS (extra arguments of bench_gpu and gpu_mlp_torch.py, e.g. "--runs 5").
+#
+# Exit status: 0 when the build succeeded, every GPU test passed or skipped, and (with a GPU)
+# both benchmarks ran; 1 otherwise.
+set -uo pipefail
+
+OUT="${OUT:-./gpu-check-out}"
+mkdir -p "$OUT" && OUT="$(cd "$OUT" && pwd)" || { echo "gpu_check: cannot create $OUT" >&2; exit 1; }
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT" || exit 1
+BUILD="${LOCKSTEP_GPU_BUILD:-$ROOT/build-gpu}"
+PREFIX="${LOCKSTEP_DEPS_PREFIX:-/tmp/p}"
+BUDGET="${LOCKSTEP_GPU_BUDGET_S:-450}"
+START=$(date +%s)
+LOG="$OUT/gpu_check.log"
+: > "$LOG"
+
+say() { echo "gpu_check: $*" | tee -a "$LOG"; }
+elapsed() { echo $(($(date +%s) - START)); }
+# Seconds the next phase may take: WANTED, cut to what the budget has left (keeping 15 s for the
+# table), and never below 10.
+limit() {
+  local left=$((START + BUDGET - $(date +%s) - 15))
+  ((left < 10)) && left=10
+  if (($1 < left)); then echo "$1"; else echo "$left"; fi
+}
+# run_phase NAME WANTED_SECONDS LOGFILE CMD...: runs CMD under timeout, output to LOGFILE.
+# Returns CMD's status (124 or 137 when it ran out of time).
+run_phase() {
+  local name=$1 wanted=$2 logfile=$3
+  shift 3
+  local t0 secs status
+  secs=$(limit "$wanted")
+  t0=$(date +%s)
+  say "$name: running (at most ${secs} s; log $logfile)"
+  timeout -k 10 "$secs" "$@" > "$logfile" 2>&1
+  status=$?
+  if ((status == 124 || status == 137)); then
+    say "$name: TIMED OUT after $(($(date +%s) - t0)) s"
+  else
+    say "$name: exit $status after $(($(date +%s) - t0)) s"
+  fi
+  return "$status"
+}
+
+# Results for the table.
+BUILD_RESULT="not run"
+TESTS_RESULT="not run"
+GPU_LINE=""
+NO_GPU_REASON=""
+BENCH_RESULT="not run"
+TORCH_RESULT="not run"
+FAILED=0
+
+# ---- Environment --------------------------------------------------------------------------------
+{
+  echo "date: $(date -u +%FT%TZ)  host: $(uname -srm)  cores: $(nproc)"
+  command -v nvidia-smi > /dev/null && timeout 30 nvidia-smi
+  command -v nvcc > /dev/null && nvcc --version
+  [ -x /usr/local/cuda/bin/nvcc ] && /usr/local/cuda/bin/nvcc --version | tail -2
+  cmake --version | head -1
+  command -v ninja > /dev/null && echo "ninja $(ninja --version)"
+  command -v python3 > /dev/null && python3 --version
+} > "$OUT/env.log" 2>&1
+if command -v nvidia-smi > /dev/null; then
+  say "nvidia-smi: $(timeout 30 nvidia-smi --query-gpu=name,driver_version,memory.total \
+    --format=csv,noheader 2>&1 | head -4 | tr '\n' ';')"
+else
+  say "nvidia-smi: not found"
+fi
+
+# ---- Dependencies -------------------------------------------------------------------------------
+CMAKE_ARGS=()
+if compgen -G ".devdeps/*.deb" > /dev/null; then
+  say "unpacking $(ls .devdeps/*.deb | wc -l) .deb files from .devdeps into $PREFIX"
+  mkdir -p "$PREFIX"
+  for f in .devdeps/*.deb; do
+    dpkg -x "$f" "$PREFIX" || { say "dpkg -x $f failed"; FAILED=1; }
+  done
+  CMAKE_ARGS+=(
+    "-DCMAKE_PREFIX_PATH=$PREFIX/usr"
+    "-DCMAKE_LIBRARY_PATH=$PREFIX/usr/lib/x86_64-linux-gnu/openblas-pthread;$PREFIX/usr/lib/x86_64-linux-gnu"
+    "-DCMAKE_INCLUDE_PATH=$PREFIX/usr/include/x86_64-linux-gnu/openblas-pthread;$PREFIX/usr/include")
+  export LD_LIBRARY_PATH="$PREFIX/usr/lib/x86_64-linux-gnu:$PREFIX/usr/lib/x86_64-linux-gnu/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+else
+  say "no .devdeps/*.deb: using the system's packages"
+fi
+
+# nvcc: on PATH, or the toolkit's usual place.
+if ! command -v nvcc > /dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
+  export PATH="/usr/local/cuda/bin:$PATH"
+fi
+CUDA_ROOT=""
+if command -v nvcc > /dev/null; then
+  CUDA_ROOT="$(cd "$(dirname "$(command -v nvcc)")/.." && pwd)"
+  CMAKE_ARGS+=("-DCMAKE_CUDA_COMPILER=$(command -v nvcc)")
+  say "nvcc: $(command -v nvcc) ($(nvcc --version | grep -o 'release [0-9.]*'))"
+else
+  say "nvcc: not found; lockstep builds without its CUDA backend"
+fi
+
+# The folder of a Python package (namespace packages included), or nothing.
+pip_dir() {
+  timeout "$(limit 60)" python3 -c 'import importlib, sys
+m = importlib.import_module(sys.argv[1])
+print(list(m.__path__)[0])' "$1" 2> /dev/null
+}
+# The first file named $1 anywhere on the machine (slow: a last resort).
+find_file() {
+  timeout "$(limit 60)" find / \( -path /proc -o -path /sys -o -path /dev -o -path "$ROOT" \) -prune \
+    -o -name "$1" -print 2> /dev/null | head -1
+}
+# in_toolkit FILE...: true when one of the patterns exists under the toolkit or the system paths.
+in_toolkit() {
+  local d f
+  for d in "$CUDA_ROOT/include" "$CUDA_ROOT/lib64" "$CUDA_ROOT/lib" \
+    "$CUDA_ROOT/targets/x86_64-linux/include" "$CUDA_ROOT/targets/x86_64-linux/lib" \
+    /usr/include /usr/lib/x86_64-linux-gnu; do
+    for f in "$@"; do compgen -G "$d/$f" > /dev/null && return 0; done
+  done
+  return 1
+}
+add_library_path() { export LD_LIBRARY_PATH="$1${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; }
+
+if [ -n "$CUDA_ROOT" ]; then
+  # NCCL: FindNCCL looks in $NCCL_HOME, then the toolkit, then the system.
+  if [ -n "${NCCL_HOME:-}" ]; then
+    say "NCCL: NCCL_HOME=$NCCL_HOME"
+    add_library_path "$NCCL_HOME/lib"
+  elif in_toolkit nccl.h && in_toolkit 'libnccl.so*'; then
+    say "NCCL: the CUDA toolkit's or the system's"
+  elif dir=$(pip_dir nvidia.nccl) && [ -n "$dir" ] && [ -f "$dir/include/nccl.h" ]; then
+    export NCCL_HOME="$dir"
+    add_library_path "$dir/lib"
+    say "NCCL: pip package, NCCL_HOME=$dir"
+  else
+    header=$(find_file nccl.h)
+    library=$(find_file 'libnccl.so*')
+    if [ -n "$header" ] && [ -n "$library" ]; then
+      CMAKE_ARGS+=("-DNCCL_INCLUDE_DIR=$(dirname "$header")" "-DNCCL_LIBRARY=$library")
+      add_library_path "$(dirname "$library")"
+      say "NCCL: found $header and $library"
+    else
+      say "NCCL: not found (set NCCL_HOME); the configure step will say so"
+    fi
+  fi
+  # cuBLAS: normally part of the toolkit; else pip's nvidia-cublas package or a search.
+  if ! in_toolkit cublas_v2.h || ! in_toolkit 'libcublas.so*'; then
+    header=$(find_file cublas_v2.h)
+    library=$(find_file 'libcublas.so*')
+    library_lt=$(find_file 'libcublasLt.so*')
+    if [ -n "$header" ] && [ -n "$library" ] && [ -n "$library_lt" ]; then
+      CMAKE_ARGS+=("-DCUDA_cublas_LIBRARY=$library" "-DCUDA_cublasLt_LIBRARY=$library_lt"
+        "-DCMAKE_CXX_FLAGS=-isystem $(dirname "$header")"
+        "-DCMAKE_CUDA_FLAGS=-isystem $(dirname "$header")")
+      add_library_path "$(dirname "$library")"
+      say "cuBLAS: not in the toolkit; using $library"
+    else
+      say "cuBLAS: not found; the configure step will say so"
+    fi
+  fi
+fi
+
+# ---- Configure and build ------------------------------------------------------------------------
+GENERATOR=()
+command -v ninja > /dev/null && GENERATOR=(-G Ninja)
+# A build folder made for another source tree or generator cannot be reused.
+if [ -f "$BUILD/CMakeCache.txt" ]; then
+  want_gen="Unix Makefiles"
+  ((${#GENERATOR[@]})) && want_gen="Ninja"
+  if ! grep -qx "CMAKE_HOME_DIRECTORY:INTERNAL=$ROOT" "$BUILD/CMakeCache.txt" ||
+    ! grep -qx "CMAKE_GENERATOR:INTERNAL=$want_gen" "$BUILD/CMakeCache.txt"; then
+    say "removing $BUILD (made for another tree or generator)"
+    rm -rf "$BUILD"
+  fi
+fi
+read -r -a EXTRA_ARGS <<< "${LOCKSTEP_CMAKE_ARGS:-}"
+build_start=$(date +%s)
+if run_phase configure 120 "$OUT/configure.log" \
+  cmake -S "$ROOT" -B "$BUILD" "${GENERATOR[@]}" -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_CUDA_ARCHITECTURES=90 -DLOCKSTEP_BUILD_TESTS=ON -DLOCKSTEP_BUILD_BENCH=ON \
+  "${CMAKE_ARGS[@]}" "${EXTRA_ARGS[@]}" &&
+  run_phase build 300 "$OUT/build.log" cmake --build "$BUILD" -j "$(nproc)"; then
+  BUILD_RESULT="ok ($(($(date +%s) - build_start)) s, $(nproc) cores)"
+  grep -E '^-- lockstep: CUDA backend' "$OUT/configure.log" | sed 's/^-- /gpu_check: /' | tee -a "$LOG"
+else
+  BUILD_RESULT="FAILED (see configure.log / build.log)"
+  FAILED=1
+  tail -n 25 "$OUT/build.log" "$OUT/configure.log" 2> /dev/null | tail -n 40
+fi
+
+# ---- GPU tests ----------------------------------------------------------------------------------
+build_ok=0
+[ "${BUILD_RESULT:0:2}" = ok ] && build_ok=1
+have_cuda_build=0
+((build_ok)) && [ -x "$BUILD/bench/bench_gpu" ] && have_cuda_build=1
+if ((build_ok)); then
+  run_phase tests 150 "$OUT/tests.log" "$BUILD/lockstep_tests" -ts='cuda*'
+  status=$?
+  # "[doctest] test cases: 16 | 16 passed | 0 failed | 113 skipped" (skipped: filtered out). A
+  # GPU test that cannot run says "MESSAGE: skipping: ..." and passes: count those as skipped.
+  line=$(grep -E '^\[doctest\] test cases:' "$OUT/tests.log" | tail -1)
+  if [ -n "$line" ]; then
+    ran=$(sed -E 's/.*test cases: *([0-9]+).*/\1/' <<< "$line")
+    passed=$(sed -E 's/.*\| *([0-9]+) passed.*/\1/' <<< "$line")
+    failed=$(sed -E 's/.*\| *([0-9]+) failed.*/\1/' <<< "$line")
+    skipped=$(grep -c 'MESSAGE: skipping' "$OUT/tests.log")
+    TESTS_RESULT="$((passed - skipped)) passed, $failed failed, $skipped skipped (of $ran)"
+  else
+    TESTS_RESULT="no doctest summary"
+  fi
+  if ((status != 0)); then
+    TESTS_RESULT="FAILED (exit $status): $TESTS_RESULT"
+    FAILED=1
+    grep -E 'ERROR|FATAL|TEST CASE|test_cuda.cpp' "$OUT/tests.log" | head -30
+  fi
+  say "GPU tests: $TESTS_RESULT"
+fi
+
+# ---- Is there a GPU? ----------------------------------------------------------------------------
+if ((have_cuda_build)); then
+  probe=$(timeout 60 "$BUILD/bench/bench_gpu" --probe 2>&1)
+  if grep -q '^gpu: ' <<< "$probe"; then
+    GPU_LINE=${probe#gpu: }
+    say "GPU: $GPU_LINE"
+  else
+    NO_GPU_REASON=$(sed -n 's/^no usable GPU: //p' <<< "$probe" | head -1)
+    [ -z "$NO_GPU_REASON" ] && NO_GPU_REASON="bench_gpu --probe said: $(head -c 300 <<< "$probe")"
+  fi
+elif ((build_ok)); then
+  NO_GPU_REASON="this build has no CUDA backend (no nvcc?); see configure.log"
+  if command -v nvidia-smi > /dev/null && timeout 30 nvidia-smi -L 2> /dev/null | grep -q GPU; then
+    FAILED=1  # a GPU is there and we could not build for it
+  fi
+else
+  NO_GPU_REASON="the build failed"
+fi
+if [ -n "$NO_GPU_REASON" ]; then
+  say "no usable GPU: $NO_GPU_REASON"
+  say "no usable GPU is present: the GPU tests skipped and the benchmarks are not run"
+  BENCH_RESULT="skipped (no usable GPU)"
+  TORCH_RESULT="skipped (no usable GPU)"
+fi
+
+# ---- Benchmarks ---------------------------------------------------------------------------------
+if [ -n "$GPU_LINE" ]; then
+  read -r -a bench_args <<< "${BENCH_ARGS:-}"
+  rm -f "$OUT/bench_gpu.csv" "$OUT/torch.csv"
+  if run_phase bench_gpu 180 "$OUT/bench_gpu.log" \
+    "$BUILD/bench/bench_gpu" --csv "$OUT/bench_gpu.csv" "${bench_args[@]}" &&
+    [ -s "$OUT/bench_gpu.csv" ]; then
+    BENCH_RESULT="ok"
+  else
+    BENCH_RESULT="FAILED (see bench_gpu.log)"
+    FAILED=1
+  fi
+  cat "$OUT/bench_gpu.log"
+  read -r -a torch_args <<< "${TORCH_ARGS:-}"
+  if run_phase torch 150 "$OUT/torch.log" \
+    python3 "$ROOT/bench/gpu_mlp_torch.py" --csv "$OUT/torch.csv" "${torch_args[@]}" &&
+    [ -s "$OUT/torch.csv" ]; then
+    TORCH_RESULT="ok"
+  elif grep -q '^no usable GPU' "$OUT/torch.log"; then
+    TORCH_RESULT="skipped: $(grep -m1 '^no usable GPU' "$OUT/torch.log")"
+    FAILED=1  # lockstep saw the GPU, so PyTorch should have
+  else
+    TORCH_RESULT="FAILED (see torch.log)"
+    FAILED=1
+  fi
+  cat "$OUT/torch.log"
+fi
+
+# ---- The table ----------------------------------------------------------------------------------
+{
+  echo
+  echo "==== lockstep GPU check, $(date -u +%FT%TZ), $(($(date +%s) - START)) s ===="
+  echo "GPU          ${GPU_LINE:-none: $NO_GPU_REASON}"
+  echo "build        $BUILD_RESULT"
+  echo "GPU tests    $TESTS_RESULT"
+  echo "bench_gpu    $BENCH_RESULT"
+  echo "PyTorch      $TORCH_RESULT"
+  if [ -s "$OUT/bench_gpu.csv" ]; then
+    echo
+    grep -m1 '^MLP ' "$OUT/bench_gpu.log"
+    echo "One replica on GPU 0, samples/s:"
+    awk -F, '
+      FNR == 1 { next }
+      FILENAME ~ /bench_gpu.csv$/ && $1 == "single" { ls[$2] = $6 }
+      FILENAME ~ /bench_gpu.csv$/ && $1 == "peer" { peer[++np] = $0 }
+      FILENAME ~ /torch.csv$/ { pt[$2] = $5 }
+      END {
+        printf "  %-9s %12s %12s %17s\n", "TF32", "lockstep", "PyTorch", "lockstep/PyTorch"
+        for (i = 1; i <= 2; ++i) {
+          t = i == 1 ? "off" : "on"
+          r = (t in pt) && pt[t] > 0 ? sprintf("%.2fx", ls[t] / pt[t]) : "n/a"
+          printf "  %-9s %12.0f %12s %17s\n", t, ls[t], (t in pt) ? sprintf("%.0f", pt[t]) : "n/a", r
+        }
+        print "  (target: lockstep >= 1.30x PyTorch)"
+        print ""
+        print "N replicas on GPU 0, peer communicator, TF32 off:"
+        printf "  %-3s %10s %12s %8s %11s\n", "N", "steps/s", "samples/s", "speedup", "efficiency"
+        for (i = 1; i <= np; ++i) {
+          split(peer[i], f, ",")
+          printf "  %-3s %10.1f %12.0f %8.2f %10.0f%%\n", f[3], f[5], f[6], f[7], 100 * f[8]
+        }
+      }' "$OUT/bench_gpu.csv" $([ -s "$OUT/torch.csv" ] && echo "$OUT/torch.csv")
+    echo
+    echo "Notes: both sides run forward, softmax cross-entropy, backward and an SGD momentum step"
+    echo "in fp32 on synthetic data. lockstep also does work PyTorch's loop does not: its loader"
+    echo "assembles each batch on the host and uploads it (PyTorch's batches are already on the"
+    echo "GPU), and it reads the loss, accuracy and gradient norm back to the host every step"
+    echo "(PyTorch's timed loop never synchronises). lockstep is timed on the host between steps,"
+    echo "PyTorch with CUDA events. The replicas of the peer rows share one GPU: efficiency is not"
+    echo "expected to approach 100%."
+  fi
+  echo "logs: $OUT"
+} | tee "$OUT/summary.txt"
+exit "$FAILED"

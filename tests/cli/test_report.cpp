@@ -1,0 +1,86 @@
+// `trainer.report: FILE` end to end: the HTML page of a short run is complete, self-contained
+// and holds the charts and the per-worker table.
+#include <doctest/doctest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Result {
+  int code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+Result run_cli(const std::string& args) {
+  const std::string cmd = std::string("\"") + LOCKSTEP_CLI_PATH + "\" " + args + " 2>&1";
+  Result r;
+  FILE* pipe = popen(cmd.c_str(), "r");
+  REQUIRE(pipe != nullptr);
+  char buf[4096];
+  std::size_t got;
+  while ((got = fread(buf, 1, sizeof buf, pipe)) > 0) r.output.append(buf, got);
+  const int status = pclose(pipe);
+  REQUIRE_MESSAGE(WIFEXITED(status), "killed by a signal: " << r.output);
+  r.code = WEXITSTATUS(status);
+  return r;
+}
+
+std::size_t count(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (std::size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+const std::string kQuickstart = std::string(LOCKSTEP_SOURCE_DIR) + "/configs/quickstart.yaml";
+
+}  // namespace
+
+TEST_CASE("cli: trainer.report writes a self-contained HTML report") {
+  const fs::path dir = fs::temp_directory_path() / "lockstep_report_test";
+  fs::create_directories(dir);
+  const fs::path file = dir / "run.html";
+  fs::remove(file);
+  const Result r = run_cli("train " + kQuickstart +
+                           " --set trainer.devices=2 --set trainer.steps=40 --set trainer.eval_every=10"
+                           " --set trainer.report=" + file.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  std::ifstream f(file);
+  REQUIRE(f);
+  const std::string html{std::istreambuf_iterator<char>(f), {}};
+
+  CHECK(html.starts_with("<!DOCTYPE html>"));
+  CHECK(html.ends_with("</html>\n"));
+  // Loss, accuracy, throughput and learning rate (warmup_cosine changes it), and the workers.
+  CHECK(count(html, "<svg ") == 5);
+  CHECK(count(html, "</svg>") == 5);
+  CHECK(count(html, "<table") == count(html, "</table>"));
+  CHECK(html.find("<polyline") != std::string::npos);
+  CHECK(count(html, "<circle") == 4 * 2);  // eval at steps 10, 20, 30 and 40: loss and accuracy
+  CHECK(html.find("Where each worker's time went") != std::string::npos);
+  CHECK(html.find("<td>0</td>") != std::string::npos);  // one row per rank in the worker table
+  CHECK(html.find("<td>1</td>") != std::string::npos);
+  CHECK(html.find("communication (exposed)") != std::string::npos);
+  CHECK(html.find("replicas identical") != std::string::npos);
+  CHECK(html.find("One point per step.") != std::string::npos);
+  // Nothing is fetched from anywhere: no links, no scripts, no external resources.
+  CHECK(html.find("http") == std::string::npos);
+  CHECK(html.find("<script") == std::string::npos);
+  CHECK(html.find("src=") == std::string::npos);
+  CHECK(html.find("href=") == std::string::npos);
+  CHECK(html.find("@import") == std::string::npos);
+  CHECK(html.find("url(") == std::string::npos);
+  CHECK(html.find("nan") == std::string::npos);  // every coordinate is finite
+}
+
+TEST_CASE("cli: trainer.report into a missing directory is bad input, before training") {
+  const Result r = run_cli("train " + kQuickstart + " --set trainer.report=/nonexistent-dir/run.html");
+  CHECK(r.code == 2);
+  CHECK(r.output.find("trainer.report") != std::string::npos);
+  CHECK(r.output.find("training ") == std::string::npos);
+}
