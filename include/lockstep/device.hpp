@@ -65,6 +65,16 @@ class Device {
   virtual void copy_to_device(void* dst, const void* host_src, std::size_t bytes) = 0;
   virtual void copy_to_host(void* host_dst, const void* src, std::size_t bytes) = 0;  // waits
   virtual void copy(void* dst, const void* src, std::size_t bytes) = 0;  // device to device
+
+  // Batch staging, one batch ahead (double buffering). stage_to_device() starts copying host
+  // memory into `dst` through staging slot `slot` (0 to 3) and returns once `host_src` may be
+  // reused; the copy may overlap kernels already queued. wait_staged(slot) orders every later
+  // kernel after that copy. A slot's next stage_to_device() may only follow its wait_staged().
+  // The defaults copy synchronously; a GPU stages through pinned memory on a copy stream.
+  virtual void stage_to_device(void* dst, const void* host_src, std::size_t bytes, int /*slot*/) {
+    copy_to_device(dst, host_src, bytes);
+  }
+  virtual void wait_staged(int /*slot*/) {}
   virtual void synchronize() = 0;
 
   // x[0..n) = value

@@ -344,9 +344,33 @@ void Trainer::Impl::worker(int rank, Backend& backend, Communicator& comm, Worke
                                              cfg.data.prefetch, batch_in_epoch);
   const std::uint64_t batches_per_epoch = ctx.loader->batches_per_epoch();
 
-  DeviceArray<float> x(dev, static_cast<std::size_t>(batch) * features);
-  DeviceArray<std::int32_t> y(dev, batch);
   DeviceArray<float> dlogits(dev, static_cast<std::size_t>(batch) * classes);
+  // Double buffering: while the device computes on one batch, the next is already on its way
+  // (see Device::stage_to_device). Staging slots 2i and 2i + 1 carry buffer i's x and y.
+  struct Staged {
+    DeviceArray<float> x;
+    DeviceArray<std::int32_t> y;
+    Batch batch;  // its host copy: size, epoch and position
+  };
+  Staged staged[2] = {{DeviceArray<float>(dev, static_cast<std::size_t>(batch) * features),
+                       DeviceArray<std::int32_t>(dev, batch), {}},
+                      {DeviceArray<float>(dev, static_cast<std::size_t>(batch) * features),
+                       DeviceArray<std::int32_t>(dev, batch), {}}};
+  std::int64_t batches_left = (total_steps - step) * k;
+  const auto stage = [&](int i) {
+    Staged& s = staged[i];
+    {
+      TraceSpan span(track, "data wait");
+      const double t0 = steady_now_s();
+      s.batch = ctx.loader->next();
+      ctx.data_wait_s += steady_now_s() - t0;
+    }
+    dev.stage_to_device(s.x.data(), s.batch.x.data(), s.batch.x.size() * sizeof(float), 2 * i);
+    dev.stage_to_device(s.y.data(), s.batch.y.data(), s.batch.y.size() * sizeof(std::int32_t), 2 * i + 1);
+    --batches_left;
+  };
+  int current = 0;
+  if (batches_left > 0) stage(current);
 
   // Backward reports each layer; the reducer starts a bucket's all-reduce once it is full.
   double layer_start_s = 0.0;
@@ -383,13 +407,12 @@ void Trainer::Impl::worker(int rank, Backend& backend, Communicator& comm, Worke
     LossStats stats;
     double step_samples = 0.0;
     for (int micro = 0; micro < k; ++micro) {
-      Batch b;
-      {
-        TraceSpan span(track, "data wait");
-        const double t0 = steady_now_s();
-        b = ctx.loader->next();
-        ctx.data_wait_s += steady_now_s() - t0;
-      }
+      Staged& in = staged[current];
+      dev.wait_staged(2 * current);
+      dev.wait_staged(2 * current + 1);
+      current = 1 - current;
+      if (batches_left > 0) stage(current);  // the next batch travels while this one computes
+      const Batch& b = in.batch;
       // Where the next batch comes from, for checkpoints.
       epoch = b.epoch;
       batch_in_epoch = b.index_in_epoch + 1;
@@ -405,16 +428,14 @@ void Trainer::Impl::worker(int rank, Backend& backend, Communicator& comm, Worke
         while (!comm.aborted()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
         throw CommAborted();
       }
-      x.upload(b.x);
-      y.upload(b.y);
       const float* logits;
       {
         TraceSpan span(track, "forward");
-        logits = replica.forward(x.data(), b.size);
+        logits = replica.forward(in.x.data(), b.size);
       }
       // Each worker averages over its own k micro-batches; the all-reduce then averages over
       // workers: the mean over the global batch, since every shard has the same batch size.
-      const LossStats s = dev.softmax_cross_entropy(logits, y.data(), b.size, classes,
+      const LossStats s = dev.softmax_cross_entropy(logits, in.y.data(), b.size, classes,
                                                     dlogits.data(),
                                                     1.0f / static_cast<float>(b.size * k));
       stats.loss_sum += s.loss_sum;
@@ -425,7 +446,7 @@ void Trainer::Impl::worker(int rank, Backend& backend, Communicator& comm, Worke
       inject_nan = last_micro && fault.at(rank, step, Fault::Kind::nan);
       layer_start_s = steady_now_s();
       TraceSpan span(track, "backward");
-      replica.backward(x.data(), dlogits.data(), b.size,
+      replica.backward(in.x.data(), dlogits.data(), b.size,
                        last_micro ? std::function<void(std::size_t)>(grads_ready) : nullptr);
     }
     reducer.launch_remaining();
