@@ -12,6 +12,9 @@
 //   build/bench/bench_gpu [--runs 3] [--warmup 10] [--steps 20] [--batch 256]
 //                         [--sizes 1024,4096,4096,1024] [--csv FILE]
 //   build/bench/bench_gpu --probe      # only says which GPU it would use
+//   build/bench/bench_gpu --backend cpu --sizes 64,128,10 --batch 32
+//                                      # the same measurements on the CPU backend, to check
+//                                      # the benchmark itself on a machine without a GPU
 //
 // Without a usable GPU it prints "no usable GPU: <reason>" and exits 0.
 #include <algorithm>
@@ -39,6 +42,7 @@ struct Options {
   std::vector<int> sizes{1024, 4096, 4096, 1024};  // inputs, hidden..., classes
   std::string csv;
   bool probe = false;
+  BackendKind backend = BackendKind::cuda;
 };
 
 std::vector<int> parse_sizes(const std::string& text) {
@@ -65,7 +69,12 @@ Options parse(int argc, char** argv) {
     else if (flag == "--batch") o.batch = std::stoi(value);
     else if (flag == "--sizes") o.sizes = parse_sizes(value);
     else if (flag == "--csv") o.csv = value;
-    else throw std::invalid_argument(fmt::format("unknown flag '{}'", flag));
+    else if (flag == "--backend") {
+      if (value != "cuda" && value != "cpu")
+        throw std::invalid_argument(
+            fmt::format("--backend: expected cuda or cpu, got '{}'", value));
+      o.backend = value == "cpu" ? BackendKind::cpu : BackendKind::cuda;
+    } else throw std::invalid_argument(fmt::format("unknown flag '{}'", flag));
   }
   if (o.runs < 1 || o.warmup < 1 || o.steps < 1 || o.batch < 1)
     throw std::invalid_argument("--runs, --warmup, --steps and --batch must be at least 1");
@@ -77,7 +86,8 @@ struct Run {
   double final_loss = 0.0;
 };
 
-// One fresh Trainer on `devices` (GPU ids, repeats allowed), peer communicator.
+// One fresh Trainer on `devices` (device ids, repeats allowed); on the GPU with the peer
+// communicator.
 Run run_once(const Options& o, std::shared_ptr<const Dataset> data, std::vector<int> devices,
              bool tf32) {
   Config cfg;
@@ -90,11 +100,11 @@ Run run_once(const Options& o, std::shared_ptr<const Dataset> data, std::vector<
   cfg.optimizer.type = OptimizerKind::sgd;
   cfg.optimizer.lr = 0.01;
   cfg.optimizer.momentum = 0.9;
-  cfg.trainer.backend = BackendKind::cuda;
+  cfg.trainer.backend = o.backend;
   cfg.trainer.devices = std::move(devices);
   // With one replica the peer communicator's all-reduce is the identity: no NCCL copy, so the
   // step is the same work as PyTorch's. With several it is the only choice on one GPU.
-  cfg.trainer.comm = CommKind::peer;
+  if (o.backend == BackendKind::cuda) cfg.trainer.comm = CommKind::peer;
   cfg.trainer.tf32 = tf32;
   const std::int64_t total = o.warmup + o.steps;
   cfg.trainer.steps = total;
@@ -109,7 +119,8 @@ Run run_once(const Options& o, std::shared_ptr<const Dataset> data, std::vector<
     if (m.step == total) t_end = m.elapsed_s;
   });
   const Summary s = trainer.run();
-  if (s.backend != "cuda") throw std::runtime_error("the trainer did not run on the GPU");
+  if (s.backend != to_string(o.backend))
+    throw std::runtime_error(fmt::format("the trainer ran on backend {}", s.backend));
   if (!s.replicas_identical) throw std::runtime_error("replicas diverged");
   return {.steps_per_s = static_cast<double>(o.steps) / (t_end - t_warm),
           .final_loss = s.final_train_loss};
@@ -146,23 +157,24 @@ std::string join(const std::vector<int>& sizes) {
 int run_benchmarks(const Options& o) {
   std::unique_ptr<Backend> backend;
   try {
-    backend = make_backend(BackendKind::cuda);
+    backend = make_backend(o.backend);
   } catch (const InputError& e) {
     const std::string what = e.what();
     const std::string key = "no usable GPU: ";
     const std::size_t at = what.find(key);
-    fmt::print("no usable GPU: {}\n", at == std::string::npos ? what : what.substr(at + key.size()));
+    fmt::print("no usable GPU: {}\n",
+               at == std::string::npos ? what : what.substr(at + key.size()));
     return 0;
   }
   const std::vector<DeviceInfo> gpus = backend->devices();
   if (gpus.empty()) {
-    fmt::print("no usable GPU: the CUDA backend lists no device\n");
+    fmt::print("no usable GPU: the {} backend lists no device\n", to_string(o.backend));
     return 0;
   }
   backend.reset();
   const DeviceInfo& gpu = gpus.front();
   if (o.probe) {
-    fmt::print("gpu: cuda:0 {} ({}, {} MiB); {} GPU(s)\n", gpu.name, gpu.detail,
+    fmt::print("gpu: {}:0 {} ({}, {} MiB); {} device(s)\n", gpu.backend, gpu.name, gpu.detail,
                gpu.memory_bytes >> 20, gpus.size());
     return 0;
   }
@@ -172,7 +184,7 @@ int run_benchmarks(const Options& o) {
   const std::size_t samples = static_cast<std::size_t>(o.batch) * 16;
   auto data = std::make_shared<InMemoryDataset>(make_synthetic(samples, inputs, classes, 1));
 
-  fmt::print("bench_gpu: cuda:0 {} ({}, {} MiB)\n", gpu.name, gpu.detail,
+  fmt::print("bench_gpu: {}:0 {} ({}, {} MiB)\n", gpu.backend, gpu.name, gpu.detail,
              gpu.memory_bytes >> 20);
   fmt::print("MLP {} (ReLU), batch {} per replica, fp32, SGD momentum 0.9; median of {} runs, "
              "{} steps timed after {} warm-up\n\n",
@@ -194,7 +206,7 @@ int run_benchmarks(const Options& o) {
     return samples_per_s;
   };
 
-  fmt::print("(a) one replica on GPU 0\n");
+  fmt::print("(a) one replica on {}:0\n", to_string(o.backend));
   fmt::print("{:>6} {:>10} {:>12} {:>17} {:>11}\n", "tf32", "steps/s", "samples/s",
              "runs min..max", "final loss");
   for (bool tf32 : {false, true}) {
@@ -204,7 +216,8 @@ int run_benchmarks(const Options& o) {
                p.steps_per_s, samples_per_s, p.lo, p.hi, p.final_loss);
   }
 
-  fmt::print("\n(b) N replicas on GPU 0, peer communicator, tf32 off\n");
+  fmt::print("\n(b) N replicas on {}:0, {} communicator, tf32 off\n", to_string(o.backend),
+             o.backend == BackendKind::cuda ? "peer" : "shared-memory");
   fmt::print("{:>6} {:>10} {:>12} {:>8} {:>10}\n", "N", "steps/s", "samples/s", "speedup",
              "efficiency");
   double base = 0.0;
@@ -217,8 +230,10 @@ int run_benchmarks(const Options& o) {
     fmt::print("{:>6} {:>10.1f} {:>12.0f} {:>8.2f} {:>9.0f}%\n", n, p.steps_per_s, samples_per_s,
                speedup, 100.0 * speedup / n);
   }
-  fmt::print("\nThe N replicas of (b) share one GPU: speedup above 1 only comes from overlapping\n"
-             "their kernels, and efficiency (speedup / N) is not expected to approach 100%.\n");
+  if (o.backend == BackendKind::cuda)
+    fmt::print("\nThe N replicas of (b) share one GPU: speedup above 1 only comes from\n"
+               "overlapping their kernels, and efficiency (speedup / N) is not expected to\n"
+               "approach 100%.\n");
   return 0;
 }
 

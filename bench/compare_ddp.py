@@ -6,8 +6,9 @@ per-worker batch, optimiser (SGD, momentum 0.9, same lr), step count and threads
 
   lockstep  build/lockstep train CONFIG --scaling N --summary-json FILE: one process, N worker
             threads, trainer.threads_per_device = T;
-  torch     torch.multiprocessing.spawn of N processes, DDP over gloo, torch.set_num_threads(T),
-            batches gathered from the in-memory tensors (no DataLoader), shuffled every epoch.
+  torch     torch.multiprocessing.spawn of N processes, DDP over gloo, torch.set_num_threads(T)
+            (and OPENBLAS_NUM_THREADS = OMP_NUM_THREADS = T), batches gathered from the in-memory
+            tensors (no DataLoader), shuffled every epoch.
 
 T = max(1, cores // N), lockstep's own default, set explicitly in both. Throughput is measured
 the same way in both: global samples/s from the end of step steps/10 to the end of the last step,
@@ -170,6 +171,10 @@ def free_port() -> int:
 
 def run_torch(w: Workload, cache: str, workers: int, threads: int):
     import torch.multiprocessing as mp
+    # torch's GEMMs go to OpenBLAS (Debian's build), whose own thread pool ignores
+    # torch.set_num_threads: cap it, and OpenMP's, at T too. Spawned children read these.
+    os.environ["OPENBLAS_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"] = str(threads)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # loopback: no network needed
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     mp.spawn(torch_worker, args=(workers, w, cache, threads, free_port(), queue), nprocs=workers,

@@ -10,8 +10,9 @@
 #   1. here, once, from the project root:   bash ../shared/device/fetch-debs.sh .devdeps
 #   2. the device tool's run:               command "bash scripts/gpu_check.sh",
 #                                           carry [".devdeps"], timeout_s 540
-#   It takes about 3 to 5 minutes there, build included, and stops each phase with `timeout` so
-#   that the whole stays within LOCKSTEP_GPU_BUDGET_S (450 s). Then give the machine back.
+#   Expected to take a few minutes there, build included (not yet measured); each phase runs
+#   under `timeout`, cut so that the whole stays within LOCKSTEP_GPU_BUDGET_S (450 s). Then give
+#   the machine back.
 #
 # What it does:
 #   - .devdeps/*.deb present: unpacks them into /tmp/p and configures against that prefix
@@ -27,7 +28,8 @@
 #     (skipping) tests are done.
 #
 # Environment: OUT (log folder), LOCKSTEP_GPU_BUILD (build folder, default build-gpu),
-# LOCKSTEP_GPU_BUDGET_S (time budget, default 450), LOCKSTEP_DEPS_PREFIX (default /tmp/p),
+# LOCKSTEP_GPU_BUDGET_S (time budget, default 450), LOCKSTEP_GPU_BUILD_S (the build's own limit,
+# default 300; raise both on a small machine), LOCKSTEP_DEPS_PREFIX (default /tmp/p),
 # LOCKSTEP_CMAKE_ARGS (extra configure arguments, split on spaces), NCCL_HOME, BENCH_ARGS and
 # TORCH_ARGS (extra arguments of bench_gpu and gpu_mlp_torch.py, e.g. "--runs 5").
 #
@@ -36,7 +38,11 @@
 set -uo pipefail
 
 OUT="${OUT:-./gpu-check-out}"
-mkdir -p "$OUT" && OUT="$(cd "$OUT" && pwd)" || { echo "gpu_check: cannot create $OUT" >&2; exit 1; }
+if ! mkdir -p "$OUT"; then
+  echo "gpu_check: cannot create $OUT" >&2
+  exit 1
+fi
+OUT="$(cd "$OUT" && pwd)"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT" || exit 1
 BUILD="${LOCKSTEP_GPU_BUILD:-$ROOT/build-gpu}"
@@ -47,7 +53,6 @@ LOG="$OUT/gpu_check.log"
 : > "$LOG"
 
 say() { echo "gpu_check: $*" | tee -a "$LOG"; }
-elapsed() { echo $(($(date +%s) - START)); }
 # Seconds the next phase may take: WANTED, cut to what the budget has left (keeping 15 s for the
 # table), and never below 10.
 limit() {
@@ -87,8 +92,9 @@ FAILED=0
 {
   echo "date: $(date -u +%FT%TZ)  host: $(uname -srm)  cores: $(nproc)"
   command -v nvidia-smi > /dev/null && timeout 30 nvidia-smi
-  command -v nvcc > /dev/null && nvcc --version
-  [ -x /usr/local/cuda/bin/nvcc ] && /usr/local/cuda/bin/nvcc --version | tail -2
+  if command -v nvcc > /dev/null; then nvcc --version | tail -2; else
+    [ -x /usr/local/cuda/bin/nvcc ] && /usr/local/cuda/bin/nvcc --version | tail -2
+  fi
   cmake --version | head -1
   command -v ninja > /dev/null && echo "ninja $(ninja --version)"
   command -v python3 > /dev/null && python3 --version
@@ -103,16 +109,20 @@ fi
 # ---- Dependencies -------------------------------------------------------------------------------
 CMAKE_ARGS=()
 if compgen -G ".devdeps/*.deb" > /dev/null; then
-  say "unpacking $(ls .devdeps/*.deb | wc -l) .deb files from .devdeps into $PREFIX"
+  debs=(.devdeps/*.deb)
+  say "unpacking ${#debs[@]} .deb files from .devdeps into $PREFIX"
   mkdir -p "$PREFIX"
-  for f in .devdeps/*.deb; do
+  for f in "${debs[@]}"; do
     dpkg -x "$f" "$PREFIX" || { say "dpkg -x $f failed"; FAILED=1; }
   done
+  # shared/GPU.md's relocated-prefix flags.
+  lib="$PREFIX/usr/lib/x86_64-linux-gnu"
+  inc="$PREFIX/usr/include"
   CMAKE_ARGS+=(
     "-DCMAKE_PREFIX_PATH=$PREFIX/usr"
-    "-DCMAKE_LIBRARY_PATH=$PREFIX/usr/lib/x86_64-linux-gnu/openblas-pthread;$PREFIX/usr/lib/x86_64-linux-gnu"
-    "-DCMAKE_INCLUDE_PATH=$PREFIX/usr/include/x86_64-linux-gnu/openblas-pthread;$PREFIX/usr/include")
-  export LD_LIBRARY_PATH="$PREFIX/usr/lib/x86_64-linux-gnu:$PREFIX/usr/lib/x86_64-linux-gnu/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    "-DCMAKE_LIBRARY_PATH=$lib/openblas-pthread;$lib"
+    "-DCMAKE_INCLUDE_PATH=$inc/x86_64-linux-gnu/openblas-pthread;$inc")
+  export LD_LIBRARY_PATH="$lib:$lib/openblas-pthread${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 else
   say "no .devdeps/*.deb: using the system's packages"
 fi
@@ -138,8 +148,8 @@ print(list(m.__path__)[0])' "$1" 2> /dev/null
 }
 # The first file named $1 anywhere on the machine (slow: a last resort).
 find_file() {
-  timeout "$(limit 60)" find / \( -path /proc -o -path /sys -o -path /dev -o -path "$ROOT" \) -prune \
-    -o -name "$1" -print 2> /dev/null | head -1
+  timeout "$(limit 60)" find / \( -path /proc -o -path /sys -o -path /dev -o -path "$ROOT" \) \
+    -prune -o -name "$1" -print 2> /dev/null | head -1
 }
 # in_toolkit FILE...: true when one of the patterns exists under the toolkit or the system paths.
 in_toolkit() {
@@ -175,7 +185,8 @@ if [ -n "$CUDA_ROOT" ]; then
       say "NCCL: not found (set NCCL_HOME); the configure step will say so"
     fi
   fi
-  # cuBLAS: normally part of the toolkit; else pip's nvidia-cublas package or a search.
+  # cuBLAS: normally part of the toolkit; else a search of the disk (which finds pip's
+  # nvidia-cublas package too).
   if ! in_toolkit cublas_v2.h || ! in_toolkit 'libcublas.so*'; then
     header=$(find_file cublas_v2.h)
     library=$(find_file 'libcublas.so*')
@@ -211,9 +222,11 @@ if run_phase configure 120 "$OUT/configure.log" \
   cmake -S "$ROOT" -B "$BUILD" "${GENERATOR[@]}" -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_CUDA_ARCHITECTURES=90 -DLOCKSTEP_BUILD_TESTS=ON -DLOCKSTEP_BUILD_BENCH=ON \
   "${CMAKE_ARGS[@]}" "${EXTRA_ARGS[@]}" &&
-  run_phase build 300 "$OUT/build.log" cmake --build "$BUILD" -j "$(nproc)"; then
+  run_phase build "${LOCKSTEP_GPU_BUILD_S:-300}" "$OUT/build.log" \
+    cmake --build "$BUILD" -j "$(nproc)"; then
   BUILD_RESULT="ok ($(($(date +%s) - build_start)) s, $(nproc) cores)"
-  grep -E '^-- lockstep: CUDA backend' "$OUT/configure.log" | sed 's/^-- /gpu_check: /' | tee -a "$LOG"
+  grep -E '^-- lockstep: CUDA backend' "$OUT/configure.log" | sed 's/^-- /gpu_check: /' |
+    tee -a "$LOG"
 else
   BUILD_RESULT="FAILED (see configure.log / build.log)"
   FAILED=1
@@ -314,6 +327,8 @@ fi
     echo
     grep -m1 '^MLP ' "$OUT/bench_gpu.log"
     echo "One replica on GPU 0, samples/s:"
+    csvs=("$OUT/bench_gpu.csv")
+    [ -s "$OUT/torch.csv" ] && csvs+=("$OUT/torch.csv")
     awk -F, '
       FNR == 1 { next }
       FILENAME ~ /bench_gpu.csv$/ && $1 == "single" { ls[$2] = $6 }
@@ -324,7 +339,8 @@ fi
         for (i = 1; i <= 2; ++i) {
           t = i == 1 ? "off" : "on"
           r = (t in pt) && pt[t] > 0 ? sprintf("%.2fx", ls[t] / pt[t]) : "n/a"
-          printf "  %-9s %12.0f %12s %17s\n", t, ls[t], (t in pt) ? sprintf("%.0f", pt[t]) : "n/a", r
+          p = (t in pt) ? sprintf("%.0f", pt[t]) : "n/a"
+          printf "  %-9s %12.0f %12s %17s\n", t, ls[t], p, r
         }
         print "  (target: lockstep >= 1.30x PyTorch)"
         print ""
@@ -334,7 +350,7 @@ fi
           split(peer[i], f, ",")
           printf "  %-3s %10.1f %12.0f %8.2f %10.0f%%\n", f[3], f[5], f[6], f[7], 100 * f[8]
         }
-      }' "$OUT/bench_gpu.csv" $([ -s "$OUT/torch.csv" ] && echo "$OUT/torch.csv")
+      }' "${csvs[@]}"
     echo
     echo "Notes: both sides run forward, softmax cross-entropy, backward and an SGD momentum step"
     echo "in fp32 on synthetic data. lockstep also does work PyTorch's loop does not: its loader"

@@ -172,6 +172,22 @@ TEST_SUITE("cuda") {
     CHECK(std::memcmp(back.data(), host.data(), host.size() * sizeof(float)) == 0);
   }
 
+  TEST_CASE("staged copies: two buffers in flight, each waited for before use") {
+    auto backend = cuda_or_skip();
+    if (!backend) return;
+    auto dev = backend->create_device(0, 1, 0);
+    DeviceArray<float> buffers[2] = {poisoned(*dev, 70000), poisoned(*dev, 70000)};
+    for (int round = 0; round < 6; ++round) {
+      const int slot = round % 2;
+      const auto host = random_floats(70000, 100 + round);
+      dev->stage_to_device(buffers[slot].data(), host.data(), host.size() * sizeof(float), slot);
+      dev->wait_staged(slot);
+      dev->scale(buffers[slot].data(), 2.0f, host.size());  // a kernel ordered after the copy
+      const auto back = buffers[slot].download();
+      for (std::size_t i = 0; i < host.size(); ++i) REQUIRE(back[i] == 2.0f * host[i]);
+    }
+  }
+
   TEST_CASE("fill and scale") {
     auto backend = cuda_or_skip();
     if (!backend) return;

@@ -15,7 +15,7 @@ namespace {
 
 constexpr std::size_t kSizeAt = 13, kChecksumAt = 21, kHeaderBytes = 29;  // see state_file.hpp
 
-void read(const lockstep::fuzz::ScratchFile& scratch, std::string_view bytes) {
+void read_state(const lockstep::fuzz::ScratchFile& scratch, std::string_view bytes) {
   const auto& file = scratch.write(bytes);
   try {
     lockstep::detail::read_state_file(file);
@@ -29,13 +29,13 @@ void read(const lockstep::fuzz::ScratchFile& scratch, std::string_view bytes) {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   static const lockstep::fuzz::ScratchFile scratch("checkpoint.state");
   std::string bytes(reinterpret_cast<const char*>(data), size);
-  read(scratch, bytes);
+  read_state(scratch, bytes);
   if (bytes.size() < kHeaderBytes) return 0;
   const std::uint64_t payload_size = bytes.size() - kHeaderBytes;
   const std::uint64_t checksum =
       lockstep::detail::fnv1a64(bytes.data() + kHeaderBytes, payload_size);
   std::memcpy(bytes.data() + kSizeAt, &payload_size, sizeof payload_size);
   std::memcpy(bytes.data() + kChecksumAt, &checksum, sizeof checksum);
-  read(scratch, bytes);
+  read_state(scratch, bytes);
   return 0;
 }

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Builds the CPU test suite twice and runs it under each: build-asan/ with AddressSanitizer and
+# UndefinedBehaviorSanitizer, build-tsan/ with ThreadSanitizer. Any report fails the test that
+# made it, and so this script. oneTBB is not instrumented (Debian's build), so TSan cannot see
+# its synchronisation; third_party/tsan.supp silences what TSan reports inside it, and only that.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+install_missing_packages
+
+# NAME SANITIZER: configure, build and test $LOCKSTEP_ROOT/NAME. -O1 keeps the build fast and
+# the stacks readable; -g1 gives line numbers.
+sanitized_suite() {
+  local dir="$LOCKSTEP_ROOT/$1"
+  local start=$SECONDS
+  cmake -S "$LOCKSTEP_ROOT" -B "$dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1" -DLOCKSTEP_SANITIZE="$2" \
+    -DLOCKSTEP_WITH_CUDA=OFF -DLOCKSTEP_BUILD_BENCH=OFF -DLOCKSTEP_BUILD_TESTS=ON
+  cmake --build "$dir" -j "$(nproc)"
+  ctest --test-dir "$dir" --output-on-failure -j "$(nproc)"
+  echo "$1: built and tested in $((SECONDS - start)) s"
+}
+
+export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:check_initialization_order=1:strict_init_order=1}"
+export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
+sanitized_suite build-asan address
+
+export TSAN_OPTIONS="${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:history_size=7:suppressions=$LOCKSTEP_ROOT/third_party/tsan.supp}"
+sanitized_suite build-tsan thread
