@@ -100,7 +100,6 @@ class DistributedSampler {
   int rank_;
   bool shuffle_;
   std::uint64_t seed_;
-  bool drop_last_;
   std::uint64_t epoch_ = 0;
   std::size_t num_samples_;
 };

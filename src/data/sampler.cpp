@@ -14,8 +14,7 @@ DistributedSampler::DistributedSampler(std::size_t dataset_size, int num_replica
       num_replicas_(num_replicas),
       rank_(rank),
       shuffle_(shuffle),
-      seed_(seed),
-      drop_last_(drop_last) {
+      seed_(seed) {
   if (num_replicas < 1) {
     throw std::invalid_argument("DistributedSampler: num_replicas must be >= 1, got " +
                                 std::to_string(num_replicas));

@@ -28,6 +28,8 @@ class JsonError : public std::runtime_error {
 struct JsonValue {
   enum class Kind { null, boolean, number, string, array, object };
 
+  JsonValue() = default;  // declared first: clang needs it before the members that nest JsonValue
+
   Kind kind = Kind::null;
   bool boolean = false;
   std::string text;                                         // string: decoded; number: literal

@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <regex>
+#include <set>
 #include <string>
 
 namespace fs = std::filesystem;
@@ -37,6 +39,18 @@ std::size_t count(const std::string& text, const std::string& what) {
   return n;
 }
 
+// The first tag that names an attribute twice (which XML, and so SVG, forbids), or "".
+std::string tag_with_repeated_attribute(const std::string& html) {
+  static const std::regex tag(R"(<[a-zA-Z]+\s[^>]*>)"), attribute(R"(\s([a-zA-Z-]+)=)");
+  for (auto t = std::sregex_iterator(html.begin(), html.end(), tag); t != std::sregex_iterator(); ++t) {
+    const std::string text = t->str();
+    std::set<std::string> names;
+    for (auto a = std::sregex_iterator(text.begin(), text.end(), attribute); a != std::sregex_iterator(); ++a)
+      if (!names.insert((*a)[1].str()).second) return text;
+  }
+  return "";
+}
+
 const std::string kQuickstart = std::string(LOCKSTEP_SOURCE_DIR) + "/configs/quickstart.yaml";
 
 }  // namespace
@@ -60,6 +74,8 @@ TEST_CASE("cli: trainer.report writes a self-contained HTML report") {
   CHECK(count(html, "<svg ") == 5);
   CHECK(count(html, "</svg>") == 5);
   CHECK(count(html, "<table") == count(html, "</table>"));
+  CHECK(count(html, "<text") == count(html, "</text>"));
+  CHECK(tag_with_repeated_attribute(html) == "");
   CHECK(html.find("<polyline") != std::string::npos);
   CHECK(count(html, "<circle") == 4 * 2);  // eval at steps 10, 20, 30 and 40: loss and accuracy
   CHECK(html.find("Where each worker's time went") != std::string::npos);
