@@ -106,9 +106,18 @@ class NcclCommunicator final : public Communicator {
     end_collective();
   }
 
-  void barrier() override { control_->barrier(); }
-  void all_reduce_host(std::span<double> values) override { control_->all_reduce_host(values); }
+  // Every host-side meeting first polls NCCL for an asynchronous error (a peer that died, a
+  // network failure): collectives run on streams, so their errors surface here, not as returns.
+  void barrier() override {
+    check_async_error();
+    control_->barrier();
+  }
+  void all_reduce_host(std::span<double> values) override {
+    check_async_error();
+    control_->all_reduce_host(values);
+  }
   std::vector<std::uint64_t> all_gather_host(std::uint64_t value) override {
+    check_async_error();
     return control_->all_gather_host(value);
   }
 
@@ -122,10 +131,19 @@ class NcclCommunicator final : public Communicator {
   void check_not_aborted() const {
     if (control_->aborted()) throw CommAborted();
   }
+  void check_async_error() {
+    if (released_.load()) return;
+    ncclResult_t async = ncclSuccess;
+    NCCL_CHECK(ncclCommGetAsyncError(comm_, &async));
+    if (async != ncclSuccess && async != ncclInProgress)
+      throw std::runtime_error(fmt::format("NCCL asynchronous error on rank {}: {}", rank_,
+                                           ncclGetErrorString(async)));
+  }
   // Note [NCCL ordering]: meet the other ranks, then order the comm stream after the compute
   // stream's work so far. Returns the comm stream.
   cudaStream_t begin_collective() {
     if (!compute_) throw std::logic_error("NCCL communicator: attach() was not called");
+    check_async_error();
     control_->barrier();
     CUDA_CHECK(cudaEventRecord(ready_.get(), compute_));
     CUDA_CHECK(cudaStreamWaitEvent(comm_stream_.get(), ready_.get(), 0));
