@@ -17,7 +17,7 @@ lockstep, torch, lockstep, torch, ...; the tables give medians. The final traini
 mean over the last tenth of the steps, over all workers, in both (lockstep's log window).
 
     /usr/bin/python3 bench/compare_ddp.py [--pairs 3] [--workers 1,2] [--out build/bench/ddp]
-        [--lockstep build/lockstep] [--workloads small,large] [--quick]
+        [--lockstep build/lockstep] [--workloads small,large] [--threads T] [--quick]
 """
 from __future__ import annotations
 
@@ -192,6 +192,8 @@ def main() -> None:
     ap.add_argument("--workers", default="1,2")
     ap.add_argument("--workloads", default="small,large")
     ap.add_argument("--out", default=os.path.join(ROOT, "build", "bench", "ddp"))
+    ap.add_argument("--threads", type=int, default=0,
+                    help="threads per worker in both frameworks; 0: max(1, cores / N)")
     ap.add_argument("--quick", action="store_true", help="a tenth of the steps (a smoke test)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -208,7 +210,7 @@ def main() -> None:
             w.steps = max(20, w.steps // 10)
         csv_path, cache = dataset(w, args.out)
         for n in [int(v) for v in args.workers.split(",")]:
-            threads = max(1, cores // n)
+            threads = args.threads or max(1, cores // n)
             got = {"lockstep": [], "torch": []}
             losses = {"lockstep": [], "torch": []}
             for p in range(args.pairs):  # alternate, so drift in machine load hits both alike
