@@ -25,6 +25,7 @@
 #include "lockstep/trainer.hpp"
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -123,6 +124,42 @@ struct WorkerContext {
   double barrier_wait_s = 0.0;
 };
 
+// Loss sum, correct count and sample count of `replica` over samples first, first + stride, ...
+// of `data`, in batches of at most `batch` (the replica's capacity).
+std::array<double, 3> loss_totals(Replica& replica, const Dataset& data, std::size_t first,
+                                  std::size_t stride, int batch) {
+  Device& dev = replica.device();
+  const int features = replica.model().inputs(), classes = replica.model().outputs();
+  std::vector<float> x(static_cast<std::size_t>(batch) * features);
+  std::vector<std::int32_t> y(batch);
+  DeviceArray<float> xd(dev, x.size());
+  DeviceArray<std::int32_t> yd(dev, y.size());
+  std::array<double, 3> totals{};
+  for (std::size_t i = first; i < data.size();) {
+    int rows = 0;
+    for (; rows < batch && i < data.size(); ++rows, i += stride)
+      y[rows] = data.get(i, x.data() + static_cast<std::size_t>(rows) * features);
+    xd.upload(std::span<const float>(x.data(), static_cast<std::size_t>(rows) * features));
+    yd.upload(std::span<const std::int32_t>(y.data(), rows));
+    const LossStats s = dev.softmax_cross_entropy(replica.forward(xd.data(), rows), yd.data(),
+                                                  rows, classes, nullptr, 0.0f);
+    totals[0] += s.loss_sum;
+    totals[1] += static_cast<double>(s.correct);
+    totals[2] += rows;
+  }
+  return totals;
+}
+
+EvalMetrics eval_metrics(const std::array<double, 3>& totals, std::int64_t step) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  EvalMetrics m;
+  m.step = step;
+  m.samples = static_cast<std::size_t>(totals[2]);
+  m.loss = totals[2] > 0 ? totals[0] / totals[2] : nan;
+  m.accuracy = totals[2] > 0 ? totals[1] / totals[2] : nan;
+  return m;
+}
+
 }  // namespace
 
 struct Trainer::Impl {
@@ -201,35 +238,13 @@ struct Trainer::Impl {
 
 EvalMetrics Trainer::Impl::evaluate(int rank, Replica& replica, Communicator& comm,
                                     std::int64_t step) {
-  Device& dev = replica.device();
-  const int n = comm.size(), batch = cfg.data.batch_size;
-  const int features = train->features(), classes = train->classes();
-  const std::size_t size = eval ? eval->size() : 0;
   // Rank r evaluates samples r, r + n, ...: every sample exactly once, no padding.
-  std::vector<float> x(static_cast<std::size_t>(batch) * features);
-  std::vector<std::int32_t> y(batch);
-  DeviceArray<float> xd(dev, x.size());
-  DeviceArray<std::int32_t> yd(dev, y.size());
-  double totals[3] = {0.0, 0.0, 0.0};  // loss sum, correct, samples
-  std::size_t i = static_cast<std::size_t>(rank);
-  while (i < size) {
-    int rows = 0;
-    for (; rows < batch && i < size; ++rows, i += static_cast<std::size_t>(n))
-      y[rows] = eval->get(i, x.data() + static_cast<std::size_t>(rows) * features);
-    xd.upload(std::span<const float>(x.data(), static_cast<std::size_t>(rows) * features));
-    yd.upload(std::span<const std::int32_t>(y.data(), rows));
-    const float* logits = replica.forward(xd.data(), rows);
-    const LossStats s = dev.softmax_cross_entropy(logits, yd.data(), rows, classes, nullptr, 0.0f);
-    totals[0] += s.loss_sum;
-    totals[1] += static_cast<double>(s.correct);
-    totals[2] += rows;
-  }
+  std::array<double, 3> totals{};
+  if (eval)
+    totals = loss_totals(replica, *eval, static_cast<std::size_t>(rank),
+                         static_cast<std::size_t>(comm.size()), cfg.data.batch_size);
   comm.all_reduce_host(totals);
-  EvalMetrics m;
-  m.step = step;
-  m.samples = static_cast<std::size_t>(totals[2]);
-  m.loss = totals[2] > 0 ? totals[0] / totals[2] : std::numeric_limits<double>::quiet_NaN();
-  m.accuracy = totals[2] > 0 ? totals[1] / totals[2] : std::numeric_limits<double>::quiet_NaN();
+  const EvalMetrics m = eval_metrics(totals, step);
   if (rank == 0 && eval_callback && m.samples > 0) eval_callback(m);
   return m;
 }
@@ -625,27 +640,7 @@ EvalMetrics evaluate(const Config& config, const Model& model, std::span<const f
                                  data.features(), features));
   Replica replica(*device, model, batch);
   replica.load_parameters(params);
-  std::vector<float> x(static_cast<std::size_t>(batch) * features);
-  std::vector<std::int32_t> y(batch);
-  DeviceArray<float> xd(*device, x.size());
-  DeviceArray<std::int32_t> yd(*device, y.size());
-  double loss = 0.0, correct = 0.0;
-  for (std::size_t begin = 0; begin < data.size(); begin += static_cast<std::size_t>(batch)) {
-    const int rows = static_cast<int>(std::min<std::size_t>(batch, data.size() - begin));
-    for (int r = 0; r < rows; ++r)
-      y[r] = data.get(begin + r, x.data() + static_cast<std::size_t>(r) * features);
-    xd.upload(std::span<const float>(x.data(), static_cast<std::size_t>(rows) * features));
-    yd.upload(std::span<const std::int32_t>(y.data(), rows));
-    const LossStats s = device->softmax_cross_entropy(replica.forward(xd.data(), rows), yd.data(),
-                                                      rows, model.outputs(), nullptr, 0.0f);
-    loss += s.loss_sum;
-    correct += static_cast<double>(s.correct);
-  }
-  EvalMetrics m;
-  m.samples = data.size();
-  m.loss = m.samples ? loss / m.samples : std::numeric_limits<double>::quiet_NaN();
-  m.accuracy = m.samples ? correct / m.samples : std::numeric_limits<double>::quiet_NaN();
-  return m;
+  return eval_metrics(loss_totals(replica, data, 0, 1, batch), 0);
 }
 
 Trainer::Trainer(Config config, std::shared_ptr<const Dataset> train,
