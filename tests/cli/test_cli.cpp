@@ -1,5 +1,7 @@
 // The `lockstep` binary end to end: exit codes, messages for bad input, and the quickstart.
 #include <doctest/doctest.h>
+
+#include "cli_runner.hpp"
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,25 +19,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Result {
-  int code = -1;
-  std::string output;  // stdout and stderr together
-};
-
-Result run_cli(const std::string& args) {
-  const std::string cmd = std::string("\"") + LOCKSTEP_CLI_PATH + "\" " + args + " 2>&1";
-  Result r;
-  FILE* pipe = popen(cmd.c_str(), "r");
-  REQUIRE(pipe != nullptr);
-  char buf[4096];
-  std::size_t got;
-  while ((got = fread(buf, 1, sizeof buf, pipe)) > 0) r.output.append(buf, got);
-  const int status = pclose(pipe);
-  // Dying on a signal is a failure of its own: no input may do that.
-  REQUIRE_MESSAGE(WIFEXITED(status), "killed by a signal: " << r.output);
-  r.code = WEXITSTATUS(status);
-  return r;
-}
+using Result = lockstep::test::CliResult;
+using lockstep::test::run_cli;
 
 fs::path temp_dir() {
   const fs::path dir = fs::temp_directory_path() / "lockstep_cli_test";
@@ -177,17 +162,10 @@ TEST_CASE("cli: SIGINT finishes the step, leaves a loadable checkpoint and exits
 }
 
 TEST_CASE("cli: an injected fault exits 1 and names the worker") {
-  const std::string cmd = std::string("LOCKSTEP_FAULT=2:10:forward \"") + LOCKSTEP_CLI_PATH +
-                          "\" train " + kQuickstart + " --set trainer.devices=3 2>&1";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  REQUIRE(pipe != nullptr);
-  std::string output;
-  char buf[4096];
-  std::size_t got;
-  while ((got = fread(buf, 1, sizeof buf, pipe)) > 0) output.append(buf, got);
-  const int status = pclose(pipe);
-  REQUIRE(WIFEXITED(status));
-  CHECK(WEXITSTATUS(status) == 1);
+  const Result r = run_cli("train " + kQuickstart + " --set trainer.devices=3",
+                           "LOCKSTEP_FAULT=2:10:forward");
+  CHECK(r.code == 1);
+  const std::string& output = r.output;
   CHECK_MESSAGE(output.find("worker 2 (cpu:2): injected fault: throw in forward at step 10") !=
                     std::string::npos,
                 output);

@@ -1,6 +1,8 @@
 // `trainer.report: FILE` end to end: the HTML page of a short run is complete, self-contained
 // and holds the charts and the per-worker table.
 #include <doctest/doctest.h>
+
+#include "cli_runner.hpp"
 #include <sys/wait.h>
 
 #include <cstdio>
@@ -14,24 +16,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct Result {
-  int code = -1;
-  std::string output;  // stdout and stderr together
-};
-
-Result run_cli(const std::string& args) {
-  const std::string cmd = std::string("\"") + LOCKSTEP_CLI_PATH + "\" " + args + " 2>&1";
-  Result r;
-  FILE* pipe = popen(cmd.c_str(), "r");
-  REQUIRE(pipe != nullptr);
-  char buf[4096];
-  std::size_t got;
-  while ((got = fread(buf, 1, sizeof buf, pipe)) > 0) r.output.append(buf, got);
-  const int status = pclose(pipe);
-  REQUIRE_MESSAGE(WIFEXITED(status), "killed by a signal: " << r.output);
-  r.code = WEXITSTATUS(status);
-  return r;
-}
+using Result = lockstep::test::CliResult;
+using lockstep::test::run_cli;
 
 std::size_t count(const std::string& text, const std::string& what) {
   std::size_t n = 0;
