@@ -27,8 +27,12 @@ class Dataset {
   virtual std::size_t size() const noexcept = 0;
   virtual int features() const noexcept = 0;
   virtual int classes() const noexcept = 0;
-  // Copies sample i's features into out[0..features()) and returns its label in [0, classes()).
-  virtual std::int32_t get(std::size_t i, float* out) const = 0;
+  // Labels per sample: 1 for classification, the context length for a language model (one
+  // next-token target per position).
+  virtual int targets() const noexcept { return 1; }
+  // Copies sample i's features into x[0..features()) and its labels, each in [0, classes()),
+  // into y[0..targets()).
+  virtual void get(std::size_t i, float* x, std::int32_t* y) const = 0;
 };
 
 // Samples held in memory: x (size, features) row-major, y (size).
@@ -40,7 +44,7 @@ class InMemoryDataset final : public Dataset {
   std::size_t size() const noexcept override { return y_.size(); }
   int features() const noexcept override { return features_; }
   int classes() const noexcept override { return classes_; }
-  std::int32_t get(std::size_t i, float* out) const override;
+  void get(std::size_t i, float* x, std::int32_t* y) const override;
 
   std::span<const float> x() const noexcept { return x_; }
   std::span<const std::int32_t> y() const noexcept { return y_; }
@@ -106,7 +110,7 @@ class DistributedSampler {
 
 struct Batch {
   std::vector<float> x;             // (size, features)
-  std::vector<std::int32_t> y;      // (size)
+  std::vector<std::int32_t> y;      // (size, targets)
   int size = 0;
   std::uint64_t epoch = 0;
   std::size_t index_in_epoch = 0;

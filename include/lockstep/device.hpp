@@ -113,6 +113,42 @@ class Device {
   // One AdamW step, PyTorch semantics, with step count t >= 1 for bias correction.
   virtual void adamw_step(const AdamWParams& opt, float lr, std::int64_t t, float* params,
                           const float* grads, float* m, float* v, std::size_t n) = 0;
+
+  // ---- Transformer kernels. B sequences of T positions, C channels, V vocabulary entries.
+  // Backward kernels accumulate into parameter gradients (+=), as layers do.
+
+  // y = a + b, elementwise over n; y may alias a or b.
+  virtual void add(const float* a, const float* b, float* y, std::size_t n) = 0;
+  // Strided batched GEMM: for i in [0, count), C_i = alpha * op(A_i) * op(B_i) + beta * C_i with
+  // A_i = a + i * stride_a (likewise B_i, C_i); otherwise as gemm().
+  virtual void gemm_batched(Transpose ta, Transpose tb, int m, int n, int k, float alpha,
+                            const float* a, int lda, std::int64_t stride_a, const float* b,
+                            int ldb, std::int64_t stride_b, float beta, float* c, int ldc,
+                            std::int64_t stride_c, int count) = 0;
+  // ids (B, T) token ids stored as floats (exact below 2^24), wte (V, C), wpe (T_max, C):
+  // out (B, T, C) = wte[ids[b, t]] + wpe[t].
+  virtual void embedding_forward(const float* ids, const float* wte, const float* wpe, float* out,
+                                 int batch, int T, int C) = 0;
+  // dwte[ids[b, t]] += dout[b, t]; dwpe[t] += sum over b of dout[b, t].
+  virtual void embedding_backward(const float* ids, const float* dout, float* dwte, float* dwpe,
+                                  int batch, int T, int C) = 0;
+  // x, y (rows, C); weight, bias (C): y = (x - mean) * rstd * weight + bias with rstd =
+  // 1 / sqrt(var + 1e-5) (biased variance, as torch.nn.LayerNorm). mean, rstd (rows) are saved
+  // for backward.
+  virtual void layernorm_forward(const float* x, const float* weight, const float* bias, float* y,
+                                 float* mean, float* rstd, int rows, int C) = 0;
+  // dx (rows, C) += d/dx; dweight, dbias (C) += their gradients. Note dx is accumulated too:
+  // a LayerNorm sits on a residual stream whose gradient is already there.
+  virtual void layernorm_backward(const float* x, const float* weight, const float* mean,
+                                  const float* rstd, const float* dy, float* dx, float* dweight,
+                                  float* dbias, int rows, int C) = 0;
+  // For each of `count` (T, T) score matrices s: p[i][j] = softmax over j' <= i of
+  // scale * s[i][j'], and 0 for j > i (causal mask). p may alias s.
+  virtual void causal_softmax_forward(const float* s, float* p, int count, int T, float scale) = 0;
+  // ds[i][j] = scale * p[i][j] * (dp[i][j] - sum over j' <= i of p[i][j'] dp[i][j']), 0 for
+  // j > i. ds may alias dp.
+  virtual void causal_softmax_backward(const float* p, const float* dp, float* ds, int count,
+                                       int T, float scale) = 0;
 };
 
 // Owns `size` elements of T on a device. Move-only.

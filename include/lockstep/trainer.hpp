@@ -38,6 +38,7 @@ struct StepMetrics {
   double lr = 0.0;
   double grad_norm = 0.0;       // of the averaged gradient, before clipping
   double samples_per_s = 0.0;   // global, since the previous report
+  double tokens_per_s = 0.0;    // predictions per second: samples/s x targets per sample
   double elapsed_s = 0.0;
 };
 

@@ -62,6 +62,15 @@ const auto gelu_grad = [](float x) {
   return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * kGeluC * (1.0f + 3.0f * kGeluA * x * x);
 };
 
+// Row-major op(A) (m, k), op(B) (k, n), C (m, n) with leading dimensions at least the rows' widths.
+void check_gemm_shape(const char* kernel, bool at, bool bt, int m, int n, int k, int lda, int ldb,
+                      int ldc) {
+  if (m < 0 || n < 0 || k < 0 || lda < std::max(1, at ? m : k) || ldb < std::max(1, bt ? k : n) ||
+      ldc < std::max(1, n))
+    throw std::invalid_argument(fmt::format("{}: bad shape m={} n={} k={} lda={} ldb={} ldc={}",
+                                            kernel, m, n, k, lda, ldb, ldc));
+}
+
 class CpuDevice final : public Device {
  public:
   CpuDevice(int id, int threads) : id_(id), arena_(threads) {}
@@ -139,10 +148,7 @@ class CpuDevice final : public Device {
   void gemm(Transpose ta, Transpose tb, int m, int n, int k, float alpha, const float* a, int lda,
             const float* b, int ldb, float beta, float* c, int ldc) override {
     const bool at = ta == Transpose::yes, bt = tb == Transpose::yes;
-    if (m < 0 || n < 0 || k < 0 || lda < std::max(1, at ? m : k) ||
-        ldb < std::max(1, bt ? k : n) || ldc < std::max(1, n))
-      throw std::invalid_argument(fmt::format(
-          "gemm: bad shape m={} n={} k={} lda={} ldb={} ldc={}", m, n, k, lda, ldb, ldc));
+    check_gemm_shape("gemm", at, bt, m, n, k, lda, ldb, ldc);
     if (m == 0 || n == 0) return;
     const auto sgemm = [&](int row0, int rows) {
       // Row `row0` of op(A) starts at a + row0 * lda when A is (m, k), at a + row0 when (k, m).
@@ -288,7 +294,179 @@ class CpuDevice final : public Device {
     });
   }
 
+  // ---- Transformer kernels ----------------------------------------------------------------------
+
+  void add(const float* a, const float* b, float* y, std::size_t n) override {
+    for_range(n, [&](std::size_t i0, std::size_t i1) {
+      for (std::size_t i = i0; i < i1; ++i) y[i] = a[i] + b[i];
+    });
+  }
+
+  // One unblocked sgemm per matrix, the matrices spread over the arena; a single matrix goes
+  // through gemm() and its row blocking. Either way the split depends on the shape only.
+  void gemm_batched(Transpose ta, Transpose tb, int m, int n, int k, float alpha, const float* a,
+                    int lda, std::int64_t stride_a, const float* b, int ldb, std::int64_t stride_b,
+                    float beta, float* c, int ldc, std::int64_t stride_c, int count) override {
+    if (count < 0) throw std::invalid_argument(fmt::format("gemm_batched: count {} < 0", count));
+    if (count == 1) return gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    const bool at = ta == Transpose::yes, bt = tb == Transpose::yes;
+    check_gemm_shape("gemm_batched", at, bt, m, n, k, lda, ldb, ldc);
+    if (m == 0 || n == 0) return;
+    for_blocks(static_cast<std::size_t>(count), [&](std::size_t i) {
+      const auto s = static_cast<std::int64_t>(i);
+      cblas_sgemm(CblasRowMajor, at ? CblasTrans : CblasNoTrans, bt ? CblasTrans : CblasNoTrans,
+                  m, n, k, alpha, a + s * stride_a, lda, b + s * stride_b, ldb, beta,
+                  c + s * stride_c, ldc);
+    });
+  }
+
+  // out (B, T, C) = wte[ids] + wpe[t], a block of rows at a time.
+  void embedding_forward(const float* ids, const float* wte, const float* wpe, float* out,
+                         int batch, int T, int C) override {
+    const std::size_t nc = static_cast<std::size_t>(C), rows = std::size_t(batch) * T;
+    const std::size_t block = rows_per_block(nc);
+    for_blocks(blocks_of(rows, block), [&](std::size_t blk) {
+      for (std::size_t r = blk * block; r < std::min(rows, (blk + 1) * block); ++r) {
+        const float* tok = wte + static_cast<std::size_t>(ids[r]) * nc;
+        const float* pos = wpe + (r % static_cast<std::size_t>(T)) * nc;
+        for (std::size_t c = 0; c < nc; ++c) out[r * nc + c] = tok[c] + pos[c];
+      }
+    });
+  }
+
+  // Deterministic without atomics: each block of channels walks every position in order, so a
+  // token's rows are summed in position order whatever the arena.
+  void embedding_backward(const float* ids, const float* dout, float* dwte, float* dwpe,
+                          int batch, int T, int C) override {
+    constexpr std::size_t kCols = 64;
+    const std::size_t nc = static_cast<std::size_t>(C), nt = static_cast<std::size_t>(T);
+    const std::size_t rows = static_cast<std::size_t>(batch) * nt;
+    for_blocks(blocks_of(nc, kCols), [&](std::size_t blk) {
+      const std::size_t c0 = blk * kCols, c1 = std::min(nc, c0 + kCols);
+      for (std::size_t r = 0; r < rows; ++r) {
+        float* tok = dwte + static_cast<std::size_t>(ids[r]) * nc;
+        float* pos = dwpe + (r % nt) * nc;
+        const float* d = dout + r * nc;
+        for (std::size_t c = c0; c < c1; ++c) {
+          tok[c] += d[c];
+          pos[c] += d[c];
+        }
+      }
+    });
+  }
+
+  void layernorm_forward(const float* x, const float* weight, const float* bias, float* y,
+                         float* mean, float* rstd, int rows, int C) override {
+    const std::size_t nc = static_cast<std::size_t>(C), nr = static_cast<std::size_t>(rows);
+    const std::size_t block = rows_per_block(nc);
+    for_blocks(blocks_of(nr, block), [&](std::size_t blk) {
+      for (std::size_t r = blk * block; r < std::min(nr, (blk + 1) * block); ++r) {
+        const float* xr = x + r * nc;
+        double sum = 0.0;
+        for (std::size_t c = 0; c < nc; ++c) sum += xr[c];
+        const double mu = sum / double(nc);
+        double var = 0.0;
+        for (std::size_t c = 0; c < nc; ++c) var += (xr[c] - mu) * (xr[c] - mu);
+        const float m = static_cast<float>(mu);
+        const float s = static_cast<float>(1.0 / std::sqrt(var / double(nc) + 1e-5));
+        float* yr = y + r * nc;
+        for (std::size_t c = 0; c < nc; ++c) yr[c] = (xr[c] - m) * s * weight[c] + bias[c];
+        mean[r] = m;
+        rstd[r] = s;
+      }
+    });
+  }
+
+  // With xhat = (x - mean) * rstd and g = dy * weight:
+  //   dx += rstd * (g - mean_c(g) - xhat * mean_c(g * xhat)),
+  //   dweight += sum_r dy * xhat, dbias += sum_r dy (rows in order, per block of columns).
+  void layernorm_backward(const float* x, const float* weight, const float* mean,
+                          const float* rstd, const float* dy, float* dx, float* dweight,
+                          float* dbias, int rows, int C) override {
+    constexpr std::size_t kCols = 64;
+    const std::size_t nc = static_cast<std::size_t>(C), nr = static_cast<std::size_t>(rows);
+    const std::size_t block = rows_per_block(nc);
+    for_blocks(blocks_of(nr, block), [&](std::size_t blk) {
+      for (std::size_t r = blk * block; r < std::min(nr, (blk + 1) * block); ++r) {
+        const float* xr = x + r * nc;
+        const float* dyr = dy + r * nc;
+        double g_sum = 0.0, gx_sum = 0.0;
+        for (std::size_t c = 0; c < nc; ++c) {
+          const float g = dyr[c] * weight[c];
+          g_sum += g;
+          gx_sum += double(g) * ((xr[c] - mean[r]) * rstd[r]);
+        }
+        const float g_mean = static_cast<float>(g_sum / double(nc));
+        const float gx_mean = static_cast<float>(gx_sum / double(nc));
+        float* dxr = dx + r * nc;
+        for (std::size_t c = 0; c < nc; ++c) {
+          const float xhat = (xr[c] - mean[r]) * rstd[r];
+          dxr[c] += rstd[r] * (dyr[c] * weight[c] - g_mean - xhat * gx_mean);
+        }
+      }
+    });
+    for_blocks(blocks_of(nc, kCols), [&](std::size_t blk) {
+      const std::size_t c0 = blk * kCols, c1 = std::min(nc, c0 + kCols);
+      double dw[kCols] = {}, db[kCols] = {};
+      for (std::size_t r = 0; r < nr; ++r)
+        for (std::size_t c = c0; c < c1; ++c) {
+          const float d = dy[r * nc + c];
+          dw[c - c0] += double(d) * ((x[r * nc + c] - mean[r]) * rstd[r]);
+          db[c - c0] += d;
+        }
+      for (std::size_t c = c0; c < c1; ++c) {
+        dweight[c] += static_cast<float>(dw[c - c0]);
+        dbias[c] += static_cast<float>(db[c - c0]);
+      }
+    });
+  }
+
+  void causal_softmax_forward(const float* s, float* p, int count, int T,
+                              float scale) override {
+    for_rows_of_squares(count, T, [&](std::size_t row, std::size_t i, std::size_t nt) {
+      const float* sr = s + row * nt;
+      float* pr = p + row * nt;
+      float zmax = -INFINITY;
+      for (std::size_t j = 0; j <= i; ++j) zmax = std::max(zmax, scale * sr[j]);
+      double sum = 0.0;
+      for (std::size_t j = 0; j <= i; ++j) {
+        const float e = std::exp(scale * sr[j] - zmax);
+        pr[j] = e;
+        sum += e;
+      }
+      const float inv = static_cast<float>(1.0 / sum);
+      for (std::size_t j = 0; j <= i; ++j) pr[j] *= inv;
+      for (std::size_t j = i + 1; j < nt; ++j) pr[j] = 0.0f;
+    });
+  }
+
+  void causal_softmax_backward(const float* p, const float* dp, float* ds, int count, int T,
+                               float scale) override {
+    for_rows_of_squares(count, T, [&](std::size_t row, std::size_t i, std::size_t nt) {
+      const float* pr = p + row * nt;
+      const float* dpr = dp + row * nt;
+      float* dsr = ds + row * nt;
+      double dot = 0.0;
+      for (std::size_t j = 0; j <= i; ++j) dot += double(pr[j]) * dpr[j];
+      const float d = static_cast<float>(dot);
+      for (std::size_t j = 0; j <= i; ++j) dsr[j] = scale * pr[j] * (dpr[j] - d);
+      for (std::size_t j = i + 1; j < nt; ++j) dsr[j] = 0.0f;
+    });
+  }
+
  private:
+  // Calls fn(row, i, T) for every row of `count` (T, T) matrices, row = matrix * T + i.
+  template <class Fn>
+  void for_rows_of_squares(int count, int T, const Fn& fn) {
+    if (count < 0 || T < 0)
+      throw std::invalid_argument(fmt::format("causal softmax: bad shape count={} T={}", count, T));
+    const std::size_t nt = static_cast<std::size_t>(T), rows = std::size_t(count) * nt;
+    const std::size_t block = rows_per_block(nt);
+    for_blocks(blocks_of(rows, block), [&](std::size_t blk) {
+      for (std::size_t r = blk * block; r < std::min(rows, (blk + 1) * block); ++r) fn(r, r % nt, nt);
+    });
+  }
+
   // Calls fn(b) for every b in [0, count): on the caller when count is 1, else in the arena.
   template <class Fn>
   void for_blocks(std::size_t count, const Fn& fn) {

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -292,6 +293,40 @@ void CudaDevice::adamw_step(const AdamWParams& opt, float lr, std::int64_t t, fl
   s.eps = opt.eps;
   s.decay = static_cast<float>(1.0 - double(lr) * opt.weight_decay);
   launch_adamw_step(stream(), s, params, grads, m, v, n);
+}
+
+namespace {
+[[noreturn]] void not_yet(const char* kernel) {
+  throw std::logic_error(std::string("cuda: ") + kernel + " is not implemented on CUDA yet");
+}
+}  // namespace
+
+void CudaDevice::add(const float*, const float*, float*, std::size_t) { not_yet("add"); }
+void CudaDevice::gemm_batched(Transpose, Transpose, int, int, int, float, const float*, int,
+                              std::int64_t, const float*, int, std::int64_t, float, float*, int,
+                              std::int64_t, int) {
+  not_yet("gemm_batched");
+}
+void CudaDevice::embedding_forward(const float*, const float*, const float*, float*, int, int,
+                                   int) {
+  not_yet("embedding_forward");
+}
+void CudaDevice::embedding_backward(const float*, const float*, float*, float*, int, int, int) {
+  not_yet("embedding_backward");
+}
+void CudaDevice::layernorm_forward(const float*, const float*, const float*, float*, float*,
+                                   float*, int, int) {
+  not_yet("layernorm_forward");
+}
+void CudaDevice::layernorm_backward(const float*, const float*, const float*, const float*,
+                                    const float*, float*, float*, float*, int, int) {
+  not_yet("layernorm_backward");
+}
+void CudaDevice::causal_softmax_forward(const float*, float*, int, int, float) {
+  not_yet("causal_softmax_forward");
+}
+void CudaDevice::causal_softmax_backward(const float*, const float*, float*, int, int, float) {
+  not_yet("causal_softmax_backward");
 }
 
 }  // namespace lockstep::cuda

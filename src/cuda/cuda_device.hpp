@@ -67,6 +67,24 @@ class CudaDevice final : public Device {
   void adamw_step(const AdamWParams& opt, float lr, std::int64_t t, float* params,
                   const float* grads, float* m, float* v, std::size_t n) override;
 
+  // Transformer kernels: not on CUDA yet (in progress); each throws std::logic_error.
+  void add(const float* a, const float* b, float* y, std::size_t n) override;
+  void gemm_batched(Transpose ta, Transpose tb, int m, int n, int k, float alpha, const float* a,
+                    int lda, std::int64_t stride_a, const float* b, int ldb, std::int64_t stride_b,
+                    float beta, float* c, int ldc, std::int64_t stride_c, int count) override;
+  void embedding_forward(const float* ids, const float* wte, const float* wpe, float* out,
+                         int batch, int T, int C) override;
+  void embedding_backward(const float* ids, const float* dout, float* dwte, float* dwpe,
+                          int batch, int T, int C) override;
+  void layernorm_forward(const float* x, const float* weight, const float* bias, float* y,
+                         float* mean, float* rstd, int rows, int C) override;
+  void layernorm_backward(const float* x, const float* weight, const float* mean,
+                          const float* rstd, const float* dy, float* dx, float* dweight,
+                          float* dbias, int rows, int C) override;
+  void causal_softmax_forward(const float* s, float* p, int count, int T, float scale) override;
+  void causal_softmax_backward(const float* p, const float* dp, float* ds, int count, int T,
+                               float scale) override;
+
  private:
   // Copies the first sizeof(T) bytes of result_ to the host, after the stream's work.
   template <class T>

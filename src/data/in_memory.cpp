@@ -52,20 +52,20 @@ InMemoryDataset::InMemoryDataset(std::vector<float> x, std::vector<std::int32_t>
   }
 }
 
-std::int32_t InMemoryDataset::get(std::size_t i, float* out) const {
+void InMemoryDataset::get(std::size_t i, float* x, std::int32_t* y) const {
   if (i >= y_.size()) {
     throw std::out_of_range(fmt::format("dataset: sample {} of {}", i, y_.size()));
   }
   const auto f = static_cast<std::size_t>(features_);
-  std::memcpy(out, x_.data() + i * f, f * sizeof(float));
-  return y_[i];
+  std::memcpy(x, x_.data() + i * f, f * sizeof(float));
+  *y = y_[i];
 }
 
 InMemoryDataset InMemoryDataset::subset(std::span<const std::size_t> indices) const {
   const auto f = static_cast<std::size_t>(features_);
   std::vector<float> x(indices.size() * f);
   std::vector<std::int32_t> y(indices.size());
-  for (std::size_t k = 0; k < indices.size(); ++k) y[k] = get(indices[k], x.data() + k * f);
+  for (std::size_t k = 0; k < indices.size(); ++k) get(indices[k], x.data() + k * f, &y[k]);
   return InMemoryDataset(std::move(x), std::move(y), features_, classes_);
 }
 

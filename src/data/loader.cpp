@@ -50,20 +50,21 @@ struct ShardLoader::State {
 Batch ShardLoader::State::assemble(std::span<const std::size_t> indices, std::uint64_t epoch,
                                    std::size_t index_in_epoch) const {
   const auto features = static_cast<std::size_t>(data->features());
+  const auto targets = static_cast<std::size_t>(data->targets());
   Batch b;
   b.x.resize(indices.size() * features);
-  b.y.resize(indices.size());
+  b.y.resize(indices.size() * targets);
   b.size = static_cast<int>(indices.size());
   b.epoch = epoch;
   b.index_in_epoch = index_in_epoch;
   for (std::size_t k = 0; k < indices.size(); ++k) {
-    const std::int32_t label = data->get(indices[k], b.x.data() + k * features);
+    std::int32_t* y = b.y.data() + k * targets;
+    data->get(indices[k], b.x.data() + k * features, y);
     // Dataset is open to user subclasses; a bad label would index out of bounds in the loss.
-    if (label < 0 || label >= data->classes()) {
-      throw std::out_of_range(fmt::format("dataset: sample {}: label {} is outside [0, {})",
-                                          indices[k], label, data->classes()));
-    }
-    b.y[k] = label;
+    for (std::size_t t = 0; t < targets; ++t)
+      if (y[t] < 0 || y[t] >= data->classes())
+        throw std::out_of_range(fmt::format("dataset: sample {}: label {} is outside [0, {})",
+                                            indices[k], y[t], data->classes()));
   }
   return b;
 }

@@ -99,10 +99,11 @@ class FailingDataset final : public Dataset {
   std::size_t size() const noexcept override { return inner_->size(); }
   int features() const noexcept override { return inner_->features(); }
   int classes() const noexcept override { return inner_->classes(); }
-  std::int32_t get(std::size_t i, float* out) const override {
+  int targets() const noexcept override { return inner_->targets(); }
+  void get(std::size_t i, float* x, std::int32_t* y) const override {
     if (reads_.fetch_add(1) >= fail_at_)
       throw std::runtime_error(fmt::format("injected fault: the loader failed reading sample {}", i));
-    return inner_->get(i, out);
+    inner_->get(i, x, y);
   }
 
  private:
@@ -124,37 +125,40 @@ struct WorkerContext {
   double barrier_wait_s = 0.0;
 };
 
-// Loss sum, correct count and sample count of `replica` over samples first, first + stride, ...
-// of `data`, in batches of at most `batch` (the replica's capacity).
+// Loss sum, correct count and prediction count (samples x targets) of `replica` over samples
+// first, first + stride, ... of `data`, in batches of at most `batch` (the replica's capacity).
 std::array<double, 3> loss_totals(Replica& replica, const Dataset& data, std::size_t first,
                                   std::size_t stride, int batch) {
   Device& dev = replica.device();
-  const int features = replica.model().inputs(), classes = replica.model().outputs();
+  const int features = replica.model().inputs(), targets = data.targets();
+  const int classes = replica.model().outputs() / targets;
   std::vector<float> x(static_cast<std::size_t>(batch) * features);
-  std::vector<std::int32_t> y(batch);
+  std::vector<std::int32_t> y(static_cast<std::size_t>(batch) * targets);
   DeviceArray<float> xd(dev, x.size());
   DeviceArray<std::int32_t> yd(dev, y.size());
   std::array<double, 3> totals{};
   for (std::size_t i = first; i < data.size();) {
     int rows = 0;
     for (; rows < batch && i < data.size(); ++rows, i += stride)
-      y[rows] = data.get(i, x.data() + static_cast<std::size_t>(rows) * features);
+      data.get(i, x.data() + static_cast<std::size_t>(rows) * features,
+               y.data() + static_cast<std::size_t>(rows) * targets);
     xd.upload(std::span<const float>(x.data(), static_cast<std::size_t>(rows) * features));
-    yd.upload(std::span<const std::int32_t>(y.data(), rows));
+    yd.upload(std::span<const std::int32_t>(y.data(), static_cast<std::size_t>(rows) * targets));
     const LossStats s = dev.softmax_cross_entropy(replica.forward(xd.data(), rows), yd.data(),
-                                                  rows, classes, nullptr, 0.0f);
+                                                  rows * targets, classes, nullptr, 0.0f);
     totals[0] += s.loss_sum;
     totals[1] += static_cast<double>(s.correct);
-    totals[2] += rows;
+    totals[2] += static_cast<double>(rows) * targets;
   }
   return totals;
 }
 
-EvalMetrics eval_metrics(const std::array<double, 3>& totals, std::int64_t step) {
+// Loss and accuracy are per prediction: per sample, or per token for a language model.
+EvalMetrics eval_metrics(const std::array<double, 3>& totals, std::int64_t step, int targets) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   EvalMetrics m;
   m.step = step;
-  m.samples = static_cast<std::size_t>(totals[2]);
+  m.samples = static_cast<std::size_t>(totals[2]) / static_cast<std::size_t>(targets);
   m.loss = totals[2] > 0 ? totals[0] / totals[2] : nan;
   m.accuracy = totals[2] > 0 ? totals[1] / totals[2] : nan;
   return m;
@@ -244,7 +248,7 @@ EvalMetrics Trainer::Impl::evaluate(int rank, Replica& replica, Communicator& co
     totals = loss_totals(replica, *eval, static_cast<std::size_t>(rank),
                          static_cast<std::size_t>(comm.size()), cfg.data.batch_size);
   comm.all_reduce_host(totals);
-  const EvalMetrics m = eval_metrics(totals, step);
+  const EvalMetrics m = eval_metrics(totals, step, train->targets());
   if (rank == 0 && eval_callback && m.samples > 0) eval_callback(m);
   return m;
 }
@@ -308,7 +312,7 @@ void Trainer::Impl::worker(int rank, Backend& backend, Communicator& comm, Worke
   const int n = workers();
   const TrainerConfig& tc = cfg.trainer;
   const int batch = cfg.data.batch_size, k = tc.accumulate_steps;
-  const int features = train->features(), classes = train->classes();
+  const int features = train->features(), classes = train->classes(), targets = train->targets();
   std::vector<detail::TraceEvent>* track = trace->worker(rank);
   std::int64_t step = resume ? resume->state.step : 0;
   const auto beat = [&] {
@@ -359,7 +363,7 @@ void Trainer::Impl::worker(int rank, Backend& backend, Communicator& comm, Worke
                                              cfg.data.prefetch, batch_in_epoch);
   const std::uint64_t batches_per_epoch = ctx.loader->batches_per_epoch();
 
-  DeviceArray<float> dlogits(dev, static_cast<std::size_t>(batch) * classes);
+  DeviceArray<float> dlogits(dev, static_cast<std::size_t>(batch) * targets * classes);
   // Double buffering: while the device computes on one batch, the next is already on its way
   // (see Device::stage_to_device). Staging slots 2i and 2i + 1 carry buffer i's x and y.
   struct Staged {
@@ -367,10 +371,10 @@ void Trainer::Impl::worker(int rank, Backend& backend, Communicator& comm, Worke
     DeviceArray<std::int32_t> y;
     Batch batch;  // its host copy: size, epoch and position
   };
-  Staged staged[2] = {{DeviceArray<float>(dev, static_cast<std::size_t>(batch) * features),
-                       DeviceArray<std::int32_t>(dev, batch), {}},
-                      {DeviceArray<float>(dev, static_cast<std::size_t>(batch) * features),
-                       DeviceArray<std::int32_t>(dev, batch), {}}};
+  const auto staged_x = static_cast<std::size_t>(batch) * features;
+  const auto staged_y = static_cast<std::size_t>(batch) * targets;
+  Staged staged[2] = {{DeviceArray<float>(dev, staged_x), DeviceArray<std::int32_t>(dev, staged_y), {}},
+                      {DeviceArray<float>(dev, staged_x), DeviceArray<std::int32_t>(dev, staged_y), {}}};
   std::int64_t batches_left = (total_steps - step) * k;
   const auto stage = [&](int i) {
     Staged& s = staged[i];
@@ -450,9 +454,11 @@ void Trainer::Impl::worker(int rank, Backend& backend, Communicator& comm, Worke
       }
       // Each worker averages over its own k micro-batches; the all-reduce then averages over
       // workers: the mean over the global batch, since every shard has the same batch size.
-      const LossStats s = dev.softmax_cross_entropy(logits, in.y.data(), b.size, classes,
+      // A language model predicts `targets` tokens per sample; the loss is their mean.
+      const int predictions = b.size * targets;
+      const LossStats s = dev.softmax_cross_entropy(logits, in.y.data(), predictions, classes,
                                                     dlogits.data(),
-                                                    1.0f / static_cast<float>(b.size * k));
+                                                    1.0f / static_cast<float>(predictions * k));
       stats.loss_sum += s.loss_sum;
       stats.correct += s.correct;
       step_samples += b.size;
@@ -472,7 +478,8 @@ void Trainer::Impl::worker(int rank, Backend& backend, Communicator& comm, Worke
                         stop_requested.load() ? 1.0 : 0.0};
     comm.all_reduce_host(totals);
     samples_seen += static_cast<std::int64_t>(totals[2]);
-    const double loss = totals[0] / totals[2];
+    const double predictions = totals[2] * targets;
+    const double loss = totals[0] / predictions;
     const bool stop_now = totals[3] > 0.0;
 
     double sum_squares = 0.0;
@@ -521,10 +528,11 @@ void Trainer::Impl::worker(int rank, Backend& backend, Communicator& comm, Worke
                          .total_steps = total_steps,
                          .epoch = epoch,
                          .loss = loss,
-                         .accuracy = totals[1] / totals[2],
+                         .accuracy = totals[1] / predictions,
                          .lr = lr,
                          .grad_norm = grad_norm,
                          .samples_per_s = samples_seen / std::max(1e-9, elapsed),
+                         .tokens_per_s = samples_seen * targets / std::max(1e-9, elapsed),
                          .elapsed_s = elapsed});
     }
     const bool report = step % tc.log_every == 0 || step == total_steps || stop_now;
@@ -533,11 +541,12 @@ void Trainer::Impl::worker(int rank, Backend& backend, Communicator& comm, Worke
       last = {.step = step,
               .total_steps = total_steps,
               .epoch = epoch,
-              .loss = window[0] / window[2],
-              .accuracy = window[1] / window[2],
+              .loss = window[0] / (window[2] * targets),
+              .accuracy = window[1] / (window[2] * targets),
               .lr = lr,
               .grad_norm = grad_norm,
               .samples_per_s = window[2] / std::max(1e-9, now - last_report_s),
+              .tokens_per_s = window[2] * targets / std::max(1e-9, now - last_report_s),
               .elapsed_s = now - start_s};
       last_report_s = now;
       if (step_callback) step_callback(last);
@@ -640,7 +649,7 @@ EvalMetrics evaluate(const Config& config, const Model& model, std::span<const f
                                  data.features(), features));
   Replica replica(*device, model, batch);
   replica.load_parameters(params);
-  return eval_metrics(loss_totals(replica, data, 0, 1, batch), 0);
+  return eval_metrics(loss_totals(replica, data, 0, 1, batch), 0, data.targets());
 }
 
 Trainer::Trainer(Config config, std::shared_ptr<const Dataset> train,

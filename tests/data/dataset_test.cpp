@@ -29,7 +29,8 @@ InMemoryDataset numbered(std::size_t n) {
 std::vector<float> xs(const lockstep::Dataset& d) {
   const auto f = static_cast<std::size_t>(d.features());
   std::vector<float> out(d.size() * f);
-  for (std::size_t i = 0; i < d.size(); ++i) d.get(i, out.data() + i * f);
+  std::int32_t label = 0;
+  for (std::size_t i = 0; i < d.size(); ++i) d.get(i, out.data() + i * f, &label);
   return out;
 }
 
@@ -39,10 +40,12 @@ TEST_CASE("InMemoryDataset: shapes, get and subset") {
   const InMemoryDataset d({1, 2, 3, 4, 5, 6}, {0, 2, 1}, 2, 3);
   CHECK(d.size() == 3);
   float row[2];
-  CHECK(d.get(1, row) == 2);
+  std::int32_t label = -1;
+  d.get(1, row, &label);
+  CHECK(label == 2);
   CHECK(row[0] == 3);
   CHECK(row[1] == 4);
-  CHECK_THROWS_AS(d.get(3, row), std::out_of_range);
+  CHECK_THROWS_AS(d.get(3, row, &label), std::out_of_range);
 
   const std::vector<std::size_t> pick{2, 0, 2};
   const auto s = d.subset(pick);
@@ -116,7 +119,8 @@ TEST_CASE("split_dataset: sizes, order and determinism") {
   // Labels travel with their samples.
   for (std::size_t i = 0; i < split.train->size(); ++i) {
     float v = 0;
-    const std::int32_t label = split.train->get(i, &v);
+    std::int32_t label = -1;
+    split.train->get(i, &v, &label);
     CHECK(label == static_cast<std::int32_t>(v) % 3);
   }
 

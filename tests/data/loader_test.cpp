@@ -25,12 +25,12 @@ class IndexDataset final : public lockstep::Dataset {
   std::size_t size() const noexcept override { return n_; }
   int features() const noexcept override { return 2; }
   int classes() const noexcept override { return 5; }
-  std::int32_t get(std::size_t i, float* out) const override {
+  void get(std::size_t i, float* x, std::int32_t* y) const override {
     if (i == fail_at_) throw std::runtime_error("cannot read sample " + std::to_string(i));
     if (delay_.count() > 0) std::this_thread::sleep_for(delay_);
-    out[0] = static_cast<float>(i);
-    out[1] = -static_cast<float>(i);
-    return static_cast<std::int32_t>(i) == bad_label_at_ ? 5 : static_cast<std::int32_t>(i % 5);
+    x[0] = static_cast<float>(i);
+    x[1] = -static_cast<float>(i);
+    *y = static_cast<std::int32_t>(i) == bad_label_at_ ? 5 : static_cast<std::int32_t>(i % 5);
   }
 
  private:
