@@ -16,6 +16,11 @@
 // views of that buffer without copying.
 //
 // Backward accumulates into parameter gradients (+=) and overwrites activation gradients (=).
+//
+// A layer maps (B, in_features) to (B, out_features) per sample. Sequence layers flatten a sample:
+// a GPT block sees (B, T * C) and knows its T and C. A layer that must keep intermediate values
+// from forward to backward (a transformer block's attention probabilities, say) asks for them
+// through workspace_size(); backward may also use scratch shared by every layer of a replica.
 #pragma once
 
 #include <cstddef>
@@ -39,6 +44,12 @@ struct ParamTensor {
   std::size_t numel() const;
 };
 
+// Device memory a layer uses besides its input, output and parameters.
+struct LayerWorkspace {
+  float* saved = nullptr;    // workspace_size(batch) floats, kept from forward to backward
+  float* scratch = nullptr;  // scratch_size(batch) floats, backward only, shared by all layers
+};
+
 class Layer {
  public:
   virtual ~Layer() = default;
@@ -50,20 +61,35 @@ class Layer {
   virtual std::vector<ParamTensor> param_tensors(const std::string& /*prefix*/) const { return {}; }
   // Fills params[0..param_count()) on the host from rng draws (a 64-bit generator).
   virtual void init_parameters(float* /*params*/, std::uint64_t& /*rng_state*/) const {}
+  // Floats of LayerWorkspace::saved and ::scratch for a batch of `batch`.
+  virtual std::size_t workspace_size(int /*batch*/) const noexcept { return 0; }
+  virtual std::size_t scratch_size(int /*batch*/) const noexcept { return 0; }
+  // Tied weights: the index of an earlier layer whose parameters this layer reads (and whose
+  // gradients it accumulates into), or -1 for its own. A tied layer has no parameters itself.
+  virtual int tied_to() const noexcept { return -1; }
 
   // in (B, in_features), out (B, out_features)
-  virtual void forward(Device& dev, const float* params, const float* in, float* out,
-                       int batch) const = 0;
+  virtual void forward(Device& dev, const float* params, const float* in, float* out, int batch,
+                       const LayerWorkspace& ws) const = 0;
   // dout (B, out_features) -> din (B, in_features), overwritten; din may be null (first layer).
   // Parameter gradients are accumulated into grads (+=).
   virtual void backward(Device& dev, const float* params, float* grads, const float* in,
-                        const float* out, const float* dout, float* din, int batch) const = 0;
+                        const float* out, const float* dout, float* din, int batch,
+                        const LayerWorkspace& ws) const = 0;
 };
 
 // weight (out, in), bias (out); out = in * weight^T + bias. PyTorch's default init:
 // U(-1/sqrt(in), 1/sqrt(in)) for both.
 std::unique_ptr<Layer> make_linear(int in_features, int out_features);
 std::unique_ptr<Layer> make_activation(Activation f, int features);
+// The GPT layers (see Model::gpt). Embedding: wte (V, C), wpe (T, C); in (B, T) token ids as
+// floats, out (B, T * C). Block: one pre-LayerNorm transformer block on (B, T * C). LayerNorm:
+// weight, bias (C) per position. Tied LM head: reads wte from layer `embedding_layer`, out
+// (B, T * V) logits.
+std::unique_ptr<Layer> make_embedding(int vocab, int context, int channels);
+std::unique_ptr<Layer> make_block(int context, int channels, int heads, int n_layer);
+std::unique_ptr<Layer> make_layernorm(int context, int channels);
+std::unique_ptr<Layer> make_tied_lm_head(int embedding_layer, int vocab, int context, int channels);
 
 struct MlpSpec {
   int inputs = 0;
@@ -72,10 +98,25 @@ struct MlpSpec {
   Activation activation = Activation::relu;
 };
 
+// GPT-2: token and position embeddings, n_layer pre-LayerNorm blocks (causal multi-head
+// self-attention, then a 4x MLP with tanh-GELU, each on a residual), a final LayerNorm and an
+// LM head tied to the token embedding. Input (B, context) token ids as floats; output logits
+// (B, context * vocab_size). Parameter names follow nanoGPT ("transformer.h.0.attn.c_attn.weight",
+// weights (out, in) as torch.nn.Linear); the tied head has no tensor of its own.
+struct GptSpec {
+  int vocab_size = 256;
+  int context = 64;
+  int n_layer = 2;
+  int n_head = 4;
+  int d_model = 64;
+};
+
 class Model {
  public:
-  explicit Model(std::vector<std::unique_ptr<Layer>> layers);
+  // `names` prefixes each layer's tensors; by default "layers.{i}", as torch.nn.Sequential.
+  explicit Model(std::vector<std::unique_ptr<Layer>> layers, std::vector<std::string> names = {});
   static Model mlp(const MlpSpec& spec);
+  static Model gpt(const GptSpec& spec);
 
   const std::vector<std::unique_ptr<Layer>>& layers() const noexcept { return layers_; }
   // Offset of layer i's parameters in the parameter buffer (see Layout above).
@@ -86,12 +127,16 @@ class Model {
   std::vector<ParamTensor> param_tensors() const;
   // Widest activation, for sizing buffers.
   int max_width() const;
+  // Where layer i's parameters are read from: its own block, or the block of the layer it is
+  // tied to.
+  std::size_t read_offset(std::size_t layer) const;
 
   // The initial parameters, drawn on the host from `seed` alone: the same for any device count.
   std::vector<float> initial_parameters(std::uint64_t seed) const;
 
  private:
   std::vector<std::unique_ptr<Layer>> layers_;
+  std::vector<std::string> names_;
   std::vector<std::size_t> offsets_;
   std::size_t param_count_ = 0;
 };
@@ -124,8 +169,10 @@ class Replica {
   int max_batch_;
   DeviceArray<float> params_;
   DeviceArray<float> grads_;
-  std::vector<DeviceArray<float>> acts_;  // acts_[i] = output of layer i
-  DeviceArray<float> dbuf_[2];            // ping-pong activation gradients
+  std::vector<DeviceArray<float>> acts_;   // acts_[i] = output of layer i
+  std::vector<DeviceArray<float>> saved_;  // saved_[i] = layer i's LayerWorkspace::saved
+  DeviceArray<float> scratch_;             // shared LayerWorkspace::scratch
+  DeviceArray<float> dbuf_[2];             // ping-pong activation gradients
 };
 
 }  // namespace lockstep

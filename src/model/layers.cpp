@@ -10,6 +10,7 @@
 
 #include "common/random.hpp"
 #include "lockstep/model.hpp"
+#include "model/ops.hpp"
 
 namespace lockstep {
 namespace {
@@ -36,23 +37,18 @@ class Linear final : public Layer {
   }
 
   // out (B, out) = in (B, in) * W^T (in, out) + b
-  void forward(Device& dev, const float* params, const float* in, float* out,
-               int batch) const override {
-    dev.gemm(Transpose::no, Transpose::yes, batch, out_, in_, 1.0f, in, in_, params, in_, 0.0f,
-             out, out_);
-    dev.add_bias(out, params + weight_count(), batch, out_);
+  void forward(Device& dev, const float* params, const float* in, float* out, int batch,
+               const LayerWorkspace& /*ws*/) const override {
+    detail::linear_forward(dev, params, params + weight_count(), in, out, batch, in_, out_);
   }
 
   // dW (out, in) += dout^T (out, B) * in (B, in); db (out) += column sums of dout (B, out);
   // din (B, in) = dout (B, out) * W (out, in).
   void backward(Device& dev, const float* params, float* grads, const float* in,
-                const float* /*out*/, const float* dout, float* din, int batch) const override {
-    dev.gemm(Transpose::yes, Transpose::no, out_, in_, batch, 1.0f, dout, out_, in, in_, 1.0f,
-             grads, in_);
-    dev.bias_grad(grads + weight_count(), dout, batch, out_);
-    if (din)
-      dev.gemm(Transpose::no, Transpose::no, batch, in_, out_, 1.0f, dout, out_, params, in_,
-               0.0f, din, in_);
+                const float* /*out*/, const float* dout, float* din, int batch,
+                const LayerWorkspace& /*ws*/) const override {
+    detail::linear_backward(dev, params, grads, grads + weight_count(), in, dout, din, batch, in_,
+                            out_);
   }
 
  private:
@@ -77,14 +73,15 @@ class ActivationLayer final : public Layer {
   int in_features() const noexcept override { return features_; }
   int out_features() const noexcept override { return features_; }
 
-  void forward(Device& dev, const float* /*params*/, const float* in, float* out,
-               int batch) const override {
+  void forward(Device& dev, const float* /*params*/, const float* in, float* out, int batch,
+               const LayerWorkspace& /*ws*/) const override {
     dev.activation_forward(f_, in, out, size(batch));
   }
 
   // din = dout * f'(in)
   void backward(Device& dev, const float* /*params*/, float* /*grads*/, const float* in,
-                const float* /*out*/, const float* dout, float* din, int batch) const override {
+                const float* /*out*/, const float* dout, float* din, int batch,
+                const LayerWorkspace& /*ws*/) const override {
     if (din) dev.activation_backward(f_, in, dout, din, size(batch));
   }
 

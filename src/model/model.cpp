@@ -4,6 +4,8 @@
 //  - A Model has at least one layer, and layer i's out_features equals layer i+1's in_features.
 //  - Parameter offsets run in REVERSE layer order: the last layer's parameters sit at offset 0.
 //    Names, initialisation and the forward pass run in forward order.
+//  - A tied layer (tied_to() = j) has no parameters, j < its index, and layer j has some; it
+//    reads layer j's parameters and accumulates into layer j's gradients.
 //  - A Replica's gradient buffer has the parameter buffer's layout. Activation gradients
 //    alternate between two ping-pong buffers, so a layer's din is never its dout.
 #include <algorithm>
@@ -24,8 +26,14 @@ std::size_t ParamTensor::numel() const {
 
 // ---- Model ----------------------------------------------------------------------------------
 
-Model::Model(std::vector<std::unique_ptr<Layer>> layers) : layers_(std::move(layers)) {
+Model::Model(std::vector<std::unique_ptr<Layer>> layers, std::vector<std::string> names)
+    : layers_(std::move(layers)), names_(std::move(names)) {
   if (layers_.empty()) throw std::invalid_argument("model: needs at least one layer");
+  if (names_.empty())
+    for (std::size_t i = 0; i < layers_.size(); ++i) names_.push_back(fmt::format("layers.{}", i));
+  if (names_.size() != layers_.size())
+    throw std::invalid_argument(fmt::format("model: {} names for {} layers", names_.size(),
+                                            layers_.size()));
   for (std::size_t i = 0; i < layers_.size(); ++i) {
     if (!layers_[i]) throw std::invalid_argument(fmt::format("model: layer {} is null", i));
     if (i > 0 && layers_[i - 1]->out_features() != layers_[i]->in_features())
@@ -33,6 +41,13 @@ Model::Model(std::vector<std::unique_ptr<Layer>> layers) : layers_(std::move(lay
           "model: layer {} ({}) outputs {} features but layer {} ({}) expects {}", i - 1,
           layers_[i - 1]->kind(), layers_[i - 1]->out_features(), i, layers_[i]->kind(),
           layers_[i]->in_features()));
+    const int tied = layers_[i]->tied_to();
+    if (tied >= 0 && (static_cast<std::size_t>(tied) >= i || layers_[i]->param_count() != 0 ||
+                      layers_[tied]->param_count() == 0))
+      throw std::invalid_argument(fmt::format(
+          "model: layer {} ({}) is tied to layer {}: it must be an earlier layer with parameters, "
+          "and the tied layer must have none of its own",
+          i, layers_[i]->kind(), tied));
   }
   offsets_.resize(layers_.size());
   for (std::size_t i = layers_.size(); i-- > 0;) {
@@ -70,7 +85,7 @@ int Model::outputs() const { return layers_.back()->out_features(); }
 std::vector<ParamTensor> Model::param_tensors() const {
   std::vector<ParamTensor> out;
   for (std::size_t i = 0; i < layers_.size(); ++i)
-    for (ParamTensor& t : layers_[i]->param_tensors(fmt::format("layers.{}", i))) {
+    for (ParamTensor& t : layers_[i]->param_tensors(names_[i])) {
       t.offset += offsets_[i];
       out.push_back(std::move(t));
     }
@@ -82,6 +97,11 @@ int Model::max_width() const {
   for (const auto& layer : layers_)
     width = std::max({width, layer->in_features(), layer->out_features()});
   return width;
+}
+
+std::size_t Model::read_offset(std::size_t layer) const {
+  const int tied = layers_.at(layer)->tied_to();
+  return offsets_[tied >= 0 ? static_cast<std::size_t>(tied) : layer];
 }
 
 std::vector<float> Model::initial_parameters(std::uint64_t seed) const {
@@ -120,11 +140,19 @@ Replica::Replica(Device& device, const Model& model, int max_batch)
       model_(&model),
       max_batch_(checked_max_batch(max_batch)),
       params_(device, model.param_count()),
-      grads_(device, model.param_count()),
-      dbuf_{DeviceArray<float>(device, elements(max_batch, model.max_width())),
-            DeviceArray<float>(device, elements(max_batch, model.max_width()))} {
-  for (const auto& layer : model.layers())
-    acts_.emplace_back(device, elements(max_batch, layer->out_features()));
+      grads_(device, model.param_count()) {
+  // Activation gradients are layers' din: as wide as the widest input after the first layer.
+  int din_width = 1;
+  std::size_t scratch = 0;
+  for (std::size_t i = 0; i < model.layers().size(); ++i) {
+    const Layer& layer = *model.layers()[i];
+    if (i > 0) din_width = std::max(din_width, layer.in_features());
+    acts_.emplace_back(device, elements(max_batch, layer.out_features()));
+    saved_.emplace_back(device, layer.workspace_size(max_batch));
+    scratch = std::max(scratch, layer.scratch_size(max_batch));
+  }
+  scratch_ = DeviceArray<float>(device, scratch);
+  for (DeviceArray<float>& d : dbuf_) d = DeviceArray<float>(device, elements(max_batch, din_width));
 }
 
 void Replica::load_parameters(std::span<const float> host) {
@@ -146,8 +174,8 @@ const float* Replica::forward(const float* x, int batch) {
   const auto& layers = model_->layers();
   for (std::size_t i = 0; i < layers.size(); ++i) {
     const float* in = i == 0 ? x : acts_[i - 1].data();
-    layers[i]->forward(*device_, params_.data() + model_->param_offset(i), in, acts_[i].data(),
-                       batch);
+    layers[i]->forward(*device_, params_.data() + model_->read_offset(i), in, acts_[i].data(),
+                       batch, {saved_[i].data(), scratch_.data()});
   }
   return acts_.back().data();
 }
@@ -162,9 +190,9 @@ void Replica::backward(const float* x, const float* dlogits, int batch,
     const float* in = i == 0 ? x : acts_[i - 1].data();
     const float* dout = i + 1 == layers.size() ? dlogits : dbuf_[(i + 1) % 2].data();
     float* din = i == 0 ? nullptr : dbuf_[i % 2].data();
-    const std::size_t offset = model_->param_offset(i);
+    const std::size_t offset = model_->read_offset(i);
     layers[i]->backward(*device_, params_.data() + offset, grads_.data() + offset, in,
-                        acts_[i].data(), dout, din, batch);
+                        acts_[i].data(), dout, din, batch, {saved_[i].data(), scratch_.data()});
     if (grads_ready && layers[i]->param_count() > 0) grads_ready(i);
   }
 }

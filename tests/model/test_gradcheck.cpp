@@ -17,6 +17,7 @@
 
 #include "common/random.hpp"
 #include "lockstep/model.hpp"
+#include "gradcheck.hpp"
 
 namespace {
 
@@ -25,90 +26,7 @@ using lockstep::Device;
 using lockstep::DeviceArray;
 using lockstep::Layer;
 using lockstep::Model;
-
-constexpr float kStep = 1e-2f;
-
-std::vector<float> random_floats(std::size_t n, std::uint64_t seed, double lo = -1.0,
-                                 double hi = 1.0) {
-  std::vector<float> v(n);
-  for (float& x : v) x = static_cast<float>(lo + (hi - lo) * lockstep::detail::uniform01(seed));
-  return v;
-}
-
-std::vector<std::int32_t> random_labels(std::size_t n, int classes, std::uint64_t seed) {
-  std::vector<std::int32_t> v(n);
-  for (auto& l : v) l = static_cast<std::int32_t>(lockstep::detail::uniform_below(seed, classes));
-  return v;
-}
-
-template <class T>
-DeviceArray<T> on_device(Device& dev, const std::vector<T>& host) {
-  DeviceArray<T> a(dev, host.size());
-  a.upload(host);
-  return a;
-}
-
-// d objective() / d v[i], by central differences; v[i] is restored.
-template <class Objective>
-double central_difference(std::vector<float>& v, std::size_t i, const Objective& objective) {
-  const float v0 = v[i];
-  v[i] = v0 + kStep;
-  const double up = objective(), h_up = double(v[i]) - v0;
-  v[i] = v0 - kStep;
-  const double down = objective(), h_down = v0 - double(v[i]);
-  v[i] = v0;
-  return (up - down) / (h_up + h_down);
-}
-
-// Empty when every analytic[i] matches fd[i]; otherwise describes the first miss.
-std::string mismatch(const std::vector<double>& fd, const std::vector<float>& analytic,
-                     double abs_tol = 1e-4, double rel_tol = 5e-3) {
-  if (fd.size() != analytic.size()) return "sizes differ";
-  for (std::size_t i = 0; i < fd.size(); ++i)
-    if (!(std::abs(analytic[i] - fd[i]) <= abs_tol + rel_tol * std::abs(fd[i]))) {
-      std::ostringstream out;
-      out << "element " << i << ": analytic " << analytic[i] << ", finite difference " << fd[i];
-      return out.str();
-    }
-  return {};
-}
-
-struct LayerGradients {
-  std::vector<float> params, input;    // analytic, from backward
-  std::vector<double> fd_params, fd_input;
-};
-
-// Gradients of J(P, X) = sum(forward(P, X) * R) for a random R (batch, out_features). The
-// parameter gradient buffer starts non-zero to check that backward accumulates into it.
-LayerGradients layer_gradients(const Layer& layer, int batch, std::vector<float> params,
-                               std::vector<float> x, std::uint64_t seed) {
-  auto dev = lockstep::make_cpu_device(0, 1);
-  const auto r = random_floats(std::size_t(batch) * layer.out_features(), seed);
-  const auto g0 = random_floats(params.size(), seed + 1);
-  auto pd = on_device(*dev, params), xd = on_device(*dev, x), rd = on_device(*dev, r);
-  auto gd = on_device(*dev, g0);
-  auto dxd = on_device(*dev, random_floats(x.size(), seed + 2));  // overwritten by backward
-  DeviceArray<float> yd(*dev, r.size());
-  const auto objective = [&] {
-    pd.upload(params);
-    xd.upload(x);
-    layer.forward(*dev, pd.data(), xd.data(), yd.data(), batch);
-    const auto y = yd.download();
-    double j = 0.0;
-    for (std::size_t i = 0; i < y.size(); ++i) j += double(y[i]) * r[i];
-    return j;
-  };
-  objective();
-  layer.backward(*dev, pd.data(), gd.data(), xd.data(), yd.data(), rd.data(), dxd.data(), batch);
-  LayerGradients g{gd.download(), dxd.download(), {}, {}};
-  for (std::size_t i = 0; i < params.size(); ++i) {
-    g.params[i] -= g0[i];
-    g.fd_params.push_back(central_difference(params, i, objective));
-  }
-  for (std::size_t i = 0; i < x.size(); ++i)
-    g.fd_input.push_back(central_difference(x, i, objective));
-  return g;
-}
+using namespace lockstep::testing;
 
 void check_activation(Activation f, std::vector<float> x, int batch) {
   const auto layer = lockstep::make_activation(f, static_cast<int>(x.size()) / batch);

@@ -1,0 +1,422 @@
+// GPT-2: the token/position embedding, the transformer block, the final LayerNorm and the tied
+// LM head, as layers over flattened sequences.
+//
+// Notation: B sequences of T positions, C = d_model channels, H heads of D = C / H channels,
+// N = B * T rows, V vocabulary entries. A sample is (T * C) floats, so a layer's `batch` is B and
+// its rows are N. Every matrix is row-major.
+//
+// Invariants (as every layer): stateless; backward accumulates into parameter gradients (+=) and
+// overwrites din (=). What backward needs from forward is in LayerWorkspace::saved, laid out by
+// the layer's Saved struct; backward's temporaries live in the shared LayerWorkspace::scratch.
+#include <cmath>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "common/random.hpp"
+#include "lockstep/model.hpp"
+#include "model/ops.hpp"
+
+namespace lockstep {
+namespace {
+
+constexpr double kInitStd = 0.02;  // GPT-2's initialisation
+
+std::size_t product(std::size_t a, std::size_t b) { return a * b; }
+
+// Carves consecutive regions out of one buffer; with a null base it only measures.
+class Carver {
+ public:
+  explicit Carver(float* base) : base_(base) {}
+  float* take(std::size_t n) {
+    float* p = base_ ? base_ + used_ : nullptr;
+    used_ += n;
+    return p;
+  }
+  std::size_t used() const noexcept { return used_; }
+
+ private:
+  float* base_;
+  std::size_t used_ = 0;
+};
+
+void fill_normal(float* p, std::size_t n, double stddev, std::uint64_t& rng) {
+  for (std::size_t i = 0; i < n; ++i) p[i] = static_cast<float>(stddev * detail::normal(rng));
+}
+
+// ---- Embedding --------------------------------------------------------------------------------
+
+// Parameters: wte (V, C), then wpe (T, C). in (B, T) token ids as floats, out (B, T * C).
+class Embedding final : public Layer {
+ public:
+  Embedding(int vocab, int context, int channels) : v_(vocab), t_(context), c_(channels) {}
+
+  std::string_view kind() const noexcept override { return "embedding"; }
+  int in_features() const noexcept override { return t_; }
+  int out_features() const noexcept override { return t_ * c_; }
+  std::size_t param_count() const noexcept override { return product(v_ + t_, c_); }
+  std::vector<ParamTensor> param_tensors(const std::string& prefix) const override {
+    return {{prefix + ".wte.weight", 0, {v_, c_}}, {prefix + ".wpe.weight", product(v_, c_), {t_, c_}}};
+  }
+  void init_parameters(float* params, std::uint64_t& rng) const override {
+    fill_normal(params, param_count(), kInitStd, rng);
+  }
+
+  void forward(Device& dev, const float* params, const float* in, float* out, int batch,
+               const LayerWorkspace& /*ws*/) const override {
+    dev.embedding_forward(in, params, params + product(v_, c_), out, batch, t_, c_);
+  }
+  // Token ids have no gradient: din is ignored.
+  void backward(Device& dev, const float* /*params*/, float* grads, const float* in,
+                const float* /*out*/, const float* dout, float* /*din*/, int batch,
+                const LayerWorkspace& /*ws*/) const override {
+    dev.embedding_backward(in, dout, grads, grads + product(v_, c_), batch, t_, c_);
+  }
+
+ private:
+  int v_, t_, c_;
+};
+
+// ---- Transformer block ------------------------------------------------------------------------
+
+// x -> res1 = x + attn(ln_1(x)) -> out = res1 + mlp(ln_2(res1)), with
+// attn(h) = c_proj(softmax_causal(q k^T / sqrt(D)) v), (q, k, v) = c_attn(h), per head, and
+// mlp(h) = c_proj(gelu(c_fc(h))).
+// The block's tensors in storage order (nanoGPT's names), for C channels.
+enum BlockParam {
+  kLn1W, kLn1B, kAttnW, kAttnB, kAttnProjW, kAttnProjB,
+  kLn2W, kLn2B, kFcW, kFcB, kFcProjW, kFcProjB, kBlockParams
+};
+std::vector<ParamTensor> block_tensors(const std::string& prefix, std::int64_t c) {
+  const std::pair<const char*, std::vector<std::int64_t>> spec[kBlockParams] = {
+      {".ln_1.weight", {c}},          {".ln_1.bias", {c}},
+      {".attn.c_attn.weight", {3 * c, c}}, {".attn.c_attn.bias", {3 * c}},
+      {".attn.c_proj.weight", {c, c}},     {".attn.c_proj.bias", {c}},
+      {".ln_2.weight", {c}},          {".ln_2.bias", {c}},
+      {".mlp.c_fc.weight", {4 * c, c}},    {".mlp.c_fc.bias", {4 * c}},
+      {".mlp.c_proj.weight", {c, 4 * c}},  {".mlp.c_proj.bias", {c}}};
+  std::vector<ParamTensor> out;
+  std::size_t offset = 0;
+  for (const auto& [name, shape] : spec) {
+    out.push_back({prefix + name, offset, shape});
+    offset += out.back().numel();
+  }
+  return out;
+}
+
+// x -> res1 = x + attn(ln_1(x)) -> out = res1 + mlp(ln_2(res1)), with
+// attn(h) = c_proj(softmax_causal(q k^T / sqrt(D)) v), (q, k, v) = c_attn(h), per head, and
+// mlp(h) = c_proj(gelu(c_fc(h))).
+class Block final : public Layer {
+ public:
+  Block(int context, int channels, int heads, int n_layer)
+      : t_(context), c_(channels), h_(heads), n_layer_(n_layer) {
+    const std::vector<ParamTensor> tensors = block_tensors("", c_);
+    for (int i = 0; i < kBlockParams; ++i) offsets_[i] = tensors[i].offset;
+    count_ = tensors.back().offset + tensors.back().numel();
+  }
+
+  std::string_view kind() const noexcept override { return "block"; }
+  int in_features() const noexcept override { return t_ * c_; }
+  int out_features() const noexcept override { return t_ * c_; }
+  std::size_t param_count() const noexcept override { return count_; }
+  std::vector<ParamTensor> param_tensors(const std::string& prefix) const override {
+    return block_tensors(prefix, c_);
+  }
+
+  // LayerNorms 1 and 0, linear weights N(0, 0.02), biases 0; the two residual projections
+  // N(0, 0.02 / sqrt(2 n_layer)). Draws in storage order.
+  void init_parameters(float* params, std::uint64_t& rng) const override {
+    const Params p = at(params);
+    const std::size_t c = static_cast<std::size_t>(c_);
+    const double proj_std = kInitStd / std::sqrt(2.0 * n_layer_);
+    std::fill(params, params + param_count(), 0.0f);
+    std::fill(p.ln1_w, p.ln1_w + c, 1.0f);
+    std::fill(p.ln2_w, p.ln2_w + c, 1.0f);
+    fill_normal(p.attn_w, 3 * c * c, kInitStd, rng);
+    fill_normal(p.attn_proj_w, c * c, proj_std, rng);
+    fill_normal(p.fc_w, 4 * c * c, kInitStd, rng);
+    fill_normal(p.fc_proj_w, 4 * c * c, proj_std, rng);
+  }
+
+  std::size_t workspace_size(int batch) const noexcept override {
+    return Saved::at(nullptr, batch, t_, c_, h_).size;
+  }
+  std::size_t scratch_size(int batch) const noexcept override {
+    return Scratch::at(nullptr, batch, t_, c_, h_).size;
+  }
+
+  void forward(Device& dev, const float* params, const float* x, float* out, int batch,
+               const LayerWorkspace& ws) const override {
+    const Params p = at(const_cast<float*>(params));
+    const Saved s = Saved::at(ws.saved, batch, t_, c_, h_);
+    const int n = batch * t_, c = c_;
+    dev.layernorm_forward(x, p.ln1_w, p.ln1_b, s.ln1, s.mean1, s.rstd1, n, c);
+    detail::linear_forward(dev, p.attn_w, p.attn_b, s.ln1, s.qkv, n, c, 3 * c);
+    attention_forward(dev, s, batch);
+    detail::linear_forward(dev, p.attn_proj_w, p.attn_proj_b, s.atty, s.res1, n, c, c);
+    dev.add(s.res1, x, s.res1, elements(n, c));
+    dev.layernorm_forward(s.res1, p.ln2_w, p.ln2_b, s.ln2, s.mean2, s.rstd2, n, c);
+    detail::linear_forward(dev, p.fc_w, p.fc_b, s.ln2, s.fc, n, c, 4 * c);
+    dev.activation_forward(Activation::gelu, s.fc, s.gelu, elements(n, 4 * c));
+    detail::linear_forward(dev, p.fc_proj_w, p.fc_proj_b, s.gelu, out, n, 4 * c, c);
+    dev.add(out, s.res1, out, elements(n, c));
+  }
+
+  void backward(Device& dev, const float* params, float* grads, const float* x,
+                const float* /*out*/, const float* dout, float* din, int batch,
+                const LayerWorkspace& ws) const override {
+    const Params p = at(const_cast<float*>(params));
+    const Params g = at(grads);
+    const Saved s = Saved::at(ws.saved, batch, t_, c_, h_);
+    const Scratch d = Scratch::at(ws.scratch, batch, t_, c_, h_);
+    const int n = batch * t_, c = c_;
+    // MLP branch: out = res1 + c_proj(gelu(c_fc(ln_2(res1)))).
+    detail::linear_backward(dev, p.fc_proj_w, g.fc_proj_w, g.fc_proj_b, s.gelu, dout, d.h, n,
+                            4 * c, c);
+    dev.activation_backward(Activation::gelu, s.fc, d.h, d.h, elements(n, 4 * c));
+    detail::linear_backward(dev, p.fc_w, g.fc_w, g.fc_b, s.ln2, d.h, d.tmp, n, c, 4 * c);
+    dev.copy(d.res1, dout, elements(n, c) * sizeof(float));
+    dev.layernorm_backward(s.res1, p.ln2_w, s.mean2, s.rstd2, d.tmp, d.res1, g.ln2_w, g.ln2_b, n,
+                           c);
+    // Attention branch: res1 = x + c_proj(attention(c_attn(ln_1(x)))).
+    detail::linear_backward(dev, p.attn_proj_w, g.attn_proj_w, g.attn_proj_b, s.atty, d.res1,
+                            d.tmp, n, c, c);
+    attention_backward(dev, s, d, batch);
+    detail::linear_backward(dev, p.attn_w, g.attn_w, g.attn_b, s.ln1, d.qkv, d.tmp, n, c, 3 * c);
+    if (!din) return;
+    dev.copy(din, d.res1, elements(n, c) * sizeof(float));
+    dev.layernorm_backward(x, p.ln1_w, s.mean1, s.rstd1, d.tmp, din, g.ln1_w, g.ln1_b, n, c);
+  }
+
+ private:
+  // Pointers to the tensors of a parameter (or gradient) block.
+  struct Params {
+    float *ln1_w, *ln1_b, *attn_w, *attn_b, *attn_proj_w, *attn_proj_b;
+    float *ln2_w, *ln2_b, *fc_w, *fc_b, *fc_proj_w, *fc_proj_b;
+  };
+  Params at(float* base) const {
+    const auto o = [&](BlockParam i) { return base + offsets_[i]; };
+    return {o(kLn1W), o(kLn1B), o(kAttnW), o(kAttnB), o(kAttnProjW), o(kAttnProjB),
+            o(kLn2W), o(kLn2B), o(kFcW),   o(kFcB),   o(kFcProjW),   o(kFcProjB)};
+  }
+
+  // What forward keeps for backward. Rows N = B * T.
+  struct Saved {
+    float *ln1, *mean1, *rstd1;  // (N, C), (N), (N)
+    float* qkv;                  // (N, 3C): q, k, v, each (N, C) with heads side by side
+    float* att;                  // (B, H, T, T) attention probabilities
+    float* atty;                 // (N, C) attention output, heads side by side
+    float* res1;                 // (N, C) first residual
+    float *ln2, *mean2, *rstd2;  // (N, C), (N), (N)
+    float *fc, *gelu;            // (N, 4C) each
+    std::size_t size;
+    static Saved at(float* base, int batch, int t, int channels, int heads) {
+      const std::size_t n = std::size_t(batch) * t, c = channels;
+      Carver k(base);
+      Saved s{k.take(n * c), k.take(n), k.take(n), k.take(3 * n * c),
+              k.take(std::size_t(batch) * heads * t * t), k.take(n * c), k.take(n * c),
+              k.take(n * c), k.take(n), k.take(n), k.take(4 * n * c), k.take(4 * n * c), 0};
+      s.size = k.used();
+      return s;
+    }
+  };
+
+  // Backward's temporaries.
+  struct Scratch {
+    float* h;     // (N, 4C) gradient of the MLP's hidden layer, before and after GELU
+    float* tmp;   // (N, C) gradient at a LayerNorm's output or of the attention output
+    float* res1;  // (N, C) gradient of the first residual
+    float* qkv;   // (N, 3C)
+    float* att;   // (B, H, T, T) gradient of the probabilities, then of the scores
+    std::size_t size;
+    static Scratch at(float* base, int batch, int t, int channels, int heads) {
+      const std::size_t n = std::size_t(batch) * t, c = channels;
+      Carver k(base);
+      Scratch s{k.take(4 * n * c), k.take(n * c), k.take(n * c), k.take(3 * n * c),
+                k.take(std::size_t(batch) * heads * t * t), 0};
+      s.size = k.used();
+      return s;
+    }
+  };
+
+  static std::size_t elements(int rows, int cols) { return std::size_t(rows) * std::size_t(cols); }
+
+  // Per sequence b, over its H heads at once (head h is columns h*D.. of q, k, v and atty):
+  // att = causal_softmax(q k^T / sqrt(D)) (T, T); atty = att v (T, D).
+  void attention_forward(Device& dev, const Saved& s, int batch) const {
+    const int c = c_, d = c_ / h_, t = t_;
+    const std::int64_t tt = std::int64_t(t) * t;
+    for (int b = 0; b < batch; ++b) {
+      const float* q = s.qkv + elements(b * t, 3 * c);
+      float* att = s.att + std::size_t(b) * h_ * tt;
+      dev.gemm_batched(Transpose::no, Transpose::yes, t, t, d, 1.0f, q, 3 * c, d, q + c, 3 * c, d,
+                       0.0f, att, t, tt, h_);
+    }
+    dev.causal_softmax_forward(s.att, s.att, batch * h_, t, 1.0f / std::sqrt(float(d)));
+    for (int b = 0; b < batch; ++b) {
+      const float* v = s.qkv + elements(b * t, 3 * c) + 2 * c;
+      const float* att = s.att + std::size_t(b) * h_ * tt;
+      dev.gemm_batched(Transpose::no, Transpose::no, t, d, t, 1.0f, att, t, tt, v, 3 * c, d, 0.0f,
+                       s.atty + elements(b * t, c), c, d, h_);
+    }
+  }
+
+  // From d.tmp = d atty: d att = d atty v^T; d v = att^T d atty; d scores by the softmax's
+  // backward (scaled); d q = d scores k; d k = d scores^T q. Writes d.qkv.
+  void attention_backward(Device& dev, const Saved& s, const Scratch& g, int batch) const {
+    const int c = c_, d = c_ / h_, t = t_;
+    const std::int64_t tt = std::int64_t(t) * t;
+    for (int b = 0; b < batch; ++b) {
+      const float* dy = g.tmp + elements(b * t, c);
+      const float* v = s.qkv + elements(b * t, 3 * c) + 2 * c;
+      const float* att = s.att + std::size_t(b) * h_ * tt;
+      float* datt = g.att + std::size_t(b) * h_ * tt;
+      float* dv = g.qkv + elements(b * t, 3 * c) + 2 * c;
+      dev.gemm_batched(Transpose::no, Transpose::yes, t, t, d, 1.0f, dy, c, d, v, 3 * c, d, 0.0f,
+                       datt, t, tt, h_);
+      dev.gemm_batched(Transpose::yes, Transpose::no, t, d, t, 1.0f, att, t, tt, dy, c, d, 0.0f,
+                       dv, 3 * c, d, h_);
+    }
+    dev.causal_softmax_backward(s.att, g.att, g.att, batch * h_, t, 1.0f / std::sqrt(float(d)));
+    for (int b = 0; b < batch; ++b) {
+      const float* q = s.qkv + elements(b * t, 3 * c);
+      const float* datt = g.att + std::size_t(b) * h_ * tt;
+      float* dq = g.qkv + elements(b * t, 3 * c);
+      dev.gemm_batched(Transpose::no, Transpose::no, t, d, t, 1.0f, datt, t, tt, q + c, 3 * c, d,
+                       0.0f, dq, 3 * c, d, h_);
+      dev.gemm_batched(Transpose::yes, Transpose::no, t, d, t, 1.0f, datt, t, tt, q, 3 * c, d,
+                       0.0f, dq + c, 3 * c, d, h_);
+    }
+  }
+
+  int t_, c_, h_, n_layer_;
+  std::size_t offsets_[kBlockParams] = {};
+  std::size_t count_ = 0;
+};
+
+// ---- Final LayerNorm --------------------------------------------------------------------------
+
+// Parameters: weight (C), bias (C). in, out (B, T * C), normalised per position.
+class LayerNorm final : public Layer {
+ public:
+  LayerNorm(int context, int channels) : t_(context), c_(channels) {}
+
+  std::string_view kind() const noexcept override { return "layernorm"; }
+  int in_features() const noexcept override { return t_ * c_; }
+  int out_features() const noexcept override { return t_ * c_; }
+  std::size_t param_count() const noexcept override { return 2 * std::size_t(c_); }
+  std::vector<ParamTensor> param_tensors(const std::string& prefix) const override {
+    return {{prefix + ".weight", 0, {c_}}, {prefix + ".bias", std::size_t(c_), {c_}}};
+  }
+  void init_parameters(float* params, std::uint64_t& /*rng*/) const override {
+    std::fill(params, params + c_, 1.0f);
+    std::fill(params + c_, params + 2 * c_, 0.0f);
+  }
+  // mean, rstd (N) each.
+  std::size_t workspace_size(int batch) const noexcept override {
+    return 2 * std::size_t(batch) * t_;
+  }
+
+  void forward(Device& dev, const float* params, const float* in, float* out, int batch,
+               const LayerWorkspace& ws) const override {
+    const std::size_t n = std::size_t(batch) * t_;
+    dev.layernorm_forward(in, params, params + c_, out, ws.saved, ws.saved + n,
+                          static_cast<int>(n), c_);
+  }
+  void backward(Device& dev, const float* params, float* grads, const float* in,
+                const float* /*out*/, const float* dout, float* din, int batch,
+                const LayerWorkspace& ws) const override {
+    const std::size_t n = std::size_t(batch) * t_;
+    // layernorm_backward accumulates into dx; a GPT's final LayerNorm always has a din.
+    if (!din) throw std::logic_error("layernorm: needs an input gradient (not a first layer)");
+    dev.fill(din, 0.0f, n * c_);
+    dev.layernorm_backward(in, params, ws.saved, ws.saved + n, dout, din, grads, grads + c_,
+                           static_cast<int>(n), c_);
+  }
+
+ private:
+  int t_, c_;
+};
+
+// ---- LM head ------------------------------------------------------------------------------------
+
+// Tied to the embedding layer: reads its wte (V, C), the first V * C of its parameters.
+// in (B, T * C), out (B, T * V) logits = in wte^T per position.
+class TiedLmHead final : public Layer {
+ public:
+  TiedLmHead(int embedding_layer, int vocab, int context, int channels)
+      : tied_(embedding_layer), v_(vocab), t_(context), c_(channels) {}
+
+  std::string_view kind() const noexcept override { return "lm_head"; }
+  int in_features() const noexcept override { return t_ * c_; }
+  int out_features() const noexcept override { return t_ * v_; }
+  int tied_to() const noexcept override { return tied_; }
+
+  void forward(Device& dev, const float* wte, const float* in, float* out, int batch,
+               const LayerWorkspace& /*ws*/) const override {
+    dev.gemm(Transpose::no, Transpose::yes, batch * t_, v_, c_, 1.0f, in, c_, wte, c_, 0.0f, out,
+             v_);
+  }
+  // dwte (V, C) += dout^T (V, N) in (N, C); din (N, C) = dout (N, V) wte (V, C).
+  void backward(Device& dev, const float* wte, float* dwte, const float* in, const float* /*out*/,
+                const float* dout, float* din, int batch,
+                const LayerWorkspace& /*ws*/) const override {
+    const int n = batch * t_;
+    dev.gemm(Transpose::yes, Transpose::no, v_, c_, n, 1.0f, dout, v_, in, c_, 1.0f, dwte, c_);
+    if (din)
+      dev.gemm(Transpose::no, Transpose::no, n, c_, v_, 1.0f, dout, v_, wte, c_, 0.0f, din, c_);
+  }
+
+ private:
+  int tied_, v_, t_, c_;
+};
+
+}  // namespace
+
+std::unique_ptr<Layer> make_embedding(int vocab, int context, int channels) {
+  return std::make_unique<Embedding>(vocab, context, channels);
+}
+std::unique_ptr<Layer> make_block(int context, int channels, int heads, int n_layer) {
+  return std::make_unique<Block>(context, channels, heads, n_layer);
+}
+std::unique_ptr<Layer> make_layernorm(int context, int channels) {
+  return std::make_unique<LayerNorm>(context, channels);
+}
+std::unique_ptr<Layer> make_tied_lm_head(int embedding_layer, int vocab, int context,
+                                         int channels) {
+  return std::make_unique<TiedLmHead>(embedding_layer, vocab, context, channels);
+}
+
+Model Model::gpt(const GptSpec& spec) {
+  const auto positive = [](const char* key, int v) {
+    if (v < 1) throw std::invalid_argument(fmt::format("gpt: {} must be at least 1, got {}", key, v));
+  };
+  positive("vocab_size", spec.vocab_size);
+  positive("context", spec.context);
+  positive("n_layer", spec.n_layer);
+  positive("n_head", spec.n_head);
+  positive("d_model", spec.d_model);
+  if (spec.d_model % spec.n_head != 0)
+    throw std::invalid_argument(fmt::format("gpt: d_model {} is not a multiple of n_head {}",
+                                            spec.d_model, spec.n_head));
+  if (spec.vocab_size > (1 << 24))
+    throw std::invalid_argument(fmt::format(
+        "gpt: vocab_size {} is above 2^24, the largest token id a float carries exactly",
+        spec.vocab_size));
+  std::vector<std::unique_ptr<Layer>> layers;
+  std::vector<std::string> names;
+  layers.push_back(make_embedding(spec.vocab_size, spec.context, spec.d_model));
+  names.push_back("transformer");
+  for (int i = 0; i < spec.n_layer; ++i) {
+    layers.push_back(make_block(spec.context, spec.d_model, spec.n_head, spec.n_layer));
+    names.push_back(fmt::format("transformer.h.{}", i));
+  }
+  layers.push_back(make_layernorm(spec.context, spec.d_model));
+  names.push_back("transformer.ln_f");
+  layers.push_back(make_tied_lm_head(0, spec.vocab_size, spec.context, spec.d_model));
+  names.push_back("lm_head");
+  return Model(std::move(layers), std::move(names));
+}
+
+}  // namespace lockstep
