@@ -1,4 +1,4 @@
-// Runs the `lockstep` binary for CLI tests and captures what it printed.
+// Runs the `lockstep` binary (or another command) for tests and captures what it printed.
 #pragma once
 
 #include <doctest/doctest.h>
@@ -14,12 +14,10 @@ struct CliResult {
   std::string output;  // stdout and stderr together
 };
 
-// `env` (e.g. "LOCKSTEP_FAULT=2:10:forward") is prefixed to the command when given.
-inline CliResult run_cli(const std::string& args, const std::string& env = {}) {
-  const std::string cmd =
-      (env.empty() ? "" : env + " ") + "\"" + LOCKSTEP_CLI_PATH + "\" " + args + " 2>&1";
+// Runs a shell command line, capturing stdout and stderr together.
+inline CliResult run_command(const std::string& command) {
   CliResult r;
-  FILE* pipe = popen(cmd.c_str(), "r");
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
   REQUIRE(pipe != nullptr);
   char buf[4096];
   std::size_t got;
@@ -29,6 +27,11 @@ inline CliResult run_cli(const std::string& args, const std::string& env = {}) {
   REQUIRE_MESSAGE(WIFEXITED(status), "killed by a signal: " << r.output);
   r.code = WEXITSTATUS(status);
   return r;
+}
+
+// `env` (e.g. "LOCKSTEP_FAULT=2:10:forward") is prefixed to the command when given.
+inline CliResult run_cli(const std::string& args, const std::string& env = {}) {
+  return run_command((env.empty() ? "" : env + " ") + "\"" + LOCKSTEP_CLI_PATH + "\" " + args);
 }
 
 }  // namespace lockstep::test

@@ -1,0 +1,113 @@
+// GPT parity with PyTorch: lockstep trains a small GPT for a dozen AdamW steps on the CPU and
+// writes its initial weights, the token windows, its losses and its step-1 gradient; then
+// tests/model/gpt_parity.py trains the same architecture in PyTorch from the same weights on the
+// same windows and compares (relative error <= 1e-4 in fp32). Skips when PyTorch can't be
+// imported (LOCKSTEP_PYTHON names the interpreter; default /usr/bin/python3, Debian's, which
+// has python3-torch).
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "../cli/cli_runner.hpp"
+#include "../data/temp_files.hpp"
+#include "common/random.hpp"
+#include "lockstep/model.hpp"
+
+namespace {
+
+std::string python_interpreter() {
+  if (const char* p = std::getenv("LOCKSTEP_PYTHON")) return p;
+  return std::filesystem::exists("/usr/bin/python3") ? "/usr/bin/python3" : "python3";
+}
+
+template <class T>
+void write_raw(const std::filesystem::path& file, const std::vector<T>& v) {
+  std::ofstream out(file, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(T)));
+  REQUIRE(out.good());
+}
+
+}  // namespace
+
+TEST_CASE("gpt parity with PyTorch: the loss at 12 AdamW steps and every step-1 gradient") {
+  const std::string python = python_interpreter();
+  if (lockstep::test::run_command(python + " -c 'import torch, numpy'").code != 0) {
+    MESSAGE("skipping: " << python << " cannot import torch and numpy (Debian: python3-torch)");
+    return;
+  }
+  const lockstep::GptSpec spec{.vocab_size = 61, .context = 12, .n_layer = 2, .n_head = 4,
+                               .d_model = 32};
+  const int batch = 3, steps = 12, rows = batch * spec.context;
+  const lockstep::AdamWParams opt{.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
+                                  .weight_decay = 0.1f};
+  const float lr = 3e-3f;
+
+  const lockstep::Model model = lockstep::Model::gpt(spec);
+  auto dev = lockstep::make_cpu_device(0, 2);
+  lockstep::Replica replica(*dev, model, batch);
+  const std::vector<float> init = model.initial_parameters(11);
+  replica.load_parameters(init);
+  lockstep::DeviceArray<float> m(*dev, model.param_count()), v(*dev, model.param_count());
+  lockstep::DeviceArray<float> x(*dev, std::size_t(rows)), dlogits(*dev, std::size_t(rows) * spec.vocab_size);
+  lockstep::DeviceArray<std::int32_t> y(*dev, std::size_t(rows));
+
+  // Windows of context + 1 tokens from a repetitive stream, so that the loss visibly falls.
+  std::vector<std::int32_t> windows;
+  std::uint64_t rng = 5;
+  for (int i = 0; i < steps * batch * (spec.context + 1); ++i)
+    windows.push_back(static_cast<std::int32_t>(
+        (i * 7 + static_cast<int>(lockstep::detail::uniform_below(rng, 3))) % spec.vocab_size));
+  std::vector<double> losses;
+  std::vector<float> grads1;
+  for (int step = 0; step < steps; ++step) {
+    std::vector<float> xs;
+    std::vector<std::int32_t> ys;
+    for (int b = 0; b < batch; ++b) {
+      const std::int32_t* w = windows.data() + std::size_t(step * batch + b) * (spec.context + 1);
+      for (int t = 0; t < spec.context; ++t) {
+        xs.push_back(static_cast<float>(w[t]));
+        ys.push_back(w[t + 1]);
+      }
+    }
+    x.upload(xs);
+    y.upload(ys);
+    replica.zero_grads();
+    const float* logits = replica.forward(x.data(), batch);
+    losses.push_back(dev->softmax_cross_entropy(logits, y.data(), rows, spec.vocab_size,
+                                                dlogits.data(), 1.0f / rows).loss_sum / rows);
+    replica.backward(x.data(), dlogits.data(), batch);
+    if (step == 0) grads1 = replica.gradients();
+    dev->adamw_step(opt, lr, step + 1, replica.params(), replica.grads(), m.data(), v.data(),
+                    model.param_count());
+  }
+  CHECK(losses.back() < losses.front() - 0.1);  // it learns (deterministic: fixed seeds)
+
+  const lockstep::test::TempDir dir;
+  write_raw(dir.path() / "init.f32", init);
+  write_raw(dir.path() / "grads1.f32", grads1);
+  write_raw(dir.path() / "tokens.i32", windows);
+  std::string tensors, loss_list;
+  for (const auto& t : model.param_tensors())
+    tensors += fmt::format("{}{{\"name\": \"{}\", \"offset\": {}, \"shape\": [{}]}}",
+                           tensors.empty() ? "" : ", ", t.name, t.offset, fmt::join(t.shape, ", "));
+  for (double l : losses) loss_list += fmt::format("{}{:.9g}", loss_list.empty() ? "" : ", ", l);
+  std::ofstream(dir.path() / "manifest.json") << fmt::format(
+      "{{\"model\": {{\"vocab_size\": {}, \"context\": {}, \"n_layer\": {}, \"n_head\": {}, "
+      "\"d_model\": {}}}, \"optimizer\": {{\"lr\": {:.9g}, \"beta1\": {:.9g}, \"beta2\": {:.9g}, "
+      "\"eps\": {:.9g}, \"weight_decay\": {:.9g}}}, \"steps\": {}, \"batch\": {}, "
+      "\"tensors\": [{}], \"losses\": [{}]}}\n",
+      spec.vocab_size, spec.context, spec.n_layer, spec.n_head, spec.d_model, lr, opt.beta1,
+      opt.beta2, opt.eps, opt.weight_decay, steps, batch, tensors, loss_list);
+
+  const auto r = lockstep::test::run_command(
+      python + " \"" LOCKSTEP_SOURCE_DIR "/tests/model/gpt_parity.py\" \"" + dir.path().string() + "\"");
+  MESSAGE(r.output);
+  CHECK_MESSAGE(r.code == 0, r.output);
+}
