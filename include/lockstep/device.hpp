@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -224,6 +225,11 @@ struct BackendOptions {
   CommKind comm = CommKind::automatic;
   bool tf32 = false;
 };
+
+// Dense peak FLOP/s of one GPU for fp32 GEMMs (tf32 false) or TF32 tensor-core GEMMs, from a
+// table of data-sheet figures matched against the device name ("NVIDIA H200", "NVIDIA A100-SXM4-
+// 80GB", ...); nullopt for a device the table does not know. Used for model FLOPs utilisation.
+std::optional<double> peak_flops(std::string_view device_name, bool tf32);
 
 // The CPU backend: N devices are N worker threads, joined by a shared-memory communicator.
 std::unique_ptr<Backend> make_cpu_backend();

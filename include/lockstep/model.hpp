@@ -111,6 +111,12 @@ struct GptSpec {
   int d_model = 64;
 };
 
+// Training FLOPs per token of a GPT (forward and backward, as nanoGPT's and PaLM's MFU count
+// them): 6 per weight that multiplies (every parameter but the position embedding, which is a
+// lookup; the tied wte counts once, for the LM head) plus 12 * n_layer * d_model * context for
+// attention's two matrix products.
+double gpt_flops_per_token(const GptSpec& spec);
+
 class Model {
  public:
   // `names` prefixes each layer's tensors; by default "layers.{i}", as torch.nn.Sequential.

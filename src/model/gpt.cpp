@@ -388,6 +388,13 @@ std::unique_ptr<Layer> make_tied_lm_head(int embedding_layer, int vocab, int con
   return std::make_unique<TiedLmHead>(embedding_layer, vocab, context, channels);
 }
 
+double gpt_flops_per_token(const GptSpec& spec) {
+  const double c = spec.d_model, l = spec.n_layer, t = spec.context;
+  const double block = 12.0 * c * c + 13.0 * c;
+  const double matmul_params = double(spec.vocab_size) * c + l * block + 2.0 * c;
+  return 6.0 * matmul_params + 12.0 * l * c * t;
+}
+
 Model Model::gpt(const GptSpec& spec) {
   const auto positive = [](const char* key, int v) {
     if (v < 1) throw std::invalid_argument(fmt::format("gpt: {} must be at least 1, got {}", key, v));

@@ -202,3 +202,24 @@ TEST_SUITE("model") {
     CHECK_THROWS_AS(Model::gpt({.vocab_size = (1 << 24) + 1}), std::invalid_argument);
   }
 }
+
+TEST_SUITE("model") {
+  TEST_CASE("gpt FLOPs per token: GPT-2 124M, as nanoGPT's estimate counts them") {
+    const lockstep::GptSpec gpt2{.vocab_size = 50257, .context = 1024, .n_layer = 12,
+                                 .n_head = 12, .d_model = 768};
+    const Model model = Model::gpt(gpt2);
+    CHECK(model.param_count() == 124439808);  // GPT-2 small with a tied head
+    // 6 x (parameters - wpe) + 12 x layers x channels x context.
+    CHECK(lockstep::gpt_flops_per_token(gpt2) ==
+          6.0 * (124439808.0 - 1024.0 * 768.0) + 12.0 * 12 * 768 * 1024);
+  }
+
+  TEST_CASE("peak FLOP/s by device name, fp32 and TF32; unknown devices have none") {
+    CHECK(lockstep::peak_flops("NVIDIA H200", true).value() == doctest::Approx(494.7e12));
+    CHECK(lockstep::peak_flops("NVIDIA H200", false).value() == doctest::Approx(67e12));
+    CHECK(lockstep::peak_flops("NVIDIA H100 PCIe", true).value() == doctest::Approx(378e12));
+    CHECK(lockstep::peak_flops("NVIDIA A100-SXM4-80GB", true).value() == doctest::Approx(156e12));
+    CHECK(lockstep::peak_flops("NVIDIA A10G", false).value() == doctest::Approx(31.2e12));
+    CHECK_FALSE(lockstep::peak_flops("cpu", false).has_value());
+  }
+}
