@@ -88,6 +88,9 @@ struct Checkpoint {
   std::vector<float> params;         // the model's parameter buffer
   TrainState state;
   std::vector<StateVector> optimizer_state;  // each params.size() long
+  // Extra safetensors metadata, e.g. "lockstep.model" (the architecture, for `lockstep sample`)
+  // and "lockstep.tokenizer". Loads return the file's whole metadata.
+  std::map<std::string, std::string> metadata;
   std::filesystem::path weights_file;        // set by loads, for messages
 };
 

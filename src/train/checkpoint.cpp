@@ -95,6 +95,7 @@ Checkpoint load_pair(const fs::path& weights, const fs::path& state,
           .params = std::move(w.data),
           .state = s.state,
           .optimizer_state = std::move(s.optimizer_state),
+          .metadata = std::move(w.metadata),
           .weights_file = weights};
 }
 
@@ -125,8 +126,9 @@ CheckpointFiles CheckpointManager::save(const Checkpoint& ckpt) {
   fs::create_directories(dir_);
   const std::int64_t step = ckpt.state.step;
   const CheckpointFiles files = files_of(dir_, step);
-  const std::uint64_t checksum = write_safetensors(files.weights, ckpt.tensors, ckpt.params,
-                                                   {{"lockstep.step", std::to_string(step)}});
+  std::map<std::string, std::string> metadata = ckpt.metadata;
+  metadata["lockstep.step"] = std::to_string(step);
+  const std::uint64_t checksum = write_safetensors(files.weights, ckpt.tensors, ckpt.params, metadata);
   detail::write_state_file(files.state, ckpt.state, ckpt.optimizer_state, checksum);
 
   // See Note [Checkpoint durability]: nothing goes before the new checkpoint verifies.

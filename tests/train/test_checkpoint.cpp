@@ -63,7 +63,8 @@ TEST_CASE("checkpoint: save and load_latest round trip, bit-exact") {
   CheckpointManager manager(tmp.path() / "new" / "dir", 3);
   CHECK_FALSE(manager.load_latest().has_value());  // no directory yet
 
-  const Checkpoint saved = make_checkpoint(model, 1234);
+  Checkpoint saved = make_checkpoint(model, 1234);
+  saved.metadata["lockstep.model"] = "an architecture";
   const CheckpointFiles files = manager.save(saved);
   CHECK(files.weights.filename() == "step_00001234.safetensors");
   CHECK(files.state.filename() == "step_00001234.state");
@@ -74,6 +75,8 @@ TEST_CASE("checkpoint: save and load_latest round trip, bit-exact") {
   REQUIRE(loaded.has_value());
   check_equal(*loaded, saved);
   CHECK(loaded->weights_file == files.weights);
+  CHECK(loaded->metadata.at("lockstep.model") == "an architecture");
+  CHECK(loaded->metadata.at("lockstep.step") == "1234");
   check_layout(*loaded, model.param_tensors());
 
   for (const fs::path& path : {manager.dir(), files.weights, files.state})
