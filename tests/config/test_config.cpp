@@ -220,7 +220,8 @@ TEST_CASE("config: unknown keys and sections are rejected with a suggestion") {
         "q.yaml:1:13: optimizer.LR: unknown key; did you mean 'optimizer.lr'?");
   // Nothing close: list the section's keys instead.
   CHECK(error_of("model:\n  depth: 3\n") ==
-        "q.yaml:2:3: model.depth: unknown key; valid keys: type, hidden, activation");
+        "q.yaml:2:3: model.depth: unknown key; valid keys: type, hidden, activation, vocab_size, "
+        "context, n_layer, n_head, d_model");
   CHECK(error_of("trainer: {steps: 1}\ntraner:\n  steps: 5\n") ==
         "q.yaml:2:1: traner: unknown section; did you mean 'trainer'?");
   CHECK(error_of("logging: {level: 3}\n") ==
