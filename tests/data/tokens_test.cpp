@@ -198,7 +198,7 @@ TEST_CASE("load_tokens: every bad file names itself and what was expected") {
   CHECK(contains(error_naming(missing, load(missing)), ": cannot open: No such file"));
 }
 
-TEST_CASE("load_text: bytes are tokens; multibyte UTF-8 is accepted, invalid UTF-8 named") {
+TEST_CASE("load_text: bytes are tokens, multibyte UTF-8 is accepted, invalid UTF-8 is named") {
   lockstep::test::TempDir dir;
   const std::string text = "h\xc3\xa9llo w\xc3\xb6rld \xe2\x82\xac \xf0\x9f\x98\x80\n";
   const auto file = dir.write("utf8.txt", text);
@@ -259,7 +259,7 @@ TEST_CASE("split_tokens: the eval split is the tail of the stream, windowed the 
   CHECK(sample(all.slice(10, 15), 0).x.front() == 10.0f);
 }
 
-TEST_CASE("load_dataset: tokens and text, with and without eval_path; no normalisation") {
+TEST_CASE("load_dataset: tokens and text, with and without eval_path, never normalised") {
   lockstep::test::TempDir dir;
   dir.write("train.bin", llmc(iota_tokens(101)));
   dir.write("val.raw", bytes_of(iota_tokens(9)));
