@@ -49,10 +49,11 @@ struct Spelling {
 
 constexpr Spelling<Activation> kActivations[] = {
     {Activation::relu, "relu"}, {Activation::gelu, "gelu"}, {Activation::tanh, "tanh"}};
-constexpr Spelling<DatasetKind> kDatasetKinds[] = {
-    {DatasetKind::csv, "csv"},       {DatasetKind::idx, "idx"},
-    {DatasetKind::synthetic, "synthetic"}, {DatasetKind::tokens, "tokens"},
-    {DatasetKind::text, "text"}};
+constexpr Spelling<DatasetKind> kDatasetKinds[] = {{DatasetKind::csv, "csv"},
+                                                   {DatasetKind::idx, "idx"},
+                                                   {DatasetKind::synthetic, "synthetic"},
+                                                   {DatasetKind::tokens, "tokens"},
+                                                   {DatasetKind::text, "text"}};
 constexpr Spelling<TokenFormat> kTokenFormats[] = {
     {TokenFormat::automatic, "auto"}, {TokenFormat::llmc, "llmc"}, {TokenFormat::raw, "raw"}};
 constexpr Spelling<OptimizerKind> kOptimizerKinds[] = {{OptimizerKind::sgd, "sgd"},
