@@ -26,7 +26,8 @@ class ConfigError : public InputError {
 };
 
 enum class Activation { relu, gelu, tanh };
-enum class DatasetKind { csv, idx, synthetic };
+enum class DatasetKind { csv, idx, synthetic, tokens, text };
+enum class TokenFormat { automatic, llmc, raw };
 enum class OptimizerKind { sgd, adamw };
 enum class ScheduleKind { constant, warmup_cosine };
 enum class BackendKind { automatic, cpu, cuda };
@@ -35,21 +36,36 @@ enum class NonfinitePolicy { stop, skip };
 
 std::string_view to_string(Activation);
 std::string_view to_string(DatasetKind);
+std::string_view to_string(TokenFormat);
 std::string_view to_string(OptimizerKind);
 std::string_view to_string(ScheduleKind);
 std::string_view to_string(BackendKind);
 std::string_view to_string(CommKind);
 std::string_view to_string(NonfinitePolicy);
 
+// Token ids travel to the embedding as floats, which hold every integer below 2^24 exactly.
+inline constexpr int kMaxVocabSize = 1 << 24;
+// data.dataset text: one token per byte.
+inline constexpr int kByteVocabSize = 256;
+
 struct ModelConfig {
-  std::string type = "mlp";      // only "mlp" for now
+  std::string type = "mlp";      // "mlp" (classification data) or "gpt" (tokens or text data)
+  // mlp
   std::vector<int> hidden{64};   // hidden layer widths; input and output sizes come from the data
   Activation activation = Activation::relu;
+  // gpt
+  int vocab_size = 0;            // at most kMaxVocabSize; 0: 256 for text, required for tokens
+  int context = 128;             // tokens per sample (the windows of the token stream)
+  int n_layer = 4;
+  int n_head = 4;                // divides d_model
+  int d_model = 128;
 };
 
 struct DataConfig {
   DatasetKind dataset = DatasetKind::csv;
-  std::string path;              // csv: the file
+  std::string path;              // csv, tokens, text: the file
+  TokenFormat format = TokenFormat::automatic;  // tokens: llm.c .bin header or raw uint16
+  std::string eval_path;         // tokens, text: a separate eval file instead of the held-out tail
   int label_column = -1;         // csv: column holding the class; negative counts from the end
   bool header = false;           // csv: skip the first line
   std::string images;            // idx: images file (e.g. train-images-idx3-ubyte)
@@ -57,11 +73,12 @@ struct DataConfig {
   std::int64_t samples = 10000;  // synthetic: number of samples
   int features = 32;             // synthetic: features per sample
   int classes = 10;              // synthetic: number of classes
-  double eval_fraction = 0.2;    // held-out share of the samples, in [0, 1)
+  double eval_fraction = 0.2;    // held-out share of the samples (tokens, text: the stream's tail)
   int batch_size = 32;           // per device, as in DDP: the global batch is batch_size x devices
   bool shuffle = true;
   bool drop_last = false;
   bool normalize = true;         // standardise every feature with the train split's mean and std
+                                 // (not for tokens and text)
   int prefetch = 2;              // batches each worker assembles ahead of compute
 };
 

@@ -6,6 +6,11 @@
 //   sampler.set_epoch(3);
 //   for (std::size_t i : sampler.indices()) { ... }
 //
+// A language model's samples are windows of a token stream:
+//
+//   lockstep::TokenDataset text = lockstep::load_text("book.txt", /*context=*/64);
+//   lockstep::DataSplit split = lockstep::split_tokens(text, /*eval_fraction=*/0.1);
+//
 // Loaders throw InputError naming the file, the line (or byte offset) and what was expected.
 #pragma once
 
@@ -15,6 +20,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "lockstep/config.hpp"
@@ -72,6 +78,56 @@ InMemoryDataset load_idx(const std::filesystem::path& images, const std::filesys
 // drawn from `seed`, so any size can be generated for benchmarks.
 InMemoryDataset make_synthetic(std::size_t samples, int features, int classes, std::uint64_t seed);
 
+// A token stream cut into windows of context + 1 tokens at stride context: window i is
+// tokens[i * context, i * context + context], its first `context` tokens are the inputs and its
+// last `context` the targets (the next token at each position), so size() is
+// (tokens - 1) / context and a partial last window is dropped. get() writes the inputs as
+// floats (exact: ids are below kMaxVocabSize) and the targets as int32.
+// features() = targets() = context, classes() = vocab_size.
+//
+// Copies share the tokens; slice() views a contiguous part of them.
+class TokenDataset final : public Dataset {
+ public:
+  // Throws InputError if context < 1, vocab_size is outside [1, kMaxVocabSize], a token is
+  // >= vocab_size, or there are fewer than context + 1 tokens (no window).
+  TokenDataset(std::vector<std::uint16_t> tokens, int context, int vocab_size);
+  TokenDataset(std::vector<std::uint32_t> tokens, int context, int vocab_size);
+
+  std::size_t size() const noexcept override;
+  int features() const noexcept override { return context_; }
+  int targets() const noexcept override { return context_; }
+  int classes() const noexcept override { return vocab_size_; }
+  void get(std::size_t i, float* x, std::int32_t* y) const override;
+
+  std::size_t token_count() const noexcept { return end_ - begin_; }
+  std::uint32_t token(std::size_t i) const noexcept;
+  // Tokens [begin, end) of this stream, windowed the same way: no window when they are fewer
+  // than context + 1. Throws std::out_of_range when they are not inside the stream.
+  TokenDataset slice(std::size_t begin, std::size_t end) const;
+
+ private:
+  using Storage = std::variant<std::vector<std::uint16_t>, std::vector<std::uint32_t>>;
+  TokenDataset(std::shared_ptr<const Storage> tokens, int context, int vocab_size);
+
+  std::shared_ptr<const Storage> tokens_;
+  std::size_t begin_;
+  std::size_t end_;
+  int context_;
+  int vocab_size_;
+};
+
+// A token file, as `format` says or (automatic) as its first 4 bytes say:
+// - llmc: llm.c's .bin, a header of 256 little-endian int32 (magic 20240520; version 1 for
+//   uint16 tokens, 2 for uint32; the token count) and then the tokens;
+// - raw: headerless little-endian uint16 tokens, as nanoGPT's prepare.py writes them.
+// automatic reads llmc when the file starts with the magic number, raw otherwise.
+TokenDataset load_tokens(const std::filesystem::path& file, TokenFormat format, int context,
+                         int vocab_size);
+// A UTF-8 text file, one token per byte (vocab_size >= 256). Invalid UTF-8 is an InputError
+// naming the line and byte offset of the first bad sequence.
+TokenDataset load_text(const std::filesystem::path& file, int context,
+                       int vocab_size = kByteVocabSize);
+
 struct DataSplit {
   std::shared_ptr<const Dataset> train;
   std::shared_ptr<const Dataset> eval;  // may be empty (size 0) when eval_fraction is 0
@@ -81,9 +137,13 @@ struct DataSplit {
 // standardises both with the train split's statistics when `normalize` is set.
 DataSplit split_dataset(const InMemoryDataset& all, double eval_fraction, bool normalize,
                         std::uint64_t seed);
-// Loads what cfg.data describes and splits it. Relative paths are resolved against `base_dir`.
-DataSplit load_dataset(const DataConfig& cfg, std::uint64_t seed,
-                       const std::filesystem::path& base_dir = {});
+// Holds out the last round(eval_fraction * tokens) tokens for eval, so that no window of one
+// split overlaps one of the other. Each split must hold a window (eval_fraction 0: eval is
+// empty).
+DataSplit split_tokens(const TokenDataset& all, double eval_fraction);
+// Loads what cfg.data describes and splits it (with cfg.trainer.seed; token data is windowed
+// by cfg.model.context). Relative paths are resolved against `base_dir`.
+DataSplit load_dataset(const Config& cfg, const std::filesystem::path& base_dir = {});
 
 // PyTorch's DistributedSampler: a permutation of [0, size) seeded by seed + epoch, identical on
 // every rank; padded by wrap-around to a multiple of num_replicas (or trimmed with drop_last);

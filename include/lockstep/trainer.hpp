@@ -1,7 +1,7 @@
 // The data-parallel trainer.
 //
 //   lockstep::Config cfg = lockstep::load_config("configs/quickstart.yaml");
-//   auto split = lockstep::load_dataset(cfg.data, cfg.trainer.seed);
+//   auto split = lockstep::load_dataset(cfg);
 //   lockstep::Trainer trainer(cfg, split.train, split.eval);
 //   trainer.on_step([](const lockstep::StepMetrics& m) { std::printf("%lld %f\n", m.step, m.loss); });
 //   lockstep::Summary s = trainer.run();

@@ -227,8 +227,7 @@ int train(const std::vector<std::string_view>& argv) {
                                    args.summary_json, dir.string()));
   }
   const Config cfg = load_config(args.config, args.overrides);
-  const DataSplit data =
-      load_dataset(cfg.data, cfg.trainer.seed, fs::path(args.config).parent_path());
+  const DataSplit data = load_dataset(cfg, fs::path(args.config).parent_path());
 
   if (!args.scaling.empty()) return scaling(cfg, data, args);
 
@@ -326,8 +325,7 @@ int eval(const std::vector<std::string_view>& argv) {
   if (args.positional.empty()) throw InputError("eval: expected a CONFIG file; see lockstep --help");
   if (args.checkpoint.empty()) throw InputError("eval: expected --checkpoint CKPT");
   const Config cfg = load_config(args.positional, args.overrides);
-  const DataSplit data =
-      load_dataset(cfg.data, cfg.trainer.seed, fs::path(args.positional).parent_path());
+  const DataSplit data = load_dataset(cfg, fs::path(args.positional).parent_path());
   if (!data.eval || data.eval->size() == 0)
     throw InputError(fmt::format("{}: data.eval_fraction: the eval split is empty", cfg.source));
   const Checkpoint ckpt = CheckpointManager::load(args.checkpoint, warn);

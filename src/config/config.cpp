@@ -49,8 +49,13 @@ struct Spelling {
 
 constexpr Spelling<Activation> kActivations[] = {
     {Activation::relu, "relu"}, {Activation::gelu, "gelu"}, {Activation::tanh, "tanh"}};
-constexpr Spelling<DatasetKind> kDatasetKinds[] = {
-    {DatasetKind::csv, "csv"}, {DatasetKind::idx, "idx"}, {DatasetKind::synthetic, "synthetic"}};
+constexpr Spelling<DatasetKind> kDatasetKinds[] = {{DatasetKind::csv, "csv"},
+                                                   {DatasetKind::idx, "idx"},
+                                                   {DatasetKind::synthetic, "synthetic"},
+                                                   {DatasetKind::tokens, "tokens"},
+                                                   {DatasetKind::text, "text"}};
+constexpr Spelling<TokenFormat> kTokenFormats[] = {
+    {TokenFormat::automatic, "auto"}, {TokenFormat::llmc, "llmc"}, {TokenFormat::raw, "raw"}};
 constexpr Spelling<OptimizerKind> kOptimizerKinds[] = {{OptimizerKind::sgd, "sgd"},
                                                        {OptimizerKind::adamw, "adamw"}};
 constexpr Spelling<ScheduleKind> kScheduleKinds[] = {
@@ -64,7 +69,7 @@ constexpr Spelling<CommKind> kCommKinds[] = {
 constexpr Spelling<NonfinitePolicy> kNonfinitePolicies[] = {
     {NonfinitePolicy::stop, "stop"}, {NonfinitePolicy::skip, "skip"}};
 
-constexpr std::string_view kModelTypes[] = {"mlp"};
+constexpr std::string_view kModelTypes[] = {"mlp", "gpt"};
 
 template <class Table, class E>
 const std::string_view* find_name(const Table& table, E value) {
@@ -129,10 +134,17 @@ void visit_schema(Visitor& v, C& c) {
   v.choice("type", c.model.type, kModelTypes);
   v.integer_list("hidden", c.model.hidden, IntRule{.min = 1});
   v.enumeration("activation", c.model.activation, kActivations);
+  v.integer("vocab_size", c.model.vocab_size, IntRule{.min = 0});
+  v.integer("context", c.model.context, IntRule{.min = 1});
+  v.integer("n_layer", c.model.n_layer, IntRule{.min = 1});
+  v.integer("n_head", c.model.n_head, IntRule{.min = 1});
+  v.integer("d_model", c.model.d_model, IntRule{.min = 1});
 
   v.section("data");
   v.enumeration("dataset", c.data.dataset, kDatasetKinds);
   v.text("path", c.data.path);
+  v.enumeration("format", c.data.format, kTokenFormats);
+  v.text("eval_path", c.data.eval_path);
   v.integer("label_column", c.data.label_column, IntRule{});
   v.flag("header", c.data.header);
   v.text("images", c.data.images);
@@ -871,6 +883,15 @@ void check_config(const Config& c, const Origins& origins) {
                                          other("trainer.epochs", t.epochs)));
   if (c.optimizer.nesterov && !(c.optimizer.momentum > 0))
     fail_at("optimizer.nesterov", "requires optimizer.momentum > 0");
+  const ModelConfig& m = c.model;
+  if (m.vocab_size > kMaxVocabSize)
+    fail_at("model.vocab_size",
+            fmt::format("expected an integer <= {} (token ids reach the embedding as floats, "
+                        "exact below 2^24), got {}",
+                        kMaxVocabSize, m.vocab_size));
+  if (m.type == "gpt" && m.d_model % m.n_head != 0)
+    fail_at("model.n_head", fmt::format("must divide {}, got {}", other("model.d_model", m.d_model),
+                                        m.n_head));
   if (c.schedule.min_lr > c.optimizer.lr)
     fail_at("schedule.min_lr",
             fmt::format("must be <= {}, got {}", other("optimizer.lr", c.optimizer.lr),
@@ -886,11 +907,30 @@ void check_data_source(const Config& c, const Origins& origins) {
       fail(origins.written(path).value_or(origins.of("data.dataset")), path,
            fmt::format("required when data.dataset is {}", to_string(c.data.dataset)));
   };
-  if (c.data.dataset == DatasetKind::csv) require_file("data.path", c.data.path);
+  const DatasetKind kind = c.data.dataset;
+  const bool language = kind == DatasetKind::tokens || kind == DatasetKind::text;
+  if (kind == DatasetKind::csv || language) require_file("data.path", c.data.path);
   if (c.data.dataset == DatasetKind::idx) {
     require_file("data.images", c.data.images);
     require_file("data.labels", c.data.labels);
   }
+
+  // A gpt reads token windows; an mlp reads feature vectors with one class each.
+  if (language && c.model.type != "gpt")
+    fail(origins.of("data.dataset"), "data.dataset",
+         fmt::format("{} data needs model.type gpt, got {}", to_string(kind), c.model.type));
+  if (!language && c.model.type == "gpt")
+    fail(origins.of("model.type"), "model.type",
+         fmt::format("gpt needs data.dataset tokens or text, got {}", to_string(kind)));
+  const int vocab = c.model.vocab_size;
+  if (kind == DatasetKind::tokens && vocab == 0)
+    fail(origins.written("model.vocab_size").value_or(origins.of("data.dataset")),
+         "model.vocab_size",
+         "required when data.dataset is tokens: token files do not record it (GPT-2: 50257)");
+  if (kind == DatasetKind::text && vocab < kByteVocabSize)
+    fail(origins.of("model.vocab_size"), "model.vocab_size",
+         fmt::format("expected at least {} for text data (one token per byte), got {}",
+                     kByteVocabSize, vocab));
 }
 
 std::string read_config_file(const std::filesystem::path& file) {
@@ -912,6 +952,7 @@ std::string read_config_file(const std::filesystem::path& file) {
 
 std::string_view to_string(Activation v) { return spelling(kActivations, v); }
 std::string_view to_string(DatasetKind v) { return spelling(kDatasetKinds, v); }
+std::string_view to_string(TokenFormat v) { return spelling(kTokenFormats, v); }
 std::string_view to_string(OptimizerKind v) { return spelling(kOptimizerKinds, v); }
 std::string_view to_string(ScheduleKind v) { return spelling(kScheduleKinds, v); }
 std::string_view to_string(BackendKind v) { return spelling(kBackendKinds, v); }
@@ -936,6 +977,9 @@ Config parse_config(std::string_view yaml, std::string_view source,
   config.source = source;
   Parser parser(root, origins);
   visit_schema(parser, config);
+  // Text is read byte by byte: its vocabulary is 256 unless a larger one is asked for.
+  if (config.data.dataset == DatasetKind::text && config.model.vocab_size == 0)
+    config.model.vocab_size = kByteVocabSize;
   check_config(config, origins);
   check_data_source(config, origins);
   return config;

@@ -1,4 +1,4 @@
-// InMemoryDataset, the train/eval split and load_dataset().
+// InMemoryDataset, the train/eval split and load_dataset() (token streams: tokens.cpp).
 #include <fmt/format.h>
 
 #include <cmath>
@@ -138,8 +138,33 @@ DataSplit split_dataset(const InMemoryDataset& all, double eval_fraction, bool n
           std::make_shared<const InMemoryDataset>(std::move(eval))};
 }
 
-DataSplit load_dataset(const DataConfig& cfg, std::uint64_t seed,
-                       const std::filesystem::path& base_dir) {
+namespace {
+
+// A token file or a text file, as data.dataset says.
+TokenDataset load_stream(const Config& cfg, const std::filesystem::path& file) {
+  const int vocab = cfg.model.vocab_size;
+  if (cfg.data.dataset == DatasetKind::text)
+    return load_text(file, cfg.model.context, vocab == 0 ? kByteVocabSize : vocab);
+  if (vocab == 0)
+    throw InputError("model.vocab_size: expected the vocabulary size of a tokens dataset, got 0");
+  return load_tokens(file, cfg.data.format, cfg.model.context, vocab);
+}
+
+// The tail split of data.path, or data.path for training and data.eval_path for eval.
+DataSplit load_token_split(const Config& cfg, const std::filesystem::path& base_dir) {
+  const DataConfig& d = cfg.data;
+  require_path(d.path, "data.path", "the file of a tokens or text dataset");
+  const TokenDataset all = load_stream(cfg, resolve(base_dir, d.path));
+  if (d.eval_path.empty()) return split_tokens(all, d.eval_fraction);
+  return {std::make_shared<const TokenDataset>(all),
+          std::make_shared<const TokenDataset>(load_stream(cfg, resolve(base_dir, d.eval_path)))};
+}
+
+}  // namespace
+
+DataSplit load_dataset(const Config& config, const std::filesystem::path& base_dir) {
+  const DataConfig& cfg = config.data;
+  const std::uint64_t seed = config.trainer.seed;
   switch (cfg.dataset) {
     case DatasetKind::csv:
       require_path(cfg.path, "data.path", "the CSV file of a csv dataset");
@@ -158,6 +183,9 @@ DataSplit load_dataset(const DataConfig& cfg, std::uint64_t seed,
       return split_dataset(
           make_synthetic(static_cast<std::size_t>(cfg.samples), cfg.features, cfg.classes, seed),
           cfg.eval_fraction, cfg.normalize, seed);
+    case DatasetKind::tokens:
+    case DatasetKind::text:
+      return load_token_split(config, base_dir);  // never normalised: the ids are not features
   }
   throw InputError(fmt::format("data.dataset: unknown kind {}", static_cast<int>(cfg.dataset)));
 }

@@ -220,7 +220,8 @@ TEST_CASE("config: unknown keys and sections are rejected with a suggestion") {
         "q.yaml:1:13: optimizer.LR: unknown key; did you mean 'optimizer.lr'?");
   // Nothing close: list the section's keys instead.
   CHECK(error_of("model:\n  depth: 3\n") ==
-        "q.yaml:2:3: model.depth: unknown key; valid keys: type, hidden, activation");
+        "q.yaml:2:3: model.depth: unknown key; valid keys: type, hidden, activation, vocab_size, "
+        "context, n_layer, n_head, d_model");
   CHECK(error_of("trainer: {steps: 1}\ntraner:\n  steps: 5\n") ==
         "q.yaml:2:1: traner: unknown section; did you mean 'trainer'?");
   CHECK(error_of("logging: {level: 3}\n") ==
@@ -310,8 +311,10 @@ TEST_CASE("config: enum values outside their choices") {
   CHECK(error_of("model: {activation: sigmoid}\n") ==
         "q.yaml:1:21: model.activation: expected one of relu, gelu, tanh, got 'sigmoid'");
   CHECK(error_of("model: {type: cnn}\n") ==
-        "q.yaml:1:15: model.type: expected one of mlp, got 'cnn'");
-  CHECK(contains(error_of("data: {dataset: parquet}\n"), "expected one of csv, idx, synthetic"));
+        "q.yaml:1:15: model.type: expected one of mlp, gpt, got 'cnn'");
+  CHECK(contains(error_of("data: {dataset: parquet}\n"),
+                 "expected one of csv, idx, synthetic, tokens, text"));
+  CHECK(contains(error_of("data: {format: npy}\n"), "expected one of auto, llmc, raw"));
   CHECK(
       contains(error_of("schedule: {type: cosine}\n"), "expected one of constant, warmup_cosine"));
   CHECK(contains(error_of("trainer: {backend: tpu}\n"), "expected one of auto, cpu, cuda"));
@@ -468,4 +471,57 @@ TEST_CASE("config: bad overrides name the --set and the key") {
   // A key the override did not touch still points into the file.
   CHECK(error_of("data: {dataset: synthetic}\ntrainer:\n  steps: -1\n", {"trainer.seed=1"}) ==
         "q.yaml:3:10: trainer.steps: expected an integer >= 1, got '-1'");
+}
+
+TEST_CASE("config: gpt model and token data") {
+  const Config text = parse_config(
+      "model: {type: gpt, context: 32, n_layer: 2, n_head: 2, d_model: 64}\n"
+      "data: {dataset: text, path: book.txt, eval_path: val.txt}\ntrainer: {steps: 5}\n",
+      "gpt.yaml");
+  CHECK(text.model.type == "gpt");
+  CHECK(text.model.context == 32);
+  CHECK(text.model.n_layer == 2);
+  CHECK(text.model.n_head == 2);
+  CHECK(text.model.d_model == 64);
+  CHECK(text.model.vocab_size == 256);  // text implies bytes
+  CHECK(text.data.eval_path == "val.txt");
+  CHECK(text.data.format == TokenFormat::automatic);
+  CHECK(to_string(TokenFormat::llmc) == "llmc");
+  CHECK(to_string(DatasetKind::tokens) == "tokens");
+
+  const Config tokens = parse_config(
+      "model: {type: gpt, vocab_size: 50257}\n"
+      "data: {dataset: tokens, path: train.bin, format: raw}\ntrainer: {steps: 5}\n",
+      "gpt.yaml");
+  CHECK(tokens.model.vocab_size == 50257);
+  CHECK(tokens.data.format == TokenFormat::raw);
+
+  const std::string gpt_tokens = "model: {type: gpt, vocab_size: 50257}\ntrainer: {steps: 5}\n";
+  CHECK(error_of(gpt_tokens + "data:\n  dataset: tokens\n") ==
+        "q.yaml:4:3: data.path: required when data.dataset is tokens");
+  CHECK(error_of("model: {type: gpt}\ntrainer: {steps: 5}\ndata:\n  dataset: tokens\n"
+                 "  path: t\n") ==
+        "q.yaml:4:3: model.vocab_size: required when data.dataset is tokens: token files do not "
+        "record it (GPT-2: 50257)");
+  CHECK(error_of("model: {type: gpt, vocab_size: 100}\ntrainer: {steps: 5}\n"
+                 "data: {dataset: text, path: t}\n") ==
+        "q.yaml:1:20: model.vocab_size: expected at least 256 for text data (one token per "
+        "byte), got 100");
+  CHECK(error_of("model: {type: gpt, vocab_size: 16777217}\n" + std::string(kMinimal)) ==
+        "q.yaml:1:20: model.vocab_size: expected an integer <= 16777216 (token ids reach the "
+        "embedding as floats, exact below 2^24), got 16777217");
+  CHECK(error_of("model: {type: gpt, d_model: 100, n_head: 3}\ntrainer: {steps: 5}\n"
+                 "data: {dataset: text, path: t}\n") ==
+        "q.yaml:1:34: model.n_head: must divide model.d_model (100, set at q.yaml:1:20), got 3");
+  CHECK(contains(error_of("model: {type: gpt, context: 0}\n"),
+                 "q.yaml:1:29: model.context: expected an integer >= 1, got '0'"));
+  // The model and the data must fit together.
+  CHECK(error_of("trainer: {steps: 5}\ndata:\n  dataset: text\n  path: t\n") ==
+        "q.yaml:3:3: data.dataset: text data needs model.type gpt, got mlp");
+  CHECK(error_of("model:\n  type: gpt\n" + std::string(kMinimal)) ==
+        "q.yaml:2:3: model.type: gpt needs data.dataset tokens or text, got synthetic");
+  CHECK(error_of("data: {eval_pth: v.bin}\n") ==
+        "q.yaml:1:8: data.eval_pth: unknown key; did you mean 'data.eval_path'?");
+  // Existing mlp configs are unchanged by the gpt keys.
+  CHECK(parse_config(kMinimal, "min.yaml").model.vocab_size == 0);
 }

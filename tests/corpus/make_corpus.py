@@ -239,3 +239,57 @@ write('state', {
  'valid/adamw.state': state(payload(opt=b'adamw', vectors=((b'adamw.m', [0.1] * 3),
                                                            (b'adamw.v', [0.2] * 3)))),
 })
+
+# ---- tokens: *.bin through load_tokens (auto format, vocab 50257), *.txt through load_text;
+# context 4 ----
+def llmc(tokens, version=1, count=None, fmt='H'):
+    """llm.c's .bin: 256 little-endian int32 (magic, version, count), then the tokens."""
+    header = [20240520, version, len(tokens) if count is None else count] + [0] * 253
+    return struct.pack('<256i', *header) + struct.pack('<%d%s' % (len(tokens), fmt), *tokens)
+
+
+def raw(tokens):
+    return struct.pack('<%dH' % len(tokens), *tokens)
+
+
+T = list(range(10))
+write('tokens', {
+ 'empty.bin': b'',
+ 'magic_only.bin': struct.pack('<i', 20240520),
+ 'truncated_header.bin': llmc(T)[:1000],
+ 'version_3.bin': llmc(T, version=3),
+ 'version_0.bin': llmc(T, version=0),
+ 'negative_count.bin': llmc(T, count=-1),
+ 'count_too_big.bin': llmc(T, count=11),
+ 'count_huge.bin': llmc(T, count=2**31 - 1),
+ 'count_too_small.bin': llmc(T, count=9),
+ 'truncated_tokens.bin': llmc(T)[:-1],
+ 'version_2_with_uint16.bin': llmc(T, version=2),
+ 'token_out_of_vocab.bin': llmc(T[:7] + [50257] + T[8:]),
+ 'uint32_out_of_vocab.bin': llmc(T[:3] + [2**32 - 1] + T[4:], version=2, fmt='I'),
+ 'too_few_tokens.bin': llmc(T[:4]),
+ 'raw_odd_size.bin': raw(T) + b'\x01',
+ 'raw_out_of_vocab.bin': raw(T[:5] + [65535]),
+ 'raw_too_few.bin': raw(T[:4]),
+ 'empty.txt': b'',
+ 'latin1.txt': b'first line\nsecond l\xefne\n',
+ 'overlong.txt': b'abcd\xc0\xafefgh',
+ 'surrogate.txt': b'abcd\xed\xa0\x80efgh',
+ 'above_max.txt': b'abcd\xf4\x90\x80\x80efgh',
+ 'truncated_sequence.txt': b'abcdefgh\xe2\x82',
+ 'lone_continuation.txt': b'abcd\x80efgh',
+ 'utf16.txt': 'hello world\n'.encode('utf-16'),
+ 'too_short.txt': b'abcd',
+
+ 'valid/gpt2.bin': llmc(list(range(0, 50257, 997))),
+ 'valid/uint32.bin': llmc([50000, 5, 7000, 50256, 9, 11], version=2, fmt='I'),
+ 'valid/nanogpt.bin': raw(list(range(0, 50257, 1009))),
+ 'valid/utf8.txt': 'h\u00e9llo w\u00f6rld \u20ac \U0001f600\n'.encode(),
+})
+write('config', {
+ 'tokens_without_path.yaml': 'model: {type: gpt, vocab_size: 50257}\ndata: {dataset: tokens}\n' + OK_TAIL,
+ 'tokens_without_vocab.yaml': 'model: {type: gpt}\ndata: {dataset: tokens, path: t.bin}\n' + OK_TAIL,
+ 'text_with_mlp.yaml': 'data: {dataset: text, path: t.txt}\n' + OK_TAIL,
+ 'gpt_heads_mismatch.yaml': 'model: {type: gpt, d_model: 10, n_head: 4}\n'
+                            'data: {dataset: text, path: t.txt}\n' + OK_TAIL,
+})

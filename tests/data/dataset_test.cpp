@@ -163,48 +163,49 @@ TEST_CASE("split_dataset: normalisation uses the train split's statistics") {
 }
 
 TEST_CASE("load_dataset: every kind, relative paths against base_dir") {
-  lockstep::DataConfig cfg;
-  cfg.dataset = lockstep::DatasetKind::synthetic;
-  cfg.samples = 500;
-  cfg.features = 6;
-  cfg.classes = 4;
-  cfg.eval_fraction = 0.1;
-  const auto synthetic = lockstep::load_dataset(cfg, 3);
+  lockstep::Config cfg;
+  cfg.trainer.seed = 3;
+  cfg.data.dataset = lockstep::DatasetKind::synthetic;
+  cfg.data.samples = 500;
+  cfg.data.features = 6;
+  cfg.data.classes = 4;
+  cfg.data.eval_fraction = 0.1;
+  const auto synthetic = lockstep::load_dataset(cfg);
   CHECK(synthetic.train->size() == 450);
   CHECK(synthetic.eval->size() == 50);
   CHECK(synthetic.train->features() == 6);
-  CHECK(xs(*lockstep::load_dataset(cfg, 3).train) == xs(*synthetic.train));
-  cfg.samples = 0;
-  CHECK_THROWS_AS(lockstep::load_dataset(cfg, 3), InputError);
+  CHECK(xs(*lockstep::load_dataset(cfg).train) == xs(*synthetic.train));
+  cfg.data.samples = 0;
+  CHECK_THROWS_AS(lockstep::load_dataset(cfg), InputError);
 
   lockstep::test::TempDir dir;
   dir.write("small.csv", "1,2,0\n3,4,1\n5,6,1\n7,8,0\n");
-  lockstep::DataConfig csv;
-  csv.path = "small.csv";
-  csv.eval_fraction = 0.25;
-  const auto loaded = lockstep::load_dataset(csv, 0, dir.path());
+  lockstep::Config csv;
+  csv.data.path = "small.csv";
+  csv.data.eval_fraction = 0.25;
+  const auto loaded = lockstep::load_dataset(csv, dir.path());
   CHECK(loaded.train->size() == 3);
   CHECK(loaded.eval->size() == 1);
   CHECK(loaded.train->features() == 2);
-  csv.path = (dir.path() / "small.csv").string();  // absolute paths ignore base_dir
-  CHECK(lockstep::load_dataset(csv, 0, "/nonexistent").train->size() == 3);
-  csv.path = "";
-  CHECK_THROWS_WITH_AS(lockstep::load_dataset(csv, 0),
+  csv.data.path = (dir.path() / "small.csv").string();  // absolute paths ignore base_dir
+  CHECK(lockstep::load_dataset(csv, "/nonexistent").train->size() == 3);
+  csv.data.path = "";
+  CHECK_THROWS_WITH_AS(lockstep::load_dataset(csv),
                        "data.path: expected the CSV file of a csv dataset, got ''", InputError);
 
-  lockstep::DataConfig idx;
-  idx.dataset = lockstep::DatasetKind::idx;
-  idx.images = "missing-images";
-  idx.labels = "missing-labels";
+  lockstep::Config idx;
+  idx.data.dataset = lockstep::DatasetKind::idx;
+  idx.data.images = "missing-images";
+  idx.data.labels = "missing-labels";
   CHECK_THROWS_WITH_AS(
-      lockstep::load_dataset(idx, 0, dir.path()),
+      lockstep::load_dataset(idx, dir.path()),
       ((dir.path() / "missing-images").string() + ": cannot open: No such file or directory")
           .c_str(),
       InputError);
 
-  lockstep::DataConfig digits;
-  digits.path = "third_party/digits/digits.csv";
-  const auto d = lockstep::load_dataset(digits, 0, LOCKSTEP_SOURCE_DIR);
+  lockstep::Config digits;
+  digits.data.path = "third_party/digits/digits.csv";
+  const auto d = lockstep::load_dataset(digits, LOCKSTEP_SOURCE_DIR);
   CHECK(d.train->size() + d.eval->size() == 1797);
   CHECK(d.eval->size() == 359);  // round(0.2 * 1797)
   CHECK(d.train->features() == 64);

@@ -3,6 +3,7 @@
 // else; files under a valid/ folder must load. Crash reproducers found by fuzzing are added
 // there, so these tests keep them fixed in every build, sanitized or not.
 //
+// The token files are read by extension: *.bin as token files (format auto), *.txt as text.
 // The idx files are named for their role: images-* is read as images beside valid/labels.idx,
 // labels-* as labels beside valid/images.idx.
 #include <doctest/doctest.h>
@@ -138,4 +139,16 @@ TEST_CASE("corpus: every bad safetensors file gives an InputError naming the fil
 TEST_CASE("corpus: every bad checkpoint state file gives an InputError naming the file") {
   for (const CorpusFile& file : corpus("state"))
     replay(file, [&] { lockstep::detail::read_state_file(file.path); });
+}
+
+TEST_CASE("corpus: every bad token or text file gives an InputError naming the file") {
+  for (const CorpusFile& file : corpus("tokens")) {
+    if (file.path.extension() == ".txt") {
+      replay(file, [&] { lockstep::load_text(file.path, 4); });
+    } else {
+      REQUIRE_MESSAGE(file.path.extension() == ".bin", file.path.string() << ": .bin or .txt?");
+      replay(file,
+             [&] { lockstep::load_tokens(file.path, lockstep::TokenFormat::automatic, 4, 50257); });
+    }
+  }
 }
