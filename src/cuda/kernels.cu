@@ -532,12 +532,13 @@ std::size_t sort_temp_bytes(int rows) {
   return bytes;
 }
 
-std::size_t sort_arrays_bytes(int rows) {
-  return 4 * aligned(static_cast<std::size_t>(rows) * sizeof(int));
+// Bytes of each of the four arrays.
+std::size_t sort_array_bytes(int rows) {
+  return aligned(static_cast<std::size_t>(rows) * sizeof(int));
 }
 
 SortScratch sort_scratch(void* scratch, std::size_t scratch_bytes, int rows) {
-  const std::size_t part = aligned(static_cast<std::size_t>(rows) * sizeof(int));
+  const std::size_t part = sort_array_bytes(rows);
   auto* base = static_cast<char*>(scratch);
   return {reinterpret_cast<unsigned*>(base), reinterpret_cast<unsigned*>(base + part),
           reinterpret_cast<int*>(base + 2 * part), reinterpret_cast<int*>(base + 3 * part),
@@ -660,7 +661,7 @@ void launch_embedding_forward(cudaStream_t stream, const float* ids, const float
 std::size_t embedding_backward_scratch_bytes(int batch, int T) {
   const int rows = batch * T;
   if (rows <= 0) return 0;
-  return sort_arrays_bytes(rows) + sort_temp_bytes(rows);
+  return 4 * sort_array_bytes(rows) + sort_temp_bytes(rows);
 }
 
 void launch_embedding_backward(cudaStream_t stream, const float* ids, const float* dout,

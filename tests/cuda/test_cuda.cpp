@@ -1,6 +1,7 @@
 // The CUDA backend against the CPU device and closed-form expectations:
 //   - every Device kernel on fresh random inputs, against the CPU device (outputs poisoned with
-//     NaN first, so an element the GPU never writes fails);
+//     NaN first, so an element the GPU never writes fails); the transformer kernels are in
+//     test_cuda_transformer.cpp;
 //   - the parameter hash: the same bits hash equal on the CPU and the GPU;
 //   - NCCL and peer all-reduce and broadcast: rank r contributes r + 1, check the sum;
 //   - the trainer on backend cuda: N replicas on one GPU equal one worker with N times the
