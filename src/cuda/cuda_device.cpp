@@ -5,9 +5,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -40,13 +42,18 @@ void check_gemm_shape(const char* kernel, Transpose ta, Transpose tb, int m, int
                                             kernel, m, n, k, lda, ldb, ldc));
 }
 
-// A (batch * T, C) activation: no negative size, and the rows (and every element's offset) fit
-// the kernels' int and size_t arithmetic.
-void check_rows_shape(const char* kernel, int batch, int T, int C) {
-  if (batch < 0 || T < 0 || C < 0 ||
-      static_cast<std::int64_t>(batch) * T > std::numeric_limits<int>::max())
-    throw std::invalid_argument(
-        fmt::format("{}: bad shape batch={} T={} C={}", kernel, batch, T, C));
+// A kernel's sizes, by name: none negative, and its rows (B * T, or count * T) within the
+// kernels' int row indices.
+void check_sizes(const char* kernel, std::int64_t rows,
+                 std::initializer_list<std::pair<const char*, int>> sizes) {
+  bool negative = false;
+  std::string shape;
+  for (const auto& [name, size] : sizes) {
+    negative = negative || size < 0;
+    shape += fmt::format(" {}={}", name, size);
+  }
+  if (negative || rows > std::numeric_limits<int>::max())
+    throw std::invalid_argument(fmt::format("{}: bad shape{}", kernel, shape));
 }
 
 }  // namespace
@@ -347,13 +354,15 @@ void CudaDevice::gemm_batched(Transpose ta, Transpose tb, int m, int n, int k, f
 // ids (batch, T), wte (V, C), wpe (T_max, C), out (batch, T, C)
 void CudaDevice::embedding_forward(const float* ids, const float* wte, const float* wpe,
                                    float* out, int batch, int T, int C) {
-  check_rows_shape("embedding_forward", batch, T, C);
+  check_sizes("embedding_forward", std::int64_t{batch} * T,
+              {{"batch", batch}, {"T", T}, {"C", C}});
   launch_embedding_forward(stream(), ids, wte, wpe, out, batch, T, C);
 }
 
 void CudaDevice::embedding_backward(const float* ids, const float* dout, float* dwte,
                                     float* dwpe, int batch, int T, int C) {
-  check_rows_shape("embedding_backward", batch, T, C);
+  check_sizes("embedding_backward", std::int64_t{batch} * T,
+              {{"batch", batch}, {"T", T}, {"C", C}});
   if (batch == 0 || T == 0 || C == 0) return;
   void* buffer = scratch(embedding_backward_scratch_bytes(batch, T));
   launch_embedding_backward(stream(), ids, dout, dwte, dwpe, batch, T, C, buffer,
@@ -363,14 +372,14 @@ void CudaDevice::embedding_backward(const float* ids, const float* dout, float* 
 // x, y (rows, C), weight, bias (C), mean, rstd (rows)
 void CudaDevice::layernorm_forward(const float* x, const float* weight, const float* bias,
                                    float* y, float* mean, float* rstd, int rows, int C) {
-  check_rows_shape("layernorm_forward", rows, 1, C);
+  check_sizes("layernorm_forward", rows, {{"rows", rows}, {"C", C}});
   launch_layernorm_forward(stream(), x, weight, bias, y, mean, rstd, rows, C);
 }
 
 void CudaDevice::layernorm_backward(const float* x, const float* weight, const float* mean,
                                     const float* rstd, const float* dy, float* dx,
                                     float* dweight, float* dbias, int rows, int C) {
-  check_rows_shape("layernorm_backward", rows, 1, C);
+  check_sizes("layernorm_backward", rows, {{"rows", rows}, {"C", C}});
   if (rows == 0) return;
   launch_layernorm_backward(stream(), x, weight, mean, rstd, dy, dx, dweight, dbias, rows, C,
                             scratch(layernorm_backward_scratch_bytes(rows, C)));
@@ -378,13 +387,13 @@ void CudaDevice::layernorm_backward(const float* x, const float* weight, const f
 
 // `count` (T, T) matrices
 void CudaDevice::causal_softmax_forward(const float* s, float* p, int count, int T, float scale) {
-  check_rows_shape("causal_softmax_forward", count, T, T);
+  check_sizes("causal_softmax_forward", std::int64_t{count} * T, {{"count", count}, {"T", T}});
   launch_causal_softmax_forward(stream(), s, p, count, T, scale);
 }
 
 void CudaDevice::causal_softmax_backward(const float* p, const float* dp, float* ds, int count,
                                          int T, float scale) {
-  check_rows_shape("causal_softmax_backward", count, T, T);
+  check_sizes("causal_softmax_backward", std::int64_t{count} * T, {{"count", count}, {"T", T}});
   launch_causal_softmax_backward(stream(), p, dp, ds, count, T, scale);
 }
 

@@ -60,7 +60,8 @@ __device__ double block_sum(double v) {
 // Sum and max over a warp by butterfly: x + y == y + x, so every lane ends with the same bits.
 template <class T>
 __device__ T warp_sum(T v) {
-  for (int offset = kWarp / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  for (int offset = kWarp / 2; offset > 0; offset /= 2)
+    v += __shfl_xor_sync(0xffffffffu, v, offset);
   return v;
 }
 __device__ float warp_max(float v) {
@@ -295,7 +296,7 @@ __global__ void adamw_step_kernel(AdamWScalars s, float* params, const float* gr
   }
 }
 
-// ---- Transformer kernels -------------------------------------------------------------------------
+// ---- Transformer kernels ------------------------------------------------------------------------
 
 // out (rows, C) = wte[ids[r]] + wpe[r % T]: a block per row (grid-stride over rows), threads
 // over the channels.
