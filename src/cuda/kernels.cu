@@ -350,7 +350,8 @@ __global__ void embedding_dwpe_kernel(const float* dout, float* dwpe, int batch,
   }
 }
 
-// One warp per row of x (rows, C): mean and variance in double, rounded once, as on the CPU.
+// One warp per row of x (rows, C): mean and variance in double, rounded once, as on the CPU;
+// y with a rounded product (no fused multiply-add) before the bias, as on the CPU.
 __global__ void layernorm_forward_kernel(const float* x, const float* weight, const float* bias,
                                          float* y, float* mean, float* rstd, std::size_t rows,
                                          int C) {
@@ -369,7 +370,7 @@ __global__ void layernorm_forward_kernel(const float* x, const float* weight, co
   const float m = static_cast<float>(mu);
   const float s = static_cast<float>(1.0 / sqrt(var / double(C) + 1e-5));
   float* yr = y + row * C;
-  for (int c = lane(); c < C; c += kWarp) yr[c] = (xr[c] - m) * s * weight[c] + bias[c];
+  for (int c = lane(); c < C; c += kWarp) yr[c] = __fmul_rn((xr[c] - m) * s, weight[c]) + bias[c];
   if (lane() == 0) {
     mean[row] = m;
     rstd[row] = s;
@@ -377,7 +378,8 @@ __global__ void layernorm_forward_kernel(const float* x, const float* weight, co
 }
 
 // One warp per row: dx += rstd * (g - mean_c(g) - xhat * mean_c(g * xhat)), g = dy * weight,
-// the two means summed in double as on the CPU.
+// the two means summed in double as on the CPU. __fmul_rn: rounded products, no fused
+// multiply-add, as on the CPU (with C = 1, g - mean_c(g) must be exactly 0).
 __global__ void layernorm_backward_dx_kernel(const float* x, const float* weight,
                                              const float* mean, const float* rstd,
                                              const float* dy, float* dx, std::size_t rows,
@@ -398,7 +400,7 @@ __global__ void layernorm_backward_dx_kernel(const float* x, const float* weight
   float* dxr = dx + row * C;
   for (int c = lane(); c < C; c += kWarp) {
     const float xhat = (xr[c] - m) * s;
-    dxr[c] += s * (dyr[c] * weight[c] - g_mean - xhat * gx_mean);
+    dxr[c] += __fmul_rn(s, __fmul_rn(dyr[c], weight[c]) - g_mean - __fmul_rn(xhat, gx_mean));
   }
 }
 
