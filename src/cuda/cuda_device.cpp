@@ -5,8 +5,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
+#include <limits>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -28,6 +31,30 @@ ActivationKind kind_of(Activation f) {
 }
 
 cublasOperation_t op_of(Transpose t) { return t == Transpose::yes ? CUBLAS_OP_T : CUBLAS_OP_N; }
+
+// op(A) (m, k), op(B) (k, n), C (m, n), row-major with leading dimensions.
+void check_gemm_shape(const char* kernel, Transpose ta, Transpose tb, int m, int n, int k,
+                      int lda, int ldb, int ldc) {
+  const bool at = ta == Transpose::yes, bt = tb == Transpose::yes;
+  if (m < 0 || n < 0 || k < 0 || lda < std::max(1, at ? m : k) ||
+      ldb < std::max(1, bt ? k : n) || ldc < std::max(1, n))
+    throw std::invalid_argument(fmt::format("{}: bad shape m={} n={} k={} lda={} ldb={} ldc={}",
+                                            kernel, m, n, k, lda, ldb, ldc));
+}
+
+// A kernel's sizes, by name: none negative, and its rows (B * T, or count * T) within the
+// kernels' int row indices.
+void check_sizes(const char* kernel, std::int64_t rows,
+                 std::initializer_list<std::pair<const char*, int>> sizes) {
+  bool negative = false;
+  std::string shape;
+  for (const auto& [name, size] : sizes) {
+    negative = negative || size < 0;
+    shape += fmt::format(" {}={}", name, size);
+  }
+  if (negative || rows > std::numeric_limits<int>::max())
+    throw std::invalid_argument(fmt::format("{}: bad shape{}", kernel, shape));
+}
 
 }  // namespace
 
@@ -64,6 +91,7 @@ CudaDevice::~CudaDevice() {
   copy_stream_.reset();
   for (Event& e : staging_done_) e.reset();
   staging_.reset();
+  scratch_.reset();
   row_correct_.reset();
   row_loss_.reset();
   host_result_.reset();
@@ -174,6 +202,18 @@ T CudaDevice::read_result() {
   return value;
 }
 
+void* CudaDevice::scratch(std::size_t bytes) {
+  if (bytes > scratch_bytes_) {
+    const std::size_t capacity = std::max(bytes, 2 * scratch_bytes_);
+    CUDA_CHECK(cudaStreamSynchronize(stream()));  // the old scratch may still be in use
+    scratch_.reset();
+    scratch_bytes_ = 0;
+    scratch_ = make_device_memory(capacity);
+    scratch_bytes_ = capacity;
+  }
+  return scratch_.get();
+}
+
 void CudaDevice::reserve_rows(int rows) {
   if (rows <= row_capacity_) return;
   const int capacity = std::max(rows, 2 * row_capacity_);
@@ -216,11 +256,7 @@ void CudaDevice::activation_backward(Activation f, const float* x, const float* 
 void CudaDevice::gemm(Transpose ta, Transpose tb, int m, int n, int k, float alpha,
                       const float* a, int lda, const float* b, int ldb, float beta, float* c,
                       int ldc) {
-  const bool at = ta == Transpose::yes, bt = tb == Transpose::yes;
-  if (m < 0 || n < 0 || k < 0 || lda < std::max(1, at ? m : k) ||
-      ldb < std::max(1, bt ? k : n) || ldc < std::max(1, n))
-    throw std::invalid_argument(fmt::format(
-        "gemm: bad shape m={} n={} k={} lda={} ldb={} ldc={}", m, n, k, lda, ldb, ldc));
+  check_gemm_shape("gemm", ta, tb, m, n, k, lda, ldb, ldc);
   if (m == 0 || n == 0) return;
   CUBLAS_CHECK(cublasSgemm(cublas_.get(), op_of(tb), op_of(ta), n, m, k, &alpha, b, ldb, a, lda,
                            &beta, c, ldc));
@@ -295,38 +331,70 @@ void CudaDevice::adamw_step(const AdamWParams& opt, float lr, std::int64_t t, fl
   launch_adamw_step(stream(), s, params, grads, m, v, n);
 }
 
-namespace {
-[[noreturn]] void not_yet(const char* kernel) {
-  throw std::logic_error(std::string("cuda: ") + kernel + " is not implemented on CUDA yet");
-}
-}  // namespace
+// ---- Transformer kernels ------------------------------------------------------------------------
 
-void CudaDevice::add(const float*, const float*, float*, std::size_t) { not_yet("add"); }
-void CudaDevice::gemm_batched(Transpose, Transpose, int, int, int, float, const float*, int,
-                              std::int64_t, const float*, int, std::int64_t, float, float*, int,
-                              std::int64_t, int) {
-  not_yet("gemm_batched");
+void CudaDevice::add(const float* a, const float* b, float* y, std::size_t n) {
+  launch_add(stream(), a, b, y, n);
 }
-void CudaDevice::embedding_forward(const float*, const float*, const float*, float*, int, int,
-                                   int) {
-  not_yet("embedding_forward");
+
+// As gemm(), count times: C_i = alpha * op(A_i) * op(B_i) + beta * C_i, each matrix swapped into
+// cuBLAS's column-major view the same way, the strides unchanged.
+void CudaDevice::gemm_batched(Transpose ta, Transpose tb, int m, int n, int k, float alpha,
+                              const float* a, int lda, std::int64_t stride_a, const float* b,
+                              int ldb, std::int64_t stride_b, float beta, float* c, int ldc,
+                              std::int64_t stride_c, int count) {
+  if (count < 0) throw std::invalid_argument(fmt::format("gemm_batched: count {} < 0", count));
+  check_gemm_shape("gemm_batched", ta, tb, m, n, k, lda, ldb, ldc);
+  if (m == 0 || n == 0 || count == 0) return;
+  CUBLAS_CHECK(cublasSgemmStridedBatched(cublas_.get(), op_of(tb), op_of(ta), n, m, k, &alpha, b,
+                                         ldb, stride_b, a, lda, stride_a, &beta, c, ldc, stride_c,
+                                         count));
 }
-void CudaDevice::embedding_backward(const float*, const float*, float*, float*, int, int, int) {
-  not_yet("embedding_backward");
+
+// ids (batch, T), wte (V, C), wpe (T_max, C), out (batch, T, C)
+void CudaDevice::embedding_forward(const float* ids, const float* wte, const float* wpe,
+                                   float* out, int batch, int T, int C) {
+  check_sizes("embedding_forward", std::int64_t{batch} * T,
+              {{"batch", batch}, {"T", T}, {"C", C}});
+  launch_embedding_forward(stream(), ids, wte, wpe, out, batch, T, C);
 }
-void CudaDevice::layernorm_forward(const float*, const float*, const float*, float*, float*,
-                                   float*, int, int) {
-  not_yet("layernorm_forward");
+
+void CudaDevice::embedding_backward(const float* ids, const float* dout, float* dwte,
+                                    float* dwpe, int batch, int T, int C) {
+  check_sizes("embedding_backward", std::int64_t{batch} * T,
+              {{"batch", batch}, {"T", T}, {"C", C}});
+  if (batch == 0 || T == 0 || C == 0) return;
+  void* buffer = scratch(embedding_backward_scratch_bytes(batch, T));
+  launch_embedding_backward(stream(), ids, dout, dwte, dwpe, batch, T, C, buffer,
+                            scratch_bytes_);
 }
-void CudaDevice::layernorm_backward(const float*, const float*, const float*, const float*,
-                                    const float*, float*, float*, float*, int, int) {
-  not_yet("layernorm_backward");
+
+// x, y (rows, C), weight, bias (C), mean, rstd (rows)
+void CudaDevice::layernorm_forward(const float* x, const float* weight, const float* bias,
+                                   float* y, float* mean, float* rstd, int rows, int C) {
+  check_sizes("layernorm_forward", rows, {{"rows", rows}, {"C", C}});
+  launch_layernorm_forward(stream(), x, weight, bias, y, mean, rstd, rows, C);
 }
-void CudaDevice::causal_softmax_forward(const float*, float*, int, int, float) {
-  not_yet("causal_softmax_forward");
+
+void CudaDevice::layernorm_backward(const float* x, const float* weight, const float* mean,
+                                    const float* rstd, const float* dy, float* dx,
+                                    float* dweight, float* dbias, int rows, int C) {
+  check_sizes("layernorm_backward", rows, {{"rows", rows}, {"C", C}});
+  if (rows == 0) return;
+  launch_layernorm_backward(stream(), x, weight, mean, rstd, dy, dx, dweight, dbias, rows, C,
+                            scratch(layernorm_backward_scratch_bytes(rows, C)));
 }
-void CudaDevice::causal_softmax_backward(const float*, const float*, float*, int, int, float) {
-  not_yet("causal_softmax_backward");
+
+// `count` (T, T) matrices
+void CudaDevice::causal_softmax_forward(const float* s, float* p, int count, int T, float scale) {
+  check_sizes("causal_softmax_forward", std::int64_t{count} * T, {{"count", count}, {"T", T}});
+  launch_causal_softmax_forward(stream(), s, p, count, T, scale);
+}
+
+void CudaDevice::causal_softmax_backward(const float* p, const float* dp, float* ds, int count,
+                                         int T, float scale) {
+  check_sizes("causal_softmax_backward", std::int64_t{count} * T, {{"count", count}, {"T", T}});
+  launch_causal_softmax_backward(stream(), p, dp, ds, count, T, scale);
 }
 
 }  // namespace lockstep::cuda

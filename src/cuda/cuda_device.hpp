@@ -67,7 +67,6 @@ class CudaDevice final : public Device {
   void adamw_step(const AdamWParams& opt, float lr, std::int64_t t, float* params,
                   const float* grads, float* m, float* v, std::size_t n) override;
 
-  // Transformer kernels: not on CUDA yet (in progress); each throws std::logic_error.
   void add(const float* a, const float* b, float* y, std::size_t n) override;
   void gemm_batched(Transpose ta, Transpose tb, int m, int n, int k, float alpha, const float* a,
                     int lda, std::int64_t stride_a, const float* b, int ldb, std::int64_t stride_b,
@@ -91,6 +90,9 @@ class CudaDevice final : public Device {
   T read_result();
   // Per-row scratch of softmax_cross_entropy, grown to at least `rows`.
   void reserve_rows(int rows);
+  // scratch_, grown to at least `bytes`: the working memory of one kernel at a time (the
+  // kernels that use it are ordered on our stream).
+  void* scratch(std::size_t bytes);
 
   int id_;
   Stream stream_;
@@ -101,6 +103,8 @@ class CudaDevice final : public Device {
   DeviceMemory row_loss_;     // row_capacity_ doubles
   DeviceMemory row_correct_;  // row_capacity_ ints
   int row_capacity_ = 0;
+  DeviceMemory scratch_;  // scratch_bytes_: embedding_backward's sort, LayerNorm's partials
+  std::size_t scratch_bytes_ = 0;
   // copy_to_device's two pinned chunks of kStagingChunk bytes, each with an event recorded
   // after its last transfer: a chunk is refilled once that transfer is done.
   PinnedMemory staging_;

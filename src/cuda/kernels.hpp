@@ -85,6 +85,41 @@ struct AdamWScalars {
 void launch_adamw_step(cudaStream_t stream, const AdamWScalars& s, float* params,
                        const float* grads, float* m, float* v, std::size_t n);
 
+// ---- Transformer (shapes and semantics as in device.hpp) ------------------------------------
+
+// y = a + b; y may alias a or b.
+void launch_add(cudaStream_t stream, const float* a, const float* b, float* y, std::size_t n);
+
+// ids (batch, T) as floats, wte (V, C), wpe (>= T, C): out (batch, T, C) = wte[ids] + wpe[t].
+void launch_embedding_forward(cudaStream_t stream, const float* ids, const float* wte,
+                              const float* wpe, float* out, int batch, int T, int C);
+// dwte[ids[b, t]] += dout[b, t]; dwpe[t] += sum over b of dout[b, t]. Deterministic, and the
+// CPU's float additions in the CPU's order: the rows are sorted by token (stable), then each
+// token's rows added in order. `scratch` holds at least embedding_backward_scratch_bytes(batch,
+// T) bytes (device memory; scratch_bytes is its size) and is in use until the kernels are done.
+std::size_t embedding_backward_scratch_bytes(int batch, int T);
+void launch_embedding_backward(cudaStream_t stream, const float* ids, const float* dout,
+                               float* dwte, float* dwpe, int batch, int T, int C, void* scratch,
+                               std::size_t scratch_bytes);
+
+// x, y (rows, C), weight, bias (C), mean, rstd (rows). One warp per row.
+void launch_layernorm_forward(cudaStream_t stream, const float* x, const float* weight,
+                              const float* bias, float* y, float* mean, float* rstd, int rows,
+                              int C);
+// dx (rows, C) += d/dx (one warp per row); dweight, dbias (C) += their gradients, through
+// per-chunk partials in `scratch` (layernorm_backward_scratch_bytes(rows, C) bytes of device
+// memory) and a second pass: deterministic.
+std::size_t layernorm_backward_scratch_bytes(int rows, int C);
+void launch_layernorm_backward(cudaStream_t stream, const float* x, const float* weight,
+                               const float* mean, const float* rstd, const float* dy, float* dx,
+                               float* dweight, float* dbias, int rows, int C, void* scratch);
+
+// `count` (T, T) matrices, one warp per row. p may alias s; ds may alias dp.
+void launch_causal_softmax_forward(cudaStream_t stream, const float* s, float* p, int count,
+                                   int T, float scale);
+void launch_causal_softmax_backward(cudaStream_t stream, const float* p, const float* dp,
+                                    float* ds, int count, int T, float scale);
+
 // ---- Peer all-reduce -----------------------------------------------------------------------
 
 constexpr int kMaxPeerRanks = 64;

@@ -1,6 +1,7 @@
 // The CUDA backend against the CPU device and closed-form expectations:
 //   - every Device kernel on fresh random inputs, against the CPU device (outputs poisoned with
-//     NaN first, so an element the GPU never writes fails);
+//     NaN first, so an element the GPU never writes fails); the transformer kernels are in
+//     test_cuda_transformer.cpp;
 //   - the parameter hash: the same bits hash equal on the CPU and the GPU;
 //   - NCCL and peer all-reduce and broadcast: rank r contributes r + 1, check the sum;
 //   - the trainer on backend cuda: N replicas on one GPU equal one worker with N times the
@@ -28,74 +29,13 @@
 #include <vector>
 
 #include "common/random.hpp"
+#include "gpu_vs_cpu.hpp"
 #include "lockstep/lockstep.hpp"
 
 using namespace lockstep;
+using namespace lockstep::test;
 
 namespace {
-
-// The CUDA backend, or null (after saying why) when this build or this machine has none.
-std::unique_ptr<Backend> cuda_or_skip() {
-  try {
-    return make_backend(BackendKind::cuda);
-  } catch (const InputError& e) {
-    MESSAGE("skipping: no usable GPU (" << std::string(e.what()) << ")");
-    return nullptr;
-  }
-}
-
-constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-
-std::vector<float> random_floats(std::size_t n, std::uint64_t seed, double lo = -1.0,
-                                 double hi = 1.0) {
-  std::vector<float> v(n);
-  for (float& x : v) x = static_cast<float>(lo + (hi - lo) * detail::uniform01(seed));
-  return v;
-}
-
-template <class T>
-DeviceArray<T> on_device(Device& dev, const std::vector<T>& host) {
-  DeviceArray<T> a(dev, host.size());
-  a.upload(host);
-  return a;
-}
-
-// max |got - want| <= tol * max |want|, and NaN exactly where `want` has NaN.
-void check_close(const std::vector<float>& got, const std::vector<float>& want,
-                 double tol = 1e-5) {
-  REQUIRE(got.size() == want.size());
-  double diff = 0.0, scale = 0.0;
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    if (std::isnan(got[i]) || std::isnan(want[i])) {
-      if (std::isnan(got[i]) != std::isnan(want[i])) {
-        FAIL_CHECK("element " << i << ": got " << got[i] << ", want " << want[i]);
-        return;
-      }
-      continue;
-    }
-    diff = std::max(diff, std::abs(double(got[i]) - double(want[i])));
-    scale = std::max(scale, std::abs(double(want[i])));
-  }
-  CHECK(diff <= tol * std::max(scale, 1e-30));
-}
-
-// Runs the same op on the GPU and on a CPU device: op(device, outputs...) receives the device
-// and returns the downloaded results to compare.
-using Outputs = std::vector<std::vector<float>>;
-void compare(Device& gpu, const std::function<Outputs(Device&)>& op, double tol = 1e-5) {
-  auto cpu = make_cpu_device(0, 1);
-  const Outputs want = op(*cpu), got = op(gpu);
-  REQUIRE(got.size() == want.size());
-  for (std::size_t k = 0; k < got.size(); ++k) {
-    CAPTURE(k);
-    check_close(got[k], want[k], tol);
-  }
-}
-
-// An output buffer of n NaNs.
-DeviceArray<float> poisoned(Device& dev, std::size_t n) {
-  return on_device(dev, std::vector<float>(n, kNaN));
-}
 
 // Runs fn(rank, device, comm) on one thread per rank, each with its own device and attached
 // communicator, as the trainer does; rethrows the first failure on the calling thread.

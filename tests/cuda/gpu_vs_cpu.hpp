@@ -1,0 +1,84 @@
+// Shared by the CUDA tests: the backend or a skip, random inputs, and one op run on the GPU and
+// on a CPU device with the results compared.
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/random.hpp"
+#include "lockstep/lockstep.hpp"
+
+namespace lockstep::test {
+
+// The CUDA backend, or null (after saying why) when this build or this machine has none.
+inline std::unique_ptr<Backend> cuda_or_skip(const BackendOptions& options = {}) {
+  try {
+    return make_backend(BackendKind::cuda, {}, options);
+  } catch (const InputError& e) {
+    MESSAGE("skipping: no usable GPU (" << std::string(e.what()) << ")");
+    return nullptr;
+  }
+}
+
+inline constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+inline std::vector<float> random_floats(std::size_t n, std::uint64_t seed, double lo = -1.0,
+                                        double hi = 1.0) {
+  std::vector<float> v(n);
+  for (float& x : v) x = static_cast<float>(lo + (hi - lo) * detail::uniform01(seed));
+  return v;
+}
+
+template <class T>
+DeviceArray<T> on_device(Device& dev, const std::vector<T>& host) {
+  DeviceArray<T> a(dev, host.size());
+  a.upload(host);
+  return a;
+}
+
+// max |got - want| <= tol * max |want|, and NaN exactly where `want` has NaN.
+inline void check_close(const std::vector<float>& got, const std::vector<float>& want,
+                        double tol = 1e-5) {
+  REQUIRE(got.size() == want.size());
+  double diff = 0.0, scale = 0.0;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    if (std::isnan(got[i]) || std::isnan(want[i])) {
+      if (std::isnan(got[i]) != std::isnan(want[i])) {
+        FAIL_CHECK("element " << i << ": got " << got[i] << ", want " << want[i]);
+        return;
+      }
+      continue;
+    }
+    diff = std::max(diff, std::abs(double(got[i]) - double(want[i])));
+    scale = std::max(scale, std::abs(double(want[i])));
+  }
+  CHECK(diff <= tol * std::max(scale, 1e-30));
+}
+
+// Runs the same op on the GPU and on a CPU device: op(device) returns the downloaded results
+// to compare. tol = 0 asks for the same bits.
+using Outputs = std::vector<std::vector<float>>;
+inline void compare(Device& gpu, const std::function<Outputs(Device&)>& op, double tol = 1e-5) {
+  auto cpu = make_cpu_device(0, 1);
+  const Outputs want = op(*cpu), got = op(gpu);
+  REQUIRE(got.size() == want.size());
+  for (std::size_t k = 0; k < got.size(); ++k) {
+    CAPTURE(k);
+    check_close(got[k], want[k], tol);
+  }
+}
+
+// An output buffer of n NaNs.
+inline DeviceArray<float> poisoned(Device& dev, std::size_t n) {
+  return on_device(dev, std::vector<float>(n, kNaN));
+}
+
+}  // namespace lockstep::test
