@@ -5,6 +5,9 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <regex>
 #include <string>
 
 namespace lockstep::test {
@@ -14,10 +17,9 @@ struct CliResult {
   std::string output;  // stdout and stderr together
 };
 
-// `env` (e.g. "LOCKSTEP_FAULT=2:10:forward") is prefixed to the command when given.
-inline CliResult run_cli(const std::string& args, const std::string& env = {}) {
-  const std::string cmd =
-      (env.empty() ? "" : env + " ") + "\"" + LOCKSTEP_CLI_PATH + "\" " + args + " 2>&1";
+// Runs a shell command line, stdout and stderr together.
+inline CliResult run_command(const std::string& command) {
+  const std::string cmd = command + " 2>&1";
   CliResult r;
   FILE* pipe = popen(cmd.c_str(), "r");
   REQUIRE(pipe != nullptr);
@@ -29,6 +31,27 @@ inline CliResult run_cli(const std::string& args, const std::string& env = {}) {
   REQUIRE_MESSAGE(WIFEXITED(status), "killed by a signal: " << r.output);
   r.code = WEXITSTATUS(status);
   return r;
+}
+
+// The lockstep binary, quoted for a shell.
+inline std::string cli_path() { return std::string("\"") + LOCKSTEP_CLI_PATH + "\""; }
+
+// `env` (e.g. "LOCKSTEP_FAULT=2:10:forward") is prefixed to the command when given.
+inline CliResult run_cli(const std::string& args, const std::string& env = {}) {
+  return run_command((env.empty() ? "" : env + " ") + cli_path() + " " + args);
+}
+
+// A number in a summary JSON file.
+inline double json_number(const std::string& json, const std::string& key) {
+  const std::regex re("\"" + key + "\": ([-0-9.eE+]+)");
+  std::smatch m;
+  REQUIRE_MESSAGE(std::regex_search(json, m, re), key << " missing in " << json);
+  return std::stod(m[1]);
+}
+
+inline std::string read_text(const std::filesystem::path& p) {
+  std::ifstream f(p);
+  return {std::istreambuf_iterator<char>(f), {}};
 }
 
 }  // namespace lockstep::test
