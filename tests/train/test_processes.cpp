@@ -51,6 +51,10 @@ std::vector<ProcessRun> run_job(
         std::unique_ptr<Trainer> trainer = make(p, group[p]);
         runs[p].summary = trainer->run();
         runs[p].params = trainer->final_parameters();
+      } catch (const InputError&) {
+        // A refusal at start-up: every process refuses on its own. (An abort here could reach a
+        // peer still leaving the loopback's last barrier, which a completed MPI call cannot.)
+        runs[p].error = std::current_exception();
       } catch (...) {
         runs[p].error = std::current_exception();
         group[p]->abort_job(1);  // what the CLI does: the launcher ends the others
