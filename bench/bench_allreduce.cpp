@@ -4,6 +4,10 @@
 // column is one thread copying the same buffer size; "bus/memcpy" is the ratio of the two.
 //
 //   build/bench/bench_allreduce [--reps 20] [--max-mb 256] [--csv FILE]
+//
+// Under mpirun (mpirun -np 2 build/bench/bench_allreduce ...) it measures instead the all-reduce
+// across processes, one worker per process: the hierarchical communicator's path through MPI
+// (see comm.hpp), the ranks being the processes. Process 0 prints and writes the CSV.
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -32,8 +36,11 @@ double memcpy_seconds(std::size_t bytes, int reps) {
   return bench::median(t);
 }
 
-double all_reduce_seconds(int n, std::size_t count, int reps) {
-  auto comms = make_shared_memory_group(n);
+// Median seconds of one all-reduce of `count` floats on every communicator of `comms` (this
+// process's workers, one thread each), timed by local worker 0 between two barriers.
+double all_reduce_seconds(std::vector<std::unique_ptr<Communicator>> comms, std::size_t count,
+                          int reps) {
+  const int n = static_cast<int>(comms.size());
   std::vector<double> times;
   std::vector<std::thread> threads;
   for (int rank = 0; rank < n; ++rank) {
@@ -65,16 +72,24 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--csv")) csv = argv[i + 1];
   }
   std::ofstream out;
-  if (!csv.empty()) {
+  const std::shared_ptr<ProcessGroup> processes = make_mpi_processes();
+  const bool across = processes && processes->size() > 1;
+  const bool leader = !processes || processes->rank() == 0;
+  if (!csv.empty() && leader) {
     out.open(csv);
     out << "ranks,bytes,time_us,algbw_gbs,busbw_gbs,memcpy_gbs,bus_over_memcpy\n";
   }
-  fmt::print("{:>5} {:>12} {:>10} {:>10} {:>10} {:>11} {:>11}\n", "ranks", "bytes", "time_us",
+  if (leader)
+    fmt::print("{:>5} {:>12} {:>10} {:>10} {:>10} {:>11} {:>11}\n", "ranks", "bytes", "time_us",
              "algbw GB/s", "busbw GB/s", "memcpy GB/s", "bus/memcpy");
-  for (int n : {2, 4}) {
+  const std::vector<int> groups = across ? std::vector<int>{processes->size()} : std::vector<int>{2, 4};
+  for (int n : groups) {
     for (std::size_t bytes = 4096; bytes <= max_mb << 20; bytes *= 4) {
       const int r = bytes >= (64u << 20) ? std::max(3, reps / 4) : reps;
-      const double t = all_reduce_seconds(n, bytes / sizeof(float), r);
+      auto comms = across ? make_hierarchical_group(make_shared_memory_group(1), processes)
+                          : make_shared_memory_group(n);
+      const double t = all_reduce_seconds(std::move(comms), bytes / sizeof(float), r);
+      if (!leader) continue;
       const double algbw = static_cast<double>(bytes) / t / 1e9;
       const double busbw = algbw * 2.0 * (n - 1) / n;
       const double mem = static_cast<double>(bytes) / memcpy_seconds(bytes, r) / 1e9;

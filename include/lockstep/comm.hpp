@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "lockstep/error.hpp"
@@ -78,5 +79,60 @@ class Communicator {
 // a delay of alpha + 2(n-1)/n * bytes / bandwidth to every data-plane all-reduce, as a wire of
 // that latency and bandwidth would; the CPU is free meanwhile.
 std::vector<std::unique_ptr<Communicator>> make_shared_memory_group(int size);
+
+// The processes of a multi-process run: one per node, each owning that node's devices, started
+// by mpirun or srun. Workers get global ranks: process rank x local workers + local index.
+//
+//   std::shared_ptr<lockstep::ProcessGroup> processes = lockstep::make_mpi_processes();
+//   lockstep::Trainer trainer(cfg, train, eval, processes);   // null: this process alone
+//
+// All calls take host memory and block. Two planes, as in Communicator: the data plane
+// (all_reduce and broadcast of floats) and the control plane (the rest) may each be used by one
+// thread of a process at a time, concurrently with the other plane, and every process issues
+// each plane's calls in the same order.
+class ProcessGroup {
+ public:
+  virtual ~ProcessGroup() = default;
+
+  virtual int rank() const noexcept = 0;
+  virtual int size() const noexcept = 0;
+
+  // Data plane: data[i] = sum over processes of data[i], identical bits in every process.
+  virtual void all_reduce(float* data, std::size_t count) = 0;
+  virtual void broadcast(float* data, std::size_t count, int root) = 0;
+
+  // Control plane.
+  virtual void barrier() = 0;
+  virtual void all_reduce(std::span<double> values) = 0;
+  // Every process contributes mine.size() values (the same size everywhere); returns them all,
+  // process 0's first.
+  virtual std::vector<std::uint64_t> all_gather(std::span<const std::uint64_t> mine) = 0;
+  virtual void broadcast_bytes(void* data, std::size_t bytes, int root) = 0;
+
+  // Ends every wait of this process in the group: the waiting calls, and all later ones, throw
+  // CommAborted. The other processes are not told; after the local clean stop, the top level
+  // ends the whole job with abort_job(). Callable from any thread; never throws.
+  virtual void abort() noexcept = 0;
+  virtual bool aborted() const noexcept = 0;
+  // Ends every process of the job with exit status `code` (MPI_Abort). For the top level only
+  // (the CLI, an embedder's main), never library code.
+  virtual void abort_job(int code) noexcept = 0;
+};
+
+// The MPI processes this one was launched with (mpirun, or srun under Slurm): MPI is
+// initialised here and finalised when the last reference goes. Null when this build has no MPI
+// or no MPI launcher started this process: then everything runs in this process alone. Call it
+// once, early in main(), before other threads start.
+std::shared_ptr<ProcessGroup> make_mpi_processes();
+// The MPI library this build uses ("Open MPI v4.1.4, ..."), or empty without MPI support.
+std::string mpi_library();
+
+// A group spanning processes: `local` (one communicator per worker of this process, as from
+// make_shared_memory_group) joined with the same group of every other process. Each collective
+// reduces within the process, then local worker 0 all-reduces across processes, then the result
+// is shared within the process; see Note [Hierarchical all-reduce] in
+// src/comm/hierarchical_comm.cpp. Every process must have the same number of local workers.
+std::vector<std::unique_ptr<Communicator>> make_hierarchical_group(
+    std::vector<std::unique_ptr<Communicator>> local, std::shared_ptr<ProcessGroup> processes);
 
 }  // namespace lockstep

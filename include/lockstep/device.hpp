@@ -30,6 +30,7 @@
 namespace lockstep {
 
 class Communicator;
+class ProcessGroup;
 
 enum class Transpose { no, yes };
 
@@ -211,9 +212,13 @@ class Backend {
   // The devices this backend can use right now. Empty when none is usable.
   virtual std::vector<DeviceInfo> devices() const = 0;
   // One communicator per worker, all in one group. Called on the host thread before the
-  // workers start; worker r uses element r only.
+  // workers start; worker r uses element r only. With `processes` (more than one), the group
+  // spans every process: worker r of process p is rank p x device_ids.size() + r, and every
+  // process calls this together, with as many ids.
   virtual std::vector<std::unique_ptr<Communicator>> create_communicators(
-      std::span<const int> device_ids) = 0;
+      std::span<const int> device_ids, std::shared_ptr<ProcessGroup> processes) = 0;
+  // This process alone.
+  std::vector<std::unique_ptr<Communicator>> create_communicators(std::span<const int> device_ids);
   // Called on the worker's own thread, once. `workers` is the number of workers sharing the
   // machine, so CPU devices can divide the cores between them.
   virtual std::unique_ptr<Device> create_device(int device_id, int workers,

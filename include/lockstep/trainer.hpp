@@ -27,6 +27,8 @@
 
 namespace lockstep {
 
+class ProcessGroup;
+
 // Averaged over every worker's batch. Delivered on rank 0's thread every log_every steps,
 // and for the final step.
 struct StepMetrics {
@@ -60,7 +62,8 @@ struct WorkerTimes {
 
 struct Summary {
   std::string backend;
-  std::vector<int> devices;
+  std::vector<int> devices;     // this process's
+  int processes = 1;            // of the job; workers = devices.size() x processes
   std::int64_t steps = 0;
   std::int64_t samples = 0;     // training samples consumed, over all workers
   double wall_s = 0.0;
@@ -94,9 +97,10 @@ struct Summary {
   std::string to_json() const;
 };
 
-// Test hooks: called on each worker's thread. A throw here behaves like a failure in that
-// worker (fault injection). The environment variable LOCKSTEP_FAULT=RANK:STEP:KIND injects one
-// fault without code: KIND is forward (throw before forward), loader (throw on the loader
+// Test hooks: called on each worker's thread with its global rank. A throw here behaves like a
+// failure in that worker (fault injection). The environment variable LOCKSTEP_FAULT=RANK:STEP:KIND
+// injects one fault without code, in the worker of global RANK (process RANK / devices, under
+// mpirun): KIND is forward (throw before forward), loader (throw on the loader
 // thread), nan (a NaN gradient) or stall (the worker stops making progress until the run is
 // aborted; set trainer.step_timeout_s).
 struct TrainerHooks {
@@ -115,7 +119,10 @@ EvalMetrics evaluate(const Config& config, const Model& model, std::span<const f
 
 class Trainer {
  public:
-  Trainer(Config config, std::shared_ptr<const Dataset> train, std::shared_ptr<const Dataset> eval);
+  // With `processes` (more than one: mpirun, srun), this trainer is one process of a job that
+  // trains across all of them; null trains in this process alone. See make_mpi_processes().
+  Trainer(Config config, std::shared_ptr<const Dataset> train, std::shared_ptr<const Dataset> eval,
+          std::shared_ptr<ProcessGroup> processes = nullptr);
   ~Trainer();
 
   // Every log_every steps and at the last step, with metrics averaged over that window.
@@ -142,7 +149,7 @@ class Trainer {
   void request_stop() noexcept;
 
   Summary run();
-  // Rank 0's parameters after run(), on the host.
+  // Local worker 0's parameters after run(), on the host (the same in every process).
   const std::vector<float>& final_parameters() const noexcept;
 
  private:

@@ -1,6 +1,10 @@
 // The `lockstep` command line.
 //
 // Exit codes: 0 success, 1 run-time failure, 2 bad input (config, flags, data files).
+//
+// Under mpirun or srun, every process runs this command with the same arguments: process 0
+// prints and writes, the others are quiet but for errors. A process that fails ends the whole
+// job (MPI_Abort) after its own workers have stopped, so no process is left waiting.
 #include <unistd.h>
 
 #include <algorithm>
@@ -47,7 +51,11 @@ commands:
                       loss and accuracy of a checkpoint on the config's eval split
   export CKPT --out FILE
                       write a checkpoint's weights as one safetensors file
-  devices             list the backends and devices this binary can use
+  devices             list the backends and devices this binary can use, and
+                      whether MPI support is built in
+
+under mpirun -np P (or srun), each process trains on its own trainer.devices
+and the job trains as one: P x devices workers
 
 options:
   -h, --help          show this help
@@ -218,8 +226,11 @@ class SignalScope {
 
 void warn(const std::string& message) { fmt::print(stderr, "lockstep: warning: {}\n", message); }
 
-int train(const std::vector<std::string_view>& argv) {
+int train(const std::vector<std::string_view>& argv,
+          const std::shared_ptr<ProcessGroup>& processes) {
   const TrainArgs args = parse_train_args(argv);
+  const bool several = processes && processes->size() > 1;
+  const bool leader = !processes || processes->rank() == 0;  // prints and writes
   if (!args.summary_json.empty()) {
     const fs::path dir = fs::absolute(args.summary_json).parent_path();
     if (!fs::is_directory(dir))
@@ -229,9 +240,12 @@ int train(const std::vector<std::string_view>& argv) {
   const Config cfg = load_config(args.config, args.overrides);
   const DataSplit data = load_dataset(cfg, fs::path(args.config).parent_path());
 
-  if (!args.scaling.empty()) return scaling(cfg, data, args);
+  if (!args.scaling.empty()) {
+    if (several) throw InputError("--scaling: trains within one process; run it without mpirun");
+    return scaling(cfg, data, args);
+  }
 
-  Trainer trainer(cfg, data.train, data.eval);
+  Trainer trainer(cfg, data.train, data.eval, processes);
   if (args.resume) {
     const fs::path from = args.resume->empty() ? fs::path(cfg.trainer.checkpoint.dir) : fs::path(*args.resume);
     if (from.empty())
@@ -241,7 +255,7 @@ int train(const std::vector<std::string_view>& argv) {
     else if (fs::exists(from)) ckpt = CheckpointManager::load(from, warn);
     else if (!args.resume->empty()) throw InputError(fmt::format("--resume {}: no such file or directory", from.string()));
     if (ckpt) {
-      fmt::print("resuming from {} (step {})\n", ckpt->weights_file.string(), ckpt->state.step);
+      if (leader) fmt::print("resuming from {} (step {})\n", ckpt->weights_file.string(), ckpt->state.step);
       trainer.resume_from(std::move(*ckpt));
     } else {
       warn(fmt::format("--resume: no checkpoint in {}; starting from scratch", from.string()));
@@ -250,7 +264,7 @@ int train(const std::vector<std::string_view>& argv) {
   const bool live = isatty(STDERR_FILENO) != 0;
   Progress progress(live ? stderr : stdout, live);
   std::optional<RunReport> report;
-  if (!cfg.trainer.report.empty()) report.emplace(cfg.trainer.report);
+  if (!cfg.trainer.report.empty() && leader) report.emplace(cfg.trainer.report);
   trainer.on_progress([&](const StepMetrics& m) {
     progress.step(m);
     if (report) report->step(m);
@@ -261,9 +275,16 @@ int train(const std::vector<std::string_view>& argv) {
     if (report) report->eval(m);
   });
 
-  fmt::print("training {} parameters on {} worker(s), {} steps, batch {} per worker\n",
-             trainer.model().param_count(), cfg.trainer.devices.size(), trainer.total_steps(),
-             cfg.data.batch_size);
+  if (leader && several)
+    fmt::print("training {} parameters on {} worker(s) ({} processes x {}), {} steps, batch {} "
+               "per worker\n",
+               trainer.model().param_count(), cfg.trainer.devices.size() * processes->size(),
+               processes->size(), cfg.trainer.devices.size(), trainer.total_steps(),
+               cfg.data.batch_size);
+  else if (leader)
+    fmt::print("training {} parameters on {} worker(s), {} steps, batch {} per worker\n",
+               trainer.model().param_count(), cfg.trainer.devices.size(), trainer.total_steps(),
+               cfg.data.batch_size);
   std::fflush(stdout);
   Summary summary;
   try {
@@ -274,10 +295,12 @@ int train(const std::vector<std::string_view>& argv) {
     throw;
   }
   progress.finish();
-  print_summary(stdout, summary);
-  if (!args.summary_json.empty()) write_file_atomically(args.summary_json, summary.to_json());
-  if (report) report->write(cfg, summary);
-  if (const int sig = g_signal.load(); sig != 0) {
+  if (leader) {
+    print_summary(stdout, summary);
+    if (!args.summary_json.empty()) write_file_atomically(args.summary_json, summary.to_json());
+    if (report) report->write(cfg, summary);
+  }
+  if (const int sig = g_signal.load(); sig != 0 && leader) {
     fmt::print(stderr, "lockstep: stopped by signal {} after step {}{}\n", sig, summary.steps,
                summary.last_checkpoint.empty() ? " (no trainer.checkpoint.dir: nothing saved)"
                                                : "; checkpoint " + summary.last_checkpoint);
@@ -349,8 +372,15 @@ int export_weights(const std::vector<std::string_view>& argv) {
   return kExitOk;
 }
 
-int devices() {
+int devices(const std::shared_ptr<ProcessGroup>& processes) {
   fmt::print("lockstep {}\n", kVersion);
+  if (const std::string mpi = mpi_library(); mpi.empty())
+    fmt::print("mpi: not built in (single-process runs only)\n");
+  else if (processes)
+    fmt::print("mpi: built in ({}); this is process {} of {}\n", mpi, processes->rank(),
+               processes->size());
+  else
+    fmt::print("mpi: built in ({}); not started by mpirun or srun\n", mpi);
   for (const BackendKind kind : {BackendKind::cpu, BackendKind::cuda}) {
     std::unique_ptr<Backend> backend;
     try {
@@ -368,7 +398,8 @@ int devices() {
   return kExitOk;
 }
 
-int run(int argc, char** argv) {
+// `processes` is set for the commands that may run as one process of an MPI job.
+int run(int argc, char** argv, std::shared_ptr<ProcessGroup>& processes) {
   std::vector<std::string_view> args(argv + 1, argv + argc);
   if (args.empty()) {
     fmt::print(stderr, "{}", kUsage);
@@ -384,8 +415,9 @@ int run(int argc, char** argv) {
     fmt::print("lockstep {}\n", kVersion);
     return kExitOk;
   }
-  if (command == "train") return train(rest);
-  if (command == "devices") return devices();
+  if (command == "train" || command == "devices") processes = make_mpi_processes();
+  if (command == "train") return train(rest, processes);
+  if (command == "devices") return devices(processes);
   if (command == "eval") return eval(rest);
   if (command == "export") return export_weights(rest);
   throw InputError(fmt::format("unknown command '{}'; expected train, eval, export or devices (see lockstep --help)", command));
@@ -395,18 +427,34 @@ int run(int argc, char** argv) {
 }  // namespace lockstep::cli
 
 int main(int argc, char** argv) {
+  using namespace lockstep::cli;
+  std::shared_ptr<lockstep::ProcessGroup> processes;  // under mpirun or srun
+  const auto who = [&] {
+    return processes && processes->size() > 1
+               ? fmt::format("lockstep: process {} of {}", processes->rank(), processes->size())
+               : std::string("lockstep");
+  };
+  int code = kExitOk;
   try {
-    return lockstep::cli::run(argc, argv);
+    code = run(argc, argv, processes);
   } catch (const lockstep::InputError& e) {
     std::fflush(stdout);
-    fmt::print(stderr, "lockstep: error: {}\n", e.what());
-    return lockstep::cli::kExitBadInput;
+    fmt::print(stderr, "{}: error: {}\n", who(), e.what());
+    code = kExitBadInput;
   } catch (const std::exception& e) {
     std::fflush(stdout);
-    fmt::print(stderr, "lockstep: failed: {}\n", e.what());
-    return lockstep::cli::kExitFailure;
+    fmt::print(stderr, "{}: failed: {}\n", who(), e.what());
+    code = kExitFailure;
   } catch (...) {
-    fmt::print(stderr, "lockstep: failed: unknown error\n");
-    return lockstep::cli::kExitFailure;
+    fmt::print(stderr, "{}: failed: unknown error\n", who());
+    code = kExitFailure;
   }
+  // This process has stopped cleanly; the others may wait for it in a collective: end the job.
+  // (A signal stop is agreed by every process and needs no abort.)
+  if ((code == kExitFailure || code == kExitBadInput) && processes && processes->size() > 1) {
+    std::fflush(stdout);
+    std::fflush(stderr);
+    processes->abort_job(code);
+  }
+  return code;
 }

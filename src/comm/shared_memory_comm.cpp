@@ -15,12 +15,9 @@
 // (barrier, host collectives): each plane is one sequence of phases that every rank walks in
 // the same order. abort() aborts both barriers and ends every wait in the group.
 #include <algorithm>
-#include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -28,6 +25,7 @@
 #include <vector>
 
 #include "comm/abortable_barrier.hpp"
+#include "comm/comm_thread.hpp"
 #include "lockstep/comm.hpp"
 
 namespace lockstep {
@@ -43,9 +41,7 @@ std::unique_ptr<CommWork> Communicator::all_reduce_async(float* data, std::size_
 
 namespace {
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+using detail::CommThread;
 
 // Interconnect emulation for benchmarks: seconds = alpha + 2(n-1)/n * bytes / bandwidth.
 struct Wire {
@@ -91,49 +87,10 @@ Slice slice_of(std::size_t count, int size, int rank) {
   return {begin, begin + base + (r < extra ? 1 : 0)};
 }
 
-// An all-reduce queued on a rank's communication thread.
-class QueuedWork final : public CommWork {
- public:
-  QueuedWork(float* d, std::size_t n, ReduceOp o) : data(d), count(n), op(o) {}
-  void wait() override {
-    std::unique_lock lock(mutex_);
-    cv_.wait(lock, [&] { return done_; });
-    if (error_) std::rethrow_exception(error_);
-  }
-  void complete(std::exception_ptr error) {
-    {
-      std::lock_guard lock(mutex_);
-      done_ = true;
-      error_ = error;
-    }
-    cv_.notify_all();
-  }
-  float* const data;
-  const std::size_t count;
-  const ReduceOp op;
-
- private:
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  bool done_ = false;
-  std::exception_ptr error_;
-};
-
 class SharedMemoryCommunicator final : public Communicator {
  public:
   SharedMemoryCommunicator(std::shared_ptr<Group> group, int rank)
       : group_(std::move(group)), rank_(rank) {}
-
-  ~SharedMemoryCommunicator() override {
-    if (thread_.joinable()) {
-      {
-        std::lock_guard lock(queue_mutex_);
-        stopping_ = true;
-      }
-      queue_cv_.notify_all();
-      thread_.join();
-    }
-  }
 
   int rank() const noexcept override { return rank_; }
   int size() const noexcept override { return group_->size; }
@@ -161,25 +118,7 @@ class SharedMemoryCommunicator final : public Communicator {
 
   std::unique_ptr<CommWork> all_reduce_async(float* data, std::size_t count,
                                              ReduceOp op) override {
-    auto work = std::make_shared<QueuedWork>(data, count, op);
-    {
-      std::lock_guard lock(queue_mutex_);
-      if (!thread_.joinable()) thread_ = std::thread([this] { communication_loop(); });
-      queue_.push_back(work);
-    }
-    queue_cv_.notify_one();
-    // The caller owns a handle; the queue keeps the work alive until the thread is done with it.
-    struct Handle final : CommWork {
-      std::shared_ptr<QueuedWork> work;
-      void wait() override {
-        work->wait();
-        started_s = work->started_s;
-        finished_s = work->finished_s;
-      }
-    };
-    auto handle = std::make_unique<Handle>();
-    handle->work = std::move(work);
-    return handle;
+    return thread_.submit(data, count, op);
   }
 
   void broadcast(float* data, std::size_t count, int root) override {
@@ -230,29 +169,6 @@ class SharedMemoryCommunicator final : public Communicator {
   }
   void sync(detail::AbortableBarrier& b) { b.arrive_and_wait(rank_); }
 
-  // Runs queued all-reduces in order until the communicator is destroyed.
-  void communication_loop() {
-    for (;;) {
-      std::shared_ptr<QueuedWork> work;
-      {
-        std::unique_lock lock(queue_mutex_);
-        queue_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-        if (queue_.empty()) return;
-        work = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      std::exception_ptr error;
-      work->started_s = now_s();
-      try {
-        all_reduce(work->data, work->count, work->op);
-      } catch (...) {
-        error = std::current_exception();
-      }
-      work->finished_s = now_s();
-      work->complete(error);
-    }
-  }
-
   // data[s] = (slots[0][s] + slots[1][s] + ...) in rank order, a cache-sized chunk at a time so
   // the inner loops vectorise. Our own slice of `data` is read only by us during this phase.
   void reduce_slice(Slice s, ReduceOp op) {
@@ -278,12 +194,9 @@ class SharedMemoryCommunicator final : public Communicator {
   std::shared_ptr<Group> group_;
   int rank_;
   std::vector<float> scratch_;  // used by whichever thread runs the data plane, one at a time
-
-  std::mutex queue_mutex_;
-  std::condition_variable queue_cv_;
-  std::deque<std::shared_ptr<QueuedWork>> queue_;
-  bool stopping_ = false;
-  std::thread thread_;
+  CommThread thread_{[this](float* data, std::size_t count, ReduceOp op) {
+    all_reduce(data, count, op);
+  }};
 };
 
 }  // namespace

@@ -28,9 +28,13 @@ class CpuBackend final : public Backend {
     return {info};
   }
 
+  using Backend::create_communicators;
+  // Across processes: the shared-memory group, joined hierarchically (see comm.hpp).
   std::vector<std::unique_ptr<Communicator>> create_communicators(
-      std::span<const int> device_ids) override {
-    return make_shared_memory_group(static_cast<int>(device_ids.size()));
+      std::span<const int> device_ids, std::shared_ptr<ProcessGroup> processes) override {
+    auto local = make_shared_memory_group(static_cast<int>(device_ids.size()));
+    if (!processes || processes->size() == 1) return local;
+    return make_hierarchical_group(std::move(local), std::move(processes));
   }
 
   // CPU "device ids" only name the workers: any id is valid, and repeated ids are fine.

@@ -71,9 +71,11 @@ class CudaBackend final : public Backend {
     return out;
   }
 
+  using Backend::create_communicators;
   std::vector<std::unique_ptr<Communicator>> create_communicators(
-      std::span<const int> device_ids) override {
+      std::span<const int> device_ids, std::shared_ptr<ProcessGroup> processes) override {
     check_device_ids(device_ids);
+    const bool several = processes && processes->size() > 1;
     const bool distinct =
         std::set<int>(device_ids.begin(), device_ids.end()).size() == device_ids.size();
     if (options_.comm == CommKind::nccl && !distinct)
@@ -81,7 +83,12 @@ class CudaBackend final : public Backend {
           "trainer.devices: NCCL needs a distinct GPU per worker, and these ids repeat; use the "
           "peer communicator for several workers on one GPU");
     const bool nccl = options_.comm == CommKind::nccl || (options_.comm == CommKind::automatic && distinct);
-    return nccl ? cuda::make_nccl_group(device_ids) : cuda::make_peer_group(device_ids);
+    if (!nccl && several)
+      throw InputError(
+          "trainer.comm: the peer communicator joins the workers of one process only; across "
+          "processes use nccl, with a distinct GPU per worker");
+    return nccl ? cuda::make_nccl_group(device_ids, std::move(processes))
+                : cuda::make_peer_group(device_ids);
   }
 
   // Called on the worker's thread: the device becomes that thread's current device. The CPU's

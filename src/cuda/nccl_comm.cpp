@@ -1,4 +1,5 @@
-// NCCL communicators, one per rank, created together by ncclCommInitAll.
+// NCCL communicators, one per rank: created together by ncclCommInitAll within one process,
+// or by ncclCommInitRank across processes.
 //
 // Note [NCCL ordering]
 //   Data-plane calls are ordered on the GPU alone, never by a host wait:
@@ -14,9 +15,19 @@
 //   abort() aborts this rank's NCCL communicator at once (ncclCommAbort). The destructor runs on
 //   the host thread after the workers have joined; it destroys the communicator normally, or
 //   aborts it if the group was aborted, since ncclCommDestroy may wait for a peer that is gone.
+//
+// Note [NCCL across processes]
+//   Process 0 makes the group's id (ncclGetUniqueId) and broadcasts it over the ProcessGroup
+//   (MPI_Bcast); every process then creates one communicator per local GPU with
+//   ncclCommInitRank, all inside one ncclGroupStart/ncclGroupEnd, since one thread initialises
+//   several ranks. The control group becomes hierarchical (shared memory within the process,
+//   MPI across), so the barrier before each collective (Note [NCCL ordering]) spans the job. A
+//   failed process aborts its NCCL communicators locally; its peers wait at that barrier, out
+//   of NCCL, until the top level ends the job (MPI_Abort).
 #include "cuda/nccl_comm.hpp"
 
 #include <atomic>
+#include <memory>
 #include <stdexcept>
 #include <string>
 
@@ -166,17 +177,39 @@ class NcclCommunicator final : public Communicator {
 
 }  // namespace
 
-std::vector<std::unique_ptr<Communicator>> make_nccl_group(std::span<const int> device_ids) {
+std::vector<std::unique_ptr<Communicator>> make_nccl_group(
+    std::span<const int> device_ids, std::shared_ptr<ProcessGroup> processes) {
   const int n = static_cast<int>(device_ids.size());
   if (n < 1) throw std::invalid_argument("make_nccl_group: no devices");
   std::vector<std::unique_ptr<Communicator>> control = make_shared_memory_group(n);
   std::vector<ncclComm_t> comms(n, nullptr);
-  NCCL_CHECK(ncclCommInitAll(comms.data(), n, device_ids.data()));
+  int first_rank = 0, world = n;
+  if (processes && processes->size() > 1) {  // Note [NCCL across processes]
+    first_rank = processes->rank() * n;
+    world = processes->size() * n;
+    ncclUniqueId id{};
+    if (processes->rank() == 0) NCCL_CHECK(ncclGetUniqueId(&id));
+    processes->broadcast_bytes(&id, sizeof id, 0);
+    int current = 0;
+    CUDA_CHECK(cudaGetDevice(&current));
+    {
+      NcclGroup group;
+      for (int r = 0; r < n; ++r) {
+        CUDA_CHECK(cudaSetDevice(device_ids[r]));
+        NCCL_CHECK(ncclCommInitRank(&comms[r], world, id, first_rank + r));
+      }
+      group.end();
+    }
+    CUDA_CHECK(cudaSetDevice(current));
+    control = make_hierarchical_group(std::move(control), std::move(processes));
+  } else {
+    NCCL_CHECK(ncclCommInitAll(comms.data(), n, device_ids.data()));
+  }
   std::vector<std::unique_ptr<Communicator>> group;
   group.reserve(n);
   for (int r = 0; r < n; ++r)
-    group.push_back(std::make_unique<NcclCommunicator>(r, n, device_ids[r], comms[r],
-                                                       std::move(control[r])));
+    group.push_back(std::make_unique<NcclCommunicator>(first_rank + r, world, device_ids[r],
+                                                       comms[r], std::move(control[r])));
   return group;
 }
 

@@ -1,6 +1,7 @@
 // The one place that knows which backends this build has. Everything else talks to Backend.
 #include <algorithm>
 
+#include "lockstep/comm.hpp"
 #include "lockstep/device.hpp"
 #include "lockstep/error.hpp"
 
@@ -9,6 +10,11 @@
 #endif
 
 namespace lockstep {
+
+std::vector<std::unique_ptr<Communicator>> Backend::create_communicators(
+    std::span<const int> device_ids) {
+  return create_communicators(device_ids, nullptr);
+}
 
 std::unique_ptr<Backend> make_backend(BackendKind kind,
                                       [[maybe_unused]] std::span<const int> device_ids,

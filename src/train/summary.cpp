@@ -32,6 +32,7 @@ std::string Summary::to_json() const {
       "  \"backend\": \"{}\",\n"
       "  \"devices\": [{}],\n"
       "  \"workers\": {},\n"
+      "  \"processes\": {},\n"
       "  \"parameters\": {},\n"
       "  \"steps\": {},\n"
       "  \"samples\": {},\n"
@@ -57,7 +58,7 @@ std::string Summary::to_json() const {
       "  \"nonfinite_skips\": {},\n"
       "  \"worker_times\": [{}]\n"
       "}}\n",
-      backend, fmt::join(devices, ", "), devices.size(), parameters, steps, samples,
+      backend, fmt::join(devices, ", "), devices.size() * processes, processes, parameters, steps, samples,
       number(wall_s), number(samples_per_s), number(final_train_loss),
       number(final_train_accuracy), number(eval_loss), number(eval_accuracy),
       replicas_identical ? "true" : "false", replica_checks, param_hash, accumulate_steps, buckets,

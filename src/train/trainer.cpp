@@ -22,6 +22,15 @@
 //   teardown latch, because a peer's communication thread may still be reading its gradient
 //   buffer. So each worker's resources live in a WorkerContext that outlives the try block.
 //   run() joins all threads, then rethrows the first error that was not CommAborted.
+//
+// Note [Processes]
+//   With a ProcessGroup of P > 1 processes (mpirun, srun), each process runs this trainer on its
+//   own devices and the communicators span the job (Backend::create_communicators). Worker r of
+//   process p is global rank p x workers + r; the world is P x workers. The global rank picks the
+//   data shard, the eval samples and LOCKSTEP_FAULT's worker; global rank 0 alone calls the
+//   callbacks (logs) and writes checkpoints and the trace. Each process's local worker 0 fills
+//   that process's Summary. Before anything else, run() all-gathers what every process must agree
+//   on (config hash, parameter count, ...) and refuses to start when they differ.
 #include "lockstep/trainer.hpp"
 
 #include <algorithm>
@@ -40,6 +49,7 @@
 #include <fmt/format.h>
 
 #include "lockstep/checkpoint.hpp"
+#include "common/fnv1a.hpp"
 #include "lockstep/comm.hpp"
 #include "train/optimizer.hpp"
 #include "train/reducer.hpp"
@@ -167,8 +177,13 @@ EvalMetrics eval_metrics(const std::array<double, 3>& totals, std::int64_t step,
 }  // namespace
 
 struct Trainer::Impl {
-  Impl(Config c, std::shared_ptr<const Dataset> tr, std::shared_ptr<const Dataset> ev)
-      : cfg(std::move(c)), train(std::move(tr)), eval(std::move(ev)), model(build_model()) {}
+  Impl(Config c, std::shared_ptr<const Dataset> tr, std::shared_ptr<const Dataset> ev,
+       std::shared_ptr<ProcessGroup> procs)
+      : cfg(std::move(c)),
+        train(std::move(tr)),
+        eval(std::move(ev)),
+        processes(procs && procs->size() > 1 ? std::move(procs) : nullptr),
+        model(build_model()) {}
 
   Model build_model() {
     cfg.validate();
@@ -184,11 +199,15 @@ struct Trainer::Impl {
   }
 
   int workers() const { return static_cast<int>(cfg.trainer.devices.size()); }
+  // Note [Processes]
+  int process_rank() const { return processes ? processes->rank() : 0; }
+  int world() const { return workers() * (processes ? processes->size() : 1); }
+  int global_rank(int local) const { return process_rank() * workers() + local; }
 
   // Optimiser steps in the run.
   std::int64_t compute_total_steps() const {
     if (cfg.trainer.steps > 0) return cfg.trainer.steps;
-    const DistributedSampler sampler(train->size(), workers(), 0, cfg.data.shuffle,
+    const DistributedSampler sampler(train->size(), world(), 0, cfg.data.shuffle,
                                      cfg.trainer.seed, cfg.data.drop_last);
     const std::size_t per_epoch =
         batches_in(sampler.num_samples(), cfg.data.batch_size, cfg.data.drop_last);
@@ -209,10 +228,12 @@ struct Trainer::Impl {
                                      double grad_norm) const;
   void record_failure(int rank, std::exception_ptr error, const std::string& device);
   EvalMetrics evaluate(int rank, Replica& replica, Communicator& comm, std::int64_t step);
-  void check_replicas(Replica& replica, Communicator& comm, std::int64_t step);
+  void check_replicas(int rank, Replica& replica, Communicator& comm, std::int64_t step);
+  void check_processes_agree() const;
 
   Config cfg;
   std::shared_ptr<const Dataset> train, eval;
+  std::shared_ptr<ProcessGroup> processes;  // null: this process alone
   Model model;
   std::vector<float> initial;
   std::function<void(const StepMetrics&)> step_callback;
@@ -220,7 +241,7 @@ struct Trainer::Impl {
   std::function<void(const EvalMetrics&)> eval_callback;
   TrainerHooks hooks;
 
-  // Per-run state. Written by rank 0 only, or under failure_mutex.
+  // Per-run state. Written by local rank 0 only, or under failure_mutex.
   std::int64_t total_steps = 0;
   double start_s = 0.0;
   Summary summary;
@@ -242,7 +263,7 @@ struct Trainer::Impl {
 
 EvalMetrics Trainer::Impl::evaluate(int rank, Replica& replica, Communicator& comm,
                                     std::int64_t step) {
-  // Rank r evaluates samples r, r + n, ...: every sample exactly once, no padding.
+  // Global rank r evaluates samples r, r + n, ...: every sample exactly once, no padding.
   std::array<double, 3> totals{};
   if (eval)
     totals = loss_totals(replica, *eval, static_cast<std::size_t>(rank),
@@ -253,7 +274,8 @@ EvalMetrics Trainer::Impl::evaluate(int rank, Replica& replica, Communicator& co
   return m;
 }
 
-void Trainer::Impl::check_replicas(Replica& replica, Communicator& comm, std::int64_t step) {
+void Trainer::Impl::check_replicas(int rank, Replica& replica, Communicator& comm,
+                                   std::int64_t step) {
   const std::uint64_t mine = replica.device().hash(replica.params(), replica.param_count());
   const std::vector<std::uint64_t> all = comm.all_gather_host(mine);
   for (int r = 1; r < comm.size(); ++r) {
@@ -262,7 +284,7 @@ void Trainer::Impl::check_replicas(Replica& replica, Communicator& comm, std::in
           "replicas diverged at step {}: rank 0 parameter hash {:016x}, rank {} {:016x}", step,
           all[0], r, all[r]));
   }
-  if (comm.rank() == 0) {
+  if (rank == 0) {
     ++summary.replica_checks;
     summary.param_hash = mine;
   }
@@ -279,7 +301,7 @@ void Trainer::Impl::save_checkpoint(Replica& replica, const detail::Optimizer& o
                 .batch_in_epoch = batch_in_epoch,
                 .samples = samples,
                 .config_hash = config_hash(cfg),
-                .workers = workers(),
+                .workers = world(),
                 .optimizer = cfg.optimizer.type,
                 .optimizer_steps = optimizer.steps_taken(),
                 .seed = cfg.trainer.seed};
@@ -308,8 +330,10 @@ void Trainer::Impl::report_nonfinite(Replica& replica, std::int64_t step, double
       step, grad_norm, where, to_string(cfg.trainer.on_nonfinite)));
 }
 
+// `rank` is the local worker index (device, trace track, heartbeat); `global` its rank in the
+// whole job (Note [Processes]).
 void Trainer::Impl::worker(int rank, Backend& backend, Communicator& comm, WorkerContext& ctx) {
-  const int n = workers();
+  const int n = workers(), global = comm.rank(), world = comm.size();
   const TrainerConfig& tc = cfg.trainer;
   const int batch = cfg.data.batch_size, k = tc.accumulate_steps;
   const int features = train->features(), classes = train->classes(), targets = train->targets();
@@ -345,18 +369,19 @@ void Trainer::Impl::worker(int rank, Backend& backend, Communicator& comm, Worke
 
   // The sampler position: a resumed run continues inside the epoch it stopped in. With another
   // device count, the samples consumed so far in that epoch are rounded down to whole batches.
-  DistributedSampler sampler(train->size(), n, rank, cfg.data.shuffle, tc.seed, cfg.data.drop_last);
+  DistributedSampler sampler(train->size(), world, global, cfg.data.shuffle, tc.seed,
+                             cfg.data.drop_last);
   std::uint64_t epoch = 0, batch_in_epoch = 0;
   if (resume) {
     epoch = resume->state.epoch;
     batch_in_epoch = std::min<std::uint64_t>(
         resume->state.batch_in_epoch * static_cast<std::uint64_t>(resume->state.workers) /
-            static_cast<std::uint64_t>(n),
+            static_cast<std::uint64_t>(world),
         batches_in(sampler.num_samples(), batch, cfg.data.drop_last));
   }
   sampler.set_epoch(epoch);
   std::shared_ptr<const Dataset> shard_data = train;
-  if (fault.kind == Fault::Kind::loader && fault.rank == rank && fault.step > step)
+  if (fault.kind == Fault::Kind::loader && fault.rank == global && fault.step > step)
     shard_data = std::make_shared<FailingDataset>(
         train, static_cast<std::size_t>(fault.step - step - 1) * static_cast<std::size_t>(k * batch));
   ctx.loader = std::make_unique<ShardLoader>(shard_data, sampler, batch, cfg.data.drop_last,
@@ -439,10 +464,10 @@ void Trainer::Impl::worker(int rank, Backend& backend, Communicator& comm, Worke
         ++epoch;
         batch_in_epoch = 0;
       }
-      if (hooks.before_forward) hooks.before_forward(rank, step);
-      if (fault.at(rank, step, Fault::Kind::forward))
+      if (hooks.before_forward) hooks.before_forward(global, step);
+      if (fault.at(global, step, Fault::Kind::forward))
         throw std::runtime_error(fmt::format("injected fault: throw in forward at step {}", step));
-      if (fault.at(rank, step, Fault::Kind::stall)) {
+      if (fault.at(global, step, Fault::Kind::stall)) {
         // A worker that stops making progress, until the step timeout aborts the run.
         while (!comm.aborted()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
         throw CommAborted();
@@ -464,7 +489,7 @@ void Trainer::Impl::worker(int rank, Backend& backend, Communicator& comm, Worke
       step_samples += b.size;
       // Gradients accumulate over the micro-batches; only the last one is reduced (no_sync).
       const bool last_micro = micro == k - 1;
-      inject_nan = last_micro && fault.at(rank, step, Fault::Kind::nan);
+      inject_nan = last_micro && fault.at(global, step, Fault::Kind::nan);
       layer_start_s = steady_now_s();
       TraceSpan span(track, "backward");
       replica.backward(in.x.data(), dlogits.data(), b.size,
@@ -519,10 +544,10 @@ void Trainer::Impl::worker(int rank, Backend& backend, Communicator& comm, Worke
       optimizer.begin_step();
       optimizer.apply(replica.params(), replica.grads(), lr, 0, params);
     }
-    if (hooks.after_update) hooks.after_update(rank, step, replica);
+    if (hooks.after_update) hooks.after_update(global, step, replica);
 
     for (int i = 0; i < 3; ++i) window[i] += totals[i];
-    if (rank == 0 && progress_callback) {
+    if (global == 0 && progress_callback) {
       const double elapsed = steady_now_s() - start_s;
       progress_callback({.step = step,
                          .total_steps = total_steps,
@@ -549,17 +574,17 @@ void Trainer::Impl::worker(int rank, Backend& backend, Communicator& comm, Worke
               .tokens_per_s = window[2] * targets / std::max(1e-9, now - last_report_s),
               .elapsed_s = now - start_s};
       last_report_s = now;
-      if (step_callback) step_callback(last);
+      if (global == 0 && step_callback) step_callback(last);
     }
     if (report) std::fill(std::begin(window), std::end(window), 0.0);
 
     if (tc.eval_every > 0 && step % tc.eval_every == 0 && step != total_steps && !stop_now) {
       TraceSpan span(track, "eval");
-      evaluate(rank, replica, comm, step);
+      evaluate(global, replica, comm, step);
     }
     if (tc.check_replicas_every > 0 && step % tc.check_replicas_every == 0) {
       TraceSpan span(track, "replica check");
-      check_replicas(replica, comm, step);
+      check_replicas(rank, replica, comm, step);
     }
     {
       TraceSpan span(track, "barrier");
@@ -567,10 +592,10 @@ void Trainer::Impl::worker(int rank, Backend& backend, Communicator& comm, Worke
       comm.barrier();
       ctx.barrier_wait_s += steady_now_s() - t0;
     }
-    // Rank 0 writes after the step's barrier: every replica has taken the update.
+    // Global rank 0 writes after the step's barrier: every replica has taken the update.
     const bool save = checkpoints && (stop_now || step == total_steps ||
                                       (tc.checkpoint.every_steps > 0 && step % tc.checkpoint.every_steps == 0));
-    if (rank == 0 && save) {
+    if (global == 0 && save) {
       TraceSpan span(track, "checkpoint");
       save_checkpoint(replica, optimizer, step, epoch, batch_in_epoch, samples_before + samples_seen);
     }
@@ -581,14 +606,14 @@ void Trainer::Impl::worker(int rank, Backend& backend, Communicator& comm, Worke
   }
   beat();
 
-  const EvalMetrics final_eval = evaluate(rank, replica, comm, step);
-  check_replicas(replica, comm, step);
+  const EvalMetrics final_eval = evaluate(global, replica, comm, step);
+  check_replicas(rank, replica, comm, step);
 
   // Where the time went: per worker (each fills its own row), and averaged over workers.
   const double loop_s = steady_now_s() - loop_start_s;
   constexpr int kColumns = 5;
-  std::vector<double> rows(static_cast<std::size_t>(n) * kColumns, 0.0);
-  double* mine = rows.data() + static_cast<std::size_t>(rank) * kColumns;
+  std::vector<double> rows(static_cast<std::size_t>(world) * kColumns, 0.0);
+  double* mine = rows.data() + static_cast<std::size_t>(global) * kColumns;
   mine[0] = loop_s;
   mine[1] = reducer.exposed_seconds();
   mine[2] = ctx.data_wait_s;
@@ -596,7 +621,7 @@ void Trainer::Impl::worker(int rank, Backend& backend, Communicator& comm, Worke
   mine[4] = reducer.comm_seconds();
   comm.all_reduce_host(rows);
   double times[4] = {0.0, 0.0, 0.0, 0.0};  // data wait, barrier wait, comm, exposed comm
-  for (int r = 0; r < n; ++r) {
+  for (int r = 0; r < world; ++r) {
     const double* row = rows.data() + static_cast<std::size_t>(r) * kColumns;
     times[0] += row[2];
     times[1] += row[3];
@@ -611,14 +636,14 @@ void Trainer::Impl::worker(int rank, Backend& backend, Communicator& comm, Worke
     summary.eval_loss = final_eval.loss;
     summary.eval_accuracy = final_eval.accuracy;
     summary.replicas_identical = true;
-    summary.data_wait_s = times[0] / n;
-    summary.barrier_wait_s = times[1] / n;
-    summary.comm_s = times[2] / n;
-    summary.comm_exposed_s = times[3] / n;
+    summary.data_wait_s = times[0] / world;
+    summary.barrier_wait_s = times[1] / world;
+    summary.comm_s = times[2] / world;
+    summary.comm_exposed_s = times[3] / world;
     summary.comm_hidden_fraction =
         times[2] > 0.0 ? std::clamp(1.0 - times[3] / times[2], 0.0, 1.0) : 0.0;
     summary.worker_times.clear();
-    for (int r = 0; r < n; ++r) {
+    for (int r = 0; r < world; ++r) {
       const double* row = rows.data() + static_cast<std::size_t>(r) * kColumns;
       summary.worker_times.push_back({.total_s = row[0],
                                       .compute_s = std::max(0.0, row[0] - row[1] - row[2] - row[3]),
@@ -653,8 +678,9 @@ EvalMetrics evaluate(const Config& config, const Model& model, std::span<const f
 }
 
 Trainer::Trainer(Config config, std::shared_ptr<const Dataset> train,
-                 std::shared_ptr<const Dataset> eval)
-    : impl_(std::make_unique<Impl>(std::move(config), std::move(train), std::move(eval))) {
+                 std::shared_ptr<const Dataset> eval, std::shared_ptr<ProcessGroup> processes)
+    : impl_(std::make_unique<Impl>(std::move(config), std::move(train), std::move(eval),
+                                   std::move(processes))) {
   impl_->total_steps = impl_->compute_total_steps();
 }
 
@@ -673,6 +699,43 @@ void Trainer::set_hooks(TrainerHooks hooks) { impl_->hooks = std::move(hooks); }
 const Model& Trainer::model() const noexcept { return impl_->model; }
 std::int64_t Trainer::total_steps() const noexcept { return impl_->total_steps; }
 const std::vector<float>& Trainer::final_parameters() const noexcept { return impl_->final_params; }
+
+// Note [Processes]: what differs between processes would make their collectives disagree (a
+// different count or order: a hang) or their replicas diverge. Every process sees every value,
+// so every process refuses, with the same message.
+void Trainer::Impl::check_processes_agree() const {
+  if (!processes) return;
+  const TrainerConfig& tc = cfg.trainer;
+  // The trainer keys that shape the collectives, which config_hash() leaves out.
+  const std::string collectives = fmt::format(
+      "{} {} {} {} {} {} {} {}", to_string(tc.backend), to_string(tc.comm), tc.accumulate_steps,
+      tc.bucket_cap_mb, tc.eval_every, tc.check_replicas_every, to_string(tc.on_nonfinite),
+      tc.max_nonfinite_skips);
+  const std::uint64_t mine[] = {
+      config_hash(cfg), model.param_count(), static_cast<std::uint64_t>(workers()),
+      static_cast<std::uint64_t>(total_steps),
+      static_cast<std::uint64_t>(resume ? resume->state.step : 0),
+      detail::fnv1a64(collectives.data(), collectives.size())};
+  constexpr std::string_view kWhat[] = {
+      "config hash (model, data, optimizer, schedule, trainer.seed)",
+      "parameter count",
+      "trainer.devices count",
+      "total steps (trainer.steps or trainer.epochs)",
+      "resumed step (--resume)",
+      "hash of trainer.backend, comm, accumulate_steps, bucket_cap_mb, eval_every, "
+      "check_replicas_every, on_nonfinite and max_nonfinite_skips"};
+  constexpr std::size_t kFields = std::size(mine);
+  const std::vector<std::uint64_t> all = processes->all_gather(mine);
+  for (int p = 1; p < processes->size(); ++p)
+    for (std::size_t f = 0; f < kFields; ++f) {
+      const std::uint64_t theirs = all[p * kFields + f], first = all[f];
+      if (theirs != first)
+        throw InputError(fmt::format(
+            "{}: process {} of {} differs from process 0 in the {}: {:#x} there, {:#x} in process "
+            "0; every process must run the same config",
+            cfg.source, p, processes->size(), kWhat[f], theirs, first));
+    }
+}
 
 void Trainer::Impl::record_failure(int rank, std::exception_ptr error, const std::string& device) {
   WorkerFailure f{failure_order.fetch_add(1), rank, std::move(error), device};
@@ -699,13 +762,17 @@ Summary Trainer::run() {
   Impl& im = *impl_;
   const TrainerConfig& tc = im.cfg.trainer;
   im.fault = fault_from_environment();
+  im.check_processes_agree();
   std::unique_ptr<Backend> backend = make_backend(tc.backend, tc.devices, {.comm = tc.comm, .tf32 = tc.tf32});
-  std::vector<std::unique_ptr<Communicator>> comms = backend->create_communicators(tc.devices);
+  std::vector<std::unique_ptr<Communicator>> comms =
+      backend->create_communicators(tc.devices, im.processes);
   const int n = static_cast<int>(comms.size());
+  const bool writer = im.process_rank() == 0;  // Note [Processes]
 
   im.summary = Summary{};
   im.summary.backend = std::string(backend->name());
   im.summary.devices = tc.devices;
+  im.summary.processes = im.processes ? im.processes->size() : 1;
   im.summary.parameters = im.model.param_count();
   im.summary.accumulate_steps = tc.accumulate_steps;
   im.summary.overlap = tc.overlap;
@@ -713,7 +780,7 @@ Summary Trainer::run() {
   im.failures.clear();
   im.final_params.clear();
   im.trace = std::make_unique<detail::Trace>(n, !tc.trace.empty());
-  im.checkpoints = tc.checkpoint.dir.empty()
+  im.checkpoints = tc.checkpoint.dir.empty() || !writer
                        ? nullptr
                        : std::make_unique<CheckpointManager>(tc.checkpoint.dir, tc.checkpoint.keep_last);
   if (!im.resume) im.initial = im.model.initial_parameters(tc.seed);
@@ -726,6 +793,7 @@ Summary Trainer::run() {
     im.progress[r].store(0);
     im.heartbeat_step[r].store(0);
   }
+  // Failures are reported by global rank; `rank` below is the local one.
   const auto device_name = [&](int rank) {
     return std::string(backend->name()) + ":" + std::to_string(tc.devices[rank]);
   };
@@ -740,7 +808,7 @@ Summary Trainer::run() {
       try {
         im.worker(rank, *backend, comm, ctx);
       } catch (...) {
-        im.record_failure(rank, std::current_exception(), device_name(rank));
+        im.record_failure(im.global_rank(rank), std::current_exception(), device_name(rank));
         comm.abort();
       }
       // See Note [Failure]: nothing of ours may be freed while a peer can still touch it.
@@ -767,7 +835,7 @@ Summary Trainer::run() {
         }
         const double silent = steady_now_s() - latest;
         if (silent > tc.step_timeout_s && !finished.load()) {
-          im.record_failure(behind,
+          im.record_failure(im.global_rank(behind),
                             std::make_exception_ptr(std::runtime_error(fmt::format(
                                 "no progress for {:.1f} s at step {}; the other workers wait for "
                                 "it (trainer.step_timeout_s: {})",
@@ -782,7 +850,7 @@ Summary Trainer::run() {
   finished.store(true);
   if (watchdog.joinable()) watchdog.join();
   im.summary.wall_s = steady_now_s() - im.start_s;
-  if (im.trace->enabled()) im.trace->write_json(tc.trace, im.start_s);
+  if (im.trace->enabled() && writer) im.trace->write_json(tc.trace, im.start_s);
 
   if (!im.failures.empty()) {
     // Report the first failure that caused the abort, not the CommAborted it triggered.

@@ -5,6 +5,9 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <regex>
 #include <string>
 
 namespace lockstep::test {
@@ -29,9 +32,25 @@ inline CliResult run_command(const std::string& command) {
   return r;
 }
 
+// The lockstep binary, quoted for a shell.
+inline std::string cli_path() { return std::string("\"") + LOCKSTEP_CLI_PATH + "\""; }
+
 // `env` (e.g. "LOCKSTEP_FAULT=2:10:forward") is prefixed to the command when given.
 inline CliResult run_cli(const std::string& args, const std::string& env = {}) {
-  return run_command((env.empty() ? "" : env + " ") + "\"" + LOCKSTEP_CLI_PATH + "\" " + args);
+  return run_command((env.empty() ? "" : env + " ") + cli_path() + " " + args);
+}
+
+// A number in a summary JSON file.
+inline double json_number(const std::string& json, const std::string& key) {
+  const std::regex re("\"" + key + "\": ([-0-9.eE+]+)");
+  std::smatch m;
+  REQUIRE_MESSAGE(std::regex_search(json, m, re), key << " missing in " << json);
+  return std::stod(m[1]);
+}
+
+inline std::string read_text(const std::filesystem::path& p) {
+  std::ifstream f(p);
+  return {std::istreambuf_iterator<char>(f), {}};
 }
 
 }  // namespace lockstep::test

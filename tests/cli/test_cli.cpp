@@ -36,17 +36,8 @@ fs::path write(const std::string& name, const std::string& text) {
 
 const std::string kQuickstart = std::string(LOCKSTEP_SOURCE_DIR) + "/configs/quickstart.yaml";
 
-double json_number(const std::string& json, const std::string& key) {
-  const std::regex re("\"" + key + "\": ([-0-9.eE+]+)");
-  std::smatch m;
-  REQUIRE_MESSAGE(std::regex_search(json, m, re), key << " missing in " << json);
-  return std::stod(m[1]);
-}
-
-std::string read(const fs::path& p) {
-  std::ifstream f(p);
-  return {std::istreambuf_iterator<char>(f), {}};
-}
+using lockstep::test::json_number;
+std::string read(const fs::path& p) { return lockstep::test::read_text(p); }
 
 }  // namespace
 

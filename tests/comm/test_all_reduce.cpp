@@ -6,6 +6,7 @@
 #include <thread>
 #include <vector>
 
+#include "comm/closed_form.hpp"
 #include "lockstep/comm.hpp"
 
 using lockstep::Communicator;
@@ -22,11 +23,8 @@ void on_group(int n, Fn fn) {
   for (auto& t : threads) t.join();
 }
 
-// Small integers keep every partial sum exact in float.
-float value(int rank, std::size_t i) { return static_cast<float>((rank + 1) * 3 + i % 7); }
-float expected_sum(int n, std::size_t i) {
-  return static_cast<float>(3 * n * (n + 1) / 2 + n * static_cast<int>(i % 7));
-}
+using lockstep::test::expected_sum;
+using lockstep::test::value;
 
 }  // namespace
 

@@ -1,0 +1,94 @@
+#include "comm/comm_thread.hpp"
+
+#include <chrono>
+#include <exception>
+
+namespace lockstep::detail {
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+// An all-reduce waiting in the queue, or running.
+struct CommThread::Queued final : CommWork {
+  Queued(float* d, std::size_t n, ReduceOp o) : data(d), count(n), op(o) {}
+  void wait() override {
+    std::unique_lock lock(mutex);
+    cv.wait(lock, [&] { return done; });
+    if (error) std::rethrow_exception(error);
+  }
+  void complete(std::exception_ptr e) {
+    {
+      std::lock_guard lock(mutex);
+      done = true;
+      error = e;
+    }
+    cv.notify_all();
+  }
+  float* const data;
+  const std::size_t count;
+  const ReduceOp op;
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool done = false;
+  std::exception_ptr error;
+};
+
+CommThread::~CommThread() {
+  if (!thread_.joinable()) return;
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+std::unique_ptr<CommWork> CommThread::submit(float* data, std::size_t count, ReduceOp op) {
+  auto work = std::make_shared<Queued>(data, count, op);
+  {
+    std::lock_guard lock(mutex_);
+    if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+    queue_.push_back(work);
+  }
+  cv_.notify_one();
+  // The caller owns a handle; the queue keeps the work alive until the thread is done with it.
+  struct Handle final : CommWork {
+    std::shared_ptr<Queued> work;
+    void wait() override {
+      work->wait();
+      started_s = work->started_s;
+      finished_s = work->finished_s;
+    }
+  };
+  auto handle = std::make_unique<Handle>();
+  handle->work = std::move(work);
+  return handle;
+}
+
+void CommThread::loop() {
+  for (;;) {
+    std::shared_ptr<Queued> work;
+    {
+      std::unique_lock lock(mutex_);
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;
+      work = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    std::exception_ptr error;
+    work->started_s = now_s();
+    try {
+      all_reduce_(work->data, work->count, work->op);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    work->finished_s = now_s();
+    work->complete(error);
+  }
+}
+
+}  // namespace lockstep::detail

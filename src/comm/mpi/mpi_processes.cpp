@@ -1,0 +1,333 @@
+// The ProcessGroup of an MPI job (mpirun, srun): one process per node.
+//
+// Note [One MPI thread]
+//   Every MPI call of the process is made by one thread of ours, which initialises MPI, serves
+//   the callers, and finalises MPI: MPI_THREAD_FUNNELED is all we ask of the library. A caller
+//   queues a request and waits; the MPI thread posts it as a nonblocking collective and polls it
+//   with MPI_Testall until it completes. So nothing ever blocks inside MPI: abort() wakes every
+//   waiting caller at once, and the worker threads of a failed process always stop, even while a
+//   peer process never joins the collective they were in.
+//   Each plane has its own communicator (a duplicate of MPI_COMM_WORLD): collectives are ordered
+//   per communicator, and the MPI thread may post the two planes' requests interleaved
+//   differently in different processes.
+//   A request owns its buffer; the MPI thread never touches the caller's memory. The caller
+//   copies in before queueing and out after completion: after an abort, a request still pending
+//   in MPI cannot write into memory the caller has freed.
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "lockstep/comm.hpp"
+
+namespace lockstep {
+namespace {
+
+std::string mpi_error(int code) {
+  char text[MPI_MAX_ERROR_STRING] = {};
+  int length = 0;
+  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) return fmt::format("MPI error {}", code);
+  return std::string(text, static_cast<std::size_t>(length));
+}
+
+// Launchers set these in every process they start: Open MPI's mpirun, PMIx (srun --mpi=pmix,
+// prterun), PMI-1/2 (MPICH's hydra, srun --mpi=pmi2), MVAPICH.
+bool launched_by_mpi() {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE",
+                           "MV2_COMM_WORLD_SIZE"}) {
+    const char* v = std::getenv(name);
+    if (v && *v) return true;
+  }
+  return false;
+}
+
+class MpiProcesses final : public ProcessGroup {
+ public:
+  MpiProcesses() {
+    thread_ = std::thread([this] { main_loop(); });
+    std::unique_lock lock(mutex_);
+    done_cv_.wait(lock, [&] { return started_; });
+    if (!start_error_.empty()) {
+      lock.unlock();
+      thread_.join();
+      throw std::runtime_error(start_error_);
+    }
+  }
+
+  ~MpiProcesses() override {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    work_cv_.notify_all();
+    thread_.join();
+  }
+
+  int rank() const noexcept override { return rank_; }
+  int size() const noexcept override { return size_; }
+
+  void all_reduce(float* data, std::size_t count) override {
+    run(data, count * sizeof(float), [this, count](Request& r) {
+      return for_chunks(count, [&](std::size_t offset, int n, MPI_Request* out) {
+        return MPI_Iallreduce(MPI_IN_PLACE, r.floats() + offset, n, MPI_FLOAT, MPI_SUM, data_,
+                              out);
+      }, r);
+    });
+  }
+
+  void broadcast(float* data, std::size_t count, int root) override {
+    check_root(root);
+    run(data, count * sizeof(float), [this, count, root](Request& r) {
+      return for_chunks(count, [&](std::size_t offset, int n, MPI_Request* out) {
+        return MPI_Ibcast(r.floats() + offset, n, MPI_FLOAT, root, data_, out);
+      }, r);
+    });
+  }
+
+  void barrier() override {
+    run(nullptr, 0, [this](Request& r) {
+      r.requests.resize(1);
+      return MPI_Ibarrier(control_, r.requests.data());
+    });
+  }
+
+  void all_reduce(std::span<double> values) override {
+    const std::size_t count = values.size();
+    run(values.data(), values.size_bytes(), [this, count](Request& r) {
+      return for_chunks(count, [&](std::size_t offset, int n, MPI_Request* out) {
+        return MPI_Iallreduce(MPI_IN_PLACE, reinterpret_cast<double*>(r.buffer.data()) + offset,
+                              n, MPI_DOUBLE, MPI_SUM, control_, out);
+      }, r);
+    });
+  }
+
+  std::vector<std::uint64_t> all_gather(std::span<const std::uint64_t> mine) override {
+    const std::size_t n = mine.size();
+    if (n > static_cast<std::size_t>(std::numeric_limits<int>::max()))
+      throw std::length_error("all_gather: too many values");
+    // In place: process r's values at r * n of the result.
+    std::vector<std::uint64_t> all(n * static_cast<std::size_t>(size_));
+    std::copy(mine.begin(), mine.end(), all.begin() + static_cast<std::ptrdiff_t>(n * rank_));
+    run(all.data(), all.size() * sizeof(std::uint64_t), [this, n](Request& r) {
+      r.requests.resize(1);
+      return MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, r.buffer.data(),
+                            static_cast<int>(n), MPI_UINT64_T, control_, r.requests.data());
+    });
+    return all;
+  }
+
+  void broadcast_bytes(void* data, std::size_t bytes, int root) override {
+    check_root(root);
+    run(data, bytes, [this, bytes, root](Request& r) {
+      return for_chunks(bytes, [&](std::size_t offset, int n, MPI_Request* out) {
+        return MPI_Ibcast(r.buffer.data() + offset, n, MPI_BYTE, root, control_, out);
+      }, r);
+    });
+  }
+
+  void abort() noexcept override {
+    {
+      std::lock_guard lock(mutex_);
+      aborted_ = true;
+    }
+    done_cv_.notify_all();
+  }
+  bool aborted() const noexcept override {
+    std::lock_guard lock(mutex_);
+    return aborted_;
+  }
+
+  void abort_job(int code) noexcept override {
+    {
+      std::lock_guard lock(mutex_);
+      job_abort_code_ = code;
+    }
+    work_cv_.notify_all();
+    // MPI_Abort ends this process too. Should the MPI thread be unable to call it, leave anyway:
+    // the launcher then ends the others, seeing a process exit without MPI_Finalize.
+    std::this_thread::sleep_for(std::chrono::seconds(10));
+    std::_Exit(code);
+  }
+
+ private:
+  struct Request {
+    std::vector<unsigned char> buffer;
+    std::function<int(Request&)> post;  // posts into `requests`; returns an MPI error code
+    std::vector<MPI_Request> requests;
+    bool done = false;
+    std::string error;
+    float* floats() { return reinterpret_cast<float*>(buffer.data()); }
+  };
+
+  void check_root(int root) const {
+    if (root < 0 || root >= size_) throw std::invalid_argument("broadcast: root out of range");
+  }
+
+  // Posts one call per chunk of at most INT_MAX elements (MPI counts are ints).
+  template <class Post>
+  static int for_chunks(std::size_t count, Post post, Request& r) {
+    constexpr std::size_t kMax = std::numeric_limits<int>::max();
+    r.requests.resize(count == 0 ? 1 : (count + kMax - 1) / kMax);
+    std::size_t offset = 0;
+    for (MPI_Request& out : r.requests) {
+      const std::size_t n = std::min(kMax, count - offset);
+      if (const int rc = post(offset, static_cast<int>(n), &out); rc != MPI_SUCCESS) return rc;
+      offset += n;
+    }
+    return MPI_SUCCESS;
+  }
+
+  // Copies `bytes` of `data` into a request, has the MPI thread run it, and copies the result
+  // back. Throws CommAborted when aborted before it completes.
+  void run(void* data, std::size_t bytes, std::function<int(Request&)> post) {
+    auto request = std::make_shared<Request>();
+    request->buffer.resize(bytes);
+    if (bytes) std::memcpy(request->buffer.data(), data, bytes);
+    request->post = std::move(post);
+    {
+      std::unique_lock lock(mutex_);
+      if (aborted_) throw CommAborted();
+      queue_.push_back(request);
+      work_cv_.notify_one();
+      done_cv_.wait(lock, [&] { return request->done || aborted_; });
+      if (!request->done) throw CommAborted();
+    }
+    if (!request->error.empty()) throw std::runtime_error(request->error);
+    if (bytes) std::memcpy(data, request->buffer.data(), bytes);
+  }
+
+  // The MPI thread: Note [One MPI thread].
+  void main_loop() {
+    std::string error = start_mpi();
+    {
+      std::lock_guard lock(mutex_);
+      started_ = true;
+      start_error_ = error;
+    }
+    done_cv_.notify_all();
+    if (!error.empty()) return;
+
+    std::vector<std::shared_ptr<Request>> active;
+    int idle_polls = 0;
+    for (;;) {
+      std::deque<std::shared_ptr<Request>> fresh;
+      int abort_code = -1;
+      {
+        std::unique_lock lock(mutex_);
+        work_cv_.wait(lock, [&] {
+          return stopping_ || job_abort_code_ >= 0 || !queue_.empty() || !active.empty();
+        });
+        fresh.swap(queue_);
+        abort_code = job_abort_code_;
+        // Requests a local abort left pending may never complete: stop polling them at exit.
+        if (stopping_ && (active.empty() || aborted_) && fresh.empty()) break;
+      }
+      if (abort_code >= 0) MPI_Abort(MPI_COMM_WORLD, abort_code);
+      bool progressed = !fresh.empty();
+      for (auto& r : fresh) {
+        if (const int rc = r->post(*r); rc != MPI_SUCCESS) finish(*r, "MPI: " + mpi_error(rc));
+        else active.push_back(std::move(r));
+      }
+      for (auto it = active.begin(); it != active.end();) {
+        int flag = 0;
+        const int rc = MPI_Testall(static_cast<int>((*it)->requests.size()), (*it)->requests.data(),
+                                   &flag, MPI_STATUSES_IGNORE);
+        if (rc != MPI_SUCCESS || flag) {
+          finish(**it, rc == MPI_SUCCESS ? std::string() : "MPI: " + mpi_error(rc));
+          it = active.erase(it);
+          progressed = true;
+        } else {
+          ++it;
+        }
+      }
+      // Poll hot while collectives move, then back off: the cores belong to the workers.
+      idle_polls = progressed ? 0 : idle_polls + 1;
+      if (idle_polls > 200) std::this_thread::sleep_for(std::chrono::microseconds(50));
+      else if (idle_polls > 0) std::this_thread::yield();
+    }
+    bool clean = false;
+    {
+      std::lock_guard lock(mutex_);
+      clean = !aborted_;
+    }
+    // After a local abort a collective may still be pending; MPI_Finalize could wait for it
+    // for ever. Leave without it: the launcher then ends the job.
+    if (clean) {
+      MPI_Comm_free(&data_);
+      MPI_Comm_free(&control_);
+      MPI_Finalize();
+    }
+  }
+
+  void finish(Request& r, std::string error) {
+    {
+      std::lock_guard lock(mutex_);
+      r.done = true;
+      r.error = std::move(error);
+    }
+    done_cv_.notify_all();
+  }
+
+  // On the MPI thread. Returns an error message, or empty.
+  std::string start_mpi() {
+    int provided = 0;
+    if (const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+        rc != MPI_SUCCESS)
+      return "MPI_Init_thread failed: " + mpi_error(rc);
+    if (provided < MPI_THREAD_FUNNELED) {
+      MPI_Finalize();
+      return fmt::format("the MPI library provides thread level {}, lockstep needs "
+                         "MPI_THREAD_FUNNELED ({})", provided, MPI_THREAD_FUNNELED);
+    }
+    // Errors come back as codes, for messages, instead of MPI's default abort.
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
+    MPI_Comm_size(MPI_COMM_WORLD, &size_);
+    MPI_Comm_dup(MPI_COMM_WORLD, &data_);
+    MPI_Comm_dup(MPI_COMM_WORLD, &control_);
+    return {};
+  }
+
+  int rank_ = 0, size_ = 1;
+  MPI_Comm data_ = MPI_COMM_NULL, control_ = MPI_COMM_NULL;  // Note [One MPI thread]
+
+  mutable std::mutex mutex_;
+  std::condition_variable work_cv_;  // the MPI thread waits for requests
+  std::condition_variable done_cv_;  // callers wait for theirs
+  std::deque<std::shared_ptr<Request>> queue_;
+  bool started_ = false, stopping_ = false, aborted_ = false;
+  std::string start_error_;
+  int job_abort_code_ = -1;
+  std::thread thread_;
+};
+
+}  // namespace
+
+std::shared_ptr<ProcessGroup> make_mpi_processes() {
+  if (!launched_by_mpi()) return nullptr;
+  return std::make_shared<MpiProcesses>();
+}
+
+std::string mpi_library() {
+  char text[MPI_MAX_LIBRARY_VERSION_STRING] = {};
+  int length = 0;
+  MPI_Get_library_version(text, &length);
+  std::string version(text, static_cast<std::size_t>(length));
+  return version.substr(0, version.find_first_of(",\r\n"));  // "Open MPI v4.1.4"
+}
+
+}  // namespace lockstep
