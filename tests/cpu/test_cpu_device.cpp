@@ -90,7 +90,7 @@ void check_gemm(const GemmCase& g, std::uint64_t seed) {
 }  // namespace
 
 TEST_SUITE("cpu device") {
-  TEST_CASE("allocate returns zeroed, 64-byte aligned memory; copies round-trip") {
+  TEST_CASE("allocate returns zeroed, 64-byte aligned memory - copies round-trip") {
     auto dev = lockstep::make_cpu_device(3, 1);
     CHECK(dev->backend() == "cpu");
     CHECK(dev->label() == "cpu:3");
@@ -273,7 +273,7 @@ TEST_SUITE("cpu device") {
     CHECK(hashes[0] == hashes[1]);
   }
 
-  TEST_CASE("hash: the documented formula; equal buffers equal, any change differs") {
+  TEST_CASE("hash: the documented formula - equal buffers equal, any change differs") {
     auto dev = lockstep::make_cpu_device(0, 2);
     const std::size_t n = 40000;
     auto x = random_floats(n, 70);

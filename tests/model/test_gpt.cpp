@@ -214,7 +214,7 @@ TEST_SUITE("model") {
           6.0 * (124439808.0 - 1024.0 * 768.0) + 12.0 * 12 * 768 * 1024);
   }
 
-  TEST_CASE("peak FLOP/s by device name, fp32 and TF32; unknown devices have none") {
+  TEST_CASE("peak FLOP/s by device name, fp32 and TF32 - unknown devices have none") {
     CHECK(lockstep::peak_flops("NVIDIA H200", true).value() == doctest::Approx(494.7e12));
     CHECK(lockstep::peak_flops("NVIDIA H200", false).value() == doctest::Approx(67e12));
     CHECK(lockstep::peak_flops("NVIDIA H100 PCIe", true).value() == doctest::Approx(378e12));

@@ -71,7 +71,7 @@ void check_mlp(Activation f) {
 }  // namespace
 
 TEST_SUITE("gradcheck") {
-  TEST_CASE("linear: weight, bias and input; and the check can fail") {
+  TEST_CASE("linear: weight, bias and input - and the check can fail") {
     const int in = 5, out = 4, batch = 3;
     const auto layer = lockstep::make_linear(in, out);
     const auto g = layer_gradients(*layer, batch, random_floats(layer->param_count(), 1),
