@@ -18,6 +18,7 @@
 #include "lockstep/dataset.hpp"
 #include "lockstep/device.hpp"
 #include "lockstep/error.hpp"
+#include "lockstep/generate.hpp"
 #include "lockstep/model.hpp"
 #include "lockstep/trainer.hpp"
 #include "lockstep/version.hpp"

@@ -111,6 +111,11 @@ struct GptSpec {
   int d_model = 64;
 };
 
+// "gpt vocab_size=256 context=64 n_layer=2 n_head=4 d_model=64", and back; the parse throws
+// std::invalid_argument naming what it could not read. Checkpoints carry it as "lockstep.model".
+std::string to_string(const GptSpec& spec);
+GptSpec parse_gpt_spec(std::string_view text);
+
 // Training FLOPs per token of a GPT (forward and backward, as nanoGPT's and PaLM's MFU count
 // them): 6 per weight that multiplies (every parameter but the position embedding, which is a
 // lookup; the tied wte counts once, for the LM head) plus 12 * n_layer * d_model * context for

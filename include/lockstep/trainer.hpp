@@ -109,8 +109,12 @@ struct TrainerHooks {
   std::function<void(int rank, std::int64_t step, Replica& replica)> after_update;
 };
 
-// The model a config describes for a dataset: its features in, its classes out.
+// The model a config describes for a dataset: an MLP from its features to its classes, or a GPT
+// (model.type gpt) over its token windows, with vocab_size from the config or else the data.
+// InputError when the data does not fit the model (a GPT needs windows of model.context).
 Model make_model(const Config& config, const Dataset& train);
+// The GPT a config describes for a dataset (model.type gpt), as make_model builds it.
+GptSpec gpt_spec(const Config& config, const Dataset& train);
 
 // Loss and accuracy of `params` (in `model`'s layout) over all of `data`, on the first
 // configured device of the config's backend.

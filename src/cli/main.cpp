@@ -8,6 +8,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
+#include <map>
+#include <sstream>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
@@ -21,6 +24,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "cli/progress.hpp"
 #include "cli/report.hpp"
@@ -51,6 +55,12 @@ commands:
                       loss and accuracy of a checkpoint on the config's eval split
   export CKPT --out FILE
                       write a checkpoint's weights as one safetensors file
+  sample --checkpoint CKPT [--prompt TEXT] [--tokens N] [--temperature T]
+         [--top-k K] [--seed S] [--backend auto|cpu|cuda]
+                      continue TEXT with a GPT checkpoint (model.type gpt): N
+                      tokens (200), temperature T (0.8; 0 is greedy), from the K
+                      most likely (0: all), seeded by S (0). A text model reads
+                      and writes bytes; a token model reads and writes ids
   devices             list the backends and devices this binary can use, and
                       whether MPI support is built in
 
@@ -309,11 +319,16 @@ int train(const std::vector<std::string_view>& argv,
   return summary.replicas_identical ? kExitOk : kExitFailure;
 }
 
-// Options shared by eval and export: one positional argument and named values.
+// Options shared by eval, export and sample: at most one positional argument, named values
+// (--flag VALUE or --flag=VALUE, the last one wins) and repeatable --set overrides.
 struct CommandArgs {
   std::string positional;
   std::vector<std::string> overrides;
-  std::string checkpoint, out;
+  std::map<std::string, std::string, std::less<>> named;
+  std::string get(std::string_view flag) const {
+    const auto it = named.find(flag);
+    return it == named.end() ? std::string() : it->second;
+  }
 };
 
 CommandArgs parse_command_args(std::string_view command, const std::vector<std::string_view>& args,
@@ -330,8 +345,7 @@ CommandArgs parse_command_args(std::string_view command, const std::vector<std::
       else if (i + 1 < args.size()) value = std::string(args[++i]);
       else throw InputError(fmt::format("{}: expected a value after it", *it));
       if (*it == "--set") out.overrides.push_back(value);
-      else if (*it == "--checkpoint") out.checkpoint = value;
-      else out.out = value;
+      else out.named[std::string(*it)] = value;
     } else if (a.starts_with("-")) {
       throw InputError(fmt::format("{}: unknown option '{}'; see lockstep --help", command, a));
     } else if (out.positional.empty()) {
@@ -346,12 +360,12 @@ CommandArgs parse_command_args(std::string_view command, const std::vector<std::
 int eval(const std::vector<std::string_view>& argv) {
   const CommandArgs args = parse_command_args("eval", argv, {"--set", "--checkpoint"});
   if (args.positional.empty()) throw InputError("eval: expected a CONFIG file; see lockstep --help");
-  if (args.checkpoint.empty()) throw InputError("eval: expected --checkpoint CKPT");
+  if (args.get("--checkpoint").empty()) throw InputError("eval: expected --checkpoint CKPT");
   const Config cfg = load_config(args.positional, args.overrides);
   const DataSplit data = load_dataset(cfg, fs::path(args.positional).parent_path());
   if (!data.eval || data.eval->size() == 0)
     throw InputError(fmt::format("{}: data.eval_fraction: the eval split is empty", cfg.source));
-  const Checkpoint ckpt = CheckpointManager::load(args.checkpoint, warn);
+  const Checkpoint ckpt = CheckpointManager::load(args.get("--checkpoint"), warn);
   const Model model = make_model(cfg, *data.train);
   check_layout(ckpt, model.param_tensors());
   const EvalMetrics m = evaluate(cfg, model, ckpt.params, *data.eval);
@@ -363,12 +377,106 @@ int eval(const std::vector<std::string_view>& argv) {
 int export_weights(const std::vector<std::string_view>& argv) {
   const CommandArgs args = parse_command_args("export", argv, {"--out"});
   if (args.positional.empty()) throw InputError("export: expected a checkpoint CKPT; see lockstep --help");
-  if (args.out.empty()) throw InputError("export: expected --out FILE");
+  const std::string out = args.get("--out");
+  if (out.empty()) throw InputError("export: expected --out FILE");
   const Checkpoint ckpt = CheckpointManager::load(args.positional, warn);
-  write_safetensors(args.out, ckpt.tensors, ckpt.params,
+  write_safetensors(out, ckpt.tensors, ckpt.params,
                     {{"lockstep.step", std::to_string(ckpt.state.step)}});
-  fmt::print("wrote {} ({} tensors, {} parameters, step {})\n", args.out, ckpt.tensors.size(),
+  fmt::print("wrote {} ({} tensors, {} parameters, step {})\n", out, ckpt.tensors.size(),
              ckpt.params.size(), ckpt.state.step);
+  return kExitOk;
+}
+
+// Reads a number for `flag`, or `fallback` when the flag was not given.
+template <class T>
+T number_flag(const CommandArgs& args, std::string_view flag, T fallback) {
+  const std::string text = args.get(flag);
+  if (text.empty()) return fallback;
+  T value{};
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc{} || end != text.data() + text.size())
+    throw InputError(fmt::format("{}: expected a number, got '{}'", flag, text));
+  return value;
+}
+
+int sample(const std::vector<std::string_view>& argv) {
+  const CommandArgs args = parse_command_args(
+      "sample", argv,
+      {"--checkpoint", "--prompt", "--tokens", "--temperature", "--top-k", "--seed", "--backend"});
+  if (!args.positional.empty())
+    throw InputError(fmt::format("sample: unexpected argument '{}'; see lockstep --help", args.positional));
+  const std::string path = args.get("--checkpoint");
+  if (path.empty()) throw InputError("sample: expected --checkpoint CKPT");
+  SamplingOptions opt{.tokens = number_flag(args, "--tokens", 200),
+                      .temperature = number_flag(args, "--temperature", 0.8),
+                      .top_k = number_flag(args, "--top-k", 0),
+                      .seed = number_flag<std::uint64_t>(args, "--seed", 0)};
+  if (opt.tokens < 0) throw InputError(fmt::format("--tokens: expected >= 0, got {}", opt.tokens));
+  if (!(opt.temperature >= 0.0))
+    throw InputError(fmt::format("--temperature: expected >= 0, got {}", opt.temperature));
+  if (opt.top_k < 0) throw InputError(fmt::format("--top-k: expected >= 0, got {}", opt.top_k));
+
+  const Checkpoint ckpt = CheckpointManager::load(path, warn);
+  const auto model_it = ckpt.metadata.find("lockstep.model");
+  if (model_it == ckpt.metadata.end())
+    throw InputError(fmt::format("{}: no lockstep.model in the metadata: not a GPT checkpoint "
+                                 "(sample needs model.type gpt)",
+                                 ckpt.weights_file.string()));
+  GptSpec spec;
+  try {
+    spec = parse_gpt_spec(model_it->second);
+  } catch (const std::invalid_argument& e) {
+    throw InputError(fmt::format("{}: {}", ckpt.weights_file.string(), e.what()));
+  }
+  const Model model = Model::gpt(spec);
+  check_layout(ckpt, model.param_tensors());
+  const bool bytes = ckpt.metadata.count("lockstep.tokenizer") &&
+                     ckpt.metadata.at("lockstep.tokenizer") == "bytes";
+
+  // The prompt: UTF-8 bytes for a text model; token ids separated by spaces or commas otherwise.
+  // An empty prompt starts from a newline (text) or token 0.
+  const std::string prompt_text = args.get("--prompt");
+  std::vector<int> prompt;
+  if (bytes) {
+    for (unsigned char c : prompt_text) prompt.push_back(c);
+    if (prompt.empty()) prompt.push_back('\n');
+  } else {
+    std::string ids = prompt_text;
+    std::replace(ids.begin(), ids.end(), ',', ' ');
+    std::istringstream in(ids);
+    std::string word;
+    while (in >> word) {
+      int id = -1;
+      const auto [end, ec] = std::from_chars(word.data(), word.data() + word.size(), id);
+      if (ec != std::errc{} || end != word.data() + word.size() || id < 0 || id >= spec.vocab_size)
+        throw InputError(fmt::format("--prompt: this model reads token ids in [0, {}), got '{}'",
+                                     spec.vocab_size, word));
+      prompt.push_back(id);
+    }
+    if (prompt.empty()) prompt.push_back(0);
+  }
+
+  const std::string backend_name = args.get("--backend");
+  BackendKind kind = BackendKind::automatic;
+  if (backend_name == "cpu") kind = BackendKind::cpu;
+  else if (backend_name == "cuda") kind = BackendKind::cuda;
+  else if (!backend_name.empty() && backend_name != "auto")
+    throw InputError(fmt::format("--backend: expected auto, cpu or cuda, got '{}'", backend_name));
+  const int device_id = 0;
+  std::unique_ptr<Backend> backend = make_backend(kind, std::span(&device_id, 1));
+  std::unique_ptr<Device> device = backend->create_device(device_id, 1, 0);
+  Replica replica(*device, model, 1);
+  replica.load_parameters(ckpt.params);
+
+  if (bytes) fmt::print("{}", prompt_text);
+  else fmt::print("{}", fmt::join(prompt, " "));
+  std::fflush(stdout);
+  generate(replica, prompt, opt, [&](int token) {
+    if (bytes) std::putchar(token);
+    else fmt::print(" {}", token);
+    std::fflush(stdout);
+  });
+  fmt::print("\n");
   return kExitOk;
 }
 
@@ -420,7 +528,8 @@ int run(int argc, char** argv, std::shared_ptr<ProcessGroup>& processes) {
   if (command == "devices") return devices(processes);
   if (command == "eval") return eval(rest);
   if (command == "export") return export_weights(rest);
-  throw InputError(fmt::format("unknown command '{}'; expected train, eval, export or devices (see lockstep --help)", command));
+  if (command == "sample") return sample(rest);
+  throw InputError(fmt::format("unknown command '{}'; expected train, eval, export, sample or devices (see lockstep --help)", command));
 }
 
 }  // namespace

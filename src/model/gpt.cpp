@@ -8,8 +8,11 @@
 // Invariants (as every layer): stateless; backward accumulates into parameter gradients (+=) and
 // overwrites din (=). What backward needs from forward is in LayerWorkspace::saved, laid out by
 // the layer's Saved struct; backward's temporaries live in the shared LayerWorkspace::scratch.
+#include <charconv>
 #include <cmath>
+#include <iterator>
 #include <stdexcept>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -386,6 +389,45 @@ std::unique_ptr<Layer> make_layernorm(int context, int channels) {
 std::unique_ptr<Layer> make_tied_lm_head(int embedding_layer, int vocab, int context,
                                          int channels) {
   return std::make_unique<TiedLmHead>(embedding_layer, vocab, context, channels);
+}
+
+std::string to_string(const GptSpec& spec) {
+  return fmt::format("gpt vocab_size={} context={} n_layer={} n_head={} d_model={}",
+                     spec.vocab_size, spec.context, spec.n_layer, spec.n_head, spec.d_model);
+}
+
+GptSpec parse_gpt_spec(std::string_view text) {
+  GptSpec spec;
+  int GptSpec::*const fields[] = {&GptSpec::vocab_size, &GptSpec::context, &GptSpec::n_layer,
+                                  &GptSpec::n_head, &GptSpec::d_model};
+  const std::string_view names[] = {"vocab_size", "context", "n_layer", "n_head", "d_model"};
+  std::string_view rest = text;
+  const auto word = [&] {
+    while (rest.starts_with(' ')) rest.remove_prefix(1);
+    const std::size_t end = std::min(rest.find(' '), rest.size());
+    const std::string_view w = rest.substr(0, end);
+    rest.remove_prefix(end);
+    return w;
+  };
+  const auto bad = [&](std::string_view what) {
+    return std::invalid_argument(fmt::format(
+        "model description '{}': {}; expected 'gpt vocab_size=V context=T n_layer=L n_head=H "
+        "d_model=C'", text, what));
+  };
+  if (word() != "gpt") throw bad("not a GPT");
+  for (std::size_t i = 0; i < std::size(names); ++i) {
+    const std::string_view w = word();
+    if (!w.starts_with(names[i]) || w.size() <= names[i].size() || w[names[i].size()] != '=')
+      throw bad(fmt::format("expected {}=", names[i]));
+    const std::string_view digits = w.substr(names[i].size() + 1);
+    int value = 0;
+    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), value);
+    if (ec != std::errc{} || end != digits.data() + digits.size() || value < 1)
+      throw bad(fmt::format("{} is not a positive integer", names[i]));
+    spec.*fields[i] = value;
+  }
+  if (!word().empty()) throw bad("text after d_model");
+  return spec;
 }
 
 double gpt_flops_per_token(const GptSpec& spec) {

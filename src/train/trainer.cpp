@@ -296,6 +296,11 @@ void Trainer::Impl::save_checkpoint(Replica& replica, const detail::Optimizer& o
   Checkpoint ckpt;
   ckpt.tensors = model.param_tensors();
   ckpt.params = replica.parameters();
+  // What `lockstep sample` needs to rebuild the model and read a prompt.
+  if (cfg.model.type == "gpt") {
+    ckpt.metadata["lockstep.model"] = to_string(gpt_spec(cfg, *train));
+    ckpt.metadata["lockstep.tokenizer"] = cfg.data.dataset == DatasetKind::text ? "bytes" : "ids";
+  }
   ckpt.state = {.step = step,
                 .epoch = epoch,
                 .batch_in_epoch = batch_in_epoch,
@@ -655,7 +660,30 @@ void Trainer::Impl::worker(int rank, Backend& backend, Communicator& comm, Worke
   }
 }
 
+GptSpec gpt_spec(const Config& config, const Dataset& train) {
+  const ModelConfig& m = config.model;
+  const GptSpec spec{.vocab_size = m.vocab_size > 0 ? m.vocab_size : train.classes(),
+                     .context = m.context,
+                     .n_layer = m.n_layer,
+                     .n_head = m.n_head,
+                     .d_model = m.d_model};
+  if (train.features() != spec.context || train.targets() != spec.context)
+    throw InputError(fmt::format(
+        "{}: model.context is {}, but the data has samples of {} tokens with {} targets (a GPT "
+        "trains on token windows: data.dataset tokens or text)",
+        config.source, spec.context, train.features(), train.targets()));
+  if (train.classes() > spec.vocab_size)
+    throw InputError(fmt::format("{}: model.vocab_size is {}, but the data's tokens go up to {}",
+                                 config.source, spec.vocab_size, train.classes() - 1));
+  return spec;
+}
+
 Model make_model(const Config& config, const Dataset& train) {
+  if (config.model.type == "gpt") return Model::gpt(gpt_spec(config, train));
+  if (train.targets() != 1)
+    throw InputError(fmt::format("{}: model.type mlp classifies samples, but the data has {} "
+                                 "targets per sample (token windows need model.type gpt)",
+                                 config.source, train.targets()));
   return Model::mlp({.inputs = train.features(),
                      .hidden = config.model.hidden,
                      .classes = train.classes(),

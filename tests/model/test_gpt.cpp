@@ -223,3 +223,21 @@ TEST_SUITE("model") {
     CHECK_FALSE(lockstep::peak_flops("cpu", false).has_value());
   }
 }
+
+TEST_SUITE("model") {
+  TEST_CASE("gpt spec text: round trip, and every malformed description is refused") {
+    const lockstep::GptSpec spec{.vocab_size = 50257, .context = 1024, .n_layer = 12,
+                                 .n_head = 12, .d_model = 768};
+    const std::string text = lockstep::to_string(spec);
+    CHECK(text == "gpt vocab_size=50257 context=1024 n_layer=12 n_head=12 d_model=768");
+    const lockstep::GptSpec back = lockstep::parse_gpt_spec(text);
+    CHECK(lockstep::to_string(back) == text);
+    for (const char* bad : {"", "mlp", "gpt vocab_size=10", "gpt vocab_size=x context=1 n_layer=1 "
+                            "n_head=1 d_model=1", "gpt vocab_size=0 context=1 n_layer=1 n_head=1 "
+                            "d_model=1", "gpt context=1 vocab_size=1 n_layer=1 n_head=1 d_model=1",
+                            "gpt vocab_size=1 context=1 n_layer=1 n_head=1 d_model=1 extra"}) {
+      CAPTURE(bad);
+      CHECK_THROWS_AS(lockstep::parse_gpt_spec(bad), std::invalid_argument);
+    }
+  }
+}
