@@ -41,6 +41,7 @@ struct StepMetrics {
   double grad_norm = 0.0;       // of the averaged gradient, before clipping
   double samples_per_s = 0.0;   // global, since the previous report
   double tokens_per_s = 0.0;    // predictions per second: samples/s x targets per sample
+  double mfu = 0.0;             // model FLOPs utilisation (see Summary::mfu)
   double elapsed_s = 0.0;
 };
 
@@ -68,6 +69,13 @@ struct Summary {
   std::int64_t samples = 0;     // training samples consumed, over all workers
   double wall_s = 0.0;
   double samples_per_s = 0.0;
+  // Language models: tokens/s is samples/s x context (one prediction per token). flops_per_token
+  // is gpt_flops_per_token() (0 for an MLP); mfu = flops_per_token x tokens/s / the summed peak
+  // FLOP/s of every worker's device (peak_flops() by name: fp32, or TF32 with trainer.tf32), 0
+  // when a peak is unknown, as for the CPU.
+  double tokens_per_s = 0.0;
+  double flops_per_token = 0.0;
+  double mfu = 0.0;
   double final_train_loss = 0.0;
   double final_train_accuracy = 0.0;
   double eval_loss = 0.0;       // NaN when there is no eval split

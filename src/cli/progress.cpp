@@ -16,6 +16,15 @@ std::string duration(double s) {
                    : fmt::format("{}:{:02}", t / 60, t % 60);
 }
 
+// "12345 samples/s", or for a language model "20 samples/s 1280 tokens/s", with " mfu 41.2%"
+// when the devices' peak is known.
+std::string throughput(double samples_per_s, double tokens_per_s, double mfu) {
+  std::string out = fmt::format("{:.0f} samples/s", samples_per_s);
+  if (tokens_per_s > samples_per_s * 1.5) out += fmt::format(" {:.0f} tokens/s", tokens_per_s);
+  if (mfu > 0.0) out += fmt::format(" mfu {:.1f}%", 100.0 * mfu);
+  return out;
+}
+
 }  // namespace
 
 Progress::Progress(std::FILE* out, bool live) : out_(out), live_(live) {}
@@ -33,8 +42,9 @@ void Progress::step(const StepMetrics& m) {
   last_draw_s_ = m.elapsed_s;
   const double eta = m.elapsed_s / static_cast<double>(m.step) *
                      static_cast<double>(m.total_steps - m.step);
-  fmt::print(out_, "\r\033[2Kstep {}/{} | epoch {} | loss {:.4f} | {:.0f} samples/s | ETA {}",
-             m.step, m.total_steps, m.epoch, m.loss, m.samples_per_s, duration(eta));
+  fmt::print(out_, "\r\033[2Kstep {}/{} | epoch {} | loss {:.4f} | {} | ETA {}", m.step,
+             m.total_steps, m.epoch, m.loss, throughput(m.samples_per_s, m.tokens_per_s, m.mfu),
+             duration(eta));
   std::fflush(out_);
   line_open_ = true;
 }
@@ -42,10 +52,9 @@ void Progress::step(const StepMetrics& m) {
 void Progress::log(const StepMetrics& m) {
   if (live_) return;  // the live line already shows it
   fmt::print(out_,
-             "step {}/{} epoch {} loss {:.4f} acc {:.4f} lr {:.4g} grad_norm {:.4g} "
-             "samples/s {:.0f}\n",
+             "step {}/{} epoch {} loss {:.4f} acc {:.4f} lr {:.4g} grad_norm {:.4g} {}\n",
              m.step, m.total_steps, m.epoch, m.loss, m.accuracy, m.lr, m.grad_norm,
-             m.samples_per_s);
+             throughput(m.samples_per_s, m.tokens_per_s, m.mfu));
   std::fflush(out_);
 }
 
@@ -74,6 +83,15 @@ void print_summary(std::FILE* out, const Summary& s) {
   fmt::print(out, "  steps               {}\n", s.steps);
   fmt::print(out, "  wall time           {:.3f} s\n", s.wall_s);
   fmt::print(out, "  samples/s           {:.0f}\n", s.samples_per_s);
+  if (s.flops_per_token > 0.0) {
+    fmt::print(out, "  tokens/s            {:.0f}\n", s.tokens_per_s);
+    if (s.mfu > 0.0)
+      fmt::print(out, "  mfu                 {:.1f}% ({:.3g} GFLOP per token)\n", 100.0 * s.mfu,
+                 s.flops_per_token / 1e9);
+    else
+      fmt::print(out, "  mfu                 unknown: no peak FLOP/s for this device ({:.3g} GFLOP "
+                      "per token)\n", s.flops_per_token / 1e9);
+  }
   fmt::print(out, "  final train loss    {:.4f} (accuracy {:.4f})\n", s.final_train_loss,
              s.final_train_accuracy);
   if (std::isfinite(s.eval_loss)) {

@@ -38,6 +38,9 @@ std::string Summary::to_json() const {
       "  \"samples\": {},\n"
       "  \"wall_s\": {},\n"
       "  \"samples_per_s\": {},\n"
+      "  \"tokens_per_s\": {},\n"
+      "  \"flops_per_token\": {},\n"
+      "  \"mfu\": {},\n"
       "  \"final_train_loss\": {},\n"
       "  \"final_train_accuracy\": {},\n"
       "  \"eval_loss\": {},\n"
@@ -59,7 +62,8 @@ std::string Summary::to_json() const {
       "  \"worker_times\": [{}]\n"
       "}}\n",
       backend, fmt::join(devices, ", "), devices.size() * processes, processes, parameters, steps, samples,
-      number(wall_s), number(samples_per_s), number(final_train_loss),
+      number(wall_s), number(samples_per_s), number(tokens_per_s), number(flops_per_token),
+      number(mfu), number(final_train_loss),
       number(final_train_accuracy), number(eval_loss), number(eval_accuracy),
       replicas_identical ? "true" : "false", replica_checks, param_hash, accumulate_steps, buckets,
       overlap ? "true" : "false", number(data_wait_s), number(barrier_wait_s), number(comm_s),

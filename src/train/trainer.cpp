@@ -176,6 +176,20 @@ EvalMetrics eval_metrics(const std::array<double, 3>& totals, std::int64_t step,
 
 }  // namespace
 
+// The peak FLOP/s of this process's devices together, from the backend's device names; 0 when
+// any of them is not in the table (every CPU).
+double job_peak_flops(const Backend& backend, std::span<const int> ids, bool tf32) {
+  const std::vector<DeviceInfo> infos = backend.devices();
+  double total = 0.0;
+  for (int id : ids) {
+    const auto info = std::find_if(infos.begin(), infos.end(), [&](const DeviceInfo& d) { return d.id == id; });
+    const std::optional<double> peak = info == infos.end() ? std::nullopt : peak_flops(info->name, tf32);
+    if (!peak) return 0.0;
+    total += *peak;
+  }
+  return total;
+}
+
 struct Trainer::Impl {
   Impl(Config c, std::shared_ptr<const Dataset> tr, std::shared_ptr<const Dataset> ev,
        std::shared_ptr<ProcessGroup> procs)
@@ -196,6 +210,11 @@ struct Trainer::Impl {
                                    cfg.source, eval->features(), eval->classes(),
                                    train->features(), train->classes()));
     return make_model(cfg, *train);
+  }
+
+  // Model FLOPs utilisation at `tokens_per_s` over the job: 0 without a known peak or FLOP count.
+  double mfu(double tokens_per_s) const {
+    return peak_flops > 0.0 ? summary.flops_per_token * tokens_per_s / peak_flops : 0.0;
   }
 
   int workers() const { return static_cast<int>(cfg.trainer.devices.size()); }
@@ -244,6 +263,7 @@ struct Trainer::Impl {
   // Per-run state. Written by local rank 0 only, or under failure_mutex.
   std::int64_t total_steps = 0;
   double start_s = 0.0;
+  double peak_flops = 0.0;  // of every worker of the job together; 0 when unknown (see mfu())
   Summary summary;
   std::vector<float> final_params;
   std::unique_ptr<detail::Trace> trace;
@@ -563,6 +583,7 @@ void Trainer::Impl::worker(int rank, Backend& backend, Communicator& comm, Worke
                          .grad_norm = grad_norm,
                          .samples_per_s = samples_seen / std::max(1e-9, elapsed),
                          .tokens_per_s = samples_seen * targets / std::max(1e-9, elapsed),
+                         .mfu = mfu(samples_seen * targets / std::max(1e-9, elapsed)),
                          .elapsed_s = elapsed});
     }
     const bool report = step % tc.log_every == 0 || step == total_steps || stop_now;
@@ -577,6 +598,7 @@ void Trainer::Impl::worker(int rank, Backend& backend, Communicator& comm, Worke
               .grad_norm = grad_norm,
               .samples_per_s = window[2] / std::max(1e-9, now - last_report_s),
               .tokens_per_s = window[2] * targets / std::max(1e-9, now - last_report_s),
+              .mfu = mfu(window[2] * targets / std::max(1e-9, now - last_report_s)),
               .elapsed_s = now - start_s};
       last_report_s = now;
       if (global == 0 && step_callback) step_callback(last);
@@ -802,6 +824,8 @@ Summary Trainer::run() {
   im.summary.devices = tc.devices;
   im.summary.processes = im.processes ? im.processes->size() : 1;
   im.summary.parameters = im.model.param_count();
+  im.summary.flops_per_token = im.cfg.model.type == "gpt" ? gpt_flops_per_token(gpt_spec(im.cfg, *im.train)) : 0.0;
+  im.peak_flops = job_peak_flops(*backend, tc.devices, tc.tf32) * im.summary.processes;
   im.summary.accumulate_steps = tc.accumulate_steps;
   im.summary.overlap = tc.overlap;
   im.summary.resumed_from_step = im.resume ? im.resume->state.step : 0;
@@ -904,6 +928,8 @@ Summary Trainer::run() {
     }
   }
   im.summary.samples_per_s = im.summary.samples / std::max(1e-9, im.summary.wall_s);
+  im.summary.tokens_per_s = im.summary.samples_per_s * im.train->targets();
+  im.summary.mfu = im.mfu(im.summary.tokens_per_s);
   return im.summary;
 }
 
