@@ -1,0 +1,137 @@
+// One GPT training step on one device, for bench/compare_gpt.py (against PyTorch eager):
+// forward, next-token cross-entropy, backward and AdamW on a fixed batch of random tokens,
+// timed with Device::synchronize() around each step after --warmup steps. Prints one JSON line:
+// the median step time over --steps steps, tokens/s, and on a GPU the peak table knows, MFU.
+//
+//   build/bench/bench_gpt [--preset tiny|small|124m] [--batch B] [--steps N] [--warmup W]
+//                         [--backend cpu|cuda] [--tf32] [--threads T]
+//
+// Presets: tiny = configs/gpt_tiny.yaml's shapes (V 256, T 64, L 4, H 4, C 128); small = V 512,
+// T 128, L 4, H 4, C 256; 124m = GPT-2 small (V 50257, T 1024, L 12, H 12, C 768).
+// Without a usable GPU, --backend cuda prints {"error": ...} and exits 0.
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "lockstep/lockstep.hpp"
+#include "stats.hpp"
+
+using namespace lockstep;
+
+namespace {
+
+struct Options {
+  std::string preset = "tiny";
+  int batch = 16;
+  int steps = 20;
+  int warmup = 3;
+  BackendKind backend = BackendKind::cpu;
+  bool tf32 = false;
+  int threads = 0;
+};
+
+GptSpec preset(const std::string& name) {
+  if (name == "tiny") return {.vocab_size = 256, .context = 64, .n_layer = 4, .n_head = 4, .d_model = 128};
+  if (name == "small") return {.vocab_size = 512, .context = 128, .n_layer = 4, .n_head = 4, .d_model = 256};
+  if (name == "124m") return {.vocab_size = 50257, .context = 1024, .n_layer = 12, .n_head = 12, .d_model = 768};
+  throw std::invalid_argument("--preset: expected tiny, small or 124m, got " + name);
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    const auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::invalid_argument(flag + ": expected a value");
+      return argv[++i];
+    };
+    if (flag == "--preset") o.preset = value();
+    else if (flag == "--batch") o.batch = std::stoi(value());
+    else if (flag == "--steps") o.steps = std::stoi(value());
+    else if (flag == "--warmup") o.warmup = std::stoi(value());
+    else if (flag == "--threads") o.threads = std::stoi(value());
+    else if (flag == "--tf32") o.tf32 = true;
+    else if (flag == "--backend") {
+      const std::string b = value();
+      if (b != "cpu" && b != "cuda") throw std::invalid_argument("--backend: expected cpu or cuda");
+      o.backend = b == "cpu" ? BackendKind::cpu : BackendKind::cuda;
+    } else {
+      throw std::invalid_argument("unknown flag " + flag);
+    }
+  }
+  return o;
+}
+
+int run(const Options& o) {
+  const GptSpec spec = preset(o.preset);
+  const int id = 0;
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Device> dev;
+  try {
+    backend = make_backend(o.backend, std::span(&id, 1), {.tf32 = o.tf32});
+    dev = backend->create_device(id, 1, o.threads);
+  } catch (const std::exception& e) {
+    fmt::print("{{\"error\": \"{}\"}}\n", e.what());
+    return 0;
+  }
+  const Model model = Model::gpt(spec);
+  Replica replica(*dev, model, o.batch);
+  replica.load_parameters(model.initial_parameters(0));
+  const std::size_t rows = std::size_t(o.batch) * spec.context, n = model.param_count();
+  std::vector<float> x(rows);
+  std::vector<std::int32_t> y(rows);
+  std::mt19937 rng(1);
+  std::uniform_int_distribution<int> token(0, spec.vocab_size - 1);
+  for (std::size_t i = 0; i < rows; ++i) {
+    x[i] = static_cast<float>(token(rng));
+    y[i] = token(rng);
+  }
+  DeviceArray<float> xd(*dev, rows), dlogits(*dev, rows * spec.vocab_size), m(*dev, n), v(*dev, n);
+  DeviceArray<std::int32_t> yd(*dev, rows);
+  xd.upload(x);
+  yd.upload(y);
+  const AdamWParams adamw{.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
+  std::vector<double> times;
+  double loss = 0.0;
+  for (int step = 1; step <= o.warmup + o.steps; ++step) {
+    dev->synchronize();
+    const double t0 = bench::now_s();
+    replica.zero_grads();
+    const LossStats s = dev->softmax_cross_entropy(replica.forward(xd.data(), o.batch), yd.data(),
+                                                   static_cast<int>(rows), spec.vocab_size,
+                                                   dlogits.data(), 1.0f / static_cast<float>(rows));
+    replica.backward(xd.data(), dlogits.data(), o.batch);
+    dev->adamw_step(adamw, 3e-4f, step, replica.params(), replica.grads(), m.data(), v.data(), n);
+    dev->synchronize();
+    if (step > o.warmup) times.push_back(bench::now_s() - t0);
+    loss = s.loss_sum / static_cast<double>(rows);
+  }
+  const double step_s = bench::median(times);
+  const double tokens_per_s = static_cast<double>(rows) / step_s;
+  const std::vector<DeviceInfo> infos = backend->devices();
+  const std::string name = infos.empty() ? "?" : infos.front().name;
+  const std::optional<double> peak = peak_flops(name, o.tf32);
+  fmt::print(
+      "{{\"framework\": \"lockstep\", \"device\": \"{}\", \"preset\": \"{}\", \"params\": {}, "
+      "\"batch\": {}, \"context\": {}, \"steps\": {}, \"step_ms\": {:.4f}, \"tokens_per_s\": {:.1f}, "
+      "\"mfu\": {}, \"last_loss\": {:.6f}}}\n",
+      name, o.preset, n, o.batch, spec.context, o.steps, 1e3 * step_s, tokens_per_s,
+      peak ? fmt::format("{:.4f}", gpt_flops_per_token(spec) * tokens_per_s / *peak) : "null", loss);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(parse(argc, argv));
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "bench_gpt: {}\n", e.what());
+    return 2;
+  }
+}

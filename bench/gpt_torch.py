@@ -1,0 +1,75 @@
+#!/usr/bin/env python3
+"""One GPT training step in PyTorch eager, the peer of build/bench/bench_gpt.
+
+    python3 bench/gpt_torch.py [--preset tiny|small|124m] [--batch B] [--steps N] [--warmup W]
+                               [--device cpu|cuda] [--tf32] [--threads T]
+
+The model is tests/model/gpt_parity.py's (nanoGPT's layout, the architecture lockstep trains),
+the step forward + cross-entropy + backward + AdamW on a fixed batch of random tokens, timed
+around each step (with torch.cuda.synchronize on a GPU) after --warmup steps. Prints one JSON
+line with the median step time and tokens/s, the same fields as bench_gpt.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "model"))
+from gpt_parity import GPT  # noqa: E402
+
+PRESETS = {
+    "tiny": dict(vocab=256, context=64, n_layer=4, n_head=4, d_model=128),
+    "small": dict(vocab=512, context=128, n_layer=4, n_head=4, d_model=256),
+    "124m": dict(vocab=50257, context=1024, n_layer=12, n_head=12, d_model=768),
+}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--preset", default="tiny", choices=PRESETS)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--tf32", action="store_true")
+    ap.add_argument("--threads", type=int, default=0)
+    args = ap.parse_args()
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    torch.backends.cuda.matmul.allow_tf32 = args.tf32
+    p = PRESETS[args.preset]
+    torch.manual_seed(0)
+    model = GPT(p["vocab"], p["context"], p["n_layer"], p["n_head"], p["d_model"]).to(args.device)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), eps=1e-8,
+                            weight_decay=0.1)
+    w = torch.randint(0, p["vocab"], (args.batch, p["context"] + 1), device=args.device)
+    x, y = w[:, :-1], w[:, 1:].reshape(-1)
+    sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
+    times = []
+    for step in range(args.warmup + args.steps):
+        sync()
+        t0 = time.perf_counter()
+        logits = model(x)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        sync()
+        if step >= args.warmup:
+            times.append(time.perf_counter() - t0)
+    step_s = statistics.median(times)
+    print(json.dumps({
+        "framework": "torch " + torch.__version__, "device": args.device, "preset": args.preset,
+        "params": sum(q.numel() for q in model.parameters()), "batch": args.batch,
+        "context": p["context"], "steps": args.steps, "step_ms": round(1e3 * step_s, 4),
+        "tokens_per_s": round(args.batch * p["context"] / step_s, 1), "last_loss": loss.item()}))
+
+
+if __name__ == "__main__":
+    main()
