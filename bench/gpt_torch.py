@@ -46,6 +46,15 @@ def main():
     p = PRESETS[args.preset]
     torch.manual_seed(0)
     model = GPT(p["vocab"], p["context"], p["n_layer"], p["n_head"], p["d_model"]).to(args.device)
+    with torch.no_grad():  # GPT-2's initialisation, as lockstep's (the loss starts near log V)
+        for name, q in model.named_parameters():
+            if name.endswith("ln_1.weight") or name.endswith("ln_2.weight") or "ln_f.weight" in name:
+                q.fill_(1.0)
+            elif q.dim() == 1:
+                q.zero_()
+            else:
+                std = 0.02 / (2 * p["n_layer"]) ** 0.5 if name.endswith("c_proj.weight") else 0.02
+                q.normal_(0.0, std)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), eps=1e-8,
                             weight_decay=0.1)
     w = torch.randint(0, p["vocab"], (args.batch, p["context"] + 1), device=args.device)
