@@ -22,8 +22,10 @@
 #   - configures build-gpu/ (Ninja when available, Release, CMAKE_CUDA_ARCHITECTURES=90) and
 #     builds with every core;
 #   - runs `lockstep_tests -ts='cuda*'` and reports passed / failed / skipped;
-#   - with a usable GPU: bench_gpu (TF32 off/on, peer replicas N = 1, 2, 4) and the PyTorch
-#     reference, then the table: lockstep and PyTorch samples/s and their ratio;
+#   - with a usable GPU: bench_gpu (TF32 off/on, peer replicas N = 1, 2, 4); the GPT parity test
+#     on the GPU (lockstep's CUDA GPT against PyTorch's, fp32) and bench/compare_gpt.py (GPT-2
+#     124M step time against PyTorch eager, TF32, with MFU); the PyTorch MLP reference; then the
+#     table: lockstep and PyTorch samples/s and their ratio, and the GPT figures;
 #   - without one: says so plainly ("no usable GPU: <reason>") and exits 0 once the build and the
 #     (skipping) tests are done.
 #
@@ -86,6 +88,8 @@ GPU_LINE=""
 NO_GPU_REASON=""
 BENCH_RESULT="not run"
 TORCH_RESULT="not run"
+GPT_PARITY_RESULT="not run"
+GPT_BENCH_RESULT="not run"
 FAILED=0
 
 # ---- Environment --------------------------------------------------------------------------------
@@ -299,6 +303,24 @@ if [ -n "$GPU_LINE" ]; then
     FAILED=1
   fi
   cat "$OUT/bench_gpu.log"
+  # GPT (issue: language models): lockstep's fp32 GPT against PyTorch on the GPU, then GPT-2
+  # 124M step time against PyTorch eager (TF32 on both), with lockstep's MFU.
+  if run_phase gpt_parity 90 "$OUT/gpt_parity.log" env LOCKSTEP_PARITY_BACKEND=cuda \
+    LOCKSTEP_PYTHON=python3 "$BUILD/lockstep_tests" -tc='gpt parity*' -s; then
+    GPT_PARITY_RESULT="ok ($(grep -m1 'worst loss' "$OUT/gpt_parity.log"))"
+  else
+    GPT_PARITY_RESULT="FAILED (see gpt_parity.log)"
+    FAILED=1
+  fi
+  if run_phase gpt_bench 150 "$OUT/gpt_bench.log" python3 "$ROOT/bench/compare_gpt.py" \
+    --device cuda --preset 124m --batch 8 --tf32 --pairs 3 --steps 10 --build "$BUILD" \
+    --csv "$OUT/gpt_bench.csv"; then
+    GPT_BENCH_RESULT="ok"
+  else
+    GPT_BENCH_RESULT="FAILED (see gpt_bench.log)"
+    FAILED=1
+  fi
+  cat "$OUT/gpt_bench.log"
   read -r -a torch_args <<< "${TORCH_ARGS:-}"
   if run_phase torch 150 "$OUT/torch.log" \
     python3 "$ROOT/bench/gpu_mlp_torch.py" --csv "$OUT/torch.csv" "${torch_args[@]}" &&
@@ -323,6 +345,12 @@ fi
   echo "GPU tests    $TESTS_RESULT"
   echo "bench_gpu    $BENCH_RESULT"
   echo "PyTorch      $TORCH_RESULT"
+  echo "GPT parity   $GPT_PARITY_RESULT"
+  echo "GPT bench    $GPT_BENCH_RESULT"
+  if [ -s "$OUT/gpt_bench.log" ]; then
+    echo
+    grep -A4 '^preset ' "$OUT/gpt_bench.log"
+  fi
   if [ -s "$OUT/bench_gpu.csv" ]; then
     echo
     grep -m1 '^MLP ' "$OUT/bench_gpu.log"

@@ -3,13 +3,16 @@
 // tests/model/gpt_parity.py trains the same architecture in PyTorch from the same weights on the
 // same windows and compares (relative error <= 1e-4 in fp32). Skips when PyTorch can't be
 // imported (LOCKSTEP_PYTHON names the interpreter; default /usr/bin/python3, Debian's, which
-// has python3-torch).
+// has python3-torch). LOCKSTEP_PARITY_BACKEND=cuda runs lockstep's side on GPU 0 and PyTorch's
+// on cuda (scripts/gpu_check.sh does), TF32 off on both.
 #include <doctest/doctest.h>
 
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -18,6 +21,7 @@
 #include "../cli/cli_runner.hpp"
 #include "../data/temp_files.hpp"
 #include "common/random.hpp"
+#include "lockstep/device.hpp"
 #include "lockstep/model.hpp"
 
 namespace {
@@ -50,7 +54,13 @@ TEST_CASE("gpt parity with PyTorch: the loss at 12 AdamW steps and every step-1 
   const float lr = 3e-3f;
 
   const lockstep::Model model = lockstep::Model::gpt(spec);
-  auto dev = lockstep::make_cpu_device(0, 2);
+  const char* backend_env = std::getenv("LOCKSTEP_PARITY_BACKEND");
+  const bool cuda = backend_env && std::string(backend_env) == "cuda";
+  const int gpu = 0;
+  std::unique_ptr<lockstep::Backend> backend =
+      cuda ? lockstep::make_backend(lockstep::BackendKind::cuda, std::span(&gpu, 1)) : nullptr;
+  std::unique_ptr<lockstep::Device> dev =
+      cuda ? backend->create_device(gpu, 1, 0) : lockstep::make_cpu_device(0, 2);
   lockstep::Replica replica(*dev, model, batch);
   const std::vector<float> init = model.initial_parameters(11);
   replica.load_parameters(init);
@@ -107,7 +117,8 @@ TEST_CASE("gpt parity with PyTorch: the loss at 12 AdamW steps and every step-1 
       opt.beta2, opt.eps, opt.weight_decay, steps, batch, tensors, loss_list);
 
   const auto r = lockstep::test::run_command(
-      python + " \"" LOCKSTEP_SOURCE_DIR "/tests/model/gpt_parity.py\" \"" + dir.path().string() + "\"");
+      python + " \"" LOCKSTEP_SOURCE_DIR "/tests/model/gpt_parity.py\" \"" + dir.path().string() +
+      "\"" + (cuda ? " --device cuda" : ""));
   MESSAGE(r.output);
   CHECK_MESSAGE(r.code == 0, r.output);
 }
