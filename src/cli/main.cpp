@@ -380,8 +380,9 @@ int export_weights(const std::vector<std::string_view>& argv) {
   const std::string out = args.get("--out");
   if (out.empty()) throw InputError("export: expected --out FILE");
   const Checkpoint ckpt = CheckpointManager::load(args.positional, warn);
-  write_safetensors(out, ckpt.tensors, ckpt.params,
-                    {{"lockstep.step", std::to_string(ckpt.state.step)}});
+  // The checkpoint's metadata (its architecture, for one) travels along; the writer replaces
+  // the format, version and checksum entries with its own.
+  write_safetensors(out, ckpt.tensors, ckpt.params, ckpt.metadata);
   fmt::print("wrote {} ({} tensors, {} parameters, step {})\n", out, ckpt.tensors.size(),
              ckpt.params.size(), ckpt.state.step);
   return kExitOk;
