@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "../data/temp_files.hpp"
+#include "cpu_config.hpp"
 #include "common/random.hpp"
 #include "lockstep/lockstep.hpp"
 
@@ -25,27 +26,15 @@ TokenDataset token_stream(std::size_t n, int context, std::uint64_t seed) {
 }
 
 Config gpt_config(int devices, int batch) {
-  Config cfg;
-  cfg.source = "test";
+  Config cfg = test::cpu_config(devices, batch, /*steps=*/10, /*seed=*/3);
   cfg.model.type = "gpt";
   cfg.model.vocab_size = 13;
   cfg.model.context = 8;
   cfg.model.n_layer = 2;
   cfg.model.n_head = 2;
   cfg.model.d_model = 16;
-  cfg.data.batch_size = batch;
-  cfg.optimizer.type = OptimizerKind::adamw;
-  cfg.optimizer.lr = 0.01;
   cfg.optimizer.weight_decay = 0.1;
   cfg.optimizer.clip_grad_norm = 1.0;
-  cfg.trainer.backend = BackendKind::cpu;
-  cfg.trainer.devices.resize(devices);
-  std::iota(cfg.trainer.devices.begin(), cfg.trainer.devices.end(), 0);
-  cfg.trainer.steps = 10;
-  cfg.trainer.seed = 3;
-  cfg.trainer.log_every = 1000;
-  cfg.trainer.check_replicas_every = 1;
-  cfg.trainer.threads_per_device = 1;
   return cfg;
 }
 

@@ -9,6 +9,7 @@
 #include <numeric>
 #include <set>
 
+#include "cpu_config.hpp"
 #include "lockstep/lockstep.hpp"
 #include "train/json.hpp"
 #include "train/reducer.hpp"
@@ -22,22 +23,10 @@ std::shared_ptr<const Dataset> synthetic(std::size_t n, std::uint64_t seed, int 
 }
 
 Config config(int devices, int batch) {
-  Config cfg;
-  cfg.source = "test";
+  Config cfg = test::cpu_config(devices, batch, /*steps=*/10, /*seed=*/3);
   cfg.model.hidden = {64, 48, 32};
   cfg.model.activation = Activation::gelu;
-  cfg.data.batch_size = batch;
-  cfg.optimizer.type = OptimizerKind::adamw;
-  cfg.optimizer.lr = 0.01;
   cfg.optimizer.weight_decay = 0.01;
-  cfg.trainer.backend = BackendKind::cpu;
-  cfg.trainer.devices.resize(devices);
-  std::iota(cfg.trainer.devices.begin(), cfg.trainer.devices.end(), 0);
-  cfg.trainer.steps = 10;
-  cfg.trainer.seed = 3;
-  cfg.trainer.log_every = 1000;
-  cfg.trainer.check_replicas_every = 1;
-  cfg.trainer.threads_per_device = 1;
   return cfg;
 }
 

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <numeric>
 
+#include "cpu_config.hpp"
 #include "lockstep/lockstep.hpp"
 
 using namespace lockstep;
@@ -20,11 +21,9 @@ std::shared_ptr<const Dataset> synthetic(std::size_t n, std::uint64_t seed) {
 }
 
 Config small_config(int devices, int batch, OptimizerKind opt) {
-  Config cfg;
-  cfg.source = "test";
+  Config cfg = test::cpu_config(devices, batch, /*steps=*/12, /*seed=*/5);
   cfg.model.hidden = {16, 8};
   cfg.model.activation = Activation::tanh;
-  cfg.data.batch_size = batch;
   cfg.optimizer.type = opt;
   cfg.optimizer.lr = opt == OptimizerKind::sgd ? 0.1 : 0.01;
   cfg.optimizer.momentum = opt == OptimizerKind::sgd ? 0.9 : 0.0;
@@ -32,14 +31,6 @@ Config small_config(int devices, int batch, OptimizerKind opt) {
   cfg.optimizer.clip_grad_norm = 5.0;
   cfg.schedule.type = ScheduleKind::warmup_cosine;
   cfg.schedule.warmup_steps = 3;
-  cfg.trainer.backend = BackendKind::cpu;
-  cfg.trainer.devices.resize(devices);
-  std::iota(cfg.trainer.devices.begin(), cfg.trainer.devices.end(), 0);
-  cfg.trainer.steps = 12;
-  cfg.trainer.seed = 5;
-  cfg.trainer.log_every = 1000;
-  cfg.trainer.check_replicas_every = 1;
-  cfg.trainer.threads_per_device = 1;
   return cfg;
 }
 
