@@ -33,7 +33,8 @@ namespace {
 
 constexpr std::size_t kGrain = 16384;   // elements per block (elementwise and reductions)
 constexpr std::size_t kAlignment = 64;  // bytes, for allocate()
-constexpr int kGemmRowBlock = 64;       // rows of C per sgemm call in a row-blocked GEMM
+constexpr int kGemmRowBlock = 64;       // fewest rows of C per sgemm call in a row-blocked GEMM
+constexpr int kGemmBlocks = 8;          // a row-blocked GEMM has at most about this many blocks
 constexpr std::uint64_t kGemmBlockedAbove = std::uint64_t{1} << 20;  // m * n * k
 
 std::size_t blocks_of(std::size_t n, std::size_t block) { return (n + block - 1) / block; }
@@ -180,7 +181,7 @@ class CpuDevice final : public Device {
   // ---- GEMM -----------------------------------------------------------------------------------
 
   // C (m, n) = alpha * op(A) (m, k) * op(B) (k, n) + beta * C. Large products run one sgemm per
-  // block of kGemmRowBlock rows of C; the blocking depends on the shape only.
+  // block of rows of C; the blocking depends on the shape only.
   void gemm(Transpose ta, Transpose tb, int m, int n, int k, float alpha, const float* a, int lda,
             const float* b, int ldb, float beta, float* c, int ldc) override {
     const bool at = ta == Transpose::yes, bt = tb == Transpose::yes;
@@ -195,9 +196,12 @@ class CpuDevice final : public Device {
     };
     const std::uint64_t work = std::uint64_t(m) * std::uint64_t(n) * std::uint64_t(k);
     if (work <= kGemmBlockedAbove) return sgemm(0, m);
-    for_blocks(blocks_of(m, kGemmRowBlock), [&](std::size_t blk) {
-      const int row0 = static_cast<int>(blk) * kGemmRowBlock;
-      sgemm(row0, std::min(kGemmRowBlock, m - row0));
+    // Each call packs all of op(B) again: blocks of at least kGemmRowBlock rows, and no more
+    // than about kGemmBlocks of them (rows rounded up to a multiple of 16), keep that in check.
+    const int rows = std::max(kGemmRowBlock, (m + 16 * kGemmBlocks - 1) / (16 * kGemmBlocks) * 16);
+    for_blocks(blocks_of(m, rows), [&](std::size_t blk) {
+      const int row0 = static_cast<int>(blk) * rows;
+      sgemm(row0, std::min(rows, m - row0));
     });
   }
 
