@@ -78,6 +78,18 @@ __device__ int lane() { return static_cast<int>(threadIdx.x % kWarp); }
 
 // ---- Activations: f(x) and f'(x), as on the CPU -------------------------------------------------
 
+// GELU's 1 + tanh(u) and 1 - tanh(u)^2 from e = exp(-2|u|), without the cancellation of computing
+// them from tanh(u) near +-1: the CPU device's formula (src/cpu/cpu_device.cpp, TanhTerms).
+struct TanhTerms {
+  float one_plus;      // 1 + tanh(u)
+  float one_minus_sq;  // 1 - tanh(u)^2
+};
+__device__ TanhTerms tanh_terms(float u) {
+  const float e = expf(u < 0.0f ? 2.0f * u : -2.0f * u);
+  const float inv = 1.0f / (1.0f + e);
+  return {(u < 0.0f ? 2.0f * e : 2.0f) * inv, 4.0f * e * inv * inv};
+}
+
 __device__ float activate(ActivationKind f, float x) {
   switch (f) {
     case ActivationKind::relu:
@@ -85,7 +97,7 @@ __device__ float activate(ActivationKind f, float x) {
     case ActivationKind::tanh:
       return tanhf(x);
     case ActivationKind::gelu:  // tanh approximation: 0.5 x (1 + tanh(c (x + a x^3)))
-      return 0.5f * x * (1.0f + tanhf(kGeluC * (x + kGeluA * x * x * x)));
+      return 0.5f * x * tanh_terms(kGeluC * (x + kGeluA * x * x * x)).one_plus;
   }
   return x;
 }
@@ -99,9 +111,9 @@ __device__ float activate_grad(ActivationKind f, float x) {
       return 1.0f - t * t;
     }
     case ActivationKind::gelu: {
-      const float t = tanhf(kGeluC * (x + kGeluA * x * x * x));
-      return 0.5f * (1.0f + t) +
-             0.5f * x * (1.0f - t * t) * kGeluC * (1.0f + 3.0f * kGeluA * x * x);
+      const TanhTerms t = tanh_terms(kGeluC * (x + kGeluA * x * x * x));
+      return 0.5f * t.one_plus +
+             0.5f * x * t.one_minus_sq * kGeluC * (1.0f + 3.0f * kGeluA * x * x);
     }
   }
   return 1.0f;
