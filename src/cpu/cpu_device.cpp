@@ -300,13 +300,16 @@ class CpuDevice final : public Device {
     const float mu = opt.momentum, wd = opt.weight_decay;
     if (mu != 0.0f && !momentum_buf)
       throw std::invalid_argument("sgd_step: momentum needs a momentum buffer");
-    for_range(n, [&](std::size_t i0, std::size_t i1) {
+    const bool nesterov = opt.nesterov;
+    // By value: a float captured by reference might alias params[i] as far as GCC knows, which
+    // would keep it from hoisting the branches out of the loop and vectorising it.
+    for_range(n, [=](std::size_t i0, std::size_t i1) {
       for (std::size_t i = i0; i < i1; ++i) {
         float g = grads[i];
         if (wd != 0.0f) g += wd * params[i];
         if (mu != 0.0f) {
           const float buf = momentum_buf[i] = mu * momentum_buf[i] + g;
-          g = opt.nesterov ? g + mu * buf : buf;
+          g = nesterov ? g + mu * buf : buf;
         }
         params[i] -= lr * g;
       }
@@ -323,7 +326,7 @@ class CpuDevice final : public Device {
     const float one_minus_b2 = static_cast<float>(1.0 - b2);
     const float step_size = static_cast<float>(lr / (1.0 - std::pow(b1, td)));
     const float bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(b2, td)));
-    for_range(n, [&](std::size_t i0, std::size_t i1) {
+    for_range(n, [=](std::size_t i0, std::size_t i1) {
       for (std::size_t i = i0; i < i1; ++i) {
         const float g = grads[i];
         const float mi = m[i] = beta1 * m[i] + one_minus_b1 * g;
