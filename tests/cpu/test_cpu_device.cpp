@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "../random_data.hpp"
 #include "common/random.hpp"
 #include "lockstep/device.hpp"
 
@@ -22,19 +23,8 @@ using lockstep::Device;
 using lockstep::DeviceArray;
 using lockstep::Transpose;
 
-std::vector<float> random_floats(std::size_t n, std::uint64_t seed, double lo = -1.0,
-                                 double hi = 1.0) {
-  std::vector<float> v(n);
-  for (float& x : v) x = static_cast<float>(lo + (hi - lo) * lockstep::detail::uniform01(seed));
-  return v;
-}
-
-template <class T>
-DeviceArray<T> on_device(Device& dev, const std::vector<T>& host) {
-  DeviceArray<T> a(dev, host.size());
-  a.upload(host);
-  return a;
-}
+using lockstep::test::on_device;
+using lockstep::test::random_floats;
 
 // Every got[i] within abs_tol + rel_tol * |want[i]|; reports the first miss only.
 void check_close(const std::vector<float>& got, const std::vector<double>& want,

@@ -15,6 +15,7 @@
 
 #include "common/random.hpp"
 #include "lockstep/lockstep.hpp"
+#include "../random_data.hpp"
 
 namespace lockstep::test {
 
@@ -29,20 +30,6 @@ inline std::unique_ptr<Backend> cuda_or_skip(const BackendOptions& options = {})
 }
 
 inline constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-
-inline std::vector<float> random_floats(std::size_t n, std::uint64_t seed, double lo = -1.0,
-                                        double hi = 1.0) {
-  std::vector<float> v(n);
-  for (float& x : v) x = static_cast<float>(lo + (hi - lo) * detail::uniform01(seed));
-  return v;
-}
-
-template <class T>
-DeviceArray<T> on_device(Device& dev, const std::vector<T>& host) {
-  DeviceArray<T> a(dev, host.size());
-  a.upload(host);
-  return a;
-}
 
 // max |got - want| <= tol * max |want|, and NaN exactly where `want` has NaN.
 inline void check_close(const std::vector<float>& got, const std::vector<float>& want,

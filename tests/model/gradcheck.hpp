@@ -14,34 +14,15 @@
 
 #include "common/random.hpp"
 #include "lockstep/model.hpp"
+#include "../random_data.hpp"
 
-namespace lockstep::testing {
+namespace lockstep::test {
 
 using lockstep::Device;
 using lockstep::DeviceArray;
 using lockstep::Layer;
 
 constexpr float kStep = 1e-2f;
-
-inline std::vector<float> random_floats(std::size_t n, std::uint64_t seed, double lo = -1.0,
-                                 double hi = 1.0) {
-  std::vector<float> v(n);
-  for (float& x : v) x = static_cast<float>(lo + (hi - lo) * lockstep::detail::uniform01(seed));
-  return v;
-}
-
-inline std::vector<std::int32_t> random_labels(std::size_t n, int classes, std::uint64_t seed) {
-  std::vector<std::int32_t> v(n);
-  for (auto& l : v) l = static_cast<std::int32_t>(lockstep::detail::uniform_below(seed, classes));
-  return v;
-}
-
-template <class T>
-inline DeviceArray<T> on_device(Device& dev, const std::vector<T>& host) {
-  DeviceArray<T> a(dev, host.size());
-  a.upload(host);
-  return a;
-}
 
 // d objective() / d v[i], by central differences; v[i] is restored.
 template <class Objective>
@@ -113,4 +94,4 @@ inline LayerGradients layer_gradients(const Layer& layer, int batch, std::vector
   return g;
 }
 
-}  // namespace lockstep::testing
+}  // namespace lockstep::test

@@ -15,7 +15,7 @@ namespace {
 
 using lockstep::DeviceArray;
 using lockstep::Model;
-using namespace lockstep::testing;
+using namespace lockstep::test;
 
 std::vector<float> random_tokens(std::size_t n, int vocab, std::uint64_t seed) {
   std::vector<float> v(n);

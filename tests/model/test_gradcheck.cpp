@@ -26,7 +26,7 @@ using lockstep::Device;
 using lockstep::DeviceArray;
 using lockstep::Layer;
 using lockstep::Model;
-using namespace lockstep::testing;
+using namespace lockstep::test;
 
 void check_activation(Activation f, std::vector<float> x, int batch) {
   const auto layer = lockstep::make_activation(f, static_cast<int>(x.size()) / batch);

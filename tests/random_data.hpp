@@ -1,0 +1,36 @@
+// Random test inputs drawn from a seed (the same on every platform), and a helper to put them on
+// a device. Shared by the CPU, CUDA and gradient-check tests.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "common/random.hpp"
+#include "lockstep/device.hpp"
+
+namespace lockstep::test {
+
+// n floats uniform in [lo, hi).
+inline std::vector<float> random_floats(std::size_t n, std::uint64_t seed, double lo = -1.0,
+                                        double hi = 1.0) {
+  std::vector<float> v(n);
+  for (float& x : v) x = static_cast<float>(lo + (hi - lo) * detail::uniform01(seed));
+  return v;
+}
+
+// n labels uniform in [0, classes).
+inline std::vector<std::int32_t> random_labels(std::size_t n, int classes, std::uint64_t seed) {
+  std::vector<std::int32_t> v(n);
+  for (auto& l : v) l = static_cast<std::int32_t>(detail::uniform_below(seed, classes));
+  return v;
+}
+
+template <class T>
+DeviceArray<T> on_device(Device& dev, const std::vector<T>& host) {
+  DeviceArray<T> a(dev, host.size());
+  a.upload(host);
+  return a;
+}
+
+}  // namespace lockstep::test
