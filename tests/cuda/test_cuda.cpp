@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "common/random.hpp"
+#include "../train/trainer_fixtures.hpp"
 #include "gpu_vs_cpu.hpp"
 #include "lockstep/lockstep.hpp"
 
@@ -411,40 +412,16 @@ std::shared_ptr<const Dataset> synthetic(std::size_t n, std::uint64_t seed) {
   return std::make_shared<InMemoryDataset>(make_synthetic(n, 12, 4, seed));
 }
 
+// tests/train/test_trainer.cpp's problem, on the given GPUs.
 Config gpu_config(std::vector<int> devices, int batch, OptimizerKind opt) {
-  Config cfg;
-  cfg.source = "test";
-  cfg.model.hidden = {16, 8};
-  cfg.model.activation = Activation::tanh;
+  Config cfg = test::small_mlp_config(static_cast<int>(devices.size()), batch, opt);
   cfg.data.dataset = DatasetKind::synthetic;  // datasets are passed in; this satisfies validate()
-  cfg.data.batch_size = batch;
-  cfg.optimizer.type = opt;
-  cfg.optimizer.lr = opt == OptimizerKind::sgd ? 0.1 : 0.01;
-  cfg.optimizer.momentum = opt == OptimizerKind::sgd ? 0.9 : 0.0;
-  cfg.optimizer.weight_decay = 0.01;
-  cfg.optimizer.clip_grad_norm = 5.0;
-  cfg.schedule.type = ScheduleKind::warmup_cosine;
-  cfg.schedule.warmup_steps = 3;
   cfg.trainer.backend = BackendKind::cuda;
   cfg.trainer.devices = std::move(devices);
-  cfg.trainer.steps = 12;
-  cfg.trainer.seed = 5;
-  cfg.trainer.log_every = 1000;
-  cfg.trainer.check_replicas_every = 1;
-  cfg.trainer.threads_per_device = 1;
   return cfg;
 }
 
-// max |a - b| / max |b|
-double relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
-  REQUIRE(a.size() == b.size());
-  double diff = 0.0, scale = 0.0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    diff = std::max(diff, std::abs(static_cast<double>(a[i]) - b[i]));
-    scale = std::max(scale, std::abs(static_cast<double>(b[i])));
-  }
-  return diff / scale;
-}
+using test::relative_difference;
 
 }  // namespace
 

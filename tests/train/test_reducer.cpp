@@ -9,7 +9,7 @@
 #include <numeric>
 #include <set>
 
-#include "cpu_config.hpp"
+#include "trainer_fixtures.hpp"
 #include "lockstep/lockstep.hpp"
 #include "train/json.hpp"
 #include "train/reducer.hpp"

@@ -9,7 +9,7 @@
 #include <mutex>
 #include <numeric>
 
-#include "cpu_config.hpp"
+#include "trainer_fixtures.hpp"
 #include "lockstep/lockstep.hpp"
 
 using namespace lockstep;
@@ -21,29 +21,10 @@ std::shared_ptr<const Dataset> synthetic(std::size_t n, std::uint64_t seed) {
 }
 
 Config small_config(int devices, int batch, OptimizerKind opt) {
-  Config cfg = test::cpu_config(devices, batch, /*steps=*/12, /*seed=*/5);
-  cfg.model.hidden = {16, 8};
-  cfg.model.activation = Activation::tanh;
-  cfg.optimizer.type = opt;
-  cfg.optimizer.lr = opt == OptimizerKind::sgd ? 0.1 : 0.01;
-  cfg.optimizer.momentum = opt == OptimizerKind::sgd ? 0.9 : 0.0;
-  cfg.optimizer.weight_decay = 0.01;
-  cfg.optimizer.clip_grad_norm = 5.0;
-  cfg.schedule.type = ScheduleKind::warmup_cosine;
-  cfg.schedule.warmup_steps = 3;
-  return cfg;
+  return test::small_mlp_config(devices, batch, opt);
 }
 
-// max |a - b| / max |b|
-double relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
-  REQUIRE(a.size() == b.size());
-  double diff = 0.0, scale = 0.0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    diff = std::max(diff, std::abs(static_cast<double>(a[i]) - b[i]));
-    scale = std::max(scale, std::abs(static_cast<double>(b[i])));
-  }
-  return diff / scale;
-}
+using test::relative_difference;
 
 }  // namespace
 

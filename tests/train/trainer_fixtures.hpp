@@ -1,0 +1,65 @@
+// What the trainer tests (CPU and CUDA) share: the Config they start from, the small MLP
+// problem of the equivalence tests, and how two parameter buffers are compared.
+#pragma once
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "lockstep/config.hpp"
+
+namespace lockstep::test {
+
+// The CPU backend with `devices` workers (ids 0, 1, ...) of one thread each, `batch` samples per
+// worker, AdamW at lr 0.01, `steps` steps from `seed`, no log lines, replicas checked every step.
+// Tests change what they are about.
+inline Config cpu_config(int devices, int batch, std::int64_t steps, std::uint64_t seed) {
+  Config cfg;
+  cfg.source = "test";
+  cfg.data.batch_size = batch;
+  cfg.optimizer.type = OptimizerKind::adamw;
+  cfg.optimizer.lr = 0.01;
+  cfg.trainer.backend = BackendKind::cpu;
+  cfg.trainer.devices.resize(static_cast<std::size_t>(devices));
+  std::iota(cfg.trainer.devices.begin(), cfg.trainer.devices.end(), 0);
+  cfg.trainer.steps = steps;
+  cfg.trainer.seed = seed;
+  cfg.trainer.log_every = 1000;
+  cfg.trainer.check_replicas_every = 1;
+  cfg.trainer.threads_per_device = 1;
+  return cfg;
+}
+
+// The equivalence tests' problem: a 12-16-8-4 tanh MLP for 12 steps from seed 5, SGD with
+// momentum or AdamW, weight decay, clipping and warmup + cosine; on the CPU.
+inline Config small_mlp_config(int devices, int batch, OptimizerKind opt) {
+  Config cfg = cpu_config(devices, batch, /*steps=*/12, /*seed=*/5);
+  cfg.model.hidden = {16, 8};
+  cfg.model.activation = Activation::tanh;
+  cfg.optimizer.type = opt;
+  cfg.optimizer.lr = opt == OptimizerKind::sgd ? 0.1 : 0.01;
+  cfg.optimizer.momentum = opt == OptimizerKind::sgd ? 0.9 : 0.0;
+  cfg.optimizer.weight_decay = 0.01;
+  cfg.optimizer.clip_grad_norm = 5.0;
+  cfg.schedule.type = ScheduleKind::warmup_cosine;
+  cfg.schedule.warmup_steps = 3;
+  return cfg;
+}
+
+// max |a - b| / max |b|
+inline double relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  double diff = 0.0, scale = 0.0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, std::abs(static_cast<double>(a[i]) - b[i]));
+    scale = std::max(scale, std::abs(static_cast<double>(b[i])));
+  }
+  return diff / scale;
+}
+
+}  // namespace lockstep::test
