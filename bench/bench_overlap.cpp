@@ -25,19 +25,7 @@ namespace {
 constexpr int kWidth = 512, kLayers = 8, kBatch = 64;
 
 Config make_config(int workers, bool overlap, std::int64_t steps) {
-  Config cfg;
-  cfg.source = "bench";
-  cfg.model.hidden.assign(kLayers, kWidth);
-  cfg.data.batch_size = kBatch;
-  cfg.optimizer.type = OptimizerKind::sgd;
-  cfg.optimizer.lr = 0.01;
-  cfg.optimizer.momentum = 0.9;
-  cfg.trainer.backend = BackendKind::cpu;
-  cfg.trainer.devices.resize(workers);
-  std::iota(cfg.trainer.devices.begin(), cfg.trainer.devices.end(), 0);
-  cfg.trainer.steps = steps;
-  cfg.trainer.log_every = steps;
-  cfg.trainer.check_replicas_every = 0;
+  Config cfg = bench::cpu_sgd_config(std::vector<int>(kLayers, kWidth), kBatch, workers, steps);
   cfg.trainer.threads_per_device = 1;
   cfg.trainer.bucket_cap_mb = 1.0;  // one bucket per 512x512 layer
   cfg.trainer.overlap = overlap;

@@ -26,19 +26,7 @@ struct Workload {
 
 // Steady-state steps/s of one run: the time from the end of step `warmup` to the last step.
 double steps_per_s(const Workload& w, int workers, std::int64_t steps, std::int64_t warmup) {
-  Config cfg;
-  cfg.source = "bench";
-  cfg.model.hidden = w.hidden;
-  cfg.data.batch_size = w.batch;
-  cfg.optimizer.type = OptimizerKind::sgd;
-  cfg.optimizer.lr = 0.01;
-  cfg.optimizer.momentum = 0.9;
-  cfg.trainer.backend = BackendKind::cpu;
-  cfg.trainer.devices.resize(workers);
-  std::iota(cfg.trainer.devices.begin(), cfg.trainer.devices.end(), 0);
-  cfg.trainer.steps = steps;
-  cfg.trainer.log_every = steps;
-  cfg.trainer.check_replicas_every = 0;
+  const Config cfg = bench::cpu_sgd_config(w.hidden, w.batch, workers, steps);
   Trainer trainer(cfg, w.train, nullptr);
   double t_warm = 0.0, t_end = 0.0;
   trainer.on_progress([&](const StepMetrics& m) {

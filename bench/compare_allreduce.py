@@ -90,11 +90,7 @@ def main() -> None:
               f"(lowest {worst_gloo['lockstep_over_gloo']:.1f}x, {worst_gloo['ranks']} ranks, "
               f"{svg.fmt_bytes(worst_gloo['bytes'])})")
 
-    with open(os.path.join(args.out, "compare_allreduce.csv"), "w", newline="") as f:
-        wr = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
-        wr.writeheader()
-        for r in rows:
-            wr.writerow({k: f"{v:.4f}" if isinstance(v, float) else v for k, v in r.items()})
+    svg.save_rows(os.path.join(args.out, "compare_allreduce.csv"), rows)
     charts = []
     for n in sorted({r["ranks"] for r in rows}):
         sel = [r for r in rows if r["ranks"] == n]

@@ -246,11 +246,7 @@ def main() -> None:
         wr.writerow(["workload", "workers", "threads_per_worker", "framework", "run",
                      "samples_per_s", "final_train_loss"])
         wr.writerows(runs)
-    with open(os.path.join(args.out, "compare_ddp.csv"), "w", newline="") as f:
-        wr = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
-        wr.writeheader()
-        for r in rows:
-            wr.writerow({k: f"{v:.4f}" if isinstance(v, float) else v for k, v in r.items()})
+    svg.save_rows(os.path.join(args.out, "compare_ddp.csv"), rows)
 
     charts = []
     for name in dict.fromkeys(r["workload"] for r in rows):

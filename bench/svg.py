@@ -9,9 +9,12 @@ browser shows offline.
     b = svg.line_chart("all-reduce", [svg.Line("lockstep", [4096, 65536], [1.0, 5.0])],
                        x_label="bytes", y_label="GB/s", log_x=True)
     svg.save("out.svg", [a, b], columns=2)
+    svg.save_rows("out.csv", rows)   # the rows behind a chart, as CSV
+
 """
 from __future__ import annotations
 
+import csv
 import math
 from dataclasses import dataclass, field
 
@@ -214,3 +217,12 @@ def save(path, charts: list, columns: int = 2, title: str | None = None) -> None
     out.append("</svg>\n")
     with open(path, "w", encoding="utf-8") as f:
         f.write("\n".join(out))
+
+
+def save_rows(path: str, rows: list) -> None:
+    """Writes dict rows as CSV, a header from the first row's keys; floats with 4 decimals."""
+    with open(path, "w", newline="") as f:
+        wr = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
+        wr.writeheader()
+        for r in rows:
+            wr.writerow({k: f"{v:.4f}" if isinstance(v, float) else v for k, v in r.items()})
