@@ -26,6 +26,13 @@ inline std::vector<std::int32_t> random_labels(std::size_t n, int classes, std::
   return v;
 }
 
+// n token ids below vocab, stored as floats as a GPT's embedding reads them.
+inline std::vector<float> random_tokens(std::size_t n, int vocab, std::uint64_t seed) {
+  std::vector<float> v(n);
+  for (float& t : v) t = static_cast<float>(detail::uniform_below(seed, static_cast<std::uint64_t>(vocab)));
+  return v;
+}
+
 template <class T>
 DeviceArray<T> on_device(Device& dev, const std::vector<T>& host) {
   DeviceArray<T> a(dev, host.size());

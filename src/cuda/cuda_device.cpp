@@ -47,13 +47,11 @@ void check_gemm_shape(const char* kernel, Transpose ta, Transpose tb, int m, int
 void check_sizes(const char* kernel, std::int64_t rows,
                  std::initializer_list<std::pair<const char*, int>> sizes) {
   bool negative = false;
+  for (const auto& [name, size] : sizes) negative = negative || size < 0;
+  if (!negative && rows <= std::numeric_limits<int>::max()) return;  // every call: no formatting
   std::string shape;
-  for (const auto& [name, size] : sizes) {
-    negative = negative || size < 0;
-    shape += fmt::format(" {}={}", name, size);
-  }
-  if (negative || rows > std::numeric_limits<int>::max())
-    throw std::invalid_argument(fmt::format("{}: bad shape{}", kernel, shape));
+  for (const auto& [name, size] : sizes) shape += fmt::format(" {}={}", name, size);
+  throw std::invalid_argument(fmt::format("{}: bad shape{}", kernel, shape));
 }
 
 }  // namespace

@@ -187,9 +187,10 @@ class Block final : public Layer {
                             d.tmp, n, c, c);
     attention_backward(dev, s, d, batch);
     detail::linear_backward(dev, p.attn_w, g.attn_w, g.attn_b, s.ln1, d.qkv, d.tmp, n, c, 3 * c);
-    if (!din) return;
-    dev.copy(din, d.res1, elements(n, c) * sizeof(float));
-    dev.layernorm_backward(x, p.ln1_w, s.mean1, s.rstd1, d.tmp, din, g.ln1_w, g.ln1_b, n, c);
+    // ln_1's parameters need its backward even without a din (the block as a first layer);
+    // d.res1 already holds the residual's share of dx.
+    dev.layernorm_backward(x, p.ln1_w, s.mean1, s.rstd1, d.tmp, d.res1, g.ln1_w, g.ln1_b, n, c);
+    if (din) dev.copy(din, d.res1, elements(n, c) * sizeof(float));
   }
 
  private:

@@ -23,13 +23,6 @@ using namespace lockstep::test;
 
 namespace {
 
-// `n` token ids below `vocab`, stored as floats as the model stores them.
-std::vector<float> random_ids(std::size_t n, int vocab, std::uint64_t seed) {
-  std::vector<float> ids(n);
-  for (float& id : ids)
-    id = static_cast<float>(detail::uniform_below(seed, static_cast<std::uint64_t>(vocab)));
-  return ids;
-}
 
 // (m, n, k, count)
 using GemmShape = std::tuple<int, int, int, int>;
@@ -159,7 +152,7 @@ TEST_SUITE("cuda") {
       CAPTURE(C);
       const int t_max = T + 2;  // wpe has rows beyond T, unused
       const std::size_t rows = std::size_t(batch) * T, nc = std::size_t(C);
-      const auto ids = random_ids(rows, vocab, seed += 5);
+      const auto ids = random_tokens(rows, vocab, seed += 5);
       const auto wte = random_floats(std::size_t(vocab) * nc, seed += 5);
       const auto wpe = random_floats(std::size_t(t_max) * nc, seed += 5);
       const auto dout = random_floats(rows * nc, seed += 5);
@@ -254,7 +247,7 @@ TEST_SUITE("cuda") {
     constexpr int kVocab = 50257, kC = 768, kT = 1024, kBatch = 2, kHeads = 12, kHead = kC / kHeads;
     const std::size_t rows = std::size_t(kBatch) * kT;
     SUBCASE("embedding") {
-      const auto ids = random_ids(rows, kVocab, 500);
+      const auto ids = random_tokens(rows, kVocab, 500);
       const auto wte = random_floats(std::size_t(kVocab) * kC, 501);
       const auto wpe = random_floats(std::size_t(kT) * kC, 502);
       const auto dout = random_floats(rows * kC, 503);

@@ -17,11 +17,6 @@ using lockstep::DeviceArray;
 using lockstep::Model;
 using namespace lockstep::test;
 
-std::vector<float> random_tokens(std::size_t n, int vocab, std::uint64_t seed) {
-  std::vector<float> v(n);
-  for (float& t : v) t = static_cast<float>(lockstep::detail::uniform_below(seed, vocab));
-  return v;
-}
 
 void check_layer(const LayerGradients& g, bool input_grad = true) {
   std::string miss = mismatch(g.fd_params, g.params);
@@ -55,6 +50,15 @@ TEST_SUITE("gradcheck") {
     const auto g = layer_gradients(*layer, batch, params,
                                    random_floats(std::size_t(batch) * t * c, 5, -2.0, 2.0), 6);
     check_layer(g);
+  }
+
+  TEST_CASE("gpt block as a first layer (no input gradient): ln_1 still gets its gradients") {
+    const int t = 3, c = 8, batch = 2;
+    const auto layer = lockstep::make_block(t, c, 2, 1);
+    const auto g = layer_gradients(*layer, batch, random_floats(layer->param_count(), 21, -0.5, 0.5),
+                                   random_floats(std::size_t(batch) * t * c, 22, -2.0, 2.0), 23,
+                                   /*input_grad=*/false);
+    check_layer(g, false);
   }
 
   TEST_CASE("gpt block with one head and one position") {
