@@ -100,7 +100,6 @@ class TokenDataset final : public Dataset {
   void get(std::size_t i, float* x, std::int32_t* y) const override;
 
   std::size_t token_count() const noexcept { return end_ - begin_; }
-  std::uint32_t token(std::size_t i) const noexcept;
   // Tokens [begin, end) of this stream, windowed the same way: no window when they are fewer
   // than context + 1. Throws std::out_of_range when they are not inside the stream.
   TokenDataset slice(std::size_t begin, std::size_t end) const;

@@ -25,6 +25,7 @@
 
 #include <fmt/format.h>
 
+#include "common/gemm_shape.hpp"
 #include "common/random.hpp"
 #include "lockstep/device.hpp"
 
@@ -99,14 +100,7 @@ const auto gelu_grad = [](float x) {
          0.5f * x * t.one_minus_sq * kGeluC * (1.0f + 3.0f * kGeluA * x * x);
 };
 
-// Row-major op(A) (m, k), op(B) (k, n), C (m, n) with leading dimensions at least the rows' widths.
-void check_gemm_shape(const char* kernel, bool at, bool bt, int m, int n, int k, int lda, int ldb,
-                      int ldc) {
-  if (m < 0 || n < 0 || k < 0 || lda < std::max(1, at ? m : k) || ldb < std::max(1, bt ? k : n) ||
-      ldc < std::max(1, n))
-    throw std::invalid_argument(fmt::format("{}: bad shape m={} n={} k={} lda={} ldb={} ldc={}",
-                                            kernel, m, n, k, lda, ldb, ldc));
-}
+using detail::check_gemm_shape;
 
 class CpuDevice final : public Device {
  public:
@@ -185,7 +179,7 @@ class CpuDevice final : public Device {
   void gemm(Transpose ta, Transpose tb, int m, int n, int k, float alpha, const float* a, int lda,
             const float* b, int ldb, float beta, float* c, int ldc) override {
     const bool at = ta == Transpose::yes, bt = tb == Transpose::yes;
-    check_gemm_shape("gemm", at, bt, m, n, k, lda, ldb, ldc);
+    check_gemm_shape("gemm", ta, tb, m, n, k, lda, ldb, ldc);
     if (m == 0 || n == 0) return;
     const auto sgemm = [&](int row0, int rows) {
       // Row `row0` of op(A) starts at a + row0 * lda when A is (m, k), at a + row0 when (k, m).
@@ -353,7 +347,7 @@ class CpuDevice final : public Device {
     if (count < 0) throw std::invalid_argument(fmt::format("gemm_batched: count {} < 0", count));
     if (count == 1) return gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     const bool at = ta == Transpose::yes, bt = tb == Transpose::yes;
-    check_gemm_shape("gemm_batched", at, bt, m, n, k, lda, ldb, ldc);
+    check_gemm_shape("gemm_batched", ta, tb, m, n, k, lda, ldb, ldc);
     if (m == 0 || n == 0) return;
     for_blocks(static_cast<std::size_t>(count), [&](std::size_t i) {
       const auto s = static_cast<std::int64_t>(i);

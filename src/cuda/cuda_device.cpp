@@ -13,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include "common/gemm_shape.hpp"
 #include "cuda/check.hpp"
 
 namespace lockstep::cuda {
@@ -33,14 +34,7 @@ ActivationKind kind_of(Activation f) {
 cublasOperation_t op_of(Transpose t) { return t == Transpose::yes ? CUBLAS_OP_T : CUBLAS_OP_N; }
 
 // op(A) (m, k), op(B) (k, n), C (m, n), row-major with leading dimensions.
-void check_gemm_shape(const char* kernel, Transpose ta, Transpose tb, int m, int n, int k,
-                      int lda, int ldb, int ldc) {
-  const bool at = ta == Transpose::yes, bt = tb == Transpose::yes;
-  if (m < 0 || n < 0 || k < 0 || lda < std::max(1, at ? m : k) ||
-      ldb < std::max(1, bt ? k : n) || ldc < std::max(1, n))
-    throw std::invalid_argument(fmt::format("{}: bad shape m={} n={} k={} lda={} ldb={} ldc={}",
-                                            kernel, m, n, k, lda, ldb, ldc));
-}
+using detail::check_gemm_shape;
 
 // A kernel's sizes, by name: none negative, and its rows (B * T, or count * T) within the
 // kernels' int row indices.

@@ -212,11 +212,6 @@ std::size_t TokenDataset::size() const noexcept {
   return n > static_cast<std::size_t>(context_) ? (n - 1) / static_cast<std::size_t>(context_) : 0;
 }
 
-std::uint32_t TokenDataset::token(std::size_t i) const noexcept {
-  return std::visit([&](const auto& all) { return static_cast<std::uint32_t>(all[begin_ + i]); },
-                    *tokens_);
-}
-
 void TokenDataset::get(std::size_t i, float* x, std::int32_t* y) const {
   if (i >= size())
     throw std::out_of_range(fmt::format("token dataset: sample {} of {}", i, size()));

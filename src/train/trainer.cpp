@@ -174,8 +174,6 @@ EvalMetrics eval_metrics(const std::array<double, 3>& totals, std::int64_t step,
   return m;
 }
 
-}  // namespace
-
 // The peak FLOP/s of this process's devices together, from the backend's device names; 0 when
 // any of them is not in the table (every CPU).
 double job_peak_flops(const Backend& backend, std::span<const int> ids, bool tf32) {
@@ -189,6 +187,8 @@ double job_peak_flops(const Backend& backend, std::span<const int> ids, bool tf3
   }
   return total;
 }
+
+}  // namespace
 
 struct Trainer::Impl {
   Impl(Config c, std::shared_ptr<const Dataset> tr, std::shared_ptr<const Dataset> ev,

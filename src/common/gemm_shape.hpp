@@ -1,0 +1,24 @@
+// The shape check every device's gemm and gemm_batched make before running.
+#pragma once
+
+#include <algorithm>
+#include <stdexcept>
+
+#include <fmt/format.h>
+
+#include "lockstep/device.hpp"
+
+namespace lockstep::detail {
+
+// Row-major op(A) (m, k), op(B) (k, n), C (m, n), with leading dimensions at least the rows'
+// widths; std::invalid_argument naming `kernel` otherwise.
+inline void check_gemm_shape(const char* kernel, Transpose ta, Transpose tb, int m, int n, int k,
+                             int lda, int ldb, int ldc) {
+  const bool at = ta == Transpose::yes, bt = tb == Transpose::yes;
+  if (m < 0 || n < 0 || k < 0 || lda < std::max(1, at ? m : k) || ldb < std::max(1, bt ? k : n) ||
+      ldc < std::max(1, n))
+    throw std::invalid_argument(fmt::format("{}: bad shape m={} n={} k={} lda={} ldb={} ldc={}",
+                                            kernel, m, n, k, lda, ldb, ldc));
+}
+
+}  // namespace lockstep::detail
