@@ -136,17 +136,6 @@ TrainArgs parse_train_args(const std::vector<std::string_view>& args) {
   return out;
 }
 
-// Writes through a temporary file and a rename, so a reader never sees half a file.
-void write_file_atomically(const fs::path& path, const std::string& text) {
-  const fs::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f << text;
-    f.flush();
-    if (!f) throw std::runtime_error(fmt::format("{}: cannot write", tmp.string()));
-  }
-  fs::rename(tmp, path);
-}
 
 // Trains once per device count and compares steady-state throughput with the ideal
 // (one device's samples/s times N). The first tenth of each run is warm-up and not timed.

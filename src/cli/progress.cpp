@@ -72,13 +72,16 @@ void Progress::finish() {
   }
 }
 
+std::string describe_backend(const Summary& s) {
+  const std::size_t workers = s.devices.size() * static_cast<std::size_t>(s.processes);
+  return fmt::format("{} ({} worker{}: {}devices {})", s.backend, workers, workers == 1 ? "" : "s",
+                     s.processes > 1 ? fmt::format("{} processes x ", s.processes) : std::string(),
+                     fmt::join(s.devices, ","));
+}
+
 void print_summary(std::FILE* out, const Summary& s) {
   fmt::print(out, "summary\n");
-  const std::size_t workers = s.devices.size() * static_cast<std::size_t>(s.processes);
-  fmt::print(out, "  backend             {} ({} worker{}: {}devices {})\n", s.backend, workers,
-             workers == 1 ? "" : "s",
-             s.processes > 1 ? fmt::format("{} processes x ", s.processes) : std::string(),
-             fmt::join(s.devices, ","));
+  fmt::print(out, "  backend             {}\n", describe_backend(s));
   fmt::print(out, "  parameters          {}\n", s.parameters);
   fmt::print(out, "  steps               {}\n", s.steps);
   fmt::print(out, "  wall time           {:.3f} s\n", s.wall_s);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdio>
+#include <string>
 
 #include "lockstep/trainer.hpp"
 
@@ -26,5 +27,7 @@ class Progress {
 };
 
 void print_summary(std::FILE* out, const Summary& s);
+// "cpu (4 workers: 2 processes x devices 0,1)": the backend and every worker of the job.
+std::string describe_backend(const Summary& s);
 
 }  // namespace lockstep::cli

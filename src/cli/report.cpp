@@ -1,8 +1,10 @@
 #include "cli/report.hpp"
+#include "cli/progress.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <span>
 #include <stdexcept>
 #include <string_view>
 
@@ -10,6 +12,7 @@
 #include <fmt/ranges.h>
 
 #include "lockstep/version.hpp"
+#include "train/durable_file.hpp"
 
 namespace fs = std::filesystem;
 
@@ -246,8 +249,7 @@ std::string table(const Rows& rows) {
 
 std::string summary_table(const Summary& s) {
   Rows rows = {
-      {"backend", fmt::format("{} ({} worker{}: devices {})", s.backend, s.devices.size(),
-                              s.devices.size() == 1 ? "" : "s", fmt::join(s.devices, ","))},
+      {"backend", describe_backend(s)},
       {"parameters", std::to_string(s.parameters)},
       {"steps", std::to_string(s.steps)},
       {"samples", std::to_string(s.samples)},
@@ -275,18 +277,22 @@ std::string summary_table(const Summary& s) {
   return table(rows);
 }
 
-std::string settings_table(const Config& c) {
+std::string settings_table(const Config& c, const Summary& s) {
   const OptimizerConfig& o = c.optimizer;
   std::string optimizer = fmt::format("{}, lr {:g}", to_string(o.type), o.lr);
   if (o.type == OptimizerKind::sgd && o.momentum > 0.0)
     optimizer += fmt::format(", momentum {:g}{}", o.momentum, o.nesterov ? " (nesterov)" : "");
   if (o.weight_decay > 0.0) optimizer += fmt::format(", weight decay {:g}", o.weight_decay);
   if (o.clip_grad_norm > 0.0) optimizer += fmt::format(", clip norm {:g}", o.clip_grad_norm);
-  const std::size_t n = c.trainer.devices.size();
+  const std::size_t n = s.devices.size() * static_cast<std::size_t>(s.processes);  // workers
+  const ModelConfig& m = c.model;
   return table({
       {"config", c.source},
-      {"model", fmt::format("{}, hidden [{}], {}", c.model.type, fmt::join(c.model.hidden, ", "),
-                            to_string(c.model.activation))},
+      {"model", m.type == "gpt"
+                    ? fmt::format("gpt, {} layers, {} heads, d_model {}, context {}", m.n_layer,
+                                  m.n_head, m.d_model, m.context)
+                    : fmt::format("{}, hidden [{}], {}", m.type, fmt::join(m.hidden, ", "),
+                                  to_string(m.activation))},
       {"data", fmt::format("{}, batch {} per worker ({} global)", to_string(c.data.dataset),
                            c.data.batch_size, static_cast<std::size_t>(c.data.batch_size) * n)},
       {"optimizer", optimizer},
@@ -408,7 +414,7 @@ std::string RunReport::html(const Config& config, const Summary& summary) const 
       "<title>lockstep run report: {0}</title>\n<style>\n{1}\n</style>\n</head>\n<body>\n"
       "<h1>lockstep run report</h1>\n<p class=\"note\">{0}, written by lockstep {2}.</p>\n"
       "<h2>Summary</h2>\n{3}<h2>Settings</h2>\n{4}<h2>Loss</h2>\n<p class=\"note\">{5}</p>\n",
-      escape(config.source), kStyle, kVersion, summary_table(summary), settings_table(config),
+      escape(config.source), kStyle, kVersion, summary_table(summary), settings_table(config, summary),
       per_point);
   out += line_chart("Loss", "step", "cross-entropy", {loss, eval_loss}, true);
   out += line_chart("Accuracy", "step", "accuracy", {accuracy, eval_accuracy}, true);
@@ -426,15 +432,13 @@ std::string RunReport::html(const Config& config, const Summary& summary) const 
   return out + "</body>\n</html>\n";
 }
 
+void write_file_atomically(const fs::path& path, const std::string& text) {
+  const std::span<const std::byte> bytes = std::as_bytes(std::span(text.data(), text.size()));
+  detail::write_file_atomically(path, std::span(&bytes, 1));
+}
+
 void RunReport::write(const Config& config, const Summary& summary) const {
-  const fs::path tmp = file_.string() + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f << html(config, summary);
-    f.flush();
-    if (!f) throw std::runtime_error(fmt::format("trainer.report: cannot write '{}'", tmp.string()));
-  }
-  fs::rename(tmp, file_);
+  write_file_atomically(file_, html(config, summary));
 }
 
 }  // namespace lockstep::cli

@@ -27,6 +27,10 @@
 
 namespace lockstep::cli {
 
+// `text` to `path` so that a reader (or a crash) never sees half a file: the library's durable
+// write (temp file, fsync, rename, directory fsync).
+void write_file_atomically(const std::filesystem::path& path, const std::string& text);
+
 class RunReport {
  public:
   static constexpr std::size_t kMaxBuckets = 2048;
