@@ -200,15 +200,19 @@ extern "C" void on_signal(int sig) {
   if (Trainer* t = g_trainer.load()) t->request_stop();
 }
 
+// Installed before the config and data are read, so that a signal during start-up is kept
+// (not fatal) and stops the run after its first step, once attach() names the trainer.
 class SignalScope {
  public:
-  explicit SignalScope(Trainer& trainer) {
-    g_trainer.store(&trainer);
+  SignalScope() {
     struct sigaction sa {};
     sa.sa_handler = on_signal;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, &old_int_);
     sigaction(SIGTERM, &sa, &old_term_);
+  }
+  void attach(Trainer& trainer) {
+    g_trainer.store(&trainer);
     if (g_signal.load() != 0) trainer.request_stop();  // a signal that came before we were ready
   }
   ~SignalScope() {
@@ -236,6 +240,8 @@ int train(const std::vector<std::string_view>& argv,
       throw InputError(fmt::format("--summary-json {}: directory '{}' does not exist",
                                    args.summary_json, dir.string()));
   }
+  std::optional<SignalScope> signals;  // --scaling keeps the default handlers: Ctrl-C ends it
+  if (args.scaling.empty()) signals.emplace();
   const Config cfg = load_config(args.config, args.overrides);
   const DataSplit data = load_dataset(cfg, fs::path(args.config).parent_path());
 
@@ -287,7 +293,7 @@ int train(const std::vector<std::string_view>& argv,
   std::fflush(stdout);
   Summary summary;
   try {
-    SignalScope signals(trainer);
+    signals->attach(trainer);
     summary = trainer.run();
   } catch (...) {
     progress.finish();
