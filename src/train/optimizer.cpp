@@ -38,22 +38,24 @@ void Optimizer::apply(float* params, const float* grads, double lr, std::size_t 
   }
 }
 
+std::vector<std::string> Optimizer::state_names() const {
+  if (cfg_.type == OptimizerKind::adamw) return {"adamw.m", "adamw.v"};
+  return m_.data() ? std::vector<std::string>{"momentum"} : std::vector<std::string>{};
+}
+
 std::vector<StateVector> Optimizer::state() const {
   std::vector<StateVector> out;
-  if (cfg_.type == OptimizerKind::sgd) {
-    if (m_.data()) out.push_back({"momentum", m_.download()});
-  } else {
-    out.push_back({"adamw.m", m_.download()});
-    out.push_back({"adamw.v", v_.download()});
+  for (std::string& name : state_names()) {
+    const DeviceArray<float>& buffer = name == "adamw.v" ? v_ : m_;
+    out.push_back({std::move(name), buffer.download()});
   }
   return out;
 }
 
 void Optimizer::load_state(std::span<const StateVector> state, std::int64_t steps_taken,
                            const std::string& source) {
-  const std::vector<StateVector> mine = this->state();  // the names and sizes expected
-  std::vector<std::string> expected, got;
-  for (const StateVector& v : mine) expected.push_back(v.name);
+  const std::vector<std::string> expected = state_names();
+  std::vector<std::string> got;
   for (const StateVector& v : state) got.push_back(v.name);
   if (expected != got)
     throw InputError(fmt::format("{}: optimizer state holds [{}], this {} optimizer needs [{}]",

@@ -34,6 +34,8 @@ class Optimizer {
 
   // The state for checkpoints: "momentum" (SGD with momentum), "adamw.m" and "adamw.v".
   std::vector<StateVector> state() const;
+  // The names state() returns, without copying anything off the device.
+  std::vector<std::string> state_names() const;
   // Restores what state() returned, and the step count. Throws InputError naming `source` if the
   // vectors do not match this optimiser.
   void load_state(std::span<const StateVector> state, std::int64_t steps_taken,
