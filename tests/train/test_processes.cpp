@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "comm/loopback_processes.hpp"
+#include "trainer_fixtures.hpp"
 #include "lockstep/lockstep.hpp"
 
 using namespace lockstep;
@@ -16,19 +17,10 @@ using namespace lockstep;
 namespace {
 
 Config job_config(int devices, std::vector<int> hidden = {16, 8}) {
-  Config cfg;
+  Config cfg = test::cpu_config(devices, /*batch=*/6, /*steps=*/15, /*seed=*/11);
   cfg.source = "job.yaml";
   cfg.model.hidden = std::move(hidden);
-  cfg.data.batch_size = 6;
-  cfg.optimizer.type = OptimizerKind::adamw;
-  cfg.optimizer.lr = 0.01;
-  cfg.trainer.backend = BackendKind::cpu;
-  cfg.trainer.devices.resize(devices);
-  std::iota(cfg.trainer.devices.begin(), cfg.trainer.devices.end(), 0);
-  cfg.trainer.steps = 15;
-  cfg.trainer.seed = 11;
   cfg.trainer.check_replicas_every = 5;
-  cfg.trainer.threads_per_device = 1;
   return cfg;
 }
 

@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "lockstep/lockstep.hpp"
+#include "trainer_fixtures.hpp"
 
 using namespace lockstep;
 namespace fs = std::filesystem;
@@ -19,22 +20,15 @@ std::shared_ptr<const Dataset> synthetic(std::size_t n, std::uint64_t seed) {
 }
 
 Config config(int devices, OptimizerKind opt, const fs::path& dir) {
-  Config cfg;
-  cfg.source = "test";
+  // 40 steps: 200 samples / 2 workers / batch 8 is 13 batches an epoch, so 3+ epochs.
+  Config cfg = test::cpu_config(devices, /*batch=*/8, /*steps=*/40, /*seed=*/11);
   cfg.model.hidden = {24, 16};
-  cfg.data.batch_size = 8;
   cfg.optimizer.type = opt;
   cfg.optimizer.lr = opt == OptimizerKind::sgd ? 0.05 : 0.01;
   cfg.optimizer.momentum = opt == OptimizerKind::sgd ? 0.9 : 0.0;
   cfg.schedule.type = ScheduleKind::warmup_cosine;
   cfg.schedule.warmup_steps = 5;
-  cfg.trainer.backend = BackendKind::cpu;
-  cfg.trainer.devices.resize(devices);
-  std::iota(cfg.trainer.devices.begin(), cfg.trainer.devices.end(), 0);
-  cfg.trainer.steps = 40;  // 200 samples / 2 workers / batch 8: 13 batches an epoch, so 3+ epochs
-  cfg.trainer.seed = 11;
-  cfg.trainer.log_every = 1000;
-  cfg.trainer.threads_per_device = 1;
+  cfg.trainer.check_replicas_every = Config{}.trainer.check_replicas_every;
   cfg.trainer.checkpoint.dir = dir.string();
   cfg.trainer.checkpoint.keep_last = 2;
   return cfg;
