@@ -101,6 +101,17 @@ Checkpoint load_pair(const fs::path& weights, const fs::path& state,
 
 Checkpoint load_files(const CheckpointFiles& f) { return load_pair(f.weights, f.state, f.step); }
 
+// Whether both files are there and verify. Incomplete or corrupt is not a checkpoint;
+// load_latest() says why.
+bool complete(const CheckpointFiles& f) {
+  try {
+    load_files(f);
+    return true;
+  } catch (const InputError&) {
+    return false;
+  }
+}
+
 // What save() refuses before writing anything, so that it never leaves half a checkpoint
 // that could not load.
 void check_savable(const Checkpoint& c) {
@@ -140,11 +151,15 @@ CheckpointFiles CheckpointManager::save(const Checkpoint& ckpt) {
   }
   if (keep_last_ == 0) return files;
 
-  const std::vector<CheckpointFiles> complete = list();
-  std::vector<std::int64_t> kept;  // the newest keep_last complete steps up to `step`
-  for (auto it = complete.rbegin(); it != complete.rend(); ++it)
-    if (it->step <= step && std::cmp_less(kept.size(), keep_last_)) kept.push_back(it->step);
-  for (const std::int64_t old : steps_on_disk(dir_)) {
+  // Keep the newest keep_last - 1 complete checkpoints below `step` (just verified above):
+  // walking down from the newest, each older pair is read once, and only until enough are kept.
+  const std::vector<std::int64_t> on_disk = steps_on_disk(dir_);
+  std::vector<std::int64_t> kept;
+  for (auto it = on_disk.rbegin(); it != on_disk.rend() && std::cmp_less(kept.size() + 1, keep_last_); ++it) {
+    if (*it >= step) continue;
+    if (complete(files_of(dir_, *it))) kept.push_back(*it);
+  }
+  for (const std::int64_t old : on_disk) {
     if (old >= step) break;
     if (std::find(kept.begin(), kept.end(), old) != kept.end()) continue;
     const CheckpointFiles doomed = files_of(dir_, old);
@@ -157,14 +172,8 @@ CheckpointFiles CheckpointManager::save(const Checkpoint& ckpt) {
 
 std::vector<CheckpointFiles> CheckpointManager::list() const {
   std::vector<CheckpointFiles> out;
-  for (const std::int64_t step : steps_on_disk(dir_)) {
-    try {
-      load_files(files_of(dir_, step));
-      out.push_back(files_of(dir_, step));
-    } catch (const InputError&) {
-      // Incomplete or corrupt: not a checkpoint. load_latest() says why.
-    }
-  }
+  for (const std::int64_t step : steps_on_disk(dir_))
+    if (complete(files_of(dir_, step))) out.push_back(files_of(dir_, step));
   return out;
 }
 
