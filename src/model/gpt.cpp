@@ -246,52 +246,77 @@ class Block final : public Layer {
 
   static std::size_t elements(int rows, int cols) { return std::size_t(rows) * std::size_t(cols); }
 
-  // Per sequence b, over its H heads at once (head h is columns h*D.. of q, k, v and atty):
-  // att = causal_softmax(q k^T / sqrt(D)) (T, T); atty = att v (T, D).
+  // One operand of attention's products: the matrix of sequence b and head h starts at
+  // base + b * batch_stride + h * head_stride (head h is columns h*D.. of q, k, v and atty).
+  template <class T>
+  struct PerHead {
+    T* base;
+    std::int64_t batch_stride, head_stride;
+    int ld;
+  };
+
+  // C(b, h) = op(A(b, h)) op(B(b, h)) for every sequence b and head h, as few batched GEMM calls
+  // as the layout allows: one per head (B matrices each) or one per sequence (H each), whichever
+  // is fewer. Every operand is uniformly strided both ways.
+  void per_head_gemm(Device& dev, Transpose ta, Transpose tb, int m, int n, int k,
+                     PerHead<const float> a, PerHead<const float> b, PerHead<float> c,
+                     int batch) const {
+    if (batch >= h_) {
+      for (int h = 0; h < h_; ++h)
+        dev.gemm_batched(ta, tb, m, n, k, 1.0f, a.base + h * a.head_stride, a.ld, a.batch_stride,
+                         b.base + h * b.head_stride, b.ld, b.batch_stride, 0.0f,
+                         c.base + h * c.head_stride, c.ld, c.batch_stride, batch);
+    } else {
+      for (int s = 0; s < batch; ++s)
+        dev.gemm_batched(ta, tb, m, n, k, 1.0f, a.base + s * a.batch_stride, a.ld, a.head_stride,
+                         b.base + s * b.batch_stride, b.ld, b.head_stride, 0.0f,
+                         c.base + s * c.batch_stride, c.ld, c.head_stride, h_);
+    }
+  }
+
+  // The operands, for rows of T positions: q, k, v in qkv (N, 3C) and y in atty (N, C) with
+  // head h at columns h*D; attention matrices (B, H, T, T).
+  template <class T>
+  PerHead<T> in_qkv(T* qkv, int which) const {
+    return {qkv + which * c_, std::int64_t(t_) * 3 * c_, c_ / h_, 3 * c_};
+  }
+  template <class T>
+  PerHead<T> in_rows(T* y) const {
+    return {y, std::int64_t(t_) * c_, c_ / h_, c_};
+  }
+  template <class T>
+  PerHead<T> in_att(T* att) const {
+    const std::int64_t tt = std::int64_t(t_) * t_;
+    return {att, h_ * tt, tt, t_};
+  }
+
+  // att = causal_softmax(q k^T / sqrt(D)) (T, T); atty = att v (T, D); per sequence and head.
   void attention_forward(Device& dev, const Saved& s, int batch) const {
-    const int c = c_, d = c_ / h_, t = t_;
-    const std::int64_t tt = std::int64_t(t) * t;
-    for (int b = 0; b < batch; ++b) {
-      const float* q = s.qkv + elements(b * t, 3 * c);
-      float* att = s.att + std::size_t(b) * h_ * tt;
-      dev.gemm_batched(Transpose::no, Transpose::yes, t, t, d, 1.0f, q, 3 * c, d, q + c, 3 * c, d,
-                       0.0f, att, t, tt, h_);
-    }
+    const int d = c_ / h_, t = t_;
+    const float* qkv = s.qkv;
+    per_head_gemm(dev, Transpose::no, Transpose::yes, t, t, d, in_qkv(qkv, 0), in_qkv(qkv, 1),
+                  in_att(s.att), batch);
     dev.causal_softmax_forward(s.att, s.att, batch * h_, t, 1.0f / std::sqrt(float(d)));
-    for (int b = 0; b < batch; ++b) {
-      const float* v = s.qkv + elements(b * t, 3 * c) + 2 * c;
-      const float* att = s.att + std::size_t(b) * h_ * tt;
-      dev.gemm_batched(Transpose::no, Transpose::no, t, d, t, 1.0f, att, t, tt, v, 3 * c, d, 0.0f,
-                       s.atty + elements(b * t, c), c, d, h_);
-    }
+    per_head_gemm(dev, Transpose::no, Transpose::no, t, d, t, in_att<const float>(s.att),
+                  in_qkv(qkv, 2), in_rows(s.atty), batch);
   }
 
   // From d.tmp = d atty: d att = d atty v^T; d v = att^T d atty; d scores by the softmax's
   // backward (scaled); d q = d scores k; d k = d scores^T q. Writes d.qkv.
   void attention_backward(Device& dev, const Saved& s, const Scratch& g, int batch) const {
-    const int c = c_, d = c_ / h_, t = t_;
-    const std::int64_t tt = std::int64_t(t) * t;
-    for (int b = 0; b < batch; ++b) {
-      const float* dy = g.tmp + elements(b * t, c);
-      const float* v = s.qkv + elements(b * t, 3 * c) + 2 * c;
-      const float* att = s.att + std::size_t(b) * h_ * tt;
-      float* datt = g.att + std::size_t(b) * h_ * tt;
-      float* dv = g.qkv + elements(b * t, 3 * c) + 2 * c;
-      dev.gemm_batched(Transpose::no, Transpose::yes, t, t, d, 1.0f, dy, c, d, v, 3 * c, d, 0.0f,
-                       datt, t, tt, h_);
-      dev.gemm_batched(Transpose::yes, Transpose::no, t, d, t, 1.0f, att, t, tt, dy, c, d, 0.0f,
-                       dv, 3 * c, d, h_);
-    }
+    const int d = c_ / h_, t = t_;
+    const float* qkv = s.qkv;
+    const float* dy = g.tmp;
+    per_head_gemm(dev, Transpose::no, Transpose::yes, t, t, d, in_rows(dy), in_qkv(qkv, 2),
+                  in_att(g.att), batch);
+    per_head_gemm(dev, Transpose::yes, Transpose::no, t, d, t, in_att<const float>(s.att),
+                  in_rows(dy), in_qkv(g.qkv, 2), batch);
     dev.causal_softmax_backward(s.att, g.att, g.att, batch * h_, t, 1.0f / std::sqrt(float(d)));
-    for (int b = 0; b < batch; ++b) {
-      const float* q = s.qkv + elements(b * t, 3 * c);
-      const float* datt = g.att + std::size_t(b) * h_ * tt;
-      float* dq = g.qkv + elements(b * t, 3 * c);
-      dev.gemm_batched(Transpose::no, Transpose::no, t, d, t, 1.0f, datt, t, tt, q + c, 3 * c, d,
-                       0.0f, dq, 3 * c, d, h_);
-      dev.gemm_batched(Transpose::yes, Transpose::no, t, d, t, 1.0f, datt, t, tt, q, 3 * c, d,
-                       0.0f, dq + c, 3 * c, d, h_);
-    }
+    const float* datt = g.att;
+    per_head_gemm(dev, Transpose::no, Transpose::no, t, d, t, in_att(datt), in_qkv(qkv, 1),
+                  in_qkv(g.qkv, 0), batch);
+    per_head_gemm(dev, Transpose::yes, Transpose::no, t, d, t, in_att(datt), in_qkv(qkv, 0),
+                  in_qkv(g.qkv, 1), batch);
   }
 
   int t_, c_, h_, n_layer_;
