@@ -19,6 +19,7 @@
 #include <fmt/format.h>
 
 #include "lockstep/lockstep.hpp"
+#include "train/json.hpp"
 #include "stats.hpp"
 
 using namespace lockstep;
@@ -76,7 +77,7 @@ int run(const Options& o) {
     backend = make_backend(o.backend, std::span(&id, 1), {.tf32 = o.tf32});
     dev = backend->create_device(id, 1, o.threads);
   } catch (const std::exception& e) {
-    fmt::print("{{\"error\": \"{}\"}}\n", e.what());
+    fmt::print("{{\"error\": {}}}\n", detail::json_quote(e.what()));  // one valid JSON line
     return 0;
   }
   const Model model = Model::gpt(spec);
