@@ -25,6 +25,7 @@
 
 #include <fmt/format.h>
 
+#include "common/elementwise_math.hpp"
 #include "common/gemm_shape.hpp"
 #include "common/random.hpp"
 #include "lockstep/device.hpp"
@@ -43,62 +44,6 @@ std::size_t blocks_of(std::size_t n, std::size_t block) { return (n + block - 1)
 std::size_t rows_per_block(std::size_t cols) {
   return std::max<std::size_t>(1, kGrain / std::max<std::size_t>(1, cols));
 }
-
-// ---- Activations: f(x) and f'(x), as lambdas so that each instantiates (and inlines) its own loop
-
-constexpr float kGeluC = 0.7978845608028654f;  // sqrt(2 / pi)
-constexpr float kGeluA = 0.044715f;
-
-constexpr auto relu = [](float x) { return x > 0.0f ? x : 0.0f; };
-constexpr auto relu_grad = [](float x) { return x > 0.0f ? 1.0f : 0.0f; };
-const auto tanh_fn = [](float x) { return std::tanh(x); };
-const auto tanh_grad = [](float x) {
-  const float t = std::tanh(x);
-  return 1.0f - t * t;
-};
-
-// exp(x) without a library call, so that loops using it vectorise (Cephes' expf): x = k ln2 + r
-// with |r| <= ln2 / 2, e^r by a degree-6 polynomial, 2^k through the exponent bits. Within 8e-8
-// relative of exp (checked against std::exp in double over [-80, 80] in 1e-4 steps); the argument
-// is clamped to [-87, 87] (e^-87 is still a normal float).
-inline float exp_poly(float x) {
-  x = x > 87.0f ? 87.0f : (x < -87.0f ? -87.0f : x);
-  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  const float k = (x * 1.44269504088896341f + kRound) - kRound;
-  const float r = (x - k * 0.693359375f) + k * 2.12194440e-4f;  // ln2 in two parts
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * (r * r) + r + 1.0f;
-  return p * std::bit_cast<float>((static_cast<std::int32_t>(k) + 127) << 23);
-}
-
-// GELU needs 1 + tanh(u) and 1 - tanh(u)^2, which cancel badly where tanh(u) is near -1 or 1 if
-// computed from tanh(u) itself. From e = exp(-2|u|) (tanh |u| = (1 - e) / (1 + e)) both come
-// without cancellation: 1 + tanh u = 2 / (1 + e) for u >= 0 and 2e / (1 + e) below;
-// 1 - tanh^2 u = 4e / (1 + e)^2.
-struct TanhTerms {
-  float one_plus;      // 1 + tanh(u)
-  float one_minus_sq;  // 1 - tanh(u)^2
-};
-inline TanhTerms tanh_terms(float u) {
-  const float e = exp_poly(u < 0.0f ? 2.0f * u : -2.0f * u);
-  const float inv = 1.0f / (1.0f + e);
-  return {(u < 0.0f ? 2.0f * e : 2.0f) * inv, 4.0f * e * inv * inv};
-}
-
-// The tanh approximation: 0.5 x (1 + tanh(c (x + a x^3))), and its derivative.
-const auto gelu = [](float x) {
-  return 0.5f * x * tanh_terms(kGeluC * (x + kGeluA * x * x * x)).one_plus;
-};
-const auto gelu_grad = [](float x) {
-  const TanhTerms t = tanh_terms(kGeluC * (x + kGeluA * x * x * x));
-  return 0.5f * t.one_plus +
-         0.5f * x * t.one_minus_sq * kGeluC * (1.0f + 3.0f * kGeluA * x * x);
-};
 
 using detail::check_gemm_shape;
 
@@ -155,9 +100,9 @@ class CpuDevice final : public Device {
 
   void activation_forward(Activation f, const float* x, float* y, std::size_t n) override {
     switch (f) {
-      case Activation::relu: return map(x, y, n, relu);
-      case Activation::tanh: return map(x, y, n, tanh_fn);
-      case Activation::gelu: return map(x, y, n, gelu);
+      case Activation::relu: return map(x, y, n, [](float v) { return detail::relu(v); });
+      case Activation::tanh: return map(x, y, n, [](float v) { return detail::tanh_act(v); });
+      case Activation::gelu: return map(x, y, n, [](float v) { return detail::gelu(v); });
     }
     throw std::invalid_argument("activation_forward: unknown activation");
   }
@@ -165,9 +110,12 @@ class CpuDevice final : public Device {
   void activation_backward(Activation f, const float* x, const float* dy, float* dx,
                            std::size_t n) override {
     switch (f) {
-      case Activation::relu: return map_grad(x, dy, dx, n, relu_grad);
-      case Activation::tanh: return map_grad(x, dy, dx, n, tanh_grad);
-      case Activation::gelu: return map_grad(x, dy, dx, n, gelu_grad);
+      case Activation::relu:
+        return map_grad(x, dy, dx, n, [](float v) { return detail::relu_grad(v); });
+      case Activation::tanh:
+        return map_grad(x, dy, dx, n, [](float v) { return detail::tanh_grad(v); });
+      case Activation::gelu:
+        return map_grad(x, dy, dx, n, [](float v) { return detail::gelu_grad(v); });
     }
     throw std::invalid_argument("activation_backward: unknown activation");
   }
@@ -291,43 +239,23 @@ class CpuDevice final : public Device {
 
   void sgd_step(const SgdParams& opt, float lr, float* params, const float* grads,
                 float* momentum_buf, std::size_t n) override {
-    const float mu = opt.momentum, wd = opt.weight_decay;
-    if (mu != 0.0f && !momentum_buf)
+    if (opt.momentum != 0.0f && !momentum_buf)
       throw std::invalid_argument("sgd_step: momentum needs a momentum buffer");
-    const bool nesterov = opt.nesterov;
+    const detail::SgdScalars s{lr, opt.momentum, opt.weight_decay, opt.nesterov};
     // By value: a float captured by reference might alias params[i] as far as GCC knows, which
     // would keep it from hoisting the branches out of the loop and vectorising it.
     for_range(n, [=](std::size_t i0, std::size_t i1) {
-      for (std::size_t i = i0; i < i1; ++i) {
-        float g = grads[i];
-        if (wd != 0.0f) g += wd * params[i];
-        if (mu != 0.0f) {
-          const float buf = momentum_buf[i] = mu * momentum_buf[i] + g;
-          g = nesterov ? g + mu * buf : buf;
-        }
-        params[i] -= lr * g;
-      }
+      for (std::size_t i = i0; i < i1; ++i) detail::sgd_update(s, params, grads, momentum_buf, i);
     });
   }
 
   void adamw_step(const AdamWParams& opt, float lr, std::int64_t t, float* params,
                   const float* grads, float* m, float* v, std::size_t n) override {
     if (t < 1) throw std::invalid_argument(fmt::format("adamw_step: step {} < 1", t));
-    const double b1 = opt.beta1, b2 = opt.beta2, td = static_cast<double>(t);
-    const float decay = static_cast<float>(1.0 - double(lr) * opt.weight_decay);
-    const float beta1 = opt.beta1, beta2 = opt.beta2, eps = opt.eps;
-    const float one_minus_b1 = static_cast<float>(1.0 - b1);
-    const float one_minus_b2 = static_cast<float>(1.0 - b2);
-    const float step_size = static_cast<float>(lr / (1.0 - std::pow(b1, td)));
-    const float bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(b2, td)));
+    const detail::AdamWScalars s =
+        detail::adamw_scalars(opt.beta1, opt.beta2, opt.eps, opt.weight_decay, lr, t);
     for_range(n, [=](std::size_t i0, std::size_t i1) {
-      for (std::size_t i = i0; i < i1; ++i) {
-        const float g = grads[i];
-        const float mi = m[i] = beta1 * m[i] + one_minus_b1 * g;
-        const float vi = v[i] = beta2 * v[i] + one_minus_b2 * g * g;
-        const float denom = std::sqrt(vi) / bc2_sqrt + eps;
-        params[i] = params[i] * decay - step_size * (mi / denom);
-      }
+      for (std::size_t i = i0; i < i1; ++i) detail::adamw_update(s, params, grads, m, v, i);
     });
   }
 

@@ -1,4 +1,5 @@
-// Launchers for the CUDA backend's kernels (kernels.cu).
+// Launchers for the CUDA backend's kernels, one file per op family under src/cuda/ops (named in
+// each section below; src/cpu/ops has the CPU reference under the same names).
 //
 // Each launcher enqueues its kernel on `stream`, returns without waiting, and checks the launch
 // (throws CudaError). Empty inputs launch nothing. Pointers are device memory of the stream's
@@ -13,6 +14,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "common/elementwise_math.hpp"
+
 namespace lockstep::cuda {
 
 // Threads per block of every kernel, and the fixed grid of the two-pass reductions: a fixed
@@ -24,7 +27,7 @@ constexpr int kReduceBlocks = 1024;
 // Mirrors lockstep::Activation.
 enum class ActivationKind : int { relu, gelu, tanh };
 
-// ---- Elementwise ---------------------------------------------------------------------------
+// ---- Elementwise (elementwise.cu) ---------------------------------------------------------
 
 // x[0..n) = value
 void launch_fill(cudaStream_t stream, float* x, float value, std::size_t n);
@@ -37,12 +40,13 @@ void launch_activation_forward(cudaStream_t stream, ActivationKind f, const floa
                                std::size_t n);
 void launch_activation_backward(cudaStream_t stream, ActivationKind f, const float* x,
                                 const float* dy, float* dx, std::size_t n);
-
-// ---- Reductions ----------------------------------------------------------------------------
-
+// y = a + b; y may alias a or b.
+void launch_add(cudaStream_t stream, const float* a, const float* b, float* y, std::size_t n);
 // dbias (cols) += column sums of dy (rows, cols), each column summed over the rows in order, in
 // double: the same arithmetic as the CPU device.
 void launch_bias_grad(cudaStream_t stream, float* dbias, const float* dy, int rows, int cols);
+
+// ---- Softmax (softmax.cu) ------------------------------------------------------------------
 
 // What softmax_cross_entropy leaves in device memory for the host to read.
 struct LossResult {
@@ -58,6 +62,14 @@ void launch_softmax_cross_entropy(cudaStream_t stream, const float* logits,
                                   float* dlogits, float grad_scale, double* row_loss,
                                   int* row_correct, LossResult* result);
 
+// `count` (T, T) matrices, one warp per row. p may alias s; ds may alias dp.
+void launch_causal_softmax_forward(cudaStream_t stream, const float* s, float* p, int count,
+                                   int T, float scale);
+void launch_causal_softmax_backward(cudaStream_t stream, const float* p, const float* dp,
+                                    float* ds, int count, int T, float scale);
+
+// ---- Reductions (reduce.cu) ---------------------------------------------------------------
+
 // *result = sum of x[i]^2 in double. partials: kReduceBlocks doubles of scratch.
 void launch_sum_squares(cudaStream_t stream, const float* x, std::size_t n, double* partials,
                         double* result);
@@ -66,29 +78,19 @@ void launch_sum_squares(cudaStream_t stream, const float* x, std::size_t n, doub
 void launch_hash(cudaStream_t stream, const float* x, std::size_t n,
                  unsigned long long* result);
 
-// ---- Optimisers ----------------------------------------------------------------------------
+// ---- Optimisers (optimizer.cu) ------------------------------------------------------------
 
 // SGD, PyTorch semantics (see device.hpp). momentum_buf may be null when momentum == 0.
 void launch_sgd_step(cudaStream_t stream, float lr, float momentum, float weight_decay,
                      bool nesterov, float* params, const float* grads, float* momentum_buf,
                      std::size_t n);
 
-// AdamW's per-step scalars, computed in double on the host and rounded once.
-struct AdamWScalars {
-  float beta1, beta2;
-  float one_minus_beta1, one_minus_beta2;
-  float step_size;  // lr / (1 - beta1^t)
-  float bc2_sqrt;   // sqrt(1 - beta2^t)
-  float eps;
-  float decay;      // 1 - lr * weight_decay
-};
+// AdamW's per-step scalars: detail::adamw_scalars() computes them on the host.
+using AdamWScalars = detail::AdamWScalars;
 void launch_adamw_step(cudaStream_t stream, const AdamWScalars& s, float* params,
                        const float* grads, float* m, float* v, std::size_t n);
 
-// ---- Transformer (shapes and semantics as in device.hpp) ------------------------------------
-
-// y = a + b; y may alias a or b.
-void launch_add(cudaStream_t stream, const float* a, const float* b, float* y, std::size_t n);
+// ---- Embedding (embedding.cu); shapes and semantics as in device.hpp ---------------------
 
 // ids (batch, T) as floats, wte (V, C), wpe (>= T, C): out (batch, T, C) = wte[ids] + wpe[t].
 void launch_embedding_forward(cudaStream_t stream, const float* ids, const float* wte,
@@ -102,6 +104,8 @@ void launch_embedding_backward(cudaStream_t stream, const float* ids, const floa
                                float* dwte, float* dwpe, int batch, int T, int C, void* scratch,
                                std::size_t scratch_bytes);
 
+// ---- LayerNorm (layernorm.cu) --------------------------------------------------------------
+
 // x, y (rows, C), weight, bias (C), mean, rstd (rows). One warp per row.
 void launch_layernorm_forward(cudaStream_t stream, const float* x, const float* weight,
                               const float* bias, float* y, float* mean, float* rstd, int rows,
@@ -114,13 +118,7 @@ void launch_layernorm_backward(cudaStream_t stream, const float* x, const float*
                                const float* mean, const float* rstd, const float* dy, float* dx,
                                float* dweight, float* dbias, int rows, int C, void* scratch);
 
-// `count` (T, T) matrices, one warp per row. p may alias s; ds may alias dp.
-void launch_causal_softmax_forward(cudaStream_t stream, const float* s, float* p, int count,
-                                   int T, float scale);
-void launch_causal_softmax_backward(cudaStream_t stream, const float* p, const float* dp,
-                                    float* ds, int count, int T, float scale);
-
-// ---- Peer all-reduce -----------------------------------------------------------------------
+// ---- Peer all-reduce (peer_reduce.cu) -----------------------------------------------------
 
 constexpr int kMaxPeerRanks = 64;
 // One slice of every rank's buffer, readable from the stream's device (same device, peer

@@ -1,0 +1,151 @@
+// LayerNorm, forward and backward (CPU: src/cpu/ops/layernorm.cpp).
+//
+// Per-row reductions use a fixed warp butterfly (every lane ends with the same bits); the weight
+// and bias gradients go through per-block partials and a second pass, never atomics.
+#include <cmath>
+
+#include "cuda/ops/common.cuh"
+
+namespace lockstep::cuda {
+namespace {
+
+constexpr int kLayerNormChunk = 256;  // rows per partial of LayerNorm's dweight / dbias
+
+// One warp per row of x (rows, C): mean and variance in double, rounded once, as on the CPU;
+// y with a rounded product (no fused multiply-add) before the bias, as on the CPU.
+__global__ void layernorm_forward_kernel(const float* x, const float* weight, const float* bias,
+                                         float* y, float* mean, float* rstd, std::size_t rows,
+                                         int C) {
+  const std::size_t row = warp_row();
+  if (row >= rows) return;  // the whole warp: the shuffles below see every lane
+  const float* xr = x + row * C;
+  double sum = 0.0;
+  for (int c = lane(); c < C; c += kWarp) sum += xr[c];
+  const double mu = warp_sum(sum) / double(C);
+  double var = 0.0;
+  for (int c = lane(); c < C; c += kWarp) {
+    const double d = xr[c] - mu;
+    var += d * d;
+  }
+  var = warp_sum(var);
+  const float m = static_cast<float>(mu);
+  const float s = static_cast<float>(1.0 / sqrt(var / double(C) + 1e-5));
+  float* yr = y + row * C;
+  for (int c = lane(); c < C; c += kWarp) yr[c] = __fmul_rn((xr[c] - m) * s, weight[c]) + bias[c];
+  if (lane() == 0) {
+    mean[row] = m;
+    rstd[row] = s;
+  }
+}
+
+// One warp per row: dx += rstd * (g - mean_c(g) - xhat * mean_c(g * xhat)), g = dy * weight,
+// the two means summed in double as on the CPU. __fmul_rn: rounded products, no fused
+// multiply-add, as on the CPU (with C = 1, g - mean_c(g) must be exactly 0).
+__global__ void layernorm_backward_dx_kernel(const float* x, const float* weight,
+                                             const float* mean, const float* rstd,
+                                             const float* dy, float* dx, std::size_t rows,
+                                             int C) {
+  const std::size_t row = warp_row();
+  if (row >= rows) return;
+  const float* xr = x + row * C;
+  const float* dyr = dy + row * C;
+  const float m = mean[row], s = rstd[row];
+  double g_sum = 0.0, gx_sum = 0.0;
+  for (int c = lane(); c < C; c += kWarp) {
+    const float g = dyr[c] * weight[c];
+    g_sum += g;
+    gx_sum += double(g) * ((xr[c] - m) * s);
+  }
+  const float g_mean = static_cast<float>(warp_sum(g_sum) / double(C));
+  const float gx_mean = static_cast<float>(warp_sum(gx_sum) / double(C));
+  float* dxr = dx + row * C;
+  for (int c = lane(); c < C; c += kWarp) {
+    const float xhat = (xr[c] - m) * s;
+    dxr[c] += __fmul_rn(s, __fmul_rn(dyr[c], weight[c]) - g_mean - __fmul_rn(xhat, gx_mean));
+  }
+}
+
+// Pass 1 of LayerNorm's dweight and dbias. Block (chunk, tile): rows [chunk * kLayerNormChunk,
+// +kLayerNormChunk), columns [tile * 32, +32); lane = column, warp w takes rows w, w + 8, ...
+// in order, then warp 0 adds the eight warps' sums in order. partials (chunks, 2, C): the
+// chunk's sum of dy * xhat, then of dy, in double.
+__global__ void layernorm_param_partials_kernel(const float* x, const float* mean,
+                                                const float* rstd, const float* dy, int rows,
+                                                int C, double* partials) {
+  const int w = static_cast<int>(threadIdx.x / kWarp);
+  const int c = static_cast<int>(blockIdx.y) * kWarp + lane();
+  const int chunk = static_cast<int>(blockIdx.x);
+  const int r1 = min(rows, (chunk + 1) * kLayerNormChunk);
+  double dw = 0.0, db = 0.0;
+  if (c < C)
+    for (int r = chunk * kLayerNormChunk + w; r < r1; r += kWarpsPerBlock) {
+      const std::size_t i = static_cast<std::size_t>(r) * C + c;
+      const float d = dy[i];
+      dw += double(d) * ((x[i] - mean[r]) * rstd[r]);
+      db += d;
+    }
+  __shared__ double sdw[kWarpsPerBlock][kWarp], sdb[kWarpsPerBlock][kWarp];
+  sdw[w][lane()] = dw;
+  sdb[w][lane()] = db;
+  __syncthreads();
+  if (w != 0 || c >= C) return;
+  for (int k = 1; k < kWarpsPerBlock; ++k) {
+    dw += sdw[k][lane()];
+    db += sdb[k][lane()];
+  }
+  partials[(2 * static_cast<std::size_t>(chunk)) * C + c] = dw;
+  partials[(2 * static_cast<std::size_t>(chunk) + 1) * C + c] = db;
+}
+
+// Pass 2: one thread per column adds the chunks' partials in chunk order, then into the
+// gradients (rounded once, as on the CPU).
+__global__ void layernorm_param_grads_kernel(const double* partials, int chunks, int C,
+                                             float* dweight, float* dbias) {
+  const std::size_t c = first_index();
+  if (c >= static_cast<std::size_t>(C)) return;
+  double dw = 0.0, db = 0.0;
+  for (int k = 0; k < chunks; ++k) {
+    dw += partials[(2 * static_cast<std::size_t>(k)) * C + c];
+    db += partials[(2 * static_cast<std::size_t>(k) + 1) * C + c];
+  }
+  dweight[c] += static_cast<float>(dw);
+  dbias[c] += static_cast<float>(db);
+}
+
+int layernorm_chunks(int rows) { return (rows + kLayerNormChunk - 1) / kLayerNormChunk; }
+
+}  // namespace
+
+void launch_layernorm_forward(cudaStream_t stream, const float* x, const float* weight,
+                              const float* bias, float* y, float* mean, float* rstd, int rows,
+                              int C) {
+  if (rows == 0) return;
+  layernorm_forward_kernel<<<blocks_for_rows(rows), kThreads, 0, stream>>>(
+      x, weight, bias, y, mean, rstd, static_cast<std::size_t>(rows), C);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+std::size_t layernorm_backward_scratch_bytes(int rows, int C) {
+  return 2 * static_cast<std::size_t>(layernorm_chunks(rows)) * static_cast<std::size_t>(C) *
+         sizeof(double);
+}
+
+void launch_layernorm_backward(cudaStream_t stream, const float* x, const float* weight,
+                               const float* mean, const float* rstd, const float* dy, float* dx,
+                               float* dweight, float* dbias, int rows, int C, void* scratch) {
+  if (rows == 0 || C == 0) return;
+  layernorm_backward_dx_kernel<<<blocks_for_rows(rows), kThreads, 0, stream>>>(
+      x, weight, mean, rstd, dy, dx, static_cast<std::size_t>(rows), C);
+  CUDA_CHECK(cudaGetLastError());
+  const int chunks = layernorm_chunks(rows);
+  auto* partials = static_cast<double*>(scratch);
+  const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>((C + kWarp - 1) / kWarp));
+  layernorm_param_partials_kernel<<<grid, kThreads, 0, stream>>>(x, mean, rstd, dy, rows, C,
+                                                                 partials);
+  CUDA_CHECK(cudaGetLastError());
+  layernorm_param_grads_kernel<<<(C + kThreads - 1) / kThreads, kThreads, 0, stream>>>(
+      partials, chunks, C, dweight, dbias);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace lockstep::cuda

@@ -1,0 +1,70 @@
+// Whole-buffer reductions: the sum of squares (gradient norms) in two fixed-shape passes, and
+// the replica hash (CPU: src/cpu/ops/reduce.cpp).
+#include "cuda/ops/common.cuh"
+#include "cuda/random.cuh"
+
+namespace lockstep::cuda {
+namespace {
+
+// Pass 1 of sum_squares: grid of exactly kReduceBlocks blocks, one partial per block. Each
+// thread takes its elements in grid-stride order, four loads at a time so that enough bytes are
+// in flight to stream at full bandwidth; the adds stay in that order.
+__global__ void sum_squares_kernel(const float* x, std::size_t n, double* partials) {
+  const std::size_t stride = grid_stride();
+  std::size_t i = first_index();
+  double s = 0.0;
+  for (; i < n && 3 * stride < n - i; i += 4 * stride) {  // i + 3 stride < n, without overflow
+    const double a = x[i], b = x[i + stride], c = x[i + 2 * stride], d = x[i + 3 * stride];
+    s += a * a;
+    s += b * b;
+    s += c * c;
+    s += d * d;
+  }
+  for (; i < n; i += stride) {
+    const double v = x[i];
+    s += v * v;
+  }
+  s = block_sum(s);
+  if (threadIdx.x == 0) partials[blockIdx.x] = s;
+}
+
+// Pass 2: one block sums `count` partials.
+__global__ void sum_partials_kernel(const double* partials, int count, double* result) {
+  double s = 0.0;
+  for (int i = threadIdx.x; i < count; i += kThreads) s += partials[i];
+  s = block_sum(s);
+  if (threadIdx.x == 0) *result = s;
+}
+
+// sum of mix64(bits(x[i]) ^ mix64(i)) mod 2^64: per thread, per warp, then one atomic per warp.
+__global__ void hash_kernel(const float* x, std::size_t n, unsigned long long* result) {
+  unsigned long long h = 0;
+  for (std::size_t i = first_index(); i < n; i += grid_stride())
+    h += mix64(static_cast<std::uint64_t>(__float_as_uint(x[i])) ^ mix64(i));
+  for (int offset = 16; offset > 0; offset /= 2) h += __shfl_down_sync(0xffffffffu, h, offset);
+  if (threadIdx.x % 32 == 0) atomicAdd(result, h);
+}
+
+}  // namespace
+
+void launch_sum_squares(cudaStream_t stream, const float* x, std::size_t n, double* partials,
+                        double* result) {
+  if (n == 0) {
+    CUDA_CHECK(cudaMemsetAsync(result, 0, sizeof(double), stream));
+    return;
+  }
+  sum_squares_kernel<<<kReduceBlocks, kThreads, 0, stream>>>(x, n, partials);
+  CUDA_CHECK(cudaGetLastError());
+  sum_partials_kernel<<<1, kThreads, 0, stream>>>(partials, kReduceBlocks, result);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_hash(cudaStream_t stream, const float* x, std::size_t n,
+                 unsigned long long* result) {
+  CUDA_CHECK(cudaMemsetAsync(result, 0, sizeof(unsigned long long), stream));
+  if (n == 0) return;
+  hash_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, n, result);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace lockstep::cuda

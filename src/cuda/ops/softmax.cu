@@ -1,0 +1,166 @@
+// Softmax kernels: the classifier's softmax cross-entropy (loss, correct count, dlogits) and the
+// attention's causal softmax, forward and backward (CPU: src/cpu/ops/softmax.cpp).
+//
+// In-place row kernels (causal softmax) are safe because every element of a row is read and
+// written by the same lane only, reads before writes.
+#include <climits>
+#include <cmath>
+
+#include "cuda/ops/common.cuh"
+
+namespace lockstep::cuda {
+namespace {
+
+// One block per row of logits (rows, classes): argmax, log-sum-exp in double, the row's loss and
+// correctness into row_loss / row_correct, and optionally the row of dlogits.
+__global__ void softmax_xent_rows_kernel(const float* logits, const std::int32_t* labels,
+                                         int classes, float* dlogits, float grad_scale,
+                                         double* row_loss, int* row_correct, LossResult* result) {
+  const int row = blockIdx.x;
+  const int label = labels[row];
+  if (label < 0 || label >= classes) {  // the same for the whole block: no thread is left waiting
+    if (threadIdx.x == 0) {
+      atomicMin(&result->bad_row, row);
+      row_loss[row] = 0.0;
+      row_correct[row] = 0;
+    }
+    return;
+  }
+  const float* z = logits + static_cast<std::size_t>(row) * classes;
+
+  // argmax: the first index of the largest value, as the CPU's scan with a strict '>' finds it.
+  __shared__ float best_value[kThreads];
+  __shared__ int best_index[kThreads];
+  float bv = 0.0f;
+  int bi = INT_MAX;  // INT_MAX: this thread has seen nothing yet
+  for (int j = threadIdx.x; j < classes; j += kThreads)
+    if (bi == INT_MAX || z[j] > bv) {
+      bv = z[j];
+      bi = j;
+    }
+  best_value[threadIdx.x] = bv;
+  best_index[threadIdx.x] = bi;
+  __syncthreads();
+  for (unsigned stride = kThreads / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) {
+      const float ov = best_value[threadIdx.x + stride], mv = best_value[threadIdx.x];
+      const int oi = best_index[threadIdx.x + stride], mi = best_index[threadIdx.x];
+      if (oi != INT_MAX && (mi == INT_MAX || ov > mv || (ov == mv && oi < mi))) {
+        best_value[threadIdx.x] = ov;
+        best_index[threadIdx.x] = oi;
+      }
+    }
+    __syncthreads();
+  }
+  const int argmax = best_index[0];
+  const double zmax = z[argmax];
+
+  double partial = 0.0;
+  for (int j = threadIdx.x; j < classes; j += kThreads) partial += exp(double(z[j]) - zmax);
+  const double sum = block_sum(partial);
+
+  if (threadIdx.x == 0) {
+    row_loss[row] = log(sum) - (double(z[label]) - zmax);  // logsumexp - z[label]
+    row_correct[row] = argmax == label ? 1 : 0;
+  }
+  if (!dlogits) return;
+  float* d = dlogits + static_cast<std::size_t>(row) * classes;
+  for (int j = threadIdx.x; j < classes; j += kThreads) {
+    const double p = exp(double(z[j]) - zmax) / sum - (j == label ? 1.0 : 0.0);
+    d[j] = static_cast<float>(p * grad_scale);
+  }
+}
+
+// One block: the rows' losses and correct counts, summed in a fixed order.
+__global__ void softmax_xent_total_kernel(const double* row_loss, const int* row_correct,
+                                          const std::int32_t* labels, int rows,
+                                          LossResult* result) {
+  double loss = 0.0, correct = 0.0;
+  for (int r = threadIdx.x; r < rows; r += kThreads) {
+    loss += row_loss[r];
+    correct += row_correct[r];
+  }
+  loss = block_sum(loss);
+  correct = block_sum(correct);  // exact: integers far below 2^53
+  if (threadIdx.x == 0) {
+    result->loss_sum = loss;
+    result->correct = static_cast<long long>(correct);
+    const int bad = result->bad_row;
+    result->bad_label = bad < rows ? labels[bad] : 0;
+  }
+}
+
+// One warp per row of `count` (T, T) matrices (row = matrix * T + i): p[j] = softmax over
+// j <= i of scale * s[j], 0 above the diagonal. p may alias s: each lane reads its own
+// elements of the row, and writes them only in the last pass, after its last read.
+// __fmul_rn keeps scale * s a rounded product (no fused multiply-add), as on the CPU.
+__global__ void causal_softmax_forward_kernel(const float* s, float* p, std::size_t rows, int T,
+                                              float scale) {
+  const std::size_t row = warp_row();
+  if (row >= rows) return;
+  const int i = static_cast<int>(row % static_cast<std::size_t>(T));
+  const float* sr = s + row * T;
+  float* pr = p + row * T;
+  float zmax = -INFINITY;
+  for (int j = lane(); j <= i; j += kWarp) zmax = fmaxf(zmax, __fmul_rn(scale, sr[j]));
+  zmax = warp_max(zmax);
+  double sum = 0.0;
+  for (int j = lane(); j <= i; j += kWarp) sum += expf(__fmul_rn(scale, sr[j]) - zmax);
+  const float inv = static_cast<float>(1.0 / warp_sum(sum));
+  for (int j = lane(); j < T; j += kWarp)
+    pr[j] = j <= i ? expf(__fmul_rn(scale, sr[j]) - zmax) * inv : 0.0f;
+}
+
+// One warp per row: ds[j] = scale * p[j] * (dp[j] - sum over j' <= i of p[j'] dp[j']), the sum
+// in double; 0 above the diagonal. ds may alias dp (same lane, read before write).
+__global__ void causal_softmax_backward_kernel(const float* p, const float* dp, float* ds,
+                                               std::size_t rows, int T, float scale) {
+  const std::size_t row = warp_row();
+  if (row >= rows) return;
+  const int i = static_cast<int>(row % static_cast<std::size_t>(T));
+  const float* pr = p + row * T;
+  const float* dpr = dp + row * T;
+  float* dsr = ds + row * T;
+  double dot = 0.0;
+  for (int j = lane(); j <= i; j += kWarp) dot += double(pr[j]) * dpr[j];
+  const float d = static_cast<float>(warp_sum(dot));
+  for (int j = lane(); j < T; j += kWarp) dsr[j] = j <= i ? scale * pr[j] * (dpr[j] - d) : 0.0f;
+}
+
+}  // namespace
+
+void launch_softmax_cross_entropy(cudaStream_t stream, const float* logits,
+                                  const std::int32_t* labels, int rows, int classes,
+                                  float* dlogits, float grad_scale, double* row_loss,
+                                  int* row_correct, LossResult* result) {
+  // bad_row starts above any row (0x7f7f7f7f); the row kernel lowers it with atomicMin.
+  CUDA_CHECK(cudaMemsetAsync(&result->bad_row, 0x7f, sizeof(int), stream));
+  if (rows > 0) {
+    softmax_xent_rows_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
+        logits, labels, classes, dlogits, grad_scale, row_loss, row_correct, result);
+    CUDA_CHECK(cudaGetLastError());
+  }
+  softmax_xent_total_kernel<<<1, kThreads, 0, stream>>>(row_loss, row_correct, labels, rows,
+                                                        result);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_causal_softmax_forward(cudaStream_t stream, const float* s, float* p, int count,
+                                   int T, float scale) {
+  const std::size_t rows = static_cast<std::size_t>(count) * static_cast<std::size_t>(T);
+  if (rows == 0) return;
+  causal_softmax_forward_kernel<<<blocks_for_rows(rows), kThreads, 0, stream>>>(s, p, rows, T,
+                                                                                scale);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_causal_softmax_backward(cudaStream_t stream, const float* p, const float* dp,
+                                    float* ds, int count, int T, float scale) {
+  const std::size_t rows = static_cast<std::size_t>(count) * static_cast<std::size_t>(T);
+  if (rows == 0) return;
+  causal_softmax_backward_kernel<<<blocks_for_rows(rows), kThreads, 0, stream>>>(p, dp, ds, rows,
+                                                                                 T, scale);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace lockstep::cuda
