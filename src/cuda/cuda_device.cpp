@@ -1,4 +1,4 @@
-// The CUDA device. See cuda_device.hpp for its threading and ordering rules, and kernels.cu for
+// The CUDA device. See cuda_device.hpp for its threading and ordering rules, and src/cuda/ops for
 // the arithmetic (which follows the CPU device's).
 #include "cuda/cuda_device.hpp"
 
@@ -310,16 +310,8 @@ void CudaDevice::sgd_step(const SgdParams& opt, float lr, float* params, const f
 void CudaDevice::adamw_step(const AdamWParams& opt, float lr, std::int64_t t, float* params,
                             const float* grads, float* m, float* v, std::size_t n) {
   if (t < 1) throw std::invalid_argument(fmt::format("adamw_step: step {} < 1", t));
-  const double b1 = opt.beta1, b2 = opt.beta2, td = static_cast<double>(t);
-  AdamWScalars s{};
-  s.beta1 = opt.beta1;
-  s.beta2 = opt.beta2;
-  s.one_minus_beta1 = static_cast<float>(1.0 - b1);
-  s.one_minus_beta2 = static_cast<float>(1.0 - b2);
-  s.step_size = static_cast<float>(lr / (1.0 - std::pow(b1, td)));
-  s.bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(b2, td)));
-  s.eps = opt.eps;
-  s.decay = static_cast<float>(1.0 - double(lr) * opt.weight_decay);
+  const AdamWScalars s =
+      detail::adamw_scalars(opt.beta1, opt.beta2, opt.eps, opt.weight_decay, lr, t);
   launch_adamw_step(stream(), s, params, grads, m, v, n);
 }
 
