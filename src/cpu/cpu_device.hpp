@@ -1,0 +1,159 @@
+// The CPU device: host memory, kernels on a private oneTBB arena, GEMM through OpenBLAS. The
+// class is declared here; its kernels are defined in src/cpu/ops, one file per op family, named
+// as the CUDA kernels' files in src/cuda/ops.
+//
+// Invariants:
+//  - Results are bit-identical for identical inputs whatever the arena's size and however TBB
+//    schedules the work. Elementwise kernels compute every element on its own; reductions and
+//    GEMM split the work into blocks whose bounds depend on the shape alone, and reductions
+//    combine the per-block partials in block order.
+//  - OpenBLAS runs single-threaded (set once, process-wide); the arena supplies the parallelism.
+//  - A single block runs on the calling thread without entering the arena.
+//  - The queue is the calling thread: every kernel has finished when it returns.
+//  - Every file of src/cpu is compiled with -fno-trapping-math -fno-math-errno (CMakeLists.txt),
+//    without which GCC does not vectorise the elementwise loops.
+#pragma once
+
+#include <tbb/blocked_range.h>
+#include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "lockstep/device.hpp"
+
+namespace lockstep::cpu {
+
+constexpr std::size_t kGrain = 16384;  // elements per block (elementwise and reductions)
+
+inline std::size_t blocks_of(std::size_t n, std::size_t block) { return (n + block - 1) / block; }
+// Rows of a (rows, cols) matrix per block: about kGrain elements.
+inline std::size_t rows_per_block(std::size_t cols) {
+  return std::max<std::size_t>(1, kGrain / std::max<std::size_t>(1, cols));
+}
+
+class CpuDevice final : public Device {
+ public:
+  CpuDevice(int id, int threads) : id_(id), arena_(threads) {}
+
+  std::string_view backend() const noexcept override { return "cpu"; }
+  int id() const noexcept override { return id_; }
+
+  // ---- Memory (cpu_device.cpp) ----------------------------------------------------------------
+
+  void* allocate(std::size_t bytes) override;
+  void deallocate(void* ptr) noexcept override;
+  void copy_to_device(void* dst, const void* host_src, std::size_t bytes) override;
+  void copy_to_host(void* host_dst, const void* src, std::size_t bytes) override;
+  void copy(void* dst, const void* src, std::size_t bytes) override;
+  void synchronize() override {}
+
+  // ---- Elementwise (ops/elementwise.cpp) ------------------------------------------------------
+
+  void fill(float* x, float value, std::size_t n) override;
+  void scale(float* x, float alpha, std::size_t n) override;
+  void add(const float* a, const float* b, float* y, std::size_t n) override;
+  void add_bias(float* y, const float* bias, int rows, int cols) override;
+  void bias_grad(float* dbias, const float* dy, int rows, int cols) override;
+  void activation_forward(Activation f, const float* x, float* y, std::size_t n) override;
+  void activation_backward(Activation f, const float* x, const float* dy, float* dx,
+                           std::size_t n) override;
+
+  // ---- GEMM (ops/gemm.cpp) --------------------------------------------------------------------
+
+  void gemm(Transpose ta, Transpose tb, int m, int n, int k, float alpha, const float* a, int lda,
+            const float* b, int ldb, float beta, float* c, int ldc) override;
+  void gemm_batched(Transpose ta, Transpose tb, int m, int n, int k, float alpha, const float* a,
+                    int lda, std::int64_t stride_a, const float* b, int ldb, std::int64_t stride_b,
+                    float beta, float* c, int ldc, std::int64_t stride_c, int count) override;
+
+  // ---- Softmax (ops/softmax.cpp) --------------------------------------------------------------
+
+  LossStats softmax_cross_entropy(const float* logits, const std::int32_t* labels, int rows,
+                                  int classes, float* dlogits, float grad_scale) override;
+  void causal_softmax_forward(const float* s, float* p, int count, int T, float scale) override;
+  void causal_softmax_backward(const float* p, const float* dp, float* ds, int count, int T,
+                               float scale) override;
+
+  // ---- Reductions (ops/reduce.cpp) ------------------------------------------------------------
+
+  double sum_squares(const float* x, std::size_t n) override;
+  std::uint64_t hash(const float* x, std::size_t n) override;
+
+  // ---- Optimisers (ops/optimizer.cpp) ---------------------------------------------------------
+
+  void sgd_step(const SgdParams& opt, float lr, float* params, const float* grads,
+                float* momentum_buf, std::size_t n) override;
+  void adamw_step(const AdamWParams& opt, float lr, std::int64_t t, float* params,
+                  const float* grads, float* m, float* v, std::size_t n) override;
+
+  // ---- Embedding (ops/embedding.cpp) ----------------------------------------------------------
+
+  void embedding_forward(const float* ids, const float* wte, const float* wpe, float* out,
+                         int batch, int T, int C) override;
+  void embedding_backward(const float* ids, const float* dout, float* dwte, float* dwpe,
+                          int batch, int T, int C) override;
+
+  // ---- LayerNorm (ops/layernorm.cpp) ----------------------------------------------------------
+
+  void layernorm_forward(const float* x, const float* weight, const float* bias, float* y,
+                         float* mean, float* rstd, int rows, int C) override;
+  void layernorm_backward(const float* x, const float* weight, const float* mean,
+                          const float* rstd, const float* dy, float* dx, float* dweight,
+                          float* dbias, int rows, int C) override;
+
+ private:
+  // Calls fn(b) for every b in [0, count): on the caller when count is 1, else in the arena.
+  template <class Fn>
+  void for_blocks(std::size_t count, const Fn& fn) {
+    if (count <= 1) {
+      if (count == 1) fn(std::size_t{0});
+      return;
+    }
+    arena_.execute([&] {
+      tbb::parallel_for(tbb::blocked_range<std::size_t>(0, count, 1),
+                        [&](const tbb::blocked_range<std::size_t>& r) {
+                          for (std::size_t b = r.begin(); b != r.end(); ++b) fn(b);
+                        });
+    });
+  }
+
+  // Calls body(i0, i1) over [0, n) in blocks of kGrain.
+  template <class Body>
+  void for_range(std::size_t n, const Body& body) {
+    for_blocks(blocks_of(n, kGrain),
+               [&](std::size_t b) { body(b * kGrain, std::min(n, (b + 1) * kGrain)); });
+  }
+
+  // combine(...combine(combine(T{}, partial(block 0)), partial(block 1))...), blocks of `block`.
+  template <class T, class Partial, class Combine>
+  T reduce_blocks(std::size_t n, std::size_t block, const Partial& partial,
+                  const Combine& combine) {
+    std::vector<T> partials(blocks_of(n, block));
+    for_blocks(partials.size(), [&](std::size_t b) {
+      partials[b] = partial(b * block, std::min(n, (b + 1) * block));
+    });
+    T acc{};
+    for (const T& p : partials) acc = combine(acc, p);
+    return acc;
+  }
+
+  // Defined in the one file that uses each: ops/elementwise.cpp, ops/softmax.cpp.
+  template <class F>
+  void map(const float* x, float* y, std::size_t n, F f);
+  template <class F>
+  void map_grad(const float* x, const float* dy, float* dx, std::size_t n, F fprime);
+  template <class Fn>
+  void for_rows_of_squares(int count, int T, const Fn& fn);
+
+  int id_;
+  tbb::task_arena arena_;
+};
+
+}  // namespace lockstep::cpu

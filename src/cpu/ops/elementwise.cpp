@@ -1,0 +1,100 @@
+// Elementwise kernels: fill, scale, add, the bias and its gradient, activations. The activation
+// math is common/elementwise_math.hpp, shared with the CUDA kernels (src/cuda/ops/elementwise.cu).
+#include "cpu/cpu_device.hpp"
+
+#include "common/elementwise_math.hpp"
+
+namespace lockstep::cpu {
+
+// y = f(x) and dx = dy * f'(x), elementwise over n.
+// In place (y == x, dx == dy) the loops name one array rather than two that alias: GCC
+// vectorises a loop over two arrays behind a runtime overlap check, which exact aliasing fails.
+template <class F>
+void CpuDevice::map(const float* x, float* y, std::size_t n, F f) {
+  for_range(n, [x, y, f](std::size_t i0, std::size_t i1) {
+    if (y == x)
+      for (std::size_t i = i0; i < i1; ++i) y[i] = f(y[i]);
+    else
+      for (std::size_t i = i0; i < i1; ++i) y[i] = f(x[i]);
+  });
+}
+
+template <class F>
+void CpuDevice::map_grad(const float* x, const float* dy, float* dx, std::size_t n, F fprime) {
+  for_range(n, [x, dy, dx, fprime](std::size_t i0, std::size_t i1) {
+    if (dx == dy)
+      for (std::size_t i = i0; i < i1; ++i) dx[i] *= fprime(x[i]);
+    else
+      for (std::size_t i = i0; i < i1; ++i) dx[i] = dy[i] * fprime(x[i]);
+  });
+}
+
+void CpuDevice::fill(float* x, float value, std::size_t n) {
+  for_range(n, [&](std::size_t i0, std::size_t i1) { std::fill(x + i0, x + i1, value); });
+}
+
+void CpuDevice::scale(float* x, float alpha, std::size_t n) {
+  for_range(n, [&](std::size_t i0, std::size_t i1) {
+    for (std::size_t i = i0; i < i1; ++i) x[i] *= alpha;
+  });
+}
+
+void CpuDevice::add(const float* a, const float* b, float* y, std::size_t n) {
+  for_range(n, [&](std::size_t i0, std::size_t i1) {
+    for (std::size_t i = i0; i < i1; ++i) y[i] = a[i] + b[i];
+  });
+}
+
+// y (rows, cols) += bias (cols)
+void CpuDevice::add_bias(float* y, const float* bias, int rows, int cols) {
+  const std::size_t nc = static_cast<std::size_t>(cols), nr = static_cast<std::size_t>(rows);
+  const std::size_t block = rows_per_block(nc);
+  for_blocks(blocks_of(nr, block), [&](std::size_t b) {
+    for (std::size_t r = b * block; r < std::min(nr, (b + 1) * block); ++r)
+      for (std::size_t c = 0; c < nc; ++c) y[r * nc + c] += bias[c];
+  });
+}
+
+// dbias (cols) += column sums of dy (rows, cols). Each column is summed over the rows in order,
+// in double; columns are split into fixed blocks.
+void CpuDevice::bias_grad(float* dbias, const float* dy, int rows, int cols) {
+  constexpr std::size_t kCols = 64;
+  const std::size_t nc = static_cast<std::size_t>(cols), nr = static_cast<std::size_t>(rows);
+  const auto columns = [&](std::size_t c0, std::size_t c1) {
+    double acc[kCols];
+    for (std::size_t c = c0; c < c1; ++c) acc[c - c0] = dbias[c];
+    for (std::size_t r = 0; r < nr; ++r)
+      for (std::size_t c = c0; c < c1; ++c) acc[c - c0] += dy[r * nc + c];
+    for (std::size_t c = c0; c < c1; ++c) dbias[c] = static_cast<float>(acc[c - c0]);
+  };
+  if (nr * nc <= kGrain) {
+    for (std::size_t c0 = 0; c0 < nc; c0 += kCols) columns(c0, std::min(nc, c0 + kCols));
+    return;
+  }
+  for_blocks(blocks_of(nc, kCols),
+             [&](std::size_t b) { columns(b * kCols, std::min(nc, (b + 1) * kCols)); });
+}
+
+void CpuDevice::activation_forward(Activation f, const float* x, float* y, std::size_t n) {
+  switch (f) {
+    case Activation::relu: return map(x, y, n, [](float v) { return detail::relu(v); });
+    case Activation::tanh: return map(x, y, n, [](float v) { return detail::tanh_act(v); });
+    case Activation::gelu: return map(x, y, n, [](float v) { return detail::gelu(v); });
+  }
+  throw std::invalid_argument("activation_forward: unknown activation");
+}
+
+void CpuDevice::activation_backward(Activation f, const float* x, const float* dy, float* dx,
+                                    std::size_t n) {
+  switch (f) {
+    case Activation::relu:
+      return map_grad(x, dy, dx, n, [](float v) { return detail::relu_grad(v); });
+    case Activation::tanh:
+      return map_grad(x, dy, dx, n, [](float v) { return detail::tanh_grad(v); });
+    case Activation::gelu:
+      return map_grad(x, dy, dx, n, [](float v) { return detail::gelu_grad(v); });
+  }
+  throw std::invalid_argument("activation_backward: unknown activation");
+}
+
+}  // namespace lockstep::cpu

@@ -1,0 +1,41 @@
+// Token and position embeddings, forward and backward (CUDA: src/cuda/ops/embedding.cu).
+#include "cpu/cpu_device.hpp"
+
+namespace lockstep::cpu {
+
+// out (B, T, C) = wte[ids] + wpe[t], a block of rows at a time.
+void CpuDevice::embedding_forward(const float* ids, const float* wte, const float* wpe, float* out,
+                                  int batch, int T, int C) {
+  const std::size_t nc = static_cast<std::size_t>(C), rows = std::size_t(batch) * T;
+  const std::size_t block = rows_per_block(nc);
+  for_blocks(blocks_of(rows, block), [&](std::size_t blk) {
+    for (std::size_t r = blk * block; r < std::min(rows, (blk + 1) * block); ++r) {
+      const float* tok = wte + static_cast<std::size_t>(ids[r]) * nc;
+      const float* pos = wpe + (r % static_cast<std::size_t>(T)) * nc;
+      for (std::size_t c = 0; c < nc; ++c) out[r * nc + c] = tok[c] + pos[c];
+    }
+  });
+}
+
+// Deterministic without atomics: each block of channels walks every position in order, so a
+// token's rows are summed in position order whatever the arena.
+void CpuDevice::embedding_backward(const float* ids, const float* dout, float* dwte, float* dwpe,
+                                   int batch, int T, int C) {
+  constexpr std::size_t kCols = 64;
+  const std::size_t nc = static_cast<std::size_t>(C), nt = static_cast<std::size_t>(T);
+  const std::size_t rows = static_cast<std::size_t>(batch) * nt;
+  for_blocks(blocks_of(nc, kCols), [&](std::size_t blk) {
+    const std::size_t c0 = blk * kCols, c1 = std::min(nc, c0 + kCols);
+    for (std::size_t r = 0; r < rows; ++r) {
+      float* tok = dwte + static_cast<std::size_t>(ids[r]) * nc;
+      float* pos = dwpe + (r % nt) * nc;
+      const float* d = dout + r * nc;
+      for (std::size_t c = c0; c < c1; ++c) {
+        tok[c] += d[c];
+        pos[c] += d[c];
+      }
+    }
+  });
+}
+
+}  // namespace lockstep::cpu

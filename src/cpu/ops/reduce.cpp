@@ -1,0 +1,34 @@
+// Whole-buffer reductions: the sum of squares and the replica hash (CUDA: src/cuda/ops/reduce.cu).
+#include "cpu/cpu_device.hpp"
+
+#include <bit>
+
+#include "common/random.hpp"
+
+namespace lockstep::cpu {
+
+double CpuDevice::sum_squares(const float* x, std::size_t n) {
+  return reduce_blocks<double>(
+      n, kGrain,
+      [&](std::size_t i0, std::size_t i1) {
+        double s = 0.0;
+        for (std::size_t i = i0; i < i1; ++i) s += double(x[i]) * double(x[i]);
+        return s;
+      },
+      [](double acc, double s) { return acc + s; });
+}
+
+// n + sum over i of mix64(bits(x[i]) ^ mix64(i)), mod 2^64: exactly associative.
+std::uint64_t CpuDevice::hash(const float* x, std::size_t n) {
+  return n + reduce_blocks<std::uint64_t>(
+                 n, kGrain,
+                 [&](std::size_t i0, std::size_t i1) {
+                   std::uint64_t h = 0;
+                   for (std::size_t i = i0; i < i1; ++i)
+                     h += detail::mix64(std::bit_cast<std::uint32_t>(x[i]) ^ detail::mix64(i));
+                   return h;
+                 },
+                 [](std::uint64_t acc, std::uint64_t h) { return acc + h; });
+}
+
+}  // namespace lockstep::cpu

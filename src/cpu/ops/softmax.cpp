@@ -1,0 +1,96 @@
+// Softmax kernels: the classifier's softmax cross-entropy and the attention's causal softmax,
+// forward and backward (CUDA: src/cuda/ops/softmax.cu).
+#include "cpu/cpu_device.hpp"
+
+#include <cmath>
+
+namespace lockstep::cpu {
+
+// Calls fn(row, i, T) for every row of `count` (T, T) matrices, row = matrix * T + i.
+template <class Fn>
+void CpuDevice::for_rows_of_squares(int count, int T, const Fn& fn) {
+  if (count < 0 || T < 0)
+    throw std::invalid_argument(fmt::format("causal softmax: bad shape count={} T={}", count, T));
+  const std::size_t nt = static_cast<std::size_t>(T), rows = std::size_t(count) * nt;
+  const std::size_t block = rows_per_block(nt);
+  for_blocks(blocks_of(rows, block), [&](std::size_t blk) {
+    for (std::size_t r = blk * block; r < std::min(rows, (blk + 1) * block); ++r) fn(r, r % nt, nt);
+  });
+}
+
+// logits (rows, classes), labels (rows), dlogits (rows, classes) or null.
+LossStats CpuDevice::softmax_cross_entropy(const float* logits, const std::int32_t* labels,
+                                           int rows, int classes, float* dlogits,
+                                           float grad_scale) {
+  if (rows < 0 || classes < 1)
+    throw std::invalid_argument(
+        fmt::format("softmax_cross_entropy: bad shape rows={} classes={}", rows, classes));
+  for (int r = 0; r < rows; ++r)
+    if (labels[r] < 0 || labels[r] >= classes)
+      throw std::out_of_range(fmt::format(
+          "softmax_cross_entropy: label {} of row {} is outside [0, {})", labels[r], r, classes));
+  const std::size_t nc = static_cast<std::size_t>(classes);
+  const auto rows_loss = [&](std::size_t r0, std::size_t r1) {
+    LossStats s;
+    for (std::size_t r = r0; r < r1; ++r) {
+      const float* z = logits + r * nc;
+      const std::size_t label = static_cast<std::size_t>(labels[r]);
+      std::size_t argmax = 0;
+      for (std::size_t j = 1; j < nc; ++j)
+        if (z[j] > z[argmax]) argmax = j;
+      const double zmax = z[argmax];
+      double sum = 0.0;
+      for (std::size_t j = 0; j < nc; ++j) sum += std::exp(z[j] - zmax);
+      s.loss_sum += std::log(sum) - (z[label] - zmax);  // logsumexp - z[label]
+      s.correct += argmax == label ? 1 : 0;
+      if (!dlogits) continue;
+      float* d = dlogits + r * nc;
+      for (std::size_t j = 0; j < nc; ++j) {
+        const double p = std::exp(z[j] - zmax) / sum - (j == label ? 1.0 : 0.0);
+        d[j] = static_cast<float>(p * grad_scale);
+      }
+    }
+    return s;
+  };
+  return reduce_blocks<LossStats>(
+      static_cast<std::size_t>(rows), rows_per_block(nc), rows_loss,
+      [](LossStats acc, const LossStats& s) {
+        acc.loss_sum += s.loss_sum;
+        acc.correct += s.correct;
+        return acc;
+      });
+}
+
+void CpuDevice::causal_softmax_forward(const float* s, float* p, int count, int T, float scale) {
+  for_rows_of_squares(count, T, [&](std::size_t row, std::size_t i, std::size_t nt) {
+    const float* sr = s + row * nt;
+    float* pr = p + row * nt;
+    float zmax = -INFINITY;
+    for (std::size_t j = 0; j <= i; ++j) zmax = std::max(zmax, scale * sr[j]);
+    double sum = 0.0;
+    for (std::size_t j = 0; j <= i; ++j) {
+      const float e = std::exp(scale * sr[j] - zmax);
+      pr[j] = e;
+      sum += e;
+    }
+    const float inv = static_cast<float>(1.0 / sum);
+    for (std::size_t j = 0; j <= i; ++j) pr[j] *= inv;
+    for (std::size_t j = i + 1; j < nt; ++j) pr[j] = 0.0f;
+  });
+}
+
+void CpuDevice::causal_softmax_backward(const float* p, const float* dp, float* ds, int count,
+                                        int T, float scale) {
+  for_rows_of_squares(count, T, [&](std::size_t row, std::size_t i, std::size_t nt) {
+    const float* pr = p + row * nt;
+    const float* dpr = dp + row * nt;
+    float* dsr = ds + row * nt;
+    double dot = 0.0;
+    for (std::size_t j = 0; j <= i; ++j) dot += double(pr[j]) * dpr[j];
+    const float d = static_cast<float>(dot);
+    for (std::size_t j = 0; j <= i; ++j) dsr[j] = scale * pr[j] * (dpr[j] - d);
+    for (std::size_t j = i + 1; j < nt; ++j) dsr[j] = 0.0f;
+  });
+}
+
+}  // namespace lockstep::cpu
