@@ -1,8 +1,8 @@
 // Per-element math that the CPU and CUDA devices both compute: activations and their
-// derivatives, and the SGD and AdamW updates of one parameter. Compiled by the host compiler
-// (src/cpu/ops/*.cpp, C++20) and by nvcc (src/cuda/ops/*.cu, C++17), so that the CPU reference
-// and the kernels run the same formula and cannot drift apart. Plain C++17, no library calls
-// that either side lacks.
+// derivatives, the SGD and AdamW updates of one parameter, and the replica hash's term.
+// Compiled by the host compiler (src/cpu/ops/*.cpp, C++20) and by nvcc (src/cuda/ops/*.cu,
+// C++17), so that the CPU reference and the kernels run the same formula and cannot drift apart.
+// Plain C++17, no library calls that either side lacks.
 //
 // Note [One exp for both backends]: GELU's exp is exp_poly below on both backends, not the
 // library's expf. On the CPU a library call would keep the loops from vectorising; on the GPU
@@ -16,11 +16,8 @@
 #include <cstdint>
 #include <cstring>
 
-#ifdef __CUDACC__
-#define LOCKSTEP_HOST_DEVICE __host__ __device__
-#else
-#define LOCKSTEP_HOST_DEVICE
-#endif
+#include "common/host_device.hpp"
+#include "common/random.hpp"
 
 namespace lockstep::detail {
 
@@ -149,6 +146,14 @@ LOCKSTEP_HOST_DEVICE inline void adamw_update(const AdamWScalars& s, float* para
   const float vi = v[i] = s.beta2 * v[i] + s.one_minus_beta2 * g * g;
   const float denom = std::sqrt(vi) / s.bc2_sqrt + s.eps;
   params[i] = params[i] * s.decay - s.step_size * (mi / denom);
+}
+
+// ---- Replica hash --------------------------------------------------------------------------
+
+// Element i's term of Device::hash, whose value must not depend on the backend: the hash is
+// n + the sum of these terms mod 2^64, for the float bit patterns `bits`.
+LOCKSTEP_HOST_DEVICE inline std::uint64_t hash_term(std::uint32_t bits, std::uint64_t i) {
+  return mix64(bits ^ mix64(i));
 }
 
 }  // namespace lockstep::detail

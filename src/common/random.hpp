@@ -5,18 +5,21 @@
 #include <cmath>
 #include <cstdint>
 
+#include "common/host_device.hpp"
+
 namespace lockstep::detail {
 
 // SplitMix64 (Steele, Lea, Flood 2014): advances `state` and returns the next 64-bit draw.
-inline std::uint64_t splitmix64(std::uint64_t& state) noexcept {
+LOCKSTEP_HOST_DEVICE inline std::uint64_t splitmix64(std::uint64_t& state) noexcept {
   std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   return z ^ (z >> 31);
 }
 
-// Mixes a value without state (for hashing).
-inline std::uint64_t mix64(std::uint64_t x) noexcept {
+// Mixes a value without state (for hashing). Compiled by nvcc too: Device::hash on the GPU
+// uses it (common/elementwise_math.hpp, hash_term).
+LOCKSTEP_HOST_DEVICE inline std::uint64_t mix64(std::uint64_t x) noexcept {
   std::uint64_t s = x;
   return splitmix64(s);
 }

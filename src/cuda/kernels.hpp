@@ -74,7 +74,7 @@ void launch_causal_softmax_backward(cudaStream_t stream, const float* p, const f
 void launch_sum_squares(cudaStream_t stream, const float* x, std::size_t n, double* partials,
                         double* result);
 
-// *result = sum over i of mix64(bits(x[i]) ^ mix64(i)) mod 2^64 (the caller adds n).
+// *result = sum over i of detail::hash_term(bits(x[i]), i) mod 2^64 (the caller adds n).
 void launch_hash(cudaStream_t stream, const float* x, std::size_t n,
                  unsigned long long* result);
 

@@ -3,7 +3,7 @@
 
 #include <bit>
 
-#include "common/random.hpp"
+#include "common/elementwise_math.hpp"
 
 namespace lockstep::cpu {
 
@@ -18,14 +18,14 @@ double CpuDevice::sum_squares(const float* x, std::size_t n) {
       [](double acc, double s) { return acc + s; });
 }
 
-// n + sum over i of mix64(bits(x[i]) ^ mix64(i)), mod 2^64: exactly associative.
+// n + sum over i of hash_term(bits(x[i]), i), mod 2^64: exactly associative.
 std::uint64_t CpuDevice::hash(const float* x, std::size_t n) {
   return n + reduce_blocks<std::uint64_t>(
                  n, kGrain,
                  [&](std::size_t i0, std::size_t i1) {
                    std::uint64_t h = 0;
                    for (std::size_t i = i0; i < i1; ++i)
-                     h += detail::mix64(std::bit_cast<std::uint32_t>(x[i]) ^ detail::mix64(i));
+                     h += detail::hash_term(std::bit_cast<std::uint32_t>(x[i]), i);
                    return h;
                  },
                  [](std::uint64_t acc, std::uint64_t h) { return acc + h; });

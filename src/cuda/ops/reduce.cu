@@ -1,7 +1,7 @@
 // Whole-buffer reductions: the sum of squares (gradient norms) in two fixed-shape passes, and
 // the replica hash (CPU: src/cpu/ops/reduce.cpp).
+#include "common/elementwise_math.hpp"
 #include "cuda/ops/common.cuh"
-#include "cuda/random.cuh"
 
 namespace lockstep::cuda {
 namespace {
@@ -36,11 +36,11 @@ __global__ void sum_partials_kernel(const double* partials, int count, double* r
   if (threadIdx.x == 0) *result = s;
 }
 
-// sum of mix64(bits(x[i]) ^ mix64(i)) mod 2^64: per thread, per warp, then one atomic per warp.
+// sum of hash_term(bits(x[i]), i) mod 2^64: per thread, per warp, then one atomic per warp.
 __global__ void hash_kernel(const float* x, std::size_t n, unsigned long long* result) {
   unsigned long long h = 0;
   for (std::size_t i = first_index(); i < n; i += grid_stride())
-    h += mix64(static_cast<std::uint64_t>(__float_as_uint(x[i])) ^ mix64(i));
+    h += detail::hash_term(__float_as_uint(x[i]), i);
   for (int offset = 16; offset > 0; offset /= 2) h += __shfl_down_sync(0xffffffffu, h, offset);
   if (threadIdx.x % 32 == 0) atomicAdd(result, h);
 }
