@@ -21,6 +21,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -228,6 +229,9 @@ class CopyStagedBuffer final : public StagedBuffer {
   CopyStagedBuffer(Device& device, std::size_t bytes) : device_(device), memory_(device, bytes) {}
   std::size_t bytes() const noexcept override { return memory_.size(); }
   void stage(std::span<const std::byte> host) override {
+    if (host.size() > memory_.size())
+      throw std::invalid_argument("StagedBuffer::stage: " + std::to_string(host.size()) +
+                                  " bytes into a buffer of " + std::to_string(memory_.size()));
     if (!host.empty()) device_.copy_to_device(memory_.data(), host.data(), host.size());
   }
   void wait() override {}
