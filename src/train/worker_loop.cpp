@@ -155,8 +155,8 @@ void WorkerLoop::set_up_data() {
 void WorkerLoop::run(Backend& backend) {
   set_up(backend);
   const int k = run_.cfg.trainer.accumulate_steps;
-  loop_start_s_ = steady_now_s();
-  window_.last_report_s = loop_start_s_;
+  times_.loop_start_s = steady_now_s();
+  window_.last_report_s = times_.loop_start_s;
   while (pos_.step < run_.total_steps) {
     begin_step();
     StepTotals mine;
@@ -219,8 +219,8 @@ void WorkerLoop::run_micro_batch(int micro, StepTotals& mine) {
   mine.samples += b.size;
   // Gradients accumulate over the micro-batches; only the last one is reduced (no_sync).
   const bool last_micro = micro == k - 1;
-  inject_nan_ = last_micro && run_.fault.at(global_, pos_.step, Fault::Kind::nan);
-  layer_start_s_ = steady_now_s();
+  backward_.inject_nan = last_micro && run_.fault.at(global_, pos_.step, Fault::Kind::nan);
+  backward_.layer_start_s = steady_now_s();
   TraceSpan span(track_, "backward");
   replica.backward(in.x->data<float>(), res_.dlogits.data(), b.size,
                    last_micro ? std::function<void(std::size_t)>(
@@ -232,13 +232,13 @@ void WorkerLoop::run_micro_batch(int micro, StepTotals& mine) {
 void WorkerLoop::grads_ready(std::size_t layer) {
   if (track_) {
     const double now = steady_now_s();
-    track_->push_back({fmt::format("backward layers.{}", layer), layer_start_s_, now, {}});
-    layer_start_s_ = now;
+    track_->push_back({fmt::format("backward layers.{}", layer), backward_.layer_start_s, now, {}});
+    backward_.layer_start_s = now;
   }
-  if (inject_nan_) {
+  if (backward_.inject_nan) {
     res_.device->fill(res_.replica->grads() + run_.model.param_offset(layer),
                       std::numeric_limits<float>::quiet_NaN(), 1);
-    inject_nan_ = false;
+    backward_.inject_nan = false;
   }
   res_.reducer->layer_ready(layer);
 }
@@ -403,7 +403,7 @@ void WorkerLoop::end_of_step(bool stop_now) {
     TraceSpan span(track_, "barrier");
     const double t0 = steady_now_s();
     comm_.barrier();
-    barrier_wait_s_ += steady_now_s() - t0;
+    times_.barrier_wait_s += steady_now_s() - t0;
   }
   // Global rank 0 writes after the step's barrier: every replica has taken the update.
   const bool save = run_.checkpoints &&
@@ -473,10 +473,10 @@ void WorkerLoop::finish() {
   const EvalMetrics final_eval = evaluate();
   check_replicas();
   // Where the time went: every worker fills its own row.
-  const TimeRow mine{.loop_s = steady_now_s() - loop_start_s_,
+  const TimeRow mine{.loop_s = steady_now_s() - times_.loop_start_s,
                      .comm_exposed_s = res_.reducer->exposed_seconds(),
                      .data_wait_s = res_.batches->data_wait_s(),
-                     .barrier_wait_s = barrier_wait_s_,
+                     .barrier_wait_s = times_.barrier_wait_s,
                      .comm_s = res_.reducer->comm_seconds()};
   std::vector<double> rows(static_cast<std::size_t>(comm_.size()) * TimeRow::kFields, 0.0);
   const auto fields = mine.fields();

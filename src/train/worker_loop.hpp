@@ -171,6 +171,17 @@ class WorkerLoop {
     double last_report_s = 0.0;
     StepMetrics last{};
   };
+  // Time accounting, seconds (data waits are counted by StagedBatches).
+  struct Times {
+    double loop_start_s = 0.0;
+    double barrier_wait_s = 0.0;
+  };
+  // What the last micro-batch's backward reports per layer: trace spans, and the nan fault
+  // (Fault::Kind::nan) on its way.
+  struct BackwardProbe {
+    double layer_start_s = 0.0;
+    bool inject_nan = false;
+  };
   struct UpdateResult {
     double loss = 0.0;  // mean per prediction over the global batch
     double lr = 0.0;
@@ -206,12 +217,9 @@ class WorkerLoop {
   Resources res_;
   Position pos_;
   Window window_;
-  double loop_start_s_ = 0.0;
-  double barrier_wait_s_ = 0.0;
-  int skips_in_row_ = 0;
-  // Backward's per-layer trace spans, and the nan fault (Fault::Kind::nan) on its way.
-  double layer_start_s_ = 0.0;
-  bool inject_nan_ = false;
+  Times times_;
+  BackwardProbe backward_;
+  int skips_in_row_ = 0;  // updates dropped in a row by on_nonfinite: skip
 };
 
 }  // namespace lockstep::detail
