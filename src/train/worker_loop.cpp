@@ -264,7 +264,7 @@ WorkerLoop::UpdateResult WorkerLoop::reduce_and_update(const StepTotals& totals)
   // The loss and the norm are the same on every rank, so every rank decides the same.
   const bool finite = std::isfinite(r.grad_norm) && std::isfinite(r.loss);
   if (!finite) {
-    check_finite(r.loss, r.grad_norm);
+    on_nonfinite(r.loss, r.grad_norm);
   } else if (!updates_per_bucket()) {
     skips_in_row_ = 0;
     TraceSpan span(track_, "optimizer");
@@ -308,9 +308,9 @@ double WorkerLoop::wait_and_update(double lr) {
   return sum_squares;
 }
 
-// A non-finite loss or gradient: stop (on_nonfinite: stop), or skip the update, up to
+// A non-finite loss or gradient (trainer.on_nonfinite): stop, or skip the update, up to
 // max_nonfinite_skips in a row.
-void WorkerLoop::check_finite(double loss, double grad_norm) {
+void WorkerLoop::on_nonfinite(double loss, double grad_norm) {
   const TrainerConfig& tc = run_.cfg.trainer;
   if (tc.on_nonfinite == NonfinitePolicy::stop) report_nonfinite(loss, grad_norm);
   ++skips_in_row_;

@@ -28,8 +28,9 @@
 //   loop too. Before anything a worker owns is freed, it drains its in-flight all-reduces
 //   (WorkerLoop::drain) and meets the others at a teardown latch, because a peer's communication
 //   thread may still be reading its gradient buffer. So each worker's resources live in its
-//   WorkerLoop, which outlives the try block. Trainer::run joins all threads, then rethrows the
-//   first error that was not CommAborted (FailureLog::rethrow_first).
+//   WorkerLoop, which outlives the try block (Trainer::Impl::run_workers in trainer.cpp).
+//   Trainer::run joins all threads, then rethrows the first error that was not CommAborted
+//   (FailureLog::rethrow_first).
 #pragma once
 
 #include <array>
@@ -196,7 +197,7 @@ class WorkerLoop {
   UpdateResult reduce_and_update(const StepTotals& totals);
   bool updates_per_bucket() const;
   double wait_and_update(double lr);
-  void check_finite(double loss, double grad_norm);
+  void on_nonfinite(double loss, double grad_norm);
   void report(const StepTotals& totals, const UpdateResult& update, bool stop_now);
   void end_of_step(bool stop_now);
   void finish();
