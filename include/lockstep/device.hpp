@@ -21,6 +21,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -52,6 +53,35 @@ struct AdamWParams {
   float weight_decay = 0.0f;
 };
 
+// A device buffer filled from the host while the device works on something else: double
+// buffering, one batch ahead. Made by Device::make_staged_buffer; used on the device's thread.
+//
+//   std::unique_ptr<StagedBuffer> x = device.make_staged_buffer(bytes);
+//   x->stage(std::as_bytes(std::span(host)));  // starts the copy; `host` may be reused at once
+//   ...                                        // kernels on the other batch
+//   x->wait();                                 // kernels queued from here on see the copy
+//   device.scale(x->data<float>(), 2.0f, n);
+//
+// stage() never overwrites the buffer under a reader: its copy starts after every kernel queued
+// before the call, and every reader of the previous contents was queued before it.
+class StagedBuffer {
+ public:
+  virtual ~StagedBuffer() = default;
+  virtual std::size_t bytes() const noexcept = 0;
+  // Starts copying `host` (at most bytes()) to the start of the buffer; returns once `host` may
+  // be reused. The copy may overlap kernels already queued.
+  virtual void stage(std::span<const std::byte> host) = 0;
+  // Orders every kernel queued after this call after the last stage()'s copy.
+  virtual void wait() = 0;
+  template <class T>
+  T* data() noexcept {
+    return static_cast<T*>(device_pointer());
+  }
+
+ protected:
+  virtual void* device_pointer() noexcept = 0;
+};
+
 class Device {
  public:
   virtual ~Device() = default;
@@ -68,15 +98,10 @@ class Device {
   virtual void copy_to_host(void* host_dst, const void* src, std::size_t bytes) = 0;  // waits
   virtual void copy(void* dst, const void* src, std::size_t bytes) = 0;  // device to device
 
-  // Batch staging, one batch ahead (double buffering). stage_to_device() starts copying host
-  // memory into `dst` through staging slot `slot` (0 to 3) and returns once `host_src` may be
-  // reused; the copy may overlap kernels already queued. wait_staged(slot) orders every later
-  // kernel after that copy. A slot's next stage_to_device() may only follow its wait_staged().
-  // The defaults copy synchronously; a GPU stages through pinned memory on a copy stream.
-  virtual void stage_to_device(void* dst, const void* host_src, std::size_t bytes, int /*slot*/) {
-    copy_to_device(dst, host_src, bytes);
-  }
-  virtual void wait_staged(int /*slot*/) {}
+  // A buffer of `bytes` for batches copied in while the device computes (see StagedBuffer).
+  // The default copies synchronously with copy_to_device; a GPU stages through pinned memory on
+  // a copy stream. Destroy the buffer before its device.
+  virtual std::unique_ptr<StagedBuffer> make_staged_buffer(std::size_t bytes);
   virtual void synchronize() = 0;
 
   // x[0..n) = value
@@ -196,6 +221,30 @@ class DeviceArray {
   T* data_ = nullptr;
   std::size_t size_ = 0;
 };
+
+// The default StagedBuffer: device memory filled synchronously by copy_to_device, so it is ready
+// as soon as stage() returns.
+class CopyStagedBuffer final : public StagedBuffer {
+ public:
+  CopyStagedBuffer(Device& device, std::size_t bytes) : device_(device), memory_(device, bytes) {}
+  std::size_t bytes() const noexcept override { return memory_.size(); }
+  void stage(std::span<const std::byte> host) override {
+    if (host.size() > memory_.size())
+      throw std::invalid_argument("StagedBuffer::stage: " + std::to_string(host.size()) +
+                                  " bytes into a buffer of " + std::to_string(memory_.size()));
+    if (!host.empty()) device_.copy_to_device(memory_.data(), host.data(), host.size());
+  }
+  void wait() override {}
+
+ private:
+  void* device_pointer() noexcept override { return memory_.data(); }
+  Device& device_;
+  DeviceArray<std::byte> memory_;
+};
+
+inline std::unique_ptr<StagedBuffer> Device::make_staged_buffer(std::size_t bytes) {
+  return std::make_unique<CopyStagedBuffer>(*this, bytes);
+}
 
 struct DeviceInfo {
   std::string backend;

@@ -27,6 +27,7 @@
 
 namespace lockstep {
 
+class Backend;
 class ProcessGroup;
 
 // Averaged over every worker's batch. Delivered on rank 0's thread every log_every steps,
@@ -133,8 +134,11 @@ class Trainer {
  public:
   // With `processes` (more than one: mpirun, srun), this trainer is one process of a job that
   // trains across all of them; null trains in this process alone. See make_mpi_processes().
+  // With `backend`, every run makes its devices and communicators there (a test that wraps the
+  // CPU backend, an embedder's own); null makes the one trainer.backend names at each run().
   Trainer(Config config, std::shared_ptr<const Dataset> train, std::shared_ptr<const Dataset> eval,
-          std::shared_ptr<ProcessGroup> processes = nullptr);
+          std::shared_ptr<ProcessGroup> processes = nullptr,
+          std::shared_ptr<Backend> backend = nullptr);
   ~Trainer();
 
   // Every log_every steps and at the last step, with metrics averaged over that window.

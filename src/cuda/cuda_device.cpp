@@ -15,6 +15,7 @@
 
 #include "common/gemm_shape.hpp"
 #include "cuda/check.hpp"
+#include "cuda/cuda_staged_buffer.hpp"
 
 namespace lockstep::cuda {
 namespace {
@@ -64,11 +65,6 @@ CudaDevice::CudaDevice(int id) : id_(id) {
     CUDA_CHECK(cudaEventRecord(e.get(), stream()));  // recorded once, so always waitable
   }
   copy_stream_ = make_stream();
-  compute_mark_ = make_event();
-  for (Event& e : staged_) {
-    e = make_event();
-    CUDA_CHECK(cudaEventRecord(e.get(), copy_stream_.get()));
-  }
 }
 
 CudaDevice::~CudaDevice() {
@@ -77,9 +73,6 @@ CudaDevice::~CudaDevice() {
   DeviceGuard guard(id_);
   if (stream_) (void)cudaStreamSynchronize(stream_.get());
   if (copy_stream_) (void)cudaStreamSynchronize(copy_stream_.get());
-  for (Event& e : staged_) e.reset();
-  for (PinnedMemory& p : stage_) p.reset();
-  compute_mark_.reset();
   copy_stream_.reset();
   for (Event& e : staging_done_) e.reset();
   staging_.reset();
@@ -144,30 +137,8 @@ void CudaDevice::copy_to_device(void* dst, const void* host_src, std::size_t byt
   }
 }
 
-void CudaDevice::stage_to_device(void* dst, const void* host_src, std::size_t bytes, int slot) {
-  if (slot < 0 || slot >= kStageSlots)
-    throw std::invalid_argument("stage_to_device: slot must be in [0, 4)");
-  if (bytes == 0) return;
-  // The slot's pinned buffer is free once its previous transfer is done.
-  CUDA_CHECK(cudaEventSynchronize(staged_[slot].get()));
-  if (stage_bytes_[slot] < bytes) {
-    stage_[slot].reset();
-    stage_[slot] = make_pinned_memory(bytes);
-    stage_bytes_[slot] = bytes;
-  }
-  std::memcpy(stage_[slot].get(), host_src, bytes);
-  // Kernels queued so far may still read `dst` (the batch before last): copy after them.
-  CUDA_CHECK(cudaEventRecord(compute_mark_.get(), stream()));
-  CUDA_CHECK(cudaStreamWaitEvent(copy_stream_.get(), compute_mark_.get(), 0));
-  CUDA_CHECK(cudaMemcpyAsync(dst, stage_[slot].get(), bytes, cudaMemcpyHostToDevice,
-                             copy_stream_.get()));
-  CUDA_CHECK(cudaEventRecord(staged_[slot].get(), copy_stream_.get()));
-}
-
-void CudaDevice::wait_staged(int slot) {
-  if (slot < 0 || slot >= kStageSlots)
-    throw std::invalid_argument("wait_staged: slot must be in [0, 4)");
-  CUDA_CHECK(cudaStreamWaitEvent(stream(), staged_[slot].get(), 0));
+std::unique_ptr<StagedBuffer> CudaDevice::make_staged_buffer(std::size_t bytes) {
+  return std::make_unique<CudaStagedBuffer>(id_, stream(), copy_stream_.get(), bytes);
 }
 
 void CudaDevice::copy_to_host(void* host_dst, const void* src, std::size_t bytes) {

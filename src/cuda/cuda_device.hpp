@@ -9,14 +9,15 @@
 // softmax_cross_entropy, sum_squares, hash) wait for the stream; everything else only enqueues.
 // copy_to_device copies the host data into pinned staging memory before it returns, so the
 // caller may reuse its buffer at once, and the transfer itself is queued on the stream.
-// stage_to_device (the trainer's next batch) goes through pinned slots on a copy stream, so the
-// transfer overlaps the kernels already queued; wait_staged orders the compute stream after it.
+// Staged buffers (the trainer's next batch, cuda_staged_buffer.hpp) copy through their own
+// pinned memory on the device's copy stream, so the transfer overlaps the kernels already queued.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string_view>
 
 #include "cuda/handles.hpp"
@@ -45,8 +46,7 @@ class CudaDevice final : public Device {
   void copy_to_device(void* dst, const void* host_src, std::size_t bytes) override;
   void copy_to_host(void* host_dst, const void* src, std::size_t bytes) override;
   void copy(void* dst, const void* src, std::size_t bytes) override;
-  void stage_to_device(void* dst, const void* host_src, std::size_t bytes, int slot) override;
-  void wait_staged(int slot) override;
+  std::unique_ptr<StagedBuffer> make_staged_buffer(std::size_t bytes) override;
   void synchronize() override;
 
   void fill(float* x, float value, std::size_t n) override;
@@ -110,15 +110,8 @@ class CudaDevice final : public Device {
   PinnedMemory staging_;
   Event staging_done_[2];
   int next_chunk_ = 0;
-  // stage_to_device's slots: a pinned buffer each, and an event recorded on the copy stream
-  // after its transfer. compute_mark_ orders a transfer after the kernels that read its
-  // destination before.
-  static constexpr int kStageSlots = 4;
+  // The staged buffers' transfers, beside the compute stream.
   Stream copy_stream_;
-  Event compute_mark_;
-  PinnedMemory stage_[kStageSlots];
-  std::size_t stage_bytes_[kStageSlots] = {};
-  Event staged_[kStageSlots];
 };
 
 }  // namespace lockstep::cuda

@@ -22,6 +22,7 @@
 #include <memory>
 #include <mutex>
 #include <numeric>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -113,19 +114,25 @@ TEST_SUITE("cuda") {
     CHECK(std::memcmp(back.data(), host.data(), host.size() * sizeof(float)) == 0);
   }
 
-  TEST_CASE("staged copies: two buffers in flight, each waited for before use") {
+  TEST_CASE("staged buffers: two in flight, each waited for before use") {
     auto backend = cuda_or_skip();
     if (!backend) return;
     auto dev = backend->create_device(0, 1, 0);
-    DeviceArray<float> buffers[2] = {poisoned(*dev, 70000), poisoned(*dev, 70000)};
+    constexpr std::size_t n = 70000;
+    std::unique_ptr<StagedBuffer> buffers[2] = {dev->make_staged_buffer(n * sizeof(float)),
+                                                dev->make_staged_buffer(n * sizeof(float))};
+    DeviceArray<float> out = poisoned(*dev, n);
     for (int round = 0; round < 6; ++round) {
-      const int slot = round % 2;
-      const auto host = random_floats(70000, 100 + round);
-      dev->stage_to_device(buffers[slot].data(), host.data(), host.size() * sizeof(float), slot);
-      dev->wait_staged(slot);
-      dev->scale(buffers[slot].data(), 2.0f, host.size());  // a kernel ordered after the copy
-      const auto back = buffers[slot].download();
-      for (std::size_t i = 0; i < host.size(); ++i) REQUIRE(back[i] == 2.0f * host[i]);
+      StagedBuffer& buffer = *buffers[round % 2];
+      const auto host = random_floats(n, 100 + round);
+      buffer.stage(std::as_bytes(std::span(host)));
+      buffer.wait();
+      // Kernels ordered after the copy; the next round's stage into the other buffer overlaps
+      // them, and the one after that must wait for them.
+      dev->copy(out.data(), buffer.data<float>(), n * sizeof(float));
+      dev->scale(out.data(), 2.0f, n);
+      const auto back = out.download();
+      for (std::size_t i = 0; i < n; ++i) REQUIRE(back[i] == 2.0f * host[i]);
     }
   }
 

@@ -1,0 +1,46 @@
+#include "train/evaluation.hpp"
+
+#include <limits>
+#include <vector>
+
+#include "lockstep/device.hpp"
+
+namespace lockstep::detail {
+
+LossTotals loss_totals(Replica& replica, const Dataset& data, std::size_t first,
+                       std::size_t stride, int batch) {
+  Device& dev = replica.device();
+  const int features = replica.model().inputs(), targets = data.targets();
+  const int classes = replica.model().outputs() / targets;
+  std::vector<float> x(static_cast<std::size_t>(batch) * features);
+  std::vector<std::int32_t> y(static_cast<std::size_t>(batch) * targets);
+  DeviceArray<float> xd(dev, x.size());
+  DeviceArray<std::int32_t> yd(dev, y.size());
+  LossTotals totals;
+  for (std::size_t i = first; i < data.size();) {
+    int rows = 0;
+    for (; rows < batch && i < data.size(); ++rows, i += stride)
+      data.get(i, x.data() + static_cast<std::size_t>(rows) * features,
+               y.data() + static_cast<std::size_t>(rows) * targets);
+    xd.upload(std::span<const float>(x.data(), static_cast<std::size_t>(rows) * features));
+    yd.upload(std::span<const std::int32_t>(y.data(), static_cast<std::size_t>(rows) * targets));
+    const LossStats s = dev.softmax_cross_entropy(replica.forward(xd.data(), rows), yd.data(),
+                                                  rows * targets, classes, nullptr, 0.0f);
+    totals.loss_sum += s.loss_sum;
+    totals.correct += static_cast<double>(s.correct);
+    totals.predictions += static_cast<double>(rows) * targets;
+  }
+  return totals;
+}
+
+EvalMetrics eval_metrics(const LossTotals& totals, std::int64_t step, int targets) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  EvalMetrics m;
+  m.step = step;
+  m.samples = static_cast<std::size_t>(totals.predictions) / static_cast<std::size_t>(targets);
+  m.loss = totals.predictions > 0 ? totals.loss_sum / totals.predictions : nan;
+  m.accuracy = totals.predictions > 0 ? totals.correct / totals.predictions : nan;
+  return m;
+}
+
+}  // namespace lockstep::detail

@@ -1,0 +1,35 @@
+// Loss and accuracy of a replica over a dataset: the trainer's eval (split over the workers, the
+// totals summed by a host all-reduce) and lockstep::evaluate (one device, all of it).
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "lockstep/dataset.hpp"
+#include "lockstep/model.hpp"
+#include "lockstep/trainer.hpp"
+
+namespace lockstep::detail {
+
+// Summed over samples; a host all-reduce sums them over workers as fields().
+struct LossTotals {
+  double loss_sum = 0.0;
+  double correct = 0.0;
+  double predictions = 0.0;  // samples x targets
+
+  std::array<double, 3> fields() const { return {loss_sum, correct, predictions}; }
+  static LossTotals from(std::span<const double, 3> f) { return {f[0], f[1], f[2]}; }
+};
+
+// The totals of `replica` over samples first, first + stride, ... of `data`, in batches of at
+// most `batch` (the replica's capacity).
+LossTotals loss_totals(Replica& replica, const Dataset& data, std::size_t first,
+                       std::size_t stride, int batch);
+
+// Loss and accuracy are per prediction: per sample, or per token for a language model. NaN
+// without predictions.
+EvalMetrics eval_metrics(const LossTotals& totals, std::int64_t step, int targets);
+
+}  // namespace lockstep::detail

@@ -1,0 +1,84 @@
+#include "train/fault_injection.hpp"
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "lockstep/comm.hpp"
+#include "lockstep/error.hpp"
+
+namespace lockstep::detail {
+namespace {
+
+// A dataset whose get() fails once the loader thread reaches the `fail_at`-th sample it reads:
+// the loader fault.
+class FailingDataset final : public Dataset {
+ public:
+  FailingDataset(std::shared_ptr<const Dataset> inner, std::size_t fail_at)
+      : inner_(std::move(inner)), fail_at_(fail_at) {}
+  std::size_t size() const noexcept override { return inner_->size(); }
+  int features() const noexcept override { return inner_->features(); }
+  int classes() const noexcept override { return inner_->classes(); }
+  int targets() const noexcept override { return inner_->targets(); }
+  void get(std::size_t i, float* x, std::int32_t* y) const override {
+    if (reads_.fetch_add(1) >= fail_at_)
+      throw std::runtime_error(fmt::format("injected fault: the loader failed reading sample {}", i));
+    inner_->get(i, x, y);
+  }
+
+ private:
+  std::shared_ptr<const Dataset> inner_;
+  std::size_t fail_at_;
+  mutable std::atomic<std::size_t> reads_{0};
+};
+
+}  // namespace
+
+void Fault::before_forward(int r, std::int64_t s, const Communicator& comm) const {
+  if (at(r, s, Kind::forward))
+    throw std::runtime_error(fmt::format("injected fault: throw in forward at step {}", s));
+  if (at(r, s, Kind::stall)) {
+    // A worker that stops making progress, until the step timeout aborts the run.
+    while (!comm.aborted()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    throw CommAborted();
+  }
+}
+
+std::shared_ptr<const Dataset> Fault::loader_data(std::shared_ptr<const Dataset> train, int r,
+                                                  std::int64_t step_done,
+                                                  std::size_t samples_per_step) const {
+  if (kind != Kind::loader || rank != r || step <= step_done) return train;
+  return std::make_shared<FailingDataset>(
+      std::move(train), static_cast<std::size_t>(step - step_done - 1) * samples_per_step);
+}
+
+Fault fault_from_environment() {
+  const char* spec = std::getenv("LOCKSTEP_FAULT");
+  if (!spec || !*spec) return {};
+  Fault f;
+  char kind[16] = {};
+  long long step = 0;
+  const auto bad = [&] {
+    return InputError(fmt::format(
+        "LOCKSTEP_FAULT: expected RANK:STEP:KIND with KIND one of forward, loader, nan, stall, "
+        "got '{}'", spec));
+  };
+  if (std::sscanf(spec, "%d:%lld:%15s", &f.rank, &step, kind) != 3 || f.rank < 0 || step < 1)
+    throw bad();
+  f.step = step;
+  const std::string k = kind;
+  if (k == "forward") f.kind = Fault::Kind::forward;
+  else if (k == "loader") f.kind = Fault::Kind::loader;
+  else if (k == "nan") f.kind = Fault::Kind::nan;
+  else if (k == "stall") f.kind = Fault::Kind::stall;
+  else throw bad();
+  return f;
+}
+
+}  // namespace lockstep::detail

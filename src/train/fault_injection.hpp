@@ -1,0 +1,41 @@
+// Fault injection without code: LOCKSTEP_FAULT=RANK:STEP:KIND (see TrainerHooks in trainer.hpp)
+// makes the worker of global rank RANK fail at STEP (1-based):
+//   forward  it throws before its forward pass
+//   loader   its loader thread throws reading the first sample of that step
+//   nan      its last micro-batch's backward writes a NaN into the gradient
+//   stall    it stops making progress until the run is aborted (trainer.step_timeout_s)
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "lockstep/dataset.hpp"
+
+namespace lockstep {
+class Communicator;
+}
+
+namespace lockstep::detail {
+
+struct Fault {
+  enum class Kind { none, forward, loader, nan, stall };
+  int rank = -1;
+  std::int64_t step = 0;
+  Kind kind = Kind::none;
+
+  bool at(int r, std::int64_t s, Kind k) const { return kind == k && rank == r && step == s; }
+
+  // The forward and stall faults, where they strike: before the forward pass of `step` on
+  // global rank `rank`. A stall returns only by throwing CommAborted, once `comm` is aborted.
+  void before_forward(int rank, std::int64_t step, const Communicator& comm) const;
+  // The data the loader of global rank `rank` reads, resuming after `step_done` steps of
+  // `samples_per_step` samples each: `train`, or a wrapper that fails at the loader fault.
+  std::shared_ptr<const Dataset> loader_data(std::shared_ptr<const Dataset> train, int rank,
+                                             std::int64_t step_done,
+                                             std::size_t samples_per_step) const;
+};
+
+// LOCKSTEP_FAULT, parsed; Kind::none when unset. InputError when malformed.
+Fault fault_from_environment();
+
+}  // namespace lockstep::detail

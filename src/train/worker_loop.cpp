@@ -1,0 +1,526 @@
+// One worker's loop; Note [One step] and Note [Failure] in worker_loop.hpp.
+#include "train/worker_loop.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "lockstep/comm.hpp"
+#include "train/evaluation.hpp"
+#include "train/optimizer.hpp"
+#include "train/reducer.hpp"
+#include "train/watchdog.hpp"
+
+namespace lockstep::detail {
+namespace {
+
+// One worker's time accounting, in seconds. A host all-reduce over a row per worker (each fills
+// its own, the rest are 0) gives every worker every row.
+struct TimeRow {
+  double loop_s = 0.0;  // the training loop, first step to last
+  double comm_exposed_s = 0.0;
+  double data_wait_s = 0.0;
+  double barrier_wait_s = 0.0;
+  double comm_s = 0.0;
+
+  static constexpr std::size_t kFields = 5;
+  std::array<double, kFields> fields() const {
+    return {loop_s, comm_exposed_s, data_wait_s, barrier_wait_s, comm_s};
+  }
+  static TimeRow from(std::span<const double> f) { return {f[0], f[1], f[2], f[3], f[4]}; }
+};
+
+// Sums a named struct over every worker of `comm`: its fields() travel as one host all-reduce.
+template <class Totals>
+Totals all_reduce_fields(Communicator& comm, const Totals& mine) {
+  auto fields = mine.fields();
+  comm.all_reduce_host(fields);
+  return Totals::from(fields);
+}
+
+}  // namespace
+
+// ---- Double buffering ---------------------------------------------------------------------------
+
+StagedBatches::StagedBatches(Device& device, ShardLoader& loader, std::size_t x_bytes,
+                             std::size_t y_bytes, std::int64_t batches,
+                             std::vector<TraceEvent>* track)
+    : loader_(loader), track_(track), left_(batches) {
+  for (Staged& s : staged_) {
+    s.x = device.make_staged_buffer(x_bytes);
+    s.y = device.make_staged_buffer(y_bytes);
+  }
+  if (left_ > 0) stage(staged_[current_]);
+}
+
+void StagedBatches::stage(Staged& s) {
+  {
+    TraceSpan span(track_, "data wait");
+    const double t0 = steady_now_s();
+    s.batch = loader_.next();
+    data_wait_s_ += steady_now_s() - t0;
+  }
+  s.x->stage(std::as_bytes(std::span(s.batch.x)));
+  s.y->stage(std::as_bytes(std::span(s.batch.y)));
+  --left_;
+}
+
+const StagedBatches::Staged& StagedBatches::take() {
+  Staged& ready = staged_[current_];
+  ready.x->wait();
+  ready.y->wait();
+  current_ = 1 - current_;
+  if (left_ > 0) stage(staged_[current_]);  // the next batch travels while this one computes
+  return ready;
+}
+
+// ---- Set-up -------------------------------------------------------------------------------------
+
+WorkerLoop::WorkerLoop(const RunContext& run, int rank, Communicator& comm)
+    : run_(run),
+      rank_(rank),
+      global_(comm.rank()),
+      comm_(comm),
+      track_(run.trace.worker(rank)),
+      pos_{.step = run.resume ? run.resume->state.step : 0} {}
+
+WorkerLoop::~WorkerLoop() = default;
+
+void WorkerLoop::drain() noexcept {
+  if (res_.reducer) res_.reducer->drain();
+}
+
+void WorkerLoop::beat() { run_.heartbeats.beat(rank_, pos_.step); }
+
+void WorkerLoop::set_up(Backend& backend) {
+  const TrainerConfig& tc = run_.cfg.trainer;
+  const Checkpoint* resume = run_.resume;
+  res_.device = backend.create_device(tc.devices[rank_], static_cast<int>(tc.devices.size()),
+                                      tc.threads_per_device);
+  Device& dev = *res_.device;
+  comm_.attach(dev);
+  res_.replica = std::make_unique<Replica>(dev, run_.model, run_.cfg.data.batch_size);
+  Replica& replica = *res_.replica;
+  replica.load_parameters(resume ? std::span<const float>(resume->params) : run_.initial);
+  // The replicas start from the same host copy; the broadcast makes rank 0 the authority anyway,
+  // as any later backend (several processes) needs.
+  comm_.broadcast(replica.params(), replica.param_count(), 0);
+
+  res_.optimizer = std::make_unique<Optimizer>(dev, run_.cfg.optimizer, replica.param_count());
+  if (resume)
+    res_.optimizer->load_state(resume->optimizer_state, resume->state.optimizer_steps,
+                               resume->weights_file.string());
+  res_.reducer = std::make_unique<Reducer>(run_.model, comm_, replica.grads(),
+                                           plan_buckets(run_.model, tc.bucket_cap_mb),
+                                           tc.overlap, run_.trace.comm(rank_));
+  if (rank_ == 0) run_.summary.buckets = res_.reducer->buckets().size();
+  set_up_data();
+}
+
+// The sampler position: a resumed run continues inside the epoch it stopped in. With another
+// device count, the samples consumed so far in that epoch are rounded down to whole batches.
+void WorkerLoop::set_up_data() {
+  const Config& cfg = run_.cfg;
+  const Dataset& train = *run_.train;
+  const Checkpoint* resume = run_.resume;
+  const int batch = cfg.data.batch_size, world = comm_.size();
+  DistributedSampler sampler(train.size(), world, global_, cfg.data.shuffle, cfg.trainer.seed,
+                             cfg.data.drop_last);
+  if (resume) {
+    pos_.epoch = resume->state.epoch;
+    pos_.batch_in_epoch = std::min<std::uint64_t>(
+        resume->state.batch_in_epoch * static_cast<std::uint64_t>(resume->state.workers) /
+            static_cast<std::uint64_t>(world),
+        batches_in(sampler.num_samples(), batch, cfg.data.drop_last));
+  }
+  sampler.set_epoch(pos_.epoch);
+  const int k = cfg.trainer.accumulate_steps;
+  res_.loader = std::make_unique<ShardLoader>(
+      run_.fault.loader_data(run_.train, global_, pos_.step, static_cast<std::size_t>(k * batch)),
+      sampler, batch, cfg.data.drop_last, cfg.data.prefetch, pos_.batch_in_epoch);
+  res_.dlogits = DeviceArray<float>(
+      *res_.device, static_cast<std::size_t>(batch) * train.targets() * train.classes());
+  res_.batches = std::make_unique<StagedBatches>(
+      *res_.device, *res_.loader, static_cast<std::size_t>(batch) * train.features() * sizeof(float),
+      static_cast<std::size_t>(batch) * train.targets() * sizeof(std::int32_t),
+      (run_.total_steps - pos_.step) * k, track_);
+}
+
+// ---- The step -----------------------------------------------------------------------------------
+
+void WorkerLoop::run(Backend& backend) {
+  set_up(backend);
+  const int k = run_.cfg.trainer.accumulate_steps;
+  times_.loop_start_s = steady_now_s();
+  window_.last_report_s = times_.loop_start_s;
+  while (pos_.step < run_.total_steps) {
+    begin_step();
+    StepTotals mine;
+    for (int micro = 0; micro < k; ++micro) run_micro_batch(micro, mine);
+    res_.reducer->launch_remaining();
+    beat();
+    const StepTotals totals = agree_totals(mine);
+    const bool stop_now = totals.stop > 0.0;
+    const UpdateResult update = reduce_and_update(totals);
+    report(totals, update, stop_now);
+    end_of_step(stop_now);
+    if (stop_now) {
+      if (rank_ == 0) run_.summary.stopped_early = pos_.step < run_.total_steps;
+      break;
+    }
+  }
+  beat();
+  finish();
+}
+
+void WorkerLoop::begin_step() {
+  ++pos_.step;
+  beat();
+  res_.replica->zero_grads();
+  res_.reducer->reset();
+}
+
+// Forward, loss and backward of one micro-batch; adds its loss, correct count and samples to
+// `mine` (exact: the counts are integers far below 2^53).
+void WorkerLoop::run_micro_batch(int micro, StepTotals& mine) {
+  const int k = run_.cfg.trainer.accumulate_steps;
+  const int targets = run_.train->targets(), classes = run_.train->classes();
+  Device& dev = *res_.device;
+  Replica& replica = *res_.replica;
+  const StagedBatches::Staged& in = res_.batches->take();
+  const Batch& b = in.batch;
+  // Where the next batch comes from, for checkpoints.
+  pos_.epoch = b.epoch;
+  pos_.batch_in_epoch = b.index_in_epoch + 1;
+  if (pos_.batch_in_epoch == res_.loader->batches_per_epoch()) {
+    ++pos_.epoch;
+    pos_.batch_in_epoch = 0;
+  }
+  if (run_.callbacks.hooks.before_forward) run_.callbacks.hooks.before_forward(global_, pos_.step);
+  run_.fault.before_forward(global_, pos_.step, comm_);
+  const float* logits;
+  {
+    TraceSpan span(track_, "forward");
+    logits = replica.forward(in.x->data<float>(), b.size);
+  }
+  // Each worker averages over its own k micro-batches; the all-reduce then averages over
+  // workers: the mean over the global batch, since every shard has the same batch size.
+  // A language model predicts `targets` tokens per sample; the loss is their mean.
+  const int predictions = b.size * targets;
+  const LossStats s = dev.softmax_cross_entropy(logits, in.y->data<std::int32_t>(), predictions,
+                                                classes, res_.dlogits.data(),
+                                                1.0f / static_cast<float>(predictions * k));
+  mine.loss_sum += s.loss_sum;
+  mine.correct += static_cast<double>(s.correct);
+  mine.samples += b.size;
+  // Gradients accumulate over the micro-batches; only the last one is reduced (no_sync).
+  const bool last_micro = micro == k - 1;
+  backward_.inject_nan = last_micro && run_.fault.at(global_, pos_.step, Fault::Kind::nan);
+  backward_.layer_start_s = steady_now_s();
+  TraceSpan span(track_, "backward");
+  replica.backward(in.x->data<float>(), res_.dlogits.data(), b.size,
+                   last_micro ? std::function<void(std::size_t)>(
+                                    [this](std::size_t layer) { grads_ready(layer); })
+                              : nullptr);
+}
+
+// Backward reports each layer; the reducer starts a bucket's all-reduce once it is full.
+void WorkerLoop::grads_ready(std::size_t layer) {
+  if (track_) {
+    const double now = steady_now_s();
+    track_->push_back({fmt::format("backward layers.{}", layer), backward_.layer_start_s, now, {}});
+    backward_.layer_start_s = now;
+  }
+  if (backward_.inject_nan) {
+    res_.device->fill(res_.replica->grads() + run_.model.param_offset(layer),
+                      std::numeric_limits<float>::quiet_NaN(), 1);
+    backward_.inject_nan = false;
+  }
+  res_.reducer->layer_ready(layer);
+}
+
+// Metrics and the stop decision, agreed by every rank while the buckets are in flight.
+StepTotals WorkerLoop::agree_totals(StepTotals mine) {
+  mine.stop = run_.stop_requested.load() ? 1.0 : 0.0;
+  const StepTotals totals = all_reduce_fields(comm_, mine);
+  pos_.samples += static_cast<std::int64_t>(totals.samples);
+  return totals;
+}
+
+// Waits for the averaged gradient and takes the optimiser step, unless the non-finite policy
+// drops it (trainer.on_nonfinite).
+WorkerLoop::UpdateResult WorkerLoop::reduce_and_update(const StepTotals& totals) {
+  const Config& cfg = run_.cfg;
+  Replica& replica = *res_.replica;
+  UpdateResult r;
+  r.loss = totals.loss_sum / (totals.samples * run_.train->targets());
+  r.lr = learning_rate(cfg.optimizer, cfg.schedule, pos_.step - 1, run_.total_steps);
+  r.grad_norm = std::sqrt(wait_and_update(r.lr));
+  beat();
+  // The loss and the norm are the same on every rank, so every rank decides the same.
+  const bool finite = std::isfinite(r.grad_norm) && std::isfinite(r.loss);
+  if (!finite) {
+    on_nonfinite(r.loss, r.grad_norm);
+  } else if (!updates_per_bucket()) {
+    skips_in_row_ = 0;
+    TraceSpan span(track_, "optimizer");
+    const std::size_t params = replica.param_count();
+    if (cfg.optimizer.clip_grad_norm > 0.0 && r.grad_norm > cfg.optimizer.clip_grad_norm)
+      res_.device->scale(replica.grads(),
+                         static_cast<float>(cfg.optimizer.clip_grad_norm / (r.grad_norm + 1e-6)),
+                         params);
+    res_.optimizer->begin_step();
+    res_.optimizer->apply(replica.params(), replica.grads(), r.lr, 0, params);
+  }
+  if (run_.callbacks.hooks.after_update)
+    run_.callbacks.hooks.after_update(global_, pos_.step, replica);
+  return r;
+}
+
+// Updating each bucket as soon as it lands is only possible when nothing must be decided about
+// the whole gradient first: no clipping, and no update to drop on a non-finite norm.
+bool WorkerLoop::updates_per_bucket() const {
+  return run_.cfg.optimizer.clip_grad_norm <= 0.0 &&
+         run_.cfg.trainer.on_nonfinite == NonfinitePolicy::stop;
+}
+
+// Waits for every bucket's all-reduce, updating each as it lands when updates_per_bucket().
+// Returns the squared norm of the averaged gradient.
+double WorkerLoop::wait_and_update(double lr) {
+  TraceSpan span(track_, "optimizer");
+  Replica& replica = *res_.replica;
+  const auto& buckets = res_.reducer->buckets();
+  const bool per_bucket = updates_per_bucket();
+  double sum_squares = 0.0;
+  if (per_bucket) res_.optimizer->begin_step();
+  for (std::size_t i = 0; i < buckets.size(); ++i) {
+    res_.reducer->wait(i);
+    if (!per_bucket) continue;
+    sum_squares += res_.device->sum_squares(replica.grads() + buckets[i].begin,
+                                            buckets[i].end - buckets[i].begin);
+    res_.optimizer->apply(replica.params(), replica.grads(), lr, buckets[i].begin, buckets[i].end);
+  }
+  if (!per_bucket) sum_squares = res_.device->sum_squares(replica.grads(), replica.param_count());
+  return sum_squares;
+}
+
+// A non-finite loss or gradient (trainer.on_nonfinite): stop, or skip the update, up to
+// max_nonfinite_skips in a row.
+void WorkerLoop::on_nonfinite(double loss, double grad_norm) {
+  const TrainerConfig& tc = run_.cfg.trainer;
+  if (tc.on_nonfinite == NonfinitePolicy::stop) report_nonfinite(loss, grad_norm);
+  ++skips_in_row_;
+  if (rank_ == 0) ++run_.summary.nonfinite_skips;
+  if (skips_in_row_ >= tc.max_nonfinite_skips)
+    throw std::runtime_error(fmt::format(
+        "{} steps in a row had a non-finite loss or gradient (the last at step {}); stopping "
+        "(trainer.max_nonfinite_skips: {})",
+        skips_in_row_, pos_.step, tc.max_nonfinite_skips));
+}
+
+void WorkerLoop::report_nonfinite(double loss, double grad_norm) const {
+  const Config& cfg = run_.cfg;
+  if (!std::isfinite(loss))
+    throw std::runtime_error(fmt::format("non-finite loss ({}) at step {} (trainer.on_nonfinite: {})",
+                                         loss, pos_.step, to_string(cfg.trainer.on_nonfinite)));
+  // Name the first tensor, in forward order, whose averaged gradient is not finite.
+  const std::vector<float> grads = res_.replica->gradients();
+  std::string where = "?";
+  for (const ParamTensor& t : run_.model.param_tensors()) {
+    const auto begin = grads.begin() + static_cast<std::ptrdiff_t>(t.offset);
+    if (std::any_of(begin, begin + static_cast<std::ptrdiff_t>(t.numel()),
+                    [](float g) { return !std::isfinite(g); })) {
+      where = t.name;
+      break;
+    }
+  }
+  throw std::runtime_error(fmt::format(
+      "non-finite gradient at step {}: global norm {}, first in {} (trainer.on_nonfinite: {})",
+      pos_.step, grad_norm, where, to_string(cfg.trainer.on_nonfinite)));
+}
+
+// The callbacks: every step's progress, and the log window's metrics every log_every steps.
+void WorkerLoop::report(const StepTotals& totals, const UpdateResult& update, bool stop_now) {
+  const std::int64_t step = pos_.step, total_steps = run_.total_steps;
+  const int targets = run_.train->targets();
+  window_.loss_sum += totals.loss_sum;
+  window_.correct += totals.correct;
+  window_.samples += totals.samples;
+  // Loss and accuracy over `samples`; throughput: `counted` samples in `seconds`.
+  const auto metrics = [&](double loss_sum, double correct, double samples, double counted,
+                           double seconds, double now) {
+    const double predictions = samples * targets;
+    const double tokens_per_s = counted * targets / std::max(1e-9, seconds);
+    return StepMetrics{.step = step,
+                       .total_steps = total_steps,
+                       .epoch = pos_.epoch,
+                       .loss = loss_sum / predictions,
+                       .accuracy = correct / predictions,
+                       .lr = update.lr,
+                       .grad_norm = update.grad_norm,
+                       .samples_per_s = counted / std::max(1e-9, seconds),
+                       .tokens_per_s = tokens_per_s,
+                       .mfu = run_.mfu(tokens_per_s),
+                       .elapsed_s = now - run_.start_s};
+  };
+  if (global_ == 0 && run_.callbacks.progress) {
+    const double now = steady_now_s();
+    run_.callbacks.progress(metrics(totals.loss_sum, totals.correct, totals.samples,
+                                    static_cast<double>(pos_.samples), now - run_.start_s, now));
+  }
+  const bool log = step % run_.cfg.trainer.log_every == 0 || step == total_steps || stop_now;
+  if (rank_ == 0 && log) {
+    const double now = steady_now_s();
+    window_.last = metrics(window_.loss_sum, window_.correct, window_.samples, window_.samples,
+                           now - window_.last_report_s, now);
+    window_.last_report_s = now;
+    if (global_ == 0 && run_.callbacks.step) run_.callbacks.step(window_.last);
+  }
+  if (log) {
+    window_.loss_sum = 0.0;
+    window_.correct = 0.0;
+    window_.samples = 0.0;
+  }
+}
+
+// Eval, replica check, barrier and checkpoint: what closes a step, in the same order everywhere.
+void WorkerLoop::end_of_step(bool stop_now) {
+  const TrainerConfig& tc = run_.cfg.trainer;
+  const std::int64_t step = pos_.step;
+  if (tc.eval_every > 0 && step % tc.eval_every == 0 && step != run_.total_steps && !stop_now) {
+    TraceSpan span(track_, "eval");
+    evaluate();
+  }
+  if (tc.check_replicas_every > 0 && step % tc.check_replicas_every == 0) {
+    TraceSpan span(track_, "replica check");
+    check_replicas();
+  }
+  {
+    TraceSpan span(track_, "barrier");
+    const double t0 = steady_now_s();
+    comm_.barrier();
+    times_.barrier_wait_s += steady_now_s() - t0;
+  }
+  // Global rank 0 writes after the step's barrier: every replica has taken the update.
+  const bool save = run_.checkpoints &&
+                    (stop_now || step == run_.total_steps ||
+                     (tc.checkpoint.every_steps > 0 && step % tc.checkpoint.every_steps == 0));
+  if (global_ == 0 && save) {
+    TraceSpan span(track_, "checkpoint");
+    save_checkpoint();
+  }
+}
+
+EvalMetrics WorkerLoop::evaluate() {
+  // Global rank r evaluates samples r, r + n, ...: every sample exactly once, no padding.
+  LossTotals mine;
+  if (run_.eval)
+    mine = loss_totals(*res_.replica, *run_.eval, static_cast<std::size_t>(global_),
+                       static_cast<std::size_t>(comm_.size()), run_.cfg.data.batch_size);
+  const EvalMetrics m =
+      eval_metrics(all_reduce_fields(comm_, mine), pos_.step, run_.train->targets());
+  if (global_ == 0 && run_.callbacks.eval && m.samples > 0) run_.callbacks.eval(m);
+  return m;
+}
+
+void WorkerLoop::check_replicas() {
+  Replica& replica = *res_.replica;
+  const std::uint64_t mine = replica.device().hash(replica.params(), replica.param_count());
+  const std::vector<std::uint64_t> all = comm_.all_gather_host(mine);
+  for (int r = 1; r < comm_.size(); ++r) {
+    if (all[r] != all[0])
+      throw std::runtime_error(fmt::format(
+          "replicas diverged at step {}: rank 0 parameter hash {:016x}, rank {} {:016x}",
+          pos_.step, all[0], r, all[r]));
+  }
+  if (rank_ == 0) {
+    ++run_.summary.replica_checks;
+    run_.summary.param_hash = mine;
+  }
+}
+
+void WorkerLoop::save_checkpoint() {
+  const Config& cfg = run_.cfg;
+  Checkpoint ckpt;
+  ckpt.tensors = run_.model.param_tensors();
+  ckpt.params = res_.replica->parameters();
+  // What `lockstep sample` needs to rebuild the model and read a prompt.
+  if (cfg.model.type == "gpt") {
+    ckpt.metadata["lockstep.model"] = to_string(gpt_spec(cfg, *run_.train));
+    ckpt.metadata["lockstep.tokenizer"] = cfg.data.dataset == DatasetKind::text ? "bytes" : "ids";
+  }
+  const std::int64_t samples_before = run_.resume ? run_.resume->state.samples : 0;
+  ckpt.state = {.step = pos_.step,
+                .epoch = pos_.epoch,
+                .batch_in_epoch = pos_.batch_in_epoch,
+                .samples = samples_before + pos_.samples,
+                .config_hash = config_hash(cfg),
+                .workers = comm_.size(),
+                .optimizer = cfg.optimizer.type,
+                .optimizer_steps = res_.optimizer->steps_taken(),
+                .seed = cfg.trainer.seed};
+  ckpt.optimizer_state = res_.optimizer->state();
+  run_.summary.last_checkpoint = run_.checkpoints->save(ckpt).weights.string();
+}
+
+// ---- Finish -------------------------------------------------------------------------------------
+
+void WorkerLoop::finish() {
+  const EvalMetrics final_eval = evaluate();
+  check_replicas();
+  // Where the time went: every worker fills its own row.
+  const TimeRow mine{.loop_s = steady_now_s() - times_.loop_start_s,
+                     .comm_exposed_s = res_.reducer->exposed_seconds(),
+                     .data_wait_s = res_.batches->data_wait_s(),
+                     .barrier_wait_s = times_.barrier_wait_s,
+                     .comm_s = res_.reducer->comm_seconds()};
+  std::vector<double> rows(static_cast<std::size_t>(comm_.size()) * TimeRow::kFields, 0.0);
+  const auto fields = mine.fields();
+  std::copy(fields.begin(), fields.end(),
+            rows.begin() + static_cast<std::ptrdiff_t>(global_ * TimeRow::kFields));
+  comm_.all_reduce_host(rows);
+  if (rank_ == 0) fill_summary(rows, final_eval);
+}
+
+// Local worker 0's share of the summary: the run's totals, and the time accounting per worker
+// and averaged over workers.
+void WorkerLoop::fill_summary(std::span<const double> time_rows, const EvalMetrics& final_eval) {
+  Summary& summary = run_.summary;
+  const int world = comm_.size();
+  summary.steps = pos_.step;
+  summary.samples = pos_.samples;
+  summary.final_train_loss = window_.last.loss;
+  summary.final_train_accuracy = window_.last.accuracy;
+  summary.eval_loss = final_eval.loss;
+  summary.eval_accuracy = final_eval.accuracy;
+  summary.replicas_identical = true;
+  TimeRow sum;
+  summary.worker_times.clear();
+  for (int r = 0; r < world; ++r) {
+    const TimeRow row = TimeRow::from(time_rows.subspan(r * TimeRow::kFields, TimeRow::kFields));
+    sum.data_wait_s += row.data_wait_s;
+    sum.barrier_wait_s += row.barrier_wait_s;
+    sum.comm_s += row.comm_s;
+    sum.comm_exposed_s += row.comm_exposed_s;
+    summary.worker_times.push_back(
+        {.total_s = row.loop_s,
+         .compute_s = std::max(0.0, row.loop_s - row.comm_exposed_s - row.data_wait_s -
+                                        row.barrier_wait_s),
+         .comm_exposed_s = row.comm_exposed_s,
+         .data_wait_s = row.data_wait_s,
+         .barrier_wait_s = row.barrier_wait_s});
+  }
+  summary.data_wait_s = sum.data_wait_s / world;
+  summary.barrier_wait_s = sum.barrier_wait_s / world;
+  summary.comm_s = sum.comm_s / world;
+  summary.comm_exposed_s = sum.comm_exposed_s / world;
+  summary.comm_hidden_fraction =
+      sum.comm_s > 0.0 ? std::clamp(1.0 - sum.comm_exposed_s / sum.comm_s, 0.0, 1.0) : 0.0;
+  run_.final_params = res_.replica->parameters();
+}
+
+}  // namespace lockstep::detail

@@ -1,0 +1,226 @@
+// One worker of the data-parallel trainer: its set-up, its steps and its share of the summary.
+//
+//   WorkerLoop loop(run, rank, comm);
+//   try { loop.run(backend); } catch (...) { /* record the failure, abort comm */ }
+//   loop.drain();  // then the teardown latch; see Note [Failure]
+//
+// Note [One step]
+//   worker r, for each of accumulate_steps micro-batches (run_micro_batch):
+//              next batch from its shard loader (assembled ahead on the loader's thread)
+//              -> staged to the device a batch ahead (StagedBatches) -> forward -> loss
+//              -> backward
+//   During the last micro-batch's backward the reducer all-reduces (avg) each gradient bucket as
+//   soon as backward has filled it (see Note [Buckets] in reducer.hpp); every replica then holds
+//   the average over the global batch.
+//              -> all_reduce_host(StepTotals)  metrics for the log, and the stop decision
+//              -> optimiser step, bucket by bucket as the all-reduces finish (whole buffer at
+//                 once when clipping: the global norm needs every bucket first)
+//                 (reduce_and_update)
+//              -> callbacks (report)
+//              -> eval, replica check, barrier, checkpoint (end_of_step)
+//   The norm of the averaged gradient is identical on every replica, so clipping and the
+//   non-finite check agree everywhere. Every `check_replicas_every` steps, and at the end, the
+//   ranks all-gather a hash of their parameters; any difference stops the run.
+//
+// Note [Failure]
+//   A worker that throws records its error (FailureLog, failures.hpp) and aborts the group:
+//   every rank blocked in (or later entering) a collective throws CommAborted and leaves its
+//   loop too. Before anything a worker owns is freed, it drains its in-flight all-reduces
+//   (WorkerLoop::drain) and meets the others at a teardown latch, because a peer's communication
+//   thread may still be reading its gradient buffer. So each worker's resources live in its
+//   WorkerLoop, which outlives the try block (Trainer::Impl::run_workers in trainer.cpp).
+//   Trainer::run joins all threads, then rethrows the first error that was not CommAborted
+//   (FailureLog::rethrow_first).
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "lockstep/checkpoint.hpp"
+#include "lockstep/config.hpp"
+#include "lockstep/dataset.hpp"
+#include "lockstep/device.hpp"
+#include "lockstep/model.hpp"
+#include "lockstep/trainer.hpp"
+#include "train/fault_injection.hpp"
+#include "train/trace.hpp"
+
+namespace lockstep {
+class Communicator;
+}
+
+namespace lockstep::detail {
+
+class Heartbeats;
+class Optimizer;
+class Reducer;
+
+struct TrainerCallbacks {
+  std::function<void(const StepMetrics&)> step;
+  std::function<void(const StepMetrics&)> progress;
+  std::function<void(const EvalMetrics&)> eval;
+  TrainerHooks hooks;
+};
+
+// The run as its workers see it, set up by Trainer::run before the threads start. Workers only
+// read it, except `summary` and `final_params`, which local worker 0 alone writes.
+struct RunContext {
+  const Config& cfg;
+  const Model& model;
+  std::shared_ptr<const Dataset> train;
+  std::shared_ptr<const Dataset> eval;  // may be null
+  const TrainerCallbacks& callbacks;
+  const Checkpoint* resume;        // null: a fresh run from `initial`
+  std::span<const float> initial;
+  std::int64_t total_steps;
+  double start_s;
+  double peak_flops;  // of every worker of the job together; 0 when unknown (see mfu())
+  Fault fault;
+  const std::atomic<bool>& stop_requested;
+  Trace& trace;
+  Heartbeats& heartbeats;
+  CheckpointManager* checkpoints;  // null: no checkpoints, or not the writing process
+  Summary& summary;
+  std::vector<float>& final_params;
+
+  // Model FLOPs utilisation at `tokens_per_s` over the job: 0 without a known peak or FLOP count.
+  double mfu(double tokens_per_s) const {
+    return peak_flops > 0.0 ? summary.flops_per_token * tokens_per_s / peak_flops : 0.0;
+  }
+};
+
+// The step's totals over every worker: what one host all-reduce agrees on each step.
+struct StepTotals {
+  double loss_sum = 0.0;
+  double correct = 0.0;
+  double samples = 0.0;
+  double stop = 0.0;  // > 0: some process asked to stop (request_stop)
+
+  std::array<double, 4> fields() const { return {loss_sum, correct, samples, stop}; }
+  static StepTotals from(std::span<const double, 4> f) { return {f[0], f[1], f[2], f[3]}; }
+};
+
+// Double buffering: while the device computes on one batch, the next is already on its way
+// (see StagedBuffer in device.hpp).
+class StagedBatches {
+ public:
+  struct Staged {
+    std::unique_ptr<StagedBuffer> x;  // (batch, features) floats
+    std::unique_ptr<StagedBuffer> y;  // (batch, targets) int32
+    Batch batch;                      // its host copy: size, epoch and position
+  };
+  // `batches`: how many the run will take. Stages the first.
+  StagedBatches(Device& device, ShardLoader& loader, std::size_t x_bytes, std::size_t y_bytes,
+                std::int64_t batches, std::vector<TraceEvent>* track);
+  // The next batch, ready for kernels; the one after starts on its way.
+  const Staged& take();
+  double data_wait_s() const noexcept { return data_wait_s_; }
+
+ private:
+  void stage(Staged& s);
+
+  ShardLoader& loader_;
+  std::vector<TraceEvent>* track_;
+  Staged staged_[2];
+  int current_ = 0;
+  std::int64_t left_;
+  double data_wait_s_ = 0.0;
+};
+
+class WorkerLoop {
+ public:
+  // `rank` is the local worker index (device, trace track, heartbeat); comm.rank() its rank in
+  // the whole job (Note [Processes] in trainer.cpp).
+  WorkerLoop(const RunContext& run, int rank, Communicator& comm);
+  ~WorkerLoop();
+  WorkerLoop(const WorkerLoop&) = delete;
+  WorkerLoop& operator=(const WorkerLoop&) = delete;
+
+  // Set-up, every step, then the final eval, replica check and summary.
+  void run(Backend& backend);
+  // Waits for the all-reduces still in flight, after a failure (Note [Failure]).
+  void drain() noexcept;
+
+ private:
+  // Everything this worker owns, in dependency order: later members use earlier ones.
+  struct Resources {
+    std::unique_ptr<Device> device;
+    std::unique_ptr<Replica> replica;
+    std::unique_ptr<Optimizer> optimizer;
+    std::unique_ptr<Reducer> reducer;
+    std::unique_ptr<ShardLoader> loader;
+    std::unique_ptr<StagedBatches> batches;
+    DeviceArray<float> dlogits;  // (batch x targets, classes)
+  };
+  // Where the run stands: the step being taken, and where the next batch comes from.
+  struct Position {
+    std::int64_t step = 0;
+    std::uint64_t epoch = 0;
+    std::uint64_t batch_in_epoch = 0;
+    std::int64_t samples = 0;  // consumed over all workers, this run
+  };
+  // Metrics since the last log_every report.
+  struct Window {
+    double loss_sum = 0.0;
+    double correct = 0.0;
+    double samples = 0.0;
+    double last_report_s = 0.0;
+    StepMetrics last{};
+  };
+  // Time accounting, seconds (data waits are counted by StagedBatches).
+  struct Times {
+    double loop_start_s = 0.0;
+    double barrier_wait_s = 0.0;
+  };
+  // What the last micro-batch's backward reports per layer: trace spans, and the nan fault
+  // (Fault::Kind::nan) on its way.
+  struct BackwardProbe {
+    double layer_start_s = 0.0;
+    bool inject_nan = false;
+  };
+  struct UpdateResult {
+    double loss = 0.0;  // mean per prediction over the global batch
+    double lr = 0.0;
+    double grad_norm = 0.0;
+  };
+
+  void set_up(Backend& backend);
+  void set_up_data();
+  void begin_step();
+  void run_micro_batch(int micro, StepTotals& mine);
+  StepTotals agree_totals(StepTotals mine);
+  UpdateResult reduce_and_update(const StepTotals& totals);
+  bool updates_per_bucket() const;
+  double wait_and_update(double lr);
+  void on_nonfinite(double loss, double grad_norm);
+  void report(const StepTotals& totals, const UpdateResult& update, bool stop_now);
+  void end_of_step(bool stop_now);
+  void finish();
+  void fill_summary(std::span<const double> time_rows, const EvalMetrics& final_eval);
+
+  void grads_ready(std::size_t layer);
+  EvalMetrics evaluate();
+  void check_replicas();
+  void save_checkpoint();
+  [[noreturn]] void report_nonfinite(double loss, double grad_norm) const;
+  void beat();
+
+  const RunContext& run_;
+  const int rank_;
+  const int global_;
+  Communicator& comm_;
+  std::vector<TraceEvent>* track_;
+  Resources res_;
+  Position pos_;
+  Window window_;
+  Times times_;
+  BackwardProbe backward_;
+  int skips_in_row_ = 0;  // updates dropped in a row by on_nonfinite: skip
+};
+
+}  // namespace lockstep::detail
