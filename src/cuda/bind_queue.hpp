@@ -22,8 +22,8 @@ inline cudaStream_t bound_stream(std::string_view who, int rank, int device_id,
     throw std::invalid_argument(fmt::format("{}: rank {} needs a CUDA device, got {}:{}", who,
                                             rank, queue.backend, queue.device_id));
   if (queue.device_id != device_id)
-    throw std::invalid_argument(fmt::format("{}: rank {} was created for cuda:{}, attached to cuda:{}",
-                                            who, rank, device_id, queue.device_id));
+    throw std::invalid_argument(fmt::format("{}: rank {} was created for cuda:{}, attached to "
+                                            "cuda:{}", who, rank, device_id, queue.device_id));
   return queue.cuda_stream;
 }
 
