@@ -4,7 +4,9 @@
 // calling thread on the CPU) and the kernels the model and optimiser need. Pointers passed to
 // the kernels come from allocate() on the same device. Kernels are ordered on the device's
 // queue; calls that return a value to the host (softmax_cross_entropy, sum_squares, hash,
-// copy_to_host) wait for the queue.
+// copy_to_host) wait for the queue. The operations come in small interfaces by group (memory,
+// BLAS, elementwise, layer, reduction and optimiser ops), which Device joins; Note [Adding a
+// device op] says where a new one goes.
 //
 // A Backend makes devices and the communicators that join them:
 //
