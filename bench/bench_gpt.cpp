@@ -18,8 +18,8 @@
 
 #include <fmt/format.h>
 
+#include "io/json.hpp"
 #include "lockstep/lockstep.hpp"
-#include "train/json.hpp"
 #include "stats.hpp"
 
 using namespace lockstep;

@@ -12,7 +12,7 @@
 //                                   one F32 tensor per ParamTensor, loadable by
 //                                   safetensors.numpy.load_file or torch;
 //   step_<S, 8 digits>.state        the TrainState and the optimiser's state vectors (see
-//                                   src/train/state_file.hpp for the format).
+//                                   src/io/state_file.hpp for the format).
 // Each file is written to "<name>.tmp", fsynced and renamed into place, so a crash leaves
 // either the old file or the new one; the .state file is written last. A checkpoint is complete
 // when both files exist and verify (checksums, and the .state names the weights' checksum, so
@@ -35,8 +35,8 @@
 #include <string>
 #include <vector>
 
-#include "lockstep/config.hpp"
 #include "lockstep/model.hpp"
+#include "lockstep/types.hpp"
 
 namespace lockstep {
 

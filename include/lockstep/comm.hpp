@@ -23,6 +23,7 @@
 namespace lockstep {
 
 class Device;
+struct DeviceQueue;
 
 enum class ReduceOp { sum, avg };
 
@@ -45,9 +46,13 @@ class Communicator {
   virtual int rank() const noexcept = 0;
   virtual int size() const noexcept = 0;
 
-  // Tells the communicator which device (and so which queue) its worker computes on. Called
+  // Tells the communicator which device its worker computes on: binds device.queue(). Called
   // once, on the worker's thread, after the device is created and before any collective.
-  virtual void attach(Device& /*device*/) {}
+  void attach(const Device& device);
+  // What attach() hands over: the queue to order data-plane calls on, and the device it belongs
+  // to, which the communicator checks against the one it was made for. The default ignores it,
+  // for communicators whose collectives finish before they return (the CPU's).
+  virtual void bind(const DeviceQueue& /*queue*/) {}
 
   // Data plane. Every rank ends with bit-identical contents.
   virtual void all_reduce(float* data, std::size_t count, ReduceOp op) = 0;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "lockstep/error.hpp"
+#include "lockstep/types.hpp"
 
 namespace lockstep {
 
@@ -24,29 +25,6 @@ class ConfigError : public InputError {
  public:
   using InputError::InputError;
 };
-
-enum class Activation { relu, gelu, tanh };
-enum class DatasetKind { csv, idx, synthetic, tokens, text };
-enum class TokenFormat { automatic, llmc, raw };
-enum class OptimizerKind { sgd, adamw };
-enum class ScheduleKind { constant, warmup_cosine };
-enum class BackendKind { automatic, cpu, cuda };
-enum class CommKind { automatic, nccl, peer };
-enum class NonfinitePolicy { stop, skip };
-
-std::string_view to_string(Activation);
-std::string_view to_string(DatasetKind);
-std::string_view to_string(TokenFormat);
-std::string_view to_string(OptimizerKind);
-std::string_view to_string(ScheduleKind);
-std::string_view to_string(BackendKind);
-std::string_view to_string(CommKind);
-std::string_view to_string(NonfinitePolicy);
-
-// Token ids travel to the embedding as floats, which hold every integer below 2^24 exactly.
-inline constexpr int kMaxVocabSize = 1 << 24;
-// data.dataset text: one token per byte.
-inline constexpr int kByteVocabSize = 256;
 
 struct ModelConfig {
   std::string type = "mlp";      // "mlp" (classification data) or "gpt" (tokens or text data)

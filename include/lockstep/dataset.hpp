@@ -23,9 +23,11 @@
 #include <variant>
 #include <vector>
 
-#include "lockstep/config.hpp"
+#include "lockstep/types.hpp"
 
 namespace lockstep {
+
+struct Config;  // lockstep/config.hpp, for load_dataset
 
 class Dataset {
  public:

@@ -4,14 +4,17 @@
 // calling thread on the CPU) and the kernels the model and optimiser need. Pointers passed to
 // the kernels come from allocate() on the same device. Kernels are ordered on the device's
 // queue; calls that return a value to the host (softmax_cross_entropy, sum_squares, hash,
-// copy_to_host) wait for the queue.
+// copy_to_host) wait for the queue. The operations come in small interfaces by group (memory,
+// BLAS, elementwise, layer, reduction and optimiser ops), which Device joins; Note [Adding a
+// device op] says where a new one goes.
 //
 // A Backend makes devices and the communicators that join them:
 //
 //   auto backend = lockstep::make_backend(lockstep::BackendKind::cpu);
 //   auto comms = backend->create_communicators(ids);   // on the host thread, before workers
 //   // in worker thread r:
-//   auto device = backend->create_device(ids[r], ids.size());
+//   auto device = backend->create_device(ids[r], ids.size(), /*threads_per_device=*/0);
+//   comms[r]->attach(*device);                         // orders collectives on its queue
 //
 // All matrices are row-major. Shapes are given in comments as (rows, cols).
 #pragma once
@@ -26,7 +29,11 @@
 #include <string_view>
 #include <vector>
 
-#include "lockstep/config.hpp"
+#include "lockstep/types.hpp"
+
+// The CUDA runtime's stream type (cudaStream_t is CUstream_st*), so that DeviceQueue can carry a
+// stream without this header including CUDA's.
+struct CUstream_st;
 
 namespace lockstep {
 
@@ -82,36 +89,72 @@ class StagedBuffer {
   virtual void* device_pointer() noexcept = 0;
 };
 
-class Device {
+// Where a device's work is ordered, as a communicator needs it to order its collectives with
+// the worker's kernels (Communicator::bind). A CPU device's queue is the calling thread.
+struct DeviceQueue {
+  std::string_view backend;            // "cpu", "cuda"
+  int device_id = 0;
+  CUstream_st* cuda_stream = nullptr;  // CUDA: the compute stream every kernel runs on
+};
+
+// The Device's operations, one interface per group. Device derives from all of them, so callers
+// write device.gemm(...) as before; a backend implements them together in one class.
+//
+// Note [Adding a device op]
+//   An op touches four places, and its CPU version is the reference:
+//   1. its declaration, with shapes and semantics, in the interface of its group below;
+//   2. its CPU version in src/cpu/ops/<family>.cpp, called by the CpuDevice override: plain
+//      loops that every other backend is tested against. Per-element math that both backends
+//      compute goes in src/common/elementwise_math.hpp (__host__ __device__), written once;
+//   3. its CUDA kernel and launcher (taking the worker's stream, checking the launch) in
+//      src/cuda/ops/<family>.cu, called by the CudaDevice override;
+//   4. a test of the CPU version (a closed form, or finite differences) in tests/cpu/, and one
+//      of the GPU against the CPU on fresh random inputs in tests/cuda/.
+//   When the two backends disagree, the CUDA kernel is wrong: the CPU version defines the op.
+//   A new group is a new interface here, added to Device's bases.
+
+// Memory and the queue. allocate() returns zeroed memory aligned for any element type.
+class MemoryOps {
  public:
-  virtual ~Device() = default;
-
-  virtual std::string_view backend() const noexcept = 0;
-  virtual int id() const noexcept = 0;
-  // "cpu:0", "cuda:1": used in logs and error messages.
-  std::string label() const { return std::string(backend()) + ":" + std::to_string(id()); }
-
-  // Memory. allocate() returns zeroed memory aligned for any element type.
   virtual void* allocate(std::size_t bytes) = 0;
   virtual void deallocate(void* ptr) noexcept = 0;
   virtual void copy_to_device(void* dst, const void* host_src, std::size_t bytes) = 0;
   virtual void copy_to_host(void* host_dst, const void* src, std::size_t bytes) = 0;  // waits
   virtual void copy(void* dst, const void* src, std::size_t bytes) = 0;  // device to device
 
-  // A buffer of `bytes` for batches copied in while the device computes (see StagedBuffer).
-  // The default copies synchronously with copy_to_device; a GPU stages through pinned memory on
-  // a copy stream. Destroy the buffer before its device.
-  virtual std::unique_ptr<StagedBuffer> make_staged_buffer(std::size_t bytes);
+  // Waits until every operation queued so far has finished.
   virtual void synchronize() = 0;
 
+ protected:
+  ~MemoryOps() = default;
+};
+
+// Matrix products (BLAS sgemm, cuBLAS).
+class BlasOps {
+ public:
+  // C (m, n) = alpha * op(A) (m, k) * op(B) (k, n) + beta * C, row-major with leading dims.
+  virtual void gemm(Transpose ta, Transpose tb, int m, int n, int k, float alpha, const float* a,
+                    int lda, const float* b, int ldb, float beta, float* c, int ldc) = 0;
+  // Strided batched GEMM: for i in [0, count), C_i = alpha * op(A_i) * op(B_i) + beta * C_i with
+  // A_i = a + i * stride_a (likewise B_i, C_i); otherwise as gemm().
+  virtual void gemm_batched(Transpose ta, Transpose tb, int m, int n, int k, float alpha,
+                            const float* a, int lda, std::int64_t stride_a, const float* b,
+                            int ldb, std::int64_t stride_b, float beta, float* c, int ldc,
+                            std::int64_t stride_c, int count) = 0;
+
+ protected:
+  ~BlasOps() = default;
+};
+
+// Elementwise and broadcast arithmetic, activations included.
+class ElementwiseOps {
+ public:
   // x[0..n) = value
   virtual void fill(float* x, float value, std::size_t n) = 0;
   // x[0..n) *= alpha
   virtual void scale(float* x, float alpha, std::size_t n) = 0;
-
-  // C (m, n) = alpha * op(A) (m, k) * op(B) (k, n) + beta * C, row-major with leading dims.
-  virtual void gemm(Transpose ta, Transpose tb, int m, int n, int k, float alpha, const float* a,
-                    int lda, const float* b, int ldb, float beta, float* c, int ldc) = 0;
+  // y = a + b, elementwise over n; y may alias a or b.
+  virtual void add(const float* a, const float* b, float* y, std::size_t n) = 0;
   // y (rows, cols) += bias (cols), broadcast over rows
   virtual void add_bias(float* y, const float* bias, int rows, int cols) = 0;
   // dbias (cols) += column sums of dy (rows, cols)
@@ -121,37 +164,21 @@ class Device {
   // dx = dy * f'(x), elementwise over n (x is the activation's input)
   virtual void activation_backward(Activation f, const float* x, const float* dy, float* dx,
                                    std::size_t n) = 0;
+
+ protected:
+  ~ElementwiseOps() = default;
+};
+
+// The layers' own kernels: the loss, and GPT's embedding, LayerNorm and attention softmax.
+// B sequences of T positions, C channels, V vocabulary entries. Backward kernels accumulate
+// into parameter gradients (+=), as layers do.
+class LayerOps {
+ public:
   // logits (rows, classes), labels (rows). Returns the summed loss and the correct count.
   // If dlogits is not null it receives (softmax(logits) - onehot(label)) * grad_scale.
   virtual LossStats softmax_cross_entropy(const float* logits, const std::int32_t* labels,
                                           int rows, int classes, float* dlogits,
                                           float grad_scale) = 0;
-
-  // Sum of squares of x[0..n), accumulated in double on the CPU.
-  virtual double sum_squares(const float* x, std::size_t n) = 0;
-  // Order-independent 64-bit hash of the bit patterns of x[0..n) and their positions.
-  // Equal buffers hash equal on every backend; used to prove replicas are identical.
-  virtual std::uint64_t hash(const float* x, std::size_t n) = 0;
-
-  // One SGD step, PyTorch semantics (dampening 0): g += wd * p; buf = momentum * buf + g;
-  // g = nesterov ? g + momentum * buf : buf; p -= lr * g. momentum_buf may be null if momentum == 0.
-  virtual void sgd_step(const SgdParams& opt, float lr, float* params, const float* grads,
-                        float* momentum_buf, std::size_t n) = 0;
-  // One AdamW step, PyTorch semantics, with step count t >= 1 for bias correction.
-  virtual void adamw_step(const AdamWParams& opt, float lr, std::int64_t t, float* params,
-                          const float* grads, float* m, float* v, std::size_t n) = 0;
-
-  // ---- Transformer kernels. B sequences of T positions, C channels, V vocabulary entries.
-  // Backward kernels accumulate into parameter gradients (+=), as layers do.
-
-  // y = a + b, elementwise over n; y may alias a or b.
-  virtual void add(const float* a, const float* b, float* y, std::size_t n) = 0;
-  // Strided batched GEMM: for i in [0, count), C_i = alpha * op(A_i) * op(B_i) + beta * C_i with
-  // A_i = a + i * stride_a (likewise B_i, C_i); otherwise as gemm().
-  virtual void gemm_batched(Transpose ta, Transpose tb, int m, int n, int k, float alpha,
-                            const float* a, int lda, std::int64_t stride_a, const float* b,
-                            int ldb, std::int64_t stride_b, float beta, float* c, int ldc,
-                            std::int64_t stride_c, int count) = 0;
   // ids (B, T) token ids stored as floats (exact below 2^24), wte (V, C), wpe (T_max, C):
   // out (B, T, C) = wte[ids[b, t]] + wpe[t].
   virtual void embedding_forward(const float* ids, const float* wte, const float* wpe, float* out,
@@ -176,6 +203,59 @@ class Device {
   // j > i. ds may alias dp.
   virtual void causal_softmax_backward(const float* p, const float* dp, float* ds, int count,
                                        int T, float scale) = 0;
+
+ protected:
+  ~LayerOps() = default;
+};
+
+// Reductions to one host value; they wait for the queue.
+class ReductionOps {
+ public:
+  // Sum of squares of x[0..n), accumulated in double on the CPU.
+  virtual double sum_squares(const float* x, std::size_t n) = 0;
+  // Order-independent 64-bit hash of the bit patterns of x[0..n) and their positions.
+  // Equal buffers hash equal on every backend; used to prove replicas are identical.
+  virtual std::uint64_t hash(const float* x, std::size_t n) = 0;
+
+ protected:
+  ~ReductionOps() = default;
+};
+
+// Parameter updates, in place.
+class OptimizerOps {
+ public:
+  // One SGD step, PyTorch semantics (dampening 0): g += wd * p; buf = momentum * buf + g;
+  // g = nesterov ? g + momentum * buf : buf; p -= lr * g. momentum_buf may be null if momentum == 0.
+  virtual void sgd_step(const SgdParams& opt, float lr, float* params, const float* grads,
+                        float* momentum_buf, std::size_t n) = 0;
+  // One AdamW step, PyTorch semantics, with step count t >= 1 for bias correction.
+  virtual void adamw_step(const AdamWParams& opt, float lr, std::int64_t t, float* params,
+                          const float* grads, float* m, float* v, std::size_t n) = 0;
+
+ protected:
+  ~OptimizerOps() = default;
+};
+
+class Device : public MemoryOps,
+               public BlasOps,
+               public ElementwiseOps,
+               public LayerOps,
+               public ReductionOps,
+               public OptimizerOps {
+ public:
+  virtual ~Device() = default;
+
+  virtual std::string_view backend() const noexcept = 0;
+  virtual int id() const noexcept = 0;
+  // "cpu:0", "cuda:1": used in logs and error messages.
+  std::string label() const { return std::string(backend()) + ":" + std::to_string(id()); }
+  // The queue this device's operations run on. The default, the calling thread, suits devices
+  // whose operations finish before they return.
+  virtual DeviceQueue queue() const noexcept { return {backend(), id(), nullptr}; }
+  // A buffer of `bytes` for batches copied in while the device computes (see StagedBuffer).
+  // The default copies synchronously with copy_to_device; a GPU stages through pinned memory on
+  // a copy stream. Destroy the buffer before its device.
+  virtual std::unique_ptr<StagedBuffer> make_staged_buffer(std::size_t bytes);
 };
 
 // Owns `size` elements of T on a device. Move-only.

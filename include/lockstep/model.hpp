@@ -31,8 +31,8 @@
 #include <string>
 #include <vector>
 
-#include "lockstep/config.hpp"
 #include "lockstep/device.hpp"
+#include "lockstep/types.hpp"
 
 namespace lockstep {
 

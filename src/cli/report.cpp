@@ -11,8 +11,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "io/durable_file.hpp"
 #include "lockstep/version.hpp"
-#include "train/durable_file.hpp"
 
 namespace fs = std::filesystem;
 

@@ -46,7 +46,7 @@ class HierarchicalCommunicator final : public Communicator {
     return process_->processes->size() * process_->local_size;
   }
 
-  void attach(Device& device) override { local_->attach(device); }
+  void bind(const DeviceQueue& queue) override { local_->bind(queue); }
 
   void all_reduce(float* data, std::size_t count, ReduceOp op) override {
     local_->all_reduce(data, count, ReduceOp::sum);

@@ -27,8 +27,11 @@
 #include "comm/abortable_barrier.hpp"
 #include "comm/comm_thread.hpp"
 #include "lockstep/comm.hpp"
+#include "lockstep/device.hpp"
 
 namespace lockstep {
+
+void Communicator::attach(const Device& device) { bind(device.queue()); }
 
 std::unique_ptr<CommWork> Communicator::all_reduce_async(float* data, std::size_t count,
                                                          ReduceOp op) {

@@ -1,7 +1,7 @@
 // FNV-1a 64 (Fowler, Noll, Vo): the checksum of checkpoint files and the config hash.
 //
 // Chosen over a faster hash because anyone can recompute it from the published constants in a
-// few lines (tests/train/check_safetensors.py does). Feed bytes in pieces by passing the
+// few lines (tests/io/check_safetensors.py does). Feed bytes in pieces by passing the
 // previous result as `hash`.
 #pragma once
 

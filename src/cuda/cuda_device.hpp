@@ -38,6 +38,8 @@ class CudaDevice final : public Device {
 
   // The compute stream: every kernel of this device runs on it.
   cudaStream_t stream() const noexcept { return stream_.get(); }
+  // The same stream, for the communicator that joins this device to the others.
+  DeviceQueue queue() const noexcept override { return {backend(), id_, stream_.get()}; }
   // TF32 tensor cores for gemm (faster, about 10 mantissa bits). Off by default.
   void set_tf32(bool enabled);
 

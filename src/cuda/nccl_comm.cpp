@@ -33,8 +33,8 @@
 
 #include <fmt/format.h>
 
+#include "cuda/bind_queue.hpp"
 #include "cuda/check.hpp"
-#include "cuda/cuda_device.hpp"
 #include "cuda/handles.hpp"
 
 namespace lockstep::cuda {
@@ -82,16 +82,8 @@ class NcclCommunicator final : public Communicator {
   int rank() const noexcept override { return rank_; }
   int size() const noexcept override { return size_; }
 
-  void attach(Device& device) override {
-    auto* gpu = dynamic_cast<CudaDevice*>(&device);
-    if (!gpu)
-      throw std::invalid_argument(fmt::format(
-          "NCCL communicator: rank {} needs a CUDA device, got {}", rank_, device.label()));
-    if (gpu->id() != device_id_)
-      throw std::invalid_argument(fmt::format(
-          "NCCL communicator: rank {} was created for cuda:{}, attached to {}", rank_, device_id_,
-          device.label()));
-    compute_ = gpu->stream();
+  void bind(const DeviceQueue& queue) override {
+    compute_ = bound_stream("NCCL communicator", rank_, device_id_, queue);
     comm_stream_ = make_stream();
     ready_ = make_event();
     done_ = make_event();
@@ -170,7 +162,7 @@ class NcclCommunicator final : public Communicator {
   ncclComm_t comm_;
   std::unique_ptr<Communicator> control_;
   std::atomic<bool> released_{false};  // comm_ was aborted or destroyed
-  cudaStream_t compute_ = nullptr;     // owned by the CudaDevice
+  cudaStream_t compute_ = nullptr;     // the device's, from bind()
   Stream comm_stream_;
   Event ready_, done_;
 };

@@ -27,8 +27,8 @@
 
 #include <fmt/format.h>
 
+#include "cuda/bind_queue.hpp"
 #include "cuda/check.hpp"
-#include "cuda/cuda_device.hpp"
 #include "cuda/handles.hpp"
 #include "cuda/kernels.hpp"
 
@@ -86,18 +86,10 @@ class PeerCommunicator final : public Communicator {
   int rank() const noexcept override { return rank_; }
   int size() const noexcept override { return static_cast<int>(group_->device_ids.size()); }
 
-  void attach(Device& device) override {
+  void bind(const DeviceQueue& queue) override {
     PeerGroup& g = *group_;
     const int mine = g.device_ids[rank_];
-    auto* gpu = dynamic_cast<CudaDevice*>(&device);
-    if (!gpu)
-      throw std::invalid_argument(fmt::format(
-          "peer communicator: rank {} needs a CUDA device, got {}", rank_, device.label()));
-    if (gpu->id() != mine)
-      throw std::invalid_argument(fmt::format(
-          "peer communicator: rank {} was created for cuda:{}, attached to {}", rank_, mine,
-          device.label()));
-    compute_ = gpu->stream();
+    compute_ = bound_stream("peer communicator", rank_, mine, queue);
     comm_stream_ = make_stream();
     ready_ = make_event();
     reduced_ = make_event();
@@ -212,7 +204,7 @@ class PeerCommunicator final : public Communicator {
   std::shared_ptr<PeerGroup> group_;
   const int rank_;
   std::unique_ptr<Communicator> control_;
-  cudaStream_t compute_ = nullptr;  // owned by the CudaDevice
+  cudaStream_t compute_ = nullptr;  // the device's, from bind()
   Stream comm_stream_;
   Event ready_, reduced_, done_;
   std::vector<bool> direct_;        // direct_[q]: our kernels can read rank q's memory

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "data/shuffle.hpp"
+#include "lockstep/config.hpp"
 #include "lockstep/dataset.hpp"
 #include "lockstep/error.hpp"
 

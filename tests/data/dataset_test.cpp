@@ -7,6 +7,7 @@
 #include <numeric>
 #include <vector>
 
+#include "lockstep/config.hpp"
 #include "lockstep/error.hpp"
 #include "temp_files.hpp"
 

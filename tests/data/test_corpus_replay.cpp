@@ -17,11 +17,11 @@
 #include <string>
 #include <vector>
 
+#include "io/state_file.hpp"
 #include "lockstep/checkpoint.hpp"
 #include "lockstep/config.hpp"
 #include "lockstep/dataset.hpp"
 #include "lockstep/error.hpp"
-#include "train/state_file.hpp"
 
 namespace fs = std::filesystem;
 

@@ -1,4 +1,4 @@
-// Fuzzes the reader of checkpoint .state files (src/train/state_file.hpp). Each input is read
+// Fuzzes the reader of checkpoint .state files (src/io/state_file.hpp). Each input is read
 // as it is, then with the header's payload size and checksum made to match the payload, so
 // that mutations reach the payload's fields instead of stopping at the checksum.
 #include <cstddef>
@@ -9,7 +9,7 @@
 
 #include "common/fnv1a.hpp"
 #include "fuzz_input.hpp"
-#include "train/state_file.hpp"
+#include "io/state_file.hpp"
 
 namespace {
 

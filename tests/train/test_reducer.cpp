@@ -10,8 +10,8 @@
 #include <set>
 
 #include "trainer_fixtures.hpp"
+#include "io/json.hpp"
 #include "lockstep/lockstep.hpp"
-#include "train/json.hpp"
 #include "train/reducer.hpp"
 
 using namespace lockstep;

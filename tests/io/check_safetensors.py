@@ -3,7 +3,7 @@
 
     python3 -m pip install safetensors numpy
     LOCKSTEP_KEEP_CHECKPOINT_DIR=/tmp/ckpt build/lockstep_tests -tc='safetensors: round trip*'
-    python3 tests/train/check_safetensors.py /tmp/ckpt/small.safetensors /tmp/ckpt/small.npy
+    python3 tests/io/check_safetensors.py /tmp/ckpt/small.safetensors /tmp/ckpt/small.npy
 
 Loads the file with safetensors.numpy.load_file, prints each tensor's name, shape and dtype,
 and checks that every value is finite and that "lockstep.checksum" (FNV-1a 64 of the data

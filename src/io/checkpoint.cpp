@@ -18,8 +18,9 @@
 #include <system_error>
 #include <utility>
 
-#include "train/durable_file.hpp"
-#include "train/state_file.hpp"
+#include "io/durable_file.hpp"
+#include "io/state_file.hpp"
+#include "lockstep/error.hpp"
 
 namespace lockstep {
 namespace fs = std::filesystem;

@@ -10,9 +10,9 @@
 
 #include "checkpoint_fixtures.hpp"
 #include "common/fnv1a.hpp"
+#include "io/json.hpp"
+#include "io/state_file.hpp"
 #include "lockstep/version.hpp"
-#include "train/json.hpp"
-#include "train/state_file.hpp"
 
 using namespace lockstep;
 using namespace lockstep::test;
@@ -20,7 +20,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// A .npy of the flat float32 buffer, for tests/train/check_safetensors.py.
+// A .npy of the flat float32 buffer, for tests/io/check_safetensors.py.
 void write_npy(const fs::path& file, const std::vector<float>& values) {
   std::string header = fmt::format("{{'descr': '<f4', 'fortran_order': False, 'shape': ({},), }}",
                                    values.size());
@@ -102,7 +102,7 @@ TEST_CASE("safetensors: round trip is bit-exact, in the parameter buffer's layou
   const std::size_t data_start = 8 + header_size;
   CHECK(checksum == detail::fnv1a64(bytes.data() + data_start, bytes.size() - data_start));
 
-  // For tests/train/check_safetensors.py: LOCKSTEP_KEEP_CHECKPOINT_DIR=dir keeps a copy.
+  // For tests/io/check_safetensors.py: LOCKSTEP_KEEP_CHECKPOINT_DIR=dir keeps a copy.
   if (const char* keep = std::getenv("LOCKSTEP_KEEP_CHECKPOINT_DIR")) {
     fs::create_directories(keep);
     Checkpoint finite = make_checkpoint(model, 5);

@@ -1,4 +1,4 @@
-#include "train/json.hpp"
+#include "io/json.hpp"
 
 #include <fmt/format.h>
 

@@ -1,4 +1,4 @@
-#include "train/durable_file.hpp"
+#include "io/durable_file.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>

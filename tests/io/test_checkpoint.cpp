@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "checkpoint_fixtures.hpp"
+#include "lockstep/config.hpp"
 
 using namespace lockstep;
 using namespace lockstep::test;

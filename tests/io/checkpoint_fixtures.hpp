@@ -15,6 +15,7 @@
 #include "../data/temp_files.hpp"
 #include "data/read_file.hpp"
 #include "lockstep/checkpoint.hpp"
+#include "lockstep/error.hpp"
 
 namespace lockstep::test {
 

@@ -18,10 +18,10 @@
 #include <tuple>
 
 #include "common/fnv1a.hpp"
+#include "io/durable_file.hpp"
+#include "io/json.hpp"
 #include "lockstep/checkpoint.hpp"
 #include "lockstep/version.hpp"
-#include "train/durable_file.hpp"
-#include "train/json.hpp"
 
 namespace lockstep {
 namespace {

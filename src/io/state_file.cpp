@@ -1,4 +1,4 @@
-#include "train/state_file.hpp"
+#include "io/state_file.hpp"
 
 #include <fmt/format.h>
 
@@ -12,7 +12,7 @@
 #include <string_view>
 
 #include "common/fnv1a.hpp"
-#include "train/durable_file.hpp"
+#include "io/durable_file.hpp"
 
 namespace lockstep::detail {
 namespace {

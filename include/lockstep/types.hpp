@@ -1,0 +1,37 @@
+// The small value types every part of the API shares: the enums the config selects (activation,
+// dataset, optimiser, backend, ...) and the vocabulary limits. Headers that only need these
+// (device, model, dataset) include this one, not the whole config schema.
+//
+//   lockstep::Activation f = lockstep::Activation::gelu;
+//   std::string_view name = lockstep::to_string(f);   // "gelu", as spelt in the YAML
+#pragma once
+
+#include <string_view>
+
+namespace lockstep {
+
+enum class Activation { relu, gelu, tanh };
+enum class DatasetKind { csv, idx, synthetic, tokens, text };
+enum class TokenFormat { automatic, llmc, raw };
+enum class OptimizerKind { sgd, adamw };
+enum class ScheduleKind { constant, warmup_cosine };
+enum class BackendKind { automatic, cpu, cuda };
+enum class CommKind { automatic, nccl, peer };
+enum class NonfinitePolicy { stop, skip };
+
+// The config's spelling of each value (src/config/config.cpp reads the same tables).
+std::string_view to_string(Activation);
+std::string_view to_string(DatasetKind);
+std::string_view to_string(TokenFormat);
+std::string_view to_string(OptimizerKind);
+std::string_view to_string(ScheduleKind);
+std::string_view to_string(BackendKind);
+std::string_view to_string(CommKind);
+std::string_view to_string(NonfinitePolicy);
+
+// Token ids travel to the embedding as floats, which hold every integer below 2^24 exactly.
+inline constexpr int kMaxVocabSize = 1 << 24;
+// data.dataset text: one token per byte.
+inline constexpr int kByteVocabSize = 256;
+
+}  // namespace lockstep
