@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "lockstep/config.hpp"
+#include "lockstep/export.hpp"
 
 namespace lockstep {
 
@@ -34,25 +35,25 @@ class ProcessGroup;
 
 enum class Transpose { no, yes };
 
-struct LossStats {
+struct LOCKSTEP_API LossStats {
   double loss_sum = 0.0;     // summed over the rows, not averaged
   std::int64_t correct = 0;  // rows whose argmax equals the label
 };
 
-struct SgdParams {
+struct LOCKSTEP_API SgdParams {
   float momentum = 0.0f;
   float weight_decay = 0.0f;
   bool nesterov = false;
 };
 
-struct AdamWParams {
+struct LOCKSTEP_API AdamWParams {
   float beta1 = 0.9f;
   float beta2 = 0.999f;
   float eps = 1e-8f;
   float weight_decay = 0.0f;
 };
 
-class Device {
+class LOCKSTEP_API Device {
  public:
   virtual ~Device() = default;
 
@@ -197,7 +198,7 @@ class DeviceArray {
   std::size_t size_ = 0;
 };
 
-struct DeviceInfo {
+struct LOCKSTEP_API DeviceInfo {
   std::string backend;
   int id = 0;
   std::string name;
@@ -205,7 +206,7 @@ struct DeviceInfo {
   std::string detail;  // e.g. compute capability, or threads for the CPU
 };
 
-class Backend {
+class LOCKSTEP_API Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string_view name() const noexcept = 0;
@@ -226,7 +227,7 @@ class Backend {
 };
 
 // Settings of the GPU backend (trainer.comm, trainer.tf32); the CPU backend has none.
-struct BackendOptions {
+struct LOCKSTEP_API BackendOptions {
   CommKind comm = CommKind::automatic;
   bool tf32 = false;
 };
@@ -234,16 +235,26 @@ struct BackendOptions {
 // Dense peak FLOP/s of one GPU for fp32 GEMMs (tf32 false) or TF32 tensor-core GEMMs, from a
 // table of data-sheet figures matched against the device name ("NVIDIA H200", "NVIDIA A100-SXM4-
 // 80GB", ...); nullopt for a device the table does not know. Used for model FLOPs utilisation.
-std::optional<double> peak_flops(std::string_view device_name, bool tf32);
+LOCKSTEP_API std::optional<double> peak_flops(std::string_view device_name, bool tf32);
 
 // The CPU backend: N devices are N worker threads, joined by a shared-memory communicator.
-std::unique_ptr<Backend> make_cpu_backend();
+LOCKSTEP_API std::unique_ptr<Backend> make_cpu_backend();
+
+// What this build's CUDA backend links, and whether the driver lets it run, for `lockstep
+// devices`. Asks the driver, never throws.
+struct LOCKSTEP_API CudaSupport {
+  bool built = false;   // false: lockstep was built without the CUDA backend
+  int gpus = 0;         // GPUs this process can use
+  std::string summary;  // e.g. "no NVIDIA driver found; CUDA runtime 13.0, cuBLAS 13.1, NCCL
+                        // 2.28.9 linked"; empty when !built
+};
+LOCKSTEP_API CudaSupport cuda_support();
 // BackendKind::automatic picks CUDA when GPUs are usable and every id in `device_ids` names one
 // (repeated ids share a GPU); the CPU otherwise.
-std::unique_ptr<Backend> make_backend(BackendKind kind, std::span<const int> device_ids = {},
-                                      const BackendOptions& options = {});
+LOCKSTEP_API std::unique_ptr<Backend> make_backend(BackendKind kind, std::span<const int> device_ids = {},
+                                                   const BackendOptions& options = {});
 
 // A CPU device. `threads` is the size of its private oneTBB arena (at least 1).
-std::unique_ptr<Device> make_cpu_device(int id, int threads);
+LOCKSTEP_API std::unique_ptr<Device> make_cpu_device(int id, int threads);
 
 }  // namespace lockstep

@@ -7,8 +7,8 @@
 //   - the trainer on backend cuda: N replicas on one GPU equal one worker with N times the
 //     batch, replicas stay bit-identical, and a failing worker stops the run.
 // Each test goes through the public API only (make_backend(BackendKind::cuda)), so this file
-// builds without CUDA too. Without a CUDA build or a usable GPU every test says "skipping" and
-// passes: CI has nvcc but no GPU.
+// builds without CUDA too. Without a CUDA build or a usable GPU every test says "skipping", and
+// CTest reports it skipped (tests/skip.hpp): CI has nvcc but no GPU.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -463,7 +463,7 @@ TEST_SUITE("cuda trainer") {
     if (!backend) return;
     const int gpus = static_cast<int>(backend->devices().size());
     if (gpus < 2) {
-      MESSAGE("skipping: needs 2 GPUs, this machine has " << gpus);
+      skip("needs 2 GPUs, this machine has " + std::to_string(gpus));
       return;
     }
     auto train = synthetic(240, 1);
