@@ -181,7 +181,7 @@ TEST_SUITE("cuda") {
         }
   }
 
-  TEST_CASE("add_bias and bias_grad") {
+  TEST_CASE("cuda: add_bias and bias_grad") {
     auto backend = cuda_or_skip();
     if (!backend) return;
     auto gpu = backend->create_device(0, 1, 0);
@@ -199,7 +199,7 @@ TEST_SUITE("cuda") {
     }
   }
 
-  TEST_CASE("activations and their derivatives") {
+  TEST_CASE("cuda: activations and their derivatives") {
     auto backend = cuda_or_skip();
     if (!backend) return;
     auto gpu = backend->create_device(0, 1, 0);
@@ -219,7 +219,7 @@ TEST_SUITE("cuda") {
     }
   }
 
-  TEST_CASE("softmax_cross_entropy: loss, correct count, dlogits, bad labels") {
+  TEST_CASE("cuda: softmax_cross_entropy: loss, correct count, dlogits, bad labels") {
     auto backend = cuda_or_skip();
     if (!backend) return;
     auto gpu = backend->create_device(0, 1, 0);
