@@ -152,7 +152,8 @@ struct LOCKSTEP_API Config {
 LOCKSTEP_API std::uint64_t config_hash(const Config& config);
 
 // Reads and validates a YAML file, then applies "a.b.c=value" overrides.
-LOCKSTEP_API Config load_config(const std::filesystem::path& file, std::span<const std::string> overrides = {});
+LOCKSTEP_API Config load_config(const std::filesystem::path& file,
+                                std::span<const std::string> overrides = {});
 
 // Same, from text in memory. `source` names it in messages.
 LOCKSTEP_API Config parse_config(std::string_view yaml, std::string_view source,

@@ -71,13 +71,16 @@ class LOCKSTEP_API InMemoryDataset final : public Dataset {
 
 // CSV of numbers, one sample per line. The label column holds integer classes 0..K-1;
 // `label_column` < 0 counts from the end. Classes = max label + 1.
-LOCKSTEP_API InMemoryDataset load_csv(const std::filesystem::path& file, int label_column, bool header);
+LOCKSTEP_API InMemoryDataset load_csv(const std::filesystem::path& file, int label_column,
+                                       bool header);
 // The IDX format of MNIST: an images file (ubyte, any number of dims) and a labels file.
 // Pixels are scaled to [0, 1].
-LOCKSTEP_API InMemoryDataset load_idx(const std::filesystem::path& images, const std::filesystem::path& labels);
+LOCKSTEP_API InMemoryDataset load_idx(const std::filesystem::path& images,
+                                       const std::filesystem::path& labels);
 // A deterministic Gaussian-mixture classification problem: class centres and samples are
 // drawn from `seed`, so any size can be generated for benchmarks.
-LOCKSTEP_API InMemoryDataset make_synthetic(std::size_t samples, int features, int classes, std::uint64_t seed);
+LOCKSTEP_API InMemoryDataset make_synthetic(std::size_t samples, int features, int classes,
+                                             std::uint64_t seed);
 
 // A token stream cut into windows of context + 1 tokens at stride context: window i is
 // tokens[i * context, i * context + context], its first `context` tokens are the inputs and its
@@ -121,8 +124,8 @@ class LOCKSTEP_API TokenDataset final : public Dataset {
 //   uint16 tokens, 2 for uint32; the token count) and then the tokens;
 // - raw: headerless little-endian uint16 tokens, as nanoGPT's prepare.py writes them.
 // automatic reads llmc when the file starts with the magic number, raw otherwise.
-LOCKSTEP_API TokenDataset load_tokens(const std::filesystem::path& file, TokenFormat format, int context,
-                                      int vocab_size);
+LOCKSTEP_API TokenDataset load_tokens(const std::filesystem::path& file, TokenFormat format,
+                                      int context, int vocab_size);
 // A UTF-8 text file, one token per byte (vocab_size >= 256). Invalid UTF-8 is an InputError
 // naming the line and byte offset of the first bad sequence.
 LOCKSTEP_API TokenDataset load_text(const std::filesystem::path& file, int context,
@@ -135,8 +138,8 @@ struct LOCKSTEP_API DataSplit {
 
 // Shuffles with `seed`, holds out round(eval_fraction * size) samples for eval, and
 // standardises both with the train split's statistics when `normalize` is set.
-LOCKSTEP_API DataSplit split_dataset(const InMemoryDataset& all, double eval_fraction, bool normalize,
-                                     std::uint64_t seed);
+LOCKSTEP_API DataSplit split_dataset(const InMemoryDataset& all, double eval_fraction,
+                                     bool normalize, std::uint64_t seed);
 // Holds out the last round(eval_fraction * tokens) tokens for eval, so that no window of one
 // split overlaps one of the other. Each split must hold a window (eval_fraction 0: eval is
 // empty).

@@ -249,9 +249,11 @@ struct LOCKSTEP_API CudaSupport {
                         // 2.28.9 linked"; empty when !built
 };
 LOCKSTEP_API CudaSupport cuda_support();
+
 // BackendKind::automatic picks CUDA when GPUs are usable and every id in `device_ids` names one
 // (repeated ids share a GPU); the CPU otherwise.
-LOCKSTEP_API std::unique_ptr<Backend> make_backend(BackendKind kind, std::span<const int> device_ids = {},
+LOCKSTEP_API std::unique_ptr<Backend> make_backend(BackendKind kind,
+                                                   std::span<const int> device_ids = {},
                                                    const BackendOptions& options = {});
 
 // A CPU device. `threads` is the size of its private oneTBB arena (at least 1).

@@ -90,7 +90,8 @@ LOCKSTEP_API std::unique_ptr<Layer> make_activation(Activation f, int features);
 LOCKSTEP_API std::unique_ptr<Layer> make_embedding(int vocab, int context, int channels);
 LOCKSTEP_API std::unique_ptr<Layer> make_block(int context, int channels, int heads, int n_layer);
 LOCKSTEP_API std::unique_ptr<Layer> make_layernorm(int context, int channels);
-LOCKSTEP_API std::unique_ptr<Layer> make_tied_lm_head(int embedding_layer, int vocab, int context, int channels);
+LOCKSTEP_API std::unique_ptr<Layer> make_tied_lm_head(int embedding_layer, int vocab, int context,
+                                                    int channels);
 
 struct LOCKSTEP_API MlpSpec {
   int inputs = 0;

@@ -127,8 +127,8 @@ LOCKSTEP_API GptSpec gpt_spec(const Config& config, const Dataset& train);
 
 // Loss and accuracy of `params` (in `model`'s layout) over all of `data`, on the first
 // configured device of the config's backend.
-LOCKSTEP_API EvalMetrics evaluate(const Config& config, const Model& model, std::span<const float> params,
-                                  const Dataset& data);
+LOCKSTEP_API EvalMetrics evaluate(const Config& config, const Model& model,
+                                  std::span<const float> params, const Dataset& data);
 
 class LOCKSTEP_API Trainer {
  public:
