@@ -35,6 +35,7 @@
 #include <string>
 #include <vector>
 
+#include "lockstep/export.hpp"
 #include "lockstep/model.hpp"
 #include "lockstep/types.hpp"
 
@@ -42,7 +43,7 @@ namespace lockstep {
 
 // ---- safetensors ----------------------------------------------------------------------------
 
-struct SafetensorsFile {
+struct LOCKSTEP_API SafetensorsFile {
   std::vector<ParamTensor> tensors;  // sorted by offset; offsets index `data`, in elements
   std::vector<float> data;           // the data section, so tensors keep their file layout
   std::map<std::string, std::string> metadata;
@@ -53,18 +54,19 @@ struct SafetensorsFile {
 // `params` byte for byte, so reading it back restores the buffer layout. The metadata gets
 // "format": "pt", "lockstep.version" and "lockstep.checksum", replacing any given values.
 // Returns the checksum. Crash-safe as described above.
-std::uint64_t write_safetensors(const std::filesystem::path& file,
-                                std::span<const ParamTensor> tensors, std::span<const float> params,
-                                const std::map<std::string, std::string>& metadata = {});
+LOCKSTEP_API std::uint64_t write_safetensors(const std::filesystem::path& file,
+                                             std::span<const ParamTensor> tensors,
+                                             std::span<const float> params,
+                                             const std::map<std::string, std::string>& metadata = {});
 
 // Reads any safetensors file of F32 tensors. Checks the data against "lockstep.checksum" when
 // the metadata has one. Headers are limited to 100 MB, as in the reference implementation.
-SafetensorsFile read_safetensors(const std::filesystem::path& file);
+LOCKSTEP_API SafetensorsFile read_safetensors(const std::filesystem::path& file);
 
 // ---- training state -------------------------------------------------------------------------
 
 // Where training stands after `step` optimiser steps: what a resumed run needs besides weights.
-struct TrainState {
+struct LOCKSTEP_API TrainState {
   std::int64_t step = 0;             // optimiser steps done; also the lr schedule's position
   std::uint64_t epoch = 0;           // the sampler epoch of the next batch
   std::uint64_t batch_in_epoch = 0;  // batches of `epoch` each worker has consumed
@@ -78,12 +80,12 @@ struct TrainState {
 
 // One optimiser buffer in the parameter buffer's layout: "momentum" (SGD with momentum),
 // "adamw.m" and "adamw.v".
-struct StateVector {
+struct LOCKSTEP_API StateVector {
   std::string name;
   std::vector<float> values;
 };
 
-struct Checkpoint {
+struct LOCKSTEP_API Checkpoint {
   std::vector<ParamTensor> tensors;  // names, shapes and offsets into `params`
   std::vector<float> params;         // the model's parameter buffer
   TrainState state;
@@ -96,17 +98,17 @@ struct Checkpoint {
 
 // Throws InputError naming ckpt.weights_file unless `ckpt` has exactly the tensors `expected`
 // (names, shapes and offsets; Model::param_tensors()).
-void check_layout(const Checkpoint& ckpt, std::span<const ParamTensor> expected);
+LOCKSTEP_API void check_layout(const Checkpoint& ckpt, std::span<const ParamTensor> expected);
 
 // ---- the checkpoint directory ---------------------------------------------------------------
 
-struct CheckpointFiles {
+struct LOCKSTEP_API CheckpointFiles {
   std::int64_t step = 0;
   std::filesystem::path weights;  // .safetensors
   std::filesystem::path state;    // .state
 };
 
-class CheckpointManager {
+class LOCKSTEP_API CheckpointManager {
  public:
   using Warn = std::function<void(const std::string&)>;
 

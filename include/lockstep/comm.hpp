@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "lockstep/error.hpp"
+#include "lockstep/export.hpp"
 
 namespace lockstep {
 
@@ -31,7 +32,7 @@ enum class ReduceOp { sum, avg };
 // a GPU: the compute stream is ordered after it, without blocking the host) and rethrows its
 // error. started_s/finished_s are host times (seconds on the steady clock) when known, for
 // traces; both are 0 when the backend does not time its collectives on the host.
-class CommWork {
+class LOCKSTEP_API CommWork {
  public:
   virtual ~CommWork() = default;
   virtual void wait() = 0;
@@ -39,7 +40,7 @@ class CommWork {
   double finished_s = 0.0;
 };
 
-class Communicator {
+class LOCKSTEP_API Communicator {
  public:
   virtual ~Communicator() = default;
 
@@ -83,7 +84,7 @@ class Communicator {
 // For benchmarks, the environment variable LOCKSTEP_EMULATE_INTERCONNECT="ALPHA_US,GBPS" adds
 // a delay of alpha + 2(n-1)/n * bytes / bandwidth to every data-plane all-reduce, as a wire of
 // that latency and bandwidth would; the CPU is free meanwhile.
-std::vector<std::unique_ptr<Communicator>> make_shared_memory_group(int size);
+LOCKSTEP_API std::vector<std::unique_ptr<Communicator>> make_shared_memory_group(int size);
 
 // The processes of a multi-process run: one per node, each owning that node's devices, started
 // by mpirun or srun. Workers get global ranks: process rank x local workers + local index.
@@ -95,7 +96,7 @@ std::vector<std::unique_ptr<Communicator>> make_shared_memory_group(int size);
 // (all_reduce and broadcast of floats) and the control plane (the rest) may each be used by one
 // thread of a process at a time, concurrently with the other plane, and every process issues
 // each plane's calls in the same order.
-class ProcessGroup {
+class LOCKSTEP_API ProcessGroup {
  public:
   virtual ~ProcessGroup() = default;
 
@@ -128,16 +129,16 @@ class ProcessGroup {
 // initialised here and finalised when the last reference goes. Null when this build has no MPI
 // or no MPI launcher started this process: then everything runs in this process alone. Call it
 // once, early in main(), before other threads start.
-std::shared_ptr<ProcessGroup> make_mpi_processes();
+LOCKSTEP_API std::shared_ptr<ProcessGroup> make_mpi_processes();
 // The MPI library this build uses ("Open MPI v4.1.4, ..."), or empty without MPI support.
-std::string mpi_library();
+LOCKSTEP_API std::string mpi_library();
 
 // A group spanning processes: `local` (one communicator per worker of this process, as from
 // make_shared_memory_group) joined with the same group of every other process. Each collective
 // reduces within the process, then local worker 0 all-reduces across processes, then the result
 // is shared within the process; see Note [Hierarchical all-reduce] in
 // src/comm/hierarchical_comm.cpp. Every process must have the same number of local workers.
-std::vector<std::unique_ptr<Communicator>> make_hierarchical_group(
+LOCKSTEP_API std::vector<std::unique_ptr<Communicator>> make_hierarchical_group(
     std::vector<std::unique_ptr<Communicator>> local, std::shared_ptr<ProcessGroup> processes);
 
 }  // namespace lockstep

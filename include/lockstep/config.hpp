@@ -17,16 +17,17 @@
 #include <vector>
 
 #include "lockstep/error.hpp"
+#include "lockstep/export.hpp"
 #include "lockstep/types.hpp"
 
 namespace lockstep {
 
-class ConfigError : public InputError {
+class LOCKSTEP_API ConfigError : public InputError {
  public:
   using InputError::InputError;
 };
 
-struct ModelConfig {
+struct LOCKSTEP_API ModelConfig {
   std::string type = "mlp";      // "mlp" (classification data) or "gpt" (tokens or text data)
   // mlp
   std::vector<int> hidden{64};   // hidden layer widths; input and output sizes come from the data
@@ -39,7 +40,7 @@ struct ModelConfig {
   int d_model = 128;
 };
 
-struct DataConfig {
+struct LOCKSTEP_API DataConfig {
   DatasetKind dataset = DatasetKind::csv;
   std::string path;              // csv, tokens, text: the file
   TokenFormat format = TokenFormat::automatic;  // tokens: llm.c .bin header or raw uint16
@@ -60,7 +61,7 @@ struct DataConfig {
   int prefetch = 2;              // batches each worker assembles ahead of compute
 };
 
-struct OptimizerConfig {
+struct LOCKSTEP_API OptimizerConfig {
   OptimizerKind type = OptimizerKind::sgd;
   double lr = 0.01;
   double momentum = 0.0;         // sgd
@@ -72,19 +73,19 @@ struct OptimizerConfig {
   double clip_grad_norm = 0.0;   // clip the averaged gradient to this global norm; 0 = off
 };
 
-struct ScheduleConfig {
+struct LOCKSTEP_API ScheduleConfig {
   ScheduleKind type = ScheduleKind::constant;
   std::int64_t warmup_steps = 0;  // warmup_cosine: linear ramp from lr/warmup to lr
   double min_lr = 0.0;            // warmup_cosine: floor of the cosine decay
 };
 
-struct CheckpointConfig {
+struct LOCKSTEP_API CheckpointConfig {
   std::string dir;                // where checkpoints go; empty = no checkpoints
   std::int64_t every_steps = 0;   // 0: only at the end (and on SIGINT/SIGTERM)
   int keep_last = 3;
 };
 
-struct TrainerConfig {
+struct LOCKSTEP_API TrainerConfig {
   BackendKind backend = BackendKind::automatic;
   std::vector<int> devices{0};    // device ids; "devices: 4" in YAML means [0, 1, 2, 3]
   std::int64_t steps = 0;         // exactly one of steps and epochs is set
@@ -109,7 +110,7 @@ struct TrainerConfig {
   CheckpointConfig checkpoint;
 };
 
-struct Config {
+struct LOCKSTEP_API Config {
   ModelConfig model;
   DataConfig data;
   OptimizerConfig optimizer;
@@ -126,13 +127,14 @@ struct Config {
 // of training: model.*, data.* but prefetch, optimizer.*, schedule.* and trainer.seed. Not the
 // backend, devices, steps, epochs or logging. Checkpoints record it, so that a resumed run can
 // tell whether it trains the same problem the same way.
-std::uint64_t config_hash(const Config& config);
+LOCKSTEP_API std::uint64_t config_hash(const Config& config);
 
 // Reads and validates a YAML file, then applies "a.b.c=value" overrides.
-Config load_config(const std::filesystem::path& file, std::span<const std::string> overrides = {});
+LOCKSTEP_API Config load_config(const std::filesystem::path& file,
+                                std::span<const std::string> overrides = {});
 
 // Same, from text in memory. `source` names it in messages.
-Config parse_config(std::string_view yaml, std::string_view source,
-                    std::span<const std::string> overrides = {});
+LOCKSTEP_API Config parse_config(std::string_view yaml, std::string_view source,
+                                 std::span<const std::string> overrides = {});
 
 }  // namespace lockstep

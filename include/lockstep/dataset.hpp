@@ -23,13 +23,14 @@
 #include <variant>
 #include <vector>
 
+#include "lockstep/export.hpp"
 #include "lockstep/types.hpp"
 
 namespace lockstep {
 
 struct Config;  // lockstep/config.hpp, for load_dataset
 
-class Dataset {
+class LOCKSTEP_API Dataset {
  public:
   virtual ~Dataset() = default;
   virtual std::size_t size() const noexcept = 0;
@@ -44,7 +45,7 @@ class Dataset {
 };
 
 // Samples held in memory: x (size, features) row-major, y (size).
-class InMemoryDataset final : public Dataset {
+class LOCKSTEP_API InMemoryDataset final : public Dataset {
  public:
   // Throws InputError if the shapes disagree or a label is outside [0, classes).
   InMemoryDataset(std::vector<float> x, std::vector<std::int32_t> y, int features, int classes);
@@ -72,13 +73,16 @@ class InMemoryDataset final : public Dataset {
 
 // CSV of numbers, one sample per line. The label column holds integer classes 0..K-1;
 // `label_column` < 0 counts from the end. Classes = max label + 1.
-InMemoryDataset load_csv(const std::filesystem::path& file, int label_column, bool header);
+LOCKSTEP_API InMemoryDataset load_csv(const std::filesystem::path& file, int label_column,
+                                       bool header);
 // The IDX format of MNIST: an images file (ubyte, any number of dims) and a labels file.
 // Pixels are scaled to [0, 1].
-InMemoryDataset load_idx(const std::filesystem::path& images, const std::filesystem::path& labels);
+LOCKSTEP_API InMemoryDataset load_idx(const std::filesystem::path& images,
+                                       const std::filesystem::path& labels);
 // A deterministic Gaussian-mixture classification problem: class centres and samples are
 // drawn from `seed`, so any size can be generated for benchmarks.
-InMemoryDataset make_synthetic(std::size_t samples, int features, int classes, std::uint64_t seed);
+LOCKSTEP_API InMemoryDataset make_synthetic(std::size_t samples, int features, int classes,
+                                             std::uint64_t seed);
 
 // A token stream cut into windows of context + 1 tokens at stride context: window i is
 // tokens[i * context, i * context + context], its first `context` tokens are the inputs and its
@@ -88,7 +92,7 @@ InMemoryDataset make_synthetic(std::size_t samples, int features, int classes, s
 // features() = targets() = context, classes() = vocab_size.
 //
 // Copies share the tokens; slice() views a contiguous part of them.
-class TokenDataset final : public Dataset {
+class LOCKSTEP_API TokenDataset final : public Dataset {
  public:
   // Throws InputError if context < 1, vocab_size is outside [1, kMaxVocabSize], a token is
   // >= vocab_size, or there are fewer than context + 1 tokens (no window).
@@ -122,34 +126,34 @@ class TokenDataset final : public Dataset {
 //   uint16 tokens, 2 for uint32; the token count) and then the tokens;
 // - raw: headerless little-endian uint16 tokens, as nanoGPT's prepare.py writes them.
 // automatic reads llmc when the file starts with the magic number, raw otherwise.
-TokenDataset load_tokens(const std::filesystem::path& file, TokenFormat format, int context,
-                         int vocab_size);
+LOCKSTEP_API TokenDataset load_tokens(const std::filesystem::path& file, TokenFormat format,
+                                      int context, int vocab_size);
 // A UTF-8 text file, one token per byte (vocab_size >= 256). Invalid UTF-8 is an InputError
 // naming the line and byte offset of the first bad sequence.
-TokenDataset load_text(const std::filesystem::path& file, int context,
-                       int vocab_size = kByteVocabSize);
+LOCKSTEP_API TokenDataset load_text(const std::filesystem::path& file, int context,
+                                    int vocab_size = kByteVocabSize);
 
-struct DataSplit {
+struct LOCKSTEP_API DataSplit {
   std::shared_ptr<const Dataset> train;
   std::shared_ptr<const Dataset> eval;  // may be empty (size 0) when eval_fraction is 0
 };
 
 // Shuffles with `seed`, holds out round(eval_fraction * size) samples for eval, and
 // standardises both with the train split's statistics when `normalize` is set.
-DataSplit split_dataset(const InMemoryDataset& all, double eval_fraction, bool normalize,
-                        std::uint64_t seed);
+LOCKSTEP_API DataSplit split_dataset(const InMemoryDataset& all, double eval_fraction,
+                                     bool normalize, std::uint64_t seed);
 // Holds out the last round(eval_fraction * tokens) tokens for eval, so that no window of one
 // split overlaps one of the other. Each split must hold a window (eval_fraction 0: eval is
 // empty).
-DataSplit split_tokens(const TokenDataset& all, double eval_fraction);
+LOCKSTEP_API DataSplit split_tokens(const TokenDataset& all, double eval_fraction);
 // Loads what cfg.data describes and splits it (with cfg.trainer.seed; token data is windowed
 // by cfg.model.context). Relative paths are resolved against `base_dir`.
-DataSplit load_dataset(const Config& cfg, const std::filesystem::path& base_dir = {});
+LOCKSTEP_API DataSplit load_dataset(const Config& cfg, const std::filesystem::path& base_dir = {});
 
 // PyTorch's DistributedSampler: a permutation of [0, size) seeded by seed + epoch, identical on
 // every rank; padded by wrap-around to a multiple of num_replicas (or trimmed with drop_last);
 // rank r takes positions r, r + N, r + 2N, ...
-class DistributedSampler {
+class LOCKSTEP_API DistributedSampler {
  public:
   DistributedSampler(std::size_t dataset_size, int num_replicas, int rank, bool shuffle,
                      std::uint64_t seed, bool drop_last);
@@ -169,7 +173,7 @@ class DistributedSampler {
   std::size_t num_samples_;
 };
 
-struct Batch {
+struct LOCKSTEP_API Batch {
   std::vector<float> x;             // (size, features)
   std::vector<std::int32_t> y;      // (size, targets)
   int size = 0;
@@ -184,7 +188,7 @@ struct Batch {
 // To resume mid-epoch, skip_batches skips that many batches of the first epoch, which is then
 // loaded from batch `skip_batches` on (the whole epoch when it equals batches_per_epoch());
 // more than batches_per_epoch() is std::invalid_argument.
-class ShardLoader {
+class LOCKSTEP_API ShardLoader {
  public:
   ShardLoader(std::shared_ptr<const Dataset> data, DistributedSampler sampler, int batch_size,
               bool drop_last, int prefetch, std::size_t skip_batches = 0);
@@ -203,6 +207,6 @@ class ShardLoader {
 };
 
 // Number of batches of `batch_size` in `samples` samples.
-std::size_t batches_in(std::size_t samples, int batch_size, bool drop_last) noexcept;
+LOCKSTEP_API std::size_t batches_in(std::size_t samples, int batch_size, bool drop_last) noexcept;
 
 }  // namespace lockstep

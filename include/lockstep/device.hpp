@@ -29,6 +29,7 @@
 #include <string_view>
 #include <vector>
 
+#include "lockstep/export.hpp"
 #include "lockstep/types.hpp"
 
 // The CUDA runtime's stream type (cudaStream_t is CUstream_st*), so that DeviceQueue can carry a
@@ -42,18 +43,18 @@ class ProcessGroup;
 
 enum class Transpose { no, yes };
 
-struct LossStats {
+struct LOCKSTEP_API LossStats {
   double loss_sum = 0.0;     // summed over the rows, not averaged
   std::int64_t correct = 0;  // rows whose argmax equals the label
 };
 
-struct SgdParams {
+struct LOCKSTEP_API SgdParams {
   float momentum = 0.0f;
   float weight_decay = 0.0f;
   bool nesterov = false;
 };
 
-struct AdamWParams {
+struct LOCKSTEP_API AdamWParams {
   float beta1 = 0.9f;
   float beta2 = 0.999f;
   float eps = 1e-8f;
@@ -71,7 +72,7 @@ struct AdamWParams {
 //
 // stage() never overwrites the buffer under a reader: its copy starts after every kernel queued
 // before the call, and every reader of the previous contents was queued before it.
-class StagedBuffer {
+class LOCKSTEP_API StagedBuffer {
  public:
   virtual ~StagedBuffer() = default;
   virtual std::size_t bytes() const noexcept = 0;
@@ -91,7 +92,7 @@ class StagedBuffer {
 
 // Where a device's work is ordered, as a communicator needs it to order its collectives with
 // the worker's kernels (Communicator::bind). A CPU device's queue is the calling thread.
-struct DeviceQueue {
+struct LOCKSTEP_API DeviceQueue {
   std::string_view backend;            // "cpu", "cuda"
   int device_id = 0;
   CUstream_st* cuda_stream = nullptr;  // CUDA: the compute stream every kernel runs on
@@ -114,7 +115,7 @@ struct DeviceQueue {
 //   A new group is a new interface here, added to Device's bases.
 
 // Memory and the queue. allocate() returns zeroed memory aligned for any element type.
-class MemoryOps {
+class LOCKSTEP_API MemoryOps {
  public:
   virtual void* allocate(std::size_t bytes) = 0;
   virtual void deallocate(void* ptr) noexcept = 0;
@@ -130,7 +131,7 @@ class MemoryOps {
 };
 
 // Matrix products (BLAS sgemm, cuBLAS).
-class BlasOps {
+class LOCKSTEP_API BlasOps {
  public:
   // C (m, n) = alpha * op(A) (m, k) * op(B) (k, n) + beta * C, row-major with leading dims.
   virtual void gemm(Transpose ta, Transpose tb, int m, int n, int k, float alpha, const float* a,
@@ -147,7 +148,7 @@ class BlasOps {
 };
 
 // Elementwise and broadcast arithmetic, activations included.
-class ElementwiseOps {
+class LOCKSTEP_API ElementwiseOps {
  public:
   // x[0..n) = value
   virtual void fill(float* x, float value, std::size_t n) = 0;
@@ -172,7 +173,7 @@ class ElementwiseOps {
 // The layers' own kernels: the loss, and GPT's embedding, LayerNorm and attention softmax.
 // B sequences of T positions, C channels, V vocabulary entries. Backward kernels accumulate
 // into parameter gradients (+=), as layers do.
-class LayerOps {
+class LOCKSTEP_API LayerOps {
  public:
   // logits (rows, classes), labels (rows). Returns the summed loss and the correct count.
   // If dlogits is not null it receives (softmax(logits) - onehot(label)) * grad_scale.
@@ -209,7 +210,7 @@ class LayerOps {
 };
 
 // Reductions to one host value; they wait for the queue.
-class ReductionOps {
+class LOCKSTEP_API ReductionOps {
  public:
   // Sum of squares of x[0..n), accumulated in double on the CPU.
   virtual double sum_squares(const float* x, std::size_t n) = 0;
@@ -222,7 +223,7 @@ class ReductionOps {
 };
 
 // Parameter updates, in place.
-class OptimizerOps {
+class LOCKSTEP_API OptimizerOps {
  public:
   // One SGD step, PyTorch semantics (dampening 0): g += wd * p; buf = momentum * buf + g;
   // g = nesterov ? g + momentum * buf : buf; p -= lr * g. momentum_buf may be null if momentum == 0.
@@ -236,12 +237,12 @@ class OptimizerOps {
   ~OptimizerOps() = default;
 };
 
-class Device : public MemoryOps,
-               public BlasOps,
-               public ElementwiseOps,
-               public LayerOps,
-               public ReductionOps,
-               public OptimizerOps {
+class LOCKSTEP_API Device : public MemoryOps,
+                            public BlasOps,
+                            public ElementwiseOps,
+                            public LayerOps,
+                            public ReductionOps,
+                            public OptimizerOps {
  public:
   virtual ~Device() = default;
 
@@ -326,7 +327,7 @@ inline std::unique_ptr<StagedBuffer> Device::make_staged_buffer(std::size_t byte
   return std::make_unique<CopyStagedBuffer>(*this, bytes);
 }
 
-struct DeviceInfo {
+struct LOCKSTEP_API DeviceInfo {
   std::string backend;
   int id = 0;
   std::string name;
@@ -334,7 +335,7 @@ struct DeviceInfo {
   std::string detail;  // e.g. compute capability, or threads for the CPU
 };
 
-class Backend {
+class LOCKSTEP_API Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string_view name() const noexcept = 0;
@@ -355,7 +356,7 @@ class Backend {
 };
 
 // Settings of the GPU backend (trainer.comm, trainer.tf32); the CPU backend has none.
-struct BackendOptions {
+struct LOCKSTEP_API BackendOptions {
   CommKind comm = CommKind::automatic;
   bool tf32 = false;
 };
@@ -363,16 +364,28 @@ struct BackendOptions {
 // Dense peak FLOP/s of one GPU for fp32 GEMMs (tf32 false) or TF32 tensor-core GEMMs, from a
 // table of data-sheet figures matched against the device name ("NVIDIA H200", "NVIDIA A100-SXM4-
 // 80GB", ...); nullopt for a device the table does not know. Used for model FLOPs utilisation.
-std::optional<double> peak_flops(std::string_view device_name, bool tf32);
+LOCKSTEP_API std::optional<double> peak_flops(std::string_view device_name, bool tf32);
 
 // The CPU backend: N devices are N worker threads, joined by a shared-memory communicator.
-std::unique_ptr<Backend> make_cpu_backend();
+LOCKSTEP_API std::unique_ptr<Backend> make_cpu_backend();
+
+// What this build's CUDA backend links, and whether the driver lets it run, for `lockstep
+// devices`. Asks the driver, never throws.
+struct LOCKSTEP_API CudaSupport {
+  bool built = false;   // false: lockstep was built without the CUDA backend
+  int gpus = 0;         // GPUs this process can use
+  std::string summary;  // e.g. "no NVIDIA driver found; CUDA runtime 13.0, cuBLAS 13.1, NCCL
+                        // 2.28.9 linked"; empty when !built
+};
+LOCKSTEP_API CudaSupport cuda_support();
+
 // BackendKind::automatic picks CUDA when GPUs are usable and every id in `device_ids` names one
 // (repeated ids share a GPU); the CPU otherwise.
-std::unique_ptr<Backend> make_backend(BackendKind kind, std::span<const int> device_ids = {},
-                                      const BackendOptions& options = {});
+LOCKSTEP_API std::unique_ptr<Backend> make_backend(BackendKind kind,
+                                                   std::span<const int> device_ids = {},
+                                                   const BackendOptions& options = {});
 
 // A CPU device. `threads` is the size of its private oneTBB arena (at least 1).
-std::unique_ptr<Device> make_cpu_device(int id, int threads);
+LOCKSTEP_API std::unique_ptr<Device> make_cpu_device(int id, int threads);
 
 }  // namespace lockstep

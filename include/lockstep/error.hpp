@@ -10,22 +10,24 @@
 #include <stdexcept>
 #include <string>
 
+#include "lockstep/export.hpp"
+
 namespace lockstep {
 
-class InputError : public std::runtime_error {
+class LOCKSTEP_API InputError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
 
 // Thrown inside a worker whose communication group was aborted because another worker
 // failed. The trainer reports the original error, not this one.
-class CommAborted : public std::runtime_error {
+class LOCKSTEP_API CommAborted : public std::runtime_error {
  public:
   CommAborted() : std::runtime_error("communicator aborted by another worker") {}
 };
 
 // A failure inside one worker, tagged with where it happened.
-class WorkerError : public std::runtime_error {
+class LOCKSTEP_API WorkerError : public std::runtime_error {
  public:
   WorkerError(int rank, std::string device, const std::string& what)
       : std::runtime_error("worker " + std::to_string(rank) + " (" + device + "): " + what),

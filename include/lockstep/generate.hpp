@@ -17,11 +17,12 @@
 #include <span>
 #include <vector>
 
+#include "lockstep/export.hpp"
 #include "lockstep/model.hpp"
 
 namespace lockstep {
 
-struct SamplingOptions {
+struct LOCKSTEP_API SamplingOptions {
   int tokens = 100;          // how many to generate
   double temperature = 1.0;  // >= 0; 0 picks the most likely token
   int top_k = 0;             // 0: the whole vocabulary
@@ -31,13 +32,13 @@ struct SamplingOptions {
 // Returns the generated tokens (without the prompt); on_token sees each as it is drawn. The
 // prompt must be non-empty with every token in [0, vocab), and `replica` a GPT's replica
 // (inputs() = context, outputs() = context * vocab): std::invalid_argument otherwise.
-std::vector<int> generate(Replica& replica, std::span<const int> prompt,
-                          const SamplingOptions& options,
-                          const std::function<void(int)>& on_token = {});
+LOCKSTEP_API std::vector<int> generate(Replica& replica, std::span<const int> prompt,
+                                       const SamplingOptions& options,
+                                       const std::function<void(int)>& on_token = {});
 
 // The next token from one row of logits (vocab entries), as generate() draws it; rng_state
 // advances. Exposed for tests.
-int sample_token(std::span<const float> logits, double temperature, int top_k,
-                 std::uint64_t& rng_state);
+LOCKSTEP_API int sample_token(std::span<const float> logits, double temperature, int top_k,
+                              std::uint64_t& rng_state);
 
 }  // namespace lockstep

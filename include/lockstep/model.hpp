@@ -32,12 +32,13 @@
 #include <vector>
 
 #include "lockstep/device.hpp"
+#include "lockstep/export.hpp"
 #include "lockstep/types.hpp"
 
 namespace lockstep {
 
 // A named tensor inside the parameter buffer, for checkpoints and export.
-struct ParamTensor {
+struct LOCKSTEP_API ParamTensor {
   std::string name;                  // "layers.0.weight", as in torch.nn.Sequential
   std::size_t offset = 0;            // in elements, into the parameter buffer
   std::vector<std::int64_t> shape;   // row-major
@@ -45,12 +46,12 @@ struct ParamTensor {
 };
 
 // Device memory a layer uses besides its input, output and parameters.
-struct LayerWorkspace {
+struct LOCKSTEP_API LayerWorkspace {
   float* saved = nullptr;    // workspace_size(batch) floats, kept from forward to backward
   float* scratch = nullptr;  // scratch_size(batch) floats, backward only, shared by all layers
 };
 
-class Layer {
+class LOCKSTEP_API Layer {
  public:
   virtual ~Layer() = default;
   virtual std::string_view kind() const noexcept = 0;
@@ -80,18 +81,19 @@ class Layer {
 
 // weight (out, in), bias (out); out = in * weight^T + bias. PyTorch's default init:
 // U(-1/sqrt(in), 1/sqrt(in)) for both.
-std::unique_ptr<Layer> make_linear(int in_features, int out_features);
-std::unique_ptr<Layer> make_activation(Activation f, int features);
+LOCKSTEP_API std::unique_ptr<Layer> make_linear(int in_features, int out_features);
+LOCKSTEP_API std::unique_ptr<Layer> make_activation(Activation f, int features);
 // The GPT layers (see Model::gpt). Embedding: wte (V, C), wpe (T, C); in (B, T) token ids as
 // floats, out (B, T * C). Block: one pre-LayerNorm transformer block on (B, T * C). LayerNorm:
 // weight, bias (C) per position. Tied LM head: reads wte from layer `embedding_layer`, out
 // (B, T * V) logits.
-std::unique_ptr<Layer> make_embedding(int vocab, int context, int channels);
-std::unique_ptr<Layer> make_block(int context, int channels, int heads, int n_layer);
-std::unique_ptr<Layer> make_layernorm(int context, int channels);
-std::unique_ptr<Layer> make_tied_lm_head(int embedding_layer, int vocab, int context, int channels);
+LOCKSTEP_API std::unique_ptr<Layer> make_embedding(int vocab, int context, int channels);
+LOCKSTEP_API std::unique_ptr<Layer> make_block(int context, int channels, int heads, int n_layer);
+LOCKSTEP_API std::unique_ptr<Layer> make_layernorm(int context, int channels);
+LOCKSTEP_API std::unique_ptr<Layer> make_tied_lm_head(int embedding_layer, int vocab, int context,
+                                                    int channels);
 
-struct MlpSpec {
+struct LOCKSTEP_API MlpSpec {
   int inputs = 0;
   std::vector<int> hidden;
   int classes = 0;
@@ -103,7 +105,7 @@ struct MlpSpec {
 // LM head tied to the token embedding. Input (B, context) token ids as floats; output logits
 // (B, context * vocab_size). Parameter names follow nanoGPT ("transformer.h.0.attn.c_attn.weight",
 // weights (out, in) as torch.nn.Linear); the tied head has no tensor of its own.
-struct GptSpec {
+struct LOCKSTEP_API GptSpec {
   int vocab_size = 256;
   int context = 64;
   int n_layer = 2;
@@ -113,16 +115,16 @@ struct GptSpec {
 
 // "gpt vocab_size=256 context=64 n_layer=2 n_head=4 d_model=64", and back; the parse throws
 // std::invalid_argument naming what it could not read. Checkpoints carry it as "lockstep.model".
-std::string to_string(const GptSpec& spec);
-GptSpec parse_gpt_spec(std::string_view text);
+LOCKSTEP_API std::string to_string(const GptSpec& spec);
+LOCKSTEP_API GptSpec parse_gpt_spec(std::string_view text);
 
 // Training FLOPs per token of a GPT (forward and backward, as nanoGPT's and PaLM's MFU count
 // them): 6 per weight that multiplies (every parameter but the position embedding, which is a
 // lookup; the tied wte counts once, for the LM head) plus 12 * n_layer * d_model * context for
 // attention's two matrix products.
-double gpt_flops_per_token(const GptSpec& spec);
+LOCKSTEP_API double gpt_flops_per_token(const GptSpec& spec);
 
-class Model {
+class LOCKSTEP_API Model {
  public:
   // `names` prefixes each layer's tensors; by default "layers.{i}", as torch.nn.Sequential.
   explicit Model(std::vector<std::unique_ptr<Layer>> layers, std::vector<std::string> names = {});
@@ -152,7 +154,7 @@ class Model {
   std::size_t param_count_ = 0;
 };
 
-class Replica {
+class LOCKSTEP_API Replica {
  public:
   Replica(Device& device, const Model& model, int max_batch);
 

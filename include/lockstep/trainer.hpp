@@ -23,6 +23,7 @@
 #include "lockstep/checkpoint.hpp"
 #include "lockstep/config.hpp"
 #include "lockstep/dataset.hpp"
+#include "lockstep/export.hpp"
 #include "lockstep/model.hpp"
 
 namespace lockstep {
@@ -32,7 +33,7 @@ class ProcessGroup;
 
 // Averaged over every worker's batch. Delivered on rank 0's thread every log_every steps,
 // and for the final step.
-struct StepMetrics {
+struct LOCKSTEP_API StepMetrics {
   std::int64_t step = 0;        // 1-based, after the update
   std::int64_t total_steps = 0;
   std::uint64_t epoch = 0;
@@ -46,7 +47,7 @@ struct StepMetrics {
   double elapsed_s = 0.0;
 };
 
-struct EvalMetrics {
+struct LOCKSTEP_API EvalMetrics {
   std::int64_t step = 0;
   double loss = 0.0;
   double accuracy = 0.0;
@@ -54,7 +55,7 @@ struct EvalMetrics {
 };
 
 // Where one worker's time went over the run, in seconds.
-struct WorkerTimes {
+struct LOCKSTEP_API WorkerTimes {
   double total_s = 0.0;           // the training loop, first step to last
   double compute_s = 0.0;         // the rest: forward, backward, optimiser, eval
   double comm_exposed_s = 0.0;    // blocked waiting for gradient all-reduces
@@ -62,7 +63,7 @@ struct WorkerTimes {
   double barrier_wait_s = 0.0;
 };
 
-struct Summary {
+struct LOCKSTEP_API Summary {
   std::string backend;
   std::vector<int> devices;     // this process's
   int processes = 1;            // of the job; workers = devices.size() x processes
@@ -112,7 +113,7 @@ struct Summary {
 // mpirun): KIND is forward (throw before forward), loader (throw on the loader
 // thread), nan (a NaN gradient) or stall (the worker stops making progress until the run is
 // aborted; set trainer.step_timeout_s).
-struct TrainerHooks {
+struct LOCKSTEP_API TrainerHooks {
   std::function<void(int rank, std::int64_t step)> before_forward;
   // After the optimiser step, before the step's barrier.
   std::function<void(int rank, std::int64_t step, Replica& replica)> after_update;
@@ -121,16 +122,16 @@ struct TrainerHooks {
 // The model a config describes for a dataset: an MLP from its features to its classes, or a GPT
 // (model.type gpt) over its token windows, with vocab_size from the config or else the data.
 // InputError when the data does not fit the model (a GPT needs windows of model.context).
-Model make_model(const Config& config, const Dataset& train);
+LOCKSTEP_API Model make_model(const Config& config, const Dataset& train);
 // The GPT a config describes for a dataset (model.type gpt), as make_model builds it.
-GptSpec gpt_spec(const Config& config, const Dataset& train);
+LOCKSTEP_API GptSpec gpt_spec(const Config& config, const Dataset& train);
 
 // Loss and accuracy of `params` (in `model`'s layout) over all of `data`, on the first
 // configured device of the config's backend.
-EvalMetrics evaluate(const Config& config, const Model& model, std::span<const float> params,
-                     const Dataset& data);
+LOCKSTEP_API EvalMetrics evaluate(const Config& config, const Model& model,
+                                  std::span<const float> params, const Dataset& data);
 
-class Trainer {
+class LOCKSTEP_API Trainer {
  public:
   // With `processes` (more than one: mpirun, srun), this trainer is one process of a job that
   // trains across all of them; null trains in this process alone. See make_mpi_processes().

@@ -8,6 +8,8 @@
 
 #include <string_view>
 
+#include "lockstep/export.hpp"
+
 namespace lockstep {
 
 enum class Activation { relu, gelu, tanh };
@@ -20,14 +22,14 @@ enum class CommKind { automatic, nccl, peer };
 enum class NonfinitePolicy { stop, skip };
 
 // The config's spelling of each value (src/config/config.cpp reads the same tables).
-std::string_view to_string(Activation);
-std::string_view to_string(DatasetKind);
-std::string_view to_string(TokenFormat);
-std::string_view to_string(OptimizerKind);
-std::string_view to_string(ScheduleKind);
-std::string_view to_string(BackendKind);
-std::string_view to_string(CommKind);
-std::string_view to_string(NonfinitePolicy);
+LOCKSTEP_API std::string_view to_string(Activation);
+LOCKSTEP_API std::string_view to_string(DatasetKind);
+LOCKSTEP_API std::string_view to_string(TokenFormat);
+LOCKSTEP_API std::string_view to_string(OptimizerKind);
+LOCKSTEP_API std::string_view to_string(ScheduleKind);
+LOCKSTEP_API std::string_view to_string(BackendKind);
+LOCKSTEP_API std::string_view to_string(CommKind);
+LOCKSTEP_API std::string_view to_string(NonfinitePolicy);
 
 // Token ids travel to the embedding as floats, which hold every integer below 2^24 exactly.
 inline constexpr int kMaxVocabSize = 1 << 24;

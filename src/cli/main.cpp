@@ -229,17 +229,82 @@ class SignalScope {
 
 void warn(const std::string& message) { fmt::print(stderr, "lockstep: warning: {}\n", message); }
 
+// --summary-json FILE is written at the end of the run: say before training that it cannot be.
+void check_summary_dir(const TrainArgs& args) {
+  if (args.summary_json.empty()) return;
+  const fs::path dir = fs::absolute(args.summary_json).parent_path();
+  if (!fs::is_directory(dir))
+    throw InputError(fmt::format("--summary-json {}: directory '{}' does not exist",
+                                 args.summary_json, dir.string()));
+}
+
+// --resume [DIR|FILE]: loads the checkpoint into `trainer`, or warns that there is none.
+void resume(Trainer& trainer, const Config& cfg, const TrainArgs& args, bool leader) {
+  const fs::path from =
+      args.resume->empty() ? fs::path(cfg.trainer.checkpoint.dir) : fs::path(*args.resume);
+  if (from.empty())
+    throw InputError("--resume: give a checkpoint DIR or FILE, or set trainer.checkpoint.dir");
+  std::optional<Checkpoint> ckpt;
+  if (fs::is_directory(from)) ckpt = CheckpointManager(from, 0).load_latest(warn);
+  else if (fs::exists(from)) ckpt = CheckpointManager::load(from, warn);
+  else if (!args.resume->empty())
+    throw InputError(fmt::format("--resume {}: no such file or directory", from.string()));
+  if (ckpt) {
+    if (leader)
+      fmt::print("resuming from {} (step {})\n", ckpt->weights_file.string(), ckpt->state.step);
+    trainer.resume_from(std::move(*ckpt));
+  } else {
+    warn(fmt::format("--resume: no checkpoint in {}; starting from scratch", from.string()));
+  }
+}
+
+// The line that opens a run, printed by the leader.
+void print_run_header(const Trainer& trainer, const Config& cfg,
+                      const std::shared_ptr<ProcessGroup>& processes) {
+  if (processes && processes->size() > 1)
+    fmt::print("training {} parameters on {} worker(s) ({} processes x {}), {} steps, batch {} "
+               "per worker\n",
+               trainer.model().param_count(), cfg.trainer.devices.size() * processes->size(),
+               processes->size(), cfg.trainer.devices.size(), trainer.total_steps(),
+               cfg.data.batch_size);
+  else
+    fmt::print("training {} parameters on {} worker(s), {} steps, batch {} per worker\n",
+               trainer.model().param_count(), cfg.trainer.devices.size(), trainer.total_steps(),
+               cfg.data.batch_size);
+}
+
+// Runs `trainer` with its metrics shown as progress (and recorded in the report, if any).
+Summary run_with_progress(Trainer& trainer, SignalScope& signals,
+                          std::optional<RunReport>& report) {
+  const bool live = isatty(STDERR_FILENO) != 0;
+  Progress progress(live ? stderr : stdout, live);
+  trainer.on_progress([&](const StepMetrics& m) {
+    progress.step(m);
+    if (report) report->step(m);
+  });
+  trainer.on_step([&](const StepMetrics& m) { progress.log(m); });
+  trainer.on_eval([&](const EvalMetrics& m) {
+    progress.eval(m);
+    if (report) report->eval(m);
+  });
+  Summary summary;
+  try {
+    signals.attach(trainer);
+    summary = trainer.run();
+  } catch (...) {
+    progress.finish();
+    throw;
+  }
+  progress.finish();
+  return summary;
+}
+
 int train(const std::vector<std::string_view>& argv,
           const std::shared_ptr<ProcessGroup>& processes) {
   const TrainArgs args = parse_train_args(argv);
   const bool several = processes && processes->size() > 1;
   const bool leader = !processes || processes->rank() == 0;  // prints and writes
-  if (!args.summary_json.empty()) {
-    const fs::path dir = fs::absolute(args.summary_json).parent_path();
-    if (!fs::is_directory(dir))
-      throw InputError(fmt::format("--summary-json {}: directory '{}' does not exist",
-                                   args.summary_json, dir.string()));
-  }
+  check_summary_dir(args);
   std::optional<SignalScope> signals;  // --scaling keeps the default handlers: Ctrl-C ends it
   if (args.scaling.empty()) signals.emplace();
   const Config cfg = load_config(args.config, args.overrides);
@@ -251,55 +316,12 @@ int train(const std::vector<std::string_view>& argv,
   }
 
   Trainer trainer(cfg, data.train, data.eval, processes);
-  if (args.resume) {
-    const fs::path from = args.resume->empty() ? fs::path(cfg.trainer.checkpoint.dir) : fs::path(*args.resume);
-    if (from.empty())
-      throw InputError("--resume: give a checkpoint DIR or FILE, or set trainer.checkpoint.dir");
-    std::optional<Checkpoint> ckpt;
-    if (fs::is_directory(from)) ckpt = CheckpointManager(from, 0).load_latest(warn);
-    else if (fs::exists(from)) ckpt = CheckpointManager::load(from, warn);
-    else if (!args.resume->empty()) throw InputError(fmt::format("--resume {}: no such file or directory", from.string()));
-    if (ckpt) {
-      if (leader) fmt::print("resuming from {} (step {})\n", ckpt->weights_file.string(), ckpt->state.step);
-      trainer.resume_from(std::move(*ckpt));
-    } else {
-      warn(fmt::format("--resume: no checkpoint in {}; starting from scratch", from.string()));
-    }
-  }
-  const bool live = isatty(STDERR_FILENO) != 0;
-  Progress progress(live ? stderr : stdout, live);
+  if (args.resume) resume(trainer, cfg, args, leader);
   std::optional<RunReport> report;
   if (!cfg.trainer.report.empty() && leader) report.emplace(cfg.trainer.report);
-  trainer.on_progress([&](const StepMetrics& m) {
-    progress.step(m);
-    if (report) report->step(m);
-  });
-  trainer.on_step([&](const StepMetrics& m) { progress.log(m); });
-  trainer.on_eval([&](const EvalMetrics& m) {
-    progress.eval(m);
-    if (report) report->eval(m);
-  });
-
-  if (leader && several)
-    fmt::print("training {} parameters on {} worker(s) ({} processes x {}), {} steps, batch {} "
-               "per worker\n",
-               trainer.model().param_count(), cfg.trainer.devices.size() * processes->size(),
-               processes->size(), cfg.trainer.devices.size(), trainer.total_steps(),
-               cfg.data.batch_size);
-  else if (leader)
-    fmt::print("training {} parameters on {} worker(s), {} steps, batch {} per worker\n",
-               trainer.model().param_count(), cfg.trainer.devices.size(), trainer.total_steps(),
-               cfg.data.batch_size);
+  if (leader) print_run_header(trainer, cfg, processes);
   std::fflush(stdout);
-  Summary summary;
-  try {
-    signals->attach(trainer);
-    summary = trainer.run();
-  } catch (...) {
-    progress.finish();
-    throw;
-  }
-  progress.finish();
+  const Summary summary = run_with_progress(trainer, *signals, report);
   if (leader) {
     print_summary(stdout, summary);
     if (!args.summary_json.empty()) write_file_atomically(args.summary_json, summary.to_json());
@@ -395,14 +417,8 @@ T number_flag(const CommandArgs& args, std::string_view flag, T fallback) {
   return value;
 }
 
-int sample(const std::vector<std::string_view>& argv) {
-  const CommandArgs args = parse_command_args(
-      "sample", argv,
-      {"--checkpoint", "--prompt", "--tokens", "--temperature", "--top-k", "--seed", "--backend"});
-  if (!args.positional.empty())
-    throw InputError(fmt::format("sample: unexpected argument '{}'; see lockstep --help", args.positional));
-  const std::string path = args.get("--checkpoint");
-  if (path.empty()) throw InputError("sample: expected --checkpoint CKPT");
+// --tokens, --temperature, --top-k and --seed, checked.
+SamplingOptions sampling_options(const CommandArgs& args) {
   SamplingOptions opt{.tokens = number_flag(args, "--tokens", 200),
                       .temperature = number_flag(args, "--temperature", 0.8),
                       .top_k = number_flag(args, "--top-k", 0),
@@ -411,53 +427,78 @@ int sample(const std::vector<std::string_view>& argv) {
   if (!(opt.temperature >= 0.0))
     throw InputError(fmt::format("--temperature: expected >= 0, got {}", opt.temperature));
   if (opt.top_k < 0) throw InputError(fmt::format("--top-k: expected >= 0, got {}", opt.top_k));
+  return opt;
+}
 
-  const Checkpoint ckpt = CheckpointManager::load(path, warn);
+// The GPT architecture a checkpoint records in its metadata.
+GptSpec checkpoint_gpt_spec(const Checkpoint& ckpt) {
   const auto model_it = ckpt.metadata.find("lockstep.model");
   if (model_it == ckpt.metadata.end())
     throw InputError(fmt::format("{}: no lockstep.model in the metadata: not a GPT checkpoint "
                                  "(sample needs model.type gpt)",
                                  ckpt.weights_file.string()));
-  GptSpec spec;
   try {
-    spec = parse_gpt_spec(model_it->second);
+    return parse_gpt_spec(model_it->second);
   } catch (const std::invalid_argument& e) {
     throw InputError(fmt::format("{}: {}", ckpt.weights_file.string(), e.what()));
   }
+}
+
+// The prompt: UTF-8 bytes for a text model; token ids separated by spaces or commas otherwise.
+// An empty prompt starts from a newline (text) or token 0.
+std::vector<int> parse_prompt(const std::string& text, bool bytes, const GptSpec& spec) {
+  std::vector<int> prompt;
+  if (bytes) {
+    for (unsigned char c : text) prompt.push_back(c);
+    if (prompt.empty()) prompt.push_back('\n');
+    return prompt;
+  }
+  std::string ids = text;
+  std::replace(ids.begin(), ids.end(), ',', ' ');
+  std::istringstream in(ids);
+  std::string word;
+  while (in >> word) {
+    int id = -1;
+    const auto [end, ec] = std::from_chars(word.data(), word.data() + word.size(), id);
+    if (ec != std::errc{} || end != word.data() + word.size() || id < 0 || id >= spec.vocab_size)
+      throw InputError(fmt::format("--prompt: this model reads token ids in [0, {}), got '{}'",
+                                   spec.vocab_size, word));
+    prompt.push_back(id);
+  }
+  if (prompt.empty()) prompt.push_back(0);
+  return prompt;
+}
+
+// --backend auto|cpu|cuda.
+BackendKind backend_flag(const CommandArgs& args) {
+  const std::string name = args.get("--backend");
+  if (name == "cpu") return BackendKind::cpu;
+  if (name == "cuda") return BackendKind::cuda;
+  if (!name.empty() && name != "auto")
+    throw InputError(fmt::format("--backend: expected auto, cpu or cuda, got '{}'", name));
+  return BackendKind::automatic;
+}
+
+int sample(const std::vector<std::string_view>& argv) {
+  const CommandArgs args = parse_command_args(
+      "sample", argv,
+      {"--checkpoint", "--prompt", "--tokens", "--temperature", "--top-k", "--seed", "--backend"});
+  if (!args.positional.empty())
+    throw InputError(fmt::format("sample: unexpected argument '{}'; see lockstep --help", args.positional));
+  const std::string path = args.get("--checkpoint");
+  if (path.empty()) throw InputError("sample: expected --checkpoint CKPT");
+  const SamplingOptions opt = sampling_options(args);
+
+  const Checkpoint ckpt = CheckpointManager::load(path, warn);
+  const GptSpec spec = checkpoint_gpt_spec(ckpt);
   const Model model = Model::gpt(spec);
   check_layout(ckpt, model.param_tensors());
   const bool bytes = ckpt.metadata.count("lockstep.tokenizer") &&
                      ckpt.metadata.at("lockstep.tokenizer") == "bytes";
-
-  // The prompt: UTF-8 bytes for a text model; token ids separated by spaces or commas otherwise.
-  // An empty prompt starts from a newline (text) or token 0.
   const std::string prompt_text = args.get("--prompt");
-  std::vector<int> prompt;
-  if (bytes) {
-    for (unsigned char c : prompt_text) prompt.push_back(c);
-    if (prompt.empty()) prompt.push_back('\n');
-  } else {
-    std::string ids = prompt_text;
-    std::replace(ids.begin(), ids.end(), ',', ' ');
-    std::istringstream in(ids);
-    std::string word;
-    while (in >> word) {
-      int id = -1;
-      const auto [end, ec] = std::from_chars(word.data(), word.data() + word.size(), id);
-      if (ec != std::errc{} || end != word.data() + word.size() || id < 0 || id >= spec.vocab_size)
-        throw InputError(fmt::format("--prompt: this model reads token ids in [0, {}), got '{}'",
-                                     spec.vocab_size, word));
-      prompt.push_back(id);
-    }
-    if (prompt.empty()) prompt.push_back(0);
-  }
+  const std::vector<int> prompt = parse_prompt(prompt_text, bytes, spec);
 
-  const std::string backend_name = args.get("--backend");
-  BackendKind kind = BackendKind::automatic;
-  if (backend_name == "cpu") kind = BackendKind::cpu;
-  else if (backend_name == "cuda") kind = BackendKind::cuda;
-  else if (!backend_name.empty() && backend_name != "auto")
-    throw InputError(fmt::format("--backend: expected auto, cpu or cuda, got '{}'", backend_name));
+  const BackendKind kind = backend_flag(args);
   const int device_id = 0;
   std::unique_ptr<Backend> backend = make_backend(kind, std::span(&device_id, 1));
   std::unique_ptr<Device> device = backend->create_device(device_id, 1, 0);
@@ -476,6 +517,15 @@ int sample(const std::vector<std::string_view>& argv) {
   return kExitOk;
 }
 
+// One line per device: "cpu:0  NAME  MEM GiB  DETAIL".
+void print_devices(const Backend& backend) {
+  const std::vector<DeviceInfo> list = backend.devices();
+  if (list.empty()) fmt::print("{}: no usable device\n", backend.name());
+  for (const DeviceInfo& d : list)
+    fmt::print("{}:{}  {}  {:.1f} GiB  {}\n", d.backend, d.id, d.name,
+               static_cast<double>(d.memory_bytes) / (1024.0 * 1024.0 * 1024.0), d.detail);
+}
+
 int devices(const std::shared_ptr<ProcessGroup>& processes) {
   fmt::print("lockstep {}\n", kVersion);
   if (const std::string mpi = mpi_library(); mpi.empty())
@@ -485,20 +535,11 @@ int devices(const std::shared_ptr<ProcessGroup>& processes) {
                processes->size());
   else
     fmt::print("mpi: built in ({}); not started by mpirun or srun\n", mpi);
-  for (const BackendKind kind : {BackendKind::cpu, BackendKind::cuda}) {
-    std::unique_ptr<Backend> backend;
-    try {
-      backend = make_backend(kind);
-    } catch (const std::exception& e) {
-      fmt::print("{}: unavailable: {}\n", to_string(kind), e.what());
-      continue;
-    }
-    const std::vector<DeviceInfo> list = backend->devices();
-    if (list.empty()) fmt::print("{}: no usable device\n", backend->name());
-    for (const DeviceInfo& d : list)
-      fmt::print("{}:{}  {}  {:.1f} GiB  {}\n", d.backend, d.id, d.name,
-                 static_cast<double>(d.memory_bytes) / (1024.0 * 1024.0 * 1024.0), d.detail);
-  }
+  const CudaSupport cuda = cuda_support();
+  if (cuda.built) fmt::print("cuda: built in ({})\n", cuda.summary);
+  else fmt::print("cuda: not built in (CPU-only build)\n");
+  print_devices(*make_backend(BackendKind::cpu));
+  if (cuda.gpus > 0) print_devices(*make_backend(BackendKind::cuda));
   return kExitOk;
 }
 

@@ -3,7 +3,9 @@
 // NCCL refuses) by the peer communicator. See cuda_backend.hpp for the choice.
 #include "cuda/cuda_backend.hpp"
 
+#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
+#include <library_types.h>
 #include <nccl.h>
 
 #include <set>
@@ -117,6 +119,38 @@ GpuProbe probe_gpus() {
   }
   if (count == 0) return {0, "the CUDA runtime sees no GPU"};
   return {count, {}};
+}
+
+CudaSupport cuda_backend_support() {
+  // Each of these answers without a driver or a GPU.
+  int runtime = 0, driver = 0, nccl = 0, cublas_major = 0, cublas_minor = 0;
+  (void)cudaRuntimeGetVersion(&runtime);
+  (void)cudaDriverGetVersion(&driver);  // 0 without a driver
+  (void)ncclGetVersion(&nccl);
+  (void)cublasGetProperty(MAJOR_VERSION, &cublas_major);
+  (void)cublasGetProperty(MINOR_VERSION, &cublas_minor);
+  const std::string linked =
+      fmt::format("CUDA runtime {}, cuBLAS {}.{}, NCCL {} linked", cuda_version(runtime),
+                  cublas_major, cublas_minor, nccl_version(nccl));
+
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  (void)cudaGetLastError();
+  std::string state;
+  if (status == cudaSuccess && count > 0)
+    state = fmt::format("NVIDIA driver for CUDA {}, {} GPU(s)", cuda_version(driver), count);
+  else if (status == cudaSuccess || status == cudaErrorNoDevice)
+    state = fmt::format("NVIDIA driver for CUDA {}, but no GPU found", cuda_version(driver));
+  else if (status == cudaErrorInsufficientDriver && driver == 0)
+    state = "no NVIDIA driver found";
+  else if (status == cudaErrorInsufficientDriver)
+    state = fmt::format("the NVIDIA driver supports CUDA {} only, older than the runtime",
+                        cuda_version(driver));
+  else
+    state = fmt::format("no usable GPU (cudaGetDeviceCount: {}: {})", cudaGetErrorName(status),
+                        cudaGetErrorString(status));
+  if (status != cudaSuccess) count = 0;
+  return {.built = true, .gpus = count, .summary = state + "; " + linked};
 }
 
 std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options) {

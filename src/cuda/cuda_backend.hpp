@@ -22,6 +22,9 @@ struct GpuProbe {
 // throw for them.
 GpuProbe probe_gpus();
 
+// The driver's state and the linked CUDA runtime, cuBLAS and NCCL versions, in words.
+CudaSupport cuda_backend_support();
+
 // options.comm picks the data plane: NCCL when every worker has its own GPU (automatic with
 // distinct ids; NCCL refuses two ranks on one GPU), or the peer communicator, our in-process
 // all-reduce over device memory, for any ids including repeated ones. options.tf32 switches

@@ -9,6 +9,8 @@
 #include <string>
 #include <string_view>
 
+#include "lockstep/export.hpp"
+
 namespace lockstep::detail {
 
 // Appended to a file's name while it is being written.
@@ -17,9 +19,9 @@ inline constexpr std::string_view kTempSuffix = ".tmp";
 // Writes the concatenation of `pieces` to `target` so that, after a crash at any point,
 // `target` holds either its previous contents or all of the new ones: write "<target>.tmp" in
 // the same directory, fsync it, rename it over `target`, fsync the directory. Throws
-// std::system_error naming the file; the temp file is removed on failure.
-void write_file_atomically(const std::filesystem::path& target,
-                           std::span<const std::span<const std::byte>> pieces);
+// std::system_error naming the file; the temp file is removed on failure. Exported for the CLI.
+LOCKSTEP_API void write_file_atomically(const std::filesystem::path& target,
+                                        std::span<const std::span<const std::byte>> pieces);
 
 // InputError "FILE: what".
 [[noreturn]] void fail_input(const std::filesystem::path& file, std::string_view what);

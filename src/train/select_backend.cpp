@@ -16,6 +16,14 @@ std::vector<std::unique_ptr<Communicator>> Backend::create_communicators(
   return create_communicators(device_ids, nullptr);
 }
 
+CudaSupport cuda_support() {
+#ifdef LOCKSTEP_HAVE_CUDA
+  return cuda_backend_support();
+#else
+  return {};
+#endif
+}
+
 std::unique_ptr<Backend> make_backend(BackendKind kind,
                                       [[maybe_unused]] std::span<const int> device_ids,
                                       [[maybe_unused]] const BackendOptions& options) {

@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include "cli_runner.hpp"
+#include "lockstep/device.hpp"
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -55,6 +56,27 @@ TEST_CASE("cli: help, version and bad flags") {
   Result missing_value = run_cli("train " + kQuickstart + " --set");
   CHECK(missing_value.code == 2);
   CHECK(run_cli("devices").code == 0);
+}
+
+TEST_CASE("cli: devices names the MPI and CUDA support built in, and requests no backend") {
+  const Result r = run_cli("devices");
+  CHECK(r.code == 0);
+  CHECK(r.output.starts_with("lockstep "));
+  CHECK(r.output.find("\nmpi: ") != std::string::npos);
+  CHECK(r.output.find("\ncpu:0  ") != std::string::npos);
+  CHECK(r.output.find("requested") == std::string::npos);
+  const lockstep::CudaSupport cuda = lockstep::cuda_support();
+  if (cuda.built) {
+    // e.g. "no NVIDIA driver found; CUDA runtime 13.0, cuBLAS 13.1, NCCL 2.28.9 linked"
+    const std::regex line(R"(\ncuda: built in \(.+; CUDA runtime \d+\.\d+, cuBLAS \d+\.\d+, )"
+                          R"(NCCL \d+\.\d+\.\d+ linked\)\n)");
+    CHECK(std::regex_search(r.output, line));
+    CHECK(r.output.find("cuda: built in (" + cuda.summary + ")") != std::string::npos);
+    if (cuda.gpus == 0) CHECK(r.output.find("\ncuda:0  ") == std::string::npos);
+    else CHECK(r.output.find("\ncuda:0  ") != std::string::npos);
+  } else {
+    CHECK(r.output.find("\ncuda: not built in (CPU-only build)\n") != std::string::npos);
+  }
 }
 
 TEST_CASE("cli: each class of bad config exits 2 and names the key and line") {

@@ -16,6 +16,7 @@
 #include "common/random.hpp"
 #include "lockstep/lockstep.hpp"
 #include "../random_data.hpp"
+#include "../skip.hpp"
 
 namespace lockstep::test {
 
@@ -24,7 +25,7 @@ inline std::unique_ptr<Backend> cuda_or_skip(const BackendOptions& options = {})
   try {
     return make_backend(BackendKind::cuda, {}, options);
   } catch (const InputError& e) {
-    MESSAGE("skipping: no usable GPU (" << std::string(e.what()) << ")");
+    skip("no usable GPU (" + std::string(e.what()) + ")");
     return nullptr;
   }
 }

@@ -7,8 +7,8 @@
 //   - the trainer on backend cuda: N replicas on one GPU equal one worker with N times the
 //     batch, replicas stay bit-identical, and a failing worker stops the run.
 // Each test goes through the public API only (make_backend(BackendKind::cuda)), so this file
-// builds without CUDA too. Without a CUDA build or a usable GPU every test says "skipping" and
-// passes: CI has nvcc but no GPU.
+// builds without CUDA too. Without a CUDA build or a usable GPU every test says "skipping", and
+// CTest reports it skipped (tests/skip.hpp): CI has nvcc but no GPU.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -188,7 +188,7 @@ TEST_SUITE("cuda") {
         }
   }
 
-  TEST_CASE("add_bias and bias_grad") {
+  TEST_CASE("cuda: add_bias and bias_grad") {
     auto backend = cuda_or_skip();
     if (!backend) return;
     auto gpu = backend->create_device(0, 1, 0);
@@ -206,7 +206,7 @@ TEST_SUITE("cuda") {
     }
   }
 
-  TEST_CASE("activations and their derivatives") {
+  TEST_CASE("cuda: activations and their derivatives") {
     auto backend = cuda_or_skip();
     if (!backend) return;
     auto gpu = backend->create_device(0, 1, 0);
@@ -226,7 +226,7 @@ TEST_SUITE("cuda") {
     }
   }
 
-  TEST_CASE("softmax_cross_entropy: loss, correct count, dlogits, bad labels") {
+  TEST_CASE("cuda: softmax_cross_entropy: loss, correct count, dlogits, bad labels") {
     auto backend = cuda_or_skip();
     if (!backend) return;
     auto gpu = backend->create_device(0, 1, 0);
@@ -470,7 +470,7 @@ TEST_SUITE("cuda trainer") {
     if (!backend) return;
     const int gpus = static_cast<int>(backend->devices().size());
     if (gpus < 2) {
-      MESSAGE("skipping: needs 2 GPUs, this machine has " << gpus);
+      skip("needs 2 GPUs, this machine has " + std::to_string(gpus));
       return;
     }
     auto train = synthetic(240, 1);

@@ -20,6 +20,7 @@
 
 #include "../cli/cli_runner.hpp"
 #include "../data/temp_files.hpp"
+#include "../skip.hpp"
 #include "common/random.hpp"
 #include "lockstep/device.hpp"
 #include "lockstep/model.hpp"
@@ -43,7 +44,7 @@ void write_raw(const std::filesystem::path& file, const std::vector<T>& v) {
 TEST_CASE("gpt parity with PyTorch: the loss at 12 AdamW steps and every step-1 gradient") {
   const std::string python = python_interpreter();
   if (lockstep::test::run_command(python + " -c 'import torch, numpy'").code != 0) {
-    MESSAGE("skipping: " << python << " cannot import torch and numpy (Debian: python3-torch)");
+    lockstep::test::skip(python + " cannot import torch and numpy (Debian: python3-torch)");
     return;
   }
   const lockstep::GptSpec spec{.vocab_size = 61, .context = 12, .n_layer = 2, .n_head = 4,
