@@ -129,11 +129,13 @@ struct LOCKSTEP_API Config {
 // tell whether it trains the same problem the same way.
 LOCKSTEP_API std::uint64_t config_hash(const Config& config);
 
-// Reads and validates a YAML file, then applies "a.b.c=value" overrides.
+// Reads and validates a YAML file, then applies "a.b.c=value" overrides. A relative path the
+// file gives is resolved against the file's directory; one an override gives is left relative
+// to the working directory (Note [Config paths] in src/config/config.cpp).
 LOCKSTEP_API Config load_config(const std::filesystem::path& file,
                                 std::span<const std::string> overrides = {});
 
-// Same, from text in memory. `source` names it in messages.
+// Same, from text in memory. `source` names it in messages; paths are left as written.
 LOCKSTEP_API Config parse_config(std::string_view yaml, std::string_view source,
                                  std::span<const std::string> overrides = {});
 

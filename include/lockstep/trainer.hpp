@@ -148,6 +148,8 @@ class LOCKSTEP_API Trainer {
   // runs on rank 0's thread inside the step.
   void on_progress(std::function<void(const StepMetrics&)> callback);
   void on_eval(std::function<void(const EvalMetrics&)> callback);
+  // After each checkpoint is written (by global rank 0), with the step and its weights file.
+  void on_checkpoint(std::function<void(std::int64_t step, const std::string& weights_file)> callback);
   void set_hooks(TrainerHooks hooks);
 
   const Model& model() const noexcept;

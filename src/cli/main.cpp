@@ -287,6 +287,9 @@ Summary run_with_progress(Trainer& trainer, SignalScope& signals,
     progress.eval(m);
     if (report) report->eval(m);
   });
+  trainer.on_checkpoint([&](std::int64_t step, const std::string& weights_file) {
+    progress.checkpoint(step, weights_file);
+  });
   Summary summary;
   try {
     signals.attach(trainer);
@@ -308,7 +311,7 @@ int train(const std::vector<std::string_view>& argv,
   std::optional<SignalScope> signals;  // --scaling keeps the default handlers: Ctrl-C ends it
   if (args.scaling.empty()) signals.emplace();
   const Config cfg = load_config(args.config, args.overrides);
-  const DataSplit data = load_dataset(cfg, fs::path(args.config).parent_path());
+  const DataSplit data = load_dataset(cfg);  // paths already resolved: Note [Config paths]
 
   if (!args.scaling.empty()) {
     if (several) throw InputError("--scaling: trains within one process; run it without mpirun");
@@ -379,7 +382,7 @@ int eval(const std::vector<std::string_view>& argv) {
   if (args.positional.empty()) throw InputError("eval: expected a CONFIG file; see lockstep --help");
   if (args.get("--checkpoint").empty()) throw InputError("eval: expected --checkpoint CKPT");
   const Config cfg = load_config(args.positional, args.overrides);
-  const DataSplit data = load_dataset(cfg, fs::path(args.positional).parent_path());
+  const DataSplit data = load_dataset(cfg);
   if (!data.eval || data.eval->size() == 0)
     throw InputError(fmt::format("{}: data.eval_fraction: the eval split is empty", cfg.source));
   const Checkpoint ckpt = CheckpointManager::load(args.get("--checkpoint"), warn);

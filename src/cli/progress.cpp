@@ -65,6 +65,12 @@ void Progress::eval(const EvalMetrics& m) {
   std::fflush(out_);
 }
 
+void Progress::checkpoint(std::int64_t step, const std::string& weights_file) {
+  clear_line();
+  fmt::print(out_, "checkpoint step {}: {}\n", step, weights_file);
+  std::fflush(out_);
+}
+
 void Progress::finish() {
   if (line_open_) {
     fmt::print(out_, "\n");

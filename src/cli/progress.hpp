@@ -16,6 +16,7 @@ class Progress {
   void step(const StepMetrics& m);      // every step
   void log(const StepMetrics& m);       // every log_every steps
   void eval(const EvalMetrics& m);
+  void checkpoint(std::int64_t step, const std::string& weights_file);
   void finish();                         // ends the live line
 
  private:

@@ -142,13 +142,13 @@ void visit_schema(Visitor& v, C& c) {
 
   v.section("data");
   v.enumeration("dataset", c.data.dataset, kDatasetKinds);
-  v.text("path", c.data.path);
+  v.path("path", c.data.path);
   v.enumeration("format", c.data.format, kTokenFormats);
-  v.text("eval_path", c.data.eval_path);
+  v.path("eval_path", c.data.eval_path);
   v.integer("label_column", c.data.label_column, IntRule{});
   v.flag("header", c.data.header);
-  v.text("images", c.data.images);
-  v.text("labels", c.data.labels);
+  v.path("images", c.data.images);
+  v.path("labels", c.data.labels);
   v.integer("samples", c.data.samples, IntRule{.min = 1});
   v.integer("features", c.data.features, IntRule{.min = 1});
   v.integer("classes", c.data.classes, IntRule{.min = 2});
@@ -191,15 +191,15 @@ void visit_schema(Visitor& v, C& c) {
   v.number("bucket_cap_mb", c.trainer.bucket_cap_mb, kPositive);
   v.flag("overlap", c.trainer.overlap);
   v.integer("accumulate_steps", c.trainer.accumulate_steps, IntRule{.min = 1});
-  v.text("trace", c.trainer.trace);
-  v.text("report", c.trainer.report);
+  v.path("trace", c.trainer.trace);
+  v.path("report", c.trainer.report);
   v.enumeration("on_nonfinite", c.trainer.on_nonfinite, kNonfinitePolicies);
   v.integer("max_nonfinite_skips", c.trainer.max_nonfinite_skips, IntRule{.min = 1});
   v.number("step_timeout_s", c.trainer.step_timeout_s, kNonNegative);
   v.nested("checkpoint");
 
   v.section("trainer.checkpoint");
-  v.text("dir", c.trainer.checkpoint.dir);
+  v.path("dir", c.trainer.checkpoint.dir);
   v.integer("every_steps", c.trainer.checkpoint.every_steps, IntRule{.min = 0});
   v.integer("keep_last", c.trainer.checkpoint.keep_last, IntRule{.min = 1});
 }
@@ -217,6 +217,7 @@ class KeyCollector {
   template <class... Rest> void number(std::string_view key, Rest&&...) { add(key); }
   template <class... Rest> void flag(std::string_view key, Rest&&...) { add(key); }
   template <class... Rest> void text(std::string_view key, Rest&&...) { add(key); }
+  template <class... Rest> void path(std::string_view key, Rest&&...) { add(key); }
   template <class... Rest> void choice(std::string_view key, Rest&&...) { add(key); }
   template <class... Rest> void enumeration(std::string_view key, Rest&&...) { add(key); }
   template <class... Rest> void integer_list(std::string_view key, Rest&&...) { add(key); }
@@ -397,6 +398,12 @@ class Origins {
 
   // Where `path` was written, or just the source when that is not known.
   std::string_view of(std::string_view path) const { return written(path).value_or(source_); }
+
+  // True when an override set `path` or a section above it.
+  bool overridden(std::string_view path) const {
+    return std::any_of(overrides_.begin(), overrides_.end(),
+                       [&](const Override& o) { return is_within(path, o.key); });
+  }
 
  private:
   struct Override {
@@ -580,6 +587,7 @@ class Parser {
     if (!node->IsScalar()) expected(path_of(key), *node, "a string");
     out = node->Scalar();
   }
+  void path(std::string_view key, std::string& out) { text(key, out); }
 
   void choice(std::string_view key, std::string& out, std::span<const std::string_view> choices) {
     const YAML::Node* node = value_of(key);
@@ -768,6 +776,7 @@ class Checker {
 
   void flag(std::string_view, bool) {}
   void text(std::string_view, const std::string&) {}
+  void path(std::string_view, const std::string&) {}
 
   void choice(std::string_view key, const std::string& value,
               std::span<const std::string_view> choices) {
@@ -807,6 +816,45 @@ class Checker {
   std::string section_;
 };
 
+// ---- PathResolver ---------------------------------------------------------------------------
+
+// Note [Config paths]
+// ~~~~~~~~~~~~~~~~~~~
+// One rule for every path key, inputs and outputs alike: a relative path written in a config
+// file is relative to that file's directory, so a config means the same files from wherever it
+// is run; a relative path given with --set (or a flag) is relative to the working directory,
+// as a shell user expects. load_config() rewrites the file's relative paths to
+// `config_dir / path` (lexically normalised), so that the rest of the program only ever sees
+// paths relative to the working directory. parse_config(), which has no file, leaves them as
+// they are. config_hash() hashes a data path as the absolute file it names.
+class PathResolver {
+ public:
+  PathResolver(const Origins& origins, std::filesystem::path dir)
+      : origins_(origins), dir_(std::move(dir)) {}
+
+  void section(std::string_view name) { section_ = name; }
+  void path(std::string_view key, std::string& value) {
+    if (value.empty() || std::filesystem::path(value).is_absolute()) return;
+    if (origins_.overridden(fmt::format("{}.{}", section_, key))) return;
+    value = (dir_ / value).lexically_normal().string();
+  }
+  template <class... Any> void integer(Any&&...) {}
+  template <class... Any> void number(Any&&...) {}
+  template <class... Any> void flag(Any&&...) {}
+  template <class... Any> void text(Any&&...) {}
+  template <class... Any> void choice(Any&&...) {}
+  template <class... Any> void enumeration(Any&&...) {}
+  template <class... Any> void integer_list(Any&&...) {}
+  template <class... Any> void devices(Any&&...) {}
+  template <class... Any> void number_pair(Any&&...) {}
+  template <class... Any> void nested(Any&&...) {}
+
+ private:
+  const Origins& origins_;
+  std::filesystem::path dir_;
+  std::string section_;
+};
+
 // ---- Hasher ---------------------------------------------------------------------------------
 
 // Renders the keys that change the math of training as "section.key=value" lines, for
@@ -829,6 +877,11 @@ class Hasher {
   // Length-prefixed, so that no text can pass for the end of its line and another key.
   void text(std::string_view key, const std::string& value) {
     add(key, fmt::format("{}:{}", value.size(), value));
+  }
+  // The file a path names, wherever the run starts from (see Note [Config paths]).
+  void path(std::string_view key, const std::string& value) {
+    text(key, value.empty() ? value
+                            : std::filesystem::absolute(value).lexically_normal().string());
   }
   void choice(std::string_view key, const std::string& value, std::span<const std::string_view>) {
     text(key, value);
@@ -967,8 +1020,12 @@ std::uint64_t config_hash(const Config& config) {
   return detail::fnv1a64(hasher.rendering().data(), hasher.rendering().size());
 }
 
-Config parse_config(std::string_view yaml, std::string_view source,
-                    std::span<const std::string> overrides) {
+namespace {
+
+// `dir`: the config file's directory, against which its relative paths are resolved; empty
+// for text that came from no file (Note [Config paths]).
+Config parse_config_in(std::string_view yaml, std::string_view source,
+                       std::span<const std::string> overrides, const std::filesystem::path* dir) {
   Origins origins{std::string(source)};
   YAML::Node root = load_tree(yaml, origins.source());
   for (const std::string& text : overrides) apply_override(root, text, origins);
@@ -977,6 +1034,10 @@ Config parse_config(std::string_view yaml, std::string_view source,
   config.source = source;
   Parser parser(root, origins);
   visit_schema(parser, config);
+  if (dir) {
+    PathResolver resolver(origins, *dir);
+    visit_schema(resolver, config);
+  }
   // Text is read byte by byte: its vocabulary is 256 unless a larger one is asked for.
   if (config.data.dataset == DatasetKind::text && config.model.vocab_size == 0)
     config.model.vocab_size = kByteVocabSize;
@@ -985,8 +1046,16 @@ Config parse_config(std::string_view yaml, std::string_view source,
   return config;
 }
 
+}  // namespace
+
+Config parse_config(std::string_view yaml, std::string_view source,
+                    std::span<const std::string> overrides) {
+  return parse_config_in(yaml, source, overrides, nullptr);
+}
+
 Config load_config(const std::filesystem::path& file, std::span<const std::string> overrides) {
-  return parse_config(read_config_file(file), file.string(), overrides);
+  const std::filesystem::path dir = file.parent_path();
+  return parse_config_in(read_config_file(file), file.string(), overrides, &dir);
 }
 
 }  // namespace lockstep

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "io/json.hpp"
 #include "lockstep/trainer.hpp"
 
 namespace lockstep {
@@ -59,16 +60,18 @@ std::string Summary::to_json() const {
       "  \"resumed_from_step\": {},\n"
       "  \"stopped_early\": {},\n"
       "  \"nonfinite_skips\": {},\n"
+      "  \"checkpoint\": {},\n"
       "  \"worker_times\": [{}]\n"
       "}}\n",
       backend, fmt::join(devices, ", "), devices.size() * processes, processes, parameters, steps, samples,
       number(wall_s), number(samples_per_s), number(tokens_per_s), number(flops_per_token),
-      number(mfu), number(final_train_loss),
+      mfu > 0.0 ? number(mfu) : "null", number(final_train_loss),
       number(final_train_accuracy), number(eval_loss), number(eval_accuracy),
       replicas_identical ? "true" : "false", replica_checks, param_hash, accumulate_steps, buckets,
       overlap ? "true" : "false", number(data_wait_s), number(barrier_wait_s), number(comm_s),
       number(comm_exposed_s), number(comm_hidden_fraction), resumed_from_step,
-      stopped_early ? "true" : "false", nonfinite_skips, worker_times_json(worker_times));
+      stopped_early ? "true" : "false", nonfinite_skips,
+      last_checkpoint.empty() ? "null" : detail::json_quote(last_checkpoint), worker_times_json(worker_times));
 }
 
 }  // namespace lockstep

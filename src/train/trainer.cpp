@@ -182,6 +182,10 @@ void Trainer::on_progress(std::function<void(const StepMetrics&)> callback) {
 void Trainer::on_eval(std::function<void(const EvalMetrics&)> callback) {
   impl_->callbacks.eval = std::move(callback);
 }
+void Trainer::on_checkpoint(
+    std::function<void(std::int64_t step, const std::string& weights_file)> callback) {
+  impl_->callbacks.checkpoint = std::move(callback);
+}
 void Trainer::set_hooks(TrainerHooks hooks) { impl_->callbacks.hooks = std::move(hooks); }
 const Model& Trainer::model() const noexcept { return impl_->model; }
 std::int64_t Trainer::total_steps() const noexcept { return impl_->total_steps; }

@@ -465,6 +465,7 @@ void WorkerLoop::save_checkpoint() {
                 .seed = cfg.trainer.seed};
   ckpt.optimizer_state = res_.optimizer->state();
   run_.summary.last_checkpoint = run_.checkpoints->save(ckpt).weights.string();
+  if (run_.callbacks.checkpoint) run_.callbacks.checkpoint(pos_.step, run_.summary.last_checkpoint);
 }
 
 // ---- Finish -------------------------------------------------------------------------------------

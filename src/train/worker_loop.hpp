@@ -64,6 +64,7 @@ struct TrainerCallbacks {
   std::function<void(const StepMetrics&)> step;
   std::function<void(const StepMetrics&)> progress;
   std::function<void(const EvalMetrics&)> eval;
+  std::function<void(std::int64_t step, const std::string& weights_file)> checkpoint;
   TrainerHooks hooks;
 };
 

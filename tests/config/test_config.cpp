@@ -1,6 +1,7 @@
 // The YAML config loader: every key reads into its field, and every kind of bad input throws
 // ConfigError naming where (FILE:LINE:COL or --set KEY=VALUE), the key path and what was expected.
 #include <doctest/doctest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -524,4 +525,29 @@ TEST_CASE("config: gpt model and token data") {
         "q.yaml:1:8: data.eval_pth: unknown key; did you mean 'data.eval_path'?");
   // Existing mlp configs are unchanged by the gpt keys.
   CHECK(parse_config(kMinimal, "min.yaml").model.vocab_size == 0);
+}
+
+TEST_CASE("config: a file's relative paths are relative to its directory, --set's to the working "
+          "directory") {
+  const fs::path dir = fs::temp_directory_path() / ("lockstep_test_paths_" + std::to_string(::getpid()));
+  fs::create_directories(dir / "configs");
+  const fs::path file = dir / "configs" / "c.yaml";
+  std::ofstream(file) << "data: {dataset: synthetic}\n"
+                         "trainer:\n  steps: 10\n  trace: t.json\n  report: /abs/r.html\n"
+                         "  checkpoint: {dir: ../runs/c}\n";
+  const Config cfg = load_config(file);
+  CHECK(cfg.trainer.trace == (dir / "configs" / "t.json").string());
+  CHECK(cfg.trainer.report == "/abs/r.html");
+  CHECK(cfg.trainer.checkpoint.dir == (dir / "runs" / "c").string());
+
+  const Config set = load_config(file, std::vector<std::string>{"trainer.trace=mine.json",
+                                                                "trainer.checkpoint={dir: ck}"});
+  CHECK(set.trainer.trace == "mine.json");
+  CHECK(set.trainer.checkpoint.dir == "ck");  // set through its section
+  CHECK(set.trainer.report == "/abs/r.html");
+
+  // Text from no file keeps its paths as written.
+  CHECK(parse_config("data: {dataset: synthetic}\ntrainer: {steps: 1, trace: t.json}\n", "q.yaml")
+            .trainer.trace == "t.json");
+  fs::remove_all(dir);
 }
