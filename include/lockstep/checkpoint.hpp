@@ -100,6 +100,29 @@ struct LOCKSTEP_API Checkpoint {
 // (names, shapes and offsets; Model::param_tensors()).
 LOCKSTEP_API void check_layout(const Checkpoint& ckpt, std::span<const ParamTensor> expected);
 
+// ---- starting from weights (`lockstep train --init-from`) -----------------------------------
+
+struct LOCKSTEP_API Weights {
+  std::vector<float> params;                    // in the layout the caller asked for
+  std::map<std::string, std::string> metadata;  // the file's, e.g. "lockstep.model"
+  std::filesystem::path file;                   // the weights file read, for messages
+};
+
+// The weights at `path` in the layout of `expected` (Model::param_tensors()), matched by tensor
+// name: a checkpoint directory (its newest valid checkpoint), either file of a checkpoint, a
+// safetensors file (`lockstep export`), or a Hugging Face GPT-2 directory (model.safetensors and
+// config.json, as `lockstep export --format hf` writes) or its model.safetensors. Throws
+// InputError naming the file and the first tensor that is missing, of another shape, or not in
+// the model.
+LOCKSTEP_API Weights load_weights(const std::filesystem::path& path,
+                                  std::span<const ParamTensor> expected);
+
+// Writes a GPT checkpoint (model.type gpt) as a Hugging Face GPT-2 directory: model.safetensors
+// (HF's names, Conv1D weights transposed to (in, out)) and config.json, which
+// transformers.GPT2LMHeadModel.from_pretrained(dir) loads. Creates `dir`. InputError for a
+// checkpoint without "lockstep.model" (not a GPT's).
+LOCKSTEP_API void export_hf_gpt2(const Checkpoint& ckpt, const std::filesystem::path& dir);
+
 // ---- the checkpoint directory ---------------------------------------------------------------
 
 struct LOCKSTEP_API CheckpointFiles {

@@ -162,6 +162,11 @@ class LOCKSTEP_API Trainer {
   // count of samples, rounded down to a whole batch per worker.
   void resume_from(Checkpoint checkpoint);
 
+  // Start from these weights (load_weights() in the model's layout), with the config's fresh
+  // optimiser, schedule and sampler at step 0: fine-tuning. Throws InputError when the file's
+  // recorded architecture ("lockstep.model") differs from the config's model.
+  void init_from(Weights weights);
+
   // Asks every worker to stop after the current step. The workers agree on the step, and a
   // checkpoint is written when trainer.checkpoint.dir is set. Callable from any thread and
   // from a signal handler (it only stores to a lock-free atomic).

@@ -41,14 +41,17 @@ constexpr std::string_view kUsage = R"(usage: lockstep <command> [options]
 
 commands:
   train CONFIG [--set KEY=VALUE]... [--summary-json FILE] [--scaling N,N,...]
-        [--resume [DIR|FILE]]
+        [--resume [DIR|FILE] | --init-from CKPT]
                       train the model described by the YAML file CONFIG on every
                       configured device; --set overrides a config key (repeatable),
                       e.g. --set trainer.devices=4 --set optimizer.lr=0.05;
                       --scaling 1,2,4 trains once per device count and reports
                       samples/s, speedup and efficiency against one device;
                       --resume continues from the latest valid checkpoint in DIR
-                      (default: trainer.checkpoint.dir) or from one checkpoint FILE.
+                      (default: trainer.checkpoint.dir) or from one checkpoint FILE;
+                      --init-from starts from the weights alone of a checkpoint, an
+                      export or a Hugging Face GPT-2 directory (step 0, fresh
+                      optimiser): fine-tuning.
                       SIGINT/SIGTERM finish the step, write a checkpoint and exit
                       130/143; a second SIGINT exits at once
   eval CONFIG --checkpoint CKPT [--set KEY=VALUE]...
@@ -80,6 +83,7 @@ struct TrainArgs {
   std::string summary_json;
   std::vector<int> scaling;  // device counts
   std::optional<std::string> resume;  // "" = trainer.checkpoint.dir
+  std::string init_from;              // weights only: a checkpoint, an export or an HF directory
 };
 
 std::vector<int> parse_counts(std::string_view flag, const std::string& text) {
@@ -122,6 +126,8 @@ TrainArgs parse_train_args(const std::vector<std::string_view>& args) {
       else if (!out.config.empty() && i + 1 < args.size() && !args[i + 1].starts_with("-"))
         out.resume = std::string(args[++i]);
       else out.resume = std::string();
+    } else if (a == "--init-from" || a.starts_with("--init-from=")) {
+      out.init_from = value("--init-from");
     } else if (a == "--scaling" || a.starts_with("--scaling=")) {
       out.scaling = parse_counts("--scaling", value("--scaling"));
     } else if (a.starts_with("-")) {
@@ -133,6 +139,11 @@ TrainArgs parse_train_args(const std::vector<std::string_view>& args) {
     }
   }
   if (out.config.empty()) throw InputError("train: expected a CONFIG file; see lockstep --help");
+  if (!out.init_from.empty() && out.resume)
+    throw InputError("train: --resume continues a run exactly, --init-from starts a new one from "
+                     "weights: give one or the other");
+  if (!out.init_from.empty() && !out.scaling.empty())
+    throw InputError("train: --scaling trains from the config's initial weights: drop --init-from");
   return out;
 }
 
@@ -239,7 +250,7 @@ void check_summary_dir(const TrainArgs& args) {
 }
 
 // --resume [DIR|FILE]: loads the checkpoint into `trainer`, or warns that there is none.
-void resume(Trainer& trainer, const Config& cfg, const TrainArgs& args, bool leader) {
+void resume_exactly(Trainer& trainer, const Config& cfg, const TrainArgs& args, bool leader) {
   const fs::path from =
       args.resume->empty() ? fs::path(cfg.trainer.checkpoint.dir) : fs::path(*args.resume);
   if (from.empty())
@@ -256,6 +267,27 @@ void resume(Trainer& trainer, const Config& cfg, const TrainArgs& args, bool lea
   } else {
     warn(fmt::format("--resume: no checkpoint in {}; starting from scratch", from.string()));
   }
+}
+
+// --resume continues one run exactly; a user who wants the weights alone (another config, an
+// export, new data) is told about --init-from.
+void resume(Trainer& trainer, const Config& cfg, const TrainArgs& args, bool leader) {
+  try {
+    resume_exactly(trainer, cfg, args, leader);
+  } catch (const InputError& e) {
+    throw InputError(fmt::format("{}\n  (--resume continues a run exactly, with its optimiser "
+                                 "state and config; to start a new run from these weights, use "
+                                 "--init-from)", e.what()));
+  }
+}
+
+// --init-from PATH: the weights alone, in the config's model.
+void init_from(Trainer& trainer, const std::string& path, bool leader) {
+  Weights weights = load_weights(path, trainer.model().param_tensors());
+  if (leader)
+    fmt::print("initialised from {} (weights only: step 0, a fresh optimiser and schedule)\n",
+               weights.file.string());
+  trainer.init_from(std::move(weights));
 }
 
 // The line that opens a run, printed by the leader.
@@ -320,6 +352,7 @@ int train(const std::vector<std::string_view>& argv,
 
   Trainer trainer(cfg, data.train, data.eval, processes);
   if (args.resume) resume(trainer, cfg, args, leader);
+  if (!args.init_from.empty()) init_from(trainer, args.init_from, leader);
   std::optional<RunReport> report;
   if (!cfg.trainer.report.empty() && leader) report.emplace(cfg.trainer.report);
   if (leader) print_run_header(trainer, cfg, processes);

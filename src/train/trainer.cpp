@@ -112,6 +112,7 @@ struct Trainer::Impl {
   detail::TrainerCallbacks callbacks;
   std::int64_t total_steps = 0;
   std::optional<Checkpoint> resume;
+  std::vector<float> init;  // init_from()'s weights; empty: drawn from trainer.seed
   std::atomic<bool> stop_requested{false};
   // The last run's results (local worker 0 writes them).
   Summary summary;
@@ -241,6 +242,35 @@ void Trainer::resume_from(Checkpoint checkpoint) {
   im.resume = std::move(checkpoint);
 }
 
+// The architecture a file records beyond its tensors' shapes (a GPT's n_head) must be the
+// config's too: the same shapes with other heads would train another model.
+void Trainer::init_from(Weights weights) {
+  Impl& im = *impl_;
+  if (weights.params.size() != im.model.param_count())
+    throw std::invalid_argument(fmt::format("init_from: {} parameters, the model has {}",
+                                            weights.params.size(), im.model.param_count()));
+  const auto recorded = weights.metadata.find("lockstep.model");
+  if (im.cfg.model.type == "gpt" && recorded != weights.metadata.end()) {
+    GptSpec file;
+    try {
+      file = parse_gpt_spec(recorded->second);
+    } catch (const std::invalid_argument& e) {
+      throw InputError(fmt::format("{}: {}", weights.file.string(), e.what()));
+    }
+    const GptSpec mine = gpt_spec(im.cfg, *im.train);
+    const std::pair<std::string_view, int GptSpec::*> fields[] = {
+        {"vocab_size", &GptSpec::vocab_size}, {"context", &GptSpec::context},
+        {"n_layer", &GptSpec::n_layer},       {"n_head", &GptSpec::n_head},
+        {"d_model", &GptSpec::d_model}};
+    for (const auto& [name, field] : fields)
+      if (file.*field != mine.*field)
+        throw InputError(fmt::format("{}: the file's model has {} {}, the config's model.{} is {}",
+                                     weights.file.string(), name, file.*field, name, mine.*field));
+  }
+  im.resume.reset();
+  im.init = std::move(weights.params);
+}
+
 void Trainer::request_stop() noexcept { impl_->stop_requested.store(true); }
 
 Summary Trainer::Impl::begin_summary(const Backend& b) const {
@@ -313,7 +343,9 @@ Summary Trainer::run() {
       tc.checkpoint.dir.empty() || !writer
           ? nullptr
           : std::make_unique<CheckpointManager>(tc.checkpoint.dir, tc.checkpoint.keep_last);
-  const std::vector<float> initial = im.resume ? std::vector<float>{} : im.model.initial_parameters(tc.seed);
+  const std::vector<float> initial = im.resume          ? std::vector<float>{}
+                                     : !im.init.empty() ? im.init
+                                                        : im.model.initial_parameters(tc.seed);
   const double start_s = steady_now_s();
   detail::Heartbeats heartbeats(n, start_s);
   detail::FailureLog failures;

@@ -22,13 +22,16 @@ namespace {
 const fs::path kSource = LOCKSTEP_SOURCE_DIR;
 constexpr std::string_view kMarker = "<!-- run by tests/cli/test_readme.cpp, verbatim -->";
 
-// The bodies of the marked ```sh blocks, in order.
+// The bodies of the marked ```sh blocks, in order; a block indented in a list item is read
+// without its indentation.
 std::vector<std::string> marked_blocks(const std::string& readme) {
   std::vector<std::string> blocks;
   std::istringstream in(readme);
   std::string line;
   bool marked = false, inside = false;
   while (std::getline(in, line)) {
+    line.erase(0, line.find_first_not_of(' ') == std::string::npos ? line.size()
+                                                                   : line.find_first_not_of(' '));
     if (inside) {
       if (line == "```") inside = false;
       else blocks.back() += line + "\n";
@@ -64,7 +67,7 @@ void copy_configs(const fs::path& to) {
 TEST_CASE("README: the marked command blocks run verbatim from the repository root") {
   const std::vector<std::string> blocks =
       marked_blocks(lockstep::test::read_text(kSource / "README.md"));
-  REQUIRE(blocks.size() >= 2);
+  REQUIRE(blocks.size() >= 3);
   const lockstep::test::TempDir root;
   copy_configs(root.path() / "configs");
   fs::create_directory_symlink(kSource / "third_party", root.path() / "third_party");
@@ -82,4 +85,5 @@ TEST_CASE("README: the marked command blocks run verbatim from the repository ro
   CHECK(fs::exists(root.path() / "runs" / "quickstart"));
   CHECK(fs::exists(root.path() / "runs" / "gpt_tiny"));
   CHECK(fs::exists(root.path() / "runs" / "quickstart.safetensors"));
+  CHECK(fs::exists(root.path() / "runs" / "gpt_tiny_tuned"));
 }

@@ -1,0 +1,70 @@
+// load_weights(): the weights of a checkpoint, an export or a Hugging Face GPT-2 directory in
+// the layout of the model being trained, for `lockstep train --init-from`.
+//
+// Tensors are matched by name, not by offset, so a file written in another buffer order (an
+// export from another tool, Hugging Face's) loads as long as every tensor is there with its
+// shape. Nothing but the weights is read: the run starts at step 0 with a fresh optimiser.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <system_error>
+
+#include "io/durable_file.hpp"
+#include "io/hf_gpt2.hpp"
+#include "lockstep/checkpoint.hpp"
+#include "lockstep/error.hpp"
+
+namespace lockstep {
+namespace fs = std::filesystem;
+namespace {
+
+std::string shape_text(const ParamTensor& t) { return fmt::format("[{}]", fmt::join(t.shape, ", ")); }
+
+// The file at `path` as safetensors: a checkpoint directory's newest valid checkpoint, either
+// file of a checkpoint, any safetensors file, or a Hugging Face GPT-2 directory or file.
+SafetensorsFile read_weights_file(const fs::path& path, fs::path& file) {
+  std::error_code ec;
+  if (detail::is_hf_gpt2(path)) return detail::read_hf_gpt2(path, file);
+  if (fs::is_directory(path, ec) || path.extension() == ".state") {
+    const Checkpoint ckpt = CheckpointManager::load(path);
+    file = ckpt.weights_file;
+    return {.tensors = ckpt.tensors, .data = ckpt.params, .metadata = ckpt.metadata};
+  }
+  if (!fs::exists(path, ec)) detail::fail_input(path, "no such file or directory");
+  file = path;
+  return read_safetensors(path);
+}
+
+}  // namespace
+
+Weights load_weights(const fs::path& path, std::span<const ParamTensor> expected) {
+  Weights out;
+  const SafetensorsFile in = read_weights_file(path, out.file);
+  const auto fail = [&](const std::string& what) {
+    detail::fail_input(out.file, what + " (--init-from needs the config's model)");
+  };
+  std::size_t count = 0;
+  for (const ParamTensor& e : expected) count = std::max(count, e.offset + e.numel());
+  out.params.assign(count, 0.0f);
+  for (const ParamTensor& e : expected) {
+    const auto it = std::find_if(in.tensors.begin(), in.tensors.end(),
+                                 [&](const ParamTensor& t) { return t.name == e.name; });
+    if (it == in.tensors.end())
+      fail(fmt::format("tensor '{}': missing; the config's model has shape {}", e.name,
+                       shape_text(e)));
+    if (it->shape != e.shape)
+      fail(fmt::format("tensor '{}': shape {} in the file, {} in the config's model", e.name,
+                       shape_text(*it), shape_text(e)));
+    std::copy_n(in.data.begin() + static_cast<std::ptrdiff_t>(it->offset), e.numel(),
+                out.params.begin() + static_cast<std::ptrdiff_t>(e.offset));
+  }
+  for (const ParamTensor& t : in.tensors)
+    if (std::none_of(expected.begin(), expected.end(),
+                     [&](const ParamTensor& e) { return e.name == t.name; }))
+      fail(fmt::format("tensor '{}' (shape {}): not in the config's model", t.name, shape_text(t)));
+  out.metadata = in.metadata;
+  return out;
+}
+
+}  // namespace lockstep

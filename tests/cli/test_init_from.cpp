@@ -1,0 +1,91 @@
+// `lockstep train --init-from`: the weights alone of a checkpoint or an export, at step 0 with a
+// fresh optimiser, for fine-tuning; a model that does not match exits 2 naming the first
+// difference; --resume's errors point at --init-from.
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include "../data/temp_files.hpp"
+#include "cli_runner.hpp"
+
+namespace {
+
+using lockstep::test::run_cli;
+
+const std::string kGptTiny = std::string(LOCKSTEP_SOURCE_DIR) + "/configs/gpt_tiny.yaml";
+// A small GPT on the shipped play: 16-token windows, one block of width 32.
+const std::string kSmall = "train \"" + kGptTiny + "\" --set model.context=16 --set model.n_layer=1 "
+                           "--set model.d_model=32 --set trainer.eval_every=0 ";
+
+// 8 windows of 16 tokens (and one more byte for the last target), every byte in [32, 127).
+std::string eight_windows() {
+  std::string text;
+  for (int i = 0; i < 8 * 16 + 1; ++i) text += static_cast<char>(32 + (i * 37 + i / 7) % 95);
+  return text;
+}
+
+}  // namespace
+
+TEST_CASE("cli: --init-from fine-tunes: its first loss is the source checkpoint's eval loss") {
+  const lockstep::test::TempDir dir;
+  const std::string src = (dir.path() / "src").string();
+  const auto a = run_cli(kSmall + "--set trainer.steps=20 --set trainer.checkpoint.dir=" + src);
+  REQUIRE_MESSAGE(a.code == 0, a.output);
+
+  // Another text, of exactly one global batch (2 workers x 4 windows), as both splits: step 1's
+  // loss is the mean over the same 8 windows that eval averages.
+  const std::string other = dir.write("other.txt", eight_windows()).string();
+  const std::string data = "--set data.path=" + other + " --set data.eval_path=" + other +
+                           " --set data.batch_size=4 ";
+  const std::string summary = (dir.path() / "summary.json").string();
+  const auto tune = run_cli(kSmall + data + "--set trainer.steps=1 --set optimizer.lr=0.001 "
+                            "--set trainer.log_every=1 --init-from " + src +
+                            " --summary-json " + summary);
+  REQUIRE_MESSAGE(tune.code == 0, tune.output);
+  CHECK(tune.output.find("initialised from " + src + "/step_00000020.safetensors") !=
+        std::string::npos);
+  CHECK(tune.output.find("step 1/1") != std::string::npos);  // starts at step 0
+
+  const auto eval = run_cli("eval \"" + kGptTiny + "\" --set model.context=16 --set model.n_layer=1 "
+                            "--set model.d_model=32 " + data + "--checkpoint " + src);
+  REQUIRE_MESSAGE(eval.code == 0, eval.output);
+  const std::size_t at = eval.output.find("eval loss ");
+  REQUIRE(at != std::string::npos);
+  const double eval_loss = std::stod(eval.output.substr(at + 10));
+  CHECK(lockstep::test::json_number(lockstep::test::read_text(summary), "final_train_loss") ==
+        doctest::Approx(eval_loss).epsilon(1e-5));
+}
+
+TEST_CASE("cli: --init-from refuses another model, naming the first difference; --resume hints at it") {
+  const lockstep::test::TempDir dir;
+  const std::string src = (dir.path() / "src").string();
+  REQUIRE(run_cli(kSmall + "--set trainer.steps=2 --set trainer.checkpoint.dir=" + src).code == 0);
+  const std::string two = "--set trainer.steps=2 --init-from " + src;
+
+  const auto deeper = run_cli(kSmall + "--set model.n_layer=2 " + two);
+  CHECK(deeper.code == 2);
+  CHECK(deeper.output.find("tensor 'transformer.h.1.ln_1.weight': missing; the config's model has "
+                           "shape [32]") != std::string::npos);
+  const auto wider = run_cli(kSmall + "--set model.d_model=64 " + two);
+  CHECK(wider.code == 2);
+  CHECK(wider.output.find("tensor 'transformer.wte.weight': shape [256, 32] in the file, [256, 64] "
+                          "in the config's model") != std::string::npos);
+  const auto heads = run_cli(kSmall + "--set model.n_head=2 " + two);
+  CHECK(heads.code == 2);
+  CHECK(heads.output.find("the file's model has n_head 4, the config's model.n_head is 2") !=
+        std::string::npos);
+
+  // An export loads too; --resume cannot take one, and says what to use instead.
+  const std::string exported = (dir.path() / "e.safetensors").string();
+  REQUIRE(run_cli("export " + src + " --out " + exported).code == 0);
+  CHECK(run_cli(kSmall + "--set trainer.steps=1 --init-from " + exported).code == 0);
+  for (const std::string& resume : {"--set optimizer.lr=0.1 --resume " + src, "--resume " + exported}) {
+    CAPTURE(resume);
+    const auto r = run_cli(kSmall + "--set trainer.steps=3 " + resume);
+    CHECK(r.code == 2);
+    CHECK(r.output.find("use --init-from") != std::string::npos);
+  }
+  const auto both = run_cli(kSmall + "--resume " + src + " --init-from " + src);
+  CHECK(both.code == 2);
+  CHECK(both.output.find("give one or the other") != std::string::npos);
+}
