@@ -103,6 +103,7 @@ struct LOCKSTEP_API TrainerConfig {
   int accumulate_steps = 1;       // micro-batches per optimiser step; all-reduce after the last
   std::string trace;              // Chrome trace-event JSON of every worker, when set
   std::string report;             // offline HTML report of the run (`lockstep train`), when set
+  std::string metrics;            // JSON lines, one per logged step and eval, appended, when set
   // Failure handling.
   NonfinitePolicy on_nonfinite = NonfinitePolicy::stop;  // NaN/Inf loss or gradient norm
   int max_nonfinite_skips = 5;    // skip: stop after this many skipped steps in a row

@@ -45,6 +45,10 @@ struct LOCKSTEP_API StepMetrics {
   double tokens_per_s = 0.0;    // predictions per second: samples/s x targets per sample
   double mfu = 0.0;             // model FLOPs utilisation (see Summary::mfu)
   double elapsed_s = 0.0;
+  // Global rank 0's, over the log window (on_step; 0 in on_progress): the share of all-reduce
+  // time hidden behind backward, and the time spent waiting for data.
+  double comm_hidden_fraction = 0.0;
+  double data_wait_s = 0.0;
 };
 
 struct LOCKSTEP_API EvalMetrics {

@@ -193,6 +193,7 @@ void visit_schema(Visitor& v, C& c) {
   v.integer("accumulate_steps", c.trainer.accumulate_steps, IntRule{.min = 1});
   v.path("trace", c.trainer.trace);
   v.path("report", c.trainer.report);
+  v.path("metrics", c.trainer.metrics);
   v.enumeration("on_nonfinite", c.trainer.on_nonfinite, kNonfinitePolicies);
   v.integer("max_nonfinite_skips", c.trainer.max_nonfinite_skips, IntRule{.min = 1});
   v.number("step_timeout_s", c.trainer.step_timeout_s, kNonNegative);

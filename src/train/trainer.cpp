@@ -28,6 +28,7 @@
 #include "train/evaluation.hpp"
 #include "train/failures.hpp"
 #include "train/fault_injection.hpp"
+#include "train/metrics_log.hpp"
 #include "train/trace.hpp"
 #include "train/watchdog.hpp"
 #include "train/worker_loop.hpp"
@@ -343,6 +344,8 @@ Summary Trainer::run() {
       tc.checkpoint.dir.empty() || !writer
           ? nullptr
           : std::make_unique<CheckpointManager>(tc.checkpoint.dir, tc.checkpoint.keep_last);
+  const std::unique_ptr<detail::MetricsLog> metrics =
+      tc.metrics.empty() || !writer ? nullptr : std::make_unique<detail::MetricsLog>(tc.metrics);
   const std::vector<float> initial = im.resume          ? std::vector<float>{}
                                      : !im.init.empty() ? im.init
                                                         : im.model.initial_parameters(tc.seed);
@@ -364,6 +367,7 @@ Summary Trainer::run() {
                                .trace = trace,
                                .heartbeats = heartbeats,
                                .checkpoints = checkpoints.get(),
+                               .metrics = metrics.get(),
                                .summary = im.summary,
                                .final_params = im.final_params};
   im.run_workers(run, *backend, comms, failures);

@@ -11,6 +11,7 @@
 
 #include "lockstep/comm.hpp"
 #include "train/evaluation.hpp"
+#include "train/metrics_log.hpp"
 #include "train/optimizer.hpp"
 #include "train/reducer.hpp"
 #include "train/watchdog.hpp"
@@ -378,6 +379,8 @@ void WorkerLoop::report(const StepTotals& totals, const UpdateResult& update, bo
     window_.last = metrics(window_.loss_sum, window_.correct, window_.samples, window_.samples,
                            now - window_.last_report_s, now);
     window_.last_report_s = now;
+    add_window_times(window_.last);
+    if (global_ == 0 && run_.metrics) run_.metrics->write(window_.last);
     if (global_ == 0 && run_.callbacks.step) run_.callbacks.step(window_.last);
   }
   if (log) {
@@ -385,6 +388,18 @@ void WorkerLoop::report(const StepTotals& totals, const UpdateResult& update, bo
     window_.correct = 0.0;
     window_.samples = 0.0;
   }
+}
+
+// This worker's all-reduce and data-wait times since the last report, into `m`.
+void WorkerLoop::add_window_times(StepMetrics& m) {
+  const double comm_s = res_.reducer->comm_seconds(), exposed_s = res_.reducer->exposed_seconds(),
+               wait_s = res_.batches->data_wait_s();
+  const double comm = comm_s - window_.comm_s, exposed = exposed_s - window_.exposed_s;
+  m.comm_hidden_fraction = comm > 0.0 ? std::clamp(1.0 - exposed / comm, 0.0, 1.0) : 0.0;
+  m.data_wait_s = wait_s - window_.data_wait_s;
+  window_.comm_s = comm_s;
+  window_.exposed_s = exposed_s;
+  window_.data_wait_s = wait_s;
 }
 
 // Eval, replica check, barrier and checkpoint: what closes a step, in the same order everywhere.
@@ -423,7 +438,10 @@ EvalMetrics WorkerLoop::evaluate() {
                        static_cast<std::size_t>(comm_.size()), run_.cfg.data.batch_size);
   const EvalMetrics m =
       eval_metrics(all_reduce_fields(comm_, mine), pos_.step, run_.train->targets());
-  if (global_ == 0 && run_.callbacks.eval && m.samples > 0) run_.callbacks.eval(m);
+  if (global_ == 0 && m.samples > 0) {
+    if (run_.metrics) run_.metrics->write(m);
+    if (run_.callbacks.eval) run_.callbacks.eval(m);
+  }
   return m;
 }
 

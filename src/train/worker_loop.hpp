@@ -57,6 +57,7 @@ class Communicator;
 namespace lockstep::detail {
 
 class Heartbeats;
+class MetricsLog;
 class Optimizer;
 class Reducer;
 
@@ -86,6 +87,7 @@ struct RunContext {
   Trace& trace;
   Heartbeats& heartbeats;
   CheckpointManager* checkpoints;  // null: no checkpoints, or not the writing process
+  MetricsLog* metrics;             // trainer.metrics; null: unset, or not the writing process
   Summary& summary;
   std::vector<float>& final_params;
 
@@ -171,6 +173,7 @@ class WorkerLoop {
     double correct = 0.0;
     double samples = 0.0;
     double last_report_s = 0.0;
+    double comm_s = 0.0, exposed_s = 0.0, data_wait_s = 0.0;  // cumulative, at the last report
     StepMetrics last{};
   };
   // Time accounting, seconds (data waits are counted by StagedBatches).
@@ -200,6 +203,7 @@ class WorkerLoop {
   double wait_and_update(double lr);
   void on_nonfinite(double loss, double grad_norm);
   void report(const StepTotals& totals, const UpdateResult& update, bool stop_now);
+  void add_window_times(StepMetrics& m);
   void end_of_step(bool stop_now);
   void finish();
   void fill_summary(std::span<const double> time_rows, const EvalMetrics& final_eval);
