@@ -66,7 +66,9 @@ struct LOCKSTEP_API OptimizerConfig {
   double lr = 0.01;
   double momentum = 0.0;         // sgd
   bool nesterov = false;         // sgd; needs momentum > 0
-  double weight_decay = 0.0;     // sgd: L2 added to the gradient; adamw: decoupled
+  double weight_decay = 0.0;     // sgd: L2 added to the gradient; adamw: decoupled. Matrices
+                                 // only (tensors of >= 2 dimensions), unless decay_all
+  bool decay_all = false;        // weight_decay on every tensor, biases and LayerNorms too
   double beta1 = 0.9;            // adamw
   double beta2 = 0.999;          // adamw
   double eps = 1e-8;             // adamw

@@ -165,6 +165,7 @@ void visit_schema(Visitor& v, C& c) {
   v.number("momentum", c.optimizer.momentum, kFraction);
   v.flag("nesterov", c.optimizer.nesterov);
   v.number("weight_decay", c.optimizer.weight_decay, kNonNegative);
+  v.flag("decay_all", c.optimizer.decay_all);
   v.number("beta1", c.optimizer.beta1, kFraction);
   v.number("beta2", c.optimizer.beta2, kFraction);
   v.number_pair("betas", "beta1", c.optimizer.beta1, "beta2", c.optimizer.beta2, kFraction);

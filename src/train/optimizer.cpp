@@ -9,8 +9,26 @@
 
 namespace lockstep::detail {
 
-Optimizer::Optimizer(Device& device, const OptimizerConfig& cfg, std::size_t params)
-    : device_(&device), cfg_(cfg), n_(params) {
+std::vector<DecaySpan> decay_spans(std::span<const ParamTensor> tensors, std::size_t params,
+                                   bool decay_all) {
+  std::vector<DecaySpan> spans;
+  if (decay_all) return {{0, params, true}};
+  std::vector<DecaySpan> runs;
+  for (const ParamTensor& t : tensors) runs.push_back({t.offset, t.offset + t.numel(), t.shape.size() >= 2});
+  std::sort(runs.begin(), runs.end(),
+            [](const DecaySpan& a, const DecaySpan& b) { return a.begin < b.begin; });
+  for (const DecaySpan& r : runs) {
+    if (!spans.empty() && spans.back().end == r.begin && spans.back().decay == r.decay)
+      spans.back().end = r.end;
+    else
+      spans.push_back(r);
+  }
+  return spans;
+}
+
+Optimizer::Optimizer(Device& device, const OptimizerConfig& cfg, std::size_t params,
+                     std::vector<DecaySpan> spans)
+    : device_(&device), cfg_(cfg), n_(params), spans_(std::move(spans)) {
   const bool needs_m = cfg.type == OptimizerKind::adamw || cfg.momentum > 0.0;
   if (needs_m) m_ = DeviceArray<float>(device, n_);
   if (cfg.type == OptimizerKind::adamw) v_ = DeviceArray<float>(device, n_);
@@ -18,13 +36,22 @@ Optimizer::Optimizer(Device& device, const OptimizerConfig& cfg, std::size_t par
 
 void Optimizer::apply(float* params, const float* grads, double lr, std::size_t begin,
                       std::size_t end) {
+  if (spans_.empty()) return update(params, grads, lr, begin, end, cfg_.weight_decay);
+  for (const DecaySpan& s : spans_) {
+    const std::size_t b = std::max(begin, s.begin), e = std::min(end, s.end);
+    if (b < e) update(params, grads, lr, b, e, s.decay ? cfg_.weight_decay : 0.0);
+  }
+}
+
+void Optimizer::update(float* params, const float* grads, double lr, std::size_t begin,
+                       std::size_t end, double weight_decay) {
   const float lr_f = static_cast<float>(lr);
   const std::size_t n = end - begin;
   auto at = [begin](DeviceArray<float>& a) { return a.data() ? a.data() + begin : nullptr; };
   switch (cfg_.type) {
     case OptimizerKind::sgd:
       device_->sgd_step({.momentum = static_cast<float>(cfg_.momentum),
-                         .weight_decay = static_cast<float>(cfg_.weight_decay),
+                         .weight_decay = static_cast<float>(weight_decay),
                          .nesterov = cfg_.nesterov},
                         lr_f, params + begin, grads + begin, at(m_), n);
       return;
@@ -32,7 +59,7 @@ void Optimizer::apply(float* params, const float* grads, double lr, std::size_t 
       device_->adamw_step({.beta1 = static_cast<float>(cfg_.beta1),
                            .beta2 = static_cast<float>(cfg_.beta2),
                            .eps = static_cast<float>(cfg_.eps),
-                           .weight_decay = static_cast<float>(cfg_.weight_decay)},
+                           .weight_decay = static_cast<float>(weight_decay)},
                           lr_f, t_, params + begin, grads + begin, at(m_), at(v_), n);
       return;
   }

@@ -17,9 +17,28 @@
 
 namespace lockstep::detail {
 
+// Note [Decay groups]
+// ~~~~~~~~~~~~~~~~~~~
+// optimizer.weight_decay applies to the matrices only (tensors of 2 or more dimensions: linear
+// weights and embeddings), not to biases and LayerNorm gains, as nanoGPT and llm.c do (PyTorch:
+// two parameter groups). The optimiser keeps this as runs of the parameter buffer, each with a
+// flag, and applies each run with or without decay. optimizer.decay_all: true decays every
+// tensor, as lockstep did before.
+struct DecaySpan {
+  std::size_t begin = 0, end = 0;  // elements of the parameter buffer
+  bool decay = true;
+};
+
+// The runs of a buffer of `params` elements laid out as `tensors` (adjacent runs with the same
+// flag merged); one run when `decay_all`.
+std::vector<DecaySpan> decay_spans(std::span<const ParamTensor> tensors, std::size_t params,
+                                   bool decay_all);
+
 class Optimizer {
  public:
-  Optimizer(Device& device, const OptimizerConfig& cfg, std::size_t params);
+  // `spans` cover the buffer in order (decay_spans()); empty: every element decays.
+  Optimizer(Device& device, const OptimizerConfig& cfg, std::size_t params,
+            std::vector<DecaySpan> spans = {});
   // params -= update(grads) at learning rate lr; counts the step.
   void step(float* params, const float* grads, double lr) {
     begin_step();
@@ -42,9 +61,13 @@ class Optimizer {
                   const std::string& source);
 
  private:
+  void update(float* params, const float* grads, double lr, std::size_t begin, std::size_t end,
+              double weight_decay);
+
   Device* device_;
   OptimizerConfig cfg_;
   std::size_t n_;
+  std::vector<DecaySpan> spans_;
   DeviceArray<float> m_;  // sgd: momentum buffer; adamw: first moment
   DeviceArray<float> v_;  // adamw: second moment
   std::int64_t t_ = 0;

@@ -111,7 +111,9 @@ void WorkerLoop::set_up(Backend& backend) {
   // as any later backend (several processes) needs.
   comm_.broadcast(replica.params(), replica.param_count(), 0);
 
-  res_.optimizer = std::make_unique<Optimizer>(dev, run_.cfg.optimizer, replica.param_count());
+  res_.optimizer = std::make_unique<Optimizer>(
+      dev, run_.cfg.optimizer, replica.param_count(),
+      decay_spans(run_.model.param_tensors(), replica.param_count(), run_.cfg.optimizer.decay_all));
   if (resume)
     res_.optimizer->load_state(resume->optimizer_state, resume->state.optimizer_steps,
                                resume->weights_file.string());
