@@ -117,6 +117,29 @@ struct LOCKSTEP_API Weights {
 LOCKSTEP_API Weights load_weights(const std::filesystem::path& path,
                                   std::span<const ParamTensor> expected);
 
+// ---- what a model's inputs need --------------------------------------------------------------
+
+// The standardisation an MLP's inputs need (x = (raw - mean) / std, per feature): the train
+// split's statistics under data.normalize. Checkpoints record it in their metadata as
+// "lockstep.normalize.mean" and "lockstep.normalize.std" (JSON arrays), exports also as the
+// tensors "normalize.mean" and "normalize.std".
+struct LOCKSTEP_API Standardization {
+  std::vector<float> mean;
+  std::vector<float> std;
+};
+LOCKSTEP_API void record_standardization(std::map<std::string, std::string>& metadata,
+                                         std::span<const float> mean, std::span<const float> std);
+// nullopt when the metadata records none; InputError naming the key when it is malformed.
+LOCKSTEP_API std::optional<Standardization> read_standardization(
+    const std::map<std::string, std::string>& metadata);
+
+// ---- exports ----------------------------------------------------------------------------------
+
+// `lockstep export --format torch`: the checkpoint's tensors under their own names, its
+// metadata, and for a standardised MLP the tensors "normalize.mean" and "normalize.std" after
+// the weights. Crash-safe; InputError when the file's directory does not exist.
+LOCKSTEP_API void export_torch(const Checkpoint& ckpt, const std::filesystem::path& file);
+
 // Writes a GPT checkpoint (model.type gpt) as a Hugging Face GPT-2 directory: model.safetensors
 // (HF's names, Conv1D weights transposed to (in, out)) and config.json, which
 // transformers.GPT2LMHeadModel.from_pretrained(dir) loads. Creates `dir`. InputError for a

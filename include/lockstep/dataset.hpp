@@ -42,6 +42,10 @@ class LOCKSTEP_API Dataset {
   // Copies sample i's features into x[0..features()) and its labels, each in [0, classes()),
   // into y[0..targets()).
   virtual void get(std::size_t i, float* x, std::int32_t* y) const = 0;
+  // The per-feature mean and standard deviation the features were standardised with
+  // (x = (raw - mean) / std), for checkpoints to record; empty when they were not.
+  virtual std::span<const float> feature_mean() const noexcept { return {}; }
+  virtual std::span<const float> feature_std() const noexcept { return {}; }
 };
 
 // Samples held in memory: x (size, features) row-major, y (size).
@@ -61,12 +65,15 @@ class LOCKSTEP_API InMemoryDataset final : public Dataset {
   InMemoryDataset subset(std::span<const std::size_t> indices) const;
   // Per-feature mean and standard deviation (a zero std becomes 1).
   void feature_stats(std::vector<float>& mean, std::vector<float>& stddev) const;
-  // x = (x - mean) / stddev, per feature.
+  // x = (x - mean) / stddev, per feature; feature_mean() and feature_std() then say so.
   void standardize(std::span<const float> mean, std::span<const float> stddev);
+  std::span<const float> feature_mean() const noexcept override { return mean_; }
+  std::span<const float> feature_std() const noexcept override { return std_; }
 
  private:
   std::vector<float> x_;
   std::vector<std::int32_t> y_;
+  std::vector<float> mean_, std_;  // what standardize() applied, composed
   int features_;
   int classes_;
 };

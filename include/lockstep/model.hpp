@@ -100,6 +100,10 @@ struct LOCKSTEP_API MlpSpec {
   Activation activation = Activation::relu;
 };
 
+// "mlp inputs=64 hidden=64,32 classes=10 activation=relu": checkpoints carry it as
+// "lockstep.model".
+LOCKSTEP_API std::string to_string(const MlpSpec& spec);
+
 // GPT-2: token and position embeddings, n_layer pre-LayerNorm blocks (causal multi-head
 // self-attention, then a 4x MLP with tanh-GELU, each on a residual), a final LayerNorm and an
 // LM head tied to the token embedding. Input (B, context) token ids as floats; output logits

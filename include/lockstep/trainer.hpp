@@ -129,6 +129,9 @@ struct LOCKSTEP_API TrainerHooks {
 LOCKSTEP_API Model make_model(const Config& config, const Dataset& train);
 // The GPT a config describes for a dataset (model.type gpt), as make_model builds it.
 LOCKSTEP_API GptSpec gpt_spec(const Config& config, const Dataset& train);
+// The model a config describes for a dataset as text ("mlp inputs=64 hidden=64 ...", "gpt
+// vocab_size=256 ..."): what checkpoints record as "lockstep.model".
+LOCKSTEP_API std::string describe_model(const Config& config, const Dataset& train);
 
 // Loss and accuracy of `params` (in `model`'s layout) over all of `data`, on the first
 // configured device of the config's backend.

@@ -56,8 +56,12 @@ commands:
                       130/143; a second SIGINT exits at once
   eval CONFIG --checkpoint CKPT [--set KEY=VALUE]...
                       loss and accuracy of a checkpoint on the config's eval split
-  export CKPT --out FILE
-                      write a checkpoint's weights as one safetensors file
+  export CKPT --out FILE [--format torch]
+  export CKPT --format hf --out DIR
+                      write a checkpoint's weights as one safetensors file (with an
+                      MLP's standardisation as normalize.mean and normalize.std), or
+                      a GPT's as a Hugging Face GPT-2 directory (model.safetensors
+                      and config.json for transformers.GPT2LMHeadModel)
   sample --checkpoint CKPT [--prompt TEXT] [--tokens N] [--temperature T]
          [--top-k K] [--seed S] [--backend auto|cpu|cuda]
                       continue TEXT with a GPT checkpoint (model.type gpt): N
@@ -410,6 +414,34 @@ CommandArgs parse_command_args(std::string_view command, const std::vector<std::
   return out;
 }
 
+// The model a checkpoint records must be the config's: the same tensors with another activation
+// or other heads would evaluate another model.
+void check_recorded_model(const Checkpoint& ckpt, const Config& cfg, const Dataset& train) {
+  const auto recorded = ckpt.metadata.find("lockstep.model");
+  if (recorded == ckpt.metadata.end()) return;  // written before checkpoints recorded it
+  if (const std::string mine = describe_model(cfg, train); recorded->second != mine)
+    throw InputError(fmt::format("{}: a checkpoint of '{}'; the config describes '{}'",
+                                 ckpt.weights_file.string(), recorded->second, mine));
+}
+
+// The config's eval split prepared as the checkpoint's model expects: raw features
+// standardised with the statistics it was trained with, whatever data.normalize says.
+InMemoryDataset prepared_eval_split(Config cfg, const Standardization& s) {
+  cfg.data.normalize = false;
+  const DataSplit raw = load_dataset(cfg);
+  const Dataset& eval = *raw.eval;
+  const auto f = static_cast<std::size_t>(eval.features());
+  if (s.mean.size() != f)
+    throw InputError(fmt::format("{}: the checkpoint standardises {} features, the data has {}",
+                                 cfg.source, s.mean.size(), f));
+  std::vector<float> x(eval.size() * f);
+  std::vector<std::int32_t> y(eval.size());
+  for (std::size_t i = 0; i < eval.size(); ++i) eval.get(i, x.data() + i * f, &y[i]);
+  InMemoryDataset out(std::move(x), std::move(y), eval.features(), raw.train->classes());
+  out.standardize(s.mean, s.std);
+  return out;
+}
+
 int eval(const std::vector<std::string_view>& argv) {
   const CommandArgs args = parse_command_args("eval", argv, {"--set", "--checkpoint"});
   if (args.positional.empty()) throw InputError("eval: expected a CONFIG file; see lockstep --help");
@@ -419,23 +451,30 @@ int eval(const std::vector<std::string_view>& argv) {
   if (!data.eval || data.eval->size() == 0)
     throw InputError(fmt::format("{}: data.eval_fraction: the eval split is empty", cfg.source));
   const Checkpoint ckpt = CheckpointManager::load(args.get("--checkpoint"), warn);
+  check_recorded_model(ckpt, cfg, *data.train);
   const Model model = make_model(cfg, *data.train);
   check_layout(ckpt, model.param_tensors());
-  const EvalMetrics m = evaluate(cfg, model, ckpt.params, *data.eval);
+  const std::optional<Standardization> standardization = read_standardization(ckpt.metadata);
+  const EvalMetrics m =
+      standardization
+          ? evaluate(cfg, model, ckpt.params, prepared_eval_split(cfg, *standardization))
+          : evaluate(cfg, model, ckpt.params, *data.eval);
   fmt::print("checkpoint {} (step {})\n", ckpt.weights_file.string(), ckpt.state.step);
   fmt::print("eval loss {:.6f} accuracy {:.4f} ({} samples)\n", m.loss, m.accuracy, m.samples);
   return kExitOk;
 }
 
 int export_weights(const std::vector<std::string_view>& argv) {
-  const CommandArgs args = parse_command_args("export", argv, {"--out"});
+  const CommandArgs args = parse_command_args("export", argv, {"--out", "--format"});
   if (args.positional.empty()) throw InputError("export: expected a checkpoint CKPT; see lockstep --help");
   const std::string out = args.get("--out");
-  if (out.empty()) throw InputError("export: expected --out FILE");
+  const std::string format = args.get("--format").empty() ? "torch" : args.get("--format");
+  if (format != "torch" && format != "hf")
+    throw InputError(fmt::format("--format: expected torch or hf, got '{}'", format));
+  if (out.empty()) throw InputError(format == "hf" ? "export: expected --out DIR" : "export: expected --out FILE");
   const Checkpoint ckpt = CheckpointManager::load(args.positional, warn);
-  // The checkpoint's metadata (its architecture, for one) travels along; the writer replaces
-  // the format, version and checksum entries with its own.
-  write_safetensors(out, ckpt.tensors, ckpt.params, ckpt.metadata);
+  if (format == "hf") export_hf_gpt2(ckpt, out);
+  else export_torch(ckpt, out);
   fmt::print("wrote {} ({} tensors, {} parameters, step {})\n", out, ckpt.tensors.size(),
              ckpt.params.size(), ckpt.state.step);
   return kExitOk;
@@ -469,10 +508,12 @@ SamplingOptions sampling_options(const CommandArgs& args) {
 // The GPT architecture a checkpoint records in its metadata.
 GptSpec checkpoint_gpt_spec(const Checkpoint& ckpt) {
   const auto model_it = ckpt.metadata.find("lockstep.model");
-  if (model_it == ckpt.metadata.end())
-    throw InputError(fmt::format("{}: no lockstep.model in the metadata: not a GPT checkpoint "
-                                 "(sample needs model.type gpt)",
-                                 ckpt.weights_file.string()));
+  if (model_it == ckpt.metadata.end() || !model_it->second.starts_with("gpt "))
+    throw InputError(fmt::format("{}: {}: not a GPT checkpoint (sample needs model.type gpt)",
+                                 ckpt.weights_file.string(),
+                                 model_it == ckpt.metadata.end()
+                                     ? "no lockstep.model in the metadata"
+                                     : "the metadata says '" + model_it->second + "'"));
   try {
     return parse_gpt_spec(model_it->second);
   } catch (const std::invalid_argument& e) {

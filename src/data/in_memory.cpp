@@ -106,6 +106,16 @@ void InMemoryDataset::standardize(std::span<const float> mean, std::span<const f
     float* row = x_.data() + i * f;
     for (std::size_t j = 0; j < f; ++j) row[j] = (row[j] - mean[j]) / stddev[j];
   }
+  // A second standardisation composes: ((raw - m1) / s1 - m2) / s2 = (raw - (m1 + s1 m2)) / (s1 s2).
+  if (mean_.empty()) {
+    mean_.assign(mean.begin(), mean.end());
+    std_.assign(stddev.begin(), stddev.end());
+  } else {
+    for (std::size_t j = 0; j < f; ++j) {
+      mean_[j] += std_[j] * mean[j];
+      std_[j] *= stddev[j];
+    }
+  }
 }
 
 DataSplit split_dataset(const InMemoryDataset& all, double eval_fraction, bool normalize,

@@ -132,9 +132,11 @@ SafetensorsFile read_hf_gpt2(const fs::path& path, fs::path& file) {
 
 void export_hf_gpt2(const Checkpoint& ckpt, const fs::path& dir) {
   const auto model = ckpt.metadata.find("lockstep.model");
-  if (model == ckpt.metadata.end())
-    detail::fail_input(ckpt.weights_file, "no lockstep.model in the metadata: not a GPT "
-                                          "checkpoint (--format hf needs model.type gpt)");
+  if (model == ckpt.metadata.end() || !model->second.starts_with("gpt "))
+    detail::fail_input(ckpt.weights_file,
+                       fmt::format("not a GPT checkpoint ({}); --format hf needs model.type gpt",
+                                   model == ckpt.metadata.end() ? "no lockstep.model in the metadata"
+                                                                : "lockstep.model: " + model->second));
   GptSpec spec;
   try {
     spec = parse_gpt_spec(model->second);

@@ -60,7 +60,8 @@ Weights load_weights(const fs::path& path, std::span<const ParamTensor> expected
                 out.params.begin() + static_cast<std::ptrdiff_t>(e.offset));
   }
   for (const ParamTensor& t : in.tensors)
-    if (std::none_of(expected.begin(), expected.end(),
+    if (!t.name.starts_with("normalize.") &&  // an MLP export's standardisation: not weights
+        std::none_of(expected.begin(), expected.end(),
                      [&](const ParamTensor& e) { return e.name == t.name; }))
       fail(fmt::format("tensor '{}' (shape {}): not in the config's model", t.name, shape_text(t)));
   out.metadata = in.metadata;

@@ -13,6 +13,7 @@
 #include <stdexcept>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "lockstep/model.hpp"
 
@@ -54,6 +55,11 @@ Model::Model(std::vector<std::unique_ptr<Layer>> layers, std::vector<std::string
     offsets_[i] = param_count_;
     param_count_ += layers_[i]->param_count();
   }
+}
+
+std::string to_string(const MlpSpec& spec) {
+  return fmt::format("mlp inputs={} hidden={} classes={} activation={}", spec.inputs,
+                     fmt::join(spec.hidden, ","), spec.classes, to_string(spec.activation));
 }
 
 // Linear(inputs, h1), act, Linear(h1, h2), act, ..., Linear(h_last, classes).

@@ -138,16 +138,29 @@ GptSpec gpt_spec(const Config& config, const Dataset& train) {
   return spec;
 }
 
-Model make_model(const Config& config, const Dataset& train) {
-  if (config.model.type == "gpt") return Model::gpt(gpt_spec(config, train));
+namespace {
+
+MlpSpec mlp_spec(const Config& config, const Dataset& train) {
   if (train.targets() != 1)
     throw InputError(fmt::format("{}: model.type mlp classifies samples, but the data has {} "
                                  "targets per sample (token windows need model.type gpt)",
                                  config.source, train.targets()));
-  return Model::mlp({.inputs = train.features(),
-                     .hidden = config.model.hidden,
-                     .classes = train.classes(),
-                     .activation = config.model.activation});
+  return {.inputs = train.features(),
+          .hidden = config.model.hidden,
+          .classes = train.classes(),
+          .activation = config.model.activation};
+}
+
+}  // namespace
+
+Model make_model(const Config& config, const Dataset& train) {
+  if (config.model.type == "gpt") return Model::gpt(gpt_spec(config, train));
+  return Model::mlp(mlp_spec(config, train));
+}
+
+std::string describe_model(const Config& config, const Dataset& train) {
+  return config.model.type == "gpt" ? to_string(gpt_spec(config, train))
+                                    : to_string(mlp_spec(config, train));
 }
 
 EvalMetrics evaluate(const Config& config, const Model& model, std::span<const float> params,

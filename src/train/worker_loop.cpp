@@ -468,11 +468,13 @@ void WorkerLoop::save_checkpoint() {
   Checkpoint ckpt;
   ckpt.tensors = run_.model.param_tensors();
   ckpt.params = res_.replica->parameters();
-  // What `lockstep sample` needs to rebuild the model and read a prompt.
-  if (cfg.model.type == "gpt") {
-    ckpt.metadata["lockstep.model"] = to_string(gpt_spec(cfg, *run_.train));
+  // What it takes to rebuild the model and prepare its inputs: `lockstep sample` and `eval`,
+  // an export's reader.
+  ckpt.metadata["lockstep.model"] = describe_model(cfg, *run_.train);
+  if (cfg.model.type == "gpt")
     ckpt.metadata["lockstep.tokenizer"] = cfg.data.dataset == DatasetKind::text ? "bytes" : "ids";
-  }
+  if (!run_.train->feature_mean().empty())
+    record_standardization(ckpt.metadata, run_.train->feature_mean(), run_.train->feature_std());
   const std::int64_t samples_before = run_.resume ? run_.resume->state.samples : 0;
   ckpt.state = {.step = pos_.step,
                 .epoch = pos_.epoch,

@@ -1,0 +1,57 @@
+#!/usr/bin/env python3
+"""The Hugging Face side of the GPT-2 round trip (tests/interop/test_interop.cpp); run with the
+virtual environment of tests/interop/hf_venv.sh (transformers, and Debian's torch).
+
+    hf_gpt2.py logits DIR TOKENS.i32 LOGITS.f32
+        loads DIR (`lockstep export --format hf`) with GPT2LMHeadModel.from_pretrained and
+        compares its logits on the tokens (one sequence) with lockstep's: relative error
+        <= 1e-4 (fp32), exit 0, else 1.
+    hf_gpt2.py random DIR TEXT CONTEXT
+        saves a randomly initialised GPT-2 (vocabulary 256, context CONTEXT, 1 layer, 2 heads,
+        width 32) to DIR with save_pretrained, and prints its mean next-token loss over the
+        windows of TEXT's bytes (CONTEXT + 1 tokens at stride CONTEXT), as lockstep reads text.
+"""
+
+import sys
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+import transformers
+
+
+def logits(directory, tokens_file, logits_file):
+    model = transformers.GPT2LMHeadModel.from_pretrained(directory).eval()
+    tokens = torch.from_numpy(np.fromfile(tokens_file, dtype=np.int32).astype(np.int64))[None]
+    with torch.no_grad():
+        theirs = model(tokens).logits[0]
+    ours = torch.from_numpy(np.fromfile(logits_file, dtype=np.float32)).reshape(theirs.shape)
+    err = float((ours - theirs).norm() / theirs.norm())
+    print(f"logits relative error {err:.2e} (tolerance 1e-4)")
+    return 0 if err <= 1e-4 else 1
+
+
+def random_model(directory, text_file, context):
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=256, n_positions=context, n_embd=32, n_layer=1,
+                                     n_head=2, activation_function="gelu_new")
+    model = transformers.GPT2LMHeadModel(config).eval()
+    model.save_pretrained(directory, safe_serialization=True)
+    data = np.frombuffer(open(text_file, "rb").read(), dtype=np.uint8).astype(np.int64)
+    n = (len(data) - 1) // context
+    windows = torch.stack([torch.from_numpy(data[i * context:i * context + context + 1]) for i in range(n)])
+    with torch.no_grad():
+        out = model(windows[:, :-1]).logits
+        loss = F.cross_entropy(out.reshape(-1, 256), windows[:, 1:].reshape(-1))
+    print(f"loss {loss.item():.9g}")
+    return 0
+
+
+def main():
+    if sys.argv[1] == "logits":
+        return logits(*sys.argv[2:5])
+    return random_model(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

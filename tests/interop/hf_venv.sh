@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Makes (once) and names the Python that the Hugging Face interop test uses: a virtual
+# environment in the build tree that sees Debian's torch (--system-site-packages) and has
+# transformers from PyPI, pinned. Prints the interpreter's path; exits non-zero when it cannot
+# be made (no network, no python3-venv), which the test reports as a skip.
+#   tests/interop/hf_venv.sh BUILD_DIR
+set -euo pipefail
+readonly TRANSFORMERS=transformers==4.40.2
+venv="$1/python-hf"
+# CTest runs cases in parallel: one makes the environment, the others wait for it.
+exec 9>"$venv.lock"
+flock 9
+if [[ ! -x "$venv/bin/python" ]] || ! "$venv/bin/python" -c 'import transformers' 2>/dev/null; then
+  rm -rf "$venv"
+  /usr/bin/python3 -m venv --system-site-packages "$venv" >&2
+  "$venv/bin/python" -m pip install --disable-pip-version-check --quiet "$TRANSFORMERS" >&2
+fi
+"$venv/bin/python" -c 'import torch, transformers' >&2
+echo "$venv/bin/python"

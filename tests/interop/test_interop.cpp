@@ -1,0 +1,153 @@
+// Exports read by PyTorch and Hugging Face transformers, and Hugging Face weights read back:
+//   - an MLP export, loaded into torch.nn.Sequential as the README says and fed raw samples with
+//     the stored standardisation, predicts exactly what `lockstep eval` counts as correct;
+//   - `lockstep export --format hf` loads in transformers.GPT2LMHeadModel with lockstep's
+//     logits (1e-4 relative), and `--init-from` a GPT-2 that transformers saved starts at the
+//     loss transformers computes on the same windows (1e-5 relative).
+// The first needs Debian's torch (/usr/bin/python3); the others the virtual environment that
+// tests/interop/hf_venv.sh makes in the build tree (transformers from PyPI). Each skips, saying
+// why, when its Python is not there.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "../cli/cli_runner.hpp"
+#include "../data/temp_files.hpp"
+#include "../skip.hpp"
+#include "lockstep/lockstep.hpp"
+
+namespace fs = std::filesystem;
+using lockstep::test::run_cli;
+using lockstep::test::run_command;
+
+namespace {
+
+const std::string kSource = LOCKSTEP_SOURCE_DIR;
+const std::string kQuickstart = kSource + "/configs/quickstart.yaml";
+const std::string kGptTiny = kSource + "/configs/gpt_tiny.yaml";
+
+template <class T>
+void write_raw(const fs::path& file, const std::vector<T>& v) {
+  std::ofstream out(file, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(T)));
+  REQUIRE(out.good());
+}
+
+// The number after `key` in `text`.
+double number_after(const std::string& text, const std::string& key) {
+  const std::size_t at = text.find(key);
+  REQUIRE_MESSAGE(at != std::string::npos, key << " not in: " << text);
+  return std::stod(text.substr(at + key.size()));
+}
+
+// The transformers environment, made on first use; empty (and the case skipped) without one.
+std::string hf_python() {
+  const auto r = run_command("bash \"" + kSource + "/tests/interop/hf_venv.sh\" \"" LOCKSTEP_BINARY_DIR "\"");
+  if (r.code != 0) {
+    lockstep::test::skip("cannot make the transformers==4.40.2 environment (PyPI, python3-venv): " +
+                         r.output);
+    return {};
+  }
+  return r.output.substr(r.output.rfind('\n', r.output.size() - 2) + 1,
+                         r.output.size() - 1 - (r.output.rfind('\n', r.output.size() - 2) + 1));
+}
+
+}  // namespace
+
+TEST_CASE("interop: an MLP export in torch.nn.Sequential predicts what lockstep eval counts") {
+  if (run_command("/usr/bin/python3 -c 'import torch, numpy'").code != 0)
+    return lockstep::test::skip("/usr/bin/python3 cannot import torch and numpy (Debian: python3-torch)");
+  const lockstep::test::TempDir dir;
+  const std::string ckpt = (dir.path() / "ckpt").string(), out = (dir.path() / "m.safetensors").string();
+  REQUIRE(run_cli("train \"" + kQuickstart + "\" --set trainer.steps=100 --set trainer.checkpoint.dir=" + ckpt).code == 0);
+  REQUIRE(run_cli("export " + ckpt + " --out " + out).code == 0);
+
+  // The eval split's raw samples, before any standardisation.
+  const lockstep::Config cfg = lockstep::load_config(kQuickstart, std::vector<std::string>{"data.normalize=false"});
+  const lockstep::DataSplit raw = lockstep::load_dataset(cfg);
+  const lockstep::Dataset& eval = *raw.eval;
+  std::vector<float> x(eval.size() * static_cast<std::size_t>(eval.features()));
+  std::vector<std::int32_t> y(eval.size());
+  for (std::size_t i = 0; i < eval.size(); ++i) eval.get(i, x.data() + i * eval.features(), &y[i]);
+  write_raw(dir.path() / "x.f32", x);
+  write_raw(dir.path() / "y.i32", y);
+
+  const auto ours = run_cli("eval \"" + kQuickstart + "\" --checkpoint " + ckpt);
+  REQUIRE_MESSAGE(ours.code == 0, ours.output);
+  const long correct = std::lround(number_after(ours.output, "accuracy ") * static_cast<double>(eval.size()));
+  const auto torch = run_command("/usr/bin/python3 \"" + kSource + "/tests/interop/mlp_export.py\" " + out +
+                                 " " + (dir.path() / "x.f32").string() + " " + (dir.path() / "y.i32").string());
+  REQUIRE_MESSAGE(torch.code == 0, torch.output);
+  CHECK(torch.output == "correct " + std::to_string(correct) + " of " + std::to_string(eval.size()) + "\n");
+}
+
+TEST_CASE("interop: export --format hf loads in transformers with lockstep's logits") {
+  const std::string python = hf_python();
+  if (python.empty()) return;
+  const lockstep::test::TempDir dir;
+  const std::string ckpt = (dir.path() / "ckpt").string(), hf = (dir.path() / "hf").string();
+  const auto train = run_cli("train \"" + kGptTiny + "\" --set model.context=16 --set model.n_layer=2 "
+                             "--set model.d_model=32 --set trainer.steps=5 --set trainer.eval_every=0 "
+                             "--set trainer.checkpoint.dir=" + ckpt);
+  REQUIRE_MESSAGE(train.code == 0, train.output);
+  const auto exported = run_cli("export " + ckpt + " --format hf --out " + hf);
+  REQUIRE_MESSAGE(exported.code == 0, exported.output);
+
+  // lockstep's logits for one window of 16 tokens, on the CPU.
+  const lockstep::Checkpoint c = lockstep::CheckpointManager::load(ckpt);
+  const lockstep::GptSpec spec = lockstep::parse_gpt_spec(c.metadata.at("lockstep.model"));
+  const lockstep::Model model = lockstep::Model::gpt(spec);
+  const std::unique_ptr<lockstep::Device> dev = lockstep::make_cpu_device(0, 1);
+  lockstep::Replica replica(*dev, model, 1);
+  replica.load_parameters(c.params);
+  std::vector<std::int32_t> tokens;
+  std::vector<float> as_floats;
+  for (int t = 0; t < spec.context; ++t) {
+    tokens.push_back((t * 41 + 7) % spec.vocab_size);
+    as_floats.push_back(static_cast<float>(tokens.back()));
+  }
+  lockstep::DeviceArray<float> x(*dev, as_floats.size());
+  x.upload(as_floats);
+  std::vector<float> logits(static_cast<std::size_t>(spec.context) * spec.vocab_size);
+  dev->copy_to_host(logits.data(), replica.forward(x.data(), 1), logits.size() * sizeof(float));
+  write_raw(dir.path() / "tokens.i32", tokens);
+  write_raw(dir.path() / "logits.f32", logits);
+
+  const auto r = run_command(python + " \"" + kSource + "/tests/interop/hf_gpt2.py\" logits " + hf + " " +
+                             (dir.path() / "tokens.i32").string() + " " + (dir.path() / "logits.f32").string());
+  MESSAGE(r.output);
+  CHECK_MESSAGE(r.code == 0, r.output);
+}
+
+TEST_CASE("interop: --init-from a transformers GPT-2 starts at transformers' loss") {
+  const std::string python = hf_python();
+  if (python.empty()) return;
+  const lockstep::test::TempDir dir;
+  // 8 windows of 16 bytes: one global batch (1 worker x 8), the same windows transformers sees.
+  std::string text;
+  for (int i = 0; i < 8 * 16 + 1; ++i) text += static_cast<char>(32 + (i * 37 + i / 5) % 95);
+  const std::string file = dir.write("t.txt", text).string(), hf = (dir.path() / "hf").string();
+  const auto made = run_command(python + " \"" + kSource + "/tests/interop/hf_gpt2.py\" random " + hf + " " + file + " 16");
+  REQUIRE_MESSAGE(made.code == 0, made.output);
+  const double theirs = number_after(made.output, "loss ");
+
+  const std::string summary = (dir.path() / "s.json").string();
+  const auto tune = run_cli("train \"" + kGptTiny + "\" --set model.context=16 --set model.n_layer=1 "
+                            "--set model.n_head=2 --set model.d_model=32 --set trainer.devices=1 "
+                            "--set data.batch_size=8 --set data.path=" + file + " --set data.eval_path=" + file +
+                            " --set trainer.steps=1 --set trainer.log_every=1 --set trainer.eval_every=0 "
+                            "--init-from " + hf + " --summary-json " + summary);
+  REQUIRE_MESSAGE(tune.code == 0, tune.output);
+  const double ours = lockstep::test::json_number(lockstep::test::read_text(summary), "final_train_loss");
+  CHECK(ours == doctest::Approx(theirs).epsilon(1e-5));
+
+  // The config's gpt keys must be config.json's.
+  const auto other = run_cli("train \"" + kGptTiny + "\" --set model.context=16 --set model.n_layer=1 "
+                             "--set model.n_head=4 --set model.d_model=32 --set trainer.steps=1 "
+                             "--init-from " + hf);
+  CHECK(other.code == 2);
+  CHECK(other.output.find("the file's model has n_head 2, the config's model.n_head is 4") != std::string::npos);
+}
