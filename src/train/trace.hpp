@@ -7,6 +7,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -38,14 +39,17 @@ class Trace {
   std::vector<std::vector<TraceEvent>> tracks_;
 };
 
-// Records [construction, destruction) on a track; does nothing when the track is null.
+// Records [construction, destruction) on a track, with the optimiser step it belongs to
+// (`step` >= 0) as its argument; does nothing when the track is null.
 class TraceSpan {
  public:
-  TraceSpan(std::vector<TraceEvent>* track, std::string name)
-      : track_(track), name_(track ? std::move(name) : std::string()),
+  TraceSpan(std::vector<TraceEvent>* track, std::string name, std::int64_t step = -1)
+      : track_(track), name_(track ? std::move(name) : std::string()), step_(step),
         begin_s_(track ? steady_now_s() : 0.0) {}
   ~TraceSpan() {
-    if (track_) track_->push_back({std::move(name_), begin_s_, steady_now_s(), {}});
+    if (track_)
+      track_->push_back({std::move(name_), begin_s_, steady_now_s(),
+                         step_ >= 0 ? "\"step\": " + std::to_string(step_) : std::string()});
   }
   TraceSpan(const TraceSpan&) = delete;
   TraceSpan& operator=(const TraceSpan&) = delete;
@@ -53,6 +57,7 @@ class TraceSpan {
  private:
   std::vector<TraceEvent>* track_;
   std::string name_;
+  std::int64_t step_;
   double begin_s_;
 };
 

@@ -207,7 +207,7 @@ void WorkerLoop::run_micro_batch(int micro, StepTotals& mine) {
   run_.fault.before_forward(global_, pos_.step, comm_);
   const float* logits;
   {
-    TraceSpan span(track_, "forward");
+    TraceSpan span(track_, "forward", pos_.step);
     logits = replica.forward(in.x->data<float>(), b.size);
   }
   // Each worker averages over its own k micro-batches; the all-reduce then averages over
@@ -224,7 +224,7 @@ void WorkerLoop::run_micro_batch(int micro, StepTotals& mine) {
   const bool last_micro = micro == k - 1;
   backward_.inject_nan = last_micro && run_.fault.at(global_, pos_.step, Fault::Kind::nan);
   backward_.layer_start_s = steady_now_s();
-  TraceSpan span(track_, "backward");
+  TraceSpan span(track_, "backward", pos_.step);
   replica.backward(in.x->data<float>(), res_.dlogits.data(), b.size,
                    last_micro ? std::function<void(std::size_t)>(
                                     [this](std::size_t layer) { grads_ready(layer); })
@@ -270,7 +270,7 @@ WorkerLoop::UpdateResult WorkerLoop::reduce_and_update(const StepTotals& totals)
     on_nonfinite(r.loss, r.grad_norm);
   } else if (!updates_per_bucket()) {
     skips_in_row_ = 0;
-    TraceSpan span(track_, "optimizer");
+    TraceSpan span(track_, "optimizer", pos_.step);
     const std::size_t params = replica.param_count();
     if (cfg.optimizer.clip_grad_norm > 0.0 && r.grad_norm > cfg.optimizer.clip_grad_norm)
       res_.device->scale(replica.grads(),
@@ -294,7 +294,7 @@ bool WorkerLoop::updates_per_bucket() const {
 // Waits for every bucket's all-reduce, updating each as it lands when updates_per_bucket().
 // Returns the squared norm of the averaged gradient.
 double WorkerLoop::wait_and_update(double lr) {
-  TraceSpan span(track_, "optimizer");
+  TraceSpan span(track_, "optimizer", pos_.step);
   Replica& replica = *res_.replica;
   const auto& buckets = res_.reducer->buckets();
   const bool per_bucket = updates_per_bucket();
@@ -409,15 +409,15 @@ void WorkerLoop::end_of_step(bool stop_now) {
   const TrainerConfig& tc = run_.cfg.trainer;
   const std::int64_t step = pos_.step;
   if (tc.eval_every > 0 && step % tc.eval_every == 0 && step != run_.total_steps && !stop_now) {
-    TraceSpan span(track_, "eval");
+    TraceSpan span(track_, "eval", pos_.step);
     evaluate();
   }
   if (tc.check_replicas_every > 0 && step % tc.check_replicas_every == 0) {
-    TraceSpan span(track_, "replica check");
+    TraceSpan span(track_, "replica check", pos_.step);
     check_replicas();
   }
   {
-    TraceSpan span(track_, "barrier");
+    TraceSpan span(track_, "barrier", pos_.step);
     const double t0 = steady_now_s();
     comm_.barrier();
     times_.barrier_wait_s += steady_now_s() - t0;
@@ -427,7 +427,7 @@ void WorkerLoop::end_of_step(bool stop_now) {
                     (stop_now || step == run_.total_steps ||
                      (tc.checkpoint.every_steps > 0 && step % tc.checkpoint.every_steps == 0));
   if (global_ == 0 && save) {
-    TraceSpan span(track_, "checkpoint");
+    TraceSpan span(track_, "checkpoint", pos_.step);
     save_checkpoint();
   }
 }
@@ -493,8 +493,15 @@ void WorkerLoop::save_checkpoint() {
 // ---- Finish -------------------------------------------------------------------------------------
 
 void WorkerLoop::finish() {
-  const EvalMetrics final_eval = evaluate();
-  check_replicas();
+  EvalMetrics final_eval;
+  {
+    TraceSpan span(track_, "eval", pos_.step);
+    final_eval = evaluate();
+  }
+  {
+    TraceSpan span(track_, "replica check", pos_.step);
+    check_replicas();
+  }
   // Where the time went: every worker fills its own row.
   const TimeRow mine{.loop_s = steady_now_s() - times_.loop_start_s,
                      .comm_exposed_s = res_.reducer->exposed_seconds(),

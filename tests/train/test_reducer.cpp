@@ -134,6 +134,7 @@ TEST_CASE("the trace is valid JSON with a track per worker and per communication
     if (key == "traceEvents") events = &value;
   REQUIRE(events != nullptr);
   std::set<std::string> names, threads;
+  std::multiset<std::string> eval_steps;  // of every worker's eval spans
   for (const detail::JsonValue& e : events->items) {
     std::string name, ph;
     for (const auto& [key, value] : e.members) {
@@ -141,9 +142,14 @@ TEST_CASE("the trace is valid JSON with a track per worker and per communication
       if (key == "ph") ph = value.text;
       if (key == "args" && name == "thread_name")
         for (const auto& [k2, v2] : value.members) threads.insert(v2.text);
+      if (key == "args" && name == "eval")
+        for (const auto& [k2, v2] : value.members)
+          if (k2 == "step") eval_steps.insert(v2.text);
     }
     if (ph == "X") names.insert(name);
   }
+  // eval_every 5 of 10 steps: at step 5, and the final eval at 10, on both workers.
+  CHECK(eval_steps == std::multiset<std::string>{"10", "10", "5", "5"});
   CHECK(threads == std::set<std::string>{"worker 0", "worker 1", "comm 0", "comm 1"});
   for (const char* expected : {"forward", "backward", "backward layers.0", "backward layers.6",
                                "all-reduce bucket 0", "all-reduce bucket 3", "optimizer",
