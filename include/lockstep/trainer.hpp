@@ -82,7 +82,7 @@ struct LOCKSTEP_API Summary {
   double tokens_per_s = 0.0;
   double flops_per_token = 0.0;
   double mfu = 0.0;
-  double final_train_loss = 0.0;
+  double final_train_loss = 0.0;      // the mean over the last log window (StepMetrics)
   double final_train_accuracy = 0.0;
   double eval_loss = 0.0;       // NaN when there is no eval split
   double eval_accuracy = 0.0;
@@ -161,6 +161,8 @@ class LOCKSTEP_API Trainer {
 
   const Model& model() const noexcept;
   std::int64_t total_steps() const noexcept;
+  // The step resume_from() continues from; 0 for a fresh run.
+  std::int64_t resumed_step() const noexcept;
 
   // Continue from a checkpoint: its weights, optimiser state, step (and so the learning-rate
   // schedule) and sampler position. Throws InputError if it was written for another model or

@@ -244,13 +244,16 @@ class SignalScope {
 
 void warn(const std::string& message) { fmt::print(stderr, "lockstep: warning: {}\n", message); }
 
-// --summary-json FILE is written at the end of the run: say before training that it cannot be.
-void check_summary_dir(const TrainArgs& args) {
+// --summary-json FILE is written at the end of the run: make its directory now, as checkpoint
+// directories are made, and say before training when it cannot be.
+void make_summary_dir(const TrainArgs& args) {
   if (args.summary_json.empty()) return;
   const fs::path dir = fs::absolute(args.summary_json).parent_path();
+  std::error_code ec;
+  fs::create_directories(dir, ec);
   if (!fs::is_directory(dir))
-    throw InputError(fmt::format("--summary-json {}: directory '{}' does not exist",
-                                 args.summary_json, dir.string()));
+    throw InputError(fmt::format("--summary-json {}: cannot make directory '{}': {}",
+                                 args.summary_json, dir.string(), ec.message()));
 }
 
 // --resume [DIR|FILE]: loads the checkpoint into `trainer`, or warns that there is none.
@@ -292,6 +295,18 @@ void init_from(Trainer& trainer, const std::string& path, bool leader) {
     fmt::print("initialised from {} (weights only: step 0, a fresh optimiser and schedule)\n",
                weights.file.string());
   trainer.init_from(std::move(weights));
+}
+
+// A batch larger than a worker's shard repeats samples within every batch (the sampler pads
+// the shard by wrap-around): legal, but rarely meant.
+void warn_if_batch_exceeds_shard(const Config& cfg, const Dataset& train,
+                                 const std::shared_ptr<ProcessGroup>& processes) {
+  const std::size_t workers = cfg.trainer.devices.size() * (processes ? processes->size() : 1);
+  const std::size_t shard = (train.size() + workers - 1) / workers;
+  if (static_cast<std::size_t>(cfg.data.batch_size) > shard)
+    warn(fmt::format("data.batch_size {} is larger than each worker's shard of {} samples ({} "
+                     "training samples over {} workers): every batch repeats samples",
+                     cfg.data.batch_size, shard, train.size(), workers));
 }
 
 // The line that opens a run, printed by the leader.
@@ -343,7 +358,7 @@ int train(const std::vector<std::string_view>& argv,
   const TrainArgs args = parse_train_args(argv);
   const bool several = processes && processes->size() > 1;
   const bool leader = !processes || processes->rank() == 0;  // prints and writes
-  check_summary_dir(args);
+  if (leader) make_summary_dir(args);
   std::optional<SignalScope> signals;  // --scaling keeps the default handlers: Ctrl-C ends it
   if (args.scaling.empty()) signals.emplace();
   const Config cfg = load_config(args.config, args.overrides);
@@ -357,9 +372,18 @@ int train(const std::vector<std::string_view>& argv,
   Trainer trainer(cfg, data.train, data.eval, processes);
   if (args.resume) resume(trainer, cfg, args, leader);
   if (!args.init_from.empty()) init_from(trainer, args.init_from, leader);
+  if (trainer.resumed_step() >= trainer.total_steps()) {
+    if (leader)
+      fmt::print("nothing to do: the checkpoint is at step {} and the run has {} steps (raise "
+                 "trainer.steps to train on)\n", trainer.resumed_step(), trainer.total_steps());
+    return kExitOk;
+  }
   std::optional<RunReport> report;
   if (!cfg.trainer.report.empty() && leader) report.emplace(cfg.trainer.report);
-  if (leader) print_run_header(trainer, cfg, processes);
+  if (leader) {
+    print_run_header(trainer, cfg, processes);
+    warn_if_batch_exceeds_shard(cfg, *data.train, processes);
+  }
   std::fflush(stdout);
   const Summary summary = run_with_progress(trainer, *signals, report);
   if (leader) {
@@ -635,6 +659,11 @@ int run(int argc, char** argv, std::shared_ptr<ProcessGroup>& processes) {
   }
   if (command == "--version") {
     fmt::print("lockstep {}\n", kVersion);
+    return kExitOk;
+  }
+  // "lockstep train --help" and the like: the usage, not an error.
+  if (std::any_of(rest.begin(), rest.end(), [](std::string_view a) { return a == "-h" || a == "--help"; })) {
+    fmt::print("{}", kUsage);
     return kExitOk;
   }
   if (command == "train" || command == "devices") processes = make_mpi_processes();

@@ -49,8 +49,10 @@ void Progress::step(const StepMetrics& m) {
   line_open_ = true;
 }
 
+// Also on a terminal: the live line gives way to the log line, so the scrollback keeps every
+// logged step, and is drawn again at the next step.
 void Progress::log(const StepMetrics& m) {
-  if (live_) return;  // the live line already shows it
+  clear_line();
   fmt::print(out_,
              "step {}/{} epoch {} loss {:.4f} acc {:.4f} lr {:.4g} grad_norm {:.4g} {}\n",
              m.step, m.total_steps, m.epoch, m.loss, m.accuracy, m.lr, m.grad_norm,
@@ -101,8 +103,8 @@ void print_summary(std::FILE* out, const Summary& s) {
       fmt::print(out, "  mfu                 unknown: no peak FLOP/s for this device ({:.3g} GFLOP "
                       "per token)\n", s.flops_per_token / 1e9);
   }
-  fmt::print(out, "  final train loss    {:.4f} (accuracy {:.4f})\n", s.final_train_loss,
-             s.final_train_accuracy);
+  fmt::print(out, "  train loss          {:.4f} (accuracy {:.4f}), over the last log window\n",
+             s.final_train_loss, s.final_train_accuracy);
   if (std::isfinite(s.eval_loss)) {
     fmt::print(out, "  eval loss           {:.4f}\n", s.eval_loss);
     fmt::print(out, "  eval accuracy       {:.4f}\n", s.eval_accuracy);

@@ -11,7 +11,8 @@ namespace lockstep::cli {
 
 class Progress {
  public:
-  // Writes to `out`; live mode redraws one line with '\r' and is throttled to ~10 updates/s.
+  // Writes to `out`; live mode redraws one line with '\r' and is throttled to ~10 updates/s,
+  // between the log lines, which both modes print.
   Progress(std::FILE* out, bool live);
   void step(const StepMetrics& m);      // every step
   void log(const StepMetrics& m);       // every log_every steps

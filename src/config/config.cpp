@@ -936,6 +936,11 @@ void check_config(const Config& c, const Origins& origins) {
   if (t.steps != 0 && t.epochs != 0)
     fail_at("trainer.steps", fmt::format("conflicts with {}; set only one (null unsets a key)",
                                          other("trainer.epochs", t.epochs)));
+  if (c.optimizer.type == OptimizerKind::adamw && c.optimizer.momentum != 0.0)
+    fail_at("optimizer.momentum", "not a key of adamw (it is sgd's; adamw's first-moment decay is "
+                                  "optimizer.beta1)");
+  if (c.optimizer.type == OptimizerKind::adamw && c.optimizer.nesterov)
+    fail_at("optimizer.nesterov", "not a key of adamw (it is sgd's)");
   if (c.optimizer.nesterov && !(c.optimizer.momentum > 0))
     fail_at("optimizer.nesterov", "requires optimizer.momentum > 0");
   const ModelConfig& m = c.model;

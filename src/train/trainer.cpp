@@ -204,6 +204,9 @@ void Trainer::on_checkpoint(
 void Trainer::set_hooks(TrainerHooks hooks) { impl_->callbacks.hooks = std::move(hooks); }
 const Model& Trainer::model() const noexcept { return impl_->model; }
 std::int64_t Trainer::total_steps() const noexcept { return impl_->total_steps; }
+std::int64_t Trainer::resumed_step() const noexcept {
+  return impl_->resume ? impl_->resume->state.step : 0;
+}
 const std::vector<float>& Trainer::final_parameters() const noexcept { return impl_->final_params; }
 
 // Note [Processes]: what differs between processes would make their collectives disagree (a

@@ -1,0 +1,97 @@
+// What a new user met on a first run (issue 14's smaller points), each once: --help on a
+// command, the train loss's label, resuming a finished run, output directories, a batch larger
+// than a shard, sgd's keys under adamw, and the log lines on a terminal.
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include "../data/temp_files.hpp"
+#include "../skip.hpp"
+#include "cli_runner.hpp"
+
+namespace {
+
+using lockstep::test::run_cli;
+using lockstep::test::run_command;
+
+const std::string kQuickstart = "\"" + std::string(LOCKSTEP_SOURCE_DIR) + "/configs/quickstart.yaml\"";
+
+std::size_t count(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (std::size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("cli: --help on a command prints the usage and exits 0") {
+  for (const char* command : {"train --help", "train configs/x.yaml -h", "eval --help", "export --help",
+                              "sample --help"}) {
+    CAPTURE(command);
+    const auto r = run_cli(command);
+    CHECK(r.code == 0);
+    CHECK(r.output.rfind("usage: lockstep", 0) == 0);
+  }
+}
+
+TEST_CASE("cli: the summary's train loss says it is the last log window's; a finished run has "
+          "nothing to resume") {
+  const lockstep::test::TempDir dir;
+  const std::string ckpt = " --set trainer.checkpoint.dir=" + (dir.path() / "c").string();
+  const auto r = run_cli("train " + kQuickstart + " --set trainer.steps=20" + ckpt);
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK(r.output.find("  train loss          ") != std::string::npos);
+  CHECK(r.output.find(", over the last log window\n") != std::string::npos);
+
+  const auto again = run_cli("train " + kQuickstart + " --set trainer.steps=20 --resume" + ckpt);
+  CHECK(again.code == 0);
+  CHECK(again.output.find("nothing to do: the checkpoint is at step 20 and the run has 20 steps") !=
+        std::string::npos);
+  CHECK(again.output.find("summary") == std::string::npos);  // no summary of zeros
+}
+
+TEST_CASE("cli: output directories: --summary-json makes its own, export --out names a missing one") {
+  const lockstep::test::TempDir dir;
+  const std::string summary = (dir.path() / "new" / "deeper" / "s.json").string();
+  const auto r = run_cli("train " + kQuickstart + " --set trainer.steps=2 --summary-json " + summary +
+                         " --set trainer.checkpoint.dir=" + (dir.path() / "c").string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK(lockstep::test::read_text(summary).find("\"steps\": 2") != std::string::npos);
+
+  const std::string missing = (dir.path() / "absent").string();
+  const auto ex = run_cli("export " + (dir.path() / "c").string() + " --out " + missing + "/m.safetensors");
+  CHECK(ex.code == 2);
+  CHECK(ex.output.find("directory '" + missing + "' does not exist") != std::string::npos);
+  CHECK(ex.output.find(".tmp") == std::string::npos);
+}
+
+TEST_CASE("cli: a batch larger than a worker's shard warns once") {
+  // 1438 training samples over 2 workers: shards of 719.
+  const auto big = run_cli("train " + kQuickstart + " --set trainer.steps=3 --set data.batch_size=720");
+  REQUIRE_MESSAGE(big.code == 0, big.output);
+  CHECK(count(big.output, "warning: data.batch_size 720 is larger than each worker's shard of 719 "
+                          "samples") == 1);
+  const auto fits = run_cli("train " + kQuickstart + " --set trainer.steps=3 --set data.batch_size=719");
+  CHECK(fits.output.find("warning") == std::string::npos);
+}
+
+TEST_CASE("cli: sgd's momentum and nesterov under adamw are refused") {
+  const auto r = run_cli("train " + kQuickstart + " --set optimizer.type=adamw");  // momentum: 0.9
+  CHECK(r.code == 2);
+  CHECK(r.output.find("quickstart.yaml:20:3: optimizer.momentum: not a key of adamw") != std::string::npos);
+  const auto n = run_cli("train " + kQuickstart + " --set optimizer.type=adamw --set optimizer.momentum=0 "
+                         "--set optimizer.nesterov=true");
+  CHECK(n.code == 2);
+  CHECK(n.output.find("optimizer.nesterov: not a key of adamw") != std::string::npos);
+}
+
+TEST_CASE("cli: on a terminal the log lines stay in the scrollback between live lines") {
+  if (run_command("command -v script").code != 0)
+    return lockstep::test::skip("no `script` (util-linux) to run the command on a terminal");
+  const auto r = run_command("script -qec '" + std::string(LOCKSTEP_CLI_PATH) + " train " + kQuickstart +
+                             " --set trainer.steps=100' /dev/null");
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK(r.output.find("| ETA ") != std::string::npos);  // the live line
+  CHECK(r.output.find("\033[2Kstep 50/100 epoch 2 loss ") != std::string::npos);
+  CHECK(r.output.find("\033[2Kstep 100/100 epoch 4 loss ") != std::string::npos);
+}
