@@ -111,6 +111,9 @@ struct LOCKSTEP_API Summary {
   std::string to_json() const;
 };
 
+// "cpu (4 workers: 2 processes x devices 0,1)": the backend and every worker of the job.
+LOCKSTEP_API std::string describe_backend(const Summary& s);
+
 // Test hooks: called on each worker's thread with its global rank. A throw here behaves like a
 // failure in that worker (fault injection). The environment variable LOCKSTEP_FAULT=RANK:STEP:KIND
 // injects one fault without code, in the worker of global RANK (process RANK / devices, under

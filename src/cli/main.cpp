@@ -27,7 +27,6 @@
 #include <fmt/ranges.h>
 
 #include "cli/progress.hpp"
-#include "cli/report.hpp"
 #include "lockstep/lockstep.hpp"
 
 namespace fs = std::filesystem;
@@ -244,16 +243,22 @@ class SignalScope {
 
 void warn(const std::string& message) { fmt::print(stderr, "lockstep: warning: {}\n", message); }
 
-// --summary-json FILE is written at the end of the run: make its directory now, as checkpoint
-// directories are made, and say before training when it cannot be.
-void make_summary_dir(const TrainArgs& args) {
-  if (args.summary_json.empty()) return;
-  const fs::path dir = fs::absolute(args.summary_json).parent_path();
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (!fs::is_directory(dir))
-    throw InputError(fmt::format("--summary-json {}: cannot make directory '{}': {}",
-                                 args.summary_json, dir.string(), ec.message()));
+// The output files' directories (--summary-json, trainer.report, trainer.metrics,
+// trainer.trace) are made now, as checkpoint directories are: one that cannot be is bad input
+// before training rather than a failure at its end.
+void make_output_dirs(const TrainArgs& args, const TrainerConfig& tc) {
+  const std::pair<std::string_view, const std::string*> outputs[] = {
+      {"--summary-json", &args.summary_json}, {"trainer.report", &tc.report},
+      {"trainer.metrics", &tc.metrics}, {"trainer.trace", &tc.trace}};
+  for (const auto& [name, file] : outputs) {
+    if (file->empty()) continue;
+    const fs::path dir = fs::absolute(*file).parent_path();
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (!fs::is_directory(dir))
+      throw InputError(fmt::format("{}: {}: cannot make directory '{}': {}", name, *file,
+                                   dir.string(), ec ? ec.message() : "not a directory"));
+  }
 }
 
 // --resume [DIR|FILE]: loads the checkpoint into `trainer`, or warns that there is none.
@@ -324,19 +329,16 @@ void print_run_header(const Trainer& trainer, const Config& cfg,
                cfg.data.batch_size);
 }
 
-// Runs `trainer` with its metrics shown as progress (and recorded in the report, if any).
-Summary run_with_progress(Trainer& trainer, SignalScope& signals,
-                          std::optional<RunReport>& report) {
+// Runs `trainer` with its metrics shown as progress.
+Summary run_with_progress(Trainer& trainer, SignalScope& signals) {
   const bool live = isatty(STDERR_FILENO) != 0;
   Progress progress(live ? stderr : stdout, live);
   trainer.on_progress([&](const StepMetrics& m) {
     progress.step(m);
-    if (report) report->step(m);
   });
   trainer.on_step([&](const StepMetrics& m) { progress.log(m); });
   trainer.on_eval([&](const EvalMetrics& m) {
     progress.eval(m);
-    if (report) report->eval(m);
   });
   trainer.on_checkpoint([&](std::int64_t step, const std::string& weights_file) {
     progress.checkpoint(step, weights_file);
@@ -358,10 +360,11 @@ int train(const std::vector<std::string_view>& argv,
   const TrainArgs args = parse_train_args(argv);
   const bool several = processes && processes->size() > 1;
   const bool leader = !processes || processes->rank() == 0;  // prints and writes
-  if (leader) make_summary_dir(args);
+
   std::optional<SignalScope> signals;  // --scaling keeps the default handlers: Ctrl-C ends it
   if (args.scaling.empty()) signals.emplace();
   const Config cfg = load_config(args.config, args.overrides);
+  if (leader) make_output_dirs(args, cfg.trainer);
   const DataSplit data = load_dataset(cfg);  // paths already resolved: Note [Config paths]
 
   if (!args.scaling.empty()) {
@@ -378,18 +381,15 @@ int train(const std::vector<std::string_view>& argv,
                  "trainer.steps to train on)\n", trainer.resumed_step(), trainer.total_steps());
     return kExitOk;
   }
-  std::optional<RunReport> report;
-  if (!cfg.trainer.report.empty() && leader) report.emplace(cfg.trainer.report);
   if (leader) {
     print_run_header(trainer, cfg, processes);
     warn_if_batch_exceeds_shard(cfg, *data.train, processes);
   }
   std::fflush(stdout);
-  const Summary summary = run_with_progress(trainer, *signals, report);
+  const Summary summary = run_with_progress(trainer, *signals);
   if (leader) {
     print_summary(stdout, summary);
     if (!args.summary_json.empty()) write_file_atomically(args.summary_json, summary.to_json());
-    if (report) report->write(cfg, summary);
   }
   if (const int sig = g_signal.load(); sig != 0 && leader) {
     fmt::print(stderr, "lockstep: stopped by signal {} after step {}{}\n", sig, summary.steps,

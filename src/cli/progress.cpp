@@ -1,10 +1,13 @@
 #include "cli/progress.hpp"
 
 #include <cmath>
+#include <span>
 #include <string>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+
+#include "io/durable_file.hpp"
 
 namespace lockstep::cli {
 namespace {
@@ -80,11 +83,9 @@ void Progress::finish() {
   }
 }
 
-std::string describe_backend(const Summary& s) {
-  const std::size_t workers = s.devices.size() * static_cast<std::size_t>(s.processes);
-  return fmt::format("{} ({} worker{}: {}devices {})", s.backend, workers, workers == 1 ? "" : "s",
-                     s.processes > 1 ? fmt::format("{} processes x ", s.processes) : std::string(),
-                     fmt::join(s.devices, ","));
+void write_file_atomically(const std::filesystem::path& path, const std::string& text) {
+  const std::span<const std::byte> bytes = std::as_bytes(std::span(text.data(), text.size()));
+  detail::write_file_atomically(path, std::span(&bytes, 1));
 }
 
 void print_summary(std::FILE* out, const Summary& s) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdio>
+#include <filesystem>
 #include <string>
 
 #include "lockstep/trainer.hpp"
@@ -29,7 +30,9 @@ class Progress {
 };
 
 void print_summary(std::FILE* out, const Summary& s);
-// "cpu (4 workers: 2 processes x devices 0,1)": the backend and every worker of the job.
-std::string describe_backend(const Summary& s);
+
+// `text` to `path` so that a reader (or a crash) never sees half a file: the library's durable
+// write (temp file, fsync, rename, directory fsync).
+void write_file_atomically(const std::filesystem::path& path, const std::string& text);
 
 }  // namespace lockstep::cli

@@ -27,6 +27,13 @@ std::string worker_times_json(const std::vector<WorkerTimes>& rows) {
 
 }  // namespace
 
+std::string describe_backend(const Summary& s) {
+  const std::size_t workers = s.devices.size() * static_cast<std::size_t>(s.processes);
+  return fmt::format("{} ({} worker{}: {}devices {})", s.backend, workers, workers == 1 ? "" : "s",
+                     s.processes > 1 ? fmt::format("{} processes x ", s.processes) : std::string(),
+                     fmt::join(s.devices, ","));
+}
+
 std::string Summary::to_json() const {
   return fmt::format(
       "{{\n"

@@ -29,6 +29,7 @@
 #include "train/failures.hpp"
 #include "train/fault_injection.hpp"
 #include "train/metrics_log.hpp"
+#include "train/report.hpp"
 #include "train/trace.hpp"
 #include "train/watchdog.hpp"
 #include "train/worker_loop.hpp"
@@ -362,6 +363,8 @@ Summary Trainer::run() {
           : std::make_unique<CheckpointManager>(tc.checkpoint.dir, tc.checkpoint.keep_last);
   const std::unique_ptr<detail::MetricsLog> metrics =
       tc.metrics.empty() || !writer ? nullptr : std::make_unique<detail::MetricsLog>(tc.metrics);
+  const std::unique_ptr<detail::RunReport> report =
+      tc.report.empty() || !writer ? nullptr : std::make_unique<detail::RunReport>(tc.report);
   const std::vector<float> initial = im.resume          ? std::vector<float>{}
                                      : !im.init.empty() ? im.init
                                                         : im.model.initial_parameters(tc.seed);
@@ -384,6 +387,7 @@ Summary Trainer::run() {
                                .heartbeats = heartbeats,
                                .checkpoints = checkpoints.get(),
                                .metrics = metrics.get(),
+                               .report = report.get(),
                                .summary = im.summary,
                                .final_params = im.final_params};
   im.run_workers(run, *backend, comms, failures);
@@ -394,6 +398,7 @@ Summary Trainer::run() {
   im.summary.samples_per_s = im.summary.samples / std::max(1e-9, im.summary.wall_s);
   im.summary.tokens_per_s = im.summary.samples_per_s * im.train->targets();
   im.summary.mfu = run.mfu(im.summary.tokens_per_s);
+  if (report) report->write(im.cfg, im.summary);
   return im.summary;
 }
 

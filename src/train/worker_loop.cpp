@@ -14,6 +14,7 @@
 #include "train/metrics_log.hpp"
 #include "train/optimizer.hpp"
 #include "train/reducer.hpp"
+#include "train/report.hpp"
 #include "train/watchdog.hpp"
 
 namespace lockstep::detail {
@@ -370,10 +371,12 @@ void WorkerLoop::report(const StepTotals& totals, const UpdateResult& update, bo
                        .mfu = run_.mfu(tokens_per_s),
                        .elapsed_s = now - run_.start_s};
   };
-  if (global_ == 0 && run_.callbacks.progress) {
+  if (global_ == 0 && (run_.callbacks.progress || run_.report)) {
     const double now = steady_now_s();
-    run_.callbacks.progress(metrics(totals.loss_sum, totals.correct, totals.samples,
-                                    static_cast<double>(pos_.samples), now - run_.start_s, now));
+    const StepMetrics m = metrics(totals.loss_sum, totals.correct, totals.samples,
+                                  static_cast<double>(pos_.samples), now - run_.start_s, now);
+    if (run_.report) run_.report->step(m);
+    if (run_.callbacks.progress) run_.callbacks.progress(m);
   }
   const bool log = step % run_.cfg.trainer.log_every == 0 || step == total_steps || stop_now;
   if (rank_ == 0 && log) {
@@ -442,6 +445,7 @@ EvalMetrics WorkerLoop::evaluate() {
       eval_metrics(all_reduce_fields(comm_, mine), pos_.step, run_.train->targets());
   if (global_ == 0 && m.samples > 0) {
     if (run_.metrics) run_.metrics->write(m);
+    if (run_.report) run_.report->eval(m);
     if (run_.callbacks.eval) run_.callbacks.eval(m);
   }
   return m;

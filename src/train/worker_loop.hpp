@@ -58,6 +58,7 @@ namespace lockstep::detail {
 
 class Heartbeats;
 class MetricsLog;
+class RunReport;
 class Optimizer;
 class Reducer;
 
@@ -88,6 +89,7 @@ struct RunContext {
   Heartbeats& heartbeats;
   CheckpointManager* checkpoints;  // null: no checkpoints, or not the writing process
   MetricsLog* metrics;             // trainer.metrics; null: unset, or not the writing process
+  RunReport* report;               // trainer.report; null: unset, or not the writing process
   Summary& summary;
   std::vector<float>& final_params;
 

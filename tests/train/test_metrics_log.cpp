@@ -105,3 +105,17 @@ TEST_CASE("trainer.metrics: a file that cannot be opened is bad input naming the
   Trainer trainer(cfg, train, nullptr);
   CHECK_THROWS_WITH_AS(trainer.run(), doctest::Contains("trainer.metrics: "), InputError);
 }
+
+TEST_CASE("trainer.report: set through the C++ API, the trainer writes the page") {
+  const test::TempDir dir;
+  auto train = std::make_shared<InMemoryDataset>(make_synthetic(64, 12, 4, 1));
+  Config cfg = test::cpu_config(2, 8, 6, 1);
+  cfg.trainer.report = (dir.path() / "run.html").string();
+  Trainer trainer(cfg, train, nullptr);
+  trainer.run();
+  std::ifstream in(cfg.trainer.report);
+  const std::string html{std::istreambuf_iterator<char>(in), {}};
+  CHECK(html.starts_with("<!DOCTYPE html>"));
+  CHECK(html.find("One point per step.") != std::string::npos);  // the steps reached it
+  CHECK(html.ends_with("</html>\n"));
+}

@@ -1,5 +1,4 @@
-#include "cli/report.hpp"
-#include "cli/progress.hpp"
+#include "train/report.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -16,7 +15,7 @@
 
 namespace fs = std::filesystem;
 
-namespace lockstep::cli {
+namespace lockstep::detail {
 namespace {
 
 // ---- Text -----------------------------------------------------------------------------------
@@ -432,13 +431,10 @@ std::string RunReport::html(const Config& config, const Summary& summary) const 
   return out + "</body>\n</html>\n";
 }
 
-void write_file_atomically(const fs::path& path, const std::string& text) {
-  const std::span<const std::byte> bytes = std::as_bytes(std::span(text.data(), text.size()));
-  detail::write_file_atomically(path, std::span(&bytes, 1));
-}
-
 void RunReport::write(const Config& config, const Summary& summary) const {
-  write_file_atomically(file_, html(config, summary));
+  const std::string text = html(config, summary);
+  const std::span<const std::byte> bytes = std::as_bytes(std::span(text.data(), text.size()));
+  write_file_atomically(file_, std::span(&bytes, 1));
 }
 
-}  // namespace lockstep::cli
+}  // namespace lockstep::detail

@@ -1,10 +1,6 @@
 // `trainer.report: FILE`: one self-contained HTML page about a finished run, readable offline.
-//
-//   RunReport report("run.html");                        // throws InputError if the dir is missing
-//   trainer.on_progress([&](const StepMetrics& m) { report.step(m); });
-//   trainer.on_eval([&](const EvalMetrics& m) { report.eval(m); });
-//   Summary s = trainer.run();
-//   report.write(cfg, s);
+// Trainer::run makes it (global rank 0) for the CLI and embedders alike: global rank 0's worker
+// feeds it every step's metrics and every eval, and the trainer writes it once the run is over.
 //
 // The page holds the summary table, the run's settings, and inline SVG charts drawn here (no
 // scripts, no fonts or styles from elsewhere): the train loss and accuracy of every step with
@@ -25,11 +21,7 @@
 #include "lockstep/config.hpp"
 #include "lockstep/trainer.hpp"
 
-namespace lockstep::cli {
-
-// `text` to `path` so that a reader (or a crash) never sees half a file: the library's durable
-// write (temp file, fsync, rename, directory fsync).
-void write_file_atomically(const std::filesystem::path& path, const std::string& text);
+namespace lockstep::detail {
 
 class RunReport {
  public:
@@ -63,4 +55,4 @@ class RunReport {
   std::int64_t width_ = 1;
 };
 
-}  // namespace lockstep::cli
+}  // namespace lockstep::detail
