@@ -110,11 +110,12 @@ data:
   normalize: False
   prefetch: 4
 optimizer:
-  type: adamw
+  type: sgd             # momentum and nesterov are sgd's keys; beta1, beta2, eps adamw's
   lr: 3e-4
   momentum: 0.5
   nesterov: ON
   weight_decay: 0.01
+  decay_all: true
   beta1: 0.8
   beta2: 0.95
   eps: 1.0e-6
@@ -152,11 +153,12 @@ trainer:
   CHECK(cfg.data.drop_last);
   CHECK_FALSE(cfg.data.normalize);
   CHECK(cfg.data.prefetch == 4);
-  CHECK(cfg.optimizer.type == OptimizerKind::adamw);
+  CHECK(cfg.optimizer.type == OptimizerKind::sgd);
   CHECK(cfg.optimizer.lr == 3e-4);
   CHECK(cfg.optimizer.momentum == 0.5);
   CHECK(cfg.optimizer.nesterov);
   CHECK(cfg.optimizer.weight_decay == 0.01);
+  CHECK(cfg.optimizer.decay_all);
   CHECK(cfg.optimizer.beta1 == 0.8);
   CHECK(cfg.optimizer.beta2 == 0.95);
   CHECK(cfg.optimizer.eps == 1e-6);
