@@ -142,6 +142,8 @@ TEST_CASE("interop: --init-from a transformers GPT-2 starts at transformers' los
                             "--init-from " + hf + " --summary-json " + summary);
   REQUIRE_MESSAGE(tune.code == 0, tune.output);
   const double ours = lockstep::test::json_number(lockstep::test::read_text(summary), "final_train_loss");
+  MESSAGE("first-step loss: lockstep " << ours << ", transformers " << theirs << ", relative difference "
+                                       << std::abs(ours - theirs) / theirs);
   CHECK(ours == doctest::Approx(theirs).epsilon(1e-5));
 
   // The config's gpt keys must be config.json's.
