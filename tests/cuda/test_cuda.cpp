@@ -3,7 +3,8 @@
 //     NaN first, so an element the GPU never writes fails); the transformer kernels are in
 //     test_cuda_transformer.cpp;
 //   - the parameter hash: the same bits hash equal on the CPU and the GPU;
-//   - NCCL and peer all-reduce and broadcast: rank r contributes r + 1, check the sum;
+//   - NCCL and peer all-reduce, broadcast, reduce-scatter and all-gather: rank r contributes
+//     r + 1, check the sum;
 //   - the trainer on backend cuda: N replicas on one GPU equal one worker with N times the
 //     batch, replicas stay bit-identical, and a failing worker stops the run.
 // Each test goes through the public API only (make_backend(BackendKind::cuda)), so this file
@@ -367,6 +368,43 @@ TEST_SUITE("cuda") {
             return std::abs(v - total / float(n)) <= 1e-6f * total;
           }));
           CHECK(std::all_of(b.begin(), b.end(), [&](float v) { return v == float(n); }));
+        });
+      }
+    }
+  }
+
+  TEST_CASE("NCCL and peer: reduce_scatter and all_gather, equal and uneven shards") {
+    auto backend = cuda_or_skip();
+    if (!backend) return;
+    const int gpus = static_cast<int>(backend->devices().size());
+    std::vector<std::vector<int>> groups{{0}, {0, 0, 0}};  // NCCL of one; peer of three
+    if (gpus > 1) {
+      groups.emplace_back(gpus);
+      std::iota(groups.back().begin(), groups.back().end(), 0);
+    }
+    for (const auto& ids : groups) {
+      const int n = static_cast<int>(ids.size());
+      // 64 n x 101 divides into equal shards (ncclReduceScatter); the others do not.
+      for (std::size_t count : {std::size_t{1}, std::size_t{1000},
+                                static_cast<std::size_t>(64 * n * 101), std::size_t{1048583}}) {
+        CAPTURE(n);
+        CAPTURE(count);
+        on_ranks(*backend, ids, [&](int r, Device& d, Communicator& c) {
+          const ShardRange s = shard_range(count, n, r, 64);
+          std::vector<float> mine(count), gather(count, -1.0f);
+          for (std::size_t i = 0; i < count; ++i) mine[i] = float((r + 1) * int(i % 13 + 1));
+          for (std::size_t i = s.begin; i < s.end; ++i) gather[i] = mine[i];
+          auto sum = on_device(d, mine), all = on_device(d, gather);
+          c.reduce_scatter(sum.data(), count, 64, ReduceOp::sum);
+          c.all_gather(all.data(), count, 64);
+          const auto got = sum.download(), gathered = all.download();
+          for (std::size_t i = s.begin; i < s.end; ++i)
+            REQUIRE(got[i] == float(n * (n + 1) / 2 * int(i % 13 + 1)));
+          for (int owner = 0; owner < n; ++owner) {
+            const ShardRange o = shard_range(count, n, owner, 64);
+            for (std::size_t i = o.begin; i < o.end; ++i)
+              REQUIRE(gathered[i] == float((owner + 1) * int(i % 13 + 1)));
+          }
         });
       }
     }
