@@ -61,6 +61,7 @@ struct LOCKSTEP_API WorkerTimes {
   double comm_exposed_s = 0.0;    // blocked waiting for gradient all-reduces
   double data_wait_s = 0.0;
   double barrier_wait_s = 0.0;
+  std::size_t optimizer_state_bytes = 0;  // held on this worker's device (1/N with trainer.zero)
 };
 
 struct LOCKSTEP_API Summary {
@@ -89,6 +90,8 @@ struct LOCKSTEP_API Summary {
   int accumulate_steps = 1;
   std::size_t buckets = 0;
   bool overlap = true;
+  int zero = 0;                          // trainer.zero
+  std::size_t optimizer_state_bytes = 0;  // the most any worker holds (see worker_times)
 
   // Where the time went, per worker, averaged over workers (seconds over the whole run).
   double data_wait_s = 0.0;       // waiting for the loader

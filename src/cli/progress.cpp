@@ -109,6 +109,9 @@ void print_summary(std::FILE* out, const Summary& s) {
              s.buckets, s.overlap ? "on" : "off", s.accumulate_steps);
   fmt::print(out, "  all-reduce          {:.3f} s per worker, {:.0f}% hidden behind backward\n",
              s.comm_s, 100.0 * s.comm_hidden_fraction);
+  fmt::print(out, "  optimizer state     {} bytes per worker at most ({})\n",
+             s.optimizer_state_bytes,
+             s.zero == 1 ? "ZeRO-1: sharded across workers" : "replicated, trainer.zero 0");
   fmt::print(out, "  waiting             {:.3f} s for data, {:.3f} s at the barrier (per worker)\n",
              s.data_wait_s, s.barrier_wait_s);
 }

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <numbers>
+#include <stdexcept>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -10,17 +12,41 @@
 namespace lockstep::detail {
 
 Optimizer::Optimizer(Device& device, const OptimizerConfig& cfg, std::size_t params)
-    : device_(&device), cfg_(cfg), n_(params) {
+    : Optimizer(device, cfg, params, {ShardRange{0, params}}) {}
+
+Optimizer::Optimizer(Device& device, const OptimizerConfig& cfg, std::size_t params,
+                     std::vector<ShardRange> owned)
+    : device_(&device), cfg_(cfg), n_(params), owned_(std::move(owned)) {
+  std::size_t previous_end = 0;
+  for (const ShardRange& r : owned_) {
+    if (r.end > n_ || r.begin > r.end || r.begin < previous_end)
+      throw std::logic_error("Optimizer: owned ranges out of the buffer or out of order");
+    previous_end = r.end;
+    offset_.push_back(held_);
+    held_ += r.size();
+  }
   const bool needs_m = cfg.type == OptimizerKind::adamw || cfg.momentum > 0.0;
-  if (needs_m) m_ = DeviceArray<float>(device, n_);
-  if (cfg.type == OptimizerKind::adamw) v_ = DeviceArray<float>(device, n_);
+  if (needs_m) m_ = DeviceArray<float>(device, held_);
+  if (cfg.type == OptimizerKind::adamw) v_ = DeviceArray<float>(device, held_);
+}
+
+std::size_t Optimizer::state_bytes() const noexcept {
+  return (m_.size() + v_.size()) * sizeof(float);
 }
 
 void Optimizer::apply(float* params, const float* grads, double lr, std::size_t begin,
                       std::size_t end) {
   const float lr_f = static_cast<float>(lr);
   const std::size_t n = end - begin;
-  auto at = [begin](DeviceArray<float>& a) { return a.data() ? a.data() + begin : nullptr; };
+  // The owned range holding [begin, end): the last one starting at or before `begin`.
+  const auto after = std::upper_bound(
+      owned_.begin(), owned_.end(), begin,
+      [](std::size_t b, const ShardRange& r) { return b < r.begin; });
+  if (after == owned_.begin() || end > std::prev(after)->end)
+    throw std::logic_error(fmt::format("Optimizer::apply: [{}, {}) is not owned", begin, end));
+  const std::size_t range = static_cast<std::size_t>(after - owned_.begin()) - 1;
+  const std::size_t state_at = offset_[range] + (begin - owned_[range].begin);
+  auto at = [state_at](DeviceArray<float>& a) { return a.data() ? a.data() + state_at : nullptr; };
   switch (cfg_.type) {
     case OptimizerKind::sgd:
       device_->sgd_step({.momentum = static_cast<float>(cfg_.momentum),
@@ -40,7 +66,7 @@ void Optimizer::apply(float* params, const float* grads, double lr, std::size_t 
 
 std::vector<std::string> Optimizer::state_names() const {
   if (cfg_.type == OptimizerKind::adamw) return {"adamw.m", "adamw.v"};
-  return m_.data() ? std::vector<std::string>{"momentum"} : std::vector<std::string>{};
+  return cfg_.momentum > 0.0 ? std::vector<std::string>{"momentum"} : std::vector<std::string>{};
 }
 
 std::vector<StateVector> Optimizer::state() const {
@@ -61,12 +87,17 @@ void Optimizer::load_state(std::span<const StateVector> state, std::int64_t step
     throw InputError(fmt::format("{}: optimizer state holds [{}], this {} optimizer needs [{}]",
                                  source, fmt::join(got, ", "), to_string(cfg_.type),
                                  fmt::join(expected, ", ")));
+  std::vector<float> mine(held_);
   for (const StateVector& v : state) {
     if (v.values.size() != n_)
       throw InputError(fmt::format("{}: optimizer state '{}' has {} values, the model {}", source,
                                    v.name, v.values.size(), n_));
+    for (std::size_t i = 0; i < owned_.size(); ++i)
+      std::copy(v.values.begin() + static_cast<std::ptrdiff_t>(owned_[i].begin),
+                v.values.begin() + static_cast<std::ptrdiff_t>(owned_[i].end),
+                mine.begin() + static_cast<std::ptrdiff_t>(offset_[i]));
     DeviceArray<float>& target = v.name == "adamw.v" ? v_ : m_;
-    target.upload(v.values);
+    target.upload(mine);
   }
   t_ = steps_taken;
 }

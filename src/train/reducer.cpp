@@ -38,11 +38,12 @@ std::vector<Bucket> plan_buckets(const Model& model, double cap_mb, double first
 }
 
 Reducer::Reducer(const Model& model, Communicator& comm, float* grads, std::vector<Bucket> buckets,
-                 bool overlap, std::vector<TraceEvent>* comm_track)
+                 bool overlap, bool zero, std::vector<TraceEvent>* comm_track)
     : comm_(comm),
       grads_(grads),
       buckets_(std::move(buckets)),
       overlap_(overlap),
+      zero_(zero),
       comm_track_(comm_track),
       bucket_of_layer_(model.layers().size(), kNone),
       pending_(buckets_.size(), 0),
@@ -75,21 +76,54 @@ void Reducer::launch_remaining() {
 
 void Reducer::launch(std::size_t i) {
   const Bucket& b = buckets_[i];
-  work_[i] = comm_.all_reduce_async(grads_ + b.begin, b.end - b.begin, ReduceOp::avg);
+  float* data = grads_ + b.begin;
+  const std::size_t count = b.end - b.begin;
+  work_[i] = zero_ ? comm_.reduce_scatter_async(data, count, kZeroGrain, ReduceOp::avg)
+                   : comm_.all_reduce_async(data, count, ReduceOp::avg);
   launched_ = i + 1;
+}
+
+ShardRange Reducer::shard(std::size_t i) const {
+  const Bucket& b = buckets_.at(i);
+  if (!zero_) return {b.begin, b.end};
+  const ShardRange s = shard_range(b.end - b.begin, comm_.size(), comm_.rank(), kZeroGrain);
+  return {b.begin + s.begin, b.begin + s.end};
+}
+
+std::vector<ShardRange> Reducer::owned() const {
+  std::vector<ShardRange> out;
+  for (std::size_t i = 0; i < buckets_.size(); ++i)
+    if (const ShardRange s = shard(i); s.size() > 0) out.push_back(s);
+  return out;
+}
+
+void Reducer::start_gather(std::size_t i, float* params) {
+  const Bucket& b = buckets_.at(i);
+  gathers_.emplace_back(i, comm_.all_gather_async(params + b.begin, b.end - b.begin, kZeroGrain));
 }
 
 double Reducer::wait(std::size_t i) {
   if (i >= launched_ || !work_[i]) throw std::logic_error("Reducer::wait: bucket not started");
+  return wait_for(std::move(work_[i]), zero_ ? "reduce-scatter" : "all-reduce", i);
+}
+
+double Reducer::wait_gathers() {
+  double blocked = 0.0;
+  for (auto& [i, work] : gathers_) blocked += wait_for(std::move(work), "all-gather", i);
+  gathers_.clear();
+  return blocked;
+}
+
+// Waits for one collective of bucket i; counts its time and records it on the comm track.
+double Reducer::wait_for(std::unique_ptr<CommWork> work, const char* what, std::size_t i) {
   const double t0 = steady_now_s();
-  std::unique_ptr<CommWork> work = std::move(work_[i]);
   work->wait();
   const double blocked = steady_now_s() - t0;
   exposed_s_ += blocked;
   if (work->finished_s > work->started_s) {
     comm_s_ += work->finished_s - work->started_s;
     if (comm_track_)
-      comm_track_->push_back({fmt::format("all-reduce bucket {}", i), work->started_s,
+      comm_track_->push_back({fmt::format("{} bucket {}", what, i), work->started_s,
                               work->finished_s,
                               fmt::format("\"bucket\": {}, \"bytes\": {}", i, buckets_[i].bytes())});
   }
@@ -97,14 +131,17 @@ double Reducer::wait(std::size_t i) {
 }
 
 void Reducer::drain() noexcept {
-  for (auto& work : work_) {
-    if (!work) continue;
+  auto finish = [](std::unique_ptr<CommWork>& work) {
+    if (!work) return;
     try {
       work->wait();
     } catch (...) {  // the failure that caused the drain is reported elsewhere
     }
     work.reset();
-  }
+  };
+  for (auto& work : work_) finish(work);
+  for (auto& gather : gathers_) finish(gather.second);
+  gathers_.clear();
 }
 
 }  // namespace lockstep::detail

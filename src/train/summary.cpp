@@ -17,9 +17,9 @@ std::string worker_times_json(const std::vector<WorkerTimes>& rows) {
     const WorkerTimes& w = rows[r];
     out += fmt::format(
         "{}\n    {{\"rank\": {}, \"total_s\": {}, \"compute_s\": {}, \"comm_exposed_s\": {}, "
-        "\"data_wait_s\": {}, \"barrier_wait_s\": {}}}",
+        "\"data_wait_s\": {}, \"barrier_wait_s\": {}, \"optimizer_state_bytes\": {}}}",
         r ? "," : "", r, number(w.total_s), number(w.compute_s), number(w.comm_exposed_s),
-        number(w.data_wait_s), number(w.barrier_wait_s));
+        number(w.data_wait_s), number(w.barrier_wait_s), w.optimizer_state_bytes);
   }
   return rows.empty() ? out : out + "\n  ";
 }
@@ -51,6 +51,8 @@ std::string Summary::to_json() const {
       "  \"accumulate_steps\": {},\n"
       "  \"buckets\": {},\n"
       "  \"overlap\": {},\n"
+      "  \"zero\": {},\n"
+      "  \"optimizer_state_bytes\": {},\n"
       "  \"data_wait_s\": {},\n"
       "  \"barrier_wait_s\": {},\n"
       "  \"comm_s\": {},\n"
@@ -66,8 +68,8 @@ std::string Summary::to_json() const {
       number(mfu), number(final_train_loss),
       number(final_train_accuracy), number(eval_loss), number(eval_accuracy),
       replicas_identical ? "true" : "false", replica_checks, param_hash, accumulate_steps, buckets,
-      overlap ? "true" : "false", number(data_wait_s), number(barrier_wait_s), number(comm_s),
-      number(comm_exposed_s), number(comm_hidden_fraction), resumed_from_step,
+      overlap ? "true" : "false", zero, optimizer_state_bytes, number(data_wait_s),
+      number(barrier_wait_s), number(comm_s), number(comm_exposed_s), number(comm_hidden_fraction), resumed_from_step,
       stopped_early ? "true" : "false", nonfinite_skips, worker_times_json(worker_times));
 }
 
