@@ -50,6 +50,9 @@ Reducer::Reducer(const Model& model, Communicator& comm, float* grads, std::vect
       work_(buckets_.size()) {
   for (std::size_t b = 0; b < buckets_.size(); ++b)
     for (std::size_t layer : buckets_[b].layers) bucket_of_layer_[layer] = b;
+  first_grain_.push_back(0);
+  for (const Bucket& b : buckets_)
+    first_grain_.push_back(first_grain_.back() + (b.end - b.begin + kZeroGrain - 1) / kZeroGrain);
   reset();
 }
 
@@ -95,6 +98,14 @@ std::vector<ShardRange> Reducer::owned() const {
   for (std::size_t i = 0; i < buckets_.size(); ++i)
     if (const ShardRange s = shard(i); s.size() > 0) out.push_back(s);
   return out;
+}
+
+void Reducer::sum_grain_squares(std::size_t i, Device& device, std::span<double> sums) const {
+  const ShardRange mine = shard(i);  // starts on a grain of the bucket
+  const std::size_t first = first_grain_[i] + (mine.begin - buckets_[i].begin) / kZeroGrain;
+  const std::size_t count = (mine.size() + kZeroGrain - 1) / kZeroGrain;
+  device.sum_squares_grains(grads_ + mine.begin, mine.size(), kZeroGrain,
+                            sums.subspan(first, count));
 }
 
 void Reducer::start_gather(std::size_t i, float* params) {

@@ -24,26 +24,29 @@
 //   than ranks leaves the last ranks without a shard of it. Per step:
 //     1. each bucket is reduce-scattered (avg) as soon as backward fills it, instead of
 //        all-reduced: the rank's shard of the averaged gradient has the all-reduce's bits;
-//     2. each rank sums the squares of its grains, one sum per grain; one host all-reduce of
-//        the per-grain sums (every other rank adds +0.0: exact) gives every rank every grain's
-//        sum, which it adds up in grain order. So the global norm for clipping and
-//        on_nonfinite is the same on every rank and for every N;
+//     2. each rank sums the squares of its grains, one sum per grain
+//        (Device::sum_squares_grains); one host all-reduce of the per-grain sums (every other
+//        rank adds +0.0: exact) gives every rank every grain's sum, which it adds up in grain
+//        order. Without ZeRO a rank sums every grain itself and adds them in the same order, so
+//        the global norm for clipping and on_nonfinite has the same bits with zero 0 and 1 and
+//        any N;
 //     3. the optimiser updates the rank's shards (per bucket as each lands when nothing waits
 //        for the norm, else after it), with its 1/N of the state;
 //     4. each bucket's parameters are all-gathered; the step waits for them before it ends, so
 //        every replica is bit-identical again for the replica check and the next forward.
-//   The updated elements get the replicated update's arithmetic; only the norm's summation
-//   order differs from zero 0's (grain sums, not the device's own blocking), which can change
-//   the clipping factor only where its float rounding sits on a tie of the last double bits.
-//   Checkpoints hold the whole state (gathered, see WorkerLoop::gather_optimizer_state).
+//   Every element gets the replicated update's arithmetic with the same norm, so a zero 1 run
+//   ends bit-identical to zero 0 on the CPU. Checkpoints hold the whole state (gathered, see
+//   WorkerLoop::gather_optimizer_state).
 #pragma once
 
 #include <cstddef>
 #include <memory>
+#include <span>
 #include <utility>
 #include <vector>
 
 #include "lockstep/comm.hpp"
+#include "lockstep/device.hpp"
 #include "lockstep/model.hpp"
 #include "train/trace.hpp"
 
@@ -56,7 +59,8 @@ struct Bucket {
   std::size_t bytes() const noexcept { return (end - begin) * sizeof(float); }
 };
 
-// ZeRO-1's shard grain, elements (Note [ZeRO-1]): 64 KiB of floats, a norm term per grain.
+// The grain of ZeRO-1's shards and of the gradient norm's terms, elements (Note [ZeRO-1]):
+// 64 KiB of floats.
 constexpr std::size_t kZeroGrain = 16384;
 
 // Cuts the model's parameters into buckets (see Note [Buckets]). Layers without parameters
@@ -86,6 +90,11 @@ class Reducer {
   ShardRange shard(std::size_t i) const;
   // The non-empty shards of every bucket, in buffer order: what this rank's optimiser updates.
   std::vector<ShardRange> owned() const;
+  // Grains of every bucket together (Note [ZeRO-1]): the global norm has one term per grain.
+  std::size_t grains() const noexcept { return first_grain_.back(); }
+  // sums[the grains of this rank's shard of bucket i] = their sums of squares of the reduced
+  // gradient; the other entries are left as they are.
+  void sum_grain_squares(std::size_t i, Device& device, std::span<double> sums) const;
   // ZeRO-1: starts the all-gather of bucket i of `params` (every rank's updated shard).
   void start_gather(std::size_t i, float* params);
   // Blocks until every started all-gather is done; returns the seconds spent blocked.
@@ -111,6 +120,7 @@ class Reducer {
   std::vector<TraceEvent>* comm_track_;
   std::vector<std::size_t> bucket_of_layer_;  // npos for layers without parameters
   std::vector<std::size_t> pending_;          // layers not yet ready, per bucket
+  std::vector<std::size_t> first_grain_;      // per bucket, then the total (Note [ZeRO-1])
   std::vector<std::unique_ptr<CommWork>> work_;
   std::vector<std::pair<std::size_t, std::unique_ptr<CommWork>>> gathers_;  // bucket, work
   std::size_t launched_ = 0;  // buckets [0, launched_) have started

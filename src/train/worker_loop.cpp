@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
 #include <stdexcept>
 #include <string>
 
@@ -281,22 +282,15 @@ WorkerLoop::UpdateResult WorkerLoop::reduce_and_update(const StepTotals& totals)
   return r;
 }
 
-// The optimiser step once the global norm is known: clip to it, then update the whole buffer,
-// or with ZeRO-1 this rank's shards (starting their all-gathers).
+// The optimiser step once the global norm is known: clip to it, then update every bucket (with
+// ZeRO-1, this rank's shards, starting their all-gathers).
 void WorkerLoop::update_after_norm(double lr, double grad_norm) {
   TraceSpan span(track_, "optimizer");
-  Replica& replica = *res_.replica;
   const double clip = run_.cfg.optimizer.clip_grad_norm;
   const float scale =
       clip > 0.0 && grad_norm > clip ? static_cast<float>(clip / (grad_norm + 1e-6)) : 1.0f;
   res_.optimizer->begin_step();
-  if (zero()) {
-    for (std::size_t i = 0; i < res_.reducer->buckets().size(); ++i) update_shard(i, lr, scale);
-    return;
-  }
-  const std::size_t params = replica.param_count();
-  if (scale != 1.0f) res_.device->scale(replica.grads(), scale, params);
-  res_.optimizer->apply(replica.params(), replica.grads(), lr, 0, params);
+  for (std::size_t i = 0; i < res_.reducer->buckets().size(); ++i) update_bucket(i, lr, scale);
 }
 
 // ZeRO-1: waits for the all-gathers of the updated shards; every replica is whole again.
@@ -313,64 +307,37 @@ bool WorkerLoop::updates_per_bucket() const {
          run_.cfg.trainer.on_nonfinite == NonfinitePolicy::stop;
 }
 
-// Waits for every bucket's all-reduce, updating each as it lands when updates_per_bucket().
-// Returns the squared norm of the averaged gradient.
+// Waits for every bucket's reduction, updating each as it lands when updates_per_bucket().
+// Returns the squared norm of the averaged gradient, summed grain by grain in buffer order
+// (Note [ZeRO-1]): with ZeRO-1 each rank sums its own grains and one host all-reduce brings the
+// others' (adding +0.0 elsewhere: exact), so the norm has the same bits with zero 0 and 1 and
+// any number of workers.
 double WorkerLoop::wait_and_update(double lr) {
-  if (zero()) return wait_and_update_shards(lr);
-  TraceSpan span(track_, "optimizer");
-  Replica& replica = *res_.replica;
-  const auto& buckets = res_.reducer->buckets();
-  const bool per_bucket = updates_per_bucket();
-  double sum_squares = 0.0;
-  if (per_bucket) res_.optimizer->begin_step();
-  for (std::size_t i = 0; i < buckets.size(); ++i) {
-    res_.reducer->wait(i);
-    if (!per_bucket) continue;
-    sum_squares += res_.device->sum_squares(replica.grads() + buckets[i].begin,
-                                            buckets[i].end - buckets[i].begin);
-    res_.optimizer->apply(replica.params(), replica.grads(), lr, buckets[i].begin, buckets[i].end);
-  }
-  if (!per_bucket) sum_squares = res_.device->sum_squares(replica.grads(), replica.param_count());
-  return sum_squares;
-}
-
-// ZeRO-1 (Note [ZeRO-1]): waits for every bucket's reduce-scatter, sums the squares of this
-// rank's grains of it, and updates its shard as it lands when updates_per_bucket(). Returns the
-// squared global norm, summed grain by grain in buffer order: the same on every rank, for any N.
-double WorkerLoop::wait_and_update_shards(double lr) {
   TraceSpan span(track_, "optimizer");
   Reducer& reducer = *res_.reducer;
-  const float* grads = res_.replica->grads();
   const bool per_bucket = updates_per_bucket();
   if (per_bucket) res_.optimizer->begin_step();
-  std::vector<double> grain_sums;  // every grain of every bucket, in buffer order
+  std::vector<double> grain_sums(reducer.grains(), 0.0);
   for (std::size_t i = 0; i < reducer.buckets().size(); ++i) {
     reducer.wait(i);
-    const Bucket& b = reducer.buckets()[i];
-    const std::size_t first = grain_sums.size();
-    grain_sums.resize(first + (b.end - b.begin + kZeroGrain - 1) / kZeroGrain, 0.0);
-    const ShardRange mine = reducer.shard(i);
-    for (std::size_t at = mine.begin; at < mine.end; at += kZeroGrain)
-      grain_sums[first + (at - b.begin) / kZeroGrain] =
-          res_.device->sum_squares(grads + at, std::min(kZeroGrain, mine.end - at));
-    if (per_bucket) update_shard(i, lr, 1.0f);
+    reducer.sum_grain_squares(i, *res_.device, grain_sums);
+    if (per_bucket) update_bucket(i, lr, 1.0f);
   }
-  comm_.all_reduce_host(grain_sums);
-  double sum_squares = 0.0;
-  for (const double g : grain_sums) sum_squares += g;
-  return sum_squares;
+  if (zero()) comm_.all_reduce_host(grain_sums);
+  return std::accumulate(grain_sums.begin(), grain_sums.end(), 0.0);
 }
 
-// ZeRO-1: the optimiser step on this rank's shard of bucket i, its gradient scaled by `scale`
-// first (clipping), then the all-gather that brings every rank's updated shard of it.
-void WorkerLoop::update_shard(std::size_t i, double lr, float scale) {
+// The optimiser step on this rank's part of bucket i (all of it without ZeRO), its gradient
+// scaled by `scale` first (clipping); with ZeRO-1 then the all-gather that brings every rank's
+// updated shard of it.
+void WorkerLoop::update_bucket(std::size_t i, double lr, float scale) {
   Replica& replica = *res_.replica;
   const ShardRange mine = res_.reducer->shard(i);
   if (mine.size() > 0) {
     if (scale != 1.0f) res_.device->scale(replica.grads() + mine.begin, scale, mine.size());
     res_.optimizer->apply(replica.params(), replica.grads(), lr, mine.begin, mine.end);
   }
-  res_.reducer->start_gather(i, replica.params());
+  if (zero()) res_.reducer->start_gather(i, replica.params());
 }
 
 // A non-finite loss or gradient (trainer.on_nonfinite): stop, or skip the update, up to

@@ -20,7 +20,7 @@
 //              -> eval, replica check, barrier, checkpoint (end_of_step)
 //   With trainer.zero: 1 the buckets are reduce-scattered instead, each rank updates only its
 //   shard of each, and the parameters are all-gathered before the step goes on (Note [ZeRO-1]
-//   in reducer.hpp; wait_and_update_shards, update_shard, gather_parameters).
+//   in reducer.hpp; update_bucket, gather_parameters).
 //   The norm of the averaged gradient is identical on every replica, so clipping and the
 //   non-finite check agree everywhere. Every `check_replicas_every` steps, and at the end, the
 //   ranks all-gather a hash of their parameters; any difference stops the run.
@@ -200,8 +200,7 @@ class WorkerLoop {
   UpdateResult reduce_and_update(const StepTotals& totals);
   bool updates_per_bucket() const;
   double wait_and_update(double lr);
-  double wait_and_update_shards(double lr);
-  void update_shard(std::size_t bucket, double lr, float scale);
+  void update_bucket(std::size_t bucket, double lr, float scale);
   void update_after_norm(double lr, double grad_norm);
   void gather_parameters();
   bool zero() const noexcept { return run_.cfg.trainer.zero == 1; }

@@ -285,6 +285,26 @@ TEST_SUITE("cuda") {
     }
   }
 
+  TEST_CASE("sum_squares_grains is close to the CPU's, and the same from any grain-aligned start") {
+    auto backend = cuda_or_skip();
+    if (!backend) return;
+    auto gpu = backend->create_device(0, 1, 0);
+    auto cpu = make_cpu_device(0, 1);
+    const std::size_t n = 5 * 16384 + 99, grain = 16384, grains = 6;
+    const auto x = random_floats(n, 17, -3.0, 3.0);
+    auto xg = on_device(*gpu, x);
+    auto xc = on_device(*cpu, x);
+    std::vector<double> got(grains), want(grains), tail(grains - 3);
+    gpu->sum_squares_grains(xg.data(), n, grain, got);
+    cpu->sum_squares_grains(xc.data(), n, grain, want);
+    gpu->sum_squares_grains(xg.data() + 3 * grain, n - 3 * grain, grain, tail);
+    for (std::size_t g = 0; g < grains; ++g) {
+      CAPTURE(g);
+      CHECK(got[g] == doctest::Approx(want[g]).epsilon(1e-10));
+      if (g >= 3) CHECK(tail[g - 3] == got[g]);
+    }
+  }
+
   TEST_CASE("hash: the same bits hash equal on the CPU and the GPU") {
     auto backend = cuda_or_skip();
     if (!backend) return;
