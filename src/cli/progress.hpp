@@ -29,5 +29,7 @@ class Progress {
 void print_summary(std::FILE* out, const Summary& s);
 // "cpu (4 workers: 2 processes x devices 0,1)": the backend and every worker of the job.
 std::string describe_backend(const Summary& s);
+// "3538944 bytes per worker at most (ZeRO-1: sharded across workers)".
+std::string describe_optimizer_state(const Summary& s);
 
 }  // namespace lockstep::cli
