@@ -6,6 +6,8 @@
 //     resumes on another device count and with zero 0, as zero 0's does.
 #include <doctest/doctest.h>
 
+#include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <numeric>
 
@@ -134,4 +136,32 @@ TEST_CASE("a zero 1 checkpoint holds the whole state and resumes with 3 workers 
     CHECK(from_sharded.final_parameters() == from_replicated.final_parameters());
     CHECK(s.final_train_loss == doctest::Approx(r.final_train_loss).epsilon(1e-6));
   }
+}
+
+TEST_CASE("with zero 1 the non-finite policy names the tensor, and skip drops the update") {
+  setenv("LOCKSTEP_FAULT", "1:7:nan", 1);  // each case runs in its own process under CTest
+  auto train = synthetic(240, 1), eval = synthetic(40, 2);
+  for (NonfinitePolicy policy : {NonfinitePolicy::stop, NonfinitePolicy::skip}) {
+    for (int clip : {0, 1}) {  // without clipping stop updates per bucket, then gathers to name
+      CAPTURE(to_string(policy));
+      CAPTURE(clip);
+      Config cfg = zero_config(2, OptimizerKind::adamw, 1);
+      cfg.optimizer.clip_grad_norm = clip ? 0.05 : 0.0;
+      cfg.trainer.on_nonfinite = policy;
+      Trainer trainer(cfg, train, eval);
+      if (policy == NonfinitePolicy::stop) {
+        // Rank 1's NaN lands in the last layer, whose one grain rank 0 owns.
+        CHECK_THROWS_WITH_AS(trainer.run(),
+                             doctest::Contains("non-finite gradient at step 7: global norm nan, "
+                                               "first in layers.4.weight"),
+                             WorkerError);
+        continue;
+      }
+      const Summary s = trainer.run();
+      CHECK(s.nonfinite_skips == 1);
+      CHECK(s.replicas_identical);
+      for (float p : trainer.final_parameters()) REQUIRE(std::isfinite(p));
+    }
+  }
+  unsetenv("LOCKSTEP_FAULT");
 }
