@@ -11,8 +11,10 @@
 // a collective, or entering one later, throws CommAborted instead of hanging.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -27,6 +29,26 @@ class Device;
 struct DeviceQueue;
 
 enum class ReduceOp { sum, avg };
+
+// The part of a buffer of `count` elements that `rank` of `ranks` owns in reduce_scatter and
+// all_gather: the buffer is cut into grains of `grain` elements (the last one may be short),
+// and rank r takes a contiguous run of them, the first count_of_grains % ranks ranks one more
+// than the others. So any count and any rank count are covered exactly once, without padding;
+// a rank may own nothing when there are fewer grains than ranks. With grain 1 these are the
+// slices the CPU all-reduce sums.
+struct ShardRange {
+  std::size_t begin = 0;  // elements
+  std::size_t end = 0;
+  std::size_t size() const noexcept { return end - begin; }
+};
+inline ShardRange shard_range(std::size_t count, int ranks, int rank, std::size_t grain = 1) {
+  const std::size_t grains = (count + grain - 1) / grain;
+  const std::size_t n = static_cast<std::size_t>(ranks), r = static_cast<std::size_t>(rank);
+  const std::size_t base = grains / n, extra = grains % n;
+  const std::size_t first = r * base + std::min(r, extra);
+  const std::size_t last = first + base + (r < extra ? 1 : 0);
+  return {std::min(first * grain, count), std::min(last * grain, count)};
+}
 
 // A collective in flight. wait() returns once its result may be used on the worker's queue (on
 // a GPU: the compute stream is ordered after it, without blocking the host) and rethrows its
@@ -58,10 +80,21 @@ class LOCKSTEP_API Communicator {
   // Data plane. Every rank ends with bit-identical contents.
   virtual void all_reduce(float* data, std::size_t count, ReduceOp op) = 0;
   virtual void broadcast(float* data, std::size_t count, int root) = 0;
-  // Starts an all-reduce that runs while the caller goes on (DDP's bucket all-reduce). Async
-  // all-reduces run in the order they were started, on every rank the same. The default runs
-  // all_reduce() at once, which suits backends whose all_reduce only enqueues work on a stream.
-  virtual std::unique_ptr<CommWork> all_reduce_async(float* data, std::size_t count, ReduceOp op);
+
+  // Reduce-scatter, in place: on return this rank's shard of data (shard_range(count, size(),
+  // rank(), grain)) holds the sum or average over ranks of that shard, with the bits all_reduce
+  // gives those elements; the rest of data is unspecified. ZeRO-1's gradient reduction.
+  virtual void reduce_scatter(float* data, std::size_t count, std::size_t grain, ReduceOp op) = 0;
+  // All-gather, in place: on entry each rank's shard of data holds its part; on return every
+  // rank holds every shard, bit for bit.
+  virtual void all_gather(float* data, std::size_t count, std::size_t grain) = 0;
+
+  // Start a collective that runs while the caller goes on (DDP's bucket all-reduce). They run in
+  // the order they were started, on every rank the same (see start()).
+  std::unique_ptr<CommWork> all_reduce_async(float* data, std::size_t count, ReduceOp op);
+  std::unique_ptr<CommWork> reduce_scatter_async(float* data, std::size_t count,
+                                                 std::size_t grain, ReduceOp op);
+  std::unique_ptr<CommWork> all_gather_async(float* data, std::size_t count, std::size_t grain);
 
   // Control plane.
   virtual void barrier() = 0;
@@ -75,15 +108,23 @@ class LOCKSTEP_API Communicator {
   // never throws.
   virtual void abort() noexcept = 0;
   virtual bool aborted() const noexcept = 0;
+
+ protected:
+  // Runs `collective`, one of this communicator's data-plane calls, after those started before
+  // it. The default runs it at once, which suits backends whose collectives only enqueue work on
+  // a stream; the CPU's run it on the rank's communication thread.
+  virtual std::unique_ptr<CommWork> start(std::function<void()> collective);
 };
 
 // The CPU backend's in-process group: `size` communicators over shared memory. Each rank
-// reduces its 1/size slice across every rank's buffer, then copies the other slices back.
-// Async all-reduces run on one communication thread per rank.
+// reduces its 1/size slice across every rank's buffer, then copies the other slices back
+// (reduce_scatter is the first half, all_gather the second). Async collectives run on one
+// communication thread per rank.
 //
 // For benchmarks, the environment variable LOCKSTEP_EMULATE_INTERCONNECT="ALPHA_US,GBPS" adds
-// a delay of alpha + 2(n-1)/n * bytes / bandwidth to every data-plane all-reduce, as a wire of
-// that latency and bandwidth would; the CPU is free meanwhile.
+// a delay of alpha + 2(n-1)/n * bytes / bandwidth to every data-plane all-reduce (alpha +
+// (n-1)/n * bytes / bandwidth to a reduce-scatter or all-gather), as a wire of that latency and
+// bandwidth would; the CPU is free meanwhile.
 LOCKSTEP_API std::vector<std::unique_ptr<Communicator>> make_shared_memory_group(int size);
 
 // The processes of a multi-process run: one per node, each owning that node's devices, started

@@ -103,6 +103,7 @@ struct LOCKSTEP_API TrainerConfig {
   double bucket_cap_mb = 25.0;    // the first bucket is capped at 1 MB, as in DDP
   bool overlap = true;            // all-reduce each bucket as soon as backward fills it
   int accumulate_steps = 1;       // micro-batches per optimiser step; all-reduce after the last
+  int zero = 0;                   // 1: ZeRO-1, optimiser state sharded (Note [ZeRO-1], zero.hpp)
   std::string trace;              // Chrome trace-event JSON of every worker, when set
   std::string report;             // offline HTML report of the run (`lockstep train`), when set
   std::string metrics;            // JSON lines, one per logged step and eval, appended, when set

@@ -3,10 +3,10 @@
 // A Device is one worker's compute engine: its memory, its queue (a CUDA stream, or the
 // calling thread on the CPU) and the kernels the model and optimiser need. Pointers passed to
 // the kernels come from allocate() on the same device. Kernels are ordered on the device's
-// queue; calls that return a value to the host (softmax_cross_entropy, sum_squares, hash,
-// copy_to_host) wait for the queue. The operations come in small interfaces by group (memory,
-// BLAS, elementwise, layer, reduction and optimiser ops), which Device joins; Note [Adding a
-// device op] says where a new one goes.
+// queue; calls that return values to the host (softmax_cross_entropy, sum_squares,
+// sum_squares_grains, hash, copy_to_host) wait for the queue. The operations come in small
+// interfaces by group (memory, BLAS, elementwise, layer, reduction and optimiser ops), which
+// Device joins; Note [Adding a device op] says where a new one goes.
 //
 // A Backend makes devices and the communicators that join them:
 //
@@ -209,11 +209,18 @@ class LOCKSTEP_API LayerOps {
   ~LayerOps() = default;
 };
 
-// Reductions to one host value; they wait for the queue.
+// Reductions to host values; they wait for the queue.
 class LOCKSTEP_API ReductionOps {
  public:
   // Sum of squares of x[0..n), accumulated in double on the CPU.
   virtual double sum_squares(const float* x, std::size_t n) = 0;
+  // Sums of squares of x[0..n) grain by grain: out[g] = sum of x[i]^2 over i in [g grain,
+  // min(n, (g + 1) grain)), accumulated in double; out has (n + grain - 1) / grain entries. A
+  // grain's sum depends only on its own elements, not on n nor on where the call starts, so
+  // calls over different ranges that share a grain agree on it bit for bit (ZeRO-1's norm,
+  // Note [ZeRO-1] in src/train/reducer.hpp). The CPU adds each grain's squares in order.
+  virtual void sum_squares_grains(const float* x, std::size_t n, std::size_t grain,
+                                  std::span<double> out) = 0;
   // Order-independent 64-bit hash of the bit patterns of x[0..n) and their positions.
   // Equal buffers hash equal on every backend; used to prove replicas are identical.
   virtual std::uint64_t hash(const float* x, std::size_t n) = 0;

@@ -65,6 +65,7 @@ struct LOCKSTEP_API WorkerTimes {
   double comm_exposed_s = 0.0;    // blocked waiting for gradient all-reduces
   double data_wait_s = 0.0;
   double barrier_wait_s = 0.0;
+  std::size_t optimizer_state_bytes = 0;  // held on this worker's device (1/N with trainer.zero)
 };
 
 struct LOCKSTEP_API Summary {
@@ -93,6 +94,8 @@ struct LOCKSTEP_API Summary {
   int accumulate_steps = 1;
   std::size_t buckets = 0;
   bool overlap = true;
+  int zero = 0;                          // trainer.zero
+  std::size_t optimizer_state_bytes = 0;  // the most any worker holds (see worker_times)
 
   // Where the time went, per worker, averaged over workers (seconds over the whole run).
   double data_wait_s = 0.0;       // waiting for the loader
@@ -113,6 +116,8 @@ struct LOCKSTEP_API Summary {
 
 // "cpu (4 workers: 2 processes x devices 0,1)": the backend and every worker of the job.
 LOCKSTEP_API std::string describe_backend(const Summary& s);
+// "3538944 bytes per worker at most (ZeRO-1: sharded across workers)".
+LOCKSTEP_API std::string describe_optimizer_state(const Summary& s);
 
 // Test hooks: called on each worker's thread with its global rank. A throw here behaves like a
 // failure in that worker (fault injection). The environment variable LOCKSTEP_FAULT=RANK:STEP:KIND

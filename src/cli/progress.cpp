@@ -116,8 +116,11 @@ void print_summary(std::FILE* out, const Summary& s) {
              s.replicas_identical ? "yes" : "NO", s.replica_checks, s.param_hash);
   fmt::print(out, "  gradient buckets    {} (overlap {}, accumulate {} micro-batches per step)\n",
              s.buckets, s.overlap ? "on" : "off", s.accumulate_steps);
-  fmt::print(out, "  all-reduce          {:.3f} s per worker, {:.0f}% hidden behind backward\n",
-             s.comm_s, 100.0 * s.comm_hidden_fraction);
+  // ZeRO-1 reduce-scatters the gradients and all-gathers the parameters instead.
+  fmt::print(out, "  {:<20}{:.3f} s per worker, {:.0f}% hidden behind backward\n",
+             s.zero == 1 ? "scatter + gather" : "all-reduce", s.comm_s,
+             100.0 * s.comm_hidden_fraction);
+  fmt::print(out, "  optimizer state     {}\n", describe_optimizer_state(s));
   fmt::print(out, "  waiting             {:.3f} s for data, {:.3f} s at the barrier (per worker)\n",
              s.data_wait_s, s.barrier_wait_s);
 }

@@ -12,9 +12,9 @@ double now_s() {
 
 }  // namespace
 
-// An all-reduce waiting in the queue, or running.
+// A collective waiting in the queue, or running.
 struct CommThread::Queued final : CommWork {
-  Queued(float* d, std::size_t n, ReduceOp o) : data(d), count(n), op(o) {}
+  explicit Queued(std::function<void()> c) : collective(std::move(c)) {}
   void wait() override {
     std::unique_lock lock(mutex);
     cv.wait(lock, [&] { return done; });
@@ -28,9 +28,7 @@ struct CommThread::Queued final : CommWork {
     }
     cv.notify_all();
   }
-  float* const data;
-  const std::size_t count;
-  const ReduceOp op;
+  const std::function<void()> collective;
   std::mutex mutex;
   std::condition_variable cv;
   bool done = false;
@@ -47,8 +45,8 @@ CommThread::~CommThread() {
   thread_.join();
 }
 
-std::unique_ptr<CommWork> CommThread::submit(float* data, std::size_t count, ReduceOp op) {
-  auto work = std::make_shared<Queued>(data, count, op);
+std::unique_ptr<CommWork> CommThread::submit(std::function<void()> collective) {
+  auto work = std::make_shared<Queued>(std::move(collective));
   {
     std::lock_guard lock(mutex_);
     if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
@@ -82,7 +80,7 @@ void CommThread::loop() {
     std::exception_ptr error;
     work->started_s = now_s();
     try {
-      all_reduce_(work->data, work->count, work->op);
+      work->collective();
     } catch (...) {
       error = std::current_exception();
     }

@@ -1,6 +1,6 @@
-// A rank's communication thread: runs the all-reduces a communicator was asked to start
-// (Communicator::all_reduce_async) one after another, in the order they were submitted, while
-// the worker goes on. Started on the first submit; the destructor finishes the queue and joins.
+// A rank's communication thread: runs the collectives a communicator was asked to start
+// (Communicator::all_reduce_async and the other *_async calls) one after another, in the order
+// they were submitted, while the worker goes on. Started on the first submit; the destructor finishes the queue and joins.
 // The owner declares it as its last member, so the thread stops before anything it uses goes.
 #pragma once
 
@@ -18,19 +18,18 @@ namespace lockstep::detail {
 
 class CommThread {
  public:
-  using AllReduce = std::function<void(float* data, std::size_t count, ReduceOp op)>;
-  explicit CommThread(AllReduce all_reduce) : all_reduce_(std::move(all_reduce)) {}
+  CommThread() = default;
   ~CommThread();
   CommThread(const CommThread&) = delete;
   CommThread& operator=(const CommThread&) = delete;
 
-  std::unique_ptr<CommWork> submit(float* data, std::size_t count, ReduceOp op);
+  // Runs `collective` on the thread, after everything submitted before it.
+  std::unique_ptr<CommWork> submit(std::function<void()> collective);
 
  private:
   struct Queued;
   void loop();
 
-  AllReduce all_reduce_;
   std::mutex mutex_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Queued>> queue_;

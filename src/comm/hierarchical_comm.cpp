@@ -10,6 +10,10 @@
 //   (ProcessGroup::all_reduce's contract), so replicas stay bit-identical across processes. The
 //   sum is (a0 + a1) + (a2 + a3) for 2 x 2 where one process of 4 computes a0 + a1 + a2 + a3:
 //   equal up to rounding, not bitwise.
+//   reduce_scatter is the whole all_reduce (every shard then holds its reduction, with the
+//   all-reduce's bits); all_gather broadcasts each rank's shard from that rank in turn. Both
+//   are correct for any shards and move more than a ring would: the ProcessGroup has no
+//   reduce-scatter or all-gather of floats yet.
 //   One thread per process talks to the other processes: local worker 0's (its communication
 //   thread for the data plane, its worker thread for the control plane). Host collectives go the
 //   same way: local, then across processes by local worker 0, then shared within the process
@@ -60,9 +64,16 @@ class HierarchicalCommunicator final : public Communicator {
     local_->broadcast(data, count, 0);
   }
 
-  std::unique_ptr<CommWork> all_reduce_async(float* data, std::size_t count,
-                                             ReduceOp op) override {
-    return thread_.submit(data, count, op);
+  void reduce_scatter(float* data, std::size_t count, std::size_t /*grain*/,
+                      ReduceOp op) override {
+    all_reduce(data, count, op);
+  }
+
+  void all_gather(float* data, std::size_t count, std::size_t grain) override {
+    for (int root = 0; root < size(); ++root) {
+      const ShardRange s = shard_range(count, size(), root, grain);
+      if (s.size() > 0) broadcast(data + s.begin, s.size(), root);
+    }
   }
 
   void broadcast(float* data, std::size_t count, int root) override {
@@ -109,14 +120,17 @@ class HierarchicalCommunicator final : public Communicator {
     return local_->aborted() || process_->processes->aborted();
   }
 
+ protected:
+  std::unique_ptr<CommWork> start(std::function<void()> collective) override {
+    return thread_.submit(std::move(collective));
+  }
+
  private:
   bool leader() const noexcept { return local_->rank() == 0; }
 
   std::unique_ptr<Communicator> local_;
   std::shared_ptr<Process> process_;
-  detail::CommThread thread_{[this](float* data, std::size_t count, ReduceOp op) {
-    all_reduce(data, count, op);
-  }};
+  detail::CommThread thread_;
 };
 
 }  // namespace

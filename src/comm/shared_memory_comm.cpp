@@ -8,7 +8,9 @@
 //   3. rank r copies every other slice s from rank s's buffer;        barrier
 // The last barrier keeps a rank from reusing its buffer while others still read from it.
 // Each slice is computed once and copied, so every rank ends with the same bits, and the result
-// of an element does not depend on how the buffer was cut into calls (buckets).
+// of an element does not depend on how the buffer was cut into calls (buckets) nor into slices.
+// reduce_scatter is phases 1-2 (the slices are its shards), all_gather is 1 and 3: an element's
+// sum is the same rank-order sum either way.
 //
 // Two planes, two barriers. The data plane (all_reduce, broadcast) may run on a rank's
 // communication thread (all_reduce_async) while its worker thread uses the control plane
@@ -33,26 +35,41 @@ namespace lockstep {
 
 void Communicator::attach(const Device& device) { bind(device.queue()); }
 
-std::unique_ptr<CommWork> Communicator::all_reduce_async(float* data, std::size_t count,
-                                                         ReduceOp op) {
+std::unique_ptr<CommWork> Communicator::start(std::function<void()> collective) {
   struct Done final : CommWork {
     void wait() override {}
   };
-  all_reduce(data, count, op);
+  collective();
   return std::make_unique<Done>();
+}
+
+std::unique_ptr<CommWork> Communicator::all_reduce_async(float* data, std::size_t count,
+                                                         ReduceOp op) {
+  return start([=, this] { all_reduce(data, count, op); });
+}
+
+std::unique_ptr<CommWork> Communicator::reduce_scatter_async(float* data, std::size_t count,
+                                                             std::size_t grain, ReduceOp op) {
+  return start([=, this] { reduce_scatter(data, count, grain, op); });
+}
+
+std::unique_ptr<CommWork> Communicator::all_gather_async(float* data, std::size_t count,
+                                                         std::size_t grain) {
+  return start([=, this] { all_gather(data, count, grain); });
 }
 
 namespace {
 
 using detail::CommThread;
 
-// Interconnect emulation for benchmarks: seconds = alpha + 2(n-1)/n * bytes / bandwidth.
+// Interconnect emulation for benchmarks: seconds = alpha + passes (n-1)/n * bytes / bandwidth,
+// where an all-reduce makes 2 passes over the buffer and a reduce-scatter or all-gather 1.
 struct Wire {
   double alpha_s = 0.0;
   double bytes_per_s = 0.0;  // 0: no emulation
-  double delay(std::size_t bytes, int ranks) const {
+  double delay(std::size_t bytes, int ranks, double passes) const {
     if (bytes_per_s <= 0.0) return 0.0;
-    return alpha_s + 2.0 * (ranks - 1) / ranks * static_cast<double>(bytes) / bytes_per_s;
+    return alpha_s + passes * (ranks - 1) / ranks * static_cast<double>(bytes) / bytes_per_s;
   }
 };
 
@@ -78,18 +95,6 @@ struct Group {
   Wire wire;
 };
 
-// Slice [begin, end) of `count` elements owned by `rank`: the remainder goes to the first ranks,
-// so any count (0, < size, not divisible) is covered exactly once.
-struct Slice {
-  std::size_t begin, end;
-};
-Slice slice_of(std::size_t count, int size, int rank) {
-  const std::size_t base = count / size, extra = count % size;
-  const std::size_t r = static_cast<std::size_t>(rank);
-  const std::size_t begin = r * base + std::min(r, extra);
-  return {begin, begin + base + (r < extra ? 1 : 0)};
-}
-
 class SharedMemoryCommunicator final : public Communicator {
  public:
   SharedMemoryCommunicator(std::shared_ptr<Group> group, int rank)
@@ -100,29 +105,33 @@ class SharedMemoryCommunicator final : public Communicator {
 
   void all_reduce(float* data, std::size_t count, ReduceOp op) override {
     Group& g = *group_;
-    if (g.size == 1) {
-      check_not_aborted();
-      return;  // sum and average of one rank are the identity
-    }
-    g.slots[rank_] = data;
+    if (g.size == 1) return check_not_aborted();  // sum and average of one rank: the identity
+    publish(data);
+    reduce_slice(shard_range(count, g.size, rank_), op);
     sync(g.data);
-    reduce_slice(slice_of(count, g.size, rank_), op);
-    sync(g.data);
-    for (int r = 0; r < g.size; ++r) {
-      if (r == rank_) continue;
-      const Slice o = slice_of(count, g.size, r);
-      if (o.end > o.begin)
-        std::memcpy(data + o.begin, g.slots[r] + o.begin, (o.end - o.begin) * sizeof(float));
-    }
-    if (const double delay = g.wire.delay(count * sizeof(float), g.size); delay > 0.0)
-      std::this_thread::sleep_for(std::chrono::duration<double>(delay));
+    copy_other_slices(data, count, 1);
+    emulate_wire(count, 2.0);
     sync(g.data);
   }
 
-  std::unique_ptr<CommWork> all_reduce_async(float* data, std::size_t count,
-                                             ReduceOp op) override {
-    return thread_.submit(data, count, op);
+  void reduce_scatter(float* data, std::size_t count, std::size_t grain, ReduceOp op) override {
+    Group& g = *group_;
+    if (g.size == 1) return check_not_aborted();
+    publish(data);
+    reduce_slice(shard_range(count, g.size, rank_, grain), op);
+    emulate_wire(count, 1.0);
+    sync(g.data);  // every rank has read our buffer
   }
+
+  void all_gather(float* data, std::size_t count, std::size_t grain) override {
+    Group& g = *group_;
+    if (g.size == 1) return check_not_aborted();
+    publish(data);
+    copy_other_slices(data, count, grain);
+    emulate_wire(count, 1.0);
+    sync(g.data);
+  }
+
 
   void broadcast(float* data, std::size_t count, int root) override {
     Group& g = *group_;
@@ -166,15 +175,41 @@ class SharedMemoryCommunicator final : public Communicator {
 
   bool aborted() const noexcept override { return group_->control.aborted(); }
 
+ protected:
+  std::unique_ptr<CommWork> start(std::function<void()> collective) override {
+    return thread_.submit(std::move(collective));
+  }
+
  private:
   void check_not_aborted() const {
     if (aborted()) throw CommAborted();
   }
   void sync(detail::AbortableBarrier& b) { b.arrive_and_wait(rank_); }
 
+  // Phase 1: every rank's buffer becomes readable by every other.
+  void publish(float* data) {
+    group_->slots[rank_] = data;
+    sync(group_->data);
+  }
+  // Phase 3: our copy of every other rank's shard, from that rank's buffer.
+  void copy_other_slices(float* data, std::size_t count, std::size_t grain) {
+    const Group& g = *group_;
+    for (int r = 0; r < g.size; ++r) {
+      const ShardRange o = shard_range(count, g.size, r, grain);
+      if (r != rank_ && o.size() > 0)
+        std::memcpy(data + o.begin, g.slots[r] + o.begin, o.size() * sizeof(float));
+    }
+  }
+  // LOCKSTEP_EMULATE_INTERCONNECT (see Wire).
+  void emulate_wire(std::size_t count, double passes) const {
+    const Group& g = *group_;
+    if (const double delay = g.wire.delay(count * sizeof(float), g.size, passes); delay > 0.0)
+      std::this_thread::sleep_for(std::chrono::duration<double>(delay));
+  }
+
   // data[s] = (slots[0][s] + slots[1][s] + ...) in rank order, a cache-sized chunk at a time so
   // the inner loops vectorise. Our own slice of `data` is read only by us during this phase.
-  void reduce_slice(Slice s, ReduceOp op) {
+  void reduce_slice(ShardRange s, ReduceOp op) {
     constexpr std::size_t kChunk = 4096;
     const Group& g = *group_;
     const float inv = 1.0f / static_cast<float>(g.size);
@@ -197,9 +232,7 @@ class SharedMemoryCommunicator final : public Communicator {
   std::shared_ptr<Group> group_;
   int rank_;
   std::vector<float> scratch_;  // used by whichever thread runs the data plane, one at a time
-  CommThread thread_{[this](float* data, std::size_t count, ReduceOp op) {
-    all_reduce(data, count, op);
-  }};
+  CommThread thread_;
 };
 
 }  // namespace

@@ -93,14 +93,19 @@ std::string join_names(const Table& table) {
 
 // ---- Rules ----------------------------------------------------------------------------------
 
-// The lower bound of an integer key. The upper bound is that of the C++ member's type.
+// The bounds of an integer key. Without `max`, the upper bound is that of the C++ member's type.
+constexpr std::int64_t kNoMax = std::numeric_limits<std::int64_t>::max();
 struct IntRule {
   std::int64_t min = std::numeric_limits<std::int64_t>::min();
   // trainer.steps and trainer.epochs: 0 in a Config means "not set" (null in YAML).
   bool zero_means_unset = false;
+  std::int64_t max = kNoMax;
 };
 
 std::string describe(IntRule rule) {
+  if (rule.max == rule.min + 1) return fmt::format("{} or {}", rule.min, rule.max);
+  if (rule.max != kNoMax)
+    return fmt::format("an integer in [{}, {}]", rule.min, rule.max);
   if (rule.min == std::numeric_limits<std::int64_t>::min()) return "an integer";
   return fmt::format("an integer >= {}", rule.min);
 }
@@ -192,6 +197,7 @@ void visit_schema(Visitor& v, C& c) {
   v.number("bucket_cap_mb", c.trainer.bucket_cap_mb, kPositive);
   v.flag("overlap", c.trainer.overlap);
   v.integer("accumulate_steps", c.trainer.accumulate_steps, IntRule{.min = 1});
+  v.integer("zero", c.trainer.zero, IntRule{.min = 0, .max = 1});
   v.path("trace", c.trainer.trace);
   v.path("report", c.trainer.report);
   v.path("metrics", c.trainer.metrics);
@@ -729,7 +735,9 @@ class Parser {
                              std::max<std::int64_t>(rule.min, std::numeric_limits<T>::min())));
       expected(path, node, fmt::format("an integer <= {}", std::numeric_limits<T>::max()));
     }
-    if (ec != std::errc{} || end != digits.data() + digits.size() || std::cmp_less(value, rule.min))
+    if (ec != std::errc{} || end != digits.data() + digits.size() ||
+        std::cmp_less(value, rule.min) ||
+        (rule.max != kNoMax && std::cmp_greater(value, rule.max)))
       expected(path, node, describe(rule));
     return value;
   }

@@ -84,6 +84,8 @@ class CpuDevice final : public Device {
   // ---- Reductions (ops/reduce.cpp) ------------------------------------------------------------
 
   double sum_squares(const float* x, std::size_t n) override;
+  void sum_squares_grains(const float* x, std::size_t n, std::size_t grain,
+                          std::span<double> out) override;
   std::uint64_t hash(const float* x, std::size_t n) override;
 
   // ---- Optimisers (ops/optimizer.cpp) ---------------------------------------------------------

@@ -261,6 +261,16 @@ double CudaDevice::sum_squares(const float* x, std::size_t n) {
   return read_result<double>();
 }
 
+void CudaDevice::sum_squares_grains(const float* x, std::size_t n, std::size_t grain,
+                                    std::span<double> out) {
+  if (grain == 0 || out.size() != (n + grain - 1) / grain)
+    throw std::invalid_argument("sum_squares_grains: out needs one entry per grain");
+  if (out.empty()) return;
+  auto* sums = static_cast<double*>(scratch(out.size_bytes()));
+  launch_sum_squares_grains(stream(), x, n, grain, sums);
+  copy_to_host(out.data(), sums, out.size_bytes());
+}
+
 // n + sum over i of mix64(bits(x[i]) ^ mix64(i)), mod 2^64: the CPU device's formula.
 std::uint64_t CudaDevice::hash(const float* x, std::size_t n) {
   launch_hash(stream(), x, n, static_cast<unsigned long long*>(result_.get()));

@@ -6,7 +6,8 @@
 // The constructor makes `id` the calling thread's current device; use the object on that thread
 // (the destructor may run on any thread). Every kernel runs on one non-blocking compute stream;
 // cuBLAS is bound to it. Calls that return a value to the host (copy_to_host,
-// softmax_cross_entropy, sum_squares, hash) wait for the stream; everything else only enqueues.
+// softmax_cross_entropy, sum_squares, sum_squares_grains, hash) wait for the stream; the rest
+// only enqueues.
 // copy_to_device copies the host data into pinned staging memory before it returns, so the
 // caller may reuse its buffer at once, and the transfer itself is queued on the stream.
 // Staged buffers (the trainer's next batch, cuda_staged_buffer.hpp) copy through their own
@@ -63,6 +64,8 @@ class CudaDevice final : public Device {
   LossStats softmax_cross_entropy(const float* logits, const std::int32_t* labels, int rows,
                                   int classes, float* dlogits, float grad_scale) override;
   double sum_squares(const float* x, std::size_t n) override;
+  void sum_squares_grains(const float* x, std::size_t n, std::size_t grain,
+                          std::span<double> out) override;
   std::uint64_t hash(const float* x, std::size_t n) override;
   void sgd_step(const SgdParams& opt, float lr, float* params, const float* grads,
                 float* momentum_buf, std::size_t n) override;

@@ -74,6 +74,11 @@ void launch_causal_softmax_backward(cudaStream_t stream, const float* p, const f
 void launch_sum_squares(cudaStream_t stream, const float* x, std::size_t n, double* partials,
                         double* result);
 
+// sums[g] = sum of x[i]^2 in double over grain g = [g grain, min(n, (g + 1) grain)): one block
+// per grain, so each grain's sum depends only on its elements. n > 0.
+void launch_sum_squares_grains(cudaStream_t stream, const float* x, std::size_t n,
+                               std::size_t grain, double* sums);
+
 // *result = sum over i of detail::hash_term(bits(x[i]), i) mod 2^64 (the caller adds n).
 void launch_hash(cudaStream_t stream, const float* x, std::size_t n,
                  unsigned long long* result);

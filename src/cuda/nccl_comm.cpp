@@ -11,6 +11,13 @@
 //   abort(). With it, a rank either meets every peer at the barrier, after which every peer
 //   enqueues its part, or it throws CommAborted there.
 //
+// Note [NCCL shards]
+//   reduce_scatter and all_gather take shard_range's shards. When they are all the same size
+//   (count divisible by size x grain) they are NCCL's in-place ncclReduceScatter and
+//   ncclAllGather (rank r's shard at data + r x count / size). Otherwise one NCCL group of
+//   ncclReduce (or ncclBroadcast) calls, one per non-empty shard with its owner as root, which
+//   NCCL runs as one fused operation.
+//
 // Note [NCCL teardown]
 //   abort() aborts this rank's NCCL communicator at once (ncclCommAbort). The destructor runs on
 //   the host thread after the workers have joined; it destroys the communicator normally, or
@@ -71,7 +78,14 @@ class NcclCommunicator final : public Communicator {
   NcclCommunicator(const NcclCommunicator&) = delete;
   NcclCommunicator& operator=(const NcclCommunicator&) = delete;
 
-  ~NcclCommunicator() override {  // Note [NCCL teardown]
+  ~NcclCommunicator() override {  // Note [NCCL shards]
+//   reduce_scatter and all_gather take shard_range's shards. When they are all the same size
+//   (count divisible by size x grain) they are NCCL's in-place ncclReduceScatter and
+//   ncclAllGather (rank r's shard at data + r x count / size). Otherwise one NCCL group of
+//   ncclReduce (or ncclBroadcast) calls, one per non-empty shard with its owner as root, which
+//   NCCL runs as one fused operation.
+//
+// Note [NCCL teardown]
     if (released_.exchange(true)) return;
     if (control_->aborted())
       (void)ncclCommAbort(comm_);
@@ -109,6 +123,46 @@ class NcclCommunicator final : public Communicator {
     end_collective();
   }
 
+  // Note [NCCL shards]
+  void reduce_scatter(float* data, std::size_t count, std::size_t grain, ReduceOp op) override {
+    if (count == 0) return check_not_aborted();
+    const ncclRedOp_t nccl_op = op == ReduceOp::avg ? ncclAvg : ncclSum;
+    const cudaStream_t stream = begin_collective();
+    NcclGroup group;
+    if (const std::size_t shard = equal_shard(count, grain)) {
+      float* mine = data + static_cast<std::size_t>(rank_) * shard;
+      NCCL_CHECK(ncclReduceScatter(data, mine, shard, ncclFloat, nccl_op, comm_, stream));
+    } else {
+      for (int root = 0; root < size_; ++root) {
+        const ShardRange s = shard_range(count, size_, root, grain);
+        if (s.size() == 0) continue;
+        float* at = data + s.begin;
+        NCCL_CHECK(ncclReduce(at, at, s.size(), ncclFloat, nccl_op, root, comm_, stream));
+      }
+    }
+    group.end();
+    end_collective();
+  }
+
+  void all_gather(float* data, std::size_t count, std::size_t grain) override {
+    if (count == 0) return check_not_aborted();
+    const cudaStream_t stream = begin_collective();
+    NcclGroup group;
+    if (const std::size_t shard = equal_shard(count, grain)) {
+      const float* mine = data + static_cast<std::size_t>(rank_) * shard;
+      NCCL_CHECK(ncclAllGather(mine, data, shard, ncclFloat, comm_, stream));
+    } else {
+      for (int root = 0; root < size_; ++root) {
+        const ShardRange s = shard_range(count, size_, root, grain);
+        if (s.size() == 0) continue;
+        float* at = data + s.begin;
+        NCCL_CHECK(ncclBroadcast(at, at, s.size(), ncclFloat, root, comm_, stream));
+      }
+    }
+    group.end();
+    end_collective();
+  }
+
   // Every host-side meeting first polls NCCL for an asynchronous error (a peer that died, a
   // network failure): collectives run on streams, so their errors surface here, not as returns.
   void barrier() override {
@@ -141,6 +195,11 @@ class NcclCommunicator final : public Communicator {
     if (async != ncclSuccess && async != ncclInProgress)
       throw std::runtime_error(fmt::format("NCCL asynchronous error on rank {}: {}", rank_,
                                            ncclGetErrorString(async)));
+  }
+  // The size of every rank's shard when they are all equal, else 0.
+  std::size_t equal_shard(std::size_t count, std::size_t grain) const {
+    const std::size_t n = static_cast<std::size_t>(size_);
+    return count % (n * grain) == 0 ? count / n : 0;
   }
   // Note [NCCL ordering]: meet the other ranks, then order the comm stream after the compute
   // stream's work so far. Returns the comm stream.

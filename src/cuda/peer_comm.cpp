@@ -14,6 +14,8 @@
 //        record `done`.                                                                barrier
 //     4. the compute stream waits for every rank's `done`: our later kernels cannot overwrite
 //        the buffer while another rank still copies from it, nor read it before our own copies.
+//   reduce_scatter is steps 1, 2 and 4 (the shards are the slices); all_gather is 1, 3 and 4,
+//   copying each shard once its owner's `ready` is done.
 //   Each event is recorded again only in the next collective, after barriers that every rank
 //   passes once it has enqueued its waits on the previous record, so no wait sees a later one.
 //   A rank whose GPU cannot read another's memory directly (no peer access) copies that rank's
@@ -49,19 +51,6 @@ struct PeerGroup {
   std::vector<float*> buffers;                    // this collective's buffer, per rank
   std::vector<cudaEvent_t> ready, reduced, done;  // per rank, owned by that rank's communicator
 };
-
-// Slice [begin, end) of `count` elements owned by `rank`, as in the CPU group: the remainder goes
-// to the first ranks, so any count (0, < size, not divisible) is covered exactly once.
-struct Slice {
-  std::size_t begin, end;
-  std::size_t size() const { return end - begin; }
-};
-Slice slice_of(std::size_t count, int size, int rank) {
-  const std::size_t base = count / size, extra = count % size;
-  const std::size_t r = static_cast<std::size_t>(rank);
-  const std::size_t begin = r * base + std::min(r, extra);
-  return {begin, begin + base + (r < extra ? 1 : 0)};
-}
 
 // Lets the current device read `peer`'s memory. False if the hardware cannot.
 bool enable_peer_access(int device, int peer) {
@@ -104,36 +93,25 @@ class PeerCommunicator final : public Communicator {
 
   // Note [Peer all-reduce]
   void all_reduce(float* data, std::size_t count, ReduceOp op) override {
-    PeerGroup& g = *group_;
-    const int n = size();
-    check_attached();
-    if (n == 1 || count == 0) return check_not_aborted();  // the identity, on every rank
-
-    CUDA_CHECK(cudaEventRecord(ready_.get(), compute_));
-    g.buffers[rank_] = data;
-    control_->barrier();  // 1
-
-    const cudaStream_t comm = comm_stream_.get();
-    for (int q = 0; q < n; ++q) CUDA_CHECK(cudaStreamWaitEvent(comm, g.ready[q], 0));
-    const Slice mine = slice_of(count, n, rank_);
-    if (mine.size() > 0) {
-      PeerSlices sources{};
-      for (int q = 0; q < n; ++q) sources.src[q] = readable_slice(q, mine);
-      launch_peer_reduce(comm, sources, n, data + mine.begin, mine.size(), op == ReduceOp::avg);
-    }
-    CUDA_CHECK(cudaEventRecord(reduced_.get(), comm));
+    if (!publish(data, count)) return;  // 1
+    reduce_mine(data, count, 1, op);
     control_->barrier();  // 2
+    copy_others(data, count, 1, group_->reduced);
+    finish();  // 3
+  }
 
-    for (int q = 0; q < n; ++q) {
-      const Slice theirs = slice_of(count, n, q);
-      if (q == rank_ || theirs.size() == 0) continue;
-      CUDA_CHECK(cudaStreamWaitEvent(comm, g.reduced[q], 0));
-      copy_from(q, data + theirs.begin, g.buffers[q] + theirs.begin, theirs.size());
-    }
-    CUDA_CHECK(cudaEventRecord(done_.get(), comm));
-    control_->barrier();  // 3
+  // Phases 1, 2 and 4 (Note [Peer all-reduce]): the shards are the slices we sum.
+  void reduce_scatter(float* data, std::size_t count, std::size_t grain, ReduceOp op) override {
+    if (!publish(data, count)) return;
+    reduce_mine(data, count, grain, op);
+    finish();
+  }
 
-    for (int q = 0; q < n; ++q) CUDA_CHECK(cudaStreamWaitEvent(compute_, g.done[q], 0));
+  // Phases 1, 3 and 4: every shard is final once its owner's `ready` is.
+  void all_gather(float* data, std::size_t count, std::size_t grain) override {
+    if (!publish(data, count)) return;
+    copy_others(data, count, grain, group_->ready);
+    finish();
   }
 
   // The same protocol with one source: every rank copies the root's buffer.
@@ -178,6 +156,55 @@ class PeerCommunicator final : public Communicator {
     if (control_->aborted()) throw CommAborted();
   }
 
+  // Phase 1: records `ready`, publishes the buffer, meets the others, and orders the comm
+  // stream after every rank's `ready`. False when there is nothing to move (one rank, or an
+  // empty buffer, the same on every rank).
+  bool publish(float* data, std::size_t count) {
+    PeerGroup& g = *group_;
+    check_attached();
+    if (size() == 1 || count == 0) {
+      check_not_aborted();
+      return false;
+    }
+    CUDA_CHECK(cudaEventRecord(ready_.get(), compute_));
+    g.buffers[rank_] = data;
+    control_->barrier();
+    for (int q = 0; q < size(); ++q)
+      CUDA_CHECK(cudaStreamWaitEvent(comm_stream_.get(), g.ready[q], 0));
+    return true;
+  }
+  // Phase 2: our shard = the rank-order sum of every rank's shard; records `reduced`.
+  void reduce_mine(float* data, std::size_t count, std::size_t grain, ReduceOp op) {
+    const int n = size();
+    const ShardRange mine = shard_range(count, n, rank_, grain);
+    if (mine.size() > 0) {
+      PeerSlices sources{};
+      for (int q = 0; q < n; ++q) sources.src[q] = readable_slice(q, mine);
+      launch_peer_reduce(comm_stream_.get(), sources, n, data + mine.begin, mine.size(),
+                         op == ReduceOp::avg);
+    }
+    CUDA_CHECK(cudaEventRecord(reduced_.get(), comm_stream_.get()));
+  }
+  // Phase 3: every other rank's shard, copied from its buffer once its `final` event is done.
+  void copy_others(float* data, std::size_t count, std::size_t grain,
+                   const std::vector<cudaEvent_t>& final) {
+    const PeerGroup& g = *group_;
+    for (int q = 0; q < size(); ++q) {
+      const ShardRange theirs = shard_range(count, size(), q, grain);
+      if (q == rank_ || theirs.size() == 0) continue;
+      CUDA_CHECK(cudaStreamWaitEvent(comm_stream_.get(), final[q], 0));
+      copy_from(q, data + theirs.begin, g.buffers[q] + theirs.begin, theirs.size());
+    }
+  }
+  // Phase 4: records `done`, meets the others, and orders our compute stream after every
+  // rank's `done`: nobody reads our buffer any more, and our copies have landed.
+  void finish() {
+    const PeerGroup& g = *group_;
+    CUDA_CHECK(cudaEventRecord(done_.get(), comm_stream_.get()));
+    control_->barrier();
+    for (int q = 0; q < size(); ++q) CUDA_CHECK(cudaStreamWaitEvent(compute_, g.done[q], 0));
+  }
+
   // On the comm stream: dst (ours) = count floats of rank q's src.
   void copy_from(int q, float* dst, const float* src, std::size_t count) {
     const PeerGroup& g = *group_;
@@ -187,7 +214,7 @@ class PeerCommunicator final : public Communicator {
 
   // Slice s of rank q's buffer, as a pointer our kernels can read: the buffer itself when our
   // GPU can address it, else a copy in our staging buffer (enqueued on the comm stream).
-  const float* readable_slice(int q, Slice s) {
+  const float* readable_slice(int q, ShardRange s) {
     const float* src = group_->buffers[q] + s.begin;
     if (direct_[q]) return src;
     const std::size_t need = s.size() * static_cast<std::size_t>(size());

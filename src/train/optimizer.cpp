@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <numbers>
+#include <stdexcept>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -27,27 +29,52 @@ std::vector<DecaySpan> decay_spans(std::span<const ParamTensor> tensors, std::si
 }
 
 Optimizer::Optimizer(Device& device, const OptimizerConfig& cfg, std::size_t params,
-                     std::vector<DecaySpan> spans)
-    : device_(&device), cfg_(cfg), n_(params), spans_(std::move(spans)) {
+                     std::vector<DecaySpan> spans, std::optional<std::vector<ShardRange>> owned)
+    : device_(&device),
+      cfg_(cfg),
+      n_(params),
+      owned_(owned ? std::move(*owned) : std::vector<ShardRange>{{0, params}}),
+      spans_(std::move(spans)) {
+  std::size_t previous_end = 0;
+  for (const ShardRange& r : owned_) {
+    if (r.end > n_ || r.begin > r.end || r.begin < previous_end)
+      throw std::logic_error("Optimizer: owned ranges out of the buffer or out of order");
+    previous_end = r.end;
+    offset_.push_back(held_);
+    held_ += r.size();
+  }
   const bool needs_m = cfg.type == OptimizerKind::adamw || cfg.momentum > 0.0;
-  if (needs_m) m_ = DeviceArray<float>(device, n_);
-  if (cfg.type == OptimizerKind::adamw) v_ = DeviceArray<float>(device, n_);
+  if (needs_m) m_ = DeviceArray<float>(device, held_);
+  if (cfg.type == OptimizerKind::adamw) v_ = DeviceArray<float>(device, held_);
+}
+
+std::size_t Optimizer::state_bytes() const noexcept {
+  return (m_.size() + v_.size()) * sizeof(float);
 }
 
 void Optimizer::apply(float* params, const float* grads, double lr, std::size_t begin,
                       std::size_t end) {
-  if (spans_.empty()) return update(params, grads, lr, begin, end, cfg_.weight_decay);
+  // The owned range holding [begin, end): the last one starting at or before `begin`.
+  const auto after = std::upper_bound(
+      owned_.begin(), owned_.end(), begin,
+      [](std::size_t b, const ShardRange& r) { return b < r.begin; });
+  if (after == owned_.begin() || end > std::prev(after)->end)
+    throw std::logic_error(fmt::format("Optimizer::apply: [{}, {}) is not owned", begin, end));
+  const std::size_t range = static_cast<std::size_t>(after - owned_.begin()) - 1;
+  const std::size_t state_at = offset_[range] + (begin - owned_[range].begin);
+  if (spans_.empty()) return update(params, grads, lr, begin, end, cfg_.weight_decay, state_at);
   for (const DecaySpan& s : spans_) {
     const std::size_t b = std::max(begin, s.begin), e = std::min(end, s.end);
-    if (b < e) update(params, grads, lr, b, e, s.decay ? cfg_.weight_decay : 0.0);
+    if (b < e)
+      update(params, grads, lr, b, e, s.decay ? cfg_.weight_decay : 0.0, state_at + (b - begin));
   }
 }
 
 void Optimizer::update(float* params, const float* grads, double lr, std::size_t begin,
-                       std::size_t end, double weight_decay) {
+                       std::size_t end, double weight_decay, std::size_t state_at) {
   const float lr_f = static_cast<float>(lr);
   const std::size_t n = end - begin;
-  auto at = [begin](DeviceArray<float>& a) { return a.data() ? a.data() + begin : nullptr; };
+  auto at = [state_at](DeviceArray<float>& a) { return a.data() ? a.data() + state_at : nullptr; };
   switch (cfg_.type) {
     case OptimizerKind::sgd:
       device_->sgd_step({.momentum = static_cast<float>(cfg_.momentum),
@@ -67,7 +94,7 @@ void Optimizer::update(float* params, const float* grads, double lr, std::size_t
 
 std::vector<std::string> Optimizer::state_names() const {
   if (cfg_.type == OptimizerKind::adamw) return {"adamw.m", "adamw.v"};
-  return m_.data() ? std::vector<std::string>{"momentum"} : std::vector<std::string>{};
+  return cfg_.momentum > 0.0 ? std::vector<std::string>{"momentum"} : std::vector<std::string>{};
 }
 
 std::vector<StateVector> Optimizer::state() const {
@@ -88,12 +115,17 @@ void Optimizer::load_state(std::span<const StateVector> state, std::int64_t step
     throw InputError(fmt::format("{}: optimizer state holds [{}], this {} optimizer needs [{}]",
                                  source, fmt::join(got, ", "), to_string(cfg_.type),
                                  fmt::join(expected, ", ")));
+  std::vector<float> mine(held_);
   for (const StateVector& v : state) {
     if (v.values.size() != n_)
       throw InputError(fmt::format("{}: optimizer state '{}' has {} values, the model {}", source,
                                    v.name, v.values.size(), n_));
+    for (std::size_t i = 0; i < owned_.size(); ++i)
+      std::copy(v.values.begin() + static_cast<std::ptrdiff_t>(owned_[i].begin),
+                v.values.begin() + static_cast<std::ptrdiff_t>(owned_[i].end),
+                mine.begin() + static_cast<std::ptrdiff_t>(offset_[i]));
     DeviceArray<float>& target = v.name == "adamw.v" ? v_ : m_;
-    target.upload(v.values);
+    target.upload(mine);
   }
   t_ = steps_taken;
 }

@@ -1,17 +1,21 @@
 // Optimiser state for one replica, and the learning-rate schedule.
 //
-// The state (momentum, Adam moments) lives on the replica's device, in the same layout as the
-// parameters. Every replica applies the same update to the same averaged gradient, so the
-// states stay identical without ever being communicated.
+// The state (momentum, Adam moments) lives on the replica's device. Without ZeRO it has the
+// parameters' layout: every replica applies the same update to the same averaged gradient, so
+// the states stay identical without ever being communicated. With ZeRO-1 (Note [ZeRO-1] in
+// reducer.hpp) an optimiser owns some ranges of the parameter buffer, its shards, and its state
+// holds exactly their elements, one range after another.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include <span>
 #include <string>
 #include <vector>
 
 #include "lockstep/checkpoint.hpp"
+#include "lockstep/comm.hpp"
 #include "lockstep/config.hpp"
 #include "lockstep/device.hpp"
 
@@ -36,9 +40,12 @@ std::vector<DecaySpan> decay_spans(std::span<const ParamTensor> tensors, std::si
 
 class Optimizer {
  public:
-  // `spans` cover the buffer in order (decay_spans()); empty: every element decays.
+  // `spans` cover the buffer in order (decay_spans()); empty: every element decays. `owned`:
+  // the ranges this optimiser updates, in buffer order (ZeRO-1: this rank's shards, possibly
+  // none); nullopt: the whole buffer. State is held for the owned elements only.
   Optimizer(Device& device, const OptimizerConfig& cfg, std::size_t params,
-            std::vector<DecaySpan> spans = {});
+            std::vector<DecaySpan> spans = {},
+            std::optional<std::vector<ShardRange>> owned = std::nullopt);
   // params -= update(grads) at learning rate lr; counts the step.
   void step(float* params, const float* grads, double lr) {
     begin_step();
@@ -46,28 +53,37 @@ class Optimizer {
   }
   // The same step in pieces: begin_step() once, then apply() to ranges that together cover the
   // buffer once (the reducer updates each bucket as soon as its all-reduce is done). Every
-  // element's update is the same as in step().
+  // element's update is the same as in step(). With owned ranges, [begin, end) lies in one.
   void begin_step() noexcept { ++t_; }
   void apply(float* params, const float* grads, double lr, std::size_t begin, std::size_t end);
   std::int64_t steps_taken() const noexcept { return t_; }
 
-  // The state for checkpoints: "momentum" (SGD with momentum), "adamw.m" and "adamw.v".
+  // The state for checkpoints: "momentum" (SGD with momentum), "adamw.m" and "adamw.v"; with
+  // owned ranges, their elements only, one range after another.
   std::vector<StateVector> state() const;
+  // Bytes of state this optimiser holds on its device.
+  std::size_t state_bytes() const noexcept;
+  const std::vector<ShardRange>& owned() const noexcept { return owned_; }
   // The names state() returns, without copying anything off the device.
   std::vector<std::string> state_names() const;
-  // Restores what state() returned, and the step count. Throws InputError naming `source` if the
-  // vectors do not match this optimiser.
+  // Restores the state of the whole buffer (a checkpoint's, as state() returns it without owned
+  // ranges), keeping the owned elements, and the step count. Throws InputError naming `source`
+  // if the vectors do not match this optimiser.
   void load_state(std::span<const StateVector> state, std::int64_t steps_taken,
                   const std::string& source);
 
  private:
+  // Updates [begin, end) of the buffer, whose state starts at `state_at`.
   void update(float* params, const float* grads, double lr, std::size_t begin, std::size_t end,
-              double weight_decay);
+              double weight_decay, std::size_t state_at);
 
   Device* device_;
   OptimizerConfig cfg_;
-  std::size_t n_;
-  std::vector<DecaySpan> spans_;
+  std::size_t n_;                   // parameters in the whole buffer
+  std::vector<ShardRange> owned_;   // the ranges updated, in buffer order
+  std::vector<std::size_t> offset_;  // offset_[i]: where owned_[i] starts in the state
+  std::size_t held_ = 0;            // state elements per vector: the owned ranges' total
+  std::vector<DecaySpan> spans_;   // decay flags, in buffer order
   DeviceArray<float> m_;  // sgd: momentum buffer; adamw: first moment
   DeviceArray<float> v_;  // adamw: second moment
   std::int64_t t_ = 0;

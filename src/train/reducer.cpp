@@ -38,17 +38,21 @@ std::vector<Bucket> plan_buckets(const Model& model, double cap_mb, double first
 }
 
 Reducer::Reducer(const Model& model, Communicator& comm, float* grads, std::vector<Bucket> buckets,
-                 bool overlap, std::vector<TraceEvent>* comm_track)
+                 bool overlap, bool zero, std::vector<TraceEvent>* comm_track)
     : comm_(comm),
       grads_(grads),
       buckets_(std::move(buckets)),
       overlap_(overlap),
+      zero_(zero),
       comm_track_(comm_track),
       bucket_of_layer_(model.layers().size(), kNone),
       pending_(buckets_.size(), 0),
       work_(buckets_.size()) {
   for (std::size_t b = 0; b < buckets_.size(); ++b)
     for (std::size_t layer : buckets_[b].layers) bucket_of_layer_[layer] = b;
+  first_grain_.push_back(0);
+  for (const Bucket& b : buckets_)
+    first_grain_.push_back(first_grain_.back() + (b.end - b.begin + kZeroGrain - 1) / kZeroGrain);
   reset();
 }
 
@@ -75,21 +79,62 @@ void Reducer::launch_remaining() {
 
 void Reducer::launch(std::size_t i) {
   const Bucket& b = buckets_[i];
-  work_[i] = comm_.all_reduce_async(grads_ + b.begin, b.end - b.begin, ReduceOp::avg);
+  float* data = grads_ + b.begin;
+  const std::size_t count = b.end - b.begin;
+  work_[i] = zero_ ? comm_.reduce_scatter_async(data, count, kZeroGrain, ReduceOp::avg)
+                   : comm_.all_reduce_async(data, count, ReduceOp::avg);
   launched_ = i + 1;
+}
+
+ShardRange Reducer::shard(std::size_t i) const {
+  const Bucket& b = buckets_.at(i);
+  if (!zero_) return {b.begin, b.end};
+  const ShardRange s = shard_range(b.end - b.begin, comm_.size(), comm_.rank(), kZeroGrain);
+  return {b.begin + s.begin, b.begin + s.end};
+}
+
+std::vector<ShardRange> Reducer::owned() const {
+  std::vector<ShardRange> out;
+  for (std::size_t i = 0; i < buckets_.size(); ++i)
+    if (const ShardRange s = shard(i); s.size() > 0) out.push_back(s);
+  return out;
+}
+
+void Reducer::sum_grain_squares(std::size_t i, Device& device, std::span<double> sums) const {
+  const ShardRange mine = shard(i);  // starts on a grain of the bucket
+  const std::size_t first = first_grain_[i] + (mine.begin - buckets_[i].begin) / kZeroGrain;
+  const std::size_t count = (mine.size() + kZeroGrain - 1) / kZeroGrain;
+  device.sum_squares_grains(grads_ + mine.begin, mine.size(), kZeroGrain,
+                            sums.subspan(first, count));
+}
+
+void Reducer::start_gather(std::size_t i, float* params) {
+  const Bucket& b = buckets_.at(i);
+  gathers_.emplace_back(i, comm_.all_gather_async(params + b.begin, b.end - b.begin, kZeroGrain));
 }
 
 double Reducer::wait(std::size_t i) {
   if (i >= launched_ || !work_[i]) throw std::logic_error("Reducer::wait: bucket not started");
+  return wait_for(std::move(work_[i]), zero_ ? "reduce-scatter" : "all-reduce", i);
+}
+
+double Reducer::wait_gathers() {
+  double blocked = 0.0;
+  for (auto& [i, work] : gathers_) blocked += wait_for(std::move(work), "all-gather", i);
+  gathers_.clear();
+  return blocked;
+}
+
+// Waits for one collective of bucket i; counts its time and records it on the comm track.
+double Reducer::wait_for(std::unique_ptr<CommWork> work, const char* what, std::size_t i) {
   const double t0 = steady_now_s();
-  std::unique_ptr<CommWork> work = std::move(work_[i]);
   work->wait();
   const double blocked = steady_now_s() - t0;
   exposed_s_ += blocked;
   if (work->finished_s > work->started_s) {
     comm_s_ += work->finished_s - work->started_s;
     if (comm_track_)
-      comm_track_->push_back({fmt::format("all-reduce bucket {}", i), work->started_s,
+      comm_track_->push_back({fmt::format("{} bucket {}", what, i), work->started_s,
                               work->finished_s,
                               fmt::format("\"bucket\": {}, \"bytes\": {}", i, buckets_[i].bytes())});
   }
@@ -97,14 +142,17 @@ double Reducer::wait(std::size_t i) {
 }
 
 void Reducer::drain() noexcept {
-  for (auto& work : work_) {
-    if (!work) continue;
+  auto finish = [](std::unique_ptr<CommWork>& work) {
+    if (!work) return;
     try {
       work->wait();
     } catch (...) {  // the failure that caused the drain is reported elsewhere
     }
     work.reset();
-  }
+  };
+  for (auto& work : work_) finish(work);
+  for (auto& gather : gathers_) finish(gather.second);
+  gathers_.clear();
 }
 
 }  // namespace lockstep::detail

@@ -13,13 +13,40 @@
 //   with earlier layers. Buckets complete in the same order on every rank because backward runs
 //   the layers in the same order, so every rank issues the same collectives in the same order.
 //   With overlap off, every bucket starts after backward.
+//
+// Note [ZeRO-1]
+//   With trainer.zero: 1 each rank keeps the optimiser state of, and updates, only its shards:
+//   in every bucket, the contiguous range shard_range(bucket size, N, rank, kZeroGrain) of the
+//   bucket (lockstep/comm.hpp): the bucket is cut from its start into grains of kZeroGrain
+//   elements, and each rank takes a run of whole grains, the first ranks one grain more. Any
+//   parameter count and any N work without padding, since the collectives take uneven shards;
+//   a rank holds at most one grain per bucket more than another, and a bucket with fewer grains
+//   than ranks leaves the last ranks without a shard of it. Per step:
+//     1. each bucket is reduce-scattered (avg) as soon as backward fills it, instead of
+//        all-reduced: the rank's shard of the averaged gradient has the all-reduce's bits;
+//     2. each rank sums the squares of its grains, one sum per grain
+//        (Device::sum_squares_grains); one host all-reduce of the per-grain sums (every other
+//        rank adds +0.0: exact) gives every rank every grain's sum, which it adds up in grain
+//        order. Without ZeRO a rank sums every grain itself and adds them in the same order, so
+//        the global norm for clipping and on_nonfinite has the same bits with zero 0 and 1 and
+//        any N;
+//     3. the optimiser updates the rank's shards (per bucket as each lands when nothing waits
+//        for the norm, else after it), with its 1/N of the state;
+//     4. each bucket's parameters are all-gathered; the step waits for them before it ends, so
+//        every replica is bit-identical again for the replica check and the next forward.
+//   Every element gets the replicated update's arithmetic with the same norm, so a zero 1 run
+//   ends bit-identical to zero 0 on the CPU. Checkpoints hold the whole state (gathered, see
+//   WorkerLoop::gather_optimizer_state).
 #pragma once
 
 #include <cstddef>
 #include <memory>
+#include <span>
+#include <utility>
 #include <vector>
 
 #include "lockstep/comm.hpp"
+#include "lockstep/device.hpp"
 #include "lockstep/model.hpp"
 #include "train/trace.hpp"
 
@@ -32,14 +59,19 @@ struct Bucket {
   std::size_t bytes() const noexcept { return (end - begin) * sizeof(float); }
 };
 
+// The grain of ZeRO-1's shards and of the gradient norm's terms, elements (Note [ZeRO-1]):
+// 64 KiB of floats.
+constexpr std::size_t kZeroGrain = 16384;
+
 // Cuts the model's parameters into buckets (see Note [Buckets]). Layers without parameters
 // belong to no bucket.
 std::vector<Bucket> plan_buckets(const Model& model, double cap_mb, double first_cap_mb = 1.0);
 
 class Reducer {
  public:
+  // zero: reduce-scatter instead of all-reduce (Note [ZeRO-1]).
   Reducer(const Model& model, Communicator& comm, float* grads, std::vector<Bucket> buckets,
-          bool overlap, std::vector<TraceEvent>* comm_track);
+          bool overlap, bool zero, std::vector<TraceEvent>* comm_track);
   ~Reducer();
   Reducer(const Reducer&) = delete;
   Reducer& operator=(const Reducer&) = delete;
@@ -54,25 +86,43 @@ class Reducer {
   void launch_remaining();
   // Blocks until bucket i is reduced; returns the seconds spent blocked.
   double wait(std::size_t i);
+  // ZeRO-1: this rank's shard of bucket i, as a range of the buffer; the whole bucket without.
+  ShardRange shard(std::size_t i) const;
+  // The non-empty shards of every bucket, in buffer order: what this rank's optimiser updates.
+  std::vector<ShardRange> owned() const;
+  // Grains of every bucket together (Note [ZeRO-1]): the global norm has one term per grain.
+  std::size_t grains() const noexcept { return first_grain_.back(); }
+  // sums[the grains of this rank's shard of bucket i] = their sums of squares of the reduced
+  // gradient; the other entries are left as they are.
+  void sum_grain_squares(std::size_t i, Device& device, std::span<double> sums) const;
+  // ZeRO-1: starts the all-gather of bucket i of `params` (every rank's updated shard).
+  void start_gather(std::size_t i, float* params);
+  // Blocks until every started all-gather is done; returns the seconds spent blocked.
+  double wait_gathers();
+
   // Waits for all work in flight and ignores its errors: on the failure path, our buffers must
   // not be freed while a communication thread still uses them.
   void drain() noexcept;
 
   // Totals since construction, for the run summary.
-  double comm_seconds() const noexcept { return comm_s_; }      // all-reduce durations
+  double comm_seconds() const noexcept { return comm_s_; }      // collective durations
   double exposed_seconds() const noexcept { return exposed_s_; }  // caller blocked in wait()
 
  private:
   void launch(std::size_t i);
+  double wait_for(std::unique_ptr<CommWork> work, const char* what, std::size_t i);
 
   Communicator& comm_;
   float* grads_;
   std::vector<Bucket> buckets_;
   bool overlap_;
+  bool zero_;
   std::vector<TraceEvent>* comm_track_;
   std::vector<std::size_t> bucket_of_layer_;  // npos for layers without parameters
   std::vector<std::size_t> pending_;          // layers not yet ready, per bucket
+  std::vector<std::size_t> first_grain_;      // per bucket, then the total (Note [ZeRO-1])
   std::vector<std::unique_ptr<CommWork>> work_;
+  std::vector<std::pair<std::size_t, std::unique_ptr<CommWork>>> gathers_;  // bucket, work
   std::size_t launched_ = 0;  // buckets [0, launched_) have started
   double comm_s_ = 0.0;
   double exposed_s_ = 0.0;

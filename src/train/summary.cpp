@@ -18,9 +18,9 @@ std::string worker_times_json(const std::vector<WorkerTimes>& rows) {
     const WorkerTimes& w = rows[r];
     out += fmt::format(
         "{}\n    {{\"rank\": {}, \"total_s\": {}, \"compute_s\": {}, \"comm_exposed_s\": {}, "
-        "\"data_wait_s\": {}, \"barrier_wait_s\": {}}}",
+        "\"data_wait_s\": {}, \"barrier_wait_s\": {}, \"optimizer_state_bytes\": {}}}",
         r ? "," : "", r, number(w.total_s), number(w.compute_s), number(w.comm_exposed_s),
-        number(w.data_wait_s), number(w.barrier_wait_s));
+        number(w.data_wait_s), number(w.barrier_wait_s), w.optimizer_state_bytes);
   }
   return rows.empty() ? out : out + "\n  ";
 }
@@ -32,6 +32,11 @@ std::string describe_backend(const Summary& s) {
   return fmt::format("{} ({} worker{}: {}devices {})", s.backend, workers, workers == 1 ? "" : "s",
                      s.processes > 1 ? fmt::format("{} processes x ", s.processes) : std::string(),
                      fmt::join(s.devices, ","));
+}
+
+std::string describe_optimizer_state(const Summary& s) {
+  return fmt::format("{} bytes per worker at most ({})", s.optimizer_state_bytes,
+                     s.zero == 1 ? "ZeRO-1: sharded across workers" : "replicated, trainer.zero 0");
 }
 
 std::string Summary::to_json() const {
@@ -59,6 +64,8 @@ std::string Summary::to_json() const {
       "  \"accumulate_steps\": {},\n"
       "  \"buckets\": {},\n"
       "  \"overlap\": {},\n"
+      "  \"zero\": {},\n"
+      "  \"optimizer_state_bytes\": {},\n"
       "  \"data_wait_s\": {},\n"
       "  \"barrier_wait_s\": {},\n"
       "  \"comm_s\": {},\n"
@@ -75,10 +82,11 @@ std::string Summary::to_json() const {
       mfu > 0.0 ? number(mfu) : "null", number(final_train_loss),
       number(final_train_accuracy), number(eval_loss), number(eval_accuracy),
       replicas_identical ? "true" : "false", replica_checks, param_hash, accumulate_steps, buckets,
-      overlap ? "true" : "false", number(data_wait_s), number(barrier_wait_s), number(comm_s),
-      number(comm_exposed_s), number(comm_hidden_fraction), resumed_from_step,
-      stopped_early ? "true" : "false", nonfinite_skips,
-      last_checkpoint.empty() ? "null" : detail::json_quote(last_checkpoint), worker_times_json(worker_times));
+      overlap ? "true" : "false", zero, optimizer_state_bytes, number(data_wait_s),
+      number(barrier_wait_s), number(comm_s), number(comm_exposed_s), number(comm_hidden_fraction),
+      resumed_from_step, stopped_early ? "true" : "false", nonfinite_skips,
+      last_checkpoint.empty() ? "null" : detail::json_quote(last_checkpoint),
+      worker_times_json(worker_times));
 }
 
 }  // namespace lockstep

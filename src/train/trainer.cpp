@@ -218,9 +218,9 @@ void Trainer::Impl::check_processes_agree() const {
   const TrainerConfig& tc = cfg.trainer;
   // The trainer keys that shape the collectives, which config_hash() leaves out.
   const std::string collectives = fmt::format(
-      "{} {} {} {} {} {} {} {}", to_string(tc.backend), to_string(tc.comm), tc.accumulate_steps,
+      "{} {} {} {} {} {} {} {} {}", to_string(tc.backend), to_string(tc.comm), tc.accumulate_steps,
       tc.bucket_cap_mb, tc.eval_every, tc.check_replicas_every, to_string(tc.on_nonfinite),
-      tc.max_nonfinite_skips);
+      tc.max_nonfinite_skips, tc.zero);
   const std::uint64_t mine[] = {
       config_hash(cfg), model.param_count(), static_cast<std::uint64_t>(workers()),
       static_cast<std::uint64_t>(total_steps),
@@ -233,7 +233,7 @@ void Trainer::Impl::check_processes_agree() const {
       "total steps (trainer.steps or trainer.epochs)",
       "resumed step (--resume)",
       "hash of trainer.backend, comm, accumulate_steps, bucket_cap_mb, eval_every, "
-      "check_replicas_every, on_nonfinite and max_nonfinite_skips"};
+      "check_replicas_every, on_nonfinite, max_nonfinite_skips and zero"};
   constexpr std::size_t kFields = std::size(mine);
   const std::vector<std::uint64_t> all = processes->all_gather(mine);
   for (int p = 1; p < processes->size(); ++p)
@@ -300,6 +300,7 @@ Summary Trainer::Impl::begin_summary(const Backend& b) const {
   s.flops_per_token = cfg.model.type == "gpt" ? gpt_flops_per_token(gpt_spec(cfg, *train)) : 0.0;
   s.accumulate_steps = cfg.trainer.accumulate_steps;
   s.overlap = cfg.trainer.overlap;
+  s.zero = cfg.trainer.zero;
   s.resumed_from_step = resume ? resume->state.step : 0;
   return s;
 }

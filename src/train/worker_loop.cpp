@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <numeric>
 #include <stdexcept>
 #include <string>
 
@@ -28,12 +29,13 @@ struct TimeRow {
   double data_wait_s = 0.0;
   double barrier_wait_s = 0.0;
   double comm_s = 0.0;
+  double optimizer_state_bytes = 0.0;  // exact in a double up to 2^53
 
-  static constexpr std::size_t kFields = 5;
+  static constexpr std::size_t kFields = 6;
   std::array<double, kFields> fields() const {
-    return {loop_s, comm_exposed_s, data_wait_s, barrier_wait_s, comm_s};
+    return {loop_s, comm_exposed_s, data_wait_s, barrier_wait_s, comm_s, optimizer_state_bytes};
   }
-  static TimeRow from(std::span<const double> f) { return {f[0], f[1], f[2], f[3], f[4]}; }
+  static TimeRow from(std::span<const double> f) { return {f[0], f[1], f[2], f[3], f[4], f[5]}; }
 };
 
 // Sums a named struct over every worker of `comm`: its fields() travel as one host all-reduce.
@@ -112,15 +114,17 @@ void WorkerLoop::set_up(Backend& backend) {
   // as any later backend (several processes) needs.
   comm_.broadcast(replica.params(), replica.param_count(), 0);
 
+  res_.reducer = std::make_unique<Reducer>(run_.model, comm_, replica.grads(),
+                                           plan_buckets(run_.model, tc.bucket_cap_mb),
+                                           tc.overlap, zero(), run_.trace.comm(rank_));
+  // ZeRO-1: the optimiser holds the state of this rank's shards only (Note [ZeRO-1]).
   res_.optimizer = std::make_unique<Optimizer>(
       dev, run_.cfg.optimizer, replica.param_count(),
-      decay_spans(run_.model.param_tensors(), replica.param_count(), run_.cfg.optimizer.decay_all));
+      decay_spans(run_.model.param_tensors(), replica.param_count(), run_.cfg.optimizer.decay_all),
+      zero() ? std::optional(res_.reducer->owned()) : std::nullopt);
   if (resume)
     res_.optimizer->load_state(resume->optimizer_state, resume->state.optimizer_steps,
                                resume->weights_file.string());
-  res_.reducer = std::make_unique<Reducer>(run_.model, comm_, replica.grads(),
-                                           plan_buckets(run_.model, tc.bucket_cap_mb),
-                                           tc.overlap, run_.trace.comm(rank_));
   if (rank_ == 0) run_.summary.buckets = res_.reducer->buckets().size();
   set_up_data();
 }
@@ -264,6 +268,7 @@ WorkerLoop::UpdateResult WorkerLoop::reduce_and_update(const StepTotals& totals)
   r.loss = totals.loss_sum / (totals.samples * run_.train->targets());
   r.lr = learning_rate(cfg.optimizer, cfg.schedule, pos_.step - 1, run_.total_steps);
   r.grad_norm = std::sqrt(wait_and_update(r.lr));
+  gather_parameters();  // ZeRO-1: of the buckets updated as they landed
   beat();
   // The loss and the norm are the same on every rank, so every rank decides the same.
   const bool finite = std::isfinite(r.grad_norm) && std::isfinite(r.loss);
@@ -271,18 +276,30 @@ WorkerLoop::UpdateResult WorkerLoop::reduce_and_update(const StepTotals& totals)
     on_nonfinite(r.loss, r.grad_norm);
   } else if (!updates_per_bucket()) {
     skips_in_row_ = 0;
-    TraceSpan span(track_, "optimizer", pos_.step);
-    const std::size_t params = replica.param_count();
-    if (cfg.optimizer.clip_grad_norm > 0.0 && r.grad_norm > cfg.optimizer.clip_grad_norm)
-      res_.device->scale(replica.grads(),
-                         static_cast<float>(cfg.optimizer.clip_grad_norm / (r.grad_norm + 1e-6)),
-                         params);
-    res_.optimizer->begin_step();
-    res_.optimizer->apply(replica.params(), replica.grads(), r.lr, 0, params);
+    update_after_norm(r.lr, r.grad_norm);
+    gather_parameters();
   }
   if (run_.callbacks.hooks.after_update)
     run_.callbacks.hooks.after_update(global_, pos_.step, replica);
   return r;
+}
+
+// The optimiser step once the global norm is known: clip to it, then update every bucket (with
+// ZeRO-1, this rank's shards, starting their all-gathers).
+void WorkerLoop::update_after_norm(double lr, double grad_norm) {
+  TraceSpan span(track_, "optimizer", pos_.step);
+  const double clip = run_.cfg.optimizer.clip_grad_norm;
+  const float scale =
+      clip > 0.0 && grad_norm > clip ? static_cast<float>(clip / (grad_norm + 1e-6)) : 1.0f;
+  res_.optimizer->begin_step();
+  for (std::size_t i = 0; i < res_.reducer->buckets().size(); ++i) update_bucket(i, lr, scale);
+}
+
+// ZeRO-1: waits for the all-gathers of the updated shards; every replica is whole again.
+void WorkerLoop::gather_parameters() {
+  if (!zero()) return;
+  TraceSpan span(track_, "all-gather wait", pos_.step);
+  res_.reducer->wait_gathers();
 }
 
 // Updating each bucket as soon as it lands is only possible when nothing must be decided about
@@ -292,24 +309,37 @@ bool WorkerLoop::updates_per_bucket() const {
          run_.cfg.trainer.on_nonfinite == NonfinitePolicy::stop;
 }
 
-// Waits for every bucket's all-reduce, updating each as it lands when updates_per_bucket().
-// Returns the squared norm of the averaged gradient.
+// Waits for every bucket's reduction, updating each as it lands when updates_per_bucket().
+// Returns the squared norm of the averaged gradient, summed grain by grain in buffer order
+// (Note [ZeRO-1]): with ZeRO-1 each rank sums its own grains and one host all-reduce brings the
+// others' (adding +0.0 elsewhere: exact), so the norm has the same bits with zero 0 and 1 and
+// any number of workers.
 double WorkerLoop::wait_and_update(double lr) {
   TraceSpan span(track_, "optimizer", pos_.step);
-  Replica& replica = *res_.replica;
-  const auto& buckets = res_.reducer->buckets();
+  Reducer& reducer = *res_.reducer;
   const bool per_bucket = updates_per_bucket();
-  double sum_squares = 0.0;
   if (per_bucket) res_.optimizer->begin_step();
-  for (std::size_t i = 0; i < buckets.size(); ++i) {
-    res_.reducer->wait(i);
-    if (!per_bucket) continue;
-    sum_squares += res_.device->sum_squares(replica.grads() + buckets[i].begin,
-                                            buckets[i].end - buckets[i].begin);
-    res_.optimizer->apply(replica.params(), replica.grads(), lr, buckets[i].begin, buckets[i].end);
+  std::vector<double> grain_sums(reducer.grains(), 0.0);
+  for (std::size_t i = 0; i < reducer.buckets().size(); ++i) {
+    reducer.wait(i);
+    reducer.sum_grain_squares(i, *res_.device, grain_sums);
+    if (per_bucket) update_bucket(i, lr, 1.0f);
   }
-  if (!per_bucket) sum_squares = res_.device->sum_squares(replica.grads(), replica.param_count());
-  return sum_squares;
+  if (zero()) comm_.all_reduce_host(grain_sums);
+  return std::accumulate(grain_sums.begin(), grain_sums.end(), 0.0);
+}
+
+// The optimiser step on this rank's part of bucket i (all of it without ZeRO), its gradient
+// scaled by `scale` first (clipping); with ZeRO-1 then the all-gather that brings every rank's
+// updated shard of it.
+void WorkerLoop::update_bucket(std::size_t i, double lr, float scale) {
+  Replica& replica = *res_.replica;
+  const ShardRange mine = res_.reducer->shard(i);
+  if (mine.size() > 0) {
+    if (scale != 1.0f) res_.device->scale(replica.grads() + mine.begin, scale, mine.size());
+    res_.optimizer->apply(replica.params(), replica.grads(), lr, mine.begin, mine.end);
+  }
+  if (zero()) res_.reducer->start_gather(i, replica.params());
 }
 
 // A non-finite loss or gradient (trainer.on_nonfinite): stop, or skip the update, up to
@@ -326,11 +356,16 @@ void WorkerLoop::on_nonfinite(double loss, double grad_norm) {
         skips_in_row_, pos_.step, tc.max_nonfinite_skips));
 }
 
-void WorkerLoop::report_nonfinite(double loss, double grad_norm) const {
+void WorkerLoop::report_nonfinite(double loss, double grad_norm) {
   const Config& cfg = run_.cfg;
   if (!std::isfinite(loss))
     throw std::runtime_error(fmt::format("non-finite loss ({}) at step {} (trainer.on_nonfinite: {})",
                                          loss, pos_.step, to_string(cfg.trainer.on_nonfinite)));
+  // ZeRO-1: each rank holds only its shards of the averaged gradient; gather the rest (every
+  // rank is here, as every rank saw the same norm).
+  if (zero())
+    for (const Bucket& b : res_.reducer->buckets())
+      comm_.all_gather(res_.replica->grads() + b.begin, b.end - b.begin, kZeroGrain);
   // Name the first tensor, in forward order, whose averaged gradient is not finite.
   const std::vector<float> grads = res_.replica->gradients();
   std::string where = "?";
@@ -425,14 +460,45 @@ void WorkerLoop::end_of_step(bool stop_now) {
     comm_.barrier();
     times_.barrier_wait_s += steady_now_s() - t0;
   }
-  // Global rank 0 writes after the step's barrier: every replica has taken the update.
-  const bool save = run_.checkpoints &&
-                    (stop_now || step == run_.total_steps ||
-                     (tc.checkpoint.every_steps > 0 && step % tc.checkpoint.every_steps == 0));
-  if (global_ == 0 && save) {
-    TraceSpan span(track_, "checkpoint", pos_.step);
-    save_checkpoint();
+  checkpoint_if_due(stop_now);
+}
+
+// Global rank 0 writes after the step's barrier: every replica has taken the update. With
+// ZeRO-1 every rank first takes part in gathering the optimiser state.
+void WorkerLoop::checkpoint_if_due(bool stop_now) {
+  const CheckpointConfig& cc = run_.cfg.trainer.checkpoint;
+  const std::int64_t step = pos_.step;
+  const bool due = !cc.dir.empty() && (stop_now || step == run_.total_steps ||
+                                       (cc.every_steps > 0 && step % cc.every_steps == 0));
+  if (!due || (!zero() && global_ != 0)) return;
+  TraceSpan span(track_, "checkpoint", pos_.step);
+  std::vector<StateVector> state = gather_optimizer_state();
+  if (global_ == 0 && run_.checkpoints) save_checkpoint(std::move(state));
+}
+
+// The optimiser state of the whole parameter buffer. With ZeRO-1 each rank holds its shards
+// only: every rank places them in a buffer of the whole size and the buckets are all-gathered
+// (the shard rule is per bucket), so the checkpoint holds the full tensors and resumes with any
+// device count and either trainer.zero (Note [ZeRO-1]). That costs one whole-size buffer on
+// each rank while it is written, the price of a checkpoint that does not depend on the sharding.
+std::vector<StateVector> WorkerLoop::gather_optimizer_state() {
+  std::vector<StateVector> state = res_.optimizer->state();
+  if (!zero()) return state;
+  const std::size_t n = res_.replica->param_count();
+  DeviceArray<float> whole(*res_.device, n);
+  std::vector<float> host(n, 0.0f);
+  for (StateVector& v : state) {
+    auto next = v.values.begin();
+    for (const ShardRange& r : res_.optimizer->owned()) {
+      std::copy_n(next, r.size(), host.begin() + static_cast<std::ptrdiff_t>(r.begin));
+      next += static_cast<std::ptrdiff_t>(r.size());
+    }
+    whole.upload(host);
+    for (const Bucket& b : res_.reducer->buckets())
+      comm_.all_gather(whole.data() + b.begin, b.end - b.begin, kZeroGrain);
+    v.values = whole.download();
   }
+  return state;
 }
 
 EvalMetrics WorkerLoop::evaluate() {
@@ -467,7 +533,7 @@ void WorkerLoop::check_replicas() {
   }
 }
 
-void WorkerLoop::save_checkpoint() {
+void WorkerLoop::save_checkpoint(std::vector<StateVector> optimizer_state) {
   const Config& cfg = run_.cfg;
   Checkpoint ckpt;
   ckpt.tensors = run_.model.param_tensors();
@@ -489,7 +555,7 @@ void WorkerLoop::save_checkpoint() {
                 .optimizer = cfg.optimizer.type,
                 .optimizer_steps = res_.optimizer->steps_taken(),
                 .seed = cfg.trainer.seed};
-  ckpt.optimizer_state = res_.optimizer->state();
+  ckpt.optimizer_state = std::move(optimizer_state);
   run_.summary.last_checkpoint = run_.checkpoints->save(ckpt).weights.string();
   if (run_.callbacks.checkpoint) run_.callbacks.checkpoint(pos_.step, run_.summary.last_checkpoint);
 }
@@ -511,7 +577,8 @@ void WorkerLoop::finish() {
                      .comm_exposed_s = res_.reducer->exposed_seconds(),
                      .data_wait_s = res_.batches->data_wait_s(),
                      .barrier_wait_s = times_.barrier_wait_s,
-                     .comm_s = res_.reducer->comm_seconds()};
+                     .comm_s = res_.reducer->comm_seconds(),
+                     .optimizer_state_bytes = static_cast<double>(res_.optimizer->state_bytes())};
   std::vector<double> rows(static_cast<std::size_t>(comm_.size()) * TimeRow::kFields, 0.0);
   const auto fields = mine.fields();
   std::copy(fields.begin(), fields.end(),
@@ -546,7 +613,10 @@ void WorkerLoop::fill_summary(std::span<const double> time_rows, const EvalMetri
                                         row.barrier_wait_s),
          .comm_exposed_s = row.comm_exposed_s,
          .data_wait_s = row.data_wait_s,
-         .barrier_wait_s = row.barrier_wait_s});
+         .barrier_wait_s = row.barrier_wait_s,
+         .optimizer_state_bytes = static_cast<std::size_t>(row.optimizer_state_bytes)});
+    summary.optimizer_state_bytes =
+        std::max(summary.optimizer_state_bytes, summary.worker_times.back().optimizer_state_bytes);
   }
   summary.data_wait_s = sum.data_wait_s / world;
   summary.barrier_wait_s = sum.barrier_wait_s / world;

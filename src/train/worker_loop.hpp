@@ -18,6 +18,9 @@
 //                 (reduce_and_update)
 //              -> callbacks (report)
 //              -> eval, replica check, barrier, checkpoint (end_of_step)
+//   With trainer.zero: 1 the buckets are reduce-scattered instead, each rank updates only its
+//   shard of each, and the parameters are all-gathered before the step goes on (Note [ZeRO-1]
+//   in reducer.hpp; update_bucket, gather_parameters).
 //   The norm of the averaged gradient is identical on every replica, so clipping and the
 //   non-finite check agree everywhere. Every `check_replicas_every` steps, and at the end, the
 //   ranks all-gather a hash of their parameters; any difference stops the run.
@@ -203,6 +206,10 @@ class WorkerLoop {
   UpdateResult reduce_and_update(const StepTotals& totals);
   bool updates_per_bucket() const;
   double wait_and_update(double lr);
+  void update_bucket(std::size_t bucket, double lr, float scale);
+  void update_after_norm(double lr, double grad_norm);
+  void gather_parameters();
+  bool zero() const noexcept { return run_.cfg.trainer.zero == 1; }
   void on_nonfinite(double loss, double grad_norm);
   void report(const StepTotals& totals, const UpdateResult& update, bool stop_now);
   void add_window_times(StepMetrics& m);
@@ -213,8 +220,10 @@ class WorkerLoop {
   void grads_ready(std::size_t layer);
   EvalMetrics evaluate();
   void check_replicas();
-  void save_checkpoint();
-  [[noreturn]] void report_nonfinite(double loss, double grad_norm) const;
+  void checkpoint_if_due(bool stop_now);
+  std::vector<StateVector> gather_optimizer_state();
+  void save_checkpoint(std::vector<StateVector> optimizer_state);
+  [[noreturn]] void report_nonfinite(double loss, double grad_norm);
   void beat();
 
   const RunContext& run_;

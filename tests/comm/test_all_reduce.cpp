@@ -14,16 +14,8 @@ using lockstep::ReduceOp;
 
 namespace {
 
-// Runs fn(rank, comm) on one thread per rank of a fresh group.
-template <class Fn>
-void on_group(int n, Fn fn) {
-  auto comms = lockstep::make_shared_memory_group(n);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) threads.emplace_back([&, r] { fn(r, *comms[r]); });
-  for (auto& t : threads) t.join();
-}
-
 using lockstep::test::expected_sum;
+using lockstep::test::on_group;
 using lockstep::test::value;
 
 }  // namespace

@@ -133,6 +133,7 @@ trainer:
   eval_every: 200
   check_replicas_every: 0
   threads_per_device: 2
+  zero: 1
 )",
                                   "full.yaml");
   CHECK(cfg.model.type == "mlp");
@@ -175,6 +176,7 @@ trainer:
   CHECK(cfg.trainer.eval_every == 200);
   CHECK(cfg.trainer.check_replicas_every == 0);
   CHECK(cfg.trainer.threads_per_device == 2);
+  CHECK(cfg.trainer.zero == 1);
   CHECK_NOTHROW(cfg.validate());
 }
 
@@ -282,6 +284,12 @@ TEST_CASE("config: values out of range") {
         "q.yaml:2:15: data.batch_size: expected an integer <= 2147483647, got '4294967296'");
   CHECK(error_of("trainer:\n  seed: -1\n") ==
         "q.yaml:2:9: trainer.seed: expected an integer >= 0, got '-1'");
+  CHECK(error_of("trainer:\n  zero: 2\n") ==
+        "q.yaml:2:9: trainer.zero: expected 0 or 1, got '2'");
+  CHECK(error_of("trainer:\n  zero: -1\n") ==
+        "q.yaml:2:9: trainer.zero: expected 0 or 1, got '-1'");
+  CHECK(parse_config(kMinimal, "z.yaml", std::vector<std::string>{"trainer.zero=1"}).trainer.zero ==
+        1);
   CHECK(error_of("data:\n  classes: 1\n") ==
         "q.yaml:2:12: data.classes: expected an integer >= 2, got '1'");
   CHECK(error_of("optimizer:\n  lr: 0\n") ==

@@ -5,6 +5,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <algorithm>
 #include <cstring>
 #include <span>
 #include <stdexcept>
@@ -240,6 +241,35 @@ TEST_SUITE("cpu device") {
     check_close(xd.download(), scaled, 0.0, 0.0);
     dev->fill(xd.data(), 1.5f, n);
     CHECK(dev->sum_squares(xd.data(), n) == 2.25 * n);
+  }
+
+  TEST_CASE("sum_squares_grains: one sum per grain, the same from any grain-aligned start") {
+    auto dev = lockstep::make_cpu_device(0, 2);
+    // x[i] = i % 4: a grain of 8 holds 0 1 2 3 0 1 2 3, whose squares sum to 28.
+    const std::size_t n = 8 * 5 + 3, grain = 8;
+    std::vector<float> x(n);
+    for (std::size_t i = 0; i < n; ++i) x[i] = static_cast<float>(i % 4);
+    auto xd = on_device(*dev, x);
+    std::vector<double> sums(6);
+    dev->sum_squares_grains(xd.data(), n, grain, sums);
+    CHECK(sums == std::vector<double>{28, 28, 28, 28, 28, 0 + 1 + 4});
+    // Random values: each grain is the sequential sum, whether the call starts at 0 or at a
+    // later grain, and equals sum_squares over that grain alone.
+    const std::size_t m = 3 * 16384 + 77;
+    const auto r = random_floats(m, 51);
+    auto rd = on_device(*dev, r);
+    std::vector<double> all(4), tail(2);
+    dev->sum_squares_grains(rd.data(), m, 16384, all);
+    dev->sum_squares_grains(rd.data() + 2 * 16384, m - 2 * 16384, 16384, tail);
+    for (std::size_t g = 0; g < 4; ++g) {
+      double want = 0.0;
+      for (std::size_t i = g * 16384; i < std::min(m, (g + 1) * 16384); ++i)
+        want += double(r[i]) * double(r[i]);
+      CHECK(std::memcmp(&all[g], &want, sizeof(double)) == 0);
+    }
+    CHECK(std::memcmp(&tail[0], &all[2], 2 * sizeof(double)) == 0);
+    std::vector<double> wrong(3);
+    CHECK_THROWS_AS(dev->sum_squares_grains(rd.data(), m, 16384, wrong), std::invalid_argument);
   }
 
   TEST_CASE("reductions are bit-identical for 1 and 2 threads") {

@@ -3,7 +3,8 @@
 //     NaN first, so an element the GPU never writes fails); the transformer kernels are in
 //     test_cuda_transformer.cpp;
 //   - the parameter hash: the same bits hash equal on the CPU and the GPU;
-//   - NCCL and peer all-reduce and broadcast: rank r contributes r + 1, check the sum;
+//   - NCCL and peer all-reduce, broadcast, reduce-scatter and all-gather: rank r contributes
+//     r + 1, check the sum;
 //   - the trainer on backend cuda: N replicas on one GPU equal one worker with N times the
 //     batch, replicas stay bit-identical, and a failing worker stops the run.
 // Each test goes through the public API only (make_backend(BackendKind::cuda)), so this file
@@ -284,6 +285,26 @@ TEST_SUITE("cuda") {
     }
   }
 
+  TEST_CASE("sum_squares_grains is close to the CPU's, and the same from any grain-aligned start") {
+    auto backend = cuda_or_skip();
+    if (!backend) return;
+    auto gpu = backend->create_device(0, 1, 0);
+    auto cpu = make_cpu_device(0, 1);
+    const std::size_t n = 5 * 16384 + 99, grain = 16384, grains = 6;
+    const auto x = random_floats(n, 17, -3.0, 3.0);
+    auto xg = on_device(*gpu, x);
+    auto xc = on_device(*cpu, x);
+    std::vector<double> got(grains), want(grains), tail(grains - 3);
+    gpu->sum_squares_grains(xg.data(), n, grain, got);
+    cpu->sum_squares_grains(xc.data(), n, grain, want);
+    gpu->sum_squares_grains(xg.data() + 3 * grain, n - 3 * grain, grain, tail);
+    for (std::size_t g = 0; g < grains; ++g) {
+      CAPTURE(g);
+      CHECK(got[g] == doctest::Approx(want[g]).epsilon(1e-10));
+      if (g >= 3) CHECK(tail[g - 3] == got[g]);
+    }
+  }
+
   TEST_CASE("hash: the same bits hash equal on the CPU and the GPU") {
     auto backend = cuda_or_skip();
     if (!backend) return;
@@ -367,6 +388,43 @@ TEST_SUITE("cuda") {
             return std::abs(v - total / float(n)) <= 1e-6f * total;
           }));
           CHECK(std::all_of(b.begin(), b.end(), [&](float v) { return v == float(n); }));
+        });
+      }
+    }
+  }
+
+  TEST_CASE("NCCL and peer: reduce_scatter and all_gather, equal and uneven shards") {
+    auto backend = cuda_or_skip();
+    if (!backend) return;
+    const int gpus = static_cast<int>(backend->devices().size());
+    std::vector<std::vector<int>> groups{{0}, {0, 0, 0}};  // NCCL of one; peer of three
+    if (gpus > 1) {
+      groups.emplace_back(gpus);
+      std::iota(groups.back().begin(), groups.back().end(), 0);
+    }
+    for (const auto& ids : groups) {
+      const int n = static_cast<int>(ids.size());
+      // 64 n x 101 divides into equal shards (ncclReduceScatter); the others do not.
+      for (std::size_t count : {std::size_t{1}, std::size_t{1000},
+                                static_cast<std::size_t>(64 * n * 101), std::size_t{1048583}}) {
+        CAPTURE(n);
+        CAPTURE(count);
+        on_ranks(*backend, ids, [&](int r, Device& d, Communicator& c) {
+          const ShardRange s = shard_range(count, n, r, 64);
+          std::vector<float> mine(count), gather(count, -1.0f);
+          for (std::size_t i = 0; i < count; ++i) mine[i] = float((r + 1) * int(i % 13 + 1));
+          for (std::size_t i = s.begin; i < s.end; ++i) gather[i] = mine[i];
+          auto sum = on_device(d, mine), all = on_device(d, gather);
+          c.reduce_scatter(sum.data(), count, 64, ReduceOp::sum);
+          c.all_gather(all.data(), count, 64);
+          const auto got = sum.download(), gathered = all.download();
+          for (std::size_t i = s.begin; i < s.end; ++i)
+            REQUIRE(got[i] == float(n * (n + 1) / 2 * int(i % 13 + 1)));
+          for (int owner = 0; owner < n; ++owner) {
+            const ShardRange o = shard_range(count, n, owner, 64);
+            for (std::size_t i = o.begin; i < o.end; ++i)
+              REQUIRE(gathered[i] == float((owner + 1) * int(i % 13 + 1)));
+          }
         });
       }
     }

@@ -87,6 +87,33 @@ TEST_CASE("2 processes x 2 workers train like 1 process x 4 workers, replicas id
   CHECK(runs[0].summary.param_hash == runs[1].summary.param_hash);
 }
 
+TEST_CASE("ZeRO-1 across 2 processes x 2 workers ends bit-identical to zero 0 across them") {
+  auto data = std::make_shared<InMemoryDataset>(make_synthetic(300, 10, 3, 4));
+  const DataSplit split = split_dataset(*data, 0.2, true, 4);
+  // 10-256-256-3: the middle layer's bucket is 5 grains of 16,384, shared by all 4 workers;
+  // AdamW with clipping (the norm from every process's grains).
+  auto config = [](int zero) {
+    Config cfg = job_config(2, {256, 256});
+    cfg.optimizer.clip_grad_norm = 0.05;
+    cfg.trainer.bucket_cap_mb = 0.05;
+    cfg.trainer.zero = zero;
+    return cfg;
+  };
+  std::vector<std::vector<float>> params;
+  for (int zero : {0, 1}) {
+    const auto runs = run_job(2, [&](int, std::shared_ptr<ProcessGroup> processes) {
+      return std::make_unique<Trainer>(config(zero), split.train, split.eval, processes);
+    });
+    for (const ProcessRun& r : runs) {
+      REQUIRE_MESSAGE(!r.error, message_of(r.error));
+      CHECK(r.summary.replicas_identical);
+    }
+    CHECK(runs[0].params == runs[1].params);
+    params.push_back(runs[0].params);
+  }
+  CHECK(params[1] == params[0]);
+}
+
 TEST_CASE("processes that disagree on the model are refused at start-up, naming what differs") {
   auto data = std::make_shared<InMemoryDataset>(make_synthetic(120, 10, 3, 4));
   const auto runs = run_job(2, [&](int p, std::shared_ptr<ProcessGroup> processes) {

@@ -1,7 +1,9 @@
 // Whole-buffer reductions: the sum of squares and the replica hash (CUDA: src/cuda/ops/reduce.cu).
 #include "cpu/cpu_device.hpp"
 
+#include <algorithm>
 #include <bit>
+#include <stdexcept>
 
 #include "common/elementwise_math.hpp"
 
@@ -16,6 +18,18 @@ double CpuDevice::sum_squares(const float* x, std::size_t n) {
         return s;
       },
       [](double acc, double s) { return acc + s; });
+}
+
+void CpuDevice::sum_squares_grains(const float* x, std::size_t n, std::size_t grain,
+                                   std::span<double> out) {
+  if (out.size() != blocks_of(n, grain))
+    throw std::invalid_argument("sum_squares_grains: out needs one entry per grain");
+  for_blocks(out.size(), [&](std::size_t g) {
+    double s = 0.0;
+    for (std::size_t i = g * grain, end = std::min(n, (g + 1) * grain); i < end; ++i)
+      s += double(x[i]) * double(x[i]);
+    out[g] = s;
+  });
 }
 
 // n + sum over i of hash_term(bits(x[i]), i), mod 2^64: exactly associative.

@@ -36,6 +36,20 @@ __global__ void sum_partials_kernel(const double* partials, int count, double* r
   if (threadIdx.x == 0) *result = s;
 }
 
+// One block per grain: its threads stride through the grain, then one block_sum.
+__global__ void sum_squares_grains_kernel(const float* x, std::size_t n, std::size_t grain,
+                                          double* sums) {
+  const std::size_t begin = static_cast<std::size_t>(blockIdx.x) * grain;
+  const std::size_t end = begin + grain < n ? begin + grain : n;
+  double s = 0.0;
+  for (std::size_t i = begin + threadIdx.x; i < end; i += kThreads) {
+    const double v = x[i];
+    s += v * v;
+  }
+  s = block_sum(s);
+  if (threadIdx.x == 0) sums[blockIdx.x] = s;
+}
+
 // sum of hash_term(bits(x[i]), i) mod 2^64: per thread, per warp, then one atomic per warp.
 __global__ void hash_kernel(const float* x, std::size_t n, unsigned long long* result) {
   unsigned long long h = 0;
@@ -56,6 +70,14 @@ void launch_sum_squares(cudaStream_t stream, const float* x, std::size_t n, doub
   sum_squares_kernel<<<kReduceBlocks, kThreads, 0, stream>>>(x, n, partials);
   CUDA_CHECK(cudaGetLastError());
   sum_partials_kernel<<<1, kThreads, 0, stream>>>(partials, kReduceBlocks, result);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_sum_squares_grains(cudaStream_t stream, const float* x, std::size_t n,
+                               std::size_t grain, double* sums) {
+  const std::size_t grains = (n + grain - 1) / grain;
+  sum_squares_grains_kernel<<<static_cast<unsigned>(grains), kThreads, 0, stream>>>(x, n, grain,
+                                                                                    sums);
   CUDA_CHECK(cudaGetLastError());
 }
 

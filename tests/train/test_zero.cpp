@@ -1,0 +1,170 @@
+// ZeRO-1 (trainer.zero: 1, Note [ZeRO-1] in src/train/reducer.hpp) against the replicated
+// optimiser on the CPU backend:
+//   - the same run ends with bit-identical parameters, for SGD with momentum and AdamW, with
+//     clipping active, N = 2, 3, 4; each worker holds its shards' state, together the whole;
+//   - checkpoints hold the whole state: a zero 1 checkpoint is bit-identical to zero 0's, and
+//     resumes on another device count and with zero 0, as zero 0's does.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <numeric>
+
+#include "lockstep/lockstep.hpp"
+#include "trainer_fixtures.hpp"
+
+using namespace lockstep;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::shared_ptr<const Dataset> synthetic(std::size_t n, std::uint64_t seed) {
+  return std::make_shared<InMemoryDataset>(make_synthetic(n, 12, 4, seed));
+}
+
+// A 12-256-256-4 MLP, 70,148 parameters: with 0.05 MB buckets every layer is a bucket of its own,
+// and the middle one (65,792) is 5 grains of kZeroGrain, so that every rank of 2 to 4 owns a
+// shard of it. The clip norm is below the gradient's norm, so clipping scales every step. Weight
+// decay applies to the matrices only (Note [Decay groups]), so the shards' edges cut across runs
+// of decayed and undecayed elements.
+Config zero_config(int devices, OptimizerKind opt, int zero) {
+  Config cfg = test::small_mlp_config(devices, /*batch=*/6, opt);
+  cfg.model.hidden = {256, 256};
+  cfg.optimizer.clip_grad_norm = 0.05;
+  cfg.optimizer.weight_decay = 0.01;
+  cfg.trainer.bucket_cap_mb = 0.05;
+  cfg.trainer.zero = zero;
+  return cfg;
+}
+
+fs::path fresh_dir(const std::string& name) {
+  const fs::path dir = fs::temp_directory_path() / ("lockstep_zero_" + name);
+  fs::remove_all(dir);
+  return dir;
+}
+
+}  // namespace
+
+TEST_CASE("zero 1 ends bit-identical to zero 0 (SGD with momentum, AdamW, clipping, N = 2..4)") {
+  auto train = synthetic(240, 1), eval = synthetic(40, 2);
+  for (OptimizerKind opt : {OptimizerKind::sgd, OptimizerKind::adamw}) {
+    for (int n : {2, 3, 4}) {
+      CAPTURE(to_string(opt));
+      CAPTURE(n);
+      Trainer replicated(zero_config(n, opt, 0), train, eval);
+      Trainer sharded(zero_config(n, opt, 1), train, eval);
+      double clipped_norm = 0.0;
+      sharded.on_step([&](const StepMetrics& m) { clipped_norm = m.grad_norm; });
+      const Summary r = replicated.run();
+      const Summary s = sharded.run();
+      CHECK(s.replicas_identical);
+      CHECK(s.replica_checks == r.replica_checks);
+      CHECK(sharded.final_parameters() == replicated.final_parameters());
+      CHECK(s.param_hash == r.param_hash);
+      CHECK(s.final_train_loss == r.final_train_loss);
+      CHECK(clipped_norm > 0.05);  // clipping acted
+      // Every element's state is held by exactly one worker: 4 bytes per element per vector.
+      const std::size_t vectors = opt == OptimizerKind::adamw ? 2 : 1;
+      const std::size_t whole = vectors * sizeof(float) * r.parameters;
+      std::size_t total = 0;
+      for (const WorkerTimes& w : s.worker_times) {
+        CHECK(w.optimizer_state_bytes > 0);
+        total += w.optimizer_state_bytes;
+      }
+      CHECK(total == whole);
+      CHECK(r.optimizer_state_bytes == whole);
+      CHECK(s.optimizer_state_bytes < whole);
+      CHECK(s.zero == 1);
+    }
+  }
+}
+
+TEST_CASE("a zero 1 checkpoint holds the whole state and resumes with 3 workers or zero 0") {
+  auto train = synthetic(240, 1), eval = synthetic(40, 2);
+  const fs::path sharded_dir = fresh_dir("sharded"), replicated_dir = fresh_dir("replicated");
+  // 20 steps; the final train loss is the last step's.
+  auto config = [&](int devices, int zero, const fs::path& dir) {
+    Config cfg = zero_config(devices, OptimizerKind::adamw, zero);
+    cfg.trainer.steps = 20;
+    cfg.trainer.log_every = 1;
+    cfg.trainer.checkpoint.dir = dir.string();
+    return cfg;
+  };
+  // Stopped after 10 steps of 4 workers, with and without ZeRO: the checkpoints are the same.
+  auto stopped = [&](int zero, const fs::path& dir) {
+    Trainer first(config(4, zero, dir), train, eval);
+    TrainerHooks hooks;
+    hooks.after_update = [&first](int rank, std::int64_t step, Replica&) {
+      if (rank == 0 && step == 9) first.request_stop();  // as SIGINT would: stops after step 10
+    };
+    first.set_hooks(hooks);
+    CHECK(first.run().steps == 10);
+  };
+  stopped(1, sharded_dir);
+  stopped(0, replicated_dir);
+  const Checkpoint sharded = *CheckpointManager(sharded_dir, 0).load_latest();
+  const Checkpoint replicated = *CheckpointManager(replicated_dir, 0).load_latest();
+  CHECK(sharded.state.step == 10);
+  CHECK(sharded.params == replicated.params);
+  REQUIRE(sharded.optimizer_state.size() == 2);
+  for (std::size_t i = 0; i < 2; ++i) {
+    CHECK(sharded.optimizer_state[i].name == replicated.optimizer_state[i].name);
+    CHECK(sharded.optimizer_state[i].values.size() == sharded.params.size());
+    CHECK(sharded.optimizer_state[i].values == replicated.optimizer_state[i].values);
+  }
+
+  // Resumed with the same 4 workers and zero 1: the uninterrupted zero 1 run, bit for bit.
+  Trainer uninterrupted(config(4, 1, fresh_dir("uninterrupted")), train, eval);
+  const Summary u = uninterrupted.run();
+  Trainer again(config(4, 1, fresh_dir("again")), train, eval);
+  again.resume_from(sharded);
+  const Summary a = again.run();
+  CHECK(again.final_parameters() == uninterrupted.final_parameters());
+  CHECK(a.final_train_loss == u.final_train_loss);
+
+  // Resumed as 3 workers with zero 1, and as 2 workers with zero 0: each ends where the zero 0
+  // checkpoint, resumed the same way, ends (the same samples and the same arithmetic).
+  for (auto [devices, zero] : {std::pair{3, 1}, std::pair{2, 0}}) {
+    CAPTURE(devices);
+    CAPTURE(zero);
+    Trainer from_sharded(config(devices, zero, fresh_dir("from_sharded")), train, eval);
+    from_sharded.resume_from(sharded);
+    Trainer from_replicated(config(devices, 0, fresh_dir("from_replicated")), train, eval);
+    from_replicated.resume_from(replicated);
+    const Summary s = from_sharded.run();
+    const Summary r = from_replicated.run();
+    CHECK(s.steps == 20);
+    CHECK(s.replicas_identical);
+    CHECK(from_sharded.final_parameters() == from_replicated.final_parameters());
+    CHECK(s.final_train_loss == doctest::Approx(r.final_train_loss).epsilon(1e-6));
+  }
+}
+
+TEST_CASE("with zero 1 the non-finite policy names the tensor, and skip drops the update") {
+  setenv("LOCKSTEP_FAULT", "1:7:nan", 1);  // each case runs in its own process under CTest
+  auto train = synthetic(240, 1), eval = synthetic(40, 2);
+  for (NonfinitePolicy policy : {NonfinitePolicy::stop, NonfinitePolicy::skip}) {
+    for (int clip : {0, 1}) {  // without clipping stop updates per bucket, then gathers to name
+      CAPTURE(to_string(policy));
+      CAPTURE(clip);
+      Config cfg = zero_config(2, OptimizerKind::adamw, 1);
+      cfg.optimizer.clip_grad_norm = clip ? 0.05 : 0.0;
+      cfg.trainer.on_nonfinite = policy;
+      Trainer trainer(cfg, train, eval);
+      if (policy == NonfinitePolicy::stop) {
+        // Rank 1's NaN lands in the last layer, whose one grain rank 0 owns.
+        CHECK_THROWS_WITH_AS(trainer.run(),
+                             doctest::Contains("non-finite gradient at step 7: global norm nan, "
+                                               "first in layers.4.weight"),
+                             WorkerError);
+        continue;
+      }
+      const Summary s = trainer.run();
+      CHECK(s.nonfinite_skips == 1);
+      CHECK(s.replicas_identical);
+      for (float p : trainer.final_parameters()) REQUIRE(std::isfinite(p));
+    }
+  }
+  unsetenv("LOCKSTEP_FAULT");
+}
