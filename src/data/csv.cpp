@@ -10,7 +10,7 @@
 #include <string_view>
 #include <system_error>
 
-#include "data/read_file.hpp"
+#include "io/open_input.hpp"
 #include "lockstep/dataset.hpp"
 #include "lockstep/error.hpp"
 
@@ -143,7 +143,7 @@ class CsvParser {
 }  // namespace
 
 InMemoryDataset load_csv(const std::filesystem::path& file, int label_column, bool header) {
-  const std::string text = detail::read_file(file);
+  const std::string text = detail::read_input(file, detail::InputKind::data);
   std::string_view rest = text;
   if (rest.starts_with("\xEF\xBB\xBF")) rest.remove_prefix(3);  // a UTF-8 byte-order mark
 

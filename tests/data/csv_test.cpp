@@ -125,7 +125,9 @@ TEST_CASE("load_csv: unreadable files") {
                        (missing.string() + ": cannot open: No such file or directory").c_str(),
                        InputError);
   CHECK_THROWS_WITH_AS(load_csv(dir.path(), -1, false),
-                       (dir.path().string() + ": cannot read: Is a directory").c_str(), InputError);
+                       (dir.path().string() +
+                        ": cannot open: it is a directory, expected a regular file").c_str(),
+                       InputError);
 }
 
 TEST_CASE("load_csv: the shipped digits data") {
