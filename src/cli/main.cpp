@@ -374,6 +374,19 @@ CommandArgs parse_command_args(std::string_view command, const std::vector<std::
   return out;
 }
 
+// A GPT's tensors have the same shapes for any n_head: check_layout cannot tell two
+// architectures apart, the checkpoint's recorded "lockstep.model" can.
+void check_recorded_model(const Checkpoint& ckpt, const Config& cfg, const Dataset& train) {
+  const auto recorded = ckpt.metadata.find("lockstep.model");
+  const std::string expected = cfg.model.type == "gpt" ? to_string(gpt_spec(cfg, train)) : "";
+  const std::string found = recorded == ckpt.metadata.end() ? "" : recorded->second;
+  if (found != expected && (cfg.model.type == "gpt" || !found.empty()))
+    throw InputError(fmt::format(
+        "{}: the checkpoint records the model '{}', {} describes '{}': a checkpoint of another "
+        "model", ckpt.weights_file.string(), found.empty() ? "(none)" : found, cfg.source,
+        expected.empty() ? cfg.model.type : expected));
+}
+
 int eval(const std::vector<std::string_view>& argv) {
   const CommandArgs args = parse_command_args("eval", argv, {"--set", "--checkpoint"});
   if (args.positional.empty()) throw InputError("eval: expected a CONFIG file; see lockstep --help");
@@ -383,6 +396,7 @@ int eval(const std::vector<std::string_view>& argv) {
   if (!data.eval || data.eval->size() == 0)
     throw InputError(fmt::format("{}: data.eval_fraction: the eval split is empty", cfg.source));
   const Checkpoint ckpt = CheckpointManager::load(args.get("--checkpoint"), warn);
+  check_recorded_model(ckpt, cfg, *data.train);
   const Model model = make_model(cfg, *data.train);
   check_layout(ckpt, model.param_tensors());
   const EvalMetrics m = evaluate(cfg, model, ckpt.params, *data.eval);
@@ -397,6 +411,14 @@ int export_weights(const std::vector<std::string_view>& argv) {
   const std::string out = args.get("--out");
   if (out.empty()) throw InputError("export: expected --out FILE");
   const Checkpoint ckpt = CheckpointManager::load(args.positional, warn);
+  // Writing over the weights (or the state) just read would destroy the checkpoint.
+  const fs::path state = fs::path(ckpt.weights_file).replace_extension(".state");
+  for (const fs::path& input : {ckpt.weights_file, state}) {
+    std::error_code ec;
+    if (fs::equivalent(out, input, ec))
+      throw InputError(fmt::format("export --out {}: is the checkpoint's own {}; write the export "
+                                   "elsewhere", out, input.string()));
+  }
   // The checkpoint's metadata (its architecture, for one) travels along; the writer replaces
   // the format, version and checksum entries with its own.
   write_safetensors(out, ckpt.tensors, ckpt.params, ckpt.metadata);

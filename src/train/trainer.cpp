@@ -24,6 +24,7 @@
 
 #include "lockstep/checkpoint.hpp"
 #include "common/fnv1a.hpp"
+#include "io/dir_lock.hpp"
 #include "lockstep/comm.hpp"
 #include "train/evaluation.hpp"
 #include "train/failures.hpp"
@@ -305,6 +306,9 @@ Summary Trainer::run() {
   im.final_params.clear();
   const double peak_flops = job_peak_flops(*backend, tc.devices, tc.tf32) * im.summary.processes;
   detail::Trace trace(n, !tc.trace.empty());
+  // Note [One writer per checkpoint directory]: held until the run ends.
+  std::optional<detail::DirLock> dir_lock;
+  if (!tc.checkpoint.dir.empty() && writer) dir_lock.emplace(tc.checkpoint.dir);
   const std::unique_ptr<CheckpointManager> checkpoints =
       tc.checkpoint.dir.empty() || !writer
           ? nullptr

@@ -1,0 +1,128 @@
+// Note [Opening an input], end to end: a FIFO or /dev/zero given as a config, a data file or a
+// checkpoint exits 2 at once, naming the path and its type. Each command runs under `timeout`
+// and a 4 GiB address-space limit, so that a regression (an open that blocks on the FIFO, a read
+// of /dev/zero that never ends) fails the test instead of hanging CI or filling memory.
+#include <doctest/doctest.h>
+#include <sys/stat.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "cli_runner.hpp"
+#include "data/temp_files.hpp"
+
+namespace fs = std::filesystem;
+using lockstep::test::CliResult;
+
+namespace {
+
+// `args` to the lockstep binary, bounded in time and memory; 137 or 124 when it had to be killed.
+CliResult bounded_cli(const std::string& args) {
+  return lockstep::test::run_command("(ulimit -v 4194304; exec timeout -s KILL 30 " +
+                                     lockstep::test::cli_path() + " " + args + ")");
+}
+
+// A config training on `data` as CSV.
+fs::path csv_config(const lockstep::test::TempDir& dir, const fs::path& data) {
+  return dir.write("c.yaml", "model: {type: mlp, hidden: [4]}\n"
+                             "data: {dataset: csv, path: " + data.string() + ", batch_size: 4}\n"
+                             "trainer: {devices: 1, steps: 2}\n");
+}
+
+void check_refused(const CliResult& r, const std::string& path, const std::string& type) {
+  CHECK_MESSAGE(r.code == 2, r.output);
+  CHECK_MESSAGE(r.output.find(path + ": cannot open") != std::string::npos, r.output);
+  CHECK_MESSAGE(r.output.find("it is " + type + ", expected a regular file") != std::string::npos,
+                r.output);
+}
+
+}  // namespace
+
+TEST_CASE("cli: a FIFO or /dev/zero as config, data or checkpoint exits 2 at once, naming it") {
+  lockstep::test::TempDir dir;
+  const std::string quickstart = std::string(LOCKSTEP_SOURCE_DIR) + "/configs/quickstart.yaml";
+  // A checkpoint is a .safetensors and .state pair: both FIFOs, or both links to /dev/zero.
+  const auto make = [&](const std::string& name, bool fifo) {
+    const fs::path path = dir.path() / name;
+    if (fifo) REQUIRE(::mkfifo(path.c_str(), 0600) == 0);
+    else fs::create_symlink("/dev/zero", path);
+    return path;
+  };
+  for (const bool fifo : {true, false}) {
+    const std::string type = fifo ? "a FIFO (named pipe)" : "a character device";
+    const std::string stem = fifo ? "fifo" : "zero";
+    const fs::path plain = make(stem, fifo), weights = make(stem + ".safetensors", fifo);
+    make(stem + ".state", fifo);
+    CAPTURE(plain);
+    check_refused(bounded_cli("train " + plain.string()), plain.string(), type);
+    check_refused(bounded_cli("train " + csv_config(dir, plain).string()), plain.string(), type);
+    check_refused(bounded_cli("eval " + quickstart + " --checkpoint " + weights.string()),
+                  weights.string(), type);
+    check_refused(bounded_cli("export " + weights.string() + " --out " +
+                              (dir.path() / "out.safetensors").string()),
+                  weights.string(), type);
+    check_refused(bounded_cli("sample --checkpoint " + weights.string()), weights.string(), type);
+  }
+  // /dev/zero itself, not through a link.
+  check_refused(bounded_cli("train /dev/zero"), "/dev/zero", "a character device");
+}
+
+// Note [One writer per checkpoint directory], end to end.
+TEST_CASE("cli: a second run on a checkpoint directory exits 2 naming the first one's pid") {
+  lockstep::test::TempDir dir;
+  const fs::path ckpt = dir.path() / "ckpt";
+  const std::string quickstart = std::string(LOCKSTEP_SOURCE_DIR) + "/configs/quickstart.yaml";
+  const std::string run = "train " + quickstart + " --set trainer.checkpoint.dir=" + ckpt.string();
+  // The first run, in the background, long enough to be running when the second starts (and
+  // killed below, with nothing between that can end the test); its pid is the subshell's,
+  // which execs it.
+  const std::string log = (dir.path() / "first.log").string();
+  const CliResult started = lockstep::test::run_command(
+      "(exec " + lockstep::test::cli_path() + " " + run + " --set trainer.steps=1000000 >" + log +
+      " 2>&1) & echo $!");
+  const std::string pid = started.output.substr(0, started.output.find('\n'));
+  // Wait (at most 30 s) until it holds the lock and has written its pid there.
+  std::string holder;
+  for (int i = 0; i < 300 && holder.empty(); ++i) {
+    holder = lockstep::test::read_text(ckpt / ".lock");
+    if (holder.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  const CliResult second = bounded_cli(run + " --set trainer.steps=2");
+  lockstep::test::run_command("kill " + pid);
+  CHECK(holder == pid + "\n");
+  CHECK_MESSAGE(second.code == 2, second.output);
+  CHECK_MESSAGE(second.output.find("checkpoint directory in use by another run (pid " + pid + ",") !=
+                    std::string::npos,
+                second.output);
+}
+
+TEST_CASE("cli: export refuses to write over its own input, and eval another model's checkpoint") {
+  lockstep::test::TempDir dir;
+  const std::string gpt = std::string(LOCKSTEP_SOURCE_DIR) + "/configs/gpt_tiny.yaml";
+  const fs::path ckpt = dir.path() / "ckpt";
+  const std::string small = " --set model.n_layer=1 --set model.d_model=32 --set model.n_head=4";
+  const CliResult train = bounded_cli("train " + gpt + small + " --set trainer.steps=2 --set "
+                                      "trainer.eval_every=0 --set trainer.checkpoint.dir=" +
+                                      ckpt.string());
+  REQUIRE_MESSAGE(train.code == 0, train.output);
+  const fs::path weights = ckpt / "step_00000002.safetensors";
+  const fs::path state = ckpt / "step_00000002.state";
+  REQUIRE(fs::exists(weights));
+  for (const fs::path& target : {weights, state}) {
+    const std::string before = lockstep::test::read_text(target);
+    const CliResult r = bounded_cli("export " + weights.string() + " --out " + target.string());
+    CHECK_MESSAGE(r.code == 2, r.output);
+    CHECK(r.output.find("is the checkpoint's own") != std::string::npos);
+    CHECK(lockstep::test::read_text(target) == before);
+  }
+  // Same tensor shapes, another n_head: only the recorded model tells them apart.
+  const CliResult ok = bounded_cli("eval " + gpt + small + " --checkpoint " + ckpt.string());
+  CHECK_MESSAGE(ok.code == 0, ok.output);
+  const CliResult other =
+      bounded_cli("eval " + gpt + small + " --set model.n_head=2 --checkpoint " + ckpt.string());
+  CHECK_MESSAGE(other.code == 2, other.output);
+  CHECK(other.output.find("the checkpoint records the model") != std::string::npos);
+}
