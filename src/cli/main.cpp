@@ -28,6 +28,7 @@
 
 #include "cli/progress.hpp"
 #include "cli/report.hpp"
+#include "io/output_path.hpp"
 #include "lockstep/lockstep.hpp"
 
 namespace fs = std::filesystem;
@@ -229,13 +230,12 @@ class SignalScope {
 
 void warn(const std::string& message) { fmt::print(stderr, "lockstep: warning: {}\n", message); }
 
-// --summary-json FILE is written at the end of the run: say before training that it cannot be.
-void check_summary_dir(const TrainArgs& args) {
-  if (args.summary_json.empty()) return;
-  const fs::path dir = fs::absolute(args.summary_json).parent_path();
-  if (!fs::is_directory(dir))
-    throw InputError(fmt::format("--summary-json {}: directory '{}' does not exist",
-                                 args.summary_json, dir.string()));
+// The CLI's own outputs are written at the end of the run: Note [Checking an output] says why
+// they are checked before it (the Trainer checks trainer.trace and trainer.checkpoint.dir).
+void check_cli_outputs(const TrainArgs& args, const Config& cfg, bool leader) {
+  if (!leader) return;
+  if (!args.summary_json.empty()) detail::check_output_file(args.summary_json, "--summary-json");
+  if (!cfg.trainer.report.empty()) detail::check_output_file(cfg.trainer.report, "trainer.report");
 }
 
 // --resume [DIR|FILE]: loads the checkpoint into `trainer`, or warns that there is none.
@@ -304,10 +304,10 @@ int train(const std::vector<std::string_view>& argv,
   const TrainArgs args = parse_train_args(argv);
   const bool several = processes && processes->size() > 1;
   const bool leader = !processes || processes->rank() == 0;  // prints and writes
-  check_summary_dir(args);
   std::optional<SignalScope> signals;  // --scaling keeps the default handlers: Ctrl-C ends it
   if (args.scaling.empty()) signals.emplace();
   const Config cfg = load_config(args.config, args.overrides);
+  check_cli_outputs(args, cfg, leader);
   const DataSplit data = load_dataset(cfg, fs::path(args.config).parent_path());
 
   if (!args.scaling.empty()) {
@@ -410,6 +410,7 @@ int export_weights(const std::vector<std::string_view>& argv) {
   if (args.positional.empty()) throw InputError("export: expected a checkpoint CKPT; see lockstep --help");
   const std::string out = args.get("--out");
   if (out.empty()) throw InputError("export: expected --out FILE");
+  detail::check_output_file(out, "export --out");
   const Checkpoint ckpt = CheckpointManager::load(args.positional, warn);
   // Writing over the weights (or the state) just read would destroy the checkpoint.
   const fs::path state = fs::path(ckpt.weights_file).replace_extension(".state");

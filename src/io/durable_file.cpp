@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "io/open_input.hpp"
+#include "io/output_path.hpp"
 #include "lockstep/error.hpp"
 
 namespace lockstep::detail {
@@ -50,8 +51,10 @@ void sync_directory(const std::filesystem::path& dir) {
 
 }  // namespace
 
-void write_file_atomically(const std::filesystem::path& target,
+void write_file_atomically(const std::filesystem::path& link_or_target,
                            std::span<const std::span<const std::byte>> pieces) {
+  // Through a symlink to what it names: renaming over the link would replace it with a file.
+  const std::filesystem::path target = follow_links(link_or_target);
   // A name of its own (pid and a counter), so that two writers of one target, even in one
   // process, never write into each other's temp file.
   static std::atomic<std::uint64_t> counter{0};

@@ -19,8 +19,8 @@ inline constexpr std::string_view kTempSuffix = ".tmp";
 // Writes the concatenation of `pieces` to `target` so that, after a crash at any point,
 // `target` holds either its previous contents or all of the new ones: write
 // "<target>.<pid>.<n>.tmp" in the same directory, fsync it, rename it over `target`, fsync the
-// directory. Throws std::system_error naming the file; the temp file is removed on failure.
-// Exported for the CLI.
+// directory. A symlink's target is replaced and the link kept. Throws std::system_error naming
+// the file; the temp file is removed on failure. Exported for the CLI.
 LOCKSTEP_API void write_file_atomically(const std::filesystem::path& target,
                                         std::span<const std::span<const std::byte>> pieces);
 

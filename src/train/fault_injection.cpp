@@ -58,6 +58,17 @@ std::shared_ptr<const Dataset> Fault::loader_data(std::shared_ptr<const Dataset>
       std::move(train), static_cast<std::size_t>(step - step_done - 1) * samples_per_step);
 }
 
+void Fault::check_reached(int workers, std::int64_t steps_done, std::int64_t last_step) const {
+  if (kind == Kind::none) return;
+  const char* spec = std::getenv("LOCKSTEP_FAULT");
+  if (rank >= workers)
+    throw InputError(fmt::format("LOCKSTEP_FAULT {}: rank {} is outside the run's ranks 0..{}",
+                                 spec ? spec : "", rank, workers - 1));
+  if (step <= steps_done || step > last_step)
+    throw InputError(fmt::format("LOCKSTEP_FAULT {}: step {} is outside the run's steps {}..{}",
+                                 spec ? spec : "", step, steps_done + 1, last_step));
+}
+
 Fault fault_from_environment() {
   const char* spec = std::getenv("LOCKSTEP_FAULT");
   if (!spec || !*spec) return {};

@@ -25,6 +25,10 @@ struct Fault {
 
   bool at(int r, std::int64_t s, Kind k) const { return kind == k && rank == r && step == s; }
 
+  // A fault that would never strike is a mistaken test, not a pass: InputError unless the run
+  // of `workers` ranks, doing steps (steps_done, last_step], reaches it. Nothing for none.
+  void check_reached(int workers, std::int64_t steps_done, std::int64_t last_step) const;
+
   // The forward and stall faults, where they strike: before the forward pass of `step` on
   // global rank `rank`. A stall returns only by throwing CommAborted, once `comm` is aborted.
   void before_forward(int rank, std::int64_t step, const Communicator& comm) const;

@@ -25,6 +25,7 @@
 #include "lockstep/checkpoint.hpp"
 #include "common/fnv1a.hpp"
 #include "io/dir_lock.hpp"
+#include "io/output_path.hpp"
 #include "lockstep/comm.hpp"
 #include "train/evaluation.hpp"
 #include "train/failures.hpp"
@@ -295,12 +296,17 @@ Summary Trainer::run() {
   const TrainerConfig& tc = im.cfg.trainer;
   const detail::Fault fault = detail::fault_from_environment();
   im.check_processes_agree();
+  if (im.process_rank() == 0) {  // Note [Checking an output]
+    if (!tc.trace.empty()) detail::check_output_file(tc.trace, "trainer.trace");
+    detail::check_output_dir(tc.checkpoint.dir, "trainer.checkpoint.dir");
+  }
   const std::shared_ptr<Backend> backend =
       im.backend ? im.backend : make_backend(tc.backend, tc.devices, {.comm = tc.comm, .tf32 = tc.tf32});
   std::vector<std::unique_ptr<Communicator>> comms =
       backend->create_communicators(tc.devices, im.processes);
   const int n = static_cast<int>(comms.size());
   const bool writer = im.process_rank() == 0;  // Note [Processes]
+  fault.check_reached(comms[0]->size(), im.resume ? im.resume->state.step : 0, im.total_steps);
 
   im.summary = im.begin_summary(*backend);
   im.final_params.clear();

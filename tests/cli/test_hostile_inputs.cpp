@@ -126,3 +126,46 @@ TEST_CASE("cli: export refuses to write over its own input, and eval another mod
   CHECK_MESSAGE(other.code == 2, other.output);
   CHECK(other.output.find("the checkpoint records the model") != std::string::npos);
 }
+
+// Note [Checking an output], end to end: exit 2 before the first step, naming the key or flag.
+TEST_CASE("cli: outputs that cannot be written exit 2 before training") {
+  lockstep::test::TempDir dir;
+  const std::string quickstart = std::string(LOCKSTEP_SOURCE_DIR) + "/configs/quickstart.yaml";
+  const std::string file = dir.write("a_file", "x").string();
+  const std::string missing = (dir.path() / "missing" / "out").string();
+  struct Case {
+    std::string args, named;
+  };
+  for (const Case& c : {Case{"--summary-json " + dir.path().string(), "--summary-json"},
+                        Case{"--summary-json " + missing, "--summary-json"},
+                        Case{"--set trainer.report=" + dir.path().string(), "trainer.report"},
+                        Case{"--set trainer.trace=" + missing, "trainer.trace"},
+                        Case{"--set trainer.checkpoint.dir=" + file, "trainer.checkpoint.dir"}}) {
+    CAPTURE(c.args);
+    const CliResult r = bounded_cli("train " + quickstart + " --set trainer.steps=2 " + c.args);
+    CHECK_MESSAGE(r.code == 2, r.output);
+    CHECK_MESSAGE(r.output.find("error: " + c.named + " ") != std::string::npos, r.output);
+    CHECK(r.output.find("step 1") == std::string::npos);
+  }
+  const CliResult r = bounded_cli("export " + dir.path().string() + " --out " + missing);
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(r.output.find("error: export --out " + missing + ": directory") != std::string::npos,
+                r.output);
+}
+
+TEST_CASE("cli: LOCKSTEP_FAULT outside the run's ranks or steps exits 2") {
+  const std::string quickstart = std::string(LOCKSTEP_SOURCE_DIR) + "/configs/quickstart.yaml";
+  const std::string run = quickstart + " --set trainer.devices=2 --set trainer.steps=5";
+  struct Case {
+    std::string fault, expected;
+  };
+  for (const Case& c : {Case{"2:3:forward", "rank 2 is outside the run's ranks 0..1"},
+                        Case{"1:6:nan", "step 6 is outside the run's steps 1..5"}}) {
+    const CliResult r = lockstep::test::run_command("LOCKSTEP_FAULT=" + c.fault + " timeout -s KILL 60 " +
+                                                    lockstep::test::cli_path() + " train " + run);
+    CHECK_MESSAGE(r.code == 2, r.output);
+    CHECK_MESSAGE(r.output.find("error: LOCKSTEP_FAULT " + c.fault + ": " + c.expected) !=
+                      std::string::npos,
+                  r.output);
+  }
+}
