@@ -18,6 +18,7 @@
 #include <optional>
 #include <csignal>
 #include <atomic>
+#include <new>
 #include <numeric>
 #include <string>
 #include <string_view>
@@ -42,14 +43,17 @@ constexpr std::string_view kUsage = R"(usage: lockstep <command> [options]
 
 commands:
   train CONFIG [--set KEY=VALUE]... [--summary-json FILE] [--scaling N,N,...]
-        [--resume [DIR|FILE]]
+        [--resume [DIR|FILE]] [--dry-run]
                       train the model described by the YAML file CONFIG on every
                       configured device; --set overrides a config key (repeatable),
                       e.g. --set trainer.devices=4 --set optimizer.lr=0.05;
                       --scaling 1,2,4 trains once per device count and reports
                       samples/s, speedup and efficiency against one device;
                       --resume continues from the latest valid checkpoint in DIR
-                      (default: trainer.checkpoint.dir) or from one checkpoint FILE.
+                      (default: trainer.checkpoint.dir) or from one checkpoint FILE;
+                      --dry-run checks everything, prints the memory plan (bytes
+                      per worker and on the host, against what this process may
+                      use) and stops before step 1.
                       SIGINT/SIGTERM finish the step, write a checkpoint and exit
                       130/143; a second SIGINT exits at once
   eval CONFIG --checkpoint CKPT [--set KEY=VALUE]...
@@ -81,6 +85,7 @@ struct TrainArgs {
   std::string summary_json;
   std::vector<int> scaling;  // device counts
   std::optional<std::string> resume;  // "" = trainer.checkpoint.dir
+  bool dry_run = false;  // print the run's plan (steps, memory) and stop before step 1
 };
 
 std::vector<int> parse_counts(std::string_view flag, const std::string& text) {
@@ -123,6 +128,8 @@ TrainArgs parse_train_args(const std::vector<std::string_view>& args) {
       else if (!out.config.empty() && i + 1 < args.size() && !args[i + 1].starts_with("-"))
         out.resume = std::string(args[++i]);
       else out.resume = std::string();
+    } else if (a == "--dry-run") {
+      out.dry_run = true;
     } else if (a == "--scaling" || a.starts_with("--scaling=")) {
       out.scaling = parse_counts("--scaling", value("--scaling"));
     } else if (a.starts_with("-")) {
@@ -228,6 +235,10 @@ class SignalScope {
   struct sigaction old_int_ {}, old_term_ {};
 };
 
+// What the command is doing, for a std::bad_alloc that gets past the memory plan to main()
+// (Note [Memory plan]): the report names the phase, since bad_alloc names nothing.
+std::atomic<const char*> g_phase{"starting"};
+
 void warn(const std::string& message) { fmt::print(stderr, "lockstep: warning: {}\n", message); }
 
 // The CLI's own outputs are written at the end of the run: Note [Checking an output] says why
@@ -306,9 +317,12 @@ int train(const std::vector<std::string_view>& argv,
   const bool leader = !processes || processes->rank() == 0;  // prints and writes
   std::optional<SignalScope> signals;  // --scaling keeps the default handlers: Ctrl-C ends it
   if (args.scaling.empty()) signals.emplace();
+  g_phase = "reading the config";
   const Config cfg = load_config(args.config, args.overrides);
   check_cli_outputs(args, cfg, leader);
+  g_phase = "loading the data";
   const DataSplit data = load_dataset(cfg, fs::path(args.config).parent_path());
+  g_phase = "setting up the trainer";
 
   if (!args.scaling.empty()) {
     if (several) throw InputError("--scaling: trains within one process; run it without mpirun");
@@ -320,8 +334,14 @@ int train(const std::vector<std::string_view>& argv,
   std::optional<RunReport> report;
   if (!cfg.trainer.report.empty() && leader) report.emplace(cfg.trainer.report);
   if (leader) print_run_header(trainer, cfg, processes);
+  if (args.dry_run) {
+    fmt::print("memory plan: {}\n", trainer.memory_plan());
+    return kExitOk;
+  }
   std::fflush(stdout);
+  g_phase = "training";
   const Summary summary = run_with_progress(trainer, *signals, report);
+  g_phase = "writing the outputs";
   if (leader) {
     print_summary(stdout, summary);
     if (!args.summary_json.empty()) write_file_atomically(args.summary_json, summary.to_json());
@@ -610,6 +630,10 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     fmt::print(stderr, "{}: error: {}\n", who(), e.what());
     code = kExitBadInput;
+  } catch (const std::bad_alloc&) {
+    std::fflush(stdout);
+    fmt::print(stderr, "{}: failed: out of memory while {}\n", who(), g_phase.load());
+    code = kExitFailure;
   } catch (const std::exception& e) {
     std::fflush(stdout);
     fmt::print(stderr, "{}: failed: {}\n", who(), e.what());

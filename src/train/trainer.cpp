@@ -30,6 +30,7 @@
 #include "train/evaluation.hpp"
 #include "train/failures.hpp"
 #include "train/fault_injection.hpp"
+#include "train/memory_plan.hpp"
 #include "train/trace.hpp"
 #include "train/watchdog.hpp"
 #include "train/worker_loop.hpp"
@@ -102,6 +103,7 @@ struct Trainer::Impl {
   }
 
   Summary begin_summary(const Backend& backend) const;
+  std::string check_memory(const Backend& backend) const;
   void run_workers(const detail::RunContext& run, Backend& backend,
                    std::vector<std::unique_ptr<Communicator>>& comms, detail::FailureLog& failures);
   void check_processes_agree() const;
@@ -241,6 +243,33 @@ void Trainer::resume_from(Checkpoint checkpoint) {
 
 void Trainer::request_stop() noexcept { impl_->stop_requested.store(true); }
 
+// Note [Memory plan]: the host's bytes against its limit; a GPU worker's against its device.
+std::string Trainer::Impl::check_memory(const Backend& b) const {
+  const bool on_host = b.name() == "cpu";
+  const detail::MemoryPlan plan =
+      detail::plan_memory(cfg, model, *train, eval.get(), on_host);
+  const detail::MemoryLimit limit = detail::host_memory_limit();
+  detail::check_memory_plan(plan, limit, cfg);
+  if (!on_host)
+    for (const DeviceInfo& d : b.devices())
+      if (d.memory_bytes > 0 && plan.per_worker() > static_cast<double>(d.memory_bytes) &&
+          std::find(cfg.trainer.devices.begin(), cfg.trainer.devices.end(), d.id) !=
+              cfg.trainer.devices.end())
+        throw InputError(fmt::format("{}: {} needs {} per worker; {}:{} has {}", cfg.source,
+                                     plan.driver, detail::format_bytes(plan.per_worker()),
+                                     d.backend, d.id,
+                                     detail::format_bytes(static_cast<double>(d.memory_bytes))));
+  return detail::describe(plan, limit);
+}
+
+std::string Trainer::memory_plan() const {
+  const TrainerConfig& tc = impl_->cfg.trainer;
+  const std::shared_ptr<Backend> backend =
+      impl_->backend ? impl_->backend
+                     : make_backend(tc.backend, tc.devices, {.comm = tc.comm, .tf32 = tc.tf32});
+  return impl_->check_memory(*backend);
+}
+
 Summary Trainer::Impl::begin_summary(const Backend& b) const {
   Summary s;
   s.backend = std::string(b.name());
@@ -302,6 +331,7 @@ Summary Trainer::run() {
   }
   const std::shared_ptr<Backend> backend =
       im.backend ? im.backend : make_backend(tc.backend, tc.devices, {.comm = tc.comm, .tf32 = tc.tf32});
+  const std::string memory_plan = im.check_memory(*backend);
   std::vector<std::unique_ptr<Communicator>> comms =
       backend->create_communicators(tc.devices, im.processes);
   const int n = static_cast<int>(comms.size());
@@ -309,6 +339,7 @@ Summary Trainer::run() {
   fault.check_reached(comms[0]->size(), im.resume ? im.resume->state.step : 0, im.total_steps);
 
   im.summary = im.begin_summary(*backend);
+  im.summary.memory_plan = memory_plan;
   im.final_params.clear();
   const double peak_flops = job_peak_flops(*backend, tc.devices, tc.tf32) * im.summary.processes;
   detail::Trace trace(n, !tc.trace.empty());

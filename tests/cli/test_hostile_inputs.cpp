@@ -169,3 +169,38 @@ TEST_CASE("cli: LOCKSTEP_FAULT outside the run's ranks or steps exits 2") {
                   r.output);
   }
 }
+
+// Note [Memory plan]: absurd sizes exit 2 before anything large is allocated, naming their key.
+TEST_CASE("cli: absurd sizes exit 2 naming their key, and --dry-run prints the memory plan") {
+  lockstep::test::TempDir dir;
+  const std::string quickstart = std::string(LOCKSTEP_SOURCE_DIR) + "/configs/quickstart.yaml";
+  const std::string gpt = std::string(LOCKSTEP_SOURCE_DIR) + "/configs/gpt_tiny.yaml";
+  const fs::path labels = dir.write("labels.csv", "1,2,0\n3,4,1000000000\n5,6,1\n");
+  struct Case {
+    std::string args, named;
+  };
+  for (const Case& c :
+       {Case{quickstart + " --set model.hidden=[64,2000000000]", "model.hidden[1] = 2000000000"},
+        Case{quickstart + " --set data.batch_size=1000000000", "data.batch_size = 1000000000"},
+        Case{gpt + " --set model.d_model=400000 --set model.n_head=1", "model.d_model = 400000"},
+        Case{csv_config(dir, labels).string(), "the data's 1000000001 classes"}}) {
+    CAPTURE(c.args);
+    const CliResult r = bounded_cli("train " + c.args);
+    CHECK_MESSAGE(r.code == 2, r.output);
+    CHECK_MESSAGE(r.output.find(": " + c.named) != std::string::npos, r.output);
+    CHECK(r.output.find(" needs ") != std::string::npos);
+    CHECK(r.output.find(" available (") != std::string::npos);
+  }
+  const CliResult plan = bounded_cli("train " + quickstart + " --dry-run");
+  CHECK_MESSAGE(plan.code == 0, plan.output);
+  CHECK(plan.output.find("memory plan: ") != std::string::npos);
+  CHECK(plan.output.find("summary") == std::string::npos);  // it stopped before step 1
+  // A limit of the process's own (ulimit -v) counts: 2 GB is too little for two workers of a
+  // million hidden units (74 million parameters: 296 MB a copy, 888 MB with gradients and
+  // momentum), though physical memory holds them.
+  const CliResult limited = lockstep::test::run_command(
+      "(ulimit -v 2000000; exec timeout -s KILL 30 " + lockstep::test::cli_path() + " train " +
+      quickstart + " --set model.hidden=[1000000] --dry-run)");
+  CHECK_MESSAGE(limited.code == 2, limited.output);
+  CHECK(limited.output.find("available (RLIMIT_AS (ulimit -v))") != std::string::npos);
+}
