@@ -642,6 +642,8 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "{}: failed: unknown error\n", who());
     code = kExitFailure;
   }
+  // A stop by signal that could not finish cleanly (Note [Bounded stop]) still says which signal.
+  if (code == kExitFailure && g_signal.load() != 0) code = 128 + g_signal.load();
   // This process has stopped cleanly; the others may wait for it in a collective: end the job.
   // (A signal stop is agreed by every process and needs no abort.)
   if ((code == kExitFailure || code == kExitBadInput) && processes && processes->size() > 1) {

@@ -194,6 +194,7 @@ void visit_schema(Visitor& v, C& c) {
   v.enumeration("on_nonfinite", c.trainer.on_nonfinite, kNonfinitePolicies);
   v.integer("max_nonfinite_skips", c.trainer.max_nonfinite_skips, IntRule{.min = 1});
   v.number("step_timeout_s", c.trainer.step_timeout_s, kNonNegative);
+  v.number("stop_grace_s", c.trainer.stop_grace_s, kPositive);
   v.nested("checkpoint");
 
   v.section("trainer.checkpoint");

@@ -50,6 +50,11 @@ void Fault::before_forward(int r, std::int64_t s, const Communicator& comm) cons
   }
 }
 
+void Fault::at_end_of_step(int r, std::int64_t s) const {
+  if (!at(r, s, Kind::block)) return;
+  while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
+}
+
 std::shared_ptr<const Dataset> Fault::loader_data(std::shared_ptr<const Dataset> train, int r,
                                                   std::int64_t step_done,
                                                   std::size_t samples_per_step) const {
@@ -78,7 +83,7 @@ Fault fault_from_environment() {
   const auto bad = [&] {
     return InputError(fmt::format(
         "LOCKSTEP_FAULT: expected RANK:STEP:KIND with KIND one of forward, loader, nan, stall, "
-        "got '{}'", spec));
+        "block, got '{}'", spec));
   };
   if (std::sscanf(spec, "%d:%lld:%15s", &f.rank, &step, kind) != 3 || f.rank < 0 || step < 1)
     throw bad();
@@ -88,6 +93,7 @@ Fault fault_from_environment() {
   else if (k == "loader") f.kind = Fault::Kind::loader;
   else if (k == "nan") f.kind = Fault::Kind::nan;
   else if (k == "stall") f.kind = Fault::Kind::stall;
+  else if (k == "block") f.kind = Fault::Kind::block;
   else throw bad();
   return f;
 }

@@ -153,6 +153,9 @@ void WorkerLoop::set_up_data() {
 // ---- The step -----------------------------------------------------------------------------------
 
 void WorkerLoop::run(Backend& backend) {
+  // The phases name what a worker that does not return was doing (Note [Bounded stop]).
+  Heartbeats& phases = run_.heartbeats;
+  phases.enter(rank_, "set-up");
   set_up(backend);
   const int k = run_.cfg.trainer.accumulate_steps;
   times_.loop_start_s = steady_now_s();
@@ -160,13 +163,18 @@ void WorkerLoop::run(Backend& backend) {
   while (pos_.step < run_.total_steps) {
     begin_step();
     StepTotals mine;
+    phases.enter(rank_, "micro-batches (data, forward, backward)");
     for (int micro = 0; micro < k; ++micro) run_micro_batch(micro, mine);
     res_.reducer->launch_remaining();
     beat();
+    phases.enter(rank_, "the step's all-reduce of totals");
     const StepTotals totals = agree_totals(mine);
     const bool stop_now = totals.stop > 0.0;
+    phases.enter(rank_, "gradient all-reduce and update");
     const UpdateResult update = reduce_and_update(totals);
+    phases.enter(rank_, "report (callbacks)");
     report(totals, update, stop_now);
+    phases.enter(rank_, "end of step (eval, replica check, barrier, checkpoint)");
     end_of_step(stop_now);
     if (stop_now) {
       if (rank_ == 0) run_.summary.stopped_early = pos_.step < run_.total_steps;
@@ -174,6 +182,7 @@ void WorkerLoop::run(Backend& backend) {
     }
   }
   beat();
+  phases.enter(rank_, "finish");
   finish();
 }
 
@@ -413,6 +422,7 @@ void WorkerLoop::end_of_step(bool stop_now) {
     TraceSpan span(track_, "checkpoint");
     save_checkpoint();
   }
+  run_.fault.at_end_of_step(global_, step);
 }
 
 EvalMetrics WorkerLoop::evaluate() {
