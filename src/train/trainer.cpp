@@ -305,8 +305,10 @@ Summary Trainer::Impl::begin_summary(const Backend& b) const {
 //   step, and then aborts the run and waits once more. A worker still out after that is
 //   reported by rank, phase and step (Heartbeats::enter), left running (detached), and run()
 //   throws WorkerError. Nothing such a worker can touch is ever freed: the run's own state
-//   (RunResources) and every worker's WorkerLoop are leaked, and so is the Trainer's state when
-//   the Trainer is destroyed. The process should then exit, which a CLI does at once.
+//   (RunResources, which also keeps the WorkerLoops of the workers that did return) is leaked,
+//   and so is the Trainer's state when the Trainer is destroyed; all of it stays reachable from
+//   the worker left behind, so a leak checker does not count it. The process should then exit,
+//   which a CLI does at once.
 //   Threads are started one by one; one that cannot be (the thread limit, ulimit -u) is
 //   recorded as the run's failure and the run is aborted, so that no started thread waits for
 //   it and none is left joinable (std::terminate).
@@ -351,6 +353,8 @@ struct Trainer::Impl::RunResources {
   enum Stage : int { running, at_teardown, returned };
   std::unique_ptr<std::atomic<int>[]> stage;
   std::atomic<bool> abandoning{false};            // some worker is being left behind
+  std::mutex kept_mutex;
+  std::vector<std::unique_ptr<detail::WorkerLoop>> kept_loops;  // of the workers that returned
 };
 
 void Trainer::Impl::record(RunResources& r, int rank, std::exception_ptr error) const {
@@ -372,7 +376,10 @@ void Trainer::Impl::work(RunResources& r, int rank) {
   loop->drain();
   r.stage[rank].store(RunResources::at_teardown);
   r.teardown->arrive_and_wait();
-  if (r.abandoning.load()) (void)loop.release();  // Note [Bounded stop]
+  if (r.abandoning.load()) {  // Note [Bounded stop]: kept, and reachable, for those left behind
+    std::lock_guard lock(r.kept_mutex);
+    r.kept_loops.push_back(std::move(loop));
+  }
   r.stage[rank].store(RunResources::returned);
 }
 

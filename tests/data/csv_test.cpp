@@ -9,6 +9,7 @@
 
 #include "lockstep/dataset.hpp"
 #include "lockstep/error.hpp"
+#include "sanitized.hpp"
 #include "skip.hpp"
 #include "temp_files.hpp"
 
@@ -148,9 +149,8 @@ TEST_CASE("load_csv: the shipped digits data") {
 // value per two bytes) costs the values and a block, not the text besides. Measured as the
 // growth of the process's peak resident memory, which a sanitizer's shadow memory would blur.
 TEST_CASE("load_csv: peak memory stays within twice the file for one very wide line") {
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-  return lockstep::test::skip("peak memory under a sanitizer is the sanitizer's");
-#else
+  if (lockstep::test::kSanitized)
+    return lockstep::test::skip("peak memory under a sanitizer is the sanitizer's");
   TempDir dir;
   constexpr std::size_t kChunk = 1 << 19, kChunks = 48;  // 25,165,824 features a line
   // Written a chunk at a time, so that the test itself does not raise the peak first.
@@ -177,5 +177,4 @@ TEST_CASE("load_csv: peak memory stays within twice the file for one very wide l
   CHECK(d.features() == static_cast<int>(kChunk * kChunks));
   MESSAGE("peak grew by " << grown / 1e6 << " MB for a file of " << bytes / 1e6 << " MB");
   CHECK(grown <= 2.0 * bytes);
-#endif
 }
