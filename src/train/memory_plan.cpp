@@ -74,8 +74,7 @@ std::string driver_of(const MemoryPlan& p, const Config& cfg, const Dataset& tra
                              cfg.model.n_layer)
                : fmt::format("model.vocab_size = {}", train.classes());
   }
-  if (!weights) return fmt::format("data.batch_size = {}", batch);
-  // The widest layer makes the largest weight matrix.
+  // The widest layer makes the largest weight matrix, and the widest activations.
   std::string name = fmt::format("the data's {} features", train.features());
   int widest = train.features();
   for (std::size_t j = 0; j < cfg.model.hidden.size(); ++j)
@@ -85,7 +84,9 @@ std::string driver_of(const MemoryPlan& p, const Config& cfg, const Dataset& tra
     }
   if (train.classes() > widest)
     name = fmt::format("the data's {} classes (the largest label + 1)", train.classes());
-  return name;
+  if (weights) return name;
+  return widest == train.features() ? fmt::format("data.batch_size = {}", batch)
+                                    : fmt::format("data.batch_size = {} with {}", batch, name);
 }
 
 }  // namespace
