@@ -19,8 +19,10 @@
 // files of two different saves never pair up). Leftover .tmp files are ignored.
 //
 // Checksums are FNV-1a 64 of the bytes, as 16 lowercase hex digits in the safetensors metadata
-// ("lockstep.checksum", over the data section) and as a u64 in the .state file (over its
-// payload).
+// ("lockstep.checksum", over the data section, which the .state names; "lockstep.file_checksum",
+// over the whole file: Note [Whole-file checksum] in src/io/safetensors.cpp) and as a u64 in
+// the .state file (over the whole file but the checksum itself; version 1 files, over the
+// payload only, are still read).
 //
 // Readers take untrusted bytes: a truncated or corrupt file throws InputError naming the file,
 // the byte offset or tensor, and what was expected. Write failures throw std::system_error.
@@ -52,15 +54,16 @@ struct LOCKSTEP_API SafetensorsFile {
 // Writes `params` as one F32 tensor per entry of `tensors`, each read from its offset; the
 // tensors must tile `params` exactly (std::invalid_argument otherwise). The data section is
 // `params` byte for byte, so reading it back restores the buffer layout. The metadata gets
-// "format": "pt", "lockstep.version" and "lockstep.checksum", replacing any given values.
+// "format": "pt", "lockstep.version", "lockstep.checksum" and "lockstep.file_checksum",
+// replacing any given values.
 // Returns the checksum. Crash-safe as described above.
 LOCKSTEP_API std::uint64_t write_safetensors(const std::filesystem::path& file,
                                              std::span<const ParamTensor> tensors,
                                              std::span<const float> params,
                                              const std::map<std::string, std::string>& metadata = {});
 
-// Reads any safetensors file of F32 tensors. Checks the data against "lockstep.checksum" when
-// the metadata has one. Headers are limited to 100 MB, as in the reference implementation.
+// Reads any safetensors file of F32 tensors. Checks the whole file against
+// "lockstep.file_checksum" and the data against "lockstep.checksum" when the metadata has them. Headers are limited to 100 MB, as in the reference implementation.
 LOCKSTEP_API SafetensorsFile read_safetensors(const std::filesystem::path& file);
 
 // ---- training state -------------------------------------------------------------------------

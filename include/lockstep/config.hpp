@@ -111,6 +111,7 @@ struct LOCKSTEP_API TrainerConfig {
   NonfinitePolicy on_nonfinite = NonfinitePolicy::stop;  // NaN/Inf loss or gradient norm
   int max_nonfinite_skips = 5;    // skip: stop after this many skipped steps in a row
   double step_timeout_s = 0.0;    // stop the run when a worker makes no progress this long; 0 = off
+  double stop_grace_s = 30.0;     // wait this long for workers to stop, then report and leave them
   CheckpointConfig checkpoint;
 };
 

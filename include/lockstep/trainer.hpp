@@ -110,6 +110,7 @@ struct LOCKSTEP_API Summary {
   bool stopped_early = false;          // request_stop() ended the run before `steps`
   std::int64_t nonfinite_skips = 0;    // updates dropped by on_nonfinite: skip
   std::string last_checkpoint;         // the weights file of the last checkpoint written
+  std::string memory_plan;             // Trainer::memory_plan(), as checked before step 1
 
   std::string to_json() const;
 };
@@ -171,6 +172,11 @@ class LOCKSTEP_API Trainer {
   std::int64_t total_steps() const noexcept;
   // The step resume_from() continues from; 0 for a fresh run.
   std::int64_t resumed_step() const noexcept;
+
+  // The memory the run needs, per worker and on the host, against what this process may use
+  // (Note [Memory plan] in src/train/memory_plan.hpp), as one line of text. Throws InputError,
+  // naming the key that drives it, when it does not fit; run() checks the same before step 1.
+  std::string memory_plan() const;
 
   // Continue from a checkpoint: its weights, optimiser state, step (and so the learning-rate
   // schedule) and sampler position. Throws InputError if it was written for another model or

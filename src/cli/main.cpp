@@ -18,6 +18,7 @@
 #include <optional>
 #include <csignal>
 #include <atomic>
+#include <new>
 #include <numeric>
 #include <string>
 #include <string_view>
@@ -27,6 +28,7 @@
 #include <fmt/ranges.h>
 
 #include "cli/progress.hpp"
+#include "io/output_path.hpp"
 #include "lockstep/lockstep.hpp"
 
 namespace fs = std::filesystem;
@@ -40,7 +42,7 @@ constexpr std::string_view kUsage = R"(usage: lockstep <command> [options]
 
 commands:
   train CONFIG [--set KEY=VALUE]... [--summary-json FILE] [--scaling N,N,...]
-        [--resume [DIR|FILE] | --init-from CKPT]
+        [--resume [DIR|FILE] | --init-from CKPT] [--dry-run]
                       train the model described by the YAML file CONFIG on every
                       configured device; --set overrides a config key (repeatable),
                       e.g. --set trainer.devices=4 --set optimizer.lr=0.05;
@@ -51,6 +53,9 @@ commands:
                       --init-from starts from the weights alone of a checkpoint, an
                       export or a Hugging Face GPT-2 directory (step 0, fresh
                       optimiser): fine-tuning.
+                      --dry-run checks everything, prints the memory plan (bytes
+                      per worker and on the host, against what this process may
+                      use) and stops before step 1.
                       SIGINT/SIGTERM finish the step, write a checkpoint and exit
                       130/143; a second SIGINT exits at once
   eval CONFIG --checkpoint CKPT [--set KEY=VALUE]...
@@ -87,6 +92,7 @@ struct TrainArgs {
   std::vector<int> scaling;  // device counts
   std::optional<std::string> resume;  // "" = trainer.checkpoint.dir
   std::string init_from;              // weights only: a checkpoint, an export or an HF directory
+  bool dry_run = false;  // print the run's plan (steps, memory) and stop before step 1
 };
 
 std::vector<int> parse_counts(std::string_view flag, const std::string& text) {
@@ -131,6 +137,8 @@ TrainArgs parse_train_args(const std::vector<std::string_view>& args) {
       else out.resume = std::string();
     } else if (a == "--init-from" || a.starts_with("--init-from=")) {
       out.init_from = value("--init-from");
+    } else if (a == "--dry-run") {
+      out.dry_run = true;
     } else if (a == "--scaling" || a.starts_with("--scaling=")) {
       out.scaling = parse_counts("--scaling", value("--scaling"));
     } else if (a.starts_with("-")) {
@@ -241,24 +249,22 @@ class SignalScope {
   struct sigaction old_int_ {}, old_term_ {};
 };
 
+// What the command is doing, for a std::bad_alloc that gets past the memory plan to main()
+// (Note [Memory plan]): the report names the phase, since bad_alloc names nothing.
+std::atomic<const char*> g_phase{"starting"};
+
 void warn(const std::string& message) { fmt::print(stderr, "lockstep: warning: {}\n", message); }
 
-// The output files' directories (--summary-json, trainer.report, trainer.metrics,
-// trainer.trace) are made now, as checkpoint directories are: one that cannot be is bad input
-// before training rather than a failure at its end.
-void make_output_dirs(const TrainArgs& args, const TrainerConfig& tc) {
+// The run's output files: their directories are made now, as checkpoint directories are, and
+// each is checked before anything is printed or trained (Note [Checking an output]). The
+// Trainer checks its own again, for embedders.
+void prepare_cli_outputs(const TrainArgs& args, const TrainerConfig& tc, bool leader) {
+  if (!leader) return;
   const std::pair<std::string_view, const std::string*> outputs[] = {
       {"--summary-json", &args.summary_json}, {"trainer.report", &tc.report},
       {"trainer.metrics", &tc.metrics}, {"trainer.trace", &tc.trace}};
-  for (const auto& [name, file] : outputs) {
-    if (file->empty()) continue;
-    const fs::path dir = fs::absolute(*file).parent_path();
-    std::error_code ec;
-    fs::create_directories(dir, ec);
-    if (!fs::is_directory(dir))
-      throw InputError(fmt::format("{}: {}: cannot make directory '{}': {}", name, *file,
-                                   dir.string(), ec ? ec.message() : "not a directory"));
-  }
+  for (const auto& [name, file] : outputs)
+    if (!file->empty()) detail::prepare_output_file(*file, name);
 }
 
 // --resume [DIR|FILE]: loads the checkpoint into `trainer`, or warns that there is none.
@@ -363,9 +369,12 @@ int train(const std::vector<std::string_view>& argv,
 
   std::optional<SignalScope> signals;  // --scaling keeps the default handlers: Ctrl-C ends it
   if (args.scaling.empty()) signals.emplace();
+  g_phase = "reading the config";
   const Config cfg = load_config(args.config, args.overrides);
-  if (leader) make_output_dirs(args, cfg.trainer);
+  prepare_cli_outputs(args, cfg.trainer, leader);
+  g_phase = "loading the data";
   const DataSplit data = load_dataset(cfg);  // paths already resolved: Note [Config paths]
+  g_phase = "setting up the trainer";
 
   if (!args.scaling.empty()) {
     if (several) throw InputError("--scaling: trains within one process; run it without mpirun");
@@ -385,8 +394,14 @@ int train(const std::vector<std::string_view>& argv,
     print_run_header(trainer, cfg, processes);
     warn_if_batch_exceeds_shard(cfg, *data.train, processes);
   }
+  if (args.dry_run) {
+    fmt::print("memory plan: {}\n", trainer.memory_plan());
+    return kExitOk;
+  }
   std::fflush(stdout);
+  g_phase = "training";
   const Summary summary = run_with_progress(trainer, *signals);
+  g_phase = "writing the outputs";
   if (leader) {
     print_summary(stdout, summary);
     if (!args.summary_json.empty()) write_file_atomically(args.summary_json, summary.to_json());
@@ -444,8 +459,9 @@ void check_recorded_model(const Checkpoint& ckpt, const Config& cfg, const Datas
   const auto recorded = ckpt.metadata.find("lockstep.model");
   if (recorded == ckpt.metadata.end()) return;  // written before checkpoints recorded it
   if (const std::string mine = describe_model(cfg, train); recorded->second != mine)
-    throw InputError(fmt::format("{}: a checkpoint of '{}'; the config describes '{}'",
-                                 ckpt.weights_file.string(), recorded->second, mine));
+    throw InputError(fmt::format("{}: the checkpoint records the model '{}', {} describes '{}': "
+                                 "a checkpoint of another model", ckpt.weights_file.string(),
+                                 recorded->second, cfg.source, mine));
 }
 
 // The config's eval split prepared as the checkpoint's model expects: raw features
@@ -488,6 +504,17 @@ int eval(const std::vector<std::string_view>& argv) {
   return kExitOk;
 }
 
+// Writing over the weights (or the state) just read would destroy the checkpoint.
+void refuse_own_input(const fs::path& out, const Checkpoint& ckpt) {
+  const fs::path state = fs::path(ckpt.weights_file).replace_extension(".state");
+  for (const fs::path& input : {ckpt.weights_file, state}) {
+    std::error_code ec;
+    if (fs::equivalent(out, input, ec))
+      throw InputError(fmt::format("export --out {}: is the checkpoint's own {}; write the export "
+                                   "elsewhere", out.string(), input.string()));
+  }
+}
+
 int export_weights(const std::vector<std::string_view>& argv) {
   const CommandArgs args = parse_command_args("export", argv, {"--out", "--format"});
   if (args.positional.empty()) throw InputError("export: expected a checkpoint CKPT; see lockstep --help");
@@ -496,7 +523,10 @@ int export_weights(const std::vector<std::string_view>& argv) {
   if (format != "torch" && format != "hf")
     throw InputError(fmt::format("--format: expected torch or hf, got '{}'", format));
   if (out.empty()) throw InputError(format == "hf" ? "export: expected --out DIR" : "export: expected --out FILE");
+  if (format == "hf") detail::check_output_dir(out, "export --out");
+  else detail::check_output_file(out, "export --out");
   const Checkpoint ckpt = CheckpointManager::load(args.positional, warn);
+  refuse_own_input(format == "hf" ? fs::path(out) / "model.safetensors" : fs::path(out), ckpt);
   if (format == "hf") export_hf_gpt2(ckpt, out);
   else export_torch(ckpt, out);
   fmt::print("wrote {} ({} tensors, {} parameters, step {})\n", out, ckpt.tensors.size(),
@@ -693,6 +723,10 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     fmt::print(stderr, "{}: error: {}\n", who(), e.what());
     code = kExitBadInput;
+  } catch (const std::bad_alloc&) {
+    std::fflush(stdout);
+    fmt::print(stderr, "{}: failed: out of memory while {}\n", who(), g_phase.load());
+    code = kExitFailure;
   } catch (const std::exception& e) {
     std::fflush(stdout);
     fmt::print(stderr, "{}: failed: {}\n", who(), e.what());
@@ -701,6 +735,8 @@ int main(int argc, char** argv) {
     fmt::print(stderr, "{}: failed: unknown error\n", who());
     code = kExitFailure;
   }
+  // A stop by signal that could not finish cleanly (Note [Bounded stop]) still says which signal.
+  if (code == kExitFailure && g_signal.load() != 0) code = 128 + g_signal.load();
   // This process has stopped cleanly; the others may wait for it in a collective: end the job.
   // (A signal stop is agreed by every process and needs no abort.)
   if ((code == kExitFailure || code == kExitBadInput) && processes && processes->size() > 1) {

@@ -92,6 +92,7 @@ void print_summary(std::FILE* out, const Summary& s) {
   fmt::print(out, "summary\n");
   fmt::print(out, "  backend             {}\n", describe_backend(s));
   fmt::print(out, "  parameters          {}\n", s.parameters);
+  if (!s.memory_plan.empty()) fmt::print(out, "  memory plan         {}\n", s.memory_plan);
   fmt::print(out, "  steps               {}\n", s.steps);
   fmt::print(out, "  wall time           {:.3f} s\n", s.wall_s);
   fmt::print(out, "  samples/s           {:.0f}\n", s.samples_per_s);

@@ -3,6 +3,8 @@
 #include <chrono>
 #include <exception>
 
+#include "common/start_thread.hpp"
+
 namespace lockstep::detail {
 namespace {
 
@@ -49,7 +51,8 @@ std::unique_ptr<CommWork> CommThread::submit(std::function<void()> collective) {
   auto work = std::make_shared<Queued>(std::move(collective));
   {
     std::lock_guard lock(mutex_);
-    if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+    if (!thread_.joinable())
+      thread_ = detail::start_thread("the communication thread", [this] { loop(); });
     queue_.push_back(work);
   }
   cv_.notify_one();

@@ -16,11 +16,8 @@
 // how an override unsets a key, e.g. trainer.epochs when switching a file to trainer.steps.
 #include <algorithm>
 #include <cctype>
-#include <cerrno>
 #include <charconv>
 #include <cmath>
-#include <cstring>
-#include <fstream>
 #include <functional>
 #include <limits>
 #include <map>
@@ -34,6 +31,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "common/fnv1a.hpp"
+#include "io/open_input.hpp"
 #include "lockstep/config.hpp"
 
 namespace lockstep {
@@ -204,6 +202,7 @@ void visit_schema(Visitor& v, C& c) {
   v.enumeration("on_nonfinite", c.trainer.on_nonfinite, kNonfinitePolicies);
   v.integer("max_nonfinite_skips", c.trainer.max_nonfinite_skips, IntRule{.min = 1});
   v.number("step_timeout_s", c.trainer.step_timeout_s, kNonNegative);
+  v.number("stop_grace_s", c.trainer.stop_grace_s, kPositive);
   v.nested("checkpoint");
 
   v.section("trainer.checkpoint");
@@ -1002,18 +1001,14 @@ void check_data_source(const Config& c, const Origins& origins) {
 }
 
 std::string read_config_file(const std::filesystem::path& file) {
-  const auto cannot_open = [&](std::string_view reason) {
-    return ConfigError(fmt::format("{}: cannot open config file: {}", file.string(), reason));
-  };
-  // An ifstream opens a directory without complaint and then reads nothing.
-  std::error_code ec;
-  if (std::filesystem::is_directory(file, ec)) throw cannot_open(std::strerror(EISDIR));
-  errno = 0;  // the standard library sets it on POSIX systems, though the standard does not say so
-  std::ifstream in(file, std::ios::binary);
-  if (!in) throw cannot_open(errno != 0 ? std::strerror(errno) : "unknown error");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
+  // Note [Opening an input]; the error keeps its config type.
+  try {
+    return detail::read_input(file, detail::InputKind::config);
+  } catch (const ConfigError&) {
+    throw;
+  } catch (const InputError& e) {
+    throw ConfigError(e.what());
+  }
 }
 
 }  // namespace

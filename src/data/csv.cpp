@@ -1,16 +1,22 @@
 // load_csv(): comma-separated numbers, one sample per line, one column holding the class.
+#include <unistd.h>
+
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <optional>
 #include <string_view>
+#include <span>
+#include <string>
 #include <system_error>
+#include <vector>
 
-#include "data/read_file.hpp"
+#include "io/open_input.hpp"
 #include "lockstep/dataset.hpp"
 #include "lockstep/error.hpp"
 
@@ -25,15 +31,110 @@ std::string_view trim(std::string_view s) {
   return s.substr(first, s.find_last_not_of(kSpace) - first + 1);
 }
 
-void split_fields(std::string_view line, std::vector<std::string_view>& fields) {
-  fields.clear();
-  while (true) {
-    const auto comma = line.find(',');
-    fields.push_back(trim(line.substr(0, comma)));
-    if (comma == std::string_view::npos) return;
-    line.remove_prefix(comma + 1);
+bool is_space(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\f' || c == '\v'; }
+
+// Note [Streaming CSV]
+// The file is not held in memory: a CSV of one 1 GB line would otherwise cost the text, plus the
+// parsed values (4 bytes each, up to twice the text for single-digit values). It is read through
+// one block buffer, twice per line: a scan finds where the line ends, how many commas it has and
+// whether it is blank, so that a wrong column count is reported before any field, as when lines
+// were split in memory; then its fields are parsed in order, one at a time. The parser's peak
+// memory is then the values (x_, y_) and the block: at most about twice the file.
+class CsvReader {
+ public:
+  explicit CsvReader(const std::filesystem::path& file)
+      : in_(detail::open_input(file, detail::InputKind::data)), name_(file.string()) {
+    char bom[3] = {};
+    if (read_at(0, std::span(bom)) == 3 && std::string_view(bom, 3) == "\xEF\xBB\xBF")
+      start_ = 3;  // a UTF-8 byte-order mark
   }
-}
+
+  std::uint64_t start() const { return start_; }
+  std::uint64_t size() const { return in_.size(); }
+
+  struct Line {
+    std::uint64_t begin = 0, end = 0, next = 0;  // [begin, end) without the '\n'; next line
+    std::size_t commas = 0;
+    bool blank = true;
+  };
+
+  // The line that starts at `begin`.
+  Line scan(std::uint64_t begin) {
+    Line line{.begin = begin, .end = size(), .next = size()};
+    for_each_block(begin, size(), [&](std::uint64_t at, std::string_view block) {
+      const std::size_t eol = block.find('\n');
+      const std::string_view part = block.substr(0, eol);
+      line.commas += static_cast<std::size_t>(std::count(part.begin(), part.end(), ','));
+      line.blank = line.blank && std::all_of(part.begin(), part.end(), is_space);
+      if (eol == std::string_view::npos) return true;
+      line.end = at + eol;
+      line.next = line.end + 1;
+      return false;
+    });
+    return line;
+  }
+
+  // Calls f(field, column) for each field of `line`, trimmed, in order.
+  template <class F>
+  void fields(const Line& line, F&& f) {
+    std::size_t column = 0;
+    field_.clear();
+    for_each_block(line.begin, line.end, [&](std::uint64_t, std::string_view block) {
+      for (std::size_t comma; (comma = block.find(',')) != std::string_view::npos;) {
+        field_.append(block.substr(0, comma));
+        f(trim(field_), column++);
+        field_.clear();
+        block.remove_prefix(comma + 1);
+      }
+      field_.append(block);
+      return true;
+    });
+    f(trim(field_), column);
+  }
+
+  // The number of '\n' in the file.
+  std::size_t newlines() {
+    std::size_t n = 0;
+    for_each_block(start_, size(), [&](std::uint64_t, std::string_view block) {
+      n += static_cast<std::size_t>(std::count(block.begin(), block.end(), '\n'));
+      return true;
+    });
+    return n;
+  }
+
+ private:
+  std::size_t read_at(std::uint64_t offset, std::span<char> out) {
+    std::size_t done = 0;
+    while (done < out.size()) {
+      const ::ssize_t n = ::pread(in_.get(), out.data() + done, out.size() - done,
+                                  static_cast<off_t>(offset + done));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0)
+        throw InputError(fmt::format("{}: cannot read: {}", name_,
+                                     std::generic_category().message(errno)));
+      if (n == 0) break;
+      done += static_cast<std::size_t>(n);
+    }
+    return done;
+  }
+
+  // Calls f(offset, block) for the blocks of [begin, end) until it returns false.
+  template <class F>
+  void for_each_block(std::uint64_t begin, std::uint64_t end, F&& f) {
+    for (std::uint64_t at = begin; at < end;) {
+      const auto want = static_cast<std::size_t>(std::min<std::uint64_t>(block_.size(), end - at));
+      const std::size_t got = read_at(at, std::span(block_.data(), want));
+      if (got == 0 || !f(at, std::string_view(block_.data(), got))) return;
+      at += got;
+    }
+  }
+
+  detail::InputFd in_;
+  std::string name_;
+  std::uint64_t start_ = 0;
+  std::vector<char> block_ = std::vector<char>(1 << 20);
+  std::string field_;  // the field being read: it may span blocks
+};
 
 // A finite double spelled in full by `s` (from_chars plus an optional leading '+').
 std::optional<double> parse_number(std::string_view s) {
@@ -47,7 +148,7 @@ std::optional<double> parse_number(std::string_view s) {
 class CsvParser {
  public:
   // `max_rows` (the number of lines) and `max_values` (a value takes at least a character and
-  // a separator) size the buffers up front.
+  // a separator: half the bytes, rounded up) size the buffers up front.
   CsvParser(std::string name, int label_column, std::size_t max_rows, std::size_t max_values)
       : name_(std::move(name)),
         label_column_(label_column),
@@ -57,19 +158,19 @@ class CsvParser {
   }
 
   // Parses one non-blank data line; line_no is 1-based.
-  void add_line(std::string_view line, std::size_t line_no) {
-    split_fields(line, fields_);
-    if (columns_ == 0) start(line_no);
-    if (fields_.size() != columns_) {
-      fail(line_no, fmt::format("expected {} columns, got {}", columns_, fields_.size()));
+  void add_line(CsvReader& reader, const CsvReader::Line& line, std::size_t line_no) {
+    const std::size_t fields = line.commas + 1;
+    if (columns_ == 0) start(fields, line_no);
+    if (fields != columns_) {
+      fail(line_no, fmt::format("expected {} columns, got {}", columns_, fields));
     }
-    for (std::size_t c = 0; c < columns_; ++c) {
+    reader.fields(line, [&](std::string_view field, std::size_t c) {
       if (c == label_) {
-        y_.push_back(parse_label(fields_[c], line_no));
+        y_.push_back(parse_label(field, line_no));
       } else {
-        x_.push_back(parse_feature(fields_[c], c, line_no));
+        x_.push_back(parse_feature(field, c, line_no));
       }
-    }
+    });
   }
 
   InMemoryDataset finish(bool saw_any_line) && {
@@ -92,8 +193,8 @@ class CsvParser {
   }
 
   // The first data line fixes the column count and the label column.
-  void start(std::size_t line_no) {
-    columns_ = fields_.size();
+  void start(std::size_t fields, std::size_t line_no) {
+    columns_ = fields;
     if (columns_ < 2) {
       fail(line_no,
            fmt::format("expected at least 2 columns (features and a label), got {}", columns_));
@@ -105,8 +206,11 @@ class CsvParser {
     }
     label_ = static_cast<std::size_t>(label_column_ < 0 ? n + label_column_ : label_column_);
     // Lines x columns alone would let a wide first line over many blank lines ask for
-    // terabytes.
-    x_.reserve(std::min(max_rows_, max_values_ / columns_) * (columns_ - 1));
+    // terabytes. A row of `columns_` values takes at least 2 x columns_ bytes with its commas
+    // and newline (the last may lack one): so this bounds the rows from above, and the values
+    // never outgrow the reservation (a vector that grows holds its old and new buffers at once).
+    const std::size_t row_bound = (max_values_ * 2 + 1 + 2 * columns_ - 1) / (2 * columns_);
+    x_.reserve(std::min(max_rows_, row_bound) * (columns_ - 1));
   }
 
   float parse_feature(std::string_view field, std::size_t column, std::size_t line_no) const {
@@ -135,7 +239,6 @@ class CsvParser {
   std::size_t max_values_;
   std::size_t columns_ = 0;
   std::size_t label_ = 0;
-  std::vector<std::string_view> fields_;
   std::vector<float> x_;
   std::vector<std::int32_t> y_;
 };
@@ -143,26 +246,21 @@ class CsvParser {
 }  // namespace
 
 InMemoryDataset load_csv(const std::filesystem::path& file, int label_column, bool header) {
-  const std::string text = detail::read_file(file);
-  std::string_view rest = text;
-  if (rest.starts_with("\xEF\xBB\xBF")) rest.remove_prefix(3);  // a UTF-8 byte-order mark
-
-  CsvParser parser(file.string(), label_column,
-                   static_cast<std::size_t>(std::count(rest.begin(), rest.end(), '\n')) + 1,
-                   rest.size() / 2 + 1);
+  CsvReader reader(file);  // Note [Streaming CSV]
+  CsvParser parser(file.string(), label_column, reader.newlines() + 1,
+                   static_cast<std::size_t>((reader.size() - reader.start() + 1) / 2));
   bool header_pending = header;
   bool saw_any_line = false;
-  for (std::size_t line_no = 1; !rest.empty(); ++line_no) {
-    const auto eol = rest.find('\n');
-    const std::string_view line = rest.substr(0, eol);  // a trailing '\r' is trimmed as space
-    rest.remove_prefix(eol == std::string_view::npos ? rest.size() : eol + 1);
-    if (trim(line).empty()) continue;
+  for (std::uint64_t at = reader.start(), line_no = 1; at < reader.size(); ++line_no) {
+    const CsvReader::Line line = reader.scan(at);  // a trailing '\r' is trimmed as space
+    at = line.next;
+    if (line.blank) continue;
     saw_any_line = true;
     if (header_pending) {
       header_pending = false;
       continue;
     }
-    parser.add_line(line, line_no);
+    parser.add_line(reader, line, static_cast<std::size_t>(line_no));
   }
   return std::move(parser).finish(saw_any_line);
 }

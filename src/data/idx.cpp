@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "data/read_file.hpp"
+#include "io/open_input.hpp"
 #include "lockstep/dataset.hpp"
 #include "lockstep/error.hpp"
 
@@ -85,8 +85,8 @@ IdxFile parse_idx(const std::string& name, std::string_view bytes, bool labels) 
 InMemoryDataset load_idx(const std::filesystem::path& images, const std::filesystem::path& labels) {
   const std::string images_name = images.string();
   const std::string labels_name = labels.string();
-  const std::string image_bytes = detail::read_file(images);
-  const std::string label_bytes = detail::read_file(labels);
+  const std::string image_bytes = detail::read_input(images, detail::InputKind::data);
+  const std::string label_bytes = detail::read_input(labels, detail::InputKind::data);
   const IdxFile img = parse_idx(images_name, image_bytes, false);
   const IdxFile lab = parse_idx(labels_name, label_bytes, true);
 

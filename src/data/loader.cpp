@@ -12,6 +12,7 @@
 #include <thread>
 #include <utility>
 
+#include "common/start_thread.hpp"
 #include "lockstep/dataset.hpp"
 #include "lockstep/error.hpp"
 
@@ -120,7 +121,8 @@ ShardLoader::ShardLoader(std::shared_ptr<const Dataset> data, DistributedSampler
   }
   state_ = std::make_unique<State>(std::move(data), sampler, static_cast<std::size_t>(batch_size),
                                    drop_last, static_cast<std::size_t>(prefetch), skip_batches);
-  state_->producer = std::thread([s = state_.get()] { s->produce(); });
+  state_->producer =
+      detail::start_thread("the loader thread", [s = state_.get()] { s->produce(); });
 }
 
 ShardLoader::~ShardLoader() { stop(); }

@@ -10,10 +10,11 @@
 #include <cmath>
 #include <cstring>
 #include <stdexcept>
+#include <string>
 #include <string_view>
 #include <utility>
 
-#include "data/read_file.hpp"
+#include "io/open_input.hpp"
 #include "lockstep/dataset.hpp"
 #include "lockstep/error.hpp"
 
@@ -117,6 +118,33 @@ TokenDataset read_llmc(const std::string& name, std::string_view bytes, int cont
                    kLlmcHeaderBytes, context, vocab_size);
   return checked(name, decode<std::uint32_t>(bytes, kLlmcHeaderBytes, payload / 4),
                  kLlmcHeaderBytes, context, vocab_size);
+}
+
+// Note [Almost an llm.c header]
+// Under data.format auto, a file whose first int32 is not llm.c's magic is read as raw uint16
+// tokens, header and all. A damaged llm.c file would then train on 512 tokens of header
+// without a word. So auto refuses what is almost a header: a magic a few bits from llm.c's, or
+// a plausible header (version 1 or 2, and a token count that matches the file's size exactly)
+// under another magic. Raw tokens that happen to look like that are read with data.format: raw.
+constexpr int kNearMagicBits = 4;
+
+// Why `bytes` look like a damaged llm.c header, or "" when they do not.
+std::string almost_llmc(std::string_view bytes) {
+  if (bytes.size() < 4) return "";
+  const std::int32_t magic = read_le32(bytes, 0);
+  const int bits = std::popcount(static_cast<std::uint32_t>(magic ^ kLlmcMagic));
+  if (bits <= kNearMagicBits)
+    return fmt::format("magic number {} is {} bit(s) away from llm.c's {}", magic, bits,
+                       kLlmcMagic);
+  if (bytes.size() < kLlmcHeaderBytes) return "";
+  const std::int32_t version = read_le32(bytes, 4), count = read_le32(bytes, 8);
+  if ((version != kLlmcUint16 && version != kLlmcUint32) || count < 0) return "";
+  const std::size_t width = version == kLlmcUint16 ? 2 : 4;
+  if (static_cast<std::size_t>(count) * width != bytes.size() - kLlmcHeaderBytes) return "";
+  return fmt::format(
+      "magic number {} with an llm.c header after it (version {}, {} tokens, matching the file's "
+      "size): expected llm.c's magic {}",
+      magic, version, count, kLlmcMagic);
 }
 
 TokenDataset read_raw(const std::string& name, std::string_view bytes, int context,
@@ -242,11 +270,19 @@ TokenDataset TokenDataset::slice(std::size_t begin, std::size_t end) const {
 TokenDataset load_tokens(const std::filesystem::path& file, TokenFormat format, int context,
                          int vocab_size) {
   const std::string name = file.string();
-  const std::string bytes = detail::read_file(file);
+  const std::string bytes = detail::read_input(file, detail::InputKind::data);
   if (bytes.empty()) throw InputError(fmt::format("{}: empty file: expected tokens", name));
-  if (format == TokenFormat::automatic)
+  if (format == TokenFormat::automatic) {
     format = bytes.size() >= 4 && read_le32(bytes, 0) == kLlmcMagic ? TokenFormat::llmc
                                                                     : TokenFormat::raw;
+    // Note [Almost an llm.c header]
+    if (const std::string why = format == TokenFormat::raw ? almost_llmc(bytes) : "";
+        !why.empty())
+      throw InputError(fmt::format(
+          "{}: byte 0: {}: a damaged llm.c .bin file? data.format auto refuses to read it as raw "
+          "tokens; set data.format: llmc or raw to say which it is",
+          name, why));
+  }
   if (format == TokenFormat::llmc) return read_llmc(name, bytes, context, vocab_size);
   return read_raw(name, bytes, context, vocab_size);
 }
@@ -257,7 +293,7 @@ TokenDataset load_text(const std::filesystem::path& file, int context, int vocab
     throw InputError(
         fmt::format("{}: vocab_size {}: expected at least {} for text (one token per byte)",
                     name, vocab_size, kByteVocabSize));
-  const std::string bytes = detail::read_file(file);
+  const std::string bytes = detail::read_input(file, detail::InputKind::data);
   if (bytes.empty()) throw InputError(fmt::format("{}: empty file: expected UTF-8 text", name));
   check_utf8(name, bytes);
   std::vector<std::uint16_t> tokens(bytes.size());

@@ -88,6 +88,11 @@ Checkpoint load_pair(const fs::path& weights, const fs::path& state,
     detail::fail_input(state, fmt::format("belongs to weights with checksum {:016x}, but {} has {} "
                                           "(the files are of two different saves)",
                                           s.weights_checksum, weights.string(), checksum->second));
+  // Note [Whole-file checksum]: without this, deleting the key would pass an edited header.
+  if (s.version >= 2 && !w.metadata.contains("lockstep.file_checksum"))
+    detail::fail_input(weights, "no lockstep.file_checksum in the metadata, which its state file "
+                                "(version 2) says every weights file beside it has: the header "
+                                "was edited");
   for (const StateVector& v : s.optimizer_state)
     if (v.values.size() != w.data.size())
       detail::fail_input(state, fmt::format("state vector '{}' has {} values, the weights {}",
@@ -179,19 +184,31 @@ std::vector<CheckpointFiles> CheckpointManager::list() const {
 }
 
 std::optional<Checkpoint> CheckpointManager::load_latest(const Warn& warn) const {
-  const std::vector<std::int64_t> steps = steps_on_disk(dir_);
-  if (steps.empty()) return std::nullopt;
+  // A live run may remove checkpoints between our listing and our reads (keep_last): when none
+  // listed is valid and a file has vanished meanwhile, the listing is stale and is made again.
+  constexpr int kListings = 5;
+  std::vector<std::int64_t> steps;
   std::vector<std::string> skipped;
-  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
-    try {
-      Checkpoint ckpt = load_files(files_of(dir_, *it));
-      if (warn)
-        for (const std::string& reason : skipped)
-          warn(fmt::format("{}; using the previous checkpoint {}", reason, stem_of(*it)));
-      return ckpt;
-    } catch (const InputError& e) {
-      skipped.emplace_back(e.what());
+  for (int listing = 0; listing < kListings; ++listing) {
+    steps = steps_on_disk(dir_);
+    if (steps.empty()) return std::nullopt;
+    skipped.clear();
+    bool vanished = false;
+    for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+      const CheckpointFiles files = files_of(dir_, *it);
+      try {
+        Checkpoint ckpt = load_files(files);
+        if (warn)
+          for (const std::string& reason : skipped)
+            warn(fmt::format("{}; using the previous checkpoint {}", reason, stem_of(*it)));
+        return ckpt;
+      } catch (const InputError& e) {
+        std::error_code ec;
+        vanished = vanished || !fs::exists(files.weights, ec) || !fs::exists(files.state, ec);
+        skipped.emplace_back(e.what());
+      }
     }
+    if (!vanished) break;
   }
   throw InputError(fmt::format("{}: none of the {} checkpoints is valid: {}", dir_.string(),
                                steps.size(), fmt::join(skipped, "; ")));

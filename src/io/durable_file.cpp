@@ -6,10 +6,13 @@
 
 #include <fmt/format.h>
 
+#include <atomic>
 #include <cerrno>
 #include <system_error>
 #include <utility>
 
+#include "io/open_input.hpp"
+#include "io/output_path.hpp"
 #include "lockstep/error.hpp"
 
 namespace lockstep::detail {
@@ -48,10 +51,15 @@ void sync_directory(const std::filesystem::path& dir) {
 
 }  // namespace
 
-void write_file_atomically(const std::filesystem::path& target,
+void write_file_atomically(const std::filesystem::path& link_or_target,
                            std::span<const std::span<const std::byte>> pieces) {
+  // Through a symlink to what it names: renaming over the link would replace it with a file.
+  const std::filesystem::path target = follow_links(link_or_target);
+  // A name of its own (pid and a counter), so that two writers of one target, even in one
+  // process, never write into each other's temp file.
+  static std::atomic<std::uint64_t> counter{0};
   std::filesystem::path temp = target;
-  temp += kTempSuffix;
+  temp += fmt::format(".{}.{}{}", ::getpid(), counter++, kTempSuffix);
   Fd out{::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
   if (out.fd < 0) fail_system(errno, temp, "create");
   try {
@@ -72,14 +80,8 @@ void fail_input(const std::filesystem::path& file, std::string_view what) {
 }
 
 InputFile::InputFile(std::filesystem::path path) : path_(std::move(path)) {
-  Fd in{::open(path_.c_str(), O_RDONLY | O_CLOEXEC)};
-  if (in.fd < 0)
-    fail_input(path_, "cannot open: " + std::generic_category().message(errno));
-  struct ::stat st {};
-  if (::fstat(in.fd, &st) != 0)
-    fail_input(path_, "cannot open: " + std::generic_category().message(errno));
-  if (!S_ISREG(st.st_mode)) fail_input(path_, "cannot open: not a regular file");
-  size_ = static_cast<std::uint64_t>(st.st_size);
+  InputFd in = open_input(path_, InputKind::checkpoint);
+  size_ = in.size();
   fd_ = in.release();
 }
 

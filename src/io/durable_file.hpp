@@ -13,13 +13,14 @@
 
 namespace lockstep::detail {
 
-// Appended to a file's name while it is being written.
+// Ends a file's name while it is being written: "<target>.<pid>.<n>.tmp".
 inline constexpr std::string_view kTempSuffix = ".tmp";
 
 // Writes the concatenation of `pieces` to `target` so that, after a crash at any point,
-// `target` holds either its previous contents or all of the new ones: write "<target>.tmp" in
-// the same directory, fsync it, rename it over `target`, fsync the directory. Throws
-// std::system_error naming the file; the temp file is removed on failure. Exported for the CLI.
+// `target` holds either its previous contents or all of the new ones: write
+// "<target>.<pid>.<n>.tmp" in the same directory, fsync it, rename it over `target`, fsync the
+// directory. A symlink's target is replaced and the link kept. Throws std::system_error naming
+// the file; the temp file is removed on failure. Exported for the CLI.
 LOCKSTEP_API void write_file_atomically(const std::filesystem::path& target,
                                         std::span<const std::span<const std::byte>> pieces);
 
@@ -29,7 +30,8 @@ LOCKSTEP_API void write_file_atomically(const std::filesystem::path& target,
 // A regular file opened for sequential reading.
 class InputFile {
  public:
-  // Throws InputError "FILE: cannot open: REASON", also for a directory.
+  // Opened by open_input (Note [Opening an input]): throws InputError "FILE: cannot open:
+  // REASON", also for a directory, a FIFO or a device.
   explicit InputFile(std::filesystem::path path);
   ~InputFile();
   InputFile(const InputFile&) = delete;

@@ -7,6 +7,16 @@
 //
 // data_offsets are byte ranges of the data section; the reader requires, as the reference
 // implementation does, that the tensors tile it with no gap or overlap. Only F32 is read.
+//
+// Note [Whole-file checksum]
+// "lockstep.checksum" is FNV-1a 64 of the data section only: a checkpoint's state file names it
+// to pair the two files. It does not cover the header, so an edit of the metadata (n_head in
+// lockstep.model) or of a shape would load, and `export` would re-sign it. So the writer adds
+// "lockstep.file_checksum": FNV-1a 64 of every byte of the file as written, with that value's
+// own 16 hex digits read as '0's. The reader checks it when present: an edit anywhere is
+// refused. Files written before it carry no such key and are still read (their header is
+// parsed strictly, their data checked against lockstep.checksum); a checkpoint whose state file
+// is of version 2 must have it (checkpoint.cpp), so deleting the key does not pass an edit.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -33,11 +43,21 @@ static_assert(std::endian::native == std::endian::little,
 constexpr std::uint64_t kMaxHeaderBytes = 100'000'000;
 constexpr std::string_view kMetadataKey = "__metadata__";
 constexpr std::string_view kChecksumKey = "lockstep.checksum";
+constexpr std::string_view kFileChecksumKey = "lockstep.file_checksum";
+constexpr std::string_view kUnsigned = "0000000000000000";  // the value while it is computed
 
 std::string checksum_hex(std::uint64_t checksum) { return fmt::format("{:016x}", checksum); }
 
 std::uint64_t checksum_of(std::span<const float> data) {
   return detail::fnv1a64(data.data(), data.size_bytes());
+}
+
+// Note [Whole-file checksum]: `header` holds kUnsigned where the value goes.
+std::uint64_t file_checksum_of(std::string_view header, std::span<const float> data) {
+  const std::uint64_t header_size = header.size();
+  std::uint64_t h = detail::fnv1a64(&header_size, sizeof header_size);
+  h = detail::fnv1a64(header.data(), header.size(), h);
+  return detail::fnv1a64(data.data(), data.size_bytes(), h);
 }
 
 std::string shape_text(std::span<const std::int64_t> shape) {
@@ -146,6 +166,38 @@ class HeaderReader {
   const std::filesystem::path& file_;
 };
 
+// Note [Whole-file checksum]: the file's checksum when present, then the data's.
+void check_checksums(const HeaderReader& reader, const detail::JsonValue& root,
+                     std::string header, const SafetensorsFile& out) {
+  const std::uint64_t data_start = 8 + header.size();
+  const auto metadata = std::find_if(root.members.begin(), root.members.end(),
+                                     [](const auto& m) { return m.first == kMetadataKey; });
+  const detail::JsonValue* signature = nullptr;
+  if (metadata != root.members.end())
+    for (const auto& [key, value] : metadata->second.members)
+      if (key == kFileChecksumKey) signature = &value;
+  if (signature) {
+    // The value as written: a quote, 16 hex digits, a quote; the digits become '0's.
+    const std::size_t at = signature->offset + 1;
+    if (signature->text.size() != kUnsigned.size() ||
+        header.compare(at, kUnsigned.size(), signature->text) != 0)
+      reader.fail_at(*signature, fmt::format("{}: expected 16 hex digits, got \"{}\"",
+                                             kFileChecksumKey, signature->text));
+    header.replace(at, kUnsigned.size(), kUnsigned);
+    const std::string actual = checksum_hex(file_checksum_of(header, out.data));
+    if (signature->text != actual)
+      reader.fail(fmt::format("the file's checksum is {}, its {} says {} (the file was edited "
+                              "or is corrupt)", actual, kFileChecksumKey, signature->text));
+  }
+  if (const auto it = out.metadata.find(std::string(kChecksumKey)); it != out.metadata.end()) {
+    const std::string actual = checksum_hex(checksum_of(out.data));
+    if (it->second != actual)
+      reader.fail(fmt::format("offset {}: the data's checksum is {}, the header's {} says {} "
+                              "(the data is corrupt)", data_start, actual, kChecksumKey,
+                              it->second));
+  }
+}
+
 std::uint64_t read_le64(detail::InputFile& in, std::string_view what) {
   std::uint64_t v = 0;
   in.read(std::as_writable_bytes(std::span(&v, 1)), what);
@@ -185,11 +237,15 @@ std::uint64_t write_safetensors(const std::filesystem::path& file,
   meta.insert_or_assign("format", "pt");
   meta.insert_or_assign("lockstep.version", kVersion);
   meta.insert_or_assign(std::string(kChecksumKey), checksum_hex(checksum));
+  meta.insert_or_assign(std::string(kFileChecksumKey), std::string(kUnsigned));
 
   std::string header = fmt::format("{{{}:{{", detail::json_quote(kMetadataKey));
-  for (auto it = meta.begin(); it != meta.end(); ++it)
-    header += fmt::format("{}{}:{}", it == meta.begin() ? "" : ",", detail::json_quote(it->first),
-                          detail::json_quote(it->second));
+  std::size_t signature_at = 0;  // where the file checksum's digits go
+  for (auto it = meta.begin(); it != meta.end(); ++it) {
+    header += fmt::format("{}{}:", it == meta.begin() ? "" : ",", detail::json_quote(it->first));
+    if (it->first == kFileChecksumKey) signature_at = header.size() + 1;  // past the quote
+    header += detail::json_quote(it->second);
+  }
   header += "}";
   for (const ParamTensor* t : order) {
     const std::size_t begin = t->offset * sizeof(float);
@@ -200,6 +256,7 @@ std::uint64_t write_safetensors(const std::filesystem::path& file,
   header += "}";
   // Pad so that the data starts 8-byte aligned, as the reference writer does.
   header.append((8 - header.size() % 8) % 8, ' ');
+  header.replace(signature_at, kUnsigned.size(), checksum_hex(file_checksum_of(header, params)));
 
   const std::uint64_t header_size = header.size();
   const std::span<const std::byte> pieces[] = {std::as_bytes(std::span(&header_size, 1)),
@@ -268,13 +325,7 @@ SafetensorsFile read_safetensors(const std::filesystem::path& file) {
                            .offset = static_cast<std::size_t>(t.begin / sizeof(float)),
                            .shape = std::move(t.shape)});
 
-  if (const auto it = out.metadata.find(std::string(kChecksumKey)); it != out.metadata.end()) {
-    const std::string actual = checksum_hex(checksum_of(out.data));
-    if (it->second != actual)
-      reader.fail(fmt::format("offset {}: the data's checksum is {}, the header's {} says {} "
-                              "(the data is corrupt)", data_start, actual, kChecksumKey,
-                              it->second));
-  }
+  check_checksums(reader, root, std::move(header), out);
   return out;
 }
 

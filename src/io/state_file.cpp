@@ -21,7 +21,9 @@ static_assert(std::endian::native == std::endian::little,
               "checkpoint files are little-endian and are copied to and from memory as is");
 
 constexpr std::string_view kMagic = "LSTPSTATE";
-constexpr std::uint32_t kVersion = 1;
+constexpr std::uint32_t kVersion = 2;
+constexpr std::uint32_t kPayloadChecksumVersion = 1;  // its checksum covers the payload only
+constexpr std::size_t kChecksumAt = 21;
 constexpr std::uint64_t kHeaderBytes = kMagic.size() + 4 + 8 + 8;
 constexpr OptimizerKind kOptimizers[] = {OptimizerKind::sgd, OptimizerKind::adamw};
 
@@ -148,14 +150,14 @@ void write_state_file(const std::filesystem::path& file, const TrainState& s,
     pieces.push_back(std::as_bytes(std::span(v.values)));
   }
 
-  std::uint64_t payload_size = 0, checksum = kFnv1a64Basis;
-  for (std::size_t i = 1; i < pieces.size(); ++i) {
-    payload_size += pieces[i].size();
-    checksum = fnv1a64(pieces[i].data(), pieces[i].size(), checksum);
-  }
+  std::uint64_t payload_size = 0;
+  for (std::size_t i = 1; i < pieces.size(); ++i) payload_size += pieces[i].size();
   std::string header(kMagic);
   put(header, kVersion);
   put(header, payload_size);
+  std::uint64_t checksum = fnv1a64(header.data(), header.size());
+  for (std::size_t i = 1; i < pieces.size(); ++i)
+    checksum = fnv1a64(pieces[i].data(), pieces[i].size(), checksum);
   put(header, checksum);
   pieces[0] = std::as_bytes(std::span(header));
   write_file_atomically(file, pieces);
@@ -176,9 +178,10 @@ StateFile read_state_file(const std::filesystem::path& file) {
   std::uint64_t payload_size = 0, checksum = 0;
   std::memcpy(&version, header.data() + 9, sizeof version);
   std::memcpy(&payload_size, header.data() + 13, sizeof payload_size);
-  std::memcpy(&checksum, header.data() + 21, sizeof checksum);
-  if (version != kVersion)
-    fail_input(file, fmt::format("offset 9: expected version {}, got {}", kVersion, version));
+  std::memcpy(&checksum, header.data() + kChecksumAt, sizeof checksum);
+  if (version != kVersion && version != kPayloadChecksumVersion)
+    fail_input(file, fmt::format("offset 9: expected version {} or {}, got {}",
+                                 kPayloadChecksumVersion, kVersion, version));
   if (payload_size != in.size() - kHeaderBytes)
     fail_input(file, fmt::format("offset 13: the header announces {} payload bytes, the file "
                                  "holds {} after the header (truncated or extended?)",
@@ -186,13 +189,16 @@ StateFile read_state_file(const std::filesystem::path& file) {
 
   std::string payload(payload_size, '\0');
   in.read(std::as_writable_bytes(std::span(payload)), "payload");
-  const std::uint64_t actual = fnv1a64(payload.data(), payload.size());
+  const std::uint64_t actual = fnv1a64(
+      payload.data(), payload.size(),
+      version == kPayloadChecksumVersion ? kFnv1a64Basis : fnv1a64(header.data(), kChecksumAt));
   if (actual != checksum)
-    fail_input(file, fmt::format("offset 21: the payload's checksum is {:016x}, the header says "
-                                 "{:016x} (the file is corrupt)", actual, checksum));
+    fail_input(file, fmt::format("offset 21: the file's checksum is {:016x}, the header says "
+                                 "{:016x} (the file is corrupt or was edited)", actual, checksum));
 
   PayloadReader r(file, payload);
   StateFile out;
+  out.version = version;
   TrainState& s = out.state;
   s.step = r.at_least<std::int64_t>(0, "step");
   s.epoch = r.get<std::uint64_t>("epoch");

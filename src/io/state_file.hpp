@@ -1,12 +1,12 @@
 // The .state file of a checkpoint: TrainState and the optimiser's state vectors.
 //
-// Format, version 1. Little-endian; strings are a length then UTF-8 bytes, no terminator.
+// Format, version 2. Little-endian; strings are a length then UTF-8 bytes, no terminator.
 //
 //   offset  size  field
 //        0     9  magic "LSTPSTATE"
-//        9     4  u32 version (1)
+//        9     4  u32 version (2)
 //       13     8  u64 P: payload bytes; the file is exactly 29 + P bytes
-//       21     8  u64 FNV-1a 64 of the payload
+//       21     8  u64 FNV-1a 64 of bytes [0, 21) then of the payload: every byte but itself
 //       29     P  payload:
 //                   i64 step, u64 epoch, u64 batch_in_epoch, i64 samples, u64 config_hash,
 //                   i32 workers, u8 length + optimizer name ("sgd" | "adamw"),
@@ -16,6 +16,10 @@
 //                     u16 length + name, u64 element count n, n x f32
 //
 // The optimiser is stored by name so that reordering OptimizerKind cannot change its meaning.
+//
+// Version 1 differs only in its checksum, of the payload alone; such files, written before
+// version 2, are still read (their header fields are each checked). A version 2 state says
+// that the weights beside it carry "lockstep.file_checksum" (Note [Whole-file checksum]).
 #pragma once
 
 #include <cstdint>
@@ -31,6 +35,7 @@ struct StateFile {
   TrainState state;
   std::vector<StateVector> optimizer_state;
   std::uint64_t weights_checksum = 0;
+  std::uint32_t version = 0;  // 1 or 2, as read
 };
 
 // Throws std::invalid_argument for what read_state_file() would reject: a negative step,

@@ -50,12 +50,28 @@ void Fault::before_forward(int r, std::int64_t s, const Communicator& comm) cons
   }
 }
 
+void Fault::at_end_of_step(int r, std::int64_t s) const {
+  if (!at(r, s, Kind::block)) return;
+  while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
+}
+
 std::shared_ptr<const Dataset> Fault::loader_data(std::shared_ptr<const Dataset> train, int r,
                                                   std::int64_t step_done,
                                                   std::size_t samples_per_step) const {
   if (kind != Kind::loader || rank != r || step <= step_done) return train;
   return std::make_shared<FailingDataset>(
       std::move(train), static_cast<std::size_t>(step - step_done - 1) * samples_per_step);
+}
+
+void Fault::check_reached(int workers, std::int64_t steps_done, std::int64_t last_step) const {
+  if (kind == Kind::none) return;
+  const char* spec = std::getenv("LOCKSTEP_FAULT");
+  if (rank >= workers)
+    throw InputError(fmt::format("LOCKSTEP_FAULT {}: rank {} is outside the run's ranks 0..{}",
+                                 spec ? spec : "", rank, workers - 1));
+  if (step <= steps_done || step > last_step)
+    throw InputError(fmt::format("LOCKSTEP_FAULT {}: step {} is outside the run's steps {}..{}",
+                                 spec ? spec : "", step, steps_done + 1, last_step));
 }
 
 Fault fault_from_environment() {
@@ -67,7 +83,7 @@ Fault fault_from_environment() {
   const auto bad = [&] {
     return InputError(fmt::format(
         "LOCKSTEP_FAULT: expected RANK:STEP:KIND with KIND one of forward, loader, nan, stall, "
-        "got '{}'", spec));
+        "block, got '{}'", spec));
   };
   if (std::sscanf(spec, "%d:%lld:%15s", &f.rank, &step, kind) != 3 || f.rank < 0 || step < 1)
     throw bad();
@@ -77,6 +93,7 @@ Fault fault_from_environment() {
   else if (k == "loader") f.kind = Fault::Kind::loader;
   else if (k == "nan") f.kind = Fault::Kind::nan;
   else if (k == "stall") f.kind = Fault::Kind::stall;
+  else if (k == "block") f.kind = Fault::Kind::block;
   else throw bad();
   return f;
 }

@@ -4,6 +4,8 @@
 //   loader   its loader thread throws reading the first sample of that step
 //   nan      its last micro-batch's backward writes a NaN into the gradient
 //   stall    it stops making progress until the run is aborted (trainer.step_timeout_s)
+//   block    it blocks at the end of STEP, where rank 0 writes its checkpoint, and ignores every
+//            abort, as a write to a hung file system would: Note [Bounded stop]
 #pragma once
 
 #include <cstdint>
@@ -18,16 +20,22 @@ class Communicator;
 namespace lockstep::detail {
 
 struct Fault {
-  enum class Kind { none, forward, loader, nan, stall };
+  enum class Kind { none, forward, loader, nan, stall, block };
   int rank = -1;
   std::int64_t step = 0;
   Kind kind = Kind::none;
 
   bool at(int r, std::int64_t s, Kind k) const { return kind == k && rank == r && step == s; }
 
+  // A fault that would never strike is a mistaken test, not a pass: InputError unless the run
+  // of `workers` ranks, doing steps (steps_done, last_step], reaches it. Nothing for none.
+  void check_reached(int workers, std::int64_t steps_done, std::int64_t last_step) const;
+
   // The forward and stall faults, where they strike: before the forward pass of `step` on
   // global rank `rank`. A stall returns only by throwing CommAborted, once `comm` is aborted.
   void before_forward(int rank, std::int64_t step, const Communicator& comm) const;
+  // The block fault, where it strikes: at the end of `step` on global rank `rank`. Never returns.
+  void at_end_of_step(int rank, std::int64_t step) const;
   // The data the loader of global rank `rank` reads, resuming after `step_done` steps of
   // `samples_per_step` samples each: `train`, or a wrapper that fails at the loader fault.
   std::shared_ptr<const Dataset> loader_data(std::shared_ptr<const Dataset> train, int rank,

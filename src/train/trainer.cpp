@@ -15,21 +15,28 @@
 #include <algorithm>
 #include <atomic>
 #include <exception>
-#include <latch>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <thread>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "lockstep/checkpoint.hpp"
 #include "common/fnv1a.hpp"
+#include "common/start_thread.hpp"
+#include "io/dir_lock.hpp"
+#include "io/output_path.hpp"
 #include "lockstep/comm.hpp"
 #include "train/evaluation.hpp"
 #include "train/failures.hpp"
 #include "train/fault_injection.hpp"
 #include "train/metrics_log.hpp"
 #include "train/report.hpp"
+#include "train/memory_plan.hpp"
 #include "train/trace.hpp"
 #include "train/watchdog.hpp"
 #include "train/worker_loop.hpp"
@@ -102,8 +109,14 @@ struct Trainer::Impl {
   }
 
   Summary begin_summary(const Backend& backend) const;
-  void run_workers(const detail::RunContext& run, Backend& backend,
-                   std::vector<std::unique_ptr<Communicator>>& comms, detail::FailureLog& failures);
+  std::string check_memory(const Backend& backend) const;
+  struct RunResources;
+  std::unique_ptr<RunResources> prepare_run();
+  std::vector<int> run_workers(RunResources& r);
+  void work(RunResources& r, int rank);
+  std::vector<int> supervise(RunResources& r);
+  void record(RunResources& r, int rank, std::exception_ptr error) const;
+  WorkerError left_behind(const RunResources& r, const std::vector<int>& ranks) const;
   void check_processes_agree() const;
 
   Config cfg;
@@ -119,6 +132,7 @@ struct Trainer::Impl {
   // The last run's results (local worker 0 writes them).
   Summary summary;
   std::vector<float> final_params;
+  bool abandoned = false;  // a run left a worker behind: Note [Bounded stop]
 };
 
 GptSpec gpt_spec(const Config& config, const Dataset& train) {
@@ -187,7 +201,10 @@ Trainer::Trainer(Config config, std::shared_ptr<const Dataset> train,
   impl_->total_steps = impl_->compute_total_steps();
 }
 
-Trainer::~Trainer() = default;
+Trainer::~Trainer() {
+  // Note [Bounded stop]: a worker left behind still refers to the model, data and config.
+  if (impl_ && impl_->abandoned) (void)impl_.release();
+}
 
 void Trainer::on_step(std::function<void(const StepMetrics&)> callback) {
   impl_->callbacks.step = std::move(callback);
@@ -291,6 +308,33 @@ void Trainer::init_from(Weights weights) {
 
 void Trainer::request_stop() noexcept { impl_->stop_requested.store(true); }
 
+// Note [Memory plan]: the host's bytes against its limit; a GPU worker's against its device.
+std::string Trainer::Impl::check_memory(const Backend& b) const {
+  const bool on_host = b.name() == "cpu";
+  const detail::MemoryPlan plan =
+      detail::plan_memory(cfg, model, *train, eval.get(), on_host);
+  const detail::MemoryLimit limit = detail::host_memory_limit();
+  detail::check_memory_plan(plan, limit, cfg);
+  if (!on_host)
+    for (const DeviceInfo& d : b.devices())
+      if (d.memory_bytes > 0 && plan.per_worker() > static_cast<double>(d.memory_bytes) &&
+          std::find(cfg.trainer.devices.begin(), cfg.trainer.devices.end(), d.id) !=
+              cfg.trainer.devices.end())
+        throw InputError(fmt::format("{}: {} needs {} per worker; {}:{} has {}", cfg.source,
+                                     plan.driver, detail::format_bytes(plan.per_worker()),
+                                     d.backend, d.id,
+                                     detail::format_bytes(static_cast<double>(d.memory_bytes))));
+  return detail::describe(plan, limit);
+}
+
+std::string Trainer::memory_plan() const {
+  const TrainerConfig& tc = impl_->cfg.trainer;
+  const std::shared_ptr<Backend> backend =
+      impl_->backend ? impl_->backend
+                     : make_backend(tc.backend, tc.devices, {.comm = tc.comm, .tf32 = tc.tf32});
+  return impl_->check_memory(*backend);
+}
+
 Summary Trainer::Impl::begin_summary(const Backend& b) const {
   Summary s;
   s.backend = std::string(b.name());
@@ -305,101 +349,273 @@ Summary Trainer::Impl::begin_summary(const Backend& b) const {
   return s;
 }
 
-// One thread per local worker, and the watchdog while they run. See Note [Failure] in
-// worker_loop.hpp.
-void Trainer::Impl::run_workers(const detail::RunContext& run, Backend& b,
-                                std::vector<std::unique_ptr<Communicator>>& comms,
-                                detail::FailureLog& failures) {
-  const int n = static_cast<int>(comms.size());
-  // Failures are reported by global rank; `rank` below is the local one.
-  const auto record = [&](int rank, std::exception_ptr error) {
-    failures.record(global_rank(rank), std::move(error),
-                    std::string(b.name()) + ":" + std::to_string(cfg.trainer.devices[rank]));
+// Note [Bounded stop]
+//   Every stop ends in bounded time, even when a worker is blocked where no abort reaches it (a
+//   checkpoint write to a hung file system, a BLAS call retrying an allocation). run() does not
+//   join blindly: it watches the workers (supervise). Once the run is aborted (a failure, the
+//   watchdog), it waits trainer.stop_grace_s for every worker to return; once a stop is
+//   requested (a signal), it waits that long for the workers to agree on it at the end of a
+//   step, and then aborts the run and waits once more. A worker still out after that is
+//   reported by rank, phase and step (Heartbeats::enter), left running (detached), and run()
+//   throws WorkerError. Nothing such a worker can touch is ever freed: the run's own state
+//   (RunResources, which also keeps the WorkerLoops of the workers that did return) is leaked,
+//   and so is the Trainer's state when the Trainer is destroyed; all of it stays reachable from
+//   the worker left behind, so a leak checker does not count it. The process should then exit,
+//   which a CLI does at once.
+//   Threads are started one by one; one that cannot be (the thread limit, ulimit -u) is
+//   recorded as the run's failure and the run is aborted, so that no started thread waits for
+//   it and none is left joinable (std::terminate).
+
+// What the workers of one run share with run(): kept alive past run() when one is left behind.
+struct Trainer::Impl::RunResources {
+  // Note [Failure]'s teardown meeting; released for the workers left behind, so that the others
+  // return, and so that a late arrival does not wait at all.
+  class Teardown {
+   public:
+    explicit Teardown(int n) : waiting_(n) {}
+    void arrive_and_wait() {
+      std::unique_lock lock(mutex_);
+      if (--waiting_ <= 0) cv_.notify_all();
+      cv_.wait(lock, [&] { return waiting_ <= 0 || released_; });
+    }
+    void release() {
+      std::lock_guard lock(mutex_);
+      released_ = true;
+      cv_.notify_all();
+    }
+
+   private:
+    std::mutex mutex_;
+    std::condition_variable cv_;
+    int waiting_;
+    bool released_ = false;
   };
-  std::latch teardown(n);
+
+  detail::Fault fault;
+  std::shared_ptr<Backend> backend;
+  std::vector<std::unique_ptr<Communicator>> comms;
+  std::optional<detail::DirLock> dir_lock;  // Note [One writer per checkpoint directory]
+  std::unique_ptr<CheckpointManager> checkpoints;
+  std::unique_ptr<detail::MetricsLog> metrics;
+  std::unique_ptr<detail::RunReport> report;
+  std::vector<float> initial;
+  std::optional<detail::Trace> trace;
+  std::optional<detail::Heartbeats> heartbeats;
+  std::optional<detail::RunContext> context;
+  detail::FailureLog failures;
+  std::optional<Teardown> teardown;
+  // Per local worker: running, waiting at the teardown meeting, or returned.
+  enum Stage : int { running, at_teardown, returned };
+  std::unique_ptr<std::atomic<int>[]> stage;
+  std::atomic<bool> abandoning{false};            // some worker is being left behind
+  std::mutex kept_mutex;
+  std::vector<std::unique_ptr<detail::WorkerLoop>> kept_loops;  // of the workers that returned
+};
+
+void Trainer::Impl::record(RunResources& r, int rank, std::exception_ptr error) const {
+  r.failures.record(global_rank(rank), std::move(error),
+                    std::string(r.backend->name()) + ":" + std::to_string(cfg.trainer.devices[rank]));
+}
+
+// The body of worker `rank`'s thread. See Note [Failure] in worker_loop.hpp.
+void Trainer::Impl::work(RunResources& r, int rank) {
+  Communicator& comm = *r.comms[rank];
+  auto loop = std::make_unique<detail::WorkerLoop>(*r.context, rank, comm);
+  try {
+    loop->run(*r.backend);
+  } catch (...) {
+    record(r, rank, std::current_exception());
+    comm.abort();
+  }
+  // See Note [Failure]: nothing of ours may be freed while a peer can still touch it.
+  loop->drain();
+  r.stage[rank].store(RunResources::at_teardown);
+  r.teardown->arrive_and_wait();
+  if (r.abandoning.load()) {  // Note [Bounded stop]: kept, and reachable, for those left behind
+    std::lock_guard lock(r.kept_mutex);
+    r.kept_loops.push_back(std::move(loop));
+  }
+  r.stage[rank].store(RunResources::returned);
+}
+
+// Waits for the workers as Note [Bounded stop] says. Returns the local ranks left behind.
+std::vector<int> Trainer::Impl::supervise(RunResources& r) {
+  const int n = static_cast<int>(r.comms.size());
+  const double grace = cfg.trainer.stop_grace_s;
+  double stop_s = -1, abort_s = -1;
+  const auto out = [&](int stage) {
+    std::vector<int> ranks;
+    for (int rank = 0; rank < n; ++rank)
+      if (r.stage[rank].load() < stage) ranks.push_back(rank);
+    return ranks;
+  };
+  while (true) {
+    if (out(RunResources::returned).empty()) return {};
+    const double now = steady_now_s();
+    if (stop_s < 0 && stop_requested.load()) stop_s = now;
+    if (abort_s < 0 && r.comms[0]->aborted()) abort_s = now;
+    if (abort_s < 0 && stop_s >= 0 && now - stop_s > grace) {
+      const int behind = r.heartbeats->quiet(now).behind;
+      record(r, behind, std::make_exception_ptr(std::runtime_error(fmt::format(
+                            "a stop was requested {:.1f} s ago (trainer.stop_grace_s: {}), and "
+                            "this worker has not reached the end of its step: it is in {} at "
+                            "step {}; the run is aborted",
+                            now - stop_s, grace, r.heartbeats->phase(behind),
+                            r.heartbeats->step(behind)))));
+      r.comms[0]->abort();
+    }
+    if (abort_s >= 0 && now - abort_s > grace) {
+      // Those waiting at the teardown meeting return once it is released: only the others
+      // are left behind.
+      r.abandoning.store(true);
+      const std::vector<int> behind = out(RunResources::at_teardown);
+      r.teardown->release();
+      return behind;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+// One thread per local worker, and the watchdog while they run. Returns the local ranks left
+// behind (Note [Bounded stop]); empty when every worker returned.
+std::vector<int> Trainer::Impl::run_workers(RunResources& r) {
+  const int n = static_cast<int>(r.comms.size());
+  r.teardown.emplace(n);
+  r.stage = std::make_unique<std::atomic<int>[]>(n);
+  for (int rank = 0; rank < n; ++rank) r.stage[rank].store(RunResources::running);
   std::vector<std::thread> threads;
   threads.reserve(n);
   for (int rank = 0; rank < n; ++rank) {
-    threads.emplace_back([&, rank] {
-      Communicator& comm = *comms[rank];
-      detail::WorkerLoop loop(run, rank, comm);
-      try {
-        loop.run(b);
-      } catch (...) {
-        record(rank, std::current_exception());
-        comm.abort();
-      }
-      // See Note [Failure]: nothing of ours may be freed while a peer can still touch it.
-      loop.drain();
-      teardown.arrive_and_wait();
-    });
+    try {
+      threads.push_back(detail::start_thread(fmt::format("the thread of worker {}", rank),
+                                             [this, &r, rank] { work(r, rank); }));
+    } catch (const std::exception&) {
+      // The ranks that never started stand aside: the started ones must not wait for them.
+      record(r, rank, std::current_exception());
+      r.comms[0]->abort();
+      for (int missing = rank; missing < n; ++missing)
+        r.stage[missing].store(RunResources::returned);
+      r.teardown->release();
+      break;
+    }
   }
-  const detail::Watchdog watchdog(
-      run.heartbeats, cfg.trainer.step_timeout_s, *comms[0],
-      [&](int rank, const std::string& message) {
-        record(rank, std::make_exception_ptr(std::runtime_error(message)));
-      });
-  for (std::thread& t : threads) t.join();
+  std::vector<int> behind;
+  {
+    std::optional<detail::Watchdog> watchdog;
+    try {
+      watchdog.emplace(*r.heartbeats, cfg.trainer.step_timeout_s, *r.comms[0],
+                       [&](int rank, const std::string& message) {
+                         record(r, rank, std::make_exception_ptr(std::runtime_error(message)));
+                       });
+    } catch (const std::exception&) {
+      record(r, 0, std::current_exception());
+      r.comms[0]->abort();
+    }
+    behind = supervise(r);
+  }
+  for (std::size_t rank = 0; rank < threads.size(); ++rank) {
+    const bool left = std::find(behind.begin(), behind.end(), rank) != behind.end();
+    if (left) threads[rank].detach();
+    else threads[rank].join();
+  }
+  return behind;
+}
+
+// The error for workers left behind (Note [Bounded stop]), with the failure that stopped the run.
+WorkerError Trainer::Impl::left_behind(const RunResources& r, const std::vector<int>& ranks) const {
+  std::string cause;
+  try {
+    r.failures.rethrow_first();
+  } catch (const std::exception& e) {
+    cause = fmt::format("; the run had stopped for: {}", e.what());
+  }
+  std::vector<std::string> who;
+  for (const int rank : ranks)
+    who.push_back(fmt::format("worker {} ({}:{}) in {} at step {}", global_rank(rank),
+                              r.backend->name(), cfg.trainer.devices[rank],
+                              r.heartbeats->phase(rank), r.heartbeats->step(rank)));
+  return WorkerError(global_rank(ranks.front()),
+                     fmt::format("{}:{}", r.backend->name(), cfg.trainer.devices[ranks.front()]),
+                     fmt::format("did not return within trainer.stop_grace_s = {} s of the stop, "
+                                 "and is left running: {}{}",
+                                 cfg.trainer.stop_grace_s, fmt::join(who, "; "), cause));
+}
+
+// Everything a run needs before its threads start.
+std::unique_ptr<Trainer::Impl::RunResources> Trainer::Impl::prepare_run() {
+  const TrainerConfig& tc = cfg.trainer;
+  auto r = std::make_unique<RunResources>();
+  r->fault = detail::fault_from_environment();
+  check_processes_agree();
+  if (process_rank() == 0) {  // Note [Checking an output]
+    if (!tc.trace.empty()) detail::prepare_output_file(tc.trace, "trainer.trace");
+    if (!tc.metrics.empty()) detail::prepare_output_file(tc.metrics, "trainer.metrics");
+    if (!tc.report.empty()) detail::prepare_output_file(tc.report, "trainer.report");
+    detail::check_output_dir(tc.checkpoint.dir, "trainer.checkpoint.dir");
+  }
+  r->backend = backend ? backend
+                       : make_backend(tc.backend, tc.devices, {.comm = tc.comm, .tf32 = tc.tf32});
+  const std::string memory_plan = check_memory(*r->backend);
+  r->comms = r->backend->create_communicators(tc.devices, processes);
+  const int n = static_cast<int>(r->comms.size());
+  const bool writer = process_rank() == 0;  // Note [Processes]
+  r->fault.check_reached(r->comms[0]->size(), resume ? resume->state.step : 0, total_steps);
+
+  summary = begin_summary(*r->backend);
+  summary.memory_plan = memory_plan;
+  final_params.clear();
+  const double peak = job_peak_flops(*r->backend, tc.devices, tc.tf32) * summary.processes;
+  r->trace.emplace(n, !tc.trace.empty());
+  if (!tc.checkpoint.dir.empty() && writer) r->dir_lock.emplace(tc.checkpoint.dir);
+  if (!tc.checkpoint.dir.empty() && writer)
+    r->checkpoints = std::make_unique<CheckpointManager>(tc.checkpoint.dir, tc.checkpoint.keep_last);
+  if (!tc.metrics.empty() && writer) r->metrics = std::make_unique<detail::MetricsLog>(tc.metrics);
+  if (!tc.report.empty() && writer) r->report = std::make_unique<detail::RunReport>(tc.report);
+  if (!resume) r->initial = !init.empty() ? init : model.initial_parameters(tc.seed);
+  const double start_s = steady_now_s();
+  r->heartbeats.emplace(n, start_s);
+  r->context.emplace(detail::RunContext{.cfg = cfg,
+                                        .model = model,
+                                        .train = train,
+                                        .eval = eval,
+                                        .callbacks = callbacks,
+                                        .resume = resume ? &*resume : nullptr,
+                                        .initial = r->initial,
+                                        .total_steps = total_steps,
+                                        .start_s = start_s,
+                                        .peak_flops = peak,
+                                        .fault = r->fault,
+                                        .stop_requested = stop_requested,
+                                        .trace = *r->trace,
+                                        .heartbeats = *r->heartbeats,
+                                        .checkpoints = r->checkpoints.get(),
+                                        .metrics = r->metrics.get(),
+                                        .report = r->report.get(),
+                                        .summary = summary,
+                                        .final_params = final_params});
+  return r;
 }
 
 Summary Trainer::run() {
   Impl& im = *impl_;
   const TrainerConfig& tc = im.cfg.trainer;
-  const detail::Fault fault = detail::fault_from_environment();
-  im.check_processes_agree();
-  const std::shared_ptr<Backend> backend =
-      im.backend ? im.backend : make_backend(tc.backend, tc.devices, {.comm = tc.comm, .tf32 = tc.tf32});
-  std::vector<std::unique_ptr<Communicator>> comms =
-      backend->create_communicators(tc.devices, im.processes);
-  const int n = static_cast<int>(comms.size());
-  const bool writer = im.process_rank() == 0;  // Note [Processes]
-
-  im.summary = im.begin_summary(*backend);
-  im.final_params.clear();
-  const double peak_flops = job_peak_flops(*backend, tc.devices, tc.tf32) * im.summary.processes;
-  detail::Trace trace(n, !tc.trace.empty());
-  const std::unique_ptr<CheckpointManager> checkpoints =
-      tc.checkpoint.dir.empty() || !writer
-          ? nullptr
-          : std::make_unique<CheckpointManager>(tc.checkpoint.dir, tc.checkpoint.keep_last);
-  const std::unique_ptr<detail::MetricsLog> metrics =
-      tc.metrics.empty() || !writer ? nullptr : std::make_unique<detail::MetricsLog>(tc.metrics);
-  const std::unique_ptr<detail::RunReport> report =
-      tc.report.empty() || !writer ? nullptr : std::make_unique<detail::RunReport>(tc.report);
-  const std::vector<float> initial = im.resume          ? std::vector<float>{}
-                                     : !im.init.empty() ? im.init
-                                                        : im.model.initial_parameters(tc.seed);
-  const double start_s = steady_now_s();
-  detail::Heartbeats heartbeats(n, start_s);
-  detail::FailureLog failures;
-  const detail::RunContext run{.cfg = im.cfg,
-                               .model = im.model,
-                               .train = im.train,
-                               .eval = im.eval,
-                               .callbacks = im.callbacks,
-                               .resume = im.resume ? &*im.resume : nullptr,
-                               .initial = initial,
-                               .total_steps = im.total_steps,
-                               .start_s = start_s,
-                               .peak_flops = peak_flops,
-                               .fault = fault,
-                               .stop_requested = im.stop_requested,
-                               .trace = trace,
-                               .heartbeats = heartbeats,
-                               .checkpoints = checkpoints.get(),
-                               .metrics = metrics.get(),
-                               .report = report.get(),
-                               .summary = im.summary,
-                               .final_params = im.final_params};
-  im.run_workers(run, *backend, comms, failures);
+  std::unique_ptr<Impl::RunResources> r = im.prepare_run();
+  const std::vector<int> behind = im.run_workers(*r);
+  if (!behind.empty()) {
+    const WorkerError error = im.left_behind(*r, behind);
+    (void)r.release();  // Note [Bounded stop]: a worker left behind may still use it
+    im.abandoned = true;
+    throw error;
+  }
+  const double start_s = r->context->start_s;
   im.summary.wall_s = steady_now_s() - start_s;
-  if (trace.enabled() && writer) trace.write_json(tc.trace, start_s);
+  if (r->trace->enabled() && im.process_rank() == 0) r->trace->write_json(tc.trace, start_s);
 
-  failures.rethrow_first();
+  r->failures.rethrow_first();
   im.summary.samples_per_s = im.summary.samples / std::max(1e-9, im.summary.wall_s);
   im.summary.tokens_per_s = im.summary.samples_per_s * im.train->targets();
-  im.summary.mfu = run.mfu(im.summary.tokens_per_s);
-  if (report) report->write(im.cfg, im.summary);
+  im.summary.mfu = r->context->mfu(im.summary.tokens_per_s);
+  if (r->report) r->report->write(im.cfg, im.summary);
   return im.summary;
 }
 

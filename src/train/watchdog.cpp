@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "common/start_thread.hpp"
 #include "lockstep/comm.hpp"
 #include "train/trace.hpp"
 
@@ -15,13 +16,17 @@ Heartbeats::Heartbeats(int workers, double now_s)
     : workers_(workers),
       last_s_(std::make_unique<std::atomic<double>[]>(workers)),
       points_(std::make_unique<std::atomic<std::int64_t>[]>(workers)),
-      step_(std::make_unique<std::atomic<std::int64_t>[]>(workers)) {
+      step_(std::make_unique<std::atomic<std::int64_t>[]>(workers)),
+      phase_(std::make_unique<std::atomic<const char*>[]>(workers)) {
   for (int r = 0; r < workers; ++r) {
     last_s_[r].store(now_s);
     points_[r].store(0);
     step_[r].store(0);
+    phase_[r].store("starting");
   }
 }
+
+void Heartbeats::enter(int rank, const char* phase) { phase_[rank].store(phase); }
 
 void Heartbeats::beat(int rank, std::int64_t step) {
   step_[rank].store(step);
@@ -42,7 +47,7 @@ Heartbeats::Quiet Heartbeats::quiet(double now_s) const {
 Watchdog::Watchdog(const Heartbeats& heartbeats, double timeout_s, Communicator& comm,
                    OnTimeout on_timeout)
     : heartbeats_(heartbeats), timeout_s_(timeout_s), comm_(comm), on_timeout_(std::move(on_timeout)) {
-  if (timeout_s_ > 0.0) thread_ = std::thread([this] { watch(); });
+  if (timeout_s_ > 0.0) thread_ = start_thread("the watchdog thread", [this] { watch(); });
 }
 
 Watchdog::~Watchdog() {

@@ -26,6 +26,11 @@ class Heartbeats {
  public:
   Heartbeats(int workers, double now_s);
   void beat(int rank, std::int64_t step);
+  // What worker `rank` does now (a string literal): for the report of a worker that does not
+  // return (Note [Bounded stop] in trainer.cpp). Not progress: the watchdog ignores it.
+  void enter(int rank, const char* phase);
+  const char* phase(int rank) const { return phase_[rank].load(); }
+  std::int64_t step(int rank) const { return step_[rank].load(); }
 
   struct Quiet {
     int behind = 0;          // the local worker that has passed the fewest progress points
@@ -39,6 +44,7 @@ class Heartbeats {
   std::unique_ptr<std::atomic<double>[]> last_s_;
   std::unique_ptr<std::atomic<std::int64_t>[]> points_;
   std::unique_ptr<std::atomic<std::int64_t>[]> step_;
+  std::unique_ptr<std::atomic<const char*>[]> phase_;
 };
 
 // A thread that aborts `comm`'s group once the workers have been quiet for `timeout_s`, after

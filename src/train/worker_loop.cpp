@@ -161,6 +161,9 @@ void WorkerLoop::set_up_data() {
 // ---- The step -----------------------------------------------------------------------------------
 
 void WorkerLoop::run(Backend& backend) {
+  // The phases name what a worker that does not return was doing (Note [Bounded stop]).
+  Heartbeats& phases = run_.heartbeats;
+  phases.enter(rank_, "set-up");
   set_up(backend);
   const int k = run_.cfg.trainer.accumulate_steps;
   times_.loop_start_s = steady_now_s();
@@ -168,13 +171,18 @@ void WorkerLoop::run(Backend& backend) {
   while (pos_.step < run_.total_steps) {
     begin_step();
     StepTotals mine;
+    phases.enter(rank_, "micro-batches (data, forward, backward)");
     for (int micro = 0; micro < k; ++micro) run_micro_batch(micro, mine);
     res_.reducer->launch_remaining();
     beat();
+    phases.enter(rank_, "the step's all-reduce of totals");
     const StepTotals totals = agree_totals(mine);
     const bool stop_now = totals.stop > 0.0;
+    phases.enter(rank_, "gradient all-reduce and update");
     const UpdateResult update = reduce_and_update(totals);
+    phases.enter(rank_, "report (callbacks)");
     report(totals, update, stop_now);
+    phases.enter(rank_, "end of step (eval, replica check, barrier, checkpoint)");
     end_of_step(stop_now);
     if (stop_now) {
       if (rank_ == 0) run_.summary.stopped_early = pos_.step < run_.total_steps;
@@ -182,6 +190,7 @@ void WorkerLoop::run(Backend& backend) {
     }
   }
   beat();
+  phases.enter(rank_, "finish");
   finish();
 }
 
@@ -461,6 +470,7 @@ void WorkerLoop::end_of_step(bool stop_now) {
     times_.barrier_wait_s += steady_now_s() - t0;
   }
   checkpoint_if_due(stop_now);
+  run_.fault.at_end_of_step(global_, step);
 }
 
 // Global rank 0 writes after the step's barrier: every replica has taken the update. With

@@ -198,6 +198,42 @@ TEST_CASE("load_tokens: every bad file names itself and what was expected") {
   CHECK(contains(error_naming(missing, load(missing)), ": cannot open: No such file"));
 }
 
+// Note [Almost an llm.c header]: format auto does not read a damaged header as raw tokens.
+TEST_CASE("load_tokens: under format auto, an almost-llm.c header is an error, not raw tokens") {
+  lockstep::test::TempDir dir;
+  const auto with_magic = [](std::string bytes, std::int32_t magic) {
+    std::memcpy(bytes.data(), &magic, sizeof magic);
+    return bytes;
+  };
+  const std::string good = llmc(iota_tokens(10));
+  // One bit and four bits off llm.c's magic: a damaged magic, refused under auto.
+  const auto one_bit = dir.write("one_bit.bin", with_magic(good, 20240520 ^ 0x40));
+  CHECK(contains(error_naming(one_bit, [&] {
+                   lockstep::load_tokens(one_bit, TokenFormat::automatic, 4, 1000);
+                 }),
+                 ": byte 0: magic number 20240584 is 1 bit(s) away from llm.c's 20240520: a "
+                 "damaged llm.c .bin file? data.format auto refuses to read it as raw tokens; set "
+                 "data.format: llmc or raw to say which it is"));
+  const auto four_bits = dir.write("four_bits.bin", with_magic(good, 20240520 ^ 0x0F000000));
+  CHECK(contains(error_naming(four_bits, [&] {
+                   lockstep::load_tokens(four_bits, TokenFormat::automatic, 4, 1000);
+                 }),
+                 "is 4 bit(s) away from llm.c's 20240520"));
+  // A magic far from llm.c's, but version 1 and a count that matches the size exactly.
+  const auto wrong = dir.write("wrong_magic.bin", with_magic(good, 12345));
+  CHECK(contains(error_naming(wrong, [&] {
+                   lockstep::load_tokens(wrong, TokenFormat::automatic, 4, 1000);
+                 }),
+                 ": byte 0: magic number 12345 with an llm.c header after it (version 1, 10 "
+                 "tokens, matching the file's size): expected llm.c's magic 20240520"));
+  // The same bytes are readable when the format is said: as raw tokens (the header's int32
+  // halves are tokens; 12345 is out of a vocabulary of 1000, so use a larger one).
+  CHECK(lockstep::load_tokens(wrong, TokenFormat::raw, 4, 65536).token_count() == 522);
+  // Raw tokens whose first int32 (65536) is 11 bits off, with no header after it: raw, as before.
+  const auto raw = dir.write("raw.bin", bytes_of(iota_tokens(600)));
+  CHECK(lockstep::load_tokens(raw, TokenFormat::automatic, 4, 1000).token_count() == 600);
+}
+
 TEST_CASE("load_text: bytes are tokens, multibyte UTF-8 is accepted, invalid UTF-8 is named") {
   lockstep::test::TempDir dir;
   const std::string text = "h\xc3\xa9llo w\xc3\xb6rld \xe2\x82\xac \xf0\x9f\x98\x80\n";

@@ -13,7 +13,7 @@
 #include <string_view>
 
 #include "../data/temp_files.hpp"
-#include "data/read_file.hpp"
+#include "io/open_input.hpp"
 #include "lockstep/checkpoint.hpp"
 #include "lockstep/error.hpp"
 
@@ -57,7 +57,7 @@ inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) 
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-inline std::string slurp(const std::filesystem::path& file) { return detail::read_file(file); }
+inline std::string slurp(const std::filesystem::path& file) { return detail::read_input(file, detail::InputKind::checkpoint); }
 
 inline void spit(const std::filesystem::path& file, std::string_view bytes) {
   std::ofstream out(file, std::ios::binary | std::ios::trunc);

@@ -292,11 +292,13 @@ TEST_CASE("state file: a payload with a valid checksum but bad fields is rejecte
   const std::string valid = slurp(file);
   constexpr std::size_t kHeader = 29;
 
-  // Rewrites the payload from `at` with `patch` and recomputes the checksum.
+  // Rewrites the payload from `at` with `patch` and recomputes the checksum (version 2: of the
+  // header's first 21 bytes, then of the payload).
   const auto patched = [&](std::size_t at, std::string_view patch) {
     std::string out = valid;
     out.replace(kHeader + at, patch.size(), patch);
-    const std::uint64_t sum = detail::fnv1a64(out.data() + kHeader, out.size() - kHeader);
+    const std::uint64_t sum = detail::fnv1a64(out.data() + kHeader, out.size() - kHeader,
+                                              detail::fnv1a64(out.data(), 21));
     std::memcpy(out.data() + 21, &sum, 8);
     return out;
   };

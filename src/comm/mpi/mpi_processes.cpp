@@ -32,6 +32,7 @@
 
 #include <fmt/format.h>
 
+#include "common/start_thread.hpp"
 #include "lockstep/comm.hpp"
 
 namespace lockstep {
@@ -58,7 +59,7 @@ bool launched_by_mpi() {
 class MpiProcesses final : public ProcessGroup {
  public:
   MpiProcesses() {
-    thread_ = std::thread([this] { main_loop(); });
+    thread_ = detail::start_thread("the MPI thread", [this] { main_loop(); });
     std::unique_lock lock(mutex_);
     done_cv_.wait(lock, [&] { return started_; });
     if (!start_error_.empty()) {

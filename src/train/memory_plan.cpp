@@ -1,0 +1,157 @@
+#include "train/memory_plan.hpp"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <fstream>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "lockstep/error.hpp"
+
+namespace lockstep::detail {
+namespace {
+
+constexpr double kFloat = sizeof(float);
+
+// A cgroup's limit file: a byte count, or "max" (none). cgroupfs files report a size of 0, so
+// they are read as streams, not through open_input.
+double cgroup_limit(const char* file) {
+  std::ifstream in(file);
+  std::string text;
+  if (!(in >> text) || text == "max") return 0;
+  try {
+    return std::stod(text);
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
+
+// The host's copies of the whole parameter buffer besides the workers': the initial parameters
+// and the final ones of the summary.
+constexpr double kHostCopies = 2;
+
+double optimizer_vectors(const OptimizerConfig& opt) {
+  if (opt.type == OptimizerKind::adamw) return 2;  // m and v
+  return opt.momentum != 0.0 ? 1 : 0;
+}
+
+// Activations, what layers keep for backward, the shared scratch and the two activation
+// gradients, for a batch of `batch`; per sample sizes times the batch, in double, so that no
+// size multiplies out of range.
+double activation_bytes(const Model& model, int batch) {
+  double per_sample = 0, scratch = 0, din = 1;
+  for (std::size_t i = 0; i < model.layers().size(); ++i) {
+    const Layer& layer = *model.layers()[i];
+    per_sample += static_cast<double>(layer.out_features()) +
+                  static_cast<double>(layer.workspace_size(1));
+    scratch = std::max(scratch, static_cast<double>(layer.scratch_size(1)));
+    if (i > 0) din = std::max(din, static_cast<double>(layer.in_features()));
+  }
+  return (per_sample + scratch + 2 * din) * batch * kFloat;
+}
+
+double dataset_bytes(const Dataset& d) {
+  if (const auto* tokens = dynamic_cast<const TokenDataset*>(&d))
+    return static_cast<double>(tokens->token_count()) * sizeof(std::uint16_t);
+  return static_cast<double>(d.size()) * (d.features() + d.targets()) * kFloat;
+}
+
+// The config key (or data property) behind the largest term of the plan.
+std::string driver_of(const MemoryPlan& p, const Config& cfg, const Dataset& train) {
+  const int batch = cfg.data.batch_size;
+  const bool weights = p.parameters + p.gradients + p.optimizer > p.activations + p.staging;
+  if (cfg.model.type == "gpt") {
+    if (!weights)
+      return fmt::format("data.batch_size = {} with model.context = {}", batch, cfg.model.context);
+    const double c = cfg.model.d_model, blocks = 12.0 * cfg.model.n_layer * c * c;
+    return blocks >= static_cast<double>(train.classes()) * c
+               ? fmt::format("model.d_model = {} (model.n_layer = {})", cfg.model.d_model,
+                             cfg.model.n_layer)
+               : fmt::format("model.vocab_size = {}", train.classes());
+  }
+  // The widest layer makes the largest weight matrix, and the widest activations.
+  std::string name = fmt::format("the data's {} features", train.features());
+  int widest = train.features();
+  for (std::size_t j = 0; j < cfg.model.hidden.size(); ++j)
+    if (cfg.model.hidden[j] > widest) {
+      widest = cfg.model.hidden[j];
+      name = fmt::format("model.hidden[{}] = {}", j, widest);
+    }
+  if (train.classes() > widest)
+    name = fmt::format("the data's {} classes (the largest label + 1)", train.classes());
+  if (weights) return name;
+  return widest == train.features() ? fmt::format("data.batch_size = {}", batch)
+                                    : fmt::format("data.batch_size = {} with {}", batch, name);
+}
+
+}  // namespace
+
+MemoryLimit host_memory_limit() {
+  MemoryLimit limit{.bytes = static_cast<double>(::sysconf(_SC_PHYS_PAGES)) *
+                             static_cast<double>(::sysconf(_SC_PAGE_SIZE)),
+                    .source = "physical memory"};
+  const auto lower = [&](double bytes, const char* source) {
+    if (bytes > 0 && bytes < limit.bytes) limit = {.bytes = bytes, .source = source};
+  };
+  lower(cgroup_limit("/sys/fs/cgroup/memory.max"), "cgroup memory.max");
+  lower(cgroup_limit("/sys/fs/cgroup/memory/memory.limit_in_bytes"), "cgroup memory limit");
+  struct ::rlimit as {};
+  if (::getrlimit(RLIMIT_AS, &as) == 0 && as.rlim_cur != RLIM_INFINITY)
+    lower(static_cast<double>(as.rlim_cur), "RLIMIT_AS (ulimit -v)");
+  return limit;
+}
+
+MemoryPlan plan_memory(const Config& cfg, const Model& model, const Dataset& train,
+                       const Dataset* eval, bool workers_on_host) {
+  const double params = static_cast<double>(model.param_count()) * kFloat;
+  const int batch = cfg.data.batch_size;
+  MemoryPlan p;
+  p.parameters = params;
+  p.gradients = params;
+  p.optimizer = optimizer_vectors(cfg.optimizer) * params;
+  p.activations = activation_bytes(model, batch);
+  // Two staged batches in flight: inputs as floats, targets as int32.
+  p.staging = 2.0 * batch * (train.features() + train.targets()) * kFloat;
+  p.workers = static_cast<int>(cfg.trainer.devices.size());
+  p.workers_on_host = workers_on_host;
+  p.dataset = dataset_bytes(train) + (eval ? dataset_bytes(*eval) : 0.0);
+  p.host_copies = kHostCopies * params;
+  p.driver = driver_of(p, cfg, train);
+  return p;
+}
+
+void check_memory_plan(const MemoryPlan& plan, const MemoryLimit& limit, const Config& cfg) {
+  if (plan.host() <= limit.bytes) return;
+  throw InputError(fmt::format(
+      "{}: {} needs {} per worker, {} in all on the host with {} worker(s) and the dataset's {}; "
+      "{} available ({})",
+      cfg.source, plan.driver, format_bytes(plan.per_worker()), format_bytes(plan.host()),
+      plan.workers, format_bytes(plan.dataset), format_bytes(limit.bytes), limit.source));
+}
+
+std::string describe(const MemoryPlan& p, const MemoryLimit& limit) {
+  return fmt::format(
+      "{} per worker (parameters {}, gradients {}, optimizer {}, activations {}, staging {}) x {} "
+      "worker(s){}; host {} (dataset {}) of {} available ({})",
+      format_bytes(p.per_worker()), format_bytes(p.parameters), format_bytes(p.gradients),
+      format_bytes(p.optimizer), format_bytes(p.activations), format_bytes(p.staging), p.workers,
+      p.workers_on_host ? " on the host" : " on their devices", format_bytes(p.host()),
+      format_bytes(p.dataset), format_bytes(limit.bytes), limit.source);
+}
+
+std::string format_bytes(double bytes) {
+  constexpr const char* kUnits[] = {"B", "KB", "MB", "GB", "TB", "PB", "EB"};
+  std::size_t unit = 0;
+  while (bytes >= 1000.0 && unit + 1 < std::size(kUnits)) {
+    bytes /= 1000.0;
+    ++unit;
+  }
+  return unit == 0 ? fmt::format("{:.0f} B", bytes) : fmt::format("{:.1f} {}", bytes, kUnits[unit]);
+}
+
+}  // namespace lockstep::detail

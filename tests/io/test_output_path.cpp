@@ -1,0 +1,82 @@
+// Note [Checking an output]: what cannot be written is refused before a run, naming the key;
+// write_file_atomically writes through a symlink and keeps it.
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstddef>
+#include <filesystem>
+#include <span>
+#include <string>
+
+#include "checkpoint_fixtures.hpp"
+#include "io/durable_file.hpp"
+#include "io/output_path.hpp"
+#include "skip.hpp"
+
+namespace fs = std::filesystem;
+using namespace lockstep;
+using namespace lockstep::test;
+
+namespace {
+
+void write_text(const fs::path& file, std::string_view text) {
+  const std::span<const std::byte> piece = std::as_bytes(std::span(text));
+  detail::write_file_atomically(file, std::span(&piece, 1));
+}
+
+}  // namespace
+
+TEST_CASE("check_output_file and check_output_dir: a missing parent, a directory for a file") {
+  TempDir tmp;
+  const fs::path missing = tmp.path() / "no" / "summary.json";
+  CHECK(input_error_of([&] { detail::check_output_file(missing, "--summary-json"); }) ==
+        "--summary-json " + missing.string() + ": directory '" + (tmp.path() / "no").string() +
+            "' does not exist");
+  CHECK(input_error_of([&] { detail::check_output_file(tmp.path(), "trainer.trace"); }) ==
+        "trainer.trace " + tmp.path().string() + ": is a directory; expected a file name");
+  const fs::path file = tmp.write("file", "x");
+  CHECK(input_error_of([&] { detail::check_output_file(file / "out.json", "export --out"); })
+            .ends_with(fmt::format("'{}' is not a directory", file.string())));
+  CHECK(input_error_of([&] { detail::check_output_dir(file, "trainer.checkpoint.dir"); }) ==
+        "trainer.checkpoint.dir " + file.string() + ": exists and is not a directory");
+  CHECK(input_error_of([&] { detail::check_output_dir(file / "a" / "b", "trainer.checkpoint.dir"); })
+            .ends_with(fmt::format("'{}' is not a directory", file.string())));
+  // What can be written passes, and nothing is left behind by the check.
+  detail::check_output_file(tmp.path() / "new.json", "--summary-json");
+  detail::check_output_file(file, "--summary-json");
+  detail::check_output_dir(tmp.path() / "a" / "b", "trainer.checkpoint.dir");
+  CHECK(std::distance(fs::directory_iterator(tmp.path()), fs::directory_iterator()) == 1);
+}
+
+TEST_CASE("check_output_file: a directory without write permission is refused") {
+  if (::geteuid() == 0) return test::skip("root writes into any directory");
+  TempDir tmp;
+  const fs::path locked = tmp.path() / "locked";
+  fs::create_directories(locked);
+  fs::permissions(locked, fs::perms::owner_read | fs::perms::owner_exec);
+  const std::string why =
+      input_error_of([&] { detail::check_output_file(locked / "s.json", "--summary-json"); });
+  fs::permissions(locked, fs::perms::owner_all);
+  CHECK(why.ends_with("cannot write in directory '" + locked.string() + "': Permission denied"));
+}
+
+TEST_CASE("write_file_atomically: through a symlink, the target is replaced and the link kept") {
+  TempDir tmp;
+  fs::create_directories(tmp.path() / "real");
+  const fs::path target = tmp.path() / "real" / "summary.json";
+  write_text(target, "old");
+  const fs::path link = tmp.path() / "link.json";
+  fs::create_symlink(fs::path("real") / "summary.json", link);  // relative, as ln -s makes it
+  detail::check_output_file(link, "--summary-json");
+  write_text(link, "new");
+  CHECK(fs::is_symlink(fs::symlink_status(link)));
+  CHECK(slurp(target) == "new");
+  // A dangling link: its target is created.
+  const fs::path dangling = tmp.path() / "dangling.json";
+  fs::create_symlink(tmp.path() / "real" / "later.json", dangling);
+  write_text(dangling, "made");
+  CHECK(fs::is_symlink(fs::symlink_status(dangling)));
+  CHECK(slurp(tmp.path() / "real" / "later.json") == "made");
+}

@@ -1,0 +1,72 @@
+// Note [Memory plan]: the plan's parts against closed forms, the key it names, and the refusal.
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "lockstep/error.hpp"
+#include "lockstep/trainer.hpp"
+#include "train/memory_plan.hpp"
+#include "trainer_fixtures.hpp"
+
+using namespace lockstep;
+
+namespace {
+
+// 10 samples of 3 features, 2 classes.
+InMemoryDataset tiny_data() {
+  return InMemoryDataset(std::vector<float>(30, 0.5f), {0, 1, 0, 1, 0, 1, 0, 1, 0, 1}, 3, 2);
+}
+
+}  // namespace
+
+TEST_CASE("memory plan: parameters, gradients, optimiser state and staging in closed form") {
+  Config cfg = test::cpu_config(/*devices=*/2, /*batch=*/8, /*steps=*/1, /*seed=*/0);
+  cfg.model.hidden = {4};
+  const InMemoryDataset data = tiny_data();
+  const Model model = make_model(cfg, data);
+  REQUIRE(model.param_count() == 3 * 4 + 4 + 4 * 2 + 2);  // 26
+  const detail::MemoryPlan adamw = detail::plan_memory(cfg, model, data, nullptr, true);
+  CHECK(adamw.parameters == 26 * 4);
+  CHECK(adamw.gradients == 26 * 4);
+  CHECK(adamw.optimizer == 2 * 26 * 4);  // m and v
+  CHECK(adamw.staging == 2 * 8 * (3 + 1) * 4);  // two batches of inputs and targets
+  CHECK(adamw.activations >= 8 * (4 + 4 + 2) * 4);  // at least every layer's output
+  CHECK(adamw.dataset == 10 * (3 + 1) * 4);
+  CHECK(adamw.host() == adamw.dataset + 2 * 26 * 4 + 2 * adamw.per_worker());
+  cfg.optimizer.type = OptimizerKind::sgd;
+  cfg.optimizer.momentum = 0.9;
+  CHECK(detail::plan_memory(cfg, model, data, nullptr, true).optimizer == 26 * 4);
+  cfg.optimizer.momentum = 0.0;
+  CHECK(detail::plan_memory(cfg, model, data, nullptr, true).optimizer == 0);
+  // Workers on a device do not count against the host.
+  const detail::MemoryPlan gpu = detail::plan_memory(cfg, model, data, nullptr, false);
+  CHECK(gpu.host() == gpu.dataset + 2 * 26 * 4);
+}
+
+TEST_CASE("memory plan: the key that drives it, and a refusal that names it") {
+  Config cfg = test::cpu_config(1, 1, 1, 0);
+  const InMemoryDataset data = tiny_data();
+  cfg.model.hidden = {4, 100000};
+  // Batch 1: the weights (700k parameters) outweigh the activations.
+  CHECK(detail::plan_memory(cfg, make_model(cfg, data), data, nullptr, true).driver ==
+        "model.hidden[1] = 100000");
+  cfg.data.batch_size = 8;  // now the activations of that layer
+  CHECK(detail::plan_memory(cfg, make_model(cfg, data), data, nullptr, true).driver ==
+        "data.batch_size = 8 with model.hidden[1] = 100000");
+  cfg.model.hidden = {2};  // no layer wider than the input: the batch alone is named
+  cfg.data.batch_size = 1000000;
+  const detail::MemoryPlan batch = detail::plan_memory(cfg, make_model(cfg, data), data, nullptr, true);
+  CHECK(batch.driver == "data.batch_size = 1000000");
+  const detail::MemoryLimit small{.bytes = 1e6, .source = "RLIMIT_AS (ulimit -v)"};
+  try {
+    detail::check_memory_plan(batch, small, cfg);
+    FAIL("no InputError");
+  } catch (const InputError& e) {
+    CHECK(std::string(e.what()).starts_with("test: data.batch_size = 1000000 needs "));
+    CHECK(std::string(e.what()).ends_with("; 1.0 MB available (RLIMIT_AS (ulimit -v))"));
+  }
+  detail::check_memory_plan(batch, {.bytes = 1e12, .source = "physical memory"}, cfg);
+  CHECK(detail::format_bytes(999) == "999 B");
+  CHECK(detail::format_bytes(16e9) == "16.0 GB");
+}
