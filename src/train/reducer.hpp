@@ -42,7 +42,6 @@
 #include <cstddef>
 #include <memory>
 #include <span>
-#include <utility>
 #include <vector>
 
 #include "lockstep/comm.hpp"
@@ -97,6 +96,9 @@ class Reducer {
   void sum_grain_squares(std::size_t i, Device& device, std::span<double> sums) const;
   // ZeRO-1: starts the all-gather of bucket i of `params` (every rank's updated shard).
   void start_gather(std::size_t i, float* params);
+  // Blocks until the all-gather of the bucket holding the parameters layer `layer` reads (its
+  // own, or those it is tied to) is done, if one is in flight: the forward hook.
+  void wait_gather_for_layer(std::size_t layer);
   // Blocks until every started all-gather is done; returns the seconds spent blocked.
   double wait_gathers();
 
@@ -119,10 +121,11 @@ class Reducer {
   bool zero_;
   std::vector<TraceEvent>* comm_track_;
   std::vector<std::size_t> bucket_of_layer_;  // npos for layers without parameters
+  std::vector<std::size_t> bucket_read_by_;   // per layer, the bucket of the parameters it reads
   std::vector<std::size_t> pending_;          // layers not yet ready, per bucket
   std::vector<std::size_t> first_grain_;      // per bucket, then the total (Note [ZeRO-1])
   std::vector<std::unique_ptr<CommWork>> work_;
-  std::vector<std::pair<std::size_t, std::unique_ptr<CommWork>>> gathers_;  // bucket, work
+  std::vector<std::unique_ptr<CommWork>> gathers_;  // per bucket: its all-gather in flight
   std::size_t launched_ = 0;  // buckets [0, launched_) have started
   double comm_s_ = 0.0;
   double exposed_s_ = 0.0;
