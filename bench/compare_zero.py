@@ -25,7 +25,7 @@ WORKLOADS = {
         "configs/quickstart.yaml",
         ["data.dataset=synthetic", "data.features=1024", "data.classes=10", "data.samples=8192",
          "model.hidden=[2048,2048]", "data.batch_size=128", "optimizer.type=adamw",
-         "optimizer.lr=0.001", "trainer.steps=30", "trainer.eval_every=0",
+         "optimizer.momentum=", "optimizer.lr=0.001", "trainer.steps=30", "trainer.eval_every=0",
          "trainer.check_replicas_every=0"]),
 }
 
@@ -57,6 +57,8 @@ def compare_gathers(args, devices):
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "summary.json"
         for name, (config, overrides) in WORKLOADS.items():
+            if args.only not in name:
+                continue
             for n in devices:
                 times = {False: [], True: []}
                 ratios = []
@@ -83,6 +85,7 @@ def main():
     ap.add_argument("--lockstep", default="build/lockstep")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--devices", default="2,4")
+    ap.add_argument("--only", default="", help="the workloads whose name contains this")
     ap.add_argument("--gathers", action="store_true",
                     help="zero 1 only: all-gathers at the end of the step against prefetched")
     args = ap.parse_args()
