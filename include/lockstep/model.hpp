@@ -173,11 +173,8 @@ class LOCKSTEP_API Replica {
   std::vector<float> gradients() const;   // to host
   void zero_grads();
 
-  // x (B, inputs) on the device -> logits (B, outputs), owned by the replica. Before each layer
-  // with parameters of its own or tied ones, calls before_layer(layer index) so a caller can
-  // make sure they are in place (ZeRO-1's all-gather); layers run first to last.
-  const float* forward(const float* x, int batch,
-                       const std::function<void(std::size_t)>& before_layer = {});
+  // x (B, inputs) on the device -> logits (B, outputs), owned by the replica.
+  const float* forward(const float* x, int batch);
   // dlogits (B, outputs). After each layer's parameter gradients are final, calls
   // grads_ready(layer index) so a reducer can start on them; layers run last to first.
   void backward(const float* x, const float* dlogits, int batch,

@@ -175,14 +175,11 @@ void Replica::zero_grads() {
   if (grads_.size()) device_->fill(grads_.data(), 0.0f, grads_.size());
 }
 
-const float* Replica::forward(const float* x, int batch,
-                             const std::function<void(std::size_t)>& before_layer) {
+const float* Replica::forward(const float* x, int batch) {
   check_batch(batch, max_batch_);
   const auto& layers = model_->layers();
   for (std::size_t i = 0; i < layers.size(); ++i) {
     const float* in = i == 0 ? x : acts_[i - 1].data();
-    if (before_layer && (layers[i]->param_count() > 0 || layers[i]->tied_to() >= 0))
-      before_layer(i);
     layers[i]->forward(*device_, params_.data() + model_->read_offset(i), in, acts_[i].data(),
                        batch, {saved_[i].data(), scratch_.data()});
   }

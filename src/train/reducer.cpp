@@ -47,14 +47,9 @@ Reducer::Reducer(const Model& model, Communicator& comm, float* grads, std::vect
       comm_track_(comm_track),
       bucket_of_layer_(model.layers().size(), kNone),
       pending_(buckets_.size(), 0),
-      work_(buckets_.size()),
-      gathers_(buckets_.size()) {
+      work_(buckets_.size()) {
   for (std::size_t b = 0; b < buckets_.size(); ++b)
     for (std::size_t layer : buckets_[b].layers) bucket_of_layer_[layer] = b;
-  for (std::size_t layer = 0; layer < model.layers().size(); ++layer) {
-    const int tied = model.layers()[layer]->tied_to();
-    bucket_read_by_.push_back(bucket_of_layer_[tied >= 0 ? static_cast<std::size_t>(tied) : layer]);
-  }
   first_grain_.push_back(0);
   for (const Bucket& b : buckets_)
     first_grain_.push_back(first_grain_.back() + (b.end - b.begin + kZeroGrain - 1) / kZeroGrain);
@@ -115,12 +110,7 @@ void Reducer::sum_grain_squares(std::size_t i, Device& device, std::span<double>
 
 void Reducer::start_gather(std::size_t i, float* params) {
   const Bucket& b = buckets_.at(i);
-  gathers_[i] = comm_.all_gather_async(params + b.begin, b.end - b.begin, kZeroGrain);
-}
-
-void Reducer::wait_gather_for_layer(std::size_t layer) {
-  const std::size_t b = bucket_read_by_.at(layer);
-  if (b != kNone && gathers_[b]) wait_for(std::move(gathers_[b]), "all-gather", b);
+  gathers_.emplace_back(i, comm_.all_gather_async(params + b.begin, b.end - b.begin, kZeroGrain));
 }
 
 double Reducer::wait(std::size_t i) {
@@ -130,8 +120,8 @@ double Reducer::wait(std::size_t i) {
 
 double Reducer::wait_gathers() {
   double blocked = 0.0;
-  for (std::size_t i = 0; i < gathers_.size(); ++i)
-    if (gathers_[i]) blocked += wait_for(std::move(gathers_[i]), "all-gather", i);
+  for (auto& [i, work] : gathers_) blocked += wait_for(std::move(work), "all-gather", i);
+  gathers_.clear();
   return blocked;
 }
 
@@ -161,7 +151,8 @@ void Reducer::drain() noexcept {
     work.reset();
   };
   for (auto& work : work_) finish(work);
-  for (auto& gather : gathers_) finish(gather);
+  for (auto& gather : gathers_) finish(gather.second);
+  gathers_.clear();
 }
 
 }  // namespace lockstep::detail

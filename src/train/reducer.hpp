@@ -32,8 +32,13 @@
 //        any N;
 //     3. the optimiser updates the rank's shards (per bucket as each lands when nothing waits
 //        for the norm, else after it), with its 1/N of the state;
-//     4. each bucket's parameters are all-gathered; the step waits for them before it ends, so
-//        every replica is bit-identical again for the replica check and the next forward.
+//     4. each bucket's all-gather starts as soon as its shard is updated; the step waits for
+//        them before it ends, so every replica is bit-identical again for the replica check and
+//        the next forward. Leaving them in flight instead, issued in forward order, with the
+//        next forward waiting before each layer for its bucket's gather (and eval, the replica
+//        check and checkpoints waiting for all), was built and measured against this on the
+//        CPU: no faster anywhere, 7% slower for gpt_tiny at N = 2 (bench/RESULTS.md, "ZeRO-1
+//        all-gathers"), so the simpler end-of-step wait stays.
 //   Every element gets the replicated update's arithmetic with the same norm, so a zero 1 run
 //   ends bit-identical to zero 0 on the CPU. Checkpoints hold the whole state (gathered, see
 //   WorkerLoop::gather_optimizer_state).
@@ -42,6 +47,7 @@
 #include <cstddef>
 #include <memory>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "lockstep/comm.hpp"
@@ -96,9 +102,6 @@ class Reducer {
   void sum_grain_squares(std::size_t i, Device& device, std::span<double> sums) const;
   // ZeRO-1: starts the all-gather of bucket i of `params` (every rank's updated shard).
   void start_gather(std::size_t i, float* params);
-  // Blocks until the all-gather of the bucket holding the parameters layer `layer` reads (its
-  // own, or those it is tied to) is done, if one is in flight: the forward hook.
-  void wait_gather_for_layer(std::size_t layer);
   // Blocks until every started all-gather is done; returns the seconds spent blocked.
   double wait_gathers();
 
@@ -121,11 +124,10 @@ class Reducer {
   bool zero_;
   std::vector<TraceEvent>* comm_track_;
   std::vector<std::size_t> bucket_of_layer_;  // npos for layers without parameters
-  std::vector<std::size_t> bucket_read_by_;   // per layer, the bucket of the parameters it reads
   std::vector<std::size_t> pending_;          // layers not yet ready, per bucket
   std::vector<std::size_t> first_grain_;      // per bucket, then the total (Note [ZeRO-1])
   std::vector<std::unique_ptr<CommWork>> work_;
-  std::vector<std::unique_ptr<CommWork>> gathers_;  // per bucket: its all-gather in flight
+  std::vector<std::pair<std::size_t, std::unique_ptr<CommWork>>> gathers_;  // bucket, work
   std::size_t launched_ = 0;  // buckets [0, launched_) have started
   double comm_s_ = 0.0;
   double exposed_s_ = 0.0;

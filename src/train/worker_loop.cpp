@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <limits>
 #include <numeric>
 #include <stdexcept>
@@ -91,8 +90,7 @@ WorkerLoop::WorkerLoop(const RunContext& run, int rank, Communicator& comm)
       global_(comm.rank()),
       comm_(comm),
       track_(run.trace.worker(rank)),
-      pos_{.step = run.resume ? run.resume->state.step : 0},
-      prefetch_gathers_(run.cfg.trainer.zero == 1 && std::getenv("LOCKSTEP_ZERO_PREFETCH")) {}
+      pos_{.step = run.resume ? run.resume->state.step : 0} {}
 
 WorkerLoop::~WorkerLoop() = default;
 
@@ -215,12 +213,7 @@ void WorkerLoop::run_micro_batch(int micro, StepTotals& mine) {
   const float* logits;
   {
     TraceSpan span(track_, "forward", pos_.step);
-    logits = replica.forward(in.x->data<float>(), b.size,
-                             prefetch_gathers_ ? std::function<void(std::size_t)>(
-                                                     [this](std::size_t layer) {
-                                                       res_.reducer->wait_gather_for_layer(layer);
-                                                     })
-                                               : nullptr);
+    logits = replica.forward(in.x->data<float>(), b.size);
   }
   // Each worker averages over its own k micro-batches; the all-reduce then averages over
   // workers: the mean over the global batch, since every shard has the same batch size.
@@ -275,7 +268,7 @@ WorkerLoop::UpdateResult WorkerLoop::reduce_and_update(const StepTotals& totals)
   r.loss = totals.loss_sum / (totals.samples * run_.train->targets());
   r.lr = learning_rate(cfg.optimizer, cfg.schedule, pos_.step - 1, run_.total_steps);
   r.grad_norm = std::sqrt(wait_and_update(r.lr));
-  if (updates_per_bucket()) gather_parameters();
+  gather_parameters();  // ZeRO-1: of the buckets updated as they landed
   beat();
   // The loss and the norm are the same on every rank, so every rank decides the same.
   const bool finite = std::isfinite(r.grad_norm) && std::isfinite(r.loss);
@@ -286,10 +279,8 @@ WorkerLoop::UpdateResult WorkerLoop::reduce_and_update(const StepTotals& totals)
     update_after_norm(r.lr, r.grad_norm);
     gather_parameters();
   }
-  if (run_.callbacks.hooks.after_update) {
-    settle_parameters();
+  if (run_.callbacks.hooks.after_update)
     run_.callbacks.hooks.after_update(global_, pos_.step, replica);
-  }
   return r;
 }
 
@@ -306,16 +297,6 @@ void WorkerLoop::update_after_norm(double lr, double grad_norm) {
 
 // ZeRO-1: waits for the all-gathers of the updated shards; every replica is whole again.
 void WorkerLoop::gather_parameters() {
-  if (!zero()) return;
-  if (prefetch_gathers_) {
-    for (std::size_t i = res_.reducer->buckets().size(); i-- > 0;)
-      res_.reducer->start_gather(i, res_.replica->params());
-    return;
-  }
-  settle_parameters();
-}
-
-void WorkerLoop::settle_parameters() {
   if (!zero()) return;
   TraceSpan span(track_, "all-gather wait", pos_.step);
   res_.reducer->wait_gathers();
@@ -358,7 +339,7 @@ void WorkerLoop::update_bucket(std::size_t i, double lr, float scale) {
     if (scale != 1.0f) res_.device->scale(replica.grads() + mine.begin, scale, mine.size());
     res_.optimizer->apply(replica.params(), replica.grads(), lr, mine.begin, mine.end);
   }
-  if (zero() && !prefetch_gathers_) res_.reducer->start_gather(i, replica.params());
+  if (zero()) res_.reducer->start_gather(i, replica.params());
 }
 
 // A non-finite loss or gradient (trainer.on_nonfinite): stop, or skip the update, up to
@@ -382,7 +363,6 @@ void WorkerLoop::report_nonfinite(double loss, double grad_norm) {
                                          loss, pos_.step, to_string(cfg.trainer.on_nonfinite)));
   // ZeRO-1: each rank holds only its shards of the averaged gradient; gather the rest (every
   // rank is here, as every rank saw the same norm).
-  settle_parameters();
   if (zero())
     for (const Bucket& b : res_.reducer->buckets())
       comm_.all_gather(res_.replica->grads() + b.begin, b.end - b.begin, kZeroGrain);
@@ -491,7 +471,6 @@ void WorkerLoop::checkpoint_if_due(bool stop_now) {
   const bool due = !cc.dir.empty() && (stop_now || step == run_.total_steps ||
                                        (cc.every_steps > 0 && step % cc.every_steps == 0));
   if (!due || (!zero() && global_ != 0)) return;
-  settle_parameters();
   TraceSpan span(track_, "checkpoint", pos_.step);
   std::vector<StateVector> state = gather_optimizer_state();
   if (global_ == 0 && run_.checkpoints) save_checkpoint(std::move(state));
@@ -523,7 +502,6 @@ std::vector<StateVector> WorkerLoop::gather_optimizer_state() {
 }
 
 EvalMetrics WorkerLoop::evaluate() {
-  settle_parameters();
   // Global rank r evaluates samples r, r + n, ...: every sample exactly once, no padding.
   LossTotals mine;
   if (run_.eval)
@@ -540,7 +518,6 @@ EvalMetrics WorkerLoop::evaluate() {
 }
 
 void WorkerLoop::check_replicas() {
-  settle_parameters();
   Replica& replica = *res_.replica;
   const std::uint64_t mine = replica.device().hash(replica.params(), replica.param_count());
   const std::vector<std::uint64_t> all = comm_.all_gather_host(mine);

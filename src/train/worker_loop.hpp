@@ -209,7 +209,6 @@ class WorkerLoop {
   void update_bucket(std::size_t bucket, double lr, float scale);
   void update_after_norm(double lr, double grad_norm);
   void gather_parameters();
-  void settle_parameters();
   bool zero() const noexcept { return run_.cfg.trainer.zero == 1; }
   void on_nonfinite(double loss, double grad_norm);
   void report(const StepTotals& totals, const UpdateResult& update, bool stop_now);
@@ -238,7 +237,6 @@ class WorkerLoop {
   Times times_;
   BackwardProbe backward_;
   int skips_in_row_ = 0;  // updates dropped in a row by on_nonfinite: skip
-  const bool prefetch_gathers_;  // EXPERIMENT: ZeRO-1 all-gathers wait in the next forward
 };
 
 }  // namespace lockstep::detail
