@@ -24,7 +24,7 @@ WORKLOADS = {
         "configs/quickstart.yaml",
         ["data.dataset=synthetic", "data.features=1024", "data.classes=10", "data.samples=8192",
          "model.hidden=[2048,2048]", "data.batch_size=128", "optimizer.type=adamw",
-         "optimizer.lr=0.001", "trainer.steps=30", "trainer.eval_every=0",
+         "optimizer.momentum=", "optimizer.lr=0.001", "trainer.steps=30", "trainer.eval_every=0",
          "trainer.check_replicas_every=0"]),
 }
 
@@ -43,6 +43,7 @@ def main():
     ap.add_argument("--lockstep", default="build/lockstep")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--devices", default="2,4")
+    ap.add_argument("--only", default="", help="the workloads whose name contains this")
     args = ap.parse_args()
     print("| workload | N | step ms zero 0 | step ms zero 1 | zero 1 / zero 0 | "
           "state bytes/worker zero 0 | zero 1 |")
@@ -50,6 +51,8 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "summary.json"
         for name, (config, overrides) in WORKLOADS.items():
+            if args.only not in name:
+                continue
             for n in (int(d) for d in args.devices.split(",")):
                 times = {0: [], 1: []}
                 state = {}

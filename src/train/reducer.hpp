@@ -32,8 +32,13 @@
 //        any N;
 //     3. the optimiser updates the rank's shards (per bucket as each lands when nothing waits
 //        for the norm, else after it), with its 1/N of the state;
-//     4. each bucket's parameters are all-gathered; the step waits for them before it ends, so
-//        every replica is bit-identical again for the replica check and the next forward.
+//     4. each bucket's all-gather starts as soon as its shard is updated; the step waits for
+//        them before it ends, so every replica is bit-identical again for the replica check and
+//        the next forward. Leaving them in flight instead, issued in forward order, with the
+//        next forward waiting before each layer for its bucket's gather (and eval, the replica
+//        check and checkpoints waiting for all), was built and measured against this on the
+//        CPU: no faster anywhere, 7% slower for gpt_tiny at N = 2 (bench/RESULTS.md, "ZeRO-1
+//        all-gathers"), so the simpler end-of-step wait stays.
 //   Every element gets the replicated update's arithmetic with the same norm, so a zero 1 run
 //   ends bit-identical to zero 0 on the CPU. Checkpoints hold the whole state (gathered, see
 //   WorkerLoop::gather_optimizer_state).
