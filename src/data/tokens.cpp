@@ -65,7 +65,8 @@ std::size_t first_out_of_vocab(const std::vector<T>& tokens, int vocab_size) {
 template <class T>
 std::vector<T> decode(std::string_view bytes, std::size_t offset, std::size_t count) {
   std::vector<T> tokens(count);
-  std::memcpy(tokens.data(), bytes.data() + offset, count * sizeof(T));
+  // An empty vector's data() may be null, which memcpy may not be given even for 0 bytes.
+  if (count > 0) std::memcpy(tokens.data(), bytes.data() + offset, count * sizeof(T));
   return tokens;
 }
 

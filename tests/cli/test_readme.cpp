@@ -14,6 +14,8 @@
 
 #include "../data/temp_files.hpp"
 #include "cli_runner.hpp"
+#include "sanitized.hpp"
+#include "skip.hpp"
 
 namespace fs = std::filesystem;
 
@@ -67,6 +69,9 @@ void copy_configs(const fs::path& to) {
 }  // namespace
 
 TEST_CASE("README: the marked command blocks run verbatim from the repository root") {
+  // They train gpt_tiny, which under TSan takes minutes; scripts/test.sh's plain build runs them.
+  if (lockstep::test::kSanitized)
+    return lockstep::test::skip("the README's commands run in the plain build (scripts/test.sh)");
   const std::vector<std::string> blocks =
       marked_blocks(lockstep::test::read_text(kSource / "README.md"));
   REQUIRE(blocks.size() >= 3);

@@ -268,6 +268,8 @@ write('tokens', {
  'token_out_of_vocab.bin': llmc(T[:7] + [50257] + T[8:]),
  'uint32_out_of_vocab.bin': llmc(T[:3] + [2**32 - 1] + T[4:], version=2, fmt='I'),
  'too_few_tokens.bin': llmc(T[:4]),
+ # Found by fuzz_tokens: a header that counts no tokens decoded them with memcpy(null, ..., 0).
+ 'no_tokens_uint32.bin': llmc([], version=2, fmt='I'),
  'raw_odd_size.bin': raw(T) + b'\x01',
  'raw_out_of_vocab.bin': raw(T[:5] + [65535]),
  'raw_too_few.bin': raw(T[:4]),
