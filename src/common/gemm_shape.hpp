@@ -1,4 +1,5 @@
-// The shape check every device's gemm and gemm_batched make before running.
+// The shape checks every device makes before running a kernel: gemm and gemm_batched, and the
+// softmax cross-entropy.
 #pragma once
 
 #include <algorithm>
@@ -19,6 +20,13 @@ inline void check_gemm_shape(const char* kernel, Transpose ta, Transpose tb, int
       ldc < std::max(1, n))
     throw std::invalid_argument(fmt::format("{}: bad shape m={} n={} k={} lda={} ldb={} ldc={}",
                                             kernel, m, n, k, lda, ldb, ldc));
+}
+
+// logits (rows, classes): std::invalid_argument unless rows >= 0 and classes >= 1.
+inline void check_loss_shape(int rows, int classes) {
+  if (rows < 0 || classes < 1)
+    throw std::invalid_argument(
+        fmt::format("softmax_cross_entropy: bad shape rows={} classes={}", rows, classes));
 }
 
 }  // namespace lockstep::detail

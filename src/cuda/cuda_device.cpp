@@ -238,9 +238,7 @@ void CudaDevice::bias_grad(float* dbias, const float* dy, int rows, int cols) {
 LossStats CudaDevice::softmax_cross_entropy(const float* logits, const std::int32_t* labels,
                                             int rows, int classes, float* dlogits,
                                             float grad_scale) {
-  if (rows < 0 || classes < 1)
-    throw std::invalid_argument(
-        fmt::format("softmax_cross_entropy: bad shape rows={} classes={}", rows, classes));
+  detail::check_loss_shape(rows, classes);
   if (rows == 0) return {};
   reserve_rows(rows);
   launch_softmax_cross_entropy(stream(), logits, labels, rows, classes, dlogits, grad_scale,

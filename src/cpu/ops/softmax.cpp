@@ -1,6 +1,7 @@
 // Softmax kernels: the classifier's softmax cross-entropy and the attention's causal softmax,
 // forward and backward (CUDA: src/cuda/ops/softmax.cu).
 #include "cpu/cpu_device.hpp"
+#include "common/gemm_shape.hpp"
 
 #include <cmath>
 
@@ -22,9 +23,7 @@ void CpuDevice::for_rows_of_squares(int count, int T, const Fn& fn) {
 LossStats CpuDevice::softmax_cross_entropy(const float* logits, const std::int32_t* labels,
                                            int rows, int classes, float* dlogits,
                                            float grad_scale) {
-  if (rows < 0 || classes < 1)
-    throw std::invalid_argument(
-        fmt::format("softmax_cross_entropy: bad shape rows={} classes={}", rows, classes));
+  detail::check_loss_shape(rows, classes);
   for (int r = 0; r < rows; ++r)
     if (labels[r] < 0 || labels[r] >= classes)
       throw std::out_of_range(fmt::format(
