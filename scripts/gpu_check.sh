@@ -243,7 +243,7 @@ build_ok=0
 have_cuda_build=0
 ((build_ok)) && [ -x "$BUILD/bench/bench_gpu" ] && have_cuda_build=1
 if ((build_ok)); then
-  run_phase tests 150 "$OUT/tests.log" "$BUILD/lockstep_tests" -ts='cuda*'
+  run_phase tests 150 "$OUT/tests.log" "$BUILD/tests/lockstep_tests" -ts='cuda*'
   status=$?
   # "[doctest] test cases: 16 | 16 passed | 0 failed | 113 skipped" (skipped: filtered out). A
   # GPU test that cannot run says "MESSAGE: skipping: ..." and passes: count those as skipped.
@@ -306,7 +306,7 @@ if [ -n "$GPU_LINE" ]; then
   # GPT (issue: language models): lockstep's fp32 GPT against PyTorch on the GPU, then GPT-2
   # 124M step time against PyTorch eager (TF32 on both), with lockstep's MFU.
   if run_phase gpt_parity 90 "$OUT/gpt_parity.log" env LOCKSTEP_PARITY_BACKEND=cuda \
-    LOCKSTEP_PYTHON=python3 "$BUILD/lockstep_tests" -tc='gpt parity*' -s; then
+    LOCKSTEP_PYTHON=python3 "$BUILD/tests/lockstep_tests" -tc='gpt parity*' -s; then
     GPT_PARITY_RESULT="ok ($(grep -m1 'worst loss' "$OUT/gpt_parity.log"))"
   else
     GPT_PARITY_RESULT="FAILED (see gpt_parity.log)"

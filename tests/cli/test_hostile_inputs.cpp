@@ -20,11 +20,20 @@ using lockstep::test::CliResult;
 
 namespace {
 
+// The shell prefix that limits a run's address space to `kib` KiB. The CUDA driver reserves
+// address space far beyond any such limit as soon as it opens a GPU (seen on an H200: thread
+// creation then failed and a run that had reported its error hung), so these runs see no GPU
+// and take the CPU backend, which is what they test.
+std::string address_limit(long kib) {
+  return "ulimit -v " + std::to_string(kib) + "; export CUDA_VISIBLE_DEVICES=; ";
+}
+
 // `args` to the lockstep binary, bounded in time and memory (not under a sanitizer, which needs
 // the address space and runs slower); 137 when it had to be killed.
 CliResult bounded_cli(const std::string& args) {
-  const std::string limit = lockstep::test::kSanitized ? "timeout -s KILL 120 "
-                                                       : "ulimit -v 4194304; exec timeout -s KILL 30 ";
+  const std::string limit = lockstep::test::kSanitized
+                                ? "timeout -s KILL 120 "
+                                : address_limit(4194304) + "exec timeout -s KILL 30 ";
   return lockstep::test::run_command("(" + limit + lockstep::test::cli_path() + " " + args + ")");
 }
 
@@ -208,7 +217,7 @@ TEST_CASE("cli: absurd sizes exit 2 naming their key, and --dry-run prints the m
   // million hidden units (74 million parameters: 296 MB a copy, 888 MB with gradients and
   // momentum), though physical memory holds them.
   const CliResult limited = lockstep::test::run_command(
-      "(ulimit -v 2000000; exec timeout -s KILL 30 " + lockstep::test::cli_path() + " train " +
+      "(" + address_limit(2000000) + "exec timeout -s KILL 30 " + lockstep::test::cli_path() + " train " +
       quickstart + " --set model.hidden=[1000000] --dry-run)");
   CHECK_MESSAGE(limited.code == 2, limited.output);
   CHECK(limited.output.find("available (RLIMIT_AS (ulimit -v))") != std::string::npos);

@@ -259,9 +259,9 @@ TEST_SUITE("cuda") {
     }
     // A label outside [0, classes) is reported, as on the CPU.
     auto ld = on_device(*gpu, random_floats(12, 5));
-    auto yd = on_device(*gpu, std::vector<std::int32_t>{0, 3, 1});
+    auto yd = on_device(*gpu, std::vector<std::int32_t>{0, 4, 1});
     CHECK_THROWS_WITH_AS(gpu->softmax_cross_entropy(ld.data(), yd.data(), 3, 4, nullptr, 1.0f),
-                         doctest::Contains("label 3 of row 1"), std::out_of_range);
+                         doctest::Contains("label 4 of row 1"), std::out_of_range);
     // The device is still usable afterwards; zero rows give zero stats.
     auto ok = on_device(*gpu, std::vector<std::int32_t>{0, 2, 1});
     const LossStats after = gpu->softmax_cross_entropy(ld.data(), ok.data(), 3, 4, nullptr, 1.0f);
