@@ -7,8 +7,8 @@
 // Note [One exp for both backends]: GELU's exp is exp_poly below on both backends, not the
 // library's expf. On the CPU a library call would keep the loops from vectorising; on the GPU
 // the polynomial costs a dozen multiply-adds in a kernel bound by memory. Both backends thus
-// compute the same formula; their bits may still differ where nvcc fuses a multiply and an add
-// (the CPU build targets baseline x86-64, which has no FMA), well within the tests' tolerance.
+// compute the same formula, and neither fuses its multiplies and adds, so they get the same bits
+// (Note [Numerics of the CUDA kernels] in src/cuda/ops/common.cuh).
 #pragma once
 
 #include <cmath>

@@ -42,8 +42,9 @@ void launch_activation_backward(cudaStream_t stream, ActivationKind f, const flo
                                 const float* dy, float* dx, std::size_t n);
 // y = a + b; y may alias a or b.
 void launch_add(cudaStream_t stream, const float* a, const float* b, float* y, std::size_t n);
-// dbias (cols) += column sums of dy (rows, cols), each column summed over the rows in order, in
-// double: the same arithmetic as the CPU device.
+// dbias (cols) += column sums of dy (rows, cols), in double, in parallel over the rows in an
+// order fixed by the shape: deterministic, and equal to the CPU device's rows-in-order sum up to
+// double roundings (the floats are the same or neighbours; elementwise.cu says more).
 void launch_bias_grad(cudaStream_t stream, float* dbias, const float* dy, int rows, int cols);
 
 // ---- Softmax (softmax.cu) ------------------------------------------------------------------
@@ -56,7 +57,8 @@ struct LossResult {
   int bad_label;       // that row's label
 };
 // logits (rows, classes), labels (rows), dlogits (rows, classes) or null. Scratch: row_loss and
-// row_correct hold `rows` elements each. Rows with a bad label are skipped (and reported).
+// row_correct hold `rows` elements each. The labels are checked first: if any is bad, it is
+// reported, dlogits is left unwritten and the loss and count are 0. exp in float, once per logit.
 void launch_softmax_cross_entropy(cudaStream_t stream, const float* logits,
                                   const std::int32_t* labels, int rows, int classes,
                                   float* dlogits, float grad_scale, double* row_loss,

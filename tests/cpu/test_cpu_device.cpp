@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <span>
 #include <stdexcept>
 #include <tuple>
@@ -116,6 +117,52 @@ TEST_SUITE("cpu device") {
         // m * n * k > 2^20: row-blocked, with a partial last block.
         const int m = 300, n = 70, k = 90;
         check_gemm({ta, tb, m, n, k, at ? m : k, bt ? k : n, n}, seed += 3);
+      }
+  }
+
+  TEST_CASE("gemm and gemm_batched with k = 0 give beta C, and beta = 0 never reads C") {
+    auto dev = lockstep::make_cpu_device(0, 2);
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    const int m = 70, n = 9, ldc = n + 1, count = 3;
+    const std::int64_t stride_c = std::int64_t(m) * ldc + 2;
+    for (Transpose ta : {Transpose::no, Transpose::yes})
+      for (Transpose tb : {Transpose::no, Transpose::yes}) {
+        CAPTURE(int(ta));
+        CAPTURE(int(tb));
+        // count matrices (m, n) with leading dimension ldc; the padding column and the gaps
+        // between matrices hold a marker that must survive.
+        std::vector<float> c0 = random_floats(std::size_t(stride_c) * count, 5);
+        const auto padding = [&](std::size_t i) {
+          return i % std::size_t(stride_c) >= std::size_t(m) * ldc ||
+                 i % std::size_t(stride_c) % ldc == std::size_t(n);
+        };
+        for (std::size_t i = 0; i < c0.size(); ++i)
+          if (padding(i)) c0[i] = 7.0f;
+        std::vector<float> nans(c0.size(), nan);
+        for (std::size_t i = 0; i < c0.size(); ++i)
+          if (padding(i)) nans[i] = 7.0f;
+        const std::vector<float> a(1, nan), b(1, nan);  // k = 0: A and B are never read
+        auto ad = on_device(*dev, a), bd = on_device(*dev, b);
+        auto single = on_device(*dev, c0), batched = on_device(*dev, c0);
+        auto zeroed = on_device(*dev, nans), zeroed_batched = on_device(*dev, nans);
+        dev->gemm(ta, tb, m, n, 0, 0.75f, ad.data(), m, bd.data(), n, -0.5f, single.data(), ldc);
+        dev->gemm(ta, tb, m, n, 0, 0.75f, ad.data(), m, bd.data(), n, 0.0f, zeroed.data(), ldc);
+        dev->gemm_batched(ta, tb, m, n, 0, 0.75f, ad.data(), m, 0, bd.data(), n, 0, -0.5f,
+                          batched.data(), ldc, stride_c, count);
+        dev->gemm_batched(ta, tb, m, n, 0, 0.75f, ad.data(), m, 0, bd.data(), n, 0, 0.0f,
+                          zeroed_batched.data(), ldc, stride_c, count);
+        const auto got = single.download(), got_zero = zeroed.download();
+        const auto got_batched = batched.download(), got_zero_batched = zeroed_batched.download();
+        for (std::size_t i = 0; i < c0.size(); ++i) {
+          CAPTURE(i);
+          const bool first = i < std::size_t(stride_c);  // gemm writes the first matrix only
+          const float scaled = padding(i) ? 7.0f : -0.5f * c0[i];  // exact: a power of two
+          const float zero = padding(i) ? 7.0f : 0.0f;
+          REQUIRE(got_batched[i] == scaled);
+          REQUIRE(got_zero_batched[i] == zero);
+          REQUIRE(got[i] == (first ? scaled : c0[i]));
+          if (first) REQUIRE(got_zero[i] == zero);
+        }
       }
   }
 

@@ -2,17 +2,41 @@
 // warp and block reductions, and the launch check.
 //
 // Invariants every kernel keeps (tests/cuda compare each with the CPU device on random inputs):
-//  - Each kernel computes what the CPU device computes (src/cpu/ops/*.cpp, same file names), in
-//    the same precision. Element-wise math both share lives in common/elementwise_math.hpp.
+//  - Each kernel computes what the CPU device computes (src/cpu/ops/*.cpp, same file names), to
+//    the bit or within a stated tolerance: see Note [Numerics of the CUDA kernels]. Element-wise
+//    math both share lives in common/elementwise_math.hpp.
 //  - Elementwise kernels use grid-stride loops, so any grid size gives the same result.
 //  - Reductions that produce floating-point values sum in an order fixed by the shape alone
 //    (fixed block size, fixed grid, fixed tree), never by atomics: the same inputs give the same
 //    bits on every run and every GPU. Only the integer hash uses atomics (addition mod 2^64 is
 //    associative, so the order does not matter).
-//  - Every block has exactly kThreads threads (block_sum relies on it). Row kernels give each
-//    row one warp, kWarpsPerBlock rows per block.
+//  - Every block has exactly kThreads threads (block_sum relies on it), except bias_grad's
+//    (elementwise.cu), which sums without block_sum. Row kernels give each row one warp,
+//    kWarpsPerBlock rows per block.
 //  - Every launcher takes the worker's stream, launches nothing for empty inputs, and checks the
 //    launch with CUDA_CHECK(cudaGetLastError()).
+//
+// Note [Numerics of the CUDA kernels]
+// nvcc contracts a * b + c into one fused multiply-add (one rounding instead of two) unless told
+// not to; g++ does the same on hosts where FMA is baseline (aarch64, e.g. GH200). The CPU device
+// is therefore built with -ffp-contract=off (src/cpu/CMakeLists.txt), and each kernel family
+// below either matches it to the bit or documents its tolerance (the tests in tests/cuda check
+// exactly that):
+//  - elementwise.cu, optimizer.cu: compiled with --fmad=false (src/cuda/CMakeLists.txt). Fill,
+//    scale, add, add_bias, ReLU, GELU (exp_poly, no library call), and the SGD and AdamW updates
+//    are single-rounded IEEE operations in the same order on both sides: the same bits. tanh
+//    calls each side's library (CUDA's tanhf is within 2 ulp): a tolerance. bias_grad sums in
+//    double in another order: the same float or its neighbour.
+//  - embedding.cu, peer_reduce.cu: float additions only, in the CPU's order: the same bits.
+//  - layernorm.cu, softmax.cu (causal softmax): products that the CPU rounds are written
+//    __fmul_rn, but the sums run in another order and expf is CUDA's (within 2 ulp): tolerance
+//    1e-5 of the largest value. The cross-entropy takes exp in float once per logit where the
+//    CPU takes it in double: the loss and dlogits within 1e-5 (loss sums within 1e-9 relative,
+//    accumulated in double).
+//  - reduce.cu: sum_squares in double in a fixed tree (contraction allowed: it only makes the
+//    double sums more exact): 1e-10 relative. The hash: integers, exact.
+//  - GEMM (cuBLAS): another summation order, TF32 when asked: 1e-4 in fp32, 1e-2 with TF32.
+// These kernels are bound by memory, so forgoing fused multiply-adds costs nothing measurable.
 #pragma once
 
 #include <algorithm>

@@ -14,9 +14,17 @@ __global__ void scale_kernel(float* x, float alpha, std::size_t n) {
   for (std::size_t i = first_index(); i < n; i += grid_stride()) x[i] *= alpha;
 }
 
-// y (rows, cols) += bias (cols); n = rows * cols
+// y (rows, cols) += bias (cols); n = rows * cols. Grid-stride over the elements; each thread
+// carries its column along instead of taking i % cols per element (a 64-bit division): the
+// stride moves the column by stride % cols, so one subtraction brings it back below cols.
 __global__ void add_bias_kernel(float* y, const float* bias, std::size_t cols, std::size_t n) {
-  for (std::size_t i = first_index(); i < n; i += grid_stride()) y[i] += bias[i % cols];
+  const std::size_t stride = grid_stride(), step = stride % cols;
+  std::size_t i = first_index(), c = i % cols;
+  for (; i < n; i += stride) {
+    y[i] += bias[c];
+    c += step;
+    if (c >= cols) c -= cols;
+  }
 }
 
 __device__ float activate(ActivationKind f, float x) {
@@ -53,16 +61,42 @@ __global__ void add_kernel(const float* a, const float* b, float* y, std::size_t
   for (std::size_t i = first_index(); i < n; i += grid_stride()) y[i] = a[i] + b[i];
 }
 
-// One thread per column: dbias[c] = float(dbias[c] + dy[0][c] + dy[1][c] + ...) in double, rows
-// in order, exactly as the CPU device. Neighbouring threads read neighbouring columns. There are
-// only `cols` threads, so each keeps 16 loads in flight (the adds stay in row order).
+// dbias[c] += the sum of column c of dy (rows, cols), in double. A block takes 32 neighbouring
+// columns (a warp reads 128 contiguous bytes of a row) and kBiasRowGroups groups of rows: thread
+// (g, c) adds rows g, g + kBiasRowGroups, ... in order, eight loads in flight; the groups'
+// partials are then added in a fixed tree, and the total to dbias[c] once. The order depends on
+// the shape alone: the same bits on every run. The CPU adds the rows in order instead; both sums
+// carry double rounding errors only, so the floats agree or are neighbours (unless the column
+// nearly cancels to zero). One block per 32 columns, as wide as a block goes, needs no second
+// pass and no scratch; for GPT-2's 768 columns that is 24 blocks of 1024 threads.
+constexpr int kBiasRowGroups = 32;
+constexpr int kBiasThreads = kWarp * kBiasRowGroups;
+
 __global__ void bias_grad_kernel(float* dbias, const float* dy, int rows, int cols) {
-  const int c = static_cast<int>(first_index());
-  if (c >= cols) return;
-  double acc = dbias[c];
-#pragma unroll 16
-  for (int r = 0; r < rows; ++r) acc += dy[static_cast<std::size_t>(r) * cols + c];
-  dbias[c] = static_cast<float>(acc);
+  __shared__ double partial[kBiasRowGroups][kWarp];
+  const int x = static_cast<int>(threadIdx.x % kWarp), g = static_cast<int>(threadIdx.x / kWarp);
+  const int c = static_cast<int>(blockIdx.x) * kWarp + x;
+  const std::size_t nc = static_cast<std::size_t>(cols);
+  double acc = 0.0;
+  if (c < cols) {
+    constexpr int kInFlight = 8;
+    int r = g;
+    for (; rows - r > (kInFlight - 1) * kBiasRowGroups; r += kInFlight * kBiasRowGroups) {
+      float v[kInFlight];
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u) v[u] = dy[(r + u * kBiasRowGroups) * nc + c];
+#pragma unroll
+      for (int u = 0; u < kInFlight; ++u) acc += v[u];
+    }
+    for (; r < rows; r += kBiasRowGroups) acc += dy[r * nc + c];
+  }
+  partial[g][x] = acc;
+  __syncthreads();
+  for (int stride = kBiasRowGroups / 2; stride > 0; stride /= 2) {
+    if (g < stride) partial[g][x] += partial[g + stride][x];
+    __syncthreads();
+  }
+  if (g == 0 && c < cols) dbias[c] = static_cast<float>(double(dbias[c]) + partial[0][x]);
 }
 
 }  // namespace
@@ -107,9 +141,9 @@ void launch_activation_backward(cudaStream_t stream, ActivationKind f, const flo
 }
 
 void launch_bias_grad(cudaStream_t stream, float* dbias, const float* dy, int rows, int cols) {
-  if (cols <= 0) return;
-  const unsigned blocks = static_cast<unsigned>((cols + kThreads - 1) / kThreads);
-  bias_grad_kernel<<<blocks, kThreads, 0, stream>>>(dbias, dy, rows, cols);
+  if (rows <= 0 || cols <= 0) return;  // no rows add nothing
+  const unsigned blocks = static_cast<unsigned>((cols + kWarp - 1) / kWarp);
+  bias_grad_kernel<<<blocks, kBiasThreads, 0, stream>>>(dbias, dy, rows, cols);
   CUDA_CHECK(cudaGetLastError());
 }
 

@@ -11,21 +11,29 @@
 namespace lockstep::cuda {
 namespace {
 
-// One block per row of logits (rows, classes): argmax, log-sum-exp in double, the row's loss and
-// correctness into row_loss / row_correct, and optionally the row of dlogits.
+// One block: result->bad_row = the first row whose label is outside [0, classes), or stays above
+// every row. Runs before the row kernel, so that a bad label anywhere leaves dlogits unwritten,
+// as on the CPU (which checks every label before it computes anything).
+__global__ void check_labels_kernel(const std::int32_t* labels, int rows, int classes,
+                                    LossResult* result) {
+  for (int r = threadIdx.x; r < rows; r += kThreads)
+    if (labels[r] < 0 || labels[r] >= classes) {
+      atomicMin(&result->bad_row, r);
+      return;  // this thread's later rows come after r
+    }
+}
+
+// One block per row of logits (rows, classes): argmax, then e_j = exp(z_j - max) in float, once
+// per logit, summed in double; the row's loss and correctness into row_loss / row_correct, and
+// optionally the row of dlogits = (e_j / sum - [j == label]) * grad_scale, e_j parked in dlogits
+// in between (each thread reads back only what it wrote). Writes nothing if any label is bad.
 __global__ void softmax_xent_rows_kernel(const float* logits, const std::int32_t* labels,
                                          int classes, float* dlogits, float grad_scale,
-                                         double* row_loss, int* row_correct, LossResult* result) {
+                                         double* row_loss, int* row_correct,
+                                         const LossResult* result) {
   const int row = blockIdx.x;
+  if (result->bad_row < static_cast<int>(gridDim.x)) return;  // a bad label (one block a row)
   const int label = labels[row];
-  if (label < 0 || label >= classes) {  // the same for the whole block: no thread is left waiting
-    if (threadIdx.x == 0) {
-      atomicMin(&result->bad_row, row);
-      row_loss[row] = 0.0;
-      row_correct[row] = 0;
-    }
-    return;
-  }
   const float* z = logits + static_cast<std::size_t>(row) * classes;
 
   // argmax: the first index of the largest value, as the CPU's scan with a strict '>' finds it.
@@ -53,30 +61,35 @@ __global__ void softmax_xent_rows_kernel(const float* logits, const std::int32_t
     __syncthreads();
   }
   const int argmax = best_index[0];
-  const double zmax = z[argmax];
+  const float zmax = z[argmax];
 
+  float* d = dlogits ? dlogits + static_cast<std::size_t>(row) * classes : nullptr;
   double partial = 0.0;
-  for (int j = threadIdx.x; j < classes; j += kThreads) partial += exp(double(z[j]) - zmax);
+  for (int j = threadIdx.x; j < classes; j += kThreads) {
+    const float e = expf(z[j] - zmax);
+    if (d) d[j] = e;
+    partial += e;
+  }
   const double sum = block_sum(partial);
 
   if (threadIdx.x == 0) {
     row_loss[row] = log(sum) - (double(z[label]) - zmax);  // logsumexp - z[label]
     row_correct[row] = argmax == label ? 1 : 0;
   }
-  if (!dlogits) return;
-  float* d = dlogits + static_cast<std::size_t>(row) * classes;
-  for (int j = threadIdx.x; j < classes; j += kThreads) {
-    const double p = exp(double(z[j]) - zmax) / sum - (j == label ? 1.0 : 0.0);
-    d[j] = static_cast<float>(p * grad_scale);
-  }
+  if (!d) return;
+  const float inv = static_cast<float>(1.0 / sum);
+  for (int j = threadIdx.x; j < classes; j += kThreads)
+    d[j] = (d[j] * inv - (j == label ? 1.0f : 0.0f)) * grad_scale;
 }
 
-// One block: the rows' losses and correct counts, summed in a fixed order.
+// One block: the rows' losses and correct counts, summed in a fixed order (zero after a bad
+// label: the row kernel wrote no row).
 __global__ void softmax_xent_total_kernel(const double* row_loss, const int* row_correct,
                                           const std::int32_t* labels, int rows,
                                           LossResult* result) {
+  const int bad = result->bad_row;
   double loss = 0.0, correct = 0.0;
-  for (int r = threadIdx.x; r < rows; r += kThreads) {
+  for (int r = threadIdx.x; r < rows && bad >= rows; r += kThreads) {
     loss += row_loss[r];
     correct += row_correct[r];
   }
@@ -85,7 +98,6 @@ __global__ void softmax_xent_total_kernel(const double* row_loss, const int* row
   if (threadIdx.x == 0) {
     result->loss_sum = loss;
     result->correct = static_cast<long long>(correct);
-    const int bad = result->bad_row;
     result->bad_label = bad < rows ? labels[bad] : 0;
   }
 }
@@ -133,9 +145,11 @@ void launch_softmax_cross_entropy(cudaStream_t stream, const float* logits,
                                   const std::int32_t* labels, int rows, int classes,
                                   float* dlogits, float grad_scale, double* row_loss,
                                   int* row_correct, LossResult* result) {
-  // bad_row starts above any row (0x7f7f7f7f); the row kernel lowers it with atomicMin.
+  // bad_row starts above any row (0x7f7f7f7f); check_labels_kernel lowers it with atomicMin.
   CUDA_CHECK(cudaMemsetAsync(&result->bad_row, 0x7f, sizeof(int), stream));
   if (rows > 0) {
+    check_labels_kernel<<<1, kThreads, 0, stream>>>(labels, rows, classes, result);
+    CUDA_CHECK(cudaGetLastError());
     softmax_xent_rows_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
         logits, labels, classes, dlogits, grad_scale, row_loss, row_correct, result);
     CUDA_CHECK(cudaGetLastError());
