@@ -92,7 +92,8 @@ int run(const Options& o) {
     x[i] = static_cast<float>(token(rng));
     y[i] = token(rng);
   }
-  DeviceArray<float> xd(*dev, rows), dlogits(*dev, rows * spec.vocab_size), m(*dev, n), v(*dev, n);
+  const int width = model.outputs() / spec.context;  // the padded vocabulary
+  DeviceArray<float> xd(*dev, rows), dlogits(*dev, rows * width), m(*dev, n), v(*dev, n);
   DeviceArray<std::int32_t> yd(*dev, rows);
   xd.upload(x);
   yd.upload(y);
@@ -104,7 +105,7 @@ int run(const Options& o) {
     const double t0 = bench::now_s();
     replica.zero_grads();
     const LossStats s = dev->softmax_cross_entropy(replica.forward(xd.data(), o.batch), yd.data(),
-                                                   static_cast<int>(rows), spec.vocab_size,
+                                                   static_cast<int>(rows), width,
                                                    dlogits.data(), 1.0f / static_cast<float>(rows));
     replica.backward(xd.data(), dlogits.data(), o.batch);
     dev->adamw_step(adamw, 3e-4f, step, replica.params(), replica.grads(), m.data(), v.data(), n);

@@ -31,7 +31,8 @@ struct LOCKSTEP_API SamplingOptions {
 
 // Returns the generated tokens (without the prompt); on_token sees each as it is drawn. The
 // prompt must be non-empty with every token in [0, vocab), and `replica` a GPT's replica
-// (inputs() = context, outputs() = context * vocab): std::invalid_argument otherwise.
+// (inputs() = context, outputs() = context * (vocab + the LM head's vocab_padding())):
+// std::invalid_argument otherwise. The padding is never drawn.
 LOCKSTEP_API std::vector<int> generate(Replica& replica, std::span<const int> prompt,
                                        const SamplingOptions& options,
                                        const std::function<void(int)>& on_token = {});

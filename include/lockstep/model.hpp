@@ -68,6 +68,10 @@ class LOCKSTEP_API Layer {
   // Tied weights: the index of an earlier layer whose parameters this layer reads (and whose
   // gradients it accumulates into), or -1 for its own. A tied layer has no parameters itself.
   virtual int tied_to() const noexcept { return -1; }
+  // A GPT's LM head: out_features() = positions x (vocabulary + this padding), and forward sets
+  // the padding's logits to -inf (no softmax mass, never the argmax, zero gradient; see Note
+  // [Padded vocabulary] in src/model/gpt.cpp). 0 for every other layer.
+  virtual int vocab_padding() const noexcept { return 0; }
 
   // in (B, in_features), out (B, out_features)
   virtual void forward(Device& dev, const float* params, const float* in, float* out, int batch,
@@ -86,7 +90,7 @@ LOCKSTEP_API std::unique_ptr<Layer> make_activation(Activation f, int features);
 // The GPT layers (see Model::gpt). Embedding: wte (V, C), wpe (T, C); in (B, T) token ids as
 // floats, out (B, T * C). Block: one pre-LayerNorm transformer block on (B, T * C). LayerNorm:
 // weight, bias (C) per position. Tied LM head: reads wte from layer `embedding_layer`, out
-// (B, T * V) logits.
+// (B, T * P) logits, P = V rounded up to a multiple of 64, -inf past V.
 LOCKSTEP_API std::unique_ptr<Layer> make_embedding(int vocab, int context, int channels);
 LOCKSTEP_API std::unique_ptr<Layer> make_block(int context, int channels, int heads, int n_layer);
 LOCKSTEP_API std::unique_ptr<Layer> make_layernorm(int context, int channels);
@@ -107,8 +111,9 @@ LOCKSTEP_API std::string to_string(const MlpSpec& spec);
 // GPT-2: token and position embeddings, n_layer pre-LayerNorm blocks (causal multi-head
 // self-attention, then a 4x MLP with tanh-GELU, each on a residual), a final LayerNorm and an
 // LM head tied to the token embedding. Input (B, context) token ids as floats; output logits
-// (B, context * vocab_size). Parameter names follow nanoGPT ("transformer.h.0.attn.c_attn.weight",
-// weights (out, in) as torch.nn.Linear); the tied head has no tensor of its own.
+// (B, context * P): the vocabulary padded to P, a multiple of 64, with -inf logits past it.
+// Parameter names follow nanoGPT ("transformer.h.0.attn.c_attn.weight", weights (out, in) as
+// torch.nn.Linear); the tied head has no tensor of its own.
 struct LOCKSTEP_API GptSpec {
   int vocab_size = 256;
   int context = 64;

@@ -48,7 +48,10 @@ std::vector<int> generate(Replica& replica, std::span<const int> prompt,
   if (context < 1 || model.outputs() % context != 0)
     throw std::invalid_argument("generate: the model is not a language model (outputs are not "
                                 "context x vocab)");
-  const int vocab = model.outputs() / context;
+  // Each position's row of logits has `stride` entries, the first `vocab` real: the padding
+  // (Note [Padded vocabulary] in gpt.cpp) is never sampled nor a valid prompt token.
+  const int stride = model.outputs() / context;
+  const int vocab = stride - model.layers().back()->vocab_padding();
   if (prompt.empty()) throw std::invalid_argument("generate: the prompt is empty");
   for (int t : prompt)
     if (t < 0 || t >= vocab)
@@ -70,7 +73,7 @@ std::vector<int> generate(Replica& replica, std::span<const int> prompt,
       window[p] = static_cast<float>(sequence[sequence.size() - len + p]);
     input.upload(window);
     const float* logits = replica.forward(input.data(), 1);
-    dev.copy_to_host(row.data(), logits + (len - 1) * static_cast<std::size_t>(vocab),
+    dev.copy_to_host(row.data(), logits + (len - 1) * static_cast<std::size_t>(stride),
                      row.size() * sizeof(float));
     const int next = sample_token(row, options.temperature, options.top_k, rng);
     sequence.push_back(next);

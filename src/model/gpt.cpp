@@ -11,6 +11,7 @@
 #include <charconv>
 #include <cmath>
 #include <iterator>
+#include <limits>
 #include <stdexcept>
 #include <string_view>
 
@@ -370,35 +371,60 @@ class LayerNorm final : public Layer {
 
 // ---- LM head ------------------------------------------------------------------------------------
 
+// Note [Padded vocabulary]
+// The logits of a position are a row of P = V rounded up to a multiple of kVocabAlign floats
+// (GPT-2: 50257 -> 50304, as nanoGPT and llm.c pad it), so that every row of the logits and of
+// their gradient starts 256-byte aligned and the LM head's GEMMs get aligned leading dimensions.
+// Only the logits are padded, not wte: the GEMMs compute the V real columns into rows of stride
+// P, and the P - V padding columns are set to -inf. softmax_cross_entropy then gives them no
+// mass (exp(-inf) = 0 adds nothing to any sum), argmax never picks them, their dlogits are
+// exactly 0 and no GEMM reads them; the sampler looks at the V real ones only. The parameters,
+// checkpoints, exports and the loss are those of the unpadded model, bit for bit.
+constexpr int kVocabAlign = 64;
+
+int padded_vocab(int vocab) { return (vocab + kVocabAlign - 1) / kVocabAlign * kVocabAlign; }
+
 // Tied to the embedding layer: reads its wte (V, C), the first V * C of its parameters.
-// in (B, T * C), out (B, T * V) logits = in wte^T per position.
+// in (B, T * C), out (B, T * P) logits = in wte^T per position, -inf in the padding.
 class TiedLmHead final : public Layer {
  public:
   TiedLmHead(int embedding_layer, int vocab, int context, int channels)
-      : tied_(embedding_layer), v_(vocab), t_(context), c_(channels) {}
+      : tied_(embedding_layer), v_(vocab), p_(padded_vocab(vocab)), t_(context), c_(channels) {}
 
   std::string_view kind() const noexcept override { return "lm_head"; }
   int in_features() const noexcept override { return t_ * c_; }
-  int out_features() const noexcept override { return t_ * v_; }
+  int out_features() const noexcept override { return t_ * p_; }
   int tied_to() const noexcept override { return tied_; }
+  int vocab_padding() const noexcept override { return p_ - v_; }
+  // The mask (P): 0 for the real logits, -inf for the padding; none without padding.
+  std::size_t workspace_size(int /*batch*/) const noexcept override {
+    return p_ > v_ ? std::size_t(p_) : 0;
+  }
 
   void forward(Device& dev, const float* wte, const float* in, float* out, int batch,
-               const LayerWorkspace& /*ws*/) const override {
-    dev.gemm(Transpose::no, Transpose::yes, batch * t_, v_, c_, 1.0f, in, c_, wte, c_, 0.0f, out,
-             v_);
+               const LayerWorkspace& ws) const override {
+    const int n = batch * t_;
+    dev.gemm(Transpose::no, Transpose::yes, n, v_, c_, 1.0f, in, c_, wte, c_, 0.0f, out, p_);
+    if (p_ == v_) return;
+    // out += mask: the real logits plus 0 are unchanged, the padding becomes -inf whatever it
+    // held. A pass over the logits; a strided fill of the padding alone would need a device op.
+    dev.fill(ws.saved, 0.0f, std::size_t(v_));
+    dev.fill(ws.saved + v_, -std::numeric_limits<float>::infinity(), std::size_t(p_ - v_));
+    dev.add_bias(out, ws.saved, n, p_);
   }
-  // dwte (V, C) += dout^T (V, N) in (N, C); din (N, C) = dout (N, V) wte (V, C).
+  // dwte (V, C) += dout^T (V, N) in (N, C); din (N, C) = dout (N, V) wte (V, C); dout's rows
+  // have stride P, and its padding (zero) is never read.
   void backward(Device& dev, const float* wte, float* dwte, const float* in, const float* /*out*/,
                 const float* dout, float* din, int batch,
                 const LayerWorkspace& /*ws*/) const override {
     const int n = batch * t_;
-    dev.gemm(Transpose::yes, Transpose::no, v_, c_, n, 1.0f, dout, v_, in, c_, 1.0f, dwte, c_);
+    dev.gemm(Transpose::yes, Transpose::no, v_, c_, n, 1.0f, dout, p_, in, c_, 1.0f, dwte, c_);
     if (din)
-      dev.gemm(Transpose::no, Transpose::no, n, c_, v_, 1.0f, dout, v_, wte, c_, 0.0f, din, c_);
+      dev.gemm(Transpose::no, Transpose::no, n, c_, v_, 1.0f, dout, p_, wte, c_, 0.0f, din, c_);
   }
 
  private:
-  int tied_, v_, t_, c_;
+  int tied_, v_, p_, t_, c_;
 };
 
 }  // namespace

@@ -150,8 +150,9 @@ void WorkerLoop::set_up_data() {
   res_.loader = std::make_unique<ShardLoader>(
       run_.fault.loader_data(run_.train, global_, pos_.step, static_cast<std::size_t>(k * batch)),
       sampler, batch, cfg.data.drop_last, cfg.data.prefetch, pos_.batch_in_epoch);
-  res_.dlogits = DeviceArray<float>(
-      *res_.device, static_cast<std::size_t>(batch) * train.targets() * train.classes());
+  // As wide as the logits: a GPT's padded vocabulary (Note [Padded vocabulary], model/gpt.cpp).
+  const std::size_t logits = static_cast<std::size_t>(run_.model.outputs());
+  res_.dlogits = DeviceArray<float>(*res_.device, logits * static_cast<std::size_t>(batch));
   res_.batches = std::make_unique<StagedBatches>(
       *res_.device, *res_.loader, static_cast<std::size_t>(batch) * train.features() * sizeof(float),
       static_cast<std::size_t>(batch) * train.targets() * sizeof(std::int32_t),
@@ -205,7 +206,7 @@ void WorkerLoop::begin_step() {
 // `mine` (exact: the counts are integers far below 2^53).
 void WorkerLoop::run_micro_batch(int micro, StepTotals& mine) {
   const int k = run_.cfg.trainer.accumulate_steps;
-  const int targets = run_.train->targets(), classes = run_.train->classes();
+  const int targets = run_.train->targets(), classes = run_.model.outputs() / targets;
   Device& dev = *res_.device;
   Replica& replica = *res_.replica;
   const StagedBatches::Staged& in = res_.batches->take();

@@ -89,8 +89,11 @@ TEST_CASE("interop: export --format hf loads in transformers with lockstep's log
   if (python.empty()) return;
   const lockstep::test::TempDir dir;
   const std::string ckpt = (dir.path() / "ckpt").string(), hf = (dir.path() / "hf").string();
+  // A vocabulary of 300 bytes and unused ids: lockstep pads its logits to 320 (Note [Padded
+  // vocabulary]), transformers sees 300.
   const auto train = run_cli("train \"" + kGptTiny + "\" --set model.context=16 --set model.n_layer=2 "
-                             "--set model.d_model=32 --set trainer.steps=5 --set trainer.eval_every=0 "
+                             "--set model.d_model=32 --set model.vocab_size=300 "
+                             "--set trainer.steps=5 --set trainer.eval_every=0 "
                              "--set trainer.checkpoint.dir=" + ckpt);
   REQUIRE_MESSAGE(train.code == 0, train.output);
   const auto exported = run_cli("export " + ckpt + " --format hf --out " + hf);
@@ -111,8 +114,15 @@ TEST_CASE("interop: export --format hf loads in transformers with lockstep's log
   }
   lockstep::DeviceArray<float> x(*dev, as_floats.size());
   x.upload(as_floats);
-  std::vector<float> logits(static_cast<std::size_t>(spec.context) * spec.vocab_size);
-  dev->copy_to_host(logits.data(), replica.forward(x.data(), 1), logits.size() * sizeof(float));
+  // Each position's row of padded logits, its first vocab_size kept.
+  std::vector<float> padded(static_cast<std::size_t>(model.outputs()));
+  dev->copy_to_host(padded.data(), replica.forward(x.data(), 1), padded.size() * sizeof(float));
+  const std::size_t width = padded.size() / static_cast<std::size_t>(spec.context);
+  REQUIRE(width == 320);
+  std::vector<float> logits;
+  for (std::size_t t = 0; t < static_cast<std::size_t>(spec.context); ++t)
+    logits.insert(logits.end(), padded.begin() + t * width,
+                  padded.begin() + t * width + spec.vocab_size);
   write_raw(dir.path() / "tokens.i32", tokens);
   write_raw(dir.path() / "logits.f32", logits);
 

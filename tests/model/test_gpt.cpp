@@ -3,6 +3,7 @@
 // causal masking; and the transformer kernels' own closed forms on the CPU device.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -77,13 +78,65 @@ TEST_SUITE("gradcheck") {
   }
 
   TEST_CASE("gpt tied lm head, on its own: wte and the input") {
-    const int vocab = 6, t = 3, c = 4, batch = 2;
+    const int vocab = 64, t = 3, c = 4, batch = 2;  // a multiple of 64: no padding
     const auto layer = lockstep::make_tied_lm_head(0, vocab, t, c);
     CHECK(layer->param_count() == 0);
     // The head reads wte as its parameters.
     const auto g = layer_gradients(*layer, batch, random_floats(std::size_t(vocab) * c, 13),
                                    random_floats(std::size_t(batch) * t * c, 14), 15);
     check_layer(g);
+  }
+
+  TEST_CASE("gpt tied lm head pads the vocabulary to 64: -inf logits, no loss, no gradient") {
+    const int vocab = 6, padded = 64, t = 3, c = 4, batch = 2, rows = batch * t;
+    const auto layer = lockstep::make_tied_lm_head(0, vocab, t, c);
+    REQUIRE(layer->out_features() == t * padded);
+    CHECK(layer->vocab_padding() == padded - vocab);
+    auto dev = lockstep::make_cpu_device(0, 1);
+    const auto wte = random_floats(std::size_t(vocab) * c, 20), x = random_floats(rows * c, 21);
+    const auto labels = random_labels(rows, vocab, 22);
+    DeviceArray<float> saved(*dev, layer->workspace_size(batch)), logits(*dev, rows * padded);
+    DeviceArray<float> dlogits(*dev, rows * padded), din(*dev, rows * c);
+    auto wd = on_device(*dev, wte), xd = on_device(*dev, x);
+    auto yd = on_device(*dev, labels);
+    auto dwte = on_device(*dev, std::vector<float>(wte.size(), 0.0f));
+    const lockstep::LayerWorkspace ws{saved.data(), nullptr};
+    layer->forward(*dev, wd.data(), xd.data(), logits.data(), batch, ws);
+    const lockstep::LossStats s =
+        dev->softmax_cross_entropy(logits.data(), yd.data(), rows, padded, dlogits.data(), 1.0f);
+    layer->backward(*dev, wd.data(), dwte.data(), xd.data(), logits.data(), dlogits.data(),
+                    din.data(), batch, ws);
+    // Against the unpadded model in double: z = x wte^T, p = softmax(z), dz = p - onehot.
+    const auto z = logits.download(), dz = dlogits.download();
+    const auto got_dwte = dwte.download(), got_din = din.download();
+    std::vector<double> want_dwte(wte.size(), 0.0), want_din(x.size(), 0.0);
+    double loss = 0.0;
+    for (int r = 0; r < rows; ++r) {
+      double zr[vocab], sum = 0.0, zmax = -INFINITY;
+      for (int j = 0; j < vocab; ++j) {
+        zr[j] = 0.0;
+        for (int k = 0; k < c; ++k) zr[j] += double(x[r * c + k]) * wte[j * c + k];
+        CHECK(z[r * padded + j] == doctest::Approx(zr[j]).epsilon(1e-6));
+        zmax = std::max(zmax, zr[j]);
+      }
+      for (int j = vocab; j < padded; ++j) CHECK(z[r * padded + j] == -INFINITY);
+      for (int j = 0; j < vocab; ++j) sum += std::exp(zr[j] - zmax);
+      loss += std::log(sum) + zmax - zr[labels[r]];
+      for (int j = 0; j < vocab; ++j) {
+        const double d = std::exp(zr[j] - zmax) / sum - (j == labels[r] ? 1.0 : 0.0);
+        CHECK(dz[r * padded + j] == doctest::Approx(d).epsilon(1e-5));
+        for (int k = 0; k < c; ++k) {
+          want_dwte[j * c + k] += d * x[r * c + k];
+          want_din[r * c + k] += d * wte[j * c + k];
+        }
+      }
+      for (int j = vocab; j < padded; ++j) CHECK(dz[r * padded + j] == 0.0f);
+    }
+    CHECK(s.loss_sum == doctest::Approx(loss).epsilon(1e-6));
+    for (std::size_t i = 0; i < want_dwte.size(); ++i)
+      CHECK(got_dwte[i] == doctest::Approx(want_dwte[i]).epsilon(1e-5));
+    for (std::size_t i = 0; i < want_din.size(); ++i)
+      CHECK(got_din[i] == doctest::Approx(want_din[i]).epsilon(1e-5));
   }
 
   TEST_CASE("a tiny GPT through a Replica: mean next-token cross-entropy, every parameter") {
@@ -98,12 +151,15 @@ TEST_SUITE("gradcheck") {
     for (float& p : params) p *= 2.0f;
     auto xd = on_device(*dev, random_tokens(std::size_t(batch) * t, v, 16));
     auto yd = on_device(*dev, random_labels(std::size_t(batch) * t, v, 17));
-    DeviceArray<float> dlogits(*dev, std::size_t(batch) * t * v);
+    // Rows of the padded vocabulary (11 -> 64): the padding must not change the gradients.
+    const int padded = model.outputs() / t;
+    DeviceArray<float> dlogits(*dev, std::size_t(batch) * t * padded);
     const int rows = batch * t;
     const auto loss = [&](float* grad) {
       replica.load_parameters(params);
       const float* logits = replica.forward(xd.data(), batch);
-      return dev->softmax_cross_entropy(logits, yd.data(), rows, v, grad, 1.0f / rows).loss_sum /
+      return dev->softmax_cross_entropy(logits, yd.data(), rows, padded, grad, 1.0f / rows)
+                 .loss_sum /
              rows;
     };
     replica.zero_grads();
@@ -127,7 +183,8 @@ TEST_SUITE("model") {
     const std::int64_t c = kTiny.d_model, v = kTiny.vocab_size, t = kTiny.context;
     REQUIRE(model.layers().size() == 5);  // embedding, 2 blocks, ln_f, head
     CHECK(model.inputs() == t);
-    CHECK(model.outputs() == t * v);
+    CHECK(model.outputs() == t * 64);  // the vocabulary padded to 64: Note [Padded vocabulary]
+    CHECK(model.layers()[4]->vocab_padding() == 64 - v);
     const std::size_t block = 12 * c * c + 13 * c;  // 4 LN vectors, c_attn, c_proj, c_fc, c_proj
     CHECK(model.param_count() == std::size_t((v + t) * c + 2 * block + 2 * c));
     CHECK(model.layers()[4]->tied_to() == 0);
@@ -185,14 +242,14 @@ TEST_SUITE("model") {
     auto tokens = random_tokens(kTiny.context, kTiny.vocab_size, 18);
     const auto logits_of = [&] {
       auto xd = on_device(*dev, tokens);
-      std::vector<float> out(std::size_t(kTiny.context) * kTiny.vocab_size);
+      std::vector<float> out(static_cast<std::size_t>(model.outputs()));
       dev->copy_to_host(out.data(), replica.forward(xd.data(), 1), out.size() * sizeof(float));
       return out;
     };
     const auto before = logits_of();
     tokens.back() = static_cast<float>((static_cast<int>(tokens.back()) + 1) % kTiny.vocab_size);
     const auto after = logits_of();
-    const std::size_t prefix = std::size_t(kTiny.context - 1) * kTiny.vocab_size;
+    const std::size_t prefix = std::size_t(kTiny.context - 1) * (model.outputs() / kTiny.context);
     CHECK(std::vector<float>(before.begin(), before.begin() + prefix) ==
           std::vector<float>(after.begin(), after.begin() + prefix));
     CHECK(before != after);
