@@ -396,9 +396,9 @@ class TiedLmHead final : public Layer {
   int out_features() const noexcept override { return t_ * p_; }
   int tied_to() const noexcept override { return tied_; }
   int vocab_padding() const noexcept override { return p_ - v_; }
-  // The mask (P): 0 for the real logits, -inf for the padding; none without padding.
-  std::size_t workspace_size(int /*batch*/) const noexcept override {
-    return p_ > v_ ? std::size_t(p_) : 0;
+  // ones (N) and minus_inf (P - V): the two factors of the padding; none without padding.
+  std::size_t workspace_size(int batch) const noexcept override {
+    return p_ > v_ ? std::size_t(batch) * t_ + std::size_t(p_ - v_) : 0;
   }
 
   void forward(Device& dev, const float* wte, const float* in, float* out, int batch,
@@ -406,11 +406,14 @@ class TiedLmHead final : public Layer {
     const int n = batch * t_;
     dev.gemm(Transpose::no, Transpose::yes, n, v_, c_, 1.0f, in, c_, wte, c_, 0.0f, out, p_);
     if (p_ == v_) return;
-    // out += mask: the real logits plus 0 are unchanged, the padding becomes -inf whatever it
-    // held. A pass over the logits; a strided fill of the padding alone would need a device op.
-    dev.fill(ws.saved, 0.0f, std::size_t(v_));
-    dev.fill(ws.saved + v_, -std::numeric_limits<float>::infinity(), std::size_t(p_ - v_));
-    dev.add_bias(out, ws.saved, n, p_);
+    // The padding (N, P - V), rows of stride P, = ones (N, 1) minus_inf (1, P - V): a GEMM is
+    // the device's one strided write, and each element is the single product 1 * -inf.
+    float* ones = ws.saved;
+    float* minus_inf = ws.saved + n;
+    dev.fill(ones, 1.0f, std::size_t(n));
+    dev.fill(minus_inf, -std::numeric_limits<float>::infinity(), std::size_t(p_ - v_));
+    dev.gemm(Transpose::no, Transpose::no, n, p_ - v_, 1, 1.0f, ones, 1, minus_inf, p_ - v_, 0.0f,
+             out + v_, p_);
   }
   // dwte (V, C) += dout^T (V, N) in (N, C); din (N, C) = dout (N, V) wte (V, C); dout's rows
   // have stride P, and its padding (zero) is never read.
