@@ -71,10 +71,10 @@ def main():
     print(f"lockstep speedup over PyTorch eager: {t_ms / o_ms:.2f}x")
     if args.csv:
         with open(args.csv, "w") as f:
-            f.write("framework,device,preset,batch,step_ms,tokens_per_s,speedup\n")
-            for name, dev, ms, tps, _ in rows:
+            f.write("framework,device,preset,batch,step_ms,tokens_per_s,speedup,mfu\n")
+            for name, dev, ms, tps, m in rows:
                 f.write(f"{name},{dev},{args.preset},{args.batch},{ms:.3f},{tps:.1f},"
-                        f"{t_ms / ms:.3f}\n")
+                        f"{t_ms / ms:.3f},{m}\n")
     return 0
 
 

@@ -24,8 +24,14 @@
 #   - runs `lockstep_tests -ts='cuda*'` and reports passed / failed / skipped;
 #   - with a usable GPU: bench_gpu (TF32 off/on, peer replicas N = 1, 2, 4); the GPT parity test
 #     on the GPU (lockstep's CUDA GPT against PyTorch's, fp32) and bench/compare_gpt.py (GPT-2
-#     124M step time against PyTorch eager, TF32, with MFU); the PyTorch MLP reference; then the
-#     table: lockstep and PyTorch samples/s and their ratio, and the GPT figures;
+#     124M step time against PyTorch eager, TF32, with MFU); a gpt_tiny run on 4 peer replicas
+#     of GPU 0 for the host syncs per step (`host_syncs_per_step` of --summary-json, "n/a" when
+#     the build does not report it) and the share of communication hidden; bench_kernels (the
+#     kernels of issue 17 at GPT-2 124M's shapes, the LM head with and without the padded
+#     vocabulary); two fault cases on 4 peer replicas (LOCKSTEP_FAULT forward, and stall with
+#     trainer.step_timeout_s 2), each of which must exit 1 within 10 s; the PyTorch MLP
+#     reference; then the table: lockstep and PyTorch samples/s and their ratio, the GPT
+#     figures, the step figures, the fault cases and the kernels;
 #   - without one: says so plainly ("no usable GPU: <reason>") and exits 0 once the build and the
 #     (skipping) tests are done.
 #
@@ -90,6 +96,9 @@ BENCH_RESULT="not run"
 TORCH_RESULT="not run"
 GPT_PARITY_RESULT="not run"
 GPT_BENCH_RESULT="not run"
+STEP_RESULT="not run"
+KERNELS_RESULT="not run"
+FAULT_RESULT=" not run"
 FAILED=0
 
 # ---- Environment --------------------------------------------------------------------------------
@@ -321,6 +330,59 @@ if [ -n "$GPU_LINE" ]; then
     FAILED=1
   fi
   cat "$OUT/gpt_bench.log"
+  # Issue 17: one short GPT run with 4 peer replicas on GPU 0 for the host syncs per step and
+  # the share of communication hidden (from --summary-json), the changed kernels, and the two
+  # fault cases, each of which must exit 1 within 10 s.
+  if run_phase gpu_step 60 "$OUT/gpu_step.log" "$BUILD/lockstep" train configs/gpt_tiny.yaml \
+    --set trainer.backend=cuda --set 'trainer.devices=[0,0,0,0]' --set trainer.comm=peer \
+    --set trainer.overlap=true --set trainer.steps=40 --set trainer.eval_every=0 \
+    --set trainer.checkpoint.dir="$OUT/gpu_step_ckpt" --summary-json "$OUT/gpu_step.json"; then
+    STEP_RESULT=$(python3 - "$OUT/gpu_step.json" << 'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+syncs = s.get("host_syncs_per_step")
+hidden = s.get("comm_hidden_fraction")
+print("host syncs per step %s, communication hidden %s, %.1f ms per step (4 peer replicas, "
+      "gpt_tiny)" % ("n/a" if syncs is None else "%g" % syncs,
+                     "n/a" if hidden is None else "%.0f%%" % (100 * hidden),
+                     1e3 * s["wall_s"] / max(1, s["steps"])))
+PY
+    )
+  else
+    STEP_RESULT="FAILED (see gpu_step.log)"
+    FAILED=1
+  fi
+  say "GPU step: $STEP_RESULT"
+  if run_phase kernels 60 "$OUT/kernels.log" "$BUILD/bench/bench_kernels" --tf32; then
+    KERNELS_RESULT="ok"
+  else
+    KERNELS_RESULT="FAILED (see kernels.log)"
+    FAILED=1
+  fi
+  cat "$OUT/kernels.log"
+  # fault_case NAME FAULT [--set ...]: the quickstart MLP on 4 peer replicas of GPU 0 with
+  # LOCKSTEP_FAULT=FAULT must exit 1 within 10 s. Sets FAULT_RESULT.
+  fault_case() {
+    local name=$1 fault=$2 t0 status secs
+    shift 2
+    t0=$(date +%s.%N)
+    LOCKSTEP_FAULT=$fault timeout -k 5 30 "$BUILD/lockstep" train configs/quickstart.yaml \
+      --set trainer.backend=cuda --set 'trainer.devices=[0,0,0,0]' --set trainer.comm=peer \
+      --set trainer.steps=1000 "$@" > "$OUT/fault_$name.log" 2>&1
+    status=$?
+    secs=$(python3 -c "import sys; print('%.1f' % (float(sys.argv[2]) - float(sys.argv[1])))" \
+      "$t0" "$(date +%s.%N)")
+    if ((status == 1)) && python3 -c "import sys; sys.exit(float(sys.argv[1]) > 10)" "$secs"; then
+      FAULT_RESULT="$FAULT_RESULT $name: exit 1 in $secs s;"
+    else
+      FAULT_RESULT="$FAULT_RESULT $name: FAILED (exit $status in $secs s, see fault_$name.log);"
+      FAILED=1
+    fi
+  }
+  FAULT_RESULT=""
+  fault_case forward 2:5:forward
+  fault_case stall 1:5:stall --set trainer.step_timeout_s=2
+  say "fault cases:$FAULT_RESULT"
   read -r -a torch_args <<< "${TORCH_ARGS:-}"
   if run_phase torch 150 "$OUT/torch.log" \
     python3 "$ROOT/bench/gpu_mlp_torch.py" --csv "$OUT/torch.csv" "${torch_args[@]}" &&
@@ -347,9 +409,24 @@ fi
   echo "PyTorch      $TORCH_RESULT"
   echo "GPT parity   $GPT_PARITY_RESULT"
   echo "GPT bench    $GPT_BENCH_RESULT"
+  echo "GPU step     $STEP_RESULT"
+  echo "faults      $FAULT_RESULT"
+  echo "kernels      $KERNELS_RESULT"
   if [ -s "$OUT/gpt_bench.log" ]; then
     echo
     grep -A4 '^preset ' "$OUT/gpt_bench.log"
+  fi
+  if [ -s "$OUT/gpt_bench.csv" ]; then
+    # GPT-2 124M: lockstep's step time and MFU against PyTorch eager's step time (same GPU).
+    awk -F, 'FNR > 1 && $1 == "lockstep" { ms = $5; mfu = $8 }
+             FNR > 1 && $1 != "lockstep" { pt = $5; name = $1 }
+             END { if (ms != "") printf "GPT-2 124M   lockstep %.1f ms per step, MFU %s; %s eager %.1f ms\n",
+                     ms, mfu, name, pt }' "$OUT/gpt_bench.csv"
+  fi
+  if [ -s "$OUT/kernels.log" ]; then
+    echo
+    echo "Kernels (bench_kernels, GPT-2 124M shapes, batch 8):"
+    sed 's/^/  /' "$OUT/kernels.log"
   fi
   if [ -s "$OUT/bench_gpu.csv" ]; then
     echo
