@@ -379,7 +379,8 @@ class LayerNorm final : public Layer {
 // P, and the P - V padding columns are set to -inf. softmax_cross_entropy then gives them no
 // mass (exp(-inf) = 0 adds nothing to any sum), argmax never picks them, their dlogits are
 // exactly 0 and no GEMM reads them; the sampler looks at the V real ones only. The parameters,
-// checkpoints, exports and the loss are those of the unpadded model, bit for bit.
+// checkpoints and exports keep their unpadded layout, bit for bit, and the loss is the unpadded
+// model's (the padding adds exact zeros to its sums).
 constexpr int kVocabAlign = 64;
 
 int padded_vocab(int vocab) { return (vocab + kVocabAlign - 1) / kVocabAlign * kVocabAlign; }

@@ -26,7 +26,8 @@ __global__ void check_labels_kernel(const std::int32_t* labels, int rows, int cl
 // One block per row of logits (rows, classes): argmax, then e_j = exp(z_j - max) in float, once
 // per logit, summed in double; the row's loss and correctness into row_loss / row_correct, and
 // optionally the row of dlogits = (e_j / sum - [j == label]) * grad_scale, e_j parked in dlogits
-// in between (each thread reads back only what it wrote). Writes nothing if any label is bad.
+// in between (each thread reads back only what it wrote; dlogits may even alias logits, as every
+// logit is read before its own dlogit is written). Writes nothing if any label is bad.
 __global__ void softmax_xent_rows_kernel(const float* logits, const std::int32_t* labels,
                                          int classes, float* dlogits, float grad_scale,
                                          double* row_loss, int* row_correct,
@@ -61,7 +62,7 @@ __global__ void softmax_xent_rows_kernel(const float* logits, const std::int32_t
     __syncthreads();
   }
   const int argmax = best_index[0];
-  const float zmax = z[argmax];
+  const float zmax = z[argmax], zlabel = z[label];  // read before any dlogit is written
 
   float* d = dlogits ? dlogits + static_cast<std::size_t>(row) * classes : nullptr;
   double partial = 0.0;
@@ -73,7 +74,7 @@ __global__ void softmax_xent_rows_kernel(const float* logits, const std::int32_t
   const double sum = block_sum(partial);
 
   if (threadIdx.x == 0) {
-    row_loss[row] = log(sum) - (double(z[label]) - zmax);  // logsumexp - z[label]
+    row_loss[row] = log(sum) - (double(zlabel) - zmax);  // logsumexp - z[label]
     row_correct[row] = argmax == label ? 1 : 0;
   }
   if (!d) return;
