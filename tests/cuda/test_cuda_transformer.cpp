@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <stdexcept>
 #include <tuple>
 #include <vector>
@@ -238,6 +239,48 @@ TEST_SUITE("cuda") {
     auto x = poisoned(*gpu, 4);
     CHECK_THROWS_AS(gpu->causal_softmax_forward(x.data(), x.data(), -1, 2, 1.0f),
                     std::invalid_argument);
+  }
+
+  TEST_CASE("transformer: the LM head's padded vocabulary, its loss and gradients") {
+    auto backend = cuda_or_skip();
+    if (!backend) return;
+    auto gpu = backend->create_device(0, 1, 0);
+    // V 300 padded to 320 (Note [Padded vocabulary]): -inf written into the padding by a rank-1
+    // GEMM on both sides, the real logits, dlogits, dwte and din close to the CPU's.
+    constexpr int kVocab = 300, kPadded = 320, kT = 7, kC = 24, kBatch = 3, kRows = kBatch * kT;
+    const auto head = make_tied_lm_head(0, kVocab, kT, kC);
+    REQUIRE(head->out_features() == kT * kPadded);
+    const auto wte = random_floats(std::size_t(kVocab) * kC, 600);
+    const auto in = random_floats(std::size_t(kRows) * kC, 601, -2.0, 2.0);
+    const auto labels = random_labels(kRows, kVocab, 602);
+    compare(*gpu, [&](Device& d) {
+      auto wd = on_device(d, wte), xd = on_device(d, in);
+      auto yd = on_device(d, labels);
+      auto dwte = on_device(d, std::vector<float>(wte.size(), 0.0f));
+      auto logits = poisoned(d, std::size_t(kRows) * kPadded);
+      auto dlogits = poisoned(d, std::size_t(kRows) * kPadded), din = poisoned(d, in.size());
+      DeviceArray<float> saved(d, head->workspace_size(kBatch));
+      const LayerWorkspace ws{saved.data(), nullptr};
+      head->forward(d, wd.data(), xd.data(), logits.data(), kBatch, ws);
+      d.softmax_cross_entropy(logits.data(), yd.data(), kRows, kPadded, dlogits.data(), 0.25f);
+      head->backward(d, wd.data(), dwte.data(), xd.data(), logits.data(), dlogits.data(),
+                     din.data(), kBatch, ws);
+      // The padding apart (-inf logits, zero dlogits on both), the real columns compared.
+      const auto z = logits.download(), dz = dlogits.download();
+      std::vector<float> real_z, real_dz;
+      for (int r = 0; r < kRows; ++r)
+        for (int j = 0; j < kPadded; ++j) {
+          const std::size_t e = std::size_t(r) * kPadded + j;
+          if (j < kVocab) {
+            real_z.push_back(z[e]);
+            real_dz.push_back(dz[e]);
+          } else {
+            REQUIRE(z[e] == -std::numeric_limits<float>::infinity());
+            REQUIRE(dz[e] == 0.0f);
+          }
+        }
+      return Outputs{real_z, real_dz, dwte.download(), din.download()};
+    });
   }
 
   TEST_CASE("transformer: GPT-2 124M sizes (C 768, V 50257, T 1024, 12 heads)") {
