@@ -31,12 +31,14 @@
 //  - layernorm.cu, softmax.cu (causal softmax): products that the CPU rounds are written
 //    __fmul_rn, but the sums run in another order and expf is CUDA's (within 2 ulp): tolerance
 //    1e-5 of the largest value. The cross-entropy takes exp in float once per logit where the
-//    CPU takes it in double: the loss and dlogits within 1e-5 (loss sums within 1e-9 relative,
-//    accumulated in double).
+//    CPU takes it in double: dlogits within 1e-5 of the largest, the loss sum within 1e-6
+//    relative (each exp within a few 1e-7; the sums in double).
 //  - reduce.cu: sum_squares in double in a fixed tree (contraction allowed: it only makes the
 //    double sums more exact): 1e-10 relative. The hash: integers, exact.
-//  - GEMM (cuBLAS): another summation order, TF32 when asked: 1e-4 in fp32, 1e-2 with TF32.
-// These kernels are bound by memory, so forgoing fused multiply-adds costs nothing measurable.
+//  - GEMM (cuBLAS, unaffected by these flags): another summation order, TF32 when asked: 1e-5
+//    to 1e-4 of the largest value in fp32 (growing with k), 1e-2 with TF32.
+// The kernels built with --fmad=false are bound by memory bandwidth, not arithmetic, so the
+// unfused form is expected to cost little; bench/bench_kernels times them.
 #pragma once
 
 #include <algorithm>
