@@ -38,7 +38,7 @@
 //  - GEMM (cuBLAS, unaffected by these flags): another summation order, TF32 when asked: 1e-5
 //    to 1e-4 of the largest value in fp32 (growing with k), 1e-2 with TF32.
 // The kernels built with --fmad=false are bound by memory bandwidth, not arithmetic, so the
-// unfused form is expected to cost little; bench/bench_kernels times them.
+// unfused form is expected to cost little; bench/bench_kernels times add_bias and bias_grad.
 #pragma once
 
 #include <algorithm>
