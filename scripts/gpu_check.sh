@@ -342,8 +342,8 @@ import json, sys
 s = json.load(open(sys.argv[1]))
 syncs = s.get("host_syncs_per_step")
 hidden = s.get("comm_hidden_fraction")
-print("host syncs per step %s, communication hidden %s, %.1f ms per step (4 peer replicas, "
-      "gpt_tiny)" % ("n/a" if syncs is None else "%g" % syncs,
+print("host syncs per step %s, communication hidden %s, %.1f ms of wall time per step "
+      "(4 peer replicas, gpt_tiny)" % ("n/a" if syncs is None else "%g" % syncs,
                      "n/a" if hidden is None else "%.0f%%" % (100 * hidden),
                      1e3 * s["wall_s"] / max(1, s["steps"])))
 PY
@@ -420,7 +420,8 @@ fi
     # GPT-2 124M: lockstep's step time and MFU against PyTorch eager's step time (same GPU).
     awk -F, 'FNR > 1 && $1 == "lockstep" { ms = $5; mfu = $8 }
              FNR > 1 && $1 != "lockstep" { pt = $5; name = $1 }
-             END { if (ms != "") printf "GPT-2 124M   lockstep %.1f ms per step, MFU %s; %s eager %.1f ms\n",
+             END { if (ms == "") exit
+                   printf "GPT-2 124M   lockstep %.1f ms per step, MFU %s; %s eager %.1f ms\n",
                      ms, mfu, name, pt }' "$OUT/gpt_bench.csv"
   fi
   if [ -s "$OUT/kernels.log" ]; then

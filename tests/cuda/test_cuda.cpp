@@ -189,7 +189,7 @@ TEST_SUITE("cuda") {
         }
   }
 
-  TEST_CASE("cuda: add_bias to the bit; bias_grad deterministic, the CPU's float or its neighbour") {
+  TEST_CASE("cuda: add_bias to the bit; bias_grad deterministic, the CPU's float or next to it") {
     auto backend = cuda_or_skip();
     if (!backend) return;
     auto gpu = backend->create_device(0, 1, 0);
