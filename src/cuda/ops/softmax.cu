@@ -15,12 +15,13 @@ namespace {
 // correctness into row_loss / row_correct, and optionally the row of dlogits.
 __global__ void softmax_xent_rows_kernel(const float* logits, const std::int32_t* labels,
                                          int classes, float* dlogits, float grad_scale,
-                                         double* row_loss, int* row_correct, LossResult* result) {
+                                         double* row_loss, int* row_correct,
+                                         LossAccumulator* stats) {
   const int row = blockIdx.x;
   const int label = labels[row];
   if (label < 0 || label >= classes) {  // the same for the whole block: no thread is left waiting
     if (threadIdx.x == 0) {
-      atomicMin(&result->bad_row, row);
+      atomicMax(&stats->label_error, detail::label_error_key(row, label));
       row_loss[row] = 0.0;
       row_correct[row] = 0;
     }
@@ -71,10 +72,9 @@ __global__ void softmax_xent_rows_kernel(const float* logits, const std::int32_t
   }
 }
 
-// One block: the rows' losses and correct counts, summed in a fixed order.
+// One block: the rows' losses and correct counts, summed in a fixed order, added to *stats.
 __global__ void softmax_xent_total_kernel(const double* row_loss, const int* row_correct,
-                                          const std::int32_t* labels, int rows,
-                                          LossResult* result) {
+                                          int rows, LossAccumulator* stats) {
   double loss = 0.0, correct = 0.0;
   for (int r = threadIdx.x; r < rows; r += kThreads) {
     loss += row_loss[r];
@@ -83,10 +83,8 @@ __global__ void softmax_xent_total_kernel(const double* row_loss, const int* row
   loss = block_sum(loss);
   correct = block_sum(correct);  // exact: integers far below 2^53
   if (threadIdx.x == 0) {
-    result->loss_sum = loss;
-    result->correct = static_cast<long long>(correct);
-    const int bad = result->bad_row;
-    result->bad_label = bad < rows ? labels[bad] : 0;
+    stats->loss_sum += loss;
+    stats->correct += static_cast<long long>(correct);
   }
 }
 
@@ -132,16 +130,12 @@ __global__ void causal_softmax_backward_kernel(const float* p, const float* dp, 
 void launch_softmax_cross_entropy(cudaStream_t stream, const float* logits,
                                   const std::int32_t* labels, int rows, int classes,
                                   float* dlogits, float grad_scale, double* row_loss,
-                                  int* row_correct, LossResult* result) {
-  // bad_row starts above any row (0x7f7f7f7f); the row kernel lowers it with atomicMin.
-  CUDA_CHECK(cudaMemsetAsync(&result->bad_row, 0x7f, sizeof(int), stream));
-  if (rows > 0) {
-    softmax_xent_rows_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-        logits, labels, classes, dlogits, grad_scale, row_loss, row_correct, result);
-    CUDA_CHECK(cudaGetLastError());
-  }
-  softmax_xent_total_kernel<<<1, kThreads, 0, stream>>>(row_loss, row_correct, labels, rows,
-                                                        result);
+                                  int* row_correct, LossAccumulator* stats) {
+  if (rows <= 0) return;
+  softmax_xent_rows_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
+      logits, labels, classes, dlogits, grad_scale, row_loss, row_correct, stats);
+  CUDA_CHECK(cudaGetLastError());
+  softmax_xent_total_kernel<<<1, kThreads, 0, stream>>>(row_loss, row_correct, rows, stats);
   CUDA_CHECK(cudaGetLastError());
 }
 
