@@ -49,9 +49,9 @@ enum class Transpose { no, yes };
 struct LOCKSTEP_API LossStats {
   double loss_sum = 0.0;     // summed over the rows, not averaged
   std::int64_t correct = 0;  // rows whose argmax equals the label
-  // 0 when every label lay inside [0, classes); otherwise the lowest such row of a call and its
-  // label, packed by detail::label_error_key (src/common/elementwise_math.hpp; the largest key
-  // is the lowest row). Those rows add nothing to the sums.
+  // 0 when every label lay inside [0, classes); otherwise the lowest row of a call with a label
+  // outside it, and that label, packed by detail::label_error_key (src/common/
+  // elementwise_math.hpp; the largest key is the lowest row). The sums are then not to be used.
   std::uint64_t label_error = 0;
 };
 
@@ -217,8 +217,9 @@ class LOCKSTEP_API LayerOps {
  public:
   // logits (rows, classes), labels (rows). Adds the rows' summed loss and correct count to
   // *stats (device memory) without waiting; a label outside [0, classes) is recorded in
-  // stats->label_error, its row adding nothing (and its dlogits row left alone). If dlogits is
-  // not null it receives (softmax(logits) - onehot(label)) * grad_scale.
+  // stats->label_error instead of throwing, and the call's sums and dlogits are then not to be
+  // used (the CPU leaves both alone). If dlogits is not null it receives
+  // (softmax(logits) - onehot(label)) * grad_scale.
   virtual void softmax_cross_entropy(const float* logits, const std::int32_t* labels, int rows,
                                      int classes, float* dlogits, float grad_scale,
                                      LossStats* stats) = 0;

@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "trainer_fixtures.hpp"
-#include "common/random.hpp"
 #include "lockstep/lockstep.hpp"
 
 using namespace lockstep;
@@ -41,13 +40,6 @@ void apply(const Variant& v, Config& cfg) {
   // Eval and replica checks close steps too, and are not counted.
   cfg.trainer.eval_every = 2;
   cfg.trainer.check_replicas_every = 2;
-}
-
-TokenDataset token_stream(std::size_t n, int context, std::uint64_t seed) {
-  std::vector<std::uint16_t> tokens(n);
-  for (std::size_t i = 0; i < n; ++i)
-    tokens[i] = static_cast<std::uint16_t>((i * 3 + detail::uniform_below(seed, 2)) % 11);
-  return TokenDataset(std::move(tokens), context, 11);
 }
 
 }  // namespace
@@ -84,17 +76,12 @@ TEST_CASE("host syncs: one per MLP step, with and without accumulation, clipping
 }
 
 TEST_CASE("host syncs: one per GPT step, with and without accumulation, clipping, skip, ZeRO-1") {
-  auto train = std::make_shared<TokenDataset>(token_stream(500, 8, 1));
-  auto eval = std::make_shared<TokenDataset>(token_stream(100, 8, 2));
+  auto train = std::make_shared<TokenDataset>(test::token_stream(500, 8, 1));
+  auto eval = std::make_shared<TokenDataset>(test::token_stream(100, 8, 2));
   for (const Variant& v : kVariants) {
     CAPTURE(std::string(v.name));
-    Config cfg = test::cpu_config(2, 3, /*steps=*/4, /*seed=*/3);
-    cfg.model.type = "gpt";
-    cfg.model.vocab_size = 11;
-    cfg.model.context = 8;
-    cfg.model.n_layer = 1;
-    cfg.model.n_head = 2;
-    cfg.model.d_model = 8;
+    Config cfg = test::small_gpt_config(2, 3);
+    cfg.trainer.steps = 4;
     apply(v, cfg);
     const Summary s = Trainer(cfg, train, eval).run();
     CHECK(s.steps == 4);
