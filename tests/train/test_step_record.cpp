@@ -1,11 +1,14 @@
-// Host syncs (Note [Host syncs] in device.hpp): the CPU device counts them where a GPU waits, and
-// a training step makes exactly one, its record's read (Note [One read per step] in
-// src/train/step_record.hpp), whatever accumulate_steps, clipping, on_nonfinite and trainer.zero.
+// The step record (Note [One read per step] in src/train/step_record.hpp) and host syncs (Note
+// [Host syncs] in device.hpp): the CPU device counts them where a GPU waits, a training step
+// makes exactly one, its record's read, whatever accumulate_steps, clipping, on_nonfinite and
+// trainer.zero; a label outside the classes is bad input.
 #include <doctest/doctest.h>
 
 #include <memory>
 #include <string>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "trainer_fixtures.hpp"
 #include "lockstep/lockstep.hpp"
@@ -42,7 +45,38 @@ void apply(const Variant& v, Config& cfg) {
   cfg.trainer.check_replicas_every = 2;
 }
 
+// The synthetic data, with sample `bad` labelled `label` (a user's Dataset gone wrong).
+class BadLabel final : public Dataset {
+ public:
+  BadLabel(std::size_t bad, std::int32_t label)
+      : data_(make_synthetic(64, 10, 3, 1)), bad_(bad), label_(label) {}
+  std::size_t size() const noexcept override { return data_.size(); }
+  int features() const noexcept override { return data_.features(); }
+  int classes() const noexcept override { return data_.classes(); }
+  void get(std::size_t i, float* x, std::int32_t* y) const override {
+    data_.get(i, x, y);
+    if (i == bad_) *y = label_;
+  }
+
+ private:
+  InMemoryDataset data_;
+  std::size_t bad_;
+  std::int32_t label_;
+};
+
 }  // namespace
+
+TEST_CASE("step record: a label outside the classes is bad input, named with its sample") {
+  for (std::int32_t label : {3, -1}) {
+    CAPTURE(label);
+    Config cfg = test::cpu_config(2, 8, /*steps=*/4, /*seed=*/4);
+    cfg.data.shuffle = false;
+    CHECK_THROWS_WITH_AS(Trainer(cfg, std::make_shared<BadLabel>(13, label), nullptr).run(),
+                         doctest::Contains(fmt::format("sample 13: label {} is outside [0, 3)",
+                                                       label).c_str()),
+                         InputError);
+  }
+}
 
 TEST_CASE("host syncs: the CPU device counts reads, waits, allocations and frees, not kernels") {
   auto dev = make_cpu_device(0, 1);
