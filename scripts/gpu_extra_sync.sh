@@ -11,6 +11,7 @@ set -uo pipefail
 BUILD="${LOCKSTEP_GPU_BUILD:-build-gpu}"
 OUT="${OUT:-./gpu-check-out}"
 mkdir -p "$OUT" || exit 1
+OUT="$(cd "$OUT" && pwd)"
 tests="$(find "$BUILD" -name lockstep_tests -type f -perm -u+x | head -1)"
 if [ -z "$tests" ] || [ ! -x "$BUILD/lockstep" ]; then
   echo "gpu_extra_sync: no lockstep_tests or lockstep under $BUILD; run scripts/gpu_check.sh first"
