@@ -108,7 +108,8 @@ int run(const Options& o) {
                                                    static_cast<int>(rows), width,
                                                    dlogits.data(), 1.0f / static_cast<float>(rows));
     replica.backward(xd.data(), dlogits.data(), o.batch);
-    dev->adamw_step(adamw, 3e-4f, step, replica.params(), replica.grads(), m.data(), v.data(), n);
+    dev->adamw_step(adamw, 3e-4f, step, replica.params(), replica.grads(), m.data(), v.data(), n,
+                    nullptr);
     dev->synchronize();
     if (step > o.warmup) times.push_back(bench::now_s() - t0);
     loss = s.loss_sum / static_cast<double>(rows);

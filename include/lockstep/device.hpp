@@ -3,8 +3,8 @@
 // A Device is one worker's compute engine: its memory, its queue (a CUDA stream, or the
 // calling thread on the CPU) and the kernels the model and optimiser need. Pointers passed to
 // the kernels come from allocate() on the same device. Kernels are ordered on the device's
-// queue; calls that return values to the host (softmax_cross_entropy, sum_squares,
-// sum_squares_grains, hash, copy_to_host) wait for the queue. The operations come in small
+// queue; calls that return values to the host (copy_to_host, sum_squares, hash) wait for the
+// queue, and every device counts them (Note [Host syncs]). The operations come in small
 // interfaces by group (memory, BLAS, elementwise, layer, reduction and optimiser ops), which
 // Device joins; Note [Adding a device op] says where a new one goes.
 //
@@ -19,6 +19,7 @@
 // All matrices are row-major. Shapes are given in comments as (rows, cols).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -43,9 +44,25 @@ class ProcessGroup;
 
 enum class Transpose { no, yes };
 
+// What softmax_cross_entropy adds up, in device memory: zeroed, then added to by every call of
+// a step (or of an eval), then read once. Standard layout: src/cuda/kernels.hpp mirrors it.
 struct LOCKSTEP_API LossStats {
   double loss_sum = 0.0;     // summed over the rows, not averaged
   std::int64_t correct = 0;  // rows whose argmax equals the label
+  // 0 when every label lay inside [0, classes); otherwise the lowest row of a call with a label
+  // outside it, and that label, packed by detail::label_error_key (src/common/
+  // elementwise_math.hpp; the largest key is the lowest row). The sums are then not to be used.
+  std::uint64_t label_error = 0;
+};
+
+// The optimiser step's scalars, in device memory: computed on the device from the gradient's
+// norm (ReductionOps::step_control) and read by the update kernels, so the host queues the
+// update without waiting for the norm (Note [One read per step] in src/train/step_record.hpp).
+// Standard layout: src/cuda/kernels.hpp mirrors it.
+struct LOCKSTEP_API StepControl {
+  double grad_norm = 0.0;   // of the averaged gradient
+  float clip_scale = 1.0f;  // the update uses grads * clip_scale
+  std::int32_t skip = 0;    // nonzero: the norm is not finite; the update changes nothing
 };
 
 struct LOCKSTEP_API SgdParams {
@@ -114,11 +131,21 @@ struct LOCKSTEP_API DeviceQueue {
 //   When the two backends disagree, the CUDA kernel is wrong: the CPU version defines the op.
 //   A new group is a new interface here, added to Device's bases.
 
+// Note [Host syncs]
+//   A GPU runs ahead of its host only while the host never waits for it. The calls that wait
+//   (or, on a GPU, would) are the host syncs: copy_to_host, synchronize, the reductions that
+//   return a value (sum_squares, hash), and allocate and deallocate (cudaMalloc and cudaFree
+//   wait for the device). Every backend counts them at this API boundary, each in its own
+//   override, so a test on the CPU device proves what the trainer asks of a GPU
+//   (host_syncs_per_step in the summary). Flow control is not counted: copy_to_device and a
+//   StagedBuffer may wait for their own transfer of a batch or two ago, never for the kernels
+//   just queued.
+
 // Memory and the queue. allocate() returns zeroed memory aligned for any element type.
 class LOCKSTEP_API MemoryOps {
  public:
-  virtual void* allocate(std::size_t bytes) = 0;
-  virtual void deallocate(void* ptr) noexcept = 0;
+  virtual void* allocate(std::size_t bytes) = 0;           // a host sync
+  virtual void deallocate(void* ptr) noexcept = 0;         // a host sync
   virtual void copy_to_device(void* dst, const void* host_src, std::size_t bytes) = 0;
   virtual void copy_to_host(void* host_dst, const void* src, std::size_t bytes) = 0;  // waits
   virtual void copy(void* dst, const void* src, std::size_t bytes) = 0;  // device to device
@@ -126,8 +153,21 @@ class LOCKSTEP_API MemoryOps {
   // Waits until every operation queued so far has finished.
   virtual void synchronize() = 0;
 
+  // Sizes the kernels' working memory for up to `rows` rows (the loss's rows, B x T) of up to
+  // `columns` channels or classes, so that no kernel of a step allocates (Note [Host syncs]).
+  // The default has none to size.
+  virtual void reserve_workspace(int /*rows*/, int /*columns*/) {}
+
+  // Host syncs so far (Note [Host syncs]). Any thread may read it.
+  std::uint64_t host_syncs() const noexcept { return host_syncs_.load(std::memory_order_relaxed); }
+
  protected:
+  void count_host_sync() noexcept { host_syncs_.fetch_add(1, std::memory_order_relaxed); }
   ~MemoryOps() = default;
+
+ private:
+  // Atomic: a DeviceArray may be freed on another thread than the device's.
+  std::atomic<std::uint64_t> host_syncs_{0};
 };
 
 // Matrix products (BLAS sgemm, cuBLAS).
@@ -175,11 +215,14 @@ class LOCKSTEP_API ElementwiseOps {
 // into parameter gradients (+=), as layers do.
 class LOCKSTEP_API LayerOps {
  public:
-  // logits (rows, classes), labels (rows). Returns the summed loss and the correct count.
-  // If dlogits is not null it receives (softmax(logits) - onehot(label)) * grad_scale.
-  virtual LossStats softmax_cross_entropy(const float* logits, const std::int32_t* labels,
-                                          int rows, int classes, float* dlogits,
-                                          float grad_scale) = 0;
+  // logits (rows, classes), labels (rows). Adds the rows' summed loss and correct count to
+  // *stats (device memory) without waiting; a label outside [0, classes) is recorded in
+  // stats->label_error instead of throwing, and the call's sums and dlogits are then not to be
+  // used (the CPU leaves both alone). If dlogits is not null it receives
+  // (softmax(logits) - onehot(label)) * grad_scale.
+  virtual void softmax_cross_entropy(const float* logits, const std::int32_t* labels, int rows,
+                                     int classes, float* dlogits, float grad_scale,
+                                     LossStats* stats) = 0;
   // ids (B, T) token ids stored as floats (exact below 2^24), wte (V, C), wpe (T_max, C):
   // out (B, T, C) = wte[ids[b, t]] + wpe[t].
   virtual void embedding_forward(const float* ids, const float* wte, const float* wpe, float* out,
@@ -209,18 +252,25 @@ class LOCKSTEP_API LayerOps {
   ~LayerOps() = default;
 };
 
-// Reductions to host values; they wait for the queue.
+// Reductions. sum_squares and hash return host values and wait for the queue; the others leave
+// their results in device memory.
 class LOCKSTEP_API ReductionOps {
  public:
   // Sum of squares of x[0..n), accumulated in double on the CPU.
   virtual double sum_squares(const float* x, std::size_t n) = 0;
   // Sums of squares of x[0..n) grain by grain: out[g] = sum of x[i]^2 over i in [g grain,
-  // min(n, (g + 1) grain)), accumulated in double; out has (n + grain - 1) / grain entries. A
+  // min(n, (g + 1) grain)), accumulated in double; out (device memory) has (n + grain - 1) /
+  // grain entries. A
   // grain's sum depends only on its own elements, not on n nor on where the call starts, so
   // calls over different ranges that share a grain agree on it bit for bit (ZeRO-1's norm,
   // Note [ZeRO-1] in src/train/reducer.hpp). The CPU adds each grain's squares in order.
   virtual void sum_squares_grains(const float* x, std::size_t n, std::size_t grain,
-                                  std::span<double> out) = 0;
+                                  double* out) = 0;
+  // The optimiser step's scalars from the squared gradient norm's grain sums (device memory,
+  // `grains` of them): control->grad_norm = sqrt of their sum, added in order from 0;
+  // clip_scale and skip as detail::step_scalars (src/common/elementwise_math.hpp) makes them.
+  virtual void step_control(const double* grain_sums, std::size_t grains, double clip_norm,
+                            StepControl* control) = 0;
   // Order-independent 64-bit hash of the bit patterns of x[0..n) and their positions.
   // Equal buffers hash equal on every backend; used to prove replicas are identical.
   virtual std::uint64_t hash(const float* x, std::size_t n) = 0;
@@ -232,13 +282,18 @@ class LOCKSTEP_API ReductionOps {
 // Parameter updates, in place.
 class LOCKSTEP_API OptimizerOps {
  public:
+  // Both read *control (device memory) when it is not null: the gradient is grads *
+  // control->clip_scale (grads itself is left alone), and a nonzero control->skip leaves params
+  // and state unchanged. Null: the gradient is grads, and the step is taken.
+  //
   // One SGD step, PyTorch semantics (dampening 0): g += wd * p; buf = momentum * buf + g;
   // g = nesterov ? g + momentum * buf : buf; p -= lr * g. momentum_buf may be null if momentum == 0.
   virtual void sgd_step(const SgdParams& opt, float lr, float* params, const float* grads,
-                        float* momentum_buf, std::size_t n) = 0;
+                        float* momentum_buf, std::size_t n, const StepControl* control) = 0;
   // One AdamW step, PyTorch semantics, with step count t >= 1 for bias correction.
   virtual void adamw_step(const AdamWParams& opt, float lr, std::int64_t t, float* params,
-                          const float* grads, float* m, float* v, std::size_t n) = 0;
+                          const float* grads, float* m, float* v, std::size_t n,
+                          const StepControl* control) = 0;
 
  protected:
   ~OptimizerOps() = default;
@@ -264,6 +319,13 @@ class LOCKSTEP_API Device : public MemoryOps,
   // The default copies synchronously with copy_to_device; a GPU stages through pinned memory on
   // a copy stream. Destroy the buffer before its device.
   virtual std::unique_ptr<StagedBuffer> make_staged_buffer(std::size_t bytes);
+
+  // softmax_cross_entropy's loss and correct count, read back at once (two host syncs and a
+  // small allocation: for tests and tools, not for a training step). Throws InputError for a
+  // label outside [0, classes).
+  LossStats softmax_cross_entropy(const float* logits, const std::int32_t* labels, int rows,
+                                  int classes, float* dlogits, float grad_scale);
+  using LayerOps::softmax_cross_entropy;
 };
 
 // Owns `size` elements of T on a device. Move-only.

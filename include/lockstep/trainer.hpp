@@ -96,6 +96,9 @@ struct LOCKSTEP_API Summary {
   bool overlap = true;
   int zero = 0;                          // trainer.zero
   std::size_t optimizer_state_bytes = 0;  // the most any worker holds (see worker_times)
+  // Waits of the host for a device (Note [Host syncs] in device.hpp) in one step, the most of
+  // any worker and any step after the first (eval, replica checks and checkpoints excluded).
+  std::uint64_t host_syncs_per_step = 0;
 
   // Where the time went, per worker, averaged over workers (seconds over the whole run).
   double data_wait_s = 0.0;       // waiting for the loader

@@ -122,6 +122,7 @@ void print_summary(std::FILE* out, const Summary& s) {
              s.zero == 1 ? "scatter + gather" : "all-reduce", s.comm_s,
              100.0 * s.comm_hidden_fraction);
   fmt::print(out, "  optimizer state     {}\n", describe_optimizer_state(s));
+  fmt::print(out, "  host syncs          {} per step\n", s.host_syncs_per_step);
   fmt::print(out, "  waiting             {:.3f} s for data, {:.3f} s at the barrier (per worker)\n",
              s.data_wait_s, s.barrier_wait_s);
 }

@@ -1,5 +1,6 @@
 // Per-element math that the CPU and CUDA devices both compute: activations and their
-// derivatives, the SGD and AdamW updates of one parameter, and the replica hash's term.
+// derivatives, the SGD and AdamW updates of one parameter, the step's clip factor and skip flag,
+// a label error's key, and the replica hash's term.
 // Compiled by the host compiler (src/cpu/ops/*.cpp, C++20) and by nvcc (src/cuda/ops/*.cu,
 // C++17), so that the CPU reference and the kernels run the same formula and cannot drift apart.
 // Plain C++17, no library calls that either side lacks.
@@ -97,11 +98,38 @@ struct SgdScalars {
   bool nesterov;
 };
 
-// g = grad + wd * p; buf = momentum * buf + g; g = nesterov ? g + momentum * buf : buf;
-// p -= lr * g. momentum_buf is only read when momentum != 0 (it may be null otherwise).
-LOCKSTEP_HOST_DEVICE inline void sgd_update(const SgdScalars& s, float* params, const float* grads,
-                                            float* momentum_buf, std::size_t i) {
-  float g = grads[i];
+// The optimiser step's scalars from the squared global gradient norm (Device::step_control):
+// clipping scales the gradient by clip / (norm + 1e-6) when clip > 0 and the norm exceeds it;
+// a norm that is not finite skips the update. grad_scale multiplies each gradient element in
+// the updates below; by 1.0f that is exact, so an unclipped step has the plain update's bits.
+struct StepScalars {
+  double grad_norm;
+  float clip_scale;
+  std::int32_t skip;
+};
+
+LOCKSTEP_HOST_DEVICE inline StepScalars step_scalars(double norm_sq, double clip) {
+  const double norm = std::sqrt(norm_sq);
+  const float scale = clip > 0.0 && norm > clip ? static_cast<float>(clip / (norm + 1e-6)) : 1.0f;
+  return {norm, scale, std::isfinite(norm) ? 0 : 1};
+}
+
+// a * b rounded on its own: nvcc would otherwise fuse it into a following add, where the CPU
+// rounds the product first (the clip factor was once a separate scale kernel).
+LOCKSTEP_HOST_DEVICE inline float mul_rn(float a, float b) {
+#ifdef __CUDA_ARCH__
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+// g = grad * grad_scale + wd * p; buf = momentum * buf + g; g = nesterov ? g + momentum * buf :
+// buf; p -= lr * g. momentum_buf is only read when momentum != 0 (it may be null otherwise).
+LOCKSTEP_HOST_DEVICE inline void sgd_update(const SgdScalars& s, float grad_scale, float* params,
+                                            const float* grads, float* momentum_buf,
+                                            std::size_t i) {
+  float g = mul_rn(grads[i], grad_scale);
   if (s.weight_decay != 0.0f) g += s.weight_decay * params[i];
   if (s.momentum != 0.0f) {
     const float buf = momentum_buf[i] = s.momentum * momentum_buf[i] + g;
@@ -138,14 +166,29 @@ inline AdamWScalars adamw_scalars(float beta1, float beta2, float eps, float wei
 
 // m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2;
 // p = p (1 - lr wd) - lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps).
-LOCKSTEP_HOST_DEVICE inline void adamw_update(const AdamWScalars& s, float* params,
-                                              const float* grads, float* m, float* v,
-                                              std::size_t i) {
-  const float g = grads[i];
+// g = grad * grad_scale.
+LOCKSTEP_HOST_DEVICE inline void adamw_update(const AdamWScalars& s, float grad_scale,
+                                              float* params, const float* grads, float* m,
+                                              float* v, std::size_t i) {
+  const float g = mul_rn(grads[i], grad_scale);
   const float mi = m[i] = s.beta1 * m[i] + s.one_minus_beta1 * g;
   const float vi = v[i] = s.beta2 * v[i] + s.one_minus_beta2 * g * g;
   const float denom = std::sqrt(vi) / s.bc2_sqrt + s.eps;
   params[i] = params[i] * s.decay - s.step_size * (mi / denom);
+}
+
+// ---- Label errors (LossStats::label_error) ------------------------------------------------
+
+// Row `row` (0 <= row < 2^31 - 1) had label `label` outside the classes: a nonzero key, larger
+// for lower rows, so the largest key over a step's rows names the lowest.
+LOCKSTEP_HOST_DEVICE inline std::uint64_t label_error_key(int row, std::int32_t label) {
+  return (static_cast<std::uint64_t>(0x7fffffff - row) << 32) | static_cast<std::uint32_t>(label);
+}
+inline int label_error_row(std::uint64_t key) {
+  return 0x7fffffff - static_cast<int>(key >> 32);
+}
+inline std::int32_t label_error_label(std::uint64_t key) {
+  return static_cast<std::int32_t>(static_cast<std::uint32_t>(key & 0xffffffffu));
 }
 
 // ---- Replica hash --------------------------------------------------------------------------

@@ -18,6 +18,7 @@ constexpr std::size_t kAlignment = 64;  // bytes, for allocate()
 }  // namespace
 
 void* CpuDevice::allocate(std::size_t bytes) {
+  count_host_sync();
   const std::size_t size = std::max(kAlignment, blocks_of(bytes, kAlignment) * kAlignment);
   void* p = ::operator new(size, std::align_val_t{kAlignment});
   std::memset(p, 0, size);
@@ -25,6 +26,7 @@ void* CpuDevice::allocate(std::size_t bytes) {
 }
 
 void CpuDevice::deallocate(void* ptr) noexcept {
+  count_host_sync();
   ::operator delete(ptr, std::align_val_t{kAlignment});
 }
 
@@ -33,6 +35,7 @@ void CpuDevice::copy_to_device(void* dst, const void* host_src, std::size_t byte
 }
 
 void CpuDevice::copy_to_host(void* host_dst, const void* src, std::size_t bytes) {
+  count_host_sync();
   copy(host_dst, src, bytes);
 }
 

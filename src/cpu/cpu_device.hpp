@@ -9,7 +9,9 @@
 //    combine the per-block partials in block order.
 //  - OpenBLAS runs single-threaded (set once, process-wide); the arena supplies the parallelism.
 //  - A single block runs on the calling thread without entering the arena.
-//  - The queue is the calling thread: every kernel has finished when it returns.
+//  - The queue is the calling thread: every kernel has finished when it returns. Host syncs
+//    are counted where a GPU would wait (Note [Host syncs] in device.hpp), though here they
+//    cost nothing: the count guards the GPU path.
 //  - Every file of src/cpu is compiled with -fno-trapping-math -fno-math-errno (CMakeLists.txt),
 //    without which GCC does not vectorise the elementwise loops.
 #pragma once
@@ -52,7 +54,7 @@ class CpuDevice final : public Device {
   void copy_to_device(void* dst, const void* host_src, std::size_t bytes) override;
   void copy_to_host(void* host_dst, const void* src, std::size_t bytes) override;
   void copy(void* dst, const void* src, std::size_t bytes) override;
-  void synchronize() override {}
+  void synchronize() override { count_host_sync(); }
 
   // ---- Elementwise (ops/elementwise.cpp) ------------------------------------------------------
 
@@ -75,8 +77,10 @@ class CpuDevice final : public Device {
 
   // ---- Softmax (ops/softmax.cpp) --------------------------------------------------------------
 
-  LossStats softmax_cross_entropy(const float* logits, const std::int32_t* labels, int rows,
-                                  int classes, float* dlogits, float grad_scale) override;
+  void softmax_cross_entropy(const float* logits, const std::int32_t* labels, int rows,
+                             int classes, float* dlogits, float grad_scale,
+                             LossStats* stats) override;
+  using Device::softmax_cross_entropy;
   void causal_softmax_forward(const float* s, float* p, int count, int T, float scale) override;
   void causal_softmax_backward(const float* p, const float* dp, float* ds, int count, int T,
                                float scale) override;
@@ -85,15 +89,18 @@ class CpuDevice final : public Device {
 
   double sum_squares(const float* x, std::size_t n) override;
   void sum_squares_grains(const float* x, std::size_t n, std::size_t grain,
-                          std::span<double> out) override;
+                          double* out) override;
+  void step_control(const double* grain_sums, std::size_t grains, double clip_norm,
+                    StepControl* control) override;
   std::uint64_t hash(const float* x, std::size_t n) override;
 
   // ---- Optimisers (ops/optimizer.cpp) ---------------------------------------------------------
 
   void sgd_step(const SgdParams& opt, float lr, float* params, const float* grads,
-                float* momentum_buf, std::size_t n) override;
+                float* momentum_buf, std::size_t n, const StepControl* control) override;
   void adamw_step(const AdamWParams& opt, float lr, std::int64_t t, float* params,
-                  const float* grads, float* m, float* v, std::size_t n) override;
+                  const float* grads, float* m, float* v, std::size_t n,
+                  const StepControl* control) override;
 
   // ---- Embedding (ops/embedding.cpp) ----------------------------------------------------------
 

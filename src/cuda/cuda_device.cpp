@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <initializer_list>
 #include <limits>
@@ -49,6 +50,18 @@ void check_sizes(const char* kernel, std::int64_t rows,
   throw std::invalid_argument(fmt::format("{}: bad shape{}", kernel, shape));
 }
 
+// The kernels write lockstep's device records through their mirrors in kernels.hpp.
+static_assert(sizeof(LossAccumulator) == sizeof(LossStats) &&
+              offsetof(LossAccumulator, correct) == offsetof(LossStats, correct) &&
+              offsetof(LossAccumulator, label_error) == offsetof(LossStats, label_error));
+static_assert(sizeof(StepControlValues) == sizeof(StepControl) &&
+              offsetof(StepControlValues, clip_scale) == offsetof(StepControl, clip_scale) &&
+              offsetof(StepControlValues, skip) == offsetof(StepControl, skip));
+
+const StepControlValues* values_of(const StepControl* control) {
+  return reinterpret_cast<const StepControlValues*>(control);
+}
+
 }  // namespace
 
 CudaDevice::CudaDevice(int id) : id_(id) {
@@ -57,8 +70,8 @@ CudaDevice::CudaDevice(int id) : id_(id) {
   cublas_ = make_cublas(stream_.get());
   CUBLAS_CHECK(cublasSetMathMode(cublas_.get(), CUBLAS_DEFAULT_MATH));
   partials_ = make_device_memory(kReduceBlocks * sizeof(double));
-  result_ = make_device_memory(sizeof(LossResult));  // the largest result
-  host_result_ = make_pinned_memory(sizeof(LossResult));
+  result_ = make_device_memory(sizeof(double));
+  host_result_ = make_pinned_memory(sizeof(double));
   staging_ = make_pinned_memory(2 * kStagingChunk);
   for (Event& e : staging_done_) {
     e = make_event();
@@ -94,6 +107,7 @@ void CudaDevice::set_tf32(bool enabled) {
 // ---- Memory -------------------------------------------------------------------------------------
 
 void* CudaDevice::allocate(std::size_t bytes) {
+  count_host_sync();
   const std::size_t size = std::max(bytes, kMinAllocation);
   void* p = nullptr;
   if (const cudaError_t status = cudaMalloc(&p, size); status != cudaSuccess) {
@@ -109,6 +123,7 @@ void* CudaDevice::allocate(std::size_t bytes) {
 
 void CudaDevice::deallocate(void* ptr) noexcept {
   if (!ptr) return;
+  count_host_sync();
   DeviceGuard guard(id_);  // a DeviceArray may be destroyed on another thread
   // Kernels still queued may use the memory. Work on other streams that touched it (the
   // communicators') is already ordered before the compute stream's later work by events.
@@ -143,6 +158,7 @@ std::unique_ptr<StagedBuffer> CudaDevice::make_staged_buffer(std::size_t bytes) 
 
 void CudaDevice::copy_to_host(void* host_dst, const void* src, std::size_t bytes) {
   if (bytes == 0) return;
+  count_host_sync();
   CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream()));
   CUDA_CHECK(cudaStreamSynchronize(stream()));
 }
@@ -152,11 +168,24 @@ void CudaDevice::copy(void* dst, const void* src, std::size_t bytes) {
   CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream()));
 }
 
-void CudaDevice::synchronize() { CUDA_CHECK(cudaStreamSynchronize(stream())); }
+void CudaDevice::synchronize() {
+  count_host_sync();
+  CUDA_CHECK(cudaStreamSynchronize(stream()));
+}
+
+// The loss's per-row scratch, and the scratch of embedding_backward and LayerNorm's backward
+// for `rows` rows of at most `columns` channels.
+void CudaDevice::reserve_workspace(int rows, int columns) {
+  if (rows <= 0) return;
+  reserve_rows(rows);
+  scratch(std::max(embedding_backward_scratch_bytes(rows, 1),
+                   layernorm_backward_scratch_bytes(rows, std::max(columns, 0))));
+}
 
 template <class T>
 T CudaDevice::read_result() {
-  static_assert(sizeof(T) <= sizeof(LossResult));
+  static_assert(sizeof(T) <= sizeof(double));
+  count_host_sync();
   CUDA_CHECK(cudaMemcpyAsync(host_result_.get(), result_.get(), sizeof(T), cudaMemcpyDeviceToHost,
                              stream()));
   CUDA_CHECK(cudaStreamSynchronize(stream()));
@@ -168,6 +197,7 @@ T CudaDevice::read_result() {
 void* CudaDevice::scratch(std::size_t bytes) {
   if (bytes > scratch_bytes_) {
     const std::size_t capacity = std::max(bytes, 2 * scratch_bytes_);
+    count_host_sync();
     CUDA_CHECK(cudaStreamSynchronize(stream()));  // the old scratch may still be in use
     scratch_.reset();
     scratch_bytes_ = 0;
@@ -180,9 +210,11 @@ void* CudaDevice::scratch(std::size_t bytes) {
 void CudaDevice::reserve_rows(int rows) {
   if (rows <= row_capacity_) return;
   const int capacity = std::max(rows, 2 * row_capacity_);
+  count_host_sync();
   CUDA_CHECK(cudaStreamSynchronize(stream()));  // the old scratch may still be in use
   row_loss_ = make_device_memory(static_cast<std::size_t>(capacity) * sizeof(double));
-  row_correct_ = make_device_memory(static_cast<std::size_t>(capacity) * sizeof(int));
+  // One int more: the cross-entropy's bad-row flag (launch_softmax_cross_entropy).
+  row_correct_ = make_device_memory((static_cast<std::size_t>(capacity) + 1) * sizeof(int));
   row_capacity_ = capacity;
 }
 
@@ -235,22 +267,16 @@ void CudaDevice::bias_grad(float* dbias, const float* dy, int rows, int cols) {
 }
 
 // logits (rows, classes), labels (rows), dlogits (rows, classes) or null.
-LossStats CudaDevice::softmax_cross_entropy(const float* logits, const std::int32_t* labels,
-                                            int rows, int classes, float* dlogits,
-                                            float grad_scale) {
+void CudaDevice::softmax_cross_entropy(const float* logits, const std::int32_t* labels, int rows,
+                                       int classes, float* dlogits, float grad_scale,
+                                       LossStats* stats) {
   detail::check_loss_shape(rows, classes);
-  if (rows == 0) return {};
-  reserve_rows(rows);
+  if (rows == 0) return;
+  reserve_rows(rows);  // sized before the first step (reserve_workspace): no wait here
   launch_softmax_cross_entropy(stream(), logits, labels, rows, classes, dlogits, grad_scale,
                                static_cast<double*>(row_loss_.get()),
                                static_cast<int*>(row_correct_.get()),
-                               static_cast<LossResult*>(result_.get()));
-  const LossResult r = read_result<LossResult>();
-  if (r.bad_row < rows)
-    throw std::out_of_range(
-        fmt::format("softmax_cross_entropy: label {} of row {} is outside [0, {})", r.bad_label,
-                    r.bad_row, classes));
-  return {.loss_sum = r.loss_sum, .correct = r.correct};
+                               reinterpret_cast<LossAccumulator*>(stats));
 }
 
 double CudaDevice::sum_squares(const float* x, std::size_t n) {
@@ -260,13 +286,16 @@ double CudaDevice::sum_squares(const float* x, std::size_t n) {
 }
 
 void CudaDevice::sum_squares_grains(const float* x, std::size_t n, std::size_t grain,
-                                    std::span<double> out) {
-  if (grain == 0 || out.size() != (n + grain - 1) / grain)
-    throw std::invalid_argument("sum_squares_grains: out needs one entry per grain");
-  if (out.empty()) return;
-  auto* sums = static_cast<double*>(scratch(out.size_bytes()));
-  launch_sum_squares_grains(stream(), x, n, grain, sums);
-  copy_to_host(out.data(), sums, out.size_bytes());
+                                    double* out) {
+  if (grain == 0) throw std::invalid_argument("sum_squares_grains: grain 0");
+  if (n == 0) return;
+  launch_sum_squares_grains(stream(), x, n, grain, out);
+}
+
+void CudaDevice::step_control(const double* grain_sums, std::size_t grains, double clip_norm,
+                              StepControl* control) {
+  launch_step_control(stream(), grain_sums, grains, clip_norm,
+                      reinterpret_cast<StepControlValues*>(control));
 }
 
 // n + sum over i of mix64(bits(x[i]) ^ mix64(i)), mod 2^64: the CPU device's formula.
@@ -278,20 +307,21 @@ std::uint64_t CudaDevice::hash(const float* x, std::size_t n) {
 // ---- Optimisers ---------------------------------------------------------------------------------
 
 void CudaDevice::sgd_step(const SgdParams& opt, float lr, float* params, const float* grads,
-                          float* momentum_buf, std::size_t n) {
+                          float* momentum_buf, std::size_t n, const StepControl* control) {
   if (opt.momentum != 0.0f && !momentum_buf)
     throw std::invalid_argument("sgd_step: momentum needs a momentum buffer");
   launch_sgd_step(stream(), lr, opt.momentum, opt.weight_decay, opt.nesterov, params, grads,
-                  momentum_buf, n);
+                  momentum_buf, n, values_of(control));
 }
 
 // The scalars exactly as the CPU device computes them: in double, rounded once to float.
 void CudaDevice::adamw_step(const AdamWParams& opt, float lr, std::int64_t t, float* params,
-                            const float* grads, float* m, float* v, std::size_t n) {
+                            const float* grads, float* m, float* v, std::size_t n,
+                            const StepControl* control) {
   if (t < 1) throw std::invalid_argument(fmt::format("adamw_step: step {} < 1", t));
   const AdamWScalars s =
       detail::adamw_scalars(opt.beta1, opt.beta2, opt.eps, opt.weight_decay, lr, t);
-  launch_adamw_step(stream(), s, params, grads, m, v, n);
+  launch_adamw_step(stream(), s, params, grads, m, v, n, values_of(control));
 }
 
 // ---- Transformer kernels ------------------------------------------------------------------------

@@ -5,9 +5,11 @@
 //
 // The constructor makes `id` the calling thread's current device; use the object on that thread
 // (the destructor may run on any thread). Every kernel runs on one non-blocking compute stream;
-// cuBLAS is bound to it. Calls that return a value to the host (copy_to_host,
-// softmax_cross_entropy, sum_squares, sum_squares_grains, hash) wait for the stream; the rest
-// only enqueues.
+// cuBLAS is bound to it. Calls that return a value to the host (copy_to_host, sum_squares,
+// hash), synchronize, allocate and deallocate wait for the stream, and count as host syncs
+// (Note [Host syncs] in device.hpp), as does growing a workspace that reserve_workspace did not
+// size; the rest only enqueues. The loss, the grain sums and the step's control stay in device
+// memory.
 // copy_to_device copies the host data into pinned staging memory before it returns, so the
 // caller may reuse its buffer at once, and the transfer itself is queued on the stream.
 // Staged buffers (the trainer's next batch, cuda_staged_buffer.hpp) copy through their own
@@ -51,6 +53,7 @@ class CudaDevice final : public Device {
   void copy(void* dst, const void* src, std::size_t bytes) override;
   std::unique_ptr<StagedBuffer> make_staged_buffer(std::size_t bytes) override;
   void synchronize() override;
+  void reserve_workspace(int rows, int columns) override;
 
   void fill(float* x, float value, std::size_t n) override;
   void scale(float* x, float alpha, std::size_t n) override;
@@ -61,16 +64,21 @@ class CudaDevice final : public Device {
   void activation_forward(Activation f, const float* x, float* y, std::size_t n) override;
   void activation_backward(Activation f, const float* x, const float* dy, float* dx,
                            std::size_t n) override;
-  LossStats softmax_cross_entropy(const float* logits, const std::int32_t* labels, int rows,
-                                  int classes, float* dlogits, float grad_scale) override;
+  void softmax_cross_entropy(const float* logits, const std::int32_t* labels, int rows,
+                             int classes, float* dlogits, float grad_scale,
+                             LossStats* stats) override;
+  using Device::softmax_cross_entropy;
   double sum_squares(const float* x, std::size_t n) override;
   void sum_squares_grains(const float* x, std::size_t n, std::size_t grain,
-                          std::span<double> out) override;
+                          double* out) override;
+  void step_control(const double* grain_sums, std::size_t grains, double clip_norm,
+                    StepControl* control) override;
   std::uint64_t hash(const float* x, std::size_t n) override;
   void sgd_step(const SgdParams& opt, float lr, float* params, const float* grads,
-                float* momentum_buf, std::size_t n) override;
+                float* momentum_buf, std::size_t n, const StepControl* control) override;
   void adamw_step(const AdamWParams& opt, float lr, std::int64_t t, float* params,
-                  const float* grads, float* m, float* v, std::size_t n) override;
+                  const float* grads, float* m, float* v, std::size_t n,
+                  const StepControl* control) override;
 
   void add(const float* a, const float* b, float* y, std::size_t n) override;
   void gemm_batched(Transpose ta, Transpose tb, int m, int n, int k, float alpha, const float* a,
@@ -103,7 +111,7 @@ class CudaDevice final : public Device {
   Stream stream_;
   CublasHandle cublas_;
   DeviceMemory partials_;     // kReduceBlocks doubles: pass 1 of sum_squares
-  DeviceMemory result_;       // one reduction result (a LossResult at most)
+  DeviceMemory result_;       // one reduction result (a double or a 64-bit hash)
   PinnedMemory host_result_;  // its host mirror
   DeviceMemory row_loss_;     // row_capacity_ doubles
   DeviceMemory row_correct_;  // row_capacity_ ints

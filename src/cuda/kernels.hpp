@@ -49,20 +49,28 @@ void launch_bias_grad(cudaStream_t stream, float* dbias, const float* dy, int ro
 
 // ---- Softmax (softmax.cu) ------------------------------------------------------------------
 
-// What softmax_cross_entropy leaves in device memory for the host to read.
-struct LossResult {
-  double loss_sum;     // summed over the rows
-  long long correct;   // rows whose argmax equals the label
-  int bad_row;         // first row with a label outside [0, classes); >= rows if none
-  int bad_label;       // that row's label
+// lockstep::LossStats and lockstep::StepControl (device.hpp), field for field: the device
+// records the kernels write (cuda_device.cpp checks that the layouts agree).
+struct LossAccumulator {
+  double loss_sum;                  // summed over the rows
+  long long correct;                // rows whose argmax equals the label
+  unsigned long long label_error;   // detail::label_error_key of the lowest bad row, or 0
 };
-// logits (rows, classes), labels (rows), dlogits (rows, classes) or null. Scratch: row_loss and
-// row_correct hold `rows` elements each. The labels are checked first: if any is bad, it is
-// reported, dlogits is left unwritten and the loss and count are 0. exp in float, once per logit.
+struct StepControlValues {
+  double grad_norm;
+  float clip_scale;
+  int skip;
+};
+
+// logits (rows, classes), labels (rows), dlogits (rows, classes) or null. Adds the rows' loss
+// and correct count to *stats. The labels are checked first: a label outside [0, classes) goes
+// to stats->label_error, and then dlogits is left unwritten and nothing is added. exp in float,
+// once per logit. Scratch: row_loss holds `rows` elements, row_correct `rows + 1` (the last: the
+// call's first bad row).
 void launch_softmax_cross_entropy(cudaStream_t stream, const float* logits,
                                   const std::int32_t* labels, int rows, int classes,
                                   float* dlogits, float grad_scale, double* row_loss,
-                                  int* row_correct, LossResult* result);
+                                  int* row_correct, LossAccumulator* stats);
 
 // `count` (T, T) matrices, one warp per row. p may alias s; ds may alias dp.
 void launch_causal_softmax_forward(cudaStream_t stream, const float* s, float* p, int count,
@@ -81,21 +89,29 @@ void launch_sum_squares(cudaStream_t stream, const float* x, std::size_t n, doub
 void launch_sum_squares_grains(cudaStream_t stream, const float* x, std::size_t n,
                                std::size_t grain, double* sums);
 
+// *control = detail::step_scalars(sum of grain_sums[0..count) in order, clip): one thread adds
+// the sums in the CPU's order, so the norm has the CPU's bits.
+void launch_step_control(cudaStream_t stream, const double* grain_sums, std::size_t count,
+                         double clip, StepControlValues* control);
+
 // *result = sum over i of detail::hash_term(bits(x[i]), i) mod 2^64 (the caller adds n).
 void launch_hash(cudaStream_t stream, const float* x, std::size_t n,
                  unsigned long long* result);
 
 // ---- Optimisers (optimizer.cu) ------------------------------------------------------------
 
+// Both read *control when it is not null: the gradient is grads * control->clip_scale, and a
+// nonzero control->skip leaves everything unchanged (OptimizerOps in device.hpp).
 // SGD, PyTorch semantics (see device.hpp). momentum_buf may be null when momentum == 0.
 void launch_sgd_step(cudaStream_t stream, float lr, float momentum, float weight_decay,
                      bool nesterov, float* params, const float* grads, float* momentum_buf,
-                     std::size_t n);
+                     std::size_t n, const StepControlValues* control);
 
 // AdamW's per-step scalars: detail::adamw_scalars() computes them on the host.
 using AdamWScalars = detail::AdamWScalars;
 void launch_adamw_step(cudaStream_t stream, const AdamWScalars& s, float* params,
-                       const float* grads, float* m, float* v, std::size_t n);
+                       const float* grads, float* m, float* v, std::size_t n,
+                       const StepControlValues* control);
 
 // ---- Embedding (embedding.cu); shapes and semantics as in device.hpp ---------------------
 

@@ -61,11 +61,12 @@ Batch ShardLoader::State::assemble(std::span<const std::size_t> indices, std::ui
   for (std::size_t k = 0; k < indices.size(); ++k) {
     std::int32_t* y = b.y.data() + k * targets;
     data->get(indices[k], b.x.data() + k * features, y);
-    // Dataset is open to user subclasses; a bad label would index out of bounds in the loss.
+    // Dataset is open to user subclasses; a bad label is bad input (the loss would also catch
+    // it on the device, but here the sample is known).
     for (std::size_t t = 0; t < targets; ++t)
       if (y[t] < 0 || y[t] >= data->classes())
-        throw std::out_of_range(fmt::format("dataset: sample {}: label {} is outside [0, {})",
-                                            indices[k], y[t], data->classes()));
+        throw InputError(fmt::format("dataset: sample {}: label {} is outside [0, {})",
+                                     indices[k], y[t], data->classes()));
   }
   return b;
 }

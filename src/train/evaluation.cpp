@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "lockstep/device.hpp"
+#include "train/step_record.hpp"
 
 namespace lockstep::detail {
 
@@ -16,6 +17,7 @@ LossTotals loss_totals(Replica& replica, const Dataset& data, std::size_t first,
   std::vector<std::int32_t> y(static_cast<std::size_t>(batch) * targets);
   DeviceArray<float> xd(dev, x.size());
   DeviceArray<std::int32_t> yd(dev, y.size());
+  DeviceArray<LossStats> stats(dev, 1);  // summed on the device over every batch, read once
   LossTotals totals;
   for (std::size_t i = first; i < data.size();) {
     int rows = 0;
@@ -24,12 +26,14 @@ LossTotals loss_totals(Replica& replica, const Dataset& data, std::size_t first,
                y.data() + static_cast<std::size_t>(rows) * targets);
     xd.upload(std::span<const float>(x.data(), static_cast<std::size_t>(rows) * features));
     yd.upload(std::span<const std::int32_t>(y.data(), static_cast<std::size_t>(rows) * targets));
-    const LossStats s = dev.softmax_cross_entropy(replica.forward(xd.data(), rows), yd.data(),
-                                                  rows * targets, classes, nullptr, 0.0f);
-    totals.loss_sum += s.loss_sum;
-    totals.correct += static_cast<double>(s.correct);
+    dev.softmax_cross_entropy(replica.forward(xd.data(), rows), yd.data(), rows * targets,
+                              classes, nullptr, 0.0f, stats.data());
     totals.predictions += static_cast<double>(rows) * targets;
   }
+  const LossStats s = stats.download().front();
+  check_labels(s, classes, "eval data, a batch");
+  totals.loss_sum = s.loss_sum;
+  totals.correct = static_cast<double>(s.correct);
   return totals;
 }
 

@@ -53,7 +53,7 @@ std::size_t Optimizer::state_bytes() const noexcept {
 }
 
 void Optimizer::apply(float* params, const float* grads, double lr, std::size_t begin,
-                      std::size_t end) {
+                      std::size_t end, const StepControl* control) {
   // The owned range holding [begin, end): the last one starting at or before `begin`.
   const auto after = std::upper_bound(
       owned_.begin(), owned_.end(), begin,
@@ -62,16 +62,19 @@ void Optimizer::apply(float* params, const float* grads, double lr, std::size_t 
     throw std::logic_error(fmt::format("Optimizer::apply: [{}, {}) is not owned", begin, end));
   const std::size_t range = static_cast<std::size_t>(after - owned_.begin()) - 1;
   const std::size_t state_at = offset_[range] + (begin - owned_[range].begin);
-  if (spans_.empty()) return update(params, grads, lr, begin, end, cfg_.weight_decay, state_at);
+  if (spans_.empty())
+    return update(params, grads, lr, begin, end, cfg_.weight_decay, state_at, control);
   for (const DecaySpan& s : spans_) {
     const std::size_t b = std::max(begin, s.begin), e = std::min(end, s.end);
     if (b < e)
-      update(params, grads, lr, b, e, s.decay ? cfg_.weight_decay : 0.0, state_at + (b - begin));
+      update(params, grads, lr, b, e, s.decay ? cfg_.weight_decay : 0.0, state_at + (b - begin),
+             control);
   }
 }
 
 void Optimizer::update(float* params, const float* grads, double lr, std::size_t begin,
-                       std::size_t end, double weight_decay, std::size_t state_at) {
+                       std::size_t end, double weight_decay, std::size_t state_at,
+                       const StepControl* control) {
   const float lr_f = static_cast<float>(lr);
   const std::size_t n = end - begin;
   auto at = [state_at](DeviceArray<float>& a) { return a.data() ? a.data() + state_at : nullptr; };
@@ -80,14 +83,14 @@ void Optimizer::update(float* params, const float* grads, double lr, std::size_t
       device_->sgd_step({.momentum = static_cast<float>(cfg_.momentum),
                          .weight_decay = static_cast<float>(weight_decay),
                          .nesterov = cfg_.nesterov},
-                        lr_f, params + begin, grads + begin, at(m_), n);
+                        lr_f, params + begin, grads + begin, at(m_), n, control);
       return;
     case OptimizerKind::adamw:
       device_->adamw_step({.beta1 = static_cast<float>(cfg_.beta1),
                            .beta2 = static_cast<float>(cfg_.beta2),
                            .eps = static_cast<float>(cfg_.eps),
                            .weight_decay = static_cast<float>(weight_decay)},
-                          lr_f, t_, params + begin, grads + begin, at(m_), at(v_), n);
+                          lr_f, t_, params + begin, grads + begin, at(m_), at(v_), n, control);
       return;
   }
 }

@@ -54,8 +54,13 @@ class Optimizer {
   // The same step in pieces: begin_step() once, then apply() to ranges that together cover the
   // buffer once (the reducer updates each bucket as soon as its all-reduce is done). Every
   // element's update is the same as in step(). With owned ranges, [begin, end) lies in one.
+  // With `control` (device memory, Device::step_control) the update scales the gradient by its
+  // clip factor and does nothing if it says skip; the host learns of a skip later and calls
+  // cancel_step(), so the step count stays that of the updates taken.
   void begin_step() noexcept { ++t_; }
-  void apply(float* params, const float* grads, double lr, std::size_t begin, std::size_t end);
+  void apply(float* params, const float* grads, double lr, std::size_t begin, std::size_t end,
+             const StepControl* control = nullptr);
+  void cancel_step() noexcept { --t_; }
   std::int64_t steps_taken() const noexcept { return t_; }
 
   // The state for checkpoints: "momentum" (SGD with momentum), "adamw.m" and "adamw.v"; with
@@ -75,7 +80,7 @@ class Optimizer {
  private:
   // Updates [begin, end) of the buffer, whose state starts at `state_at`.
   void update(float* params, const float* grads, double lr, std::size_t begin, std::size_t end,
-              double weight_decay, std::size_t state_at);
+              double weight_decay, std::size_t state_at, const StepControl* control);
 
   Device* device_;
   OptimizerConfig cfg_;

@@ -100,12 +100,11 @@ std::vector<ShardRange> Reducer::owned() const {
   return out;
 }
 
-void Reducer::sum_grain_squares(std::size_t i, Device& device, std::span<double> sums) const {
+void Reducer::sum_grain_squares(std::size_t i, Device& device, double* sums) const {
   const ShardRange mine = shard(i);  // starts on a grain of the bucket
   const std::size_t first = first_grain_[i] + (mine.begin - buckets_[i].begin) / kZeroGrain;
-  const std::size_t count = (mine.size() + kZeroGrain - 1) / kZeroGrain;
-  device.sum_squares_grains(grads_ + mine.begin, mine.size(), kZeroGrain,
-                            sums.subspan(first, count));
+  if (mine.size() > 0) device.sum_squares_grains(grads_ + mine.begin, mine.size(), kZeroGrain,
+                                                 sums + first);
 }
 
 void Reducer::start_gather(std::size_t i, float* params) {

@@ -25,7 +25,8 @@
 //     1. each bucket is reduce-scattered (avg) as soon as backward fills it, instead of
 //        all-reduced: the rank's shard of the averaged gradient has the all-reduce's bits;
 //     2. each rank sums the squares of its grains, one sum per grain
-//        (Device::sum_squares_grains); one host all-reduce of the per-grain sums (every other
+//        (Device::sum_squares_grains, into the step record on the device, Note [One read per
+//        step] in step_record.hpp); one host all-reduce of the per-grain sums (every other
 //        rank adds +0.0: exact) gives every rank every grain's sum, which it adds up in grain
 //        order. Without ZeRO a rank sums every grain itself and adds them in the same order, so
 //        the global norm for clipping and on_nonfinite has the same bits with zero 0 and 1 and
@@ -98,8 +99,9 @@ class Reducer {
   // Grains of every bucket together (Note [ZeRO-1]): the global norm has one term per grain.
   std::size_t grains() const noexcept { return first_grain_.back(); }
   // sums[the grains of this rank's shard of bucket i] = their sums of squares of the reduced
-  // gradient; the other entries are left as they are.
-  void sum_grain_squares(std::size_t i, Device& device, std::span<double> sums) const;
+  // gradient; the other entries are left as they are. `sums` is device memory of grains()
+  // entries; queued on the device, no wait.
+  void sum_grain_squares(std::size_t i, Device& device, double* sums) const;
   // ZeRO-1: starts the all-gather of bucket i of `params` (every rank's updated shard).
   void start_gather(std::size_t i, float* params);
   // Blocks until every started all-gather is done; returns the seconds spent blocked.

@@ -10,12 +10,14 @@
 
 #include <fmt/format.h>
 
+#include "common/elementwise_math.hpp"
 #include "lockstep/comm.hpp"
 #include "train/evaluation.hpp"
 #include "train/metrics_log.hpp"
 #include "train/optimizer.hpp"
 #include "train/reducer.hpp"
 #include "train/report.hpp"
+#include "train/step_record.hpp"
 #include "train/watchdog.hpp"
 
 namespace lockstep::detail {
@@ -30,12 +32,16 @@ struct TimeRow {
   double barrier_wait_s = 0.0;
   double comm_s = 0.0;
   double optimizer_state_bytes = 0.0;  // exact in a double up to 2^53
+  double host_syncs_per_step = 0.0;
 
-  static constexpr std::size_t kFields = 6;
+  static constexpr std::size_t kFields = 7;
   std::array<double, kFields> fields() const {
-    return {loop_s, comm_exposed_s, data_wait_s, barrier_wait_s, comm_s, optimizer_state_bytes};
+    return {loop_s,         comm_exposed_s,        data_wait_s,        barrier_wait_s,
+            comm_s,         optimizer_state_bytes, host_syncs_per_step};
   }
-  static TimeRow from(std::span<const double> f) { return {f[0], f[1], f[2], f[3], f[4], f[5]}; }
+  static TimeRow from(std::span<const double> f) {
+    return {f[0], f[1], f[2], f[3], f[4], f[5], f[6]};
+  }
 };
 
 // Sums a named struct over every worker of `comm`: its fields() travel as one host all-reduce.
@@ -125,6 +131,7 @@ void WorkerLoop::set_up(Backend& backend) {
   if (resume)
     res_.optimizer->load_state(resume->optimizer_state, resume->state.optimizer_steps,
                                resume->weights_file.string());
+  res_.record = std::make_unique<StepRecord>(dev, res_.reducer->grains());
   if (rank_ == 0) run_.summary.buckets = res_.reducer->buckets().size();
   set_up_data();
 }
@@ -151,8 +158,13 @@ void WorkerLoop::set_up_data() {
       run_.fault.loader_data(run_.train, global_, pos_.step, static_cast<std::size_t>(k * batch)),
       sampler, batch, cfg.data.drop_last, cfg.data.prefetch, pos_.batch_in_epoch);
   // As wide as the logits: a GPT's padded vocabulary (Note [Padded vocabulary], model/gpt.cpp).
-  const std::size_t logits = static_cast<std::size_t>(run_.model.outputs());
-  res_.dlogits = DeviceArray<float>(*res_.device, logits * static_cast<std::size_t>(batch));
+  const int logits = run_.model.outputs();
+  res_.dlogits = DeviceArray<float>(*res_.device, static_cast<std::size_t>(logits) * batch);
+  // Workspaces sized before the first step, which then allocates nothing (Note [Host syncs]):
+  // rows of predictions, each no wider than the widest activation per prediction.
+  const int targets = std::max(1, train.targets());
+  res_.device->reserve_workspace(batch * train.targets(),
+                                 std::max(logits, run_.model.max_width()) / targets);
   res_.batches = std::make_unique<StagedBatches>(
       *res_.device, *res_.loader, static_cast<std::size_t>(batch) * train.features() * sizeof(float),
       static_cast<std::size_t>(batch) * train.targets() * sizeof(std::int32_t),
@@ -176,11 +188,17 @@ void WorkerLoop::run(Backend& backend) {
     for (int micro = 0; micro < k; ++micro) run_micro_batch(micro, mine);
     res_.reducer->launch_remaining();
     beat();
+    phases.enter(rank_, "gradient all-reduce and update");
+    const StepRecord::Host& record = reduce_and_update();
+    count_host_syncs();
+    check_labels(record.loss, run_.train->classes(),
+                 fmt::format("training data, step {}, a micro-batch", pos_.step));
+    mine.loss_sum = record.loss.loss_sum;
+    mine.correct = static_cast<double>(record.loss.correct);
     phases.enter(rank_, "the step's all-reduce of totals");
     const StepTotals totals = agree_totals(mine);
     const bool stop_now = totals.stop > 0.0;
-    phases.enter(rank_, "gradient all-reduce and update");
-    const UpdateResult update = reduce_and_update(totals);
+    const UpdateResult update = after_update(totals, record.control);
     phases.enter(rank_, "report (callbacks)");
     report(totals, update, stop_now);
     phases.enter(rank_, "end of step (eval, replica check, barrier, checkpoint)");
@@ -198,12 +216,24 @@ void WorkerLoop::run(Backend& backend) {
 void WorkerLoop::begin_step() {
   ++pos_.step;
   beat();
+  syncs_.at_step_start = res_.device->host_syncs();
   res_.replica->zero_grads();
   res_.reducer->reset();
+  res_.record->reset();
 }
 
-// Forward, loss and backward of one micro-batch; adds its loss, correct count and samples to
-// `mine` (exact: the counts are integers far below 2^53).
+// The step's host syncs so far (Note [Host syncs] in device.hpp). The first step of a run is
+// not steady: the summary reports the most of any later step.
+void WorkerLoop::count_host_syncs() {
+  const std::uint64_t n = res_.device->host_syncs() - syncs_.at_step_start;
+  if (syncs_.steps++ == 0)
+    syncs_.first = n;
+  else
+    syncs_.steady_max = std::max(syncs_.steady_max, n);
+}
+
+// Forward, loss and backward of one micro-batch: its loss and correct count go to the step
+// record on the device, its samples to `mine`.
 void WorkerLoop::run_micro_batch(int micro, StepTotals& mine) {
   const int k = run_.cfg.trainer.accumulate_steps;
   const int targets = run_.train->targets(), classes = run_.model.outputs() / targets;
@@ -229,11 +259,9 @@ void WorkerLoop::run_micro_batch(int micro, StepTotals& mine) {
   // workers: the mean over the global batch, since every shard has the same batch size.
   // A language model predicts `targets` tokens per sample; the loss is their mean.
   const int predictions = b.size * targets;
-  const LossStats s = dev.softmax_cross_entropy(logits, in.y->data<std::int32_t>(), predictions,
-                                                classes, res_.dlogits.data(),
-                                                1.0f / static_cast<float>(predictions * k));
-  mine.loss_sum += s.loss_sum;
-  mine.correct += static_cast<double>(s.correct);
+  dev.softmax_cross_entropy(logits, in.y->data<std::int32_t>(), predictions, classes,
+                            res_.dlogits.data(), 1.0f / static_cast<float>(predictions * k),
+                            res_.record->loss());
   mine.samples += b.size;
   // Gradients accumulate over the micro-batches; only the last one is reduced (no_sync).
   const bool last_micro = micro == k - 1;
@@ -261,7 +289,7 @@ void WorkerLoop::grads_ready(std::size_t layer) {
   res_.reducer->layer_ready(layer);
 }
 
-// Metrics and the stop decision, agreed by every rank while the buckets are in flight.
+// Metrics and the stop decision, agreed by every rank once the step's record is read.
 StepTotals WorkerLoop::agree_totals(StepTotals mine) {
   mine.stop = run_.stop_requested.load() ? 1.0 : 0.0;
   const StepTotals totals = all_reduce_fields(comm_, mine);
@@ -269,40 +297,73 @@ StepTotals WorkerLoop::agree_totals(StepTotals mine) {
   return totals;
 }
 
-// Waits for the averaged gradient and takes the optimiser step, unless the non-finite policy
-// drops it (trainer.on_nonfinite).
-WorkerLoop::UpdateResult WorkerLoop::reduce_and_update(const StepTotals& totals) {
+// Waits for each bucket's reduction and queues the optimiser step, then reads the step record:
+// the step's one host sync (Note [One read per step] in step_record.hpp). Each bucket is updated
+// as it lands when updates_per_bucket(); otherwise after the global norm, the update kernels
+// reading the clip factor and the skip flag from the device.
+const StepRecord::Host& WorkerLoop::reduce_and_update() {
   const Config& cfg = run_.cfg;
-  Replica& replica = *res_.replica;
+  TraceSpan span(track_, "optimizer", pos_.step);
+  Reducer& reducer = *res_.reducer;
+  StepRecord& record = *res_.record;
+  const double lr = learning_rate(cfg.optimizer, cfg.schedule, pos_.step - 1, run_.total_steps);
+  const bool per_bucket = updates_per_bucket();
+  if (per_bucket) res_.optimizer->begin_step();
+  for (std::size_t i = 0; i < reducer.buckets().size(); ++i) {
+    reducer.wait(i);
+    reducer.sum_grain_squares(i, *res_.device, record.grain_sums());
+    if (per_bucket) update_bucket(i, lr, nullptr);
+  }
+  const StepRecord::Host* host = nullptr;
+  if (zero()) {
+    host = &agree_norm();
+  } else {
+    res_.device->step_control(record.grain_sums(), record.grains(),
+                              cfg.optimizer.clip_grad_norm, record.control());
+  }
+  if (!per_bucket) {
+    res_.optimizer->begin_step();
+    for (std::size_t i = 0; i < reducer.buckets().size(); ++i)
+      update_bucket(i, lr, record.control());
+  }
+  if (!host) host = &record.read();
+  gather_parameters();
+  beat();
+  if (!per_bucket && host->control.skip) res_.optimizer->cancel_step();
+  return *host;
+}
+
+// ZeRO-1: each rank holds its own grains' sums only. Reads the record, adds every rank's sums
+// by one host all-reduce (+0.0 elsewhere: exact) and sets the step's scalars from their sum in
+// grain order, as step_control makes them without ZeRO (Note [ZeRO-1]).
+const StepRecord::Host& WorkerLoop::agree_norm() {
+  StepRecord& record = *res_.record;
+  StepRecord::Host& host = record.read(true);
+  comm_.all_reduce_host(host.grain_sums);
+  const double norm_sq = std::accumulate(host.grain_sums.begin(), host.grain_sums.end(), 0.0);
+  const StepScalars s = step_scalars(norm_sq, run_.cfg.optimizer.clip_grad_norm);
+  host.control = {.grad_norm = s.grad_norm, .clip_scale = s.clip_scale, .skip = s.skip};
+  if (!updates_per_bucket()) record.set_control(host.control);
+  return host;
+}
+
+// What the host does once the step's record is read and its totals agreed: the metrics, and the
+// non-finite policy (trainer.on_nonfinite). The loss and the norm are the same on every rank, so
+// every rank decides the same.
+WorkerLoop::UpdateResult WorkerLoop::after_update(const StepTotals& totals,
+                                                  const StepControl& control) {
+  const Config& cfg = run_.cfg;
   UpdateResult r;
   r.loss = totals.loss_sum / (totals.samples * run_.train->targets());
   r.lr = learning_rate(cfg.optimizer, cfg.schedule, pos_.step - 1, run_.total_steps);
-  r.grad_norm = std::sqrt(wait_and_update(r.lr));
-  gather_parameters();  // ZeRO-1: of the buckets updated as they landed
-  beat();
-  // The loss and the norm are the same on every rank, so every rank decides the same.
-  const bool finite = std::isfinite(r.grad_norm) && std::isfinite(r.loss);
-  if (!finite) {
-    on_nonfinite(r.loss, r.grad_norm);
-  } else if (!updates_per_bucket()) {
+  r.grad_norm = control.grad_norm;
+  if (!std::isfinite(r.grad_norm) || !std::isfinite(r.loss))
+    on_nonfinite(r.loss, r.grad_norm, !updates_per_bucket() && control.skip);
+  else
     skips_in_row_ = 0;
-    update_after_norm(r.lr, r.grad_norm);
-    gather_parameters();
-  }
   if (run_.callbacks.hooks.after_update)
-    run_.callbacks.hooks.after_update(global_, pos_.step, replica);
+    run_.callbacks.hooks.after_update(global_, pos_.step, *res_.replica);
   return r;
-}
-
-// The optimiser step once the global norm is known: clip to it, then update every bucket (with
-// ZeRO-1, this rank's shards, starting their all-gathers).
-void WorkerLoop::update_after_norm(double lr, double grad_norm) {
-  TraceSpan span(track_, "optimizer", pos_.step);
-  const double clip = run_.cfg.optimizer.clip_grad_norm;
-  const float scale =
-      clip > 0.0 && grad_norm > clip ? static_cast<float>(clip / (grad_norm + 1e-6)) : 1.0f;
-  res_.optimizer->begin_step();
-  for (std::size_t i = 0; i < res_.reducer->buckets().size(); ++i) update_bucket(i, lr, scale);
 }
 
 // ZeRO-1: waits for the all-gathers of the updated shards; every replica is whole again.
@@ -319,44 +380,23 @@ bool WorkerLoop::updates_per_bucket() const {
          run_.cfg.trainer.on_nonfinite == NonfinitePolicy::stop;
 }
 
-// Waits for every bucket's reduction, updating each as it lands when updates_per_bucket().
-// Returns the squared norm of the averaged gradient, summed grain by grain in buffer order
-// (Note [ZeRO-1]): with ZeRO-1 each rank sums its own grains and one host all-reduce brings the
-// others' (adding +0.0 elsewhere: exact), so the norm has the same bits with zero 0 and 1 and
-// any number of workers.
-double WorkerLoop::wait_and_update(double lr) {
-  TraceSpan span(track_, "optimizer", pos_.step);
-  Reducer& reducer = *res_.reducer;
-  const bool per_bucket = updates_per_bucket();
-  if (per_bucket) res_.optimizer->begin_step();
-  std::vector<double> grain_sums(reducer.grains(), 0.0);
-  for (std::size_t i = 0; i < reducer.buckets().size(); ++i) {
-    reducer.wait(i);
-    reducer.sum_grain_squares(i, *res_.device, grain_sums);
-    if (per_bucket) update_bucket(i, lr, 1.0f);
-  }
-  if (zero()) comm_.all_reduce_host(grain_sums);
-  return std::accumulate(grain_sums.begin(), grain_sums.end(), 0.0);
-}
-
-// The optimiser step on this rank's part of bucket i (all of it without ZeRO), its gradient
-// scaled by `scale` first (clipping); with ZeRO-1 then the all-gather that brings every rank's
-// updated shard of it.
-void WorkerLoop::update_bucket(std::size_t i, double lr, float scale) {
+// The optimiser step on this rank's part of bucket i (all of it without ZeRO), reading the clip
+// factor and the skip flag from `control` on the device (null: neither); with ZeRO-1 then the
+// all-gather that brings every rank's updated shard of it.
+void WorkerLoop::update_bucket(std::size_t i, double lr, const StepControl* control) {
   Replica& replica = *res_.replica;
   const ShardRange mine = res_.reducer->shard(i);
-  if (mine.size() > 0) {
-    if (scale != 1.0f) res_.device->scale(replica.grads() + mine.begin, scale, mine.size());
-    res_.optimizer->apply(replica.params(), replica.grads(), lr, mine.begin, mine.end);
-  }
+  if (mine.size() > 0)
+    res_.optimizer->apply(replica.params(), replica.grads(), lr, mine.begin, mine.end, control);
   if (zero()) res_.reducer->start_gather(i, replica.params());
 }
 
-// A non-finite loss or gradient (trainer.on_nonfinite): stop, or skip the update, up to
-// max_nonfinite_skips in a row.
-void WorkerLoop::on_nonfinite(double loss, double grad_norm) {
+// A non-finite loss or gradient (trainer.on_nonfinite): stop, or count the skipped update, up
+// to max_nonfinite_skips in a row. The device skipped it for a non-finite norm; a non-finite
+// loss with a finite norm (which Note [One read per step] rules out) was applied, so it stops.
+void WorkerLoop::on_nonfinite(double loss, double grad_norm, bool skipped) {
   const TrainerConfig& tc = run_.cfg.trainer;
-  if (tc.on_nonfinite == NonfinitePolicy::stop) report_nonfinite(loss, grad_norm);
+  if (tc.on_nonfinite == NonfinitePolicy::stop || !skipped) report_nonfinite(loss, grad_norm);
   ++skips_in_row_;
   if (rank_ == 0) ++run_.summary.nonfinite_skips;
   if (skips_in_row_ >= tc.max_nonfinite_skips)
@@ -589,7 +629,8 @@ void WorkerLoop::finish() {
                      .data_wait_s = res_.batches->data_wait_s(),
                      .barrier_wait_s = times_.barrier_wait_s,
                      .comm_s = res_.reducer->comm_seconds(),
-                     .optimizer_state_bytes = static_cast<double>(res_.optimizer->state_bytes())};
+                     .optimizer_state_bytes = static_cast<double>(res_.optimizer->state_bytes()),
+                     .host_syncs_per_step = static_cast<double>(syncs_.per_step())};
   std::vector<double> rows(static_cast<std::size_t>(comm_.size()) * TimeRow::kFields, 0.0);
   const auto fields = mine.fields();
   std::copy(fields.begin(), fields.end(),
@@ -628,6 +669,8 @@ void WorkerLoop::fill_summary(std::span<const double> time_rows, const EvalMetri
          .optimizer_state_bytes = static_cast<std::size_t>(row.optimizer_state_bytes)});
     summary.optimizer_state_bytes =
         std::max(summary.optimizer_state_bytes, summary.worker_times.back().optimizer_state_bytes);
+    summary.host_syncs_per_step = std::max(summary.host_syncs_per_step,
+                                           static_cast<std::uint64_t>(row.host_syncs_per_step));
   }
   summary.data_wait_s = sum.data_wait_s / world;
   summary.barrier_wait_s = sum.barrier_wait_s / world;

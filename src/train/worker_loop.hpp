@@ -9,14 +9,17 @@
 //              next batch from its shard loader (assembled ahead on the loader's thread)
 //              -> staged to the device a batch ahead (StagedBatches) -> forward -> loss
 //              -> backward
+//   The loss and correct count stay on the device, in the step record (step_record.hpp).
 //   During the last micro-batch's backward the reducer all-reduces (avg) each gradient bucket as
 //   soon as backward has filled it (see Note [Buckets] in reducer.hpp); every replica then holds
 //   the average over the global batch.
-//              -> all_reduce_host(StepTotals)  metrics for the log, and the stop decision
 //              -> optimiser step, bucket by bucket as the all-reduces finish (whole buffer at
-//                 once when clipping: the global norm needs every bucket first)
-//                 (reduce_and_update)
-//              -> callbacks (report)
+//                 once when clipping or skipping: the global norm needs every bucket first;
+//                 the clip factor and the skip flag are made and read on the device)
+//              -> the step record read: the step's one host sync (reduce_and_update; Note [One
+//                 read per step] in step_record.hpp)
+//              -> all_reduce_host(StepTotals)  metrics for the log, and the stop decision
+//              -> the non-finite policy (after_update), callbacks (report)
 //              -> eval, replica check, barrier, checkpoint (end_of_step)
 //   With trainer.zero: 1 the buckets are reduce-scattered instead, each rank updates only its
 //   shard of each, and the parameters are all-gathered before the step goes on (Note [ZeRO-1]
@@ -51,6 +54,7 @@
 #include "lockstep/model.hpp"
 #include "lockstep/trainer.hpp"
 #include "train/fault_injection.hpp"
+#include "train/step_record.hpp"
 #include "train/trace.hpp"
 
 namespace lockstep {
@@ -161,6 +165,7 @@ class WorkerLoop {
     std::unique_ptr<Replica> replica;
     std::unique_ptr<Optimizer> optimizer;
     std::unique_ptr<Reducer> reducer;
+    std::unique_ptr<StepRecord> record;
     std::unique_ptr<ShardLoader> loader;
     std::unique_ptr<StagedBatches> batches;
     DeviceArray<float> dlogits;  // (batch x targets, classes)
@@ -198,19 +203,30 @@ class WorkerLoop {
     double grad_norm = 0.0;
   };
 
+  // Host syncs per step (Note [Host syncs] in device.hpp): the first step's, and the most of
+  // any later one.
+  struct SyncCount {
+    std::uint64_t at_step_start = 0;
+    std::uint64_t first = 0;
+    std::uint64_t steady_max = 0;
+    std::int64_t steps = 0;
+    std::uint64_t per_step() const noexcept { return steps > 1 ? steady_max : first; }
+  };
+
   void set_up(Backend& backend);
   void set_up_data();
   void begin_step();
+  void count_host_syncs();
   void run_micro_batch(int micro, StepTotals& mine);
   StepTotals agree_totals(StepTotals mine);
-  UpdateResult reduce_and_update(const StepTotals& totals);
+  const StepRecord::Host& reduce_and_update();
+  const StepRecord::Host& agree_norm();
+  UpdateResult after_update(const StepTotals& totals, const StepControl& control);
   bool updates_per_bucket() const;
-  double wait_and_update(double lr);
-  void update_bucket(std::size_t bucket, double lr, float scale);
-  void update_after_norm(double lr, double grad_norm);
+  void update_bucket(std::size_t bucket, double lr, const StepControl* control);
   void gather_parameters();
   bool zero() const noexcept { return run_.cfg.trainer.zero == 1; }
-  void on_nonfinite(double loss, double grad_norm);
+  void on_nonfinite(double loss, double grad_norm, bool skipped);
   void report(const StepTotals& totals, const UpdateResult& update, bool stop_now);
   void add_window_times(StepMetrics& m);
   void end_of_step(bool stop_now);
@@ -236,6 +252,7 @@ class WorkerLoop {
   Window window_;
   Times times_;
   BackwardProbe backward_;
+  SyncCount syncs_;
   int skips_in_row_ = 0;  // updates dropped in a row by on_nonfinite: skip
 };
 

@@ -14,9 +14,13 @@
 #include <utility>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "../random_data.hpp"
+#include "common/elementwise_math.hpp"
 #include "common/random.hpp"
 #include "lockstep/device.hpp"
+#include "lockstep/error.hpp"
 
 namespace {
 
@@ -266,11 +270,29 @@ TEST_SUITE("cpu device") {
         dev->softmax_cross_entropy(ld.data(), yd.data(), rows, classes, nullptr, 0.0f);
     CHECK(no_grad.loss_sum == stats.loss_sum);
 
+    // On the device: calls add to one LossStats; a bad label adds nothing and records its row.
+    DeviceArray<lockstep::LossStats> acc(*dev, 1);
+    dev->softmax_cross_entropy(ld.data(), yd.data(), rows, classes, nullptr, 0.0f, acc.data());
+    dev->softmax_cross_entropy(ld.data(), yd.data(), rows, classes, nullptr, 0.0f, acc.data());
+    CHECK(acc.download()[0].loss_sum == stats.loss_sum + stats.loss_sum);
+    CHECK(acc.download()[0].correct == 2 * correct);
+    CHECK(acc.download()[0].label_error == 0);
     for (std::int32_t bad : {-1, classes}) {
       labels[5] = bad;
+      labels[9] = bad;
       yd.upload(labels);
-      CHECK_THROWS_AS(dev->softmax_cross_entropy(ld.data(), yd.data(), rows, classes, nullptr, 1),
-                      std::out_of_range);
+      CHECK_THROWS_WITH_AS(
+          dev->softmax_cross_entropy(ld.data(), yd.data(), rows, classes, nullptr, 1),
+          doctest::Contains(fmt::format("label {} of row 5 is outside", bad).c_str()),
+          lockstep::InputError);
+      DeviceArray<lockstep::LossStats> one(*dev, 1);
+      dev->softmax_cross_entropy(ld.data(), yd.data(), rows, classes, nullptr, 0.0f, one.data());
+      const lockstep::LossStats got = one.download()[0];
+      CHECK(got.loss_sum == 0.0);
+      CHECK(got.correct == 0);
+      CHECK(lockstep::detail::label_error_row(got.label_error) == 5);
+      CHECK(lockstep::detail::label_error_label(got.label_error) == bad);
+      labels[9] = 0;
     }
   }
 
@@ -297,17 +319,18 @@ TEST_SUITE("cpu device") {
     std::vector<float> x(n);
     for (std::size_t i = 0; i < n; ++i) x[i] = static_cast<float>(i % 4);
     auto xd = on_device(*dev, x);
-    std::vector<double> sums(6);
-    dev->sum_squares_grains(xd.data(), n, grain, sums);
-    CHECK(sums == std::vector<double>{28, 28, 28, 28, 28, 0 + 1 + 4});
+    DeviceArray<double> sums(*dev, 6);
+    dev->sum_squares_grains(xd.data(), n, grain, sums.data());
+    CHECK(sums.download() == std::vector<double>{28, 28, 28, 28, 28, 0 + 1 + 4});
     // Random values: each grain is the sequential sum, whether the call starts at 0 or at a
     // later grain, and equals sum_squares over that grain alone.
     const std::size_t m = 3 * 16384 + 77;
     const auto r = random_floats(m, 51);
     auto rd = on_device(*dev, r);
-    std::vector<double> all(4), tail(2);
-    dev->sum_squares_grains(rd.data(), m, 16384, all);
-    dev->sum_squares_grains(rd.data() + 2 * 16384, m - 2 * 16384, 16384, tail);
+    DeviceArray<double> all_d(*dev, 4), tail_d(*dev, 2);
+    dev->sum_squares_grains(rd.data(), m, 16384, all_d.data());
+    dev->sum_squares_grains(rd.data() + 2 * 16384, m - 2 * 16384, 16384, tail_d.data());
+    const std::vector<double> all = all_d.download(), tail = tail_d.download();
     for (std::size_t g = 0; g < 4; ++g) {
       double want = 0.0;
       for (std::size_t i = g * 16384; i < std::min(m, (g + 1) * 16384); ++i)
@@ -315,8 +338,62 @@ TEST_SUITE("cpu device") {
       CHECK(std::memcmp(&all[g], &want, sizeof(double)) == 0);
     }
     CHECK(std::memcmp(&tail[0], &all[2], 2 * sizeof(double)) == 0);
-    std::vector<double> wrong(3);
-    CHECK_THROWS_AS(dev->sum_squares_grains(rd.data(), m, 16384, wrong), std::invalid_argument);
+    CHECK_THROWS_AS(dev->sum_squares_grains(rd.data(), m, 0, all_d.data()), std::invalid_argument);
+  }
+
+  TEST_CASE("step_control: the norm of the grain sums in order, the clip factor, the skip flag") {
+    auto dev = lockstep::make_cpu_device(0, 2);
+    using lockstep::StepControl;
+    DeviceArray<StepControl> control(*dev, 1);
+    // Squares summing to 25: norm 5.
+    auto grains = on_device(*dev, std::vector<double>{9.0, 16.0, 0.0});
+    dev->step_control(grains.data(), 3, 0.0, control.data());  // no clipping
+    StepControl c = control.download()[0];
+    CHECK(c.grad_norm == 5.0);
+    CHECK(c.clip_scale == 1.0f);
+    CHECK(c.skip == 0);
+    dev->step_control(grains.data(), 3, 2.0, control.data());
+    c = control.download()[0];
+    CHECK(c.clip_scale == static_cast<float>(2.0 / (5.0 + 1e-6)));
+    dev->step_control(grains.data(), 3, 5.0, control.data());  // at the limit: not clipped
+    CHECK(control.download()[0].clip_scale == 1.0f);
+    for (double bad : {std::nan(""), double(INFINITY)}) {
+      auto nonfinite = on_device(*dev, std::vector<double>{1.0, bad});
+      dev->step_control(nonfinite.data(), 2, 1.0, control.data());
+      CHECK(control.download()[0].skip == 1);
+    }
+  }
+
+  TEST_CASE("sgd_step and adamw_step read the clip factor and the skip flag") {
+    auto dev = lockstep::make_cpu_device(0, 2);
+    const std::size_t n = 3000;
+    const auto p0 = random_floats(n, 95), g = random_floats(n, 96);
+    std::vector<float> half(g);
+    for (float& x : half) x *= 0.5f;
+    auto gd = on_device(*dev, g), halfd = on_device(*dev, half);
+    DeviceArray<lockstep::StepControl> clip(*dev, 1), skip(*dev, 1);
+    clip.upload(std::vector{lockstep::StepControl{.grad_norm = 1.0, .clip_scale = 0.5f}});
+    skip.upload(std::vector{lockstep::StepControl{.grad_norm = NAN, .skip = 1}});
+    const lockstep::SgdParams sgd{0.9f, 0.01f, true};
+    const lockstep::AdamWParams adamw{0.9f, 0.99f, 1e-8f, 0.1f};
+    // (scaled by the control, plain update of the halved gradient, skipped)
+    auto run = [&](auto&& step) {
+      auto a = on_device(*dev, p0), b = on_device(*dev, p0), c = on_device(*dev, p0);
+      DeviceArray<float> sa(*dev, 2 * n), sb(*dev, 2 * n), sc(*dev, 2 * n);
+      step(a.data(), gd.data(), sa.data(), clip.data());
+      step(b.data(), halfd.data(), sb.data(), nullptr);
+      step(c.data(), gd.data(), sc.data(), skip.data());
+      CHECK(a.download() == b.download());
+      CHECK(sa.download() == sb.download());
+      CHECK(c.download() == p0);
+      CHECK(sc.download() == std::vector<float>(2 * n, 0.0f));
+    };
+    run([&](float* p, const float* grad, float* state, const lockstep::StepControl* ctl) {
+      dev->sgd_step(sgd, 0.1f, p, grad, state, n, ctl);
+    });
+    run([&](float* p, const float* grad, float* state, const lockstep::StepControl* ctl) {
+      dev->adamw_step(adamw, 0.01f, 1, p, grad, state, state + n, n, ctl);
+    });
   }
 
   TEST_CASE("reductions are bit-identical for 1 and 2 threads") {
@@ -391,7 +468,8 @@ TEST_SUITE("cpu device") {
           p[i] -= lr * gi;
         }
         auto gd = on_device(*dev, g);
-        dev->sgd_step(opt, lr, pd.data(), gd.data(), momentum != 0.0f ? bufd.data() : nullptr, n);
+        dev->sgd_step(opt, lr, pd.data(), gd.data(), momentum != 0.0f ? bufd.data() : nullptr, n,
+                      nullptr);
       }
       check_close(pd.download(), p, 1e-5, 1e-6);
     }
@@ -418,7 +496,7 @@ TEST_SUITE("cpu device") {
         p[i] -= lr / (1.0 - std::pow(b1, t)) * m[i] / denom;
       }
       auto gd = on_device(*dev, g);
-      dev->adamw_step(opt, lr, t, pd.data(), gd.data(), md.data(), vd.data(), n);
+      dev->adamw_step(opt, lr, t, pd.data(), gd.data(), md.data(), vd.data(), n, nullptr);
     }
     check_close(pd.download(), p, 1e-5, 1e-6);
     check_close(md.download(), m, 1e-5, 1e-7);

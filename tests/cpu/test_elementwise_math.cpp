@@ -77,7 +77,7 @@ TEST_SUITE("elementwise math") {
     const auto step = [&](math::SgdScalars s, float p0, float buf0) {
       p[0] = p0;
       buf[0] = buf0;
-      math::sgd_update(s, p, g, s.momentum != 0.0f ? buf : nullptr, 0);
+      math::sgd_update(s, 1.0f, p, g, s.momentum != 0.0f ? buf : nullptr, 0);
     };
     step({0.1f, 0.0f, 0.0f, false}, 1.0f, 0.0f);
     CHECK(p[0] == doctest::Approx(1.0 - 0.1 * 0.5));
@@ -102,7 +102,7 @@ TEST_SUITE("elementwise math") {
     for (float grad : {0.5f, -2.0f, 1e-3f}) {
       CAPTURE(grad);
       float p[1] = {1.5f}, g[1] = {grad}, m[1] = {0.0f}, v[1] = {0.0f};
-      math::adamw_update(s, p, g, m, v, 0);
+      math::adamw_update(s, 1.0f, p, g, m, v, 0);
       const double want = 1.5 * (1.0 - 1e-4) - 1e-3 * grad / (std::abs(grad) + 1e-8);
       CHECK(p[0] == doctest::Approx(want).epsilon(1e-6));
       CHECK(m[0] == doctest::Approx(0.1 * grad).epsilon(1e-6));

@@ -30,8 +30,9 @@
 #include <tuple>
 #include <vector>
 
-#include "common/random.hpp"
 #include "../train/trainer_fixtures.hpp"
+#include "common/elementwise_math.hpp"
+#include "common/random.hpp"
 #include "gpu_vs_cpu.hpp"
 #include "lockstep/lockstep.hpp"
 
@@ -264,7 +265,7 @@ TEST_SUITE("cuda") {
       std::vector<std::int32_t> labels(rows);
       for (auto& l : labels) l = static_cast<std::int32_t>(detail::uniform_below(seed, classes));
       const float scale = 1.0f / static_cast<float>(rows);
-      LossStats stats[2];
+      LossStats stats[2], summed[2];
       int which = 0;
       compare(*gpu, [&](Device& d) {
         auto ld = on_device(d, logits);
@@ -276,6 +277,14 @@ TEST_SUITE("cuda") {
                                                           nullptr, 0.0f);
         CHECK(without.loss_sum == s.loss_sum);
         CHECK(without.correct == s.correct);
+        // Accumulated on the device over calls, as a training step does.
+        DeviceArray<LossStats> acc(d, 1);
+        for (int call = 0; call < 3; ++call)
+          d.softmax_cross_entropy(ld.data(), yd.data(), rows, classes, nullptr, 0.0f, acc.data());
+        summed[which] = acc.download()[0];
+        CHECK(summed[which].loss_sum == s.loss_sum + s.loss_sum + s.loss_sum);
+        CHECK(summed[which].correct == 3 * s.correct);
+        CHECK(summed[which].label_error == 0);
         stats[which++] = s;
         return Outputs{dd.download()};
       });
@@ -283,11 +292,25 @@ TEST_SUITE("cuda") {
       CHECK(stats[1].loss_sum == doctest::Approx(stats[0].loss_sum).epsilon(1e-6));
       CHECK(stats[1].correct == stats[0].correct);
     }
-    // A label outside [0, classes) is reported, as on the CPU.
+    // A label outside [0, classes) is recorded on the device, the lowest bad row as on the CPU,
+    // and read back as bad input.
+    auto cpu = make_cpu_device(0, 1);
+    std::uint64_t keys[2] = {};
+    int which = 0;
+    for (Device* d : {gpu.get(), cpu.get()}) {
+      auto lx = on_device(*d, random_floats(16, 5));
+      auto yx = on_device(*d, std::vector<std::int32_t>{0, 2, -3, 7});
+      DeviceArray<LossStats> acc(*d, 1);
+      d->softmax_cross_entropy(lx.data(), yx.data(), 4, 4, nullptr, 0.0f, acc.data());
+      keys[which++] = acc.download()[0].label_error;
+    }
+    CHECK(keys[0] == keys[1]);
+    CHECK(detail::label_error_row(keys[0]) == 2);
+    CHECK(detail::label_error_label(keys[0]) == -3);
     auto ld = on_device(*gpu, random_floats(12, 5));
     auto yd = on_device(*gpu, std::vector<std::int32_t>{0, 4, 1});
     CHECK_THROWS_WITH_AS(gpu->softmax_cross_entropy(ld.data(), yd.data(), 3, 4, nullptr, 1.0f),
-                         doctest::Contains("label 4 of row 1"), std::out_of_range);
+                         doctest::Contains("label 4 of row 1"), InputError);
     // The device is still usable afterwards; zero rows give zero stats.
     auto ok = on_device(*gpu, std::vector<std::int32_t>{0, 2, 1});
     const LossStats after = gpu->softmax_cross_entropy(ld.data(), ok.data(), 3, 4, nullptr, 1.0f);
@@ -363,15 +386,51 @@ TEST_SUITE("cuda") {
     const auto x = random_floats(n, 17, -3.0, 3.0);
     auto xg = on_device(*gpu, x);
     auto xc = on_device(*cpu, x);
-    std::vector<double> got(grains), want(grains), tail(grains - 3);
-    gpu->sum_squares_grains(xg.data(), n, grain, got);
-    cpu->sum_squares_grains(xc.data(), n, grain, want);
-    gpu->sum_squares_grains(xg.data() + 3 * grain, n - 3 * grain, grain, tail);
+    DeviceArray<double> got_g(*gpu, grains), want_c(*cpu, grains), tail_g(*gpu, grains - 3);
+    gpu->sum_squares_grains(xg.data(), n, grain, got_g.data());
+    cpu->sum_squares_grains(xc.data(), n, grain, want_c.data());
+    gpu->sum_squares_grains(xg.data() + 3 * grain, n - 3 * grain, grain, tail_g.data());
+    const std::vector<double> got = got_g.download(), want = want_c.download(),
+                              tail = tail_g.download();
     for (std::size_t g = 0; g < grains; ++g) {
       CAPTURE(g);
       CHECK(got[g] == doctest::Approx(want[g]).epsilon(1e-10));
       if (g >= 3) CHECK(tail[g - 3] == got[g]);
     }
+  }
+
+  TEST_CASE("step_control: the CPU's bits for the norm, the clip factor and the skip flag") {
+    auto backend = cuda_or_skip();
+    if (!backend) return;
+    auto gpu = backend->create_device(0, 1, 0);
+    auto cpu = make_cpu_device(0, 1);
+    std::uint64_t seed = 70;
+    for (std::size_t grains : {1u, 7u, 7600u}) {
+      std::vector<double> sums(grains);
+      for (double& x : sums) x = 1e-3 * static_cast<double>(detail::uniform_below(seed, 100000));
+      for (double clip : {0.0, 0.5, 1e9}) {
+        CAPTURE(grains);
+        CAPTURE(clip);
+        StepControl got[2];
+        int which = 0;
+        for (Device* d : {gpu.get(), cpu.get()}) {
+          auto sd = on_device(*d, sums);
+          DeviceArray<StepControl> c(*d, 1);
+          d->step_control(sd.data(), grains, clip, c.data());
+          got[which++] = c.download()[0];
+        }
+        CHECK(std::bit_cast<std::uint64_t>(got[0].grad_norm) ==
+              std::bit_cast<std::uint64_t>(got[1].grad_norm));
+        CHECK(std::bit_cast<std::uint32_t>(got[0].clip_scale) ==
+              std::bit_cast<std::uint32_t>(got[1].clip_scale));
+        CHECK(got[0].skip == 0);
+        CHECK(got[1].skip == 0);
+      }
+    }
+    auto bad = on_device(*gpu, std::vector<double>{1.0, std::numeric_limits<double>::quiet_NaN()});
+    DeviceArray<StepControl> c(*gpu, 1);
+    gpu->step_control(bad.data(), 2, 1.0, c.data());
+    CHECK(c.download()[0].skip == 1);
   }
 
   TEST_CASE("hash: the same bits hash equal on the CPU and the GPU") {
@@ -398,7 +457,7 @@ TEST_SUITE("cuda") {
     }
   }
 
-  TEST_CASE("sgd_step and adamw_step") {
+  TEST_CASE("sgd_step and adamw_step, plain and with the step's control") {
     auto backend = cuda_or_skip();
     if (!backend) return;
     auto gpu = backend->create_device(0, 1, 0);
@@ -414,7 +473,8 @@ TEST_SUITE("cuda") {
         DeviceArray<float> buf(d, n);
         const SgdParams opt{.momentum = momentum, .weight_decay = wd, .nesterov = nesterov};
         for (int step = 0; step < 3; ++step)
-          d.sgd_step(opt, 0.1f, p.data(), g.data(), momentum != 0.0f ? buf.data() : nullptr, n);
+          d.sgd_step(opt, 0.1f, p.data(), g.data(), momentum != 0.0f ? buf.data() : nullptr, n,
+                     nullptr);
         return Outputs{p.download(), buf.download()};
       });
     }
@@ -423,9 +483,25 @@ TEST_SUITE("cuda") {
       DeviceArray<float> m(d, n), v(d, n);
       const AdamWParams opt{.weight_decay = 0.01f};
       for (std::int64_t t = 1; t <= 3; ++t)
-        d.adamw_step(opt, 0.01f, t, p.data(), g.data(), m.data(), v.data(), n);
+        d.adamw_step(opt, 0.01f, t, p.data(), g.data(), m.data(), v.data(), n, nullptr);
       return Outputs{p.download(), m.download(), v.download()};
     });
+    // The clip factor and the skip flag, read from the device.
+    for (const StepControl control : {StepControl{.grad_norm = 2.0, .clip_scale = 0.37f},
+                                      StepControl{.grad_norm = NAN, .clip_scale = 1.0f, .skip = 1}}) {
+      CAPTURE(control.skip);
+      compare(*gpu, [&](Device& d) {
+        auto p = on_device(d, p0), g = on_device(d, g0);
+        DeviceArray<StepControl> c(d, 1);
+        c.upload(std::vector{control});
+        DeviceArray<float> buf(d, n), m(d, n), v(d, n);
+        const SgdParams sgd{.momentum = 0.9f, .weight_decay = 0.01f, .nesterov = true};
+        d.sgd_step(sgd, 0.1f, p.data(), g.data(), buf.data(), n, c.data());
+        d.adamw_step({.weight_decay = 0.01f}, 0.01f, 1, p.data(), g.data(), m.data(), v.data(), n,
+                     c.data());
+        return Outputs{p.download(), buf.download(), m.download(), v.download(), g.download()};
+      });
+    }
   }
 
   TEST_CASE("NCCL: all_reduce and broadcast, rank r contributing r + 1") {

@@ -124,7 +124,7 @@ TEST_CASE("ShardLoader: a loading error reaches next(), after the batches before
 
   auto bad = std::make_shared<IndexDataset>(20, SIZE_MAX, std::chrono::milliseconds(0), 3);
   ShardLoader bad_loader(bad, DistributedSampler(20, 1, 0, false, 0, false), 4, false, 1);
-  CHECK_THROWS_AS(bad_loader.next(), std::out_of_range);
+  CHECK_THROWS_AS(bad_loader.next(), lockstep::InputError);
 }
 
 TEST_CASE("ShardLoader: too small a shard is an input error") {

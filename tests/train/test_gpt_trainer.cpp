@@ -17,26 +17,9 @@ using namespace lockstep;
 
 namespace {
 
-// A stream with structure to learn: a noisy cycle over a 13-token vocabulary.
-TokenDataset token_stream(std::size_t n, int context, std::uint64_t seed) {
-  std::vector<std::uint16_t> tokens(n);
-  for (std::size_t i = 0; i < n; ++i)
-    tokens[i] = static_cast<std::uint16_t>((i * 5 + detail::uniform_below(seed, 2)) % 13);
-  return TokenDataset(std::move(tokens), context, 13);
-}
+using test::token_stream;
 
-Config gpt_config(int devices, int batch) {
-  Config cfg = test::cpu_config(devices, batch, /*steps=*/10, /*seed=*/3);
-  cfg.model.type = "gpt";
-  cfg.model.vocab_size = 13;
-  cfg.model.context = 8;
-  cfg.model.n_layer = 2;
-  cfg.model.n_head = 2;
-  cfg.model.d_model = 16;
-  cfg.optimizer.weight_decay = 0.1;
-  cfg.optimizer.clip_grad_norm = 1.0;
-  return cfg;
-}
+Config gpt_config(int devices, int batch) { return test::small_gpt_config(devices, batch); }
 
 }  // namespace
 

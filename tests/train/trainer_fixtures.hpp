@@ -1,5 +1,6 @@
 // What the trainer tests (CPU and CUDA) share: the Config they start from, the small MLP
-// problem of the equivalence tests, and how two parameter buffers are compared.
+// problem of the equivalence tests, a small GPT and its tokens, and how two parameter buffers
+// are compared.
 #pragma once
 
 #include <doctest/doctest.h>
@@ -11,7 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "common/random.hpp"
 #include "lockstep/config.hpp"
+#include "lockstep/dataset.hpp"
 
 namespace lockstep::test {
 
@@ -48,6 +51,29 @@ inline Config small_mlp_config(int devices, int batch, OptimizerKind opt) {
   cfg.optimizer.clip_grad_norm = 5.0;
   cfg.schedule.type = ScheduleKind::warmup_cosine;
   cfg.schedule.warmup_steps = 3;
+  return cfg;
+}
+
+// A stream with structure to learn: a noisy cycle over a 13-token vocabulary.
+inline TokenDataset token_stream(std::size_t n, int context, std::uint64_t seed) {
+  std::vector<std::uint16_t> tokens(n);
+  for (std::size_t i = 0; i < n; ++i)
+    tokens[i] = static_cast<std::uint16_t>((i * 5 + detail::uniform_below(seed, 2)) % 13);
+  return TokenDataset(std::move(tokens), context, 13);
+}
+
+// A 2-layer GPT over token_stream's 13 tokens in 8-token windows, 10 steps from seed 3, AdamW
+// with weight decay and clipping.
+inline Config small_gpt_config(int devices, int batch) {
+  Config cfg = cpu_config(devices, batch, /*steps=*/10, /*seed=*/3);
+  cfg.model.type = "gpt";
+  cfg.model.vocab_size = 13;
+  cfg.model.context = 8;
+  cfg.model.n_layer = 2;
+  cfg.model.n_head = 2;
+  cfg.model.d_model = 16;
+  cfg.optimizer.weight_decay = 0.1;
+  cfg.optimizer.clip_grad_norm = 1.0;
   return cfg;
 }
 

@@ -1,4 +1,5 @@
-// Whole-buffer reductions: the sum of squares and the replica hash (CUDA: src/cuda/ops/reduce.cu).
+// Whole-buffer reductions: the sum of squares (whole, or per grain and the step's scalars from
+// it) and the replica hash (CUDA: src/cuda/ops/reduce.cu).
 #include "cpu/cpu_device.hpp"
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 namespace lockstep::cpu {
 
 double CpuDevice::sum_squares(const float* x, std::size_t n) {
+  count_host_sync();
   return reduce_blocks<double>(
       n, kGrain,
       [&](std::size_t i0, std::size_t i1) {
@@ -21,10 +23,9 @@ double CpuDevice::sum_squares(const float* x, std::size_t n) {
 }
 
 void CpuDevice::sum_squares_grains(const float* x, std::size_t n, std::size_t grain,
-                                   std::span<double> out) {
-  if (out.size() != blocks_of(n, grain))
-    throw std::invalid_argument("sum_squares_grains: out needs one entry per grain");
-  for_blocks(out.size(), [&](std::size_t g) {
+                                   double* out) {
+  if (grain == 0) throw std::invalid_argument("sum_squares_grains: grain 0");
+  for_blocks(blocks_of(n, grain), [&](std::size_t g) {
     double s = 0.0;
     for (std::size_t i = g * grain, end = std::min(n, (g + 1) * grain); i < end; ++i)
       s += double(x[i]) * double(x[i]);
@@ -32,8 +33,17 @@ void CpuDevice::sum_squares_grains(const float* x, std::size_t n, std::size_t gr
   });
 }
 
+void CpuDevice::step_control(const double* grain_sums, std::size_t grains, double clip_norm,
+                             StepControl* control) {
+  double norm_sq = 0.0;
+  for (std::size_t g = 0; g < grains; ++g) norm_sq += grain_sums[g];
+  const detail::StepScalars s = detail::step_scalars(norm_sq, clip_norm);
+  *control = {.grad_norm = s.grad_norm, .clip_scale = s.clip_scale, .skip = s.skip};
+}
+
 // n + sum over i of hash_term(bits(x[i]), i), mod 2^64: exactly associative.
 std::uint64_t CpuDevice::hash(const float* x, std::size_t n) {
+  count_host_sync();
   return n + reduce_blocks<std::uint64_t>(
                  n, kGrain,
                  [&](std::size_t i0, std::size_t i1) {

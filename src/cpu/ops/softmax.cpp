@@ -1,6 +1,7 @@
 // Softmax kernels: the classifier's softmax cross-entropy and the attention's causal softmax,
 // forward and backward (CUDA: src/cuda/ops/softmax.cu).
 #include "cpu/cpu_device.hpp"
+#include "common/elementwise_math.hpp"
 #include "common/gemm_shape.hpp"
 
 #include <cmath>
@@ -19,15 +20,17 @@ void CpuDevice::for_rows_of_squares(int count, int T, const Fn& fn) {
   });
 }
 
-// logits (rows, classes), labels (rows), dlogits (rows, classes) or null.
-LossStats CpuDevice::softmax_cross_entropy(const float* logits, const std::int32_t* labels,
-                                           int rows, int classes, float* dlogits,
-                                           float grad_scale) {
+// logits (rows, classes), labels (rows), dlogits (rows, classes) or null. The labels are checked
+// before anything is written: a bad one leaves the sums and dlogits alone and is recorded.
+void CpuDevice::softmax_cross_entropy(const float* logits, const std::int32_t* labels, int rows,
+                                      int classes, float* dlogits, float grad_scale,
+                                      LossStats* stats) {
   detail::check_loss_shape(rows, classes);
   for (int r = 0; r < rows; ++r)
-    if (labels[r] < 0 || labels[r] >= classes)
-      throw std::out_of_range(fmt::format(
-          "softmax_cross_entropy: label {} of row {} is outside [0, {})", labels[r], r, classes));
+    if (labels[r] < 0 || labels[r] >= classes) {
+      stats->label_error = std::max(stats->label_error, detail::label_error_key(r, labels[r]));
+      return;
+    }
   const std::size_t nc = static_cast<std::size_t>(classes);
   const auto rows_loss = [&](std::size_t r0, std::size_t r1) {
     LossStats s;
@@ -51,13 +54,15 @@ LossStats CpuDevice::softmax_cross_entropy(const float* logits, const std::int32
     }
     return s;
   };
-  return reduce_blocks<LossStats>(
+  const LossStats total = reduce_blocks<LossStats>(
       static_cast<std::size_t>(rows), rows_per_block(nc), rows_loss,
       [](LossStats acc, const LossStats& s) {
         acc.loss_sum += s.loss_sum;
         acc.correct += s.correct;
         return acc;
       });
+  stats->loss_sum += total.loss_sum;
+  stats->correct += total.correct;
 }
 
 void CpuDevice::causal_softmax_forward(const float* s, float* p, int count, int T, float scale) {

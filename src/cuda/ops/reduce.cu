@@ -50,6 +50,17 @@ __global__ void sum_squares_grains_kernel(const float* x, std::size_t n, std::si
   if (threadIdx.x == 0) sums[blockIdx.x] = s;
 }
 
+// One thread: the grain sums added in order from 0, as the CPU adds them.
+__global__ void step_control_kernel(const double* grain_sums, std::size_t count, double clip,
+                                    StepControlValues* control) {
+  double s = 0.0;
+  for (std::size_t g = 0; g < count; ++g) s += grain_sums[g];
+  const detail::StepScalars v = detail::step_scalars(s, clip);
+  control->grad_norm = v.grad_norm;
+  control->clip_scale = v.clip_scale;
+  control->skip = v.skip;
+}
+
 // sum of hash_term(bits(x[i]), i) mod 2^64: per thread, per warp, then one atomic per warp.
 __global__ void hash_kernel(const float* x, std::size_t n, unsigned long long* result) {
   unsigned long long h = 0;
@@ -78,6 +89,12 @@ void launch_sum_squares_grains(cudaStream_t stream, const float* x, std::size_t 
   const std::size_t grains = (n + grain - 1) / grain;
   sum_squares_grains_kernel<<<static_cast<unsigned>(grains), kThreads, 0, stream>>>(x, n, grain,
                                                                                     sums);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_step_control(cudaStream_t stream, const double* grain_sums, std::size_t count,
+                         double clip, StepControlValues* control) {
+  step_control_kernel<<<1, 1, 0, stream>>>(grain_sums, count, clip, control);
   CUDA_CHECK(cudaGetLastError());
 }
 

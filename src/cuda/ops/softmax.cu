@@ -11,14 +11,16 @@
 namespace lockstep::cuda {
 namespace {
 
-// One block: result->bad_row = the first row whose label is outside [0, classes), or stays above
-// every row. Runs before the row kernel, so that a bad label anywhere leaves dlogits unwritten,
-// as on the CPU (which checks every label before it computes anything).
+// One block: *bad_row = the first row whose label is outside [0, classes), or stays above every
+// row, and that row's key (detail::label_error_key: the lowest row has the largest key) into
+// stats->label_error. Runs before the row kernel, so that a bad label anywhere leaves dlogits
+// unwritten, as on the CPU (which checks every label before it computes anything).
 __global__ void check_labels_kernel(const std::int32_t* labels, int rows, int classes,
-                                    LossResult* result) {
+                                    int* bad_row, LossAccumulator* stats) {
   for (int r = threadIdx.x; r < rows; r += kThreads)
     if (labels[r] < 0 || labels[r] >= classes) {
-      atomicMin(&result->bad_row, r);
+      atomicMin(bad_row, r);
+      atomicMax(&stats->label_error, detail::label_error_key(r, labels[r]));
       return;  // this thread's later rows come after r
     }
 }
@@ -31,9 +33,9 @@ __global__ void check_labels_kernel(const std::int32_t* labels, int rows, int cl
 __global__ void softmax_xent_rows_kernel(const float* logits, const std::int32_t* labels,
                                          int classes, float* dlogits, float grad_scale,
                                          double* row_loss, int* row_correct,
-                                         const LossResult* result) {
+                                         const int* bad_row) {
   const int row = blockIdx.x;
-  if (result->bad_row < static_cast<int>(gridDim.x)) return;  // a bad label (one block a row)
+  if (*bad_row < static_cast<int>(gridDim.x)) return;  // a bad label (one block a row)
   const int label = labels[row];
   const float* z = logits + static_cast<std::size_t>(row) * classes;
 
@@ -83,12 +85,12 @@ __global__ void softmax_xent_rows_kernel(const float* logits, const std::int32_t
     d[j] = (d[j] * inv - (j == label ? 1.0f : 0.0f)) * grad_scale;
 }
 
-// One block: the rows' losses and correct counts, summed in a fixed order (zero after a bad
-// label: the row kernel wrote no row).
+// One block: the rows' losses and correct counts, summed in a fixed order, added to *stats
+// (nothing after a bad label: the row kernel wrote no row).
 __global__ void softmax_xent_total_kernel(const double* row_loss, const int* row_correct,
-                                          const std::int32_t* labels, int rows,
-                                          LossResult* result) {
-  const int bad = result->bad_row;
+                                          int rows, const int* bad_row,
+                                          LossAccumulator* stats) {
+  const int bad = *bad_row;
   double loss = 0.0, correct = 0.0;
   for (int r = threadIdx.x; r < rows && bad >= rows; r += kThreads) {
     loss += row_loss[r];
@@ -97,9 +99,8 @@ __global__ void softmax_xent_total_kernel(const double* row_loss, const int* row
   loss = block_sum(loss);
   correct = block_sum(correct);  // exact: integers far below 2^53
   if (threadIdx.x == 0) {
-    result->loss_sum = loss;
-    result->correct = static_cast<long long>(correct);
-    result->bad_label = bad < rows ? labels[bad] : 0;
+    stats->loss_sum += loss;
+    stats->correct += static_cast<long long>(correct);
   }
 }
 
@@ -145,18 +146,19 @@ __global__ void causal_softmax_backward_kernel(const float* p, const float* dp, 
 void launch_softmax_cross_entropy(cudaStream_t stream, const float* logits,
                                   const std::int32_t* labels, int rows, int classes,
                                   float* dlogits, float grad_scale, double* row_loss,
-                                  int* row_correct, LossResult* result) {
-  // bad_row starts above any row (0x7f7f7f7f); check_labels_kernel lowers it with atomicMin.
-  CUDA_CHECK(cudaMemsetAsync(&result->bad_row, 0x7f, sizeof(int), stream));
-  if (rows > 0) {
-    check_labels_kernel<<<1, kThreads, 0, stream>>>(labels, rows, classes, result);
-    CUDA_CHECK(cudaGetLastError());
-    softmax_xent_rows_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-        logits, labels, classes, dlogits, grad_scale, row_loss, row_correct, result);
-    CUDA_CHECK(cudaGetLastError());
-  }
-  softmax_xent_total_kernel<<<1, kThreads, 0, stream>>>(row_loss, row_correct, labels, rows,
-                                                        result);
+                                  int* row_correct, LossAccumulator* stats) {
+  if (rows <= 0) return;
+  // The call's first bad row, in the scratch int after the rows' correct counts: it starts above
+  // any row (0x7f7f7f7f) and check_labels_kernel lowers it with atomicMin.
+  int* bad_row = row_correct + rows;
+  CUDA_CHECK(cudaMemsetAsync(bad_row, 0x7f, sizeof(int), stream));
+  check_labels_kernel<<<1, kThreads, 0, stream>>>(labels, rows, classes, bad_row, stats);
+  CUDA_CHECK(cudaGetLastError());
+  softmax_xent_rows_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
+      logits, labels, classes, dlogits, grad_scale, row_loss, row_correct, bad_row);
+  CUDA_CHECK(cudaGetLastError());
+  softmax_xent_total_kernel<<<1, kThreads, 0, stream>>>(row_loss, row_correct, rows, bad_row,
+                                                        stats);
   CUDA_CHECK(cudaGetLastError());
 }
 

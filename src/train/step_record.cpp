@@ -1,0 +1,74 @@
+// The step record (Note [One read per step] in step_record.hpp), and Device's read-back loss.
+#include "train/step_record.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <type_traits>
+
+#include <fmt/format.h>
+
+#include "common/elementwise_math.hpp"
+#include "lockstep/error.hpp"
+
+namespace lockstep {
+namespace detail {
+namespace {
+
+constexpr std::size_t kHeaderDoubles = 5;  // sizeof(Header) / sizeof(double)
+
+}  // namespace
+
+StepRecord::StepRecord(Device& device, std::size_t grains)
+    : device_(device),
+      grains_(grains),
+      memory_(device, kHeaderDoubles + grains),
+      host_memory_(kHeaderDoubles + grains) {
+  static_assert(sizeof(Header) == kHeaderDoubles * sizeof(double));
+  static_assert(alignof(Header) <= alignof(double));
+  host_.grain_sums.resize(grains);
+}
+
+double* StepRecord::grain_sums() noexcept { return memory_.data() + kHeaderDoubles; }
+
+// All bits zero is 0.0 for a float as for a double: one fill of the record's floats.
+void StepRecord::reset() {
+  device_.fill(reinterpret_cast<float*>(memory_.data()), 0.0f, 2 * memory_.size());
+}
+
+StepRecord::Host& StepRecord::read(bool with_grain_sums) {
+  const std::size_t doubles = with_grain_sums ? memory_.size() : kHeaderDoubles;
+  device_.copy_to_host(host_memory_.data(), memory_.data(), doubles * sizeof(double));
+  static_assert(std::is_trivially_copyable_v<Header>);
+  Header h;
+  std::memcpy(static_cast<void*>(&h), host_memory_.data(), sizeof(h));
+  host_.loss = h.loss;
+  host_.control = h.control;
+  if (with_grain_sums)
+    std::copy_n(host_memory_.begin() + kHeaderDoubles, grains_, host_.grain_sums.begin());
+  return host_;
+}
+
+void StepRecord::set_control(const StepControl& control) {
+  device_.copy_to_device(this->control(), &control, sizeof(control));
+}
+
+void check_labels(const LossStats& stats, int classes, std::string_view where) {
+  if (stats.label_error == 0) return;
+  throw InputError(fmt::format(
+      "{}: label {} of row {} is outside the model's classes [0, {}): the data's labels must be "
+      "class indices (token ids below the vocabulary size)",
+      where, label_error_label(stats.label_error), label_error_row(stats.label_error), classes));
+}
+
+}  // namespace detail
+
+LossStats Device::softmax_cross_entropy(const float* logits, const std::int32_t* labels, int rows,
+                                        int classes, float* dlogits, float grad_scale) {
+  DeviceArray<LossStats> stats(*this, 1);
+  softmax_cross_entropy(logits, labels, rows, classes, dlogits, grad_scale, stats.data());
+  const LossStats s = stats.download().front();
+  detail::check_labels(s, classes, "softmax_cross_entropy");
+  return s;
+}
+
+}  // namespace lockstep

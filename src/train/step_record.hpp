@@ -1,0 +1,82 @@
+// What a training step tells the host, kept on the device until the step's work is queued.
+//
+//   StepRecord record(device, reducer.grains());
+//   record.reset();                                    // each step, queued
+//   device.softmax_cross_entropy(..., record.loss());  // each micro-batch adds to it
+//   reducer.sum_grain_squares(i, device, record.grain_sums());
+//   device.step_control(record.grain_sums(), grains, clip, record.control());
+//   optimizer.apply(..., record.control());            // clip factor and skip read on the device
+//   const StepRecord::Host& h = record.read();         // the step's one host sync
+//
+// Note [One read per step]
+//   A GPU runs ahead of its host only while the host does not wait for it (Note [Host syncs] in
+//   device.hpp), so the host learns what a step did from one record, read once, after the
+//   step's work is queued:
+//     - loss: every micro-batch's softmax_cross_entropy adds its loss, correct count and any
+//       label error to it, on the device;
+//     - grain sums: each bucket's sums of squares (Note [ZeRO-1] in reducer.hpp), once its
+//       all-reduce has landed;
+//     - control: Device::step_control makes the global norm, the clip factor and the skip flag
+//       (non-finite norm) from the grain sums; the optimiser kernels read the last two, so
+//       clipping and on_nonfinite: skip need no decision from the host before the update.
+//   Then the host reads the record, all-reduces the loss totals and the stop flag on the host,
+//   reports, cancels the optimiser's step count if the update was skipped, and acts on a
+//   non-finite norm (trainer.on_nonfinite) or a label error (InputError).
+//   With ZeRO-1 each rank holds only its own grains' sums: the host reads the record before the
+//   update, all-reduces the grain sums (exact, as before), makes the same scalars
+//   (detail::step_scalars) and copies them to the device for the kernels, which waits for no
+//   kernel. Either way one read per step, whatever accumulate_steps and the bucket count.
+//   A non-finite loss makes its logits' softmax, hence the gradient and its norm, non-finite,
+//   so the norm alone decides the skip on every rank alike; the host checks the loss too.
+#pragma once
+
+#include <cstddef>
+#include <string_view>
+#include <vector>
+
+#include "lockstep/device.hpp"
+
+namespace lockstep::detail {
+
+class StepRecord {
+ public:
+  // Allocates the record (before the first step): room for `grains` grain sums.
+  StepRecord(Device& device, std::size_t grains);
+
+  // Zeroes the record on the device (queued).
+  void reset();
+  LossStats* loss() noexcept { return &header()->loss; }
+  StepControl* control() noexcept { return &header()->control; }
+  double* grain_sums() noexcept;  // `grains` entries
+  std::size_t grains() const noexcept { return grains_; }
+
+  struct Host {
+    LossStats loss;
+    StepControl control;
+    std::vector<double> grain_sums;  // filled only by read(true)
+  };
+  // Copies the record to the host once the work queued so far is done: the one host sync. The
+  // caller may complete the copy (ZeRO-1 adds the other ranks' grain sums).
+  Host& read(bool with_grain_sums = false);
+  // Sets the control from the host (ZeRO-1), queued behind the work so far.
+  void set_control(const StepControl& control);
+
+ private:
+  struct Header {
+    LossStats loss;
+    StepControl control;
+  };
+  Header* header() noexcept { return reinterpret_cast<Header*>(memory_.data()); }
+
+  Device& device_;
+  std::size_t grains_;
+  DeviceArray<double> memory_;  // the Header, then the grain sums
+  std::vector<double> host_memory_;
+  Host host_;
+};
+
+// Throws InputError for the label error `stats` holds, if any: the row of one call of
+// softmax_cross_entropy (in `where`) and the label, outside [0, classes).
+void check_labels(const LossStats& stats, int classes, std::string_view where);
+
+}  // namespace lockstep::detail
