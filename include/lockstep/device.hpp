@@ -19,16 +19,21 @@
 // All matrices are row-major. Shapes are given in comments as (rows, cols).
 #pragma once
 
+#include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
+#include "lockstep/error.hpp"
 #include "lockstep/export.hpp"
 #include "lockstep/types.hpp"
 
@@ -264,6 +269,32 @@ class LOCKSTEP_API Device : public MemoryOps,
   // The default copies synchronously with copy_to_device; a GPU stages through pinned memory on
   // a copy stream. Destroy the buffer before its device.
   virtual std::unique_ptr<StagedBuffer> make_staged_buffer(std::size_t bytes);
+
+  // Note [Abortable waits]
+  //   Work on a device's queue may wait for a collective, and a collective whose peer died never
+  //   finishes: a host thread blocked in cudaStreamSynchronize behind it would never return,
+  //   out of reach of any abort. So every wait of a device for its queue goes through
+  //   wait_until, which polls (cudaStreamQuery, cudaEventQuery) with a growing pause and asks
+  //   the abort check between polls; once that says the group is aborted, the wait throws
+  //   CommAborted instead. Communicator::attach installs the check.
+
+  // The check wait_until asks; none (the default) waits as long as it takes.
+  void set_abort_check(std::function<bool()> aborted) { abort_check_ = std::move(aborted); }
+  bool abort_requested() const { return abort_check_ && abort_check_(); }
+  // Returns once done() is true, polling it with a pause that grows from a microsecond to a
+  // millisecond; throws CommAborted once abort_requested() is true first (Note [Abortable
+  // waits]). On the CPU nothing waits: a CPU device's work is done when its call returns.
+  void wait_until(const std::function<bool()>& done) const {
+    auto pause = std::chrono::microseconds(1);
+    while (!done()) {
+      if (abort_requested()) throw CommAborted();
+      std::this_thread::sleep_for(pause);
+      pause = std::min(2 * pause, std::chrono::microseconds(1000));
+    }
+  }
+
+ private:
+  std::function<bool()> abort_check_;
 };
 
 // Owns `size` elements of T on a device. Move-only.

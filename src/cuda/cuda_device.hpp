@@ -6,8 +6,9 @@
 // The constructor makes `id` the calling thread's current device; use the object on that thread
 // (the destructor may run on any thread). Every kernel runs on one non-blocking compute stream;
 // cuBLAS is bound to it. Calls that return a value to the host (copy_to_host,
-// softmax_cross_entropy, sum_squares, sum_squares_grains, hash) wait for the stream; the rest
-// only enqueues.
+// softmax_cross_entropy, sum_squares, sum_squares_grains, hash) wait for the stream, polling
+// so that an abort ends the wait (Note [Abortable waits] in lockstep/device.hpp); the rest only
+// enqueues.
 // copy_to_device copies the host data into pinned staging memory before it returns, so the
 // caller may reuse its buffer at once, and the transfer itself is queued on the stream.
 // Staged buffers (the trainer's next batch, cuda_staged_buffer.hpp) copy through their own
@@ -93,6 +94,9 @@ class CudaDevice final : public Device {
   // Copies the first sizeof(T) bytes of result_ to the host, after the stream's work.
   template <class T>
   T read_result();
+  // Returns once the compute stream's work is done (Note [Abortable waits]).
+  void wait_for_stream();
+  void abandon() noexcept;
   // Per-row scratch of softmax_cross_entropy, grown to at least `rows`.
   void reserve_rows(int rows);
   // scratch_, grown to at least `bytes`: the working memory of one kernel at a time (the

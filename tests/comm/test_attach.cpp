@@ -8,6 +8,7 @@
 #include <span>
 #include <vector>
 
+#include "group_of_one.hpp"
 #include "lockstep/comm.hpp"
 #include "lockstep/device.hpp"
 
@@ -15,22 +16,10 @@ using namespace lockstep;
 
 namespace {
 
-// Records what bind() received; every collective is the identity of a group of one.
-class RecordingCommunicator final : public Communicator {
+// Records what bind() received.
+class RecordingCommunicator final : public test::GroupOfOne {
  public:
-  int rank() const noexcept override { return 0; }
-  int size() const noexcept override { return 1; }
   void bind(const DeviceQueue& queue) override { bound = queue; }
-  void all_reduce(float*, std::size_t, ReduceOp) override {}
-  void broadcast(float*, std::size_t, int) override {}
-  void reduce_scatter(float*, std::size_t, std::size_t, ReduceOp) override {}
-  void all_gather(float*, std::size_t, std::size_t) override {}
-  void barrier() override {}
-  void all_reduce_host(std::span<double>) override {}
-  std::vector<std::uint64_t> all_gather_host(std::uint64_t value) override { return {value}; }
-  void abort() noexcept override {}
-  bool aborted() const noexcept override { return false; }
-
   std::optional<DeviceQueue> bound;
 };
 
