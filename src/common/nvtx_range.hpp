@@ -4,11 +4,6 @@
 #pragma once
 
 #include <cstddef>
-#include <cstdio>
-
-#if LOCKSTEP_HAVE_NVTX
-#include <nvtx3/nvToolsExt.h>
-#endif
 
 namespace lockstep::detail {
 
@@ -17,33 +12,20 @@ namespace lockstep::detail {
 //   forward, backward per layer, each bucket's all-reduce (on a GPU its enqueue; the comm
 //   stream, named by the communicator, shows the kernels), the optimiser, eval, checkpoints.
 //   NVTX 3 is header-only in the CUDA toolkit and finds its tool at run time: without one
-//   attached, a push or pop only tests a pointer. Builds without the toolkit compile it away.
+//   attached, a push or pop only tests a pointer. Builds without the toolkit make them no-ops.
+//   The calls are defined once, in src/train/trace.cpp, the one place that knows whether the
+//   build has NVTX, so that every caller agrees.
+void nvtx_push(const char* name) noexcept;
+// `prefix` followed by `index` ("backward layers.", 3: "backward layers.3"), formatted without
+// allocating, and only when NVTX is built in.
+void nvtx_push(const char* prefix, std::size_t index) noexcept;
+void nvtx_pop() noexcept;
+
 class NvtxRange {
  public:
-  explicit NvtxRange(const char* name) noexcept {
-#if LOCKSTEP_HAVE_NVTX
-    nvtxRangePushA(name);
-#else
-    (void)name;
-#endif
-  }
-  ~NvtxRange() {
-#if LOCKSTEP_HAVE_NVTX
-    nvtxRangePop();
-#endif
-  }
-  // `prefix` followed by `index`, "backward layers." and 3: "backward layers.3", formatted
-  // without allocating, and only when NVTX is built in.
-  NvtxRange(const char* prefix, std::size_t index) noexcept {
-#if LOCKSTEP_HAVE_NVTX
-    char name[96];
-    std::snprintf(name, sizeof name, "%s%zu", prefix, index);
-    nvtxRangePushA(name);
-#else
-    (void)prefix;
-    (void)index;
-#endif
-  }
+  explicit NvtxRange(const char* name) noexcept { nvtx_push(name); }
+  NvtxRange(const char* prefix, std::size_t index) noexcept { nvtx_push(prefix, index); }
+  ~NvtxRange() { nvtx_pop(); }
   NvtxRange(const NvtxRange&) = delete;
   NvtxRange& operator=(const NvtxRange&) = delete;
 };
