@@ -172,8 +172,10 @@ class LOCKSTEP_API CheckpointManager {
   // Nothing is removed if writing fails. Throws std::invalid_argument for a Checkpoint that
   // does not hold together (state vectors of the wrong length, workers < 1, negative step).
   // Saving a step that already has a checkpoint replaces it, and that pair is incomplete
-  // until the save ends: save each step once.
-  CheckpointFiles save(const Checkpoint& ckpt);
+  // until the save ends: save each step once. `stage_done`, if set, is called after each
+  // stage (weights written, state written, verified, older ones removed), so that a caller's
+  // watchdog sees a slow save progress.
+  CheckpointFiles save(const Checkpoint& ckpt, const std::function<void()>& stage_done = {});
 
   // Complete checkpoints, oldest first. Reads every file in full to verify it.
   std::vector<CheckpointFiles> list() const;

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -50,16 +51,24 @@ inline ShardRange shard_range(std::size_t count, int ranks, int rank, std::size_
   return {std::min(first * grain, count), std::min(last * grain, count)};
 }
 
+// When a collective ran, and what it cost the worker's queue (CommWork::timing).
+struct CommTiming {
+  double started_s = 0.0;  // host times, seconds on the steady clock; equal when not timed
+  double finished_s = 0.0;
+  double exposed_s = 0.0;  // how long the worker's queue stood still waiting for it
+};
+
 // A collective in flight. wait() returns once its result may be used on the worker's queue (on
 // a GPU: the compute stream is ordered after it, without blocking the host) and rethrows its
-// error. started_s/finished_s are host times (seconds on the steady clock) when known, for
-// traces; both are 0 when the backend does not time its collectives on the host.
+// error. After wait(), timing() says when it ran and how long the queue waited for it: on the
+// CPU the host blocked in wait(); on a GPU the compute stream stood still behind the comm
+// stream, measured with CUDA events. It is nullopt while the device has not got that far (ask
+// again later), and zero times for backends that do not time their collectives.
 class LOCKSTEP_API CommWork {
  public:
   virtual ~CommWork() = default;
   virtual void wait() = 0;
-  double started_s = 0.0;
-  double finished_s = 0.0;
+  virtual std::optional<CommTiming> timing() { return CommTiming{}; }
 };
 
 class LOCKSTEP_API Communicator {
@@ -69,9 +78,12 @@ class LOCKSTEP_API Communicator {
   virtual int rank() const noexcept = 0;
   virtual int size() const noexcept = 0;
 
-  // Tells the communicator which device its worker computes on: binds device.queue(). Called
-  // once, on the worker's thread, after the device is created and before any collective.
-  void attach(const Device& device);
+  // Tells the communicator which device its worker computes on: binds device.queue(), and makes
+  // the device's waits end once the group is aborted (Device::set_abort_check), since work
+  // queued behind a collective whose peer died may never finish. Called once, on the worker's
+  // thread, after the device is created and before any collective. The device must go before
+  // the communicator.
+  void attach(Device& device);
   // What attach() hands over: the queue to order data-plane calls on, and the device it belongs
   // to, which the communicator checks against the one it was made for. The default ignores it,
   // for communicators whose collectives finish before they return (the CPU's).
@@ -109,10 +121,18 @@ class LOCKSTEP_API Communicator {
   virtual void abort() noexcept = 0;
   virtual bool aborted() const noexcept = 0;
 
+  // Returns once this rank's collectives no longer touch any buffer, its own or a peer's: what
+  // a worker calls before it frees its buffers, on every path (Note [Failure] in
+  // src/train/worker_loop.hpp). A collective whose work was enqueued on a device may still run
+  // after its CommWork was dropped. The default does nothing, for communicators whose
+  // collectives are done when they return or are waited for. Never throws.
+  virtual void drain() noexcept {}
+
  protected:
   // Runs `collective`, one of this communicator's data-plane calls, after those started before
-  // it. The default runs it at once, which suits backends whose collectives only enqueue work on
-  // a stream; the CPU's run it on the rank's communication thread.
+  // it. The default runs it at once and returns a finished CommWork; the CPU's run it on the
+  // rank's communication thread, the GPU's enqueue it on their comm stream and leave the compute
+  // stream free until wait().
   virtual std::unique_ptr<CommWork> start(std::function<void()> collective);
 };
 

@@ -19,17 +19,22 @@
 // All matrices are row-major. Shapes are given in comments as (rows, cols).
 #pragma once
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
+#include "lockstep/error.hpp"
 #include "lockstep/export.hpp"
 #include "lockstep/types.hpp"
 
@@ -326,6 +331,41 @@ class LOCKSTEP_API Device : public MemoryOps,
   LossStats softmax_cross_entropy(const float* logits, const std::int32_t* labels, int rows,
                                   int classes, float* dlogits, float grad_scale);
   using LayerOps::softmax_cross_entropy;
+
+  // Note [Abortable waits]
+  //   Work on a device's queue may wait for a collective, and a collective whose peer died never
+  //   finishes: a host thread blocked in cudaStreamSynchronize behind it would never return,
+  //   out of reach of any abort. So every wait of a device for its queue goes through
+  //   wait_until, which polls (cudaStreamQuery, cudaEventQuery), backing off from yields to
+  //   short sleeps, and asks the abort check between polls; once that says the group is
+  //   aborted, the wait throws CommAborted instead. Communicator::attach installs the check.
+
+  // The check wait_until asks; none (the default) waits as long as it takes.
+  void set_abort_check(std::function<bool()> aborted) { abort_check_ = std::move(aborted); }
+  bool abort_requested() const { return abort_check_ && abort_check_(); }
+  // Returns once done() is true; throws CommAborted once abort_requested() is true first (Note
+  // [Abortable waits]). It polls as a blocking CUDA synchronisation spins: for the first
+  // millisecond it only yields between polls, so a short wait ends within microseconds of its
+  // work; then it sleeps, 10 us at first, growing to 100 us, so a long wait costs little CPU
+  // and ends at most about 0.1 ms late. On the CPU nothing waits: a CPU device's work is done
+  // when its call returns.
+  void wait_until(const std::function<bool()>& done) const {
+    using namespace std::chrono;
+    const auto spin_until = steady_clock::now() + milliseconds(1);
+    auto pause = microseconds(10);
+    while (!done()) {
+      if (abort_requested()) throw CommAborted();
+      if (steady_clock::now() < spin_until) {
+        std::this_thread::yield();
+        continue;
+      }
+      std::this_thread::sleep_for(pause);
+      pause = std::min(2 * pause, microseconds(100));
+    }
+  }
+
+ private:
+  std::function<bool()> abort_check_;
 };
 
 // Owns `size` elements of T on a device. Move-only.

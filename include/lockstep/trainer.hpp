@@ -127,8 +127,10 @@ LOCKSTEP_API std::string describe_optimizer_state(const Summary& s);
 // failure in that worker (fault injection). The environment variable LOCKSTEP_FAULT=RANK:STEP:KIND
 // injects one fault without code, in the worker of global RANK (process RANK / devices, under
 // mpirun): KIND is forward (throw before forward), loader (throw on the loader
-// thread), nan (a NaN gradient) or stall (the worker stops making progress until the run is
-// aborted; set trainer.step_timeout_s).
+// thread), nan (a NaN gradient), stall (the worker stops making progress until the run is
+// aborted; set trainer.step_timeout_s), block (deaf to aborts at the end of STEP), hang (a
+// device wait that only the abort ends) or slowsave (a slow checkpoint save at STEP); see
+// src/train/fault_injection.hpp.
 struct LOCKSTEP_API TrainerHooks {
   std::function<void(int rank, std::int64_t step)> before_forward;
   // After the optimiser step, before the step's barrier.

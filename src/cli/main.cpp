@@ -22,6 +22,7 @@
 #include <numeric>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -212,20 +213,42 @@ int scaling(const Config& base, const DataSplit& data, const TrainArgs& args) {
 }
 
 // SIGINT/SIGTERM: the first asks the trainer to stop after the current step (and checkpoint);
-// a second SIGINT exits at once. The handler only touches lock-free atomics.
+// a second SIGINT exits at once. The handler only touches lock-free atomics. It may run on any
+// thread, so it counts itself in g_in_handler while it uses the trainer, and detaching waits
+// for that count to drop: no handler still holds the trainer once it is destroyed.
 std::atomic<int> g_signal{0};
 std::atomic<Trainer*> g_trainer{nullptr};
+std::atomic<int> g_in_handler{0};
 
 extern "C" void on_signal(int sig) {
   if (sig == SIGINT && g_signal.load() != 0) std::_Exit(128 + SIGINT);
   g_signal.store(sig);
+  g_in_handler.fetch_add(1);
   if (Trainer* t = g_trainer.load()) t->request_stop();
+  g_in_handler.fetch_sub(1);
 }
 
 // Installed before the config and data are read, so that a signal during start-up is kept
-// (not fatal) and stops the run after its first step, once attach() names the trainer.
+// (not fatal) and stops the run after its first step, once attach() names the trainer. The
+// trainer is named only while an Attachment lives, which the caller declares after the Trainer:
+// the scope itself outlives the Trainer, and a signal after the Trainer is gone must not reach
+// it.
 class SignalScope {
  public:
+  class Attachment {
+   public:
+    explicit Attachment(Trainer& trainer) {
+      g_trainer.store(&trainer);
+      if (g_signal.load() != 0) trainer.request_stop();  // a signal that came before we were ready
+    }
+    ~Attachment() {
+      g_trainer.store(nullptr);
+      while (g_in_handler.load() != 0) std::this_thread::yield();
+    }
+    Attachment(const Attachment&) = delete;
+    Attachment& operator=(const Attachment&) = delete;
+  };
+
   SignalScope() {
     struct sigaction sa {};
     sa.sa_handler = on_signal;
@@ -233,14 +256,9 @@ class SignalScope {
     sigaction(SIGINT, &sa, &old_int_);
     sigaction(SIGTERM, &sa, &old_term_);
   }
-  void attach(Trainer& trainer) {
-    g_trainer.store(&trainer);
-    if (g_signal.load() != 0) trainer.request_stop();  // a signal that came before we were ready
-  }
   ~SignalScope() {
     sigaction(SIGINT, &old_int_, nullptr);
     sigaction(SIGTERM, &old_term_, nullptr);
-    g_trainer.store(nullptr);
   }
   SignalScope(const SignalScope&) = delete;
   SignalScope& operator=(const SignalScope&) = delete;
@@ -335,8 +353,8 @@ void print_run_header(const Trainer& trainer, const Config& cfg,
                cfg.data.batch_size);
 }
 
-// Runs `trainer` with its metrics shown as progress.
-Summary run_with_progress(Trainer& trainer, SignalScope& signals) {
+// Runs `trainer` with its metrics shown as progress; signals reach it while it runs.
+Summary run_with_progress(Trainer& trainer) {
   const bool live = isatty(STDERR_FILENO) != 0;
   Progress progress(live ? stderr : stdout, live);
   trainer.on_progress([&](const StepMetrics& m) {
@@ -351,7 +369,7 @@ Summary run_with_progress(Trainer& trainer, SignalScope& signals) {
   });
   Summary summary;
   try {
-    signals.attach(trainer);
+    const SignalScope::Attachment attached(trainer);
     summary = trainer.run();
   } catch (...) {
     progress.finish();
@@ -400,7 +418,7 @@ int train(const std::vector<std::string_view>& argv,
   }
   std::fflush(stdout);
   g_phase = "training";
-  const Summary summary = run_with_progress(trainer, *signals);
+  const Summary summary = run_with_progress(trainer);
   g_phase = "writing the outputs";
   if (leader) {
     print_summary(stdout, summary);

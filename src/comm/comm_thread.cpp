@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <exception>
+#include <optional>
 
 #include "common/start_thread.hpp"
 
@@ -35,6 +36,8 @@ struct CommThread::Queued final : CommWork {
   std::condition_variable cv;
   bool done = false;
   std::exception_ptr error;
+  double started_s = 0.0;  // set by the thread before complete()
+  double finished_s = 0.0;
 };
 
 CommThread::~CommThread() {
@@ -57,12 +60,17 @@ std::unique_ptr<CommWork> CommThread::submit(std::function<void()> collective) {
   }
   cv_.notify_one();
   // The caller owns a handle; the queue keeps the work alive until the thread is done with it.
+  // Its timing: the thread's clock readings, and the time the caller blocked in wait().
   struct Handle final : CommWork {
     std::shared_ptr<Queued> work;
+    double blocked_s = 0.0;
     void wait() override {
+      const double t0 = now_s();
       work->wait();
-      started_s = work->started_s;
-      finished_s = work->finished_s;
+      blocked_s = now_s() - t0;
+    }
+    std::optional<CommTiming> timing() override {
+      return CommTiming{work->started_s, work->finished_s, blocked_s};
     }
   };
   auto handle = std::make_unique<Handle>();

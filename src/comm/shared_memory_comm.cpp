@@ -33,7 +33,10 @@
 
 namespace lockstep {
 
-void Communicator::attach(const Device& device) { bind(device.queue()); }
+void Communicator::attach(Device& device) {
+  bind(device.queue());
+  device.set_abort_check([this] { return aborted(); });  // Note [Abortable waits]
+}
 
 std::unique_ptr<CommWork> Communicator::start(std::function<void()> collective) {
   struct Done final : CommWork {

@@ -17,6 +17,8 @@
 #include "common/gemm_shape.hpp"
 #include "cuda/check.hpp"
 #include "cuda/cuda_staged_buffer.hpp"
+#include "cuda/nvtx.hpp"
+#include "cuda/stream_work.hpp"
 
 namespace lockstep::cuda {
 namespace {
@@ -67,6 +69,7 @@ const StepControlValues* values_of(const StepControl* control) {
 CudaDevice::CudaDevice(int id) : id_(id) {
   CUDA_CHECK(cudaSetDevice(id));
   stream_ = make_stream();
+  name_stream(stream_.get(), fmt::format("cuda:{} compute", id));
   cublas_ = make_cublas(stream_.get());
   CUBLAS_CHECK(cublasSetMathMode(cublas_.get(), CUBLAS_DEFAULT_MATH));
   partials_ = make_device_memory(kReduceBlocks * sizeof(double));
@@ -78,14 +81,18 @@ CudaDevice::CudaDevice(int id) : id_(id) {
     CUDA_CHECK(cudaEventRecord(e.get(), stream()));  // recorded once, so always waitable
   }
   copy_stream_ = make_stream();
+  name_stream(copy_stream_.get(), fmt::format("cuda:{} copy", id));
 }
 
 CudaDevice::~CudaDevice() {
   // Possibly on another thread than ours, whose current device is another GPU: release
   // everything with our device current, newest first, once the queued work that uses it is done.
   DeviceGuard guard(id_);
-  if (stream_) (void)cudaStreamSynchronize(stream_.get());
-  if (copy_stream_) (void)cudaStreamSynchronize(copy_stream_.get());
+  // After an abort, work may never finish (Note [Abortable waits]): then nothing is freed.
+  if (!settle(stream_.get(), *this) || !settle(copy_stream_.get(), *this)) {
+    abandon();
+    return;
+  }
   copy_stream_.reset();
   for (Event& e : staging_done_) e.reset();
   staging_.reset();
@@ -117,7 +124,7 @@ void* CudaDevice::allocate(std::size_t bytes) {
   }
   DeviceMemory owner(p);  // freed again if zeroing fails
   CUDA_CHECK(cudaMemsetAsync(p, 0, size, stream()));
-  CUDA_CHECK(cudaStreamSynchronize(stream()));
+  wait_for_stream();
   return owner.release();
 }
 
@@ -126,9 +133,9 @@ void CudaDevice::deallocate(void* ptr) noexcept {
   count_host_sync();
   DeviceGuard guard(id_);  // a DeviceArray may be destroyed on another thread
   // Kernels still queued may use the memory. Work on other streams that touched it (the
-  // communicators') is already ordered before the compute stream's later work by events.
-  (void)cudaStreamSynchronize(stream());
-  (void)cudaFree(ptr);
+  // communicators') is already ordered before the compute stream's later work by events, or
+  // drained (Communicator::drain). After an abort the memory is kept if the stream is busy.
+  if (settle(stream(), *this)) (void)cudaFree(ptr);
 }
 
 // The host memory may be pageable, and the caller may reuse it as soon as we return. A plain
@@ -144,7 +151,8 @@ void CudaDevice::copy_to_device(void* dst, const void* host_src, std::size_t byt
     const int k = next_chunk_;
     next_chunk_ = 1 - k;
     char* chunk = static_cast<char*>(staging_.get()) + static_cast<std::size_t>(k) * kStagingChunk;
-    CUDA_CHECK(cudaEventSynchronize(staging_done_[k].get()));
+    const cudaEvent_t chunk_done = staging_done_[k].get();
+    wait_until([chunk_done] { return event_done(chunk_done); });
     std::memcpy(chunk, in + done, len);
     CUDA_CHECK(cudaMemcpyAsync(out + done, chunk, len, cudaMemcpyHostToDevice, stream()));
     CUDA_CHECK(cudaEventRecord(staging_done_[k].get(), stream()));
@@ -153,14 +161,14 @@ void CudaDevice::copy_to_device(void* dst, const void* host_src, std::size_t byt
 }
 
 std::unique_ptr<StagedBuffer> CudaDevice::make_staged_buffer(std::size_t bytes) {
-  return std::make_unique<CudaStagedBuffer>(id_, stream(), copy_stream_.get(), bytes);
+  return std::make_unique<CudaStagedBuffer>(*this, stream(), copy_stream_.get(), bytes);
 }
 
 void CudaDevice::copy_to_host(void* host_dst, const void* src, std::size_t bytes) {
   if (bytes == 0) return;
   count_host_sync();
   CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream()));
-  CUDA_CHECK(cudaStreamSynchronize(stream()));
+  wait_for_stream();
 }
 
 void CudaDevice::copy(void* dst, const void* src, std::size_t bytes) {
@@ -170,7 +178,25 @@ void CudaDevice::copy(void* dst, const void* src, std::size_t bytes) {
 
 void CudaDevice::synchronize() {
   count_host_sync();
-  CUDA_CHECK(cudaStreamSynchronize(stream()));
+  wait_for_stream();
+}
+
+void CudaDevice::wait_for_stream() {
+  const cudaStream_t s = stream();
+  wait_until([s] { return stream_idle(s); });
+}
+
+// Gives up every handle without freeing it: after an abort, with work still queued that may
+// use any of them.
+void CudaDevice::abandon() noexcept {
+  for (DeviceMemory* m : {&scratch_, &row_correct_, &row_loss_, &result_, &partials_})
+    (void)m->release();
+  (void)staging_.release();
+  (void)host_result_.release();
+  for (Event& e : staging_done_) (void)e.release();
+  (void)cublas_.release();
+  (void)copy_stream_.release();
+  (void)stream_.release();
 }
 
 // The loss's per-row scratch, and the scratch of embedding_backward and LayerNorm's backward
@@ -188,7 +214,7 @@ T CudaDevice::read_result() {
   count_host_sync();
   CUDA_CHECK(cudaMemcpyAsync(host_result_.get(), result_.get(), sizeof(T), cudaMemcpyDeviceToHost,
                              stream()));
-  CUDA_CHECK(cudaStreamSynchronize(stream()));
+  wait_for_stream();
   T value;
   std::memcpy(&value, host_result_.get(), sizeof(T));
   return value;
@@ -198,7 +224,7 @@ void* CudaDevice::scratch(std::size_t bytes) {
   if (bytes > scratch_bytes_) {
     const std::size_t capacity = std::max(bytes, 2 * scratch_bytes_);
     count_host_sync();
-    CUDA_CHECK(cudaStreamSynchronize(stream()));  // the old scratch may still be in use
+    wait_for_stream();  // the old scratch may still be in use
     scratch_.reset();
     scratch_bytes_ = 0;
     scratch_ = make_device_memory(capacity);
@@ -211,7 +237,7 @@ void CudaDevice::reserve_rows(int rows) {
   if (rows <= row_capacity_) return;
   const int capacity = std::max(rows, 2 * row_capacity_);
   count_host_sync();
-  CUDA_CHECK(cudaStreamSynchronize(stream()));  // the old scratch may still be in use
+  wait_for_stream();  // the old scratch may still be in use
   row_loss_ = make_device_memory(static_cast<std::size_t>(capacity) * sizeof(double));
   // One int more: the cross-entropy's bad-row flag (launch_softmax_cross_entropy).
   row_correct_ = make_device_memory((static_cast<std::size_t>(capacity) + 1) * sizeof(int));

@@ -6,10 +6,10 @@
 // The constructor makes `id` the calling thread's current device; use the object on that thread
 // (the destructor may run on any thread). Every kernel runs on one non-blocking compute stream;
 // cuBLAS is bound to it. Calls that return a value to the host (copy_to_host, sum_squares,
-// hash), synchronize, allocate and deallocate wait for the stream, and count as host syncs
-// (Note [Host syncs] in device.hpp), as does growing a workspace that reserve_workspace did not
-// size; the rest only enqueues. The loss, the grain sums and the step's control stay in device
-// memory.
+// hash), synchronize, allocate and deallocate wait for the stream, polling so that an abort ends
+// the wait (Note [Abortable waits] in lockstep/device.hpp), and count as host syncs (Note [Host
+// syncs] in device.hpp), as does growing a workspace that reserve_workspace did not size; the
+// rest only enqueues. The loss, the grain sums and the step's control stay in device memory.
 // copy_to_device copies the host data into pinned staging memory before it returns, so the
 // caller may reuse its buffer at once, and the transfer itself is queued on the stream.
 // Staged buffers (the trainer's next batch, cuda_staged_buffer.hpp) copy through their own
@@ -101,6 +101,9 @@ class CudaDevice final : public Device {
   // Copies the first sizeof(T) bytes of result_ to the host, after the stream's work.
   template <class T>
   T read_result();
+  // Returns once the compute stream's work is done (Note [Abortable waits]).
+  void wait_for_stream();
+  void abandon() noexcept;
   // Per-row scratch of softmax_cross_entropy, grown to at least `rows`.
   void reserve_rows(int rows);
   // scratch_, grown to at least `bytes`: the working memory of one kernel at a time (the
@@ -114,7 +117,7 @@ class CudaDevice final : public Device {
   DeviceMemory result_;       // one reduction result (a double or a 64-bit hash)
   PinnedMemory host_result_;  // its host mirror
   DeviceMemory row_loss_;     // row_capacity_ doubles
-  DeviceMemory row_correct_;  // row_capacity_ ints
+  DeviceMemory row_correct_;  // row_capacity_ + 1 ints
   int row_capacity_ = 0;
   DeviceMemory scratch_;  // scratch_bytes_: embedding_backward's sort, LayerNorm's partials
   std::size_t scratch_bytes_ = 0;

@@ -8,13 +8,14 @@
 #include <fmt/format.h>
 
 #include "cuda/check.hpp"
+#include "cuda/stream_work.hpp"
 
 namespace lockstep::cuda {
 
-CudaStagedBuffer::CudaStagedBuffer(int device_id, cudaStream_t compute, cudaStream_t copy,
+CudaStagedBuffer::CudaStagedBuffer(const Device& device, cudaStream_t compute, cudaStream_t copy,
                                    std::size_t bytes)
-    : device_id_(device_id), compute_(compute), copy_(copy), bytes_(bytes) {
-  DeviceGuard guard(device_id_);
+    : device_(device), compute_(compute), copy_(copy), bytes_(bytes) {
+  DeviceGuard guard(device_.id());
   // At least one byte each, so the pointers are never null.
   memory_ = make_device_memory(std::max<std::size_t>(bytes, 1));
   host_ = make_pinned_memory(std::max<std::size_t>(bytes, 1));
@@ -25,10 +26,14 @@ CudaStagedBuffer::CudaStagedBuffer(int device_id, cudaStream_t compute, cudaStre
 
 CudaStagedBuffer::~CudaStagedBuffer() {
   // Kernels queued on the compute stream may still read the memory, and a transfer may still
-  // read the pinned side: free both once they are done, with our device current.
-  DeviceGuard guard(device_id_);
-  (void)cudaEventSynchronize(copied_.get());
-  (void)cudaStreamSynchronize(compute_);
+  // read the pinned side: free both once they are done, with our device current. After an
+  // abort with work still queued, both are kept instead.
+  DeviceGuard guard(device_.id());
+  if (!settle(copy_, device_) || !settle(compute_, device_)) {
+    (void)host_.release();
+    (void)memory_.release();
+    return;
+  }
   copied_.reset();
   readers_done_.reset();
   host_.reset();
@@ -41,7 +46,8 @@ void CudaStagedBuffer::stage(std::span<const std::byte> host) {
                                             host.size(), bytes_));
   if (host.empty()) return;
   // The pinned side is free once the previous transfer is done.
-  CUDA_CHECK(cudaEventSynchronize(copied_.get()));
+  const cudaEvent_t copied = copied_.get();
+  device_.wait_until([copied] { return event_done(copied); });
   std::memcpy(host_.get(), host.data(), host.size());
   CUDA_CHECK(cudaEventRecord(readers_done_.get(), compute_));
   CUDA_CHECK(cudaStreamWaitEvent(copy_, readers_done_.get(), 0));

@@ -22,8 +22,10 @@ namespace lockstep::cuda {
 
 class CudaStagedBuffer final : public StagedBuffer {
  public:
-  // The streams belong to device `device_id` and must outlive the buffer.
-  CudaStagedBuffer(int device_id, cudaStream_t compute, cudaStream_t copy, std::size_t bytes);
+  // The streams belong to `device`, which must outlive the buffer; its waits (Note [Abortable
+  // waits] in lockstep/device.hpp) are the buffer's.
+  CudaStagedBuffer(const Device& device, cudaStream_t compute, cudaStream_t copy,
+                   std::size_t bytes);
   ~CudaStagedBuffer() override;
   CudaStagedBuffer(const CudaStagedBuffer&) = delete;
   CudaStagedBuffer& operator=(const CudaStagedBuffer&) = delete;
@@ -35,7 +37,7 @@ class CudaStagedBuffer final : public StagedBuffer {
  private:
   void* device_pointer() noexcept override { return memory_.get(); }
 
-  int device_id_;
+  const Device& device_;
   cudaStream_t compute_;
   cudaStream_t copy_;
   std::size_t bytes_;

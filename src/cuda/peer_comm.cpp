@@ -18,6 +18,14 @@
 //   copying each shard once its owner's `ready` is done.
 //   Each event is recorded again only in the next collective, after barriers that every rank
 //   passes once it has enqueued its waits on the previous record, so no wait sees a later one.
+//   An async collective runs steps 1-3 at once (host barriers cost microseconds; the data moves
+//   later, on the GPU) and leaves step 4 to its work's wait() (Note [Stream work] in
+//   stream_work.hpp): its `done` is the work's own end event, published for this collective, so
+//   a later collective's record cannot stand in for it.
+//   A rank that fails between enqueueing a collective and waiting for it must not free its
+//   buffers while another rank's kernels still read them: every rank drains its comm stream
+//   (drain()) before the teardown meeting, after which buffers are freed. Our kernels wait only
+//   on events recorded before a barrier every rank passed, so the comm stream always drains.
 //   A rank whose GPU cannot read another's memory directly (no peer access) copies that rank's
 //   slice into a local staging buffer first.
 #include "cuda/peer_comm.hpp"
@@ -33,6 +41,8 @@
 #include "cuda/check.hpp"
 #include "cuda/handles.hpp"
 #include "cuda/kernels.hpp"
+#include "cuda/nvtx.hpp"
+#include "cuda/stream_work.hpp"
 
 namespace lockstep::cuda {
 namespace {
@@ -49,7 +59,8 @@ struct PeerGroup {
 
   const std::vector<int> device_ids;
   std::vector<float*> buffers;                    // this collective's buffer, per rank
-  std::vector<cudaEvent_t> ready, reduced, done;  // per rank, owned by that rank's communicator
+  std::vector<cudaEvent_t> ready, reduced;  // per rank, owned by that rank's communicator
+  std::vector<cudaEvent_t> done;  // per rank, this collective's: its `done` or its work's end
 };
 
 // Lets the current device read `peer`'s memory. False if the hardware cannot.
@@ -80,6 +91,8 @@ class PeerCommunicator final : public Communicator {
     const int mine = g.device_ids[rank_];
     compute_ = bound_stream("peer communicator", rank_, mine, queue);
     comm_stream_ = make_stream();
+    name_stream(comm_stream_.get(), fmt::format("rank {} peer", rank_));
+    async_.bind(compute_, comm_stream_.get(), [this] { return aborted(); });
     ready_ = make_event();
     reduced_ = make_event();
     done_ = make_event();
@@ -88,7 +101,6 @@ class PeerCommunicator final : public Communicator {
       if (g.device_ids[q] != mine) direct_[q] = enable_peer_access(mine, g.device_ids[q]);
     g.ready[rank_] = ready_.get();
     g.reduced[rank_] = reduced_.get();
-    g.done[rank_] = done_.get();
   }
 
   // Note [Peer all-reduce]
@@ -133,6 +145,7 @@ class PeerCommunicator final : public Communicator {
       copy_from(root, data, g.buffers[root], count);
     }
     CUDA_CHECK(cudaEventRecord(done_.get(), comm));
+    g.done[rank_] = done_.get();
     control_->barrier();
 
     for (int q = 0; q < n; ++q) CUDA_CHECK(cudaStreamWaitEvent(compute_, g.done[q], 0));
@@ -147,6 +160,17 @@ class PeerCommunicator final : public Communicator {
   // Every wait of the protocol is a barrier of the control group, so aborting it is enough.
   void abort() noexcept override { control_->abort(); }
   bool aborted() const noexcept override { return control_->aborted(); }
+
+  // Note [Peer all-reduce]: whatever happened, the comm stream's kernels end.
+  void drain() noexcept override {
+    drain_stream(comm_stream_.get(), group_->device_ids[rank_], [] { return false; });
+  }
+
+ protected:
+  // Note [Stream work]: steps 1-3 now, step 4 in the work's wait().
+  std::unique_ptr<CommWork> start(std::function<void()> collective) override {
+    return async_.start(collective);
+  }
 
  private:
   void check_attached() const {
@@ -171,6 +195,7 @@ class PeerCommunicator final : public Communicator {
     control_->barrier();
     for (int q = 0; q < size(); ++q)
       CUDA_CHECK(cudaStreamWaitEvent(comm_stream_.get(), g.ready[q], 0));
+    if (StreamWork* deferred = async_.deferred()) deferred->record_start(comm_stream_.get());
     return true;
   }
   // Phase 2: our shard = the rank-order sum of every rank's shard; records `reduced`.
@@ -197,12 +222,24 @@ class PeerCommunicator final : public Communicator {
     }
   }
   // Phase 4: records `done`, meets the others, and orders our compute stream after every
-  // rank's `done`: nobody reads our buffer any more, and our copies have landed.
+  // rank's `done`: nobody reads our buffer any more, and our copies have landed. For an async
+  // collective, its work's wait() does the ordering (Note [Stream work]).
   void finish() {
-    const PeerGroup& g = *group_;
-    CUDA_CHECK(cudaEventRecord(done_.get(), comm_stream_.get()));
+    PeerGroup& g = *group_;
+    const cudaStream_t comm = comm_stream_.get();
+    StreamWork* deferred = async_.deferred();
+    if (deferred) {
+      deferred->record_end(comm);
+      g.done[rank_] = deferred->end();
+    } else {
+      CUDA_CHECK(cudaEventRecord(done_.get(), comm));
+      g.done[rank_] = done_.get();
+    }
     control_->barrier();
-    for (int q = 0; q < size(); ++q) CUDA_CHECK(cudaStreamWaitEvent(compute_, g.done[q], 0));
+    for (int q = 0; q < size(); ++q) {
+      if (!deferred) CUDA_CHECK(cudaStreamWaitEvent(compute_, g.done[q], 0));
+      else if (q != rank_) deferred->also_wait_for(g.done[q]);
+    }
   }
 
   // On the comm stream: dst (ours) = count floats of rank q's src.
@@ -234,6 +271,7 @@ class PeerCommunicator final : public Communicator {
   cudaStream_t compute_ = nullptr;  // the device's, from bind()
   Stream comm_stream_;
   Event ready_, reduced_, done_;
+  AsyncCollectives async_;
   std::vector<bool> direct_;        // direct_[q]: our kernels can read rank q's memory
   DeviceMemory staging_;            // slices of ranks we cannot read directly
   std::size_t staging_capacity_ = 0;  // floats

@@ -138,7 +138,11 @@ CheckpointManager::CheckpointManager(fs::path dir, int keep_last)
         fmt::format("checkpoint: keep_last must be >= 0, got {}", keep_last));
 }
 
-CheckpointFiles CheckpointManager::save(const Checkpoint& ckpt) {
+CheckpointFiles CheckpointManager::save(const Checkpoint& ckpt,
+                                        const std::function<void()>& stage_done) {
+  const auto stage = [&] {
+    if (stage_done) stage_done();
+  };
   check_savable(ckpt);
   fs::create_directories(dir_);
   const std::int64_t step = ckpt.state.step;
@@ -146,7 +150,9 @@ CheckpointFiles CheckpointManager::save(const Checkpoint& ckpt) {
   std::map<std::string, std::string> metadata = ckpt.metadata;
   metadata["lockstep.step"] = std::to_string(step);
   const std::uint64_t checksum = write_safetensors(files.weights, ckpt.tensors, ckpt.params, metadata);
+  stage();
   detail::write_state_file(files.state, ckpt.state, ckpt.optimizer_state, checksum);
+  stage();
 
   // See Note [Checkpoint durability]: nothing goes before the new checkpoint verifies.
   try {
@@ -155,6 +161,7 @@ CheckpointFiles CheckpointManager::save(const Checkpoint& ckpt) {
     throw std::runtime_error(fmt::format("the checkpoint just written does not verify: {}",
                                          e.what()));
   }
+  stage();
   if (keep_last_ == 0) return files;
 
   // Keep the newest keep_last - 1 complete checkpoints below `step` (just verified above):
@@ -173,6 +180,7 @@ CheckpointFiles CheckpointManager::save(const Checkpoint& ckpt) {
     fs::remove(doomed.state);
     fs::remove(doomed.weights);
   }
+  stage();
   return files;
 }
 

@@ -17,6 +17,8 @@
 
 #include "lockstep/model.hpp"
 
+#include "common/nvtx_range.hpp"
+
 namespace lockstep {
 
 std::size_t ParamTensor::numel() const {
@@ -197,6 +199,7 @@ void Replica::backward(const float* x, const float* dlogits, int batch,
     const float* dout = i + 1 == layers.size() ? dlogits : dbuf_[(i + 1) % 2].data();
     float* din = i == 0 ? nullptr : dbuf_[i % 2].data();
     const std::size_t offset = model_->read_offset(i);
+    const detail::NvtxRange range("backward layers.", i);
     layers[i]->backward(*device_, params_.data() + offset, grads_.data() + offset, in,
                         acts_[i].data(), dout, din, batch, {saved_[i].data(), scratch_.data()});
     if (grads_ready && layers[i]->param_count() > 0) grads_ready(i);

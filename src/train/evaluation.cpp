@@ -9,7 +9,7 @@
 namespace lockstep::detail {
 
 LossTotals loss_totals(Replica& replica, const Dataset& data, std::size_t first,
-                       std::size_t stride, int batch) {
+                       std::size_t stride, int batch, const std::function<void()>& after_batch) {
   Device& dev = replica.device();
   const int features = replica.model().inputs(), targets = data.targets();
   const int classes = replica.model().outputs() / targets;
@@ -29,6 +29,7 @@ LossTotals loss_totals(Replica& replica, const Dataset& data, std::size_t first,
     dev.softmax_cross_entropy(replica.forward(xd.data(), rows), yd.data(), rows * targets,
                               classes, nullptr, 0.0f, stats.data());
     totals.predictions += static_cast<double>(rows) * targets;
+    if (after_batch) after_batch();
   }
   const LossStats s = stats.download().front();
   check_labels(s, classes, "eval data, a batch");

@@ -5,6 +5,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 
 #include "lockstep/dataset.hpp"
@@ -24,9 +25,11 @@ struct LossTotals {
 };
 
 // The totals of `replica` over samples first, first + stride, ... of `data`, in batches of at
-// most `batch` (the replica's capacity).
+// most `batch` (the replica's capacity). `after_batch`, if set, is called after each batch (the
+// trainer's watchdog sees a long eval progress).
 LossTotals loss_totals(Replica& replica, const Dataset& data, std::size_t first,
-                       std::size_t stride, int batch);
+                       std::size_t stride, int batch,
+                       const std::function<void()>& after_batch = {});
 
 // Loss and accuracy are per prediction: per sample, or per token for a language model. NaN
 // without predictions.

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "lockstep/comm.hpp"
+#include "lockstep/device.hpp"
 #include "lockstep/error.hpp"
 
 namespace lockstep::detail {
@@ -40,7 +41,8 @@ class FailingDataset final : public Dataset {
 
 }  // namespace
 
-void Fault::before_forward(int r, std::int64_t s, const Communicator& comm) const {
+void Fault::before_forward(int r, std::int64_t s, const Communicator& comm,
+                           const Device& device) const {
   if (at(r, s, Kind::forward))
     throw std::runtime_error(fmt::format("injected fault: throw in forward at step {}", s));
   if (at(r, s, Kind::stall)) {
@@ -48,6 +50,11 @@ void Fault::before_forward(int r, std::int64_t s, const Communicator& comm) cons
     while (!comm.aborted()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
     throw CommAborted();
   }
+  if (at(r, s, Kind::hang)) device.wait_until([] { return false; });
+}
+
+void Fault::during_save(int r, std::int64_t s) const {
+  if (at(r, s, Kind::slowsave)) std::this_thread::sleep_for(std::chrono::milliseconds(500));
 }
 
 void Fault::at_end_of_step(int r, std::int64_t s) const {
@@ -83,7 +90,7 @@ Fault fault_from_environment() {
   const auto bad = [&] {
     return InputError(fmt::format(
         "LOCKSTEP_FAULT: expected RANK:STEP:KIND with KIND one of forward, loader, nan, stall, "
-        "block, got '{}'", spec));
+        "block, hang, slowsave, got '{}'", spec));
   };
   if (std::sscanf(spec, "%d:%lld:%15s", &f.rank, &step, kind) != 3 || f.rank < 0 || step < 1)
     throw bad();
@@ -94,6 +101,8 @@ Fault fault_from_environment() {
   else if (k == "nan") f.kind = Fault::Kind::nan;
   else if (k == "stall") f.kind = Fault::Kind::stall;
   else if (k == "block") f.kind = Fault::Kind::block;
+  else if (k == "hang") f.kind = Fault::Kind::hang;
+  else if (k == "slowsave") f.kind = Fault::Kind::slowsave;
   else throw bad();
   return f;
 }

@@ -4,6 +4,10 @@
 //   loader   its loader thread throws reading the first sample of that step
 //   nan      its last micro-batch's backward writes a NaN into the gradient
 //   stall    it stops making progress until the run is aborted (trainer.step_timeout_s)
+//   hang     it waits on its device for work that never finishes, as behind a collective whose
+//            peer died, until the run is aborted: Note [Abortable waits] in device.hpp
+//   slowsave its checkpoint save at STEP pauses 0.5 s after each stage (weights, state,
+//            verification, pruning): slow but healthy, which the step timeout must not stop
 //   block    it blocks at the end of STEP, where rank 0 writes its checkpoint, and ignores every
 //            abort, as a write to a hung file system would: Note [Bounded stop]
 #pragma once
@@ -15,12 +19,13 @@
 
 namespace lockstep {
 class Communicator;
+class Device;
 }
 
 namespace lockstep::detail {
 
 struct Fault {
-  enum class Kind { none, forward, loader, nan, stall, block };
+  enum class Kind { none, forward, loader, nan, stall, block, hang, slowsave };
   int rank = -1;
   std::int64_t step = 0;
   Kind kind = Kind::none;
@@ -31,9 +36,13 @@ struct Fault {
   // of `workers` ranks, doing steps (steps_done, last_step], reaches it. Nothing for none.
   void check_reached(int workers, std::int64_t steps_done, std::int64_t last_step) const;
 
-  // The forward and stall faults, where they strike: before the forward pass of `step` on
-  // global rank `rank`. A stall returns only by throwing CommAborted, once `comm` is aborted.
-  void before_forward(int rank, std::int64_t step, const Communicator& comm) const;
+  // The forward, stall and hang faults, where they strike: before the forward pass of `step` on
+  // global rank `rank`. A stall returns only by throwing CommAborted, once `comm` is aborted; a
+  // hang likewise, from a wait of `device` (Device::wait_until).
+  void before_forward(int rank, std::int64_t step, const Communicator& comm,
+                      const Device& device) const;
+  // The slowsave fault: called after each stage of a checkpoint save of `step`.
+  void during_save(int rank, std::int64_t step) const;
   // The block fault, where it strikes: at the end of `step` on global rank `rank`. Never returns.
   void at_end_of_step(int rank, std::int64_t step) const;
   // The data the loader of global rank `rank` reads, resuming after `step_done` steps of

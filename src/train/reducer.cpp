@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 
 #include <fmt/format.h>
+
+#include "common/nvtx_range.hpp"
 
 namespace lockstep::detail {
 namespace {
@@ -59,6 +62,7 @@ Reducer::Reducer(const Model& model, Communicator& comm, float* grads, std::vect
 Reducer::~Reducer() { drain(); }
 
 void Reducer::reset() {
+  collect_timings();  // of earlier steps' collectives the device has finished
   for (std::size_t b = 0; b < buckets_.size(); ++b) pending_[b] = buckets_[b].layers.size();
   launched_ = 0;
 }
@@ -78,6 +82,7 @@ void Reducer::launch_remaining() {
 }
 
 void Reducer::launch(std::size_t i) {
+  const NvtxRange range(zero_ ? "reduce-scatter bucket " : "all-reduce bucket ", i);
   const Bucket& b = buckets_[i];
   float* data = grads_ + b.begin;
   const std::size_t count = b.end - b.begin;
@@ -124,20 +129,31 @@ double Reducer::wait_gathers() {
   return blocked;
 }
 
-// Waits for one collective of bucket i; counts its time and records it on the comm track.
+// Waits for one collective of bucket i; its time is counted once known (collect_timings).
 double Reducer::wait_for(std::unique_ptr<CommWork> work, const char* what, std::size_t i) {
   const double t0 = steady_now_s();
   work->wait();
   const double blocked = steady_now_s() - t0;
-  exposed_s_ += blocked;
-  if (work->finished_s > work->started_s) {
-    comm_s_ += work->finished_s - work->started_s;
-    if (comm_track_)
-      comm_track_->push_back({fmt::format("{} bucket {}", what, i), work->started_s,
-                              work->finished_s,
-                              fmt::format("\"bucket\": {}, \"bytes\": {}", i, buckets_[i].bytes())});
-  }
+  untimed_.push_back({std::move(work), what, i});
+  collect_timings();
   return blocked;
+}
+
+void Reducer::collect_timings() {
+  std::erase_if(untimed_, [this](Untimed& u) {
+    const std::optional<CommTiming> t = u.work->timing();
+    if (!t) return false;
+    exposed_s_ += t->exposed_s;
+    if (t->finished_s > t->started_s) {
+      comm_s_ += t->finished_s - t->started_s;
+      if (comm_track_)
+        comm_track_->push_back({fmt::format("{} bucket {}", u.what, u.bucket), t->started_s,
+                                t->finished_s,
+                                fmt::format("\"bucket\": {}, \"bytes\": {}", u.bucket,
+                                            buckets_[u.bucket].bytes())});
+    }
+    return true;
+  });
 }
 
 void Reducer::drain() noexcept {
@@ -152,6 +168,7 @@ void Reducer::drain() noexcept {
   for (auto& work : work_) finish(work);
   for (auto& gather : gathers_) finish(gather.second);
   gathers_.clear();
+  untimed_.clear();
 }
 
 }  // namespace lockstep::detail

@@ -83,6 +83,8 @@ class Reducer {
   Reducer& operator=(const Reducer&) = delete;
 
   const std::vector<Bucket>& buckets() const noexcept { return buckets_; }
+  // Buckets [0, launched()) have started this step; backward is filling bucket launched().
+  std::size_t launched() const noexcept { return launched_; }
 
   // Before each backward whose gradients are to be reduced.
   void reset();
@@ -90,7 +92,8 @@ class Reducer {
   void layer_ready(std::size_t layer);
   // After backward: starts every bucket not started yet, in order.
   void launch_remaining();
-  // Blocks until bucket i is reduced; returns the seconds spent blocked.
+  // Returns once bucket i's reduction may be used on the device's queue (on a GPU: the compute
+  // stream waits for it, the host does not); returns the seconds the host spent blocked.
   double wait(std::size_t i);
   // ZeRO-1: this rank's shard of bucket i, as a range of the buffer; the whole bucket without.
   ShardRange shard(std::size_t i) const;
@@ -111,11 +114,20 @@ class Reducer {
   // not be freed while a communication thread still uses them.
   void drain() noexcept;
 
-  // Totals since construction, for the run summary.
-  double comm_seconds() const noexcept { return comm_s_; }      // collective durations
-  double exposed_seconds() const noexcept { return exposed_s_; }  // caller blocked in wait()
+  // Counts the timings of waited collectives that have become known (CommWork::timing): at
+  // once on the CPU, once the GPU has run them on a GPU. Call before reading the totals.
+  void collect_timings();
+  // Totals since construction of what collect_timings() counted, for the run summary.
+  double comm_seconds() const noexcept { return comm_s_; }        // collective durations
+  double exposed_seconds() const noexcept { return exposed_s_; }  // the queue waited for them
 
  private:
+  // A waited collective whose timing is not known yet.
+  struct Untimed {
+    std::unique_ptr<CommWork> work;
+    const char* what;  // "all-reduce", "reduce-scatter", "all-gather"
+    std::size_t bucket;
+  };
   void launch(std::size_t i);
   double wait_for(std::unique_ptr<CommWork> work, const char* what, std::size_t i);
 
@@ -130,6 +142,7 @@ class Reducer {
   std::vector<std::size_t> first_grain_;      // per bucket, then the total (Note [ZeRO-1])
   std::vector<std::unique_ptr<CommWork>> work_;
   std::vector<std::pair<std::size_t, std::unique_ptr<CommWork>>> gathers_;  // bucket, work
+  std::vector<Untimed> untimed_;
   std::size_t launched_ = 0;  // buckets [0, launched_) have started
   double comm_s_ = 0.0;
   double exposed_s_ = 0.0;

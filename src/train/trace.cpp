@@ -1,12 +1,36 @@
 #include "train/trace.hpp"
 
+#include <cstdio>
 #include <fstream>
 
 #include <fmt/format.h>
 
+#if LOCKSTEP_HAVE_NVTX
+#include <nvtx3/nvToolsExt.h>
+#endif
+
+#include "common/nvtx_range.hpp"
 #include "lockstep/error.hpp"
 
 namespace lockstep::detail {
+
+// ---- Note [NVTX ranges] -------------------------------------------------------------------------
+
+#if LOCKSTEP_HAVE_NVTX
+void nvtx_push(const char* name) noexcept { nvtxRangePushA(name); }
+void nvtx_push(const char* prefix, std::size_t index) noexcept {
+  char name[96];
+  std::snprintf(name, sizeof name, "%s%zu", prefix, index);
+  nvtxRangePushA(name);
+}
+void nvtx_pop() noexcept { nvtxRangePop(); }
+#else
+void nvtx_push(const char*) noexcept {}
+void nvtx_push(const char*, std::size_t) noexcept {}
+void nvtx_pop() noexcept {}
+#endif
+
+// ---- The trace ----------------------------------------------------------------------------------
 
 double steady_now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();

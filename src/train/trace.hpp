@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "common/nvtx_range.hpp"
+
 namespace lockstep::detail {
 
 double steady_now_s();
@@ -40,12 +42,13 @@ class Trace {
 };
 
 // Records [construction, destruction) on a track, with the optimiser step it belongs to
-// (`step` >= 0) as its argument; does nothing when the track is null.
+// (`step` >= 0) as its argument, when the track is not null; and as an NVTX range for Nsight
+// always (Note [NVTX ranges]).
 class TraceSpan {
  public:
   TraceSpan(std::vector<TraceEvent>* track, std::string name, std::int64_t step = -1)
-      : track_(track), name_(track ? std::move(name) : std::string()), step_(step),
-        begin_s_(track ? steady_now_s() : 0.0) {}
+      : track_(track), name_(std::move(name)), step_(step),
+        begin_s_(track ? steady_now_s() : 0.0), range_(name_.c_str()) {}
   ~TraceSpan() {
     if (track_)
       track_->push_back({std::move(name_), begin_s_, steady_now_s(),
@@ -59,6 +62,7 @@ class TraceSpan {
   std::string name_;
   std::int64_t step_;
   double begin_s_;
+  NvtxRange range_;
 };
 
 }  // namespace lockstep::detail

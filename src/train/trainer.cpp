@@ -503,7 +503,7 @@ std::vector<int> Trainer::Impl::run_workers(RunResources& r) {
   {
     std::optional<detail::Watchdog> watchdog;
     try {
-      watchdog.emplace(*r.heartbeats, cfg.trainer.step_timeout_s, *r.comms[0],
+      watchdog.emplace(*r.heartbeats, cfg.trainer.step_timeout_s, global_rank(0), *r.comms[0],
                        [&](int rank, const std::string& message) {
                          record(r, rank, std::make_exception_ptr(std::runtime_error(message)));
                        });

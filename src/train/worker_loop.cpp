@@ -102,9 +102,12 @@ WorkerLoop::~WorkerLoop() = default;
 
 void WorkerLoop::drain() noexcept {
   if (res_.reducer) res_.reducer->drain();
+  comm_.drain();  // work it enqueued on a device may still read a peer's buffers
 }
 
 void WorkerLoop::beat() { run_.heartbeats.beat(rank_, pos_.step); }
+
+void WorkerLoop::enter(Phase phase, int index) { run_.heartbeats.enter(rank_, phase, index); }
 
 void WorkerLoop::set_up(Backend& backend) {
   const TrainerConfig& tc = run_.cfg.trainer;
@@ -174,9 +177,7 @@ void WorkerLoop::set_up_data() {
 // ---- The step -----------------------------------------------------------------------------------
 
 void WorkerLoop::run(Backend& backend) {
-  // The phases name what a worker that does not return was doing (Note [Bounded stop]).
-  Heartbeats& phases = run_.heartbeats;
-  phases.enter(rank_, "set-up");
+  enter(Phase::set_up);
   set_up(backend);
   const int k = run_.cfg.trainer.accumulate_steps;
   times_.loop_start_s = steady_now_s();
@@ -184,24 +185,21 @@ void WorkerLoop::run(Backend& backend) {
   while (pos_.step < run_.total_steps) {
     begin_step();
     StepTotals mine;
-    phases.enter(rank_, "micro-batches (data, forward, backward)");
     for (int micro = 0; micro < k; ++micro) run_micro_batch(micro, mine);
     res_.reducer->launch_remaining();
     beat();
-    phases.enter(rank_, "gradient all-reduce and update");
     const StepRecord::Host& record = reduce_and_update();
     count_host_syncs();
     check_labels(record.loss, run_.train->classes(),
                  fmt::format("training data, step {}, a micro-batch", pos_.step));
     mine.loss_sum = record.loss.loss_sum;
     mine.correct = static_cast<double>(record.loss.correct);
-    phases.enter(rank_, "the step's all-reduce of totals");
+    enter(Phase::totals);
     const StepTotals totals = agree_totals(mine);
     const bool stop_now = totals.stop > 0.0;
     const UpdateResult update = after_update(totals, record.control);
-    phases.enter(rank_, "report (callbacks)");
+    enter(Phase::report);
     report(totals, update, stop_now);
-    phases.enter(rank_, "end of step (eval, replica check, barrier, checkpoint)");
     end_of_step(stop_now);
     if (stop_now) {
       if (rank_ == 0) run_.summary.stopped_early = pos_.step < run_.total_steps;
@@ -209,7 +207,7 @@ void WorkerLoop::run(Backend& backend) {
     }
   }
   beat();
-  phases.enter(rank_, "finish");
+  enter(Phase::finish);
   finish();
 }
 
@@ -248,8 +246,9 @@ void WorkerLoop::run_micro_batch(int micro, StepTotals& mine) {
     ++pos_.epoch;
     pos_.batch_in_epoch = 0;
   }
+  enter(Phase::forward);
   if (run_.callbacks.hooks.before_forward) run_.callbacks.hooks.before_forward(global_, pos_.step);
-  run_.fault.before_forward(global_, pos_.step, comm_);
+  run_.fault.before_forward(global_, pos_.step, comm_, dev);
   const float* logits;
   {
     TraceSpan span(track_, "forward", pos_.step);
@@ -267,6 +266,7 @@ void WorkerLoop::run_micro_batch(int micro, StepTotals& mine) {
   const bool last_micro = micro == k - 1;
   backward_.inject_nan = last_micro && run_.fault.at(global_, pos_.step, Fault::Kind::nan);
   backward_.layer_start_s = steady_now_s();
+  enter(Phase::backward, last_micro ? 0 : -1);
   TraceSpan span(track_, "backward", pos_.step);
   replica.backward(in.x->data<float>(), res_.dlogits.data(), b.size,
                    last_micro ? std::function<void(std::size_t)>(
@@ -286,7 +286,10 @@ void WorkerLoop::grads_ready(std::size_t layer) {
                       std::numeric_limits<float>::quiet_NaN(), 1);
     backward_.inject_nan = false;
   }
-  res_.reducer->layer_ready(layer);
+  Reducer& reducer = *res_.reducer;
+  reducer.layer_ready(layer);
+  if (reducer.launched() < reducer.buckets().size())
+    enter(Phase::backward, static_cast<int>(reducer.launched()));
 }
 
 // Metrics and the stop decision, agreed by every rank once the step's record is read.
@@ -310,7 +313,9 @@ const StepRecord::Host& WorkerLoop::reduce_and_update() {
   const bool per_bucket = updates_per_bucket();
   if (per_bucket) res_.optimizer->begin_step();
   for (std::size_t i = 0; i < reducer.buckets().size(); ++i) {
+    enter(Phase::all_reduce, static_cast<int>(i));
     reducer.wait(i);
+    enter(Phase::optimizer);
     reducer.sum_grain_squares(i, *res_.device, record.grain_sums());
     if (per_bucket) update_bucket(i, lr, nullptr);
   }
@@ -482,6 +487,7 @@ void WorkerLoop::report(const StepTotals& totals, const UpdateResult& update, bo
 
 // This worker's all-reduce and data-wait times since the last report, into `m`.
 void WorkerLoop::add_window_times(StepMetrics& m) {
+  res_.reducer->collect_timings();
   const double comm_s = res_.reducer->comm_seconds(), exposed_s = res_.reducer->exposed_seconds(),
                wait_s = res_.batches->data_wait_s();
   const double comm = comm_s - window_.comm_s, exposed = exposed_s - window_.exposed_s;
@@ -497,14 +503,17 @@ void WorkerLoop::end_of_step(bool stop_now) {
   const TrainerConfig& tc = run_.cfg.trainer;
   const std::int64_t step = pos_.step;
   if (tc.eval_every > 0 && step % tc.eval_every == 0 && step != run_.total_steps && !stop_now) {
+    enter(Phase::eval);
     TraceSpan span(track_, "eval", pos_.step);
     evaluate();
   }
   if (tc.check_replicas_every > 0 && step % tc.check_replicas_every == 0) {
+    enter(Phase::replica_check);
     TraceSpan span(track_, "replica check", pos_.step);
     check_replicas();
   }
   {
+    enter(Phase::end_of_step);
     TraceSpan span(track_, "barrier", pos_.step);
     const double t0 = steady_now_s();
     comm_.barrier();
@@ -522,6 +531,7 @@ void WorkerLoop::checkpoint_if_due(bool stop_now) {
   const bool due = !cc.dir.empty() && (stop_now || step == run_.total_steps ||
                                        (cc.every_steps > 0 && step % cc.every_steps == 0));
   if (!due || (!zero() && global_ != 0)) return;
+  enter(Phase::checkpoint);
   TraceSpan span(track_, "checkpoint", pos_.step);
   std::vector<StateVector> state = gather_optimizer_state();
   if (global_ == 0 && run_.checkpoints) save_checkpoint(std::move(state));
@@ -545,6 +555,7 @@ std::vector<StateVector> WorkerLoop::gather_optimizer_state() {
       next += static_cast<std::ptrdiff_t>(r.size());
     }
     whole.upload(host);
+    run_.heartbeats.alive(rank_);
     for (const Bucket& b : res_.reducer->buckets())
       comm_.all_gather(whole.data() + b.begin, b.end - b.begin, kZeroGrain);
     v.values = whole.download();
@@ -557,7 +568,8 @@ EvalMetrics WorkerLoop::evaluate() {
   LossTotals mine;
   if (run_.eval)
     mine = loss_totals(*res_.replica, *run_.eval, static_cast<std::size_t>(global_),
-                       static_cast<std::size_t>(comm_.size()), run_.cfg.data.batch_size);
+                       static_cast<std::size_t>(comm_.size()), run_.cfg.data.batch_size,
+                       [this] { run_.heartbeats.alive(rank_); });
   const EvalMetrics m =
       eval_metrics(all_reduce_fields(comm_, mine), pos_.step, run_.train->targets());
   if (global_ == 0 && m.samples > 0) {
@@ -607,7 +619,12 @@ void WorkerLoop::save_checkpoint(std::vector<StateVector> optimizer_state) {
                 .optimizer_steps = res_.optimizer->steps_taken(),
                 .seed = cfg.trainer.seed};
   ckpt.optimizer_state = std::move(optimizer_state);
-  run_.summary.last_checkpoint = run_.checkpoints->save(ckpt).weights.string();
+  // Note [Watchdog]: a slow save is alive between its stages.
+  const auto stage_done = [this] {
+    run_.fault.during_save(global_, pos_.step);
+    run_.heartbeats.alive(rank_);
+  };
+  run_.summary.last_checkpoint = run_.checkpoints->save(ckpt, stage_done).weights.string();
   if (run_.callbacks.checkpoint) run_.callbacks.checkpoint(pos_.step, run_.summary.last_checkpoint);
 }
 
@@ -616,14 +633,17 @@ void WorkerLoop::save_checkpoint(std::vector<StateVector> optimizer_state) {
 void WorkerLoop::finish() {
   EvalMetrics final_eval;
   {
+    enter(Phase::eval);
     TraceSpan span(track_, "eval", pos_.step);
     final_eval = evaluate();
   }
   {
+    enter(Phase::replica_check);
     TraceSpan span(track_, "replica check", pos_.step);
     check_replicas();
   }
   // Where the time went: every worker fills its own row.
+  res_.reducer->collect_timings();
   const TimeRow mine{.loop_s = steady_now_s() - times_.loop_start_s,
                      .comm_exposed_s = res_.reducer->exposed_seconds(),
                      .data_wait_s = res_.batches->data_wait_s(),

@@ -31,9 +31,9 @@
 // Note [Failure]
 //   A worker that throws records its error (FailureLog, failures.hpp) and aborts the group:
 //   every rank blocked in (or later entering) a collective throws CommAborted and leaves its
-//   loop too. Before anything a worker owns is freed, it drains its in-flight all-reduces
-//   (WorkerLoop::drain) and meets the others at a teardown latch, because a peer's communication
-//   thread may still be reading its gradient buffer. So each worker's resources live in its
+//   loop too. Before anything a worker owns is freed, it drains its in-flight all-reduces and
+//   its communicator (WorkerLoop::drain), and meets the others at a teardown latch, because a
+//   peer's communication thread, or its kernels on a GPU, may still be reading its buffers. So each worker's resources live in its
 //   WorkerLoop, which outlives the try block (Trainer::Impl::run_workers in trainer.cpp).
 //   Trainer::run joins all threads, then rethrows the first error that was not CommAborted
 //   (FailureLog::rethrow_first).
@@ -56,6 +56,7 @@
 #include "train/fault_injection.hpp"
 #include "train/step_record.hpp"
 #include "train/trace.hpp"
+#include "train/watchdog.hpp"
 
 namespace lockstep {
 class Communicator;
@@ -63,7 +64,6 @@ class Communicator;
 
 namespace lockstep::detail {
 
-class Heartbeats;
 class MetricsLog;
 class RunReport;
 class Optimizer;
@@ -241,6 +241,8 @@ class WorkerLoop {
   void save_checkpoint(std::vector<StateVector> optimizer_state);
   [[noreturn]] void report_nonfinite(double loss, double grad_norm);
   void beat();
+  // What this worker does now, for the watchdog's and the bounded stop's reports.
+  void enter(Phase phase, int index = -1);
 
   const RunContext& run_;
   const int rank_;

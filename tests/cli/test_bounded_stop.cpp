@@ -38,10 +38,45 @@ TEST_CASE("cli: a checkpoint write that never returns ends the run within the gr
   CHECK(took < 1 + 1 + 5);  // the step timeout, the grace period, and slack for a busy machine
   CHECK_MESSAGE(r.output.find("failed: worker 0 (cpu:0): did not return within "
                               "trainer.stop_grace_s = 1 s of the stop, and is left running: "
-                              "worker 0 (cpu:0) in end of step (eval, replica check, barrier, "
-                              "checkpoint) at step 2; the run had stopped for: worker 0 (cpu:0): "
-                              "no progress for ") != std::string::npos,
+                              "worker 0 (cpu:0) in end of step at step 2; the run had stopped "
+                              "for: worker 0 (cpu:0): no progress for ") != std::string::npos,
                 r.output);
+}
+
+// Note [Abortable waits]: the worker waits on its device (a wait only the abort can end, as
+// behind a collective whose peer died); the step timeout aborts the run, which ends the wait, so
+// the worker returns long before the grace period and is not left behind.
+TEST_CASE("cli: a worker blocked in a device wait is released by the abort: exit 1 within 10 s") {
+  const auto start = std::chrono::steady_clock::now();
+  const CliResult r = lockstep::test::run_command(
+      "LOCKSTEP_FAULT=1:3:hang timeout -s KILL 60 " + lockstep::test::cli_path() + " train " +
+      kQuickstart + " --set trainer.steps=50 --set trainer.step_timeout_s=1 "
+      "--set trainer.stop_grace_s=30");
+  CHECK_MESSAGE(r.code == 1, r.output);
+  CHECK(seconds_since(start) < 10);
+  CHECK_MESSAGE(r.output.find("failed: worker 1 (cpu:1): no progress for ") != std::string::npos,
+                r.output);
+  // The culprit and every other worker, each with its phase.
+  CHECK_MESSAGE(r.output.find("at step 3, in forward; the other workers wait for it") !=
+                    std::string::npos, r.output);
+  CHECK(r.output.find("worker 1 in forward at step 3") != std::string::npos);
+  CHECK(r.output.find("worker 0 in the step's all-reduce of totals at step 3") !=
+        std::string::npos);
+  CHECK(r.output.find("left running") == std::string::npos);
+}
+
+// Note [Watchdog]: the save pauses 0.5 s after each of its 4 stages, 2 s in all, twice the step
+// timeout; each stage counts as progress, so the run goes on.
+TEST_CASE("cli: a checkpoint save slower than trainer.step_timeout_s does not stop the run") {
+  lockstep::test::TempDir dir;
+  const CliResult r = lockstep::test::run_command(
+      "LOCKSTEP_FAULT=0:2:slowsave timeout -s KILL 60 " + lockstep::test::cli_path() + " train " +
+      kQuickstart + " --set trainer.steps=4 --set trainer.step_timeout_s=1 "
+      "--set trainer.checkpoint.every_steps=2 --set trainer.checkpoint.dir=" +
+      (dir.path() / "c").string());
+  CHECK_MESSAGE(r.code == 0, r.output);
+  CHECK(r.output.find("checkpoint step 2: ") != std::string::npos);
+  CHECK(r.output.find("checkpoint step 4: ") != std::string::npos);
 }
 
 TEST_CASE("cli: SIGTERM with a stalled worker ends within the grace period and exits 143") {
@@ -68,8 +103,8 @@ TEST_CASE("cli: SIGTERM with a stalled worker ends within the grace period and e
   CHECK(took < 2 + 5);
   CHECK_MESSAGE(text.find("failed: worker 1 (cpu:1): a stop was requested ") != std::string::npos,
                 text);
-  CHECK(text.find("this worker has not reached the end of its step: it is in micro-batches") !=
-        std::string::npos);
+  CHECK_MESSAGE(text.find("this worker has not reached the end of its step: it is in forward at "
+                          "step 3") != std::string::npos, text);
 }
 
 // As root, RLIMIT_NPROC does not apply: the command then runs as nobody (setpriv).

@@ -1,5 +1,5 @@
-// Shared by the CUDA tests: the backend or a skip, random inputs, and one op run on the GPU and
-// on a CPU device with the results compared.
+// Shared by the CUDA tests: the backend or a skip, random inputs, one op run on the GPU and on a
+// CPU device with the results compared, and a group of ranks each on its thread.
 #pragma once
 
 #include <doctest/doctest.h>
@@ -7,10 +7,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/random.hpp"
@@ -67,6 +70,33 @@ inline void compare(Device& gpu, const std::function<Outputs(Device&)>& op, doub
 // An output buffer of n NaNs.
 inline DeviceArray<float> poisoned(Device& dev, std::size_t n) {
   return on_device(dev, std::vector<float>(n, kNaN));
+}
+
+// Runs fn(rank, device, comm) on one thread per rank, each with its own device and attached
+// communicator, as the trainer does; rethrows the first failure on the calling thread.
+inline void on_ranks(Backend& backend, const std::vector<int>& ids,
+              const std::function<void(int, Device&, Communicator&)>& fn) {
+  auto comms = backend.create_communicators(ids);
+  const int n = static_cast<int>(ids.size());
+  std::mutex mutex;
+  std::exception_ptr error;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        auto device = backend.create_device(ids[r], n, 0);
+        comms[r]->attach(*device);
+        fn(r, *device, *comms[r]);
+      } catch (...) {
+        {
+          std::lock_guard lock(mutex);
+          if (!error) error = std::current_exception();
+        }
+        comms[r]->abort();
+      }
+    });
+  for (auto& t : threads) t.join();
+  if (error) std::rethrow_exception(error);
 }
 
 }  // namespace lockstep::test

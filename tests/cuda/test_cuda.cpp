@@ -39,36 +39,6 @@
 using namespace lockstep;
 using namespace lockstep::test;
 
-namespace {
-
-// Runs fn(rank, device, comm) on one thread per rank, each with its own device and attached
-// communicator, as the trainer does; rethrows the first failure on the calling thread.
-void on_ranks(Backend& backend, const std::vector<int>& ids,
-              const std::function<void(int, Device&, Communicator&)>& fn) {
-  auto comms = backend.create_communicators(ids);
-  const int n = static_cast<int>(ids.size());
-  std::mutex mutex;
-  std::exception_ptr error;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        auto device = backend.create_device(ids[r], n, 0);
-        comms[r]->attach(*device);
-        fn(r, *device, *comms[r]);
-      } catch (...) {
-        {
-          std::lock_guard lock(mutex);
-          if (!error) error = std::current_exception();
-        }
-        comms[r]->abort();
-      }
-    });
-  for (auto& t : threads) t.join();
-  if (error) std::rethrow_exception(error);
-}
-
-}  // namespace
 
 TEST_SUITE("cuda") {
   TEST_CASE("without a usable GPU, cuda is an input error and auto picks the CPU") {

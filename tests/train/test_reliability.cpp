@@ -134,6 +134,28 @@ TEST_CASE("every injected fault ends the run within 10 s, naming the worker") {
   }
 }
 
+TEST_CASE("the step timeout names the stalled worker and the phase every worker was in") {
+  ScopedEnv fault("LOCKSTEP_FAULT", "1:6:stall");
+  Config cfg = config(3, OptimizerKind::sgd, fresh_dir("phases"));
+  cfg.trainer.checkpoint.dir.clear();
+  cfg.trainer.steps = 1000;
+  cfg.trainer.step_timeout_s = 0.5;
+  Trainer trainer(cfg, synthetic(200, 1), synthetic(30, 2));
+  try {
+    trainer.run();
+    FAIL("run() should have thrown");
+  } catch (const WorkerError& e) {
+    const std::string what = e.what();
+    CHECK(e.rank() == 1);
+    CHECK_MESSAGE(what.find("at step 6, in forward;") != std::string::npos, what);
+    // The others wait for it in the step's host all-reduce, their buckets in flight.
+    CHECK_MESSAGE(what.find("worker 0 in the step's all-reduce of totals at step 6, worker 1 in "
+                            "forward at step 6, worker 2 in the step's all-reduce of totals at "
+                            "step 6") != std::string::npos,
+                  what);
+  }
+}
+
 TEST_CASE("the non-finite policy: stop names the tensor, skip drops the update and counts it") {
   ScopedEnv fault("LOCKSTEP_FAULT", "1:7:nan");
   Config cfg = config(2, OptimizerKind::adamw, fresh_dir("nonfinite"));
