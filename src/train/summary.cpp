@@ -64,6 +64,7 @@ std::string Summary::to_json() const {
       "  \"accumulate_steps\": {},\n"
       "  \"buckets\": {},\n"
       "  \"overlap\": {},\n"
+      "  \"comm_mode\": \"{}\",\n"
       "  \"zero\": {},\n"
       "  \"optimizer_state_bytes\": {},\n"
       "  \"data_wait_s\": {},\n"
@@ -82,7 +83,7 @@ std::string Summary::to_json() const {
       mfu > 0.0 ? number(mfu) : "null", number(final_train_loss),
       number(final_train_accuracy), number(eval_loss), number(eval_accuracy),
       replicas_identical ? "true" : "false", replica_checks, param_hash, accumulate_steps, buckets,
-      overlap ? "true" : "false", zero, optimizer_state_bytes, number(data_wait_s),
+      overlap ? "true" : "false", comm_mode, zero, optimizer_state_bytes, number(data_wait_s),
       number(barrier_wait_s), number(comm_s), number(comm_exposed_s), number(comm_hidden_fraction),
       resumed_from_step, stopped_early ? "true" : "false", nonfinite_skips,
       last_checkpoint.empty() ? "null" : detail::json_quote(last_checkpoint),

@@ -199,6 +199,7 @@ class WorkerLoop {
   };
 
   void set_up(Backend& backend);
+  bool cores_scarce(const Backend& backend) const;
   void set_up_data();
   void begin_step();
   void run_micro_batch(int micro, StepTotals& mine);
