@@ -20,12 +20,13 @@ struct Finished final : CommWork {
 
 const char* to_string(CommMode mode) noexcept { return mode == CommMode::async ? "async" : "inline"; }
 
-CommMode choose_comm_mode(bool cores_scarce, std::size_t buckets, bool overlap) {
+CommMode choose_comm_mode(bool cores_scarce, int ranks, std::size_t buckets, bool overlap) {
   if (const char* forced = std::getenv("LOCKSTEP_COMM_MODE"); forced && *forced) {
     if (!std::strcmp(forced, "async")) return CommMode::async;
     if (!std::strcmp(forced, "inline")) return CommMode::inline_;
     throw InputError(fmt::format("LOCKSTEP_COMM_MODE: expected async or inline, got '{}'", forced));
   }
+  if (ranks == 1) return CommMode::inline_;  // nothing to communicate, nothing to overlap
   return cores_scarce && (buckets <= 1 || !overlap) ? CommMode::inline_ : CommMode::async;
 }
 

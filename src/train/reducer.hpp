@@ -49,7 +49,8 @@
 //   worker: when the workers' compute threads already take every core (workers x threads >=
 //   cores), it runs only by taking a time slice from compute, and when overlap cannot help (one
 //   bucket, or overlap off, so nothing is left to compute while the bucket reduces) the handoff
-//   to it and back is pure cost. choose_comm_mode() then runs the collectives inline, on the
+//   to it and back is pure cost (so is it for a group of one rank, whose collectives do
+//   nothing). choose_comm_mode() then runs the collectives inline, on the
 //   worker's own thread (the same calls, the same bits; only the thread differs), every bucket
 //   after backward (launch_remaining), when the worker has told the watchdog that its compute
 //   for the step is done: a worker blocked in an inline all-reduce is waiting for its peers,
@@ -94,8 +95,9 @@ enum class CommMode {
 const char* to_string(CommMode mode) noexcept;
 
 // cores_scarce: workers x threads per worker >= cores, on a backend whose async collectives
-// need a thread of their own (the CPU's). Throws InputError for a bad LOCKSTEP_COMM_MODE.
-CommMode choose_comm_mode(bool cores_scarce, std::size_t buckets, bool overlap);
+// need a thread of their own (the CPU's); ranks: the communicator's size (one rank: always
+// inline). Throws InputError for a bad LOCKSTEP_COMM_MODE.
+CommMode choose_comm_mode(bool cores_scarce, int ranks, std::size_t buckets, bool overlap);
 
 class Reducer {
  public:
