@@ -99,8 +99,8 @@ Wire wire_from_environment() {
 // (bf16) only needs its conversions to and from float. A chunk at a time: the loops over one
 // chunk vectorise, and the accumulator stays in L1 between the reads and the stores.
 template <class Element>
-void sum_in_rank_order(std::span<Element* const> in, std::span<Element* const> out, ShardRange slice,
-                       int divisor) {
+void sum_in_rank_order(std::span<Element* const> in, std::span<Element* const> out,
+                       ShardRange slice, int divisor) {
   constexpr std::size_t kChunk = 4096;  // 16 KiB of float sums
   float acc[kChunk];
   const float inv = 1.0f / static_cast<float>(divisor);
@@ -108,7 +108,8 @@ void sum_in_rank_order(std::span<Element* const> in, std::span<Element* const> o
     const std::size_t n = std::min(kChunk, slice.end - begin);
     const Element* a = in[0] + begin;
     const Element* b = in[1] + begin;  // every group that reduces has two ranks or more
-    for (std::size_t i = 0; i < n; ++i) acc[i] = static_cast<float>(a[i]) + static_cast<float>(b[i]);
+    for (std::size_t i = 0; i < n; ++i)
+      acc[i] = static_cast<float>(a[i]) + static_cast<float>(b[i]);
     for (std::size_t r = 2; r < in.size(); ++r) {
       const Element* src = in[r] + begin;
       for (std::size_t i = 0; i < n; ++i) acc[i] += static_cast<float>(src[i]);

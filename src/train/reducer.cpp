@@ -18,16 +18,18 @@ struct Finished final : CommWork {
 };
 }  // namespace
 
-const char* to_string(CommMode mode) noexcept { return mode == CommMode::async ? "async" : "inline"; }
+const char* to_string(CommMode mode) noexcept {
+  return mode == CommMode::async ? "async" : "inline";
+}
 
-CommMode choose_comm_mode(bool cores_scarce, int ranks, std::size_t buckets, bool overlap) {
+CommMode choose_comm_mode(bool cores_scarce, int ranks, std::size_t buckets) {
   if (const char* forced = std::getenv("LOCKSTEP_COMM_MODE"); forced && *forced) {
     if (!std::strcmp(forced, "async")) return CommMode::async;
     if (!std::strcmp(forced, "inline")) return CommMode::inline_;
     throw InputError(fmt::format("LOCKSTEP_COMM_MODE: expected async or inline, got '{}'", forced));
   }
   if (ranks == 1) return CommMode::inline_;  // nothing to communicate, nothing to overlap
-  return cores_scarce && (buckets <= 1 || !overlap) ? CommMode::inline_ : CommMode::async;
+  return cores_scarce && buckets <= 1 ? CommMode::inline_ : CommMode::async;
 }
 
 std::vector<Bucket> plan_buckets(const Model& model, double cap_mb, double first_cap_mb) {
@@ -104,8 +106,9 @@ void Reducer::launch(std::size_t i) {
   const std::size_t count = b.end - b.begin;
   launched_ = i + 1;
   if (zero_)
-    work_[i] = start([&] { return comm_.reduce_scatter_async(data, count, kZeroGrain, ReduceOp::avg); },
-                     [&] { comm_.reduce_scatter(data, count, kZeroGrain, ReduceOp::avg); });
+    work_[i] =
+        start([&] { return comm_.reduce_scatter_async(data, count, kZeroGrain, ReduceOp::avg); },
+              [&] { comm_.reduce_scatter(data, count, kZeroGrain, ReduceOp::avg); });
   else
     work_[i] = start([&] { return comm_.all_reduce_async(data, count, ReduceOp::avg); },
                      [&] { comm_.all_reduce(data, count, ReduceOp::avg); });

@@ -48,14 +48,16 @@
 //   all-reduce overlaps the rest of backward. That thread is one more runnable thread per
 //   worker: when the workers' compute threads already take every core (workers x threads >=
 //   cores), it runs only by taking a time slice from compute, and when overlap cannot help (one
-//   bucket, or overlap off, so nothing is left to compute while the bucket reduces) the handoff
-//   to it and back is pure cost (so is it for a group of one rank, whose collectives do
-//   nothing). choose_comm_mode() then runs the collectives inline, on the
-//   worker's own thread (the same calls, the same bits; only the thread differs), every bucket
-//   after backward (launch_remaining), when the worker has told the watchdog that its compute
-//   for the step is done: a worker blocked in an inline all-reduce is waiting for its peers,
-//   not stalled. The summary's comm_mode says which mode ran. bench/RESULTS.md has the measurement behind the rule.
-//   LOCKSTEP_COMM_MODE=async|inline overrides it, to measure both.
+//   bucket: nothing is left to compute while it reduces) the handoff to it and back is pure
+//   cost, as it is for a group of one rank, whose collectives do nothing. choose_comm_mode()
+//   then runs the collectives inline, on the worker's own thread (the same calls, the same
+//   bits; only the thread differs), every bucket after backward (launch_remaining), when the
+//   worker has told the watchdog that its compute for the step is done: a worker blocked in an
+//   inline all-reduce is waiting for its peers, not stalled. With several buckets and overlap
+//   off the thread still helps (a bucket's update overlaps the next bucket's reduction): on an
+//   emulated link at N = 2, inline ran 17-18 steps/s, async 20-23. bench/RESULTS.md has the
+//   measurements behind the rule; the summary's comm_mode says which mode ran, and
+//   LOCKSTEP_COMM_MODE=async|inline overrides the rule, to measure both.
 #pragma once
 
 #include <cstddef>
@@ -97,7 +99,7 @@ const char* to_string(CommMode mode) noexcept;
 // cores_scarce: workers x threads per worker >= cores, on a backend whose async collectives
 // need a thread of their own (the CPU's); ranks: the communicator's size (one rank: always
 // inline). Throws InputError for a bad LOCKSTEP_COMM_MODE.
-CommMode choose_comm_mode(bool cores_scarce, int ranks, std::size_t buckets, bool overlap);
+CommMode choose_comm_mode(bool cores_scarce, int ranks, std::size_t buckets);
 
 class Reducer {
  public:

@@ -129,8 +129,7 @@ void WorkerLoop::set_up(Backend& backend) {
   comm_.broadcast(replica.params(), replica.param_count(), 0);
 
   std::vector<Bucket> buckets = plan_buckets(run_.model, tc.bucket_cap_mb);
-  const CommMode mode = choose_comm_mode(cores_scarce(backend), comm_.size(), buckets.size(),
-                                         tc.overlap);
+  const CommMode mode = choose_comm_mode(cores_scarce(backend), comm_.size(), buckets.size());
   res_.reducer = std::make_unique<Reducer>(run_.model, comm_, replica.grads(), std::move(buckets),
                                            tc.overlap, zero(), mode, run_.trace.comm(rank_));
   // ZeRO-1: the optimiser holds the state of this rank's shards only (Note [ZeRO-1]).

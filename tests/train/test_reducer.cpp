@@ -93,18 +93,17 @@ TEST_CASE("bucketed and overlapped training is bitwise equal to one all-reduce a
 TEST_CASE("comm mode: inline only when cores are scarce and overlap cannot help, or alone") {
   using detail::CommMode;
   ::unsetenv("LOCKSTEP_COMM_MODE");
-  // (cores scarce, ranks, buckets, overlap)
-  CHECK(detail::choose_comm_mode(true, 2, 1, true) == CommMode::inline_);
-  CHECK(detail::choose_comm_mode(true, 2, 4, false) == CommMode::inline_);
-  CHECK(detail::choose_comm_mode(true, 2, 4, true) == CommMode::async);
-  CHECK(detail::choose_comm_mode(false, 2, 1, true) == CommMode::async);
-  CHECK(detail::choose_comm_mode(false, 1, 4, true) == CommMode::inline_);
+  // (cores scarce, ranks, buckets)
+  CHECK(detail::choose_comm_mode(true, 2, 1) == CommMode::inline_);
+  CHECK(detail::choose_comm_mode(true, 2, 4) == CommMode::async);
+  CHECK(detail::choose_comm_mode(false, 2, 1) == CommMode::async);
+  CHECK(detail::choose_comm_mode(false, 1, 4) == CommMode::inline_);
   ::setenv("LOCKSTEP_COMM_MODE", "async", 1);
-  CHECK(detail::choose_comm_mode(true, 2, 1, true) == CommMode::async);
+  CHECK(detail::choose_comm_mode(true, 2, 1) == CommMode::async);
   ::setenv("LOCKSTEP_COMM_MODE", "inline", 1);
-  CHECK(detail::choose_comm_mode(false, 2, 4, true) == CommMode::inline_);
+  CHECK(detail::choose_comm_mode(false, 2, 4) == CommMode::inline_);
   ::setenv("LOCKSTEP_COMM_MODE", "threads", 1);
-  CHECK_THROWS_AS(detail::choose_comm_mode(true, 2, 1, true), InputError);
+  CHECK_THROWS_AS(detail::choose_comm_mode(true, 2, 1), InputError);
   ::unsetenv("LOCKSTEP_COMM_MODE");
 }
 

@@ -3,8 +3,9 @@
 // Note [One MPI thread]
 //   Every MPI call of the process is made by one thread of ours, which initialises MPI, serves
 //   the callers, and finalises MPI: MPI_THREAD_FUNNELED is all we ask of the library. A caller
-//   queues a request and waits; the MPI thread posts it as a nonblocking collective and polls it
-//   with MPI_Testall until it completes. So nothing ever blocks inside MPI: abort() wakes every
+//   queues a request and waits; the MPI thread posts it as nonblocking collectives (several
+//   chunks on the data plane, Note [Pipelined collectives]) and polls them with MPI_Testsome
+//   until they complete. So nothing ever blocks inside MPI: abort() wakes every
 //   waiting caller at once, and the worker threads of a failed process always stop, even while a
 //   peer process never joins the collective they were in.
 //   Each plane has its own communicator (a duplicate of MPI_COMM_WORLD): collectives are ordered
@@ -303,7 +304,8 @@ class MpiProcesses final : public ProcessGroup {
       // progressed for kHotPolling (a peer that is late, or gone).
       const auto now = std::chrono::steady_clock::now();
       if (progressed) last_progress = now;
-      else if (now - last_progress > kHotPolling) std::this_thread::sleep_for(std::chrono::microseconds(50));
+      else if (now - last_progress > kHotPolling)
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
       else std::this_thread::yield();
     }
     bool clean = false;
