@@ -10,7 +10,17 @@ per-worker batch, optimiser (SGD, momentum 0.9, same lr), step count and threads
             (and OPENBLAS_NUM_THREADS = OMP_NUM_THREADS = T), batches gathered from the in-memory
             tensors (no DataLoader), shuffled every epoch.
 
-T = max(1, cores // N), lockstep's own default, set explicitly in both. Throughput is measured
+T = max(1, cores // N), lockstep's own default, set explicitly in both.
+
+PyTorch gets its best GEMM kernels: both frameworks call the system's OpenBLAS, which picks its
+kernels by CPU model and can misread a CPU it does not know (Debian's 0.3.21 calls a Sapphire
+Rapids VM "Prescott", without AVX at all). With OPENBLAS_VERBOSE=2 OpenBLAS names the core it
+chose. Its own choice and every core /proc/cpuinfo's flags allow (AVX-512: SkylakeX, Cooperlake;
+AVX2: Haswell, Zen) are timed on a PyTorch sgemm, and the fastest is set as OPENBLAS_CORETYPE
+for the PyTorch runs (--openblas-coretype forces one; "detected" keeps OpenBLAS's choice).
+lockstep gets no such help: it runs with the kernels OpenBLAS picks by itself (an
+OPENBLAS_CORETYPE of the caller's environment is dropped for both). The kernels each framework
+used are printed and written to the CSV. Throughput is measured
 the same way in both: global samples/s from the end of step steps/10 to the end of the last step,
 on rank 0 (start-up, data loading and the first tenth of the steps are excluded). Runs alternate
 lockstep, torch, lockstep, torch, ...; the tables give medians. The final training loss is the
@@ -18,6 +28,7 @@ mean over the last tenth of the steps, over all workers, in both (lockstep's log
 
     /usr/bin/python3 bench/compare_ddp.py [--pairs 3] [--workers 1,2] [--out build/bench/ddp]
         [--lockstep build/lockstep] [--workloads small,large] [--threads T] [--quick]
+        [--openblas-coretype auto|detected|CORE]
 """
 from __future__ import annotations
 
@@ -99,12 +110,105 @@ trainer: {{backend: cpu, devices: {workers}, steps: {w.steps}, seed: 0, log_ever
 """)
     summary = os.path.join(out, "lockstep_summary.json")
     proc = subprocess.run([binary, "train", config, "--scaling", str(workers), "--summary-json",
-                           summary], capture_output=True, text=True)
+                           summary], capture_output=True, text=True, env=lockstep_environment())
     if proc.returncode != 0:
         sys.exit(f"compare_ddp: lockstep failed ({proc.returncode}):\n{proc.stdout}{proc.stderr}")
     with open(summary) as f:
         point = json.load(f)["scaling"][0]
     return point["samples_per_s"], point["summary"]["final_train_loss"]
+
+
+def lockstep_environment() -> dict:
+    """lockstep runs with the kernels OpenBLAS picks by itself: no OPENBLAS_CORETYPE."""
+    env = dict(os.environ)
+    env.pop("OPENBLAS_CORETYPE", None)
+    return env
+
+
+# ---- OpenBLAS kernels -----------------------------------------------------------------------
+
+# Cores OpenBLAS (DYNAMIC_ARCH) can run, by the instruction sets their kernels need.
+AVX512_CORES = ["SkylakeX", "Cooperlake"]
+AVX2_CORES = ["Haswell", "Zen"]
+OLD_CORES = {"Prescott", "Core2", "Penryn", "Dunnington", "Nehalem", "Atom", "Katmai",
+             "Coppermine", "Northwood", "Banias", "Opteron", "Barcelona", "Bobcat"}
+TORCH_GEMM = """
+import time, torch
+torch.set_num_threads(1)
+a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+for _ in range(2): a @ b
+t = []
+for _ in range(9):
+    t0 = time.perf_counter(); a @ b; t.append(time.perf_counter() - t0)
+print("GFLOPS", 2 * 1024 ** 3 / sorted(t)[4] / 1e9)
+"""
+
+
+def cpu_flags() -> set:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def openblas_core(command: list, env: dict) -> tuple:
+    """(the core OpenBLAS chose for `command`, its output): OPENBLAS_VERBOSE=2 prints 'Core: X'."""
+    env = dict(env, OPENBLAS_VERBOSE="2", OPENBLAS_NUM_THREADS="1")
+    proc = subprocess.run(command, capture_output=True, text=True, env=env)
+    text = proc.stdout + proc.stderr
+    cores = [line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("Core:")]
+    return (cores[-1] if cores else "unknown"), text
+
+
+def torch_core_candidates(flags: set) -> list:
+    """The cores whose kernels this CPU can run (the AVX-512 ones are not always the fastest)."""
+    out = []
+    if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags:
+        out += AVX512_CORES if "avx512_bf16" in flags else AVX512_CORES[:1]
+    if {"avx2", "fma"} <= flags:
+        out += AVX2_CORES
+    return out
+
+
+def choose_torch_coretype(request: str, lockstep: str) -> tuple:
+    """Returns (OPENBLAS_CORETYPE for PyTorch or None, lines saying what each framework uses)."""
+    base = lockstep_environment()
+    detected, _ = openblas_core([sys.executable, "-c", TORCH_GEMM], base)
+    lockstep_core, _ = openblas_core([lockstep, "--version"], base)
+    flags = cpu_flags()
+    isa = ("AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else
+           "AVX" if "avx" in flags else "no AVX")
+    lines = [f"CPU: {isa}; OpenBLAS picks '{detected}' for PyTorch, '{lockstep_core}' for lockstep"]
+    if os.environ.get("OPENBLAS_CORETYPE"):
+        lines.append(f"(OPENBLAS_CORETYPE={os.environ['OPENBLAS_CORETYPE']} of this environment "
+                     "is dropped for both)")
+    if detected in OLD_CORES and isa != "no AVX":
+        lines.append(f"OpenBLAS misdetects this CPU: '{detected}' kernels use no AVX, the CPU has {isa}")
+    if request == "detected":
+        return None, lines + [f"PyTorch: OpenBLAS's own choice, '{detected}' (--openblas-coretype)"]
+    if request != "auto":
+        core, _ = openblas_core([sys.executable, "-c", TORCH_GEMM], dict(base, OPENBLAS_CORETYPE=request))
+        return request, lines + [f"PyTorch: OPENBLAS_CORETYPE={request} (--openblas-coretype), "
+                                 f"OpenBLAS reports '{core}'"]
+    timed = {}
+    for core in [detected] + [c for c in torch_core_candidates(flags) if c != detected]:
+        env = dict(base) if core == detected else dict(base, OPENBLAS_CORETYPE=core)
+        best = 0.0
+        for _ in range(3):
+            _, text = openblas_core([sys.executable, "-c", TORCH_GEMM], env)
+            got = [float(l.split()[1]) for l in text.splitlines() if l.startswith("GFLOPS")]
+            best = max([best] + got)
+        timed[core] = best
+    fastest = max(timed, key=timed.get)
+    lines.append("PyTorch 1024^3 sgemm, 1 thread, best of 3 medians: " +
+                 ", ".join(f"{c} {g:.1f} GFLOP/s" for c, g in timed.items()))
+    if fastest == detected:
+        return None, lines + [f"PyTorch: OpenBLAS's own choice, '{detected}', is the fastest"]
+    return fastest, lines + [f"PyTorch: OPENBLAS_CORETYPE={fastest} (faster than '{detected}')"]
 
 
 # ---- torch DDP ------------------------------------------------------------------------------
@@ -169,8 +273,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_torch(w: Workload, cache: str, workers: int, threads: int):
+def run_torch(w: Workload, cache: str, workers: int, threads: int, coretype):
     import torch.multiprocessing as mp
+    if coretype:  # read by OpenBLAS as each spawned child loads it
+        os.environ["OPENBLAS_CORETYPE"] = coretype
+    else:  # OpenBLAS's own choice, as for lockstep
+        os.environ.pop("OPENBLAS_CORETYPE", None)
     # torch's GEMMs go to OpenBLAS (Debian's build), whose own thread pool ignores
     # torch.set_num_threads: cap it, and OpenMP's, at T too. Spawned children read these.
     os.environ["OPENBLAS_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"] = str(threads)
@@ -195,6 +303,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0,
                     help="threads per worker in both frameworks; 0: max(1, cores / N)")
     ap.add_argument("--quick", action="store_true", help="a tenth of the steps (a smoke test)")
+    ap.add_argument("--openblas-coretype", default="auto",
+                    help="PyTorch's OpenBLAS kernels: auto (the fastest the CPU allows, timed), "
+                         "detected (OpenBLAS's own choice) or a core name (SkylakeX, Haswell, ...)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     if not os.access(args.lockstep, os.X_OK):
@@ -202,6 +313,10 @@ def main() -> None:
     cores = os.cpu_count() or 1
     import torch
     print(f"torch {torch.__version__}, {cores} cores, lockstep {args.lockstep}")
+    coretype, kernel_lines = choose_torch_coretype(args.openblas_coretype, args.lockstep)
+    for line in kernel_lines:
+        print(line)
+    torch_kernels = coretype or "detected"
 
     runs, rows = [], []
     for name in args.workloads.split(","):
@@ -218,7 +333,7 @@ def main() -> None:
                     if fw == "lockstep":
                         sps, loss = run_lockstep(args.lockstep, w, csv_path, n, threads, args.out)
                     else:
-                        sps, loss = run_torch(w, cache, n, threads)
+                        sps, loss = run_torch(w, cache, n, threads, coretype)
                     got[fw].append(sps)
                     losses[fw].append(loss)
                     runs.append([name, n, threads, fw, p, f"{sps:.1f}", f"{loss:.5f}"])
@@ -230,9 +345,11 @@ def main() -> None:
                          "lockstep_samples_per_s": ls, "torch_samples_per_s": ts,
                          "ratio": ls / ts,
                          "lockstep_final_loss": statistics.median(losses["lockstep"]),
-                         "torch_final_loss": statistics.median(losses["torch"])})
+                         "torch_final_loss": statistics.median(losses["torch"]),
+                         "torch_openblas_coretype": torch_kernels})
 
-    print(f"\nmedians over {args.pairs} alternating pairs; samples/s = global, steady state\n")
+    print(f"\nmedians over {args.pairs} alternating pairs; samples/s = global, steady state")
+    print("\n".join(kernel_lines) + "\n")
     head = (f"{'workload':<44} {'N':>2} {'thr':>3} {'steps':>5} {'lockstep/s':>11} {'torch/s':>10} "
             f"{'ratio':>6} {'loss ls':>8} {'loss torch':>10}")
     print(head)

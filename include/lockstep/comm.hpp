@@ -137,9 +137,9 @@ class LOCKSTEP_API Communicator {
 };
 
 // The CPU backend's in-process group: `size` communicators over shared memory. Each rank
-// reduces its 1/size slice across every rank's buffer, then copies the other slices back
-// (reduce_scatter is the first half, all_gather the second). Async collectives run on one
-// communication thread per rank.
+// reduces its 1/size slice across every rank's buffer and writes the sum into every rank's
+// buffer (reduce_scatter writes it into its own only; all_gather copies the other ranks'
+// shards). Async collectives run on one communication thread per rank.
 //
 // For benchmarks, the environment variable LOCKSTEP_EMULATE_INTERCONNECT="ALPHA_US,GBPS" adds
 // a delay of alpha + 2(n-1)/n * bytes / bandwidth to every data-plane all-reduce (alpha +

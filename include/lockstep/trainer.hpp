@@ -94,6 +94,9 @@ struct LOCKSTEP_API Summary {
   int accumulate_steps = 1;
   std::size_t buckets = 0;
   bool overlap = true;
+  // Where the collectives ran: "async" (the communication thread on the CPU, streams on a GPU)
+  // or "inline" (the worker's own thread; see Note [Inline collectives] in src/train/reducer.hpp).
+  std::string comm_mode = "async";
   int zero = 0;                          // trainer.zero
   std::size_t optimizer_state_bytes = 0;  // the most any worker holds (see worker_times)
   // Waits of the host for a device (Note [Host syncs] in device.hpp) in one step, the most of

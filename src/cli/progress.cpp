@@ -115,8 +115,10 @@ void print_summary(std::FILE* out, const Summary& s) {
   }
   fmt::print(out, "  replicas identical  {} ({} hash checks, parameter hash {:016x})\n",
              s.replicas_identical ? "yes" : "NO", s.replica_checks, s.param_hash);
-  fmt::print(out, "  gradient buckets    {} (overlap {}, accumulate {} micro-batches per step)\n",
-             s.buckets, s.overlap ? "on" : "off", s.accumulate_steps);
+  fmt::print(out,
+             "  gradient buckets    {} (overlap {}, collectives {}, accumulate {} micro-batches "
+             "per step)\n",
+             s.buckets, s.overlap ? "on" : "off", s.comm_mode, s.accumulate_steps);
   // ZeRO-1 reduce-scatters the gradients and all-gathers the parameters instead.
   fmt::print(out, "  {:<20}{:.3f} s per worker, {:.0f}% hidden behind backward\n",
              s.zero == 1 ? "scatter + gather" : "all-reduce", s.comm_s,

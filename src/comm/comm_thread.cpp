@@ -1,9 +1,11 @@
 #include "comm/comm_thread.hpp"
 
+#include <atomic>
 #include <chrono>
 #include <exception>
 #include <optional>
 
+#include "comm/spin_wait.hpp"
 #include "common/start_thread.hpp"
 
 namespace lockstep::detail {
@@ -18,23 +20,19 @@ double now_s() {
 // A collective waiting in the queue, or running.
 struct CommThread::Queued final : CommWork {
   explicit Queued(std::function<void()> c) : collective(std::move(c)) {}
+  // Spins briefly, then sleeps (Note [Spin, then wait]).
   void wait() override {
-    std::unique_lock lock(mutex);
-    cv.wait(lock, [&] { return done; });
+    spin_then_wait(done, false);
     if (error) std::rethrow_exception(error);
   }
+  // Publishes error, started_s and finished_s with `done`.
   void complete(std::exception_ptr e) {
-    {
-      std::lock_guard lock(mutex);
-      done = true;
-      error = e;
-    }
-    cv.notify_all();
+    error = e;
+    done.store(true, std::memory_order_release);
+    done.notify_all();
   }
   const std::function<void()> collective;
-  std::mutex mutex;
-  std::condition_variable cv;
-  bool done = false;
+  std::atomic<bool> done{false};
   std::exception_ptr error;
   double started_s = 0.0;  // set by the thread before complete()
   double finished_s = 0.0;

@@ -1,16 +1,24 @@
 // The CPU backend's communicator: every rank is a thread of this process, and every rank's
 // buffer is reachable from every other rank.
 //
-// All-reduce, reduce-scatter then all-gather over shared memory:
-//   1. each rank publishes its buffer pointer;                      barrier
-//   2. rank r sums slice r over ranks 0..N-1 (always in that order, so the result is
-//      deterministic) and writes it into slice r of its own buffer;  barrier
-//   3. rank r copies every other slice s from rank s's buffer;        barrier
-// The last barrier keeps a rank from reusing its buffer while others still read from it.
-// Each slice is computed once and copied, so every rank ends with the same bits, and the result
-// of an element does not depend on how the buffer was cut into calls (buckets) nor into slices.
-// reduce_scatter is phases 1-2 (the slices are its shards), all_gather is 1 and 3: an element's
-// sum is the same rank-order sum either way.
+// Note [Fused all-reduce]
+//   All-reduce over shared memory, in two phases:
+//     1. each rank publishes its buffer pointer;                                  barrier
+//     2. rank r sums slice r over ranks 0..N-1 (always in that order, so the result is
+//        deterministic) and writes the sum into slice r of *every* rank's buffer;  barrier
+//   The last barrier keeps a rank from reusing its buffer while others still write into it.
+//   Slice r of any buffer is read and written by rank r alone during phase 2, a chunk at a time:
+//   the chunk's inputs are all read (into a small accumulator that stays in L1) before its
+//   outputs are written, so writing into a peer's buffer never overwrites an input still needed.
+//   Each element is computed once and stored N times, so every rank ends with the same bits, and
+//   the result of an element does not depend on how the buffer was cut into calls (buckets) nor
+//   into slices. Per rank this moves about 2 S bytes for a buffer of S (N reads, N writes of a
+//   1/N slice), where a reduce-scatter followed by an all-gather pass moved S(3N-1)/N and met in
+//   three barriers: bench/RESULTS.md measured +29-84% at 64-256 MB. Non-temporal stores of the
+//   sums measured slower on the CPU of bench/RESULTS.md (the peers read the lines soon after).
+//   reduce_scatter is phase 2 writing into the rank's own buffer only (its shard), all_gather is
+//   phase 1 and a copy of every other rank's shard: an element's sum is the same rank-order sum
+//   either way.
 //
 // Two planes, two barriers. The data plane (all_reduce, broadcast) may run on a rank's
 // communication thread (all_reduce_async) while its worker thread uses the control plane
@@ -21,9 +29,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "comm/abortable_barrier.hpp"
@@ -86,6 +96,39 @@ Wire wire_from_environment() {
   return {alpha_us * 1e-6, gbps * 1e9};
 }
 
+// The element loop of the fused all-reduce: for each element i of `slice`, the sum over ranks
+// of in[r][i] in rank order, divided by `divisor` when not 1 (an average), stored into out[q][i]
+// for every q. Element is the type of the buffers; sums are taken in float, so a narrower type
+// (bf16) only needs its conversions to and from float. A chunk at a time: the loops over one
+// chunk vectorise, and the accumulator stays in L1 between the reads and the stores.
+template <class Element>
+void sum_in_rank_order(std::span<Element* const> in, std::span<Element* const> out,
+                       ShardRange slice, int divisor) {
+  constexpr std::size_t kChunk = 4096;  // 16 KiB of float sums
+  float acc[kChunk];
+  const float inv = 1.0f / static_cast<float>(divisor);
+  for (std::size_t begin = slice.begin; begin < slice.end; begin += kChunk) {
+    const std::size_t n = std::min(kChunk, slice.end - begin);
+    const Element* a = in[0] + begin;
+    const Element* b = in[1] + begin;  // every group that reduces has two ranks or more
+    for (std::size_t i = 0; i < n; ++i)
+      acc[i] = static_cast<float>(a[i]) + static_cast<float>(b[i]);
+    for (std::size_t r = 2; r < in.size(); ++r) {
+      const Element* src = in[r] + begin;
+      for (std::size_t i = 0; i < n; ++i) acc[i] += static_cast<float>(src[i]);
+    }
+    if (divisor != 1)
+      for (std::size_t i = 0; i < n; ++i) acc[i] *= inv;
+    for (Element* dst : out) {
+      if constexpr (std::is_same_v<Element, float>) {
+        std::memcpy(dst + begin, acc, n * sizeof(float));
+      } else {
+        for (std::size_t i = 0; i < n; ++i) dst[begin + i] = static_cast<Element>(acc[i]);
+      }
+    }
+  }
+}
+
 struct Group {
   explicit Group(int n)
       : size(n), data(n), control(n), slots(n), host_slots(n), wire(wire_from_environment()) {}
@@ -110,18 +153,16 @@ class SharedMemoryCommunicator final : public Communicator {
     Group& g = *group_;
     if (g.size == 1) return check_not_aborted();  // sum and average of one rank: the identity
     publish(data);
-    reduce_slice(shard_range(count, g.size, rank_), op);
-    sync(g.data);
-    copy_other_slices(data, count, 1);
+    reduce_slice(shard_range(count, g.size, rank_), op, g.slots);
     emulate_wire(count, 2.0);
-    sync(g.data);
+    sync(g.data);  // every rank's slices are in our buffer, and nobody reads it any more
   }
 
   void reduce_scatter(float* data, std::size_t count, std::size_t grain, ReduceOp op) override {
     Group& g = *group_;
     if (g.size == 1) return check_not_aborted();
     publish(data);
-    reduce_slice(shard_range(count, g.size, rank_, grain), op);
+    reduce_slice(shard_range(count, g.size, rank_, grain), op, {&g.slots[rank_], 1});
     emulate_wire(count, 1.0);
     sync(g.data);  // every rank has read our buffer
   }
@@ -187,14 +228,14 @@ class SharedMemoryCommunicator final : public Communicator {
   void check_not_aborted() const {
     if (aborted()) throw CommAborted();
   }
-  void sync(detail::AbortableBarrier& b) { b.arrive_and_wait(rank_); }
+  static void sync(detail::AbortableBarrier& b) { b.arrive_and_wait(); }
 
   // Phase 1: every rank's buffer becomes readable by every other.
   void publish(float* data) {
     group_->slots[rank_] = data;
     sync(group_->data);
   }
-  // Phase 3: our copy of every other rank's shard, from that rank's buffer.
+  // all_gather: our copy of every other rank's shard, from that rank's buffer.
   void copy_other_slices(float* data, std::size_t count, std::size_t grain) {
     const Group& g = *group_;
     for (int r = 0; r < g.size; ++r) {
@@ -210,31 +251,15 @@ class SharedMemoryCommunicator final : public Communicator {
       std::this_thread::sleep_for(std::chrono::duration<double>(delay));
   }
 
-  // data[s] = (slots[0][s] + slots[1][s] + ...) in rank order, a cache-sized chunk at a time so
-  // the inner loops vectorise. Our own slice of `data` is read only by us during this phase.
-  void reduce_slice(ShardRange s, ReduceOp op) {
-    constexpr std::size_t kChunk = 4096;
+  // Phase 2 (Note [Fused all-reduce]): out[q][s] = (slots[0][s] + slots[1][s] + ...) for every
+  // buffer q of `out`.
+  void reduce_slice(ShardRange s, ReduceOp op, std::span<float* const> out) const {
     const Group& g = *group_;
-    const float inv = 1.0f / static_cast<float>(g.size);
-    scratch_.resize(kChunk);
-    float* acc = scratch_.data();
-    float* out = g.slots[rank_];
-    for (std::size_t begin = s.begin; begin < s.end; begin += kChunk) {
-      const std::size_t n = std::min(kChunk, s.end - begin);
-      std::memcpy(acc, g.slots[0] + begin, n * sizeof(float));
-      for (int r = 1; r < g.size; ++r) {
-        const float* src = g.slots[r] + begin;
-        for (std::size_t i = 0; i < n; ++i) acc[i] += src[i];
-      }
-      if (op == ReduceOp::avg)
-        for (std::size_t i = 0; i < n; ++i) acc[i] *= inv;
-      std::memcpy(out + begin, acc, n * sizeof(float));
-    }
+    sum_in_rank_order<float>(g.slots, out, s, op == ReduceOp::avg ? g.size : 1);
   }
 
   std::shared_ptr<Group> group_;
   int rank_;
-  std::vector<float> scratch_;  // used by whichever thread runs the data plane, one at a time
   CommThread thread_;
 };
 

@@ -1,6 +1,8 @@
 #include "train/reducer.hpp"
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <stdexcept>
@@ -12,6 +14,29 @@
 namespace lockstep::detail {
 namespace {
 constexpr std::size_t kNone = std::numeric_limits<std::size_t>::max();
+
+// A collective that ran to completion on the caller's thread.
+// A collective that ran inline: over before it was returned, the worker blocked all along.
+struct Finished final : CommWork {
+  explicit Finished(CommTiming t) : timing_(t) {}
+  void wait() override {}
+  std::optional<CommTiming> timing() override { return timing_; }
+  CommTiming timing_;
+};
+}  // namespace
+
+const char* to_string(CommMode mode) noexcept {
+  return mode == CommMode::async ? "async" : "inline";
+}
+
+CommMode choose_comm_mode(bool cores_scarce, int ranks, std::size_t buckets) {
+  if (const char* forced = std::getenv("LOCKSTEP_COMM_MODE"); forced && *forced) {
+    if (!std::strcmp(forced, "async")) return CommMode::async;
+    if (!std::strcmp(forced, "inline")) return CommMode::inline_;
+    throw InputError(fmt::format("LOCKSTEP_COMM_MODE: expected async or inline, got '{}'", forced));
+  }
+  if (ranks == 1) return CommMode::inline_;  // nothing to communicate, nothing to overlap
+  return cores_scarce && buckets <= 1 ? CommMode::inline_ : CommMode::async;
 }
 
 std::vector<Bucket> plan_buckets(const Model& model, double cap_mb, double first_cap_mb) {
@@ -41,12 +66,13 @@ std::vector<Bucket> plan_buckets(const Model& model, double cap_mb, double first
 }
 
 Reducer::Reducer(const Model& model, Communicator& comm, float* grads, std::vector<Bucket> buckets,
-                 bool overlap, bool zero, std::vector<TraceEvent>* comm_track)
+                 bool overlap, bool zero, CommMode mode, std::vector<TraceEvent>* comm_track)
     : comm_(comm),
       grads_(grads),
       buckets_(std::move(buckets)),
       overlap_(overlap),
       zero_(zero),
+      mode_(mode),
       comm_track_(comm_track),
       bucket_of_layer_(model.layers().size(), kNone),
       pending_(buckets_.size(), 0),
@@ -73,7 +99,8 @@ void Reducer::layer_ready(std::size_t layer) {
     throw std::logic_error(fmt::format("Reducer: unexpected gradients from layer {}", layer));
   --pending_[b];
   // Start every complete bucket in order; backward order makes them complete in order anyway.
-  if (overlap_)
+  // Inline, they start after backward (Note [Inline collectives]).
+  if (overlap_ && mode_ == CommMode::async)
     while (launched_ < buckets_.size() && pending_[launched_] == 0) launch(launched_);
 }
 
@@ -86,9 +113,27 @@ void Reducer::launch(std::size_t i) {
   const Bucket& b = buckets_[i];
   float* data = grads_ + b.begin;
   const std::size_t count = b.end - b.begin;
-  work_[i] = zero_ ? comm_.reduce_scatter_async(data, count, kZeroGrain, ReduceOp::avg)
-                   : comm_.all_reduce_async(data, count, ReduceOp::avg);
   launched_ = i + 1;
+  if (zero_)
+    work_[i] =
+        start([&] { return comm_.reduce_scatter_async(data, count, kZeroGrain, ReduceOp::avg); },
+              [&] { comm_.reduce_scatter(data, count, kZeroGrain, ReduceOp::avg); });
+  else
+    work_[i] = start([&] { return comm_.all_reduce_async(data, count, ReduceOp::avg); },
+                     [&] { comm_.all_reduce(data, count, ReduceOp::avg); });
+}
+
+// Inline, the worker is blocked for the whole collective: all of it is exposed (counted when it
+// is waited for, as any collective's timing).
+std::unique_ptr<CommWork> Reducer::start(std::function<std::unique_ptr<CommWork>()> async,
+                                         const std::function<void()>& blocking) {
+  if (mode_ == CommMode::async) return async();
+  CommTiming t;
+  t.started_s = steady_now_s();
+  blocking();
+  t.finished_s = steady_now_s();
+  t.exposed_s = t.finished_s - t.started_s;
+  return std::make_unique<Finished>(t);
 }
 
 ShardRange Reducer::shard(std::size_t i) const {
@@ -114,7 +159,10 @@ void Reducer::sum_grain_squares(std::size_t i, Device& device, double* sums) con
 
 void Reducer::start_gather(std::size_t i, float* params) {
   const Bucket& b = buckets_.at(i);
-  gathers_.emplace_back(i, comm_.all_gather_async(params + b.begin, b.end - b.begin, kZeroGrain));
+  float* data = params + b.begin;
+  const std::size_t count = b.end - b.begin;
+  gathers_.emplace_back(i, start([&] { return comm_.all_gather_async(data, count, kZeroGrain); },
+                                 [&] { comm_.all_gather(data, count, kZeroGrain); }));
 }
 
 double Reducer::wait(std::size_t i) {

@@ -43,9 +43,26 @@
 //   Every element gets the replicated update's arithmetic with the same norm, so a zero 1 run
 //   ends bit-identical to zero 0 on the CPU. Checkpoints hold the whole state (gathered, see
 //   WorkerLoop::gather_optimizer_state).
+//
+// Note [Inline collectives]
+//   On the CPU a rank's collectives normally run on its communication thread, so that an
+//   all-reduce overlaps the rest of backward. That thread is one more runnable thread per
+//   worker: when the workers' compute threads already take every core (workers x threads >=
+//   cores), it runs only by taking a time slice from compute, and when overlap cannot help (one
+//   bucket: nothing is left to compute while it reduces) the handoff to it and back is pure
+//   cost, as it is for a group of one rank, whose collectives do nothing. choose_comm_mode()
+//   then runs the collectives inline, on the worker's own thread (the same calls, the same
+//   bits; only the thread differs), every bucket after backward (launch_remaining), when the
+//   worker has told the watchdog that its compute for the step is done: a worker blocked in an
+//   inline all-reduce is waiting for its peers, not stalled. With several buckets and overlap
+//   off the thread still helps (a bucket's update overlaps the next bucket's reduction): on an
+//   emulated link at N = 2, inline ran 17-18 steps/s, async 20-23. bench/RESULTS.md has the
+//   measurements behind the rule; the summary's comm_mode says which mode ran, and
+//   LOCKSTEP_COMM_MODE=async|inline overrides the rule, to measure both.
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <span>
 #include <utility>
@@ -73,11 +90,23 @@ constexpr std::size_t kZeroGrain = 16384;
 // belong to no bucket.
 std::vector<Bucket> plan_buckets(const Model& model, double cap_mb, double first_cap_mb = 1.0);
 
+// Where a rank's collectives run (Note [Inline collectives]).
+enum class CommMode {
+  async,   // started with the *_async calls: the communication thread (CPU) or a stream (GPU)
+  inline_  // the blocking calls, on the worker's thread
+};
+const char* to_string(CommMode mode) noexcept;
+
+// cores_scarce: workers x threads per worker >= cores, on a backend whose async collectives
+// need a thread of their own (the CPU's); ranks: the communicator's size (one rank: always
+// inline). Throws InputError for a bad LOCKSTEP_COMM_MODE.
+CommMode choose_comm_mode(bool cores_scarce, int ranks, std::size_t buckets);
+
 class Reducer {
  public:
   // zero: reduce-scatter instead of all-reduce (Note [ZeRO-1]).
   Reducer(const Model& model, Communicator& comm, float* grads, std::vector<Bucket> buckets,
-          bool overlap, bool zero, std::vector<TraceEvent>* comm_track);
+          bool overlap, bool zero, CommMode mode, std::vector<TraceEvent>* comm_track);
   ~Reducer();
   Reducer(const Reducer&) = delete;
   Reducer& operator=(const Reducer&) = delete;
@@ -85,6 +114,7 @@ class Reducer {
   const std::vector<Bucket>& buckets() const noexcept { return buckets_; }
   // Buckets [0, launched()) have started this step; backward is filling bucket launched().
   std::size_t launched() const noexcept { return launched_; }
+  CommMode mode() const noexcept { return mode_; }
 
   // Before each backward whose gradients are to be reduced.
   void reset();
@@ -129,6 +159,9 @@ class Reducer {
     std::size_t bucket;
   };
   void launch(std::size_t i);
+  // Runs `collective` now, or starts it, as mode_ says.
+  std::unique_ptr<CommWork> start(std::function<std::unique_ptr<CommWork>()> async,
+                                  const std::function<void()>& blocking);
   double wait_for(std::unique_ptr<CommWork> work, const char* what, std::size_t i);
 
   Communicator& comm_;
@@ -136,6 +169,7 @@ class Reducer {
   std::vector<Bucket> buckets_;
   bool overlap_;
   bool zero_;
+  CommMode mode_;
   std::vector<TraceEvent>* comm_track_;
   std::vector<std::size_t> bucket_of_layer_;  // npos for layers without parameters
   std::vector<std::size_t> pending_;          // layers not yet ready, per bucket

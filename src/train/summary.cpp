@@ -64,6 +64,7 @@ std::string Summary::to_json() const {
       "  \"accumulate_steps\": {},\n"
       "  \"buckets\": {},\n"
       "  \"overlap\": {},\n"
+      "  \"comm_mode\": \"{}\",\n"
       "  \"zero\": {},\n"
       "  \"optimizer_state_bytes\": {},\n"
       "  \"host_syncs_per_step\": {},\n"
@@ -83,7 +84,7 @@ std::string Summary::to_json() const {
       mfu > 0.0 ? number(mfu) : "null", number(final_train_loss),
       number(final_train_accuracy), number(eval_loss), number(eval_accuracy),
       replicas_identical ? "true" : "false", replica_checks, param_hash, accumulate_steps, buckets,
-      overlap ? "true" : "false", zero, optimizer_state_bytes, host_syncs_per_step,
+      overlap ? "true" : "false", comm_mode, zero, optimizer_state_bytes, host_syncs_per_step,
       number(data_wait_s),
       number(barrier_wait_s), number(comm_s), number(comm_exposed_s), number(comm_hidden_fraction),
       resumed_from_step, stopped_early ? "true" : "false", nonfinite_skips,

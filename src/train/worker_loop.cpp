@@ -7,6 +7,7 @@
 #include <numeric>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -109,6 +110,19 @@ void WorkerLoop::beat() { run_.heartbeats.beat(rank_, pos_.step); }
 
 void WorkerLoop::enter(Phase phase, int index) { run_.heartbeats.enter(rank_, phase, index); }
 
+// Note [Inline collectives]: on the CPU, whether the workers' compute threads (trainer.
+// threads_per_device, or the CPU backend's default share of the cores) take every core, so that
+// a communication thread could only run in their time slices.
+bool WorkerLoop::cores_scarce(const Backend& backend) const {
+  if (backend.name() != "cpu") return false;
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int workers = static_cast<int>(run_.cfg.trainer.devices.size());
+  const int threads = run_.cfg.trainer.threads_per_device > 0
+                          ? run_.cfg.trainer.threads_per_device
+                          : std::max(1, cores / std::max(1, workers));
+  return workers * threads >= cores;
+}
+
 void WorkerLoop::set_up(Backend& backend) {
   const TrainerConfig& tc = run_.cfg.trainer;
   const Checkpoint* resume = run_.resume;
@@ -123,9 +137,10 @@ void WorkerLoop::set_up(Backend& backend) {
   // as any later backend (several processes) needs.
   comm_.broadcast(replica.params(), replica.param_count(), 0);
 
-  res_.reducer = std::make_unique<Reducer>(run_.model, comm_, replica.grads(),
-                                           plan_buckets(run_.model, tc.bucket_cap_mb),
-                                           tc.overlap, zero(), run_.trace.comm(rank_));
+  std::vector<Bucket> buckets = plan_buckets(run_.model, tc.bucket_cap_mb);
+  const CommMode mode = choose_comm_mode(cores_scarce(backend), comm_.size(), buckets.size());
+  res_.reducer = std::make_unique<Reducer>(run_.model, comm_, replica.grads(), std::move(buckets),
+                                           tc.overlap, zero(), mode, run_.trace.comm(rank_));
   // ZeRO-1: the optimiser holds the state of this rank's shards only (Note [ZeRO-1]).
   res_.optimizer = std::make_unique<Optimizer>(
       dev, run_.cfg.optimizer, replica.param_count(),
@@ -135,7 +150,10 @@ void WorkerLoop::set_up(Backend& backend) {
     res_.optimizer->load_state(resume->optimizer_state, resume->state.optimizer_steps,
                                resume->weights_file.string());
   res_.record = std::make_unique<StepRecord>(dev, res_.reducer->grains());
-  if (rank_ == 0) run_.summary.buckets = res_.reducer->buckets().size();
+  if (rank_ == 0) {
+    run_.summary.buckets = res_.reducer->buckets().size();
+    run_.summary.comm_mode = to_string(mode);
+  }
   set_up_data();
 }
 
@@ -186,8 +204,9 @@ void WorkerLoop::run(Backend& backend) {
     begin_step();
     StepTotals mine;
     for (int micro = 0; micro < k; ++micro) run_micro_batch(micro, mine);
-    res_.reducer->launch_remaining();
     beat();
+    enter(Phase::all_reduce);  // starting it, or running it inline
+    res_.reducer->launch_remaining();
     const StepRecord::Host& record = reduce_and_update();
     count_host_syncs();
     check_labels(record.loss, run_.train->classes(),

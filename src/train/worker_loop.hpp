@@ -214,6 +214,7 @@ class WorkerLoop {
   };
 
   void set_up(Backend& backend);
+  bool cores_scarce(const Backend& backend) const;
   void set_up_data();
   void begin_step();
   void count_host_syncs();

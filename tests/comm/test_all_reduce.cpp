@@ -48,6 +48,40 @@ TEST_CASE("all_reduce sums and averages exactly for any length and group size") 
   }
 }
 
+// Values whose sums round: the order of the additions shows in the bits.
+TEST_CASE("all_reduce gives the bits of the rank-order sum, whatever the rounding") {
+  for (int n : {2, 3, 4, 5}) {
+    // Lengths cut into slices that cross the reduction's 4096-element chunks unevenly.
+    for (std::size_t len : {std::size_t{7}, std::size_t{4096} * n + 5, std::size_t{50001}}) {
+      CAPTURE(n);
+      CAPTURE(len);
+      auto input = [](int r, std::size_t i) {
+        return 1.0f / static_cast<float>(3 + r + i % 11) + 1e-3f * static_cast<float>(i % 5);
+      };
+      std::vector<float> sum(len), avg(len);
+      for (std::size_t i = 0; i < len; ++i) {
+        float acc = input(0, i);
+        for (int r = 1; r < n; ++r) acc += input(r, i);
+        sum[i] = acc;
+        avg[i] = acc * (1.0f / static_cast<float>(n));
+      }
+      std::vector<std::vector<float>> sums(n), avgs(n);
+      on_group(n, [&](int r, Communicator& c) {
+        std::vector<float> a(len), b(len);
+        for (std::size_t i = 0; i < len; ++i) a[i] = b[i] = input(r, i);
+        c.all_reduce(a.data(), len, ReduceOp::sum);
+        c.all_reduce_async(b.data(), len, ReduceOp::avg)->wait();
+        sums[r] = std::move(a);
+        avgs[r] = std::move(b);
+      });
+      for (int r = 0; r < n; ++r) {
+        CHECK(sums[r] == sum);
+        CHECK(avgs[r] == avg);
+      }
+    }
+  }
+}
+
 TEST_CASE("broadcast copies the root's buffer to every rank") {
   for (int n = 1; n <= 5; ++n) {
     for (int root = 0; root < n; ++root) {

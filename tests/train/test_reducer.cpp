@@ -9,6 +9,8 @@
 #include <numeric>
 #include <set>
 
+#include <stdlib.h>
+
 #include "trainer_fixtures.hpp"
 #include "io/json.hpp"
 #include "lockstep/lockstep.hpp"
@@ -85,6 +87,44 @@ TEST_CASE("bucketed and overlapped training is bitwise equal to one all-reduce a
     // Clipping takes the path that waits for every bucket before the update: same bits too.
     whole.optimizer.clip_grad_norm = bucketed.optimizer.clip_grad_norm = 0.05;
     CHECK(train(whole) == train(bucketed));
+  }
+}
+
+TEST_CASE("comm mode: inline only when cores are scarce and overlap cannot help, or alone") {
+  using detail::CommMode;
+  ::unsetenv("LOCKSTEP_COMM_MODE");
+  // (cores scarce, ranks, buckets)
+  CHECK(detail::choose_comm_mode(true, 2, 1) == CommMode::inline_);
+  CHECK(detail::choose_comm_mode(true, 2, 4) == CommMode::async);
+  CHECK(detail::choose_comm_mode(false, 2, 1) == CommMode::async);
+  CHECK(detail::choose_comm_mode(false, 1, 4) == CommMode::inline_);
+  ::setenv("LOCKSTEP_COMM_MODE", "async", 1);
+  CHECK(detail::choose_comm_mode(true, 2, 1) == CommMode::async);
+  ::setenv("LOCKSTEP_COMM_MODE", "inline", 1);
+  CHECK(detail::choose_comm_mode(false, 2, 4) == CommMode::inline_);
+  ::setenv("LOCKSTEP_COMM_MODE", "threads", 1);
+  CHECK_THROWS_AS(detail::choose_comm_mode(true, 2, 1), InputError);
+  ::unsetenv("LOCKSTEP_COMM_MODE");
+}
+
+TEST_CASE("collectives inline on the worker's thread train bit-identical to async ones") {
+  for (int zero : {0, 1}) {
+    CAPTURE(zero);
+    Config cfg = config(3, 8);
+    cfg.trainer.zero = zero;
+    cfg.trainer.bucket_cap_mb = 0.005;  // four buckets, overlapped when async
+    Summary async_summary, inline_summary;
+    ::setenv("LOCKSTEP_COMM_MODE", "async", 1);
+    const std::vector<float> a = train(cfg, &async_summary);
+    ::setenv("LOCKSTEP_COMM_MODE", "inline", 1);
+    const std::vector<float> b = train(cfg, &inline_summary);
+    ::unsetenv("LOCKSTEP_COMM_MODE");
+    CHECK(async_summary.comm_mode == "async");
+    CHECK(inline_summary.comm_mode == "inline");
+    CHECK(a == b);
+    // Inline, the worker waits for the whole collective: none of it is hidden.
+    CHECK(inline_summary.comm_s > 0.0);
+    CHECK(inline_summary.comm_exposed_s >= inline_summary.comm_s * 0.99);
   }
 }
 

@@ -3,8 +3,9 @@
 // Note [One MPI thread]
 //   Every MPI call of the process is made by one thread of ours, which initialises MPI, serves
 //   the callers, and finalises MPI: MPI_THREAD_FUNNELED is all we ask of the library. A caller
-//   queues a request and waits; the MPI thread posts it as a nonblocking collective and polls it
-//   with MPI_Testall until it completes. So nothing ever blocks inside MPI: abort() wakes every
+//   queues a request and waits; the MPI thread posts it as nonblocking collectives (several
+//   chunks on the data plane, Note [Pipelined collectives]) and polls them with MPI_Testsome
+//   until they complete. So nothing ever blocks inside MPI: abort() wakes every
 //   waiting caller at once, and the worker threads of a failed process always stop, even while a
 //   peer process never joins the collective they were in.
 //   Each plane has its own communicator (a duplicate of MPI_COMM_WORLD): collectives are ordered
@@ -13,6 +14,18 @@
 //   A request owns its buffer; the MPI thread never touches the caller's memory. The caller
 //   copies in before queueing and out after completion: after an abort, a request still pending
 //   in MPI cannot write into memory the caller has freed.
+//
+// Note [Pipelined collectives]
+//   Open MPI's nonblocking collectives (libnbc) run a schedule of rounds that advances only
+//   inside MPI calls on our thread, and one large MPI_Iallreduce is a long chain of them: it
+//   reached half the blocking MPI_Allreduce's bandwidth at 16-64 MB (bench/RESULTS.md). So the
+//   data plane cuts a buffer into chunks of kPipelineChunk elements and keeps up to kInFlight of
+//   them posted: MPI_Testsome advances all of them at once, and a finished chunk's slot takes
+//   the next. Every chunk is a separate collective on the data communicator, posted in the same
+//   order in every process. The MPI thread polls without pause while chunks complete, yielding
+//   the core, and backs off to 50 us sleeps once nothing has moved for kHotPolling. An element's
+//   sum is MPI's reduction of that element over the processes whatever the chunking (with two
+//   processes, a + b in either order: the same bits).
 #include <mpi.h>
 
 #include <algorithm>
@@ -82,62 +95,55 @@ class MpiProcesses final : public ProcessGroup {
   int size() const noexcept override { return size_; }
 
   void all_reduce(float* data, std::size_t count) override {
-    run(data, count * sizeof(float), [this, count](Request& r) {
-      return for_chunks(count, [&](std::size_t offset, int n, MPI_Request* out) {
-        return MPI_Iallreduce(MPI_IN_PLACE, r.floats() + offset, n, MPI_FLOAT, MPI_SUM, data_,
-                              out);
-      }, r);
-    });
+    run(Plane::data, data, count * sizeof(float), count,
+        [this](Request& r, std::size_t offset, int n, MPI_Request* out) {
+          return MPI_Iallreduce(MPI_IN_PLACE, r.floats() + offset, n, MPI_FLOAT, MPI_SUM, data_,
+                                out);
+        });
   }
 
   void broadcast(float* data, std::size_t count, int root) override {
     check_root(root);
-    run(data, count * sizeof(float), [this, count, root](Request& r) {
-      return for_chunks(count, [&](std::size_t offset, int n, MPI_Request* out) {
-        return MPI_Ibcast(r.floats() + offset, n, MPI_FLOAT, root, data_, out);
-      }, r);
-    });
+    run(Plane::data, data, count * sizeof(float), count,
+        [this, root](Request& r, std::size_t offset, int n, MPI_Request* out) {
+          return MPI_Ibcast(r.floats() + offset, n, MPI_FLOAT, root, data_, out);
+        });
   }
 
   void barrier() override {
-    run(nullptr, 0, [this](Request& r) {
-      r.requests.resize(1);
-      return MPI_Ibarrier(control_, r.requests.data());
+    run(Plane::control, nullptr, 0, 0, [this](Request&, std::size_t, int, MPI_Request* out) {
+      return MPI_Ibarrier(control_, out);
     });
   }
 
   void all_reduce(std::span<double> values) override {
-    const std::size_t count = values.size();
-    run(values.data(), values.size_bytes(), [this, count](Request& r) {
-      return for_chunks(count, [&](std::size_t offset, int n, MPI_Request* out) {
-        return MPI_Iallreduce(MPI_IN_PLACE, reinterpret_cast<double*>(r.buffer.data()) + offset,
-                              n, MPI_DOUBLE, MPI_SUM, control_, out);
-      }, r);
-    });
+    run(Plane::control, values.data(), values.size_bytes(), values.size(),
+        [this](Request& r, std::size_t offset, int n, MPI_Request* out) {
+          return MPI_Iallreduce(MPI_IN_PLACE, reinterpret_cast<double*>(r.buffer.data()) + offset,
+                                n, MPI_DOUBLE, MPI_SUM, control_, out);
+        });
   }
 
   std::vector<std::uint64_t> all_gather(std::span<const std::uint64_t> mine) override {
     const std::size_t n = mine.size();
-    if (n > static_cast<std::size_t>(std::numeric_limits<int>::max()))
-      throw std::length_error("all_gather: too many values");
-    // In place: process r's values at r * n of the result.
+    if (n > kWhole) throw std::length_error("all_gather: too many values");
+    // In place: process r's values at r * n of the result. One call for the whole.
     std::vector<std::uint64_t> all(n * static_cast<std::size_t>(size_));
     std::copy(mine.begin(), mine.end(), all.begin() + static_cast<std::ptrdiff_t>(n * rank_));
-    run(all.data(), all.size() * sizeof(std::uint64_t), [this, n](Request& r) {
-      r.requests.resize(1);
-      return MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, r.buffer.data(),
-                            static_cast<int>(n), MPI_UINT64_T, control_, r.requests.data());
-    });
+    run(Plane::control, all.data(), all.size() * sizeof(std::uint64_t), 0,
+        [this, n](Request& r, std::size_t, int, MPI_Request* out) {
+          return MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, r.buffer.data(),
+                                static_cast<int>(n), MPI_UINT64_T, control_, out);
+        });
     return all;
   }
 
   void broadcast_bytes(void* data, std::size_t bytes, int root) override {
     check_root(root);
-    run(data, bytes, [this, bytes, root](Request& r) {
-      return for_chunks(bytes, [&](std::size_t offset, int n, MPI_Request* out) {
-        return MPI_Ibcast(r.buffer.data() + offset, n, MPI_BYTE, root, control_, out);
-      }, r);
-    });
+    run(Plane::control, data, bytes, bytes,
+        [this, root](Request& r, std::size_t offset, int n, MPI_Request* out) {
+          return MPI_Ibcast(r.buffer.data() + offset, n, MPI_BYTE, root, control_, out);
+        });
   }
 
   void abort() noexcept override {
@@ -165,40 +171,52 @@ class MpiProcesses final : public ProcessGroup {
   }
 
  private:
+  // MPI counts are ints: no call takes more than kWhole elements.
+  static constexpr std::size_t kWhole = std::numeric_limits<int>::max();
+  // Note [Pipelined collectives]: the data plane's calls, in chunks of 1 MiB of floats, at most
+  // kInFlight of them posted at a time.
+  static constexpr std::size_t kPipelineChunk = std::size_t{1} << 18;
+  static constexpr std::size_t kInFlight = 4;
+  // How long the MPI thread polls without pause after the last progress.
+  static constexpr std::chrono::milliseconds kHotPolling{5};
+
+  // Posts the call for elements [offset, offset + n) of the request's buffer into *out;
+  // returns an MPI error code.
+  struct Request;
+  using PostChunk = std::function<int(Request&, std::size_t offset, int n, MPI_Request* out)>;
+
   struct Request {
     std::vector<unsigned char> buffer;
-    std::function<int(Request&)> post;  // posts into `requests`; returns an MPI error code
-    std::vector<MPI_Request> requests;
+    PostChunk post;
+    std::size_t count = 0;        // elements, cut into calls of `chunk`; 0: one call
+    std::size_t chunk = kWhole;
+    std::size_t posted = 0;       // elements handed to MPI so far
+    bool started = false;         // the first call is posted
+    std::vector<MPI_Request> in_flight;  // MPI_REQUEST_NULL where a slot is free
     bool done = false;
     std::string error;
     float* floats() { return reinterpret_cast<float*>(buffer.data()); }
+    bool all_posted() const { return started && posted >= count; }
   };
 
   void check_root(int root) const {
     if (root < 0 || root >= size_) throw std::invalid_argument("broadcast: root out of range");
   }
 
-  // Posts one call per chunk of at most INT_MAX elements (MPI counts are ints).
-  template <class Post>
-  static int for_chunks(std::size_t count, Post post, Request& r) {
-    constexpr std::size_t kMax = std::numeric_limits<int>::max();
-    r.requests.resize(count == 0 ? 1 : (count + kMax - 1) / kMax);
-    std::size_t offset = 0;
-    for (MPI_Request& out : r.requests) {
-      const std::size_t n = std::min(kMax, count - offset);
-      if (const int rc = post(offset, static_cast<int>(n), &out); rc != MPI_SUCCESS) return rc;
-      offset += n;
-    }
-    return MPI_SUCCESS;
-  }
+  enum class Plane { data, control };
 
-  // Copies `bytes` of `data` into a request, has the MPI thread run it, and copies the result
+  // Copies `bytes` of `data` into a request of `count` elements (cut into chunks on the data
+  // plane, Note [Pipelined collectives]), has the MPI thread run it, and copies the result
   // back. Throws CommAborted when aborted before it completes.
-  void run(void* data, std::size_t bytes, std::function<int(Request&)> post) {
+  void run(Plane plane, void* data, std::size_t bytes, std::size_t count, PostChunk post) {
     auto request = std::make_shared<Request>();
+    const std::size_t chunk = plane == Plane::data ? kPipelineChunk : kWhole;
     request->buffer.resize(bytes);
     if (bytes) std::memcpy(request->buffer.data(), data, bytes);
     request->post = std::move(post);
+    request->count = count;
+    request->chunk = chunk;
+    request->in_flight.assign(count > request->chunk ? kInFlight : 1, MPI_REQUEST_NULL);
     {
       std::unique_lock lock(mutex_);
       if (aborted_) throw CommAborted();
@@ -209,6 +227,33 @@ class MpiProcesses final : public ProcessGroup {
     }
     if (!request->error.empty()) throw std::runtime_error(request->error);
     if (bytes) std::memcpy(data, request->buffer.data(), bytes);
+  }
+
+  // On the MPI thread: posts the next chunks into the free slots. Returns an MPI error code.
+  static int refill(Request& r) {
+    for (MPI_Request& slot : r.in_flight) {
+      if (r.all_posted()) break;
+      if (slot != MPI_REQUEST_NULL) continue;
+      const std::size_t n = std::min(r.chunk, r.count - r.posted);
+      if (const int rc = r.post(r, r.posted, static_cast<int>(n), &slot); rc != MPI_SUCCESS)
+        return rc;
+      r.posted += n;
+      r.started = true;
+    }
+    return MPI_SUCCESS;
+  }
+
+  // On the MPI thread: tests the calls in flight and posts more. Returns whether the request
+  // progressed; sets `finished` once every call has completed (or failed: then `error`).
+  static bool advance(Request& r, bool& finished, std::string& error) {
+    int completed = 0;
+    std::vector<int> indices(r.in_flight.size());
+    int rc = MPI_Testsome(static_cast<int>(r.in_flight.size()), r.in_flight.data(), &completed,
+                          indices.data(), MPI_STATUSES_IGNORE);
+    if (rc == MPI_SUCCESS && completed != 0) rc = refill(r);  // MPI_UNDEFINED: none in flight
+    finished = rc != MPI_SUCCESS || (completed == MPI_UNDEFINED && r.all_posted());
+    if (rc != MPI_SUCCESS) error = "MPI: " + mpi_error(rc);
+    return finished || completed != 0;
   }
 
   // The MPI thread: Note [One MPI thread].
@@ -223,7 +268,7 @@ class MpiProcesses final : public ProcessGroup {
     if (!error.empty()) return;
 
     std::vector<std::shared_ptr<Request>> active;
-    int idle_polls = 0;
+    auto last_progress = std::chrono::steady_clock::now();
     for (;;) {
       std::deque<std::shared_ptr<Request>> fresh;
       int abort_code = -1;
@@ -240,25 +285,28 @@ class MpiProcesses final : public ProcessGroup {
       if (abort_code >= 0) MPI_Abort(MPI_COMM_WORLD, abort_code);
       bool progressed = !fresh.empty();
       for (auto& r : fresh) {
-        if (const int rc = r->post(*r); rc != MPI_SUCCESS) finish(*r, "MPI: " + mpi_error(rc));
+        if (const int rc = refill(*r); rc != MPI_SUCCESS) finish(*r, "MPI: " + mpi_error(rc));
         else active.push_back(std::move(r));
       }
       for (auto it = active.begin(); it != active.end();) {
-        int flag = 0;
-        const int rc = MPI_Testall(static_cast<int>((*it)->requests.size()), (*it)->requests.data(),
-                                   &flag, MPI_STATUSES_IGNORE);
-        if (rc != MPI_SUCCESS || flag) {
-          finish(**it, rc == MPI_SUCCESS ? std::string() : "MPI: " + mpi_error(rc));
+        bool finished = false;
+        std::string error;
+        progressed |= advance(**it, finished, error);
+        if (finished) {
+          finish(**it, std::move(error));
           it = active.erase(it);
-          progressed = true;
         } else {
           ++it;
         }
       }
-      // Poll hot while collectives move, then back off: the cores belong to the workers.
-      idle_polls = progressed ? 0 : idle_polls + 1;
-      if (idle_polls > 200) std::this_thread::sleep_for(std::chrono::microseconds(50));
-      else if (idle_polls > 0) std::this_thread::yield();
+      // Open MPI's nonblocking collectives move only inside MPI calls: poll hot while they
+      // move, yielding the core to any runnable worker, and back off once nothing has
+      // progressed for kHotPolling (a peer that is late, or gone).
+      const auto now = std::chrono::steady_clock::now();
+      if (progressed) last_progress = now;
+      else if (now - last_progress > kHotPolling)
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      else std::this_thread::yield();
     }
     bool clean = false;
     {
