@@ -58,7 +58,7 @@ TEST_CASE("backward enqueues every bucket without waiting for the previous one t
   SlowCommunicator comm;
   // One bucket per Linear layer (the smallest holds 8 x 64 + 8 floats, 2 KiB).
   detail::Reducer reducer(model, comm, replica.grads(), detail::plan_buckets(model, 0.001),
-                          /*overlap=*/true, /*zero=*/false, nullptr);
+                          /*overlap=*/true, /*zero=*/false, detail::CommMode::async, nullptr);
   const std::size_t buckets = reducer.buckets().size();
   REQUIRE(buckets == 4);
 
