@@ -362,16 +362,17 @@ class LOCKSTEP_API Backend {
                                                 int threads_per_device) = 0;
 };
 
-// Settings of the GPU backend (trainer.comm, trainer.tf32); the CPU backend has none.
+// Settings of the GPU backend (trainer.comm, trainer.precision); the CPU backend has none.
 struct LOCKSTEP_API BackendOptions {
   CommKind comm = CommKind::automatic;
-  bool tf32 = false;
+  Precision precision = Precision::fp32;
 };
 
-// Dense peak FLOP/s of one GPU for fp32 GEMMs (tf32 false) or TF32 tensor-core GEMMs, from a
-// table of data-sheet figures matched against the device name ("NVIDIA H200", "NVIDIA A100-SXM4-
-// 80GB", ...); nullopt for a device the table does not know. Used for model FLOPs utilisation.
-LOCKSTEP_API std::optional<double> peak_flops(std::string_view device_name, bool tf32);
+// Dense peak FLOP/s of one GPU for fp32 GEMMs (Precision::fp32) or TF32 tensor-core GEMMs
+// (tf32), from a table of data-sheet figures matched against the device name ("NVIDIA H200",
+// "NVIDIA A100-SXM4-80GB", ...); nullopt for a device the table does not know, and for bf16,
+// which the table does not list yet. Used for model FLOPs utilisation.
+LOCKSTEP_API std::optional<double> peak_flops(std::string_view device_name, Precision precision);
 
 // The CPU backend: N devices are N worker threads, joined by a shared-memory communicator.
 LOCKSTEP_API std::unique_ptr<Backend> make_cpu_backend();

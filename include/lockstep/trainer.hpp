@@ -78,8 +78,8 @@ struct LOCKSTEP_API Summary {
   double samples_per_s = 0.0;
   // Language models: tokens/s is samples/s x context (one prediction per token). flops_per_token
   // is gpt_flops_per_token() (0 for an MLP); mfu = flops_per_token x tokens/s / the summed peak
-  // FLOP/s of every worker's device (peak_flops() by name: fp32, or TF32 with trainer.tf32), 0
-  // when a peak is unknown, as for the CPU.
+  // FLOP/s of every worker's device (peak_flops() by name and trainer.precision), 0 when a peak
+  // is unknown, as for the CPU.
   double tokens_per_s = 0.0;
   double flops_per_token = 0.0;
   double mfu = 0.0;

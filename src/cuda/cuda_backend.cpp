@@ -99,7 +99,7 @@ class CudaBackend final : public Backend {
                                         int /*threads_per_device*/) override {
     check_device_ids(std::span<const int>(&device_id, 1));
     auto device = std::make_unique<cuda::CudaDevice>(device_id);
-    device->set_tf32(options_.tf32);
+    device->set_tf32(options_.precision == Precision::tf32);
     return device;
   }
 
