@@ -340,6 +340,9 @@ struct LOCKSTEP_API DeviceInfo {
   std::string name;
   std::size_t memory_bytes = 0;
   std::string detail;  // e.g. compute capability, or threads for the CPU
+  // The library and kernels of its matrix products, e.g. "oneDNN 2.6 brg:avx512_core (fp32),
+  // brg:avx512_core_bf16 (bf16)" (Note [CPU matrix products]), or "cuBLAS (fp32)".
+  std::string matmul;
 };
 
 class LOCKSTEP_API Backend {

@@ -91,6 +91,7 @@ void write_file_atomically(const std::filesystem::path& path, const std::string&
 void print_summary(std::FILE* out, const Summary& s) {
   fmt::print(out, "summary\n");
   fmt::print(out, "  backend             {}\n", describe_backend(s));
+  if (!s.matmul.empty()) fmt::print(out, "  matrix products     {}\n", s.matmul);
   fmt::print(out, "  parameters          {}\n", s.parameters);
   if (!s.memory_plan.empty()) fmt::print(out, "  memory plan         {}\n", s.memory_plan);
   fmt::print(out, "  steps               {}\n", s.steps);

@@ -68,7 +68,8 @@ class CudaBackend final : public Backend {
                      .memory_bytes = prop.totalGlobalMem,
                      .detail = fmt::format("sm_{}{}, CUDA runtime {}, driver {}, NCCL {}",
                                            prop.major, prop.minor, cuda_version(runtime),
-                                           cuda_version(driver), nccl_version(nccl))});
+                                           cuda_version(driver), nccl_version(nccl)),
+                     .matmul = fmt::format("cuBLAS ({})", to_string(options_.precision))});
     }
     return out;
   }

@@ -339,6 +339,11 @@ Summary Trainer::Impl::begin_summary(const Backend& b) const {
   Summary s;
   s.backend = std::string(b.name());
   s.devices = cfg.trainer.devices;
+  const std::vector<DeviceInfo> infos = b.devices();
+  const auto first = std::find_if(infos.begin(), infos.end(), [&](const DeviceInfo& d) {
+    return d.id == s.devices.front() || d.backend == "cpu";  // any id names the host CPU
+  });
+  if (first != infos.end()) s.matmul = first->matmul;
   s.processes = processes ? processes->size() : 1;
   s.parameters = model.param_count();
   s.flops_per_token = cfg.model.type == "gpt" ? gpt_flops_per_token(gpt_spec(cfg, *train)) : 0.0;

@@ -75,7 +75,7 @@ TEST_CASE("bf16: rounding to nearest even, closed form") {
   CHECK(bf16_of_bits(0x00008000u) == 0x0000);  // tie to even zero
   CHECK(bf16_of_bits(0x00018000u) == 0x0002);
   CHECK(bf16_of_bits(0x00008001u) == 0x0001);
-  CHECK(bf16_of_bits(0x007FFFFFu) == 0x0080);  // the largest subnormal rounds to the smallest normal
+  CHECK(bf16_of_bits(0x007FFFFFu) == 0x0080);  // the largest subnormal: up to the smallest normal
   // Every NaN, whatever its sign and payload, even one whose payload would carry into the
   // exponent, becomes the quiet NaN.
   for (std::uint32_t nan : {0x7FC00000u, 0xFFC00000u, 0x7F800001u, 0x7FFFFFFFu, 0xFFFFFFFFu})
