@@ -165,6 +165,10 @@ class LOCKSTEP_API ElementwiseOps {
   // dx = dy * f'(x), elementwise over n (x is the activation's input)
   virtual void activation_backward(Activation f, const float* x, const float* dy, float* dx,
                                    std::size_t n) = 0;
+  // y[0..n) = x rounded to bf16, to nearest even, as bits (Note [Rounding to bf16] in
+  // src/common/bf16.hpp); from_bf16 widens them back, exactly.
+  virtual void to_bf16(const float* x, std::uint16_t* y, std::size_t n) = 0;
+  virtual void from_bf16(const std::uint16_t* x, float* y, std::size_t n) = 0;
 
  protected:
   ~ElementwiseOps() = default;

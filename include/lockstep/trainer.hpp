@@ -94,6 +94,10 @@ struct LOCKSTEP_API Summary {
   std::size_t parameters = 0;
   int accumulate_steps = 1;
   std::size_t buckets = 0;
+  // Gradient bytes each worker hands to its collectives per step: 4 per parameter, 2 with
+  // trainer.grad_reduce_dtype bf16 (Note [bf16 gradient reduction] in src/train/reducer.hpp).
+  std::size_t reduce_bytes_per_step = 0;
+  std::string reduce_dtype = "fp32";
   bool overlap = true;
   int zero = 0;                          // trainer.zero
   std::size_t optimizer_state_bytes = 0;  // the most any worker holds (see worker_times)

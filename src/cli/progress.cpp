@@ -122,6 +122,8 @@ void print_summary(std::FILE* out, const Summary& s) {
   fmt::print(out, "  {:<20}{:.3f} s per worker, {:.0f}% hidden behind backward\n",
              s.zero == 1 ? "scatter + gather" : "all-reduce", s.comm_s,
              100.0 * s.comm_hidden_fraction);
+  fmt::print(out, "  gradient bytes      {} per step per worker to the collectives ({})\n",
+             s.reduce_bytes_per_step, s.reduce_dtype);
   fmt::print(out, "  optimizer state     {}\n", describe_optimizer_state(s));
   fmt::print(out, "  waiting             {:.3f} s for data, {:.3f} s at the barrier (per worker)\n",
              s.data_wait_s, s.barrier_wait_s);

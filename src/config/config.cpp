@@ -70,6 +70,9 @@ constexpr Spelling<NonfinitePolicy> kNonfinitePolicies[] = {
 constexpr Spelling<Precision> kPrecisions[] = {
     {Precision::fp32, "fp32"}, {Precision::tf32, "tf32"}, {Precision::bf16, "bf16"}};
 
+constexpr Spelling<ReduceDtype> kReduceDtypes[] = {{ReduceDtype::fp32, "fp32"},
+                                                   {ReduceDtype::bf16, "bf16"}};
+
 constexpr std::string_view kModelTypes[] = {"mlp", "gpt"};
 
 template <class Table, class E>
@@ -208,6 +211,7 @@ void visit_schema(Visitor& v, C& c) {
   v.enumeration("precision", c.trainer.precision, kPrecisions);
   v.number("bucket_cap_mb", c.trainer.bucket_cap_mb, kPositive);
   v.flag("overlap", c.trainer.overlap);
+  v.enumeration("grad_reduce_dtype", c.trainer.grad_reduce_dtype, kReduceDtypes);
   v.integer("accumulate_steps", c.trainer.accumulate_steps, IntRule{.min = 1});
   v.integer("zero", c.trainer.zero, IntRule{.min = 0, .max = 1});
   v.path("trace", c.trainer.trace);
@@ -962,6 +966,10 @@ void check_config(const Config& c, const Origins& origins) {
                                          other("trainer.epochs", t.epochs)));
   if (t.precision == Precision::bf16)
     fail_at("trainer.precision", "bf16 compute is not implemented yet; use fp32 or tf32");
+  if (t.grad_reduce_dtype == ReduceDtype::bf16 && t.zero == 1)
+    fail_at("trainer.grad_reduce_dtype",
+            fmt::format("bf16 with {} is not implemented yet; use fp32 with ZeRO-1",
+                        other("trainer.zero", t.zero)));
   if (c.optimizer.type == OptimizerKind::adamw && c.optimizer.momentum != 0.0)
     fail_at("optimizer.momentum", "not a key of adamw (it is sgd's; adamw's first-moment decay is "
                                   "optimizer.beta1)");
@@ -1041,6 +1049,7 @@ std::string_view to_string(BackendKind v) { return spelling(kBackendKinds, v); }
 std::string_view to_string(CommKind v) { return spelling(kCommKinds, v); }
 std::string_view to_string(NonfinitePolicy v) { return spelling(kNonfinitePolicies, v); }
 std::string_view to_string(Precision v) { return spelling(kPrecisions, v); }
+std::string_view to_string(ReduceDtype v) { return spelling(kReduceDtypes, v); }
 
 void Config::validate() const { check_config(*this, Origins(source)); }
 

@@ -68,6 +68,11 @@ class CpuDevice final : public Device {
   void activation_backward(Activation f, const float* x, const float* dy, float* dx,
                            std::size_t n) override;
 
+  // ---- bf16 conversions (ops/convert.cpp) ----------------------------------------------------
+
+  void to_bf16(const float* x, std::uint16_t* y, std::size_t n) override;
+  void from_bf16(const std::uint16_t* x, float* y, std::size_t n) override;
+
   // ---- GEMM (ops/gemm.cpp) --------------------------------------------------------------------
 
   void gemm(Transpose ta, Transpose tb, int m, int n, int k, float alpha, const float* a, int lda,

@@ -104,13 +104,12 @@ class NcclCommunicator final : public Communicator {
   }
 
   void all_reduce(float* data, std::size_t count, ReduceOp op) override {
-    if (count == 0) return check_not_aborted();  // the same count on every rank
-    const ncclRedOp_t nccl_op = op == ReduceOp::avg ? ncclAvg : ncclSum;
-    const cudaStream_t stream = begin_collective();
-    NcclGroup group;
-    NCCL_CHECK(ncclAllReduce(data, data, count, ncclFloat, nccl_op, comm_, stream));
-    group.end();
-    end_collective();
+    all_reduce_of(data, count, ncclFloat, op);
+  }
+
+  // bf16 on the wire, half the bytes; NCCL sums in its reduction kernels and rounds to bf16.
+  void all_reduce_bf16(std::uint16_t* data, std::size_t count, ReduceOp op) override {
+    all_reduce_of(data, count, ncclBfloat16, op);
   }
 
   void broadcast(float* data, std::size_t count, int root) override {
@@ -185,6 +184,17 @@ class NcclCommunicator final : public Communicator {
   bool aborted() const noexcept override { return control_->aborted(); }
 
  private:
+  // In place, on the communication stream.
+  void all_reduce_of(void* data, std::size_t count, ncclDataType_t type, ReduceOp op) {
+    if (count == 0) return check_not_aborted();  // the same count on every rank
+    const ncclRedOp_t nccl_op = op == ReduceOp::avg ? ncclAvg : ncclSum;
+    const cudaStream_t stream = begin_collective();
+    NcclGroup group;
+    NCCL_CHECK(ncclAllReduce(data, data, count, type, nccl_op, comm_, stream));
+    group.end();
+    end_collective();
+  }
+
   void check_not_aborted() const {
     if (control_->aborted()) throw CommAborted();
   }

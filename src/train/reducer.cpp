@@ -37,9 +37,11 @@ std::vector<Bucket> plan_buckets(const Model& model, double cap_mb, double first
   return buckets;
 }
 
-Reducer::Reducer(const Model& model, Communicator& comm, float* grads, std::vector<Bucket> buckets,
-                 bool overlap, bool zero, std::vector<TraceEvent>* comm_track)
+Reducer::Reducer(const Model& model, Communicator& comm, Device& device, float* grads,
+                 std::vector<Bucket> buckets, bool overlap, bool zero, ReduceDtype dtype,
+                 std::vector<TraceEvent>* comm_track)
     : comm_(comm),
+      device_(device),
       grads_(grads),
       buckets_(std::move(buckets)),
       overlap_(overlap),
@@ -53,7 +55,19 @@ Reducer::Reducer(const Model& model, Communicator& comm, float* grads, std::vect
   first_grain_.push_back(0);
   for (const Bucket& b : buckets_)
     first_grain_.push_back(first_grain_.back() + (b.end - b.begin + kZeroGrain - 1) / kZeroGrain);
+  if (dtype == ReduceDtype::bf16) {
+    if (zero_) throw std::logic_error("Reducer: bf16 reduction with ZeRO-1 is not implemented");
+    std::size_t end = 0;
+    for (const Bucket& b : buckets_) end = std::max(end, b.end);
+    wire_ = DeviceArray<std::uint16_t>(device_, end);
+  }
   reset();
+}
+
+std::size_t Reducer::bytes_per_step() const noexcept {
+  std::size_t elements = 0;
+  for (const Bucket& b : buckets_) elements += b.end - b.begin;
+  return elements * (wire_.size() > 0 ? sizeof(std::uint16_t) : sizeof(float));
 }
 
 Reducer::~Reducer() { drain(); }
@@ -81,8 +95,14 @@ void Reducer::launch(std::size_t i) {
   const Bucket& b = buckets_[i];
   float* data = grads_ + b.begin;
   const std::size_t count = b.end - b.begin;
-  work_[i] = zero_ ? comm_.reduce_scatter_async(data, count, kZeroGrain, ReduceOp::avg)
-                   : comm_.all_reduce_async(data, count, ReduceOp::avg);
+  if (wire_.size() > 0) {  // Note [bf16 gradient reduction]
+    std::uint16_t* wire = wire_.data() + b.begin;
+    device_.to_bf16(data, wire, count);
+    work_[i] = comm_.all_reduce_bf16_async(wire, count, ReduceOp::avg);
+  } else {
+    work_[i] = zero_ ? comm_.reduce_scatter_async(data, count, kZeroGrain, ReduceOp::avg)
+                     : comm_.all_reduce_async(data, count, ReduceOp::avg);
+  }
   launched_ = i + 1;
 }
 
@@ -115,7 +135,13 @@ void Reducer::start_gather(std::size_t i, float* params) {
 
 double Reducer::wait(std::size_t i) {
   if (i >= launched_ || !work_[i]) throw std::logic_error("Reducer::wait: bucket not started");
-  return wait_for(std::move(work_[i]), zero_ ? "reduce-scatter" : "all-reduce", i);
+  const char* what = zero_ ? "reduce-scatter" : "all-reduce";
+  const double blocked = wait_for(std::move(work_[i]), what, i);
+  if (wire_.size() > 0) {
+    const Bucket& b = buckets_[i];
+    device_.from_bf16(wire_.data() + b.begin, grads_ + b.begin, b.end - b.begin);
+  }
+  return blocked;
 }
 
 double Reducer::wait_gathers() {

@@ -14,6 +14,18 @@
 //   the layers in the same order, so every rank issues the same collectives in the same order.
 //   With overlap off, every bucket starts after backward.
 //
+// Note [bf16 gradient reduction]
+//   With trainer.grad_reduce_dtype: bf16 (PyTorch DDP's bf16_compress_hook) each bucket is
+//   rounded to bf16 (Device::to_bf16, to nearest even) into a wire buffer of the reducer's,
+//   all-reduced (avg) as bf16 (Communicator::all_reduce_bf16: NCCL moves ncclBfloat16; the CPU's
+//   communicators sum the widened values in fp32 and round the average once), and widened back
+//   into the gradient when wait() returns it. Every rank gets the same bits, so replicas stay
+//   identical; the gradient carries bf16's 8 significant bits. The bytes handed to the
+//   collective halve (Summary::reduce_bytes_per_step); on the CPU the shared-memory group still
+//   moves the widened floats between workers, so there the saving is on paper only. DDP divides
+//   by N in bf16 before its sum; here the average is taken in fp32, then rounded. Not with
+//   ZeRO-1 yet (the config refuses it).
+//
 // Note [ZeRO-1]
 //   With trainer.zero: 1 each rank keeps the optimiser state of, and updates, only its shards:
 //   in every bucket, the contiguous range shard_range(bucket size, N, rank, kZeroGrain) of the
@@ -74,9 +86,11 @@ std::vector<Bucket> plan_buckets(const Model& model, double cap_mb, double first
 
 class Reducer {
  public:
-  // zero: reduce-scatter instead of all-reduce (Note [ZeRO-1]).
-  Reducer(const Model& model, Communicator& comm, float* grads, std::vector<Bucket> buckets,
-          bool overlap, bool zero, std::vector<TraceEvent>* comm_track);
+  // zero: reduce-scatter instead of all-reduce (Note [ZeRO-1]); dtype bf16: Note [bf16 gradient
+  // reduction], converting on `device`.
+  Reducer(const Model& model, Communicator& comm, Device& device, float* grads,
+          std::vector<Bucket> buckets, bool overlap, bool zero, ReduceDtype dtype,
+          std::vector<TraceEvent>* comm_track);
   ~Reducer();
   Reducer(const Reducer&) = delete;
   Reducer& operator=(const Reducer&) = delete;
@@ -109,6 +123,9 @@ class Reducer {
   // not be freed while a communication thread still uses them.
   void drain() noexcept;
 
+  // The gradient bytes each step hands to the collectives: 2 per element in bf16, else 4.
+  std::size_t bytes_per_step() const noexcept;
+
   // Totals since construction, for the run summary.
   double comm_seconds() const noexcept { return comm_s_; }      // collective durations
   double exposed_seconds() const noexcept { return exposed_s_; }  // caller blocked in wait()
@@ -118,11 +135,13 @@ class Reducer {
   double wait_for(std::unique_ptr<CommWork> work, const char* what, std::size_t i);
 
   Communicator& comm_;
+  Device& device_;
   float* grads_;
   std::vector<Bucket> buckets_;
   bool overlap_;
   bool zero_;
   std::vector<TraceEvent>* comm_track_;
+  DeviceArray<std::uint16_t> wire_;  // bf16: the buckets in bf16, laid out as the gradients
   std::vector<std::size_t> bucket_of_layer_;  // npos for layers without parameters
   std::vector<std::size_t> pending_;          // layers not yet ready, per bucket
   std::vector<std::size_t> first_grain_;      // per bucket, then the total (Note [ZeRO-1])

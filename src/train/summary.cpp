@@ -64,6 +64,8 @@ std::string Summary::to_json() const {
       "  \"param_hash\": \"{:016x}\",\n"
       "  \"accumulate_steps\": {},\n"
       "  \"buckets\": {},\n"
+      "  \"reduce_bytes_per_step\": {},\n"
+      "  \"reduce_dtype\": \"{}\",\n"
       "  \"overlap\": {},\n"
       "  \"zero\": {},\n"
       "  \"optimizer_state_bytes\": {},\n"
@@ -83,6 +85,7 @@ std::string Summary::to_json() const {
       mfu > 0.0 ? number(mfu) : "null", number(final_train_loss),
       number(final_train_accuracy), number(eval_loss), number(eval_accuracy),
       replicas_identical ? "true" : "false", replica_checks, param_hash, accumulate_steps, buckets,
+      reduce_bytes_per_step, reduce_dtype,
       overlap ? "true" : "false", zero, optimizer_state_bytes, number(data_wait_s),
       number(barrier_wait_s), number(comm_s), number(comm_exposed_s), number(comm_hidden_fraction),
       resumed_from_step, stopped_early ? "true" : "false", nonfinite_skips,

@@ -114,9 +114,9 @@ void WorkerLoop::set_up(Backend& backend) {
   // as any later backend (several processes) needs.
   comm_.broadcast(replica.params(), replica.param_count(), 0);
 
-  res_.reducer = std::make_unique<Reducer>(run_.model, comm_, replica.grads(),
-                                           plan_buckets(run_.model, tc.bucket_cap_mb),
-                                           tc.overlap, zero(), run_.trace.comm(rank_));
+  res_.reducer = std::make_unique<Reducer>(run_.model, comm_, dev, replica.grads(),
+                                           plan_buckets(run_.model, tc.bucket_cap_mb), tc.overlap,
+                                           zero(), tc.grad_reduce_dtype, run_.trace.comm(rank_));
   // ZeRO-1: the optimiser holds the state of this rank's shards only (Note [ZeRO-1]).
   res_.optimizer = std::make_unique<Optimizer>(
       dev, run_.cfg.optimizer, replica.param_count(),
@@ -125,7 +125,11 @@ void WorkerLoop::set_up(Backend& backend) {
   if (resume)
     res_.optimizer->load_state(resume->optimizer_state, resume->state.optimizer_steps,
                                resume->weights_file.string());
-  if (rank_ == 0) run_.summary.buckets = res_.reducer->buckets().size();
+  if (rank_ == 0) {
+    run_.summary.buckets = res_.reducer->buckets().size();
+    run_.summary.reduce_bytes_per_step = res_.reducer->bytes_per_step();
+    run_.summary.reduce_dtype = to_string(run_.cfg.trainer.grad_reduce_dtype);
+  }
   set_up_data();
 }
 

@@ -580,3 +580,16 @@ TEST_CASE("config: the replaced key trainer.tf32 names trainer.precision") {
   CHECK(error_of("trainer:\n  steps: 10\n  tf32: true\n") == "q.yaml:3:3: " + expected);
   CHECK(error_of(kMinimal, {"trainer.tf32=false"}) == "--set trainer.tf32=false: " + expected);
 }
+
+TEST_CASE("config: trainer.grad_reduce_dtype reads fp32 and bf16, not bf16 with ZeRO-1 yet") {
+  CHECK(parse_config(kMinimal, "q.yaml").trainer.grad_reduce_dtype == ReduceDtype::fp32);
+  const std::vector<std::string> bf16{"trainer.grad_reduce_dtype=bf16"};
+  CHECK(parse_config(kMinimal, "q.yaml", bf16).trainer.grad_reduce_dtype == ReduceDtype::bf16);
+  CHECK(to_string(ReduceDtype::bf16) == "bf16");
+  CHECK(error_of("data: {dataset: synthetic}\n"
+                 "trainer: {steps: 10, zero: 1, grad_reduce_dtype: bf16}\n") ==
+        "q.yaml:2:31: trainer.grad_reduce_dtype: bf16 with trainer.zero (1, set at q.yaml:2:22) "
+        "is not implemented yet; use fp32 with ZeRO-1");
+  CHECK(error_of("trainer: {steps: 10, grad_reduce_dtype: fp16}\n") ==
+        "q.yaml:1:41: trainer.grad_reduce_dtype: expected one of fp32, bf16, got 'fp16'");
+}
