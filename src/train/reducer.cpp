@@ -159,10 +159,12 @@ double Reducer::wait_for(std::unique_ptr<CommWork> work, const char* what, std::
   exposed_s_ += blocked;
   if (work->finished_s > work->started_s) {
     comm_s_ += work->finished_s - work->started_s;
+    // In bf16 (never with ZeRO-1's gathers) the wire holds half the bucket's bytes.
+    const std::size_t bytes = buckets_[i].bytes() / (wire_.size() > 0 ? 2 : 1);
     if (comm_track_)
       comm_track_->push_back({fmt::format("{} bucket {}", what, i), work->started_s,
                               work->finished_s,
-                              fmt::format("\"bucket\": {}, \"bytes\": {}", i, buckets_[i].bytes())});
+                              fmt::format("\"bucket\": {}, \"bytes\": {}", i, bytes)});
   }
   return blocked;
 }
