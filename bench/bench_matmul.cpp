@@ -1,10 +1,14 @@
 // The CPU's matrix products, oneDNN against OpenBLAS, on the products of the large MLP
-// (1024-4096-4096-1024, batch 256): each product as one call on one thread, as ops/gemm.cpp
+// (1024-4096-4096-1024, batch 256), then of smaller ones (the quickstart's, the tiny GPT's):
+// each product as one call on one thread, as ops/gemm.cpp
 // issues its row blocks (Note [CPU matrix products]); GFLOP/s, medians. Then, with --step, the
 // median step time of that MLP trained by this process's library (set LOCKSTEP_CPU_GEMM=openblas
 // for OpenBLAS's).
 //
 //   build/bench/bench_matmul [--reps 10] [--step] [--threads T]
+#include <cblas.h>
+
+#include <array>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -40,6 +44,16 @@ std::vector<Product> mlp_products() {
     out.push_back({fmt::format("dX  {}x{}", in, o),
                    {.m = kBatch, .n = in, .k = o, .lda = o, .ldb = in, .ldc = in}});
   }
+  return out;
+}
+
+// Small products, forward shapes (B, out, in): the quickstart's and the tiny GPT's.
+std::vector<Product> small_products() {
+  std::vector<Product> out;
+  for (auto [m, n, k] : {std::array{32, 64, 64}, {32, 10, 64}, {64, 64, 64}, {128, 128, 128},
+                         {256, 256, 256}, {1024, 384, 128}})
+    out.push_back({fmt::format("{}x{}x{}", m, n, k),
+                   {.bt = true, .m = m, .n = n, .k = k, .lda = k, .ldb = k, .ldc = n}});
   return out;
 }
 
@@ -84,10 +98,13 @@ int main(int argc, char** argv) {
     else if (!std::strcmp(argv[i], "--threads") && i + 1 < argc) threads = std::stoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--step")) step = true;
   }
+  openblas_set_num_threads(1);  // one thread each, as in lockstep (make_cpu_device sets it too)
   fmt::print("this process computes with: {}\n", cpu::gemm_path().description);
   fmt::print("{:<16} {:>16} {:>16} {:>8}\n", "product", "oneDNN GFLOP/s", "OpenBLAS GFLOP/s",
              "ratio");
-  for (const Product& p : mlp_products()) {
+  std::vector<Product> products = mlp_products();
+  for (Product& p : small_products()) products.push_back(std::move(p));
+  for (const Product& p : products) {
     const double d = gflops(cpu::GemmLibrary::onednn, p.call, reps);
     const double o = gflops(cpu::GemmLibrary::openblas, p.call, reps);
     fmt::print("{:<16} {:>16.1f} {:>16.1f} {:>8.2f}\n", p.name, d, o, d / o);

@@ -2,7 +2,7 @@
 #include "cpu/matmul.hpp"
 
 #include <cblas.h>
-#include <omp.h>
+#include <dlfcn.h>
 
 #include <cstdlib>
 #include <string_view>
@@ -20,10 +20,16 @@ namespace {
 
 using dnnl::memory;
 
-// oneDNN computes with as many OpenMP threads as the calling thread may start: one, here.
+// oneDNN computes with as many OpenMP threads as the calling thread may start: one, here. The
+// OpenMP runtime is oneDNN's own (Debian's libdnnl loads libgomp), looked up rather than linked,
+// so that a build with another compiler's OpenMP cannot set the wrong runtime's threads; a
+// oneDNN without OpenMP has no such function, and no team to start.
 void one_onednn_thread() {
+  using SetThreads = void (*)(int);
+  static const auto set_threads =
+      reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"));
   thread_local const bool set = [] {
-    omp_set_num_threads(1);
+    if (set_threads) set_threads(1);
     return true;
   }();
   (void)set;
@@ -110,17 +116,22 @@ GemmPath choose_gemm_path() {
   if (prescott_mismatch)
     path.note = "OpenBLAS runs its generic Prescott kernels on this CPU, which has AVX2 or "
                 "AVX-512; oneDNN computes instead";
+  const std::string_view config = openblas_get_config();  // "OpenBLAS 0.3.21 NO_LAPACKE ..."
+  const std::string openblas(config.substr(0, config.find(' ', config.find(' ') + 1)));
   if (asked == "openblas" && !prescott_mismatch) {
-    const std::string_view config = openblas_get_config();  // "OpenBLAS 0.3.21 NO_LAPACKE ..."
-    const std::size_t version_end = config.find(' ', config.find(' ') + 1);
     path.library = GemmLibrary::openblas;
-    path.description = fmt::format("{} {} (fp32)", config.substr(0, version_end), core);
+    path.description = fmt::format("{} {} (fp32)", openblas, core);
     path.note = "LOCKSTEP_CPU_GEMM=openblas";
     return path;
   }
   const dnnl::version_t* v = dnnl::version();
   path.description = fmt::format("oneDNN {}.{} {} (fp32), {} (bf16)", v->major, v->minor,
                                  onednn_kernel(false), onednn_kernel(true));
+  if (!prescott_mismatch) {
+    path.small_on_openblas = true;
+    path.description += fmt::format("; {} {} for single products of at most 2^17 multiply-adds",
+                                    openblas, core);
+  }
   return path;
 }
 
@@ -159,12 +170,19 @@ struct Matmul::Onednn {
 
 Matmul::Matmul(GemmLibrary library) {
   if (library == GemmLibrary::onednn) onednn_ = std::make_unique<Onednn>();
+  small_on_openblas_ = library == GemmLibrary::onednn && gemm_path().small_on_openblas;
+}
+
+bool Matmul::on_openblas(const GemmCall& c) const {
+  if (!onednn_) return true;
+  const auto work = std::uint64_t(c.m) * std::uint64_t(c.n) * std::uint64_t(c.k);
+  return small_on_openblas_ && c.count == 1 && work <= kSmallProduct;
 }
 
 Matmul::~Matmul() = default;
 
 void Matmul::prepare(const GemmCall& call) {
-  if (!onednn_ || onednn_->prepared.contains(call)) return;
+  if (on_openblas(call) || onednn_->prepared.contains(call)) return;
   try {
     const auto pd = primitive_desc_of(call, onednn_->engine);
     const bool widen = call.bf16 && std::string_view(pd.impl_info_str()).starts_with("ref");
@@ -186,13 +204,13 @@ GemmCall Matmul::fp32_of(GemmCall call) {
 }
 
 void Matmul::run(const GemmCall& c, const void* a, const void* b, float* out) const {
-  if (c.bf16 && (!onednn_ || onednn_->prepared.at(c).widen)) {
+  if (c.bf16 && (on_openblas(c) || onednn_->prepared.at(c).widen)) {
     thread_local std::vector<float> wa, wb;
     const float* fa = widened(a, extent(c, c.at, c.m, c.k, c.lda, c.stride_a), wa);
     const float* fb = widened(b, extent(c, c.bt, c.k, c.n, c.ldb, c.stride_b), wb);
     return run(fp32_of(c), fa, fb, out);
   }
-  if (!onednn_) {
+  if (on_openblas(c)) {
     const auto* fa = static_cast<const float*>(a);
     const auto* fb = static_cast<const float*>(b);
     for (int i = 0; i < c.count; ++i)

@@ -7,8 +7,9 @@
 //
 // Note [CPU matrix products]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~
-// One library computes every product of a process, chosen once (gemm_path()) from what the
-// machine is, never from a timing, so that every run on a machine rounds alike:
+// Which library computes a product is decided by the machine, chosen once per process
+// (gemm_path()), and by the product's shape, never by a timing, so that every run on a machine
+// rounds alike:
 //  - oneDNN (dnnl::matmul) by default. It dispatches on the CPU's feature bits (AVX2, AVX-512,
 //    AVX512_BF16, AMX), which it reads itself, and it has bf16 kernels with fp32 accumulation.
 //    Where it has no bf16 kernel for the CPU ("ref" implementations), bf16 products widen their
@@ -17,8 +18,10 @@
 //    OpenBLAS fell back to its generic "Prescott" kernels on a CPU that has AVX2 or AVX-512
 //    (issue 16 met that on a VM whose CPU model OpenBLAS 0.3.21 did not know: a seventh of the
 //    speed its AVX-512 kernels reach there).
-// oneDNN measured faster than OpenBLAS on every shape tried (bench/RESULTS.md), so no shape is
-// routed to OpenBLAS by default.
+//  - Where oneDNN computes, single products (not batches) of at most kSmallProduct multiply-adds
+//    still go to OpenBLAS (unless at its Prescott fallback): oneDNN's call costs as much as such
+//    a product (one thread: 32x10x64 at half OpenBLAS's speed, 32x64x64 even, 64x64x64 and up
+//    1.5-2x faster; bench/RESULTS.md).
 // Both run single-threaded inside each block of a product; the device's oneTBB arena supplies
 // the parallelism (ops/gemm.cpp splits the rows of C by shape alone), as before. oneDNN's
 // Debian build threads with OpenMP: each calling thread asks OpenMP for one thread, so that
@@ -49,7 +52,11 @@ struct GemmPath {
   std::string description;
   // Why OpenBLAS was set aside or chosen; empty when there is nothing to say.
   std::string note;
+  bool small_on_openblas = false;  // oneDNN, but small single products on OpenBLAS
 };
+
+// The largest m n k of a single product that goes to OpenBLAS (Note [CPU matrix products]).
+constexpr std::uint64_t kSmallProduct = std::uint64_t{1} << 17;
 const GemmPath& gemm_path();
 
 // One call of a product, row-major: C (m, n) = alpha op(A) (m, k) op(B) (k, n) + beta C, for
@@ -82,8 +89,10 @@ class Matmul {
 
  private:
   static GemmCall fp32_of(GemmCall call);  // the call with fp32 inputs
+  bool on_openblas(const GemmCall& call) const;
   struct Onednn;
-  std::unique_ptr<Onednn> onednn_;  // null when OpenBLAS computes
+  std::unique_ptr<Onednn> onednn_;  // null when OpenBLAS computes everything
+  bool small_on_openblas_ = false;
 };
 
 }  // namespace lockstep::cpu

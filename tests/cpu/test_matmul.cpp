@@ -92,6 +92,15 @@ TEST_CASE("matmul: bf16 inputs accumulate in fp32 as the fp32 product of the sam
   CHECK(largest_difference(run(GemmLibrary::openblas, bf16, a16.data(), b16.data()), want) < 1e-5);
 }
 
+TEST_CASE("matmul: small single products go to OpenBLAS") {
+  if (!lockstep::cpu::gemm_path().small_on_openblas) return;  // OpenBLAS at its Prescott fallback
+  // 32 x 64 x 64 = 2^17 multiply-adds: OpenBLAS's bits exactly.
+  const GemmCall small{.bt = true, .m = 32, .n = 64, .k = 64, .lda = 64, .ldb = 64, .ldc = 64};
+  const std::size_t a = 32 * 64, b = 64 * 64, c = 32 * 64;
+  CHECK(product(GemmLibrary::onednn, small, a, b, c) ==
+        product(GemmLibrary::openblas, small, a, b, c));
+}
+
 TEST_CASE("matmul: a product over k = 0 only scales C by beta") {
   auto dev = lockstep::make_cpu_device(0, 1);
   std::vector<float> c{1.0f, 2.0f, 3.0f, 4.0f};
