@@ -74,7 +74,7 @@ int run(const Options& o) {
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Device> dev;
   try {
-    backend = make_backend(o.backend, std::span(&id, 1), {.tf32 = o.tf32});
+    backend = make_backend(o.backend, std::span(&id, 1), {.precision = o.tf32 ? Precision::tf32 : Precision::fp32});
     dev = backend->create_device(id, 1, o.threads);
   } catch (const std::exception& e) {
     fmt::print("{{\"error\": {}}}\n", detail::json_quote(e.what()));  // one valid JSON line
@@ -118,7 +118,7 @@ int run(const Options& o) {
   const double tokens_per_s = static_cast<double>(rows) / step_s;
   const std::vector<DeviceInfo> infos = backend->devices();
   const std::string name = infos.empty() ? "?" : infos.front().name;
-  const std::optional<double> peak = peak_flops(name, o.tf32);
+  const std::optional<double> peak = peak_flops(name, o.tf32 ? Precision::tf32 : Precision::fp32);
   fmt::print(
       "{{\"framework\": \"lockstep\", \"device\": \"{}\", \"preset\": \"{}\", \"params\": {}, "
       "\"batch\": {}, \"context\": {}, \"steps\": {}, \"step_ms\": {:.4f}, \"tokens_per_s\": {:.1f}, "

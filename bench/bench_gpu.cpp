@@ -105,7 +105,7 @@ Run run_once(const Options& o, std::shared_ptr<const Dataset> data, std::vector<
   // With one replica the peer communicator's all-reduce is the identity: no NCCL copy, so the
   // step is the same work as PyTorch's. With several it is the only choice on one GPU.
   if (o.backend == BackendKind::cuda) cfg.trainer.comm = CommKind::peer;
-  cfg.trainer.tf32 = tf32;
+  cfg.trainer.precision = tf32 ? Precision::tf32 : Precision::fp32;
   const std::int64_t total = o.warmup + o.steps;
   cfg.trainer.steps = total;
   cfg.trainer.log_every = total;

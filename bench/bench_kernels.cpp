@@ -110,7 +110,8 @@ double lm_head_ms(Device& dev, const Options& o, int ld, const float* in, const 
 void run(const Options& o) {
   std::unique_ptr<Backend> backend;
   try {
-    backend = make_backend(o.backend, {}, {.tf32 = o.tf32});
+    backend = make_backend(o.backend, {},
+                           {.precision = o.tf32 ? Precision::tf32 : Precision::fp32});
   } catch (const InputError& e) {
     fmt::print("no usable GPU: {}\n", e.what());
     return;

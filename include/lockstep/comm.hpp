@@ -101,12 +101,20 @@ class LOCKSTEP_API Communicator {
   // rank holds every shard, bit for bit.
   virtual void all_gather(float* data, std::size_t count, std::size_t grain) = 0;
 
+  // all_reduce of bf16 values (their bits, src/common/bf16.hpp), summed in fp32 and rounded to
+  // bf16 once, to nearest even. The default widens them to fp32 in host memory, all_reduce()s
+  // that and rounds the result: right for communicators over host memory (the CPU's). A GPU
+  // communicator overrides it (NCCL: ncclBfloat16 on the wire) or refuses.
+  virtual void all_reduce_bf16(std::uint16_t* data, std::size_t count, ReduceOp op);
+
   // Start a collective that runs while the caller goes on (DDP's bucket all-reduce). They run in
   // the order they were started, on every rank the same (see start()).
   std::unique_ptr<CommWork> all_reduce_async(float* data, std::size_t count, ReduceOp op);
   std::unique_ptr<CommWork> reduce_scatter_async(float* data, std::size_t count,
                                                  std::size_t grain, ReduceOp op);
   std::unique_ptr<CommWork> all_gather_async(float* data, std::size_t count, std::size_t grain);
+  std::unique_ptr<CommWork> all_reduce_bf16_async(std::uint16_t* data, std::size_t count,
+                                                  ReduceOp op);
 
   // Control plane.
   virtual void barrier() = 0;

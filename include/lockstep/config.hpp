@@ -98,10 +98,13 @@ struct LOCKSTEP_API TrainerConfig {
   std::int64_t check_replicas_every = 100;  // 0: check only at the end
   int threads_per_device = 0;     // cpu backend: 0 = hardware threads / devices (at least 1)
   CommKind comm = CommKind::automatic;  // cuda: nccl, or peer (one process, any ids, repeats ok)
-  bool tf32 = false;              // cuda: TF32 tensor-core GEMMs
+  Precision precision = Precision::fp32;  // tf32: cuda TF32 tensor-core GEMMs (cpu: fp32)
   // Gradient reduction (see Note [Buckets] in src/train/reducer.hpp).
   double bucket_cap_mb = 25.0;    // the first bucket is capped at 1 MB, as in DDP
   bool overlap = true;            // all-reduce each bucket as soon as backward fills it
+  // bf16: round each bucket to bf16 for the all-reduce, and back (PyTorch DDP's
+  // bf16_compress_hook; Note [bf16 gradient reduction] in src/train/reducer.hpp)
+  ReduceDtype grad_reduce_dtype = ReduceDtype::fp32;
   int accumulate_steps = 1;       // micro-batches per optimiser step; all-reduce after the last
   int zero = 0;                   // 1: ZeRO-1, optimiser state sharded (Note [ZeRO-1], zero.hpp)
   std::string trace;              // Chrome trace-event JSON of every worker, when set

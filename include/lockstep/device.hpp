@@ -210,6 +210,10 @@ class LOCKSTEP_API ElementwiseOps {
   // dx = dy * f'(x), elementwise over n (x is the activation's input)
   virtual void activation_backward(Activation f, const float* x, const float* dy, float* dx,
                                    std::size_t n) = 0;
+  // y[0..n) = x rounded to bf16, to nearest even, as bits (Note [Rounding to bf16] in
+  // src/common/bf16.hpp); from_bf16 widens them back, exactly.
+  virtual void to_bf16(const float* x, std::uint16_t* y, std::size_t n) = 0;
+  virtual void from_bf16(const std::uint16_t* x, float* y, std::size_t n) = 0;
 
  protected:
   ~ElementwiseOps() = default;
@@ -442,6 +446,9 @@ struct LOCKSTEP_API DeviceInfo {
   std::string name;
   std::size_t memory_bytes = 0;
   std::string detail;  // e.g. compute capability, or threads for the CPU
+  // The library and kernels of its matrix products, e.g. "oneDNN 2.6 brg:avx512_core (fp32),
+  // brg:avx512_core_bf16 (bf16)" (Note [CPU matrix products]), or "cuBLAS (fp32)".
+  std::string matmul;
 };
 
 class LOCKSTEP_API Backend {
@@ -464,16 +471,17 @@ class LOCKSTEP_API Backend {
                                                 int threads_per_device) = 0;
 };
 
-// Settings of the GPU backend (trainer.comm, trainer.tf32); the CPU backend has none.
+// Settings of the GPU backend (trainer.comm, trainer.precision); the CPU backend has none.
 struct LOCKSTEP_API BackendOptions {
   CommKind comm = CommKind::automatic;
-  bool tf32 = false;
+  Precision precision = Precision::fp32;
 };
 
-// Dense peak FLOP/s of one GPU for fp32 GEMMs (tf32 false) or TF32 tensor-core GEMMs, from a
-// table of data-sheet figures matched against the device name ("NVIDIA H200", "NVIDIA A100-SXM4-
-// 80GB", ...); nullopt for a device the table does not know. Used for model FLOPs utilisation.
-LOCKSTEP_API std::optional<double> peak_flops(std::string_view device_name, bool tf32);
+// Dense peak FLOP/s of one GPU for fp32 GEMMs (Precision::fp32) or TF32 tensor-core GEMMs
+// (tf32), from a table of data-sheet figures matched against the device name ("NVIDIA H200",
+// "NVIDIA A100-SXM4-80GB", ...); nullopt for a device the table does not know, and for bf16,
+// which the table does not list yet. Used for model FLOPs utilisation.
+LOCKSTEP_API std::optional<double> peak_flops(std::string_view device_name, Precision precision);
 
 // The CPU backend: N devices are N worker threads, joined by a shared-memory communicator.
 LOCKSTEP_API std::unique_ptr<Backend> make_cpu_backend();

@@ -70,6 +70,7 @@ struct LOCKSTEP_API WorkerTimes {
 
 struct LOCKSTEP_API Summary {
   std::string backend;
+  std::string matmul;           // the first device's DeviceInfo::matmul: the matrix-product path
   std::vector<int> devices;     // this process's
   int processes = 1;            // of the job; workers = devices.size() x processes
   std::int64_t steps = 0;
@@ -78,8 +79,8 @@ struct LOCKSTEP_API Summary {
   double samples_per_s = 0.0;
   // Language models: tokens/s is samples/s x context (one prediction per token). flops_per_token
   // is gpt_flops_per_token() (0 for an MLP); mfu = flops_per_token x tokens/s / the summed peak
-  // FLOP/s of every worker's device (peak_flops() by name: fp32, or TF32 with trainer.tf32), 0
-  // when a peak is unknown, as for the CPU.
+  // FLOP/s of every worker's device (peak_flops() by name and trainer.precision), 0 when a peak
+  // is unknown, as for the CPU.
   double tokens_per_s = 0.0;
   double flops_per_token = 0.0;
   double mfu = 0.0;
@@ -93,6 +94,10 @@ struct LOCKSTEP_API Summary {
   std::size_t parameters = 0;
   int accumulate_steps = 1;
   std::size_t buckets = 0;
+  // Gradient bytes each worker hands to its collectives per step: 4 per parameter, 2 with
+  // trainer.grad_reduce_dtype bf16 (Note [bf16 gradient reduction] in src/train/reducer.hpp).
+  std::size_t reduce_bytes_per_step = 0;
+  std::string reduce_dtype = "fp32";
   bool overlap = true;
   // Where the collectives ran: "async" (the communication thread on the CPU, streams on a GPU)
   // or "inline" (the worker's own thread; see Note [Inline collectives] in src/train/reducer.hpp).

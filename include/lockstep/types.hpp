@@ -20,6 +20,10 @@ enum class ScheduleKind { constant, warmup_cosine };
 enum class BackendKind { automatic, cpu, cuda };
 enum class CommKind { automatic, nccl, peer };
 enum class NonfinitePolicy { stop, skip };
+// The arithmetic of matrix products: fp32, TF32 tensor cores (cuda), or bf16 mixed precision.
+enum class Precision { fp32, tf32, bf16 };
+// The element type of the gradients on the all-reduce's wire (trainer.grad_reduce_dtype).
+enum class ReduceDtype { fp32, bf16 };
 
 // The config's spelling of each value (src/config/config.cpp reads the same tables).
 LOCKSTEP_API std::string_view to_string(Activation);
@@ -30,6 +34,8 @@ LOCKSTEP_API std::string_view to_string(ScheduleKind);
 LOCKSTEP_API std::string_view to_string(BackendKind);
 LOCKSTEP_API std::string_view to_string(CommKind);
 LOCKSTEP_API std::string_view to_string(NonfinitePolicy);
+LOCKSTEP_API std::string_view to_string(Precision);
+LOCKSTEP_API std::string_view to_string(ReduceDtype);
 
 // Token ids travel to the embedding as floats, which hold every integer below 2^24 exactly.
 inline constexpr int kMaxVocabSize = 1 << 24;

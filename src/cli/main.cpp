@@ -671,8 +671,9 @@ void print_devices(const Backend& backend) {
   const std::vector<DeviceInfo> list = backend.devices();
   if (list.empty()) fmt::print("{}: no usable device\n", backend.name());
   for (const DeviceInfo& d : list)
-    fmt::print("{}:{}  {}  {:.1f} GiB  {}\n", d.backend, d.id, d.name,
-               static_cast<double>(d.memory_bytes) / (1024.0 * 1024.0 * 1024.0), d.detail);
+    fmt::print("{}:{}  {}  {:.1f} GiB  {}{}\n", d.backend, d.id, d.name,
+               static_cast<double>(d.memory_bytes) / (1024.0 * 1024.0 * 1024.0), d.detail,
+               d.matmul.empty() ? "" : "; matrix products: " + d.matmul);
 }
 
 int devices(const std::shared_ptr<ProcessGroup>& processes) {

@@ -91,6 +91,7 @@ void write_file_atomically(const std::filesystem::path& path, const std::string&
 void print_summary(std::FILE* out, const Summary& s) {
   fmt::print(out, "summary\n");
   fmt::print(out, "  backend             {}\n", describe_backend(s));
+  if (!s.matmul.empty()) fmt::print(out, "  matrix products     {}\n", s.matmul);
   fmt::print(out, "  parameters          {}\n", s.parameters);
   if (!s.memory_plan.empty()) fmt::print(out, "  memory plan         {}\n", s.memory_plan);
   fmt::print(out, "  steps               {}\n", s.steps);
@@ -123,6 +124,8 @@ void print_summary(std::FILE* out, const Summary& s) {
   fmt::print(out, "  {:<20}{:.3f} s per worker, {:.0f}% hidden behind backward\n",
              s.zero == 1 ? "scatter + gather" : "all-reduce", s.comm_s,
              100.0 * s.comm_hidden_fraction);
+  fmt::print(out, "  gradient bytes      {} per step per worker to the collectives ({})\n",
+             s.reduce_bytes_per_step, s.reduce_dtype);
   fmt::print(out, "  optimizer state     {}\n", describe_optimizer_state(s));
   fmt::print(out, "  host syncs          {} per step\n", s.host_syncs_per_step);
   fmt::print(out, "  waiting             {:.3f} s for data, {:.3f} s at the barrier (per worker)\n",

@@ -67,6 +67,12 @@ constexpr Spelling<CommKind> kCommKinds[] = {
 constexpr Spelling<NonfinitePolicy> kNonfinitePolicies[] = {
     {NonfinitePolicy::stop, "stop"}, {NonfinitePolicy::skip, "skip"}};
 
+constexpr Spelling<Precision> kPrecisions[] = {
+    {Precision::fp32, "fp32"}, {Precision::tf32, "tf32"}, {Precision::bf16, "bf16"}};
+
+constexpr Spelling<ReduceDtype> kReduceDtypes[] = {{ReduceDtype::fp32, "fp32"},
+                                                   {ReduceDtype::bf16, "bf16"}};
+
 constexpr std::string_view kModelTypes[] = {"mlp", "gpt"};
 
 template <class Table, class E>
@@ -124,6 +130,17 @@ constexpr NumberRule kFraction{0.0, true, 1.0, "a number in [0, 1)"};
 bool satisfies(double x, const NumberRule& rule) {
   return (rule.min_inclusive ? x >= rule.min : x > rule.min) && x < rule.max_exclusive;
 }
+
+// Keys an earlier version read, with what replaced them: a config that still says one is told
+// the new spelling rather than "unknown key".
+struct ReplacedKey {
+  std::string_view path;
+  std::string_view message;
+};
+constexpr ReplacedKey kReplacedKeys[] = {
+    {"trainer.tf32", "replaced by trainer.precision (fp32, tf32 or bf16): 'tf32: true' is now "
+                     "'precision: tf32', 'tf32: false' is 'precision: fp32'"},
+};
 
 // "devices: 100000" is surely a typo; refuse it before allocating a worker list for it.
 constexpr int kMaxDevices = 1024;
@@ -191,9 +208,10 @@ void visit_schema(Visitor& v, C& c) {
   v.integer("check_replicas_every", c.trainer.check_replicas_every, IntRule{.min = 0});
   v.integer("threads_per_device", c.trainer.threads_per_device, IntRule{.min = 0});
   v.enumeration("comm", c.trainer.comm, kCommKinds);
-  v.flag("tf32", c.trainer.tf32);
+  v.enumeration("precision", c.trainer.precision, kPrecisions);
   v.number("bucket_cap_mb", c.trainer.bucket_cap_mb, kPositive);
   v.flag("overlap", c.trainer.overlap);
+  v.enumeration("grad_reduce_dtype", c.trainer.grad_reduce_dtype, kReduceDtypes);
   v.integer("accumulate_steps", c.trainer.accumulate_steps, IntRule{.min = 1});
   v.integer("zero", c.trainer.zero, IntRule{.min = 0, .max = 1});
   v.path("trace", c.trainer.trace);
@@ -692,9 +710,12 @@ class Parser {
       const std::string& name = key.Scalar();
       const std::string key_path = top ? name : path + "." + name;
       const std::string where = origins_.locate(key_path, key.Mark());
-      if (std::find(valid.begin(), valid.end(), name) == valid.end())
+      if (std::find(valid.begin(), valid.end(), name) == valid.end()) {
+        for (const ReplacedKey& replaced : kReplacedKeys)
+          if (replaced.path == key_path) fail(where, key_path, replaced.message);
         fail(where, key_path,
              unknown_name(top ? "section" : "key", name, valid, top ? "" : path + "."));
+      }
       if (const Entry* first = find(out, name))
         fail(where, key_path,
              fmt::format("duplicate key (first at {})",
@@ -943,6 +964,12 @@ void check_config(const Config& c, const Origins& origins) {
   if (t.steps != 0 && t.epochs != 0)
     fail_at("trainer.steps", fmt::format("conflicts with {}; set only one (null unsets a key)",
                                          other("trainer.epochs", t.epochs)));
+  if (t.precision == Precision::bf16)
+    fail_at("trainer.precision", "bf16 compute is not implemented yet; use fp32 or tf32");
+  if (t.grad_reduce_dtype == ReduceDtype::bf16 && t.zero == 1)
+    fail_at("trainer.grad_reduce_dtype",
+            fmt::format("bf16 with {} is not implemented yet; use fp32 with ZeRO-1",
+                        other("trainer.zero", t.zero)));
   if (c.optimizer.type == OptimizerKind::adamw && c.optimizer.momentum != 0.0)
     fail_at("optimizer.momentum", "not a key of adamw (it is sgd's; adamw's first-moment decay is "
                                   "optimizer.beta1)");
@@ -1021,6 +1048,8 @@ std::string_view to_string(ScheduleKind v) { return spelling(kScheduleKinds, v);
 std::string_view to_string(BackendKind v) { return spelling(kBackendKinds, v); }
 std::string_view to_string(CommKind v) { return spelling(kCommKinds, v); }
 std::string_view to_string(NonfinitePolicy v) { return spelling(kNonfinitePolicies, v); }
+std::string_view to_string(Precision v) { return spelling(kPrecisions, v); }
+std::string_view to_string(ReduceDtype v) { return spelling(kReduceDtypes, v); }
 
 void Config::validate() const { check_config(*this, Origins(source)); }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <thread>
 
+#include "cpu/matmul.hpp"
 #include "lockstep/comm.hpp"
 #include "lockstep/device.hpp"
 
@@ -25,6 +26,7 @@ class CpuBackend final : public Backend {
     info.name = "host CPU";
     info.memory_bytes = pages > 0 && page > 0 ? static_cast<std::size_t>(pages) * page : 0;
     info.detail = std::to_string(hardware_threads()) + " hardware threads";
+    info.matmul = cpu::gemm_path().description;
     return {info};
   }
 

@@ -1,4 +1,5 @@
-// The CPU device: host memory, kernels on a private oneTBB arena, GEMM through OpenBLAS. The
+// The CPU device: host memory, kernels on a private oneTBB arena, GEMM through oneDNN or OpenBLAS
+// (cpu/matmul.hpp, Note [CPU matrix products]). The
 // class is declared here; its kernels are defined in src/cpu/ops, one file per op family, named
 // as the CUDA kernels' files in src/cuda/ops.
 //
@@ -7,7 +8,8 @@
 //    schedules the work. Elementwise kernels compute every element on its own; reductions and
 //    GEMM split the work into blocks whose bounds depend on the shape alone, and reductions
 //    combine the per-block partials in block order.
-//  - OpenBLAS runs single-threaded (set once, process-wide); the arena supplies the parallelism.
+//  - oneDNN and OpenBLAS run single-threaded (OpenBLAS set once, process-wide; oneDNN per
+//    calling thread); the arena supplies the parallelism.
 //  - A single block runs on the calling thread without entering the arena.
 //  - The queue is the calling thread: every kernel has finished when it returns. Host syncs
 //    are counted where a GPU would wait (Note [Host syncs] in device.hpp), though here they
@@ -28,6 +30,7 @@
 
 #include <fmt/format.h>
 
+#include "cpu/matmul.hpp"
 #include "lockstep/device.hpp"
 
 namespace lockstep::cpu {
@@ -66,6 +69,11 @@ class CpuDevice final : public Device {
   void activation_forward(Activation f, const float* x, float* y, std::size_t n) override;
   void activation_backward(Activation f, const float* x, const float* dy, float* dx,
                            std::size_t n) override;
+
+  // ---- bf16 conversions (ops/convert.cpp) ----------------------------------------------------
+
+  void to_bf16(const float* x, std::uint16_t* y, std::size_t n) override;
+  void from_bf16(const std::uint16_t* x, float* y, std::size_t n) override;
 
   // ---- GEMM (ops/gemm.cpp) --------------------------------------------------------------------
 
@@ -163,6 +171,7 @@ class CpuDevice final : public Device {
 
   int id_;
   tbb::task_arena arena_;
+  Matmul matmul_;  // GEMM's primitives, cached per call shape
 };
 
 }  // namespace lockstep::cpu

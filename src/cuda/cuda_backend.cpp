@@ -68,7 +68,8 @@ class CudaBackend final : public Backend {
                      .memory_bytes = prop.totalGlobalMem,
                      .detail = fmt::format("sm_{}{}, CUDA runtime {}, driver {}, NCCL {}",
                                            prop.major, prop.minor, cuda_version(runtime),
-                                           cuda_version(driver), nccl_version(nccl))});
+                                           cuda_version(driver), nccl_version(nccl)),
+                     .matmul = fmt::format("cuBLAS ({})", to_string(options_.precision))});
     }
     return out;
   }
@@ -99,7 +100,7 @@ class CudaBackend final : public Backend {
                                         int /*threads_per_device*/) override {
     check_device_ids(std::span<const int>(&device_id, 1));
     auto device = std::make_unique<cuda::CudaDevice>(device_id);
-    device->set_tf32(options_.tf32);
+    device->set_tf32(options_.precision == Precision::tf32);
     return device;
   }
 

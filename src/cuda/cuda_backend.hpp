@@ -27,8 +27,8 @@ CudaSupport cuda_backend_support();
 
 // options.comm picks the data plane: NCCL when every worker has its own GPU (automatic with
 // distinct ids; NCCL refuses two ranks on one GPU), or the peer communicator, our in-process
-// all-reduce over device memory, for any ids including repeated ones. options.tf32 switches
-// cuBLAS to TF32 tensor-core math on every device.
+// all-reduce over device memory, for any ids including repeated ones. options.precision tf32
+// switches cuBLAS to TF32 tensor-core math on every device.
 std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options = {});
 
 }  // namespace lockstep

@@ -268,6 +268,14 @@ void CudaDevice::activation_backward(Activation f, const float* x, const float* 
   launch_activation_backward(stream(), kind_of(f), x, dy, dx, n);
 }
 
+void CudaDevice::to_bf16(const float* x, std::uint16_t* y, std::size_t n) {
+  launch_to_bf16(stream(), x, y, n);
+}
+
+void CudaDevice::from_bf16(const std::uint16_t* x, float* y, std::size_t n) {
+  launch_from_bf16(stream(), x, y, n);
+}
+
 // ---- GEMM ---------------------------------------------------------------------------------------
 
 // C (m, n) = alpha * op(A) (m, k) * op(B) (k, n) + beta * C, all row-major. cuBLAS is

@@ -64,6 +64,8 @@ class CudaDevice final : public Device {
   void activation_forward(Activation f, const float* x, float* y, std::size_t n) override;
   void activation_backward(Activation f, const float* x, const float* dy, float* dx,
                            std::size_t n) override;
+  void to_bf16(const float* x, std::uint16_t* y, std::size_t n) override;
+  void from_bf16(const std::uint16_t* x, float* y, std::size_t n) override;
   void softmax_cross_entropy(const float* logits, const std::int32_t* labels, int rows,
                              int classes, float* dlogits, float grad_scale,
                              LossStats* stats) override;

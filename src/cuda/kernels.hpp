@@ -27,6 +27,12 @@ constexpr int kReduceBlocks = 1024;
 // Mirrors lockstep::Activation.
 enum class ActivationKind : int { relu, gelu, tanh };
 
+// ---- bf16 conversions (convert.cu) --------------------------------------------------------
+
+// y[0..n) = x rounded to bf16 (common/bf16.hpp); from: widened back, exactly.
+void launch_to_bf16(cudaStream_t stream, const float* x, std::uint16_t* y, std::size_t n);
+void launch_from_bf16(cudaStream_t stream, const std::uint16_t* x, float* y, std::size_t n);
+
 // ---- Elementwise (elementwise.cu) ---------------------------------------------------------
 
 // x[0..n) = value

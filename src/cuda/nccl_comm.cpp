@@ -155,11 +155,12 @@ class NcclCommunicator final : public Communicator {
   }
 
   void all_reduce(float* data, std::size_t count, ReduceOp op) override {
-    if (count == 0) return check_not_aborted();  // the same count on every rank
-    const ncclRedOp_t nccl_op = op == ReduceOp::avg ? ncclAvg : ncclSum;
-    enqueue([&](ncclComm_t comm, cudaStream_t stream) {
-      NCCL_CHECK(ncclAllReduce(data, data, count, ncclFloat, nccl_op, comm, stream));
-    });
+    all_reduce_of(data, count, ncclFloat, op);
+  }
+
+  // bf16 on the wire, half the bytes; NCCL sums in its reduction kernels and rounds to bf16.
+  void all_reduce_bf16(std::uint16_t* data, std::size_t count, ReduceOp op) override {
+    all_reduce_of(data, count, ncclBfloat16, op);
   }
 
   void broadcast(float* data, std::size_t count, int root) override {
@@ -243,6 +244,16 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
+  // In place, on the communication stream.
+  void all_reduce_of(void* data, std::size_t count, ncclDataType_t type, ReduceOp op) {
+    if (count == 0) return check_not_aborted();  // the same count on every rank
+    const ncclRedOp_t nccl_op = op == ReduceOp::avg ? ncclAvg : ncclSum;
+    enqueue([&](ncclComm_t comm, cudaStream_t stream) {
+      NCCL_CHECK(ncclAllReduce(data, data, count, type, nccl_op, comm, stream));
+    });
+  }
+
+
   void check_not_aborted() const {
     if (control_->aborted()) throw CommAborted();
   }

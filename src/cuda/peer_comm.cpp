@@ -112,6 +112,13 @@ class PeerCommunicator final : public Communicator {
     finish();  // 3
   }
 
+  // Its reduction kernel sums floats only; the default would read device memory on the host.
+  void all_reduce_bf16(std::uint16_t*, std::size_t, ReduceOp) override {
+    throw InputError(
+        "trainer.grad_reduce_dtype: bf16 needs the NCCL communicator (trainer.comm: nccl, one "
+        "GPU per worker); the peer communicator reduces fp32 only");
+  }
+
   // Phases 1, 2 and 4 (Note [Peer all-reduce]): the shards are the slices we sum.
   void reduce_scatter(float* data, std::size_t count, std::size_t grain, ReduceOp op) override {
     if (!publish(data, count)) return;

@@ -112,7 +112,8 @@ MemoryPlan plan_memory(const Config& cfg, const Model& model, const Dataset& tra
   const int batch = cfg.data.batch_size;
   MemoryPlan p;
   p.parameters = params;
-  p.gradients = params;
+  // With a bf16 all-reduce, the reducer's bf16 copy of the buckets too (2 bytes a parameter).
+  p.gradients = cfg.trainer.grad_reduce_dtype == ReduceDtype::bf16 ? 1.5 * params : params;
   p.optimizer = optimizer_vectors(cfg.optimizer) * params;
   p.activations = activation_bytes(model, batch);
   // Two staged batches in flight: inputs as floats, targets as int32.

@@ -24,10 +24,11 @@ constexpr std::array kPeaks{
 
 }  // namespace
 
-std::optional<double> peak_flops(std::string_view device_name, bool tf32) {
+std::optional<double> peak_flops(std::string_view device_name, Precision precision) {
+  if (precision == Precision::bf16) return std::nullopt;
   for (const Peak& p : kPeaks)
     if (device_name.find(p.name) != std::string_view::npos)
-      return 1e12 * (tf32 ? p.tf32_tflops : p.fp32_tflops);
+      return 1e12 * (precision == Precision::tf32 ? p.tf32_tflops : p.fp32_tflops);
   return std::nullopt;
 }
 

@@ -65,9 +65,11 @@ std::vector<Bucket> plan_buckets(const Model& model, double cap_mb, double first
   return buckets;
 }
 
-Reducer::Reducer(const Model& model, Communicator& comm, float* grads, std::vector<Bucket> buckets,
-                 bool overlap, bool zero, CommMode mode, std::vector<TraceEvent>* comm_track)
+Reducer::Reducer(const Model& model, Communicator& comm, Device& device, float* grads,
+                 std::vector<Bucket> buckets, bool overlap, bool zero, CommMode mode,
+                 ReduceDtype dtype, std::vector<TraceEvent>* comm_track)
     : comm_(comm),
+      device_(device),
       grads_(grads),
       buckets_(std::move(buckets)),
       overlap_(overlap),
@@ -82,7 +84,23 @@ Reducer::Reducer(const Model& model, Communicator& comm, float* grads, std::vect
   first_grain_.push_back(0);
   for (const Bucket& b : buckets_)
     first_grain_.push_back(first_grain_.back() + (b.end - b.begin + kZeroGrain - 1) / kZeroGrain);
+  if (dtype == ReduceDtype::bf16) {
+    if (zero_) throw std::logic_error("Reducer: bf16 reduction with ZeRO-1 is not implemented");
+    std::size_t end = 0;
+    for (const Bucket& b : buckets_) end = std::max(end, b.end);
+    wire_ = DeviceArray<std::uint16_t>(device_, end);
+  }
   reset();
+}
+
+std::size_t Reducer::bytes_per_step() const noexcept {
+  std::size_t elements = 0;
+  for (const Bucket& b : buckets_) elements += b.end - b.begin;
+  return elements * (wire_.size() > 0 ? sizeof(std::uint16_t) : sizeof(float));
+}
+
+std::size_t Reducer::wire_bytes(std::size_t i) const noexcept {
+  return buckets_[i].bytes() / (wire_.size() > 0 ? 2 : 1);
 }
 
 Reducer::~Reducer() { drain(); }
@@ -114,7 +132,12 @@ void Reducer::launch(std::size_t i) {
   float* data = grads_ + b.begin;
   const std::size_t count = b.end - b.begin;
   launched_ = i + 1;
-  if (zero_)
+  if (wire_.size() > 0) {  // Note [bf16 gradient reduction]
+    std::uint16_t* wire = wire_.data() + b.begin;
+    device_.to_bf16(data, wire, count);
+    work_[i] = start([&] { return comm_.all_reduce_bf16_async(wire, count, ReduceOp::avg); },
+                     [&] { comm_.all_reduce_bf16(wire, count, ReduceOp::avg); });
+  } else if (zero_)
     work_[i] =
         start([&] { return comm_.reduce_scatter_async(data, count, kZeroGrain, ReduceOp::avg); },
               [&] { comm_.reduce_scatter(data, count, kZeroGrain, ReduceOp::avg); });
@@ -167,7 +190,13 @@ void Reducer::start_gather(std::size_t i, float* params) {
 
 double Reducer::wait(std::size_t i) {
   if (i >= launched_ || !work_[i]) throw std::logic_error("Reducer::wait: bucket not started");
-  return wait_for(std::move(work_[i]), zero_ ? "reduce-scatter" : "all-reduce", i);
+  const char* what = zero_ ? "reduce-scatter" : "all-reduce";
+  const double blocked = wait_for(std::move(work_[i]), what, i);
+  if (wire_.size() > 0) {
+    const Bucket& b = buckets_[i];
+    device_.from_bf16(wire_.data() + b.begin, grads_ + b.begin, b.end - b.begin);
+  }
+  return blocked;
 }
 
 double Reducer::wait_gathers() {
@@ -198,7 +227,7 @@ void Reducer::collect_timings() {
         comm_track_->push_back({fmt::format("{} bucket {}", u.what, u.bucket), t->started_s,
                                 t->finished_s,
                                 fmt::format("\"bucket\": {}, \"bytes\": {}", u.bucket,
-                                            buckets_[u.bucket].bytes())});
+                                            wire_bytes(u.bucket))});
     }
     return true;
   });

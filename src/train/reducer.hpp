@@ -14,6 +14,18 @@
 //   the layers in the same order, so every rank issues the same collectives in the same order.
 //   With overlap off, every bucket starts after backward.
 //
+// Note [bf16 gradient reduction]
+//   With trainer.grad_reduce_dtype: bf16 (PyTorch DDP's bf16_compress_hook) each bucket is
+//   rounded to bf16 (Device::to_bf16, to nearest even) into a wire buffer of the reducer's,
+//   all-reduced (avg) as bf16 (Communicator::all_reduce_bf16: NCCL moves ncclBfloat16; the CPU's
+//   communicators sum the widened values in fp32 and round the average once), and widened back
+//   into the gradient when wait() returns it. Every rank gets the same bits, so replicas stay
+//   identical; the gradient carries bf16's 8 significant bits. The bytes handed to the
+//   collective halve (Summary::reduce_bytes_per_step); on the CPU the shared-memory group still
+//   moves the widened floats between workers, so there the saving is on paper only. DDP divides
+//   by N in bf16 before its sum; here the average is taken in fp32, then rounded. Not with
+//   ZeRO-1 yet (the config refuses it).
+//
 // Note [ZeRO-1]
 //   With trainer.zero: 1 each rank keeps the optimiser state of, and updates, only its shards:
 //   in every bucket, the contiguous range shard_range(bucket size, N, rank, kZeroGrain) of the
@@ -104,9 +116,11 @@ CommMode choose_comm_mode(bool cores_scarce, int ranks, std::size_t buckets);
 
 class Reducer {
  public:
-  // zero: reduce-scatter instead of all-reduce (Note [ZeRO-1]).
-  Reducer(const Model& model, Communicator& comm, float* grads, std::vector<Bucket> buckets,
-          bool overlap, bool zero, CommMode mode, std::vector<TraceEvent>* comm_track);
+  // zero: reduce-scatter instead of all-reduce (Note [ZeRO-1]); dtype bf16: Note [bf16 gradient
+  // reduction], converting on `device`.
+  Reducer(const Model& model, Communicator& comm, Device& device, float* grads,
+          std::vector<Bucket> buckets, bool overlap, bool zero, CommMode mode, ReduceDtype dtype,
+          std::vector<TraceEvent>* comm_track);
   ~Reducer();
   Reducer(const Reducer&) = delete;
   Reducer& operator=(const Reducer&) = delete;
@@ -144,6 +158,9 @@ class Reducer {
   // not be freed while a communication thread still uses them.
   void drain() noexcept;
 
+  // The gradient bytes each step hands to the collectives: 2 per element in bf16, else 4.
+  std::size_t bytes_per_step() const noexcept;
+
   // Counts the timings of waited collectives that have become known (CommWork::timing): at
   // once on the CPU, once the GPU has run them on a GPU. Call before reading the totals.
   void collect_timings();
@@ -159,18 +176,22 @@ class Reducer {
     std::size_t bucket;
   };
   void launch(std::size_t i);
+  // Bucket i's bytes on the wire: half its gradient bytes in bf16 (never with ZeRO-1).
+  std::size_t wire_bytes(std::size_t i) const noexcept;
   // Runs `collective` now, or starts it, as mode_ says.
   std::unique_ptr<CommWork> start(std::function<std::unique_ptr<CommWork>()> async,
                                   const std::function<void()>& blocking);
   double wait_for(std::unique_ptr<CommWork> work, const char* what, std::size_t i);
 
   Communicator& comm_;
+  Device& device_;
   float* grads_;
   std::vector<Bucket> buckets_;
   bool overlap_;
   bool zero_;
   CommMode mode_;
   std::vector<TraceEvent>* comm_track_;
+  DeviceArray<std::uint16_t> wire_;  // bf16: the buckets in bf16, laid out as the gradients
   std::vector<std::size_t> bucket_of_layer_;  // npos for layers without parameters
   std::vector<std::size_t> pending_;          // layers not yet ready, per bucket
   std::vector<std::size_t> first_grain_;      // per bucket, then the total (Note [ZeRO-1])

@@ -43,6 +43,7 @@ std::string Summary::to_json() const {
   return fmt::format(
       "{{\n"
       "  \"backend\": \"{}\",\n"
+      "  \"matmul\": {},\n"
       "  \"devices\": [{}],\n"
       "  \"workers\": {},\n"
       "  \"processes\": {},\n"
@@ -63,6 +64,8 @@ std::string Summary::to_json() const {
       "  \"param_hash\": \"{:016x}\",\n"
       "  \"accumulate_steps\": {},\n"
       "  \"buckets\": {},\n"
+      "  \"reduce_bytes_per_step\": {},\n"
+      "  \"reduce_dtype\": \"{}\",\n"
       "  \"overlap\": {},\n"
       "  \"comm_mode\": \"{}\",\n"
       "  \"zero\": {},\n"
@@ -79,11 +82,12 @@ std::string Summary::to_json() const {
       "  \"checkpoint\": {},\n"
       "  \"worker_times\": [{}]\n"
       "}}\n",
-      backend, fmt::join(devices, ", "), devices.size() * processes, processes, parameters, steps, samples,
+      backend, detail::json_quote(matmul), fmt::join(devices, ", "), devices.size() * processes, processes, parameters, steps, samples,
       number(wall_s), number(samples_per_s), number(tokens_per_s), number(flops_per_token),
       mfu > 0.0 ? number(mfu) : "null", number(final_train_loss),
       number(final_train_accuracy), number(eval_loss), number(eval_accuracy),
       replicas_identical ? "true" : "false", replica_checks, param_hash, accumulate_steps, buckets,
+      reduce_bytes_per_step, reduce_dtype,
       overlap ? "true" : "false", comm_mode, zero, optimizer_state_bytes, host_syncs_per_step,
       number(data_wait_s),
       number(barrier_wait_s), number(comm_s), number(comm_exposed_s), number(comm_hidden_fraction),

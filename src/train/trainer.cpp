@@ -48,12 +48,12 @@ using detail::steady_now_s;
 
 // The peak FLOP/s of this process's devices together, from the backend's device names; 0 when
 // any of them is not in the table (every CPU).
-double job_peak_flops(const Backend& backend, std::span<const int> ids, bool tf32) {
+double job_peak_flops(const Backend& backend, std::span<const int> ids, Precision precision) {
   const std::vector<DeviceInfo> infos = backend.devices();
   double total = 0.0;
   for (int id : ids) {
     const auto info = std::find_if(infos.begin(), infos.end(), [&](const DeviceInfo& d) { return d.id == id; });
-    const std::optional<double> peak = info == infos.end() ? std::nullopt : peak_flops(info->name, tf32);
+    const std::optional<double> peak = info == infos.end() ? std::nullopt : peak_flops(info->name, precision);
     if (!peak) return 0.0;
     total += *peak;
   }
@@ -182,7 +182,7 @@ EvalMetrics evaluate(const Config& config, const Model& model, std::span<const f
                      const Dataset& data) {
   const int device_id = config.trainer.devices.at(0);
   std::unique_ptr<Backend> backend = make_backend(config.trainer.backend, std::span(&device_id, 1),
-                   {.comm = config.trainer.comm, .tf32 = config.trainer.tf32});
+                   {.comm = config.trainer.comm, .precision = config.trainer.precision});
   std::unique_ptr<Device> device = backend->create_device(device_id, 1, config.trainer.threads_per_device);
   const int batch = config.data.batch_size, features = model.inputs();
   if (data.features() != features)
@@ -331,7 +331,7 @@ std::string Trainer::memory_plan() const {
   const TrainerConfig& tc = impl_->cfg.trainer;
   const std::shared_ptr<Backend> backend =
       impl_->backend ? impl_->backend
-                     : make_backend(tc.backend, tc.devices, {.comm = tc.comm, .tf32 = tc.tf32});
+                     : make_backend(tc.backend, tc.devices, {.comm = tc.comm, .precision = tc.precision});
   return impl_->check_memory(*backend);
 }
 
@@ -339,6 +339,11 @@ Summary Trainer::Impl::begin_summary(const Backend& b) const {
   Summary s;
   s.backend = std::string(b.name());
   s.devices = cfg.trainer.devices;
+  const std::vector<DeviceInfo> infos = b.devices();
+  const auto first = std::find_if(infos.begin(), infos.end(), [&](const DeviceInfo& d) {
+    return d.id == s.devices.front() || d.backend == "cpu";  // any id names the host CPU
+  });
+  if (first != infos.end()) s.matmul = first->matmul;
   s.processes = processes ? processes->size() : 1;
   s.parameters = model.param_count();
   s.flops_per_token = cfg.model.type == "gpt" ? gpt_flops_per_token(gpt_spec(cfg, *train)) : 0.0;
@@ -554,7 +559,7 @@ std::unique_ptr<Trainer::Impl::RunResources> Trainer::Impl::prepare_run() {
     detail::check_output_dir(tc.checkpoint.dir, "trainer.checkpoint.dir");
   }
   r->backend = backend ? backend
-                       : make_backend(tc.backend, tc.devices, {.comm = tc.comm, .tf32 = tc.tf32});
+                       : make_backend(tc.backend, tc.devices, {.comm = tc.comm, .precision = tc.precision});
   const std::string memory_plan = check_memory(*r->backend);
   r->comms = r->backend->create_communicators(tc.devices, processes);
   const int n = static_cast<int>(r->comms.size());
@@ -564,7 +569,7 @@ std::unique_ptr<Trainer::Impl::RunResources> Trainer::Impl::prepare_run() {
   summary = begin_summary(*r->backend);
   summary.memory_plan = memory_plan;
   final_params.clear();
-  const double peak = job_peak_flops(*r->backend, tc.devices, tc.tf32) * summary.processes;
+  const double peak = job_peak_flops(*r->backend, tc.devices, tc.precision) * summary.processes;
   r->trace.emplace(n, !tc.trace.empty());
   if (!tc.checkpoint.dir.empty() && writer) r->dir_lock.emplace(tc.checkpoint.dir);
   if (!tc.checkpoint.dir.empty() && writer)

@@ -139,8 +139,9 @@ void WorkerLoop::set_up(Backend& backend) {
 
   std::vector<Bucket> buckets = plan_buckets(run_.model, tc.bucket_cap_mb);
   const CommMode mode = choose_comm_mode(cores_scarce(backend), comm_.size(), buckets.size());
-  res_.reducer = std::make_unique<Reducer>(run_.model, comm_, replica.grads(), std::move(buckets),
-                                           tc.overlap, zero(), mode, run_.trace.comm(rank_));
+  res_.reducer = std::make_unique<Reducer>(run_.model, comm_, dev, replica.grads(),
+                                           std::move(buckets), tc.overlap, zero(), mode,
+                                           tc.grad_reduce_dtype, run_.trace.comm(rank_));
   // ZeRO-1: the optimiser holds the state of this rank's shards only (Note [ZeRO-1]).
   res_.optimizer = std::make_unique<Optimizer>(
       dev, run_.cfg.optimizer, replica.param_count(),
@@ -153,6 +154,8 @@ void WorkerLoop::set_up(Backend& backend) {
   if (rank_ == 0) {
     run_.summary.buckets = res_.reducer->buckets().size();
     run_.summary.comm_mode = to_string(mode);
+    run_.summary.reduce_bytes_per_step = res_.reducer->bytes_per_step();
+    run_.summary.reduce_dtype = to_string(run_.cfg.trainer.grad_reduce_dtype);
   }
   set_up_data();
 }

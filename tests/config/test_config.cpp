@@ -561,3 +561,35 @@ TEST_CASE("config: a file's relative paths are relative to its directory, --set'
             .trainer.trace == "t.json");
   fs::remove_all(dir);
 }
+
+TEST_CASE("config: trainer.precision reads fp32 and tf32, refuses bf16 until it is built") {
+  CHECK(parse_config(kMinimal, "q.yaml").trainer.precision == Precision::fp32);
+  const std::vector<std::string> tf32{"trainer.precision=tf32"};
+  CHECK(parse_config(kMinimal, "q.yaml", tf32).trainer.precision == Precision::tf32);
+  CHECK(to_string(Precision::bf16) == "bf16");
+  CHECK(error_of("data: {dataset: synthetic}\ntrainer: {steps: 10, precision: bf16}\n") ==
+        "q.yaml:2:22: trainer.precision: bf16 compute is not implemented yet; use fp32 or tf32");
+  CHECK(error_of("trainer: {steps: 10, precision: fp16}\n") ==
+        "q.yaml:1:33: trainer.precision: expected one of fp32, tf32, bf16, got 'fp16'");
+}
+
+TEST_CASE("config: the replaced key trainer.tf32 names trainer.precision") {
+  const std::string expected =
+      "trainer.tf32: replaced by trainer.precision (fp32, tf32 or bf16): 'tf32: true' is now "
+      "'precision: tf32', 'tf32: false' is 'precision: fp32'";
+  CHECK(error_of("trainer:\n  steps: 10\n  tf32: true\n") == "q.yaml:3:3: " + expected);
+  CHECK(error_of(kMinimal, {"trainer.tf32=false"}) == "--set trainer.tf32=false: " + expected);
+}
+
+TEST_CASE("config: trainer.grad_reduce_dtype reads fp32 and bf16, not bf16 with ZeRO-1 yet") {
+  CHECK(parse_config(kMinimal, "q.yaml").trainer.grad_reduce_dtype == ReduceDtype::fp32);
+  const std::vector<std::string> bf16{"trainer.grad_reduce_dtype=bf16"};
+  CHECK(parse_config(kMinimal, "q.yaml", bf16).trainer.grad_reduce_dtype == ReduceDtype::bf16);
+  CHECK(to_string(ReduceDtype::bf16) == "bf16");
+  CHECK(error_of("data: {dataset: synthetic}\n"
+                 "trainer: {steps: 10, zero: 1, grad_reduce_dtype: bf16}\n") ==
+        "q.yaml:2:31: trainer.grad_reduce_dtype: bf16 with trainer.zero (1, set at q.yaml:2:22) "
+        "is not implemented yet; use fp32 with ZeRO-1");
+  CHECK(error_of("trainer: {steps: 10, grad_reduce_dtype: fp16}\n") ==
+        "q.yaml:1:41: trainer.grad_reduce_dtype: expected one of fp32, bf16, got 'fp16'");
+}

@@ -130,7 +130,7 @@ TEST_SUITE("cuda") {
   }
 
   TEST_CASE("transformer: gemm_batched with TF32 tensor cores") {
-    auto backend = cuda_or_skip({.tf32 = true});
+    auto backend = cuda_or_skip({.precision = Precision::tf32});
     if (!backend) return;
     auto gpu = backend->create_device(0, 1, 0);
     // TF32 keeps 10 mantissa bits of each operand: about 1e-3 relative error per product. The

@@ -275,13 +275,15 @@ TEST_SUITE("model") {
           6.0 * (124439808.0 - 1024.0 * 768.0) + 12.0 * 12 * 768 * 1024);
   }
 
-  TEST_CASE("peak FLOP/s by device name, fp32 and TF32 - unknown devices have none") {
-    CHECK(lockstep::peak_flops("NVIDIA H200", true).value() == doctest::Approx(494.7e12));
-    CHECK(lockstep::peak_flops("NVIDIA H200", false).value() == doctest::Approx(67e12));
-    CHECK(lockstep::peak_flops("NVIDIA H100 PCIe", true).value() == doctest::Approx(378e12));
-    CHECK(lockstep::peak_flops("NVIDIA A100-SXM4-80GB", true).value() == doctest::Approx(156e12));
-    CHECK(lockstep::peak_flops("NVIDIA A10G", false).value() == doctest::Approx(31.2e12));
-    CHECK_FALSE(lockstep::peak_flops("cpu", false).has_value());
+  TEST_CASE("peak FLOP/s by device name, fp32 and TF32 - unknown devices and bf16 have none") {
+    using lockstep::Precision;
+    CHECK(lockstep::peak_flops("NVIDIA H200", Precision::tf32).value() == doctest::Approx(494.7e12));
+    CHECK(lockstep::peak_flops("NVIDIA H200", Precision::fp32).value() == doctest::Approx(67e12));
+    CHECK(lockstep::peak_flops("NVIDIA H100 PCIe", Precision::tf32).value() == doctest::Approx(378e12));
+    CHECK(lockstep::peak_flops("NVIDIA A100-SXM4-80GB", Precision::tf32).value() == doctest::Approx(156e12));
+    CHECK(lockstep::peak_flops("NVIDIA A10G", Precision::fp32).value() == doctest::Approx(31.2e12));
+    CHECK_FALSE(lockstep::peak_flops("cpu", Precision::fp32).has_value());
+    CHECK_FALSE(lockstep::peak_flops("NVIDIA H200", Precision::bf16).has_value());
   }
 }
 

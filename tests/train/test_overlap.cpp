@@ -57,8 +57,9 @@ TEST_CASE("backward enqueues every bucket without waiting for the previous one t
   replica.load_parameters(model.initial_parameters(1));
   SlowCommunicator comm;
   // One bucket per Linear layer (the smallest holds 8 x 64 + 8 floats, 2 KiB).
-  detail::Reducer reducer(model, comm, replica.grads(), detail::plan_buckets(model, 0.001),
-                          /*overlap=*/true, /*zero=*/false, detail::CommMode::async, nullptr);
+  detail::Reducer reducer(model, comm, *device, replica.grads(),
+                          detail::plan_buckets(model, 0.001), /*overlap=*/true, /*zero=*/false,
+                          detail::CommMode::async, ReduceDtype::fp32, nullptr);
   const std::size_t buckets = reducer.buckets().size();
   REQUIRE(buckets == 4);
 
