@@ -51,16 +51,21 @@ struct LOCKSTEP_API SafetensorsFile {
   std::map<std::string, std::string> metadata;
 };
 
-// Writes `params` as one F32 tensor per entry of `tensors`, each read from its offset; the
+// How write_safetensors stores the values: F32 as they are, or BF16, each rounded to the
+// nearest bf16, ties to even (`lockstep export --dtype bf16`; checkpoints are always F32).
+enum class TensorDtype { f32, bf16 };
+
+// Writes `params` as one F32 (or BF16) tensor per entry of `tensors`, each read from its offset; the
 // tensors must tile `params` exactly (std::invalid_argument otherwise). The data section is
-// `params` byte for byte, so reading it back restores the buffer layout. The metadata gets
+// `params` byte for byte (F32), so reading it back restores the buffer layout. The metadata gets
 // "format": "pt", "lockstep.version", "lockstep.checksum" and "lockstep.file_checksum",
 // replacing any given values.
 // Returns the checksum. Crash-safe as described above.
 LOCKSTEP_API std::uint64_t write_safetensors(const std::filesystem::path& file,
                                              std::span<const ParamTensor> tensors,
                                              std::span<const float> params,
-                                             const std::map<std::string, std::string>& metadata = {});
+                                             const std::map<std::string, std::string>& metadata = {},
+                                             TensorDtype dtype = TensorDtype::f32);
 
 // Reads any safetensors file of F32 tensors. Checks the whole file against
 // "lockstep.file_checksum" and the data against "lockstep.checksum" when the metadata has them. Headers are limited to 100 MB, as in the reference implementation.
@@ -141,13 +146,15 @@ LOCKSTEP_API std::optional<Standardization> read_standardization(
 // `lockstep export --format torch`: the checkpoint's tensors under their own names, its
 // metadata, and for a standardised MLP the tensors "normalize.mean" and "normalize.std" after
 // the weights. Crash-safe; InputError when the file's directory does not exist.
-LOCKSTEP_API void export_torch(const Checkpoint& ckpt, const std::filesystem::path& file);
+LOCKSTEP_API void export_torch(const Checkpoint& ckpt, const std::filesystem::path& file,
+                               TensorDtype dtype = TensorDtype::f32);
 
 // Writes a GPT checkpoint (model.type gpt) as a Hugging Face GPT-2 directory: model.safetensors
 // (HF's names, Conv1D weights transposed to (in, out)) and config.json, which
 // transformers.GPT2LMHeadModel.from_pretrained(dir) loads. Creates `dir`. InputError for a
 // checkpoint without "lockstep.model" (not a GPT's).
-LOCKSTEP_API void export_hf_gpt2(const Checkpoint& ckpt, const std::filesystem::path& dir);
+LOCKSTEP_API void export_hf_gpt2(const Checkpoint& ckpt, const std::filesystem::path& dir,
+                                 TensorDtype dtype = TensorDtype::f32);
 
 // ---- the checkpoint directory ---------------------------------------------------------------
 

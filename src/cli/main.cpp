@@ -61,12 +61,13 @@ commands:
                       130/143; a second SIGINT exits at once
   eval CONFIG --checkpoint CKPT [--set KEY=VALUE]...
                       loss and accuracy of a checkpoint on the config's eval split
-  export CKPT --out FILE [--format torch]
-  export CKPT --format hf --out DIR
+  export CKPT --out FILE [--format torch] [--dtype fp32|bf16]
+  export CKPT --format hf --out DIR [--dtype fp32|bf16]
                       write a checkpoint's weights as one safetensors file (with an
                       MLP's standardisation as normalize.mean and normalize.std), or
                       a GPT's as a Hugging Face GPT-2 directory (model.safetensors
-                      and config.json for transformers.GPT2LMHeadModel)
+                      and config.json for transformers.GPT2LMHeadModel); --dtype
+                      bf16 stores every tensor as BF16 (rounded to nearest even)
   sample --checkpoint CKPT [--prompt TEXT] [--tokens N] [--temperature T]
          [--top-k K] [--seed S] [--backend auto|cpu|cuda]
                       continue TEXT with a GPT checkpoint (model.type gpt): N
@@ -534,19 +535,23 @@ void refuse_own_input(const fs::path& out, const Checkpoint& ckpt) {
 }
 
 int export_weights(const std::vector<std::string_view>& argv) {
-  const CommandArgs args = parse_command_args("export", argv, {"--out", "--format"});
+  const CommandArgs args = parse_command_args("export", argv, {"--out", "--format", "--dtype"});
   if (args.positional.empty()) throw InputError("export: expected a checkpoint CKPT; see lockstep --help");
   const std::string out = args.get("--out");
   const std::string format = args.get("--format").empty() ? "torch" : args.get("--format");
   if (format != "torch" && format != "hf")
     throw InputError(fmt::format("--format: expected torch or hf, got '{}'", format));
+  const std::string dtype_name = args.get("--dtype").empty() ? "fp32" : args.get("--dtype");
+  if (dtype_name != "fp32" && dtype_name != "bf16")
+    throw InputError(fmt::format("--dtype: expected fp32 or bf16, got '{}'", dtype_name));
+  const TensorDtype dtype = dtype_name == "bf16" ? TensorDtype::bf16 : TensorDtype::f32;
   if (out.empty()) throw InputError(format == "hf" ? "export: expected --out DIR" : "export: expected --out FILE");
   if (format == "hf") detail::check_output_dir(out, "export --out");
   else detail::check_output_file(out, "export --out");
   const Checkpoint ckpt = CheckpointManager::load(args.positional, warn);
   refuse_own_input(format == "hf" ? fs::path(out) / "model.safetensors" : fs::path(out), ckpt);
-  if (format == "hf") export_hf_gpt2(ckpt, out);
-  else export_torch(ckpt, out);
+  if (format == "hf") export_hf_gpt2(ckpt, out, dtype);
+  else export_torch(ckpt, out, dtype);
   fmt::print("wrote {} ({} tensors, {} parameters, step {})\n", out, ckpt.tensors.size(),
              ckpt.params.size(), ckpt.state.step);
   return kExitOk;

@@ -60,7 +60,7 @@ std::optional<Standardization> read_standardization(
   return out;
 }
 
-void export_torch(const Checkpoint& ckpt, const fs::path& file) {
+void export_torch(const Checkpoint& ckpt, const fs::path& file, TensorDtype dtype) {
   std::error_code ec;
   const fs::path dir = file.has_parent_path() ? file.parent_path() : fs::path(".");
   if (!fs::is_directory(dir, ec))
@@ -75,7 +75,7 @@ void export_torch(const Checkpoint& ckpt, const fs::path& file) {
   }
   // The checkpoint's metadata (its architecture, for one) travels along; the writer replaces
   // the format, version and checksum entries with its own.
-  write_safetensors(file, tensors, values, ckpt.metadata);
+  write_safetensors(file, tensors, values, ckpt.metadata, dtype);
 }
 
 }  // namespace lockstep

@@ -130,7 +130,7 @@ SafetensorsFile read_hf_gpt2(const fs::path& path, fs::path& file) {
 
 }  // namespace detail
 
-void export_hf_gpt2(const Checkpoint& ckpt, const fs::path& dir) {
+void export_hf_gpt2(const Checkpoint& ckpt, const fs::path& dir, TensorDtype dtype) {
   const auto model = ckpt.metadata.find("lockstep.model");
   if (model == ckpt.metadata.end() || !model->second.starts_with("gpt "))
     detail::fail_input(ckpt.weights_file,
@@ -148,7 +148,7 @@ void export_hf_gpt2(const Checkpoint& ckpt, const fs::path& dir) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) detail::fail_input(dir, "cannot create the directory: " + ec.message());
-  write_safetensors(dir / kWeightsName, out.tensors, out.data, {});
+  write_safetensors(dir / kWeightsName, out.tensors, out.data, {}, dtype);
   const std::string config = fmt::format(
       "{{\n"
       "  \"architectures\": [\"GPT2LMHeadModel\"],\n"

@@ -6,7 +6,8 @@
 //    "layers.1.weight": {"dtype": "F32", "shape": [10, 64], "data_offsets": [0, 2560]}, ...}
 //
 // data_offsets are byte ranges of the data section; the reader requires, as the reference
-// implementation does, that the tensors tile it with no gap or overlap. Only F32 is read.
+// implementation does, that the tensors tile it with no gap or overlap. The writer writes F32
+// or BF16 (an export's --dtype bf16); only F32 is read.
 //
 // Note [Whole-file checksum]
 // "lockstep.checksum" is FNV-1a 64 of the data section only: a checkpoint's state file names it
@@ -22,11 +23,13 @@
 #include <algorithm>
 #include <bit>
 #include <charconv>
+#include <iterator>
 #include <limits>
 #include <set>
 #include <stdexcept>
 #include <tuple>
 
+#include "common/bf16.hpp"
 #include "common/fnv1a.hpp"
 #include "io/durable_file.hpp"
 #include "io/json.hpp"
@@ -48,12 +51,12 @@ constexpr std::string_view kUnsigned = "0000000000000000";  // the value while i
 
 std::string checksum_hex(std::uint64_t checksum) { return fmt::format("{:016x}", checksum); }
 
-std::uint64_t checksum_of(std::span<const float> data) {
+std::uint64_t checksum_of(std::span<const std::byte> data) {
   return detail::fnv1a64(data.data(), data.size_bytes());
 }
 
 // Note [Whole-file checksum]: `header` holds kUnsigned where the value goes.
-std::uint64_t file_checksum_of(std::string_view header, std::span<const float> data) {
+std::uint64_t file_checksum_of(std::string_view header, std::span<const std::byte> data) {
   const std::uint64_t header_size = header.size();
   std::uint64_t h = detail::fnv1a64(&header_size, sizeof header_size);
   h = detail::fnv1a64(header.data(), header.size(), h);
@@ -184,13 +187,13 @@ void check_checksums(const HeaderReader& reader, const detail::JsonValue& root,
       reader.fail_at(*signature, fmt::format("{}: expected 16 hex digits, got \"{}\"",
                                              kFileChecksumKey, signature->text));
     header.replace(at, kUnsigned.size(), kUnsigned);
-    const std::string actual = checksum_hex(file_checksum_of(header, out.data));
+    const std::string actual = checksum_hex(file_checksum_of(header, std::as_bytes(std::span(out.data))));
     if (signature->text != actual)
       reader.fail(fmt::format("the file's checksum is {}, its {} says {} (the file was edited "
                               "or is corrupt)", actual, kFileChecksumKey, signature->text));
   }
   if (const auto it = out.metadata.find(std::string(kChecksumKey)); it != out.metadata.end()) {
-    const std::string actual = checksum_hex(checksum_of(out.data));
+    const std::string actual = checksum_hex(checksum_of(std::as_bytes(std::span(out.data))));
     if (it->second != actual)
       reader.fail(fmt::format("offset {}: the data's checksum is {}, the header's {} says {} "
                               "(the data is corrupt)", data_start, actual, kChecksumKey,
@@ -210,7 +213,8 @@ std::uint64_t read_le64(detail::InputFile& in, std::string_view what) {
 
 std::uint64_t write_safetensors(const std::filesystem::path& file,
                                 std::span<const ParamTensor> tensors, std::span<const float> params,
-                                const std::map<std::string, std::string>& metadata) {
+                                const std::map<std::string, std::string>& metadata,
+                                TensorDtype dtype) {
   // The data section is `params` itself, so the tensors, by offset, must tile it.
   std::vector<const ParamTensor*> order;
   for (const ParamTensor& t : tensors) order.push_back(&t);
@@ -232,7 +236,14 @@ std::uint64_t write_safetensors(const std::filesystem::path& file,
         "write_safetensors: {}: the tensors cover {} of {} parameters", file.string(), next,
         params.size()));
 
-  const std::uint64_t checksum = checksum_of(params);
+  // The data section: `params` as is, or each value rounded to bf16 (Note [Rounding to bf16]).
+  std::vector<std::uint16_t> bf16;
+  if (dtype == TensorDtype::bf16)
+    std::transform(params.begin(), params.end(), std::back_inserter(bf16), detail::float_to_bf16);
+  const std::span<const std::byte> data =
+      dtype == TensorDtype::bf16 ? std::as_bytes(std::span(bf16)) : std::as_bytes(params);
+  const std::size_t element_bytes = dtype == TensorDtype::bf16 ? 2 : sizeof(float);
+  const std::uint64_t checksum = checksum_of(data);
   std::map<std::string, std::string> meta = metadata;
   meta.insert_or_assign("format", "pt");
   meta.insert_or_assign("lockstep.version", kVersion);
@@ -248,20 +259,20 @@ std::uint64_t write_safetensors(const std::filesystem::path& file,
   }
   header += "}";
   for (const ParamTensor* t : order) {
-    const std::size_t begin = t->offset * sizeof(float);
-    header += fmt::format(",{}:{{\"dtype\":\"F32\",\"shape\":[{}],\"data_offsets\":[{},{}]}}",
-                          detail::json_quote(t->name), fmt::join(t->shape, ","), begin,
-                          begin + t->numel() * sizeof(float));
+    const std::size_t begin = t->offset * element_bytes;
+    header += fmt::format(",{}:{{\"dtype\":\"{}\",\"shape\":[{}],\"data_offsets\":[{},{}]}}",
+                          detail::json_quote(t->name), dtype == TensorDtype::bf16 ? "BF16" : "F32",
+                          fmt::join(t->shape, ","), begin, begin + t->numel() * element_bytes);
   }
   header += "}";
   // Pad so that the data starts 8-byte aligned, as the reference writer does.
   header.append((8 - header.size() % 8) % 8, ' ');
-  header.replace(signature_at, kUnsigned.size(), checksum_hex(file_checksum_of(header, params)));
+  header.replace(signature_at, kUnsigned.size(), checksum_hex(file_checksum_of(header, data)));
 
   const std::uint64_t header_size = header.size();
   const std::span<const std::byte> pieces[] = {std::as_bytes(std::span(&header_size, 1)),
                                                std::as_bytes(std::span(header)),
-                                               std::as_bytes(params)};
+                                               data};
   detail::write_file_atomically(file, pieces);
   return checksum;
 }

@@ -193,3 +193,27 @@ TEST_CASE("cli: export and eval reject what is not a checkpoint") {
   CHECK(ev.code == 2);
   CHECK(run_cli("export").code == 2);
 }
+
+TEST_CASE("cli: export --dtype bf16 writes half the data bytes, and a bad --dtype exits 2") {
+  const fs::path ckpt = temp_dir() / "dtype_ckpt";
+  fs::remove_all(ckpt);
+  const Result trained = run_cli("train " + kQuickstart + " --set trainer.steps=5 --set trainer.checkpoint.dir=" + ckpt.string());
+  REQUIRE_MESSAGE(trained.code == 0, trained.output);
+  const fs::path f32 = temp_dir() / "dtype32.safetensors", b16 = temp_dir() / "dtype16.safetensors";
+  REQUIRE(run_cli("export " + ckpt.string() + " --out " + f32.string() + " --dtype fp32").code == 0);
+  const Result exported = run_cli("export " + ckpt.string() + " --out=" + b16.string() + " --dtype=bf16");
+  REQUIRE_MESSAGE(exported.code == 0, exported.output);
+  // Files are 8 bytes of size, the header, then the data: 4 bytes a value in F32, 2 in BF16.
+  const auto data_bytes = [](const fs::path& file) {
+    std::ifstream in(file, std::ios::binary);
+    std::uint64_t header = 0;
+    in.read(reinterpret_cast<char*>(&header), 8);
+    return fs::file_size(file) - 8 - header;
+  };
+  CHECK(data_bytes(b16) * 2 == data_bytes(f32));
+  CHECK(data_bytes(b16) > 0);
+
+  const Result bad = run_cli("export " + ckpt.string() + " --out " + b16.string() + " --dtype fp16");
+  CHECK(bad.code == 2);
+  CHECK_MESSAGE(bad.output.find("--dtype: expected fp32 or bf16, got 'fp16'") != std::string::npos, bad.output);
+}

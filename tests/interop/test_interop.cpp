@@ -84,6 +84,22 @@ TEST_CASE("interop: an MLP export in torch.nn.Sequential predicts what lockstep 
   CHECK(torch.output == "correct " + std::to_string(correct) + " of " + std::to_string(eval.size()) + "\n");
 }
 
+TEST_CASE("interop: an export --dtype bf16 loads in safetensors+torch as torch's bf16 rounding") {
+  // Debian's Python when it has safetensors, else the transformers environment (which has it).
+  std::string python = "/usr/bin/python3";
+  if (run_command(python + " -c 'import torch, safetensors.torch'").code != 0) python = hf_python();
+  if (python.empty()) return;
+  const lockstep::test::TempDir dir;
+  const std::string ckpt = (dir.path() / "ckpt").string();
+  const std::string f32 = (dir.path() / "f32.safetensors").string(), b16 = (dir.path() / "b16.safetensors").string();
+  REQUIRE(run_cli("train \"" + kQuickstart + "\" --set trainer.steps=20 --set trainer.checkpoint.dir=" + ckpt).code == 0);
+  REQUIRE(run_cli("export " + ckpt + " --out " + f32).code == 0);
+  REQUIRE(run_cli("export " + ckpt + " --out " + b16 + " --dtype bf16").code == 0);
+  const auto r = run_command(python + " \"" + kSource + "/tests/interop/bf16_export.py\" " + f32 + " " + b16);
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK(r.output.starts_with("equal "));
+}
+
 TEST_CASE("interop: export --format hf loads in transformers with lockstep's logits") {
   const std::string python = hf_python();
   if (python.empty()) return;

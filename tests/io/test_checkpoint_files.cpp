@@ -9,6 +9,7 @@
 #include <random>
 
 #include "checkpoint_fixtures.hpp"
+#include "common/bf16.hpp"
 #include "common/fnv1a.hpp"
 #include "io/json.hpp"
 #include "io/state_file.hpp"
@@ -325,4 +326,61 @@ TEST_CASE("state file: a payload with a valid checksum but bad fields is rejecte
     const std::size_t at = rng() % (valid.size() - kHeader - patch.size());
     loads_state(dir, patched(at, patch));
   }
+}
+
+TEST_CASE("export --dtype bf16: BF16 tensors, each float_to_bf16 of the fp32 weight, half the bytes") {
+  TempDir dir;
+  Checkpoint c = make_checkpoint(small_model(), 5);  // a NaN with a payload, -0, a subnormal, inf
+  // Ties: 1 + 2^-8 rounds down to the even 1.0, 1 + 3*2^-8 up to the even 1 + 2^-6.
+  c.params[4] = std::bit_cast<float>(0x3F808000u);
+  c.params[5] = std::bit_cast<float>(0x3F818000u);
+  const fs::path f32 = dir.path() / "w32.safetensors", b16 = dir.path() / "w16.safetensors";
+  export_torch(c, f32);
+  export_torch(c, b16, TensorDtype::bf16);
+
+  const auto split = [](const std::string& bytes) {
+    std::uint64_t n = 0;
+    std::memcpy(&n, bytes.data(), 8);
+    return std::pair{detail::parse_json(bytes.substr(8, n)), bytes.substr(8 + n)};
+  };
+  const auto [header32, data32] = split(slurp(f32));
+  const auto [header16, data16] = split(slurp(b16));
+  REQUIRE(data32.size() == c.params.size() * 4);
+  REQUIRE(data16.size() == c.params.size() * 2);
+  std::vector<std::uint16_t> bf16(c.params.size());
+  std::memcpy(bf16.data(), data16.data(), data16.size());
+  for (std::size_t i = 0; i < c.params.size(); ++i) {
+    CAPTURE(i);
+    CHECK(bf16[i] == detail::float_to_bf16(c.params[i]));
+  }
+  CHECK(bf16[0] == 0x7FC0);  // NaN: the quiet NaN, payload dropped
+  CHECK(bf16[1] == 0x8000);  // -0
+  CHECK(bf16[2] == 0x0000);  // the smallest subnormal rounds to +0
+  CHECK(bf16[3] == 0x7F80);  // inf
+  CHECK(bf16[4] == 0x3F80);
+  CHECK(bf16[5] == 0x3F82);
+
+  // Every tensor: dtype BF16, the same shape, data offsets half the F32 file's.
+  REQUIRE(header16.members.size() == header32.members.size());
+  std::size_t tensors = 0;
+  for (std::size_t i = 0; i < header16.members.size(); ++i) {
+    const auto& [name, t16] = header16.members[i];
+    const auto& [name32, t32] = header32.members[i];
+    REQUIRE(name == name32);
+    if (name == "__metadata__") continue;
+    CAPTURE(name);
+    ++tensors;
+    REQUIRE(t16.members.size() == 3);
+    CHECK(t16.members[0].first == "dtype");
+    CHECK(t16.members[0].second.text == "BF16");
+    CHECK(t32.members[0].second.text == "F32");
+    CHECK(t16.members[1].second.items.size() == t32.members[1].second.items.size());
+    for (std::size_t k = 0; k < 2; ++k)
+      CHECK(std::stoull(t16.members[2].second.items[k].text) * 2 ==
+            std::stoull(t32.members[2].second.items[k].text));
+  }
+  CHECK(tensors == c.tensors.size());
+  // lockstep reads only F32: a BF16 export is refused, by name, as an input.
+  CHECK_THROWS_WITH_AS(read_safetensors(b16), doctest::Contains("dtype: expected \"F32\", got a string BF16"),
+                       InputError);
 }
