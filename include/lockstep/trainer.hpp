@@ -104,6 +104,10 @@ struct LOCKSTEP_API Summary {
   std::string comm_mode = "async";
   int zero = 0;                          // trainer.zero
   std::size_t optimizer_state_bytes = 0;  // the most any worker holds (see worker_times)
+  // One worker's bytes by the memory plan (Note [Memory plan]): the parameters, the gradients
+  // (with trainer.grad_reduce_dtype bf16 also the reducer's bf16 copy), and the activations,
+  // saved tensors, scratch and activation gradients of one micro-batch.
+  std::size_t param_bytes = 0, grad_bytes = 0, activation_bytes = 0;
   // Waits of the host for a device (Note [Host syncs] in device.hpp) in one step, the most of
   // any worker and any step after the first (eval, replica checks and checkpoints excluded).
   std::uint64_t host_syncs_per_step = 0;
@@ -130,6 +134,9 @@ struct LOCKSTEP_API Summary {
 LOCKSTEP_API std::string describe_backend(const Summary& s);
 // "3538944 bytes per worker at most (ZeRO-1: sharded across workers)".
 LOCKSTEP_API std::string describe_optimizer_state(const Summary& s);
+// "parameters 19240 B, gradients 19240 B, optimizer state 19240 B, activations 34048 B": one
+// worker's memory by part, for the summary.
+LOCKSTEP_API std::string describe_worker_memory(const Summary& s);
 
 // Test hooks: called on each worker's thread with its global rank. A throw here behaves like a
 // failure in that worker (fault injection). The environment variable LOCKSTEP_FAULT=RANK:STEP:KIND

@@ -127,6 +127,7 @@ void print_summary(std::FILE* out, const Summary& s) {
   fmt::print(out, "  gradient bytes      {} per step per worker to the collectives ({})\n",
              s.reduce_bytes_per_step, s.reduce_dtype);
   fmt::print(out, "  optimizer state     {}\n", describe_optimizer_state(s));
+  fmt::print(out, "  worker memory       {}\n", describe_worker_memory(s));
   fmt::print(out, "  host syncs          {} per step\n", s.host_syncs_per_step);
   fmt::print(out, "  waiting             {:.3f} s for data, {:.3f} s at the barrier (per worker)\n",
              s.data_wait_s, s.barrier_wait_s);

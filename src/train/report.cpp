@@ -270,6 +270,7 @@ std::string summary_table(const Summary& s) {
       {"waiting", fmt::format("{} for data, {} at the barrier (per worker)", seconds(s.data_wait_s),
                               seconds(s.barrier_wait_s))},
       {"optimizer state", describe_optimizer_state(s)},
+      {"worker memory", describe_worker_memory(s)},
   };
   if (s.resumed_from_step > 0) rows.emplace_back("resumed from step", std::to_string(s.resumed_from_step));
   if (s.stopped_early) rows.emplace_back("stopped early", "yes (request_stop)");

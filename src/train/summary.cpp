@@ -39,6 +39,11 @@ std::string describe_optimizer_state(const Summary& s) {
                      s.zero == 1 ? "ZeRO-1: sharded across workers" : "replicated, trainer.zero 0");
 }
 
+std::string describe_worker_memory(const Summary& s) {
+  return fmt::format("parameters {} B, gradients {} B, optimizer state {} B, activations {} B",
+                     s.param_bytes, s.grad_bytes, s.optimizer_state_bytes, s.activation_bytes);
+}
+
 std::string Summary::to_json() const {
   return fmt::format(
       "{{\n"
@@ -70,6 +75,9 @@ std::string Summary::to_json() const {
       "  \"comm_mode\": \"{}\",\n"
       "  \"zero\": {},\n"
       "  \"optimizer_state_bytes\": {},\n"
+      "  \"param_bytes\": {},\n"
+      "  \"grad_bytes\": {},\n"
+      "  \"activation_bytes\": {},\n"
       "  \"host_syncs_per_step\": {},\n"
       "  \"data_wait_s\": {},\n"
       "  \"barrier_wait_s\": {},\n"
@@ -88,7 +96,8 @@ std::string Summary::to_json() const {
       number(final_train_accuracy), number(eval_loss), number(eval_accuracy),
       replicas_identical ? "true" : "false", replica_checks, param_hash, accumulate_steps, buckets,
       reduce_bytes_per_step, reduce_dtype,
-      overlap ? "true" : "false", comm_mode, zero, optimizer_state_bytes, host_syncs_per_step,
+      overlap ? "true" : "false", comm_mode, zero, optimizer_state_bytes, param_bytes, grad_bytes, activation_bytes,
+      host_syncs_per_step,
       number(data_wait_s),
       number(barrier_wait_s), number(comm_s), number(comm_exposed_s), number(comm_hidden_fraction),
       resumed_from_step, stopped_early ? "true" : "false", nonfinite_skips,

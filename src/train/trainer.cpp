@@ -109,7 +109,7 @@ struct Trainer::Impl {
   }
 
   Summary begin_summary(const Backend& backend) const;
-  std::string check_memory(const Backend& backend) const;
+  detail::MemoryPlan check_memory(const Backend& backend) const;
   struct RunResources;
   std::unique_ptr<RunResources> prepare_run();
   std::vector<int> run_workers(RunResources& r);
@@ -309,7 +309,7 @@ void Trainer::init_from(Weights weights) {
 void Trainer::request_stop() noexcept { impl_->stop_requested.store(true); }
 
 // Note [Memory plan]: the host's bytes against its limit; a GPU worker's against its device.
-std::string Trainer::Impl::check_memory(const Backend& b) const {
+detail::MemoryPlan Trainer::Impl::check_memory(const Backend& b) const {
   const bool on_host = b.name() == "cpu";
   const detail::MemoryPlan plan =
       detail::plan_memory(cfg, model, *train, eval.get(), on_host);
@@ -324,7 +324,7 @@ std::string Trainer::Impl::check_memory(const Backend& b) const {
                                      plan.driver, detail::format_bytes(plan.per_worker()),
                                      d.backend, d.id,
                                      detail::format_bytes(static_cast<double>(d.memory_bytes))));
-  return detail::describe(plan, limit);
+  return plan;
 }
 
 std::string Trainer::memory_plan() const {
@@ -332,7 +332,7 @@ std::string Trainer::memory_plan() const {
   const std::shared_ptr<Backend> backend =
       impl_->backend ? impl_->backend
                      : make_backend(tc.backend, tc.devices, {.comm = tc.comm, .precision = tc.precision});
-  return impl_->check_memory(*backend);
+  return detail::describe(impl_->check_memory(*backend), detail::host_memory_limit());
 }
 
 Summary Trainer::Impl::begin_summary(const Backend& b) const {
@@ -560,14 +560,17 @@ std::unique_ptr<Trainer::Impl::RunResources> Trainer::Impl::prepare_run() {
   }
   r->backend = backend ? backend
                        : make_backend(tc.backend, tc.devices, {.comm = tc.comm, .precision = tc.precision});
-  const std::string memory_plan = check_memory(*r->backend);
+  const detail::MemoryPlan memory_plan = check_memory(*r->backend);
   r->comms = r->backend->create_communicators(tc.devices, processes);
   const int n = static_cast<int>(r->comms.size());
   const bool writer = process_rank() == 0;  // Note [Processes]
   r->fault.check_reached(r->comms[0]->size(), resume ? resume->state.step : 0, total_steps);
 
   summary = begin_summary(*r->backend);
-  summary.memory_plan = memory_plan;
+  summary.memory_plan = detail::describe(memory_plan, detail::host_memory_limit());
+  summary.param_bytes = static_cast<std::size_t>(memory_plan.parameters);
+  summary.grad_bytes = static_cast<std::size_t>(memory_plan.gradients);
+  summary.activation_bytes = static_cast<std::size_t>(memory_plan.activations);
   final_params.clear();
   const double peak = job_peak_flops(*r->backend, tc.devices, tc.precision) * summary.processes;
   r->trace.emplace(n, !tc.trace.empty());

@@ -1,6 +1,9 @@
 // Note [Memory plan]: the plan's parts against closed forms, the key it names, and the refusal.
 #include <doctest/doctest.h>
 
+#include <fmt/format.h>
+
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -42,6 +45,33 @@ TEST_CASE("memory plan: parameters, gradients, optimiser state and staging in cl
   // Workers on a device do not count against the host.
   const detail::MemoryPlan gpu = detail::plan_memory(cfg, model, data, nullptr, false);
   CHECK(gpu.host() == gpu.dataset + 2 * 26 * 4);
+}
+
+TEST_CASE("summary: per-worker bytes of parameters, gradients, optimiser state and activations") {
+  // A 3-4-2 MLP (ReLU), 26 parameters, batch 8 per worker, AdamW.
+  Config cfg = test::cpu_config(/*devices=*/2, /*batch=*/8, /*steps=*/2, /*seed=*/0);
+  cfg.model.hidden = {4};
+  cfg.model.activation = Activation::relu;
+  const auto data = std::make_shared<InMemoryDataset>(tiny_data());
+  for (ReduceDtype reduce : {ReduceDtype::fp32, ReduceDtype::bf16}) {
+    CAPTURE(static_cast<int>(reduce));
+    cfg.trainer.grad_reduce_dtype = reduce;
+    const Summary s = Trainer(cfg, data, data).run();
+    CHECK(s.param_bytes == 26 * 4);
+    // With a bf16 all-reduce the reducer's bf16 copy of the gradients too: 2 bytes each.
+    CHECK(s.grad_bytes == (reduce == ReduceDtype::bf16 ? 26 * 6 : 26 * 4));
+    CHECK(s.optimizer_state_bytes == 2 * 26 * 4);  // m and v
+    // Per sample: the outputs of the layers (4 + 4 + 2; ReLU and linear layers save nothing
+    // more, no scratch) and the two activation gradients of the widest input past the first (4).
+    CHECK(s.activation_bytes == 8 * (4 + 4 + 2 + 2 * 4) * 4);
+    const std::string json = s.to_json();
+    for (const std::string key : {"param_bytes", "grad_bytes", "activation_bytes"})
+      CHECK_MESSAGE(json.find("\"" + key + "\": ") != std::string::npos, key);
+    CHECK(json.find(fmt::format("\"activation_bytes\": {},", s.activation_bytes)) != std::string::npos);
+    CHECK(describe_worker_memory(s) ==
+          fmt::format("parameters 104 B, gradients {} B, optimizer state 208 B, activations 576 B",
+                      s.grad_bytes));
+  }
 }
 
 TEST_CASE("memory plan: the key that drives it, and a refusal that names it") {
