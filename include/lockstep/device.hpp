@@ -505,4 +505,8 @@ LOCKSTEP_API std::unique_ptr<Backend> make_backend(BackendKind kind,
 // A CPU device. `threads` is the size of its private oneTBB arena (at least 1).
 LOCKSTEP_API std::unique_ptr<Device> make_cpu_device(int id, int threads);
 
+// The arena size the CPU backend gives each of `workers` devices: `threads_per_device` when
+// positive, else an equal share of the hardware threads (at least 1).
+LOCKSTEP_API int cpu_threads_per_device(int workers, int threads_per_device);
+
 }  // namespace lockstep

@@ -42,14 +42,17 @@ class CpuBackend final : public Backend {
   // CPU "device ids" only name the workers: any id is valid, and repeated ids are fine.
   std::unique_ptr<Device> create_device(int device_id, int workers,
                                         int threads_per_device) override {
-    const int threads =
-        threads_per_device > 0 ? threads_per_device : std::max(1, hardware_threads() / std::max(1, workers));
-    return make_cpu_device(device_id, threads);
+    return make_cpu_device(device_id, cpu_threads_per_device(workers, threads_per_device));
   }
 };
 
 }  // namespace
 
 std::unique_ptr<Backend> make_cpu_backend() { return std::make_unique<CpuBackend>(); }
+
+int cpu_threads_per_device(int workers, int threads_per_device) {
+  if (threads_per_device > 0) return threads_per_device;
+  return std::max(1, hardware_threads() / std::max(1, workers));
+}
 
 }  // namespace lockstep

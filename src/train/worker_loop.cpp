@@ -110,17 +110,14 @@ void WorkerLoop::beat() { run_.heartbeats.beat(rank_, pos_.step); }
 
 void WorkerLoop::enter(Phase phase, int index) { run_.heartbeats.enter(rank_, phase, index); }
 
-// Note [Inline collectives]: on the CPU, whether the workers' compute threads (trainer.
-// threads_per_device, or the CPU backend's default share of the cores) take every core, so that
-// a communication thread could only run in their time slices.
+// Note [Inline collectives]: on the CPU, whether the workers' compute threads (the arenas the
+// CPU backend gives them) take every core, so that a communication thread could only run in
+// their time slices.
 bool WorkerLoop::cores_scarce(const Backend& backend) const {
   if (backend.name() != "cpu") return false;
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int workers = static_cast<int>(run_.cfg.trainer.devices.size());
-  const int threads = run_.cfg.trainer.threads_per_device > 0
-                          ? run_.cfg.trainer.threads_per_device
-                          : std::max(1, cores / std::max(1, workers));
-  return workers * threads >= cores;
+  return workers * cpu_threads_per_device(workers, run_.cfg.trainer.threads_per_device) >= cores;
 }
 
 void WorkerLoop::set_up(Backend& backend) {
