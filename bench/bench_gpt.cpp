@@ -109,7 +109,7 @@ int run(const Options& o) {
                                                    dlogits.data(), 1.0f / static_cast<float>(rows));
     replica.backward(xd.data(), dlogits.data(), o.batch);
     dev->adamw_step(adamw, 3e-4f, step, replica.params(), replica.grads(), m.data(), v.data(), n,
-                    nullptr);
+                    nullptr, nullptr);
     dev->synchronize();
     if (step > o.warmup) times.push_back(bench::now_s() - t0);
     loss = s.loss_sum / static_cast<double>(rows);

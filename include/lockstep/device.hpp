@@ -187,6 +187,17 @@ class LOCKSTEP_API BlasOps {
                             const float* a, int lda, std::int64_t stride_a, const float* b,
                             int ldb, std::int64_t stride_b, float beta, float* c, int ldc,
                             std::int64_t stride_c, int count) = 0;
+  // As gemm() and gemm_batched() with A and B in bf16 (the bits, Note [Rounding to bf16] in
+  // src/common/bf16.hpp) and C in fp32: each product of two bf16 values is exact in fp32, and
+  // the sums accumulate in fp32 (Note [bf16 compute] in src/model/ops.hpp).
+  virtual void gemm_bf16(Transpose ta, Transpose tb, int m, int n, int k, float alpha,
+                         const std::uint16_t* a, int lda, const std::uint16_t* b, int ldb,
+                         float beta, float* c, int ldc) = 0;
+  virtual void gemm_batched_bf16(Transpose ta, Transpose tb, int m, int n, int k, float alpha,
+                                 const std::uint16_t* a, int lda, std::int64_t stride_a,
+                                 const std::uint16_t* b, int ldb, std::int64_t stride_b,
+                                 float beta, float* c, int ldc, std::int64_t stride_c,
+                                 int count) = 0;
 
  protected:
   ~BlasOps() = default;
@@ -294,15 +305,19 @@ class LOCKSTEP_API OptimizerOps {
   // Both read *control (device memory) when it is not null: the gradient is grads *
   // control->clip_scale (grads itself is left alone), and a nonzero control->skip leaves params
   // and state unchanged. Null: the gradient is grads, and the step is taken.
+  // When params_bf16 is not null, the same pass writes each updated parameter rounded to bf16
+  // there (to nearest even, as to_bf16): the weights a bf16 step computes with (Note [bf16
+  // compute] in src/model/ops.hpp). A skipped step leaves it alone too.
   //
   // One SGD step, PyTorch semantics (dampening 0): g += wd * p; buf = momentum * buf + g;
   // g = nesterov ? g + momentum * buf : buf; p -= lr * g. momentum_buf may be null if momentum == 0.
   virtual void sgd_step(const SgdParams& opt, float lr, float* params, const float* grads,
-                        float* momentum_buf, std::size_t n, const StepControl* control) = 0;
+                        float* momentum_buf, std::size_t n, const StepControl* control,
+                        std::uint16_t* params_bf16) = 0;
   // One AdamW step, PyTorch semantics, with step count t >= 1 for bias correction.
   virtual void adamw_step(const AdamWParams& opt, float lr, std::int64_t t, float* params,
                           const float* grads, float* m, float* v, std::size_t n,
-                          const StepControl* control) = 0;
+                          const StepControl* control, std::uint16_t* params_bf16) = 0;
 
  protected:
   ~OptimizerOps() = default;

@@ -82,6 +82,13 @@ class CpuDevice final : public Device {
   void gemm_batched(Transpose ta, Transpose tb, int m, int n, int k, float alpha, const float* a,
                     int lda, std::int64_t stride_a, const float* b, int ldb, std::int64_t stride_b,
                     float beta, float* c, int ldc, std::int64_t stride_c, int count) override;
+  void gemm_bf16(Transpose ta, Transpose tb, int m, int n, int k, float alpha,
+                 const std::uint16_t* a, int lda, const std::uint16_t* b, int ldb, float beta,
+                 float* c, int ldc) override;
+  void gemm_batched_bf16(Transpose ta, Transpose tb, int m, int n, int k, float alpha,
+                         const std::uint16_t* a, int lda, std::int64_t stride_a,
+                         const std::uint16_t* b, int ldb, std::int64_t stride_b, float beta,
+                         float* c, int ldc, std::int64_t stride_c, int count) override;
 
   // ---- Softmax (ops/softmax.cpp) --------------------------------------------------------------
 
@@ -105,10 +112,11 @@ class CpuDevice final : public Device {
   // ---- Optimisers (ops/optimizer.cpp) ---------------------------------------------------------
 
   void sgd_step(const SgdParams& opt, float lr, float* params, const float* grads,
-                float* momentum_buf, std::size_t n, const StepControl* control) override;
+                float* momentum_buf, std::size_t n, const StepControl* control,
+                std::uint16_t* params_bf16) override;
   void adamw_step(const AdamWParams& opt, float lr, std::int64_t t, float* params,
                   const float* grads, float* m, float* v, std::size_t n,
-                  const StepControl* control) override;
+                  const StepControl* control, std::uint16_t* params_bf16) override;
 
   // ---- Embedding (ops/embedding.cpp) ----------------------------------------------------------
 
@@ -126,6 +134,16 @@ class CpuDevice final : public Device {
                           float* dbias, int rows, int C) override;
 
  private:
+  // gemm() and gemm_batched() for inputs T: float, or std::uint16_t holding bf16 (ops/gemm.cpp).
+  template <class T>
+  void gemm_of(Transpose ta, Transpose tb, int m, int n, int k, float alpha, const T* a, int lda,
+               const T* b, int ldb, float beta, float* c, int ldc);
+  template <class T>
+  void gemm_batched_of(Transpose ta, Transpose tb, int m, int n, int k, float alpha, const T* a,
+                       int lda, std::int64_t stride_a, const T* b, int ldb,
+                       std::int64_t stride_b, float beta, float* c, int ldc,
+                       std::int64_t stride_c, int count);
+
   // Calls fn(b) for every b in [0, count): on the caller when count is 1, else in the arena.
   template <class Fn>
   void for_blocks(std::size_t count, const Fn& fn) {

@@ -341,21 +341,22 @@ std::uint64_t CudaDevice::hash(const float* x, std::size_t n) {
 // ---- Optimisers ---------------------------------------------------------------------------------
 
 void CudaDevice::sgd_step(const SgdParams& opt, float lr, float* params, const float* grads,
-                          float* momentum_buf, std::size_t n, const StepControl* control) {
+                          float* momentum_buf, std::size_t n, const StepControl* control,
+                          std::uint16_t* params_bf16) {
   if (opt.momentum != 0.0f && !momentum_buf)
     throw std::invalid_argument("sgd_step: momentum needs a momentum buffer");
   launch_sgd_step(stream(), lr, opt.momentum, opt.weight_decay, opt.nesterov, params, grads,
-                  momentum_buf, n, values_of(control));
+                  momentum_buf, n, values_of(control), params_bf16);
 }
 
 // The scalars exactly as the CPU device computes them: in double, rounded once to float.
 void CudaDevice::adamw_step(const AdamWParams& opt, float lr, std::int64_t t, float* params,
                             const float* grads, float* m, float* v, std::size_t n,
-                            const StepControl* control) {
+                            const StepControl* control, std::uint16_t* params_bf16) {
   if (t < 1) throw std::invalid_argument(fmt::format("adamw_step: step {} < 1", t));
   const AdamWScalars s =
       detail::adamw_scalars(opt.beta1, opt.beta2, opt.eps, opt.weight_decay, lr, t);
-  launch_adamw_step(stream(), s, params, grads, m, v, n, values_of(control));
+  launch_adamw_step(stream(), s, params, grads, m, v, n, values_of(control), params_bf16);
 }
 
 // ---- Transformer kernels ------------------------------------------------------------------------
@@ -376,6 +377,34 @@ void CudaDevice::gemm_batched(Transpose ta, Transpose tb, int m, int n, int k, f
   CUBLAS_CHECK(cublasSgemmStridedBatched(cublas_.get(), op_of(tb), op_of(ta), n, m, k, &alpha, b,
                                          ldb, stride_b, a, lda, stride_a, &beta, c, ldc, stride_c,
                                          count));
+}
+
+// As gemm() and gemm_batched(), with bf16 A and B: cuBLAS multiplies them exactly and sums in
+// fp32 (CUBLAS_COMPUTE_32F) into the fp32 C, as the CPU device's products do (Note [bf16
+// compute] in src/model/ops.hpp).
+void CudaDevice::gemm_bf16(Transpose ta, Transpose tb, int m, int n, int k, float alpha,
+                           const std::uint16_t* a, int lda, const std::uint16_t* b, int ldb,
+                           float beta, float* c, int ldc) {
+  check_gemm_shape("gemm_bf16", ta, tb, m, n, k, lda, ldb, ldc);
+  if (m == 0 || n == 0) return;
+  CUBLAS_CHECK(cublasGemmEx(cublas_.get(), op_of(tb), op_of(ta), n, m, k, &alpha, b, CUDA_R_16BF,
+                            ldb, a, CUDA_R_16BF, lda, &beta, c, CUDA_R_32F, ldc,
+                            CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+}
+
+void CudaDevice::gemm_batched_bf16(Transpose ta, Transpose tb, int m, int n, int k, float alpha,
+                                   const std::uint16_t* a, int lda, std::int64_t stride_a,
+                                   const std::uint16_t* b, int ldb, std::int64_t stride_b,
+                                   float beta, float* c, int ldc, std::int64_t stride_c,
+                                   int count) {
+  if (count < 0)
+    throw std::invalid_argument(fmt::format("gemm_batched_bf16: count {} < 0", count));
+  check_gemm_shape("gemm_batched_bf16", ta, tb, m, n, k, lda, ldb, ldc);
+  if (m == 0 || n == 0 || count == 0) return;
+  CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      cublas_.get(), op_of(tb), op_of(ta), n, m, k, &alpha, b, CUDA_R_16BF, ldb, stride_b, a,
+      CUDA_R_16BF, lda, stride_a, &beta, c, CUDA_R_32F, ldc, stride_c, count, CUBLAS_COMPUTE_32F,
+      CUBLAS_GEMM_DEFAULT));
 }
 
 // ids (batch, T), wte (V, C), wpe (T_max, C), out (batch, T, C)

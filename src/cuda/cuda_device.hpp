@@ -77,15 +77,23 @@ class CudaDevice final : public Device {
                     StepControl* control) override;
   std::uint64_t hash(const float* x, std::size_t n) override;
   void sgd_step(const SgdParams& opt, float lr, float* params, const float* grads,
-                float* momentum_buf, std::size_t n, const StepControl* control) override;
+                float* momentum_buf, std::size_t n, const StepControl* control,
+                std::uint16_t* params_bf16) override;
   void adamw_step(const AdamWParams& opt, float lr, std::int64_t t, float* params,
                   const float* grads, float* m, float* v, std::size_t n,
-                  const StepControl* control) override;
+                  const StepControl* control, std::uint16_t* params_bf16) override;
 
   void add(const float* a, const float* b, float* y, std::size_t n) override;
   void gemm_batched(Transpose ta, Transpose tb, int m, int n, int k, float alpha, const float* a,
                     int lda, std::int64_t stride_a, const float* b, int ldb, std::int64_t stride_b,
                     float beta, float* c, int ldc, std::int64_t stride_c, int count) override;
+  void gemm_bf16(Transpose ta, Transpose tb, int m, int n, int k, float alpha,
+                 const std::uint16_t* a, int lda, const std::uint16_t* b, int ldb, float beta,
+                 float* c, int ldc) override;
+  void gemm_batched_bf16(Transpose ta, Transpose tb, int m, int n, int k, float alpha,
+                         const std::uint16_t* a, int lda, std::int64_t stride_a,
+                         const std::uint16_t* b, int ldb, std::int64_t stride_b, float beta,
+                         float* c, int ldc, std::int64_t stride_c, int count) override;
   void embedding_forward(const float* ids, const float* wte, const float* wpe, float* out,
                          int batch, int T, int C) override;
   void embedding_backward(const float* ids, const float* dout, float* dwte, float* dwpe,

@@ -107,17 +107,19 @@ void launch_hash(cudaStream_t stream, const float* x, std::size_t n,
 // ---- Optimisers (optimizer.cu) ------------------------------------------------------------
 
 // Both read *control when it is not null: the gradient is grads * control->clip_scale, and a
-// nonzero control->skip leaves everything unchanged (OptimizerOps in device.hpp).
+// nonzero control->skip leaves everything unchanged (OptimizerOps in device.hpp). params_bf16,
+// when not null, receives each updated parameter rounded to bf16 in the same pass.
 // SGD, PyTorch semantics (see device.hpp). momentum_buf may be null when momentum == 0.
 void launch_sgd_step(cudaStream_t stream, float lr, float momentum, float weight_decay,
                      bool nesterov, float* params, const float* grads, float* momentum_buf,
-                     std::size_t n, const StepControlValues* control);
+                     std::size_t n, const StepControlValues* control,
+                     std::uint16_t* params_bf16);
 
 // AdamW's per-step scalars: detail::adamw_scalars() computes them on the host.
 using AdamWScalars = detail::AdamWScalars;
 void launch_adamw_step(cudaStream_t stream, const AdamWScalars& s, float* params,
                        const float* grads, float* m, float* v, std::size_t n,
-                       const StepControlValues* control);
+                       const StepControlValues* control, std::uint16_t* params_bf16);
 
 // ---- Embedding (embedding.cu); shapes and semantics as in device.hpp ---------------------
 

@@ -83,14 +83,15 @@ void Optimizer::update(float* params, const float* grads, double lr, std::size_t
       device_->sgd_step({.momentum = static_cast<float>(cfg_.momentum),
                          .weight_decay = static_cast<float>(weight_decay),
                          .nesterov = cfg_.nesterov},
-                        lr_f, params + begin, grads + begin, at(m_), n, control);
+                        lr_f, params + begin, grads + begin, at(m_), n, control, nullptr);
       return;
     case OptimizerKind::adamw:
       device_->adamw_step({.beta1 = static_cast<float>(cfg_.beta1),
                            .beta2 = static_cast<float>(cfg_.beta2),
                            .eps = static_cast<float>(cfg_.eps),
                            .weight_decay = static_cast<float>(weight_decay)},
-                          lr_f, t_, params + begin, grads + begin, at(m_), at(v_), n, control);
+                          lr_f, t_, params + begin, grads + begin, at(m_), at(v_), n, control,
+                          nullptr);
       return;
   }
 }

@@ -389,10 +389,10 @@ TEST_SUITE("cpu device") {
       CHECK(sc.download() == std::vector<float>(2 * n, 0.0f));
     };
     run([&](float* p, const float* grad, float* state, const lockstep::StepControl* ctl) {
-      dev->sgd_step(sgd, 0.1f, p, grad, state, n, ctl);
+      dev->sgd_step(sgd, 0.1f, p, grad, state, n, ctl, nullptr);
     });
     run([&](float* p, const float* grad, float* state, const lockstep::StepControl* ctl) {
-      dev->adamw_step(adamw, 0.01f, 1, p, grad, state, state + n, n, ctl);
+      dev->adamw_step(adamw, 0.01f, 1, p, grad, state, state + n, n, ctl, nullptr);
     });
   }
 
@@ -469,7 +469,7 @@ TEST_SUITE("cpu device") {
         }
         auto gd = on_device(*dev, g);
         dev->sgd_step(opt, lr, pd.data(), gd.data(), momentum != 0.0f ? bufd.data() : nullptr, n,
-                      nullptr);
+                      nullptr, nullptr);
       }
       check_close(pd.download(), p, 1e-5, 1e-6);
     }
@@ -496,7 +496,8 @@ TEST_SUITE("cpu device") {
         p[i] -= lr / (1.0 - std::pow(b1, t)) * m[i] / denom;
       }
       auto gd = on_device(*dev, g);
-      dev->adamw_step(opt, lr, t, pd.data(), gd.data(), md.data(), vd.data(), n, nullptr);
+      dev->adamw_step(opt, lr, t, pd.data(), gd.data(), md.data(), vd.data(), n, nullptr,
+                      nullptr);
     }
     check_close(pd.download(), p, 1e-5, 1e-6);
     check_close(md.download(), m, 1e-5, 1e-7);

@@ -444,7 +444,7 @@ TEST_SUITE("cuda") {
         const SgdParams opt{.momentum = momentum, .weight_decay = wd, .nesterov = nesterov};
         for (int step = 0; step < 3; ++step)
           d.sgd_step(opt, 0.1f, p.data(), g.data(), momentum != 0.0f ? buf.data() : nullptr, n,
-                     nullptr);
+                     nullptr, nullptr);
         return Outputs{p.download(), buf.download()};
       });
     }
@@ -453,7 +453,8 @@ TEST_SUITE("cuda") {
       DeviceArray<float> m(d, n), v(d, n);
       const AdamWParams opt{.weight_decay = 0.01f};
       for (std::int64_t t = 1; t <= 3; ++t)
-        d.adamw_step(opt, 0.01f, t, p.data(), g.data(), m.data(), v.data(), n, nullptr);
+        d.adamw_step(opt, 0.01f, t, p.data(), g.data(), m.data(), v.data(), n, nullptr,
+                     nullptr);
       return Outputs{p.download(), m.download(), v.download()};
     });
     // The clip factor and the skip flag, read from the device.
@@ -466,9 +467,9 @@ TEST_SUITE("cuda") {
         c.upload(std::vector{control});
         DeviceArray<float> buf(d, n), m(d, n), v(d, n);
         const SgdParams sgd{.momentum = 0.9f, .weight_decay = 0.01f, .nesterov = true};
-        d.sgd_step(sgd, 0.1f, p.data(), g.data(), buf.data(), n, c.data());
+        d.sgd_step(sgd, 0.1f, p.data(), g.data(), buf.data(), n, c.data(), nullptr);
         d.adamw_step({.weight_decay = 0.01f}, 0.01f, 1, p.data(), g.data(), m.data(), v.data(), n,
-                     c.data());
+                     c.data(), nullptr);
         return Outputs{p.download(), buf.download(), m.download(), v.download(), g.download()};
       });
     }

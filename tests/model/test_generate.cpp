@@ -91,7 +91,7 @@ TEST_SUITE("generate") {
                                         width, dlogits.data(), 1.0f / rows).loss_sum / rows;
       replica.backward(x.data(), dlogits.data(), batch);
       dev->adamw_step({}, 1e-2f, step, replica.params(), replica.grads(), m.data(), v.data(),
-                      model.param_count(), nullptr);
+                      model.param_count(), nullptr, nullptr);
     }
     CHECK(loss < 0.05);
     const auto out = lockstep::generate(replica, std::vector<int>{2, 3}, {.tokens = 12, .temperature = 0.0});
