@@ -396,6 +396,55 @@ TEST_SUITE("cpu device") {
     });
   }
 
+  TEST_CASE("sgd_step and adamw_step with params_bf16: to_bf16 of the updated parameters") {
+    auto dev = lockstep::make_cpu_device(0, 2);
+    using lockstep::StepControl;
+    const std::size_t n = 70001;  // many blocks, a partial last one
+    const auto p0 = random_floats(n, 110), g0 = random_floats(n, 111);
+    auto gd = on_device(*dev, g0);
+    DeviceArray<StepControl> clip(*dev, 1), skip(*dev, 1);
+    clip.upload(std::vector{StepControl{.grad_norm = 1.0, .clip_scale = 0.37f}});
+    skip.upload(std::vector{StepControl{.grad_norm = NAN, .skip = 1}});
+    constexpr std::uint16_t kMarker = 0x1234;  // what a skipped step leaves in the copy
+    // step(t, params, state (2n), control, copy) for t = 1..3, once with the copy and once
+    // without: the parameters and the state must not differ, and the copy must be to_bf16 of
+    // the parameters after the last step (untouched when every step is skipped).
+    const auto run = [&](auto&& step) {
+      StepControl* const none = nullptr;
+      for (const StepControl* control : {none, clip.data(), skip.data()}) {
+        CAPTURE(control == skip.data());
+        auto with = on_device(*dev, p0), without = on_device(*dev, p0);
+        DeviceArray<float> state_with(*dev, 2 * n), state_without(*dev, 2 * n);
+        auto copy = on_device(*dev, std::vector<std::uint16_t>(n, kMarker));
+        for (int t = 1; t <= 3; ++t) {
+          step(t, with.data(), state_with.data(), control, copy.data());
+          step(t, without.data(), state_without.data(), control, nullptr);
+        }
+        CHECK(same_bits(with.download(), without.download()));
+        CHECK(same_bits(state_with.download(), state_without.download()));
+        DeviceArray<std::uint16_t> want(*dev, n);
+        dev->to_bf16(with.data(), want.data(), n);
+        CHECK(copy.download() == (control == skip.data()
+                                      ? std::vector<std::uint16_t>(n, kMarker)
+                                      : want.download()));
+        if (control == skip.data()) CHECK(with.download() == p0);
+      }
+    };
+    for (const lockstep::SgdParams opt : {lockstep::SgdParams{0.0f, 0.0f, false},
+                                          {0.9f, 0.0f, false}, {0.9f, 0.01f, true}}) {
+      CAPTURE(opt.momentum);
+      CAPTURE(opt.nesterov);
+      run([&](int, float* p, float* state, const StepControl* ctl, std::uint16_t* copy) {
+        dev->sgd_step(opt, 0.1f, p, gd.data(), opt.momentum != 0.0f ? state : nullptr, n, ctl,
+                      copy);
+      });
+    }
+    const lockstep::AdamWParams adamw{0.9f, 0.99f, 1e-8f, 0.1f};
+    run([&](int t, float* p, float* state, const StepControl* ctl, std::uint16_t* copy) {
+      dev->adamw_step(adamw, 0.01f, t, p, gd.data(), state, state + n, n, ctl, copy);
+    });
+  }
+
   TEST_CASE("reductions are bit-identical for 1 and 2 threads") {
     auto one = lockstep::make_cpu_device(0, 1), two = lockstep::make_cpu_device(1, 2);
     const int rows = 700, cols = 333;  // many row and column blocks
