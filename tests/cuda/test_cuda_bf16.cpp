@@ -1,14 +1,19 @@
-// The CUDA side of bf16 (issue 16): the conversion kernels against the CPU device bit for bit,
-// and the NCCL communicator's bf16 all-reduce against the CPU's rounding. Skip without a GPU.
+// The CUDA side of bf16 (issue 16): the conversion kernels against the CPU device bit for bit;
+// gemm_bf16 and gemm_batched_bf16 within fp32 accumulation of the exact product, as the CPU
+// device's are (../cpu/bf16_gemm_reference.hpp); the optimiser steps' bf16 copy of the
+// parameters; the NCCL communicator's bf16 all-reduce against the CPU's rounding. Skip without
+// a GPU.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
+#include "../cpu/bf16_gemm_reference.hpp"
 #include "common/bf16.hpp"
 #include "gpu_vs_cpu.hpp"
 
@@ -52,6 +57,103 @@ TEST_SUITE("cuda") {
     const auto [cpu_bits, cpu_back] = round_trip(*cpu, x);
     CHECK(gpu_bits == cpu_bits);
     CHECK(std::memcmp(gpu_back.data(), cpu_back.data(), x.size() * sizeof(float)) == 0);
+  }
+
+  TEST_CASE("cuda: gemm_bf16 and gemm_batched_bf16 sum in fp32, within the CPU device's bound") {
+    auto backend = cuda_or_skip();
+    if (!backend) return;
+    auto gpu = backend->create_device(0, 1, 0);
+    auto cpu = make_cpu_device(0, 1);
+    namespace g16 = bf16_gemm;
+    // Both devices within the bound of the exact product: within twice of each other. C holds
+    // a marker in its padding and NaN where beta = 0, so an element cuBLAS skips or reads fails.
+    const auto check = [&](const g16::Case& g, std::uint64_t seed) {
+      const g16::Inputs x = g16::inputs_of(g, seed);
+      const g16::Expected want = g16::expected_of(g, x);
+      g16::check_within(g16::run_device(*gpu, g, x), want);
+      g16::check_within(g16::run_device(*cpu, g, x), want);
+    };
+    std::uint64_t seed = 600;
+    for (Transpose ta : {Transpose::no, Transpose::yes})
+      for (Transpose tb : {Transpose::no, Transpose::yes}) {
+        CAPTURE(int(ta));
+        CAPTURE(int(tb));
+        const bool at = ta == Transpose::yes, bt = tb == Transpose::yes;
+        for (auto [m, n, k] : {std::tuple{1, 1, 1}, {7, 5, 3}, {13, 17, 11}, {3, 1, 9},
+                               {300, 70, 90}, {64, 10, 0}})
+          for (float beta : {-0.5f, 0.0f}) {
+            CAPTURE(m);
+            CAPTURE(n);
+            CAPTURE(k);
+            CAPTURE(beta);
+            g16::Case g{ta, tb, m, n, k, std::max(1, (at ? m : k) + 2),
+                        std::max(1, (bt ? k : n) + 3), n + 1};
+            g.beta = beta;
+            check(g, seed += 3);
+          }
+        // Strided batches with gaps between the matrices, as attention calls them.
+        for (int count : {1, 3, 37}) {
+          CAPTURE(count);
+          const int m = 19, n = 13, k = 21;
+          const int lda = (at ? m : k) + 1, ldb = (bt ? k : n) + 2, ldc = n + 3;
+          g16::Case g{ta, tb, m, n, k, lda, ldb, ldc, count};
+          g.stride_a = std::int64_t(at ? k : m) * lda + 5;
+          g.stride_b = std::int64_t(bt ? n : k) * ldb + 7;
+          g.stride_c = std::int64_t(m) * ldc + 11;
+          g.batched = true;
+          check(g, seed += 3);
+        }
+      }
+  }
+
+  TEST_CASE("cuda: sgd_step and adamw_step with params_bf16 write to_bf16 of the parameters") {
+    auto backend = cuda_or_skip();
+    if (!backend) return;
+    auto gpu = backend->create_device(0, 1, 0);
+    const std::size_t n = 70001;
+    const auto p0 = random_floats(n, 60), g0 = random_floats(n, 61);
+    constexpr std::uint16_t kMarker = 0x1234;  // what a skipped step leaves in the copy
+    // 3 steps with the copy on `d`: its parameters and state, compared with the CPU's as the
+    // plain optimiser test does; the copy must be to_bf16 of d's own parameters, bit for bit,
+    // and the parameters those of the same steps without the copy.
+    const auto steps = [&](Device& d, const StepControl& control, auto&& step) {
+      auto with = on_device(d, p0), without = on_device(d, p0), g = on_device(d, g0);
+      DeviceArray<float> state_with(d, 2 * n), state_without(d, 2 * n);
+      auto copy = on_device(d, std::vector<std::uint16_t>(n, kMarker));
+      DeviceArray<StepControl> c(d, 1);
+      c.upload(std::vector{control});
+      for (int t = 1; t <= 3; ++t) {
+        step(d, t, with.data(), g.data(), state_with.data(), c.data(), copy.data());
+        step(d, t, without.data(), g.data(), state_without.data(), c.data(), nullptr);
+      }
+      const auto params = with.download();
+      std::vector<std::uint16_t> want(n, kMarker);
+      if (!control.skip)
+        for (std::size_t i = 0; i < n; ++i) want[i] = detail::float_to_bf16(params[i]);
+      CHECK(copy.download() == want);
+      CHECK(std::memcmp(params.data(), without.download().data(), n * sizeof(float)) == 0);
+      return Outputs{params, state_with.download()};
+    };
+    const SgdParams sgd{.momentum = 0.9f, .weight_decay = 0.01f, .nesterov = true};
+    const StepControl plain{.grad_norm = 1.0, .clip_scale = 1.0f};
+    const StepControl clipped{.grad_norm = 2.0, .clip_scale = 0.37f};
+    const StepControl skipped{.grad_norm = NAN, .clip_scale = 1.0f, .skip = 1};
+    for (const StepControl& control : {plain, clipped, skipped}) {
+      CAPTURE(control.clip_scale);
+      CAPTURE(control.skip);
+      compare(*gpu, [&](Device& d) {
+        return steps(d, control, [&](Device& dev, int, float* p, const float* g, float* state,
+                                     const StepControl* c, std::uint16_t* copy) {
+          dev.sgd_step(sgd, 0.1f, p, g, state, n, c, copy);
+        });
+      });
+      compare(*gpu, [&](Device& d) {
+        return steps(d, control, [&](Device& dev, int t, float* p, const float* g, float* state,
+                                     const StepControl* c, std::uint16_t* copy) {
+          dev.adamw_step({.weight_decay = 0.01f}, 0.01f, t, p, g, state, state + n, n, c, copy);
+        });
+      });
+    }
   }
 
   TEST_CASE("cuda: the NCCL bf16 all-reduce averages bf16 values; the peer communicator refuses") {
