@@ -5,6 +5,7 @@
 #include <dlfcn.h>
 
 #include <cstdlib>
+#include <optional>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
@@ -74,13 +75,33 @@ dnnl::matmul::primitive_desc primitive_desc_of(const GemmCall& c, const dnnl::en
   return {dnnl::matmul::desc(d.a, d.b, d.c), attr, engine};
 }
 
+// Whether oneDNN may compute with the CPU's bf16 instructions (AVX512_BF16, AMX), as far as
+// ONEDNN_MAX_CPU_ISA lets it. Without them it has no bf16 matmul at all below AVX-512 (oneDNN
+// 2.6: creating one throws), and on AVX-512 only gemm:jit's emulation, at about a third of its
+// fp32 rate (bench/RESULTS.md): bf16 products widen to fp32 there (Note [CPU matrix products]).
+bool onednn_has_bf16() {
+  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  const auto bf16 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
+  return (isa & bf16) == bf16;
+}
+
+// The primitive oneDNN makes for `c`, or nothing for bf16 inputs it has no bf16 kernel for:
+// none for the CPU, or a reference implementation.
+std::optional<dnnl::matmul::primitive_desc> native_primitive_desc(const GemmCall& c,
+                                                                  const dnnl::engine& engine) {
+  if (c.bf16 && !onednn_has_bf16()) return std::nullopt;
+  auto pd = primitive_desc_of(c, engine);
+  if (c.bf16 && std::string_view(pd.impl_info_str()).starts_with("ref")) return std::nullopt;
+  return pd;
+}
+
 // The kernel oneDNN picks for a product of the large MLP's size: "brg:avx512_core", ...
 std::string onednn_kernel(bool bf16) {
   const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
   const GemmCall probe{.bf16 = bf16, .m = 256, .n = 1024, .k = 1024, .lda = 1024, .ldb = 1024,
                        .ldc = 1024};
-  const std::string kernel = primitive_desc_of(probe, engine).impl_info_str();
-  return bf16 && kernel.starts_with("ref") ? "none, widened to fp32" : kernel;
+  const auto pd = native_primitive_desc(probe, engine);
+  return pd ? pd->impl_info_str() : "none, widened to fp32";
 }
 
 // The elements an operand spans: `count` matrices of `rows` rows `ld` apart.
@@ -184,11 +205,14 @@ Matmul::~Matmul() = default;
 void Matmul::prepare(const GemmCall& call) {
   if (on_openblas(call) || onednn_->prepared.contains(call)) return;
   try {
-    const auto pd = primitive_desc_of(call, onednn_->engine);
-    const bool widen = call.bf16 && std::string_view(pd.impl_info_str()).starts_with("ref");
+    const auto pd = native_primitive_desc(call, onednn_->engine);
+    if (!pd) {
+      onednn_->prepared.emplace(call, Onednn::Prepared{.primitive = {}, .descs = {},
+                                                       .scratchpad = {}, .widen = true});
+      return prepare(fp32_of(call));
+    }
     onednn_->prepared.emplace(
-        call, Onednn::Prepared{dnnl::matmul(pd), descs_of(call), pd.scratchpad_desc(), widen});
-    if (widen) prepare(fp32_of(call));
+        call, Onednn::Prepared{dnnl::matmul(*pd), descs_of(call), pd->scratchpad_desc()});
   } catch (const dnnl::error& e) {
     throw std::runtime_error(fmt::format(
         "oneDNN matmul for {}x{}x{} (transposes {}{}, ld {} {} {}, {} matrices, strides "

@@ -12,8 +12,10 @@
 // rounds alike:
 //  - oneDNN (dnnl::matmul) by default. It dispatches on the CPU's feature bits (AVX2, AVX-512,
 //    AVX512_BF16, AMX), which it reads itself, and it has bf16 kernels with fp32 accumulation.
-//    Where it has no bf16 kernel for the CPU ("ref" implementations), bf16 products widen their
-//    inputs to fp32 and run the fp32 kernel instead: the same sums, slower.
+//    Where the CPU has no bf16 instructions, or oneDNN only a "ref" implementation, bf16
+//    products widen their inputs to fp32 and run the fp32 kernel instead: the same sums, and
+//    faster than what oneDNN 2.6 offers there (on AVX-512 without AVX512_BF16, gemm:jit's
+//    emulation at a third of its fp32 rate; below AVX-512, no bf16 matmul at all).
 //  - OpenBLAS when LOCKSTEP_CPU_GEMM=openblas asks for it (to compare the two), and never where
 //    OpenBLAS fell back to its generic "Prescott" kernels on a CPU that has AVX2 or AVX-512
 //    (issue 16 met that on a VM whose CPU model OpenBLAS 0.3.21 did not know: a seventh of the

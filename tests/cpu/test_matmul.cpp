@@ -118,6 +118,14 @@ TEST_CASE("matmul: lockstep devices names the library; LOCKSTEP_CPU_GEMM picks i
   // OpenBLAS unless it runs its generic Prescott kernels on a CPU with AVX2 (then oneDNN).
   CHECK((openblas.output.find("matrix products: OpenBLAS") != std::string::npos ||
          openblas.output.find("matrix products: oneDNN") != std::string::npos));
+  // Where oneDNN may not use bf16 instructions (its ISA capped below AVX512_BF16; below
+  // AVX-512 it has no bf16 matmul at all), bf16 products widen to fp32, and it still runs.
+  for (const char* isa : {"AVX2", "AVX512_CORE"}) {
+    CAPTURE(isa);
+    const auto capped = run_cli("devices", std::string("ONEDNN_MAX_CPU_ISA=") + isa);
+    CHECK(capped.code == 0);
+    CHECK(capped.output.find("none, widened to fp32 (bf16)") != std::string::npos);
+  }
   const auto bad = run_cli("devices", "LOCKSTEP_CPU_GEMM=mkl");
   CHECK(bad.code == 2);
   CHECK(bad.output.find("LOCKSTEP_CPU_GEMM: expected onednn or openblas, got 'mkl'") !=
