@@ -3,6 +3,7 @@
 
     build/lockstep_tests -tc='gpt parity with PyTorch*'      # runs this script itself
     python3 tests/model/gpt_parity.py DIR [--device cuda]
+    python3 tests/model/gpt_parity.py --lockstep build/lockstep [--precision fp32|bf16]
 
 DIR holds what the C++ side wrote (tests/model/test_gpt_parity.cpp):
   manifest.json  the model shape, the optimiser, the steps, the tensors' names, offsets and
@@ -20,13 +21,29 @@ tensors of 2 or more dimensions only, as nanoGPT), and compares the loss at ever
 gradient at step 1 and every parameter after the last step: relative error <= --tol (1e-4)
 in fp32. Works with torch 1.13 on
 the CPU and torch 2.x on a GPU. Exit status 0 when everything agrees, 1 otherwise.
+
+With --lockstep CLI the script drives `lockstep train` itself, which is how the trainer's
+precision is reached: it writes initial weights (a safetensors file for --init-from), a raw
+uint16 token file and a config (the same model, optimiser, batch and steps as the C++ case;
+one CPU worker, no shuffling, `trainer.precision` from --precision), runs CLI, reads the loss
+of every step from its metrics stream (`trainer.metrics`), and trains the same model in PyTorch
+from the same weights on the same windows (window i is tokens [i T, i T + T], batches in
+order). fp32 compares the losses within 1e-4 relative. bf16 trains PyTorch's side under
+torch.autocast(dtype=torch.bfloat16) with fp32 master weights, PyTorch's mixed precision, and
+compares within 1e-2 relative (issue 16); it prints PyTorch's fp32 losses beside, to show how far
+bf16 itself moves them. --torch-only skips lockstep and checks PyTorch's bf16 run against its
+fp32 run within the same tolerance, for a machine whose lockstep cannot run bf16 yet.
 """
 
 import argparse
+import contextlib
 import json
 import math
 import os
+import struct
+import subprocess
 import sys
+import tempfile
 
 import numpy as np
 import torch
@@ -84,14 +101,196 @@ def rel_err(a, b):
     return float((a - b).norm() / max(float(b.norm()), 1e-30))
 
 
+def make_adamw(model, opt):
+    """torch.optim.AdamW in nanoGPT's two groups: weight decay on tensors of 2 or more dims."""
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": opt["weight_decay"]},
+                              {"params": no_decay, "weight_decay": 0.0}], lr=opt["lr"],
+                             betas=(opt["beta1"], opt["beta2"]), eps=opt["eps"])
+
+
+def window_loss(model, w):
+    """Mean cross-entropy of windows w (B, T + 1): inputs the first T tokens, targets the last."""
+    logits = model(w[:, :-1])
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), w[:, 1:].reshape(-1))
+
+
+# ---- --lockstep: drive `lockstep train` ----------------------------------------------------------
+
+# The C++ case's model and optimiser (tests/model/test_gpt_parity.cpp).
+SPEC = {"vocab_size": 61, "context": 12, "n_layer": 2, "n_head": 4, "d_model": 32}
+OPT = {"lr": 3e-3, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.1}
+STEPS, BATCH = 12, 3
+
+
+def write_safetensors(path, tensors):
+    """A safetensors file of float32 tensors: 8-byte header length, JSON header, data."""
+    header, blobs, offset = {}, [], 0
+    for name, t in tensors.items():
+        data = t.detach().cpu().contiguous().numpy().astype("<f4").tobytes()
+        header[name] = {"dtype": "F32", "shape": list(t.shape),
+                        "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
+def initial_model(device):
+    """GPT with nanoGPT's initialisation, seeded: N(0, 0.02) matrices, zero biases."""
+    torch.manual_seed(11)
+    model = GPT(SPEC["vocab_size"], SPEC["context"], SPEC["n_layer"], SPEC["n_head"],
+                SPEC["d_model"])
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.02)
+            elif name.endswith(".bias"):
+                p.zero_()
+    return model.to(device)
+
+
+def token_stream():
+    """The tokens of STEPS * BATCH windows: each the last plus 7, plus noise, modulo the vocabulary."""
+    t = SPEC["context"]
+    n = STEPS * BATCH * t + 1
+    rng = np.random.default_rng(5)
+    return ((np.arange(n) * 7 + rng.integers(0, 3, n)) % SPEC["vocab_size"]).astype(np.uint16)
+
+
+def lockstep_config(folder, precision, backend):
+    return f"""model:
+  type: gpt
+  vocab_size: {SPEC["vocab_size"]}
+  context: {SPEC["context"]}
+  n_layer: {SPEC["n_layer"]}
+  n_head: {SPEC["n_head"]}
+  d_model: {SPEC["d_model"]}
+data:
+  dataset: tokens
+  path: {os.path.join(folder, "tokens.bin")}
+  format: raw
+  eval_fraction: 0.0
+  batch_size: {BATCH}
+  shuffle: false
+optimizer:
+  type: adamw
+  lr: {OPT["lr"]}
+  beta1: {OPT["beta1"]}
+  beta2: {OPT["beta2"]}
+  eps: {OPT["eps"]}
+  weight_decay: {OPT["weight_decay"]}
+trainer:
+  backend: {backend}
+  devices: 1
+  steps: {STEPS}
+  log_every: 1
+  eval_every: 0
+  precision: {precision}
+  metrics: {os.path.join(folder, "metrics.jsonl")}
+  checkpoint:
+    dir: null
+"""
+
+
+def lockstep_losses(cli, precision, device, model):
+    """The loss of every step of `cli train` from model's weights; None if the run fails."""
+    with tempfile.TemporaryDirectory() as folder:
+        write_safetensors(os.path.join(folder, "init.safetensors"), model.state_dict())
+        token_stream().tofile(os.path.join(folder, "tokens.bin"))
+        config = os.path.join(folder, "parity.yaml")
+        with open(config, "w") as f:
+            f.write(lockstep_config(folder, precision, "cuda" if device.startswith("cuda") else "cpu"))
+        run = subprocess.run([cli, "train", config, "--init-from",
+                              os.path.join(folder, "init.safetensors")],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if run.returncode != 0:
+            print(f"{cli} train exited with {run.returncode}:\n{run.stdout}")
+            return None
+        with open(os.path.join(folder, "metrics.jsonl")) as f:
+            lines = [json.loads(line) for line in f]
+    return [m["loss"] for m in lines if m["kind"] == "step"]
+
+
+def torch_losses(model, device, bf16):
+    """PyTorch's loss at every step on the same windows; bf16: under autocast (fp32 master
+    weights, bf16 matrix products), as torch.autocast's mixed precision trains."""
+    windows = torch.from_numpy(token_stream().astype(np.int64)).to(device)
+    t = SPEC["context"]
+    adamw = make_adamw(model, OPT)
+    kind = "cuda" if device.startswith("cuda") else "cpu"
+    losses = []
+    for step in range(STEPS):
+        w = torch.stack([windows[i * t:i * t + t + 1]
+                         for i in range(step * BATCH, (step + 1) * BATCH)])
+        autocast = (torch.autocast(kind, dtype=torch.bfloat16) if bf16
+                    else contextlib.nullcontext())
+        with autocast:
+            loss = window_loss(model, w)
+        adamw.zero_grad()
+        loss.backward()
+        adamw.step()
+        losses.append(loss.item())
+    return losses
+
+
+def compare_losses(ours, theirs, tol, label):
+    """Prints the losses side by side; True when every one is within tol relative."""
+    print(f"{'step':>4} {label:>16} {'torch loss':>14} {'rel err':>9}")
+    worst = 0.0
+    for step, (a, b) in enumerate(zip(ours, theirs)):
+        err = abs(a - b) / abs(b)
+        worst = max(worst, err)
+        print(f"{step + 1:>4} {a:>16.8f} {b:>14.8f} {err:>9.2e}")
+    ok = len(ours) == len(theirs) == STEPS and worst <= tol
+    print(f"worst loss relative error {worst:.2e} over {len(ours)} steps; tolerance {tol:g}: "
+          f"{'PASS' if ok else 'FAIL'}")
+    return ok
+
+
+def lockstep_main(args):
+    bf16 = args.precision == "bf16"
+    tol = args.tol if args.tol is not None else (1e-2 if bf16 else 1e-4)
+    fp32 = torch_losses(initial_model(args.device), args.device, False)
+    theirs = torch_losses(initial_model(args.device), args.device, True) if bf16 else fp32
+    if args.torch_only:
+        print(f"PyTorch {args.precision} (autocast) against PyTorch fp32:")
+        return 0 if compare_losses(theirs, fp32, tol, "autocast loss") else 1
+    ours = lockstep_losses(args.lockstep, args.precision, args.device, initial_model(args.device))
+    if ours is None:
+        return 1
+    print(f"lockstep trainer.precision={args.precision} against PyTorch "
+          f"{'autocast bf16' if bf16 else 'fp32'}:")
+    ok = compare_losses(ours, theirs, tol, "lockstep loss")
+    if bf16:
+        worst = max(abs(a - b) / abs(b) for a, b in zip(theirs, fp32))
+        print(f"(PyTorch's bf16 against its own fp32: worst loss relative difference {worst:.2e})")
+    return 0 if ok else 1
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("dir")
+    ap.add_argument("dir", nargs="?", help="what the C++ case wrote")
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--tol", type=float, default=1e-4)
+    ap.add_argument("--tol", type=float, default=None,
+                    help="relative; default 1e-4, with --precision bf16 1e-2")
+    ap.add_argument("--lockstep", metavar="CLI", help="run CLI train instead of reading DIR")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                    help="with --lockstep: trainer.precision, and PyTorch's autocast for bf16")
+    ap.add_argument("--torch-only", action="store_true",
+                    help="with --precision bf16: PyTorch's bf16 run against its fp32 run only")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
+    if args.lockstep or args.torch_only:
+        return lockstep_main(args)
+    if not args.dir:
+        ap.error("give DIR, or --lockstep CLI")
+    if args.tol is None:
+        args.tol = 1e-4
 
     with open(os.path.join(args.dir, "manifest.json")) as f:
         m = json.load(f)
@@ -114,18 +313,13 @@ def main():
             src = flat[t["offset"]:t["offset"] + n].reshape(t["shape"])
             params[t["name"]].copy_(torch.from_numpy(src.copy()))
 
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.dim() < 2]
-    adamw = torch.optim.AdamW([{"params": decay, "weight_decay": opt["weight_decay"]},
-                               {"params": no_decay, "weight_decay": 0.0}], lr=opt["lr"],
-                              betas=(opt["beta1"], opt["beta2"]), eps=opt["eps"])
+    adamw = make_adamw(model, opt)
     worst = 0.0
     ok = True
     print(f"{'step':>4} {'lockstep loss':>14} {'torch loss':>14} {'rel err':>9}")
     for step in range(m["steps"]):
         w = torch.from_numpy(windows[step].astype(np.int64)).to(args.device)
-        logits = model(w[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), w[:, 1:].reshape(-1))
+        loss = window_loss(model, w)
         adamw.zero_grad()
         loss.backward()
         ours = m["losses"][step]

@@ -5,6 +5,12 @@
 // imported (LOCKSTEP_PYTHON names the interpreter; default /usr/bin/python3, Debian's, which
 // has python3-torch). LOCKSTEP_PARITY_BACKEND=cuda runs lockstep's side on GPU 0 and PyTorch's
 // on cuda (scripts/gpu_check.sh does), TF32 off on both.
+//
+// The cases "through lockstep train" let the script drive the CLI instead (gpt_parity.py
+// --lockstep), which is how trainer.precision is reached: fp32 within 1e-4, and bf16 against
+// PyTorch's CPU autocast within 1e-2 (issue 16). The bf16 case is skipped by doctest and
+// registered in tests/CMakeLists.txt as a CTest test of its own, DISABLED until
+// trainer.precision: bf16 is implemented.
 #include <doctest/doctest.h>
 
 #include <cstdint>
@@ -40,7 +46,35 @@ void write_raw(const std::filesystem::path& file, const std::vector<T>& v) {
   REQUIRE(out.good());
 }
 
+// gpt_parity.py --lockstep: `lockstep train` at `precision` against PyTorch, the losses of 12
+// AdamW steps.
+void check_through_cli(const std::string& precision) {
+  const std::string python = python_interpreter();
+  if (lockstep::test::run_command(python + " -c 'import torch, numpy'").code != 0) {
+    lockstep::test::skip(python + " cannot import torch and numpy (Debian: python3-torch)");
+    return;
+  }
+  const char* backend = std::getenv("LOCKSTEP_PARITY_BACKEND");
+  const bool cuda = backend && std::string(backend) == "cuda";
+  const auto r = lockstep::test::run_command(
+      python + " \"" LOCKSTEP_SOURCE_DIR "/tests/model/gpt_parity.py\" --lockstep " +
+      lockstep::test::cli_path() + " --precision " + precision + (cuda ? " --device cuda" : ""));
+  MESSAGE(r.output);
+  CHECK_MESSAGE(r.code == 0, r.output);
+}
+
 }  // namespace
+
+TEST_CASE("gpt parity with PyTorch through lockstep train: fp32, the loss at 12 AdamW steps") {
+  check_through_cli("fp32");
+}
+
+// Run by the CTest test "gpt parity with PyTorch through lockstep train: bf16 ..." (see
+// tests/CMakeLists.txt), not by doctest's own listing.
+TEST_CASE("gpt parity with PyTorch through lockstep train: bf16 against torch.autocast" *
+          doctest::skip()) {
+  check_through_cli("bf16");
+}
 
 TEST_CASE("gpt parity with PyTorch: the loss at 12 AdamW steps (two decay groups), every step-1 gradient, the final weights") {
   const std::string python = python_interpreter();
