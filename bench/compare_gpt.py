@@ -3,12 +3,23 @@
 
     /usr/bin/python3 bench/compare_gpt.py [--pairs 5] [--preset tiny] [--batch 16] [--steps 10]
                                           [--device cpu|cuda] [--tf32] [--threads T] [--csv FILE]
+                                          [--precision bf16 [--peak-tflops P]]
 
 Runs build/bench/bench_gpt and bench/gpt_torch.py alternately, --pairs times each (so both see
 the same machine load), with the same model (configs/gpt_tiny.yaml's shapes for --preset tiny,
 GPT-2 small for 124m), the same batch of windows, AdamW, one device. Reports each framework's
 median step time and tokens/s over the pairs, and lockstep's speedup (PyTorch step time /
 lockstep step time). On a GPU, also lockstep's MFU. Prints a table; --csv also writes it.
+
+--precision bf16 (issue 16) compares four runs, round-robin --pairs times: lockstep with
+trainer.precision fp32 and bf16, both through `lockstep train` (a config the script writes: the
+preset's model, a file of random tokens, AdamW, one device, the step times from its metrics
+stream, so the two share every cost but the precision), and PyTorch fp32 and bf16 under
+torch.autocast (bench/gpt_torch.py --bf16). It prints the medians, and the ratios: each
+framework's bf16 speedup over its fp32, and lockstep's over PyTorch at each precision. MFU
+uses lockstep's flops per token (--summary-json) and lockstep's peak table, or --peak-tflops
+where the table has none (bf16). A lockstep run that fails (a build without bf16) is reported
+and the others still run; the exit status is then 1.
 """
 
 import argparse
@@ -17,6 +28,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -24,6 +36,154 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def run(cmd):
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
+
+
+def lockstep_config(folder, preset, args, precision, metrics):
+    """A `lockstep train` config for the preset on one device, every step logged to metrics."""
+    p = preset
+    return f"""model:
+  type: gpt
+  vocab_size: {p["vocab"]}
+  context: {p["context"]}
+  n_layer: {p["n_layer"]}
+  n_head: {p["n_head"]}
+  d_model: {p["d_model"]}
+data:
+  dataset: tokens
+  path: {os.path.join(folder, "tokens.bin")}
+  format: raw
+  eval_fraction: 0.0
+  batch_size: {args.batch}
+optimizer:
+  type: adamw
+  lr: 0.0003
+  beta1: 0.9
+  beta2: 0.95
+  weight_decay: 0.1
+trainer:
+  backend: {args.device}
+  devices: 1
+  threads_per_device: {args.threads}
+  steps: {args.warmup + args.steps}
+  log_every: 1
+  eval_every: 0
+  check_replicas_every: 0
+  precision: {precision}
+  metrics: {metrics}
+  checkpoint:
+    dir: null
+"""
+
+
+def run_lockstep(cli, folder, preset, args, precision):
+    """Median step time of `cli train` at `precision` after the warmup steps, as the fields of
+    bench_gpt's JSON line; {"error": ...} when the run fails."""
+    config = os.path.join(folder, f"{precision}.yaml")
+    metrics = os.path.join(folder, f"metrics_{precision}.jsonl")
+    summary = os.path.join(folder, "summary.json")
+    for stale in (metrics, summary):  # the metrics stream appends
+        if os.path.exists(stale):
+            os.remove(stale)
+    with open(config, "w") as f:
+        f.write(lockstep_config(folder, preset, args,
+                                "tf32" if precision == "fp32" and args.tf32 else precision,
+                                metrics))
+    done = subprocess.run([cli, "train", config, "--summary-json", summary],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        return {"error": (done.stdout + done.stderr).strip().splitlines()[-1]}
+    with open(metrics) as f:
+        elapsed = [json.loads(line)["elapsed_s"] for line in f if '"kind": "step"' in line]
+    with open(summary) as f:
+        s = json.load(f)
+    # elapsed[i] is the time at the end of step i + 1: steps warmup + 1 onwards are timed.
+    step_s = statistics.median([b - a for a, b in zip(elapsed, elapsed[1:])][args.warmup - 1:])
+    tokens = args.batch * preset["context"]
+    return {"framework": "lockstep", "precision": precision, "device": s["backend"],
+            "params": s["parameters"], "context": preset["context"], "step_ms": 1e3 * step_s,
+            "tokens_per_s": tokens / step_s, "flops_per_token": s["flops_per_token"],
+            "mfu": s["mfu"]}
+
+
+def bf16_main(args):
+    """--precision bf16: lockstep fp32 and bf16 against PyTorch fp32 and autocast bf16."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    from gpt_torch import PRESETS  # the presets of both benchmarks
+    import numpy as np
+    preset = PRESETS[args.preset]
+    cli = os.path.join(args.build, "lockstep")
+    torch_cmd = [sys.executable, os.path.join(ROOT, "bench", "gpt_torch.py"), "--device",
+                 args.device, "--preset", args.preset, "--batch", str(args.batch), "--steps",
+                 str(args.steps), "--warmup", str(args.warmup), "--threads", str(args.threads)]
+    if args.tf32:
+        torch_cmd.append("--tf32")
+    names = [("lockstep", "fp32"), ("lockstep", "bf16"), ("torch", "fp32"), ("torch", "bf16")]
+    runs = {name: [] for name in names}
+    errors = {}
+    with tempfile.TemporaryDirectory() as folder:
+        windows = (args.warmup + args.steps) * args.batch + 1
+        rng = np.random.default_rng(0)
+        rng.integers(0, preset["vocab"], windows * preset["context"] + 1).astype("<u2").tofile(
+            os.path.join(folder, "tokens.bin"))
+        for i in range(args.pairs):
+            for framework, precision in names:
+                if (framework, precision) in errors:
+                    continue
+                if framework == "lockstep":
+                    r = run_lockstep(cli, folder, preset, args, precision)
+                else:
+                    r = run(torch_cmd + (["--bf16"] if precision == "bf16" else []))
+                if "error" in r:
+                    errors[(framework, precision)] = r["error"]
+                    print(f"{framework} {precision}: not measured: {r['error']}", flush=True)
+                    continue
+                runs[(framework, precision)].append(r)
+            print(f"round {i + 1}: " + ", ".join(
+                f"{f} {p} {runs[(f, p)][-1]['step_ms']:.1f} ms" for f, p in names
+                if (f, p) not in errors), flush=True)
+    return report_bf16(args, names, runs, errors)
+
+
+def report_bf16(args, names, runs, errors):
+    med = lambda rows, key: statistics.median(r[key] for r in rows)
+    flops = [r["flops_per_token"] for rows in runs.values() for r in rows if "flops_per_token" in r]
+    ms = {k: med(rows, "step_ms") for k, rows in runs.items() if rows}
+    rows = []
+    for k in names:
+        if k not in ms:
+            continue
+        tps = med(runs[k], "tokens_per_s")
+        mfu = [r["mfu"] for r in runs[k] if r.get("mfu") is not None]
+        if mfu:
+            m = f"{100 * statistics.median(mfu):.1f}%"
+        elif args.peak_tflops and flops and k[1] == "bf16":  # the peak is bf16's
+            m = f"{100 * flops[0] * tps / (args.peak_tflops * 1e12):.1f}%"
+        else:
+            m = "-"
+        name = k[0] if k[0] == "lockstep" else runs[k][0]["framework"]
+        label = "bf16 (autocast)" if k == ("torch", "bf16") else k[1]
+        rows.append((name, label, runs[k][0]["device"], ms[k], tps, m))
+    first = next(rows for rows in runs.values() if rows)[0]
+    print(f"\npreset {args.preset}, {first['params']} parameters, batch {args.batch} x context "
+          f"{first['context']}, {args.pairs} rounds of {args.steps} timed steps (medians)")
+    print(f"{'framework':<18} {'precision':<16} {'device':<14} {'step ms':>9} {'tokens/s':>10} "
+          f"{'mfu':>6}")
+    for name, label, dev, step_ms, tps, m in rows:
+        print(f"{name:<18} {label:<16} {dev:<14} {step_ms:>9.1f} {tps:>10.0f} {m:>6}")
+    ratio = lambda a, b: f"{ms[b] / ms[a]:.2f}x" if a in ms and b in ms else "n/a"
+    print(f"bf16 speedup over fp32: lockstep {ratio(('lockstep', 'bf16'), ('lockstep', 'fp32'))}, "
+          f"PyTorch {ratio(('torch', 'bf16'), ('torch', 'fp32'))}")
+    print(f"lockstep speedup over PyTorch: fp32 {ratio(('lockstep', 'fp32'), ('torch', 'fp32'))}, "
+          f"bf16 {ratio(('lockstep', 'bf16'), ('torch', 'bf16'))}")
+    for (framework, precision), error in errors.items():
+        print(f"{framework} {precision}: not measured: {error}")
+    if args.csv:
+        with open(args.csv, "w") as f:
+            f.write("framework,precision,device,preset,batch,step_ms,tokens_per_s,mfu\n")
+            for name, label, dev, step_ms, tps, m in rows:
+                f.write(f"{name},{label},{dev},{args.preset},{args.batch},{step_ms:.3f},"
+                        f"{tps:.1f},{m}\n")
+    return 1 if errors else 0
 
 
 def main():
@@ -38,7 +198,14 @@ def main():
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--csv")
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                    help="bf16: lockstep fp32 and bf16 beside PyTorch fp32 and autocast bf16")
+    ap.add_argument("--peak-tflops", type=float,
+                    help="the device's peak, for MFU where lockstep's table has none (bf16)")
     args = ap.parse_args()
+    if args.precision == "bf16":
+        args.warmup = max(1, args.warmup)  # the first step's time includes the start-up
+        return bf16_main(args)
     common = ["--preset", args.preset, "--batch", str(args.batch), "--steps", str(args.steps),
               "--warmup", str(args.warmup), "--threads", str(args.threads)]
     if args.tf32:

@@ -2,15 +2,18 @@
 """One GPT training step in PyTorch eager, the peer of build/bench/bench_gpt.
 
     python3 bench/gpt_torch.py [--preset tiny|small|124m] [--batch B] [--steps N] [--warmup W]
-                               [--device cpu|cuda] [--tf32] [--threads T]
+                               [--device cpu|cuda] [--tf32] [--bf16] [--threads T]
 
 The model is tests/model/gpt_parity.py's (nanoGPT's layout, the architecture lockstep trains),
 the step forward + cross-entropy + backward + AdamW on a fixed batch of random tokens, timed
-around each step (with torch.cuda.synchronize on a GPU) after --warmup steps. Prints one JSON
-line with the median step time and tokens/s, the same fields as bench_gpt.
+around each step (with torch.cuda.synchronize on a GPU) after --warmup steps. --bf16 runs the
+forward and the loss under torch.autocast(dtype=torch.bfloat16), PyTorch's mixed precision
+(fp32 weights and optimiser, bf16 matrix products). Prints one JSON line with the median step
+time and tokens/s, the same fields as bench_gpt, and the precision.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -38,6 +41,7 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--tf32", action="store_true")
+    ap.add_argument("--bf16", action="store_true", help="torch.autocast to bfloat16")
     ap.add_argument("--threads", type=int, default=0)
     args = ap.parse_args()
     if args.threads > 0:
@@ -60,12 +64,15 @@ def main():
     w = torch.randint(0, p["vocab"], (args.batch, p["context"] + 1), device=args.device)
     x, y = w[:, :-1], w[:, 1:].reshape(-1)
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
+    kind = "cuda" if args.device.startswith("cuda") else "cpu"
     times = []
     for step in range(args.warmup + args.steps):
         sync()
         t0 = time.perf_counter()
-        logits = model(x)
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y)
+        with (torch.autocast(kind, dtype=torch.bfloat16) if args.bf16
+              else contextlib.nullcontext()):
+            logits = model(x)
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -75,6 +82,7 @@ def main():
     step_s = statistics.median(times)
     print(json.dumps({
         "framework": "torch " + torch.__version__, "device": args.device, "preset": args.preset,
+        "precision": "bf16" if args.bf16 else ("tf32" if args.tf32 else "fp32"),
         "params": sum(q.numel() for q in model.parameters()), "batch": args.batch,
         "context": p["context"], "steps": args.steps, "step_ms": round(1e3 * step_s, 4),
         "tokens_per_s": round(args.batch * p["context"] / step_s, 1), "last_loss": loss.item()}))

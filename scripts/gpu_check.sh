@@ -24,7 +24,10 @@
 #   - runs `lockstep_tests -ts='cuda*'` and reports passed / failed / skipped;
 #   - with a usable GPU: bench_gpu (TF32 off/on, peer replicas N = 1, 2, 4); the GPT parity test
 #     on the GPU (lockstep's CUDA GPT against PyTorch's, fp32) and bench/compare_gpt.py (GPT-2
-#     124M step time against PyTorch eager, TF32, with MFU); a gpt_tiny run on 4 peer replicas
+#     124M step time against PyTorch eager, TF32, with MFU); the same in bf16 (issue 16:
+#     bench/compare_gpt.py --precision bf16, lockstep trainer.precision fp32 and bf16 against
+#     PyTorch fp32 and autocast bf16, step time and MFU against the GPU's dense bf16 peak; not
+#     yet measured on a GPU); a gpt_tiny run on 4 peer replicas
 #     of GPU 0 for the host syncs per step (`host_syncs_per_step` of --summary-json, "n/a" when
 #     the build does not report it) and the share of communication hidden; bench_kernels (the
 #     kernels of issue 17 at GPT-2 124M's shapes, the LM head with and without the padded
@@ -96,6 +99,7 @@ BENCH_RESULT="not run"
 TORCH_RESULT="not run"
 GPT_PARITY_RESULT="not run"
 GPT_BENCH_RESULT="not run"
+GPT_BF16_RESULT="not run"
 STEP_RESULT="not run"
 KERNELS_RESULT="not run"
 FAULT_RESULT=" not run"
@@ -330,6 +334,23 @@ if [ -n "$GPU_LINE" ]; then
     FAILED=1
   fi
   cat "$OUT/gpt_bench.log"
+  # Issue 16: GPT-2 124M in bf16, lockstep (trainer.precision) against PyTorch autocast, MFU
+  # against the GPU's dense bf16 peak (lockstep's peak table has no bf16 yet).
+  case "$GPU_LINE" in
+    *"H100 PCIe"*) bf16_peak=(--peak-tflops 756) ;;
+    *H100* | *H200*) bf16_peak=(--peak-tflops 989.4) ;;
+    *A100*) bf16_peak=(--peak-tflops 312) ;;
+    *) bf16_peak=() ;;
+  esac
+  if run_phase gpt_bf16 120 "$OUT/gpt_bf16.log" python3 "$ROOT/bench/compare_gpt.py" \
+    --device cuda --preset 124m --batch 8 --precision bf16 "${bf16_peak[@]}" --pairs 2 \
+    --steps 10 --build "$BUILD" --csv "$OUT/gpt_bf16.csv"; then
+    GPT_BF16_RESULT="ok"
+  else
+    GPT_BF16_RESULT="FAILED (see gpt_bf16.log)"
+    FAILED=1
+  fi
+  cat "$OUT/gpt_bf16.log"
   # Issue 17: one short GPT run with 4 peer replicas on GPU 0 for the host syncs per step and
   # the share of communication hidden (from --summary-json), the changed kernels, and the two
   # fault cases, each of which must exit 1 within 10 s.
@@ -409,6 +430,7 @@ fi
   echo "PyTorch      $TORCH_RESULT"
   echo "GPT parity   $GPT_PARITY_RESULT"
   echo "GPT bench    $GPT_BENCH_RESULT"
+  echo "GPT bf16     $GPT_BF16_RESULT"
   echo "GPU step     $STEP_RESULT"
   echo "faults      $FAULT_RESULT"
   echo "kernels      $KERNELS_RESULT"
@@ -423,6 +445,11 @@ fi
              END { if (ms == "") exit
                    printf "GPT-2 124M   lockstep %.1f ms per step, MFU %s; %s eager %.1f ms\n",
                      ms, mfu, name, pt }' "$OUT/gpt_bench.csv"
+  fi
+  if [ -s "$OUT/gpt_bf16.csv" ]; then
+    # GPT-2 124M, bf16: step time and MFU of each framework and precision (same GPU).
+    awk -F, 'FNR > 1 { printf "GPT-2 124M   %s %s: %.1f ms per step, MFU %s\n", $1, $2, $6, $8 }' \
+      "$OUT/gpt_bf16.csv"
   fi
   if [ -s "$OUT/kernels.log" ]; then
     echo
