@@ -31,6 +31,7 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [os.path.join(ROOT, "bench"), os.path.join(ROOT, "tests", "model")]
 
 
 def run(cmd):
@@ -38,56 +39,25 @@ def run(cmd):
     return json.loads(out.strip().splitlines()[-1])
 
 
-def lockstep_config(folder, preset, args, precision, metrics):
-    """A `lockstep train` config for the preset on one device, every step logged to metrics."""
-    p = preset
-    return f"""model:
-  type: gpt
-  vocab_size: {p["vocab"]}
-  context: {p["context"]}
-  n_layer: {p["n_layer"]}
-  n_head: {p["n_head"]}
-  d_model: {p["d_model"]}
-data:
-  dataset: tokens
-  path: {os.path.join(folder, "tokens.bin")}
-  format: raw
-  eval_fraction: 0.0
-  batch_size: {args.batch}
-optimizer:
-  type: adamw
-  lr: 0.0003
-  beta1: 0.9
-  beta2: 0.95
-  weight_decay: 0.1
-trainer:
-  backend: {args.device}
-  devices: 1
-  threads_per_device: {args.threads}
-  steps: {args.warmup + args.steps}
-  log_every: 1
-  eval_every: 0
-  check_replicas_every: 0
-  precision: {precision}
-  metrics: {metrics}
-  checkpoint:
-    dir: null
-"""
-
-
 def run_lockstep(cli, folder, preset, args, precision):
     """Median step time of `cli train` at `precision` after the warmup steps, as the fields of
     bench_gpt's JSON line; {"error": ...} when the run fails."""
+    from gpt_parity import lockstep_config  # the config the parity test trains with
     config = os.path.join(folder, f"{precision}.yaml")
     metrics = os.path.join(folder, f"metrics_{precision}.jsonl")
     summary = os.path.join(folder, "summary.json")
     for stale in (metrics, summary):  # the metrics stream appends
         if os.path.exists(stale):
             os.remove(stale)
+    spec = {"vocab_size": preset["vocab"], "context": preset["context"],
+            "n_layer": preset["n_layer"], "n_head": preset["n_head"], "d_model": preset["d_model"]}
+    opt = {"lr": 3e-4, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.1}
     with open(config, "w") as f:
-        f.write(lockstep_config(folder, preset, args,
-                                "tf32" if precision == "fp32" and args.tf32 else precision,
-                                metrics))
+        f.write(lockstep_config(spec, opt, {
+            "tokens": os.path.join(folder, "tokens.bin"), "batch": args.batch,
+            "steps": args.warmup + args.steps, "backend": args.device, "threads": args.threads,
+            "precision": "tf32" if precision == "fp32" and args.tf32 else precision,
+            "metrics": metrics}))
     done = subprocess.run([cli, "train", config, "--summary-json", summary],
                           capture_output=True, text=True)
     if done.returncode != 0:
@@ -107,8 +77,7 @@ def run_lockstep(cli, folder, preset, args, precision):
 
 def bf16_main(args):
     """--precision bf16: lockstep fp32 and bf16 against PyTorch fp32 and autocast bf16."""
-    sys.path.insert(0, os.path.join(ROOT, "bench"))
-    from gpt_torch import PRESETS  # the presets of both benchmarks
+    from gpt_torch import PRESETS  # the presets of both benchmarks (imports torch)
     import numpy as np
     preset = PRESETS[args.preset]
     cli = os.path.join(args.build, "lockstep")

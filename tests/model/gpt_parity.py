@@ -161,36 +161,41 @@ def token_stream():
     return ((np.arange(n) * 7 + rng.integers(0, 3, n)) % SPEC["vocab_size"]).astype(np.uint16)
 
 
-def lockstep_config(folder, precision, backend):
+def lockstep_config(spec, opt, run):
+    """A `lockstep train` config: GPT `spec`, AdamW `opt`, and `run`'s tokens (a raw uint16
+    file), batch, steps, backend, threads, precision and metrics file; one device, every step
+    logged, windows in order. bench/compare_gpt.py writes its configs with it too."""
     return f"""model:
   type: gpt
-  vocab_size: {SPEC["vocab_size"]}
-  context: {SPEC["context"]}
-  n_layer: {SPEC["n_layer"]}
-  n_head: {SPEC["n_head"]}
-  d_model: {SPEC["d_model"]}
+  vocab_size: {spec["vocab_size"]}
+  context: {spec["context"]}
+  n_layer: {spec["n_layer"]}
+  n_head: {spec["n_head"]}
+  d_model: {spec["d_model"]}
 data:
   dataset: tokens
-  path: {os.path.join(folder, "tokens.bin")}
+  path: {run["tokens"]}
   format: raw
   eval_fraction: 0.0
-  batch_size: {BATCH}
+  batch_size: {run["batch"]}
   shuffle: false
 optimizer:
   type: adamw
-  lr: {OPT["lr"]}
-  beta1: {OPT["beta1"]}
-  beta2: {OPT["beta2"]}
-  eps: {OPT["eps"]}
-  weight_decay: {OPT["weight_decay"]}
+  lr: {opt["lr"]}
+  beta1: {opt["beta1"]}
+  beta2: {opt["beta2"]}
+  eps: {opt["eps"]}
+  weight_decay: {opt["weight_decay"]}
 trainer:
-  backend: {backend}
+  backend: {run["backend"]}
   devices: 1
-  steps: {STEPS}
+  threads_per_device: {run.get("threads", 0)}
+  steps: {run["steps"]}
   log_every: 1
   eval_every: 0
-  precision: {precision}
-  metrics: {os.path.join(folder, "metrics.jsonl")}
+  check_replicas_every: 0
+  precision: {run["precision"]}
+  metrics: {run["metrics"]}
   checkpoint:
     dir: null
 """
@@ -203,7 +208,10 @@ def lockstep_losses(cli, precision, device, model):
         token_stream().tofile(os.path.join(folder, "tokens.bin"))
         config = os.path.join(folder, "parity.yaml")
         with open(config, "w") as f:
-            f.write(lockstep_config(folder, precision, "cuda" if device.startswith("cuda") else "cpu"))
+            f.write(lockstep_config(SPEC, OPT, {
+                "tokens": os.path.join(folder, "tokens.bin"), "batch": BATCH, "steps": STEPS,
+                "backend": "cuda" if device.startswith("cuda") else "cpu",
+                "precision": precision, "metrics": os.path.join(folder, "metrics.jsonl")}))
         run = subprocess.run([cli, "train", config, "--init-from",
                               os.path.join(folder, "init.safetensors")],
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
