@@ -164,9 +164,11 @@ void export_hf_gpt2(const Checkpoint& ckpt, const fs::path& dir, TensorDtype dty
       "  \"tie_word_embeddings\": true,\n"
       "  \"resid_pdrop\": 0.0,\n"
       "  \"embd_pdrop\": 0.0,\n"
-      "  \"attn_pdrop\": 0.0\n"
+      "  \"attn_pdrop\": 0.0,\n"
+      "  \"torch_dtype\": \"{}\"\n"
       "}}\n",
-      spec.vocab_size, spec.context, spec.context, spec.d_model, spec.n_layer, spec.n_head);
+      spec.vocab_size, spec.context, spec.context, spec.d_model, spec.n_layer, spec.n_head,
+      dtype == TensorDtype::bf16 ? "bfloat16" : "float32");
   const std::span<const std::byte> bytes = std::as_bytes(std::span(config));
   detail::write_file_atomically(dir / kConfigName, std::span(&bytes, 1));
 }

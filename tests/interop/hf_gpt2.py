@@ -6,6 +6,10 @@ virtual environment of tests/interop/hf_venv.sh (transformers, and Debian's torc
         loads DIR (`lockstep export --format hf`) with GPT2LMHeadModel.from_pretrained and
         compares its logits on the tokens (one sequence) with lockstep's: relative error
         <= 1e-4 (fp32), exit 0, else 1.
+    hf_gpt2.py dtype DIR
+        prints config.json's torch_dtype and the dtype of the weights of
+        GPT2LMHeadModel.from_pretrained(DIR, torch_dtype="auto"): "config torch.bfloat16,
+        loaded torch.bfloat16" for `--dtype bf16`.
     hf_gpt2.py random DIR TEXT CONTEXT
         saves a randomly initialised GPT-2 (vocabulary 256, context CONTEXT, 1 layer, 2 heads,
         width 32) to DIR with save_pretrained, and prints its mean next-token loss over the
@@ -31,6 +35,13 @@ def logits(directory, tokens_file, logits_file):
     return 0 if err <= 1e-4 else 1
 
 
+def dtype(directory):
+    config = transformers.AutoConfig.from_pretrained(directory)
+    model = transformers.GPT2LMHeadModel.from_pretrained(directory, torch_dtype="auto")
+    print(f"config {config.torch_dtype}, loaded {next(model.parameters()).dtype}")
+    return 0
+
+
 def random_model(directory, text_file, context):
     torch.manual_seed(0)
     config = transformers.GPT2Config(vocab_size=256, n_positions=context, n_embd=32, n_layer=1,
@@ -50,6 +61,8 @@ def random_model(directory, text_file, context):
 def main():
     if sys.argv[1] == "logits":
         return logits(*sys.argv[2:5])
+    if sys.argv[1] == "dtype":
+        return dtype(sys.argv[2])
     return random_model(sys.argv[2], sys.argv[3], int(sys.argv[4]))
 
 

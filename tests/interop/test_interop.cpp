@@ -2,7 +2,7 @@
 //   - an MLP export, loaded into torch.nn.Sequential as the README says and fed raw samples with
 //     the stored standardisation, predicts exactly what `lockstep eval` counts as correct;
 //   - `lockstep export --format hf` loads in transformers.GPT2LMHeadModel with lockstep's
-//     logits (1e-4 relative), and `--init-from` a GPT-2 that transformers saved starts at the
+//     logits (1e-4 relative), as the dtype its config.json names (--dtype bf16: bfloat16), and `--init-from` a GPT-2 that transformers saved starts at the
 //     loss transformers computes on the same windows (1e-5 relative).
 // The first needs Debian's torch (/usr/bin/python3); the others the virtual environment that
 // tests/interop/hf_venv.sh makes in the build tree (transformers from PyPI). Each skips, saying
@@ -146,6 +146,15 @@ TEST_CASE("interop: export --format hf loads in transformers with lockstep's log
                              (dir.path() / "tokens.i32").string() + " " + (dir.path() / "logits.f32").string());
   MESSAGE(r.output);
   CHECK_MESSAGE(r.code == 0, r.output);
+
+  // --dtype: config.json's torch_dtype, which from_pretrained(torch_dtype="auto") loads as.
+  const std::string hf16 = (dir.path() / "hf16").string();
+  REQUIRE(run_cli("export " + ckpt + " --format hf --dtype bf16 --out " + hf16).code == 0);
+  for (const auto& [folder, want] :
+       {std::pair{hf, "torch.float32"}, std::pair{hf16, "torch.bfloat16"}}) {
+    const auto d = run_command(python + " \"" + kSource + "/tests/interop/hf_gpt2.py\" dtype " + folder);
+    CHECK_MESSAGE(d.output == std::string("config ") + want + ", loaded " + want + "\n", d.output);
+  }
 }
 
 TEST_CASE("interop: --init-from a transformers GPT-2 starts at transformers' loss") {

@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <bit>
 #include <cstdlib>
 #include <random>
@@ -383,4 +384,25 @@ TEST_CASE("export --dtype bf16: BF16 tensors, each float_to_bf16 of the fp32 wei
   // lockstep reads only F32: a BF16 export is refused, by name, as an input.
   CHECK_THROWS_WITH_AS(read_safetensors(b16), doctest::Contains("dtype: expected \"F32\", got a string BF16"),
                        InputError);
+}
+
+TEST_CASE("export --format hf: config.json names the dtype of the weights (torch_dtype)") {
+  TempDir dir;
+  const GptSpec spec{.vocab_size = 30, .context = 8, .n_layer = 1, .n_head = 2, .d_model = 8};
+  const Model model = Model::gpt(spec);
+  Checkpoint c;
+  c.tensors = model.param_tensors();
+  c.params = model.initial_parameters(3);
+  c.metadata["lockstep.model"] = to_string(spec);
+  for (const auto& [dtype, name] : {std::pair{TensorDtype::f32, "float32"},
+                                    std::pair{TensorDtype::bf16, "bfloat16"}}) {
+    CAPTURE(name);
+    const fs::path out = dir.path() / name;
+    export_hf_gpt2(c, out, dtype);
+    const detail::JsonValue config = detail::parse_json(slurp(out / "config.json"));
+    const auto it = std::find_if(config.members.begin(), config.members.end(),
+                                 [](const auto& m) { return m.first == "torch_dtype"; });
+    REQUIRE(it != config.members.end());
+    CHECK(it->second.text == name);
+  }
 }
