@@ -1,7 +1,8 @@
 // Training with trainer.precision bf16 (Note [bf16 compute] in src/model/ops.hpp) on the CPU:
 //   - the replica's bf16 copy of the parameters is to_bf16(master) bit for bit after loading and
 //     after every optimiser step (SGD and AdamW, per bucket or after the norm, with ZeRO-1);
-//   - a bf16 run learns as well as fp32 (eval loss within 2%), replicas identical;
+//   - a bf16 run learns as well as fp32 (eval loss within 2%), replicas identical, also with a
+//     bf16 gradient all-reduce;
 //   - an interrupted bf16 run resumes exactly (checkpoints keep the fp32 master weights).
 #include <doctest/doctest.h>
 
@@ -97,6 +98,20 @@ TEST_CASE("bf16: a small GPT ends within 2% of the fp32 eval loss, replicas iden
   // The bf16 copy of the parameters, 2 bytes each; matrix-product inputs kept in bf16.
   CHECK(b.param_bytes == f.param_bytes / 4 * 6);
   CHECK(b.activation_bytes < f.activation_bytes);
+}
+
+TEST_CASE("bf16: with a bf16 gradient all-reduce too, half the bytes, replicas identical") {
+  auto train = std::make_shared<TokenDataset>(test::token_stream(961, 8, 1));
+  auto eval = std::make_shared<TokenDataset>(test::token_stream(161, 8, 2));
+  Config fp32_reduce = bf16_gpt_config(2, 6);
+  fp32_reduce.trainer.steps = 30;
+  Config bf16_reduce = fp32_reduce;
+  bf16_reduce.trainer.grad_reduce_dtype = ReduceDtype::bf16;
+  const Summary f = Trainer(fp32_reduce, train, eval).run();
+  const Summary b = Trainer(bf16_reduce, train, eval).run();
+  CHECK(b.replicas_identical);
+  CHECK(b.reduce_bytes_per_step * 2 == f.reduce_bytes_per_step);
+  CHECK(b.eval_loss == doctest::Approx(f.eval_loss).epsilon(0.02));
 }
 
 TEST_CASE("bf16: an interrupted and resumed run ends bit-identical to an uninterrupted one") {
