@@ -3,6 +3,7 @@
 //     after every optimiser step (SGD and AdamW, per bucket or after the norm, with ZeRO-1);
 //   - a bf16 run learns as well as fp32 (eval loss within 2%), replicas identical, also with a
 //     bf16 gradient all-reduce;
+//   - accumulate_steps k x B matches one step of k*B;
 //   - an interrupted bf16 run resumes exactly (checkpoints keep the fp32 master weights).
 #include <doctest/doctest.h>
 
@@ -98,6 +99,17 @@ TEST_CASE("bf16: a small GPT ends within 2% of the fp32 eval loss, replicas iden
   // The bf16 copy of the parameters, 2 bytes each; matrix-product inputs kept in bf16.
   CHECK(b.param_bytes == f.param_bytes / 4 * 6);
   CHECK(b.activation_bytes < f.activation_bytes);
+}
+
+TEST_CASE("bf16: 2 micro-batches of B match one step of 2B (weight gradients add in fp32)") {
+  // Each sample is rounded the same way in either split, and dW accumulates in fp32 across the
+  // micro-batches, so only fp32 summation order differs.
+  auto train = std::make_shared<TokenDataset>(test::token_stream(961, 8, 1));
+  auto eval = std::make_shared<TokenDataset>(test::token_stream(161, 8, 2));
+  Config micro = bf16_gpt_config(1, 6), big = bf16_gpt_config(1, 12);
+  micro.trainer.accumulate_steps = 2;
+  const Summary a = Trainer(micro, train, eval).run(), b = Trainer(big, train, eval).run();
+  CHECK(a.eval_loss == doctest::Approx(b.eval_loss).epsilon(1e-3));
 }
 
 TEST_CASE("bf16: with a bf16 gradient all-reduce too, half the bytes, replicas identical") {
