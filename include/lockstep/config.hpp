@@ -98,7 +98,9 @@ struct LOCKSTEP_API TrainerConfig {
   std::int64_t check_replicas_every = 100;  // 0: check only at the end
   int threads_per_device = 0;     // cpu backend: 0 = hardware threads / devices (at least 1)
   CommKind comm = CommKind::automatic;  // cuda: nccl, or peer (one process, any ids, repeats ok)
-  Precision precision = Precision::fp32;  // tf32: cuda TF32 tensor-core GEMMs (cpu: fp32)
+  // tf32: cuda TF32 tensor-core GEMMs (cpu: fp32); bf16: bf16 matrix products with fp32
+  // master weights (Note [bf16 compute] in src/model/ops.hpp)
+  Precision precision = Precision::fp32;
   // Gradient reduction (see Note [Buckets] in src/train/reducer.hpp).
   double bucket_cap_mb = 25.0;    // the first bucket is capped at 1 MB, as in DDP
   bool overlap = true;            // all-reduce each bucket as soon as backward fills it

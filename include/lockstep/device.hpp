@@ -492,10 +492,11 @@ struct LOCKSTEP_API BackendOptions {
   Precision precision = Precision::fp32;
 };
 
-// Dense peak FLOP/s of one GPU for fp32 GEMMs (Precision::fp32) or TF32 tensor-core GEMMs
-// (tf32), from a table of data-sheet figures matched against the device name ("NVIDIA H200",
-// "NVIDIA A100-SXM4-80GB", ...); nullopt for a device the table does not know, and for bf16,
-// which the table does not list yet. Used for model FLOPs utilisation.
+// Dense peak FLOP/s of one GPU for fp32 GEMMs (Precision::fp32), TF32 tensor-core GEMMs (tf32)
+// or bf16 tensor-core GEMMs with fp32 accumulation (bf16), from a table of data-sheet figures
+// matched against the device name ("NVIDIA H200", "NVIDIA A100-SXM4-80GB", ...); nullopt for a
+// device the table does not know, or whose bf16 figure it lacks. Used for model FLOPs
+// utilisation.
 LOCKSTEP_API std::optional<double> peak_flops(std::string_view device_name, Precision precision);
 
 // The CPU backend: N devices are N worker threads, joined by a shared-memory communicator.

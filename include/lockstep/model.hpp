@@ -20,7 +20,12 @@
 // A layer maps (B, in_features) to (B, out_features) per sample. Sequence layers flatten a sample:
 // a GPT block sees (B, T * C) and knows its T and C. A layer that must keep intermediate values
 // from forward to backward (a transformer block's attention probabilities, say) asks for them
-// through workspace_size(); backward may also use scratch shared by every layer of a replica.
+// through workspace_size(); forward and backward may also use scratch shared by every layer of
+// a replica.
+//
+// Precision::bf16 (Note [bf16 compute] in src/model/ops.hpp): the replica keeps fp32 master
+// parameters and a bf16 copy of them; matrix products read bf16 operands and accumulate in fp32,
+// everything else stays fp32.
 #pragma once
 
 #include <cstddef>
@@ -45,10 +50,15 @@ struct LOCKSTEP_API ParamTensor {
   std::size_t numel() const;
 };
 
-// Device memory a layer uses besides its input, output and parameters.
+// Device memory a layer uses besides its input, output and parameters, and the arithmetic of
+// its matrix products (Note [bf16 compute] in src/model/ops.hpp).
 struct LOCKSTEP_API LayerWorkspace {
-  float* saved = nullptr;    // workspace_size(batch) floats, kept from forward to backward
-  float* scratch = nullptr;  // scratch_size(batch) floats, backward only, shared by all layers
+  float* saved = nullptr;    // workspace_size(batch, precision) floats, forward to backward
+  float* scratch = nullptr;  // scratch_size(batch, precision) floats, shared by all layers
+  Precision precision = Precision::fp32;
+  // bf16: the layer's parameters rounded to bf16, at the offsets of its fp32 `params`, which
+  // its matrix products read instead; null otherwise.
+  const std::uint16_t* params_bf16 = nullptr;
 };
 
 class LOCKSTEP_API Layer {
@@ -62,9 +72,18 @@ class LOCKSTEP_API Layer {
   virtual std::vector<ParamTensor> param_tensors(const std::string& /*prefix*/) const { return {}; }
   // Fills params[0..param_count()) on the host from rng draws (a 64-bit generator).
   virtual void init_parameters(float* /*params*/, std::uint64_t& /*rng_state*/) const {}
-  // Floats of LayerWorkspace::saved and ::scratch for a batch of `batch`.
-  virtual std::size_t workspace_size(int /*batch*/) const noexcept { return 0; }
-  virtual std::size_t scratch_size(int /*batch*/) const noexcept { return 0; }
+  // Floats of LayerWorkspace::saved and ::scratch for a batch of `batch` computed in
+  // `precision` (bf16 keeps the inputs of matrix products as bf16, two to a float).
+  // LayerWorkspace::saved holds what forward keeps for backward; ::scratch is free at every
+  // call (forward's temporaries, backward's), shared by every layer of a replica.
+  virtual std::size_t workspace_size(int /*batch*/,
+                                     Precision /*precision*/ = Precision::fp32) const noexcept {
+    return 0;
+  }
+  virtual std::size_t scratch_size(int /*batch*/,
+                                   Precision /*precision*/ = Precision::fp32) const noexcept {
+    return 0;
+  }
   // Tied weights: the index of an earlier layer whose parameters this layer reads (and whose
   // gradients it accumulates into), or -1 for its own. A tied layer has no parameters itself.
   virtual int tied_to() const noexcept { return -1; }
@@ -165,15 +184,25 @@ class LOCKSTEP_API Model {
 
 class LOCKSTEP_API Replica {
  public:
-  Replica(Device& device, const Model& model, int max_batch);
+  Replica(Device& device, const Model& model, int max_batch,
+          Precision precision = Precision::fp32);
 
   Device& device() noexcept { return *device_; }
   const Model& model() const noexcept { return *model_; }
+  Precision precision() const noexcept { return precision_; }
+  // The fp32 master parameters, and with Precision::bf16 their copy rounded to bf16 (null
+  // otherwise), which forward and backward compute with. Whoever changes params() keeps the
+  // copy equal to to_bf16(params()): the optimiser's step writes it in the same pass; anything
+  // else calls refresh_bf16().
   float* params() noexcept { return params_.data(); }
+  std::uint16_t* params_bf16() noexcept { return params_bf16_.data(); }
   float* grads() noexcept { return grads_.data(); }
   std::size_t param_count() const noexcept { return params_.size(); }
 
+  // Also writes the bf16 copy.
   void load_parameters(std::span<const float> host);
+  // bf16: rounds the whole parameter buffer into the bf16 copy (one pass); nothing otherwise.
+  void refresh_bf16();
   std::vector<float> parameters() const;  // to host
   std::vector<float> gradients() const;   // to host
   void zero_grads();
@@ -186,10 +215,15 @@ class LOCKSTEP_API Replica {
                 const std::function<void(std::size_t)>& grads_ready = {});
 
  private:
+  // Layer i's workspace: its saved buffer, the shared scratch, and its bf16 parameters.
+  LayerWorkspace workspace(std::size_t layer);
+
   Device* device_;
   const Model* model_;
   int max_batch_;
+  Precision precision_;
   DeviceArray<float> params_;
+  DeviceArray<std::uint16_t> params_bf16_;  // bf16 only: to_bf16(params_)
   DeviceArray<float> grads_;
   std::vector<DeviceArray<float>> acts_;   // acts_[i] = output of layer i
   std::vector<DeviceArray<float>> saved_;  // saved_[i] = layer i's LayerWorkspace::saved

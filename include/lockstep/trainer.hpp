@@ -71,6 +71,7 @@ struct LOCKSTEP_API WorkerTimes {
 struct LOCKSTEP_API Summary {
   std::string backend;
   std::string matmul;           // the first device's DeviceInfo::matmul: the matrix-product path
+  std::string precision = "fp32";  // trainer.precision, the arithmetic the run computed in
   std::vector<int> devices;     // this process's
   int processes = 1;            // of the job; workers = devices.size() x processes
   std::int64_t steps = 0;

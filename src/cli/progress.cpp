@@ -92,6 +92,7 @@ void print_summary(std::FILE* out, const Summary& s) {
   fmt::print(out, "summary\n");
   fmt::print(out, "  backend             {}\n", describe_backend(s));
   if (!s.matmul.empty()) fmt::print(out, "  matrix products     {}\n", s.matmul);
+  fmt::print(out, "  precision           {}\n", s.precision);
   fmt::print(out, "  parameters          {}\n", s.parameters);
   if (!s.memory_plan.empty()) fmt::print(out, "  memory plan         {}\n", s.memory_plan);
   fmt::print(out, "  steps               {}\n", s.steps);

@@ -964,8 +964,6 @@ void check_config(const Config& c, const Origins& origins) {
   if (t.steps != 0 && t.epochs != 0)
     fail_at("trainer.steps", fmt::format("conflicts with {}; set only one (null unsets a key)",
                                          other("trainer.epochs", t.epochs)));
-  if (t.precision == Precision::bf16)
-    fail_at("trainer.precision", "bf16 compute is not implemented yet; use fp32 or tf32");
   if (t.grad_reduce_dtype == ReduceDtype::bf16 && t.zero == 1)
     fail_at("trainer.grad_reduce_dtype",
             fmt::format("bf16 with {} is not implemented yet; use fp32 with ZeRO-1",

@@ -28,20 +28,31 @@ constexpr double kInitStd = 0.02;  // GPT-2's initialisation
 
 std::size_t product(std::size_t a, std::size_t b) { return a * b; }
 
-// Carves consecutive regions out of one buffer; with a null base it only measures.
-class Carver {
- public:
-  explicit Carver(float* base) : base_(base) {}
-  float* take(std::size_t n) {
-    float* p = base_ ? base_ + used_ : nullptr;
-    used_ += n;
-    return p;
-  }
-  std::size_t used() const noexcept { return used_; }
+using detail::Carver;
+using detail::MatIn;
 
- private:
-  float* base_;
-  std::size_t used_ = 0;
+// A tensor forward keeps for backward: in fp32, or as bf16 bits under Precision::bf16 (Note
+// [bf16 compute]). Exactly one pointer is set.
+struct Kept {
+  float* f32 = nullptr;
+  std::uint16_t* bf16 = nullptr;
+
+  static Kept take(Carver& k, std::size_t n, bool bf16) {
+    return bf16 ? Kept{nullptr, k.take_bf16(n)} : Kept{k.take(n), nullptr};
+  }
+  // Where forward computes its n values: in place, or first in fp32 `scratch` when kept in bf16;
+  // keep() then rounds them into place.
+  float* compute_in(float* scratch) const { return bf16 ? scratch : f32; }
+  void keep(Device& dev, const float* values, std::size_t n) const {
+    if (bf16) dev.to_bf16(values, bf16, n);
+  }
+  MatIn input() const { return {f32, bf16}; }
+  // Its fp32 values: in place, or widened into `scratch` (n).
+  const float* widen(Device& dev, float* scratch, std::size_t n) const {
+    if (!bf16) return f32;
+    dev.from_bf16(bf16, scratch, n);
+    return scratch;
+  }
 };
 
 void fill_normal(float* p, std::size_t n, double stddev, std::uint64_t& rng) {
@@ -143,27 +154,43 @@ class Block final : public Layer {
     fill_normal(p.fc_proj_w, 4 * c * c, proj_std, rng);
   }
 
-  std::size_t workspace_size(int batch) const noexcept override {
-    return Saved::at(nullptr, batch, t_, c_, h_).size;
+  std::size_t workspace_size(int batch, Precision precision) const noexcept override {
+    return Saved::at(nullptr, batch, t_, c_, h_, precision == Precision::bf16).size;
   }
-  std::size_t scratch_size(int batch) const noexcept override {
-    return Scratch::at(nullptr, batch, t_, c_, h_).size;
+  std::size_t scratch_size(int batch, Precision precision) const noexcept override {
+    return Scratch::at(nullptr, batch, t_, c_, h_, precision == Precision::bf16).size;
   }
 
+  // In bf16 each tensor kept in bf16 is computed in fp32 in scratch, then rounded into saved.
   void forward(Device& dev, const float* params, const float* x, float* out, int batch,
                const LayerWorkspace& ws) const override {
     const Params p = at(const_cast<float*>(params));
-    const Saved s = Saved::at(ws.saved, batch, t_, c_, h_);
+    const Linears w = linears(params, ws);
+    const bool bf16 = ws.precision == Precision::bf16;
+    const Saved s = Saved::at(ws.saved, batch, t_, c_, h_, bf16);
+    const Scratch d = Scratch::at(ws.scratch, batch, t_, c_, h_, bf16);
     const int n = batch * t_, c = c_;
-    dev.layernorm_forward(x, p.ln1_w, p.ln1_b, s.ln1, s.mean1, s.rstd1, n, c);
-    detail::linear_forward(dev, p.attn_w, p.attn_b, s.ln1, s.qkv, n, c, 3 * c);
-    attention_forward(dev, s, batch);
-    detail::linear_forward(dev, p.attn_proj_w, p.attn_proj_b, s.atty, s.res1, n, c, c);
+    float* ln1 = s.ln1.compute_in(d.tmp);
+    dev.layernorm_forward(x, p.ln1_w, p.ln1_b, ln1, s.mean1, s.rstd1, n, c);
+    s.ln1.keep(dev, ln1, elements(n, c));
+    float* qkv = s.qkv.compute_in(d.qkv);
+    detail::linear_forward(dev, w.attn, s.ln1.input(), qkv, n, c, 3 * c);
+    s.qkv.keep(dev, qkv, elements(n, 3 * c));
+    attention_forward(dev, s, d, batch);
+    detail::linear_forward(dev, w.attn_proj, s.atty.input(), s.res1, n, c, c);
     dev.add(s.res1, x, s.res1, elements(n, c));
-    dev.layernorm_forward(s.res1, p.ln2_w, p.ln2_b, s.ln2, s.mean2, s.rstd2, n, c);
-    detail::linear_forward(dev, p.fc_w, p.fc_b, s.ln2, s.fc, n, c, 4 * c);
-    dev.activation_forward(Activation::gelu, s.fc, s.gelu, elements(n, 4 * c));
-    detail::linear_forward(dev, p.fc_proj_w, p.fc_proj_b, s.gelu, out, n, 4 * c, c);
+    float* ln2 = s.ln2.compute_in(d.tmp);
+    dev.layernorm_forward(s.res1, p.ln2_w, p.ln2_b, ln2, s.mean2, s.rstd2, n, c);
+    s.ln2.keep(dev, ln2, elements(n, c));
+    float* fc = s.fc.compute_in(d.h);
+    detail::linear_forward(dev, w.fc, s.ln2.input(), fc, n, c, 4 * c);
+    s.fc.keep(dev, fc, elements(n, 4 * c));
+    // GELU reads fc as kept (widened in bf16), as its backward will; d.h is free again.
+    float* gelu = s.gelu.compute_in(d.h);
+    dev.activation_forward(Activation::gelu, s.fc.widen(dev, d.wide, elements(n, 4 * c)), gelu,
+                           elements(n, 4 * c));
+    s.gelu.keep(dev, gelu, elements(n, 4 * c));
+    detail::linear_forward(dev, w.fc_proj, s.gelu.input(), out, n, 4 * c, c);
     dev.add(out, s.res1, out, elements(n, c));
   }
 
@@ -171,23 +198,28 @@ class Block final : public Layer {
                 const float* /*out*/, const float* dout, float* din, int batch,
                 const LayerWorkspace& ws) const override {
     const Params p = at(const_cast<float*>(params));
+    const Linears w = linears(params, ws);
     const Params g = at(grads);
-    const Saved s = Saved::at(ws.saved, batch, t_, c_, h_);
-    const Scratch d = Scratch::at(ws.scratch, batch, t_, c_, h_);
+    const bool bf16 = ws.precision == Precision::bf16;
+    const Saved s = Saved::at(ws.saved, batch, t_, c_, h_, bf16);
+    const Scratch d = Scratch::at(ws.scratch, batch, t_, c_, h_, bf16);
     const int n = batch * t_, c = c_;
     // MLP branch: out = res1 + c_proj(gelu(c_fc(ln_2(res1)))).
-    detail::linear_backward(dev, p.fc_proj_w, g.fc_proj_w, g.fc_proj_b, s.gelu, dout, d.h, n,
-                            4 * c, c);
-    dev.activation_backward(Activation::gelu, s.fc, d.h, d.h, elements(n, 4 * c));
-    detail::linear_backward(dev, p.fc_w, g.fc_w, g.fc_b, s.ln2, d.h, d.tmp, n, c, 4 * c);
+    detail::linear_backward(dev, w.fc_proj, g.fc_proj_w, g.fc_proj_b, s.gelu.input(), dout, d.h,
+                            n, 4 * c, c, d.grad16);
+    dev.activation_backward(Activation::gelu, s.fc.widen(dev, d.wide, elements(n, 4 * c)), d.h,
+                            d.h, elements(n, 4 * c));
+    detail::linear_backward(dev, w.fc, g.fc_w, g.fc_b, s.ln2.input(), d.h, d.tmp, n, c, 4 * c,
+                            d.grad16);
     dev.copy(d.res1, dout, elements(n, c) * sizeof(float));
     dev.layernorm_backward(s.res1, p.ln2_w, s.mean2, s.rstd2, d.tmp, d.res1, g.ln2_w, g.ln2_b, n,
                            c);
     // Attention branch: res1 = x + c_proj(attention(c_attn(ln_1(x)))).
-    detail::linear_backward(dev, p.attn_proj_w, g.attn_proj_w, g.attn_proj_b, s.atty, d.res1,
-                            d.tmp, n, c, c);
+    detail::linear_backward(dev, w.attn_proj, g.attn_proj_w, g.attn_proj_b, s.atty.input(),
+                            d.res1, d.tmp, n, c, c, d.grad16);
     attention_backward(dev, s, d, batch);
-    detail::linear_backward(dev, p.attn_w, g.attn_w, g.attn_b, s.ln1, d.qkv, d.tmp, n, c, 3 * c);
+    detail::linear_backward(dev, w.attn, g.attn_w, g.attn_b, s.ln1.input(), d.qkv, d.tmp, n, c,
+                            3 * c, d.grad16);
     // ln_1's parameters need its backward even without a din (the block as a first layer);
     // d.res1 already holds the residual's share of dx.
     dev.layernorm_backward(x, p.ln1_w, s.mean1, s.rstd1, d.tmp, d.res1, g.ln1_w, g.ln1_b, n, c);
@@ -206,40 +238,64 @@ class Block final : public Layer {
             o(kLn2W), o(kLn2B), o(kFcW),   o(kFcB),   o(kFcProjW),   o(kFcProjB)};
   }
 
-  // What forward keeps for backward. Rows N = B * T.
+  // The four linear maps as their matrix products read them (Note [bf16 compute]).
+  struct Linears {
+    detail::LinearParams attn, attn_proj, fc, fc_proj;
+  };
+  Linears linears(const float* params, const LayerWorkspace& ws) const {
+    const auto linear = [&](BlockParam weight, BlockParam bias) {
+      return detail::LinearParams{detail::param_input(params, ws, offsets_[weight]),
+                                  params + offsets_[bias]};
+    };
+    return {linear(kAttnW, kAttnB), linear(kAttnProjW, kAttnProjB), linear(kFcW, kFcB),
+            linear(kFcProjW, kFcProjB)};
+  }
+
+  // What forward keeps for backward, rows N = B * T. Under bf16 the tensors that are only
+  // matrix-product inputs (and fc, GELU's input) are kept in bf16; res1 and the LayerNorm
+  // statistics stay fp32.
   struct Saved {
-    float *ln1, *mean1, *rstd1;  // (N, C), (N), (N)
-    float* qkv;                  // (N, 3C): q, k, v, each (N, C) with heads side by side
-    float* att;                  // (B, H, T, T) attention probabilities
-    float* atty;                 // (N, C) attention output, heads side by side
+    Kept ln1;                    // (N, C)
+    float *mean1, *rstd1;        // (N), (N)
+    Kept qkv;                    // (N, 3C): q, k, v, each (N, C) with heads side by side
+    Kept att;                    // (B, H, T, T) attention probabilities
+    Kept atty;                   // (N, C) attention output, heads side by side
     float* res1;                 // (N, C) first residual
-    float *ln2, *mean2, *rstd2;  // (N, C), (N), (N)
-    float *fc, *gelu;            // (N, 4C) each
+    Kept ln2;                    // (N, C)
+    float *mean2, *rstd2;        // (N), (N)
+    Kept fc, gelu;               // (N, 4C) each
     std::size_t size;
-    static Saved at(float* base, int batch, int t, int channels, int heads) {
+    static Saved at(float* base, int batch, int t, int channels, int heads, bool bf16) {
       const std::size_t n = std::size_t(batch) * t, c = channels;
       Carver k(base);
-      Saved s{k.take(n * c), k.take(n), k.take(n), k.take(3 * n * c),
-              k.take(std::size_t(batch) * heads * t * t), k.take(n * c), k.take(n * c),
-              k.take(n * c), k.take(n), k.take(n), k.take(4 * n * c), k.take(4 * n * c), 0};
+      const auto kept = [&](std::size_t count) { return Kept::take(k, count, bf16); };
+      Saved s{kept(n * c), k.take(n), k.take(n), kept(3 * n * c),
+              kept(std::size_t(batch) * heads * t * t), kept(n * c), k.take(n * c),
+              kept(n * c), k.take(n), k.take(n), kept(4 * n * c), kept(4 * n * c), 0};
       s.size = k.used();
       return s;
     }
   };
 
-  // Backward's temporaries.
+  // Backward's temporaries; forward's too under bf16 (its fp32 values before rounding).
   struct Scratch {
     float* h;     // (N, 4C) gradient of the MLP's hidden layer, before and after GELU
     float* tmp;   // (N, C) gradient at a LayerNorm's output or of the attention output
     float* res1;  // (N, C) gradient of the first residual
     float* qkv;   // (N, 3C)
     float* att;   // (B, H, T, T) gradient of the probabilities, then of the scores
+    // bf16 only (null otherwise), each max((N, 4C), (B, H, T, T)): kept bf16 values widened
+    // to fp32, and a gradient rounded to bf16 as a matrix-product input.
+    float* wide;
+    std::uint16_t* grad16;
     std::size_t size;
-    static Scratch at(float* base, int batch, int t, int channels, int heads) {
+    static Scratch at(float* base, int batch, int t, int channels, int heads, bool bf16) {
       const std::size_t n = std::size_t(batch) * t, c = channels;
+      const std::size_t att = std::size_t(batch) * heads * t * t;
+      const std::size_t widest = std::max(4 * n * c, att);
       Carver k(base);
-      Scratch s{k.take(4 * n * c), k.take(n * c), k.take(n * c), k.take(3 * n * c),
-                k.take(std::size_t(batch) * heads * t * t), 0};
+      Scratch s{k.take(4 * n * c), k.take(n * c), k.take(n * c), k.take(3 * n * c), k.take(att),
+                bf16 ? k.take(widest) : nullptr, bf16 ? k.take_bf16(widest) : nullptr, 0};
       s.size = k.used();
       return s;
     }
@@ -249,9 +305,10 @@ class Block final : public Layer {
 
   // One operand of attention's products: the matrix of sequence b and head h starts at
   // base + b * batch_stride + h * head_stride (head h is columns h*D.. of q, k, v and atty).
-  template <class T>
+  // P is float* for an output, MatIn for an input.
+  template <class P>
   struct PerHead {
-    T* base;
+    P base;
     std::int64_t batch_stride, head_stride;
     int ld;
   };
@@ -260,65 +317,74 @@ class Block final : public Layer {
   // as the layout allows: one per head (B matrices each) or one per sequence (H each), whichever
   // is fewer. Every operand is uniformly strided both ways.
   void per_head_gemm(Device& dev, Transpose ta, Transpose tb, int m, int n, int k,
-                     PerHead<const float> a, PerHead<const float> b, PerHead<float> c,
-                     int batch) const {
+                     PerHead<MatIn> a, PerHead<MatIn> b, PerHead<float*> c, int batch) const {
     if (batch >= h_) {
       for (int h = 0; h < h_; ++h)
-        dev.gemm_batched(ta, tb, m, n, k, 1.0f, a.base + h * a.head_stride, a.ld, a.batch_stride,
-                         b.base + h * b.head_stride, b.ld, b.batch_stride, 0.0f,
-                         c.base + h * c.head_stride, c.ld, c.batch_stride, batch);
+        detail::matmul_batched(dev, ta, tb, m, n, k, a.base + h * a.head_stride, a.ld,
+                               a.batch_stride, b.base + h * b.head_stride, b.ld, b.batch_stride,
+                               c.base + h * c.head_stride, c.ld, c.batch_stride, batch);
     } else {
       for (int s = 0; s < batch; ++s)
-        dev.gemm_batched(ta, tb, m, n, k, 1.0f, a.base + s * a.batch_stride, a.ld, a.head_stride,
-                         b.base + s * b.batch_stride, b.ld, b.head_stride, 0.0f,
-                         c.base + s * c.batch_stride, c.ld, c.head_stride, h_);
+        detail::matmul_batched(dev, ta, tb, m, n, k, a.base + s * a.batch_stride, a.ld,
+                               a.head_stride, b.base + s * b.batch_stride, b.ld, b.head_stride,
+                               c.base + s * c.batch_stride, c.ld, c.head_stride, h_);
     }
   }
 
   // The operands, for rows of T positions: q, k, v in qkv (N, 3C) and y in atty (N, C) with
   // head h at columns h*D; attention matrices (B, H, T, T).
-  template <class T>
-  PerHead<T> in_qkv(T* qkv, int which) const {
+  template <class P>
+  PerHead<P> in_qkv(P qkv, int which) const {
     return {qkv + which * c_, std::int64_t(t_) * 3 * c_, c_ / h_, 3 * c_};
   }
-  template <class T>
-  PerHead<T> in_rows(T* y) const {
+  template <class P>
+  PerHead<P> in_rows(P y) const {
     return {y, std::int64_t(t_) * c_, c_ / h_, c_};
   }
-  template <class T>
-  PerHead<T> in_att(T* att) const {
+  template <class P>
+  PerHead<P> in_att(P att) const {
     const std::int64_t tt = std::int64_t(t_) * t_;
     return {att, h_ * tt, tt, t_};
   }
 
   // att = causal_softmax(q k^T / sqrt(D)) (T, T); atty = att v (T, D); per sequence and head.
-  void attention_forward(Device& dev, const Saved& s, int batch) const {
-    const int d = c_ / h_, t = t_;
-    const float* qkv = s.qkv;
-    per_head_gemm(dev, Transpose::no, Transpose::yes, t, t, d, in_qkv(qkv, 0), in_qkv(qkv, 1),
-                  in_att(s.att), batch);
-    dev.causal_softmax_forward(s.att, s.att, batch * h_, t, 1.0f / std::sqrt(float(d)));
-    per_head_gemm(dev, Transpose::no, Transpose::no, t, d, t, in_att<const float>(s.att),
-                  in_qkv(qkv, 2), in_rows(s.atty), batch);
+  // Under bf16 both are computed in fp32 scratch (d.att, d.tmp) and kept rounded.
+  void attention_forward(Device& dev, const Saved& s, const Scratch& d, int batch) const {
+    const int dh = c_ / h_, t = t_;
+    const MatIn qkv = s.qkv.input();
+    float* att = s.att.compute_in(d.att);
+    per_head_gemm(dev, Transpose::no, Transpose::yes, t, t, dh, in_qkv(qkv, 0), in_qkv(qkv, 1),
+                  in_att(att), batch);
+    dev.causal_softmax_forward(att, att, batch * h_, t, 1.0f / std::sqrt(float(dh)));
+    s.att.keep(dev, att, att_elements(batch));
+    float* atty = s.atty.compute_in(d.tmp);
+    per_head_gemm(dev, Transpose::no, Transpose::no, t, dh, t, in_att(s.att.input()),
+                  in_qkv(qkv, 2), in_rows(atty), batch);
+    s.atty.keep(dev, atty, elements(batch * t, c_));
   }
 
-  // From d.tmp = d atty: d att = d atty v^T; d v = att^T d atty; d scores by the softmax's
-  // backward (scaled); d q = d scores k; d k = d scores^T q. Writes d.qkv.
+  // From g.tmp = d atty: d att = d atty v^T; d v = att^T d atty; d scores by the softmax's
+  // backward (scaled); d q = d scores k; d k = d scores^T q. Writes g.qkv. Under bf16, d atty
+  // and d scores are rounded into g.grad16 before their products, and the softmax reads the
+  // widened probabilities.
   void attention_backward(Device& dev, const Saved& s, const Scratch& g, int batch) const {
-    const int d = c_ / h_, t = t_;
-    const float* qkv = s.qkv;
-    const float* dy = g.tmp;
-    per_head_gemm(dev, Transpose::no, Transpose::yes, t, t, d, in_rows(dy), in_qkv(qkv, 2),
+    const int dh = c_ / h_, t = t_;
+    const MatIn qkv = s.qkv.input();
+    const MatIn dy = detail::as_input(dev, g.tmp, g.grad16, elements(batch * t, c_));
+    per_head_gemm(dev, Transpose::no, Transpose::yes, t, t, dh, in_rows(dy), in_qkv(qkv, 2),
                   in_att(g.att), batch);
-    per_head_gemm(dev, Transpose::yes, Transpose::no, t, d, t, in_att<const float>(s.att),
+    per_head_gemm(dev, Transpose::yes, Transpose::no, t, dh, t, in_att(s.att.input()),
                   in_rows(dy), in_qkv(g.qkv, 2), batch);
-    dev.causal_softmax_backward(s.att, g.att, g.att, batch * h_, t, 1.0f / std::sqrt(float(d)));
-    const float* datt = g.att;
-    per_head_gemm(dev, Transpose::no, Transpose::no, t, d, t, in_att(datt), in_qkv(qkv, 1),
+    const float* p = s.att.widen(dev, g.wide, att_elements(batch));
+    dev.causal_softmax_backward(p, g.att, g.att, batch * h_, t, 1.0f / std::sqrt(float(dh)));
+    const MatIn datt = detail::as_input(dev, g.att, g.grad16, att_elements(batch));
+    per_head_gemm(dev, Transpose::no, Transpose::no, t, dh, t, in_att(datt), in_qkv(qkv, 1),
                   in_qkv(g.qkv, 0), batch);
-    per_head_gemm(dev, Transpose::yes, Transpose::no, t, d, t, in_att(datt), in_qkv(qkv, 0),
+    per_head_gemm(dev, Transpose::yes, Transpose::no, t, dh, t, in_att(datt), in_qkv(qkv, 0),
                   in_qkv(g.qkv, 1), batch);
   }
+
+  std::size_t att_elements(int batch) const { return std::size_t(batch) * h_ * t_ * t_; }
 
   int t_, c_, h_, n_layer_;
   std::size_t offsets_[kBlockParams] = {};
@@ -344,7 +410,7 @@ class LayerNorm final : public Layer {
     std::fill(params + c_, params + 2 * c_, 0.0f);
   }
   // mean, rstd (N) each.
-  std::size_t workspace_size(int batch) const noexcept override {
+  std::size_t workspace_size(int batch, Precision /*precision*/) const noexcept override {
     return 2 * std::size_t(batch) * t_;
   }
 
@@ -397,37 +463,63 @@ class TiedLmHead final : public Layer {
   int out_features() const noexcept override { return t_ * p_; }
   int tied_to() const noexcept override { return tied_; }
   int vocab_padding() const noexcept override { return p_ - v_; }
-  // ones (N) and minus_inf (P - V): the two factors of the padding; none without padding.
-  std::size_t workspace_size(int batch) const noexcept override {
-    return p_ > v_ ? std::size_t(batch) * t_ + std::size_t(p_ - v_) : 0;
+  std::size_t workspace_size(int batch, Precision precision) const noexcept override {
+    return Saved::at(nullptr, batch * t_, p_ - v_, c_, precision == Precision::bf16).size;
+  }
+  // bf16: dout rounded to bf16, (N, P).
+  std::size_t scratch_size(int batch, Precision precision) const noexcept override {
+    return precision == Precision::bf16 ? detail::bf16_floats(std::size_t(batch) * t_ * p_) : 0;
   }
 
   void forward(Device& dev, const float* wte, const float* in, float* out, int batch,
                const LayerWorkspace& ws) const override {
     const int n = batch * t_;
-    dev.gemm(Transpose::no, Transpose::yes, n, v_, c_, 1.0f, in, c_, wte, c_, 0.0f, out, p_);
+    const Saved s = Saved::at(ws.saved, n, p_ - v_, c_, ws.precision == Precision::bf16);
+    const MatIn x = detail::as_input(dev, in, s.in16, std::size_t(n) * c_);
+    detail::matmul(dev, Transpose::no, Transpose::yes, n, v_, c_, x, c_,
+                   detail::param_input(wte, ws, 0), c_, 0.0f, out, p_);
     if (p_ == v_) return;
     // The padding (N, P - V), rows of stride P, = ones (N, 1) minus_inf (1, P - V): a GEMM is
     // the device's one strided write, and each element is the single product 1 * -inf.
-    float* ones = ws.saved;
-    float* minus_inf = ws.saved + n;
-    dev.fill(ones, 1.0f, std::size_t(n));
-    dev.fill(minus_inf, -std::numeric_limits<float>::infinity(), std::size_t(p_ - v_));
-    dev.gemm(Transpose::no, Transpose::no, n, p_ - v_, 1, 1.0f, ones, 1, minus_inf, p_ - v_, 0.0f,
-             out + v_, p_);
+    dev.fill(s.ones, 1.0f, std::size_t(n));
+    dev.fill(s.minus_inf, -std::numeric_limits<float>::infinity(), std::size_t(p_ - v_));
+    dev.gemm(Transpose::no, Transpose::no, n, p_ - v_, 1, 1.0f, s.ones, 1, s.minus_inf, p_ - v_,
+             0.0f, out + v_, p_);
   }
   // dwte (V, C) += dout^T (V, N) in (N, C); din (N, C) = dout (N, V) wte (V, C); dout's rows
-  // have stride P, and its padding (zero) is never read.
+  // have stride P, and its padding (zero) is never read. bf16: dout rounded into scratch first.
   void backward(Device& dev, const float* wte, float* dwte, const float* in, const float* /*out*/,
                 const float* dout, float* din, int batch,
-                const LayerWorkspace& /*ws*/) const override {
+                const LayerWorkspace& ws) const override {
     const int n = batch * t_;
-    dev.gemm(Transpose::yes, Transpose::no, v_, c_, n, 1.0f, dout, p_, in, c_, 1.0f, dwte, c_);
+    const bool bf16 = ws.precision == Precision::bf16;
+    const Saved s = Saved::at(ws.saved, n, p_ - v_, c_, bf16);
+    const MatIn x = bf16 ? MatIn{nullptr, s.in16} : MatIn{in, nullptr};
+    const MatIn dy = detail::as_input(dev, dout, bf16 ? reinterpret_cast<std::uint16_t*>(ws.scratch)
+                                                      : nullptr,
+                                      std::size_t(n) * p_);
+    detail::matmul(dev, Transpose::yes, Transpose::no, v_, c_, n, dy, p_, x, c_, 1.0f, dwte, c_);
     if (din)
-      dev.gemm(Transpose::no, Transpose::no, n, c_, v_, 1.0f, dout, p_, wte, c_, 0.0f, din, c_);
+      detail::matmul(dev, Transpose::no, Transpose::no, n, c_, v_, dy, p_,
+                     detail::param_input(wte, ws, 0), c_, 0.0f, din, c_);
   }
 
  private:
+  // ones (N) and minus_inf (P - V), the two factors of the padding (none without padding);
+  // bf16: the input rounded to bf16 (N, C), for backward.
+  struct Saved {
+    float *ones, *minus_inf;
+    std::uint16_t* in16;
+    std::size_t size;
+    static Saved at(float* base, int rows, int padding, int channels, bool bf16) {
+      Carver k(base);
+      Saved s{k.take(padding > 0 ? std::size_t(rows) : 0), k.take(std::size_t(padding)),
+              bf16 ? k.take_bf16(std::size_t(rows) * channels) : nullptr, 0};
+      s.size = k.used();
+      return s;
+    }
+  };
+
   int tied_, v_, p_, t_, c_;
 };
 

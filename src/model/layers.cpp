@@ -36,23 +36,44 @@ class Linear final : public Layer {
       params[i] = static_cast<float>((2.0 * detail::uniform01(rng_state) - 1.0) * bound);
   }
 
+  // bf16 (Note [bf16 compute]): saved holds the input rounded to bf16 (B, in) for backward,
+  // scratch dout rounded to bf16 (B, out).
+  std::size_t workspace_size(int batch, Precision precision) const noexcept override {
+    return precision == Precision::bf16 ? detail::bf16_floats(rows(batch) * in_) : 0;
+  }
+  std::size_t scratch_size(int batch, Precision precision) const noexcept override {
+    return precision == Precision::bf16 ? detail::bf16_floats(rows(batch) * out_) : 0;
+  }
+
   // out (B, out) = in (B, in) * W^T (in, out) + b
   void forward(Device& dev, const float* params, const float* in, float* out, int batch,
-               const LayerWorkspace& /*ws*/) const override {
-    detail::linear_forward(dev, params, params + weight_count(), in, out, batch, in_, out_);
+               const LayerWorkspace& ws) const override {
+    const detail::MatIn x = detail::as_input(dev, in, saved_bf16(ws), rows(batch) * in_);
+    detail::linear_forward(dev, weights(params, ws), x, out, batch, in_, out_);
   }
 
   // dW (out, in) += dout^T (out, B) * in (B, in); db (out) += column sums of dout (B, out);
   // din (B, in) = dout (B, out) * W (out, in).
   void backward(Device& dev, const float* params, float* grads, const float* in,
                 const float* /*out*/, const float* dout, float* din, int batch,
-                const LayerWorkspace& /*ws*/) const override {
-    detail::linear_backward(dev, params, grads, grads + weight_count(), in, dout, din, batch, in_,
-                            out_);
+                const LayerWorkspace& ws) const override {
+    const std::uint16_t* saved = saved_bf16(ws);
+    const detail::MatIn x = saved ? detail::MatIn{nullptr, saved} : detail::MatIn{in, nullptr};
+    detail::linear_backward(dev, weights(params, ws), grads, grads + weight_count(), x, dout, din,
+                            batch, in_, out_, reinterpret_cast<std::uint16_t*>(ws.scratch));
   }
 
  private:
   std::size_t weight_count() const noexcept { return static_cast<std::size_t>(out_) * in_; }
+  static std::size_t rows(int batch) noexcept { return static_cast<std::size_t>(batch); }
+  // The weight as the precision's matrix products read it, and the fp32 bias.
+  detail::LinearParams weights(const float* params, const LayerWorkspace& ws) const noexcept {
+    return {detail::param_input(params, ws, 0), params + weight_count()};
+  }
+  // bf16: where the input is kept, rounded; null otherwise.
+  static std::uint16_t* saved_bf16(const LayerWorkspace& ws) noexcept {
+    return ws.precision == Precision::bf16 ? reinterpret_cast<std::uint16_t*>(ws.saved) : nullptr;
+  }
   int in_;
   int out_;
 };

@@ -143,11 +143,13 @@ std::size_t elements(int batch, int features) {
 
 }  // namespace
 
-Replica::Replica(Device& device, const Model& model, int max_batch)
+Replica::Replica(Device& device, const Model& model, int max_batch, Precision precision)
     : device_(&device),
       model_(&model),
       max_batch_(checked_max_batch(max_batch)),
+      precision_(precision),
       params_(device, model.param_count()),
+      params_bf16_(device, precision == Precision::bf16 ? model.param_count() : 0),
       grads_(device, model.param_count()) {
   // Activation gradients are layers' din: as wide as the widest input after the first layer.
   int din_width = 1;
@@ -156,8 +158,8 @@ Replica::Replica(Device& device, const Model& model, int max_batch)
     const Layer& layer = *model.layers()[i];
     if (i > 0) din_width = std::max(din_width, layer.in_features());
     acts_.emplace_back(device, elements(max_batch, layer.out_features()));
-    saved_.emplace_back(device, layer.workspace_size(max_batch));
-    scratch = std::max(scratch, layer.scratch_size(max_batch));
+    saved_.emplace_back(device, layer.workspace_size(max_batch, precision));
+    scratch = std::max(scratch, layer.scratch_size(max_batch, precision));
   }
   scratch_ = DeviceArray<float>(device, scratch);
   for (DeviceArray<float>& d : dbuf_) d = DeviceArray<float>(device, elements(max_batch, din_width));
@@ -168,6 +170,19 @@ void Replica::load_parameters(std::span<const float> host) {
     throw std::invalid_argument(fmt::format("replica: got {} parameters, the model has {}",
                                             host.size(), params_.size()));
   params_.upload(host);
+  refresh_bf16();
+}
+
+void Replica::refresh_bf16() {
+  if (params_bf16_.size()) device_->to_bf16(params_.data(), params_bf16_.data(), params_.size());
+}
+
+LayerWorkspace Replica::workspace(std::size_t layer) {
+  const std::uint16_t* bf16 = params_bf16_.data();
+  return {.saved = saved_[layer].data(),
+          .scratch = scratch_.data(),
+          .precision = precision_,
+          .params_bf16 = bf16 ? bf16 + model_->read_offset(layer) : nullptr};
 }
 
 std::vector<float> Replica::parameters() const { return params_.download(); }
@@ -183,7 +198,7 @@ const float* Replica::forward(const float* x, int batch) {
   for (std::size_t i = 0; i < layers.size(); ++i) {
     const float* in = i == 0 ? x : acts_[i - 1].data();
     layers[i]->forward(*device_, params_.data() + model_->read_offset(i), in, acts_[i].data(),
-                       batch, {saved_[i].data(), scratch_.data()});
+                       batch, workspace(i));
   }
   return acts_.back().data();
 }
@@ -201,7 +216,7 @@ void Replica::backward(const float* x, const float* dlogits, int batch,
     const std::size_t offset = model_->read_offset(i);
     const detail::NvtxRange range("backward layers.", i);
     layers[i]->backward(*device_, params_.data() + offset, grads_.data() + offset, in,
-                        acts_[i].data(), dout, din, batch, {saved_[i].data(), scratch_.data()});
+                        acts_[i].data(), dout, din, batch, workspace(i));
     if (grads_ready && layers[i]->param_count() > 0) grads_ready(i);
   }
 }

@@ -1,30 +1,150 @@
-// Building blocks shared by the layers: a fully connected map on rows.
+// Building blocks shared by the layers: matrix-product operands in either precision, a fully
+// connected map on rows, and carving a layer's workspace into regions.
 //
 // Shapes: x (rows, in), weight (out, in) as torch.nn.Linear, bias (out), y (rows, out).
 // Backward accumulates into dweight and dbias (+=) and overwrites dx (=) unless told to add.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
+
 #include "lockstep/device.hpp"
+#include "lockstep/model.hpp"
 
 namespace lockstep::detail {
 
+// Note [bf16 compute]
+// ~~~~~~~~~~~~~~~~~~~
+// trainer.precision: bf16 is mixed precision as PyTorch's autocast and llm.c do it: fp32 master
+// weights and optimiser state, bf16 inputs to every matrix product, fp32 for the rest. The CPU
+// backend is the reference for where values are rounded (to nearest even, Note [Rounding to
+// bf16] in src/common/bf16.hpp); the CUDA backend runs the same layer code through the same
+// Device ops.
+//
+// - Weights. The Replica keeps the fp32 master parameters and a bf16 copy with the same layout.
+//   load_parameters() writes it; every optimiser step writes it in the same pass as the update
+//   (sgd_step/adamw_step's params_bf16), so the copy costs no extra pass. Under ZeRO-1 a rank
+//   updates only its shards, so after the parameter all-gather the copy of the whole buffer is
+//   refreshed by one to_bf16. The copy is always to_bf16(master): checkpoints keep the fp32
+//   master only, and a bf16 run resumes exactly. Layers find their bf16 parameters in
+//   LayerWorkspace::params_bf16, at the offsets of their fp32 ones.
+// - Matrix products read bf16 operands (Device::gemm_bf16: each product exact in fp32, sums
+//   accumulated in fp32) into fp32 outputs: weights from the copy, activations rounded where
+//   they are stored, and output gradients rounded just before dW += dY^T X and dX = dY W. dW
+//   accumulates in fp32 (beta 1), so accumulate_steps stays exact to fp32 rounding.
+// - fp32 everywhere else: bias adds and bias gradients, LayerNorm, softmax, GELU, the residual
+//   stream and the loss, reading widened bf16 values where the input is stored in bf16. The
+//   embedding lookup reads the fp32 master wte and wpe (autocast does not cast embeddings
+//   either); the LM head's -inf padding product stays fp32.
+// - Activations kept for backward are stored in bf16 where they are only matrix-product inputs
+//   (a GPT block's ln_1, qkv, attention probabilities, attention output, ln_2 and GELU output;
+//   a Linear's and the LM head's input). The block's c_fc output (GELU's input) is stored in
+//   bf16 too, and GELU's forward and backward both read its widened value, so they agree. The
+//   first residual stays fp32: it is a LayerNorm input. Forward computes each in fp32 into the
+//   shared scratch (free during forward) and rounds it into the layer's saved workspace.
+//
+// The conversions are separate passes (to_bf16/from_bf16) for now; fusing them into the kernels
+// that produce or consume the values is the next step. fp32 and tf32 run exactly as before.
+
+// A matrix product's input as its precision stores it: fp32 values, or bf16 bits. Exactly one
+// of the two is set; `+` moves into the matrix by elements.
+struct MatIn {
+  const float* f32 = nullptr;
+  const std::uint16_t* bf16 = nullptr;
+  friend MatIn operator+(MatIn m, std::int64_t i) {
+    return {m.f32 ? m.f32 + i : nullptr, m.bf16 ? m.bf16 + i : nullptr};
+  }
+};
+
+// C = alpha op(A) op(B) + beta C in the operands' precision (both fp32, or both bf16).
+inline void matmul(Device& dev, Transpose ta, Transpose tb, int m, int n, int k, MatIn a,
+                   int lda, MatIn b, int ldb, float beta, float* c, int ldc) {
+  if (a.bf16)
+    dev.gemm_bf16(ta, tb, m, n, k, 1.0f, a.bf16, lda, b.bf16, ldb, beta, c, ldc);
+  else
+    dev.gemm(ta, tb, m, n, k, 1.0f, a.f32, lda, b.f32, ldb, beta, c, ldc);
+}
+
+inline void matmul_batched(Device& dev, Transpose ta, Transpose tb, int m, int n, int k, MatIn a,
+                           int lda, std::int64_t stride_a, MatIn b, int ldb, std::int64_t stride_b,
+                           float* c, int ldc, std::int64_t stride_c, int count) {
+  if (a.bf16)
+    dev.gemm_batched_bf16(ta, tb, m, n, k, 1.0f, a.bf16, lda, stride_a, b.bf16, ldb, stride_b,
+                          0.0f, c, ldc, stride_c, count);
+  else
+    dev.gemm_batched(ta, tb, m, n, k, 1.0f, a.f32, lda, stride_a, b.f32, ldb, stride_b, 0.0f, c,
+                     ldc, stride_c, count);
+}
+
+// x (n) as a matrix-product input: itself, or rounded into bf16 (n) when bf16 is not null.
+inline MatIn as_input(Device& dev, const float* x, std::uint16_t* bf16, std::size_t n) {
+  if (!bf16) return {x, nullptr};
+  dev.to_bf16(x, bf16, n);
+  return {nullptr, bf16};
+}
+
+// The parameter at `offset` (elements into a layer's parameters) as the layer's matrix products
+// read it: from LayerWorkspace::params_bf16 under bf16, from the fp32 params otherwise.
+inline MatIn param_input(const float* params, const LayerWorkspace& ws, std::size_t offset) {
+  if (ws.precision == Precision::bf16) return {nullptr, ws.params_bf16 + offset};
+  return {params + offset, nullptr};
+}
+
+// A linear layer's weight and bias: the weight as matrix products read it (bf16 or fp32), the
+// bias always fp32.
+struct LinearParams {
+  MatIn weight;
+  const float* bias;
+};
+
 // y = x * weight^T + bias
-inline void linear_forward(Device& dev, const float* weight, const float* bias, const float* x,
-                           float* y, int rows, int in, int out) {
-  dev.gemm(Transpose::no, Transpose::yes, rows, out, in, 1.0f, x, in, weight, in, 0.0f, y, out);
-  dev.add_bias(y, bias, rows, out);
+inline void linear_forward(Device& dev, LinearParams p, MatIn x, float* y, int rows, int in,
+                           int out) {
+  matmul(dev, Transpose::no, Transpose::yes, rows, out, in, x, in, p.weight, in, 0.0f, y, out);
+  dev.add_bias(y, p.bias, rows, out);
 }
 
 // dweight (out, in) += dy^T * x; dbias (out) += column sums of dy; dx (rows, in) = dy * weight
-// (+= when accumulate_dx), skipped when dx is null.
-inline void linear_backward(Device& dev, const float* weight, float* dweight, float* dbias,
-                            const float* x, const float* dy, float* dx, int rows, int in, int out,
-                            bool accumulate_dx = false) {
-  dev.gemm(Transpose::yes, Transpose::no, out, in, rows, 1.0f, dy, out, x, in, 1.0f, dweight, in);
+// (+= when accumulate_dx), skipped when dx is null. With bf16 weights, dy is first rounded into
+// dy_bf16 (rows, out); dbias still sums the fp32 dy.
+inline void linear_backward(Device& dev, LinearParams p, float* dweight, float* dbias, MatIn x,
+                            const float* dy, float* dx, int rows, int in, int out,
+                            std::uint16_t* dy_bf16 = nullptr, bool accumulate_dx = false) {
+  const MatIn g = as_input(dev, dy, p.weight.bf16 ? dy_bf16 : nullptr, std::size_t(rows) * out);
+  matmul(dev, Transpose::yes, Transpose::no, out, in, rows, g, out, x, in, 1.0f, dweight, in);
   dev.bias_grad(dbias, dy, rows, out);
   if (dx)
-    dev.gemm(Transpose::no, Transpose::no, rows, in, out, 1.0f, dy, out, weight, in,
-             accumulate_dx ? 1.0f : 0.0f, dx, in);
+    matmul(dev, Transpose::no, Transpose::no, rows, in, out, g, out, p.weight, in,
+           accumulate_dx ? 1.0f : 0.0f, dx, in);
 }
+
+// Floats that hold n bf16 values, rounded up to whole 64-byte lines so that whatever follows a
+// bf16 region stays as aligned as the region.
+constexpr std::size_t bf16_floats(std::size_t n) {
+  constexpr std::size_t line = 64 / sizeof(float);
+  return ((n + 1) / 2 + line - 1) / line * line;
+}
+
+// Carves consecutive regions out of one buffer; with a null base it only measures.
+class Carver {
+ public:
+  explicit Carver(float* base) : base_(base) {}
+  float* take(std::size_t n) {
+    float* p = base_ ? base_ + used_ : nullptr;
+    used_ += n;
+    return p;
+  }
+  // n bf16 values, starting on a 64-byte line of the buffer.
+  std::uint16_t* take_bf16(std::size_t n) {
+    constexpr std::size_t line = 64 / sizeof(float);
+    used_ = (used_ + line - 1) / line * line;
+    return reinterpret_cast<std::uint16_t*>(take(bf16_floats(n)));
+  }
+  std::size_t used() const noexcept { return used_; }
+
+ private:
+  float* base_;
+  std::size_t used_ = 0;
+};
 
 }  // namespace lockstep::detail

@@ -40,19 +40,29 @@ double optimizer_vectors(const OptimizerConfig& opt) {
   return opt.momentum != 0.0 ? 1 : 0;
 }
 
+// Floats of a layer's workspace or scratch for `batch`: its size at the batch itself, unless
+// that could multiply out of range; then the per-sample size times the batch, in double (under
+// bf16 slightly more: each bf16 region is rounded up to 64 bytes per call).
+template <class Size>
+double floats_for(Size size, int batch) {
+  const double estimate = static_cast<double>(size(1)) * batch;
+  return estimate < 1e15 ? static_cast<double>(size(batch)) : estimate;
+}
+
 // Activations, what layers keep for backward, the shared scratch and the two activation
 // gradients, for a batch of `batch`; per sample sizes times the batch, in double, so that no
 // size multiplies out of range.
-double activation_bytes(const Model& model, int batch) {
-  double per_sample = 0, scratch = 0, din = 1;
+double activation_bytes(const Model& model, int batch, Precision precision) {
+  double per_sample = 0, kept = 0, scratch = 0, din = 1;
   for (std::size_t i = 0; i < model.layers().size(); ++i) {
     const Layer& layer = *model.layers()[i];
-    per_sample += static_cast<double>(layer.out_features()) +
-                  static_cast<double>(layer.workspace_size(1));
-    scratch = std::max(scratch, static_cast<double>(layer.scratch_size(1)));
+    per_sample += static_cast<double>(layer.out_features());
+    kept += floats_for([&](int b) { return layer.workspace_size(b, precision); }, batch);
+    scratch = std::max(
+        scratch, floats_for([&](int b) { return layer.scratch_size(b, precision); }, batch));
     if (i > 0) din = std::max(din, static_cast<double>(layer.in_features()));
   }
-  return (per_sample + scratch + 2 * din) * batch * kFloat;
+  return ((per_sample + 2 * din) * batch + kept + scratch) * kFloat;
 }
 
 double dataset_bytes(const Dataset& d) {
@@ -111,11 +121,12 @@ MemoryPlan plan_memory(const Config& cfg, const Model& model, const Dataset& tra
   const double params = static_cast<double>(model.param_count()) * kFloat;
   const int batch = cfg.data.batch_size;
   MemoryPlan p;
-  p.parameters = params;
+  // bf16 compute: the replica's bf16 copy of the parameters too (2 bytes each).
+  p.parameters = cfg.trainer.precision == Precision::bf16 ? 1.5 * params : params;
   // With a bf16 all-reduce, the reducer's bf16 copy of the buckets too (2 bytes a parameter).
   p.gradients = cfg.trainer.grad_reduce_dtype == ReduceDtype::bf16 ? 1.5 * params : params;
   p.optimizer = optimizer_vectors(cfg.optimizer) * params;
-  p.activations = activation_bytes(model, batch);
+  p.activations = activation_bytes(model, batch, cfg.trainer.precision);
   // Two staged batches in flight: inputs as floats, targets as int32.
   p.staging = 2.0 * batch * (train.features() + train.targets()) * kFloat;
   p.workers = static_cast<int>(cfg.trainer.devices.size());

@@ -53,7 +53,8 @@ std::size_t Optimizer::state_bytes() const noexcept {
 }
 
 void Optimizer::apply(float* params, const float* grads, double lr, std::size_t begin,
-                      std::size_t end, const StepControl* control) {
+                      std::size_t end, const StepControl* control,
+                      std::uint16_t* params_bf16) {
   // The owned range holding [begin, end): the last one starting at or before `begin`.
   const auto after = std::upper_bound(
       owned_.begin(), owned_.end(), begin,
@@ -63,27 +64,29 @@ void Optimizer::apply(float* params, const float* grads, double lr, std::size_t 
   const std::size_t range = static_cast<std::size_t>(after - owned_.begin()) - 1;
   const std::size_t state_at = offset_[range] + (begin - owned_[range].begin);
   if (spans_.empty())
-    return update(params, grads, lr, begin, end, cfg_.weight_decay, state_at, control);
+    return update(params, grads, lr, begin, end, cfg_.weight_decay, state_at, control,
+                  params_bf16);
   for (const DecaySpan& s : spans_) {
     const std::size_t b = std::max(begin, s.begin), e = std::min(end, s.end);
     if (b < e)
       update(params, grads, lr, b, e, s.decay ? cfg_.weight_decay : 0.0, state_at + (b - begin),
-             control);
+             control, params_bf16);
   }
 }
 
 void Optimizer::update(float* params, const float* grads, double lr, std::size_t begin,
                        std::size_t end, double weight_decay, std::size_t state_at,
-                       const StepControl* control) {
+                       const StepControl* control, std::uint16_t* params_bf16) {
   const float lr_f = static_cast<float>(lr);
   const std::size_t n = end - begin;
+  std::uint16_t* bf16 = params_bf16 ? params_bf16 + begin : nullptr;
   auto at = [state_at](DeviceArray<float>& a) { return a.data() ? a.data() + state_at : nullptr; };
   switch (cfg_.type) {
     case OptimizerKind::sgd:
       device_->sgd_step({.momentum = static_cast<float>(cfg_.momentum),
                          .weight_decay = static_cast<float>(weight_decay),
                          .nesterov = cfg_.nesterov},
-                        lr_f, params + begin, grads + begin, at(m_), n, control, nullptr);
+                        lr_f, params + begin, grads + begin, at(m_), n, control, bf16);
       return;
     case OptimizerKind::adamw:
       device_->adamw_step({.beta1 = static_cast<float>(cfg_.beta1),
@@ -91,7 +94,7 @@ void Optimizer::update(float* params, const float* grads, double lr, std::size_t
                            .eps = static_cast<float>(cfg_.eps),
                            .weight_decay = static_cast<float>(weight_decay)},
                           lr_f, t_, params + begin, grads + begin, at(m_), at(v_), n, control,
-                          nullptr);
+                          bf16);
       return;
   }
 }

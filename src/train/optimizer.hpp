@@ -57,9 +57,11 @@ class Optimizer {
   // With `control` (device memory, Device::step_control) the update scales the gradient by its
   // clip factor and does nothing if it says skip; the host learns of a skip later and calls
   // cancel_step(), so the step count stays that of the updates taken.
+  // params_bf16 (not null): the parameters' bf16 copy, same layout, which the same pass writes
+  // with the updated [begin, end) rounded to bf16 (Note [bf16 compute] in src/model/ops.hpp).
   void begin_step() noexcept { ++t_; }
   void apply(float* params, const float* grads, double lr, std::size_t begin, std::size_t end,
-             const StepControl* control = nullptr);
+             const StepControl* control = nullptr, std::uint16_t* params_bf16 = nullptr);
   void cancel_step() noexcept { --t_; }
   std::int64_t steps_taken() const noexcept { return t_; }
 
@@ -80,7 +82,8 @@ class Optimizer {
  private:
   // Updates [begin, end) of the buffer, whose state starts at `state_at`.
   void update(float* params, const float* grads, double lr, std::size_t begin, std::size_t end,
-              double weight_decay, std::size_t state_at, const StepControl* control);
+              double weight_decay, std::size_t state_at, const StepControl* control,
+              std::uint16_t* params_bf16);
 
   Device* device_;
   OptimizerConfig cfg_;

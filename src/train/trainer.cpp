@@ -188,7 +188,7 @@ EvalMetrics evaluate(const Config& config, const Model& model, std::span<const f
   if (data.features() != features)
     throw InputError(fmt::format("{}: the data has {} features, the model takes {}", config.source,
                                  data.features(), features));
-  Replica replica(*device, model, batch);
+  Replica replica(*device, model, batch, config.trainer.precision);
   replica.load_parameters(params);
   return detail::eval_metrics(detail::loss_totals(replica, data, 0, 1, batch), 0, data.targets());
 }
@@ -344,6 +344,7 @@ Summary Trainer::Impl::begin_summary(const Backend& b) const {
     return d.id == s.devices.front() || d.backend == "cpu";  // any id names the host CPU
   });
   if (first != infos.end()) s.matmul = first->matmul;
+  s.precision = to_string(cfg.trainer.precision);
   s.processes = processes ? processes->size() : 1;
   s.parameters = model.param_count();
   s.flops_per_token = cfg.model.type == "gpt" ? gpt_flops_per_token(gpt_spec(cfg, *train)) : 0.0;

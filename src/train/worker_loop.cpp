@@ -127,12 +127,14 @@ void WorkerLoop::set_up(Backend& backend) {
                                       tc.threads_per_device);
   Device& dev = *res_.device;
   comm_.attach(dev);
-  res_.replica = std::make_unique<Replica>(dev, run_.model, run_.cfg.data.batch_size);
+  res_.replica =
+      std::make_unique<Replica>(dev, run_.model, run_.cfg.data.batch_size, tc.precision);
   Replica& replica = *res_.replica;
   replica.load_parameters(resume ? std::span<const float>(resume->params) : run_.initial);
   // The replicas start from the same host copy; the broadcast makes rank 0 the authority anyway,
   // as any later backend (several processes) needs.
   comm_.broadcast(replica.params(), replica.param_count(), 0);
+  replica.refresh_bf16();
 
   std::vector<Bucket> buckets = plan_buckets(run_.model, tc.bucket_cap_mb);
   const CommMode mode = choose_comm_mode(cores_scarce(backend), comm_.size(), buckets.size());
@@ -390,11 +392,14 @@ WorkerLoop::UpdateResult WorkerLoop::after_update(const StepTotals& totals,
   return r;
 }
 
-// ZeRO-1: waits for the all-gathers of the updated shards; every replica is whole again.
+// ZeRO-1: waits for the all-gathers of the updated shards; every replica is whole again. The
+// optimiser wrote the bf16 copy of no shard, so it is refreshed whole, in one pass (Note [bf16
+// compute] in src/model/ops.hpp).
 void WorkerLoop::gather_parameters() {
   if (!zero()) return;
   TraceSpan span(track_, "all-gather wait", pos_.step);
   res_.reducer->wait_gathers();
+  res_.replica->refresh_bf16();
 }
 
 // Updating each bucket as soon as it lands is only possible when nothing must be decided about
@@ -410,8 +415,10 @@ bool WorkerLoop::updates_per_bucket() const {
 void WorkerLoop::update_bucket(std::size_t i, double lr, const StepControl* control) {
   Replica& replica = *res_.replica;
   const ShardRange mine = res_.reducer->shard(i);
+  // Without ZeRO the step writes the bf16 copy too; with it, gather_parameters() does.
   if (mine.size() > 0)
-    res_.optimizer->apply(replica.params(), replica.grads(), lr, mine.begin, mine.end, control);
+    res_.optimizer->apply(replica.params(), replica.grads(), lr, mine.begin, mine.end, control,
+                          zero() ? nullptr : replica.params_bf16());
   if (zero()) res_.reducer->start_gather(i, replica.params());
 }
 

@@ -562,13 +562,18 @@ TEST_CASE("config: a file's relative paths are relative to its directory, --set'
   fs::remove_all(dir);
 }
 
-TEST_CASE("config: trainer.precision reads fp32 and tf32, refuses bf16 until it is built") {
+TEST_CASE("config: trainer.precision reads fp32, tf32 and bf16") {
   CHECK(parse_config(kMinimal, "q.yaml").trainer.precision == Precision::fp32);
   const std::vector<std::string> tf32{"trainer.precision=tf32"};
   CHECK(parse_config(kMinimal, "q.yaml", tf32).trainer.precision == Precision::tf32);
+  const std::vector<std::string> bf16{"trainer.precision=bf16"};
+  CHECK(parse_config(kMinimal, "q.yaml", bf16).trainer.precision == Precision::bf16);
   CHECK(to_string(Precision::bf16) == "bf16");
-  CHECK(error_of("data: {dataset: synthetic}\ntrainer: {steps: 10, precision: bf16}\n") ==
-        "q.yaml:2:22: trainer.precision: bf16 compute is not implemented yet; use fp32 or tf32");
+  // bf16 compute with a bf16 gradient all-reduce.
+  const std::vector<std::string> both{"trainer.precision=bf16", "trainer.grad_reduce_dtype=bf16"};
+  const Config mixed = parse_config(kMinimal, "q.yaml", both);
+  CHECK(mixed.trainer.precision == Precision::bf16);
+  CHECK(mixed.trainer.grad_reduce_dtype == ReduceDtype::bf16);
   CHECK(error_of("trainer: {steps: 10, precision: fp16}\n") ==
         "q.yaml:1:33: trainer.precision: expected one of fp32, tf32, bf16, got 'fp16'");
 }

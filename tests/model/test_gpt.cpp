@@ -275,7 +275,7 @@ TEST_SUITE("model") {
           6.0 * (124439808.0 - 1024.0 * 768.0) + 12.0 * 12 * 768 * 1024);
   }
 
-  TEST_CASE("peak FLOP/s by device name, fp32 and TF32 - unknown devices and bf16 have none") {
+  TEST_CASE("peak FLOP/s by device name, fp32, TF32 and bf16 - unknown devices have none") {
     using lockstep::Precision;
     CHECK(lockstep::peak_flops("NVIDIA H200", Precision::tf32).value() == doctest::Approx(494.7e12));
     CHECK(lockstep::peak_flops("NVIDIA H200", Precision::fp32).value() == doctest::Approx(67e12));
@@ -283,7 +283,11 @@ TEST_SUITE("model") {
     CHECK(lockstep::peak_flops("NVIDIA A100-SXM4-80GB", Precision::tf32).value() == doctest::Approx(156e12));
     CHECK(lockstep::peak_flops("NVIDIA A10G", Precision::fp32).value() == doctest::Approx(31.2e12));
     CHECK_FALSE(lockstep::peak_flops("cpu", Precision::fp32).has_value());
-    CHECK_FALSE(lockstep::peak_flops("NVIDIA H200", Precision::bf16).has_value());
+    CHECK(lockstep::peak_flops("NVIDIA H200", Precision::bf16).value() == doctest::Approx(989.4e12));
+    CHECK(lockstep::peak_flops("NVIDIA H100 80GB HBM3", Precision::bf16).value() == doctest::Approx(989.4e12));
+    CHECK(lockstep::peak_flops("NVIDIA A100-SXM4-80GB", Precision::bf16).value() == doctest::Approx(312e12));
+    CHECK_FALSE(lockstep::peak_flops("Tesla V100-SXM2-16GB", Precision::bf16).has_value());
+    CHECK_FALSE(lockstep::peak_flops("cpu", Precision::bf16).has_value());
   }
 }
 

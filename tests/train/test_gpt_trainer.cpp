@@ -1,6 +1,6 @@
 // The trainer with the GPT model on token windows, against closed-form expectations:
 //   - N workers x batch B take the same steps as 1 worker x batch N*B (data-parallel
-//     equivalence), and replicas stay bit-identical;
+//     equivalence), in fp32 and in bf16, and replicas stay bit-identical;
 //   - loss and accuracy are per token, and the model must fit the data;
 //   - a checkpoint carries the architecture for `lockstep sample`.
 #include <doctest/doctest.h>
@@ -41,6 +41,20 @@ TEST_CASE("gpt: N workers x batch B equal 1 worker x batch N*B, replicas identic
     // It learned: a uniform guess over 13 tokens has loss log 13 = 2.56.
     CHECK(so.eval_loss < 2.4);
   }
+}
+
+TEST_CASE("gpt bf16: N workers x batch B match 1 worker x batch N*B, replicas identical") {
+  // As above under trainer.precision bf16: every sample is rounded the same way whichever
+  // worker computes it, so only fp32 summation order differs; rounded weights can differ in a
+  // last bf16 bit, hence the looser bound.
+  auto train = std::make_shared<TokenDataset>(token_stream(961, 8, 1));
+  auto eval = std::make_shared<TokenDataset>(token_stream(161, 8, 2));
+  Config many = gpt_config(2, 6), one = gpt_config(1, 12);
+  many.trainer.precision = one.trainer.precision = Precision::bf16;
+  const Summary sm = Trainer(many, train, eval).run(), so = Trainer(one, train, eval).run();
+  CHECK(sm.replicas_identical);
+  CHECK(sm.eval_loss == doctest::Approx(so.eval_loss).epsilon(1e-3));
+  CHECK(so.eval_loss < 2.4);
 }
 
 TEST_CASE("gpt: the summary counts windows, loss is per token, and the data must fit") {
