@@ -69,10 +69,7 @@ TEST_CASE("gpt parity with PyTorch through lockstep train: fp32, the loss at 12 
   check_through_cli("fp32");
 }
 
-// Run by the CTest test "gpt parity with PyTorch through lockstep train: bf16 ..." (see
-// tests/CMakeLists.txt), not by doctest's own listing.
-TEST_CASE("gpt parity with PyTorch through lockstep train: bf16 against torch.autocast" *
-          doctest::skip()) {
+TEST_CASE("gpt parity with PyTorch through lockstep train: bf16 against torch.autocast") {
   check_through_cli("bf16");
 }
 
