@@ -271,7 +271,7 @@ class MpiProcesses final : public ProcessGroup {
   // On the MPI thread: tests the calls in flight and posts more. Returns whether the request
   // progressed; sets `finished` once every call has completed (or failed: then `error`).
   bool advance(Request& r, bool& finished, std::string& error) {
-    if (r.ring) return advance_ring(*r.ring, finished, error);
+    if (r.ring) return advance_ring(r.ring, finished, error);
     int completed = 0;
     std::vector<int> indices(r.in_flight.size());
     int rc = MPI_Testsome(static_cast<int>(r.in_flight.size()), r.in_flight.data(), &completed,
@@ -282,14 +282,19 @@ class MpiProcesses final : public ProcessGroup {
     return finished || completed != 0;
   }
 
-  // advance() for a ring. Its staging goes to the next ring once it finished cleanly (a failed
-  // ring may still have calls pending in MPI).
-  bool advance_ring(detail::RingAllReduce& ring, bool& finished, std::string& error) {
+  // advance() for a ring. Its staging goes to the next ring once it finished cleanly; a failed
+  // ring may still have calls pending in MPI, so it stays alive (with its staging) until exit.
+  bool advance_ring(const std::shared_ptr<detail::RingAllReduce>& ring, bool& finished,
+                    std::string& error) {
     bool progressed = false;
-    const int rc = ring.advance(ring_staging_, progressed);
-    finished = rc != MPI_SUCCESS || ring.finished();
-    if (rc != MPI_SUCCESS) error = "MPI: " + mpi_error(rc);
-    else if (finished) ring_staging_ = ring.release_staging();
+    const int rc = ring->advance(ring_staging_, progressed);
+    finished = rc != MPI_SUCCESS || ring->finished();
+    if (rc != MPI_SUCCESS) {
+      error = "MPI: " + mpi_error(rc);
+      failed_rings_.push_back(ring);
+    } else if (finished) {
+      ring_staging_ = ring->release_staging();
+    }
     return finished || progressed;
   }
 
@@ -399,6 +404,7 @@ class MpiProcesses final : public ProcessGroup {
   std::string start_error_;
   int job_abort_code_ = -1;
   std::shared_ptr<detail::RingAllReduce::Staging> ring_staging_;  // the MPI thread's
+  std::vector<std::shared_ptr<detail::RingAllReduce>> failed_rings_;  // likewise
   std::thread thread_;
 };
 

@@ -31,8 +31,9 @@ void RingAllReduce::plan(std::size_t count, int rank, int size) {
   for (int t = 0; t < 2 * (size - 1); ++t) {
     const bool reduce = t < size - 1;
     const int u = reduce ? t : t - (size - 1);
-    const ShardRange in = shard_range(count, size, reduce ? mod(rank - t - 1, size) : mod(rank - u, size));
-    const ShardRange out = shard_range(count, size, reduce ? mod(rank - t, size) : mod(rank + 1 - u, size));
+    const int received = reduce ? rank - t - 1 : rank - u, sent = reduce ? rank - t : rank + 1 - u;
+    const ShardRange in = shard_range(count, size, mod(received, size));
+    const ShardRange out = shard_range(count, size, mod(sent, size));
     const std::size_t first_recv = recvs_.size();
     for (std::size_t b = in.begin; b < in.end; b += kChunk)
       recvs_.push_back({b, static_cast<int>(std::min(kChunk, in.end - b)), reduce, -1});
@@ -72,7 +73,8 @@ int RingAllReduce::post() {
   for (int slot = 0; slot < kSlots && next_recv_ < recvs_.size(); ++slot) {
     if (slot_unit_[slot] >= 0) continue;
     const Unit& u = recvs_[next_recv_];
-    if (const int rc = MPI_Irecv(stage(slot), u.n, MPI_FLOAT, left_, kTag, comm_, &requests_[slot]);
+    if (const int rc =
+            MPI_Irecv(stage(slot), u.n, MPI_FLOAT, left_, kTag, comm_, &requests_[slot]);
         rc != MPI_SUCCESS)
       return rc;
     slot_unit_[slot] = static_cast<std::ptrdiff_t>(next_recv_++);
@@ -82,7 +84,8 @@ int RingAllReduce::post() {
     const Unit& u = sends_[next_send_];
     if (u.after >= 0 && !received_[static_cast<std::size_t>(u.after)]) break;
     std::memcpy(stage(slot), data_ + u.offset, static_cast<std::size_t>(u.n) * sizeof(float));
-    if (const int rc = MPI_Isend(stage(slot), u.n, MPI_FLOAT, right_, kTag, comm_, &requests_[slot]);
+    if (const int rc =
+            MPI_Isend(stage(slot), u.n, MPI_FLOAT, right_, kTag, comm_, &requests_[slot]);
         rc != MPI_SUCCESS)
       return rc;
     slot_unit_[slot] = static_cast<std::ptrdiff_t>(next_send_++);

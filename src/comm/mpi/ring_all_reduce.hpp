@@ -9,19 +9,22 @@
 //   copies the received segment p-u into its buffer. Every segment is summed by one process and
 //   copied to the others, so every process ends with the same bits; the order of a segment's sum
 //   is fixed by P alone (with two processes it is a + b, the same bits in either order, as MPI's
-//   own reduction). Each process moves 2(P-1)/P of the buffer each way: what the blocking
-//   MPI_Allreduce moves, where MPI_Iallreduce's schedule reached half its bandwidth
-//   (bench/RESULTS.md).
-//   Every step is cut into chunks of kChunk floats, with up to kSlots receives and kSlots sends
-//   in flight, so the steps overlap: a chunk received and summed is sent on at once. Messages go
-//   in the same order on every process (step, then chunk) with one tag, and MPI keeps the order
-//   between two processes on one communicator, so each receive meets its send.
-//   MPI never writes into the caller's buffer: receives land in staging chunks owned by the ring,
-//   and sends go out of staging too (a copy of one chunk, still in cache). Only the MPI thread
-//   touches the caller's buffer, between MPI calls and under a lock; the caller, aborted,
-//   abandon()s the ring, after which nobody touches the buffer again, while calls still pending
-//   in MPI use staging that the ring keeps alive. So an abort completes at once and the caller
-//   may free its buffer (Note [One MPI thread]).
+//   own reduction). Each process sends and receives 2(P-1)/P of the buffer, the least an
+//   all-reduce can. The pipelined MPI_Iallreduce it replaces reached 34-48% of the blocking
+//   MPI_Allreduce's busbw at 4-64 MB; the ring 65% at 4 MB and more than the blocking call from
+//   16 MB (bench/RESULTS.md).
+//   Every step is cut into chunks of kChunk floats (64 Ki measured best of 32-256 Ki), with up
+//   to kSlots receives and kSlots sends in flight, so the steps overlap: a chunk received and
+//   summed is sent on at once. Messages go in the same order on every process (step, then
+//   chunk) with one tag, and MPI keeps the order between two processes on one communicator, so
+//   each receive meets its send.
+//   MPI never touches the caller's buffer: receives land in staging chunks owned by the ring,
+//   and sends go out of staging too (a copy of one chunk, still in cache; sending straight from
+//   the caller's buffer measured slower, besides). Only the MPI thread touches the caller's
+//   buffer, between MPI calls and under a lock; the caller, aborted, abandon()s the ring, after
+//   which nobody touches the buffer again, while calls still pending in MPI use staging that the
+//   ring keeps alive. So an abort completes at once and the caller may free its buffer (Note
+//   [One MPI thread]).
 #pragma once
 
 #include <mpi.h>
@@ -48,7 +51,9 @@ class RingAllReduce {
   // error code; sets `progressed` when anything completed.
   int advance(std::shared_ptr<Staging>& staging, bool& progressed);
   // Every call of the ring has completed: data holds the sum.
-  bool finished() const noexcept { return recvs_done_ == recvs_.size() && sends_done_ == sends_.size(); }
+  bool finished() const noexcept {
+    return recvs_done_ == recvs_.size() && sends_done_ == sends_.size();
+  }
   // The staging, for the next ring once this one has finished cleanly.
   std::shared_ptr<Staging> release_staging() noexcept { return std::move(staging_); }
 
