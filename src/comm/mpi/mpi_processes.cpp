@@ -3,29 +3,32 @@
 // Note [One MPI thread]
 //   Every MPI call of the process is made by one thread of ours, which initialises MPI, serves
 //   the callers, and finalises MPI: MPI_THREAD_FUNNELED is all we ask of the library. A caller
-//   queues a request and waits; the MPI thread posts it as nonblocking collectives (several
-//   chunks on the data plane, Note [Pipelined collectives]) and polls them with MPI_Testsome
-//   until they complete. So nothing ever blocks inside MPI: abort() wakes every
-//   waiting caller at once, and the worker threads of a failed process always stop, even while a
-//   peer process never joins the collective they were in.
+//   queues a request and waits; the MPI thread posts it as nonblocking calls (the data plane's
+//   all-reduce as a ring of sends and receives, Note [Ring all-reduce] in ring_all_reduce.hpp;
+//   the rest as nonblocking collectives, several chunks on the data plane, Note [Pipelined
+//   collectives]) and polls them with MPI_Testsome until they complete. So nothing ever blocks
+//   inside MPI: abort() wakes every waiting caller at once, and the worker threads of a failed
+//   process always stop, even while a peer process never joins the collective they were in.
 //   Each plane has its own communicator (a duplicate of MPI_COMM_WORLD): collectives are ordered
 //   per communicator, and the MPI thread may post the two planes' requests interleaved
 //   differently in different processes.
-//   A request owns its buffer; the MPI thread never touches the caller's memory. The caller
-//   copies in before queueing and out after completion: after an abort, a request still pending
-//   in MPI cannot write into memory the caller has freed.
+//   MPI never writes into the caller's memory: after an abort, a call still pending in MPI must
+//   not write into memory the caller has freed. A collective's request owns its buffer: the
+//   caller copies in before queueing and out after completion. The ring receives into staging
+//   it owns, and only the MPI thread moves data between staging and the caller's buffer, which
+//   an aborted caller takes back (RingAllReduce::abandon) before it leaves.
 //
 // Note [Pipelined collectives]
 //   Open MPI's nonblocking collectives (libnbc) run a schedule of rounds that advances only
 //   inside MPI calls on our thread, and one large MPI_Iallreduce is a long chain of them: it
-//   reached half the blocking MPI_Allreduce's bandwidth at 16-64 MB (bench/RESULTS.md). So the
-//   data plane cuts a buffer into chunks of kPipelineChunk elements and keeps up to kInFlight of
-//   them posted: MPI_Testsome advances all of them at once, and a finished chunk's slot takes
-//   the next. Every chunk is a separate collective on the data communicator, posted in the same
-//   order in every process. The MPI thread polls without pause while chunks complete, yielding
-//   the core, and backs off to 50 us sleeps once nothing has moved for kHotPolling. An element's
-//   sum is MPI's reduction of that element over the processes whatever the chunking (with two
-//   processes, a + b in either order: the same bits).
+//   reached half the blocking MPI_Allreduce's bandwidth at 16-64 MB (bench/RESULTS.md), and
+//   cut into pipelined chunks, as the data plane's broadcast still is, 34-48% (the all-reduce is
+//   a ring now). So the data plane cuts a buffer into chunks of kPipelineChunk elements and keeps
+//   up to kInFlight of them posted: MPI_Testsome advances all of them at once, and a finished
+//   chunk's slot takes the next. Every chunk is a separate collective on the data communicator,
+//   posted in the same order in every process. The MPI thread polls without pause while calls
+//   complete, yielding the core, and backs off to 50 us sleeps once nothing has moved for
+//   kHotPolling.
 #include <mpi.h>
 
 #include <algorithm>
@@ -45,6 +48,7 @@
 
 #include <fmt/format.h>
 
+#include "comm/mpi/ring_all_reduce.hpp"
 #include "common/start_thread.hpp"
 #include "lockstep/comm.hpp"
 
@@ -95,6 +99,7 @@ class MpiProcesses final : public ProcessGroup {
   int size() const noexcept override { return size_; }
 
   void all_reduce(float* data, std::size_t count) override {
+    if (size_ > 1) return run_ring(data, count);  // Note [Ring all-reduce]
     run(Plane::data, data, count * sizeof(float), count,
         [this](Request& r, std::size_t offset, int n, MPI_Request* out) {
           return MPI_Iallreduce(MPI_IN_PLACE, r.floats() + offset, n, MPI_FLOAT, MPI_SUM, data_,
@@ -193,6 +198,7 @@ class MpiProcesses final : public ProcessGroup {
     std::size_t posted = 0;       // elements handed to MPI so far
     bool started = false;         // the first call is posted
     std::vector<MPI_Request> in_flight;  // MPI_REQUEST_NULL where a slot is free
+    std::shared_ptr<detail::RingAllReduce> ring;  // instead of the above: Note [Ring all-reduce]
     bool done = false;
     std::string error;
     float* floats() { return reinterpret_cast<float*>(buffer.data()); }
@@ -217,20 +223,39 @@ class MpiProcesses final : public ProcessGroup {
     request->count = count;
     request->chunk = chunk;
     request->in_flight.assign(count > request->chunk ? kInFlight : 1, MPI_REQUEST_NULL);
+    if (!serve(request)) throw CommAborted();
+    if (bytes) std::memcpy(data, request->buffer.data(), bytes);
+  }
+
+  // all_reduce over the caller's buffer (Note [Ring all-reduce]). Aborted, the caller abandons
+  // the ring before it leaves, so nothing touches data after the throw.
+  void run_ring(float* data, std::size_t count) {
+    auto request = std::make_shared<Request>();
+    request->ring = std::make_shared<detail::RingAllReduce>(data, count, data_, rank_, size_);
+    if (!serve(request)) {
+      request->ring->abandon();
+      throw CommAborted();
+    }
+  }
+
+  // Queues `request` for the MPI thread and waits for it. Returns false when aborted before it
+  // completed; throws its error.
+  bool serve(const std::shared_ptr<Request>& request) {
     {
       std::unique_lock lock(mutex_);
       if (aborted_) throw CommAborted();
       queue_.push_back(request);
       work_cv_.notify_one();
       done_cv_.wait(lock, [&] { return request->done || aborted_; });
-      if (!request->done) throw CommAborted();
+      if (!request->done) return false;
     }
     if (!request->error.empty()) throw std::runtime_error(request->error);
-    if (bytes) std::memcpy(data, request->buffer.data(), bytes);
+    return true;
   }
 
   // On the MPI thread: posts the next chunks into the free slots. Returns an MPI error code.
   static int refill(Request& r) {
+    if (r.ring) return MPI_SUCCESS;  // posts its own calls in advance()
     for (MPI_Request& slot : r.in_flight) {
       if (r.all_posted()) break;
       if (slot != MPI_REQUEST_NULL) continue;
@@ -245,7 +270,8 @@ class MpiProcesses final : public ProcessGroup {
 
   // On the MPI thread: tests the calls in flight and posts more. Returns whether the request
   // progressed; sets `finished` once every call has completed (or failed: then `error`).
-  static bool advance(Request& r, bool& finished, std::string& error) {
+  bool advance(Request& r, bool& finished, std::string& error) {
+    if (r.ring) return advance_ring(r.ring, finished, error);
     int completed = 0;
     std::vector<int> indices(r.in_flight.size());
     int rc = MPI_Testsome(static_cast<int>(r.in_flight.size()), r.in_flight.data(), &completed,
@@ -254,6 +280,22 @@ class MpiProcesses final : public ProcessGroup {
     finished = rc != MPI_SUCCESS || (completed == MPI_UNDEFINED && r.all_posted());
     if (rc != MPI_SUCCESS) error = "MPI: " + mpi_error(rc);
     return finished || completed != 0;
+  }
+
+  // advance() for a ring. Its staging goes to the next ring once it finished cleanly; a failed
+  // ring may still have calls pending in MPI, so it stays alive (with its staging) until exit.
+  bool advance_ring(const std::shared_ptr<detail::RingAllReduce>& ring, bool& finished,
+                    std::string& error) {
+    bool progressed = false;
+    const int rc = ring->advance(ring_staging_, progressed);
+    finished = rc != MPI_SUCCESS || ring->finished();
+    if (rc != MPI_SUCCESS) {
+      error = "MPI: " + mpi_error(rc);
+      failed_rings_.push_back(ring);
+    } else if (finished) {
+      ring_staging_ = ring->release_staging();
+    }
+    return finished || progressed;
   }
 
   // The MPI thread: Note [One MPI thread].
@@ -361,6 +403,8 @@ class MpiProcesses final : public ProcessGroup {
   bool started_ = false, stopping_ = false, aborted_ = false;
   std::string start_error_;
   int job_abort_code_ = -1;
+  std::shared_ptr<detail::RingAllReduce::Staging> ring_staging_;  // the MPI thread's
+  std::vector<std::shared_ptr<detail::RingAllReduce>> failed_rings_;  // likewise
   std::thread thread_;
 };
 

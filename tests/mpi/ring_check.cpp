@@ -1,0 +1,122 @@
+// Run under mpirun by tests/mpi/test_mpi_ring.cpp: the ProcessGroup's all-reduce across real
+// processes (Note [Ring all-reduce] in src/comm/mpi/ring_all_reduce.hpp).
+//
+//   mpirun -np P lockstep_mpi_ring_check sums   every size class, exact sums, identical bits
+//   mpirun -np 2 lockstep_mpi_ring_check abort  each process aborts itself mid-collective
+//
+// Prints "ring check: ok" (process 0) or what failed, and exits 0 or 1.
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "lockstep/comm.hpp"
+
+using namespace lockstep;
+
+namespace {
+
+// A value every process can compute for any process, so each knows the exact sum.
+float small_integer(int rank, std::size_t i) {
+  return static_cast<float>((rank + 1) * static_cast<int>(i % 1000 + 1));
+}
+// A value whose sums round: for the check that every process ends with the same bits.
+float fraction(int rank, std::size_t i) {
+  return 1.0f / static_cast<float>(3 + rank) + 1e-3f * static_cast<float>(i % 977);
+}
+
+std::uint64_t hash_bits(const std::vector<float>& v) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (float x : v) {
+    std::uint32_t b = 0;
+    std::memcpy(&b, &x, sizeof b);
+    h = (h ^ b) * 1099511628211ull;
+  }
+  return h;
+}
+
+// Sizes around the ring's chunk (65536 floats) and its segments, from empty to several chunks
+// per segment, none a multiple of the process count but some.
+bool check_sums(ProcessGroup& g) {
+  const int p = g.size(), r = g.rank();
+  const std::size_t sizes[] = {0, 1, 2, 3, 5, 1000, 65535, 65536, 65537, 3 * 65536 + 7,
+                               (std::size_t{1} << 20) + 3};
+  bool ok = true;
+  for (const std::size_t n : sizes) {
+    std::vector<float> a(n), b(n);
+    for (std::size_t i = 0; i < n; ++i) (a[i] = small_integer(r, i), b[i] = fraction(r, i));
+    g.all_reduce(a.data(), n);
+    g.all_reduce(b.data(), n);
+    for (std::size_t i = 0; i < n && ok; ++i) {
+      const float want = static_cast<float>(p * (p + 1) / 2) * static_cast<float>(i % 1000 + 1);
+      if (a[i] != want) {
+        std::printf("process %d: size %zu: element %zu is %g, expected %g\n", r, n, i, a[i], want);
+        ok = false;
+      }
+      // With two processes the sum is a + b, whatever the order.
+      if (p == 2 && b[i] != fraction(0, i) + fraction(1, i)) {
+        std::printf("process %d: size %zu: element %zu is not a + b\n", r, n, i);
+        ok = false;
+      }
+    }
+    const std::uint64_t mine = hash_bits(b);
+    for (const std::uint64_t h : g.all_gather(std::span<const std::uint64_t>(&mine, 1))) {
+      if (h != mine) {
+        std::printf("process %d: size %zu: processes differ in their bits\n", r, n);
+        ok = false;
+      }
+    }
+  }
+  return ok;
+}
+
+// Both processes finish one large all-reduce and enter a second; each aborts itself during it
+// (process 1 after 2 ms, process 0 after 300 ms, left waiting for a peer that is gone). Each
+// caller must get CommAborted at once and may free its buffer: the ring touches it no more.
+bool check_abort(ProcessGroup& g) {
+  const int r = g.rank();
+  std::vector<float> data(std::size_t{16} << 20, 1.0f);  // 64 MB: some ms on the ring
+  g.all_reduce(data.data(), data.size());
+  std::thread aborter([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(r == 1 ? 2 : 300));
+    g.abort();
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  bool aborted = false;
+  try {
+    g.all_reduce(data.data(), data.size());
+  } catch (const CommAborted&) {
+    aborted = true;
+  }
+  data = {};  // freed while the ring's calls may still be pending
+  aborter.join();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("process %d: %s after %.3f s\n", r, aborted ? "aborted" : "not aborted", s);
+  return aborted && s < 5.0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "";
+  const auto g = make_mpi_processes();
+  if (!g) {
+    std::puts("ring check: not started by an MPI launcher");
+    return 1;
+  }
+  if (mode == "abort") {
+    const bool ok = check_abort(*g);
+    std::fflush(stdout);
+    // Leave once the other process has printed too: the launcher ends the job at the first exit.
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    // An aborted group leaves without MPI_Finalize (a call may still be pending): end the job.
+    std::_Exit(ok ? 0 : 1);
+  }
+  const bool ok = check_sums(*g);
+  if (g->rank() == 0 && ok) std::puts("ring check: ok");
+  return ok ? 0 : 1;
+}
