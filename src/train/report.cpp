@@ -249,6 +249,9 @@ std::string table(const Rows& rows) {
 std::string summary_table(const Summary& s) {
   Rows rows = {
       {"backend", describe_backend(s)},
+      {"precision", s.matmul.empty() ? s.precision
+                                     : fmt::format("{} (matrix products: {})", s.precision,
+                                                   s.matmul)},
       {"parameters", std::to_string(s.parameters)},
       {"steps", std::to_string(s.steps)},
       {"samples", std::to_string(s.samples)},

@@ -69,6 +69,7 @@ TEST_CASE("cli: trainer.report writes a self-contained HTML report") {
   CHECK(html.find("<td>1</td>") != std::string::npos);
   CHECK(html.find("communication (exposed)") != std::string::npos);
   CHECK(html.find("replicas identical") != std::string::npos);
+  CHECK(html.find("<th>precision</th><td>fp32 (matrix products: ") != std::string::npos);
   CHECK(html.find("One point per step.") != std::string::npos);
   // Nothing is fetched from anywhere: no links, no scripts, no external resources.
   CHECK(html.find("http") == std::string::npos);
