@@ -7,6 +7,10 @@
 // trainer derives from the same per-bucket timestamps its trace shows.
 //
 //   build/bench/bench_overlap [--runs 3] [--steps 60] [--alpha-us 20] [--gbps G] [--csv FILE]
+//                             [--trace PREFIX]
+//
+// --trace instead runs overlap on once for each N and writes PREFIX.nN.json: the timeline of
+// backward's layers, each bucket's all-reduce and each wait for one (see src/train/trace.hpp).
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -63,13 +67,14 @@ int main(int argc, char** argv) {
   int runs = 3;
   std::int64_t steps = 60;
   double alpha_us = 20.0, gbps = 0.0;
-  std::string csv;
+  std::string csv, trace;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--runs")) runs = std::stoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--steps")) steps = std::stoll(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--alpha-us")) alpha_us = std::stod(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--gbps")) gbps = std::stod(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--csv")) csv = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--trace")) trace = argv[i + 1];
   }
   auto data = std::make_shared<InMemoryDataset>(make_synthetic(8192, kWidth, 10, 1));
   const std::size_t bytes = Model::mlp({.inputs = kWidth,
@@ -90,6 +95,16 @@ int main(int argc, char** argv) {
                1e3 / bench::median(v), 1e3 * backward_s, bytes / 1e6, gbps, alpha_us);
   }
   emulate(alpha_us, gbps);
+  if (!trace.empty()) {  // one traced run per worker count, overlap on
+    for (int n : {1, 2, 4}) {
+      Config cfg = make_config(n, true, steps);
+      cfg.trainer.trace = fmt::format("{}.n{}.json", trace, n);
+      const Result res = run(cfg, data);
+      fmt::print("N={} traced: {:.2f} steps/s, hidden {:.0f}% -> {}\n", n, res.steps_per_s,
+                 100.0 * res.summary.comm_hidden_fraction, cfg.trainer.trace);
+    }
+    return 0;
+  }
 
   std::ofstream out;
   if (!csv.empty()) {
