@@ -2,7 +2,10 @@
 //
 // A deep MLP of equal layers gets one bucket per layer. The interconnect is emulated (see
 // LOCKSTEP_EMULATE_INTERCONNECT in include/lockstep/comm.hpp) with a bandwidth calibrated so
-// that one step's all-reduce costs about as much as its backward pass, as on a slow link. Runs
+// that one step's all-reduce at N = 2 costs two thirds of a one-worker step, as on a slow link:
+// that is about twice the backward pass (bench/RESULTS.md timed backward at a third of the step,
+// the per-bucket updates at two fifths), so part of the all-reduce can hide only behind the
+// updates. Runs
 // alternate overlap off / on; the table gives median steps/s and the hidden fraction, which the
 // trainer derives from the same per-bucket timestamps its trace shows.
 //
@@ -84,15 +87,15 @@ int main(int argc, char** argv) {
                             sizeof(float);
 
   if (gbps <= 0.0) {
-    // One worker, no communication: backward is about two thirds of a step.
+    // One worker, no communication: two thirds of its step (see the top of the file).
     emulate(0, 0);
     std::vector<double> v;
     for (int r = 0; r < runs; ++r) v.push_back(run(make_config(1, false, steps), data).steps_per_s);
-    const double backward_s = (2.0 / 3.0) / bench::median(v);
-    gbps = static_cast<double>(bytes) / backward_s / 1e9;  // 2(n-1)/n = 1 at n = 2
-    fmt::print("calibrated: step {:.2f} ms at N=1, backward ~{:.2f} ms, {:.1f} MB of gradients "
-               "-> emulated link {:.3f} GB/s, alpha {} us\n",
-               1e3 / bench::median(v), 1e3 * backward_s, bytes / 1e6, gbps, alpha_us);
+    const double wire_s = (2.0 / 3.0) / bench::median(v);
+    gbps = static_cast<double>(bytes) / wire_s / 1e9;  // 2(n-1)/n = 1 at n = 2
+    fmt::print("calibrated: step {:.2f} ms at N=1, two thirds of it {:.2f} ms for {:.1f} MB of "
+               "gradients -> emulated link {:.3f} GB/s, alpha {} us\n",
+               1e3 / bench::median(v), 1e3 * wire_s, bytes / 1e6, gbps, alpha_us);
   }
   emulate(alpha_us, gbps);
   if (!trace.empty()) {  // one traced run per worker count, overlap on
