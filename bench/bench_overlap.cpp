@@ -2,11 +2,18 @@
 //
 // A deep MLP of equal layers gets one bucket per layer. The interconnect is emulated (see
 // LOCKSTEP_EMULATE_INTERCONNECT in include/lockstep/comm.hpp) with a bandwidth calibrated so
-// that one step's all-reduce costs about as much as its backward pass, as on a slow link. Runs
+// that one step's all-reduce at N = 2 costs two thirds of a one-worker step, as on a slow link:
+// that is about twice the backward pass (bench/RESULTS.md timed backward at a third of the step,
+// the per-bucket updates at two fifths), so part of the all-reduce can hide only behind the
+// updates. Runs
 // alternate overlap off / on; the table gives median steps/s and the hidden fraction, which the
 // trainer derives from the same per-bucket timestamps its trace shows.
 //
 //   build/bench/bench_overlap [--runs 3] [--steps 60] [--alpha-us 20] [--gbps G] [--csv FILE]
+//                             [--trace PREFIX]
+//
+// --trace instead runs overlap on once for each N and writes PREFIX.nN.json: the timeline of
+// backward's layers, each bucket's all-reduce and each wait for one (see src/train/trace.hpp).
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -63,13 +70,14 @@ int main(int argc, char** argv) {
   int runs = 3;
   std::int64_t steps = 60;
   double alpha_us = 20.0, gbps = 0.0;
-  std::string csv;
+  std::string csv, trace;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!std::strcmp(argv[i], "--runs")) runs = std::stoi(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--steps")) steps = std::stoll(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--alpha-us")) alpha_us = std::stod(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--gbps")) gbps = std::stod(argv[i + 1]);
     else if (!std::strcmp(argv[i], "--csv")) csv = argv[i + 1];
+    else if (!std::strcmp(argv[i], "--trace")) trace = argv[i + 1];
   }
   auto data = std::make_shared<InMemoryDataset>(make_synthetic(8192, kWidth, 10, 1));
   const std::size_t bytes = Model::mlp({.inputs = kWidth,
@@ -79,17 +87,27 @@ int main(int argc, char** argv) {
                             sizeof(float);
 
   if (gbps <= 0.0) {
-    // One worker, no communication: backward is about two thirds of a step.
+    // One worker, no communication: two thirds of its step (see the top of the file).
     emulate(0, 0);
     std::vector<double> v;
     for (int r = 0; r < runs; ++r) v.push_back(run(make_config(1, false, steps), data).steps_per_s);
-    const double backward_s = (2.0 / 3.0) / bench::median(v);
-    gbps = static_cast<double>(bytes) / backward_s / 1e9;  // 2(n-1)/n = 1 at n = 2
-    fmt::print("calibrated: step {:.2f} ms at N=1, backward ~{:.2f} ms, {:.1f} MB of gradients "
-               "-> emulated link {:.3f} GB/s, alpha {} us\n",
-               1e3 / bench::median(v), 1e3 * backward_s, bytes / 1e6, gbps, alpha_us);
+    const double wire_s = (2.0 / 3.0) / bench::median(v);
+    gbps = static_cast<double>(bytes) / wire_s / 1e9;  // 2(n-1)/n = 1 at n = 2
+    fmt::print("calibrated: step {:.2f} ms at N=1, two thirds of it {:.2f} ms for {:.1f} MB of "
+               "gradients -> emulated link {:.3f} GB/s, alpha {} us\n",
+               1e3 / bench::median(v), 1e3 * wire_s, bytes / 1e6, gbps, alpha_us);
   }
   emulate(alpha_us, gbps);
+  if (!trace.empty()) {  // one traced run per worker count, overlap on
+    for (int n : {1, 2, 4}) {
+      Config cfg = make_config(n, true, steps);
+      cfg.trainer.trace = fmt::format("{}.n{}.json", trace, n);
+      const Result res = run(cfg, data);
+      fmt::print("N={} traced: {:.2f} steps/s, hidden {:.0f}% -> {}\n", n, res.steps_per_s,
+                 100.0 * res.summary.comm_hidden_fraction, cfg.trainer.trace);
+    }
+    return 0;
+  }
 
   std::ofstream out;
   if (!csv.empty()) {

@@ -2,11 +2,18 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <exception>
 #include <optional>
 
 #include "comm/spin_wait.hpp"
 #include "common/start_thread.hpp"
+
+#if defined(__linux__)
+#include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace lockstep::detail {
 namespace {
@@ -15,7 +22,43 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+
+#if defined(__linux__)
+// The kernel's struct sched_attr, first version (48 bytes); glibc before 2.41 does not declare it.
+struct SchedAttr {
+  std::uint32_t size, policy;
+  std::uint64_t flags;
+  std::int32_t nice;
+  std::uint32_t priority;
+  std::uint64_t runtime, deadline, period;
+};
+
+bool get_sched_attr(SchedAttr& attr) noexcept {
+  attr = SchedAttr{};
+  return syscall(SYS_sched_getattr, 0, &attr, sizeof attr, 0) == 0;
+}
+#endif
+
 }  // namespace
+
+std::uint64_t time_slice_ns() noexcept {
+#if defined(__linux__)
+  SchedAttr attr;
+  if (get_sched_attr(attr) && attr.policy == SCHED_OTHER) return attr.runtime;
+#endif
+  return 0;
+}
+
+void request_short_time_slice() noexcept {
+#if defined(__linux__)
+  SchedAttr attr;
+  if (!get_sched_attr(attr) || attr.policy != SCHED_OTHER) return;
+  attr.size = sizeof attr;
+  attr.flags = 0;  // policy and nice as read: only the slice changes
+  attr.runtime = kCommThreadSliceNs;
+  (void)syscall(SYS_sched_setattr, 0, &attr, 0);  // best effort: a refusal changes nothing
+#endif
+}
 
 // A collective waiting in the queue, or running.
 struct CommThread::Queued final : CommWork {
@@ -77,6 +120,7 @@ std::unique_ptr<CommWork> CommThread::submit(std::function<void()> collective) {
 }
 
 void CommThread::loop() {
+  request_short_time_slice();  // Note [A short time slice for the communication thread]
   for (;;) {
     std::shared_ptr<Queued> work;
     {

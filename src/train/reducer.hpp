@@ -57,20 +57,21 @@
 //   WorkerLoop::gather_optimizer_state).
 //
 // Note [Inline collectives]
-//   On the CPU a rank's collectives normally run on its communication thread, so that an
-//   all-reduce overlaps the rest of backward. That thread is one more runnable thread per
-//   worker: when the workers' compute threads already take every core (workers x threads >=
-//   cores), it runs only by taking a time slice from compute, and when overlap cannot help (one
-//   bucket: nothing is left to compute while it reduces) the handoff to it and back is pure
-//   cost, as it is for a group of one rank, whose collectives do nothing. choose_comm_mode()
-//   then runs the collectives inline, on the worker's own thread (the same calls, the same
-//   bits; only the thread differs), every bucket after backward (launch_remaining), when the
-//   worker has told the watchdog that its compute for the step is done: a worker blocked in an
-//   inline all-reduce is waiting for its peers, not stalled. With several buckets and overlap
-//   off the thread still helps (a bucket's update overlaps the next bucket's reduction): on an
-//   emulated link at N = 2, inline ran 17-18 steps/s, async 20-23. bench/RESULTS.md has the
-//   measurements behind the rule; the summary's comm_mode says which mode ran, and
-//   LOCKSTEP_COMM_MODE=async|inline overrides the rule, to measure both.
+//   On the CPU a rank's collectives normally run on its communication thread, so that an all-reduce
+//   overlaps the rest of backward. That thread is one more runnable thread per worker: when the
+//   workers' compute threads already take every core (workers x threads >= cores), it runs only by
+//   taking a time slice from compute (which it asks to get at once: Note [A short time slice for
+//   the communication thread] in src/comm/comm_thread.hpp), and when overlap cannot help (one
+//   bucket: nothing is left to compute while it reduces) the handoff to it and back is pure cost,
+//   as it is for a group of one rank, whose collectives do nothing. choose_comm_mode() then runs
+//   the collectives inline, on the worker's own thread (the same calls, the same bits; only the
+//   thread differs), every bucket after backward (launch_remaining), when the worker has told the
+//   watchdog that its compute for the step is done: a worker blocked in an inline all-reduce is
+//   waiting for its peers, not stalled. With several buckets and overlap off the thread still helps
+//   (a bucket's update overlaps the next bucket's reduction): on an emulated link at N = 2, inline
+//   ran 17-18 steps/s, async 20-23. bench/RESULTS.md has the measurements behind the rule; the
+//   summary's comm_mode says which mode ran, and LOCKSTEP_COMM_MODE=async|inline overrides the
+//   rule, to measure both.
 #pragma once
 
 #include <cstddef>

@@ -1,7 +1,8 @@
 // A timeline of every worker, written as Chrome trace-event JSON (opens in Perfetto and
 // chrome://tracing).
 //
-// Tracks: "worker r" (forward, backward per layer, optimiser, data and barrier waits) and
+// Tracks: "worker r" (forward, backward per layer, optimiser, the waits for data, for each
+// bucket's reduction and at barriers) and
 // "comm r" (each bucket's all-reduce). Each track is written by one thread only, so recording
 // takes no lock; the file is written after every thread has joined.
 #pragma once

@@ -335,7 +335,10 @@ const StepRecord::Host& WorkerLoop::reduce_and_update() {
   if (per_bucket) res_.optimizer->begin_step();
   for (std::size_t i = 0; i < reducer.buckets().size(); ++i) {
     enter(Phase::all_reduce, static_cast<int>(i));
-    reducer.wait(i);
+    if (const double blocked = reducer.wait(i); track_ && blocked > 0.0) {
+      const double now = steady_now_s();
+      track_->push_back({fmt::format("wait bucket {}", i), now - blocked, now, {}});
+    }
     enter(Phase::optimizer);
     reducer.sum_grain_squares(i, *res_.device, record.grain_sums());
     if (per_bucket) update_bucket(i, lr, nullptr);
