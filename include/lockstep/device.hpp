@@ -258,6 +258,12 @@ class LOCKSTEP_API LayerOps {
   virtual void softmax_cross_entropy(const float* logits, const std::int32_t* labels, int rows,
                                      int classes, float* dlogits, float grad_scale,
                                      LossStats* stats) = 0;
+  // The same with dlogits (not null) rounded to bf16 as it is written, bit for bit to_bf16 of
+  // the fp32 dlogits: the gradient a bf16 LM head reads (Note [bf16 compute] in
+  // src/model/ops.hpp), without the fp32 copy.
+  virtual void softmax_cross_entropy(const float* logits, const std::int32_t* labels, int rows,
+                                     int classes, std::uint16_t* dlogits, float grad_scale,
+                                     LossStats* stats) = 0;
   // ids (B, T) token ids stored as floats (exact below 2^24), wte (V, C), wpe (T_max, C):
   // out (B, T, C) = wte[ids[b, t]] + wpe[t].
   virtual void embedding_forward(const float* ids, const float* wte, const float* wpe, float* out,

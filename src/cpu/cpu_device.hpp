@@ -101,6 +101,9 @@ class CpuDevice final : public Device {
   void softmax_cross_entropy(const float* logits, const std::int32_t* labels, int rows,
                              int classes, float* dlogits, float grad_scale,
                              LossStats* stats) override;
+  void softmax_cross_entropy(const float* logits, const std::int32_t* labels, int rows,
+                             int classes, std::uint16_t* dlogits, float grad_scale,
+                             LossStats* stats) override;
   using Device::softmax_cross_entropy;
   void causal_softmax_forward(const float* s, float* p, int count, int T, float scale) override;
   void causal_softmax_backward(const float* p, const float* dp, float* ds, int count, int T,
@@ -198,6 +201,10 @@ class CpuDevice final : public Device {
   void map_grad(const float* x, const float* dy, float* dx, std::size_t n, F fprime);
   template <class Fn>
   void for_rows_of_squares(int count, int T, const Fn& fn);
+  // softmax_cross_entropy for the storage D of dlogits.
+  template <class D>
+  void softmax_cross_entropy_of(const float* logits, const std::int32_t* labels, int rows,
+                                int classes, D* dlogits, float grad_scale, LossStats* stats);
   // The fp32 and bf16 forms of layernorm_forward and the causal softmax, for the storage of
   // their outputs Y and P (ops/layernorm.cpp, ops/softmax.cpp).
   template <class Y>

@@ -330,6 +330,18 @@ void CudaDevice::softmax_cross_entropy(const float* logits, const std::int32_t* 
                                reinterpret_cast<LossAccumulator*>(stats));
 }
 
+void CudaDevice::softmax_cross_entropy(const float* logits, const std::int32_t* labels, int rows,
+                                       int classes, std::uint16_t* dlogits, float grad_scale,
+                                       LossStats* stats) {
+  detail::check_loss_shape(rows, classes);
+  if (rows == 0) return;
+  reserve_rows(rows);
+  launch_softmax_cross_entropy_bf16(stream(), logits, labels, rows, classes, dlogits, grad_scale,
+                                    static_cast<double*>(row_loss_.get()),
+                                    static_cast<int*>(row_correct_.get()),
+                                    reinterpret_cast<LossAccumulator*>(stats));
+}
+
 double CudaDevice::sum_squares(const float* x, std::size_t n) {
   launch_sum_squares(stream(), x, n, static_cast<double*>(partials_.get()),
                      static_cast<double*>(result_.get()));

@@ -75,6 +75,9 @@ class CudaDevice final : public Device {
   void softmax_cross_entropy(const float* logits, const std::int32_t* labels, int rows,
                              int classes, float* dlogits, float grad_scale,
                              LossStats* stats) override;
+  void softmax_cross_entropy(const float* logits, const std::int32_t* labels, int rows,
+                             int classes, std::uint16_t* dlogits, float grad_scale,
+                             LossStats* stats) override;
   using Device::softmax_cross_entropy;
   double sum_squares(const float* x, std::size_t n) override;
   void sum_squares_grains(const float* x, std::size_t n, std::size_t grain,

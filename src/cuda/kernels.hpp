@@ -86,6 +86,12 @@ void launch_softmax_cross_entropy(cudaStream_t stream, const float* logits,
                                   const std::int32_t* labels, int rows, int classes,
                                   float* dlogits, float grad_scale, double* row_loss,
                                   int* row_correct, LossAccumulator* stats);
+// The same with dlogits (not null) rounded to bf16 as written.
+void launch_softmax_cross_entropy_bf16(cudaStream_t stream, const float* logits,
+                                       const std::int32_t* labels, int rows, int classes,
+                                       std::uint16_t* dlogits, float grad_scale,
+                                       double* row_loss, int* row_correct,
+                                       LossAccumulator* stats);
 
 // `count` (T, T) matrices, one warp per row. p may alias s; ds may alias dp.
 void launch_causal_softmax_forward(cudaStream_t stream, const float* s, float* p, int count,

@@ -485,12 +485,10 @@ class TiedLmHead final : public Layer {
   int out_features() const noexcept override { return t_ * p_; }
   int tied_to() const noexcept override { return tied_; }
   int vocab_padding() const noexcept override { return p_ - v_; }
+  // No bias: the gradient of the logits feeds the two matrix products only.
+  bool dout_bf16() const noexcept override { return true; }
   std::size_t workspace_size(int batch, Precision precision) const noexcept override {
     return Saved::at(nullptr, batch * t_, p_ - v_, c_, precision == Precision::bf16).size;
-  }
-  // bf16: dout rounded to bf16, (N, P).
-  std::size_t scratch_size(int batch, Precision precision) const noexcept override {
-    return precision == Precision::bf16 ? detail::bf16_floats(std::size_t(batch) * t_ * p_) : 0;
   }
 
   void forward(Device& dev, const float* wte, const float* in, float* out, int batch,
@@ -509,17 +507,18 @@ class TiedLmHead final : public Layer {
              0.0f, out + v_, p_);
   }
   // dwte (V, C) += dout^T (V, N) in (N, C); din (N, C) = dout (N, V) wte (V, C); dout's rows
-  // have stride P, and its padding (zero) is never read. bf16: dout rounded into scratch first.
+  // have stride P, and its padding (zero) is never read. bf16: reads ws.dout_bf16 instead, the
+  // gradient rounded by whoever computed it (the loss, or Replica::backward).
   void backward(Device& dev, const float* wte, float* dwte, const float* in, const float* /*out*/,
                 const float* dout, float* din, int batch,
                 const LayerWorkspace& ws) const override {
     const int n = batch * t_;
     const bool bf16 = ws.precision == Precision::bf16;
+    if (bf16 && !ws.dout_bf16)
+      throw std::logic_error("lm_head: bf16 backward needs LayerWorkspace::dout_bf16");
     const Saved s = Saved::at(ws.saved, n, p_ - v_, c_, bf16);
     const MatIn x = bf16 ? MatIn{nullptr, s.in16} : MatIn{in, nullptr};
-    const MatIn dy = detail::as_input(dev, dout, bf16 ? reinterpret_cast<std::uint16_t*>(ws.scratch)
-                                                      : nullptr,
-                                      std::size_t(n) * p_);
+    const MatIn dy = bf16 ? MatIn{nullptr, ws.dout_bf16} : MatIn{dout, nullptr};
     detail::matmul(dev, Transpose::yes, Transpose::no, v_, c_, n, dy, p_, x, c_, 1.0f, dwte, c_);
     if (din)
       detail::matmul(dev, Transpose::no, Transpose::no, n, c_, v_, dy, p_,

@@ -50,10 +50,14 @@ double floats_for(Size size, int batch) {
 }
 
 // Activations, what layers keep for backward, the shared scratch and the two activation
-// gradients, for a batch of `batch`; per sample sizes times the batch, in double, so that no
-// size multiplies out of range.
+// gradients, for a batch of `batch` (and under bf16 the replica's bf16 gradient of the logits,
+// Replica::dlogits_bf16); per sample sizes times the batch, in double, so that no size
+// multiplies out of range.
 double activation_bytes(const Model& model, int batch, Precision precision) {
+  const Layer& last = *model.layers().back();
   double per_sample = 0, kept = 0, scratch = 0, din = 1;
+  if (precision == Precision::bf16 && last.dout_bf16())
+    kept += static_cast<double>(last.out_features()) * batch / 2;
   for (std::size_t i = 0; i < model.layers().size(); ++i) {
     const Layer& layer = *model.layers()[i];
     per_sample += static_cast<double>(layer.out_features());

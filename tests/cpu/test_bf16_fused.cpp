@@ -130,3 +130,24 @@ TEST_CASE("cpu device: causal softmax on bf16 probabilities is the fp32 one betw
     CHECK(ds.download() == rounded(*dev, ds32));
   }
 }
+
+TEST_CASE("cpu device: softmax_cross_entropy into bf16 dlogits is to_bf16 of the fp32 ones") {
+  auto dev = make_cpu_device(0, 2);
+  const int rows = 300, classes = 257;
+  const std::size_t n = std::size_t(rows) * classes;
+  auto logits = on_device(*dev, random_floats(n, 51, -6.0, 6.0));
+  std::vector<std::int32_t> labels(rows);
+  for (int r = 0; r < rows; ++r) labels[r] = (r * 37) % classes;
+  auto yd = on_device(*dev, labels);
+  DeviceArray<float> d32(*dev, n);
+  DeviceArray<std::uint16_t> d16(*dev, n);
+  DeviceArray<LossStats> s32(*dev, 1), s16(*dev, 1);
+  dev->softmax_cross_entropy(logits.data(), yd.data(), rows, classes, d32.data(), 1.0f / 300,
+                             s32.data());
+  dev->softmax_cross_entropy(logits.data(), yd.data(), rows, classes, d16.data(), 1.0f / 300,
+                             s16.data());
+  CHECK(d16.download() == rounded(*dev, d32));
+  const LossStats a = s32.download()[0], b = s16.download()[0];
+  CHECK(a.loss_sum == b.loss_sum);
+  CHECK(a.correct == b.correct);
+}

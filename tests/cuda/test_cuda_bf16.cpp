@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <thread>
@@ -98,6 +99,37 @@ TEST_SUITE("cuda") {
                            dyd.download()};
           },
           f == Activation::tanh ? kBf16Neighbour : 0.0);
+    }
+  }
+
+  TEST_CASE("cuda: softmax_cross_entropy into bf16 dlogits against the CPU device") {
+    auto backend = cuda_or_skip();
+    if (!backend) return;
+    auto gpu = backend->create_device(0, 1, 0);
+    // GPT-2's padded vocabulary too: the padding's -inf logits give dlogits of exactly 0.
+    for (auto [rows, classes] : {std::pair{1, 1}, {300, 257}, {4, 50304}}) {
+      CAPTURE(rows);
+      CAPTURE(classes);
+      const std::size_t n = std::size_t(rows) * classes;
+      std::vector<float> logits = random_floats(n, 730 + n, -6.0, 6.0);
+      if (classes == 50304)
+        for (int r = 0; r < rows; ++r)
+          std::fill_n(logits.begin() + std::size_t(r) * classes + 50257, 47, -INFINITY);
+      std::vector<std::int32_t> labels(rows);
+      for (int r = 0; r < rows; ++r) labels[r] = (r * 37) % std::min(classes, 50257);
+      LossStats sums[2];
+      int which = 0;
+      compare(*gpu, [&](Device& d) {
+        auto ld = on_device(d, logits);
+        auto yd = on_device(d, labels);
+        DeviceArray<std::uint16_t> dl(d, n);
+        DeviceArray<LossStats> acc(d, 1);
+        d.softmax_cross_entropy(ld.data(), yd.data(), rows, classes, dl.data(), 0.5f, acc.data());
+        sums[which++] = acc.download()[0];
+        return Outputs{widened(dl.download())};
+      }, kBf16Neighbour);
+      CHECK(sums[0].loss_sum == doctest::Approx(sums[1].loss_sum).epsilon(1e-6));
+      CHECK(sums[0].correct == sums[1].correct);
     }
   }
 

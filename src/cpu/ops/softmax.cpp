@@ -23,11 +23,13 @@ void CpuDevice::for_rows_of_squares(int count, int T, const Fn& fn) {
   });
 }
 
-// logits (rows, classes), labels (rows), dlogits (rows, classes) or null. The labels are checked
-// before anything is written: a bad one leaves the sums and dlogits alone and is recorded.
-void CpuDevice::softmax_cross_entropy(const float* logits, const std::int32_t* labels, int rows,
-                                      int classes, float* dlogits, float grad_scale,
-                                      LossStats* stats) {
+// logits (rows, classes), labels (rows), dlogits (rows, classes) or null, stored as D (float,
+// or bf16 rounded). The labels are checked before anything is written: a bad one leaves the
+// sums and dlogits alone and is recorded.
+template <class D>
+void CpuDevice::softmax_cross_entropy_of(const float* logits, const std::int32_t* labels,
+                                         int rows, int classes, D* dlogits, float grad_scale,
+                                         LossStats* stats) {
   detail::check_loss_shape(rows, classes);
   for (int r = 0; r < rows; ++r)
     if (labels[r] < 0 || labels[r] >= classes) {
@@ -49,10 +51,10 @@ void CpuDevice::softmax_cross_entropy(const float* logits, const std::int32_t* l
       s.loss_sum += std::log(sum) - (z[label] - zmax);  // logsumexp - z[label]
       s.correct += argmax == label ? 1 : 0;
       if (!dlogits) continue;
-      float* d = dlogits + r * nc;
+      D* d = dlogits + r * nc;
       for (std::size_t j = 0; j < nc; ++j) {
         const double p = std::exp(z[j] - zmax) / sum - (j == label ? 1.0 : 0.0);
-        d[j] = static_cast<float>(p * grad_scale);
+        detail::store_value(&d[j], static_cast<float>(p * grad_scale));
       }
     }
     return s;
@@ -66,6 +68,18 @@ void CpuDevice::softmax_cross_entropy(const float* logits, const std::int32_t* l
       });
   stats->loss_sum += total.loss_sum;
   stats->correct += total.correct;
+}
+
+void CpuDevice::softmax_cross_entropy(const float* logits, const std::int32_t* labels, int rows,
+                                      int classes, float* dlogits, float grad_scale,
+                                      LossStats* stats) {
+  softmax_cross_entropy_of(logits, labels, rows, classes, dlogits, grad_scale, stats);
+}
+
+void CpuDevice::softmax_cross_entropy(const float* logits, const std::int32_t* labels, int rows,
+                                      int classes, std::uint16_t* dlogits, float grad_scale,
+                                      LossStats* stats) {
+  softmax_cross_entropy_of(logits, labels, rows, classes, dlogits, grad_scale, stats);
 }
 
 // P: the storage of p. fp32 keeps the exponentials in p itself (which may alias s) until they

@@ -5,6 +5,7 @@
 // written by the same lane only, reads before writes.
 #include <climits>
 #include <cmath>
+#include <type_traits>
 
 #include "common/bf16.hpp"
 #include "cuda/ops/common.cuh"
@@ -30,9 +31,12 @@ __global__ void check_labels_kernel(const std::int32_t* labels, int rows, int cl
 // per logit, summed in double; the row's loss and correctness into row_loss / row_correct, and
 // optionally the row of dlogits = (e_j / sum - [j == label]) * grad_scale, e_j parked in dlogits
 // in between (each thread reads back only what it wrote; dlogits may even alias logits, as every
-// logit is read before its own dlogit is written). Writes nothing if any label is bad.
+// logit is read before its own dlogit is written). Writes nothing if any label is bad. D: the
+// storage of dlogits; bf16 has no room to park e_j, so it is computed again (the same bits) and
+// the dlogit rounded as it is written.
+template <class D>
 __global__ void softmax_xent_rows_kernel(const float* logits, const std::int32_t* labels,
-                                         int classes, float* dlogits, float grad_scale,
+                                         int classes, D* dlogits, float grad_scale,
                                          double* row_loss, int* row_correct,
                                          const int* bad_row) {
   const int row = blockIdx.x;
@@ -67,11 +71,13 @@ __global__ void softmax_xent_rows_kernel(const float* logits, const std::int32_t
   const int argmax = best_index[0];
   const float zmax = z[argmax], zlabel = z[label];  // read before any dlogit is written
 
-  float* d = dlogits ? dlogits + static_cast<std::size_t>(row) * classes : nullptr;
+  D* d = dlogits ? dlogits + static_cast<std::size_t>(row) * classes : nullptr;
+  constexpr bool kParked = std::is_same_v<D, float>;
   double partial = 0.0;
   for (int j = threadIdx.x; j < classes; j += kThreads) {
     const float e = expf(z[j] - zmax);
-    if (d) d[j] = e;
+    if constexpr (kParked)
+      if (d) d[j] = e;
     partial += e;
   }
   const double sum = block_sum(partial);
@@ -82,8 +88,14 @@ __global__ void softmax_xent_rows_kernel(const float* logits, const std::int32_t
   }
   if (!d) return;
   const float inv = static_cast<float>(1.0 / sum);
-  for (int j = threadIdx.x; j < classes; j += kThreads)
-    d[j] = (d[j] * inv - (j == label ? 1.0f : 0.0f)) * grad_scale;
+  for (int j = threadIdx.x; j < classes; j += kThreads) {
+    float e;
+    if constexpr (kParked)
+      e = d[j];
+    else
+      e = expf(z[j] - zmax);
+    detail::store_value(&d[j], (e * inv - (j == label ? 1.0f : 0.0f)) * grad_scale);
+  }
 }
 
 // One block: the rows' losses and correct counts, summed in a fixed order, added to *stats
@@ -149,10 +161,11 @@ __global__ void causal_softmax_backward_kernel(const P* p, const float* dp, DS* 
 
 }  // namespace
 
-void launch_softmax_cross_entropy(cudaStream_t stream, const float* logits,
-                                  const std::int32_t* labels, int rows, int classes,
-                                  float* dlogits, float grad_scale, double* row_loss,
-                                  int* row_correct, LossAccumulator* stats) {
+template <class D>
+void softmax_cross_entropy_of(cudaStream_t stream, const float* logits,
+                              const std::int32_t* labels, int rows, int classes, D* dlogits,
+                              float grad_scale, double* row_loss, int* row_correct,
+                              LossAccumulator* stats) {
   if (rows <= 0) return;
   // The call's first bad row, in the scratch int after the rows' correct counts: it starts above
   // any row (0x7f7f7f7f) and check_labels_kernel lowers it with atomicMin.
@@ -186,6 +199,23 @@ void causal_softmax_backward_of(cudaStream_t stream, const P* p, const float* dp
   causal_softmax_backward_kernel<<<blocks_for_rows(rows), kThreads, 0, stream>>>(p, dp, ds, rows,
                                                                                  T, scale);
   CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_softmax_cross_entropy(cudaStream_t stream, const float* logits,
+                                  const std::int32_t* labels, int rows, int classes,
+                                  float* dlogits, float grad_scale, double* row_loss,
+                                  int* row_correct, LossAccumulator* stats) {
+  softmax_cross_entropy_of(stream, logits, labels, rows, classes, dlogits, grad_scale, row_loss,
+                           row_correct, stats);
+}
+
+void launch_softmax_cross_entropy_bf16(cudaStream_t stream, const float* logits,
+                                       const std::int32_t* labels, int rows, int classes,
+                                       std::uint16_t* dlogits, float grad_scale,
+                                       double* row_loss, int* row_correct,
+                                       LossAccumulator* stats) {
+  softmax_cross_entropy_of(stream, logits, labels, rows, classes, dlogits, grad_scale, row_loss,
+                           row_correct, stats);
 }
 
 void launch_causal_softmax_forward(cudaStream_t stream, const float* s, float* p, int count,
