@@ -46,8 +46,11 @@ namespace lockstep::detail {
 //   add_bias rounding a product plus its bias into the kept tensor, GELU reading and writing
 //   bf16, the causal softmax writing bf16 probabilities and its backward reading them and
 //   writing the rounded score gradient), each bit for bit the fp32 op between from_bf16 and
-//   to_bf16. A matrix product's fp32 output (attention's atty) and a gradient that arrives from
-//   another layer are still rounded by to_bf16. fp32 and tf32 run exactly as before.
+//   to_bf16. The loss writes the LM head's output gradient in bf16 as it computes it
+//   (softmax_cross_entropy's bf16 form into Replica::dlogits_bf16; Layer::dout_bf16), so a bf16
+//   step has no fp32 dlogits. A matrix product's fp32 output (attention's atty) and a gradient
+//   that arrives from another layer are still rounded by to_bf16. fp32 and tf32 run exactly as
+//   before.
 
 // A matrix product's input as its precision stores it: fp32 values, or bf16 bits. Exactly one
 // of the two is set; `+` moves into the matrix by elements.
