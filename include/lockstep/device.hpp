@@ -226,6 +226,21 @@ class LOCKSTEP_API ElementwiseOps {
   virtual void to_bf16(const float* x, std::uint16_t* y, std::size_t n) = 0;
   virtual void from_bf16(const std::uint16_t* x, float* y, std::size_t n) = 0;
 
+  // bf16 storage (Note [bf16 compute] in src/model/ops.hpp). Each overload below computes what
+  // its fp32 form computes, reading its bf16 operands widened and writing its bf16 results
+  // rounded (to nearest even, as to_bf16): bit for bit the fp32 op between from_bf16 and
+  // to_bf16 passes, without those passes.
+  // y (rows, cols) = x (rows, cols) + bias (cols), rounded to bf16.
+  virtual void add_bias(const float* x, const float* bias, std::uint16_t* y, int rows,
+                        int cols) = 0;
+  // y = f(x), x and y bf16.
+  virtual void activation_forward(Activation f, const std::uint16_t* x, std::uint16_t* y,
+                                  std::size_t n) = 0;
+  // dx = dy * f'(x) with x bf16; when dx_bf16 is not null it also receives dx rounded to bf16
+  // (a matrix product's input). dx may alias dy.
+  virtual void activation_backward(Activation f, const std::uint16_t* x, const float* dy,
+                                   float* dx, std::uint16_t* dx_bf16, std::size_t n) = 0;
+
  protected:
   ~ElementwiseOps() = default;
 };
@@ -242,6 +257,12 @@ class LOCKSTEP_API LayerOps {
   // (softmax(logits) - onehot(label)) * grad_scale.
   virtual void softmax_cross_entropy(const float* logits, const std::int32_t* labels, int rows,
                                      int classes, float* dlogits, float grad_scale,
+                                     LossStats* stats) = 0;
+  // The same with dlogits (not null) rounded to bf16 as it is written, bit for bit to_bf16 of
+  // the fp32 dlogits: the gradient a bf16 LM head reads (Note [bf16 compute] in
+  // src/model/ops.hpp), without the fp32 copy.
+  virtual void softmax_cross_entropy(const float* logits, const std::int32_t* labels, int rows,
+                                     int classes, std::uint16_t* dlogits, float grad_scale,
                                      LossStats* stats) = 0;
   // ids (B, T) token ids stored as floats (exact below 2^24), wte (V, C), wpe (T_max, C):
   // out (B, T, C) = wte[ids[b, t]] + wpe[t].
@@ -267,6 +288,18 @@ class LOCKSTEP_API LayerOps {
   // j > i. ds may alias dp.
   virtual void causal_softmax_backward(const float* p, const float* dp, float* ds, int count,
                                        int T, float scale) = 0;
+
+  // bf16 storage, as ElementwiseOps' overloads: the fp32 op with its bf16 operands widened as
+  // read and its bf16 results rounded as written, bit for bit. LayerNorm's y (a matrix
+  // product's only input) rounded; the attention probabilities p rounded; backward reading p
+  // in bf16 and writing ds rounded only (the products are its only readers).
+  virtual void layernorm_forward(const float* x, const float* weight, const float* bias,
+                                 std::uint16_t* y, float* mean, float* rstd, int rows,
+                                 int C) = 0;
+  virtual void causal_softmax_forward(const float* s, std::uint16_t* p, int count, int T,
+                                      float scale) = 0;
+  virtual void causal_softmax_backward(const std::uint16_t* p, const float* dp,
+                                       std::uint16_t* ds, int count, int T, float scale) = 0;
 
  protected:
   ~LayerOps() = default;

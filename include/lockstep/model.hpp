@@ -59,6 +59,9 @@ struct LOCKSTEP_API LayerWorkspace {
   // bf16: the layer's parameters rounded to bf16, at the offsets of its fp32 `params`, which
   // its matrix products read instead; null otherwise.
   const std::uint16_t* params_bf16 = nullptr;
+  // bf16, a layer whose dout_bf16() is true: its output gradient rounded to bf16 (B,
+  // out_features), which its backward reads instead of dout; null otherwise.
+  const std::uint16_t* dout_bf16 = nullptr;
 };
 
 class LOCKSTEP_API Layer {
@@ -91,6 +94,10 @@ class LOCKSTEP_API Layer {
   // the padding's logits to -inf (no softmax mass, never the argmax, zero gradient; see Note
   // [Padded vocabulary] in src/model/gpt.cpp). 0 for every other layer.
   virtual int vocab_padding() const noexcept { return 0; }
+  // Under Precision::bf16, whether backward reads its output gradient only as matrix-product
+  // input, rounded to bf16, from LayerWorkspace::dout_bf16 (not dout). A loss can then write
+  // the gradient in bf16 directly (Replica::dlogits_bf16).
+  virtual bool dout_bf16() const noexcept { return false; }
 
   // in (B, in_features), out (B, out_features)
   virtual void forward(Device& dev, const float* params, const float* in, float* out, int batch,
@@ -211,8 +218,14 @@ class LOCKSTEP_API Replica {
   const float* forward(const float* x, int batch);
   // dlogits (B, outputs). After each layer's parameter gradients are final, calls
   // grads_ready(layer index) so a reducer can start on them; layers run last to first.
+  // When dlogits_bf16() is not null, dlogits is first rounded into it; or dlogits may be null,
+  // and backward starts from the bf16 gradient already there.
   void backward(const float* x, const float* dlogits, int batch,
                 const std::function<void(std::size_t)>& grads_ready = {});
+  // bf16 with a last layer whose dout_bf16() is true (a GPT's LM head): the gradient of the
+  // logits rounded to bf16 (B, outputs), which a loss may write directly
+  // (softmax_cross_entropy's bf16 form) before backward(x, nullptr, ...). Null otherwise.
+  std::uint16_t* dlogits_bf16() noexcept { return dlogits_bf16_.data(); }
 
  private:
   // Layer i's workspace: its saved buffer, the shared scratch, and its bf16 parameters.
@@ -229,6 +242,7 @@ class LOCKSTEP_API Replica {
   std::vector<DeviceArray<float>> saved_;  // saved_[i] = layer i's LayerWorkspace::saved
   DeviceArray<float> scratch_;             // shared LayerWorkspace::scratch
   DeviceArray<float> dbuf_[2];             // ping-pong activation gradients
+  DeviceArray<std::uint16_t> dlogits_bf16_;  // see dlogits_bf16()
 };
 
 }  // namespace lockstep

@@ -56,4 +56,13 @@ LOCKSTEP_HOST_DEVICE inline float bf16_to_float(std::uint16_t h) {
 // x as the nearest bf16 would give it back: what a value loses by a trip through bf16.
 LOCKSTEP_HOST_DEVICE inline float round_to_bf16(float x) { return bf16_to_float(float_to_bf16(x)); }
 
+// Kernels templated on their storage type (float, or std::uint16_t holding bf16 bits) read a
+// stored value as fp32 and store an fp32 value through these: a bf16 operand is widened as it is
+// read and a bf16 result rounded as it is written, exactly as from_bf16 and to_bf16 passes
+// around the fp32 kernel would (Note [bf16 compute] in src/model/ops.hpp).
+LOCKSTEP_HOST_DEVICE inline float load_value(float x) { return x; }
+LOCKSTEP_HOST_DEVICE inline float load_value(std::uint16_t h) { return bf16_to_float(h); }
+LOCKSTEP_HOST_DEVICE inline void store_value(float* p, float v) { *p = v; }
+LOCKSTEP_HOST_DEVICE inline void store_value(std::uint16_t* p, float v) { *p = float_to_bf16(v); }
+
 }  // namespace lockstep::detail

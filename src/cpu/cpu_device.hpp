@@ -69,6 +69,12 @@ class CpuDevice final : public Device {
   void activation_forward(Activation f, const float* x, float* y, std::size_t n) override;
   void activation_backward(Activation f, const float* x, const float* dy, float* dx,
                            std::size_t n) override;
+  void add_bias(const float* x, const float* bias, std::uint16_t* y, int rows,
+                int cols) override;
+  void activation_forward(Activation f, const std::uint16_t* x, std::uint16_t* y,
+                          std::size_t n) override;
+  void activation_backward(Activation f, const std::uint16_t* x, const float* dy, float* dx,
+                           std::uint16_t* dx_bf16, std::size_t n) override;
 
   // ---- bf16 conversions (ops/convert.cpp) ----------------------------------------------------
 
@@ -95,10 +101,17 @@ class CpuDevice final : public Device {
   void softmax_cross_entropy(const float* logits, const std::int32_t* labels, int rows,
                              int classes, float* dlogits, float grad_scale,
                              LossStats* stats) override;
+  void softmax_cross_entropy(const float* logits, const std::int32_t* labels, int rows,
+                             int classes, std::uint16_t* dlogits, float grad_scale,
+                             LossStats* stats) override;
   using Device::softmax_cross_entropy;
   void causal_softmax_forward(const float* s, float* p, int count, int T, float scale) override;
   void causal_softmax_backward(const float* p, const float* dp, float* ds, int count, int T,
                                float scale) override;
+  void causal_softmax_forward(const float* s, std::uint16_t* p, int count, int T,
+                              float scale) override;
+  void causal_softmax_backward(const std::uint16_t* p, const float* dp, std::uint16_t* ds,
+                               int count, int T, float scale) override;
 
   // ---- Reductions (ops/reduce.cpp) ------------------------------------------------------------
 
@@ -129,6 +142,8 @@ class CpuDevice final : public Device {
 
   void layernorm_forward(const float* x, const float* weight, const float* bias, float* y,
                          float* mean, float* rstd, int rows, int C) override;
+  void layernorm_forward(const float* x, const float* weight, const float* bias,
+                         std::uint16_t* y, float* mean, float* rstd, int rows, int C) override;
   void layernorm_backward(const float* x, const float* weight, const float* mean,
                           const float* rstd, const float* dy, float* dx, float* dweight,
                           float* dbias, int rows, int C) override;
@@ -186,6 +201,20 @@ class CpuDevice final : public Device {
   void map_grad(const float* x, const float* dy, float* dx, std::size_t n, F fprime);
   template <class Fn>
   void for_rows_of_squares(int count, int T, const Fn& fn);
+  // softmax_cross_entropy for the storage D of dlogits.
+  template <class D>
+  void softmax_cross_entropy_of(const float* logits, const std::int32_t* labels, int rows,
+                                int classes, D* dlogits, float grad_scale, LossStats* stats);
+  // The fp32 and bf16 forms of layernorm_forward and the causal softmax, for the storage of
+  // their outputs Y and P (ops/layernorm.cpp, ops/softmax.cpp).
+  template <class Y>
+  void layernorm_forward_of(const float* x, const float* weight, const float* bias, Y* y,
+                            float* mean, float* rstd, int rows, int C);
+  template <class P>
+  void causal_softmax_forward_of(const float* s, P* p, int count, int T, float scale);
+  template <class P, class DS>
+  void causal_softmax_backward_of(const P* p, const float* dp, DS* ds, int count, int T,
+                                  float scale);
 
   int id_;
   tbb::task_arena arena_;

@@ -268,6 +268,23 @@ void CudaDevice::activation_backward(Activation f, const float* x, const float* 
   launch_activation_backward(stream(), kind_of(f), x, dy, dx, n);
 }
 
+void CudaDevice::add_bias(const float* x, const float* bias, std::uint16_t* y, int rows,
+                          int cols) {
+  if (rows < 0 || cols < 0)
+    throw std::invalid_argument(fmt::format("add_bias: bad shape rows={} cols={}", rows, cols));
+  launch_add_bias_bf16(stream(), x, bias, y, rows, cols);
+}
+
+void CudaDevice::activation_forward(Activation f, const std::uint16_t* x, std::uint16_t* y,
+                                    std::size_t n) {
+  launch_activation_forward_bf16(stream(), kind_of(f), x, y, n);
+}
+
+void CudaDevice::activation_backward(Activation f, const std::uint16_t* x, const float* dy,
+                                     float* dx, std::uint16_t* dx_bf16, std::size_t n) {
+  launch_activation_backward_bf16(stream(), kind_of(f), x, dy, dx, dx_bf16, n);
+}
+
 void CudaDevice::to_bf16(const float* x, std::uint16_t* y, std::size_t n) {
   launch_to_bf16(stream(), x, y, n);
 }
@@ -311,6 +328,18 @@ void CudaDevice::softmax_cross_entropy(const float* logits, const std::int32_t* 
                                static_cast<double*>(row_loss_.get()),
                                static_cast<int*>(row_correct_.get()),
                                reinterpret_cast<LossAccumulator*>(stats));
+}
+
+void CudaDevice::softmax_cross_entropy(const float* logits, const std::int32_t* labels, int rows,
+                                       int classes, std::uint16_t* dlogits, float grad_scale,
+                                       LossStats* stats) {
+  detail::check_loss_shape(rows, classes);
+  if (rows == 0) return;
+  reserve_rows(rows);
+  launch_softmax_cross_entropy_bf16(stream(), logits, labels, rows, classes, dlogits, grad_scale,
+                                    static_cast<double*>(row_loss_.get()),
+                                    static_cast<int*>(row_correct_.get()),
+                                    reinterpret_cast<LossAccumulator*>(stats));
 }
 
 double CudaDevice::sum_squares(const float* x, std::size_t n) {
@@ -432,6 +461,12 @@ void CudaDevice::layernorm_forward(const float* x, const float* weight, const fl
   launch_layernorm_forward(stream(), x, weight, bias, y, mean, rstd, rows, C);
 }
 
+void CudaDevice::layernorm_forward(const float* x, const float* weight, const float* bias,
+                                   std::uint16_t* y, float* mean, float* rstd, int rows, int C) {
+  check_sizes("layernorm_forward", rows, {{"rows", rows}, {"C", C}});
+  launch_layernorm_forward_bf16(stream(), x, weight, bias, y, mean, rstd, rows, C);
+}
+
 void CudaDevice::layernorm_backward(const float* x, const float* weight, const float* mean,
                                     const float* rstd, const float* dy, float* dx,
                                     float* dweight, float* dbias, int rows, int C) {
@@ -451,6 +486,18 @@ void CudaDevice::causal_softmax_backward(const float* p, const float* dp, float*
                                          int T, float scale) {
   check_sizes("causal_softmax_backward", std::int64_t{count} * T, {{"count", count}, {"T", T}});
   launch_causal_softmax_backward(stream(), p, dp, ds, count, T, scale);
+}
+
+void CudaDevice::causal_softmax_forward(const float* s, std::uint16_t* p, int count, int T,
+                                        float scale) {
+  check_sizes("causal_softmax_forward", std::int64_t{count} * T, {{"count", count}, {"T", T}});
+  launch_causal_softmax_forward_bf16(stream(), s, p, count, T, scale);
+}
+
+void CudaDevice::causal_softmax_backward(const std::uint16_t* p, const float* dp,
+                                         std::uint16_t* ds, int count, int T, float scale) {
+  check_sizes("causal_softmax_backward", std::int64_t{count} * T, {{"count", count}, {"T", T}});
+  launch_causal_softmax_backward_bf16(stream(), p, dp, ds, count, T, scale);
 }
 
 }  // namespace lockstep::cuda

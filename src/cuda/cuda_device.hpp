@@ -64,10 +64,19 @@ class CudaDevice final : public Device {
   void activation_forward(Activation f, const float* x, float* y, std::size_t n) override;
   void activation_backward(Activation f, const float* x, const float* dy, float* dx,
                            std::size_t n) override;
+  void add_bias(const float* x, const float* bias, std::uint16_t* y, int rows,
+                int cols) override;
+  void activation_forward(Activation f, const std::uint16_t* x, std::uint16_t* y,
+                          std::size_t n) override;
+  void activation_backward(Activation f, const std::uint16_t* x, const float* dy, float* dx,
+                           std::uint16_t* dx_bf16, std::size_t n) override;
   void to_bf16(const float* x, std::uint16_t* y, std::size_t n) override;
   void from_bf16(const std::uint16_t* x, float* y, std::size_t n) override;
   void softmax_cross_entropy(const float* logits, const std::int32_t* labels, int rows,
                              int classes, float* dlogits, float grad_scale,
+                             LossStats* stats) override;
+  void softmax_cross_entropy(const float* logits, const std::int32_t* labels, int rows,
+                             int classes, std::uint16_t* dlogits, float grad_scale,
                              LossStats* stats) override;
   using Device::softmax_cross_entropy;
   double sum_squares(const float* x, std::size_t n) override;
@@ -106,6 +115,12 @@ class CudaDevice final : public Device {
   void causal_softmax_forward(const float* s, float* p, int count, int T, float scale) override;
   void causal_softmax_backward(const float* p, const float* dp, float* ds, int count, int T,
                                float scale) override;
+  void layernorm_forward(const float* x, const float* weight, const float* bias,
+                         std::uint16_t* y, float* mean, float* rstd, int rows, int C) override;
+  void causal_softmax_forward(const float* s, std::uint16_t* p, int count, int T,
+                              float scale) override;
+  void causal_softmax_backward(const std::uint16_t* p, const float* dp, std::uint16_t* ds,
+                               int count, int T, float scale) override;
 
  private:
   // Copies the first sizeof(T) bytes of result_ to the host, after the stream's work.

@@ -46,6 +46,15 @@ void launch_activation_forward(cudaStream_t stream, ActivationKind f, const floa
                                std::size_t n);
 void launch_activation_backward(cudaStream_t stream, ActivationKind f, const float* x,
                                 const float* dy, float* dx, std::size_t n);
+// bf16 storage, computed in fp32 (ElementwiseOps in device.hpp): y = x + bias rounded; y = f(x)
+// with x, y bf16; dx = dy * f'(x) with x bf16, and dx rounded into dx_bf16 when not null.
+void launch_add_bias_bf16(cudaStream_t stream, const float* x, const float* bias,
+                          std::uint16_t* y, int rows, int cols);
+void launch_activation_forward_bf16(cudaStream_t stream, ActivationKind f,
+                                    const std::uint16_t* x, std::uint16_t* y, std::size_t n);
+void launch_activation_backward_bf16(cudaStream_t stream, ActivationKind f,
+                                     const std::uint16_t* x, const float* dy, float* dx,
+                                     std::uint16_t* dx_bf16, std::size_t n);
 // y = a + b; y may alias a or b.
 void launch_add(cudaStream_t stream, const float* a, const float* b, float* y, std::size_t n);
 // dbias (cols) += column sums of dy (rows, cols), in double, in parallel over the rows in an
@@ -77,12 +86,24 @@ void launch_softmax_cross_entropy(cudaStream_t stream, const float* logits,
                                   const std::int32_t* labels, int rows, int classes,
                                   float* dlogits, float grad_scale, double* row_loss,
                                   int* row_correct, LossAccumulator* stats);
+// The same with dlogits (not null) rounded to bf16 as written.
+void launch_softmax_cross_entropy_bf16(cudaStream_t stream, const float* logits,
+                                       const std::int32_t* labels, int rows, int classes,
+                                       std::uint16_t* dlogits, float grad_scale,
+                                       double* row_loss, int* row_correct,
+                                       LossAccumulator* stats);
 
 // `count` (T, T) matrices, one warp per row. p may alias s; ds may alias dp.
 void launch_causal_softmax_forward(cudaStream_t stream, const float* s, float* p, int count,
                                    int T, float scale);
 void launch_causal_softmax_backward(cudaStream_t stream, const float* p, const float* dp,
                                     float* ds, int count, int T, float scale);
+// bf16 storage (LayerOps in device.hpp): p rounded; backward reads p in bf16, writes ds rounded.
+void launch_causal_softmax_forward_bf16(cudaStream_t stream, const float* s, std::uint16_t* p,
+                                        int count, int T, float scale);
+void launch_causal_softmax_backward_bf16(cudaStream_t stream, const std::uint16_t* p,
+                                         const float* dp, std::uint16_t* ds, int count, int T,
+                                         float scale);
 
 // ---- Reductions (reduce.cu) ---------------------------------------------------------------
 
@@ -141,6 +162,10 @@ void launch_embedding_backward(cudaStream_t stream, const float* ids, const floa
 void launch_layernorm_forward(cudaStream_t stream, const float* x, const float* weight,
                               const float* bias, float* y, float* mean, float* rstd, int rows,
                               int C);
+// The same with y rounded to bf16 (LayerOps in device.hpp).
+void launch_layernorm_forward_bf16(cudaStream_t stream, const float* x, const float* weight,
+                                   const float* bias, std::uint16_t* y, float* mean, float* rstd,
+                                   int rows, int C);
 // dx (rows, C) += d/dx (one warp per row); dweight, dbias (C) += their gradients, through
 // per-chunk partials in `scratch` (layernorm_backward_scratch_bytes(rows, C) bytes of device
 // memory) and a second pass: deterministic.

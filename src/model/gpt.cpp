@@ -40,19 +40,31 @@ struct Kept {
   static Kept take(Carver& k, std::size_t n, bool bf16) {
     return bf16 ? Kept{nullptr, k.take_bf16(n)} : Kept{k.take(n), nullptr};
   }
-  // Where forward computes its n values: in place, or first in fp32 `scratch` when kept in bf16;
-  // keep() then rounds them into place.
+  // Calls write(p) with the one pointer that is set (float* or std::uint16_t*): a Device op's
+  // overload for that storage writes the tensor, rounding as it stores in bf16.
+  template <class Write>
+  void store(const Write& write) const {
+    if (bf16)
+      write(bf16);
+    else
+      write(f32);
+  }
+  // A linear map's output (rows, out) stored here: in place, or the product in fp32 `scratch`
+  // and the bias added as it is rounded in.
+  void linear(Device& dev, detail::LinearParams p, MatIn x, float* scratch, int rows, int in,
+              int out) const {
+    if (bf16)
+      detail::linear_forward(dev, p, x, scratch, bf16, rows, in, out);
+    else
+      detail::linear_forward(dev, p, x, f32, rows, in, out);
+  }
+  // Where a matrix product computes its n values: in place, or first in fp32 `scratch` when
+  // kept in bf16; keep() then rounds them into place.
   float* compute_in(float* scratch) const { return bf16 ? scratch : f32; }
   void keep(Device& dev, const float* values, std::size_t n) const {
     if (bf16) dev.to_bf16(values, bf16, n);
   }
   MatIn input() const { return {f32, bf16}; }
-  // Its fp32 values: in place, or widened into `scratch` (n).
-  const float* widen(Device& dev, float* scratch, std::size_t n) const {
-    if (!bf16) return f32;
-    dev.from_bf16(bf16, scratch, n);
-    return scratch;
-  }
 };
 
 void fill_normal(float* p, std::size_t n, double stddev, std::uint64_t& rng) {
@@ -161,7 +173,8 @@ class Block final : public Layer {
     return Scratch::at(nullptr, batch, t_, c_, h_, precision == Precision::bf16).size;
   }
 
-  // In bf16 each tensor kept in bf16 is computed in fp32 in scratch, then rounded into saved.
+  // In bf16 the kernels that produce a kept tensor round it as they store it into saved; a
+  // matrix product's output (the linear maps', attention's) is computed in fp32 in scratch first.
   void forward(Device& dev, const float* params, const float* x, float* out, int batch,
                const LayerWorkspace& ws) const override {
     const Params p = at(const_cast<float*>(params));
@@ -170,26 +183,22 @@ class Block final : public Layer {
     const Saved s = Saved::at(ws.saved, batch, t_, c_, h_, bf16);
     const Scratch d = Scratch::at(ws.scratch, batch, t_, c_, h_, bf16);
     const int n = batch * t_, c = c_;
-    float* ln1 = s.ln1.compute_in(d.tmp);
-    dev.layernorm_forward(x, p.ln1_w, p.ln1_b, ln1, s.mean1, s.rstd1, n, c);
-    s.ln1.keep(dev, ln1, elements(n, c));
-    float* qkv = s.qkv.compute_in(d.qkv);
-    detail::linear_forward(dev, w.attn, s.ln1.input(), qkv, n, c, 3 * c);
-    s.qkv.keep(dev, qkv, elements(n, 3 * c));
+    s.ln1.store([&](auto* y) {
+      dev.layernorm_forward(x, p.ln1_w, p.ln1_b, y, s.mean1, s.rstd1, n, c);
+    });
+    s.qkv.linear(dev, w.attn, s.ln1.input(), d.qkv, n, c, 3 * c);
     attention_forward(dev, s, d, batch);
     detail::linear_forward(dev, w.attn_proj, s.atty.input(), s.res1, n, c, c);
     dev.add(s.res1, x, s.res1, elements(n, c));
-    float* ln2 = s.ln2.compute_in(d.tmp);
-    dev.layernorm_forward(s.res1, p.ln2_w, p.ln2_b, ln2, s.mean2, s.rstd2, n, c);
-    s.ln2.keep(dev, ln2, elements(n, c));
-    float* fc = s.fc.compute_in(d.h);
-    detail::linear_forward(dev, w.fc, s.ln2.input(), fc, n, c, 4 * c);
-    s.fc.keep(dev, fc, elements(n, 4 * c));
-    // GELU reads fc as kept (widened in bf16), as its backward will; d.h is free again.
-    float* gelu = s.gelu.compute_in(d.h);
-    dev.activation_forward(Activation::gelu, s.fc.widen(dev, d.wide, elements(n, 4 * c)), gelu,
-                           elements(n, 4 * c));
-    s.gelu.keep(dev, gelu, elements(n, 4 * c));
+    s.ln2.store([&](auto* y) {
+      dev.layernorm_forward(s.res1, p.ln2_w, p.ln2_b, y, s.mean2, s.rstd2, n, c);
+    });
+    s.fc.linear(dev, w.fc, s.ln2.input(), d.h, n, c, 4 * c);
+    // GELU reads fc as kept (widened in bf16), as its backward will.
+    if (bf16)
+      dev.activation_forward(Activation::gelu, s.fc.bf16, s.gelu.bf16, elements(n, 4 * c));
+    else
+      dev.activation_forward(Activation::gelu, s.fc.f32, s.gelu.f32, elements(n, 4 * c));
     detail::linear_forward(dev, w.fc_proj, s.gelu.input(), out, n, 4 * c, c);
     dev.add(out, s.res1, out, elements(n, c));
   }
@@ -207,10 +216,18 @@ class Block final : public Layer {
     // MLP branch: out = res1 + c_proj(gelu(c_fc(ln_2(res1)))).
     detail::linear_backward(dev, w.fc_proj, g.fc_proj_w, g.fc_proj_b, s.gelu.input(), dout, d.h,
                             n, 4 * c, c, d.grad16);
-    dev.activation_backward(Activation::gelu, s.fc.widen(dev, d.wide, elements(n, 4 * c)), d.h,
-                            d.h, elements(n, 4 * c));
-    detail::linear_backward(dev, w.fc, g.fc_w, g.fc_b, s.ln2.input(), d.h, d.tmp, n, c, 4 * c,
-                            d.grad16);
+    // GELU's backward reads fc as kept and, in bf16, also rounds its gradient for c_fc's products
+    // (c_fc's bias gradient sums the fp32 one).
+    MatIn dh{d.h, nullptr};
+    if (bf16) {
+      dev.activation_backward(Activation::gelu, s.fc.bf16, d.h, d.h, d.grad16,
+                              elements(n, 4 * c));
+      dh = {nullptr, d.grad16};
+    } else {
+      dev.activation_backward(Activation::gelu, s.fc.f32, d.h, d.h, elements(n, 4 * c));
+    }
+    detail::linear_backward_of(dev, w.fc, g.fc_w, g.fc_b, s.ln2.input(), d.h, dh, d.tmp, n, c,
+                               4 * c);
     dev.copy(d.res1, dout, elements(n, c) * sizeof(float));
     dev.layernorm_backward(s.res1, p.ln2_w, s.mean2, s.rstd2, d.tmp, d.res1, g.ln2_w, g.ln2_b, n,
                            c);
@@ -277,16 +294,16 @@ class Block final : public Layer {
     }
   };
 
-  // Backward's temporaries; forward's too under bf16 (its fp32 values before rounding).
+  // Backward's temporaries; forward's too under bf16 (matrix products' fp32 outputs before
+  // rounding).
   struct Scratch {
     float* h;     // (N, 4C) gradient of the MLP's hidden layer, before and after GELU
     float* tmp;   // (N, C) gradient at a LayerNorm's output or of the attention output
     float* res1;  // (N, C) gradient of the first residual
     float* qkv;   // (N, 3C)
     float* att;   // (B, H, T, T) gradient of the probabilities, then of the scores
-    // bf16 only (null otherwise), each max((N, 4C), (B, H, T, T)): kept bf16 values widened
-    // to fp32, and a gradient rounded to bf16 as a matrix-product input.
-    float* wide;
+    // bf16 only (null otherwise), max((N, 4C), (B, H, T, T)): a gradient rounded to bf16 as a
+    // matrix-product input.
     std::uint16_t* grad16;
     std::size_t size;
     static Scratch at(float* base, int batch, int t, int channels, int heads, bool bf16) {
@@ -295,7 +312,7 @@ class Block final : public Layer {
       const std::size_t widest = std::max(4 * n * c, att);
       Carver k(base);
       Scratch s{k.take(4 * n * c), k.take(n * c), k.take(n * c), k.take(3 * n * c), k.take(att),
-                bf16 ? k.take(widest) : nullptr, bf16 ? k.take_bf16(widest) : nullptr, 0};
+                bf16 ? k.take_bf16(widest) : nullptr, 0};
       s.size = k.used();
       return s;
     }
@@ -348,15 +365,17 @@ class Block final : public Layer {
   }
 
   // att = causal_softmax(q k^T / sqrt(D)) (T, T); atty = att v (T, D); per sequence and head.
-  // Under bf16 both are computed in fp32 scratch (d.att, d.tmp) and kept rounded.
+  // Under bf16 the scores and atty are computed in fp32 scratch (d.att, d.tmp); the softmax
+  // rounds the probabilities as it stores them, atty is rounded after its product.
   void attention_forward(Device& dev, const Saved& s, const Scratch& d, int batch) const {
     const int dh = c_ / h_, t = t_;
     const MatIn qkv = s.qkv.input();
-    float* att = s.att.compute_in(d.att);
+    float* scores = s.att.compute_in(d.att);
     per_head_gemm(dev, Transpose::no, Transpose::yes, t, t, dh, in_qkv(qkv, 0), in_qkv(qkv, 1),
-                  in_att(att), batch);
-    dev.causal_softmax_forward(att, att, batch * h_, t, 1.0f / std::sqrt(float(dh)));
-    s.att.keep(dev, att, att_elements(batch));
+                  in_att(scores), batch);
+    s.att.store([&](auto* att) {
+      dev.causal_softmax_forward(scores, att, batch * h_, t, 1.0f / std::sqrt(float(dh)));
+    });
     float* atty = s.atty.compute_in(d.tmp);
     per_head_gemm(dev, Transpose::no, Transpose::no, t, dh, t, in_att(s.att.input()),
                   in_qkv(qkv, 2), in_rows(atty), batch);
@@ -365,8 +384,8 @@ class Block final : public Layer {
 
   // From g.tmp = d atty: d att = d atty v^T; d v = att^T d atty; d scores by the softmax's
   // backward (scaled); d q = d scores k; d k = d scores^T q. Writes g.qkv. Under bf16, d atty
-  // and d scores are rounded into g.grad16 before their products, and the softmax reads the
-  // widened probabilities.
+  // is rounded into g.grad16 before its products, and the softmax's backward reads the bf16
+  // probabilities and writes d scores rounded there (d atty is no longer needed).
   void attention_backward(Device& dev, const Saved& s, const Scratch& g, int batch) const {
     const int dh = c_ / h_, t = t_;
     const MatIn qkv = s.qkv.input();
@@ -375,16 +394,19 @@ class Block final : public Layer {
                   in_att(g.att), batch);
     per_head_gemm(dev, Transpose::yes, Transpose::no, t, dh, t, in_att(s.att.input()),
                   in_rows(dy), in_qkv(g.qkv, 2), batch);
-    const float* p = s.att.widen(dev, g.wide, att_elements(batch));
-    dev.causal_softmax_backward(p, g.att, g.att, batch * h_, t, 1.0f / std::sqrt(float(dh)));
-    const MatIn datt = detail::as_input(dev, g.att, g.grad16, att_elements(batch));
+    const float scale = 1.0f / std::sqrt(float(dh));
+    MatIn datt{g.att, nullptr};
+    if (s.att.bf16) {
+      dev.causal_softmax_backward(s.att.bf16, g.att, g.grad16, batch * h_, t, scale);
+      datt = {nullptr, g.grad16};
+    } else {
+      dev.causal_softmax_backward(s.att.f32, g.att, g.att, batch * h_, t, scale);
+    }
     per_head_gemm(dev, Transpose::no, Transpose::no, t, dh, t, in_att(datt), in_qkv(qkv, 1),
                   in_qkv(g.qkv, 0), batch);
     per_head_gemm(dev, Transpose::yes, Transpose::no, t, dh, t, in_att(datt), in_qkv(qkv, 0),
                   in_qkv(g.qkv, 1), batch);
   }
-
-  std::size_t att_elements(int batch) const { return std::size_t(batch) * h_ * t_ * t_; }
 
   int t_, c_, h_, n_layer_;
   std::size_t offsets_[kBlockParams] = {};
@@ -463,12 +485,10 @@ class TiedLmHead final : public Layer {
   int out_features() const noexcept override { return t_ * p_; }
   int tied_to() const noexcept override { return tied_; }
   int vocab_padding() const noexcept override { return p_ - v_; }
+  // No bias: the gradient of the logits feeds the two matrix products only.
+  bool dout_bf16() const noexcept override { return true; }
   std::size_t workspace_size(int batch, Precision precision) const noexcept override {
     return Saved::at(nullptr, batch * t_, p_ - v_, c_, precision == Precision::bf16).size;
-  }
-  // bf16: dout rounded to bf16, (N, P).
-  std::size_t scratch_size(int batch, Precision precision) const noexcept override {
-    return precision == Precision::bf16 ? detail::bf16_floats(std::size_t(batch) * t_ * p_) : 0;
   }
 
   void forward(Device& dev, const float* wte, const float* in, float* out, int batch,
@@ -487,17 +507,18 @@ class TiedLmHead final : public Layer {
              0.0f, out + v_, p_);
   }
   // dwte (V, C) += dout^T (V, N) in (N, C); din (N, C) = dout (N, V) wte (V, C); dout's rows
-  // have stride P, and its padding (zero) is never read. bf16: dout rounded into scratch first.
+  // have stride P, and its padding (zero) is never read. bf16: reads ws.dout_bf16 instead, the
+  // gradient rounded by whoever computed it (the loss, or Replica::backward).
   void backward(Device& dev, const float* wte, float* dwte, const float* in, const float* /*out*/,
                 const float* dout, float* din, int batch,
                 const LayerWorkspace& ws) const override {
     const int n = batch * t_;
     const bool bf16 = ws.precision == Precision::bf16;
+    if (bf16 && !ws.dout_bf16)
+      throw std::logic_error("lm_head: bf16 backward needs LayerWorkspace::dout_bf16");
     const Saved s = Saved::at(ws.saved, n, p_ - v_, c_, bf16);
     const MatIn x = bf16 ? MatIn{nullptr, s.in16} : MatIn{in, nullptr};
-    const MatIn dy = detail::as_input(dev, dout, bf16 ? reinterpret_cast<std::uint16_t*>(ws.scratch)
-                                                      : nullptr,
-                                      std::size_t(n) * p_);
+    const MatIn dy = bf16 ? MatIn{nullptr, ws.dout_bf16} : MatIn{dout, nullptr};
     detail::matmul(dev, Transpose::yes, Transpose::no, v_, c_, n, dy, p_, x, c_, 1.0f, dwte, c_);
     if (din)
       detail::matmul(dev, Transpose::no, Transpose::no, n, c_, v_, dy, p_,

@@ -162,6 +162,9 @@ Replica::Replica(Device& device, const Model& model, int max_batch, Precision pr
     scratch = std::max(scratch, layer.scratch_size(max_batch, precision));
   }
   scratch_ = DeviceArray<float>(device, scratch);
+  const Layer& last = *model.layers().back();  // a model has at least one layer
+  if (precision == Precision::bf16 && last.dout_bf16())
+    dlogits_bf16_ = DeviceArray<std::uint16_t>(device, elements(max_batch, last.out_features()));
   for (DeviceArray<float>& d : dbuf_) d = DeviceArray<float>(device, elements(max_batch, din_width));
 }
 
@@ -182,7 +185,8 @@ LayerWorkspace Replica::workspace(std::size_t layer) {
   return {.saved = saved_[layer].data(),
           .scratch = scratch_.data(),
           .precision = precision_,
-          .params_bf16 = bf16 ? bf16 + model_->read_offset(layer) : nullptr};
+          .params_bf16 = bf16 ? bf16 + model_->read_offset(layer) : nullptr,
+          .dout_bf16 = layer + 1 == model_->layers().size() ? dlogits_bf16_.data() : nullptr};
 }
 
 std::vector<float> Replica::parameters() const { return params_.download(); }
@@ -209,6 +213,10 @@ void Replica::backward(const float* x, const float* dlogits, int batch,
                        const std::function<void(std::size_t)>& grads_ready) {
   check_batch(batch, max_batch_);
   const auto& layers = model_->layers();
+  if (dlogits_bf16_.size() && dlogits)
+    device_->to_bf16(dlogits, dlogits_bf16_.data(), elements(batch, layers.back()->out_features()));
+  if (!dlogits && !dlogits_bf16_.size())
+    throw std::invalid_argument("replica: backward without dlogits needs a bf16 LM head");
   for (std::size_t i = layers.size(); i-- > 0;) {
     const float* in = i == 0 ? x : acts_[i - 1].data();
     const float* dout = i + 1 == layers.size() ? dlogits : dbuf_[(i + 1) % 2].data();

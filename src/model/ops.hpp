@@ -40,11 +40,17 @@ namespace lockstep::detail {
 //   (a GPT block's ln_1, qkv, attention probabilities, attention output, ln_2 and GELU output;
 //   a Linear's and the LM head's input). The block's c_fc output (GELU's input) is stored in
 //   bf16 too, and GELU's forward and backward both read its widened value, so they agree. The
-//   first residual stays fp32: it is a LayerNorm input. Forward computes each in fp32 into the
-//   shared scratch (free during forward) and rounds it into the layer's saved workspace.
-//
-// The conversions are separate passes (to_bf16/from_bf16) for now; fusing them into the kernels
-// that produce or consume the values is the next step. fp32 and tf32 run exactly as before.
+//   first residual stays fp32: it is a LayerNorm input.
+// - The roundings and widenings live in the kernels that produce or consume the values, not in
+//   passes of their own: the Device ops' bf16-storage overloads (LayerNorm writing bf16,
+//   add_bias rounding a product plus its bias into the kept tensor, GELU reading and writing
+//   bf16, the causal softmax writing bf16 probabilities and its backward reading them and
+//   writing the rounded score gradient), each bit for bit the fp32 op between from_bf16 and
+//   to_bf16. The loss writes the LM head's output gradient in bf16 as it computes it
+//   (softmax_cross_entropy's bf16 form into Replica::dlogits_bf16; Layer::dout_bf16), so a bf16
+//   step has no fp32 dlogits. A matrix product's fp32 output (attention's atty) and a gradient
+//   that arrives from another layer are still rounded by to_bf16. fp32 and tf32 run exactly as
+//   before.
 
 // A matrix product's input as its precision stores it: fp32 values, or bf16 bits. Exactly one
 // of the two is set; `+` moves into the matrix by elements.
@@ -104,18 +110,34 @@ inline void linear_forward(Device& dev, LinearParams p, MatIn x, float* y, int r
   dev.add_bias(y, p.bias, rows, out);
 }
 
+// y (rows, out) = x * weight^T + bias rounded to bf16: the product in fp32 `product` (rows,
+// out), the bias added as it is rounded into y.
+inline void linear_forward(Device& dev, LinearParams p, MatIn x, float* product,
+                           std::uint16_t* y, int rows, int in, int out) {
+  matmul(dev, Transpose::no, Transpose::yes, rows, out, in, x, in, p.weight, in, 0.0f, product,
+         out);
+  dev.add_bias(product, p.bias, y, rows, out);
+}
+
 // dweight (out, in) += dy^T * x; dbias (out) += column sums of dy; dx (rows, in) = dy * weight
-// (+= when accumulate_dx), skipped when dx is null. With bf16 weights, dy is first rounded into
-// dy_bf16 (rows, out); dbias still sums the fp32 dy.
-inline void linear_backward(Device& dev, LinearParams p, float* dweight, float* dbias, MatIn x,
-                            const float* dy, float* dx, int rows, int in, int out,
-                            std::uint16_t* dy_bf16 = nullptr, bool accumulate_dx = false) {
-  const MatIn g = as_input(dev, dy, p.weight.bf16 ? dy_bf16 : nullptr, std::size_t(rows) * out);
+// (+= when accumulate_dx), skipped when dx is null. g is dy as the products read it: dy itself,
+// or with bf16 weights dy rounded to bf16 (rows, out); dbias always sums the fp32 dy.
+inline void linear_backward_of(Device& dev, LinearParams p, float* dweight, float* dbias, MatIn x,
+                               const float* dy, MatIn g, float* dx, int rows, int in, int out,
+                               bool accumulate_dx = false) {
   matmul(dev, Transpose::yes, Transpose::no, out, in, rows, g, out, x, in, 1.0f, dweight, in);
   dev.bias_grad(dbias, dy, rows, out);
   if (dx)
     matmul(dev, Transpose::no, Transpose::no, rows, in, out, g, out, p.weight, in,
            accumulate_dx ? 1.0f : 0.0f, dx, in);
+}
+
+// As linear_backward_of, with bf16 weights rounding dy into dy_bf16 (rows, out) first.
+inline void linear_backward(Device& dev, LinearParams p, float* dweight, float* dbias, MatIn x,
+                            const float* dy, float* dx, int rows, int in, int out,
+                            std::uint16_t* dy_bf16 = nullptr, bool accumulate_dx = false) {
+  const MatIn g = as_input(dev, dy, p.weight.bf16 ? dy_bf16 : nullptr, std::size_t(rows) * out);
+  linear_backward_of(dev, p, dweight, dbias, x, dy, g, dx, rows, in, out, accumulate_dx);
 }
 
 // Floats that hold n bf16 values, rounded up to whole 64-byte lines so that whatever follows a

@@ -27,7 +27,7 @@ LossTotals loss_totals(Replica& replica, const Dataset& data, std::size_t first,
     xd.upload(std::span<const float>(x.data(), static_cast<std::size_t>(rows) * features));
     yd.upload(std::span<const std::int32_t>(y.data(), static_cast<std::size_t>(rows) * targets));
     dev.softmax_cross_entropy(replica.forward(xd.data(), rows), yd.data(), rows * targets,
-                              classes, nullptr, 0.0f, stats.data());
+                              classes, static_cast<float*>(nullptr), 0.0f, stats.data());
     totals.predictions += static_cast<double>(rows) * targets;
     if (after_batch) after_batch();
   }

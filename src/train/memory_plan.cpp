@@ -49,11 +49,15 @@ double floats_for(Size size, int batch) {
   return estimate < 1e15 ? static_cast<double>(size(batch)) : estimate;
 }
 
-// Activations, what layers keep for backward, the shared scratch and the two activation
-// gradients, for a batch of `batch`; per sample sizes times the batch, in double, so that no
-// size multiplies out of range.
+// Activations, what layers keep for backward, the shared scratch, the two activation gradients
+// and the gradient of the logits (the worker's fp32 dlogits, or under bf16 with a GPT's LM head
+// the replica's bf16 one, Replica::dlogits_bf16), for a batch of `batch`; per sample sizes
+// times the batch, in double, so that no size multiplies out of range.
 double activation_bytes(const Model& model, int batch, Precision precision) {
-  double per_sample = 0, kept = 0, scratch = 0, din = 1;
+  const Layer& last = *model.layers().back();
+  const bool dlogits_bf16 = precision == Precision::bf16 && last.dout_bf16();
+  double per_sample = dlogits_bf16 ? last.out_features() / 2.0 : last.out_features();
+  double kept = 0, scratch = 0, din = 1;
   for (std::size_t i = 0; i < model.layers().size(); ++i) {
     const Layer& layer = *model.layers()[i];
     per_sample += static_cast<double>(layer.out_features());

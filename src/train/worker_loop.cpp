@@ -182,7 +182,8 @@ void WorkerLoop::set_up_data() {
       sampler, batch, cfg.data.drop_last, cfg.data.prefetch, pos_.batch_in_epoch);
   // As wide as the logits: a GPT's padded vocabulary (Note [Padded vocabulary], model/gpt.cpp).
   const int logits = run_.model.outputs();
-  res_.dlogits = DeviceArray<float>(*res_.device, static_cast<std::size_t>(logits) * batch);
+  if (!res_.replica->dlogits_bf16())
+    res_.dlogits = DeviceArray<float>(*res_.device, static_cast<std::size_t>(logits) * batch);
   // Workspaces sized before the first step, which then allocates nothing (Note [Host syncs]):
   // rows of predictions, each no wider than the widest activation per prediction.
   const int targets = std::max(1, train.targets());
@@ -278,10 +279,15 @@ void WorkerLoop::run_micro_batch(int micro, StepTotals& mine) {
   // Each worker averages over its own k micro-batches; the all-reduce then averages over
   // workers: the mean over the global batch, since every shard has the same batch size.
   // A language model predicts `targets` tokens per sample; the loss is their mean.
+  // bf16 with a GPT's LM head: the loss writes dlogits rounded, where backward reads them.
   const int predictions = b.size * targets;
-  dev.softmax_cross_entropy(logits, in.y->data<std::int32_t>(), predictions, classes,
-                            res_.dlogits.data(), 1.0f / static_cast<float>(predictions * k),
-                            res_.record->loss());
+  const float grad_scale = 1.0f / static_cast<float>(predictions * k);
+  if (std::uint16_t* dlogits16 = replica.dlogits_bf16())
+    dev.softmax_cross_entropy(logits, in.y->data<std::int32_t>(), predictions, classes, dlogits16,
+                              grad_scale, res_.record->loss());
+  else
+    dev.softmax_cross_entropy(logits, in.y->data<std::int32_t>(), predictions, classes,
+                              res_.dlogits.data(), grad_scale, res_.record->loss());
   mine.samples += b.size;
   // Gradients accumulate over the micro-batches; only the last one is reduced (no_sync).
   const bool last_micro = micro == k - 1;

@@ -168,7 +168,8 @@ class WorkerLoop {
     std::unique_ptr<StepRecord> record;
     std::unique_ptr<ShardLoader> loader;
     std::unique_ptr<StagedBatches> batches;
-    DeviceArray<float> dlogits;  // (batch x targets, classes)
+    // (batch x targets, classes); empty where the loss writes the replica's dlogits_bf16().
+    DeviceArray<float> dlogits;
   };
   // Where the run stands: the step being taken, and where the next batch comes from.
   struct Position {

@@ -272,8 +272,10 @@ TEST_SUITE("cpu device") {
 
     // On the device: calls add to one LossStats; a bad label adds nothing and records its row.
     DeviceArray<lockstep::LossStats> acc(*dev, 1);
-    dev->softmax_cross_entropy(ld.data(), yd.data(), rows, classes, nullptr, 0.0f, acc.data());
-    dev->softmax_cross_entropy(ld.data(), yd.data(), rows, classes, nullptr, 0.0f, acc.data());
+    dev->softmax_cross_entropy(ld.data(), yd.data(), rows, classes, static_cast<float*>(nullptr),
+                               0.0f, acc.data());
+    dev->softmax_cross_entropy(ld.data(), yd.data(), rows, classes, static_cast<float*>(nullptr),
+                               0.0f, acc.data());
     CHECK(acc.download()[0].loss_sum == stats.loss_sum + stats.loss_sum);
     CHECK(acc.download()[0].correct == 2 * correct);
     CHECK(acc.download()[0].label_error == 0);
@@ -286,7 +288,8 @@ TEST_SUITE("cpu device") {
           doctest::Contains(fmt::format("label {} of row 5 is outside", bad).c_str()),
           lockstep::InputError);
       DeviceArray<lockstep::LossStats> one(*dev, 1);
-      dev->softmax_cross_entropy(ld.data(), yd.data(), rows, classes, nullptr, 0.0f, one.data());
+      dev->softmax_cross_entropy(ld.data(), yd.data(), rows, classes, static_cast<float*>(nullptr),
+                                 0.0f, one.data());
       const lockstep::LossStats got = one.download()[0];
       CHECK(got.loss_sum == 0.0);
       CHECK(got.correct == 0);

@@ -250,7 +250,8 @@ TEST_SUITE("cuda") {
         // Accumulated on the device over calls, as a training step does.
         DeviceArray<LossStats> acc(d, 1);
         for (int call = 0; call < 3; ++call)
-          d.softmax_cross_entropy(ld.data(), yd.data(), rows, classes, nullptr, 0.0f, acc.data());
+          d.softmax_cross_entropy(ld.data(), yd.data(), rows, classes, static_cast<float*>(nullptr),
+                                  0.0f, acc.data());
         summed[which] = acc.download()[0];
         CHECK(summed[which].loss_sum == s.loss_sum + s.loss_sum + s.loss_sum);
         CHECK(summed[which].correct == 3 * s.correct);
@@ -271,7 +272,8 @@ TEST_SUITE("cuda") {
       auto lx = on_device(*d, random_floats(16, 5));
       auto yx = on_device(*d, std::vector<std::int32_t>{0, 2, -3, 7});
       DeviceArray<LossStats> acc(*d, 1);
-      d->softmax_cross_entropy(lx.data(), yx.data(), 4, 4, nullptr, 0.0f, acc.data());
+      d->softmax_cross_entropy(lx.data(), yx.data(), 4, 4, static_cast<float*>(nullptr), 0.0f,
+                               acc.data());
       keys[which++] = acc.download()[0].label_error;
     }
     CHECK(keys[0] == keys[1]);

@@ -1,11 +1,13 @@
 // The CUDA side of bf16 (issue 16): the conversion kernels against the CPU device bit for bit;
 // gemm_bf16 and gemm_batched_bf16 within fp32 accumulation of the exact product, as the CPU
-// device's are (../cpu/bf16_gemm_reference.hpp); the optimiser steps' bf16 copy of the
-// parameters; the NCCL communicator's bf16 all-reduce against the CPU's rounding. Skip without
-// a GPU.
+// device's are (../cpu/bf16_gemm_reference.hpp); the bf16-storage overloads of add_bias, the
+// activations, LayerNorm and the causal softmax against the CPU's; the optimiser steps' bf16
+// copy of the parameters; the NCCL communicator's bf16 all-reduce against the CPU's rounding.
+// Skip without a GPU.
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <thread>
@@ -44,9 +46,127 @@ std::pair<std::vector<std::uint16_t>, std::vector<float>> round_trip(Device& dev
   return {h.download(), back.download()};
 }
 
+// bf16 bits as the floats they hold, for compare().
+std::vector<float> widened(const std::vector<std::uint16_t>& bits) {
+  std::vector<float> out(bits.size());
+  for (std::size_t i = 0; i < bits.size(); ++i) out[i] = detail::bf16_to_float(bits[i]);
+  return out;
+}
+
+// A device buffer of n bf16 values: x rounded on the host.
+DeviceArray<std::uint16_t> bf16_on_device(Device& dev, const std::vector<float>& x) {
+  std::vector<std::uint16_t> bits(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) bits[i] = detail::float_to_bf16(x[i]);
+  return on_device(dev, bits);
+}
+
+// Where the fp32 kernel is within a tolerance of the CPU's (tanh, LayerNorm, softmax: Note
+// [Numerics of the CUDA kernels]), a bf16 result may round to the neighbouring bf16: 2^-8 of
+// the value, so within 2^-7 of the largest.
+constexpr double kBf16Neighbour = 1.0 / 128;
+
 }  // namespace
 
 TEST_SUITE("cuda") {
+  TEST_CASE("cuda: bf16-storage add_bias and activations against the CPU device") {
+    auto backend = cuda_or_skip();
+    if (!backend) return;
+    auto gpu = backend->create_device(0, 1, 0);
+    const int rows = 301, cols = 97;
+    const std::size_t n = std::size_t(rows) * cols;
+    const auto x = random_floats(n, 700, -6.0, 6.0), dy = random_floats(n, 701);
+    const auto bias = random_floats(std::size_t(cols), 702);
+    // add_bias: single additions on both sides, the same bits.
+    compare(*gpu, [&](Device& d) {
+      auto xd = on_device(d, x), bd = on_device(d, bias);
+      DeviceArray<std::uint16_t> y(d, n);
+      d.add_bias(xd.data(), bd.data(), y.data(), rows, cols);
+      return Outputs{widened(y.download())};
+    }, 0.0);
+    for (Activation f : {Activation::relu, Activation::tanh, Activation::gelu}) {
+      CAPTURE(to_string(f));
+      compare(
+          *gpu,
+          [&](Device& d) {
+            DeviceArray<std::uint16_t> xd = bf16_on_device(d, x);
+            DeviceArray<float> dyd = on_device(d, dy);
+            DeviceArray<std::uint16_t> y(d, n), dx16(d, n);
+            DeviceArray<float> dx = poisoned(d, n);
+            d.activation_forward(f, xd.data(), y.data(), n);
+            d.activation_backward(f, xd.data(), dyd.data(), dx.data(), dx16.data(), n);
+            d.activation_backward(f, xd.data(), dyd.data(), dyd.data(), nullptr, n);
+            return Outputs{widened(y.download()), dx.download(), widened(dx16.download()),
+                           dyd.download()};
+          },
+          f == Activation::tanh ? kBf16Neighbour : 0.0);
+    }
+  }
+
+  TEST_CASE("cuda: softmax_cross_entropy into bf16 dlogits against the CPU device") {
+    auto backend = cuda_or_skip();
+    if (!backend) return;
+    auto gpu = backend->create_device(0, 1, 0);
+    // GPT-2's padded vocabulary too: the padding's -inf logits give dlogits of exactly 0.
+    for (auto [rows, classes] : {std::pair{1, 1}, {300, 257}, {4, 50304}}) {
+      CAPTURE(rows);
+      CAPTURE(classes);
+      const std::size_t n = std::size_t(rows) * classes;
+      std::vector<float> logits = random_floats(n, 730 + n, -6.0, 6.0);
+      if (classes == 50304)
+        for (int r = 0; r < rows; ++r)
+          std::fill_n(logits.begin() + std::size_t(r) * classes + 50257, 47, -INFINITY);
+      std::vector<std::int32_t> labels(rows);
+      for (int r = 0; r < rows; ++r) labels[r] = (r * 37) % std::min(classes, 50257);
+      LossStats sums[2];
+      int which = 0;
+      compare(*gpu, [&](Device& d) {
+        auto ld = on_device(d, logits);
+        auto yd = on_device(d, labels);
+        DeviceArray<std::uint16_t> dl(d, n);
+        DeviceArray<LossStats> acc(d, 1);
+        d.softmax_cross_entropy(ld.data(), yd.data(), rows, classes, dl.data(), 0.5f, acc.data());
+        sums[which++] = acc.download()[0];
+        return Outputs{widened(dl.download())};
+      }, kBf16Neighbour);
+      CHECK(sums[0].loss_sum == doctest::Approx(sums[1].loss_sum).epsilon(1e-6));
+      CHECK(sums[0].correct == sums[1].correct);
+    }
+  }
+
+  TEST_CASE("cuda: bf16-storage LayerNorm and causal softmax against the CPU device") {
+    auto backend = cuda_or_skip();
+    if (!backend) return;
+    auto gpu = backend->create_device(0, 1, 0);
+    for (auto [rows, C] : {std::pair{1, 1}, {37, 100}, {1030, 768}}) {
+      CAPTURE(rows);
+      CAPTURE(C);
+      const std::size_t n = std::size_t(rows) * C;
+      const auto x = random_floats(n, 710 + n, -2.0, 3.0);
+      const auto w = random_floats(std::size_t(C), 711), b = random_floats(std::size_t(C), 712);
+      compare(*gpu, [&](Device& d) {
+        auto xd = on_device(d, x), wd = on_device(d, w), bd = on_device(d, b);
+        auto mean = poisoned(d, rows), rstd = poisoned(d, rows);
+        DeviceArray<std::uint16_t> y(d, n);
+        d.layernorm_forward(xd.data(), wd.data(), bd.data(), y.data(), mean.data(), rstd.data(),
+                            rows, C);
+        return Outputs{widened(y.download()), mean.download(), rstd.download()};
+      }, kBf16Neighbour);
+    }
+    for (auto [count, T] : {std::pair{1, 1}, {2, 37}, {3, 64}, {2, 1024}}) {
+      CAPTURE(count);
+      CAPTURE(T);
+      const std::size_t n = std::size_t(count) * T * T;
+      const auto s = random_floats(n, 720 + n, -8.0, 8.0), dp = random_floats(n, 721 + n);
+      compare(*gpu, [&](Device& d) {
+        auto sd = on_device(d, s), dpd = on_device(d, dp);
+        DeviceArray<std::uint16_t> p(d, n), ds(d, n);
+        d.causal_softmax_forward(sd.data(), p.data(), count, T, 0.125f);
+        d.causal_softmax_backward(p.data(), dpd.data(), ds.data(), count, T, 0.125f);
+        return Outputs{widened(p.download()), widened(ds.download())};
+      }, kBf16Neighbour);
+    }
+  }
+
   TEST_CASE("cuda: to_bf16 and from_bf16 give the CPU device's bits") {
     auto backend = cuda_or_skip();
     if (!backend) return;

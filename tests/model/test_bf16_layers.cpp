@@ -6,6 +6,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <stdexcept>
 #include <vector>
 
 #include "common/bf16.hpp"
@@ -34,7 +36,13 @@ LayerRun run_layer(const Layer& layer, Precision precision, int batch,
   auto pd = on_device(*dev, params), xd = on_device(*dev, x), dyd = on_device(*dev, dout);
   DeviceArray<std::uint16_t> p16(*dev, precision == Precision::bf16 ? params.size() : 0);
   if (p16.size()) dev->to_bf16(pd.data(), p16.data(), params.size());
-  const lockstep::LayerWorkspace ws{saved.data(), scratch.data(), precision, p16.data()};
+  // A layer that reads its output gradient in bf16 (the LM head) gets it rounded, as the
+  // Replica hands it over.
+  const bool round_dout = precision == Precision::bf16 && layer.dout_bf16();
+  DeviceArray<std::uint16_t> dout16(*dev, round_dout ? dout.size() : 0);
+  if (round_dout) dev->to_bf16(dyd.data(), dout16.data(), dout.size());
+  const lockstep::LayerWorkspace ws{saved.data(), scratch.data(), precision, p16.data(),
+                                    dout16.data()};
   auto gd = on_device(*dev, std::vector<float>(params.size(), 0.0f));
   DeviceArray<float> yd(*dev, dout.size()), dxd(*dev, x.size());
   layer.forward(*dev, pd.data(), xd.data(), yd.data(), batch, ws);
@@ -172,4 +180,40 @@ TEST_CASE("bf16 gpt block: the saved workspace keeps matrix-product inputs in ha
   CHECK(bf16 <= fp32 - kept / 2 + 7 * 32);
   // Scratch grows under bf16 only: widened values and a bf16 gradient.
   CHECK(layer->scratch_size(batch, Precision::bf16) > layer->scratch_size(batch, Precision::fp32));
+}
+
+TEST_CASE("bf16 replica: the loss writing dlogits_bf16 gives backward's gradients from fp32 "
+          "dlogits, bit for bit") {
+  // vocab_size 70: 128 logits a position, with padding.
+  const lockstep::GptSpec spec{.vocab_size = 70, .context = 8, .n_layer = 1, .n_head = 2,
+                               .d_model = 16};
+  const lockstep::Model model = lockstep::Model::gpt(spec);
+  auto dev = lockstep::make_cpu_device(0, 1);
+  const int batch = 3, rows = batch * spec.context, classes = model.outputs() / spec.context;
+  auto x = on_device(*dev, random_tokens(std::size_t(rows), spec.vocab_size, 60));
+  std::vector<std::int32_t> labels(static_cast<std::size_t>(rows));
+  for (int r = 0; r < rows; ++r) labels[r] = (r * 11) % spec.vocab_size;
+  auto y = on_device(*dev, labels);
+  DeviceArray<lockstep::LossStats> stats(*dev, 1);
+  lockstep::Replica fp32(*dev, model, batch, Precision::fp32);
+  CHECK(fp32.dlogits_bf16() == nullptr);
+  lockstep::Replica replica(*dev, model, batch, Precision::bf16);
+  replica.load_parameters(model.initial_parameters(7));
+  REQUIRE(replica.dlogits_bf16() != nullptr);
+  // The fp32 gradient of the logits, rounded by backward itself...
+  DeviceArray<float> dlogits(*dev, std::size_t(rows) * classes);
+  dev->softmax_cross_entropy(replica.forward(x.data(), batch), y.data(), rows, classes,
+                             dlogits.data(), 1.0f / rows, stats.data());
+  replica.zero_grads();
+  replica.backward(x.data(), dlogits.data(), batch);
+  const std::vector<float> from_fp32 = replica.gradients();
+  // ...and rounded by the loss as it writes it.
+  dev->softmax_cross_entropy(replica.forward(x.data(), batch), y.data(), rows, classes,
+                             replica.dlogits_bf16(), 1.0f / rows, stats.data());
+  replica.zero_grads();
+  replica.backward(x.data(), nullptr, batch);
+  const std::vector<float> from_bf16 = replica.gradients();
+  REQUIRE(from_bf16.size() == from_fp32.size());
+  CHECK(std::memcmp(from_bf16.data(), from_fp32.data(), from_fp32.size() * sizeof(float)) == 0);
+  CHECK_THROWS_AS(fp32.backward(x.data(), nullptr, batch), std::invalid_argument);
 }

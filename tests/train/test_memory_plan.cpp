@@ -62,14 +62,15 @@ TEST_CASE("summary: per-worker bytes of parameters, gradients, optimiser state a
     CHECK(s.grad_bytes == (reduce == ReduceDtype::bf16 ? 26 * 6 : 26 * 4));
     CHECK(s.optimizer_state_bytes == 2 * 26 * 4);  // m and v
     // Per sample: the outputs of the layers (4 + 4 + 2; ReLU and linear layers save nothing
-    // more, no scratch) and the two activation gradients of the widest input past the first (4).
-    CHECK(s.activation_bytes == 8 * (4 + 4 + 2 + 2 * 4) * 4);
+    // more, no scratch), the two activation gradients of the widest input past the first (4)
+    // and the gradient of the logits (2).
+    CHECK(s.activation_bytes == 8 * (4 + 4 + 2 + 2 * 4 + 2) * 4);
     const std::string json = s.to_json();
     for (const std::string key : {"param_bytes", "grad_bytes", "activation_bytes"})
       CHECK_MESSAGE(json.find("\"" + key + "\": ") != std::string::npos, key);
     CHECK(json.find(fmt::format("\"activation_bytes\": {},", s.activation_bytes)) != std::string::npos);
     CHECK(describe_worker_memory(s) ==
-          fmt::format("parameters 104 B, gradients {} B, optimizer state 208 B, activations 576 B",
+          fmt::format("parameters 104 B, gradients {} B, optimizer state 208 B, activations 640 B",
                       s.grad_bytes));
   }
 }

@@ -2,9 +2,32 @@
 // math is common/elementwise_math.hpp, shared with the CUDA kernels (src/cuda/ops/elementwise.cu).
 #include "cpu/cpu_device.hpp"
 
+#include <string>
+
+#include "common/bf16.hpp"
 #include "common/elementwise_math.hpp"
 
 namespace lockstep::cpu {
+namespace {
+
+// Returns use(f, f') with the activation's per-element function and its derivative.
+template <class Use>
+void with_activation(Activation f, const char* op, const Use& use) {
+  switch (f) {
+    case Activation::relu:
+      return use([](float v) { return detail::relu(v); },
+                 [](float v) { return detail::relu_grad(v); });
+    case Activation::tanh:
+      return use([](float v) { return detail::tanh_act(v); },
+                 [](float v) { return detail::tanh_grad(v); });
+    case Activation::gelu:
+      return use([](float v) { return detail::gelu(v); },
+                 [](float v) { return detail::gelu_grad(v); });
+  }
+  throw std::invalid_argument(std::string(op) + ": unknown activation");
+}
+
+}  // namespace
 
 // y = f(x) and dx = dy * f'(x), elementwise over n.
 // In place (y == x, dx == dy) the loops name one array rather than two that alias: GCC
@@ -76,25 +99,49 @@ void CpuDevice::bias_grad(float* dbias, const float* dy, int rows, int cols) {
 }
 
 void CpuDevice::activation_forward(Activation f, const float* x, float* y, std::size_t n) {
-  switch (f) {
-    case Activation::relu: return map(x, y, n, [](float v) { return detail::relu(v); });
-    case Activation::tanh: return map(x, y, n, [](float v) { return detail::tanh_act(v); });
-    case Activation::gelu: return map(x, y, n, [](float v) { return detail::gelu(v); });
-  }
-  throw std::invalid_argument("activation_forward: unknown activation");
+  with_activation(f, "activation_forward", [&](auto fn, auto) { map(x, y, n, fn); });
 }
 
 void CpuDevice::activation_backward(Activation f, const float* x, const float* dy, float* dx,
                                     std::size_t n) {
-  switch (f) {
-    case Activation::relu:
-      return map_grad(x, dy, dx, n, [](float v) { return detail::relu_grad(v); });
-    case Activation::tanh:
-      return map_grad(x, dy, dx, n, [](float v) { return detail::tanh_grad(v); });
-    case Activation::gelu:
-      return map_grad(x, dy, dx, n, [](float v) { return detail::gelu_grad(v); });
-  }
-  throw std::invalid_argument("activation_backward: unknown activation");
+  with_activation(f, "activation_backward",
+                  [&](auto, auto fprime) { map_grad(x, dy, dx, n, fprime); });
+}
+
+// ---- bf16 storage: the fp32 ops above, widening bf16 as read and rounding as written ----
+
+// y (rows, cols) = x + bias (cols), rounded
+void CpuDevice::add_bias(const float* x, const float* bias, std::uint16_t* y, int rows,
+                         int cols) {
+  const std::size_t nc = static_cast<std::size_t>(cols), nr = static_cast<std::size_t>(rows);
+  const std::size_t block = rows_per_block(nc);
+  for_blocks(blocks_of(nr, block), [&](std::size_t b) {
+    for (std::size_t r = b * block; r < std::min(nr, (b + 1) * block); ++r)
+      for (std::size_t c = 0; c < nc; ++c)
+        y[r * nc + c] = detail::float_to_bf16(x[r * nc + c] + bias[c]);
+  });
+}
+
+void CpuDevice::activation_forward(Activation f, const std::uint16_t* x, std::uint16_t* y,
+                                   std::size_t n) {
+  with_activation(f, "activation_forward", [&](auto fn, auto) {
+    for_range(n, [&](std::size_t i0, std::size_t i1) {
+      for (std::size_t i = i0; i < i1; ++i)
+        y[i] = detail::float_to_bf16(fn(detail::bf16_to_float(x[i])));
+    });
+  });
+}
+
+// dy[i] is read before dx[i] is written, so dx may alias dy.
+void CpuDevice::activation_backward(Activation f, const std::uint16_t* x, const float* dy,
+                                    float* dx, std::uint16_t* dx_bf16, std::size_t n) {
+  with_activation(f, "activation_backward", [&](auto, auto fprime) {
+    for_range(n, [&](std::size_t i0, std::size_t i1) {
+      for (std::size_t i = i0; i < i1; ++i) dx[i] = dy[i] * fprime(detail::bf16_to_float(x[i]));
+      if (dx_bf16)
+        for (std::size_t i = i0; i < i1; ++i) dx_bf16[i] = detail::float_to_bf16(dx[i]);
+    });
+  });
 }
 
 }  // namespace lockstep::cpu

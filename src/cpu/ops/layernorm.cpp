@@ -3,10 +3,13 @@
 
 #include <cmath>
 
+#include "common/bf16.hpp"
+
 namespace lockstep::cpu {
 
-void CpuDevice::layernorm_forward(const float* x, const float* weight, const float* bias, float* y,
-                                  float* mean, float* rstd, int rows, int C) {
+template <class Y>
+void CpuDevice::layernorm_forward_of(const float* x, const float* weight, const float* bias, Y* y,
+                                     float* mean, float* rstd, int rows, int C) {
   const std::size_t nc = static_cast<std::size_t>(C), nr = static_cast<std::size_t>(rows);
   const std::size_t block = rows_per_block(nc);
   for_blocks(blocks_of(nr, block), [&](std::size_t blk) {
@@ -19,12 +22,23 @@ void CpuDevice::layernorm_forward(const float* x, const float* weight, const flo
       for (std::size_t c = 0; c < nc; ++c) var += (xr[c] - mu) * (xr[c] - mu);
       const float m = static_cast<float>(mu);
       const float s = static_cast<float>(1.0 / std::sqrt(var / double(nc) + 1e-5));
-      float* yr = y + r * nc;
-      for (std::size_t c = 0; c < nc; ++c) yr[c] = (xr[c] - m) * s * weight[c] + bias[c];
+      Y* yr = y + r * nc;
+      for (std::size_t c = 0; c < nc; ++c)
+        detail::store_value(&yr[c], (xr[c] - m) * s * weight[c] + bias[c]);
       mean[r] = m;
       rstd[r] = s;
     }
   });
+}
+
+void CpuDevice::layernorm_forward(const float* x, const float* weight, const float* bias, float* y,
+                                  float* mean, float* rstd, int rows, int C) {
+  layernorm_forward_of(x, weight, bias, y, mean, rstd, rows, C);
+}
+
+void CpuDevice::layernorm_forward(const float* x, const float* weight, const float* bias,
+                                  std::uint16_t* y, float* mean, float* rstd, int rows, int C) {
+  layernorm_forward_of(x, weight, bias, y, mean, rstd, rows, C);
 }
 
 // With xhat = (x - mean) * rstd and g = dy * weight:

@@ -1,10 +1,13 @@
 // Softmax kernels: the classifier's softmax cross-entropy and the attention's causal softmax,
 // forward and backward (CUDA: src/cuda/ops/softmax.cu).
 #include "cpu/cpu_device.hpp"
+#include "common/bf16.hpp"
 #include "common/elementwise_math.hpp"
 #include "common/gemm_shape.hpp"
 
 #include <cmath>
+#include <type_traits>
+#include <vector>
 
 namespace lockstep::cpu {
 
@@ -20,11 +23,13 @@ void CpuDevice::for_rows_of_squares(int count, int T, const Fn& fn) {
   });
 }
 
-// logits (rows, classes), labels (rows), dlogits (rows, classes) or null. The labels are checked
-// before anything is written: a bad one leaves the sums and dlogits alone and is recorded.
-void CpuDevice::softmax_cross_entropy(const float* logits, const std::int32_t* labels, int rows,
-                                      int classes, float* dlogits, float grad_scale,
-                                      LossStats* stats) {
+// logits (rows, classes), labels (rows), dlogits (rows, classes) or null, stored as D (float,
+// or bf16 rounded). The labels are checked before anything is written: a bad one leaves the
+// sums and dlogits alone and is recorded.
+template <class D>
+void CpuDevice::softmax_cross_entropy_of(const float* logits, const std::int32_t* labels,
+                                         int rows, int classes, D* dlogits, float grad_scale,
+                                         LossStats* stats) {
   detail::check_loss_shape(rows, classes);
   for (int r = 0; r < rows; ++r)
     if (labels[r] < 0 || labels[r] >= classes) {
@@ -46,10 +51,10 @@ void CpuDevice::softmax_cross_entropy(const float* logits, const std::int32_t* l
       s.loss_sum += std::log(sum) - (z[label] - zmax);  // logsumexp - z[label]
       s.correct += argmax == label ? 1 : 0;
       if (!dlogits) continue;
-      float* d = dlogits + r * nc;
+      D* d = dlogits + r * nc;
       for (std::size_t j = 0; j < nc; ++j) {
         const double p = std::exp(z[j] - zmax) / sum - (j == label ? 1.0 : 0.0);
-        d[j] = static_cast<float>(p * grad_scale);
+        detail::store_value(&d[j], static_cast<float>(p * grad_scale));
       }
     }
     return s;
@@ -65,36 +70,82 @@ void CpuDevice::softmax_cross_entropy(const float* logits, const std::int32_t* l
   stats->correct += total.correct;
 }
 
-void CpuDevice::causal_softmax_forward(const float* s, float* p, int count, int T, float scale) {
+void CpuDevice::softmax_cross_entropy(const float* logits, const std::int32_t* labels, int rows,
+                                      int classes, float* dlogits, float grad_scale,
+                                      LossStats* stats) {
+  softmax_cross_entropy_of(logits, labels, rows, classes, dlogits, grad_scale, stats);
+}
+
+void CpuDevice::softmax_cross_entropy(const float* logits, const std::int32_t* labels, int rows,
+                                      int classes, std::uint16_t* dlogits, float grad_scale,
+                                      LossStats* stats) {
+  softmax_cross_entropy_of(logits, labels, rows, classes, dlogits, grad_scale, stats);
+}
+
+// P: the storage of p. fp32 keeps the exponentials in p itself (which may alias s) until they
+// are divided; bf16 keeps them in an fp32 row of the calling thread's, so each probability is
+// rounded once, from the fp32 quotient.
+template <class P>
+void CpuDevice::causal_softmax_forward_of(const float* s, P* p, int count, int T, float scale) {
   for_rows_of_squares(count, T, [&](std::size_t row, std::size_t i, std::size_t nt) {
     const float* sr = s + row * nt;
-    float* pr = p + row * nt;
+    P* pr = p + row * nt;
+    float* er;
+    if constexpr (std::is_same_v<P, float>) {
+      er = pr;
+    } else {
+      thread_local std::vector<float> exps;
+      exps.resize(nt);
+      er = exps.data();
+    }
     float zmax = -INFINITY;
     for (std::size_t j = 0; j <= i; ++j) zmax = std::max(zmax, scale * sr[j]);
     double sum = 0.0;
     for (std::size_t j = 0; j <= i; ++j) {
       const float e = std::exp(scale * sr[j] - zmax);
-      pr[j] = e;
+      er[j] = e;
       sum += e;
     }
     const float inv = static_cast<float>(1.0 / sum);
-    for (std::size_t j = 0; j <= i; ++j) pr[j] *= inv;
-    for (std::size_t j = i + 1; j < nt; ++j) pr[j] = 0.0f;
+    for (std::size_t j = 0; j <= i; ++j) detail::store_value(&pr[j], er[j] * inv);
+    for (std::size_t j = i + 1; j < nt; ++j) detail::store_value(&pr[j], 0.0f);
   });
+}
+
+// P, DS: the storage of p and ds; ds may alias dp when both are fp32.
+template <class P, class DS>
+void CpuDevice::causal_softmax_backward_of(const P* p, const float* dp, DS* ds, int count, int T,
+                                           float scale) {
+  for_rows_of_squares(count, T, [&](std::size_t row, std::size_t i, std::size_t nt) {
+    const P* pr = p + row * nt;
+    const float* dpr = dp + row * nt;
+    DS* dsr = ds + row * nt;
+    double dot = 0.0;
+    for (std::size_t j = 0; j <= i; ++j) dot += double(detail::load_value(pr[j])) * dpr[j];
+    const float d = static_cast<float>(dot);
+    for (std::size_t j = 0; j <= i; ++j)
+      detail::store_value(&dsr[j], scale * detail::load_value(pr[j]) * (dpr[j] - d));
+    for (std::size_t j = i + 1; j < nt; ++j) detail::store_value(&dsr[j], 0.0f);
+  });
+}
+
+void CpuDevice::causal_softmax_forward(const float* s, float* p, int count, int T, float scale) {
+  causal_softmax_forward_of(s, p, count, T, scale);
+}
+
+void CpuDevice::causal_softmax_forward(const float* s, std::uint16_t* p, int count, int T,
+                                       float scale) {
+  causal_softmax_forward_of(s, p, count, T, scale);
 }
 
 void CpuDevice::causal_softmax_backward(const float* p, const float* dp, float* ds, int count,
                                         int T, float scale) {
-  for_rows_of_squares(count, T, [&](std::size_t row, std::size_t i, std::size_t nt) {
-    const float* pr = p + row * nt;
-    const float* dpr = dp + row * nt;
-    float* dsr = ds + row * nt;
-    double dot = 0.0;
-    for (std::size_t j = 0; j <= i; ++j) dot += double(pr[j]) * dpr[j];
-    const float d = static_cast<float>(dot);
-    for (std::size_t j = 0; j <= i; ++j) dsr[j] = scale * pr[j] * (dpr[j] - d);
-    for (std::size_t j = i + 1; j < nt; ++j) dsr[j] = 0.0f;
-  });
+  causal_softmax_backward_of(p, dp, ds, count, T, scale);
+}
+
+void CpuDevice::causal_softmax_backward(const std::uint16_t* p, const float* dp,
+                                        std::uint16_t* ds, int count, int T, float scale) {
+  causal_softmax_backward_of(p, dp, ds, count, T, scale);
 }
 
 }  // namespace lockstep::cpu

@@ -1,5 +1,6 @@
 // Elementwise kernels: fill, scale, add, the bias and its gradient, activations. The activation
 // math is common/elementwise_math.hpp, shared with the CPU device (src/cpu/ops/elementwise.cpp).
+#include "common/bf16.hpp"
 #include "common/elementwise_math.hpp"
 #include "cuda/ops/common.cuh"
 
@@ -14,14 +15,17 @@ __global__ void scale_kernel(float* x, float alpha, std::size_t n) {
   for (std::size_t i = first_index(); i < n; i += grid_stride()) x[i] *= alpha;
 }
 
-// y (rows, cols) += bias (cols); n = rows * cols. Grid-stride over the elements; each thread
-// carries its column along instead of taking i % cols per element (a 64-bit division): the
-// stride moves the column by stride % cols, so one subtraction brings it back below cols.
-__global__ void add_bias_kernel(float* y, const float* bias, std::size_t cols, std::size_t n) {
+// y (rows, cols) = x + bias (cols), stored as Y (float: x may be y; bf16: rounded); n = rows *
+// cols. Grid-stride over the elements; each thread carries its column along instead of taking
+// i % cols per element (a 64-bit division): the stride moves the column by stride % cols, so
+// one subtraction brings it back below cols.
+template <class Y>
+__global__ void add_bias_kernel(const float* x, const float* bias, Y* y, std::size_t cols,
+                                std::size_t n) {
   const std::size_t stride = grid_stride(), step = stride % cols;
   std::size_t i = first_index(), c = i % cols;
   for (; i < n; i += stride) {
-    y[i] += bias[c];
+    detail::store_value(&y[i], x[i] + bias[c]);
     c += step;
     if (c >= cols) c -= cols;
   }
@@ -45,15 +49,22 @@ __device__ float activate_grad(ActivationKind f, float x) {
   return 1.0f;
 }
 
-__global__ void activation_forward_kernel(ActivationKind f, const float* x, float* y,
-                                          std::size_t n) {
-  for (std::size_t i = first_index(); i < n; i += grid_stride()) y[i] = activate(f, x[i]);
+// T: the storage of x and y, float or bf16 (std::uint16_t).
+template <class T>
+__global__ void activation_forward_kernel(ActivationKind f, const T* x, T* y, std::size_t n) {
+  for (std::size_t i = first_index(); i < n; i += grid_stride())
+    detail::store_value(&y[i], activate(f, detail::load_value(x[i])));
 }
 
-__global__ void activation_backward_kernel(ActivationKind f, const float* x, const float* dy,
-                                           float* dx, std::size_t n) {
-  for (std::size_t i = first_index(); i < n; i += grid_stride())
-    dx[i] = dy[i] * activate_grad(f, x[i]);
+// X: the storage of x. dx_bf16, when not null, receives dx rounded. dx may alias dy.
+template <class X>
+__global__ void activation_backward_kernel(ActivationKind f, const X* x, const float* dy,
+                                           float* dx, std::uint16_t* dx_bf16, std::size_t n) {
+  for (std::size_t i = first_index(); i < n; i += grid_stride()) {
+    const float g = dy[i] * activate_grad(f, detail::load_value(x[i]));
+    dx[i] = g;
+    if (dx_bf16) dx_bf16[i] = detail::float_to_bf16(g);
+  }
 }
 
 // y = a + b; y may alias a or b (each element is read, then written, by one thread).
@@ -113,11 +124,22 @@ void launch_scale(cudaStream_t stream, float* x, float alpha, std::size_t n) {
   CUDA_CHECK(cudaGetLastError());
 }
 
-void launch_add_bias(cudaStream_t stream, float* y, const float* bias, int rows, int cols) {
+template <class Y>
+void add_bias_of(cudaStream_t stream, const float* x, const float* bias, Y* y, int rows,
+                 int cols) {
   const std::size_t n = static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols);
   if (n == 0) return;
-  add_bias_kernel<<<blocks_for(n), kThreads, 0, stream>>>(y, bias, cols, n);
+  add_bias_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, bias, y, cols, n);
   CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_add_bias(cudaStream_t stream, float* y, const float* bias, int rows, int cols) {
+  add_bias_of(stream, y, bias, y, rows, cols);
+}
+
+void launch_add_bias_bf16(cudaStream_t stream, const float* x, const float* bias,
+                          std::uint16_t* y, int rows, int cols) {
+  add_bias_of(stream, x, bias, y, rows, cols);
 }
 
 void launch_add(cudaStream_t stream, const float* a, const float* b, float* y, std::size_t n) {
@@ -126,18 +148,41 @@ void launch_add(cudaStream_t stream, const float* a, const float* b, float* y, s
   CUDA_CHECK(cudaGetLastError());
 }
 
-void launch_activation_forward(cudaStream_t stream, ActivationKind f, const float* x, float* y,
-                               std::size_t n) {
+template <class T>
+void activation_forward_of(cudaStream_t stream, ActivationKind f, const T* x, T* y,
+                           std::size_t n) {
   if (n == 0) return;
   activation_forward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(f, x, y, n);
   CUDA_CHECK(cudaGetLastError());
 }
 
+template <class X>
+void activation_backward_of(cudaStream_t stream, ActivationKind f, const X* x, const float* dy,
+                            float* dx, std::uint16_t* dx_bf16, std::size_t n) {
+  if (n == 0) return;
+  activation_backward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(f, x, dy, dx, dx_bf16, n);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_activation_forward(cudaStream_t stream, ActivationKind f, const float* x, float* y,
+                               std::size_t n) {
+  activation_forward_of(stream, f, x, y, n);
+}
+
+void launch_activation_forward_bf16(cudaStream_t stream, ActivationKind f,
+                                    const std::uint16_t* x, std::uint16_t* y, std::size_t n) {
+  activation_forward_of(stream, f, x, y, n);
+}
+
 void launch_activation_backward(cudaStream_t stream, ActivationKind f, const float* x,
                                 const float* dy, float* dx, std::size_t n) {
-  if (n == 0) return;
-  activation_backward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(f, x, dy, dx, n);
-  CUDA_CHECK(cudaGetLastError());
+  activation_backward_of(stream, f, x, dy, dx, static_cast<std::uint16_t*>(nullptr), n);
+}
+
+void launch_activation_backward_bf16(cudaStream_t stream, ActivationKind f,
+                                     const std::uint16_t* x, const float* dy, float* dx,
+                                     std::uint16_t* dx_bf16, std::size_t n) {
+  activation_backward_of(stream, f, x, dy, dx, dx_bf16, n);
 }
 
 void launch_bias_grad(cudaStream_t stream, float* dbias, const float* dy, int rows, int cols) {

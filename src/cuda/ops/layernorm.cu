@@ -4,6 +4,7 @@
 // and bias gradients go through per-block partials and a second pass, never atomics.
 #include <cmath>
 
+#include "common/bf16.hpp"
 #include "cuda/ops/common.cuh"
 
 namespace lockstep::cuda {
@@ -12,9 +13,11 @@ namespace {
 constexpr int kLayerNormChunk = 256;  // rows per partial of LayerNorm's dweight / dbias
 
 // One warp per row of x (rows, C): mean and variance in double, rounded once, as on the CPU;
-// y with a rounded product (no fused multiply-add) before the bias, as on the CPU.
+// y with a rounded product (no fused multiply-add) before the bias, as on the CPU, stored as Y
+// (float, or bf16 rounded).
+template <class Y>
 __global__ void layernorm_forward_kernel(const float* x, const float* weight, const float* bias,
-                                         float* y, float* mean, float* rstd, std::size_t rows,
+                                         Y* y, float* mean, float* rstd, std::size_t rows,
                                          int C) {
   const std::size_t row = warp_row();
   if (row >= rows) return;  // the whole warp: the shuffles below see every lane
@@ -30,8 +33,9 @@ __global__ void layernorm_forward_kernel(const float* x, const float* weight, co
   var = warp_sum(var);
   const float m = static_cast<float>(mu);
   const float s = static_cast<float>(1.0 / sqrt(var / double(C) + 1e-5));
-  float* yr = y + row * C;
-  for (int c = lane(); c < C; c += kWarp) yr[c] = __fmul_rn((xr[c] - m) * s, weight[c]) + bias[c];
+  Y* yr = y + row * C;
+  for (int c = lane(); c < C; c += kWarp)
+    detail::store_value(&yr[c], __fmul_rn((xr[c] - m) * s, weight[c]) + bias[c]);
   if (lane() == 0) {
     mean[row] = m;
     rstd[row] = s;
@@ -116,13 +120,25 @@ int layernorm_chunks(int rows) { return (rows + kLayerNormChunk - 1) / kLayerNor
 
 }  // namespace
 
-void launch_layernorm_forward(cudaStream_t stream, const float* x, const float* weight,
-                              const float* bias, float* y, float* mean, float* rstd, int rows,
-                              int C) {
+template <class Y>
+void layernorm_forward_of(cudaStream_t stream, const float* x, const float* weight,
+                          const float* bias, Y* y, float* mean, float* rstd, int rows, int C) {
   if (rows == 0) return;
   layernorm_forward_kernel<<<blocks_for_rows(rows), kThreads, 0, stream>>>(
       x, weight, bias, y, mean, rstd, static_cast<std::size_t>(rows), C);
   CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_layernorm_forward(cudaStream_t stream, const float* x, const float* weight,
+                              const float* bias, float* y, float* mean, float* rstd, int rows,
+                              int C) {
+  layernorm_forward_of(stream, x, weight, bias, y, mean, rstd, rows, C);
+}
+
+void launch_layernorm_forward_bf16(cudaStream_t stream, const float* x, const float* weight,
+                                   const float* bias, std::uint16_t* y, float* mean, float* rstd,
+                                   int rows, int C) {
+  layernorm_forward_of(stream, x, weight, bias, y, mean, rstd, rows, C);
 }
 
 std::size_t layernorm_backward_scratch_bytes(int rows, int C) {

@@ -5,7 +5,9 @@
 // written by the same lane only, reads before writes.
 #include <climits>
 #include <cmath>
+#include <type_traits>
 
+#include "common/bf16.hpp"
 #include "cuda/ops/common.cuh"
 
 namespace lockstep::cuda {
@@ -29,9 +31,12 @@ __global__ void check_labels_kernel(const std::int32_t* labels, int rows, int cl
 // per logit, summed in double; the row's loss and correctness into row_loss / row_correct, and
 // optionally the row of dlogits = (e_j / sum - [j == label]) * grad_scale, e_j parked in dlogits
 // in between (each thread reads back only what it wrote; dlogits may even alias logits, as every
-// logit is read before its own dlogit is written). Writes nothing if any label is bad.
+// logit is read before its own dlogit is written). Writes nothing if any label is bad. D: the
+// storage of dlogits; bf16 has no room to park e_j, so it is computed again (the same bits) and
+// the dlogit rounded as it is written.
+template <class D>
 __global__ void softmax_xent_rows_kernel(const float* logits, const std::int32_t* labels,
-                                         int classes, float* dlogits, float grad_scale,
+                                         int classes, D* dlogits, float grad_scale,
                                          double* row_loss, int* row_correct,
                                          const int* bad_row) {
   const int row = blockIdx.x;
@@ -66,11 +71,13 @@ __global__ void softmax_xent_rows_kernel(const float* logits, const std::int32_t
   const int argmax = best_index[0];
   const float zmax = z[argmax], zlabel = z[label];  // read before any dlogit is written
 
-  float* d = dlogits ? dlogits + static_cast<std::size_t>(row) * classes : nullptr;
+  D* d = dlogits ? dlogits + static_cast<std::size_t>(row) * classes : nullptr;
+  constexpr bool kParked = std::is_same_v<D, float>;
   double partial = 0.0;
   for (int j = threadIdx.x; j < classes; j += kThreads) {
     const float e = expf(z[j] - zmax);
-    if (d) d[j] = e;
+    if constexpr (kParked)
+      if (d) d[j] = e;
     partial += e;
   }
   const double sum = block_sum(partial);
@@ -81,8 +88,14 @@ __global__ void softmax_xent_rows_kernel(const float* logits, const std::int32_t
   }
   if (!d) return;
   const float inv = static_cast<float>(1.0 / sum);
-  for (int j = threadIdx.x; j < classes; j += kThreads)
-    d[j] = (d[j] * inv - (j == label ? 1.0f : 0.0f)) * grad_scale;
+  for (int j = threadIdx.x; j < classes; j += kThreads) {
+    float e;
+    if constexpr (kParked)
+      e = d[j];
+    else
+      e = expf(z[j] - zmax);
+    detail::store_value(&d[j], (e * inv - (j == label ? 1.0f : 0.0f)) * grad_scale);
+  }
 }
 
 // One block: the rows' losses and correct counts, summed in a fixed order, added to *stats
@@ -107,14 +120,16 @@ __global__ void softmax_xent_total_kernel(const double* row_loss, const int* row
 // One warp per row of `count` (T, T) matrices (row = matrix * T + i): p[j] = softmax over
 // j <= i of scale * s[j], 0 above the diagonal. p may alias s: each lane reads its own
 // elements of the row, and writes them only in the last pass, after its last read.
-// __fmul_rn keeps scale * s a rounded product (no fused multiply-add), as on the CPU.
-__global__ void causal_softmax_forward_kernel(const float* s, float* p, std::size_t rows, int T,
+// __fmul_rn keeps scale * s a rounded product (no fused multiply-add), as on the CPU. P: the
+// storage of p (float, or bf16 rounded from the fp32 quotient).
+template <class P>
+__global__ void causal_softmax_forward_kernel(const float* s, P* p, std::size_t rows, int T,
                                               float scale) {
   const std::size_t row = warp_row();
   if (row >= rows) return;
   const int i = static_cast<int>(row % static_cast<std::size_t>(T));
   const float* sr = s + row * T;
-  float* pr = p + row * T;
+  P* pr = p + row * T;
   float zmax = -INFINITY;
   for (int j = lane(); j <= i; j += kWarp) zmax = fmaxf(zmax, __fmul_rn(scale, sr[j]));
   zmax = warp_max(zmax);
@@ -122,31 +137,35 @@ __global__ void causal_softmax_forward_kernel(const float* s, float* p, std::siz
   for (int j = lane(); j <= i; j += kWarp) sum += expf(__fmul_rn(scale, sr[j]) - zmax);
   const float inv = static_cast<float>(1.0 / warp_sum(sum));
   for (int j = lane(); j < T; j += kWarp)
-    pr[j] = j <= i ? expf(__fmul_rn(scale, sr[j]) - zmax) * inv : 0.0f;
+    detail::store_value(&pr[j], j <= i ? expf(__fmul_rn(scale, sr[j]) - zmax) * inv : 0.0f);
 }
 
 // One warp per row: ds[j] = scale * p[j] * (dp[j] - sum over j' <= i of p[j'] dp[j']), the sum
-// in double; 0 above the diagonal. ds may alias dp (same lane, read before write).
-__global__ void causal_softmax_backward_kernel(const float* p, const float* dp, float* ds,
+// in double; 0 above the diagonal. ds may alias dp (same lane, read before write). P, DS: the
+// storage of p and ds (float, or bf16: p widened as read, ds rounded as written).
+template <class P, class DS>
+__global__ void causal_softmax_backward_kernel(const P* p, const float* dp, DS* ds,
                                                std::size_t rows, int T, float scale) {
   const std::size_t row = warp_row();
   if (row >= rows) return;
   const int i = static_cast<int>(row % static_cast<std::size_t>(T));
-  const float* pr = p + row * T;
+  const P* pr = p + row * T;
   const float* dpr = dp + row * T;
-  float* dsr = ds + row * T;
+  DS* dsr = ds + row * T;
   double dot = 0.0;
-  for (int j = lane(); j <= i; j += kWarp) dot += double(pr[j]) * dpr[j];
+  for (int j = lane(); j <= i; j += kWarp) dot += double(detail::load_value(pr[j])) * dpr[j];
   const float d = static_cast<float>(warp_sum(dot));
-  for (int j = lane(); j < T; j += kWarp) dsr[j] = j <= i ? scale * pr[j] * (dpr[j] - d) : 0.0f;
+  for (int j = lane(); j < T; j += kWarp)
+    detail::store_value(&dsr[j], j <= i ? scale * detail::load_value(pr[j]) * (dpr[j] - d) : 0.0f);
 }
 
 }  // namespace
 
-void launch_softmax_cross_entropy(cudaStream_t stream, const float* logits,
-                                  const std::int32_t* labels, int rows, int classes,
-                                  float* dlogits, float grad_scale, double* row_loss,
-                                  int* row_correct, LossAccumulator* stats) {
+template <class D>
+void softmax_cross_entropy_of(cudaStream_t stream, const float* logits,
+                              const std::int32_t* labels, int rows, int classes, D* dlogits,
+                              float grad_scale, double* row_loss, int* row_correct,
+                              LossAccumulator* stats) {
   if (rows <= 0) return;
   // The call's first bad row, in the scratch int after the rows' correct counts: it starts above
   // any row (0x7f7f7f7f) and check_labels_kernel lowers it with atomicMin.
@@ -162,8 +181,9 @@ void launch_softmax_cross_entropy(cudaStream_t stream, const float* logits,
   CUDA_CHECK(cudaGetLastError());
 }
 
-void launch_causal_softmax_forward(cudaStream_t stream, const float* s, float* p, int count,
-                                   int T, float scale) {
+template <class P>
+void causal_softmax_forward_of(cudaStream_t stream, const float* s, P* p, int count, int T,
+                               float scale) {
   const std::size_t rows = static_cast<std::size_t>(count) * static_cast<std::size_t>(T);
   if (rows == 0) return;
   causal_softmax_forward_kernel<<<blocks_for_rows(rows), kThreads, 0, stream>>>(s, p, rows, T,
@@ -171,13 +191,52 @@ void launch_causal_softmax_forward(cudaStream_t stream, const float* s, float* p
   CUDA_CHECK(cudaGetLastError());
 }
 
-void launch_causal_softmax_backward(cudaStream_t stream, const float* p, const float* dp,
-                                    float* ds, int count, int T, float scale) {
+template <class P, class DS>
+void causal_softmax_backward_of(cudaStream_t stream, const P* p, const float* dp, DS* ds,
+                                int count, int T, float scale) {
   const std::size_t rows = static_cast<std::size_t>(count) * static_cast<std::size_t>(T);
   if (rows == 0) return;
   causal_softmax_backward_kernel<<<blocks_for_rows(rows), kThreads, 0, stream>>>(p, dp, ds, rows,
                                                                                  T, scale);
   CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_softmax_cross_entropy(cudaStream_t stream, const float* logits,
+                                  const std::int32_t* labels, int rows, int classes,
+                                  float* dlogits, float grad_scale, double* row_loss,
+                                  int* row_correct, LossAccumulator* stats) {
+  softmax_cross_entropy_of(stream, logits, labels, rows, classes, dlogits, grad_scale, row_loss,
+                           row_correct, stats);
+}
+
+void launch_softmax_cross_entropy_bf16(cudaStream_t stream, const float* logits,
+                                       const std::int32_t* labels, int rows, int classes,
+                                       std::uint16_t* dlogits, float grad_scale,
+                                       double* row_loss, int* row_correct,
+                                       LossAccumulator* stats) {
+  softmax_cross_entropy_of(stream, logits, labels, rows, classes, dlogits, grad_scale, row_loss,
+                           row_correct, stats);
+}
+
+void launch_causal_softmax_forward(cudaStream_t stream, const float* s, float* p, int count,
+                                   int T, float scale) {
+  causal_softmax_forward_of(stream, s, p, count, T, scale);
+}
+
+void launch_causal_softmax_forward_bf16(cudaStream_t stream, const float* s, std::uint16_t* p,
+                                        int count, int T, float scale) {
+  causal_softmax_forward_of(stream, s, p, count, T, scale);
+}
+
+void launch_causal_softmax_backward(cudaStream_t stream, const float* p, const float* dp,
+                                    float* ds, int count, int T, float scale) {
+  causal_softmax_backward_of(stream, p, dp, ds, count, T, scale);
+}
+
+void launch_causal_softmax_backward_bf16(cudaStream_t stream, const std::uint16_t* p,
+                                         const float* dp, std::uint16_t* ds, int count, int T,
+                                         float scale) {
+  causal_softmax_backward_of(stream, p, dp, ds, count, T, scale);
 }
 
 }  // namespace lockstep::cuda
