@@ -335,7 +335,8 @@ if [ -n "$GPU_LINE" ]; then
   fi
   cat "$OUT/gpt_bench.log"
   # Issue 16: GPT-2 124M in bf16, lockstep (trainer.precision) against PyTorch autocast, MFU
-  # against the GPU's dense bf16 peak (lockstep's peak table has no bf16 yet).
+  # against the GPU's dense bf16 peak (also in lockstep's table, src/train/peak_flops.cpp; the
+  # script computes PyTorch's MFU from it).
   case "$GPU_LINE" in
     *"H100 PCIe"*) bf16_peak=(--peak-tflops 756) ;;
     *H100* | *H200*) bf16_peak=(--peak-tflops 989.4) ;;
