@@ -200,6 +200,7 @@ void WorkerLoop::set_up_data() {
 void WorkerLoop::run(Backend& backend) {
   enter(Phase::set_up);
   set_up(backend);
+  warm_up();
   const int k = run_.cfg.trainer.accumulate_steps;
   times_.loop_start_s = steady_now_s();
   window_.last_report_s = times_.loop_start_s;
@@ -231,6 +232,14 @@ void WorkerLoop::run(Backend& backend) {
   beat();
   enter(Phase::finish);
   finish();
+}
+
+// Note [Warm-up] in worker_loop.hpp.
+void WorkerLoop::warm_up() {
+  if (!run_.callbacks.hooks.warm_up) return;
+  enter(Phase::warm_up);
+  TraceSpan span(track_, "warm-up");
+  res_.replica->warm_up(run_.cfg.data.batch_size);
 }
 
 void WorkerLoop::begin_step() {
