@@ -33,9 +33,8 @@
 // beta, batch and strides), cached by the device, and made on the device's thread before the
 // blocks run. Each worker's warm-up makes those of its forward and backward before step 1
 // (Note [Warm-up] in src/train/worker_loop.hpp), so a training step makes none, bar a shorter
-// last batch. Each product keeps the
-// summation order of its kernel for a shape; products of the same rows at another batch size
-// can differ in the last bit, as they could with OpenBLAS.
+// last batch. Each product keeps the summation order of its kernel for a shape; products of the
+// same rows at another batch size can differ in the last bit, as they could with OpenBLAS.
 #pragma once
 
 #include <compare>
