@@ -234,9 +234,11 @@ void WorkerLoop::run(Backend& backend) {
   finish();
 }
 
-// Note [Warm-up] in worker_loop.hpp.
+// Note [Warm-up] in worker_loop.hpp. A progress point first, so that set-up and warm-up each
+// have the step timeout, as set-up and step 1 had.
 void WorkerLoop::warm_up() {
   if (!run_.callbacks.hooks.warm_up) return;
+  beat();
   enter(Phase::warm_up);
   TraceSpan span(track_, "warm-up");
   res_.replica->warm_up(run_.cfg.data.batch_size);
