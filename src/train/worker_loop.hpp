@@ -33,12 +33,13 @@
 //   zero gradient of the logits (Replica::warm_up), so that what a device makes on the first
 //   product of each shape (oneDNN primitives on the CPU, Note [CPU matrix products] in
 //   src/cpu/matmul.hpp; cuBLAS's first-call set-up) costs step 1 nothing: gpt_tiny's step 1 took
-//   1.6x a later step before. The warm-up touches no optimiser state, loss statistics, random
-//   state, data position or step count, and leaves the gradients zero, so every result is what
-//   it was without it. It runs before the loop's clock (loop_s) and step 1's count of host syncs
-//   start (Note [Host syncs] in device.hpp). Eval runs at the same batch size; a shorter last
-//   batch (an epoch's with drop_last false, the eval split's) still makes its own primitives.
-//   TrainerHooks::warm_up = false leaves it out, for tests.
+//   about 1.8x a later step without it, and as long as one with it (bench/RESULTS.md). It touches
+//   no optimiser state, loss statistics, random state, data position or step count, and leaves
+//   the gradients zero, so every result is what it was without it. It runs before the loop's
+//   clock (loop_s) and step 1's count of host syncs start (Note [Host syncs] in device.hpp). Eval
+//   runs at the same batch size; a shorter last batch (an epoch's with drop_last false, the eval
+//   split's) still makes its own primitives. TrainerHooks::warm_up = false leaves it out, for
+//   tests.
 //
 // Note [Failure]
 //   A worker that throws records its error (FailureLog, failures.hpp) and aborts the group:
