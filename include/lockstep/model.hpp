@@ -227,6 +227,13 @@ class LOCKSTEP_API Replica {
   // (softmax_cross_entropy's bf16 form) before backward(x, nullptr, ...). Null otherwise.
   std::uint16_t* dlogits_bf16() noexcept { return dlogits_bf16_.data(); }
 
+  // Forward and backward once at `batch` on zeros (token 0 for a GPT) with a zero gradient of
+  // the logits, then the gradients zeroed: what a device makes on the first product of each
+  // shape (oneDNN primitives, cuBLAS's set-up) is made here rather than in the first step
+  // (Note [Warm-up] in src/train/worker_loop.hpp). The parameters are left alone; activations
+  // and gradients keep nothing that a later forward and backward would read.
+  void warm_up(int batch);
+
  private:
   // Layer i's workspace: its saved buffer, the shared scratch, and its bf16 parameters.
   LayerWorkspace workspace(std::size_t layer);

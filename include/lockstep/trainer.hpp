@@ -151,6 +151,8 @@ struct LOCKSTEP_API TrainerHooks {
   std::function<void(int rank, std::int64_t step)> before_forward;
   // After the optimiser step, before the step's barrier.
   std::function<void(int rank, std::int64_t step, Replica& replica)> after_update;
+  // false: no warm-up before step 1 (Replica::warm_up), so that a test can see what it saves.
+  bool warm_up = true;
 };
 
 // The model a config describes for a dataset: an MLP from its features to its classes, or a GPT

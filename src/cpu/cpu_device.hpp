@@ -49,6 +49,8 @@ class CpuDevice final : public Device {
 
   std::string_view backend() const noexcept override { return "cpu"; }
   int id() const noexcept override { return id_; }
+  // The oneDNN primitives its products have made so far (Matmul::primitives), for tests.
+  std::size_t gemm_primitives() const noexcept { return matmul_.primitives(); }
 
   // ---- Memory (cpu_device.cpp) ----------------------------------------------------------------
 

@@ -4,6 +4,7 @@
 #include <cblas.h>
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <optional>
 #include <string_view>
@@ -220,6 +221,12 @@ void Matmul::prepare(const GemmCall& call) {
         call.m, call.n, call.k, call.at ? 'T' : 'N', call.bt ? 'T' : 'N', call.lda, call.ldb,
         call.ldc, call.count, call.stride_a, call.stride_b, call.stride_c, e.what()));
   }
+}
+
+std::size_t Matmul::primitives() const noexcept {
+  if (!onednn_) return 0;
+  return static_cast<std::size_t>(std::ranges::count_if(
+      onednn_->prepared, [](const auto& entry) { return !entry.second.widen; }));
 }
 
 GemmCall Matmul::fp32_of(GemmCall call) {

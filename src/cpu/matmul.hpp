@@ -31,9 +31,10 @@
 //
 // A oneDNN primitive is made per call shape (transposes, sizes, leading dimensions, alpha,
 // beta, batch and strides), cached by the device, and made on the device's thread before the
-// blocks run, so a training step makes none after the first one. Each product keeps the
-// summation order of its kernel for a shape; products of the same rows at another batch size
-// can differ in the last bit, as they could with OpenBLAS.
+// blocks run. Each worker's warm-up makes those of its forward and backward before step 1
+// (Note [Warm-up] in src/train/worker_loop.hpp), so a training step makes none, bar a shorter
+// last batch. Each product keeps the summation order of its kernel for a shape; products of the
+// same rows at another batch size can differ in the last bit, as they could with OpenBLAS.
 #pragma once
 
 #include <compare>
@@ -88,6 +89,9 @@ class Matmul {
   void prepare(const GemmCall& call);
   // `a` and `b` are float, or std::uint16_t (bf16) when call.bf16.
   void run(const GemmCall& call, const void* a, const void* b, float* c) const;
+  // The oneDNN primitives made so far (a bf16 call widened to fp32 makes one, for its fp32
+  // call): for tests of when they are made.
+  std::size_t primitives() const noexcept;
 
  private:
   static GemmCall fp32_of(GemmCall call);  // the call with fp32 inputs

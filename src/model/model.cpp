@@ -229,4 +229,17 @@ void Replica::backward(const float* x, const float* dlogits, int batch,
   }
 }
 
+// The logits' buffer, zeroed, serves as their gradient: the last layer's backward only reads
+// it, as it reads its output, and the next forward overwrites it. With a bf16 LM head backward
+// rounds it into dlogits_bf16_, the buffer the loss writes in a step.
+void Replica::warm_up(int batch) {
+  check_batch(batch, max_batch_);
+  const DeviceArray<float> x(*device_, elements(batch, model_->inputs()));  // allocated zeroed
+  forward(x.data(), batch);
+  float* dlogits = acts_.back().data();
+  device_->fill(dlogits, 0.0f, elements(batch, model_->outputs()));
+  backward(x.data(), dlogits, batch);
+  zero_grads();
+}
+
 }  // namespace lockstep

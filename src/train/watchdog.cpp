@@ -17,7 +17,7 @@ namespace lockstep::detail {
 
 std::string describe(Phase phase, int index) {
   static constexpr const char* kNames[] = {
-      "starting", "set-up", "forward", "backward", "the step's all-reduce of totals",
+      "starting", "set-up", "warm-up", "forward", "backward", "the step's all-reduce of totals",
       "all-reduce", "optimiser", "report (callbacks)", "eval", "replica check",
       "end of step", "checkpoint", "finish"};
   const char* name = kNames[static_cast<int>(phase)];

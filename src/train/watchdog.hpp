@@ -28,7 +28,7 @@ namespace lockstep::detail {
 // filling bucket 2), "all-reduce 3" (waiting for bucket 3's reduction), "optimiser", "eval",
 // "checkpoint", ...
 enum class Phase : int {
-  starting, set_up, forward, backward, totals, all_reduce, optimizer, report, eval,
+  starting, set_up, warm_up, forward, backward, totals, all_reduce, optimizer, report, eval,
   replica_check, end_of_step, checkpoint, finish
 };
 // The phase's name, with its bucket when it has one (index >= 0).

@@ -200,6 +200,7 @@ void WorkerLoop::set_up_data() {
 void WorkerLoop::run(Backend& backend) {
   enter(Phase::set_up);
   set_up(backend);
+  warm_up();
   const int k = run_.cfg.trainer.accumulate_steps;
   times_.loop_start_s = steady_now_s();
   window_.last_report_s = times_.loop_start_s;
@@ -231,6 +232,16 @@ void WorkerLoop::run(Backend& backend) {
   beat();
   enter(Phase::finish);
   finish();
+}
+
+// Note [Warm-up] in worker_loop.hpp. A progress point first, so that set-up and warm-up each
+// have the step timeout, as set-up and step 1 had.
+void WorkerLoop::warm_up() {
+  if (!run_.callbacks.hooks.warm_up) return;
+  beat();
+  enter(Phase::warm_up);
+  TraceSpan span(track_, "warm-up");
+  res_.replica->warm_up(run_.cfg.data.batch_size);
 }
 
 void WorkerLoop::begin_step() {

@@ -28,6 +28,19 @@
 //   non-finite check agree everywhere. Every `check_replicas_every` steps, and at the end, the
 //   ranks all-gather a hash of their parameters; any difference stops the run.
 //
+// Note [Warm-up]
+//   Before step 1 each worker runs forward and backward once at its batch size, on zeros with a
+//   zero gradient of the logits (Replica::warm_up), so that what a device makes on the first
+//   product of each shape (oneDNN primitives on the CPU, Note [CPU matrix products] in
+//   src/cpu/matmul.hpp; cuBLAS's first-call set-up) costs step 1 nothing: gpt_tiny's step 1 took
+//   about 1.8x a later step without it, and as long as one with it (bench/RESULTS.md). It touches
+//   no optimiser state, loss statistics, random state, data position or step count, and leaves
+//   the gradients zero, so every result is what it was without it. It runs before the loop's
+//   clock (loop_s) and step 1's count of host syncs start (Note [Host syncs] in device.hpp). Eval
+//   runs at the same batch size; a shorter last batch (an epoch's with drop_last false, the eval
+//   split's) still makes its own primitives. TrainerHooks::warm_up = false leaves it out, for
+//   tests.
+//
 // Note [Failure]
 //   A worker that throws records its error (FailureLog, failures.hpp) and aborts the group:
 //   every rank blocked in (or later entering) a collective throws CommAborted and leaves its
@@ -217,6 +230,7 @@ class WorkerLoop {
   void set_up(Backend& backend);
   bool cores_scarce(const Backend& backend) const;
   void set_up_data();
+  void warm_up();
   void begin_step();
   void count_host_syncs();
   void run_micro_batch(int micro, StepTotals& mine);

@@ -192,9 +192,9 @@ TEST_CASE("the trace is valid JSON with a track per worker and per communication
   // eval_every 5 of 10 steps: at step 5, and the final eval at 10, on both workers.
   CHECK(eval_steps == std::multiset<std::string>{"10", "10", "5", "5"});
   CHECK(threads == std::set<std::string>{"worker 0", "worker 1", "comm 0", "comm 1"});
-  for (const char* expected : {"forward", "backward", "backward layers.0", "backward layers.6",
-                               "all-reduce bucket 0", "all-reduce bucket 3", "optimizer",
-                               "barrier", "data wait", "eval", "replica check"})
+  for (const char* expected : {"warm-up", "forward", "backward", "backward layers.0",
+                               "backward layers.6", "all-reduce bucket 0", "all-reduce bucket 3",
+                               "optimizer", "barrier", "data wait", "eval", "replica check"})
     CHECK_MESSAGE(names.count(expected) == 1, expected);
   std::filesystem::remove(file);
 }

@@ -7,6 +7,7 @@
 using namespace lockstep::detail;
 
 TEST_CASE("phases are named with their bucket: backward bucket k, all-reduce k") {
+  CHECK(describe(Phase::warm_up, -1) == "warm-up");
   CHECK(describe(Phase::forward, -1) == "forward");
   CHECK(describe(Phase::backward, -1) == "backward");
   CHECK(describe(Phase::backward, 2) == "backward bucket 2");
