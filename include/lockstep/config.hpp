@@ -58,7 +58,8 @@ struct LOCKSTEP_API DataConfig {
   bool drop_last = false;
   bool normalize = true;         // standardise every feature with the train split's mean and std
                                  // (not for tokens and text)
-  int prefetch = 2;              // batches each worker assembles ahead of compute
+  int prefetch = 2;              // batches each worker's loader thread assembles ahead of
+                                 // compute; 0: no thread (see ShardLoader)
 };
 
 struct LOCKSTEP_API OptimizerConfig {

@@ -190,7 +190,9 @@ struct LOCKSTEP_API Batch {
 
 // Assembles one worker's batches on a background thread, `prefetch` batches ahead, epoch after
 // epoch, from the sampler's epoch on. next() blocks until a batch is ready and rethrows a
-// loading error. stop() (also run by the destructor) wakes and ends the producer.
+// loading error. stop() (also run by the destructor) wakes and ends the producer. With
+// prefetch 0 there is no thread: next() assembles the batch on the caller's thread and throws
+// a loading error itself; the batches are the same either way.
 //
 // To resume mid-epoch, skip_batches skips that many batches of the first epoch, which is then
 // loaded from batch `skip_batches` on (the whole epoch when it equals batches_per_epoch());

@@ -103,6 +103,9 @@ struct LOCKSTEP_API Summary {
   // Where the collectives ran: "async" (the communication thread on the CPU, streams on a GPU)
   // or "inline" (the worker's own thread; see Note [Inline collectives] in src/train/reducer.hpp).
   std::string comm_mode = "async";
+  // Where batches were assembled: "thread" (each worker's loader thread, data.prefetch ahead) or
+  // "inline" (the worker's own thread; Note [Inline loader] in src/train/worker_loop.cpp).
+  std::string loader = "thread";
   int zero = 0;                          // trainer.zero
   std::size_t optimizer_state_bytes = 0;  // the most any worker holds (see worker_times)
   // One worker's bytes by the memory plan (Note [Memory plan]): the parameters, the gradients

@@ -130,8 +130,10 @@ void print_summary(std::FILE* out, const Summary& s) {
   fmt::print(out, "  optimizer state     {}\n", describe_optimizer_state(s));
   fmt::print(out, "  worker memory       {}\n", describe_worker_memory(s));
   fmt::print(out, "  host syncs          {} per step\n", s.host_syncs_per_step);
-  fmt::print(out, "  waiting             {:.3f} s for data, {:.3f} s at the barrier (per worker)\n",
-             s.data_wait_s, s.barrier_wait_s);
+  fmt::print(out,
+             "  waiting             {:.3f} s for data (loader {}), {:.3f} s at the barrier (per "
+             "worker)\n",
+             s.data_wait_s, s.loader, s.barrier_wait_s);
 }
 
 }  // namespace lockstep::cli

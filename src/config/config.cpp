@@ -177,7 +177,7 @@ void visit_schema(Visitor& v, C& c) {
   v.flag("shuffle", c.data.shuffle);
   v.flag("drop_last", c.data.drop_last);
   v.flag("normalize", c.data.normalize);
-  v.integer("prefetch", c.data.prefetch, IntRule{.min = 1});
+  v.integer("prefetch", c.data.prefetch, IntRule{.min = 0});
 
   v.section("optimizer");
   v.enumeration("type", c.optimizer.type, kOptimizerKinds);

@@ -1,4 +1,5 @@
-// ShardLoader: one worker's batches, assembled on a background thread into a bounded queue.
+// ShardLoader: one worker's batches, assembled on a background thread into a bounded queue, or
+// on the caller's thread when there is no read-ahead (prefetch 0).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <stdexcept>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "common/start_thread.hpp"
 #include "lockstep/dataset.hpp"
@@ -32,8 +34,14 @@ struct ShardLoader::State {
   DistributedSampler sampler;
   std::size_t batch_size;
   bool drop_last;
-  std::size_t capacity;
+  std::size_t capacity;      // 0: no producer, next() assembles
   std::size_t skip_batches;  // of the first epoch only
+
+  // Where the next batch comes from; only the producer touches it, or next() when there is none.
+  bool started = false;
+  std::uint64_t epoch = 0;
+  std::size_t index = 0;  // of the next batch in the epoch
+  std::vector<std::size_t> order;
 
   std::mutex mutex;
   std::condition_variable ready;  // a batch, an error or stop: wakes next()
@@ -45,6 +53,7 @@ struct ShardLoader::State {
 
   Batch assemble(std::span<const std::size_t> indices, std::uint64_t epoch,
                  std::size_t index_in_epoch) const;
+  Batch advance();
   void produce();
 };
 
@@ -71,24 +80,35 @@ Batch ShardLoader::State::assemble(std::span<const std::size_t> indices, std::ui
   return b;
 }
 
+// The next batch of the epoch, moving on to the next epoch at the end of one. When assemble()
+// throws, nothing moves: the next call tries the same batch again.
+Batch ShardLoader::State::advance() {
+  const std::size_t batches = batches_in(sampler.num_samples(), static_cast<int>(batch_size),
+                                         drop_last);  // >= 1, checked by the constructor
+  if (!started || index >= batches) {
+    epoch = started ? epoch + 1 : sampler.epoch();
+    index = started ? 0 : skip_batches;
+    started = true;
+    sampler.set_epoch(epoch);
+    order = sampler.indices();
+    if (index >= batches) return advance();  // the first epoch was skipped whole
+  }
+  const std::size_t begin = index * batch_size;
+  const std::size_t count = std::min(batch_size, order.size() - begin);
+  Batch b = assemble(std::span(order).subspan(begin, count), epoch, index);
+  ++index;
+  return b;
+}
+
 void ShardLoader::State::produce() {
   try {
-    const std::uint64_t first_epoch = sampler.epoch();
-    for (std::uint64_t epoch = first_epoch;; ++epoch) {
-      sampler.set_epoch(epoch);
-      const std::vector<std::size_t> order = sampler.indices();
-      const std::size_t batches = batches_in(order.size(), static_cast<int>(batch_size), drop_last);
-      for (std::size_t i = epoch == first_epoch ? skip_batches : 0; i < batches; ++i) {
-        const std::size_t begin = i * batch_size;
-        const std::size_t count = std::min(batch_size, order.size() - begin);
-        Batch b = assemble(std::span(order).subspan(begin, count), epoch, i);
-
-        std::unique_lock lock(mutex);
-        room.wait(lock, [&] { return stopped || queue.size() < capacity; });
-        if (stopped) return;
-        queue.push_back(std::move(b));
-        ready.notify_one();
-      }
+    for (;;) {
+      Batch b = advance();
+      std::unique_lock lock(mutex);
+      room.wait(lock, [&] { return stopped || queue.size() < capacity; });
+      if (stopped) return;
+      queue.push_back(std::move(b));
+      ready.notify_one();
     }
   } catch (...) {
     const std::lock_guard lock(mutex);
@@ -104,9 +124,9 @@ ShardLoader::ShardLoader(std::shared_ptr<const Dataset> data, DistributedSampler
     throw std::invalid_argument(
         fmt::format("ShardLoader: batch_size must be >= 1, got {}", batch_size));
   }
-  if (prefetch < 1) {
+  if (prefetch < 0) {
     throw std::invalid_argument(
-        fmt::format("ShardLoader: prefetch must be >= 1, got {}", prefetch));
+        fmt::format("ShardLoader: prefetch must be >= 0, got {}", prefetch));
   }
   const std::size_t per_epoch = batches_in(sampler.num_samples(), batch_size, drop_last);
   if (per_epoch == 0) {
@@ -122,8 +142,9 @@ ShardLoader::ShardLoader(std::shared_ptr<const Dataset> data, DistributedSampler
   }
   state_ = std::make_unique<State>(std::move(data), sampler, static_cast<std::size_t>(batch_size),
                                    drop_last, static_cast<std::size_t>(prefetch), skip_batches);
-  state_->producer =
-      detail::start_thread("the loader thread", [s = state_.get()] { s->produce(); });
+  if (prefetch > 0)
+    state_->producer =
+        detail::start_thread("the loader thread", [s = state_.get()] { s->produce(); });
 }
 
 ShardLoader::~ShardLoader() { stop(); }
@@ -135,6 +156,13 @@ std::size_t ShardLoader::batches_per_epoch() const noexcept {
 
 Batch ShardLoader::next() {
   State& s = *state_;
+  if (s.capacity == 0) {
+    {
+      const std::lock_guard lock(s.mutex);  // stop() may come from another thread
+      if (s.stopped) throw std::runtime_error("loader stopped");
+    }
+    return s.advance();
+  }
   std::unique_lock lock(s.mutex);
   s.ready.wait(lock, [&] { return s.stopped || !s.queue.empty() || s.error; });
   if (s.stopped) throw std::runtime_error("loader stopped");

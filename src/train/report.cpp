@@ -270,8 +270,8 @@ std::string summary_table(const Summary& s) {
                    s.buckets, s.overlap ? "on" : "off", s.comm_mode, s.accumulate_steps)},
       {"all-reduce", fmt::format("{} per worker, {:.0f}% hidden behind backward",
                                  seconds(s.comm_s), 100.0 * s.comm_hidden_fraction)},
-      {"waiting", fmt::format("{} for data, {} at the barrier (per worker)", seconds(s.data_wait_s),
-                              seconds(s.barrier_wait_s))},
+      {"waiting", fmt::format("{} for data (loader {}), {} at the barrier (per worker)",
+                              seconds(s.data_wait_s), s.loader, seconds(s.barrier_wait_s))},
       {"optimizer state", describe_optimizer_state(s)},
       {"worker memory", describe_worker_memory(s)},
   };

@@ -74,6 +74,7 @@ std::string Summary::to_json() const {
       "  \"reduce_dtype\": \"{}\",\n"
       "  \"overlap\": {},\n"
       "  \"comm_mode\": \"{}\",\n"
+      "  \"loader\": \"{}\",\n"
       "  \"zero\": {},\n"
       "  \"optimizer_state_bytes\": {},\n"
       "  \"param_bytes\": {},\n"
@@ -97,7 +98,7 @@ std::string Summary::to_json() const {
       number(final_train_accuracy), number(eval_loss), number(eval_accuracy),
       replicas_identical ? "true" : "false", replica_checks, param_hash, accumulate_steps, buckets,
       reduce_bytes_per_step, reduce_dtype,
-      overlap ? "true" : "false", comm_mode, zero, optimizer_state_bytes, param_bytes, grad_bytes, activation_bytes,
+      overlap ? "true" : "false", comm_mode, loader, zero, optimizer_state_bytes, param_bytes, grad_bytes, activation_bytes,
       host_syncs_per_step,
       number(data_wait_s),
       number(barrier_wait_s), number(comm_s), number(comm_exposed_s), number(comm_hidden_fraction),

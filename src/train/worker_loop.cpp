@@ -137,7 +137,8 @@ void WorkerLoop::set_up(Backend& backend) {
   replica.refresh_bf16();
 
   std::vector<Bucket> buckets = plan_buckets(run_.model, tc.bucket_cap_mb);
-  const CommMode mode = choose_comm_mode(cores_scarce(backend), comm_.size(), buckets.size());
+  const bool scarce = cores_scarce(backend);
+  const CommMode mode = choose_comm_mode(scarce, comm_.size(), buckets.size());
   res_.reducer = std::make_unique<Reducer>(run_.model, comm_, dev, replica.grads(),
                                            std::move(buckets), tc.overlap, zero(), mode,
                                            tc.grad_reduce_dtype, run_.trace.comm(rank_));
@@ -156,12 +157,17 @@ void WorkerLoop::set_up(Backend& backend) {
     run_.summary.reduce_bytes_per_step = res_.reducer->bytes_per_step();
     run_.summary.reduce_dtype = to_string(run_.cfg.trainer.grad_reduce_dtype);
   }
-  set_up_data();
+  set_up_data(scarce);
 }
 
 // The sampler position: a resumed run continues inside the epoch it stopped in. With another
 // device count, the samples consumed so far in that epoch are rounded down to whole batches.
-void WorkerLoop::set_up_data() {
+// Note [Inline loader]: when the compute threads take every core, the loader has no core of its
+// own either. Its thread then only adds a wake-up and two context switches per batch, taken
+// from compute (a batch handed through the queue wakes the producer to refill it), so the
+// worker assembles each batch itself (ShardLoader with prefetch 0): the same batches, no thread.
+// bench/RESULTS.md measured it (issue 18).
+void WorkerLoop::set_up_data(bool cores_scarce) {
   const Config& cfg = run_.cfg;
   const Dataset& train = *run_.train;
   const Checkpoint* resume = run_.resume;
@@ -179,7 +185,9 @@ void WorkerLoop::set_up_data() {
   const int k = cfg.trainer.accumulate_steps;
   res_.loader = std::make_unique<ShardLoader>(
       run_.fault.loader_data(run_.train, global_, pos_.step, static_cast<std::size_t>(k * batch)),
-      sampler, batch, cfg.data.drop_last, cfg.data.prefetch, pos_.batch_in_epoch);
+      sampler, batch, cfg.data.drop_last, cores_scarce ? 0 : cfg.data.prefetch, pos_.batch_in_epoch);
+  if (rank_ == 0)
+    run_.summary.loader = cores_scarce || cfg.data.prefetch == 0 ? "inline" : "thread";
   // As wide as the logits: a GPT's padded vocabulary (Note [Padded vocabulary], model/gpt.cpp).
   const int logits = run_.model.outputs();
   if (!res_.replica->dlogits_bf16())

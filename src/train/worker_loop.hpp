@@ -229,7 +229,7 @@ class WorkerLoop {
 
   void set_up(Backend& backend);
   bool cores_scarce(const Backend& backend) const;
-  void set_up_data();
+  void set_up_data(bool cores_scarce);
   void warm_up();
   void begin_step();
   void count_host_syncs();

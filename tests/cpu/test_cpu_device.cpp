@@ -325,8 +325,9 @@ TEST_SUITE("cpu device") {
     DeviceArray<double> sums(*dev, 6);
     dev->sum_squares_grains(xd.data(), n, grain, sums.data());
     CHECK(sums.download() == std::vector<double>{28, 28, 28, 28, 28, 0 + 1 + 4});
-    // Random values: each grain is the sequential sum, whether the call starts at 0 or at a
-    // later grain, and equals sum_squares over that grain alone.
+    // Random values: each grain is the sum in eight lanes (element i of the grain into lane
+    // i % 8, the lanes added pairwise; Note [Eight lanes for the gradient norm]), whether the
+    // call starts at 0 or at a later grain.
     const std::size_t m = 3 * 16384 + 77;
     const auto r = random_floats(m, 51);
     auto rd = on_device(*dev, r);
@@ -335,9 +336,11 @@ TEST_SUITE("cpu device") {
     dev->sum_squares_grains(rd.data() + 2 * 16384, m - 2 * 16384, 16384, tail_d.data());
     const std::vector<double> all = all_d.download(), tail = tail_d.download();
     for (std::size_t g = 0; g < 4; ++g) {
-      double want = 0.0;
+      double lane[8] = {};
       for (std::size_t i = g * 16384; i < std::min(m, (g + 1) * 16384); ++i)
-        want += double(r[i]) * double(r[i]);
+        lane[(i - g * 16384) % 8] += double(r[i]) * double(r[i]);
+      const double want = ((lane[0] + lane[1]) + (lane[2] + lane[3])) +
+                          ((lane[4] + lane[5]) + (lane[6] + lane[7]));
       CHECK(std::memcmp(&all[g], &want, sizeof(double)) == 0);
     }
     CHECK(std::memcmp(&tail[0], &all[2], 2 * sizeof(double)) == 0);

@@ -114,6 +114,34 @@ TEST_CASE("ShardLoader: prefetch 1 through many batches") {
   CHECK(sum == 3 * (999 * 1000 / 2));  // three full epochs, each sample once per epoch
 }
 
+TEST_CASE("ShardLoader: prefetch 0 assembles on the caller's thread the batches a thread would") {
+  auto data = std::make_shared<IndexDataset>(47);
+  DistributedSampler sampler(47, 3, 1, true, 9, false);  // 16 samples per rank, 4 batches of 5
+  sampler.set_epoch(2);
+  for (const std::size_t skip : {0, 2, 4}) {  // 4: the first epoch skipped whole
+    CAPTURE(skip);
+    ShardLoader threaded(data, sampler, 5, false, 2, skip);
+    ShardLoader in_line(data, sampler, 5, false, 0, skip);
+    for (int i = 0; i < 13; ++i) {  // into the fourth epoch
+      const lockstep::Batch a = threaded.next(), b = in_line.next();
+      CHECK(b.epoch == a.epoch);
+      CHECK(b.index_in_epoch == a.index_in_epoch);
+      CHECK(b.x == a.x);
+      CHECK(b.y == a.y);
+    }
+  }
+  // A loading error is thrown by the call that meets it, and again by every later call.
+  auto bad = std::make_shared<IndexDataset>(20, 5);
+  ShardLoader failing(bad, DistributedSampler(20, 1, 0, false, 0, false), 2, false, 0);
+  CHECK(failing.next().x[0] == 0.0f);
+  CHECK(failing.next().x[0] == 2.0f);
+  CHECK_THROWS_WITH_AS(failing.next(), "cannot read sample 5", std::runtime_error);
+  CHECK_THROWS_WITH_AS(failing.next(), "cannot read sample 5", std::runtime_error);
+  ShardLoader stopped(data, sampler, 5, false, 0);
+  stopped.stop();
+  CHECK_THROWS_WITH_AS(stopped.next(), "loader stopped", std::runtime_error);
+}
+
 TEST_CASE("ShardLoader: a loading error reaches next(), after the batches before it") {
   auto data = std::make_shared<IndexDataset>(20, 5);
   ShardLoader loader(data, DistributedSampler(20, 1, 0, false, 0, false), 2, false, 4);
@@ -138,8 +166,8 @@ TEST_CASE("ShardLoader: too small a shard is an input error") {
                   lockstep::InputError);
   CHECK_THROWS_AS(ShardLoader(data, DistributedSampler(10, 1, 0, true, 0, false), 0, false, 2),
                   std::invalid_argument);
-  CHECK_THROWS_AS(ShardLoader(data, DistributedSampler(10, 1, 0, true, 0, false), 2, false, 0),
-                  std::invalid_argument);
+  CHECK_THROWS_AS(ShardLoader(data, DistributedSampler(10, 1, 0, true, 0, false), 2, false, -1),
+                  std::invalid_argument);  // prefetch 0 is valid: no loader thread
 }
 
 TEST_CASE("ShardLoader: stop and destruction never hang") {
