@@ -45,9 +45,9 @@ std::uint64_t hash_bits(const std::vector<float>& v) {
   return h;
 }
 
-// Sizes around the ring's chunk (65536 floats) and its segments, and the window's round (2^20
-// floats: 4 rounds reuse each slot twice), from empty to several chunks per segment, none a
-// multiple of the process count but some.
+// Sizes around the ring's chunk (65536 floats) and its segments, and the window's round (2^18
+// floats: the two largest take 5 and 13 rounds), from empty to several chunks per segment,
+// none a multiple of the process count but some.
 constexpr std::size_t kSizes[] = {0,     1,     2,     3,         5,
                                   1000,  65535, 65536, 65537,     3 * 65536 + 7,
                                   (std::size_t{1} << 20) + 3, (std::size_t{3} << 20) + 1};

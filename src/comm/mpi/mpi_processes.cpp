@@ -9,6 +9,12 @@
 //   collectives]) and polls them with MPI_Testsome until they complete. So nothing ever blocks
 //   inside MPI: abort() wakes every waiting caller at once, and the worker threads of a failed
 //   process always stop, even while a peer process never joins the collective they were in.
+//   When every process runs on one node, the data plane's all-reduce makes no MPI call at all:
+//   the caller runs it through a window of shared memory that the MPI thread allocated at
+//   start-up (Note [Shared-memory all-reduce] in shared_window_all_reduce.hpp). Its waits end
+//   at abort() too, and at any other process's: a process that aborts writes the window's
+//   abort word, and a process that sees it there aborts its own group (in the collective, or
+//   on the MPI thread while it polls), so its control-plane callers stop as well.
 //   Each plane has its own communicator (a duplicate of MPI_COMM_WORLD): collectives are ordered
 //   per communicator, and the MPI thread may post the two planes' requests interleaved
 //   differently in different processes.
@@ -16,7 +22,8 @@
 //   not write into memory the caller has freed. A collective's request owns its buffer: the
 //   caller copies in before queueing and out after completion. The ring receives into staging
 //   it owns, and only the MPI thread moves data between staging and the caller's buffer, which
-//   an aborted caller takes back (RingAllReduce::abandon) before it leaves.
+//   an aborted caller takes back (RingAllReduce::abandon) before it leaves. The window's
+//   all-reduce touches the caller's buffer on the caller's thread alone.
 //
 // Note [Pipelined collectives]
 //   Open MPI's nonblocking collectives (libnbc) run a schedule of rounds that advances only

@@ -148,20 +148,23 @@ void SharedWindowAllReduce::round(float* data, std::size_t n) {
   const std::uint64_t r = ++rounds_;
   float* mine = slot(rank_, r);
   if (r > 2) wait_for_all(gathered, r - 2);  // nobody reads this slot any more
-  for (int q = 0; q < size_; ++q) {
+  for (int q = 0; q < size_; ++q) {  // 1. the others' slices out
     const ShardRange s = shard_range(n, size_, q);
-    if (q != rank_ && s.size() > 0) std::memcpy(mine + s.begin, data + s.begin, s.size() * 4);
+    if (q != rank_ && s.size() > 0)
+      std::memcpy(mine + s.begin, data + s.begin, s.size() * sizeof(float));
   }
   publish(copied, r);
   wait_for_all(copied, r);
-  for (int q = 0; q < size_; ++q) in_[static_cast<std::size_t>(q)] = q == rank_ ? data : slot(q, r);
+  for (int q = 0; q < size_; ++q)  // 2. our slice, summed in rank order
+    in_[static_cast<std::size_t>(q)] = q == rank_ ? data : slot(q, r);
   float* const out[] = {data, mine};
   sum_floats(in_, out, shard_range(n, size_, rank_), 1);
   publish(summed, r);
   wait_for_all(summed, r);
-  for (int q = 0; q < size_; ++q) {
+  for (int q = 0; q < size_; ++q) {  // 3. the others' sums in
     const ShardRange s = shard_range(n, size_, q);
-    if (q != rank_ && s.size() > 0) std::memcpy(data + s.begin, slot(q, r) + s.begin, s.size() * 4);
+    if (q != rank_ && s.size() > 0)
+      std::memcpy(data + s.begin, slot(q, r) + s.begin, s.size() * sizeof(float));
   }
   publish(gathered, r);
 }
