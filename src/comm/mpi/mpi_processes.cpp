@@ -170,7 +170,7 @@ class MpiProcesses final : public ProcessGroup {
     done_cv_.notify_all();
   }
   bool aborted() const noexcept override {
-    if (window_ && window_->aborted()) return true;
+    if (window_aborted()) return true;
     std::lock_guard lock(mutex_);
     return aborted_;
   }
@@ -264,6 +264,13 @@ class MpiProcesses final : public ProcessGroup {
     }
   }
 
+  bool window_aborted() const noexcept { return window_ && window_->aborted(); }
+  // On the MPI thread: another process aborted through the window, so this group aborts too
+  // and the control plane's callers stop waiting.
+  void notice_window_abort() {
+    if (window_aborted() && !std::exchange(window_abort_seen_, true)) abort();
+  }
+
   // Queues `request` for the MPI thread and waits for it. Returns false when aborted before it
   // completed; throws its error.
   bool serve(const std::shared_ptr<Request>& request) {
@@ -351,8 +358,7 @@ class MpiProcesses final : public ProcessGroup {
         if (stopping_ && (active.empty() || aborted_) && fresh.empty()) break;
       }
       if (abort_code >= 0) MPI_Abort(MPI_COMM_WORLD, abort_code);
-      // Another process aborted through the window: the control plane's callers stop waiting.
-      if (window_ && window_->aborted() && !std::exchange(window_abort_seen_, true)) abort();
+      notice_window_abort();
       bool progressed = !fresh.empty();
       for (auto& r : fresh) {
         if (const int rc = refill(*r); rc != MPI_SUCCESS) finish(*r, "MPI: " + mpi_error(rc));
@@ -381,7 +387,7 @@ class MpiProcesses final : public ProcessGroup {
     bool clean = false;
     {
       std::lock_guard lock(mutex_);
-      clean = !aborted_ && !(window_ && window_->aborted());
+      clean = !aborted_ && !window_aborted();
     }
     // After a local abort a collective may still be pending; MPI_Finalize could wait for it
     // for ever. Leave without it: the launcher then ends the job.
