@@ -37,6 +37,7 @@ static_assert(std::atomic<std::uint32_t>::is_always_lock_free &&
 
 // How long a waiter polls before it sleeps: kPolls with a pause (some microseconds: a peer on
 // another core is usually that close), then kYields giving the core to a runnable thread.
+// Sleeping at once measured 1.6x slower at 4 MB, 10x the polls no faster (bench/RESULTS.md).
 constexpr int kPolls = 2000, kYields = 50;
 
 constexpr std::size_t kAlign = 4096;
