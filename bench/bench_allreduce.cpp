@@ -6,8 +6,11 @@
 //   build/bench/bench_allreduce [--reps 20] [--max-mb 256] [--csv FILE]
 //
 // Under mpirun (mpirun -np 2 build/bench/bench_allreduce ...) it measures instead the all-reduce
-// across processes, one worker per process: the hierarchical communicator's path through MPI
-// (see comm.hpp), the ranks being the processes. Process 0 prints and writes the CSV.
+// across processes, one worker per process: the hierarchical communicator's path through the
+// MPI process group (see comm.hpp; on one node its shared-memory window, with
+// LOCKSTEP_MPI_SHARED_MEMORY=0 the ring), the ranks being the processes. Each repetition ends
+// with a barrier through the MPI thread, which the time includes. Process 0 prints and writes
+// the CSV.
 #include <cstring>
 #include <fstream>
 #include <string>

@@ -185,8 +185,9 @@ class LOCKSTEP_API ProcessGroup {
   virtual void broadcast_bytes(void* data, std::size_t bytes, int root) = 0;
 
   // Ends every wait of this process in the group: the waiting calls, and all later ones, throw
-  // CommAborted. The other processes are not told; after the local clean stop, the top level
-  // ends the whole job with abort_job(). Callable from any thread; never throws.
+  // CommAborted. Processes on other nodes are not told (those on this node are, through the
+  // shared-memory data plane, and abort too); after the local clean stop, the top level ends
+  // the whole job with abort_job(). Callable from any thread; never throws.
   virtual void abort() noexcept = 0;
   virtual bool aborted() const noexcept = 0;
   // Ends every process of the job with exit status `code` (MPI_Abort). For the top level only

@@ -51,6 +51,7 @@
 
 #include "comm/abortable_barrier.hpp"
 #include "comm/comm_thread.hpp"
+#include "comm/rank_order_sum.hpp"
 #include "lockstep/comm.hpp"
 #include "lockstep/device.hpp"
 
@@ -143,6 +144,10 @@ template <class Element>
   }
 }
 
+}  // namespace
+
+namespace detail {
+
 // Note [Wide vectors for the sums]
 //   The library is compiled for baseline x86-64, so the loops above get SSE2's 4-float vectors.
 //   Compiled for AVX2 as well and chosen at run time, they measured 10-15% more busbw at 16-256
@@ -165,6 +170,10 @@ void sum_floats(std::span<float* const> in, std::span<float* const> out, ShardRa
 #endif
   sum_in_rank_order<float>(in, out, slice, divisor);
 }
+
+}  // namespace detail
+
+namespace {
 
 struct Group {
   explicit Group(int n)
@@ -311,7 +320,7 @@ class SharedMemoryCommunicator final : public Communicator {
   // buffer q of `out`.
   void reduce_slice(ShardRange s, ReduceOp op, std::span<float* const> out) const {
     const Group& g = *group_;
-    sum_floats(g.slots, out, s, op == ReduceOp::avg ? g.size : 1);
+    detail::sum_floats(g.slots, out, s, op == ReduceOp::avg ? g.size : 1);
   }
 
   std::shared_ptr<Group> group_;

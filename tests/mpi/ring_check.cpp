@@ -1,8 +1,14 @@
 // Run under mpirun by tests/mpi/test_mpi_ring.cpp: the ProcessGroup's all-reduce across real
-// processes (Note [Ring all-reduce] in src/comm/mpi/ring_all_reduce.hpp).
+// processes, through the shared-memory window when they share a node (Note [Shared-memory
+// all-reduce] in src/comm/mpi/shared_window_all_reduce.hpp), through the ring with
+// LOCKSTEP_MPI_SHARED_MEMORY=0, as between nodes (Note [Ring all-reduce] in
+// src/comm/mpi/ring_all_reduce.hpp).
 //
-//   mpirun -np P lockstep_mpi_ring_check sums   every size class, exact sums, identical bits
-//   mpirun -np 2 lockstep_mpi_ring_check abort  each process aborts itself mid-collective
+//   mpirun -np P lockstep_mpi_ring_check sums        every size class, exact sums, identical bits
+//   mpirun -np P lockstep_mpi_ring_check rank-order  the bits of the sum in rank order (window)
+//   mpirun -np 2 lockstep_mpi_ring_check abort       each process aborts itself mid-collective
+//   mpirun -np P lockstep_mpi_ring_check peer-abort  the last process aborts mid-collective, the
+//                                                    others only learn it from the window
 //
 // Prints "ring check: ok" (process 0) or what failed, and exits 0 or 1.
 #include <chrono>
@@ -39,14 +45,27 @@ std::uint64_t hash_bits(const std::vector<float>& v) {
   return h;
 }
 
-// Sizes around the ring's chunk (65536 floats) and its segments, from empty to several chunks
-// per segment, none a multiple of the process count but some.
-bool check_sums(ProcessGroup& g) {
+// Sizes around the ring's chunk (65536 floats) and its segments, and the window's round (2^18
+// floats: the two largest take 5 and 13 rounds), from empty to several chunks per segment,
+// none a multiple of the process count but some.
+constexpr std::size_t kSizes[] = {0,     1,     2,     3,         5,
+                                  1000,  65535, 65536, 65537,     3 * 65536 + 7,
+                                  (std::size_t{1} << 20) + 3, (std::size_t{3} << 20) + 1};
+
+// The sum of fraction(0, i), fraction(1, i), ... in rank order, as the window adds them.
+float rank_order_sum(int processes, std::size_t i) {
+  float acc = fraction(0, i) + fraction(1, i);
+  for (int q = 2; q < processes; ++q) acc += fraction(q, i);
+  return acc;
+}
+
+// Exact sums of small integers; sums that round: the same bits in every process, and the bits
+// of a + b with two processes (either order: ring and window alike) or, with `rank_order`, of
+// the sum in rank order for any count (the window's; the ring's order differs from three on).
+bool check_sums(ProcessGroup& g, bool rank_order) {
   const int p = g.size(), r = g.rank();
-  const std::size_t sizes[] = {0, 1, 2, 3, 5, 1000, 65535, 65536, 65537, 3 * 65536 + 7,
-                               (std::size_t{1} << 20) + 3};
   bool ok = true;
-  for (const std::size_t n : sizes) {
+  for (const std::size_t n : kSizes) {
     std::vector<float> a(n), b(n);
     for (std::size_t i = 0; i < n; ++i) (a[i] = small_integer(r, i), b[i] = fraction(r, i));
     g.all_reduce(a.data(), n);
@@ -57,9 +76,8 @@ bool check_sums(ProcessGroup& g) {
         std::printf("process %d: size %zu: element %zu is %g, expected %g\n", r, n, i, a[i], want);
         ok = false;
       }
-      // With two processes the sum is a + b, whatever the order.
-      if (p == 2 && b[i] != fraction(0, i) + fraction(1, i)) {
-        std::printf("process %d: size %zu: element %zu is not a + b\n", r, n, i);
+      if ((p == 2 || rank_order) && b[i] != rank_order_sum(p, i)) {
+        std::printf("process %d: size %zu: element %zu is not the sum in rank order\n", r, n, i);
         ok = false;
       }
     }
@@ -74,15 +92,19 @@ bool check_sums(ProcessGroup& g) {
   return ok;
 }
 
-// Both processes finish one large all-reduce and enter a second; each aborts itself during it
-// (process 1 after 2 ms, process 0 after 300 ms, left waiting for a peer that is gone). Each
-// caller must get CommAborted at once and may free its buffer: the ring touches it no more.
-bool check_abort(ProcessGroup& g) {
+// Every process finishes one large all-reduce and enters a second, during which the last
+// process aborts itself after 2 ms. With `all_abort` the others abort themselves too, after
+// 300 ms (left waiting for a peer that is gone, where the ring cannot tell them); without it
+// they never do, and must learn it from the window. Each caller must get CommAborted and may
+// free its buffer at once: nothing touches it any more.
+bool check_abort(ProcessGroup& g, bool all_abort) {
   const int r = g.rank();
-  std::vector<float> data(std::size_t{16} << 20, 1.0f);  // 64 MB: some ms on the ring
+  const bool last = r == g.size() - 1;
+  std::vector<float> data(std::size_t{16} << 20, 1.0f);  // 64 MB: some ms on either path
   g.all_reduce(data.data(), data.size());
   std::thread aborter([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(r == 1 ? 2 : 300));
+    if (!last && !all_abort) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(last ? 2 : 300));
     g.abort();
   });
   const auto t0 = std::chrono::steady_clock::now();
@@ -92,11 +114,13 @@ bool check_abort(ProcessGroup& g) {
   } catch (const CommAborted&) {
     aborted = true;
   }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   data = {};  // freed while the ring's calls may still be pending
   aborter.join();
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::printf("process %d: %s after %.3f s\n", r, aborted ? "aborted" : "not aborted", s);
-  return aborted && s < 5.0;
+  const bool late = s > (all_abort ? 5.0 : 2.0);
+  std::printf("process %d: %s after %.3f s%s%s\n", r, aborted ? "aborted" : "not aborted", s,
+              late ? ", too late" : "", g.aborted() ? "" : ", but the group is not aborted");
+  return aborted && !late && g.aborted();
 }
 
 }  // namespace
@@ -108,15 +132,15 @@ int main(int argc, char** argv) {
     std::puts("ring check: not started by an MPI launcher");
     return 1;
   }
-  if (mode == "abort") {
-    const bool ok = check_abort(*g);
+  if (mode == "abort" || mode == "peer-abort") {
+    const bool ok = check_abort(*g, mode == "abort");
     std::fflush(stdout);
-    // Leave once the other process has printed too: the launcher ends the job at the first exit.
+    // Leave once the others have printed too: the launcher ends the job at the first exit.
     std::this_thread::sleep_for(std::chrono::seconds(1));
     // An aborted group leaves without MPI_Finalize (a call may still be pending): end the job.
     std::_Exit(ok ? 0 : 1);
   }
-  const bool ok = check_sums(*g);
+  const bool ok = check_sums(*g, mode == "rank-order");
   if (g->rank() == 0 && ok) std::puts("ring check: ok");
   return ok ? 0 : 1;
 }

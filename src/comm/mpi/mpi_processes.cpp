@@ -9,6 +9,12 @@
 //   collectives]) and polls them with MPI_Testsome until they complete. So nothing ever blocks
 //   inside MPI: abort() wakes every waiting caller at once, and the worker threads of a failed
 //   process always stop, even while a peer process never joins the collective they were in.
+//   When every process runs on one node, the data plane's all-reduce makes no MPI call at all:
+//   the caller runs it through a window of shared memory that the MPI thread allocated at
+//   start-up (Note [Shared-memory all-reduce] in shared_window_all_reduce.hpp). Its waits end
+//   at abort() too, and at any other process's: a process that aborts writes the window's
+//   abort word, and a process that sees it there aborts its own group (in the collective, or
+//   on the MPI thread while it polls), so its control-plane callers stop as well.
 //   Each plane has its own communicator (a duplicate of MPI_COMM_WORLD): collectives are ordered
 //   per communicator, and the MPI thread may post the two planes' requests interleaved
 //   differently in different processes.
@@ -16,7 +22,8 @@
 //   not write into memory the caller has freed. A collective's request owns its buffer: the
 //   caller copies in before queueing and out after completion. The ring receives into staging
 //   it owns, and only the MPI thread moves data between staging and the caller's buffer, which
-//   an aborted caller takes back (RingAllReduce::abandon) before it leaves.
+//   an aborted caller takes back (RingAllReduce::abandon) before it leaves. The window's
+//   all-reduce touches the caller's buffer on the caller's thread alone.
 //
 // Note [Pipelined collectives]
 //   Open MPI's nonblocking collectives (libnbc) run a schedule of rounds that advances only
@@ -44,11 +51,13 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
 
 #include "comm/mpi/ring_all_reduce.hpp"
+#include "comm/mpi/shared_window_all_reduce.hpp"
 #include "common/start_thread.hpp"
 #include "lockstep/comm.hpp"
 
@@ -99,6 +108,7 @@ class MpiProcesses final : public ProcessGroup {
   int size() const noexcept override { return size_; }
 
   void all_reduce(float* data, std::size_t count) override {
+    if (window_) return run_window(data, count);  // Note [Shared-memory all-reduce]
     if (size_ > 1) return run_ring(data, count);  // Note [Ring all-reduce]
     run(Plane::data, data, count * sizeof(float), count,
         [this](Request& r, std::size_t offset, int n, MPI_Request* out) {
@@ -156,14 +166,19 @@ class MpiProcesses final : public ProcessGroup {
       std::lock_guard lock(mutex_);
       aborted_ = true;
     }
+    if (window_) window_->abort();  // and every other process's data plane
     done_cv_.notify_all();
   }
   bool aborted() const noexcept override {
+    if (window_aborted()) return true;
     std::lock_guard lock(mutex_);
     return aborted_;
   }
 
   void abort_job(int code) noexcept override {
+    // Aborted by another process through the window: that one failed first and ends the job
+    // with its own status and message; we do so only if it has not within a few seconds.
+    if (window_ && window_->aborted_by_peer()) std::this_thread::sleep_for(std::chrono::seconds(3));
     {
       std::lock_guard lock(mutex_);
       job_abort_code_ = code;
@@ -236,6 +251,24 @@ class MpiProcesses final : public ProcessGroup {
       request->ring->abandon();
       throw CommAborted();
     }
+  }
+
+  // all_reduce through the window, on this thread. Another process's abort aborts this whole
+  // group, as a local one would (Note [Shared-memory all-reduce]).
+  void run_window(float* data, std::size_t count) {
+    try {
+      window_->all_reduce(data, count);
+    } catch (const CommAborted&) {
+      abort();
+      throw;
+    }
+  }
+
+  bool window_aborted() const noexcept { return window_ && window_->aborted(); }
+  // On the MPI thread: another process aborted through the window, so this group aborts too
+  // and the control plane's callers stop waiting.
+  void notice_window_abort() {
+    if (window_aborted() && !std::exchange(window_abort_seen_, true)) abort();
   }
 
   // Queues `request` for the MPI thread and waits for it. Returns false when aborted before it
@@ -325,6 +358,7 @@ class MpiProcesses final : public ProcessGroup {
         if (stopping_ && (active.empty() || aborted_) && fresh.empty()) break;
       }
       if (abort_code >= 0) MPI_Abort(MPI_COMM_WORLD, abort_code);
+      notice_window_abort();
       bool progressed = !fresh.empty();
       for (auto& r : fresh) {
         if (const int rc = refill(*r); rc != MPI_SUCCESS) finish(*r, "MPI: " + mpi_error(rc));
@@ -353,11 +387,12 @@ class MpiProcesses final : public ProcessGroup {
     bool clean = false;
     {
       std::lock_guard lock(mutex_);
-      clean = !aborted_;
+      clean = !aborted_ && !window_aborted();
     }
     // After a local abort a collective may still be pending; MPI_Finalize could wait for it
     // for ever. Leave without it: the launcher then ends the job.
     if (clean) {
+      if (window_) window_->free_window();
       MPI_Comm_free(&data_);
       MPI_Comm_free(&control_);
       MPI_Finalize();
@@ -390,6 +425,7 @@ class MpiProcesses final : public ProcessGroup {
     MPI_Comm_size(MPI_COMM_WORLD, &size_);
     MPI_Comm_dup(MPI_COMM_WORLD, &data_);
     MPI_Comm_dup(MPI_COMM_WORLD, &control_);
+    window_ = detail::SharedWindowAllReduce::create(MPI_COMM_WORLD);
     return {};
   }
 
@@ -403,6 +439,10 @@ class MpiProcesses final : public ProcessGroup {
   bool started_ = false, stopping_ = false, aborted_ = false;
   std::string start_error_;
   int job_abort_code_ = -1;
+  // The data plane's all-reduce when every process is on this node; set before the
+  // constructor returns.
+  std::unique_ptr<detail::SharedWindowAllReduce> window_;
+  bool window_abort_seen_ = false;  // the MPI thread's
   std::shared_ptr<detail::RingAllReduce::Staging> ring_staging_;  // the MPI thread's
   std::vector<std::shared_ptr<detail::RingAllReduce>> failed_rings_;  // likewise
   std::thread thread_;

@@ -1,4 +1,5 @@
-// The data plane's all-reduce across processes: a ring of MPI point-to-point calls over the
+// The data plane's all-reduce across processes on several nodes (on one node the shared-memory
+// window serves, Note [Shared-memory all-reduce]): a ring of MPI point-to-point calls over the
 // caller's buffer, advanced without blocking by the MPI thread (Note [One MPI thread]).
 //
 // Note [Ring all-reduce]
