@@ -67,7 +67,7 @@ template <class Fn, class... Args>
 }
 
 template <class Fn, class... Args>
-[[gnu::target("avx512f,avx512bw,avx512dq,avx512vl,prefer-vector-width=512"), gnu::flatten]]
+[[gnu::target("avx512f,avx512bw,avx512dq,avx512vl"), gnu::flatten]]
 inline auto run_avx512(const Fn& fn, Args... args) {
   return fn(args...);
 }
