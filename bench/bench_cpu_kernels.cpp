@@ -1,6 +1,6 @@
 // The CPU step's elementwise and row kernels, timed under each ISA this CPU supports (Note [Wide
 // vectors for the CPU kernels] in src/cpu/ops/isa_dispatch.hpp): GELU forward and backward on
-// fp32 and bf16 storage, add_bias into bf16, LayerNorm forward (bf16 out) and backward, the
+// fp32 and bf16 storage, add_bias and its gradient, LayerNorm forward (bf16 out) and backward, the
 // causal softmax on bf16 probabilities, to_bf16 and the AdamW step. Shapes of a GPT layer:
 // --rows positions (batch x context) of width --C, the MLP's hidden 4 C, --heads x --T x --T
 // attention scores. Each figure is the median of --runs timings of --reps calls; the ISAs
@@ -105,6 +105,10 @@ struct Workload {
            dev.activation_backward(Activation::gelu, h.data(), dy.data(), dx.data(),
                                    h_out.data(), hidden);
          }},
+        {"add_bias fp32, in place (rows x 4C)", hidden * 2 * f,
+         [=, this] { dev.add_bias(dx.data(), b.data(), rows, wide); }},
+        {"bias_grad (rows x 4C)", hidden * f,
+         [=, this] { dev.bias_grad(b.data(), dy.data(), rows, wide); }},
         {"add_bias into bf16 (rows x 4C)", hidden * (f + e),
          [=, this] { dev.add_bias(x.data(), b.data(), h_out.data(), rows, wide); }},
         {"layernorm forward, bf16 out", n * (f + e),

@@ -152,8 +152,16 @@ def report_bf16(args, names, runs, errors):
     print(f"lockstep speedup over PyTorch: fp32 {ratio(('lockstep', 'fp32'), ('torch', 'fp32'))}, "
           f"bf16 {ratio(('lockstep', 'bf16'), ('torch', 'bf16'))}")
     if args.before:
+        # Each round's two runs ran back to back: the median of their ratios is steadier under a
+        # changing load than the ratio of the medians.
+        def paired(p):
+            pairs = list(zip(runs[("before", p)], runs[("lockstep", p)]))
+            if not pairs or len(runs[("before", p)]) != len(runs[("lockstep", p)]):
+                return "n/a"
+            return f"{statistics.median(b['step_ms'] / a['step_ms'] for b, a in pairs):.2f}x"
         print(f"speedup over --before: fp32 {ratio(('lockstep', 'fp32'), ('before', 'fp32'))}, "
-              f"bf16 {ratio(('lockstep', 'bf16'), ('before', 'bf16'))}")
+              f"bf16 {ratio(('lockstep', 'bf16'), ('before', 'bf16'))} (ratio of the medians); "
+              f"fp32 {paired('fp32')}, bf16 {paired('bf16')} (median of the rounds' ratios)")
     for (framework, precision), error in errors.items():
         print(f"{framework} {precision}: not measured: {error}")
     if args.csv:
