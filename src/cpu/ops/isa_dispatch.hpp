@@ -12,7 +12,7 @@
 // functions with target("avx2") and target("avx512f,...") whose gnu::flatten inlines fn and
 // everything it calls, so that the vectoriser sees the loops in a function of that target and
 // uses 8 and 16 floats (GCC inlines a function of the default target into a wider one, never
-// the reverse; without flatten fn would stay a call, compiled for SSE2). active_isa() picks the
+// the reverse; without flatten it may leave fn a call, compiled for SSE2). active_isa() picks the
 // widest the CPU has, once per process (__builtin_cpu_supports); the choice costs a call per
 // block of the arena. Note [Wide vectors for the sums] in src/comm/shared_memory_comm.cpp does
 // the same for the all-reduce's sums.
