@@ -3,7 +3,7 @@
 
     /usr/bin/python3 bench/compare_gpt.py [--pairs 5] [--preset tiny] [--batch 16] [--steps 10]
                                           [--device cpu|cuda] [--tf32] [--threads T] [--csv FILE]
-                                          [--precision bf16 [--peak-tflops P]]
+                                          [--precision bf16 [--peak-tflops P] [--before BUILD]]
 
 Runs build/bench/bench_gpt and bench/gpt_torch.py alternately, --pairs times each (so both see
 the same machine load), with the same model (configs/gpt_tiny.yaml's shapes for --preset tiny,
@@ -20,6 +20,10 @@ framework's bf16 speedup over its fp32, and lockstep's over PyTorch at each prec
 uses lockstep's flops per token (--summary-json) and lockstep's peak table, or --peak-tflops
 where the table has none (bf16). A lockstep run that fails (a build without bf16) is reported
 and the others still run; the exit status is then 1.
+
+--before BUILD (with --precision bf16) adds the lockstep runs of another build, e.g. of the main
+branch, to the round-robin, each just before the same run of --build, and reports --build's
+speedup over it at each precision.
 """
 
 import argparse
@@ -80,13 +84,15 @@ def bf16_main(args):
     from gpt_torch import PRESETS  # the presets of both benchmarks (imports torch)
     import numpy as np
     preset = PRESETS[args.preset]
-    cli = os.path.join(args.build, "lockstep")
+    clis = {"before": os.path.join(args.before, "lockstep")} if args.before else {}
+    clis["lockstep"] = os.path.join(args.build, "lockstep")
     torch_cmd = [sys.executable, os.path.join(ROOT, "bench", "gpt_torch.py"), "--device",
                  args.device, "--preset", args.preset, "--batch", str(args.batch), "--steps",
                  str(args.steps), "--warmup", str(args.warmup), "--threads", str(args.threads)]
     if args.tf32:
         torch_cmd.append("--tf32")
-    names = [("lockstep", "fp32"), ("lockstep", "bf16"), ("torch", "fp32"), ("torch", "bf16")]
+    names = [(f, p) for p in ("fp32", "bf16") for f in clis] + [("torch", "fp32"),
+                                                                ("torch", "bf16")]
     runs = {name: [] for name in names}
     errors = {}
     with tempfile.TemporaryDirectory() as folder:
@@ -98,8 +104,8 @@ def bf16_main(args):
             for framework, precision in names:
                 if (framework, precision) in errors:
                     continue
-                if framework == "lockstep":
-                    r = run_lockstep(cli, folder, preset, args, precision)
+                if framework in clis:
+                    r = run_lockstep(clis[framework], folder, preset, args, precision)
                 else:
                     r = run(torch_cmd + (["--bf16"] if precision == "bf16" else []))
                 if "error" in r:
@@ -129,7 +135,8 @@ def report_bf16(args, names, runs, errors):
             m = f"{100 * flops[0] * tps / (args.peak_tflops * 1e12):.1f}%"
         else:
             m = "-"
-        name = k[0] if k[0] == "lockstep" else runs[k][0]["framework"]
+        name = {"lockstep": "lockstep", "before": "lockstep (before)"}.get(
+            k[0], runs[k][0]["framework"])
         label = "bf16 (autocast)" if k == ("torch", "bf16") else k[1]
         rows.append((name, label, runs[k][0]["device"], ms[k], tps, m))
     first = next(rows for rows in runs.values() if rows)[0]
@@ -144,6 +151,17 @@ def report_bf16(args, names, runs, errors):
           f"PyTorch {ratio(('torch', 'bf16'), ('torch', 'fp32'))}")
     print(f"lockstep speedup over PyTorch: fp32 {ratio(('lockstep', 'fp32'), ('torch', 'fp32'))}, "
           f"bf16 {ratio(('lockstep', 'bf16'), ('torch', 'bf16'))}")
+    if args.before:
+        # Each round's two runs ran back to back: the median of their ratios is steadier under a
+        # changing load than the ratio of the medians.
+        def paired(p):
+            pairs = list(zip(runs[("before", p)], runs[("lockstep", p)]))
+            if not pairs or len(runs[("before", p)]) != len(runs[("lockstep", p)]):
+                return "n/a"
+            return f"{statistics.median(b['step_ms'] / a['step_ms'] for b, a in pairs):.2f}x"
+        print(f"speedup over --before: fp32 {ratio(('lockstep', 'fp32'), ('before', 'fp32'))}, "
+              f"bf16 {ratio(('lockstep', 'bf16'), ('before', 'bf16'))} (ratio of the medians); "
+              f"fp32 {paired('fp32')}, bf16 {paired('bf16')} (median of the rounds' ratios)")
     for (framework, precision), error in errors.items():
         print(f"{framework} {precision}: not measured: {error}")
     if args.csv:
@@ -171,7 +189,10 @@ def main():
                     help="bf16: lockstep fp32 and bf16 beside PyTorch fp32 and autocast bf16")
     ap.add_argument("--peak-tflops", type=float,
                     help="the device's peak, for MFU where lockstep's table has none (bf16)")
+    ap.add_argument("--before", help="with --precision bf16: a second build's lockstep runs too")
     args = ap.parse_args()
+    if args.before and args.precision != "bf16":
+        ap.error("--before needs --precision bf16")
     if args.precision == "bf16":
         args.warmup = max(1, args.warmup)  # the first step's time includes the start-up
         return bf16_main(args)

@@ -16,6 +16,9 @@
 //    cost nothing: the count guards the GPU path.
 //  - Every file of src/cpu is compiled with -fno-trapping-math -fno-math-errno (CMakeLists.txt),
 //    without which GCC does not vectorise the elementwise loops.
+//  - The hot loops run through vectorized() (ops/isa_dispatch.hpp): compiled for AVX2 and
+//    AVX-512 too, chosen at run time, the same values on each (Note [Wide vectors for the CPU
+//    kernels]).
 #pragma once
 
 #include <tbb/blocked_range.h>
@@ -197,10 +200,14 @@ class CpuDevice final : public Device {
   }
 
   // Defined in the one file that uses each: ops/elementwise.cpp, ops/softmax.cpp.
-  template <class F>
-  void map(const float* x, float* y, std::size_t n, F f);
-  template <class F>
-  void map_grad(const float* x, const float* dy, float* dx, std::size_t n, F fprime);
+  // For X, Y: float, or std::uint16_t holding bf16.
+  template <class X, class Y, class F>
+  void map(const X* x, Y* y, std::size_t n, F f);
+  template <class X, class F>
+  void map_grad(const X* x, const float* dy, float* dx, std::uint16_t* dx_bf16, std::size_t n,
+                F fprime);
+  template <class Y>
+  void add_bias_of(const float* x, const float* bias, Y* y, int rows, int cols);
   template <class Fn>
   void for_rows_of_squares(int count, int T, const Fn& fn);
   // softmax_cross_entropy for the storage D of dlogits.

@@ -3,9 +3,11 @@
 #include "cpu/cpu_device.hpp"
 
 #include <string>
+#include <type_traits>
 
 #include "common/bf16.hpp"
 #include "common/elementwise_math.hpp"
+#include "cpu/ops/isa_dispatch.hpp"
 
 namespace lockstep::cpu {
 namespace {
@@ -29,27 +31,54 @@ void with_activation(Activation f, const char* op, const Use& use) {
 
 }  // namespace
 
-// y = f(x) and dx = dy * f'(x), elementwise over n.
+// y = f(x) and dx = dy * f'(x), elementwise over n. X and Y are float, or std::uint16_t holding
+// bf16: widened as read, rounded as written (detail::load_value, store_value); dx_bf16, when not
+// null, gets dx rounded. dy[i] is read before dx[i] is written, so dx may alias dy.
 // In place (y == x, dx == dy) the loops name one array rather than two that alias: GCC
 // vectorises a loop over two arrays behind a runtime overlap check, which exact aliasing fails.
-template <class F>
-void CpuDevice::map(const float* x, float* y, std::size_t n, F f) {
-  for_range(n, [x, y, f](std::size_t i0, std::size_t i1) {
-    if (y == x)
-      for (std::size_t i = i0; i < i1; ++i) y[i] = f(y[i]);
-    else
-      for (std::size_t i = i0; i < i1; ++i) y[i] = f(x[i]);
-  });
+template <class X, class Y, class F>
+void CpuDevice::map(const X* x, Y* y, std::size_t n, F f) {
+  for_range(n, vectorized([x, y, f](std::size_t i0, std::size_t i1) {
+    if constexpr (std::is_same_v<X, Y>)
+      if (y == x) {
+        for (std::size_t i = i0; i < i1; ++i)
+          detail::store_value(&y[i], f(detail::load_value(y[i])));
+        return;
+      }
+    for (std::size_t i = i0; i < i1; ++i) detail::store_value(&y[i], f(detail::load_value(x[i])));
+  }));
 }
 
-template <class F>
-void CpuDevice::map_grad(const float* x, const float* dy, float* dx, std::size_t n, F fprime) {
-  for_range(n, [x, dy, dx, fprime](std::size_t i0, std::size_t i1) {
+template <class X, class F>
+void CpuDevice::map_grad(const X* x, const float* dy, float* dx, std::uint16_t* dx_bf16,
+                         std::size_t n, F fprime) {
+  for_range(n, vectorized([x, dy, dx, dx_bf16, fprime](std::size_t i0, std::size_t i1) {
     if (dx == dy)
-      for (std::size_t i = i0; i < i1; ++i) dx[i] *= fprime(x[i]);
+      for (std::size_t i = i0; i < i1; ++i) dx[i] *= fprime(detail::load_value(x[i]));
     else
-      for (std::size_t i = i0; i < i1; ++i) dx[i] = dy[i] * fprime(x[i]);
-  });
+      for (std::size_t i = i0; i < i1; ++i) dx[i] = dy[i] * fprime(detail::load_value(x[i]));
+    if (dx_bf16)
+      for (std::size_t i = i0; i < i1; ++i) dx_bf16[i] = detail::float_to_bf16(dx[i]);
+  }));
+}
+
+// y (rows, cols) = x + bias (cols), Y float or bf16 (rounded); in place when y == x.
+template <class Y>
+void CpuDevice::add_bias_of(const float* x, const float* bias, Y* y, int rows, int cols) {
+  const std::size_t nc = static_cast<std::size_t>(cols), nr = static_cast<std::size_t>(rows);
+  const std::size_t block = rows_per_block(nc);
+  for_blocks(blocks_of(nr, block), vectorized([=](std::size_t b) {
+    for (std::size_t r = b * block; r < std::min(nr, (b + 1) * block); ++r) {
+      const float* xr = x + r * nc;
+      Y* yr = y + r * nc;
+      if constexpr (std::is_same_v<Y, float>)
+        if (yr == xr) {
+          for (std::size_t c = 0; c < nc; ++c) yr[c] += bias[c];
+          continue;
+        }
+      for (std::size_t c = 0; c < nc; ++c) detail::store_value(&yr[c], xr[c] + bias[c]);
+    }
+  }));
 }
 
 void CpuDevice::fill(float* x, float value, std::size_t n) {
@@ -57,25 +86,20 @@ void CpuDevice::fill(float* x, float value, std::size_t n) {
 }
 
 void CpuDevice::scale(float* x, float alpha, std::size_t n) {
-  for_range(n, [&](std::size_t i0, std::size_t i1) {
+  for_range(n, vectorized([=](std::size_t i0, std::size_t i1) {
     for (std::size_t i = i0; i < i1; ++i) x[i] *= alpha;
-  });
+  }));
 }
 
 void CpuDevice::add(const float* a, const float* b, float* y, std::size_t n) {
-  for_range(n, [&](std::size_t i0, std::size_t i1) {
+  for_range(n, vectorized([=](std::size_t i0, std::size_t i1) {
     for (std::size_t i = i0; i < i1; ++i) y[i] = a[i] + b[i];
-  });
+  }));
 }
 
 // y (rows, cols) += bias (cols)
 void CpuDevice::add_bias(float* y, const float* bias, int rows, int cols) {
-  const std::size_t nc = static_cast<std::size_t>(cols), nr = static_cast<std::size_t>(rows);
-  const std::size_t block = rows_per_block(nc);
-  for_blocks(blocks_of(nr, block), [&](std::size_t b) {
-    for (std::size_t r = b * block; r < std::min(nr, (b + 1) * block); ++r)
-      for (std::size_t c = 0; c < nc; ++c) y[r * nc + c] += bias[c];
-  });
+  add_bias_of(y, bias, y, rows, cols);
 }
 
 // dbias (cols) += column sums of dy (rows, cols). Each column is summed over the rows in order,
@@ -83,13 +107,13 @@ void CpuDevice::add_bias(float* y, const float* bias, int rows, int cols) {
 void CpuDevice::bias_grad(float* dbias, const float* dy, int rows, int cols) {
   constexpr std::size_t kCols = 64;
   const std::size_t nc = static_cast<std::size_t>(cols), nr = static_cast<std::size_t>(rows);
-  const auto columns = [&](std::size_t c0, std::size_t c1) {
+  const auto columns = vectorized([=](std::size_t c0, std::size_t c1) {
     double acc[kCols];
     for (std::size_t c = c0; c < c1; ++c) acc[c - c0] = dbias[c];
     for (std::size_t r = 0; r < nr; ++r)
       for (std::size_t c = c0; c < c1; ++c) acc[c - c0] += dy[r * nc + c];
     for (std::size_t c = c0; c < c1; ++c) dbias[c] = static_cast<float>(acc[c - c0]);
-  };
+  });
   if (nr * nc <= kGrain) {
     for (std::size_t c0 = 0; c0 < nc; c0 += kCols) columns(c0, std::min(nc, c0 + kCols));
     return;
@@ -105,7 +129,7 @@ void CpuDevice::activation_forward(Activation f, const float* x, float* y, std::
 void CpuDevice::activation_backward(Activation f, const float* x, const float* dy, float* dx,
                                     std::size_t n) {
   with_activation(f, "activation_backward",
-                  [&](auto, auto fprime) { map_grad(x, dy, dx, n, fprime); });
+                  [&](auto, auto fprime) { map_grad(x, dy, dx, nullptr, n, fprime); });
 }
 
 // ---- bf16 storage: the fp32 ops above, widening bf16 as read and rounding as written ----
@@ -113,35 +137,18 @@ void CpuDevice::activation_backward(Activation f, const float* x, const float* d
 // y (rows, cols) = x + bias (cols), rounded
 void CpuDevice::add_bias(const float* x, const float* bias, std::uint16_t* y, int rows,
                          int cols) {
-  const std::size_t nc = static_cast<std::size_t>(cols), nr = static_cast<std::size_t>(rows);
-  const std::size_t block = rows_per_block(nc);
-  for_blocks(blocks_of(nr, block), [&](std::size_t b) {
-    for (std::size_t r = b * block; r < std::min(nr, (b + 1) * block); ++r)
-      for (std::size_t c = 0; c < nc; ++c)
-        y[r * nc + c] = detail::float_to_bf16(x[r * nc + c] + bias[c]);
-  });
+  add_bias_of(x, bias, y, rows, cols);
 }
 
 void CpuDevice::activation_forward(Activation f, const std::uint16_t* x, std::uint16_t* y,
                                    std::size_t n) {
-  with_activation(f, "activation_forward", [&](auto fn, auto) {
-    for_range(n, [&](std::size_t i0, std::size_t i1) {
-      for (std::size_t i = i0; i < i1; ++i)
-        y[i] = detail::float_to_bf16(fn(detail::bf16_to_float(x[i])));
-    });
-  });
+  with_activation(f, "activation_forward", [&](auto fn, auto) { map(x, y, n, fn); });
 }
 
-// dy[i] is read before dx[i] is written, so dx may alias dy.
 void CpuDevice::activation_backward(Activation f, const std::uint16_t* x, const float* dy,
                                     float* dx, std::uint16_t* dx_bf16, std::size_t n) {
-  with_activation(f, "activation_backward", [&](auto, auto fprime) {
-    for_range(n, [&](std::size_t i0, std::size_t i1) {
-      for (std::size_t i = i0; i < i1; ++i) dx[i] = dy[i] * fprime(detail::bf16_to_float(x[i]));
-      if (dx_bf16)
-        for (std::size_t i = i0; i < i1; ++i) dx_bf16[i] = detail::float_to_bf16(dx[i]);
-    });
-  });
+  with_activation(f, "activation_backward",
+                  [&](auto, auto fprime) { map_grad(x, dy, dx, dx_bf16, n, fprime); });
 }
 
 }  // namespace lockstep::cpu

@@ -1,5 +1,6 @@
 // Token and position embeddings, forward and backward (CUDA: src/cuda/ops/embedding.cu).
 #include "cpu/cpu_device.hpp"
+#include "cpu/ops/isa_dispatch.hpp"
 
 namespace lockstep::cpu {
 
@@ -8,13 +9,13 @@ void CpuDevice::embedding_forward(const float* ids, const float* wte, const floa
                                   int batch, int T, int C) {
   const std::size_t nc = static_cast<std::size_t>(C), rows = std::size_t(batch) * T;
   const std::size_t block = rows_per_block(nc);
-  for_blocks(blocks_of(rows, block), [&](std::size_t blk) {
+  for_blocks(blocks_of(rows, block), vectorized([=](std::size_t blk) {
     for (std::size_t r = blk * block; r < std::min(rows, (blk + 1) * block); ++r) {
       const float* tok = wte + static_cast<std::size_t>(ids[r]) * nc;
       const float* pos = wpe + (r % static_cast<std::size_t>(T)) * nc;
       for (std::size_t c = 0; c < nc; ++c) out[r * nc + c] = tok[c] + pos[c];
     }
-  });
+  }));
 }
 
 // Deterministic without atomics: each block of channels walks every position in order, so a
@@ -24,7 +25,7 @@ void CpuDevice::embedding_backward(const float* ids, const float* dout, float* d
   constexpr std::size_t kCols = 64;
   const std::size_t nc = static_cast<std::size_t>(C), nt = static_cast<std::size_t>(T);
   const std::size_t rows = static_cast<std::size_t>(batch) * nt;
-  for_blocks(blocks_of(nc, kCols), [&](std::size_t blk) {
+  for_blocks(blocks_of(nc, kCols), vectorized([=](std::size_t blk) {
     const std::size_t c0 = blk * kCols, c1 = std::min(nc, c0 + kCols);
     for (std::size_t r = 0; r < rows; ++r) {
       float* tok = dwte + static_cast<std::size_t>(ids[r]) * nc;
@@ -35,7 +36,7 @@ void CpuDevice::embedding_backward(const float* ids, const float* dout, float* d
         pos[c] += d[c];
       }
     }
-  });
+  }));
 }
 
 }  // namespace lockstep::cpu

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "common/bf16.hpp"
+#include "cpu/ops/isa_dispatch.hpp"
 
 namespace lockstep::cpu {
 
@@ -12,7 +13,7 @@ void CpuDevice::layernorm_forward_of(const float* x, const float* weight, const 
                                      float* mean, float* rstd, int rows, int C) {
   const std::size_t nc = static_cast<std::size_t>(C), nr = static_cast<std::size_t>(rows);
   const std::size_t block = rows_per_block(nc);
-  for_blocks(blocks_of(nr, block), [&](std::size_t blk) {
+  for_blocks(blocks_of(nr, block), vectorized([=](std::size_t blk) {
     for (std::size_t r = blk * block; r < std::min(nr, (blk + 1) * block); ++r) {
       const float* xr = x + r * nc;
       double sum = 0.0;
@@ -28,7 +29,7 @@ void CpuDevice::layernorm_forward_of(const float* x, const float* weight, const 
       mean[r] = m;
       rstd[r] = s;
     }
-  });
+  }));
 }
 
 void CpuDevice::layernorm_forward(const float* x, const float* weight, const float* bias, float* y,
@@ -50,7 +51,7 @@ void CpuDevice::layernorm_backward(const float* x, const float* weight, const fl
   constexpr std::size_t kCols = 64;
   const std::size_t nc = static_cast<std::size_t>(C), nr = static_cast<std::size_t>(rows);
   const std::size_t block = rows_per_block(nc);
-  for_blocks(blocks_of(nr, block), [&](std::size_t blk) {
+  for_blocks(blocks_of(nr, block), vectorized([=](std::size_t blk) {
     for (std::size_t r = blk * block; r < std::min(nr, (blk + 1) * block); ++r) {
       const float* xr = x + r * nc;
       const float* dyr = dy + r * nc;
@@ -68,8 +69,8 @@ void CpuDevice::layernorm_backward(const float* x, const float* weight, const fl
         dxr[c] += rstd[r] * (dyr[c] * weight[c] - g_mean - xhat * gx_mean);
       }
     }
-  });
-  for_blocks(blocks_of(nc, kCols), [&](std::size_t blk) {
+  }));
+  for_blocks(blocks_of(nc, kCols), vectorized([=](std::size_t blk) {
     const std::size_t c0 = blk * kCols, c1 = std::min(nc, c0 + kCols);
     double dw[kCols] = {}, db[kCols] = {};
     for (std::size_t r = 0; r < nr; ++r)
@@ -82,7 +83,7 @@ void CpuDevice::layernorm_backward(const float* x, const float* weight, const fl
       dweight[c] += static_cast<float>(dw[c - c0]);
       dbias[c] += static_cast<float>(db[c - c0]);
     }
-  });
+  }));
 }
 
 }  // namespace lockstep::cpu

@@ -4,6 +4,7 @@
 
 #include "common/bf16.hpp"
 #include "common/elementwise_math.hpp"
+#include "cpu/ops/isa_dispatch.hpp"
 
 namespace lockstep::cpu {
 
@@ -17,12 +18,12 @@ void CpuDevice::sgd_step(const SgdParams& opt, float lr, float* params, const fl
   const float scale = control ? control->clip_scale : 1.0f;
   // By value: a float captured by reference might alias params[i] as far as GCC knows, which
   // would keep it from hoisting the branches out of the loop and vectorising it.
-  for_range(n, [=](std::size_t i0, std::size_t i1) {
+  for_range(n, vectorized([=](std::size_t i0, std::size_t i1) {
     for (std::size_t i = i0; i < i1; ++i)
       detail::sgd_update(s, scale, params, grads, momentum_buf, i);
     if (params_bf16)
       for (std::size_t i = i0; i < i1; ++i) params_bf16[i] = detail::float_to_bf16(params[i]);
-  });
+  }));
 }
 
 void CpuDevice::adamw_step(const AdamWParams& opt, float lr, std::int64_t t, float* params,
@@ -33,11 +34,11 @@ void CpuDevice::adamw_step(const AdamWParams& opt, float lr, std::int64_t t, flo
   const detail::AdamWScalars s =
       detail::adamw_scalars(opt.beta1, opt.beta2, opt.eps, opt.weight_decay, lr, t);
   const float scale = control ? control->clip_scale : 1.0f;
-  for_range(n, [=](std::size_t i0, std::size_t i1) {
+  for_range(n, vectorized([=](std::size_t i0, std::size_t i1) {
     for (std::size_t i = i0; i < i1; ++i) detail::adamw_update(s, scale, params, grads, m, v, i);
     if (params_bf16)
       for (std::size_t i = i0; i < i1; ++i) params_bf16[i] = detail::float_to_bf16(params[i]);
-  });
+  }));
 }
 
 }  // namespace lockstep::cpu

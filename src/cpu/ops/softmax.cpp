@@ -4,6 +4,7 @@
 #include "common/bf16.hpp"
 #include "common/elementwise_math.hpp"
 #include "common/gemm_shape.hpp"
+#include "cpu/ops/isa_dispatch.hpp"
 
 #include <cmath>
 #include <type_traits>
@@ -18,9 +19,9 @@ void CpuDevice::for_rows_of_squares(int count, int T, const Fn& fn) {
     throw std::invalid_argument(fmt::format("causal softmax: bad shape count={} T={}", count, T));
   const std::size_t nt = static_cast<std::size_t>(T), rows = std::size_t(count) * nt;
   const std::size_t block = rows_per_block(nt);
-  for_blocks(blocks_of(rows, block), [&](std::size_t blk) {
+  for_blocks(blocks_of(rows, block), vectorized([=, &fn](std::size_t blk) {
     for (std::size_t r = blk * block; r < std::min(rows, (blk + 1) * block); ++r) fn(r, r % nt, nt);
-  });
+  }));
 }
 
 // logits (rows, classes), labels (rows), dlogits (rows, classes) or null, stored as D (float,

@@ -1,0 +1,306 @@
+// Note [Wide vectors for the CPU kernels] (src/cpu/ops/isa_dispatch.hpp): every CPU kernel that
+// runs through vectorized() must give the baseline's bits under each wider ISA this CPU has.
+// Each case runs its kernels once per ISA (cpu::force_isa) on the same fresh random inputs,
+// mixed with special values (NaN with any payload, infinities, signed zeros, subnormals, bf16
+// rounding ties, the largest floats), past one block of the arena (kGrain) and with ragged
+// tails, and compares every output with the baseline's: to the bit, but for a NaN's sign and
+// payload, which the Note lets differ. Letting FMA in (target "avx2,fma", or -ffp-contract=fast
+// with AVX-512) fails the activation, LayerNorm and optimiser cases.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "../random_data.hpp"
+#include "../skip.hpp"
+#include "cpu/ops/isa_dispatch.hpp"
+#include "lockstep/device.hpp"
+
+using namespace lockstep;
+using lockstep::test::on_device;
+
+namespace {
+
+// What a run's kernels wrote, in the order written: fp32 and bf16 outputs apart.
+struct Outputs {
+  std::vector<float> floats;
+  std::vector<std::uint16_t> halves;
+};
+
+// Runs the kernels as compiled for one ISA until the end of the scope, however it ends.
+struct ForcedIsa {
+  explicit ForcedIsa(cpu::Isa isa) { cpu::force_isa(isa); }
+  ~ForcedIsa() { cpu::force_isa(std::nullopt); }
+  ForcedIsa(const ForcedIsa&) = delete;
+  ForcedIsa& operator=(const ForcedIsa&) = delete;
+};
+
+float from_bits(std::uint32_t bits) {
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// n floats uniform in [lo, hi), about one in `special_in` replaced by a special value: a random
+// bit pattern (NaNs and subnormals among them), an entry of the table below, or a bf16 tie.
+std::vector<float> awkward_floats(std::size_t n, std::uint64_t seed, double lo, double hi,
+                                  std::uint64_t special_in) {
+  const float specials[] = {0.0f, -0.0f, std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN(), from_bits(0xFFC00001u),
+                            from_bits(0x7F800001u),  // a signalling NaN
+                            std::numeric_limits<float>::denorm_min(), from_bits(0x807FFFFFu),
+                            std::numeric_limits<float>::min(), std::numeric_limits<float>::max(),
+                            -std::numeric_limits<float>::max(), from_bits(0x7F7F8000u),
+                            1.00390625f, 1.01171875f, 88.0f, -88.0f, 1e-30f};
+  std::vector<float> v = test::random_floats(n, seed, lo, hi);
+  for (float& x : v) {
+    if (detail::uniform_below(seed, special_in) != 0) continue;
+    const std::uint32_t bits = static_cast<std::uint32_t>(detail::splitmix64(seed));
+    switch (detail::uniform_below(seed, 3)) {
+      case 0: x = from_bits(bits); break;
+      case 1: x = specials[bits % std::size(specials)]; break;
+      default: x = from_bits((bits & 0xFFFF0000u) | 0x8000u); break;  // halfway between bf16s
+    }
+  }
+  return v;
+}
+
+// n random bf16 bit patterns, NaNs and subnormals included.
+std::vector<std::uint16_t> random_bf16(std::size_t n, std::uint64_t seed) {
+  std::vector<std::uint16_t> v(n);
+  for (auto& h : v) h = static_cast<std::uint16_t>(detail::splitmix64(seed));
+  return v;
+}
+
+void append(Outputs& out, const DeviceArray<float>& a) {
+  const std::vector<float> host = a.download();
+  out.floats.insert(out.floats.end(), host.begin(), host.end());
+}
+void append(Outputs& out, const DeviceArray<std::uint16_t>& a) {
+  const std::vector<std::uint16_t> host = a.download();
+  out.halves.insert(out.halves.end(), host.begin(), host.end());
+}
+
+std::uint32_t bits_of(float x) {
+  std::uint32_t b;
+  std::memcpy(&b, &x, sizeof b);
+  return b;
+}
+
+// The same bits, but for a NaN's sign and payload (Note [Wide vectors for the CPU kernels]).
+bool same_value(float a, float b) {
+  return bits_of(a) == bits_of(b) || (std::isnan(a) && std::isnan(b));
+}
+
+// run(device) -> the Outputs of its kernels, from inputs it makes afresh each time. Requires
+// every wider ISA's outputs to equal the baseline's: bf16 to the bit, fp32 to the bit or both NaN.
+template <class Run>
+void same_bits_on_every_isa(const Run& run) {
+  const std::vector<cpu::Isa> isas = cpu::supported_isas();
+  REQUIRE(isas.front() == cpu::Isa::baseline);
+  if (isas.size() < 2) return test::skip("this CPU has no vectors wider than the baseline's");
+  auto dev = make_cpu_device(0, 2);
+  Outputs baseline;
+  {
+    ForcedIsa forced(cpu::Isa::baseline);
+    REQUIRE(cpu::active_isa() == cpu::Isa::baseline);
+    baseline = run(*dev);
+  }
+  REQUIRE(baseline.floats.size() + baseline.halves.size() > 0);
+  for (std::size_t k = 1; k < isas.size(); ++k) {
+    const std::string isa = cpu::isa_name(isas[k]);
+    CAPTURE(isa);
+    ForcedIsa forced(isas[k]);
+    REQUIRE(cpu::active_isa() == isas[k]);
+    const Outputs got = run(*dev);
+    REQUIRE(got.floats.size() == baseline.floats.size());
+    REQUIRE(got.halves.size() == baseline.halves.size());
+    for (std::size_t i = 0; i < got.floats.size(); ++i)
+      if (!same_value(got.floats[i], baseline.floats[i])) {
+        FAIL_CHECK(fmt::format("fp32 output {}: {:08x}, baseline {:08x}", i,
+                               bits_of(got.floats[i]), bits_of(baseline.floats[i])));
+        break;
+      }
+    for (std::size_t i = 0; i < got.halves.size(); ++i)
+      if (got.halves[i] != baseline.halves[i]) {
+        FAIL_CHECK(fmt::format("bf16 output {}: {:04x}, baseline {:04x}", i, got.halves[i],
+                               baseline.halves[i]));
+        break;
+      }
+  }
+}
+
+constexpr std::size_t kN = 40013;  // three blocks of kGrain, the last ragged
+
+}  // namespace
+
+TEST_CASE("wide vectors: activations on fp32 and bf16 storage give the baseline's bits") {
+  same_bits_on_every_isa([](Device& dev) {
+    Outputs out;
+    const std::vector<float> x = awkward_floats(kN, 1, -8.0, 8.0, 4);
+    const std::vector<float> dy = awkward_floats(kN, 2, -3.0, 3.0, 4);
+    const auto x16 = on_device(dev, random_bf16(kN, 3));
+    for (Activation f : {Activation::relu, Activation::tanh, Activation::gelu}) {
+      auto xd = on_device(dev, x), y = on_device(dev, x), dyd = on_device(dev, dy);
+      DeviceArray<float> dx(dev, kN);
+      dev.activation_forward(f, xd.data(), y.data(), kN);
+      dev.activation_backward(f, xd.data(), dyd.data(), dx.data(), kN);
+      append(out, y);
+      append(out, dx);
+      dev.activation_forward(f, xd.data(), xd.data(), kN);     // in place
+      dev.activation_backward(f, y.data(), dyd.data(), dyd.data(), kN);
+      append(out, xd);
+      append(out, dyd);
+      DeviceArray<std::uint16_t> y16(dev, kN), dx16(dev, kN);
+      auto dyd2 = on_device(dev, dy);
+      dev.activation_forward(f, x16.data(), y16.data(), kN);
+      dev.activation_backward(f, x16.data(), dyd2.data(), dx.data(), dx16.data(), kN);
+      append(out, y16);
+      append(out, dx);
+      append(out, dx16);
+      dev.activation_backward(f, x16.data(), dyd2.data(), dyd2.data(), nullptr, kN);
+      append(out, dyd2);
+    }
+    return out;
+  });
+}
+
+TEST_CASE("wide vectors: add_bias, bias_grad, scale and add give the baseline's bits") {
+  same_bits_on_every_isa([](Device& dev) {
+    Outputs out;
+    for (auto [rows, cols] : {std::pair{300, 77}, {48, 768}, {5, 3}}) {
+      const std::size_t n = std::size_t(rows) * cols;
+      const std::vector<float> x = awkward_floats(n, 10 + n, -40.0, 40.0, 8);
+      auto bias = on_device(dev, awkward_floats(std::size_t(cols), 11 + n, -2.0, 2.0, 8));
+      auto y = on_device(dev, x), a = on_device(dev, x);
+      DeviceArray<std::uint16_t> y16(dev, n);
+      dev.add_bias(y.data(), bias.data(), y16.data(), rows, cols);
+      dev.add_bias(y.data(), bias.data(), rows, cols);
+      dev.bias_grad(bias.data(), a.data(), rows, cols);
+      append(out, y16);
+      append(out, y);
+      append(out, bias);
+    }
+    auto a = on_device(dev, awkward_floats(kN, 12, -1e3, 1e3, 4));
+    auto b = on_device(dev, awkward_floats(kN, 13, -1e3, 1e3, 4));
+    DeviceArray<float> sum(dev, kN);
+    dev.add(a.data(), b.data(), sum.data(), kN);
+    dev.scale(a.data(), 0.3f, kN);
+    append(out, sum);
+    append(out, a);
+    return out;
+  });
+}
+
+TEST_CASE("wide vectors: to_bf16 and from_bf16 give the baseline's bits") {
+  same_bits_on_every_isa([](Device& dev) {
+    Outputs out;
+    // One in two special: random bit patterns give every kind of NaN and subnormal.
+    auto x = on_device(dev, awkward_floats(kN, 20, -1e3, 1e3, 2));
+    DeviceArray<std::uint16_t> h(dev, kN);
+    dev.to_bf16(x.data(), h.data(), kN);
+    append(out, h);
+    auto bits = on_device(dev, random_bf16(kN, 21));
+    DeviceArray<float> wide(dev, kN);
+    dev.from_bf16(bits.data(), wide.data(), kN);
+    append(out, wide);
+    return out;
+  });
+}
+
+TEST_CASE("wide vectors: LayerNorm forward and backward give the baseline's bits") {
+  same_bits_on_every_isa([](Device& dev) {
+    Outputs out;
+    for (auto [rows, C] : {std::pair{300, 77}, {40, 768}}) {
+      const std::size_t n = std::size_t(rows) * C, nc = std::size_t(C);
+      auto x = on_device(dev, awkward_floats(n, 30 + n, -3.0, 3.0, 256));
+      auto w = on_device(dev, awkward_floats(nc, 31 + n, 0.5, 1.5, 64));
+      auto b = on_device(dev, awkward_floats(nc, 32 + n, -0.5, 0.5, 64));
+      auto dy = on_device(dev, awkward_floats(n, 33 + n, -1.0, 1.0, 256));
+      DeviceArray<float> y(dev, n), mean(dev, rows), rstd(dev, rows);
+      DeviceArray<std::uint16_t> y16(dev, n);
+      dev.layernorm_forward(x.data(), w.data(), b.data(), y16.data(), mean.data(), rstd.data(),
+                            rows, C);
+      dev.layernorm_forward(x.data(), w.data(), b.data(), y.data(), mean.data(), rstd.data(),
+                            rows, C);
+      auto dx = on_device(dev, test::random_floats(n, 34 + n));
+      auto dw = on_device(dev, test::random_floats(nc, 35 + n));
+      auto db = on_device(dev, test::random_floats(nc, 36 + n));
+      dev.layernorm_backward(x.data(), w.data(), mean.data(), rstd.data(), dy.data(), dx.data(),
+                             dw.data(), db.data(), rows, C);
+      for (const auto* a : {&y, &mean, &rstd, &dx, &dw, &db}) append(out, *a);
+      append(out, y16);
+    }
+    return out;
+  });
+}
+
+TEST_CASE("wide vectors: causal softmax on fp32 and bf16 gives the baseline's bits") {
+  same_bits_on_every_isa([](Device& dev) {
+    Outputs out;
+    for (auto [count, T] : {std::pair{24, 64}, {3, 37}}) {
+      const std::size_t n = std::size_t(count) * T * T;
+      const float scale = 0.125f;
+      auto s = on_device(dev, awkward_floats(n, 40 + n, -20.0, 20.0, 512));
+      auto dp = on_device(dev, awkward_floats(n, 41 + n, -1.0, 1.0, 512));
+      DeviceArray<float> p(dev, n), ds(dev, n);
+      DeviceArray<std::uint16_t> p16(dev, n), ds16(dev, n);
+      dev.causal_softmax_forward(s.data(), p.data(), count, T, scale);
+      dev.causal_softmax_forward(s.data(), p16.data(), count, T, scale);
+      dev.causal_softmax_backward(p.data(), dp.data(), ds.data(), count, T, scale);
+      dev.causal_softmax_backward(p16.data(), dp.data(), ds16.data(), count, T, scale);
+      for (const auto* a : {&p, &ds}) append(out, *a);
+      for (const auto* a : {&p16, &ds16}) append(out, *a);
+    }
+    return out;
+  });
+}
+
+TEST_CASE("wide vectors: AdamW and SGD steps give the baseline's bits") {
+  same_bits_on_every_isa([](Device& dev) {
+    Outputs out;
+    const StepControl clipped{.grad_norm = 2.0, .clip_scale = 0.5f, .skip = 0};
+    for (const StepControl* control : {static_cast<const StepControl*>(nullptr), &clipped}) {
+      auto p = on_device(dev, awkward_floats(kN, 50, -1.0, 1.0, 64));
+      auto g = on_device(dev, awkward_floats(kN, 51, -1.0, 1.0, 64));
+      auto m = on_device(dev, test::random_floats(kN, 52, -0.1, 0.1));
+      auto v = on_device(dev, test::random_floats(kN, 53, 0.0, 0.01));
+      DeviceArray<std::uint16_t> p16(dev, kN);
+      const AdamWParams adamw{.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
+      dev.adamw_step(adamw, 3e-3f, 7, p.data(), g.data(), m.data(), v.data(), kN, control,
+                     p16.data());
+      for (const auto* a : {&p, &m, &v}) append(out, *a);
+      append(out, p16);
+      const SgdParams sgd{.momentum = 0.9f, .weight_decay = 0.01f, .nesterov = true};
+      dev.sgd_step(sgd, 0.1f, p.data(), g.data(), m.data(), kN, control, p16.data());
+      for (const auto* a : {&p, &m}) append(out, *a);
+      append(out, p16);
+    }
+    return out;
+  });
+}
+
+TEST_CASE("wide vectors: embedding forward and backward give the baseline's bits") {
+  same_bits_on_every_isa([](Device& dev) {
+    Outputs out;
+    const int batch = 4, T = 50, C = 200, vocab = 30;
+    const std::size_t rows = std::size_t(batch) * T;
+    auto ids = on_device(dev, test::random_tokens(rows, vocab, 60));
+    auto wte = on_device(dev, awkward_floats(std::size_t(vocab) * C, 61, -1.0, 1.0, 16));
+    auto wpe = on_device(dev, awkward_floats(std::size_t(T) * C, 62, -1.0, 1.0, 16));
+    auto dout = on_device(dev, awkward_floats(rows * C, 63, -1.0, 1.0, 16));
+    DeviceArray<float> y(dev, rows * C);
+    dev.embedding_forward(ids.data(), wte.data(), wpe.data(), y.data(), batch, T, C);
+    dev.embedding_backward(ids.data(), dout.data(), wte.data(), wpe.data(), batch, T, C);
+    for (const auto* a : {&y, &wte, &wpe}) append(out, *a);
+    return out;
+  });
+}
