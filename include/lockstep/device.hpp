@@ -203,6 +203,95 @@ class LOCKSTEP_API BlasOps {
   ~BlasOps() = default;
 };
 
+// A matrix operand in either storage: fp32 values, or bf16 bits (Note [Rounding to bf16] in
+// src/common/bf16.hpp). At most one pointer is set; `+` moves into the matrix by elements.
+struct LOCKSTEP_API MatIn {
+  const float* f32 = nullptr;
+  const std::uint16_t* bf16 = nullptr;
+  friend MatIn operator+(MatIn m, std::int64_t i) {
+    return {m.f32 ? m.f32 + i : nullptr, m.bf16 ? m.bf16 + i : nullptr};
+  }
+};
+struct LOCKSTEP_API MatOut {
+  float* f32 = nullptr;
+  std::uint16_t* bf16 = nullptr;
+  MatIn input() const { return {f32, bf16}; }
+};
+
+// The activation a fully connected map's products fuse (LinearOps).
+enum class FusedActivation { none, gelu };
+
+// A fully connected map on rows, y = act(x weight^T + bias), shapes as torch.nn.Linear: x (rows,
+// in), weight (out, in), bias (out), y (rows, out). Operands read by the products (x, weight)
+// share a storage.
+struct LOCKSTEP_API LinearForward {
+  int rows = 0, in = 0, out = 0;
+  MatIn x{}, weight{};
+  const float* bias = nullptr;            // fp32 always
+  FusedActivation act = FusedActivation::none;
+  MatOut pre{};                           // act gelu: (rows, out), in y's storage; else unset
+  MatOut y{};                             // (rows, out)
+  float* product = nullptr;               // y in bf16: fp32 (rows, out) working memory
+};
+
+// Its backward, and with act gelu that of the GELU before it (x = gelu(pre)):
+//   dweight (out, in) += g^T x;  dbias (out) += column sums of dy (skipped when null);
+//   dx (rows, in) = g weight (skipped when null); with act gelu
+//   dx = (g weight) * gelu'(pre), the gradient of pre, which dx_bf16 (when set) receives rounded
+//   to bf16 and whose column sums dbias_pre (in; when set) accumulates: the bias gradient of
+//   the map that made pre.
+// g is dy as the products read it: dy itself, or dy rounded to bf16 (with bf16 weights).
+struct LOCKSTEP_API LinearBackward {
+  int rows = 0, in = 0, out = 0;
+  MatIn x{}, weight{};
+  const float* dy = nullptr;              // (rows, out) fp32: the bias gradient's input
+  MatIn g{};                              // (rows, out)
+  float* dweight = nullptr;
+  float* dbias = nullptr;
+  float* dx = nullptr;
+  FusedActivation act = FusedActivation::none;
+  MatIn pre{};                            // act gelu: (rows, in) as the forward kept it
+  std::uint16_t* dx_bf16 = nullptr;       // act gelu, bf16 weights: (rows, in)
+  float* dbias_pre = nullptr;             // act gelu: (in)
+};
+
+// Note [Fused linear]
+// ~~~~~~~~~~~~~~~~~~~
+// A linear layer is one op, not gemm + add_bias + activation, so that a backend can fuse the
+// elementwise neighbours of a product into its epilogue and save their passes over memory.
+// The CPU defines the op as that composition of Device ops (src/common/linear.hpp): the
+// rounding points of Note [bf16 compute], bit for bit what the layers computed before. The
+// CUDA device runs each call as one cuBLASLt matmul (src/cuda/cublaslt.cpp):
+//   forward: EPILOGUE_BIAS, or GELU_AUX_BIAS writing y and keeping pre (the aux matrix);
+//   dweight: the product with beta 1, and BGRADB summing g into dbias;
+//   dx: the product, with act gelu DGELU_BGRAD reading pre (aux) and summing dbias_pre.
+// It falls back to the composition of its other ops where cuBLASLt offers no algorithm for a
+// problem (its heuristic returns none: an odd leading dimension, an unsupported type mix).
+// Fused, CUDA rounds differently from the CPU in three places, so its tests compare within a
+// bf16 ulp or two, not bit for bit:
+//   - GELU: cuBLASLt's own (the tanh approximation, as ours; its tanh differs in the last
+//     bits), applied in the forward to the fp32 pre-activation before pre is rounded to bf16;
+//     the CPU applies it to the rounded pre (Note [bf16 compute]). In the backward both read
+//     pre as kept.
+//   - dbias with bf16 weights: BGRADB sums g, the bf16-rounded dy, where the CPU sums the fp32
+//     dy (each term off by at most 2^-9 relative); dbias_pre sums the fp32 gradient of pre
+//     before it is rounded, as the CPU does.
+//   - The bias gradients are written by the epilogue into a device buffer and then added to
+//     dbias (+=), one short pass of `out` elements.
+// A fused GELU backward writes only dx_bf16 when that is set: dx is then working memory whose
+// contents afterwards are not to be read (the CPU leaves the fp32 gradient there), and the next
+// linear map's backward gets its bias gradient from dbias_pre, not from dy.
+
+// Fully connected maps with their bias, activation and bias gradients (Note [Fused linear]).
+class LOCKSTEP_API LinearOps {
+ public:
+  virtual void linear_forward(const LinearForward& f) = 0;
+  virtual void linear_backward(const LinearBackward& b) = 0;
+
+ protected:
+  ~LinearOps() = default;
+};
+
 // Elementwise and broadcast arithmetic, activations included.
 class LOCKSTEP_API ElementwiseOps {
  public:
@@ -358,6 +447,7 @@ class LOCKSTEP_API OptimizerOps {
 
 class LOCKSTEP_API Device : public MemoryOps,
                             public BlasOps,
+                            public LinearOps,
                             public ElementwiseOps,
                             public LayerOps,
                             public ReductionOps,

@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "common/gemm_shape.hpp"
+#include "common/linear.hpp"
 #include "cuda/check.hpp"
 #include "cuda/cuda_staged_buffer.hpp"
 #include "cuda/nvtx.hpp"
@@ -72,6 +73,7 @@ CudaDevice::CudaDevice(int id) : id_(id) {
   name_stream(stream_.get(), fmt::format("cuda:{} compute", id));
   cublas_ = make_cublas(stream_.get());
   CUBLAS_CHECK(cublasSetMathMode(cublas_.get(), CUBLAS_DEFAULT_MATH));
+  lt_.emplace();
   partials_ = make_device_memory(kReduceBlocks * sizeof(double));
   result_ = make_device_memory(sizeof(double));
   host_result_ = make_pinned_memory(sizeof(double));
@@ -102,11 +104,13 @@ CudaDevice::~CudaDevice() {
   host_result_.reset();
   result_.reset();
   partials_.reset();
+  lt_.reset();
   cublas_.reset();
   stream_.reset();
 }
 
 void CudaDevice::set_tf32(bool enabled) {
+  lt_->set_tf32(enabled);
   CUBLAS_CHECK(cublasSetMathMode(cublas_.get(),
                                  enabled ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
 }
@@ -194,6 +198,7 @@ void CudaDevice::abandon() noexcept {
   (void)staging_.release();
   (void)host_result_.release();
   for (Event& e : staging_done_) (void)e.release();
+  if (lt_) lt_->abandon();
   (void)cublas_.release();
   (void)copy_stream_.release();
   (void)stream_.release();
@@ -306,6 +311,21 @@ void CudaDevice::gemm(Transpose ta, Transpose tb, int m, int n, int k, float alp
   if (m == 0 || n == 0) return;
   CUBLAS_CHECK(cublasSgemm(cublas_.get(), op_of(tb), op_of(ta), n, m, k, &alpha, b, ldb, a, lda,
                            &beta, c, ldc));
+}
+
+// ---- Fully connected maps ----------------------------------------------------------------------
+
+// Each product one cuBLASLt matmul with its epilogue; where cuBLASLt has none for a problem, the
+// composition of our other ops, which is what the CPU device computes (Note [Fused linear]).
+void CudaDevice::linear_forward(const LinearForward& f) {
+  detail::check_linear(f);
+  if (!lt_->forward(f, stream())) detail::compose_linear_forward(*this, f);
+}
+
+void CudaDevice::linear_backward(const LinearBackward& b) {
+  detail::check_linear(b);
+  if (!lt_->weight_grad(b, stream())) detail::compose_weight_grad(*this, b);
+  if (!lt_->input_grad(b, stream())) detail::compose_input_grad(*this, b);
 }
 
 // ---- Reductions ---------------------------------------------------------------------------------

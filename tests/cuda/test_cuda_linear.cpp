@@ -1,0 +1,46 @@
+// The CUDA device's fully connected maps (cuBLASLt with fused epilogues, or its fallback to plain
+// kernels) against the CPU device's, which define them (Note [Fused linear] in
+// lockstep/device.hpp), in every storage and activation, on fresh random inputs. Shapes whose
+// widths are multiples of 8 take the fused epilogues; odd widths the fallback. Skip without a
+// GPU.
+#include <doctest/doctest.h>
+
+#include <tuple>
+
+#include "../linear_cases.hpp"
+#include "gpu_vs_cpu.hpp"
+
+using namespace lockstep;
+using namespace lockstep::test;
+
+namespace {
+
+// fp32: the products' summation order, and cuBLASLt's GELU (the tanh approximation, computed
+// its own way). A bf16 result may round to the neighbouring bf16: GELU applied before pre is
+// rounded, bias gradients summing the rounded dy (Note [Fused linear]).
+constexpr double kFp32Tolerance = 1e-4;
+constexpr double kBf16Tolerance = 1.0 / 128;
+
+}  // namespace
+
+TEST_SUITE("cuda") {
+  TEST_CASE("cuda: linear_forward and linear_backward against the CPU device") {
+    auto backend = cuda_or_skip();
+    if (!backend) return;
+    auto gpu = backend->create_device(0, 1, 0);
+    for (auto [rows, in, out] : {std::tuple{64, 96, 384}, {300, 768, 3072}, {37, 13, 21}}) {
+      const LinearCase c(rows, in, out, 900 + rows);
+      for (const LinearVariant v : linear_variants()) {
+        CAPTURE(v.name());
+        CAPTURE(rows);
+        compare(*gpu, [&](Device& d) { return run_linear_forward(d, c, v, true); },
+                v.bf16_out ? kBf16Tolerance : kFp32Tolerance);
+        if (v.bf16_out != v.bf16_in) continue;
+        // A fused GELU backward writing dx rounded leaves the fp32 dx unspecified.
+        const bool with_dx32 = !(v.gelu && v.bf16_in);
+        compare(*gpu, [&](Device& d) { return run_linear_backward(d, c, v, true, with_dx32); },
+                v.bf16_in ? kBf16Tolerance : kFp32Tolerance);
+      }
+    }
+  }
+}
