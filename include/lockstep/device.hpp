@@ -261,26 +261,31 @@ struct LOCKSTEP_API LinearBackward {
 // elementwise neighbours of a product into its epilogue and save their passes over memory.
 // The CPU defines the op as that composition of Device ops (src/common/linear.hpp): the
 // rounding points of Note [bf16 compute], bit for bit what the layers computed before. The
-// CUDA device runs each call as one cuBLASLt matmul (src/cuda/cublaslt.cpp):
-//   forward: EPILOGUE_BIAS, or GELU_AUX_BIAS writing y and keeping pre (the aux matrix);
-//   dweight: the product with beta 1, and BGRADB summing g into dbias;
-//   dx: the product, with act gelu DGELU_BGRAD reading pre (aux) and summing dbias_pre.
+// CUDA device runs each product as one cuBLASLt matmul (src/cuda/cublaslt.cpp):
+//   forward: EPILOGUE_BIAS, or GELU_AUX_BIAS writing y and keeping pre (the aux matrix), which
+//     saves the bias pass (and in bf16 the fp32 product's round trip) and the GELU pass;
+//   dweight: the product with beta 1, and BGRADB summing g into dbias: no read of dy for it;
+//   dx: the product, with act gelu DGELU_BGRAD reading pre (aux) and summing dbias_pre, which
+//     saves GELU's backward pass and the next map's bias-gradient read; in bf16 it writes the
+//     gradient rounded only, with no fp32 copy.
 // It falls back to the composition of its other ops where cuBLASLt offers no algorithm for a
-// problem (its heuristic returns none: an odd leading dimension, an unsupported type mix).
-// Fused, CUDA rounds differently from the CPU in three places, so its tests compare within a
-// bf16 ulp or two, not bit for bit:
-//   - GELU: cuBLASLt's own (the tanh approximation, as ours; its tanh differs in the last
-//     bits), applied in the forward to the fp32 pre-activation before pre is rounded to bf16;
-//     the CPU applies it to the rounded pre (Note [bf16 compute]). In the backward both read
-//     pre as kept.
+// problem or refuses it (an aux leading dimension not a multiple of 8, a type mix or alignment
+// without a kernel); the answer is cached per problem, so the heuristic runs once per shape.
+// Fused, CUDA computes differently from the CPU in these places, so its tests compare within
+// 1e-4 (fp32) or a bf16 neighbour (bf16), not bit for bit:
+//   - GELU: cuBLASLt's own. Its documentation gives no formula; we take it to be the tanh
+//     approximation, as ours (hipBLASLt documents tanh), computed its own way. In the forward
+//     it is applied to the fp32 pre-activation before pre is rounded to bf16, where the CPU
+//     applies it to the rounded pre (Note [bf16 compute]); in the backward both read pre as
+//     kept.
 //   - dbias with bf16 weights: BGRADB sums g, the bf16-rounded dy, where the CPU sums the fp32
-//     dy (each term off by at most 2^-9 relative); dbias_pre sums the fp32 gradient of pre
+//     dy (each term off by at most 2^-9 relative). dbias_pre sums the fp32 gradient of pre
 //     before it is rounded, as the CPU does.
-//   - The bias gradients are written by the epilogue into a device buffer and then added to
-//     dbias (+=), one short pass of `out` elements.
-// A fused GELU backward writes only dx_bf16 when that is set: dx is then working memory whose
-// contents afterwards are not to be read (the CPU leaves the fp32 gradient there), and the next
-// linear map's backward gets its bias gradient from dbias_pre, not from dy.
+//   - Summation orders, of the products (as for gemm) and of the bias gradients.
+// The epilogues write bias gradients into a device buffer, which a short pass of `out` elements
+// then adds to dbias (+=). A fused GELU backward writes only dx_bf16 when that is set: dx is
+// then working memory whose contents afterwards are not to be read (the CPU leaves the fp32
+// gradient there), and the map before it gets its bias gradient from dbias_pre, not from dy.
 
 // Fully connected maps with their bias, activation and bias gradients (Note [Fused linear]).
 class LOCKSTEP_API LinearOps {

@@ -37,18 +37,22 @@ inline void check_linear(const LinearForward& f) {
         gelu ? "gelu" : "no activation"));
 }
 
+// GELU's backward needs dx and pre, and dx_bf16 rounds a bf16 pre's gradient; without GELU,
+// neither of its outputs is given.
+inline bool activation_operands_fit(const LinearBackward& b) {
+  if (b.act != FusedActivation::gelu) return !b.dx_bf16 && !b.dbias_pre;
+  return b.dx && (b.pre.f32 || b.pre.bf16) && (!b.dx_bf16 || b.pre.bf16);
+}
+
 inline void check_linear(const LinearBackward& b) {
-  const bool gelu = b.act == FusedActivation::gelu;
   const bool bf16 = b.weight.bf16 != nullptr;
-  const bool ok = b.rows >= 0 && b.in >= 1 && b.out >= 1 && b.dweight &&
-                  (b.x.bf16 != nullptr) == bf16 && (b.g.bf16 != nullptr) == bf16 &&
-                  (!b.dbias || b.dy) &&
-                  (gelu ? b.dx && (b.pre.f32 || b.pre.bf16) && (!b.dx_bf16 || b.pre.bf16)
-                        : !b.dx_bf16 && !b.dbias_pre);
+  const bool storage = (b.x.bf16 != nullptr) == bf16 && (b.g.bf16 != nullptr) == bf16;
+  const bool ok = b.rows >= 0 && b.in >= 1 && b.out >= 1 && b.dweight && storage &&
+                  (!b.dbias || b.dy) && activation_operands_fit(b);
   if (!ok)
     throw std::invalid_argument(fmt::format(
         "linear_backward: bad operands (rows={} in={} out={}, {})", b.rows, b.in, b.out,
-        gelu ? "gelu" : "no activation"));
+        b.act == FusedActivation::gelu ? "gelu" : "no activation"));
 }
 
 // y = act(x weight^T + bias): the product into y (fp32, no activation), pre (fp32) or product

@@ -43,6 +43,12 @@ const void* data_of(MatIn m) {
   return m.bf16 ? static_cast<const void*>(m.bf16) : static_cast<const void*>(m.f32);
 }
 
+// The statuses by which cuBLASLt says it has no kernel for a configuration (an epilogue with
+// these types, a bias type, an alignment): the caller falls back. Any other failure throws.
+bool refused(cublasStatus_t status) {
+  return status == CUBLAS_STATUS_NOT_SUPPORTED || status == CUBLAS_STATUS_INVALID_VALUE;
+}
+
 template <class T>
 void set(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attribute, const T& value) {
   CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, attribute, &value, sizeof(value)));
@@ -166,14 +172,13 @@ std::optional<cublasLtMatmulAlgo_t> LtLinear::algorithm(const Problem& p,
   set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, std::uint32_t(alignment(p.d)));
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
-  // NOT_SUPPORTED and INVALID_VALUE say this configuration has no kernel: fall back.
   const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle_.get(), desc, a, b, d, d,
                                                                pref.get(), 1, &result, &found);
   std::optional<cublasLtMatmulAlgo_t> algo;
   if (status == CUBLAS_STATUS_SUCCESS && found > 0 && result.state == CUBLAS_STATUS_SUCCESS)
     algo = result.algo;
-  else if (status != CUBLAS_STATUS_NOT_SUPPORTED && status != CUBLAS_STATUS_INVALID_VALUE)
-    CUBLAS_CHECK(status);
+  else if (!refused(status))
+    check(status, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
   algorithms_.emplace(key, algo);
   return algo;
 }
@@ -202,9 +207,16 @@ bool LtLinear::run(const Problem& p, cudaStream_t stream) {
   const std::optional<cublasLtMatmulAlgo_t> algo = algorithm(p, raw, a.get(), b.get(), d.get());
   if (!algo) return false;
   const float alpha = 1.0f;
-  CUBLAS_CHECK(cublasLtMatmul(handle_.get(), raw, &alpha, p.a, a.get(), p.b, b.get(), &p.beta,
-                              p.d, d.get(), p.d, d.get(), &*algo, workspace_.get(),
-                              kWorkspaceBytes, stream));
+  const cublasStatus_t status =
+      cublasLtMatmul(handle_.get(), raw, &alpha, p.a, a.get(), p.b, b.get(), &p.beta, p.d,
+                     d.get(), p.d, d.get(), &*algo, workspace_.get(), kWorkspaceBytes, stream);
+  // Refused before anything was queued (a configuration the heuristic let through): fall back,
+  // and for good, as for a problem without an algorithm.
+  if (refused(status)) {
+    algorithms_[key_of(p)] = std::nullopt;
+    return false;
+  }
+  check(status, "cublasLtMatmul", __FILE__, __LINE__);
   return true;
 }
 

@@ -52,6 +52,10 @@ namespace lockstep::detail {
 //   step has no fp32 dlogits. A matrix product's fp32 output (attention's atty) and a gradient
 //   that arrives from another layer are still rounded by to_bf16. fp32 and tf32 run exactly as
 //   before.
+// - The linear maps reach their products, bias adds, GELU and bias gradients through one Device
+//   op (linear_forward, linear_backward; Note [Fused linear] in lockstep/device.hpp), which the
+//   CPU composes from the ops above, so the rounding points here define it; the CUDA device
+//   fuses them into cuBLASLt's epilogues, rounding in a few places differently (that note).
 
 inline void matmul_batched(Device& dev, Transpose ta, Transpose tb, int m, int n, int k, MatIn a,
                            int lda, std::int64_t stride_a, MatIn b, int ldb, std::int64_t stride_b,
