@@ -5,11 +5,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <initializer_list>
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include <fmt/format.h>
@@ -65,6 +67,18 @@ const StepControlValues* values_of(const StepControl* control) {
   return reinterpret_cast<const StepControlValues*>(control);
 }
 
+// LOCKSTEP_CUDA_LINEAR=composed runs the linear layers as the composition of plain kernels
+// instead of cuBLASLt's fused epilogues, to measure what the fusion saves (Note [Fused linear]);
+// fused (the default) uses them.
+bool fused_linear_wanted() {
+  const char* env = std::getenv("LOCKSTEP_CUDA_LINEAR");
+  const std::string_view asked = env ? env : "";
+  if (!asked.empty() && asked != "fused" && asked != "composed")
+    throw InputError(
+        fmt::format("LOCKSTEP_CUDA_LINEAR: expected fused or composed, got '{}'", asked));
+  return asked != "composed";
+}
+
 }  // namespace
 
 CudaDevice::CudaDevice(int id) : id_(id) {
@@ -73,7 +87,7 @@ CudaDevice::CudaDevice(int id) : id_(id) {
   name_stream(stream_.get(), fmt::format("cuda:{} compute", id));
   cublas_ = make_cublas(stream_.get());
   CUBLAS_CHECK(cublasSetMathMode(cublas_.get(), CUBLAS_DEFAULT_MATH));
-  lt_.emplace();
+  if (fused_linear_wanted()) lt_.emplace();
   partials_ = make_device_memory(kReduceBlocks * sizeof(double));
   result_ = make_device_memory(sizeof(double));
   host_result_ = make_pinned_memory(sizeof(double));
@@ -110,7 +124,7 @@ CudaDevice::~CudaDevice() {
 }
 
 void CudaDevice::set_tf32(bool enabled) {
-  lt_->set_tf32(enabled);
+  if (lt_) lt_->set_tf32(enabled);
   CUBLAS_CHECK(cublasSetMathMode(cublas_.get(),
                                  enabled ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
 }
@@ -319,13 +333,13 @@ void CudaDevice::gemm(Transpose ta, Transpose tb, int m, int n, int k, float alp
 // composition of our other ops, which is what the CPU device computes (Note [Fused linear]).
 void CudaDevice::linear_forward(const LinearForward& f) {
   detail::check_linear(f);
-  if (!lt_->forward(f, stream())) detail::compose_linear_forward(*this, f);
+  if (!lt_ || !lt_->forward(f, stream())) detail::compose_linear_forward(*this, f);
 }
 
 void CudaDevice::linear_backward(const LinearBackward& b) {
   detail::check_linear(b);
-  if (!lt_->weight_grad(b, stream())) detail::compose_weight_grad(*this, b);
-  if (!lt_->input_grad(b, stream())) detail::compose_input_grad(*this, b);
+  if (!lt_ || !lt_->weight_grad(b, stream())) detail::compose_weight_grad(*this, b);
+  if (!lt_ || !lt_->input_grad(b, stream())) detail::compose_input_grad(*this, b);
 }
 
 // ---- Reductions ---------------------------------------------------------------------------------

@@ -143,7 +143,8 @@ class CudaDevice final : public Device {
   int id_;
   Stream stream_;
   CublasHandle cublas_;
-  std::optional<LtLinear> lt_;  // made once our device is current
+  // Made once our device is current; none under LOCKSTEP_CUDA_LINEAR=composed.
+  std::optional<LtLinear> lt_;
   DeviceMemory partials_;     // kReduceBlocks doubles: pass 1 of sum_squares
   DeviceMemory result_;       // one reduction result (a double or a 64-bit hash)
   PinnedMemory host_result_;  // its host mirror

@@ -5,6 +5,7 @@
 // GPU.
 #include <doctest/doctest.h>
 
+#include <cstdlib>
 #include <tuple>
 
 #include "../linear_cases.hpp"
@@ -24,22 +25,29 @@ constexpr double kBf16Tolerance = 1.0 / 128;
 }  // namespace
 
 TEST_SUITE("cuda") {
+  // Both ways the CUDA device runs them: fused (the default), and composed of plain kernels
+  // (LOCKSTEP_CUDA_LINEAR=composed), so a failure says which is wrong.
   TEST_CASE("cuda: linear_forward and linear_backward against the CPU device") {
     auto backend = cuda_or_skip();
     if (!backend) return;
-    auto gpu = backend->create_device(0, 1, 0);
-    for (auto [rows, in, out] : {std::tuple{64, 96, 384}, {300, 768, 3072}, {37, 13, 21}}) {
-      const LinearCase c(rows, in, out, 900 + rows);
-      for (const LinearVariant v : linear_variants()) {
-        CAPTURE(v.name());
-        CAPTURE(rows);
-        compare(*gpu, [&](Device& d) { return run_linear_forward(d, c, v, true); },
-                v.bf16_out ? kBf16Tolerance : kFp32Tolerance);
-        if (v.bf16_out != v.bf16_in) continue;
-        // A fused GELU backward writing dx rounded leaves the fp32 dx unspecified.
-        const bool with_dx32 = !(v.gelu && v.bf16_in);
-        compare(*gpu, [&](Device& d) { return run_linear_backward(d, c, v, true, with_dx32); },
-                v.bf16_in ? kBf16Tolerance : kFp32Tolerance);
+    for (const char* mode : {"fused", "composed"}) {
+      CAPTURE(mode);
+      ::setenv("LOCKSTEP_CUDA_LINEAR", mode, 1);
+      auto gpu = backend->create_device(0, 1, 0);
+      ::unsetenv("LOCKSTEP_CUDA_LINEAR");
+      for (auto [rows, in, out] : {std::tuple{64, 96, 384}, {300, 768, 3072}, {37, 13, 21}}) {
+        const LinearCase c(rows, in, out, 900 + rows);
+        for (const LinearVariant v : linear_variants()) {
+          CAPTURE(v.name());
+          CAPTURE(rows);
+          compare(*gpu, [&](Device& d) { return run_linear_forward(d, c, v, true); },
+                  v.bf16_out ? kBf16Tolerance : kFp32Tolerance);
+          if (v.bf16_out != v.bf16_in) continue;
+          // A fused GELU backward writing dx rounded leaves the fp32 dx unspecified.
+          const bool with_dx32 = !(v.gelu && v.bf16_in);
+          compare(*gpu, [&](Device& d) { return run_linear_backward(d, c, v, true, with_dx32); },
+                  v.bf16_in ? kBf16Tolerance : kFp32Tolerance);
+        }
       }
     }
   }
