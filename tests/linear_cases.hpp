@@ -80,7 +80,9 @@ struct Matrix {
   }
   MatIn in() const { return {f32.data(), bf16.data()}; }
   MatOut out() { return {f32.data(), bf16.data()}; }
-  std::vector<float> values() const { return bf16.size() ? widened(bf16.download()) : f32.download(); }
+  std::vector<float> values() const {
+    return bf16.size() ? widened(bf16.download()) : f32.download();
+  }
 };
 
 // The forward's y and, with GELU, pre: through Device::linear_forward when `op`, else through

@@ -270,7 +270,11 @@ struct LOCKSTEP_API LinearBackward {
 //     gradient rounded only, with no fp32 copy.
 // It falls back to the composition of its other ops where cuBLASLt offers no algorithm for a
 // problem or refuses it (an aux leading dimension not a multiple of 8, a type mix or alignment
-// without a kernel); the answer is cached per problem, so the heuristic runs once per shape.
+// without a kernel; a forward with GELU first tries the bias epilogue with GELU as a kernel);
+// the answer is cached per problem, so the heuristic runs once per shape.
+// LOCKSTEP_CUDA_LINEAR=bias keeps GELU and its backward out of the epilogues, composed keeps
+// cuBLASLt out: llm.c leaves its GELU fusion off by default, finding cuBLASLt's fused GELU slow
+// on some GPUs, so scripts/gpu_extra_linear.sh times all three.
 // Fused, CUDA computes differently from the CPU in these places, so its tests compare within
 // 1e-4 (fp32) or a bf16 neighbour (bf16), not bit for bit:
 //   - GELU: cuBLASLt's own. Its documentation gives no formula; we take it to be the tanh

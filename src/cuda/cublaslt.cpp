@@ -64,7 +64,7 @@ LtLayout layout(cudaDataType_t type, cublasOperation_t op, int rows, int cols, i
 
 }  // namespace
 
-LtLinear::LtLinear() {
+LtLinear::LtLinear(bool fuse_gelu) : fuse_gelu_(fuse_gelu) {
   cublasLtHandle_t h = nullptr;
   CUBLAS_CHECK(cublasLtCreate(&h));
   handle_ = CublasLtHandle(h);
@@ -81,7 +81,7 @@ void LtLinear::abandon() noexcept {
 bool LtLinear::forward(const LinearForward& f, cudaStream_t stream) {
   if (f.rows == 0) return true;
   const bool gelu = f.act == FusedActivation::gelu;
-  if (gelu && f.out % kAuxLdMultiple != 0) return false;
+  if (gelu && (!fuse_gelu_ || f.out % kAuxLdMultiple != 0)) return false;
   const MatOut y = f.y, pre = f.pre;
   Problem p;
   p.ta = CUBLAS_OP_T;
@@ -121,9 +121,9 @@ bool LtLinear::input_grad(const LinearBackward& b, cudaStream_t stream) {
   if (!b.dx || b.rows == 0) return true;
   const bool gelu = b.act == FusedActivation::gelu;
   // GELU's input is read in D's type: bf16 when the gradient is written rounded, fp32 otherwise.
-  if (gelu && (b.in % kAuxLdMultiple != 0 || (b.dx_bf16 ? !b.pre.bf16 : !b.pre.f32) ||
-               (b.dbias_pre && b.in > kMaxBiasSums)))
-    return false;
+  const bool aux_fits =
+      b.in % kAuxLdMultiple == 0 && (b.dx_bf16 ? b.pre.bf16 != nullptr : b.pre.f32 != nullptr);
+  if (gelu && (!fuse_gelu_ || !aux_fits || (b.dbias_pre && b.in > kMaxBiasSums))) return false;
   Problem p;
   p.m = b.in, p.n = b.rows, p.k = b.out;
   p.a = data_of(b.weight), p.lda = b.in;

@@ -26,7 +26,8 @@ namespace lockstep::cuda {
 
 class LtLinear {
  public:
-  LtLinear();
+  // fuse_gelu false: problems with GELU are left to the caller (LOCKSTEP_CUDA_LINEAR=bias).
+  explicit LtLinear(bool fuse_gelu);
   LtLinear(const LtLinear&) = delete;
   LtLinear& operator=(const LtLinear&) = delete;
 
@@ -77,6 +78,7 @@ class LtLinear {
   CublasLtHandle handle_;
   DeviceMemory workspace_;
   DeviceMemory bias_sums_;  // kMaxBiasSums floats: where epilogues write bias gradients
+  bool fuse_gelu_;
   bool tf32_ = false;
   std::map<Key, std::optional<cublasLtMatmulAlgo_t>> algorithms_;
 };

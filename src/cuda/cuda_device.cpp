@@ -67,16 +67,18 @@ const StepControlValues* values_of(const StepControl* control) {
   return reinterpret_cast<const StepControlValues*>(control);
 }
 
-// LOCKSTEP_CUDA_LINEAR=composed runs the linear layers as the composition of plain kernels
-// instead of cuBLASLt's fused epilogues, to measure what the fusion saves (Note [Fused linear]);
-// fused (the default) uses them.
-bool fused_linear_wanted() {
+// LOCKSTEP_CUDA_LINEAR: how the linear layers run (Note [Fused linear]), to measure what each
+// fusion saves. fused (the default): every epilogue; bias: the bias and bias-gradient epilogues
+// only, GELU and its backward as kernels; composed: plain kernels, no cuBLASLt.
+enum class LinearMode { fused, bias, composed };
+LinearMode linear_mode() {
   const char* env = std::getenv("LOCKSTEP_CUDA_LINEAR");
-  const std::string_view asked = env ? env : "";
-  if (!asked.empty() && asked != "fused" && asked != "composed")
-    throw InputError(
-        fmt::format("LOCKSTEP_CUDA_LINEAR: expected fused or composed, got '{}'", asked));
-  return asked != "composed";
+  const std::string_view asked = env ? env : "fused";
+  if (asked == "fused") return LinearMode::fused;
+  if (asked == "bias") return LinearMode::bias;
+  if (asked == "composed") return LinearMode::composed;
+  throw InputError(fmt::format(
+      "LOCKSTEP_CUDA_LINEAR: expected fused, bias or composed, got '{}'", asked));
 }
 
 }  // namespace
@@ -87,7 +89,8 @@ CudaDevice::CudaDevice(int id) : id_(id) {
   name_stream(stream_.get(), fmt::format("cuda:{} compute", id));
   cublas_ = make_cublas(stream_.get());
   CUBLAS_CHECK(cublasSetMathMode(cublas_.get(), CUBLAS_DEFAULT_MATH));
-  if (fused_linear_wanted()) lt_.emplace();
+  if (const LinearMode mode = linear_mode(); mode != LinearMode::composed)
+    lt_.emplace(/*fuse_gelu=*/mode == LinearMode::fused);
   partials_ = make_device_memory(kReduceBlocks * sizeof(double));
   result_ = make_device_memory(sizeof(double));
   host_result_ = make_pinned_memory(sizeof(double));
@@ -329,11 +332,26 @@ void CudaDevice::gemm(Transpose ta, Transpose tb, int m, int n, int k, float alp
 
 // ---- Fully connected maps ----------------------------------------------------------------------
 
-// Each product one cuBLASLt matmul with its epilogue; where cuBLASLt has none for a problem, the
-// composition of our other ops, which is what the CPU device computes (Note [Fused linear]).
+// Each product one cuBLASLt matmul with its epilogue. Where cuBLASLt has none for a problem, a
+// forward with GELU tries the product with its bias fused and GELU as a kernel; whatever is
+// left runs as the composition of our other ops, which is what the CPU device computes (Note
+// [Fused linear]).
 void CudaDevice::linear_forward(const LinearForward& f) {
   detail::check_linear(f);
-  if (!lt_ || !lt_->forward(f, stream())) detail::compose_linear_forward(*this, f);
+  if (lt_ && lt_->forward(f, stream())) return;
+  if (lt_ && f.act == FusedActivation::gelu) {
+    LinearForward sum = f;
+    sum.act = FusedActivation::none, sum.pre = {}, sum.y = f.pre;
+    if (lt_->forward(sum, stream())) {
+      const std::size_t n = std::size_t(f.rows) * std::size_t(f.out);
+      if (f.pre.bf16)
+        activation_forward(Activation::gelu, f.pre.bf16, f.y.bf16, n);
+      else
+        activation_forward(Activation::gelu, f.pre.f32, f.y.f32, n);
+      return;
+    }
+  }
+  detail::compose_linear_forward(*this, f);
 }
 
 void CudaDevice::linear_backward(const LinearBackward& b) {

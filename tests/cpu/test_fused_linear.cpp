@@ -32,7 +32,8 @@ TEST_CASE("cpu device: linear_forward and linear_backward are the plain ops' com
     for (const LinearVariant v : linear_variants()) {
       CAPTURE(v.name());
       CAPTURE(rows);
-      require_same_bits(run_linear_forward(*dev, c, v, true), run_linear_forward(*dev, c, v, false));
+      require_same_bits(run_linear_forward(*dev, c, v, true),
+                        run_linear_forward(*dev, c, v, false));
       if (v.bf16_out != v.bf16_in) continue;  // the backward has no output storage of its own
       require_same_bits(run_linear_backward(*dev, c, v, true, true),
                         run_linear_backward(*dev, c, v, false, true));

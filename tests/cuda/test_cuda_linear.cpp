@@ -25,12 +25,13 @@ constexpr double kBf16Tolerance = 1.0 / 128;
 }  // namespace
 
 TEST_SUITE("cuda") {
-  // Both ways the CUDA device runs them: fused (the default), and composed of plain kernels
-  // (LOCKSTEP_CUDA_LINEAR=composed), so a failure says which is wrong.
+  // Every way the CUDA device runs them (LOCKSTEP_CUDA_LINEAR): every epilogue fused (the
+  // default), only the bias ones, and composed of plain kernels, so a failure says which is
+  // wrong.
   TEST_CASE("cuda: linear_forward and linear_backward against the CPU device") {
     auto backend = cuda_or_skip();
     if (!backend) return;
-    for (const char* mode : {"fused", "composed"}) {
+    for (const char* mode : {"fused", "bias", "composed"}) {
       CAPTURE(mode);
       ::setenv("LOCKSTEP_CUDA_LINEAR", mode, 1);
       auto gpu = backend->create_device(0, 1, 0);
