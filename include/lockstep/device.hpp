@@ -5,8 +5,8 @@
 // the kernels come from allocate() on the same device. Kernels are ordered on the device's
 // queue; calls that return values to the host (copy_to_host, sum_squares, hash) wait for the
 // queue, and every device counts them (Note [Host syncs]). The operations come in small
-// interfaces by group (memory, BLAS, elementwise, layer, reduction and optimiser ops), which
-// Device joins; Note [Adding a device op] says where a new one goes.
+// interfaces by group (memory, BLAS, fully connected maps, elementwise, layer, reduction and
+// optimiser ops), which Device joins; Note [Adding a device op] says where a new one goes.
 //
 // A Backend makes devices and the communicators that join them:
 //
