@@ -120,10 +120,7 @@ bool LtLinear::weight_grad(const LinearBackward& b, cudaStream_t stream) {
 bool LtLinear::input_grad(const LinearBackward& b, cudaStream_t stream) {
   if (!b.dx || b.rows == 0) return true;
   const bool gelu = b.act == FusedActivation::gelu;
-  // GELU's input is read in D's type: bf16 when the gradient is written rounded, fp32 otherwise.
-  const bool aux_fits =
-      b.in % kAuxLdMultiple == 0 && (b.dx_bf16 ? b.pre.bf16 != nullptr : b.pre.f32 != nullptr);
-  if (gelu && (!fuse_gelu_ || !aux_fits || (b.dbias_pre && b.in > kMaxBiasSums))) return false;
+  if (gelu && !dgelu_fits(b)) return false;
   Problem p;
   p.m = b.in, p.n = b.rows, p.k = b.out;
   p.a = data_of(b.weight), p.lda = b.in;
@@ -139,6 +136,14 @@ bool LtLinear::input_grad(const LinearBackward& b, cudaStream_t stream) {
   if (!run(p, stream)) return false;
   if (b.dbias_pre) add_bias_sums(b.dbias_pre, b.in, stream);
   return true;
+}
+
+// GELU's input is read in D's type: bf16 when the gradient is written rounded, fp32 otherwise;
+// its leading dimension a multiple of 8, its bias gradient within bias_sums_.
+bool LtLinear::dgelu_fits(const LinearBackward& b) const {
+  const bool aux_type = b.dx_bf16 ? b.pre.bf16 != nullptr : b.pre.f32 != nullptr;
+  return fuse_gelu_ && aux_type && b.in % kAuxLdMultiple == 0 &&
+         (!b.dbias_pre || b.in <= kMaxBiasSums);
 }
 
 void LtLinear::add_bias_sums(float* into, int n, cudaStream_t stream) {

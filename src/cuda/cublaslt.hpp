@@ -72,6 +72,8 @@ class LtLinear {
                                                 cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
                                                 cublasLtMatrixLayout_t d);
   bool run(const Problem& p, cudaStream_t stream);
+  // Whether input_grad's GELU backward can be its product's epilogue.
+  bool dgelu_fits(const LinearBackward& b) const;
   // The bias gradient written into bias_sums_ (`n` floats), then added to `into` on `stream`.
   void add_bias_sums(float* into, int n, cudaStream_t stream);
 
