@@ -28,7 +28,8 @@
 #     bench/compare_gpt.py --precision bf16, lockstep trainer.precision fp32 and bf16 against
 #     PyTorch fp32 and autocast bf16, step time and MFU against the GPU's dense bf16 peak; and
 #     scripts/gpu_extra_bf16_model.sh, gpt_tiny in fp32 and bf16 on 2 peer replicas, within 2%;
-#     not yet measured on a GPU); a gpt_tiny run on 4 peer replicas
+#     scripts/gpu_extra_linear.sh, GPT-2 124M with the linear layers through cuBLASLt's fused
+#     epilogues against plain kernels; not yet measured on a GPU); a gpt_tiny run on 4 peer replicas
 #     of GPU 0 for the host syncs per step (`host_syncs_per_step` of --summary-json, "n/a" when
 #     the build does not report it) and the share of communication hidden; bench_kernels (the
 #     kernels of issue 17 at GPT-2 124M's shapes, the LM head with and without the padded
@@ -102,6 +103,7 @@ GPT_PARITY_RESULT="not run"
 GPT_BENCH_RESULT="not run"
 GPT_BF16_RESULT="not run"
 BF16_MODEL_RESULT="not run"
+LINEAR_RESULT="not run"
 STEP_RESULT="not run"
 KERNELS_RESULT="not run"
 FAULT_RESULT=" not run"
@@ -364,6 +366,17 @@ if [ -n "$GPU_LINE" ]; then
     FAILED=1
   fi
   cat "$OUT/bf16_model.log"
+  # Issue 16: the linear layers through cuBLASLt's fused epilogues against plain kernels
+  # (LOCKSTEP_CUDA_LINEAR=fused, bias, composed), GPT-2 124M in tf32 and bf16: step times,
+  # losses within 1%.
+  if run_phase linear 180 "$OUT/linear.log" env LOCKSTEP_GPU_BUILD="$BUILD" \
+    bash "$ROOT/scripts/gpu_extra_linear.sh"; then
+    LINEAR_RESULT="ok"
+  else
+    LINEAR_RESULT="FAILED (see linear.log)"
+    FAILED=1
+  fi
+  cat "$OUT/linear.log"
   # Issue 17: one short GPT run with 4 peer replicas on GPU 0 for the host syncs per step and
   # the share of communication hidden (from --summary-json), the changed kernels, and the two
   # fault cases, each of which must exit 1 within 10 s.
@@ -446,6 +459,8 @@ fi
   echo "GPT bf16     $GPT_BF16_RESULT"
   echo "bf16 model   $BF16_MODEL_RESULT"
   grep '^gpu_extra_bf16_model: gpt_tiny' "$OUT/bf16_model.log" 2>/dev/null | sed 's/^gpu_extra_bf16_model: /             /'
+  echo "fused linear $LINEAR_RESULT"
+  grep '^gpu_extra_linear: ' "$OUT/linear.log" 2>/dev/null | sed 's/^gpu_extra_linear: /             /'
   echo "GPU step     $STEP_RESULT"
   echo "faults      $FAULT_RESULT"
   echo "kernels      $KERNELS_RESULT"

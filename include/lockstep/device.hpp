@@ -5,8 +5,8 @@
 // the kernels come from allocate() on the same device. Kernels are ordered on the device's
 // queue; calls that return values to the host (copy_to_host, sum_squares, hash) wait for the
 // queue, and every device counts them (Note [Host syncs]). The operations come in small
-// interfaces by group (memory, BLAS, elementwise, layer, reduction and optimiser ops), which
-// Device joins; Note [Adding a device op] says where a new one goes.
+// interfaces by group (memory, BLAS, fully connected maps, elementwise, layer, reduction and
+// optimiser ops), which Device joins; Note [Adding a device op] says where a new one goes.
 //
 // A Backend makes devices and the communicators that join them:
 //
@@ -203,6 +203,104 @@ class LOCKSTEP_API BlasOps {
   ~BlasOps() = default;
 };
 
+// A matrix operand in either storage: fp32 values, or bf16 bits (Note [Rounding to bf16] in
+// src/common/bf16.hpp). At most one pointer is set; `+` moves into the matrix by elements.
+struct LOCKSTEP_API MatIn {
+  const float* f32 = nullptr;
+  const std::uint16_t* bf16 = nullptr;
+  friend MatIn operator+(MatIn m, std::int64_t i) {
+    return {m.f32 ? m.f32 + i : nullptr, m.bf16 ? m.bf16 + i : nullptr};
+  }
+};
+struct LOCKSTEP_API MatOut {
+  float* f32 = nullptr;
+  std::uint16_t* bf16 = nullptr;
+  MatIn input() const { return {f32, bf16}; }
+};
+
+// The activation a fully connected map's products fuse (LinearOps).
+enum class FusedActivation { none, gelu };
+
+// A fully connected map on rows, y = act(x weight^T + bias), shapes as torch.nn.Linear: x (rows,
+// in), weight (out, in), bias (out), y (rows, out). Operands read by the products (x, weight)
+// share a storage.
+struct LOCKSTEP_API LinearForward {
+  int rows = 0, in = 0, out = 0;
+  MatIn x{}, weight{};
+  const float* bias = nullptr;            // fp32 always
+  FusedActivation act = FusedActivation::none;
+  MatOut pre{};                           // act gelu: (rows, out), in y's storage; else unset
+  MatOut y{};                             // (rows, out)
+  float* product = nullptr;               // y in bf16: fp32 (rows, out) working memory
+};
+
+// Its backward, and with act gelu that of the GELU before it (x = gelu(pre)):
+//   dweight (out, in) += g^T x;  dbias (out) += column sums of dy (skipped when null);
+//   dx (rows, in) = g weight (skipped when null); with act gelu
+//   dx = (g weight) * gelu'(pre), the gradient of pre, which dx_bf16 (when set) receives rounded
+//   to bf16 and whose column sums dbias_pre (in; when set) accumulates: the bias gradient of
+//   the map that made pre.
+// g is dy as the products read it: dy itself, or dy rounded to bf16 (with bf16 weights).
+struct LOCKSTEP_API LinearBackward {
+  int rows = 0, in = 0, out = 0;
+  MatIn x{}, weight{};
+  const float* dy = nullptr;              // (rows, out) fp32: the bias gradient's input
+  MatIn g{};                              // (rows, out)
+  float* dweight = nullptr;
+  float* dbias = nullptr;
+  float* dx = nullptr;
+  FusedActivation act = FusedActivation::none;
+  MatIn pre{};                            // act gelu: (rows, in) as the forward kept it
+  std::uint16_t* dx_bf16 = nullptr;       // act gelu, bf16 weights: (rows, in)
+  float* dbias_pre = nullptr;             // act gelu: (in)
+};
+
+// Note [Fused linear]
+// ~~~~~~~~~~~~~~~~~~~
+// A linear layer is one op, not gemm + add_bias + activation, so that a backend can fuse the
+// elementwise neighbours of a product into its epilogue and save their passes over memory.
+// The CPU defines the op as that composition of Device ops (src/common/linear.hpp): the
+// rounding points of Note [bf16 compute], bit for bit what the layers computed before. The
+// CUDA device runs each product as one cuBLASLt matmul (src/cuda/cublaslt.cpp):
+//   forward: EPILOGUE_BIAS, or GELU_AUX_BIAS writing y and keeping pre (the aux matrix), which
+//     saves the bias pass (and in bf16 the fp32 product's round trip) and the GELU pass;
+//   dweight: the product with beta 1, and BGRADB summing g into dbias: no read of dy for it;
+//   dx: the product, with act gelu DGELU_BGRAD reading pre (aux) and summing dbias_pre, which
+//     saves GELU's backward pass and the next map's bias-gradient read; in bf16 it writes the
+//     gradient rounded only, with no fp32 copy.
+// It falls back to the composition of its other ops where cuBLASLt offers no algorithm for a
+// problem or refuses it (an aux leading dimension not a multiple of 8, a type mix or alignment
+// without a kernel; a forward with GELU first tries the bias epilogue with GELU as a kernel);
+// the answer is cached per problem, so the heuristic runs once per shape.
+// LOCKSTEP_CUDA_LINEAR=bias keeps GELU and its backward out of the epilogues, composed keeps
+// cuBLASLt out: llm.c leaves its GELU fusion off by default, finding cuBLASLt's fused GELU slow
+// on some GPUs, so scripts/gpu_extra_linear.sh times all three.
+// Fused, CUDA computes differently from the CPU in these places, so its tests compare within
+// 1e-4 of the largest value (fp32; 1e-3 with GELU) or a bf16 neighbour (bf16), not bit for bit:
+//   - GELU: cuBLASLt's own. Its documentation gives no formula; we take it to be the tanh
+//     approximation, as ours (hipBLASLt documents tanh), computed its own way. In the forward
+//     it is applied to the fp32 pre-activation before pre is rounded to bf16, where the CPU
+//     applies it to the rounded pre (Note [bf16 compute]); in the backward both read pre as
+//     kept.
+//   - dbias with bf16 weights: BGRADB sums g, the bf16-rounded dy, where the CPU sums the fp32
+//     dy (each term off by at most 2^-9 relative). dbias_pre sums the fp32 gradient of pre
+//     before it is rounded, as the CPU does.
+//   - Summation orders, of the products (as for gemm) and of the bias gradients.
+// The epilogues write bias gradients into a device buffer, which a short pass of `out` elements
+// then adds to dbias (+=). A fused GELU backward writes only dx_bf16 when that is set: dx is
+// then working memory whose contents afterwards are not to be read (the CPU leaves the fp32
+// gradient there), and the map before it gets its bias gradient from dbias_pre, not from dy.
+
+// Fully connected maps with their bias, activation and bias gradients (Note [Fused linear]).
+class LOCKSTEP_API LinearOps {
+ public:
+  virtual void linear_forward(const LinearForward& f) = 0;
+  virtual void linear_backward(const LinearBackward& b) = 0;
+
+ protected:
+  ~LinearOps() = default;
+};
+
 // Elementwise and broadcast arithmetic, activations included.
 class LOCKSTEP_API ElementwiseOps {
  public:
@@ -358,6 +456,7 @@ class LOCKSTEP_API OptimizerOps {
 
 class LOCKSTEP_API Device : public MemoryOps,
                             public BlasOps,
+                            public LinearOps,
                             public ElementwiseOps,
                             public LayerOps,
                             public ReductionOps,

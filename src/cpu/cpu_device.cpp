@@ -1,5 +1,5 @@
-// The CPU device's memory, and make_cpu_device. Its kernels are in src/cpu/ops; see
-// cpu_device.hpp for the invariants they keep.
+// The CPU device's memory, its fully connected maps, and make_cpu_device. Its kernels are in
+// src/cpu/ops; see cpu_device.hpp for the invariants they keep.
 #include "cpu/cpu_device.hpp"
 
 #include <cblas.h>
@@ -8,6 +8,8 @@
 #include <memory>
 #include <mutex>
 #include <new>
+
+#include "common/linear.hpp"
 
 namespace lockstep {
 namespace cpu {
@@ -41,6 +43,12 @@ void CpuDevice::copy_to_host(void* host_dst, const void* src, std::size_t bytes)
 
 void CpuDevice::copy(void* dst, const void* src, std::size_t bytes) {
   if (bytes) std::memcpy(dst, src, bytes);
+}
+
+void CpuDevice::linear_forward(const LinearForward& f) { detail::compose_linear_forward(*this, f); }
+
+void CpuDevice::linear_backward(const LinearBackward& b) {
+  detail::compose_linear_backward(*this, b);
 }
 
 }  // namespace cpu

@@ -81,6 +81,12 @@ class CpuDevice final : public Device {
   void activation_backward(Activation f, const std::uint16_t* x, const float* dy, float* dx,
                            std::uint16_t* dx_bf16, std::size_t n) override;
 
+  // ---- Fully connected maps (cpu_device.cpp): the composition of the ops above and below,
+  // which defines them (Note [Fused linear] in lockstep/device.hpp) ----------------------------
+
+  void linear_forward(const LinearForward& f) override;
+  void linear_backward(const LinearBackward& b) override;
+
   // ---- bf16 conversions (ops/convert.cpp) ----------------------------------------------------
 
   void to_bf16(const float* x, std::uint16_t* y, std::size_t n) override;

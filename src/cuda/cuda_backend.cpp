@@ -69,7 +69,8 @@ class CudaBackend final : public Backend {
                      .detail = fmt::format("sm_{}{}, CUDA runtime {}, driver {}, NCCL {}",
                                            prop.major, prop.minor, cuda_version(runtime),
                                            cuda_version(driver), nccl_version(nccl)),
-                     .matmul = fmt::format("cuBLAS ({})", to_string(options_.precision))});
+                     .matmul = fmt::format("cuBLAS ({}), linear layers through cuBLASLt",
+                                           to_string(options_.precision))});
     }
     return out;
   }

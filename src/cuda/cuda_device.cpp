@@ -5,16 +5,19 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <initializer_list>
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 
 #include <fmt/format.h>
 
 #include "common/gemm_shape.hpp"
+#include "common/linear.hpp"
 #include "cuda/check.hpp"
 #include "cuda/cuda_staged_buffer.hpp"
 #include "cuda/nvtx.hpp"
@@ -64,6 +67,20 @@ const StepControlValues* values_of(const StepControl* control) {
   return reinterpret_cast<const StepControlValues*>(control);
 }
 
+// LOCKSTEP_CUDA_LINEAR: how the linear layers run (Note [Fused linear]), to measure what each
+// fusion saves. fused (the default): every epilogue; bias: the bias and bias-gradient epilogues
+// only, GELU and its backward as kernels; composed: plain kernels, no cuBLASLt.
+enum class LinearMode { fused, bias, composed };
+LinearMode linear_mode() {
+  const char* env = std::getenv("LOCKSTEP_CUDA_LINEAR");
+  const std::string_view asked = env ? env : "fused";
+  if (asked == "fused") return LinearMode::fused;
+  if (asked == "bias") return LinearMode::bias;
+  if (asked == "composed") return LinearMode::composed;
+  throw InputError(fmt::format(
+      "LOCKSTEP_CUDA_LINEAR: expected fused, bias or composed, got '{}'", asked));
+}
+
 }  // namespace
 
 CudaDevice::CudaDevice(int id) : id_(id) {
@@ -72,6 +89,8 @@ CudaDevice::CudaDevice(int id) : id_(id) {
   name_stream(stream_.get(), fmt::format("cuda:{} compute", id));
   cublas_ = make_cublas(stream_.get());
   CUBLAS_CHECK(cublasSetMathMode(cublas_.get(), CUBLAS_DEFAULT_MATH));
+  if (const LinearMode mode = linear_mode(); mode != LinearMode::composed)
+    lt_.emplace(/*fuse_gelu=*/mode == LinearMode::fused);
   partials_ = make_device_memory(kReduceBlocks * sizeof(double));
   result_ = make_device_memory(sizeof(double));
   host_result_ = make_pinned_memory(sizeof(double));
@@ -102,11 +121,13 @@ CudaDevice::~CudaDevice() {
   host_result_.reset();
   result_.reset();
   partials_.reset();
+  lt_.reset();
   cublas_.reset();
   stream_.reset();
 }
 
 void CudaDevice::set_tf32(bool enabled) {
+  if (lt_) lt_->set_tf32(enabled);
   CUBLAS_CHECK(cublasSetMathMode(cublas_.get(),
                                  enabled ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
 }
@@ -194,6 +215,7 @@ void CudaDevice::abandon() noexcept {
   (void)staging_.release();
   (void)host_result_.release();
   for (Event& e : staging_done_) (void)e.release();
+  if (lt_) lt_->abandon();
   (void)cublas_.release();
   (void)copy_stream_.release();
   (void)stream_.release();
@@ -306,6 +328,36 @@ void CudaDevice::gemm(Transpose ta, Transpose tb, int m, int n, int k, float alp
   if (m == 0 || n == 0) return;
   CUBLAS_CHECK(cublasSgemm(cublas_.get(), op_of(tb), op_of(ta), n, m, k, &alpha, b, ldb, a, lda,
                            &beta, c, ldc));
+}
+
+// ---- Fully connected maps ----------------------------------------------------------------------
+
+// Each product one cuBLASLt matmul with its epilogue. Where cuBLASLt has none for a problem, a
+// forward with GELU tries the product with its bias fused and GELU as a kernel; whatever is
+// left runs as the composition of our other ops, which is what the CPU device computes (Note
+// [Fused linear]).
+void CudaDevice::linear_forward(const LinearForward& f) {
+  detail::check_linear(f);
+  if (lt_ && lt_->forward(f, stream())) return;
+  if (lt_ && f.act == FusedActivation::gelu) {
+    LinearForward sum = f;
+    sum.act = FusedActivation::none, sum.pre = {}, sum.y = f.pre;
+    if (lt_->forward(sum, stream())) {
+      const std::size_t n = std::size_t(f.rows) * std::size_t(f.out);
+      if (f.pre.bf16)
+        activation_forward(Activation::gelu, f.pre.bf16, f.y.bf16, n);
+      else
+        activation_forward(Activation::gelu, f.pre.f32, f.y.f32, n);
+      return;
+    }
+  }
+  detail::compose_linear_forward(*this, f);
+}
+
+void CudaDevice::linear_backward(const LinearBackward& b) {
+  detail::check_linear(b);
+  if (!lt_ || !lt_->weight_grad(b, stream())) detail::compose_weight_grad(*this, b);
+  if (!lt_ || !lt_->input_grad(b, stream())) detail::compose_input_grad(*this, b);
 }
 
 // ---- Reductions ---------------------------------------------------------------------------------

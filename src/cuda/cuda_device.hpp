@@ -21,8 +21,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string_view>
 
+#include "cuda/cublaslt.hpp"
 #include "cuda/handles.hpp"
 #include "cuda/kernels.hpp"
 #include "lockstep/device.hpp"
@@ -59,6 +61,9 @@ class CudaDevice final : public Device {
   void scale(float* x, float alpha, std::size_t n) override;
   void gemm(Transpose ta, Transpose tb, int m, int n, int k, float alpha, const float* a,
             int lda, const float* b, int ldb, float beta, float* c, int ldc) override;
+  // Fully connected maps: one cuBLASLt matmul each, fused (Note [Fused linear]).
+  void linear_forward(const LinearForward& f) override;
+  void linear_backward(const LinearBackward& b) override;
   void add_bias(float* y, const float* bias, int rows, int cols) override;
   void bias_grad(float* dbias, const float* dy, int rows, int cols) override;
   void activation_forward(Activation f, const float* x, float* y, std::size_t n) override;
@@ -138,6 +143,8 @@ class CudaDevice final : public Device {
   int id_;
   Stream stream_;
   CublasHandle cublas_;
+  // Made once our device is current; none under LOCKSTEP_CUDA_LINEAR=composed.
+  std::optional<LtLinear> lt_;
   DeviceMemory partials_;     // kReduceBlocks doubles: pass 1 of sum_squares
   DeviceMemory result_;       // one reduction result (a double or a 64-bit hash)
   PinnedMemory host_result_;  // its host mirror

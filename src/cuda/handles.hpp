@@ -1,4 +1,4 @@
-// RAII owners for CUDA streams, events, memory and cuBLAS handles. Move-only; destructors never
+// RAII owners for CUDA streams, events, memory, cuBLAS handles and cuBLASLt descriptors. Move-only; destructors never
 // throw and ignore the status of the destroy call (there is nobody left to tell).
 //
 //   cuda::Stream s = cuda::make_stream();
@@ -6,6 +6,7 @@
 //   kernel<<<grid, block, 0, s.get()>>>(static_cast<float*>(buf.get()));
 #pragma once
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -60,11 +61,30 @@ struct DestroyCublas {
   void operator()(cublasHandle_t h) const noexcept { (void)cublasDestroy(h); }
 };
 
+struct DestroyCublasLt {
+  void operator()(cublasLtHandle_t h) const noexcept { (void)cublasLtDestroy(h); }
+};
+struct DestroyLtMatmulDesc {
+  void operator()(cublasLtMatmulDesc_t d) const noexcept { (void)cublasLtMatmulDescDestroy(d); }
+};
+struct DestroyLtLayout {
+  void operator()(cublasLtMatrixLayout_t l) const noexcept { (void)cublasLtMatrixLayoutDestroy(l); }
+};
+struct DestroyLtPreference {
+  void operator()(cublasLtMatmulPreference_t p) const noexcept {
+    (void)cublasLtMatmulPreferenceDestroy(p);
+  }
+};
+
 using Stream = Owner<cudaStream_t, DestroyStream>;
 using Event = Owner<cudaEvent_t, DestroyEvent>;
 using DeviceMemory = Owner<void*, FreeDevice>;
 using PinnedMemory = Owner<void*, FreePinned>;
 using CublasHandle = Owner<cublasHandle_t, DestroyCublas>;
+using CublasLtHandle = Owner<cublasLtHandle_t, DestroyCublasLt>;
+using LtMatmulDesc = Owner<cublasLtMatmulDesc_t, DestroyLtMatmulDesc>;
+using LtLayout = Owner<cublasLtMatrixLayout_t, DestroyLtLayout>;
+using LtPreference = Owner<cublasLtMatmulPreference_t, DestroyLtPreference>;
 
 // Makes `device` the calling thread's current device for the scope, then restores the previous
 // one. For code that may run on a thread whose current device is another, such as a destructor

@@ -29,7 +29,6 @@ constexpr double kInitStd = 0.02;  // GPT-2's initialisation
 std::size_t product(std::size_t a, std::size_t b) { return a * b; }
 
 using detail::Carver;
-using detail::MatIn;
 
 // A tensor forward keeps for backward: in fp32, or as bf16 bits under Precision::bf16 (Note
 // [bf16 compute]). Exactly one pointer is set.
@@ -49,15 +48,7 @@ struct Kept {
     else
       write(f32);
   }
-  // A linear map's output (rows, out) stored here: in place, or the product in fp32 `scratch`
-  // and the bias added as it is rounded in.
-  void linear(Device& dev, detail::LinearParams p, MatIn x, float* scratch, int rows, int in,
-              int out) const {
-    if (bf16)
-      detail::linear_forward(dev, p, x, scratch, bf16, rows, in, out);
-    else
-      detail::linear_forward(dev, p, x, f32, rows, in, out);
-  }
+  MatOut output() const { return {f32, bf16}; }
   // Where a matrix product computes its n values: in place, or first in fp32 `scratch` when
   // kept in bf16; keep() then rounds them into place.
   float* compute_in(float* scratch) const { return bf16 ? scratch : f32; }
@@ -186,20 +177,18 @@ class Block final : public Layer {
     s.ln1.store([&](auto* y) {
       dev.layernorm_forward(x, p.ln1_w, p.ln1_b, y, s.mean1, s.rstd1, n, c);
     });
-    s.qkv.linear(dev, w.attn, s.ln1.input(), d.qkv, n, c, 3 * c);
+    detail::linear_forward(dev, w.attn, s.ln1.input(), s.qkv.output(), d.qkv, n, c, 3 * c);
     attention_forward(dev, s, d, batch);
-    detail::linear_forward(dev, w.attn_proj, s.atty.input(), s.res1, n, c, c);
+    detail::linear_forward(dev, w.attn_proj, s.atty.input(), {s.res1, nullptr}, nullptr, n, c, c);
     dev.add(s.res1, x, s.res1, elements(n, c));
     s.ln2.store([&](auto* y) {
       dev.layernorm_forward(s.res1, p.ln2_w, p.ln2_b, y, s.mean2, s.rstd2, n, c);
     });
-    s.fc.linear(dev, w.fc, s.ln2.input(), d.h, n, c, 4 * c);
-    // GELU reads fc as kept (widened in bf16), as its backward will.
-    if (bf16)
-      dev.activation_forward(Activation::gelu, s.fc.bf16, s.gelu.bf16, elements(n, 4 * c));
-    else
-      dev.activation_forward(Activation::gelu, s.fc.f32, s.gelu.f32, elements(n, 4 * c));
-    detail::linear_forward(dev, w.fc_proj, s.gelu.input(), out, n, 4 * c, c);
+    // gelu = GELU(fc), fc kept for GELU's backward (Note [Fused linear]).
+    dev.linear_forward({.rows = n, .in = c, .out = 4 * c, .x = s.ln2.input(), .weight = w.fc.weight,
+                        .bias = w.fc.bias, .act = FusedActivation::gelu, .pre = s.fc.output(),
+                        .y = s.gelu.output(), .product = d.h});
+    detail::linear_forward(dev, w.fc_proj, s.gelu.input(), {out, nullptr}, nullptr, n, 4 * c, c);
     dev.add(out, s.res1, out, elements(n, c));
   }
 
@@ -213,21 +202,18 @@ class Block final : public Layer {
     const Saved s = Saved::at(ws.saved, batch, t_, c_, h_, bf16);
     const Scratch d = Scratch::at(ws.scratch, batch, t_, c_, h_, bf16);
     const int n = batch * t_, c = c_;
-    // MLP branch: out = res1 + c_proj(gelu(c_fc(ln_2(res1)))).
-    detail::linear_backward(dev, w.fc_proj, g.fc_proj_w, g.fc_proj_b, s.gelu.input(), dout, d.h,
-                            n, 4 * c, c, d.grad16);
-    // GELU's backward reads fc as kept and, in bf16, also rounds its gradient for c_fc's products
-    // (c_fc's bias gradient sums the fp32 one).
-    MatIn dh{d.h, nullptr};
-    if (bf16) {
-      dev.activation_backward(Activation::gelu, s.fc.bf16, d.h, d.h, d.grad16,
-                              elements(n, 4 * c));
-      dh = {nullptr, d.grad16};
-    } else {
-      dev.activation_backward(Activation::gelu, s.fc.f32, d.h, d.h, elements(n, 4 * c));
-    }
-    detail::linear_backward_of(dev, w.fc, g.fc_w, g.fc_b, s.ln2.input(), d.h, dh, d.tmp, n, c,
-                               4 * c);
+    // MLP branch: out = res1 + c_proj(gelu(c_fc(ln_2(res1)))). c_proj's backward runs GELU's
+    // too, giving the gradient of fc in d.h (and in bf16 rounded into d.grad16, c_fc's products'
+    // input) and c_fc's bias gradient; c_fc's backward then needs no dy of its own.
+    const MatIn dout_g = detail::as_input(dev, dout, d.dout16, elements(n, c));
+    dev.linear_backward({.rows = n, .in = 4 * c, .out = c, .x = s.gelu.input(),
+                         .weight = w.fc_proj.weight, .dy = dout, .g = dout_g,
+                         .dweight = g.fc_proj_w, .dbias = g.fc_proj_b, .dx = d.h,
+                         .act = FusedActivation::gelu, .pre = s.fc.input(), .dx_bf16 = d.grad16,
+                         .dbias_pre = g.fc_b});
+    const MatIn dh = bf16 ? MatIn{nullptr, d.grad16} : MatIn{d.h, nullptr};
+    dev.linear_backward({.rows = n, .in = c, .out = 4 * c, .x = s.ln2.input(),
+                         .weight = w.fc.weight, .g = dh, .dweight = g.fc_w, .dx = d.tmp});
     dev.copy(d.res1, dout, elements(n, c) * sizeof(float));
     dev.layernorm_backward(s.res1, p.ln2_w, s.mean2, s.rstd2, d.tmp, d.res1, g.ln2_w, g.ln2_b, n,
                            c);
@@ -305,6 +291,9 @@ class Block final : public Layer {
     // bf16 only (null otherwise), max((N, 4C), (B, H, T, T)): a gradient rounded to bf16 as a
     // matrix-product input.
     std::uint16_t* grad16;
+    // bf16 only: (N, C) the block's output gradient rounded, read by c_proj's products while
+    // they write the gradient of fc into grad16.
+    std::uint16_t* dout16;
     std::size_t size;
     static Scratch at(float* base, int batch, int t, int channels, int heads, bool bf16) {
       const std::size_t n = std::size_t(batch) * t, c = channels;
@@ -312,7 +301,7 @@ class Block final : public Layer {
       const std::size_t widest = std::max(4 * n * c, att);
       Carver k(base);
       Scratch s{k.take(4 * n * c), k.take(n * c), k.take(n * c), k.take(3 * n * c), k.take(att),
-                bf16 ? k.take_bf16(widest) : nullptr, 0};
+                bf16 ? k.take_bf16(widest) : nullptr, bf16 ? k.take_bf16(n * c) : nullptr, 0};
       s.size = k.used();
       return s;
     }

@@ -48,8 +48,8 @@ class Linear final : public Layer {
   // out (B, out) = in (B, in) * W^T (in, out) + b
   void forward(Device& dev, const float* params, const float* in, float* out, int batch,
                const LayerWorkspace& ws) const override {
-    const detail::MatIn x = detail::as_input(dev, in, saved_bf16(ws), rows(batch) * in_);
-    detail::linear_forward(dev, weights(params, ws), x, out, batch, in_, out_);
+    const MatIn x = detail::as_input(dev, in, saved_bf16(ws), rows(batch) * in_);
+    detail::linear_forward(dev, weights(params, ws), x, {out, nullptr}, nullptr, batch, in_, out_);
   }
 
   // dW (out, in) += dout^T (out, B) * in (B, in); db (out) += column sums of dout (B, out);
@@ -58,7 +58,7 @@ class Linear final : public Layer {
                 const float* /*out*/, const float* dout, float* din, int batch,
                 const LayerWorkspace& ws) const override {
     const std::uint16_t* saved = saved_bf16(ws);
-    const detail::MatIn x = saved ? detail::MatIn{nullptr, saved} : detail::MatIn{in, nullptr};
+    const MatIn x = saved ? MatIn{nullptr, saved} : MatIn{in, nullptr};
     detail::linear_backward(dev, weights(params, ws), grads, grads + weight_count(), x, dout, din,
                             batch, in_, out_, reinterpret_cast<std::uint16_t*>(ws.scratch));
   }

@@ -1,13 +1,14 @@
-// Building blocks shared by the layers: matrix-product operands in either precision, a fully
-// connected map on rows, and carving a layer's workspace into regions.
+// Building blocks shared by the layers: matrix products in either precision (common/linear.hpp),
+// a fully connected map on rows, and carving a layer's workspace into regions.
 //
 // Shapes: x (rows, in), weight (out, in) as torch.nn.Linear, bias (out), y (rows, out).
-// Backward accumulates into dweight and dbias (+=) and overwrites dx (=) unless told to add.
+// Backward accumulates into dweight and dbias (+=) and overwrites dx (=).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
+#include "common/linear.hpp"
 #include "lockstep/device.hpp"
 #include "lockstep/model.hpp"
 
@@ -51,25 +52,10 @@ namespace lockstep::detail {
 //   step has no fp32 dlogits. A matrix product's fp32 output (attention's atty) and a gradient
 //   that arrives from another layer are still rounded by to_bf16. fp32 and tf32 run exactly as
 //   before.
-
-// A matrix product's input as its precision stores it: fp32 values, or bf16 bits. Exactly one
-// of the two is set; `+` moves into the matrix by elements.
-struct MatIn {
-  const float* f32 = nullptr;
-  const std::uint16_t* bf16 = nullptr;
-  friend MatIn operator+(MatIn m, std::int64_t i) {
-    return {m.f32 ? m.f32 + i : nullptr, m.bf16 ? m.bf16 + i : nullptr};
-  }
-};
-
-// C = alpha op(A) op(B) + beta C in the operands' precision (both fp32, or both bf16).
-inline void matmul(Device& dev, Transpose ta, Transpose tb, int m, int n, int k, MatIn a,
-                   int lda, MatIn b, int ldb, float beta, float* c, int ldc) {
-  if (a.bf16)
-    dev.gemm_bf16(ta, tb, m, n, k, 1.0f, a.bf16, lda, b.bf16, ldb, beta, c, ldc);
-  else
-    dev.gemm(ta, tb, m, n, k, 1.0f, a.f32, lda, b.f32, ldb, beta, c, ldc);
-}
+// - The linear maps reach their products, bias adds, GELU and bias gradients through one Device
+//   op (linear_forward, linear_backward; Note [Fused linear] in lockstep/device.hpp), which the
+//   CPU composes from the ops above, so the rounding points here define it; the CUDA device
+//   fuses them into cuBLASLt's epilogues, rounding in a few places differently (that note).
 
 inline void matmul_batched(Device& dev, Transpose ta, Transpose tb, int m, int n, int k, MatIn a,
                            int lda, std::int64_t stride_a, MatIn b, int ldb, std::int64_t stride_b,
@@ -103,41 +89,23 @@ struct LinearParams {
   const float* bias;
 };
 
-// y = x * weight^T + bias
-inline void linear_forward(Device& dev, LinearParams p, MatIn x, float* y, int rows, int in,
-                           int out) {
-  matmul(dev, Transpose::no, Transpose::yes, rows, out, in, x, in, p.weight, in, 0.0f, y, out);
-  dev.add_bias(y, p.bias, rows, out);
+// y (rows, out) = x * weight^T + bias in y's storage (Device::linear_forward); `product` is fp32
+// (rows, out) working memory for a bf16 y.
+inline void linear_forward(Device& dev, LinearParams p, MatIn x, MatOut y, float* product,
+                           int rows, int in, int out) {
+  dev.linear_forward({.rows = rows, .in = in, .out = out, .x = x, .weight = p.weight,
+                      .bias = p.bias, .y = y, .product = product});
 }
 
-// y (rows, out) = x * weight^T + bias rounded to bf16: the product in fp32 `product` (rows,
-// out), the bias added as it is rounded into y.
-inline void linear_forward(Device& dev, LinearParams p, MatIn x, float* product,
-                           std::uint16_t* y, int rows, int in, int out) {
-  matmul(dev, Transpose::no, Transpose::yes, rows, out, in, x, in, p.weight, in, 0.0f, product,
-         out);
-  dev.add_bias(product, p.bias, y, rows, out);
-}
-
-// dweight (out, in) += dy^T * x; dbias (out) += column sums of dy; dx (rows, in) = dy * weight
-// (+= when accumulate_dx), skipped when dx is null. g is dy as the products read it: dy itself,
-// or with bf16 weights dy rounded to bf16 (rows, out); dbias always sums the fp32 dy.
-inline void linear_backward_of(Device& dev, LinearParams p, float* dweight, float* dbias, MatIn x,
-                               const float* dy, MatIn g, float* dx, int rows, int in, int out,
-                               bool accumulate_dx = false) {
-  matmul(dev, Transpose::yes, Transpose::no, out, in, rows, g, out, x, in, 1.0f, dweight, in);
-  dev.bias_grad(dbias, dy, rows, out);
-  if (dx)
-    matmul(dev, Transpose::no, Transpose::no, rows, in, out, g, out, p.weight, in,
-           accumulate_dx ? 1.0f : 0.0f, dx, in);
-}
-
-// As linear_backward_of, with bf16 weights rounding dy into dy_bf16 (rows, out) first.
+// dweight (out, in) += dy^T * x; dbias (out) += column sums of dy; dx (rows, in) = dy * weight,
+// skipped when dx is null (Device::linear_backward). With bf16 weights the products read dy
+// rounded into dy_bf16 (rows, out) first.
 inline void linear_backward(Device& dev, LinearParams p, float* dweight, float* dbias, MatIn x,
                             const float* dy, float* dx, int rows, int in, int out,
-                            std::uint16_t* dy_bf16 = nullptr, bool accumulate_dx = false) {
+                            std::uint16_t* dy_bf16 = nullptr) {
   const MatIn g = as_input(dev, dy, p.weight.bf16 ? dy_bf16 : nullptr, std::size_t(rows) * out);
-  linear_backward_of(dev, p, dweight, dbias, x, dy, g, dx, rows, in, out, accumulate_dx);
+  dev.linear_backward({.rows = rows, .in = in, .out = out, .x = x, .weight = p.weight, .dy = dy,
+                       .g = g, .dweight = dweight, .dbias = dbias, .dx = dx});
 }
 
 // Floats that hold n bf16 values, rounded up to whole 64-byte lines so that whatever follows a

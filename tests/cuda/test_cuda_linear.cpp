@@ -1,0 +1,63 @@
+// The CUDA device's fully connected maps (cuBLASLt with fused epilogues, or its fallback to plain
+// kernels) against the CPU device's, which define them (Note [Fused linear] in
+// lockstep/device.hpp), in every storage and activation, on fresh random inputs. Shapes whose
+// widths are multiples of 8 take the fused epilogues; odd widths the fallback. Skip without a
+// GPU.
+#include <doctest/doctest.h>
+
+#include <cstdlib>
+#include <tuple>
+
+#include "../linear_cases.hpp"
+#include "gpu_vs_cpu.hpp"
+
+using namespace lockstep;
+using namespace lockstep::test;
+
+namespace {
+
+// fp32: the products' summation order; with GELU also cuBLASLt's GELU, computed its own way
+// (its documentation gives no formula; an approximate tanh, as the GPU's tanh.approx with about
+// 2^-11 relative error, stays within 1e-3). A bf16 result may round to the neighbouring bf16:
+// GELU applied before pre is rounded, bias gradients summing the rounded dy (Note [Fused
+// linear]).
+constexpr double kFp32Tolerance = 1e-4;
+constexpr double kFp32GeluTolerance = 1e-3;
+constexpr double kBf16Tolerance = 1.0 / 128;
+
+double tolerance(LinearVariant v, bool bf16) {
+  if (bf16) return kBf16Tolerance;
+  return v.gelu ? kFp32GeluTolerance : kFp32Tolerance;
+}
+
+}  // namespace
+
+TEST_SUITE("cuda") {
+  // Every way the CUDA device runs them (LOCKSTEP_CUDA_LINEAR): every epilogue fused (the
+  // default), only the bias ones, and composed of plain kernels, so a failure says which is
+  // wrong.
+  TEST_CASE("cuda: linear_forward and linear_backward against the CPU device") {
+    auto backend = cuda_or_skip();
+    if (!backend) return;
+    for (const char* mode : {"fused", "bias", "composed"}) {
+      CAPTURE(mode);
+      ::setenv("LOCKSTEP_CUDA_LINEAR", mode, 1);
+      auto gpu = backend->create_device(0, 1, 0);
+      ::unsetenv("LOCKSTEP_CUDA_LINEAR");
+      for (auto [rows, in, out] : {std::tuple{64, 96, 384}, {300, 768, 3072}, {37, 13, 21}}) {
+        const LinearCase c(rows, in, out, 900 + rows);
+        for (const LinearVariant v : linear_variants()) {
+          CAPTURE(v.name());
+          CAPTURE(rows);
+          compare(*gpu, [&](Device& d) { return run_linear_forward(d, c, v, true); },
+                  tolerance(v, v.bf16_out));
+          if (v.bf16_out != v.bf16_in) continue;
+          // A fused GELU backward writing dx rounded leaves the fp32 dx unspecified.
+          const bool with_dx32 = !(v.gelu && v.bf16_in);
+          compare(*gpu, [&](Device& d) { return run_linear_backward(d, c, v, true, with_dx32); },
+                  tolerance(v, v.bf16_in));
+        }
+      }
+    }
+  }
+}
