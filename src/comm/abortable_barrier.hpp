@@ -27,20 +27,11 @@ class AbortableBarrier {
   // Waits for the other participants. Throws CommAborted if the group was aborted before or
   // while waiting.
   void arrive_and_wait() {
-    arrive_and_wait([] {});
-  }
-
-  // As arrive_and_wait(), and the last participant to arrive runs `on_last` before it lets the
-  // others go: it sees what every participant wrote before arriving, and they see what it wrote.
-  // `on_last` must not throw.
-  template <class F>
-  void arrive_and_wait(F&& on_last) {
     // The generation before the flag: an abort() that bumps it after this load wakes us, one
     // that bumped it before has raised the flag we read next.
     const std::uint32_t generation = generation_.load();
     if (aborted()) throw CommAborted();
     if (arrived_.fetch_add(1, std::memory_order_acq_rel) + 1 == participants_) {
-      on_last();
       arrived_.store(0, std::memory_order_relaxed);
       generation_.fetch_add(1, std::memory_order_release);
       generation_.notify_all();

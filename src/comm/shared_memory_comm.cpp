@@ -20,18 +20,6 @@
 //   phase 1 and a copy of every other rank's shard: an element's sum is the same rank-order sum
 //   either way.
 //
-// Note [The last rank reduces]
-//   With more ranks than cores, the ranks cannot run their slices of phase 2 at the same time
-//   anyway, and every phase costs each rank a wake-up that must wait for a core (on the
-//   communication thread, behind the compute threads of backward). So all_reduce then meets in
-//   one phase instead of two: each rank publishes its buffer and arrives, and the last to
-//   arrive sums every slice, in the same rank order, into every buffer before it lets the others
-//   go. The same bits as the two-phase path (an element's sum does not depend on the slicing);
-//   the same bytes moved, by one thread (the memory bandwidth, not the thread count, bounds
-//   them: bench/RESULTS.md measured one thread's copy taking all of it); one wake per rank
-//   instead of two, and none for the last. Measured in bench/RESULTS.md (issue 18, 4 ranks on
-//   2 cores).
-//
 // Two planes, two barriers. The data plane (all_reduce, broadcast) may run on a rank's
 // communication thread (all_reduce_async) while its worker thread uses the control plane
 // (barrier, host collectives): each plane is one sequence of phases that every rank walks in
@@ -46,7 +34,6 @@
 #include <string>
 #include <thread>
 #include <type_traits>
-#include <utility>
 #include <vector>
 
 #include "comm/abortable_barrier.hpp"
@@ -177,16 +164,9 @@ namespace {
 
 struct Group {
   explicit Group(int n)
-      : size(n),
-        last_reduces(n > static_cast<int>(std::thread::hardware_concurrency())),
-        data(n),
-        control(n),
-        slots(n),
-        host_slots(n),
-        wire(wire_from_environment()) {}
+      : size(n), data(n), control(n), slots(n), host_slots(n), wire(wire_from_environment()) {}
 
   const int size;
-  const bool last_reduces;  // Note [The last rank reduces]
   detail::AbortableBarrier data;     // data plane
   detail::AbortableBarrier control;  // control plane
   std::vector<float*> slots;             // data-plane buffers, one per rank
@@ -205,14 +185,6 @@ class SharedMemoryCommunicator final : public Communicator {
   void all_reduce(float* data, std::size_t count, ReduceOp op) override {
     Group& g = *group_;
     if (g.size == 1) return check_not_aborted();  // sum and average of one rank: the identity
-    if (g.last_reduces) {  // Note [The last rank reduces]
-      g.slots[rank_] = data;
-      sync(g.data, [&]() noexcept {
-        reduce_slice({0, count}, op, g.slots);
-        emulate_wire(count, 2.0);
-      });
-      return;
-    }
     publish(data);
     reduce_slice(shard_range(count, g.size, rank_), op, g.slots);
     emulate_wire(count, 2.0);
@@ -290,10 +262,6 @@ class SharedMemoryCommunicator final : public Communicator {
     if (aborted()) throw CommAborted();
   }
   static void sync(detail::AbortableBarrier& b) { b.arrive_and_wait(); }
-  template <class F>
-  static void sync(detail::AbortableBarrier& b, F&& on_last) {
-    b.arrive_and_wait(std::forward<F>(on_last));
-  }
 
   // Phase 1: every rank's buffer becomes readable by every other.
   void publish(float* data) {
