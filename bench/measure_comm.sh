@@ -6,7 +6,7 @@
 #   3. training against PyTorch DDP (small and large MLP, N = 1, 2);
 #   4. across 2 processes: lockstep's MPI all-reduce against the MPI library's blocking
 #      MPI_Allreduce (skipped without mpirun or without the MPI build).
-# Run it on an idle machine: it takes about half an hour on 2 cores. Every output file goes to
+# Run it on an idle machine: it took under 3 minutes on 2 cores (bench/RESULTS.md). Every output file goes to
 # OUT (default build/bench/comm), with the CPU model and the load average before each part in
 # OUT/machine.txt.
 #
