@@ -92,11 +92,14 @@ bool check_sums(ProcessGroup& g, bool rank_order) {
   return ok;
 }
 
-// Every process finishes one large all-reduce and enters a second, during which the last
-// process aborts itself after 2 ms. With `all_abort` the others abort themselves too, after
-// 300 ms (left waiting for a peer that is gone, where the ring cannot tell them); without it
-// they never do, and must learn it from the window. Each caller must get CommAborted and may
-// free its buffer at once: nothing touches it any more.
+// Every process finishes one large all-reduce and then runs more, one after another, until
+// one ends with CommAborted: the last process aborts itself after 2 ms, so some collective is
+// in flight when it does however late the aborter thread gets a core (one collective took 6 ms
+// on the window, and on a busy machine the aborter once woke only after it had ended). With
+// `all_abort` the others abort themselves too, after 300 ms (left waiting for a peer that is
+// gone, where the ring cannot tell them); without it they never do, and must learn it from the
+// window. Each caller must get CommAborted and may free its buffer at once: nothing touches it
+// any more.
 bool check_abort(ProcessGroup& g, bool all_abort) {
   const int r = g.rank();
   const bool last = r == g.size() - 1;
@@ -110,7 +113,7 @@ bool check_abort(ProcessGroup& g, bool all_abort) {
   const auto t0 = std::chrono::steady_clock::now();
   bool aborted = false;
   try {
-    g.all_reduce(data.data(), data.size());
+    for (int i = 0; i < 1000; ++i) g.all_reduce(data.data(), data.size());
   } catch (const CommAborted&) {
     aborted = true;
   }
