@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "cpu/matmul.hpp"
+#include "cpu/ops/isa_dispatch.hpp"
 #include "lockstep/comm.hpp"
 #include "lockstep/device.hpp"
 
@@ -25,7 +26,9 @@ class CpuBackend final : public Backend {
     info.id = 0;
     info.name = "host CPU";
     info.memory_bytes = pages > 0 && page > 0 ? static_cast<std::size_t>(pages) * page : 0;
-    info.detail = std::to_string(hardware_threads()) + " hardware threads";
+    // Note [Wide vectors for the CPU kernels]: which build of the elementwise and row kernels runs.
+    info.detail = std::to_string(hardware_threads()) + " hardware threads; kernels " +
+                  cpu::isa_name(cpu::active_isa());
     info.matmul = cpu::gemm_path().description;
     return {info};
   }
