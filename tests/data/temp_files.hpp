@@ -1,9 +1,10 @@
 // Scratch files for the data tests, under the system temp directory.
 #pragma once
 
+#include <stdlib.h>
 #include <unistd.h>
 
-#include <atomic>
+#include <cerrno>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -12,15 +13,17 @@
 
 namespace lockstep::test {
 
-// A fresh directory, removed with everything in it at scope exit. The name holds the process
-// id because test runners may run each test case as its own process, in parallel.
+// A fresh directory, removed with everything in it at scope exit. mkdtemp makes the name
+// unique: a name from the process id alone was once taken by a directory that an earlier
+// process of the same id (ids wrap around) had left behind, without running this destructor
+// (a test that ends the process, or a crash), and the test read that process's files.
 class TempDir {
  public:
   TempDir() {
-    static std::atomic<int> counter{0};
-    path_ = std::filesystem::temp_directory_path() /
-            ("lockstep-data-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
-    std::filesystem::create_directories(path_);
+    std::string pattern = (std::filesystem::temp_directory_path() / "lockstep-data-test-XXXXXX");
+    if (!::mkdtemp(pattern.data()))
+      throw std::system_error(errno, std::generic_category(), "mkdtemp " + pattern);
+    path_ = pattern;
   }
   ~TempDir() {
     std::error_code ignored;
