@@ -1,5 +1,6 @@
-// RAII owners for CUDA streams, events, memory, cuBLAS handles and cuBLASLt descriptors. Move-only; destructors never
-// throw and ignore the status of the destroy call (there is nobody left to tell).
+// RAII owners for CUDA streams, events, memory, cuBLAS handles and cuBLASLt descriptors.
+// Move-only; destructors never throw and ignore the status of the destroy call (there is nobody
+// left to tell).
 //
 //   cuda::Stream s = cuda::make_stream();
 //   cuda::DeviceMemory buf = cuda::make_device_memory(bytes);

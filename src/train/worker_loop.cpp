@@ -183,11 +183,11 @@ void WorkerLoop::set_up_data(bool cores_scarce) {
   }
   sampler.set_epoch(pos_.epoch);
   const int k = cfg.trainer.accumulate_steps;
+  const int prefetch = cores_scarce ? 0 : cfg.data.prefetch;  // 0: no loader thread
   res_.loader = std::make_unique<ShardLoader>(
       run_.fault.loader_data(run_.train, global_, pos_.step, static_cast<std::size_t>(k * batch)),
-      sampler, batch, cfg.data.drop_last, cores_scarce ? 0 : cfg.data.prefetch, pos_.batch_in_epoch);
-  if (rank_ == 0)
-    run_.summary.loader = cores_scarce || cfg.data.prefetch == 0 ? "inline" : "thread";
+      sampler, batch, cfg.data.drop_last, prefetch, pos_.batch_in_epoch);
+  if (rank_ == 0) run_.summary.loader = prefetch == 0 ? "inline" : "thread";
   // As wide as the logits: a GPT's padded vocabulary (Note [Padded vocabulary], model/gpt.cpp).
   const int logits = run_.model.outputs();
   if (!res_.replica->dlogits_bf16())

@@ -178,7 +178,8 @@ class MpiProcesses final : public ProcessGroup {
   void abort_job(int code) noexcept override {
     // Aborted by another process through the window: that one failed first and ends the job
     // with its own status and message; we do so only if it has not within a few seconds.
-    if (window_ && window_->aborted_by_peer()) std::this_thread::sleep_for(std::chrono::seconds(3));
+    if (window_ && window_->aborted_by_peer())
+      std::this_thread::sleep_for(std::chrono::seconds(3));
     {
       std::lock_guard lock(mutex_);
       job_abort_code_ = code;
