@@ -3,8 +3,7 @@
 # GPU tests skip with a message when no GPU is usable.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
-# PyTorch (CPU) for the GPT parity test, which skips without it.
-LOCKSTEP_PACKAGES+=(python3-torch)
+LOCKSTEP_PACKAGES+=("${LOCKSTEP_TEST_PACKAGES[@]}")
 install_missing_packages
 configure_and_build -DLOCKSTEP_BUILD_TESTS=ON
 ctest --test-dir "$LOCKSTEP_BUILD" --output-on-failure -j "$(nproc)" "$@"

@@ -40,7 +40,8 @@ TEST_CASE("cli: --init-from fine-tunes: its first loss is the source checkpoint'
   const std::string summary = (dir.path() / "summary.json").string();
   const auto tune = run_cli(kSmall + data + "--set trainer.steps=1 --set optimizer.lr=0.001 "
                             "--set trainer.log_every=1 --init-from " + src +
-                            " --summary-json " + summary);
+                            " --summary-json " + summary + " --set trainer.checkpoint.dir=" +
+                            (dir.path() / "tuned").string());
   REQUIRE_MESSAGE(tune.code == 0, tune.output);
   CHECK(tune.output.find("initialised from " + src + "/step_00000020.safetensors") !=
         std::string::npos);
@@ -78,7 +79,8 @@ TEST_CASE("cli: --init-from refuses another model, naming the first difference; 
   // An export loads too; --resume cannot take one, and says what to use instead.
   const std::string exported = (dir.path() / "e.safetensors").string();
   REQUIRE(run_cli("export " + src + " --out " + exported).code == 0);
-  CHECK(run_cli(kSmall + "--set trainer.steps=1 --init-from " + exported).code == 0);
+  CHECK(run_cli(kSmall + "--set trainer.steps=1 --init-from " + exported +
+                " --set trainer.checkpoint.dir=" + (dir.path() / "tuned").string()).code == 0);
   for (const std::string& resume : {"--set optimizer.lr=0.1 --resume " + src, "--resume " + exported}) {
     CAPTURE(resume);
     const auto r = run_cli(kSmall + "--set trainer.steps=3 " + resume);

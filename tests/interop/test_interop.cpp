@@ -174,7 +174,8 @@ TEST_CASE("interop: --init-from a transformers GPT-2 starts at transformers' los
                             "--set model.n_head=2 --set model.d_model=32 --set trainer.devices=1 "
                             "--set data.batch_size=8 --set data.path=" + file + " --set data.eval_path=" + file +
                             " --set trainer.steps=1 --set trainer.log_every=1 --set trainer.eval_every=0 "
-                            "--init-from " + hf + " --summary-json " + summary);
+                            "--init-from " + hf + " --summary-json " + summary +
+                            " --set trainer.checkpoint.dir=" + (dir.path() / "tuned").string());
   REQUIRE_MESSAGE(tune.code == 0, tune.output);
   const double ours = lockstep::test::json_number(lockstep::test::read_text(summary), "final_train_loss");
   MESSAGE("first-step loss: lockstep " << ours << ", transformers " << theirs << ", relative difference "

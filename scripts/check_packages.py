@@ -1,0 +1,145 @@
+"""Names the Debian packages a traced build read that a fresh machine would not have.
+
+Called by scripts/check_packages.sh, which says why. Usage:
+  check_packages.py TRACE_DIR BUILD_DIR PACKAGE...
+TRACE_DIR holds strace logs (strace -f -o ...) of the configure, the build and the tests of the
+build folder BUILD_DIR; PACKAGE... is the install list of scripts/common.sh.
+
+A file counts when a program opened or ran it (the compiler its headers, the linker its
+libraries, CMake its package files, Python its modules), or when the build folder's generated
+compile and link lines name it: CMake's find_path and find_library only stat what they find.
+A file that was only stat-ed and that no compile or link line names was a probe of something
+unused (FindCUDAToolkit looks for every CUDA library, OpenCL's among them, wherever it is). Prints one line per package outside the
+fresh machine's set, with one file of it the build read, and exits 1 if there is any.
+"""
+import os
+import re
+import subprocess
+import sys
+
+# The first quoted argument of a file syscall that succeeded: the path it opened, stat-ed, ran.
+CALL = re.compile(r'^\d+\s+(?:<\.\.\. )?(\w+)\((?:AT_FDCWD, )?"([^"]*)"')
+FILE_CALLS = {"execve", "open", "openat", "stat", "lstat", "newfstatat", "statx", "access",
+              "faccessat", "faccessat2", "readlink", "readlinkat"}
+
+# What a build depends on: headers, libraries, CMake and pkg-config package files, and the
+# Python modules the tests import. Programs it ran are kept through execve.
+KEPT_SUFFIX = re.compile(r'(\.(h|hh|hpp|hxx|inl|tcc|ipp|cmake|pc|a|so|py|pyc)|\.so\.[0-9.]+)$')
+KEPT_UNDER = ("/usr/include/",)
+# Not dependencies: the loader's configuration and caches, the toolchain's own plugins, locale
+# and time zone data.
+LEFT_OUT = re.compile(r'^/(etc/ld\.so\.|usr/lib/gcc/[^/]+/[^/]+/plugin/|usr/lib/locale/|'
+                      r'usr/share/locale/|usr/share/zoneinfo/|usr/lib/[^/]+/gconv/)')
+
+
+def build_lines(build_dir):
+    """The text of every generated compile and link line of the build folder."""
+    text = []
+    for root, _, names in os.walk(build_dir):
+        for name in names:
+            if name in ("link.txt", "flags.make", "build.ninja"):
+                with open(os.path.join(root, name), errors="replace") as f:
+                    text.append(f.read())
+    return "\n".join(text)
+
+
+def traced_files(trace_dir, build_dir):
+    """{path: syscall} of every file under /usr, /lib, /etc (not /usr/local) the build used."""
+    lines = build_lines(build_dir)
+    files = {}
+    for name in sorted(os.listdir(trace_dir)):
+        with open(os.path.join(trace_dir, name), errors="replace") as log:
+            for line in log:
+                m = CALL.match(line)
+                if not m or m.group(1) not in FILE_CALLS:
+                    continue
+                path = os.path.normpath(m.group(2))
+                if not re.match(r'^/(usr|lib|lib64|etc|bin|sbin)/', path):
+                    continue
+                if path.startswith("/usr/local/") or LEFT_OUT.match(path):
+                    continue
+                if not (m.group(1) == "execve" or path.startswith(KEPT_UNDER) or
+                        KEPT_SUFFIX.search(path)):
+                    continue
+                if m.group(1) in ("execve", "open", "openat") or path in lines:
+                    files.setdefault(path, m.group(1))
+    return {p: c for p, c in files.items() if not os.path.isdir(p)}
+
+
+def owners():
+    """{path: package} from dpkg's file lists."""
+    owner = {}
+    info = "/var/lib/dpkg/info"
+    for name in os.listdir(info):
+        if name.endswith(".list"):
+            package = name[:-len(".list")].split(":")[0]
+            with open(os.path.join(info, name), errors="replace") as lst:
+                for line in lst:
+                    owner.setdefault(line.rstrip("\n"), package)
+    return owner
+
+
+def variants(path):
+    """The path, its other spelling under Debian 12's merged /usr, and the same for its target."""
+    out = []
+    for p in (path, os.path.realpath(path)):
+        out.append(p)
+        for short, long in (("/lib", "/usr/lib"), ("/lib64", "/usr/lib64"), ("/bin", "/usr/bin"),
+                            ("/sbin", "/usr/sbin")):
+            if p.startswith(short + "/"):
+                out.append(long + p[len(short):])
+            elif p.startswith(long + "/"):
+                out.append(short + p[len(long):])
+    return out
+
+
+def closure(packages):
+    """The packages plus everything they Depend or Pre-Depend on, recursively."""
+    if not packages:
+        return set()
+    out = subprocess.run(
+        ["apt-cache", "depends", "--recurse", "--no-recommends", "--no-suggests",
+         "--no-conflicts", "--no-breaks", "--no-replaces", "--no-enhances", *packages],
+        check=True, capture_output=True, text=True).stdout
+    return {line.strip("<>").split(":")[0] for line in out.splitlines()
+            if line and not line[0].isspace()}
+
+
+def base_system():
+    """Packages of priority required or important, and essential ones: what Debian installs."""
+    out = subprocess.run(["apt-cache", "dumpavail"], check=True, capture_output=True,
+                         text=True).stdout
+    base = set()
+    for record in out.split("\n\n"):
+        fields = dict(re.findall(r'^([\w-]+): (.*)$', record, re.M))
+        if fields.get("Priority") in ("required", "important") or \
+                fields.get("Essential") == "yes":
+            base.add(fields["Package"])
+    return base
+
+
+def main():
+    trace_dir, build_dir, listed = sys.argv[1], sys.argv[2], sys.argv[3:]
+    files = traced_files(trace_dir, build_dir)
+    owner = owners()
+    fresh = closure(sorted(set(listed) | base_system()))
+    by_package = {}
+    unowned = 0
+    for path in sorted(files):
+        package = next((owner[v] for v in variants(path) if v in owner), None)
+        if package is None:
+            unowned += 1
+        else:
+            by_package.setdefault(package, path)
+    missing = {p: f for p, f in by_package.items() if p not in fresh}
+    print(f"check_packages: {len(files)} files read from {len(by_package)} packages "
+          f"({unowned} belong to none); a fresh machine with the install list has "
+          f"{len(fresh)} packages")
+    for package, path in sorted(missing.items()):
+        print(f"check_packages: MISSING {package}: the build read {path} "
+              f"({files[path]}), and the install list in scripts/common.sh does not bring it")
+    return 1 if missing else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
