@@ -9,7 +9,12 @@ A file counts when a program opened or ran it (the compiler its headers, the lin
 libraries, CMake its package files, Python its modules), or when the build folder's generated
 compile and link lines name it: CMake's find_path and find_library only stat what they find.
 A file that was only stat-ed and that no compile or link line names was a probe of something
-unused (FindCUDAToolkit looks for every CUDA library, OpenCL's among them, wherever it is). Prints one line per package outside the
+unused (FindCUDAToolkit looks for every CUDA library, OpenCL's among them, wherever it is).
+Left out as well: shared libraries the dynamic loader maps into a running tool (opened with
+O_CLOEXEC; the linker reads the libraries it links without it), which are that tool's runtime
+(ar loads binutils' LTO plugins and the LLVM they need), and the toolchain's plugins. Of the
+tests' trace (a file name starting with "tests") only Python counts: its interpreter, its
+modules and the wheels venv installs; the tests' programs are the build's. Prints one line per package outside the
 fresh machine's set, with one file of it the build read, and exits 1 if there is any.
 """
 import os
@@ -24,12 +29,16 @@ FILE_CALLS = {"execve", "open", "openat", "stat", "lstat", "newfstatat", "statx"
 
 # What a build depends on: headers, libraries, CMake and pkg-config package files, and the
 # Python modules the tests import. Programs it ran are kept through execve.
-KEPT_SUFFIX = re.compile(r'(\.(h|hh|hpp|hxx|inl|tcc|ipp|cmake|pc|a|so|py|pyc)|\.so\.[0-9.]+)$')
+KEPT_SUFFIX = re.compile(r'(\.(h|hh|hpp|hxx|inl|tcc|ipp|cmake|pc|a|so|py|pyc|whl)|\.so\.[0-9.]+)$')
 KEPT_UNDER = ("/usr/include/",)
 # Not dependencies: the loader's configuration and caches, the toolchain's own plugins, locale
-# and time zone data.
-LEFT_OUT = re.compile(r'^/(etc/ld\.so\.|usr/lib/gcc/[^/]+/[^/]+/plugin/|usr/lib/locale/|'
-                      r'usr/share/locale/|usr/share/zoneinfo/|usr/lib/[^/]+/gconv/)')
+# and time zone data, and setuptools' hook, which Python's site imports at start-up wherever
+# python3-setuptools is installed (its distutils-precedence.pth), whoever asked for it.
+LEFT_OUT = re.compile(r'^/(etc/ld\.so\.|usr/lib/gcc/[^/]+/[^/]+/plugin/|usr/lib/bfd-plugins/|'
+                      r'usr/lib/locale/|usr/share/locale/|usr/share/zoneinfo/|usr/lib/[^/]+/gconv/|'
+                      r'usr/lib/python3/dist-packages/_distutils_hack/)')
+SHARED_OBJECT = re.compile(r'\.so(\.[0-9.]+)?$')
+PYTHON = re.compile(r'^/usr/(lib/python3|bin/python3|share/python-wheels/)')
 
 
 def build_lines(build_dir):
@@ -48,12 +57,18 @@ def traced_files(trace_dir, build_dir):
     lines = build_lines(build_dir)
     files = {}
     for name in sorted(os.listdir(trace_dir)):
+        tests = name.startswith("tests")
         with open(os.path.join(trace_dir, name), errors="replace") as log:
             for line in log:
                 m = CALL.match(line)
                 if not m or m.group(1) not in FILE_CALLS:
                     continue
                 path = os.path.normpath(m.group(2))
+                if tests and not PYTHON.match(path):
+                    continue
+                if not tests and m.group(1) in ("open", "openat") and "O_CLOEXEC" in line and \
+                        SHARED_OBJECT.search(path):
+                    continue
                 if not re.match(r'^/(usr|lib|lib64|etc|bin|sbin)/', path):
                     continue
                 if path.startswith("/usr/local/") or LEFT_OUT.match(path):
@@ -79,10 +94,16 @@ def owners():
     return owner
 
 
+PYC = re.compile(r'^(.*)/__pycache__/([^/.]+)\.cpython-[0-9]+(\.opt-[0-9])?\.pyc$')
+
+
 def variants(path):
-    """The path, its other spelling under Debian 12's merged /usr, and the same for its target."""
+    """The path, its other spelling under Debian 12's merged /usr, and the same for its target.
+    A module's compiled form belongs to no package (Debian compiles it at install): its source's
+    package stands for it."""
     out = []
-    for p in (path, os.path.realpath(path)):
+    pyc = PYC.match(path)
+    for p in (path, os.path.realpath(path)) + ((f"{pyc[1]}/{pyc[2]}.py",) if pyc else ()):
         out.append(p)
         for short, long in (("/lib", "/usr/lib"), ("/lib64", "/usr/lib64"), ("/bin", "/usr/bin"),
                             ("/sbin", "/usr/sbin")):
@@ -136,8 +157,8 @@ def main():
           f"({unowned} belong to none); a fresh machine with the install list has "
           f"{len(fresh)} packages")
     for package, path in sorted(missing.items()):
-        print(f"check_packages: MISSING {package}: the build read {path} "
-              f"({files[path]}), and the install list in scripts/common.sh does not bring it")
+        print(f"check_packages: MISSING {package}: the build or the tests used {path} "
+              f"({files[path]}), and the install lists of scripts/common.sh do not bring it")
     return 1 if missing else 0
 
 
