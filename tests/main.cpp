@@ -93,9 +93,9 @@ void mark_skipped(Skip kind, const std::string& why) {
 // Note [One case per CTest test]: the rule that keeps each name one CTest test.
 TEST_CASE("test names: none holds a character that splits it into several CTest tests") {
   for (const doctest::detail::TestCase& tc : doctest::detail::getRegisteredTests()) {
-    const std::string name = tc.m_name;
+    const std::string name = tc.m_name, file = tc.m_file.c_str();
     CAPTURE(name);
-    CAPTURE(tc.m_file.c_str());
+    CAPTURE(file);
     CHECK(name.find(';') == std::string::npos);
   }
 }

@@ -163,7 +163,9 @@ TEST_CASE("backward enqueues every bucket without waiting for the previous one t
   const std::size_t end = log.position("backward end");
   for (std::size_t k = 0; k < buckets; ++k) CHECK(log.position(fmt::format("start {}", k)) < end);
   for (const std::string& event : during)
-    CHECK((event.starts_with("start ") || event.starts_with("layer ") || event == "backward end"));
+    CHECK_MESSAGE((event.starts_with("start ") || event.starts_with("layer ") ||
+                   event == "backward end"),
+                  event);
 
   // Only the optimiser's waits block, and they find the collectives in flight: wait k lets
   // collective k through, which then takes kDelay_s, and finishes before wait k returns.
