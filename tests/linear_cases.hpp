@@ -57,17 +57,6 @@ struct LinearCase {
         dbias_pre(random_floats(std::size_t(i), seed + 7)) {}
 };
 
-inline std::vector<std::uint16_t> to_bits(const std::vector<float>& x) {
-  std::vector<std::uint16_t> out(x.size());
-  for (std::size_t i = 0; i < x.size(); ++i) out[i] = detail::float_to_bf16(x[i]);
-  return out;
-}
-inline std::vector<float> widened(const std::vector<std::uint16_t>& bits) {
-  std::vector<float> out(bits.size());
-  for (std::size_t i = 0; i < bits.size(); ++i) out[i] = detail::bf16_to_float(bits[i]);
-  return out;
-}
-
 // A matrix on the device in fp32 or as bf16 bits (rounded on the host), and its download.
 struct Matrix {
   DeviceArray<float> f32;
@@ -134,7 +123,9 @@ inline LinearOutputs run_linear_backward(Device& dev, const LinearCase& c, Linea
   DeviceArray<float> dy = on_device(dev, c.dy), dw = on_device(dev, c.dweight),
                      db = on_device(dev, c.dbias), dbp = on_device(dev, c.dbias_pre),
                      dx = on_device(dev, std::vector<float>(n, 7.0f));
-  DeviceArray<std::uint16_t> dx16(dev, v.gelu && bf16 ? n : 0);
+  // NaN, so that an element never written fails.
+  DeviceArray<std::uint16_t> dx16 =
+      on_device(dev, std::vector<std::uint16_t>(v.gelu && bf16 ? n : 0, detail::kBf16QuietNan));
   if (op) {
     dev.linear_backward({.rows = c.rows, .in = c.in, .out = c.out, .x = x.in(), .weight = w.in(),
                          .dy = dy.data(), .g = bf16 ? g.in() : MatIn{dy.data(), nullptr},

@@ -1,11 +1,12 @@
-// Random test inputs drawn from a seed (the same on every platform), and a helper to put them on
-// a device. Shared by the CPU, CUDA and gradient-check tests.
+// Random test inputs drawn from a seed (the same on every platform), bf16 bits to and from
+// floats, and a helper to put them on a device. Shared by the CPU, CUDA and gradient-check tests.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <vector>
 
+#include "common/bf16.hpp"
 #include "common/random.hpp"
 #include "lockstep/device.hpp"
 
@@ -31,6 +32,18 @@ inline std::vector<float> random_tokens(std::size_t n, int vocab, std::uint64_t 
   std::vector<float> v(n);
   for (float& t : v) t = static_cast<float>(detail::uniform_below(seed, static_cast<std::uint64_t>(vocab)));
   return v;
+}
+
+// x rounded to bf16 bits, and bf16 bits as the floats they hold.
+inline std::vector<std::uint16_t> to_bits(const std::vector<float>& x) {
+  std::vector<std::uint16_t> out(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) out[i] = detail::float_to_bf16(x[i]);
+  return out;
+}
+inline std::vector<float> widened(const std::vector<std::uint16_t>& bits) {
+  std::vector<float> out(bits.size());
+  for (std::size_t i = 0; i < bits.size(); ++i) out[i] = detail::bf16_to_float(bits[i]);
+  return out;
 }
 
 template <class T>

@@ -3,10 +3,12 @@
 
 #include <doctest/doctest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <regex>
 #include <string>
 
@@ -30,6 +32,15 @@ inline CliResult run_command(const std::string& command) {
   REQUIRE_MESSAGE(WIFEXITED(status), "killed by a signal: " << r.output);
   r.code = WEXITSTATUS(status);
   return r;
+}
+
+// What to put before a shell command so that it runs without root's exemptions (from
+// RLIMIT_NPROC, from file permissions): "" when not root, setpriv to nobody as root, nullopt
+// as root without setpriv. Whatever such a command reads must be readable by nobody.
+inline std::optional<std::string> unprivileged_prefix() {
+  if (::geteuid() != 0) return std::string();
+  if (run_command("command -v setpriv").code != 0) return std::nullopt;
+  return std::string("setpriv --reuid=65534 --regid=65534 --clear-groups ");
 }
 
 // The lockstep binary, quoted for a shell.

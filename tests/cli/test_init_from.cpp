@@ -57,7 +57,8 @@ TEST_CASE("cli: --init-from fine-tunes: its first loss is the source checkpoint'
         doctest::Approx(eval_loss).epsilon(1e-5));
 }
 
-TEST_CASE("cli: --init-from refuses another model, naming the first difference; --resume hints at it") {
+TEST_CASE("cli: --init-from refuses another model, naming the first difference, and --resume hints "
+          "at it") {
   const lockstep::test::TempDir dir;
   const std::string src = (dir.path() / "src").string();
   REQUIRE(run_cli(kSmall + "--set trainer.steps=2 --set trainer.checkpoint.dir=" + src).code == 0);

@@ -71,7 +71,8 @@ void copy_configs(const fs::path& to) {
 TEST_CASE("README: the marked command blocks run verbatim from the repository root") {
   // They train gpt_tiny, which under TSan takes minutes; scripts/test.sh's plain build runs them.
   if (lockstep::test::kSanitized)
-    return lockstep::test::skip("the README's commands run in the plain build (scripts/test.sh)");
+    return lockstep::test::skip(lockstep::test::Skip::setup,
+                                "the README's commands run in the plain build (scripts/test.sh)");
   const std::vector<std::string> blocks =
       marked_blocks(lockstep::test::read_text(kSource / "README.md"));
   REQUIRE(blocks.size() >= 3);

@@ -34,8 +34,8 @@ TEST_CASE("cli: --help on a command prints the usage and exits 0") {
   }
 }
 
-TEST_CASE("cli: the summary's train loss says it is the last log window's; a finished run has "
-          "nothing to resume") {
+TEST_CASE("cli: the summary's train loss says it is the last log window's, and a finished run "
+          "has nothing to resume") {
   const lockstep::test::TempDir dir;
   const std::string ckpt = " --set trainer.checkpoint.dir=" + (dir.path() / "c").string();
   const auto r = run_cli("train " + kQuickstart + " --set trainer.steps=20" + ckpt);
@@ -87,7 +87,8 @@ TEST_CASE("cli: sgd's momentum and nesterov under adamw are refused") {
 
 TEST_CASE("cli: on a terminal the log lines stay in the scrollback between live lines") {
   if (run_command("command -v script").code != 0)
-    return lockstep::test::skip("no `script` (util-linux) to run the command on a terminal");
+    return lockstep::test::skip(lockstep::test::Skip::missing,
+                                "no `script` (util-linux) to run the command on a terminal");
   const auto r = run_command("script -qec '" + std::string(LOCKSTEP_CLI_PATH) + " train " + kQuickstart +
                              " --set trainer.steps=100' /dev/null");
   REQUIRE_MESSAGE(r.code == 0, r.output);

@@ -39,7 +39,7 @@ class AbortableGroupOfOne final : public test::GroupOfOne {
 
 }  // namespace
 
-TEST_CASE("attach binds the device's queue; a CPU device's queue is the calling thread") {
+TEST_CASE("attach binds the device's queue, and a CPU device's queue is the calling thread") {
   auto device = make_cpu_device(/*id=*/3, /*threads=*/1);
   RecordingCommunicator comm;
   comm.attach(*device);

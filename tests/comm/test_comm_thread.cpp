@@ -19,7 +19,8 @@ using namespace lockstep;
 TEST_CASE("the communication thread asks for a 100 us time slice and keeps its nice value") {
 #if defined(__linux__)
   if (detail::time_slice_ns() == 0)
-    return test::skip("the kernel reports no per-thread time slice (Linux before 6.12)");
+    return test::skip(test::Skip::platform,
+                      "the kernel reports no per-thread time slice (Linux before 6.12)");
   // A thread niced to +3 (which needs no privilege) starts the communication thread, which
   // inherits its scheduling attributes; the collective reads what the thread ended up with.
   const std::uint64_t before = detail::time_slice_ns();
@@ -42,6 +43,6 @@ TEST_CASE("the communication thread asks for a 100 us time slice and keeps its n
   CHECK(nice == 3);
   CHECK(detail::time_slice_ns() == before);  // only the communication thread changed
 #else
-  test::skip("time slices are requested on Linux only");
+  test::skip(test::Skip::platform, "time slices are requested on Linux only");
 #endif
 }

@@ -94,7 +94,8 @@ TEST_CASE("bf16: every bf16 converts to float and back unchanged") {
 TEST_CASE("bf16: a million floats round as PyTorch rounds them, bit for bit") {
   const std::string python = python_interpreter();
   if (lockstep::test::run_command(python + " -c 'import torch, numpy'").code != 0) {
-    lockstep::test::skip(python + " cannot import torch and numpy (Debian: python3-torch)");
+    lockstep::test::skip(lockstep::test::Skip::missing,
+                         python + " cannot import torch and numpy (Debian: python3-torch)");
     return;
   }
   const std::vector<float> x = test_floats(1'000'000);

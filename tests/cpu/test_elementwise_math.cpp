@@ -64,10 +64,15 @@ TEST_SUITE("elementwise math") {
     CHECK(math::relu(-2.5f) == 0.0f);
     CHECK(math::relu_grad(0.0f) == 0.0f);  // the subgradient both backends use at 0
     CHECK(math::relu_grad(1e-30f) == 1.0f);
-    for (float x : {-3.0f, -0.5f, 0.0f, 0.25f, 4.0f}) {
+    // tanh against (e^2x - 1) / (e^2x + 1) in double, within 2 ulps; odd; 0 at 0.
+    CHECK(math::tanh_act(0.0f) == 0.0f);
+    for (float x : {-3.0f, -0.5f, 0.25f, 4.0f, 1e-3f}) {
       CAPTURE(x);
-      CHECK(math::tanh_act(x) == std::tanh(x));
-      const double t = std::tanh(double(x));
+      const double e = std::exp(2.0 * double(x)), t = (e - 1.0) / (e + 1.0);
+      const float got = math::tanh_act(x);
+      const double ulp = std::abs(std::nextafter(float(t), 2.0f) - float(t));
+      CHECK(std::abs(double(got) - t) <= 2.0 * ulp);
+      CHECK(math::tanh_act(-x) == -got);
       CHECK(math::tanh_grad(x) == doctest::Approx(1.0 - t * t).epsilon(1e-6));
     }
   }
@@ -94,9 +99,11 @@ TEST_SUITE("elementwise math") {
   TEST_CASE("adamw: the scalars in double, and the first step from zero moments") {
     const float lr = 1e-3f, wd = 0.1f;
     const math::AdamWScalars s = math::adamw_scalars(0.9f, 0.999f, 1e-8f, wd, lr, 1);
-    CHECK(s.step_size == static_cast<float>(double(lr) / (1.0 - double(0.9f))));
-    CHECK(s.bc2_sqrt == static_cast<float>(std::sqrt(1.0 - double(0.999f))));
-    CHECK(s.decay == static_cast<float>(1.0 - double(lr) * double(wd)));
+    // At t = 1: lr / (1 - 0.9) = 0.01, sqrt(1 - 0.999) = sqrt(0.001), 1 - 1e-3 * 0.1 = 0.9999
+    // (up to the floats 0.9, 0.999, 1e-3 and 0.1 are).
+    CHECK(s.step_size == doctest::Approx(0.01).epsilon(1e-6));
+    CHECK(s.bc2_sqrt == doctest::Approx(0.0316227766).epsilon(1e-5));
+    CHECK(s.decay == doctest::Approx(0.9999).epsilon(1e-7));
     // At t = 1 from m = v = 0 the bias-corrected moments are g and g^2:
     // p = p (1 - lr wd) - lr g / (|g| + eps).
     for (float grad : {0.5f, -2.0f, 1e-3f}) {

@@ -28,48 +28,142 @@ inline std::unique_ptr<Backend> cuda_or_skip(const BackendOptions& options = {})
   try {
     return make_backend(BackendKind::cuda, {}, options);
   } catch (const InputError& e) {
-    skip("no usable GPU (" + std::string(e.what()) + ")");
+    skip(Skip::gpu, "no usable GPU (" + std::string(e.what()) + ")");
     return nullptr;
   }
 }
 
 inline constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-// max |got - want| <= tol * max |want|, and NaN exactly where `want` has NaN.
-inline void check_close(const std::vector<float>& got, const std::vector<float>& want,
-                        double tol = 1e-5) {
-  REQUIRE(got.size() == want.size());
-  double diff = 0.0, scale = 0.0;
-  for (std::size_t i = 0; i < got.size(); ++i) {
-    if (std::isnan(got[i]) || std::isnan(want[i])) {
-      if (std::isnan(got[i]) != std::isnan(want[i])) {
-        FAIL_CHECK("element " << i << ": got " << got[i] << ", want " << want[i]);
-        return;
+// Note [Comparing with the CPU]
+// Every element on its own: |got - want| <= rel |want| + abs m, m the largest finite |want| of
+// the element's row (`row` elements; the whole output when 0). rel and abs come from the dtype:
+//   fp32   4 ulps (2^-23 each) per term of the sums behind the value, which each side adds in
+//          its own order: fp32_sums(K); an element-wise op has K = 1.
+//   bf16   one bf16 ulp (2^-7 of the value, twice bf16's 2^-8 rounding: both sides round, and
+//          may land on neighbours) on top of the fp32 tolerance of the value rounded.
+//   tf32   one TF32 ulp (2^-10) per term: each operand keeps 10 bits.
+// The floor scales with the row's largest value, never the array's: in a causal softmax row 0
+// holds p = 1, and a floor scaled by it let whole rows of probabilities below 1/128 go unwritten
+// (issue 30). An infinity must be met exactly. NaN in the CPU's output fails, unless the test
+// says NaN is expected where the CPU has it (padding both sides must leave alone); the GPU must
+// then have NaN there too, and nowhere else. Outputs a kernel overwrites start as NaN
+// (poisoned, poisoned_bf16), so that an element never written fails.
+struct Tolerance {
+  double rel = 0.0;
+  double abs = 0.0;
+  std::size_t row = 0;
+};
+inline constexpr double kFp32Ulp = 0x1p-23, kBf16Ulp = 0x1p-7, kTf32Ulp = 0x1p-10;
+inline constexpr Tolerance kSameBits{};
+constexpr Tolerance fp32_sums(double terms, std::size_t row = 0) {
+  return {4 * kFp32Ulp * terms, 4 * kFp32Ulp * terms, row};
+}
+constexpr Tolerance bf16_rounded(Tolerance fp32) {
+  return {fp32.rel + kBf16Ulp, fp32.abs, fp32.row};
+}
+constexpr Tolerance tf32_sums(double terms, std::size_t row = 0) {
+  return {kTf32Ulp * terms, kTf32Ulp * terms, row};
+}
+// No floor, for values no cancellation stands behind (a softmax's probabilities, quotients of
+// positive sums): each held to its own size.
+constexpr Tolerance without_floor(Tolerance t) { return {t.rel, 0.0, t.row}; }
+
+// Three optimiser steps, about ten operations on each element per step.
+inline constexpr Tolerance kOptimizerSteps = fp32_sums(32);
+
+// The causal softmax of rows of T, forward p and backward ds (test_cuda_transformer.cpp,
+// test_cuda_bf16.cpp; test_comparison.cpp runs the CPU's own outputs through them): sums over the
+// row; p without a floor; in bf16, p rounded, and ds computed from that p and rounded again.
+struct SoftmaxTolerance {
+  Tolerance p, ds;
+};
+constexpr SoftmaxTolerance softmax_tolerance(int T, bool bf16) {
+  const Tolerance sums = fp32_sums(T + 4, static_cast<std::size_t>(T));
+  if (!bf16) return {without_floor(sums), sums};
+  return {without_floor(bf16_rounded(sums)), bf16_rounded(bf16_rounded(sums))};
+}
+
+// Whether NaN may appear in the CPU's output (then the GPU's must match it).
+enum class NaNs { refused, where_cpu_has_them };
+
+// The elements of `got` that fail against `want` (Note [Comparing with the CPU]), each with why.
+struct Mismatch {
+  std::size_t index;
+  float got, want;
+  double allowed;
+};
+inline std::vector<Mismatch> mismatches(const std::vector<float>& got,
+                                        const std::vector<float>& want, const Tolerance& tol,
+                                        NaNs nans = NaNs::refused) {
+  std::vector<Mismatch> bad;
+  const std::size_t n = want.size(), row = tol.row == 0 ? std::max<std::size_t>(n, 1) : tol.row;
+  if (got.size() != n) return {{n, kNaN, kNaN, 0.0}};
+  for (std::size_t r0 = 0; r0 < n; r0 += row) {
+    const std::size_t r1 = std::min(n, r0 + row);
+    double largest = 0.0;
+    for (std::size_t i = r0; i < r1; ++i)
+      if (std::isfinite(want[i])) largest = std::max(largest, std::abs(double(want[i])));
+    for (std::size_t i = r0; i < r1; ++i) {
+      const float g = got[i], w = want[i];
+      if (std::isnan(w)) {
+        if (nans == NaNs::refused || !std::isnan(g)) bad.push_back({i, g, w, 0.0});
+        continue;
       }
-      continue;
+      if (std::isinf(w)) {
+        if (g != w) bad.push_back({i, g, w, 0.0});
+        continue;
+      }
+      const double allowed = tol.rel * std::abs(double(w)) + tol.abs * largest;
+      // Written so that a NaN in `got` fails.
+      if (!(std::abs(double(g) - double(w)) <= allowed)) bad.push_back({i, g, w, allowed});
     }
-    diff = std::max(diff, std::abs(double(got[i]) - double(want[i])));
-    scale = std::max(scale, std::abs(double(want[i])));
   }
-  CHECK(diff <= tol * std::max(scale, 1e-30));
+  return bad;
+}
+
+inline void check_close(const std::vector<float>& got, const std::vector<float>& want,
+                        const Tolerance& tol, NaNs nans = NaNs::refused) {
+  REQUIRE(got.size() == want.size());
+  const std::vector<Mismatch> bad = mismatches(got, want, tol, nans);
+  if (bad.empty()) return;
+  const Mismatch& m = bad.front();
+  FAIL_CHECK(bad.size() << " of " << got.size() << " elements differ; the first, " << m.index
+                        << ": got " << m.got << ", want " << m.want << ", within " << m.allowed
+                        << (std::isnan(m.want) ? " (NaN in the CPU's output: never written, or "
+                                                 "NaN where none is expected)"
+                                               : ""));
 }
 
 // Runs the same op on the GPU and on a CPU device: op(device) returns the downloaded results
-// to compare. tol = 0 asks for the same bits.
+// to compare, output k within tols[k] of the CPU's, or all within tols[0] when it is the only
+// one (Note [Comparing with the CPU]).
 using Outputs = std::vector<std::vector<float>>;
-inline void compare(Device& gpu, const std::function<Outputs(Device&)>& op, double tol = 1e-5) {
+inline void compare_each(Device& gpu, const std::function<Outputs(Device&)>& op,
+                         const std::vector<Tolerance>& tols, NaNs nans = NaNs::refused) {
   auto cpu = make_cpu_device(0, 1);
   const Outputs want = op(*cpu), got = op(gpu);
   REQUIRE(got.size() == want.size());
+  REQUIRE((tols.size() == 1 || tols.size() == got.size()));
   for (std::size_t k = 0; k < got.size(); ++k) {
     CAPTURE(k);
-    check_close(got[k], want[k], tol);
+    check_close(got[k], want[k], tols[tols.size() == 1 ? 0 : k], nans);
   }
+}
+
+inline void compare(Device& gpu, const std::function<Outputs(Device&)>& op, const Tolerance& tol,
+                    NaNs nans = NaNs::refused) {
+  compare_each(gpu, op, {tol}, nans);
 }
 
 // An output buffer of n NaNs.
 inline DeviceArray<float> poisoned(Device& dev, std::size_t n) {
   return on_device(dev, std::vector<float>(n, kNaN));
+}
+
+// An output buffer of n bf16 NaNs.
+inline DeviceArray<std::uint16_t> poisoned_bf16(Device& dev, std::size_t n) {
+  return on_device(dev, std::vector<std::uint16_t>(n, detail::kBf16QuietNan));
 }
 
 // Runs fn(rank, device, comm) on one thread per rank, each with its own device and attached

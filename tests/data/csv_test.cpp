@@ -150,7 +150,8 @@ TEST_CASE("load_csv: the shipped digits data") {
 // growth of the process's peak resident memory, which a sanitizer's shadow memory would blur.
 TEST_CASE("load_csv: peak memory stays within twice the file for one very wide line") {
   if (lockstep::test::kSanitized)
-    return lockstep::test::skip("peak memory under a sanitizer is the sanitizer's");
+    return lockstep::test::skip(lockstep::test::Skip::setup,
+                                "peak memory under a sanitizer is the sanitizer's");
   TempDir dir;
   constexpr std::size_t kChunk = 1 << 19, kChunks = 48;  // 25,165,824 features a line
   // Written a chunk at a time, so that the test itself does not raise the peak first.

@@ -47,7 +47,8 @@ double number_after(const std::string& text, const std::string& key) {
 std::string hf_python() {
   const auto r = run_command("bash \"" + kSource + "/tests/interop/hf_venv.sh\" \"" LOCKSTEP_BINARY_DIR "\"");
   if (r.code != 0) {
-    lockstep::test::skip("cannot make the transformers==4.40.2 environment (PyPI, python3-venv): " +
+    lockstep::test::skip(lockstep::test::Skip::missing,
+                         "cannot make the transformers==4.40.2 environment (PyPI, python3-venv): " +
                          r.output);
     return {};
   }
@@ -59,7 +60,8 @@ std::string hf_python() {
 
 TEST_CASE("interop: an MLP export in torch.nn.Sequential predicts what lockstep eval counts") {
   if (run_command("/usr/bin/python3 -c 'import torch, numpy'").code != 0)
-    return lockstep::test::skip("/usr/bin/python3 cannot import torch and numpy (Debian: python3-torch)");
+    return lockstep::test::skip(lockstep::test::Skip::missing,
+                                "/usr/bin/python3 cannot import torch and numpy (Debian: python3-torch)");
   const lockstep::test::TempDir dir;
   const std::string ckpt = (dir.path() / "ckpt").string(), out = (dir.path() / "m.safetensors").string();
   REQUIRE(run_cli("train \"" + kQuickstart + "\" --set trainer.steps=100 --set trainer.checkpoint.dir=" + ckpt).code == 0);

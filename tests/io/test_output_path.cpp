@@ -7,9 +7,11 @@
 
 #include <cstddef>
 #include <filesystem>
+#include <optional>
 #include <span>
 #include <string>
 
+#include "../cli/cli_runner.hpp"
 #include "checkpoint_fixtures.hpp"
 #include "io/durable_file.hpp"
 #include "io/output_path.hpp"
@@ -50,16 +52,39 @@ TEST_CASE("check_output_file and check_output_dir: a missing parent, a directory
   CHECK(std::distance(fs::directory_iterator(tmp.path()), fs::directory_iterator()) == 1);
 }
 
+// Root writes into any directory: as root, the refusal is checked end to end instead, `lockstep
+// train` run as nobody asked for its summary in a directory only root may write.
 TEST_CASE("check_output_file: a directory without write permission is refused") {
-  if (::geteuid() == 0) return test::skip("root writes into any directory");
+  const std::optional<std::string> as_user = unprivileged_prefix();
+  if (!as_user) return skip(Skip::root, "running as root without setpriv: root writes anywhere");
   TempDir tmp;
   const fs::path locked = tmp.path() / "locked";
   fs::create_directories(locked);
-  fs::permissions(locked, fs::perms::owner_read | fs::perms::owner_exec);
-  const std::string why =
-      input_error_of([&] { detail::check_output_file(locked / "s.json", "--summary-json"); });
-  fs::permissions(locked, fs::perms::owner_all);
-  CHECK(why.ends_with("cannot write in directory '" + locked.string() + "': Permission denied"));
+  const std::string refusal =
+      "cannot write in directory '" + locked.string() + "': Permission denied";
+  if (as_user->empty()) {
+    fs::permissions(locked, fs::perms::owner_read | fs::perms::owner_exec);
+    const std::string why =
+        input_error_of([&] { detail::check_output_file(locked / "s.json", "--summary-json"); });
+    fs::permissions(locked, fs::perms::owner_all);
+    CHECK(why.ends_with(refusal));
+    return;
+  }
+  // Root's directories, which nobody may enter and read, not write.
+  const fs::perms read_only = fs::perms::owner_all | fs::perms::group_read |
+                              fs::perms::group_exec | fs::perms::others_read |
+                              fs::perms::others_exec;
+  fs::permissions(tmp.path(), read_only);
+  fs::permissions(locked, read_only);
+  const CliResult r = run_command(*as_user + cli_path() + " train \"" LOCKSTEP_SOURCE_DIR
+                                  "/configs/quickstart.yaml\" --set trainer.steps=1 "
+                                  "--set trainer.checkpoint.dir= --summary-json " +
+                                  (locked / "s.json").string());
+  CHECK_MESSAGE(r.code == 2, r.output);
+  // The CLI makes the file's directory first (prepare_output_file), so it names the directory.
+  CHECK_MESSAGE(r.output.find("--summary-json " + locked.string() + ": " + refusal) !=
+                    std::string::npos,
+                r.output);
 }
 
 TEST_CASE("write_file_atomically: through a symlink, the target is replaced and the link kept") {

@@ -30,9 +30,20 @@ of every step from its metrics stream (`trainer.metrics`), and trains the same m
 from the same weights on the same windows (window i is tokens [i T, i T + T], batches in
 order). fp32 compares the losses within 1e-4 relative. bf16 trains PyTorch's side under
 torch.autocast(dtype=torch.bfloat16) with fp32 master weights, PyTorch's mixed precision, and
-compares within 1e-2 relative (issue 16); it prints PyTorch's fp32 losses beside, to show how far
-bf16 itself moves them. --torch-only skips lockstep and checks PyTorch's bf16 run against its
-fp32 run within the same tolerance, for a machine whose lockstep cannot run bf16 yet.
+also PyTorch in fp32, and requires lockstep's losses near both and measurably away from the
+fp32 ones (Note [bf16 parity]). --torch-only skips lockstep and checks PyTorch's bf16 run
+against its fp32 run within the same tolerance, for a machine whose lockstep cannot run bf16.
+
+Note [bf16 parity]
+lockstep's bf16 and PyTorch's autocast round in different places, so neither is a reference for
+the other's rounding: each lands near PyTorch's fp32 losses, apart from it and from each other by
+rounding noise of its own. Measured on the CPU (12 steps, worst relative difference of a loss):
+lockstep bf16 is 1.1e-4 from PyTorch fp32 and 3.0e-4 from PyTorch's autocast, which is itself
+3.0e-4 from PyTorch fp32; lockstep fp32 is 1.5e-7 from PyTorch fp32. So lockstep bf16 is not
+closer to autocast than to fp32, and that cannot be the test. bf16 passes when lockstep's
+losses are within BF16_NEAR (1e-3, about three times the differences seen) of both PyTorch runs,
+and at least BF16_MOVED (1e-5) from the fp32 one: 70 times what an fp32 run differs, a tenth of
+what bf16 rounding moves them. A "bf16" run that computed in fp32 fails the second bound.
 """
 
 import argparse
@@ -245,6 +256,15 @@ def torch_losses(model, device, bf16):
     return losses
 
 
+BF16_NEAR = 1e-3  # Note [bf16 parity]
+BF16_MOVED = 1e-5
+
+
+def worst_difference(ours, theirs):
+    """The largest relative difference of two runs' losses."""
+    return max(abs(a - b) / abs(b) for a, b in zip(ours, theirs))
+
+
 def compare_losses(ours, theirs, tol, label):
     """Prints the losses side by side; True when every one is within tol relative."""
     print(f"{'step':>4} {label:>16} {'torch loss':>14} {'rel err':>9}")
@@ -261,7 +281,7 @@ def compare_losses(ours, theirs, tol, label):
 
 def lockstep_main(args):
     bf16 = args.precision == "bf16"
-    tol = args.tol if args.tol is not None else (1e-2 if bf16 else 1e-4)
+    tol = args.tol if args.tol is not None else (BF16_NEAR if bf16 else 1e-4)
     fp32 = torch_losses(initial_model(args.device), args.device, False)
     theirs = torch_losses(initial_model(args.device), args.device, True) if bf16 else fp32
     if args.torch_only:
@@ -274,8 +294,16 @@ def lockstep_main(args):
           f"{'autocast bf16' if bf16 else 'fp32'}:")
     ok = compare_losses(ours, theirs, tol, "lockstep loss")
     if bf16:
-        worst = max(abs(a - b) / abs(b) for a, b in zip(theirs, fp32))
-        print(f"(PyTorch's bf16 against its own fp32: worst loss relative difference {worst:.2e})")
+        print(f"(PyTorch's bf16 against its own fp32: worst loss relative difference "
+              f"{worst_difference(theirs, fp32):.2e})")
+        print("lockstep trainer.precision=bf16 against PyTorch fp32:")
+        ok &= compare_losses(ours, fp32, tol, "lockstep loss")
+        moved = worst_difference(ours, fp32) if len(ours) == STEPS else 0.0
+        ran_bf16 = moved >= BF16_MOVED
+        print(f"bf16 moved the losses from PyTorch's fp32 ones by {moved:.2e} at most, at least "
+              f"{BF16_MOVED:g} wanted (an fp32 run: about 1e-7): "
+              f"{'PASS' if ran_bf16 else 'FAIL, as if it computed in fp32'}")
+        ok &= ran_bf16
     return 0 if ok else 1
 
 
@@ -284,7 +312,7 @@ def main():
     ap.add_argument("dir", nargs="?", help="what the C++ case wrote")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--tol", type=float, default=None,
-                    help="relative; default 1e-4, with --precision bf16 1e-2")
+                    help="relative; default 1e-4, with --precision bf16 1e-3 (BF16_NEAR)")
     ap.add_argument("--lockstep", metavar="CLI", help="run CLI train instead of reading DIR")
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
                     help="with --lockstep: trainer.precision, and PyTorch's autocast for bf16")

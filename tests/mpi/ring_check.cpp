@@ -120,6 +120,9 @@ bool check_abort(ProcessGroup& g, bool all_abort) {
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   data = {};  // freed while the ring's calls may still be pending
   aborter.join();
+  // A bounded stop is a time by contract: idle, the abort lands within milliseconds of the
+  // aborter's (2 ms, or 300 ms when every process aborts itself); 2 s and 5 s are the slack for
+  // a loaded 2-core machine running two processes.
   const bool late = s > (all_abort ? 5.0 : 2.0);
   std::printf("process %d: %s after %.3f s%s%s\n", r, aborted ? "aborted" : "not aborted", s,
               late ? ", too late" : "", g.aborted() ? "" : ", but the group is not aborted");

@@ -35,8 +35,9 @@ void check_sums(Plane plane, const std::string& mode) {
   }
 }
 
-// Runs `mode` with `p` processes: it must take under 15 s, and every process must say that its
-// collective ended with CommAborted in time and that its group is aborted.
+// Runs `mode` with `p` processes: it must take under 15 s (a bounded stop: mpirun's start and
+// the abort, with slack for a loaded machine), and every process must say that its collective
+// ended with CommAborted in time and that its group is aborted.
 void check_aborted(Plane plane, int p, const std::string& mode) {
   const auto t0 = std::chrono::steady_clock::now();
   const auto r = run_command(mpirun(plane, p, mode));

@@ -130,6 +130,8 @@ TEST_CASE("every injected fault ends the run within 10 s, naming the worker") {
       if (c.rank >= 0) CHECK(e.rank() == c.rank);
       CHECK_MESSAGE(std::string(e.what()).find(c.message) != std::string::npos, e.what());
     }
+    // A bounded stop, a time by contract: the fault's own step, or the 1 s step timeout for the
+    // stall; 10 s is slack for a busy machine.
     CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10));
   }
 }

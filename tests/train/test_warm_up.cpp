@@ -22,9 +22,12 @@ namespace {
 
 // The products of these tests are too small for oneDNN except attention's batches, which always
 // go there (Note [CPU matrix products]); with LOCKSTEP_CPU_GEMM=openblas there is nothing to see.
-void skip_without_onednn() {
-  if (cpu::gemm_path().library != cpu::GemmLibrary::onednn)
-    test::skip("the CPU's products run on OpenBLAS (LOCKSTEP_CPU_GEMM), which has no primitives");
+// False (the case skipped) then: the caller returns.
+bool onednn_or_skip() {
+  if (cpu::gemm_path().library == cpu::GemmLibrary::onednn) return true;
+  test::skip(test::Skip::setup,
+             "the CPU's products run on OpenBLAS (LOCKSTEP_CPU_GEMM), which has no primitives");
+  return false;
 }
 
 // The CPU backend with one device, which the test can watch.
@@ -80,7 +83,7 @@ Step1 train_gpt(Precision precision, bool warm_up) {
 }  // namespace
 
 TEST_CASE("warm-up: step 1 makes no oneDNN primitive, and the run is as without it") {
-  skip_without_onednn();
+  if (!onednn_or_skip()) return;
   for (const Precision precision : {Precision::fp32, Precision::bf16}) {
     const std::string name(to_string(precision));
     CAPTURE(name);
@@ -95,7 +98,7 @@ TEST_CASE("warm-up: step 1 makes no oneDNN primitive, and the run is as without 
 }
 
 TEST_CASE("warm-up: Replica::warm_up leaves the parameters, zero gradients and later logits") {
-  skip_without_onednn();
+  if (!onednn_or_skip()) return;
   const Model model = Model::gpt({.vocab_size = 13, .context = 8, .n_layer = 1, .n_head = 2,
                                   .d_model = 16});
   const std::vector<float> init = model.initial_parameters(7);

@@ -1,0 +1,129 @@
+// The CUDA tests' comparison with the CPU (gpu_vs_cpu.hpp, Note [Comparing with the CPU]) fed
+// the CPU device's own outputs, as the GPU tests' seeds and shapes make them, and broken copies
+// of them: what a kernel that skips rows, writes nothing or computes a little wrong would give.
+// It runs on every machine, so a comparison that accepts garbage fails in CI, GPU or not.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <set>
+#include <vector>
+
+#include "gpu_vs_cpu.hpp"
+
+using namespace lockstep;
+using namespace lockstep::test;
+
+namespace {
+
+// The rows (of `row` elements) that hold a mismatch.
+std::set<std::size_t> rows_failing(const std::vector<float>& got, const std::vector<float>& want,
+                                   const Tolerance& tol) {
+  std::set<std::size_t> rows;
+  for (const Mismatch& m : mismatches(got, want, tol)) rows.insert(m.index / tol.row);
+  return rows;
+}
+
+// `v` with the odd rows of `row` elements set to `value`; the rows changed.
+std::set<std::size_t> set_odd_rows(std::vector<float>& v, std::size_t row, float value) {
+  std::set<std::size_t> rows;
+  for (std::size_t r = 1; r * row < v.size(); r += 2) {
+    std::fill_n(v.begin() + static_cast<std::ptrdiff_t>(r * row), row, value);
+    rows.insert(r);
+  }
+  return rows;
+}
+
+// The bf16 neighbour of x away from zero (x itself when 0, infinite or NaN).
+float next_bf16(float x) {
+  if (x == 0.0f || !std::isfinite(x)) return x;
+  return detail::bf16_to_float(static_cast<std::uint16_t>(detail::float_to_bf16(x) + 1));
+}
+
+}  // namespace
+
+// test_cuda_bf16.cpp's causal softmax: count 2, T 1024, its seeds.
+TEST_CASE("gpu_vs_cpu: the bf16 causal softmax check fails rows left zero or unwritten") {
+  const int count = 2, T = 1024;
+  const std::size_t n = std::size_t(count) * T * T, nt = std::size_t(T);
+  const auto s = random_floats(n, 720 + n, -8.0, 8.0), dp = random_floats(n, 721 + n);
+  auto cpu = make_cpu_device(0, 1);
+  auto sd = on_device(*cpu, s), dpd = on_device(*cpu, dp);
+  auto pd = poisoned_bf16(*cpu, n), dsd = poisoned_bf16(*cpu, n);
+  cpu->causal_softmax_forward(sd.data(), pd.data(), count, T, 0.125f);
+  cpu->causal_softmax_backward(pd.data(), dpd.data(), dsd.data(), count, T, 0.125f);
+  const std::vector<float> p = widened(pd.download()), ds = widened(dsd.download());
+  const SoftmaxTolerance tol = softmax_tolerance(T, /*bf16=*/true);
+
+  // What each side's rounding may give passes: every value one bf16 ulp away.
+  std::vector<float> p_next(p), ds_next(ds);
+  for (float& x : p_next) x = next_bf16(x);
+  for (float& x : ds_next) x = next_bf16(x);
+  CHECK(mismatches(p_next, p, tol.p).empty());
+  CHECK(mismatches(ds_next, ds, tol.ds).empty());
+
+  // Half the rows left as a zero-filled buffer had them, or as the poisoned one has them: every
+  // such row fails, p and ds alike. Most of those rows hold no probability above 1/128 of the
+  // largest, 1, which a bound scaled by the array's largest value let pass (issue 30).
+  std::size_t faint_rows = 0;
+  for (std::size_t r = 1; r < n / nt; r += 2)
+    if (*std::max_element(p.begin() + std::ptrdiff_t(r * nt),
+                          p.begin() + std::ptrdiff_t((r + 1) * nt)) < 1.0f / 128)
+      ++faint_rows;
+  CHECK(faint_rows > 500);
+  for (const float left : {0.0f, kNaN}) {
+    CAPTURE(left);
+    std::vector<float> p_skipped(p), ds_skipped(ds);
+    const std::set<std::size_t> skipped = set_odd_rows(p_skipped, nt, left);
+    set_odd_rows(ds_skipped, nt, left);
+    const std::set<std::size_t> p_rows = rows_failing(p_skipped, p, tol.p);
+    const std::set<std::size_t> ds_rows = rows_failing(ds_skipped, ds, tol.ds);
+    CHECK_MESSAGE(p_rows == skipped, "p: " << p_rows.size() << " of " << skipped.size()
+                                           << " skipped rows fail");
+    CHECK_MESSAGE(ds_rows == skipped, "ds: " << ds_rows.size() << " of " << skipped.size()
+                                             << " skipped rows fail");
+  }
+}
+
+// test_cuda_transformer.cpp's causal softmax: count 2, T 1024, its seeds (400, 3 apart).
+TEST_CASE("gpu_vs_cpu: the fp32 causal softmax check fails probabilities 0.9% off") {
+  const int count = 2, T = 1024;
+  const std::size_t n = std::size_t(count) * T * T;
+  const auto s = random_floats(n, 433, -8.0, 8.0);
+  auto cpu = make_cpu_device(0, 1);
+  auto sd = on_device(*cpu, s), pd = poisoned(*cpu, n);
+  cpu->causal_softmax_forward(sd.data(), pd.data(), count, T, 0.125f);
+  const std::vector<float> p = pd.download();
+  const Tolerance tol = softmax_tolerance(T, /*bf16=*/false).p;
+  REQUIRE(mismatches(p, p, tol).empty());
+  // Summation in another order: a few ulps per term at most, passes.
+  std::vector<float> near(p), off(p);
+  for (float& x : near) x *= 1.0f + 64 * float(kFp32Ulp);
+  CHECK(mismatches(near, p, tol).empty());
+  // 0.9% off, which the bound of 1e-5 of the largest value (p = 1) let through: every nonzero
+  // probability fails.
+  for (float& x : off) x *= 1.009f;
+  std::size_t nonzero = 0;
+  for (float x : p) nonzero += x != 0.0f ? 1 : 0;
+  CHECK(mismatches(off, p, tol).size() == nonzero);
+}
+
+TEST_CASE("gpu_vs_cpu: NaN passes only where the CPU has it and the test expects it") {
+  const Tolerance tol = fp32_sums(1);
+  const float inf = std::numeric_limits<float>::infinity();
+  // NaN in the CPU's output: an element the reference never wrote, refused by default.
+  CHECK(mismatches({1.0f, kNaN}, {1.0f, kNaN}, tol).size() == 1);
+  CHECK(mismatches({1.0f, kNaN}, {1.0f, kNaN}, tol, NaNs::where_cpu_has_them).empty());
+  // Expected NaN must be NaN on the GPU too; NaN elsewhere always fails.
+  CHECK(mismatches({1.0f, 2.0f}, {1.0f, kNaN}, tol, NaNs::where_cpu_has_them).size() == 1);
+  CHECK(mismatches({kNaN, 2.0f}, {1.0f, 2.0f}, tol, NaNs::where_cpu_has_them).size() == 1);
+  // An infinity is met exactly; the floor scales with the row's largest value, not the array's.
+  CHECK(mismatches({-inf, 1.0f}, {-inf, 1.0f}, tol).empty());
+  CHECK(mismatches({inf, 1.0f}, {-inf, 1.0f}, tol).size() == 1);
+  CHECK(mismatches({1000.0f, 0.0f}, {1000.0f, 1e-4f}, tol).empty());  // one row: the output
+  CHECK(mismatches({1000.0f, 0.0f}, {1000.0f, 1e-4f}, fp32_sums(1, 1)).size() == 1);
+  // Different lengths fail.
+  CHECK(mismatches({1.0f}, {1.0f, 2.0f}, tol).size() == 1);
+}
