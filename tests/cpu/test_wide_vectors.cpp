@@ -181,10 +181,12 @@ TEST_CASE("wide vectors: add_bias, bias_grad, scale and add give the baseline's 
       const std::vector<float> x = awkward_floats(n, 10 + n, -40.0, 40.0, 8);
       auto bias = on_device(dev, awkward_floats(std::size_t(cols), 11 + n, -2.0, 2.0, 8));
       auto y = on_device(dev, x), a = on_device(dev, x);
-      DeviceArray<std::uint16_t> y16(dev, n);
-      dev.add_bias(y.data(), bias.data(), y16.data(), rows, cols);
+      DeviceArray<std::uint16_t> y16(dev, n), bias16(dev, std::size_t(cols));
+      dev.to_bf16(bias.data(), bias16.data(), std::size_t(cols));
+      dev.add_bias(y.data(), bias16.data(), y16.data(), rows, cols);
       dev.add_bias(y.data(), bias.data(), rows, cols);
       dev.bias_grad(bias.data(), a.data(), rows, cols);
+      dev.bias_grad(bias.data(), y16.data(), rows, cols);
       append(out, y16);
       append(out, y);
       append(out, bias);
