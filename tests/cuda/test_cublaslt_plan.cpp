@@ -1,11 +1,14 @@
 // The host-side logic of the CUDA device's cuBLASLt products (src/cuda/cublaslt.hpp), which
 // runs without a GPU: which answers are refusals to fall back on and which are errors, and what
-// a cached plan is keyed by. Built with the CUDA backend only.
+// a cached plan is keyed by; and, on a GPU, the partly fused input gradient. Built with the CUDA
+// backend only.
 #include <doctest/doctest.h>
 
 #include <cstdint>
 
+#include "../linear_cases.hpp"
 #include "cuda/cublaslt.hpp"
+#include "gpu_vs_cpu.hpp"
 
 using namespace lockstep::cuda;
 
@@ -59,4 +62,44 @@ TEST_CASE("cuBLASLt plans: keyed by shape, types, epilogue and alignment, not by
   CHECK(differs([&](LtProblem& q) { q.bias = buffer + 3073; }));
   CHECK(differs([](LtProblem& q) { q.bias = nullptr; }));
   CHECK(lt_key(p, true) != key);  // TF32
+}
+
+// The partly fused input gradient, which runs where cuBLASLt refuses DGELU_BGRAD: the DGELU
+// epilogue, then the bias_grad kernel over the gradient it wrote (bf16 when rounded), against
+// the CPU's composition. Skips without a GPU.
+TEST_SUITE("cuda") {
+  TEST_CASE("cuda: input gradient as DGELU and the bias_grad kernel against the CPU device") {
+    using namespace lockstep;
+    using namespace lockstep::test;
+    auto backend = cuda_or_skip();
+    if (!backend) return;
+    auto gpu = backend->create_device(0, 1, 0);
+    LtLinear lt(/*fuse_gelu=*/true);  // this thread's current device is the GPU's
+    const LinearCase c(300, 768, 3072, 77);
+    for (const bool bf16 : {false, true}) {
+      CAPTURE(bf16);
+      compare(*gpu, [&](Device& d) {
+        const std::size_t n = std::size_t(c.rows) * c.in;
+        Matrix w(d, c.weight, bf16), g(d, c.dy, bf16), pre(d, c.pre, bf16), x(d, c.x, bf16);
+        DeviceArray<float> dy = on_device(d, c.dy), dw = on_device(d, c.dweight),
+                           dbp = on_device(d, c.dbias_pre),
+                           dx = on_device(d, std::vector<float>(n));
+        DeviceArray<std::uint16_t> dx16(d, bf16 ? n : 0);
+        const LinearBackward b{.rows = c.rows, .in = c.in, .out = c.out, .x = x.in(),
+                               .weight = w.in(), .dy = dy.data(),
+                               .g = bf16 ? g.in() : MatIn{dy.data(), nullptr},
+                               .dweight = dw.data(), .dx = dx.data(),
+                               .act = FusedActivation::gelu, .pre = pre.in(),
+                               .dx_bf16 = dx16.data(), .dbias_pre = dbp.data()};
+        if (d.backend() == "cuda") {
+          REQUIRE(lt.input_grad(b, d.queue().cuda_stream, /*bias_epilogue=*/false));
+          d.synchronize();
+        } else {
+          d.linear_backward(b);
+        }
+        Outputs out{bf16 ? widened(dx16.download()) : dx.download(), dbp.download()};
+        return out;
+      }, bf16 ? 1.0 / 128 : 1e-3);
+    }
+  }
 }
