@@ -109,8 +109,10 @@ struct Workload {
          [=, this] { dev.add_bias(dx.data(), b.data(), rows, wide); }},
         {"bias_grad (rows x 4C)", hidden * f,
          [=, this] { dev.bias_grad(b.data(), dy.data(), rows, wide); }},
-        {"add_bias into bf16 (rows x 4C)", hidden * (f + e),
-         [=, this] { dev.add_bias(x.data(), b.data(), h_out.data(), rows, wide); }},
+        {"bias_grad, bf16 dy (rows x 4C)", hidden * e,
+         [=, this] { dev.bias_grad(b.data(), h.data(), rows, wide); }},
+        {"add_bias into bf16, bf16 bias (rows x 4C)", hidden * (f + e),
+         [=, this] { dev.add_bias(x.data(), h.data(), h_out.data(), rows, wide); }},
         {"layernorm forward, bf16 out", n * (f + e),
          [=, this] {
            dev.layernorm_forward(x.data(), w.data(), b.data(), h_out.data(), mean, rstd, rows, C);

@@ -76,7 +76,8 @@ def run_lockstep(cli, folder, preset, args, precision):
     return {"framework": "lockstep", "precision": precision, "device": s["backend"],
             "params": s["parameters"], "context": preset["context"], "step_ms": 1e3 * step_s,
             "tokens_per_s": tokens / step_s, "flops_per_token": s["flops_per_token"],
-            "mfu": s["mfu"]}
+            "mfu": s["mfu"],
+            "warnings": [l for l in done.stderr.splitlines() if "warning" in l]}
 
 
 def bf16_main(args):

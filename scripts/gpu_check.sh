@@ -29,7 +29,9 @@
 #     PyTorch fp32 and autocast bf16, step time and MFU against the GPU's dense bf16 peak; and
 #     scripts/gpu_extra_bf16_model.sh, gpt_tiny in fp32 and bf16 on 2 peer replicas, within 2%;
 #     scripts/gpu_extra_linear.sh, GPT-2 124M with the linear layers through cuBLASLt's fused
-#     epilogues against plain kernels; not yet measured on a GPU); a gpt_tiny run on 4 peer replicas
+#     epilogues against plain kernels, with each run's fused/partly/composed product counts
+#     (failing when a fused run had a refusal) and the bf16 step with the fused classifier
+#     (issue 25); not yet measured on a GPU); a gpt_tiny run on 4 peer replicas
 #     of GPU 0 for the host syncs per step (`host_syncs_per_step` of --summary-json, "n/a" when
 #     the build does not report it) and the share of communication hidden; bench_kernels (the
 #     kernels of issue 17 at GPT-2 124M's shapes, the LM head with and without the padded

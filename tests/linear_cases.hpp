@@ -82,10 +82,12 @@ inline LinearOutputs run_linear_forward(Device& dev, const LinearCase& c, Linear
   const std::vector<float> nan(n, std::numeric_limits<float>::quiet_NaN());
   Matrix x(dev, c.x, v.bf16_in), w(dev, c.weight, v.bf16_in), y(dev, nan, v.bf16_out),
       pre(dev, nan, v.bf16_out);
-  DeviceArray<float> bias = on_device(dev, c.bias), product = on_device(dev, nan);
+  // The bias in y's storage (LinearForward::bias).
+  Matrix bias(dev, c.bias, v.bf16_out);
+  DeviceArray<float> product = on_device(dev, nan);
   if (op) {
     dev.linear_forward({.rows = c.rows, .in = c.in, .out = c.out, .x = x.in(), .weight = w.in(),
-                        .bias = bias.data(),
+                        .bias = bias.in(),
                         .act = v.gelu ? FusedActivation::gelu : FusedActivation::none,
                         .pre = v.gelu ? pre.out() : MatOut{}, .y = y.out(),
                         .product = product.data()});
@@ -99,9 +101,9 @@ inline LinearOutputs run_linear_forward(Device& dev, const LinearCase& c, Linear
       dev.gemm(Transpose::no, Transpose::yes, c.rows, c.out, c.in, 1.0f, x.f32.data(), c.in,
                w.f32.data(), c.in, 0.0f, into, c.out);
     if (v.bf16_out)
-      dev.add_bias(into, bias.data(), sum.bf16.data(), c.rows, c.out);
+      dev.add_bias(into, bias.bf16.data(), sum.bf16.data(), c.rows, c.out);
     else
-      dev.add_bias(into, bias.data(), c.rows, c.out);
+      dev.add_bias(into, bias.f32.data(), c.rows, c.out);
     if (v.gelu && v.bf16_out)
       dev.activation_forward(Activation::gelu, pre.bf16.data(), y.bf16.data(), n);
     else if (v.gelu)

@@ -227,7 +227,9 @@ enum class FusedActivation { none, gelu };
 struct LOCKSTEP_API LinearForward {
   int rows = 0, in = 0, out = 0;
   MatIn x{}, weight{};
-  const float* bias = nullptr;            // fp32 always
+  // In y's storage: fp32 with an fp32 y, bf16 with a bf16 y (the bias's copy in the bf16
+  // weights, Note [bf16 compute]): cuBLASLt's bias epilogue reads the bias in the output's type.
+  MatIn bias{};
   FusedActivation act = FusedActivation::none;
   MatOut pre{};                           // act gelu: (rows, out), in y's storage; else unset
   MatOut y{};                             // (rows, out)
@@ -263,15 +265,24 @@ struct LOCKSTEP_API LinearBackward {
 // rounding points of Note [bf16 compute], bit for bit what the layers computed before. The
 // CUDA device runs each product as one cuBLASLt matmul (src/cuda/cublaslt.cpp):
 //   forward: EPILOGUE_BIAS, or GELU_AUX_BIAS writing y and keeping pre (the aux matrix), which
-//     saves the bias pass (and in bf16 the fp32 product's round trip) and the GELU pass;
+//     saves the bias pass (and in bf16 the fp32 product's round trip) and the GELU pass. The
+//     bias is in D's type, as cuBLASLt documents CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE outside
+//     FP8 and IMMA kernels: a bf16 y adds the bias's bf16 copy (from the bf16 weights the
+//     optimiser writes, no pass of its own), and the CPU adds the same widened bf16 bias;
 //   dweight: the product with beta 1, and BGRADB summing g into dbias: no read of dy for it;
 //   dx: the product, with act gelu DGELU_BGRAD reading pre (aux) and summing dbias_pre, which
 //     saves GELU's backward pass and the next map's bias-gradient read; in bf16 it writes the
-//     gradient rounded only, with no fp32 copy.
-// It falls back to the composition of its other ops where cuBLASLt offers no algorithm for a
-// problem or refuses it (an aux leading dimension not a multiple of 8, a type mix or alignment
-// without a kernel; a forward with GELU first tries the bias epilogue with GELU as a kernel);
-// the answer is cached per problem, so the heuristic runs once per shape.
+//     gradient rounded only, with no fp32 copy, and its bias gradient in D's type too (bf16).
+// Where cuBLASLt refuses a problem, the call runs partly fused: a forward with GELU as the bias
+// epilogue and a GELU kernel; a dx with DGELU_BGRAD as DGELU and the bias_grad kernel over the
+// gradient it wrote (bf16 when rounded). What is left runs as the composition of the other ops.
+// Only CUBLAS_STATUS_NOT_SUPPORTED and a heuristic that finds no algorithm are refusals (an aux
+// leading dimension not a multiple of 8, a type mix or alignment without a kernel); any other
+// status throws with the call and the problem, so a bug in a descriptor cannot pass for a
+// missing kernel. Each product counts as fused, partial or composed (LinearCounts; fused_linear
+// in the run's summary), and each refusal is reported once on stderr with its shape and reason.
+// A problem's descriptor, layouts and algorithm (or refusal) are cached by its shape, types,
+// epilogue and alignments (src/cuda/cublaslt.hpp): none is created in a step after the warm-up.
 // LOCKSTEP_CUDA_LINEAR=bias keeps GELU and its backward out of the epilogues, composed keeps
 // cuBLASLt out: llm.c leaves its GELU fusion off by default, finding cuBLASLt's fused GELU slow
 // on some GPUs, so scripts/gpu_extra_linear.sh times all three.
@@ -283,13 +294,27 @@ struct LOCKSTEP_API LinearBackward {
 //     applies it to the rounded pre (Note [bf16 compute]); in the backward both read pre as
 //     kept.
 //   - dbias with bf16 weights: BGRADB sums g, the bf16-rounded dy, where the CPU sums the fp32
-//     dy (each term off by at most 2^-9 relative). dbias_pre sums the fp32 gradient of pre
-//     before it is rounded, as the CPU does.
+//     dy (each term off by at most 2^-9 relative). dbias_pre with a rounded dx: DGELU_BGRAD
+//     rounds its column sums to bf16 (2^-9 relative), and the partly fused form sums the
+//     rounded gradient, where the CPU sums the fp32 gradient of pre before it is rounded.
 //   - Summation orders, of the products (as for gemm) and of the bias gradients.
 // The epilogues write bias gradients into a device buffer, which a short pass of `out` elements
 // then adds to dbias (+=). A fused GELU backward writes only dx_bf16 when that is set: dx is
 // then working memory whose contents afterwards are not to be read (the CPU leaves the fp32
 // gradient there), and the map before it gets its bias gradient from dbias_pre, not from dy.
+
+// How a device ran its linear maps' products (Note [Fused linear]): each product, a forward,
+// a weight gradient or an input gradient, counts once.
+struct LOCKSTEP_API LinearCounts {
+  std::uint64_t fused = 0;     // one library call, every elementwise neighbour in its epilogue
+  std::uint64_t partial = 0;   // an epilogue for some neighbours, kernels for the rest
+  std::uint64_t composed = 0;  // plain ops only: the CPU's definition, a GPU's fallback
+  std::uint64_t total() const noexcept { return fused + partial + composed; }
+  LinearCounts& operator+=(const LinearCounts& o) noexcept {
+    fused += o.fused, partial += o.partial, composed += o.composed;
+    return *this;
+  }
+};
 
 // Fully connected maps with their bias, activation and bias gradients (Note [Fused linear]).
 class LOCKSTEP_API LinearOps {
@@ -297,8 +322,20 @@ class LOCKSTEP_API LinearOps {
   virtual void linear_forward(const LinearForward& f) = 0;
   virtual void linear_backward(const LinearBackward& b) = 0;
 
+  // The products so far, by how they ran; read on the device's thread.
+  LinearCounts linear_counts() const noexcept { return linear_counts_; }
+
  protected:
+  enum class LinearPath { fused, partial, composed };
+  void count_linear(LinearPath path) noexcept {
+    ++(path == LinearPath::fused     ? linear_counts_.fused
+       : path == LinearPath::partial ? linear_counts_.partial
+                                     : linear_counts_.composed);
+  }
   ~LinearOps() = default;
+
+ private:
+  LinearCounts linear_counts_;
 };
 
 // Elementwise and broadcast arithmetic, activations included.
@@ -328,9 +365,14 @@ class LOCKSTEP_API ElementwiseOps {
   // its fp32 form computes, reading its bf16 operands widened and writing its bf16 results
   // rounded (to nearest even, as to_bf16): bit for bit the fp32 op between from_bf16 and
   // to_bf16 passes, without those passes.
-  // y (rows, cols) = x (rows, cols) + bias (cols), rounded to bf16.
-  virtual void add_bias(const float* x, const float* bias, std::uint16_t* y, int rows,
+  // y (rows, cols) = x (rows, cols) + bias (cols), rounded to bf16; the bias in bf16, as a
+  // bf16 output's bias epilogue reads it (LinearForward::bias).
+  virtual void add_bias(const float* x, const std::uint16_t* bias, std::uint16_t* y, int rows,
                         int cols) = 0;
+  // dbias (cols) += column sums of dy (rows, cols) with dy bf16, summed in fp32 or wider: the
+  // bias gradient of a gradient kept only rounded (a fused GELU backward's, Note [Fused
+  // linear]).
+  virtual void bias_grad(float* dbias, const std::uint16_t* dy, int rows, int cols) = 0;
   // y = f(x), x and y bf16.
   virtual void activation_forward(Activation f, const std::uint16_t* x, std::uint16_t* y,
                                   std::size_t n) = 0;
@@ -362,6 +404,13 @@ class LOCKSTEP_API LayerOps {
   virtual void softmax_cross_entropy(const float* logits, const std::int32_t* labels, int rows,
                                      int classes, std::uint16_t* dlogits, float grad_scale,
                                      LossStats* stats) = 0;
+  // The fused classifier (Note [Fused classifier] in src/cpu/ops/softmax.cpp): the same with
+  // bf16 logits, as a bf16 LM head writes them, widened as read; the loss and softmax in fp32
+  // or wider row by row, so no fp32 copy of the logits exists. dlogits (bf16, or null) may be
+  // the logits themselves: each row's gradient then overwrites the row.
+  virtual void softmax_cross_entropy(const std::uint16_t* logits, const std::int32_t* labels,
+                                     int rows, int classes, std::uint16_t* dlogits,
+                                     float grad_scale, LossStats* stats) = 0;
   // ids (B, T) token ids stored as floats (exact below 2^24), wte (V, C), wpe (T_max, C):
   // out (B, T, C) = wte[ids[b, t]] + wpe[t].
   virtual void embedding_forward(const float* ids, const float* wte, const float* wpe, float* out,

@@ -62,6 +62,11 @@ struct LOCKSTEP_API LayerWorkspace {
   // bf16, a layer whose dout_bf16() is true: its output gradient rounded to bf16 (B,
   // out_features), which its backward reads instead of dout; null otherwise.
   const std::uint16_t* dout_bf16 = nullptr;
+  // bf16, a layer whose dout_bf16() is true, when set: forward writes its output rounded to
+  // bf16 here (B, out_features) and leaves `out` alone; the loss then reads it and writes the
+  // gradient over it (dout_bf16 is the same buffer; Note [Fused classifier] in
+  // src/cpu/ops/softmax.cpp).
+  std::uint16_t* out_bf16 = nullptr;
 };
 
 class LOCKSTEP_API Layer {
@@ -214,8 +219,14 @@ class LOCKSTEP_API Replica {
   std::vector<float> gradients() const;   // to host
   void zero_grads();
 
-  // x (B, inputs) on the device -> logits (B, outputs), owned by the replica.
+  // x (B, inputs) on the device -> logits (B, outputs), owned by the replica. With a bf16 LM
+  // head (dlogits_bf16() not null) these are its bf16 logits widened, one pass more than
+  // forward_bf16: for evaluation, sampling and tests.
   const float* forward(const float* x, int batch);
+  // The same for a bf16 LM head: its logits in bf16, as it wrote them (B, outputs), in the
+  // buffer of dlogits_bf16(), where the fused classifier (softmax_cross_entropy with bf16
+  // logits) writes their gradient over them. Null, computing nothing, without one.
+  const std::uint16_t* forward_bf16(const float* x, int batch);
   // dlogits (B, outputs). After each layer's parameter gradients are final, calls
   // grads_ready(layer index) so a reducer can start on them; layers run last to first.
   // When dlogits_bf16() is not null, dlogits is first rounded into it; or dlogits may be null,
@@ -224,7 +235,8 @@ class LOCKSTEP_API Replica {
                 const std::function<void(std::size_t)>& grads_ready = {});
   // bf16 with a last layer whose dout_bf16() is true (a GPT's LM head): the gradient of the
   // logits rounded to bf16 (B, outputs), which a loss may write directly
-  // (softmax_cross_entropy's bf16 form) before backward(x, nullptr, ...). Null otherwise.
+  // (softmax_cross_entropy's bf16 forms) before backward(x, nullptr, ...); forward and
+  // forward_bf16 leave the bf16 logits here. Null otherwise.
   std::uint16_t* dlogits_bf16() noexcept { return dlogits_bf16_.data(); }
 
   // Forward and backward once at `batch` on zeros (token 0 for a GPT) with a zero gradient of
@@ -237,6 +249,8 @@ class LOCKSTEP_API Replica {
  private:
   // Layer i's workspace: its saved buffer, the shared scratch, and its bf16 parameters.
   LayerWorkspace workspace(std::size_t layer);
+  // The layers' forward; the last writes bf16 logits into dlogits_bf16_ when there is one.
+  void run_forward(const float* x, int batch);
 
   Device* device_;
   const Model* model_;

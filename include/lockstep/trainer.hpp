@@ -115,6 +115,10 @@ struct LOCKSTEP_API Summary {
   // Waits of the host for a device (Note [Host syncs] in device.hpp) in one step, the most of
   // any worker and any step after the first (eval, replica checks and checkpoints excluded).
   std::uint64_t host_syncs_per_step = 0;
+  // The linear maps' products over the run, every worker's together, by how they ran (Note
+  // [Fused linear] in device.hpp): all composed on the CPU; on a GPU, any partial or composed
+  // one is a cuBLASLt refusal, reported once on stderr with its shape and reason.
+  LinearCounts fused_linear;
 
   // Where the time went, per worker, averaged over workers (seconds over the whole run).
   double data_wait_s = 0.0;       // waiting for the loader

@@ -130,6 +130,9 @@ void print_summary(std::FILE* out, const Summary& s) {
   fmt::print(out, "  optimizer state     {}\n", describe_optimizer_state(s));
   fmt::print(out, "  worker memory       {}\n", describe_worker_memory(s));
   fmt::print(out, "  host syncs          {} per step\n", s.host_syncs_per_step);
+  fmt::print(out, "  fused linear        {} of {} products fused, {} partly, {} composed\n",
+             s.fused_linear.fused, s.fused_linear.total(), s.fused_linear.partial,
+             s.fused_linear.composed);
   fmt::print(out,
              "  waiting             {:.3f} s for data (loader {}), {:.3f} s at the barrier (per "
              "worker)\n",

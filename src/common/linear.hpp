@@ -26,7 +26,8 @@ inline void matmul(Device& dev, Transpose ta, Transpose tb, int m, int n, int k,
 inline void check_linear(const LinearForward& f) {
   const bool gelu = f.act == FusedActivation::gelu;
   const bool bf16_y = f.y.bf16 != nullptr;
-  const bool ok = f.rows >= 0 && f.in >= 1 && f.out >= 1 && f.bias &&
+  const bool bias_fits = bf16_y ? f.bias.bf16 && !f.bias.f32 : f.bias.f32 && !f.bias.bf16;
+  const bool ok = f.rows >= 0 && f.in >= 1 && f.out >= 1 && bias_fits &&
                   (f.x.bf16 != nullptr) == (f.weight.bf16 != nullptr) &&
                   (f.y.f32 != nullptr) != bf16_y && (!bf16_y || f.product) &&
                   (gelu ? (bf16_y ? f.pre.bf16 != nullptr : f.pre.f32 != nullptr)
@@ -56,7 +57,8 @@ inline void check_linear(const LinearBackward& b) {
 }
 
 // y = act(x weight^T + bias): the product into y (fp32, no activation), pre (fp32) or product
-// (bf16), the bias added in place or as it is rounded into place, then GELU reading pre as kept.
+// (bf16), the bias (in y's storage) added in place or as it is rounded into place, then GELU
+// reading pre as kept.
 inline void compose_linear_forward(Device& dev, const LinearForward& f) {
   check_linear(f);
   const bool gelu = f.act == FusedActivation::gelu;
@@ -65,9 +67,9 @@ inline void compose_linear_forward(Device& dev, const LinearForward& f) {
   matmul(dev, Transpose::no, Transpose::yes, f.rows, f.out, f.in, f.x, f.in, f.weight, f.in, 0.0f,
          c, f.out);
   if (sum.bf16)
-    dev.add_bias(c, f.bias, sum.bf16, f.rows, f.out);
+    dev.add_bias(c, f.bias.bf16, sum.bf16, f.rows, f.out);
   else
-    dev.add_bias(c, f.bias, f.rows, f.out);
+    dev.add_bias(c, f.bias.f32, f.rows, f.out);
   if (!gelu) return;
   const std::size_t n = std::size_t(f.rows) * std::size_t(f.out);
   if (sum.bf16)

@@ -45,10 +45,16 @@ void CpuDevice::copy(void* dst, const void* src, std::size_t bytes) {
   if (bytes) std::memcpy(dst, src, bytes);
 }
 
-void CpuDevice::linear_forward(const LinearForward& f) { detail::compose_linear_forward(*this, f); }
+// Composed, always: the definition (Note [Fused linear]). Counted as a GPU counts its products.
+void CpuDevice::linear_forward(const LinearForward& f) {
+  detail::compose_linear_forward(*this, f);
+  count_linear(LinearPath::composed);
+}
 
 void CpuDevice::linear_backward(const LinearBackward& b) {
   detail::compose_linear_backward(*this, b);
+  count_linear(LinearPath::composed);    // dweight and dbias
+  if (b.dx) count_linear(LinearPath::composed);
 }
 
 }  // namespace cpu

@@ -71,10 +71,11 @@ class CpuDevice final : public Device {
   void add(const float* a, const float* b, float* y, std::size_t n) override;
   void add_bias(float* y, const float* bias, int rows, int cols) override;
   void bias_grad(float* dbias, const float* dy, int rows, int cols) override;
+  void bias_grad(float* dbias, const std::uint16_t* dy, int rows, int cols) override;
   void activation_forward(Activation f, const float* x, float* y, std::size_t n) override;
   void activation_backward(Activation f, const float* x, const float* dy, float* dx,
                            std::size_t n) override;
-  void add_bias(const float* x, const float* bias, std::uint16_t* y, int rows,
+  void add_bias(const float* x, const std::uint16_t* bias, std::uint16_t* y, int rows,
                 int cols) override;
   void activation_forward(Activation f, const std::uint16_t* x, std::uint16_t* y,
                           std::size_t n) override;
@@ -113,6 +114,9 @@ class CpuDevice final : public Device {
                              int classes, float* dlogits, float grad_scale,
                              LossStats* stats) override;
   void softmax_cross_entropy(const float* logits, const std::int32_t* labels, int rows,
+                             int classes, std::uint16_t* dlogits, float grad_scale,
+                             LossStats* stats) override;
+  void softmax_cross_entropy(const std::uint16_t* logits, const std::int32_t* labels, int rows,
                              int classes, std::uint16_t* dlogits, float grad_scale,
                              LossStats* stats) override;
   using Device::softmax_cross_entropy;
@@ -212,13 +216,15 @@ class CpuDevice final : public Device {
   template <class X, class F>
   void map_grad(const X* x, const float* dy, float* dx, std::uint16_t* dx_bf16, std::size_t n,
                 F fprime);
-  template <class Y>
-  void add_bias_of(const float* x, const float* bias, Y* y, int rows, int cols);
+  template <class B, class Y>
+  void add_bias_of(const float* x, const B* bias, Y* y, int rows, int cols);
+  template <class G>
+  void bias_grad_of(float* dbias, const G* dy, int rows, int cols);
   template <class Fn>
   void for_rows_of_squares(int count, int T, const Fn& fn);
-  // softmax_cross_entropy for the storage D of dlogits.
-  template <class D>
-  void softmax_cross_entropy_of(const float* logits, const std::int32_t* labels, int rows,
+  // softmax_cross_entropy for the storages L of the logits and D of dlogits.
+  template <class L, class D>
+  void softmax_cross_entropy_of(const L* logits, const std::int32_t* labels, int rows,
                                 int classes, D* dlogits, float grad_scale, LossStats* stats);
   // The fp32 and bf16 forms of layernorm_forward and the causal softmax, for the storage of
   // their outputs Y and P (ops/layernorm.cpp, ops/softmax.cpp).

@@ -290,7 +290,7 @@ void CudaDevice::activation_backward(Activation f, const float* x, const float* 
   launch_activation_backward(stream(), kind_of(f), x, dy, dx, n);
 }
 
-void CudaDevice::add_bias(const float* x, const float* bias, std::uint16_t* y, int rows,
+void CudaDevice::add_bias(const float* x, const std::uint16_t* bias, std::uint16_t* y, int rows,
                           int cols) {
   if (rows < 0 || cols < 0)
     throw std::invalid_argument(fmt::format("add_bias: bad shape rows={} cols={}", rows, cols));
@@ -332,13 +332,14 @@ void CudaDevice::gemm(Transpose ta, Transpose tb, int m, int n, int k, float alp
 
 // ---- Fully connected maps ----------------------------------------------------------------------
 
-// Each product one cuBLASLt matmul with its epilogue. Where cuBLASLt has none for a problem, a
-// forward with GELU tries the product with its bias fused and GELU as a kernel; whatever is
-// left runs as the composition of our other ops, which is what the CPU device computes (Note
-// [Fused linear]).
+// Each product one cuBLASLt matmul with its epilogue. Where cuBLASLt refuses one, a forward
+// with GELU runs the product with its bias fused and GELU as a kernel, an input gradient with
+// GELU's backward fused and the bias gradient as a kernel; whatever is left runs as the
+// composition of our other ops, which is what the CPU device computes (Note [Fused linear]).
+// Each product is counted by how it ran (LinearCounts).
 void CudaDevice::linear_forward(const LinearForward& f) {
   detail::check_linear(f);
-  if (lt_ && lt_->forward(f, stream())) return;
+  if (lt_ && lt_->forward(f, stream())) return count_linear(LinearPath::fused);
   if (lt_ && f.act == FusedActivation::gelu) {
     LinearForward sum = f;
     sum.act = FusedActivation::none, sum.pre = {}, sum.y = f.pre;
@@ -348,16 +349,27 @@ void CudaDevice::linear_forward(const LinearForward& f) {
         activation_forward(Activation::gelu, f.pre.bf16, f.y.bf16, n);
       else
         activation_forward(Activation::gelu, f.pre.f32, f.y.f32, n);
-      return;
+      return count_linear(LinearPath::partial);
     }
   }
   detail::compose_linear_forward(*this, f);
+  count_linear(LinearPath::composed);
 }
 
 void CudaDevice::linear_backward(const LinearBackward& b) {
   detail::check_linear(b);
-  if (!lt_ || !lt_->weight_grad(b, stream())) detail::compose_weight_grad(*this, b);
-  if (!lt_ || !lt_->input_grad(b, stream())) detail::compose_input_grad(*this, b);
+  if (lt_ && lt_->weight_grad(b, stream())) {
+    count_linear(LinearPath::fused);
+  } else {
+    detail::compose_weight_grad(*this, b);
+    count_linear(LinearPath::composed);
+  }
+  if (!b.dx) return;
+  if (lt_ && lt_->input_grad(b, stream())) return count_linear(LinearPath::fused);
+  if (lt_ && b.dbias_pre && lt_->input_grad(b, stream(), /*bias_epilogue=*/false))
+    return count_linear(LinearPath::partial);
+  detail::compose_input_grad(*this, b);
+  count_linear(LinearPath::composed);
 }
 
 // ---- Reductions ---------------------------------------------------------------------------------
@@ -367,6 +379,12 @@ void CudaDevice::bias_grad(float* dbias, const float* dy, int rows, int cols) {
   if (rows < 0 || cols < 0)
     throw std::invalid_argument(fmt::format("bias_grad: bad shape rows={} cols={}", rows, cols));
   launch_bias_grad(stream(), dbias, dy, rows, cols);
+}
+
+void CudaDevice::bias_grad(float* dbias, const std::uint16_t* dy, int rows, int cols) {
+  if (rows < 0 || cols < 0)
+    throw std::invalid_argument(fmt::format("bias_grad: bad shape rows={} cols={}", rows, cols));
+  launch_bias_grad_bf16(stream(), dbias, dy, rows, cols);
 }
 
 // logits (rows, classes), labels (rows), dlogits (rows, classes) or null.
@@ -392,6 +410,18 @@ void CudaDevice::softmax_cross_entropy(const float* logits, const std::int32_t* 
                                     static_cast<double*>(row_loss_.get()),
                                     static_cast<int*>(row_correct_.get()),
                                     reinterpret_cast<LossAccumulator*>(stats));
+}
+
+void CudaDevice::softmax_cross_entropy(const std::uint16_t* logits, const std::int32_t* labels,
+                                       int rows, int classes, std::uint16_t* dlogits,
+                                       float grad_scale, LossStats* stats) {
+  detail::check_loss_shape(rows, classes);
+  if (rows == 0) return;
+  reserve_rows(rows);
+  launch_fused_classifier(stream(), logits, labels, rows, classes, dlogits, grad_scale,
+                          static_cast<double*>(row_loss_.get()),
+                          static_cast<int*>(row_correct_.get()),
+                          reinterpret_cast<LossAccumulator*>(stats));
 }
 
 double CudaDevice::sum_squares(const float* x, std::size_t n) {

@@ -66,10 +66,11 @@ class CudaDevice final : public Device {
   void linear_backward(const LinearBackward& b) override;
   void add_bias(float* y, const float* bias, int rows, int cols) override;
   void bias_grad(float* dbias, const float* dy, int rows, int cols) override;
+  void bias_grad(float* dbias, const std::uint16_t* dy, int rows, int cols) override;
   void activation_forward(Activation f, const float* x, float* y, std::size_t n) override;
   void activation_backward(Activation f, const float* x, const float* dy, float* dx,
                            std::size_t n) override;
-  void add_bias(const float* x, const float* bias, std::uint16_t* y, int rows,
+  void add_bias(const float* x, const std::uint16_t* bias, std::uint16_t* y, int rows,
                 int cols) override;
   void activation_forward(Activation f, const std::uint16_t* x, std::uint16_t* y,
                           std::size_t n) override;
@@ -81,6 +82,9 @@ class CudaDevice final : public Device {
                              int classes, float* dlogits, float grad_scale,
                              LossStats* stats) override;
   void softmax_cross_entropy(const float* logits, const std::int32_t* labels, int rows,
+                             int classes, std::uint16_t* dlogits, float grad_scale,
+                             LossStats* stats) override;
+  void softmax_cross_entropy(const std::uint16_t* logits, const std::int32_t* labels, int rows,
                              int classes, std::uint16_t* dlogits, float grad_scale,
                              LossStats* stats) override;
   using Device::softmax_cross_entropy;

@@ -47,8 +47,9 @@ void launch_activation_forward(cudaStream_t stream, ActivationKind f, const floa
 void launch_activation_backward(cudaStream_t stream, ActivationKind f, const float* x,
                                 const float* dy, float* dx, std::size_t n);
 // bf16 storage, computed in fp32 (ElementwiseOps in device.hpp): y = x + bias rounded; y = f(x)
-// with x, y bf16; dx = dy * f'(x) with x bf16, and dx rounded into dx_bf16 when not null.
-void launch_add_bias_bf16(cudaStream_t stream, const float* x, const float* bias,
+// with x, y bf16; dx = dy * f'(x) with x bf16, and dx rounded into dx_bf16 when not null. The
+// rounded y's bias is bf16, as a bf16 output's bias epilogue reads it.
+void launch_add_bias_bf16(cudaStream_t stream, const float* x, const std::uint16_t* bias,
                           std::uint16_t* y, int rows, int cols);
 void launch_activation_forward_bf16(cudaStream_t stream, ActivationKind f,
                                     const std::uint16_t* x, std::uint16_t* y, std::size_t n);
@@ -61,6 +62,9 @@ void launch_add(cudaStream_t stream, const float* a, const float* b, float* y, s
 // order fixed by the shape: deterministic, and equal to the CPU device's rows-in-order sum up to
 // double roundings (the floats are the same or neighbours; elementwise.cu says more).
 void launch_bias_grad(cudaStream_t stream, float* dbias, const float* dy, int rows, int cols);
+// The same with dy bf16, widened as read (a fused GELU backward's rounded gradient).
+void launch_bias_grad_bf16(cudaStream_t stream, float* dbias, const std::uint16_t* dy, int rows,
+                           int cols);
 
 // ---- Softmax (softmax.cu) ------------------------------------------------------------------
 
@@ -92,6 +96,14 @@ void launch_softmax_cross_entropy_bf16(cudaStream_t stream, const float* logits,
                                        std::uint16_t* dlogits, float grad_scale,
                                        double* row_loss, int* row_correct,
                                        LossAccumulator* stats);
+
+// The fused classifier: the same with bf16 logits, one read of each row and one write of its
+// bf16 gradient (dlogits, or null; it may alias logits). Note [Fused classifier] in
+// src/cpu/ops/softmax.cpp.
+void launch_fused_classifier(cudaStream_t stream, const std::uint16_t* logits,
+                             const std::int32_t* labels, int rows, int classes,
+                             std::uint16_t* dlogits, float grad_scale, double* row_loss,
+                             int* row_correct, LossAccumulator* stats);
 
 // `count` (T, T) matrices, one warp per row. p may alias s; ds may alias dp.
 void launch_causal_softmax_forward(cudaStream_t stream, const float* s, float* p, int count,

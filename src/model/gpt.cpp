@@ -186,7 +186,8 @@ class Block final : public Layer {
     });
     // gelu = GELU(fc), fc kept for GELU's backward (Note [Fused linear]).
     dev.linear_forward({.rows = n, .in = c, .out = 4 * c, .x = s.ln2.input(), .weight = w.fc.weight,
-                        .bias = w.fc.bias, .act = FusedActivation::gelu, .pre = s.fc.output(),
+                        .bias = w.fc.bias_for(s.fc.output()), .act = FusedActivation::gelu,
+                        .pre = s.fc.output(),
                         .y = s.gelu.output(), .product = d.h});
     detail::linear_forward(dev, w.fc_proj, s.gelu.input(), {out, nullptr}, nullptr, n, 4 * c, c);
     dev.add(out, s.res1, out, elements(n, c));
@@ -247,8 +248,7 @@ class Block final : public Layer {
   };
   Linears linears(const float* params, const LayerWorkspace& ws) const {
     const auto linear = [&](BlockParam weight, BlockParam bias) {
-      return detail::LinearParams{detail::param_input(params, ws, offsets_[weight]),
-                                  params + offsets_[bias]};
+      return detail::linear_params(params, ws, offsets_[weight], offsets_[bias]);
     };
     return {linear(kAttnW, kAttnB), linear(kAttnProjW, kAttnProjB), linear(kFcW, kFcB),
             linear(kFcProjW, kFcProjB)};
@@ -477,23 +477,24 @@ class TiedLmHead final : public Layer {
   // No bias: the gradient of the logits feeds the two matrix products only.
   bool dout_bf16() const noexcept override { return true; }
   std::size_t workspace_size(int batch, Precision precision) const noexcept override {
-    return Saved::at(nullptr, batch * t_, p_ - v_, c_, precision == Precision::bf16).size;
+    return Saved::at(nullptr, batch * t_, p_ - v_, c_, p_, precision == Precision::bf16).size;
   }
 
+  // bf16 with ws.out_bf16: the logits rounded to bf16 there, computed in fp32 kChunkRows rows
+  // at a time, so that no fp32 copy of them exists in full (Note [Fused classifier] in
+  // src/cpu/ops/softmax.cpp); `out` is left alone.
   void forward(Device& dev, const float* wte, const float* in, float* out, int batch,
                const LayerWorkspace& ws) const override {
     const int n = batch * t_;
-    const Saved s = Saved::at(ws.saved, n, p_ - v_, c_, ws.precision == Precision::bf16);
+    const Saved s = Saved::at(ws.saved, n, p_ - v_, c_, p_, ws.precision == Precision::bf16);
     const MatIn x = detail::as_input(dev, in, s.in16, std::size_t(n) * c_);
-    detail::matmul(dev, Transpose::no, Transpose::yes, n, v_, c_, x, c_,
-                   detail::param_input(wte, ws, 0), c_, 0.0f, out, p_);
-    if (p_ == v_) return;
-    // The padding (N, P - V), rows of stride P, = ones (N, 1) minus_inf (1, P - V): a GEMM is
-    // the device's one strided write, and each element is the single product 1 * -inf.
-    dev.fill(s.ones, 1.0f, std::size_t(n));
-    dev.fill(s.minus_inf, -std::numeric_limits<float>::infinity(), std::size_t(p_ - v_));
-    dev.gemm(Transpose::no, Transpose::no, n, p_ - v_, 1, 1.0f, s.ones, 1, s.minus_inf, p_ - v_,
-             0.0f, out + v_, p_);
+    const MatIn w = detail::param_input(wte, ws, 0);
+    if (!ws.out_bf16) return logits(dev, x, w, s, out, n);
+    for (int r = 0; r < n; r += kChunkRows) {
+      const int rows = std::min(kChunkRows, n - r);
+      logits(dev, x + std::int64_t(r) * c_, w, s, s.chunk, rows);
+      dev.to_bf16(s.chunk, ws.out_bf16 + std::size_t(r) * p_, std::size_t(rows) * p_);
+    }
   }
   // dwte (V, C) += dout^T (V, N) in (N, C); din (N, C) = dout (N, V) wte (V, C); dout's rows
   // have stride P, and its padding (zero) is never read. bf16: reads ws.dout_bf16 instead, the
@@ -505,7 +506,7 @@ class TiedLmHead final : public Layer {
     const bool bf16 = ws.precision == Precision::bf16;
     if (bf16 && !ws.dout_bf16)
       throw std::logic_error("lm_head: bf16 backward needs LayerWorkspace::dout_bf16");
-    const Saved s = Saved::at(ws.saved, n, p_ - v_, c_, bf16);
+    const Saved s = Saved::at(ws.saved, n, p_ - v_, c_, p_, bf16);
     const MatIn x = bf16 ? MatIn{nullptr, s.in16} : MatIn{in, nullptr};
     const MatIn dy = bf16 ? MatIn{nullptr, ws.dout_bf16} : MatIn{dout, nullptr};
     detail::matmul(dev, Transpose::yes, Transpose::no, v_, c_, n, dy, p_, x, c_, 1.0f, dwte, c_);
@@ -515,20 +516,39 @@ class TiedLmHead final : public Layer {
   }
 
  private:
+  // Rows of fp32 logits a bf16 forward computes at a time (GPT-2: 51 MB).
+  static constexpr int kChunkRows = 256;
+
   // ones (N) and minus_inf (P - V), the two factors of the padding (none without padding);
-  // bf16: the input rounded to bf16 (N, C), for backward.
+  // bf16: the input rounded to bf16 (N, C), for backward, and the fp32 logits of a chunk
+  // (min(N, kChunkRows), P).
   struct Saved {
     float *ones, *minus_inf;
     std::uint16_t* in16;
+    float* chunk;
     std::size_t size;
-    static Saved at(float* base, int rows, int padding, int channels, bool bf16) {
+    static Saved at(float* base, int rows, int padding, int channels, int p, bool bf16) {
       Carver k(base);
       Saved s{k.take(padding > 0 ? std::size_t(rows) : 0), k.take(std::size_t(padding)),
-              bf16 ? k.take_bf16(std::size_t(rows) * channels) : nullptr, 0};
+              bf16 ? k.take_bf16(std::size_t(rows) * channels) : nullptr,
+              k.take(bf16 ? std::size_t(std::min(rows, kChunkRows)) * p : 0), 0};
       s.size = k.used();
       return s;
     }
   };
+
+  // out (rows, P) = x (rows, C) wte^T in fp32, -inf in the padding.
+  void logits(Device& dev, MatIn x, MatIn wte, const Saved& s, float* out, int rows) const {
+    detail::matmul(dev, Transpose::no, Transpose::yes, rows, v_, c_, x, c_, wte, c_, 0.0f, out,
+                   p_);
+    if (p_ == v_) return;
+    // The padding (rows, P - V), rows of stride P, = ones (rows, 1) minus_inf (1, P - V): a
+    // GEMM is the device's one strided write, and each element is the single product 1 * -inf.
+    dev.fill(s.ones, 1.0f, std::size_t(rows));
+    dev.fill(s.minus_inf, -std::numeric_limits<float>::infinity(), std::size_t(p_ - v_));
+    dev.gemm(Transpose::no, Transpose::no, rows, p_ - v_, 1, 1.0f, s.ones, 1, s.minus_inf,
+             p_ - v_, 0.0f, out + v_, p_);
+  }
 
   int tied_, v_, p_, t_, c_;
 };

@@ -66,9 +66,9 @@ class Linear final : public Layer {
  private:
   std::size_t weight_count() const noexcept { return static_cast<std::size_t>(out_) * in_; }
   static std::size_t rows(int batch) noexcept { return static_cast<std::size_t>(batch); }
-  // The weight as the precision's matrix products read it, and the fp32 bias.
+  // The weight as the precision's matrix products read it, and the bias.
   detail::LinearParams weights(const float* params, const LayerWorkspace& ws) const noexcept {
-    return {detail::param_input(params, ws, 0), params + weight_count()};
+    return detail::linear_params(params, ws, 0, weight_count());
   }
   // bf16: where the input is kept, rounded; null otherwise.
   static std::uint16_t* saved_bf16(const LayerWorkspace& ws) noexcept {

@@ -186,7 +186,8 @@ LayerWorkspace Replica::workspace(std::size_t layer) {
           .scratch = scratch_.data(),
           .precision = precision_,
           .params_bf16 = bf16 ? bf16 + model_->read_offset(layer) : nullptr,
-          .dout_bf16 = layer + 1 == model_->layers().size() ? dlogits_bf16_.data() : nullptr};
+          .dout_bf16 = layer + 1 == model_->layers().size() ? dlogits_bf16_.data() : nullptr,
+          .out_bf16 = layer + 1 == model_->layers().size() ? dlogits_bf16_.data() : nullptr};
 }
 
 std::vector<float> Replica::parameters() const { return params_.download(); }
@@ -196,7 +197,7 @@ void Replica::zero_grads() {
   if (grads_.size()) device_->fill(grads_.data(), 0.0f, grads_.size());
 }
 
-const float* Replica::forward(const float* x, int batch) {
+void Replica::run_forward(const float* x, int batch) {
   check_batch(batch, max_batch_);
   const auto& layers = model_->layers();
   for (std::size_t i = 0; i < layers.size(); ++i) {
@@ -204,7 +205,20 @@ const float* Replica::forward(const float* x, int batch) {
     layers[i]->forward(*device_, params_.data() + model_->read_offset(i), in, acts_[i].data(),
                        batch, workspace(i));
   }
+}
+
+const float* Replica::forward(const float* x, int batch) {
+  run_forward(x, batch);
+  if (dlogits_bf16_.size())
+    device_->from_bf16(dlogits_bf16_.data(), acts_.back().data(),
+                       elements(batch, model_->layers().back()->out_features()));
   return acts_.back().data();
+}
+
+const std::uint16_t* Replica::forward_bf16(const float* x, int batch) {
+  if (!dlogits_bf16_.size()) return nullptr;
+  run_forward(x, batch);
+  return dlogits_bf16_.data();
 }
 
 // Layer i writes its din into dbuf_[i % 2] and reads its dout from dbuf_[(i + 1) % 2], which

@@ -34,9 +34,11 @@ namespace lockstep::detail {
 //   they are stored, and output gradients rounded just before dW += dY^T X and dX = dY W. dW
 //   accumulates in fp32 (beta 1), so accumulate_steps stays exact to fp32 rounding.
 // - fp32 everywhere else: bias adds and bias gradients, LayerNorm, softmax, GELU, the residual
-//   stream and the loss, reading widened bf16 values where the input is stored in bf16. The
-//   embedding lookup reads the fp32 master wte and wpe (autocast does not cast embeddings
-//   either); the LM head's -inf padding product stays fp32.
+//   stream and the loss, reading widened bf16 values where the input is stored in bf16. A
+//   linear map whose output is kept in bf16 (qkv, c_fc) adds its bias's bf16 copy, as
+//   cuBLASLt's bias epilogue reads it (Note [Fused linear]). The embedding lookup reads the
+//   fp32 master wte and wpe (autocast does not cast embeddings either); the LM head's -inf
+//   padding product stays fp32.
 // - Activations kept for backward are stored in bf16 where they are only matrix-product inputs
 //   (a GPT block's ln_1, qkv, attention probabilities, attention output, ln_2 and GELU output;
 //   a Linear's and the LM head's input). The block's c_fc output (GELU's input) is stored in
@@ -47,9 +49,11 @@ namespace lockstep::detail {
 //   add_bias rounding a product plus its bias into the kept tensor, GELU reading and writing
 //   bf16, the causal softmax writing bf16 probabilities and its backward reading them and
 //   writing the rounded score gradient), each bit for bit the fp32 op between from_bf16 and
-//   to_bf16. The loss writes the LM head's output gradient in bf16 as it computes it
-//   (softmax_cross_entropy's bf16 form into Replica::dlogits_bf16; Layer::dout_bf16), so a bf16
-//   step has no fp32 dlogits. A matrix product's fp32 output (attention's atty) and a gradient
+//   to_bf16. A GPT's LM head writes its logits in bf16 (computed in fp32 a chunk of rows at a
+//   time), and the fused classifier reads them and writes their bf16 gradient over them
+//   (softmax_cross_entropy with bf16 logits, in Replica::dlogits_bf16; Layer::dout_bf16; Note
+//   [Fused classifier] in src/cpu/ops/softmax.cpp), so a bf16 step has neither fp32 logits in
+//   full nor fp32 dlogits. A matrix product's fp32 output (attention's atty) and a gradient
 //   that arrives from another layer are still rounded by to_bf16. fp32 and tf32 run exactly as
 //   before.
 // - The linear maps reach their products, bias adds, GELU and bias gradients through one Device
@@ -82,19 +86,31 @@ inline MatIn param_input(const float* params, const LayerWorkspace& ws, std::siz
   return {params + offset, nullptr};
 }
 
-// A linear layer's weight and bias: the weight as matrix products read it (bf16 or fp32), the
-// bias always fp32.
+// A linear layer's weight and bias: the weight as matrix products read it (bf16 or fp32); the
+// fp32 master bias, and under bf16 its copy in the bf16 weights (null otherwise), which a bf16
+// output's bias add reads (LinearForward::bias).
 struct LinearParams {
   MatIn weight;
   const float* bias;
+  const std::uint16_t* bias_bf16 = nullptr;
+  // The bias in the storage of an output `y`.
+  MatIn bias_for(MatOut y) const {
+    return y.bf16 ? MatIn{nullptr, bias_bf16} : MatIn{bias, nullptr};
+  }
 };
+
+// The linear layer whose weight and bias lie at these offsets of a layer's parameters.
+inline LinearParams linear_params(const float* params, const LayerWorkspace& ws,
+                                  std::size_t weight, std::size_t bias) {
+  return {param_input(params, ws, weight), params + bias, param_input(params, ws, bias).bf16};
+}
 
 // y (rows, out) = x * weight^T + bias in y's storage (Device::linear_forward); `product` is fp32
 // (rows, out) working memory for a bf16 y.
 inline void linear_forward(Device& dev, LinearParams p, MatIn x, MatOut y, float* product,
                            int rows, int in, int out) {
   dev.linear_forward({.rows = rows, .in = in, .out = out, .x = x, .weight = p.weight,
-                      .bias = p.bias, .y = y, .product = product});
+                      .bias = p.bias_for(y), .y = y, .product = product});
 }
 
 // dweight (out, in) += dy^T * x; dbias (out) += column sums of dy; dx (rows, in) = dy * weight,

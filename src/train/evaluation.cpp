@@ -26,8 +26,13 @@ LossTotals loss_totals(Replica& replica, const Dataset& data, std::size_t first,
                y.data() + static_cast<std::size_t>(rows) * targets);
     xd.upload(std::span<const float>(x.data(), static_cast<std::size_t>(rows) * features));
     yd.upload(std::span<const std::int32_t>(y.data(), static_cast<std::size_t>(rows) * targets));
-    dev.softmax_cross_entropy(replica.forward(xd.data(), rows), yd.data(), rows * targets,
-                              classes, static_cast<float*>(nullptr), 0.0f, stats.data());
+    // A bf16 LM head's logits as the step reads them (Note [Fused classifier]).
+    if (const std::uint16_t* logits16 = replica.forward_bf16(xd.data(), rows))
+      dev.softmax_cross_entropy(logits16, yd.data(), rows * targets, classes,
+                                static_cast<std::uint16_t*>(nullptr), 0.0f, stats.data());
+    else
+      dev.softmax_cross_entropy(replica.forward(xd.data(), rows), yd.data(), rows * targets,
+                                classes, static_cast<float*>(nullptr), 0.0f, stats.data());
     totals.predictions += static_cast<double>(rows) * targets;
     if (after_batch) after_batch();
   }

@@ -34,14 +34,17 @@ struct TimeRow {
   double comm_s = 0.0;
   double optimizer_state_bytes = 0.0;  // exact in a double up to 2^53
   double host_syncs_per_step = 0.0;
+  // The worker's linear products over the run (LinearCounts), exact in a double up to 2^53.
+  double linear_fused = 0.0, linear_partial = 0.0, linear_composed = 0.0;
 
-  static constexpr std::size_t kFields = 7;
+  static constexpr std::size_t kFields = 10;
   std::array<double, kFields> fields() const {
-    return {loop_s,         comm_exposed_s,        data_wait_s,        barrier_wait_s,
-            comm_s,         optimizer_state_bytes, host_syncs_per_step};
+    return {loop_s,         comm_exposed_s,        data_wait_s,         barrier_wait_s,
+            comm_s,         optimizer_state_bytes, host_syncs_per_step, linear_fused,
+            linear_partial, linear_composed};
   }
   static TimeRow from(std::span<const double> f) {
-    return {f[0], f[1], f[2], f[3], f[4], f[5], f[6]};
+    return {f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9]};
   }
 };
 
@@ -290,20 +293,26 @@ void WorkerLoop::run_micro_batch(int micro, StepTotals& mine) {
   enter(Phase::forward);
   if (run_.callbacks.hooks.before_forward) run_.callbacks.hooks.before_forward(global_, pos_.step);
   run_.fault.before_forward(global_, pos_.step, comm_, dev);
-  const float* logits;
+  // bf16 with a GPT's LM head: its logits in bf16, and the fused classifier writing their
+  // gradient over them, where backward reads it (Note [Fused classifier] in
+  // src/cpu/ops/softmax.cpp).
+  std::uint16_t* logits16 = replica.dlogits_bf16();
+  const float* logits = nullptr;
   {
     TraceSpan span(track_, "forward", pos_.step);
-    logits = replica.forward(in.x->data<float>(), b.size);
+    if (logits16)
+      (void)replica.forward_bf16(in.x->data<float>(), b.size);
+    else
+      logits = replica.forward(in.x->data<float>(), b.size);
   }
   // Each worker averages over its own k micro-batches; the all-reduce then averages over
   // workers: the mean over the global batch, since every shard has the same batch size.
   // A language model predicts `targets` tokens per sample; the loss is their mean.
-  // bf16 with a GPT's LM head: the loss writes dlogits rounded, where backward reads them.
   const int predictions = b.size * targets;
   const float grad_scale = 1.0f / static_cast<float>(predictions * k);
-  if (std::uint16_t* dlogits16 = replica.dlogits_bf16())
-    dev.softmax_cross_entropy(logits, in.y->data<std::int32_t>(), predictions, classes, dlogits16,
-                              grad_scale, res_.record->loss());
+  if (logits16)
+    dev.softmax_cross_entropy(logits16, in.y->data<std::int32_t>(), predictions, classes,
+                              logits16, grad_scale, res_.record->loss());
   else
     dev.softmax_cross_entropy(logits, in.y->data<std::int32_t>(), predictions, classes,
                               res_.dlogits.data(), grad_scale, res_.record->loss());
@@ -698,13 +707,17 @@ void WorkerLoop::finish() {
   }
   // Where the time went: every worker fills its own row.
   res_.reducer->collect_timings();
+  const LinearCounts linear = res_.device->linear_counts();
   const TimeRow mine{.loop_s = steady_now_s() - times_.loop_start_s,
                      .comm_exposed_s = res_.reducer->exposed_seconds(),
                      .data_wait_s = res_.batches->data_wait_s(),
                      .barrier_wait_s = times_.barrier_wait_s,
                      .comm_s = res_.reducer->comm_seconds(),
                      .optimizer_state_bytes = static_cast<double>(res_.optimizer->state_bytes()),
-                     .host_syncs_per_step = static_cast<double>(syncs_.per_step())};
+                     .host_syncs_per_step = static_cast<double>(syncs_.per_step()),
+                     .linear_fused = static_cast<double>(linear.fused),
+                     .linear_partial = static_cast<double>(linear.partial),
+                     .linear_composed = static_cast<double>(linear.composed)};
   std::vector<double> rows(static_cast<std::size_t>(comm_.size()) * TimeRow::kFields, 0.0);
   const auto fields = mine.fields();
   std::copy(fields.begin(), fields.end(),
@@ -727,6 +740,7 @@ void WorkerLoop::fill_summary(std::span<const double> time_rows, const EvalMetri
   summary.replicas_identical = true;
   TimeRow sum;
   summary.worker_times.clear();
+  summary.fused_linear = {};
   for (int r = 0; r < world; ++r) {
     const TimeRow row = TimeRow::from(time_rows.subspan(r * TimeRow::kFields, TimeRow::kFields));
     sum.data_wait_s += row.data_wait_s;
@@ -745,6 +759,9 @@ void WorkerLoop::fill_summary(std::span<const double> time_rows, const EvalMetri
         std::max(summary.optimizer_state_bytes, summary.worker_times.back().optimizer_state_bytes);
     summary.host_syncs_per_step = std::max(summary.host_syncs_per_step,
                                            static_cast<std::uint64_t>(row.host_syncs_per_step));
+    summary.fused_linear += {static_cast<std::uint64_t>(row.linear_fused),
+                             static_cast<std::uint64_t>(row.linear_partial),
+                             static_cast<std::uint64_t>(row.linear_composed)};
   }
   summary.data_wait_s = sum.data_wait_s / world;
   summary.barrier_wait_s = sum.barrier_wait_s / world;

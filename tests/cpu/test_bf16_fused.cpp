@@ -40,18 +40,40 @@ void require_same_floats(const std::vector<float>& a, const std::vector<float>& 
 
 }  // namespace
 
-TEST_CASE("cpu device: add_bias into bf16 is to_bf16 of add_bias") {
+// The bias in bf16, as a bf16 output's bias epilogue reads it (LinearForward::bias).
+TEST_CASE("cpu device: add_bias into bf16 is to_bf16 of add_bias with the bias widened") {
+  auto dev = make_cpu_device(0, 2);
+  for (auto [rows, cols] : {std::pair{1, 1}, {3, 5}, {300, 77}, {1024, 384}}) {
+    CAPTURE(rows);
+    CAPTURE(cols);
+    const std::size_t n = std::size_t(rows) * cols, nc = std::size_t(cols);
+    auto x = on_device(*dev, random_floats(n, 11 + n, -40.0, 40.0));
+    auto bias = on_device(*dev, random_floats(nc, 12 + n, -2.0, 2.0));
+    DeviceArray<std::uint16_t> fused(*dev, n), bias16(*dev, nc);
+    dev->to_bf16(bias.data(), bias16.data(), nc);
+    dev->from_bf16(bias16.data(), bias.data(), nc);  // the fp32 op reads the widened bias
+    dev->add_bias(x.data(), bias16.data(), fused.data(), rows, cols);
+    dev->add_bias(x.data(), bias.data(), rows, cols);
+    CHECK(fused.download() == rounded(*dev, x));
+  }
+}
+
+TEST_CASE("cpu device: bias_grad of bf16 dy is bias_grad of the widened dy") {
   auto dev = make_cpu_device(0, 2);
   for (auto [rows, cols] : {std::pair{1, 1}, {3, 5}, {300, 77}, {1024, 384}}) {
     CAPTURE(rows);
     CAPTURE(cols);
     const std::size_t n = std::size_t(rows) * cols;
-    auto x = on_device(*dev, random_floats(n, 11 + n, -40.0, 40.0));
-    auto bias = on_device(*dev, random_floats(std::size_t(cols), 12 + n, -2.0, 2.0));
-    DeviceArray<std::uint16_t> fused(*dev, n);
-    dev->add_bias(x.data(), bias.data(), fused.data(), rows, cols);
-    dev->add_bias(x.data(), bias.data(), rows, cols);
-    CHECK(fused.download() == rounded(*dev, x));
+    auto dy = on_device(*dev, random_floats(n, 13 + n, -3.0, 3.0));
+    DeviceArray<std::uint16_t> dy16(*dev, n);
+    dev->to_bf16(dy.data(), dy16.data(), n);
+    dev->from_bf16(dy16.data(), dy.data(), n);
+    const std::vector<float> start = random_floats(std::size_t(cols), 14 + n);
+    auto from16 = on_device(*dev, start), from32 = on_device(*dev, start);
+    dev->bias_grad(from16.data(), dy16.data(), rows, cols);
+    dev->bias_grad(from32.data(), dy.data(), rows, cols);
+    require_same_floats(from16.download(), from32.download());
+    CHECK(from16.download() != start);
   }
 }
 

@@ -48,19 +48,31 @@ TEST_CASE("cpu device: linear ops refuse operands that do not fit together") {
   const MatIn x{a.data(), nullptr};
   // fp32 x with bf16 weights; GELU without pre; pre without GELU; a bf16 y without product.
   CHECK_THROWS_AS(dev->linear_forward({.rows = 2, .in = 4, .out = 8, .x = x,
-                                       .weight = {nullptr, h.data()}, .bias = bias.data(),
+                                       .weight = {nullptr, h.data()},
+                                       .bias = {bias.data(), nullptr},
                                        .y = {b.data(), nullptr}}),
                   std::invalid_argument);
   CHECK_THROWS_AS(dev->linear_forward({.rows = 2, .in = 4, .out = 8, .x = x, .weight = x,
-                                       .bias = bias.data(), .act = FusedActivation::gelu,
+                                       .bias = {bias.data(), nullptr}, .act = FusedActivation::gelu,
                                        .y = {b.data(), nullptr}}),
                   std::invalid_argument);
   CHECK_THROWS_AS(dev->linear_forward({.rows = 2, .in = 4, .out = 8, .x = x, .weight = x,
-                                       .bias = bias.data(), .pre = {b.data(), nullptr},
+                                       .bias = {bias.data(), nullptr}, .pre = {b.data(), nullptr},
                                        .y = {b.data(), nullptr}}),
                   std::invalid_argument);
   CHECK_THROWS_AS(dev->linear_forward({.rows = 2, .in = 4, .out = 8, .x = x, .weight = x,
-                                       .bias = bias.data(), .y = {nullptr, h.data()}}),
+                                       .bias = {nullptr, h.data()}, .y = {nullptr, h.data()}}),
+                  std::invalid_argument);
+  // A bf16 y with an fp32 bias, an fp32 y with a bf16 one, no bias.
+  CHECK_THROWS_AS(dev->linear_forward({.rows = 2, .in = 4, .out = 8, .x = x, .weight = x,
+                                       .bias = {bias.data(), nullptr}, .y = {nullptr, h.data()},
+                                       .product = a.data()}),
+                  std::invalid_argument);
+  CHECK_THROWS_AS(dev->linear_forward({.rows = 2, .in = 4, .out = 8, .x = x, .weight = x,
+                                       .bias = {nullptr, h.data()}, .y = {b.data(), nullptr}}),
+                  std::invalid_argument);
+  CHECK_THROWS_AS(dev->linear_forward({.rows = 2, .in = 4, .out = 8, .x = x, .weight = x,
+                                       .y = {b.data(), nullptr}}),
                   std::invalid_argument);
   // A bias gradient without dy; a rounded dx without GELU.
   CHECK_THROWS_AS(dev->linear_backward({.rows = 2, .in = 4, .out = 8, .x = x, .weight = x,
@@ -70,4 +82,25 @@ TEST_CASE("cpu device: linear ops refuse operands that do not fit together") {
                                         .g = x, .dweight = b.data(), .dx = a.data(),
                                         .dx_bf16 = h.data()}),
                   std::invalid_argument);
+}
+
+// The CPU composes every product (Note [Fused linear]) and counts it as a GPU counts a
+// fallback: a forward one, a backward two (weight and input gradients), or one without dx.
+TEST_CASE("cpu device: linear products are counted, all composed") {
+  auto dev = make_cpu_device(0, 1);
+  const LinearCase c(5, 8, 16, 3);
+  CHECK(dev->linear_counts().total() == 0);
+  for (const LinearVariant v : linear_variants()) {
+    (void)run_linear_forward(*dev, c, v, true);
+    if (v.bf16_out == v.bf16_in) (void)run_linear_backward(*dev, c, v, true, true);
+  }
+  const LinearCounts n = dev->linear_counts();
+  CHECK(n.fused == 0);
+  CHECK(n.partial == 0);
+  CHECK(n.composed == 6 + 2 * 4);  // 6 variants forward, 4 of them backward
+  DeviceArray<float> a(*dev, 128), w(*dev, 128), g(*dev, 128);
+  const MatIn x{a.data(), nullptr};
+  dev->linear_backward({.rows = 2, .in = 4, .out = 8, .x = x, .weight = x, .g = x,
+                        .dweight = w.data()});
+  CHECK(dev->linear_counts().composed == n.composed + 1);
 }

@@ -202,10 +202,13 @@ TEST_CASE("wide vectors: add_bias, bias_grad, scale and add give the baseline's 
       // bias_grad sums every row: over x, whose special values are in nearly every column,
       // the sums would be all NaN (so compared to nothing); over finite values instead.
       auto y = on_device(dev, x), a = on_device(dev, test::random_floats(n, 14 + n, -40.0, 40.0));
-      DeviceArray<std::uint16_t> y16(dev, n);
-      dev.add_bias(y.data(), bias.data(), y16.data(), rows, cols);
+      DeviceArray<std::uint16_t> y16(dev, n), a16(dev, n), bias16(dev, std::size_t(cols));
+      dev.to_bf16(bias.data(), bias16.data(), std::size_t(cols));
+      dev.to_bf16(a.data(), a16.data(), n);
+      dev.add_bias(y.data(), bias16.data(), y16.data(), rows, cols);
       dev.add_bias(y.data(), bias.data(), rows, cols);
       dev.bias_grad(bias.data(), a.data(), rows, cols);
+      dev.bias_grad(bias.data(), a16.data(), rows, cols);
       append(out, y16);
       append(out, y);
       append(out, bias);

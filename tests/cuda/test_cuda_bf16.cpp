@@ -62,13 +62,21 @@ TEST_SUITE("cuda") {
     const std::size_t n = std::size_t(rows) * cols;
     const auto x = random_floats(n, 700, -6.0, 6.0), dy = random_floats(n, 701);
     const auto bias = random_floats(std::size_t(cols), 702);
-    // add_bias: single additions on both sides, the same bits.
+    // add_bias with a bf16 bias: single additions on both sides, the same bits.
     compare(*gpu, [&](Device& d) {
-      auto xd = on_device(d, x), bd = on_device(d, bias);
-      DeviceArray<std::uint16_t> y = poisoned_bf16(d, n);
+      auto xd = on_device(d, x);
+      DeviceArray<std::uint16_t> y = poisoned_bf16(d, n), bd = bf16_on_device(d, bias);
       d.add_bias(xd.data(), bd.data(), y.data(), rows, cols);
       return Outputs{widened(y.download())};
     }, kSameBits);
+    // bias_grad of a bf16 dy: sums in double in another order, rounded once: the same float or
+    // a neighbour.
+    compare(*gpu, [&](Device& d) {
+      DeviceArray<std::uint16_t> dyd = bf16_on_device(d, dy);
+      auto bd = on_device(d, bias);
+      d.bias_grad(bd.data(), dyd.data(), rows, cols);
+      return Outputs{bd.download()};
+    }, Tolerance{2 * kFp32Ulp, 2 * kFp32Ulp});
     for (Activation f : {Activation::relu, Activation::tanh, Activation::gelu}) {
       CAPTURE(to_string(f));
       compare(

@@ -67,3 +67,30 @@ TEST_SUITE("cuda") {
     }
   }
 }
+
+TEST_SUITE("cuda") {
+  // GPT-2 124M's shapes under bf16 (C 768, 4C 3072, 8 sequences of 1024: 8192 rows): every
+  // product of a forward and backward is one cuBLASLt call with its epilogue, none refused into
+  // a partly fused or composed form (Note [Fused linear]). Two blocks: the others repeat them.
+  TEST_CASE("cuda: GPT-2 124M's linear products under bf16 all take the fused epilogues") {
+    auto backend = cuda_or_skip();
+    if (!backend) return;
+    auto gpu = backend->create_device(0, 1, 0);
+    const Model model =
+        Model::gpt({.vocab_size = 50257, .context = 1024, .n_layer = 2, .n_head = 12,
+                    .d_model = 768});
+    const int batch = 8;
+    Replica replica(*gpu, model, batch, Precision::bf16);
+    replica.load_parameters(model.initial_parameters(1));
+    replica.warm_up(batch);
+    gpu->synchronize();
+    const LinearCounts n = gpu->linear_counts();
+    CAPTURE(n.fused);
+    CAPTURE(n.partial);
+    CAPTURE(n.composed);
+    // Per block: 4 forwards, 4 weight gradients, 4 input gradients.
+    CHECK(n.fused == 2 * 12);
+    CHECK(n.partial == 0);
+    CHECK(n.composed == 0);
+  }
+}

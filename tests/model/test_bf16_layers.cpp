@@ -215,5 +215,48 @@ TEST_CASE("bf16 replica: the loss writing dlogits_bf16 gives backward's gradient
   const std::vector<float> from_bf16 = replica.gradients();
   REQUIRE(from_bf16.size() == from_fp32.size());
   CHECK(std::memcmp(from_bf16.data(), from_fp32.data(), from_fp32.size() * sizeof(float)) == 0);
+  // ...and by the fused classifier over the bf16 logits forward_bf16 leaves there, in place
+  // (Note [Fused classifier]): the same loss and gradients, bit for bit.
+  DeviceArray<lockstep::LossStats> unfused(*dev, 1), fused(*dev, 1);
+  dev->softmax_cross_entropy(replica.forward(x.data(), batch), y.data(), rows, classes,
+                             static_cast<float*>(nullptr), 0.0f, unfused.data());
+  const std::uint16_t* logits16 = replica.forward_bf16(x.data(), batch);
+  REQUIRE(logits16 == replica.dlogits_bf16());
+  dev->softmax_cross_entropy(logits16, y.data(), rows, classes, replica.dlogits_bf16(),
+                             1.0f / rows, fused.data());
+  CHECK(fused.download()[0].loss_sum == unfused.download()[0].loss_sum);
+  CHECK(fused.download()[0].correct == unfused.download()[0].correct);
+  replica.zero_grads();
+  replica.backward(x.data(), nullptr, batch);
+  const std::vector<float> from_fused = replica.gradients();
+  CHECK(std::memcmp(from_fused.data(), from_fp32.data(), from_fp32.size() * sizeof(float)) == 0);
+  CHECK(fp32.forward_bf16(x.data(), batch) == nullptr);
   CHECK_THROWS_AS(fp32.backward(x.data(), nullptr, batch), std::invalid_argument);
+}
+
+// Under bf16 with out_bf16, the LM head writes its logits rounded to bf16, computed in fp32 a
+// chunk of rows at a time (Note [Fused classifier]): bit for bit to_bf16 of the fp32 logits it
+// writes without out_bf16. 300 positions: a full chunk and a part, with padding.
+TEST_CASE("bf16 lm head: logits written in bf16 chunk by chunk are the fp32 logits rounded") {
+  const int vocab = 70, t = 60, c = 16, batch = 5;  // padded to 128
+  const auto layer = lockstep::make_tied_lm_head(0, vocab, t, c);
+  auto dev = lockstep::make_cpu_device(0, 1);
+  const auto params = random_floats(std::size_t(vocab) * c, 30);
+  auto pd = on_device(*dev, params);
+  auto xd = on_device(*dev, random_floats(std::size_t(batch) * t * c, 31, -2.0, 2.0));
+  DeviceArray<std::uint16_t> p16(*dev, params.size());
+  dev->to_bf16(pd.data(), p16.data(), params.size());
+  DeviceArray<float> saved(*dev, layer->workspace_size(batch, Precision::bf16));
+  const std::size_t n = std::size_t(batch) * layer->out_features();
+  DeviceArray<float> logits(*dev, n);
+  DeviceArray<std::uint16_t> logits16(*dev, n), want(*dev, n);
+  const lockstep::LayerWorkspace fp32_out{saved.data(), nullptr, Precision::bf16, p16.data()};
+  layer->forward(*dev, pd.data(), xd.data(), logits.data(), batch, fp32_out);
+  dev->to_bf16(logits.data(), want.data(), n);
+  lockstep::LayerWorkspace bf16_out = fp32_out;
+  bf16_out.out_bf16 = logits16.data();
+  const std::vector<float> before = logits.download();
+  layer->forward(*dev, pd.data(), xd.data(), logits.data(), batch, bf16_out);
+  CHECK(logits16.download() == want.download());
+  CHECK(logits.download() == before);  // out left alone
 }

@@ -121,5 +121,11 @@ TEST_CASE("host syncs: one per GPT step, with and without accumulation, clipping
     CHECK(s.steps == 4);
     CHECK(s.host_syncs_per_step == 1);
     CHECK(s.to_json().find("\"host_syncs_per_step\": 1,") != std::string::npos);
+    // The linear products, counted through the CPU device: composed, every one.
+    CHECK(s.fused_linear.composed > 0);
+    CHECK(s.fused_linear.fused + s.fused_linear.partial == 0);
+    CHECK(s.to_json().find(fmt::format("\"fused_linear\": {{\"fused\": 0, \"partial\": 0, "
+                                       "\"composed\": {}}}",
+                                       s.fused_linear.composed)) != std::string::npos);
   }
 }

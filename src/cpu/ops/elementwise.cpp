@@ -62,9 +62,10 @@ void CpuDevice::map_grad(const X* x, const float* dy, float* dx, std::uint16_t* 
   }));
 }
 
-// y (rows, cols) = x + bias (cols), Y float or bf16 (rounded); in place when y == x.
-template <class Y>
-void CpuDevice::add_bias_of(const float* x, const float* bias, Y* y, int rows, int cols) {
+// y (rows, cols) = x + bias (cols), Y float or bf16 (rounded), the bias B float or bf16
+// (widened); in place when y == x.
+template <class B, class Y>
+void CpuDevice::add_bias_of(const float* x, const B* bias, Y* y, int rows, int cols) {
   const std::size_t nc = static_cast<std::size_t>(cols), nr = static_cast<std::size_t>(rows);
   const std::size_t block = rows_per_block(nc);
   for_blocks(blocks_of(nr, block), vectorized([=](std::size_t b) {
@@ -73,10 +74,11 @@ void CpuDevice::add_bias_of(const float* x, const float* bias, Y* y, int rows, i
       Y* yr = y + r * nc;
       if constexpr (std::is_same_v<Y, float>)
         if (yr == xr) {
-          for (std::size_t c = 0; c < nc; ++c) yr[c] += bias[c];
+          for (std::size_t c = 0; c < nc; ++c) yr[c] += detail::load_value(bias[c]);
           continue;
         }
-      for (std::size_t c = 0; c < nc; ++c) detail::store_value(&yr[c], xr[c] + bias[c]);
+      for (std::size_t c = 0; c < nc; ++c)
+        detail::store_value(&yr[c], xr[c] + detail::load_value(bias[c]));
     }
   }));
 }
@@ -102,16 +104,17 @@ void CpuDevice::add_bias(float* y, const float* bias, int rows, int cols) {
   add_bias_of(y, bias, y, rows, cols);
 }
 
-// dbias (cols) += column sums of dy (rows, cols). Each column is summed over the rows in order,
-// in double; columns are split into fixed blocks.
-void CpuDevice::bias_grad(float* dbias, const float* dy, int rows, int cols) {
+// dbias (cols) += column sums of dy (rows, cols), G float or bf16 (widened). Each column is
+// summed over the rows in order, in double; columns are split into fixed blocks.
+template <class G>
+void CpuDevice::bias_grad_of(float* dbias, const G* dy, int rows, int cols) {
   constexpr std::size_t kCols = 64;
   const std::size_t nc = static_cast<std::size_t>(cols), nr = static_cast<std::size_t>(rows);
   const auto columns = vectorized([=](std::size_t c0, std::size_t c1) {
     double acc[kCols];
     for (std::size_t c = c0; c < c1; ++c) acc[c - c0] = dbias[c];
     for (std::size_t r = 0; r < nr; ++r)
-      for (std::size_t c = c0; c < c1; ++c) acc[c - c0] += dy[r * nc + c];
+      for (std::size_t c = c0; c < c1; ++c) acc[c - c0] += detail::load_value(dy[r * nc + c]);
     for (std::size_t c = c0; c < c1; ++c) dbias[c] = static_cast<float>(acc[c - c0]);
   });
   if (nr * nc <= kGrain) {
@@ -135,9 +138,17 @@ void CpuDevice::activation_backward(Activation f, const float* x, const float* d
 // ---- bf16 storage: the fp32 ops above, widening bf16 as read and rounding as written ----
 
 // y (rows, cols) = x + bias (cols), rounded
-void CpuDevice::add_bias(const float* x, const float* bias, std::uint16_t* y, int rows,
+void CpuDevice::add_bias(const float* x, const std::uint16_t* bias, std::uint16_t* y, int rows,
                          int cols) {
   add_bias_of(x, bias, y, rows, cols);
+}
+
+void CpuDevice::bias_grad(float* dbias, const float* dy, int rows, int cols) {
+  bias_grad_of(dbias, dy, rows, cols);
+}
+
+void CpuDevice::bias_grad(float* dbias, const std::uint16_t* dy, int rows, int cols) {
+  bias_grad_of(dbias, dy, rows, cols);
 }
 
 void CpuDevice::activation_forward(Activation f, const std::uint16_t* x, std::uint16_t* y,

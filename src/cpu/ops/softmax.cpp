@@ -24,11 +24,24 @@ void CpuDevice::for_rows_of_squares(int count, int T, const Fn& fn) {
   }));
 }
 
-// logits (rows, classes), labels (rows), dlogits (rows, classes) or null, stored as D (float,
-// or bf16 rounded). The labels are checked before anything is written: a bad one leaves the
-// sums and dlogits alone and is recorded.
-template <class D>
-void CpuDevice::softmax_cross_entropy_of(const float* logits, const std::int32_t* labels,
+// Note [Fused classifier]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// Under bf16 a GPT's LM head writes its logits in bf16 (N, P), and one pass per row computes
+// the loss, the correct count and the bf16 logit gradient from them, writing the gradient over
+// the logits (the LM head's backward reads it there): one read of the logits and one write,
+// where the unfused form writes fp32 logits (4 bytes each; 1.65 GB for GPT-2 at 8 x 1024 rows)
+// and reads them again for its softmax. The fp32 values exist only a row at a time (in
+// registers on a GPU, in doubles here), never as a copy of the logits. The math is that of
+// softmax_cross_entropy on the widened logits: the logits' own rounding to bf16 (2^-9
+// relative) is the only difference from the fp32 form, which the tests bound.
+// This is the reference: the CUDA kernel (src/cuda/ops/softmax.cu) must match it.
+
+// logits (rows, classes) stored as L (float, or bf16 widened as read), labels (rows), dlogits
+// (rows, classes) or null, stored as D (float, or bf16 rounded); dlogits may be the logits
+// (each element is read before its own gradient is written). The labels are checked before
+// anything is written: a bad one leaves the sums and dlogits alone and is recorded.
+template <class L, class D>
+void CpuDevice::softmax_cross_entropy_of(const L* logits, const std::int32_t* labels,
                                          int rows, int classes, D* dlogits, float grad_scale,
                                          LossStats* stats) {
   detail::check_loss_shape(rows, classes);
@@ -41,20 +54,21 @@ void CpuDevice::softmax_cross_entropy_of(const float* logits, const std::int32_t
   const auto rows_loss = [&](std::size_t r0, std::size_t r1) {
     LossStats s;
     for (std::size_t r = r0; r < r1; ++r) {
-      const float* z = logits + r * nc;
+      const L* row = logits + r * nc;
+      const auto z = [row](std::size_t j) { return detail::load_value(row[j]); };
       const std::size_t label = static_cast<std::size_t>(labels[r]);
       std::size_t argmax = 0;
       for (std::size_t j = 1; j < nc; ++j)
-        if (z[j] > z[argmax]) argmax = j;
-      const double zmax = z[argmax];
+        if (z(j) > z(argmax)) argmax = j;
+      const double zmax = z(argmax);
       double sum = 0.0;
-      for (std::size_t j = 0; j < nc; ++j) sum += std::exp(z[j] - zmax);
-      s.loss_sum += std::log(sum) - (z[label] - zmax);  // logsumexp - z[label]
+      for (std::size_t j = 0; j < nc; ++j) sum += std::exp(z(j) - zmax);
+      s.loss_sum += std::log(sum) - (z(label) - zmax);  // logsumexp - z[label]
       s.correct += argmax == label ? 1 : 0;
       if (!dlogits) continue;
       D* d = dlogits + r * nc;
       for (std::size_t j = 0; j < nc; ++j) {
-        const double p = std::exp(z[j] - zmax) / sum - (j == label ? 1.0 : 0.0);
+        const double p = std::exp(z(j) - zmax) / sum - (j == label ? 1.0 : 0.0);
         detail::store_value(&d[j], static_cast<float>(p * grad_scale));
       }
     }
@@ -80,6 +94,12 @@ void CpuDevice::softmax_cross_entropy(const float* logits, const std::int32_t* l
 void CpuDevice::softmax_cross_entropy(const float* logits, const std::int32_t* labels, int rows,
                                       int classes, std::uint16_t* dlogits, float grad_scale,
                                       LossStats* stats) {
+  softmax_cross_entropy_of(logits, labels, rows, classes, dlogits, grad_scale, stats);
+}
+
+void CpuDevice::softmax_cross_entropy(const std::uint16_t* logits, const std::int32_t* labels,
+                                      int rows, int classes, std::uint16_t* dlogits,
+                                      float grad_scale, LossStats* stats) {
   softmax_cross_entropy_of(logits, labels, rows, classes, dlogits, grad_scale, stats);
 }
 

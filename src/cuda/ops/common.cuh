@@ -32,7 +32,9 @@
 //    __fmul_rn, but the sums run in another order and expf is CUDA's (within 2 ulp): tolerance
 //    1e-5 of the largest value. The cross-entropy takes exp in float once per logit where the
 //    CPU takes it in double: dlogits within 1e-5 of the largest, the loss sum within 1e-6
-//    relative (each exp within a few 1e-7; the sums in double).
+//    relative (each exp within a few 1e-7; the sums in double). The fused classifier (bf16
+//    logits) also rescales its sums as the running largest grows: its bf16 dlogits within a
+//    bf16 neighbour, the loss sum within 1e-6 relative.
 //  - reduce.cu: sum_squares in double in a fixed tree (contraction allowed: it only makes the
 //    double sums more exact): 1e-10 relative. The hash: integers, exact.
 //  - GEMM (cuBLAS, unaffected by these flags): another summation order, TF32 when asked: 1e-5

@@ -15,17 +15,17 @@ __global__ void scale_kernel(float* x, float alpha, std::size_t n) {
   for (std::size_t i = first_index(); i < n; i += grid_stride()) x[i] *= alpha;
 }
 
-// y (rows, cols) = x + bias (cols), stored as Y (float: x may be y; bf16: rounded); n = rows *
-// cols. Grid-stride over the elements; each thread carries its column along instead of taking
-// i % cols per element (a 64-bit division): the stride moves the column by stride % cols, so
-// one subtraction brings it back below cols.
-template <class Y>
-__global__ void add_bias_kernel(const float* x, const float* bias, Y* y, std::size_t cols,
+// y (rows, cols) = x + bias (cols), stored as Y (float: x may be y; bf16: rounded), the bias
+// B float or bf16 (widened); n = rows * cols. Grid-stride over the elements; each thread
+// carries its column along instead of taking i % cols per element (a 64-bit division): the
+// stride moves the column by stride % cols, so one subtraction brings it back below cols.
+template <class B, class Y>
+__global__ void add_bias_kernel(const float* x, const B* bias, Y* y, std::size_t cols,
                                 std::size_t n) {
   const std::size_t stride = grid_stride(), step = stride % cols;
   std::size_t i = first_index(), c = i % cols;
   for (; i < n; i += stride) {
-    detail::store_value(&y[i], x[i] + bias[c]);
+    detail::store_value(&y[i], x[i] + detail::load_value(bias[c]));
     c += step;
     if (c >= cols) c -= cols;
   }
@@ -83,7 +83,9 @@ __global__ void add_kernel(const float* a, const float* b, float* y, std::size_t
 constexpr int kBiasRowGroups = 32;
 constexpr int kBiasThreads = kWarp * kBiasRowGroups;
 
-__global__ void bias_grad_kernel(float* dbias, const float* dy, int rows, int cols) {
+// G: dy's storage, float or bf16 (widened as read).
+template <class G>
+__global__ void bias_grad_kernel(float* dbias, const G* dy, int rows, int cols) {
   __shared__ double partial[kBiasRowGroups][kWarp];
   const int x = static_cast<int>(threadIdx.x % kWarp), g = static_cast<int>(threadIdx.x / kWarp);
   const int c = static_cast<int>(blockIdx.x) * kWarp + x;
@@ -95,11 +97,12 @@ __global__ void bias_grad_kernel(float* dbias, const float* dy, int rows, int co
     for (; rows - r > (kInFlight - 1) * kBiasRowGroups; r += kInFlight * kBiasRowGroups) {
       float v[kInFlight];
 #pragma unroll
-      for (int u = 0; u < kInFlight; ++u) v[u] = dy[(r + u * kBiasRowGroups) * nc + c];
+      for (int u = 0; u < kInFlight; ++u)
+        v[u] = detail::load_value(dy[(r + u * kBiasRowGroups) * nc + c]);
 #pragma unroll
       for (int u = 0; u < kInFlight; ++u) acc += v[u];
     }
-    for (; r < rows; r += kBiasRowGroups) acc += dy[r * nc + c];
+    for (; r < rows; r += kBiasRowGroups) acc += detail::load_value(dy[r * nc + c]);
   }
   partial[g][x] = acc;
   __syncthreads();
@@ -124,9 +127,8 @@ void launch_scale(cudaStream_t stream, float* x, float alpha, std::size_t n) {
   CUDA_CHECK(cudaGetLastError());
 }
 
-template <class Y>
-void add_bias_of(cudaStream_t stream, const float* x, const float* bias, Y* y, int rows,
-                 int cols) {
+template <class B, class Y>
+void add_bias_of(cudaStream_t stream, const float* x, const B* bias, Y* y, int rows, int cols) {
   const std::size_t n = static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols);
   if (n == 0) return;
   add_bias_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, bias, y, cols, n);
@@ -137,7 +139,7 @@ void launch_add_bias(cudaStream_t stream, float* y, const float* bias, int rows,
   add_bias_of(stream, y, bias, y, rows, cols);
 }
 
-void launch_add_bias_bf16(cudaStream_t stream, const float* x, const float* bias,
+void launch_add_bias_bf16(cudaStream_t stream, const float* x, const std::uint16_t* bias,
                           std::uint16_t* y, int rows, int cols) {
   add_bias_of(stream, x, bias, y, rows, cols);
 }
@@ -185,11 +187,21 @@ void launch_activation_backward_bf16(cudaStream_t stream, ActivationKind f,
   activation_backward_of(stream, f, x, dy, dx, dx_bf16, n);
 }
 
-void launch_bias_grad(cudaStream_t stream, float* dbias, const float* dy, int rows, int cols) {
+template <class G>
+void bias_grad_of(cudaStream_t stream, float* dbias, const G* dy, int rows, int cols) {
   if (rows <= 0 || cols <= 0) return;  // no rows add nothing
   const unsigned blocks = static_cast<unsigned>((cols + kWarp - 1) / kWarp);
   bias_grad_kernel<<<blocks, kBiasThreads, 0, stream>>>(dbias, dy, rows, cols);
   CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_bias_grad(cudaStream_t stream, float* dbias, const float* dy, int rows, int cols) {
+  bias_grad_of(stream, dbias, dy, rows, cols);
+}
+
+void launch_bias_grad_bf16(cudaStream_t stream, float* dbias, const std::uint16_t* dy, int rows,
+                           int cols) {
+  bias_grad_of(stream, dbias, dy, rows, cols);
 }
 
 }  // namespace lockstep::cuda

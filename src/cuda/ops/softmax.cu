@@ -5,6 +5,7 @@
 // written by the same lane only, reads before writes.
 #include <climits>
 #include <cmath>
+#include <cstdint>
 #include <type_traits>
 
 #include "common/bf16.hpp"
@@ -98,6 +99,113 @@ __global__ void softmax_xent_rows_kernel(const float* logits, const std::int32_t
   }
 }
 
+// The fused classifier (Note [Fused classifier] in src/cpu/ops/softmax.cpp): one block per row
+// of bf16 logits (rows, classes). One read of the row computes, per thread and then over the
+// block, the online softmax statistics (the largest logit and its first index, and the sum of
+// exp(z - largest) rescaled as the largest grows); a second pass writes the bf16 gradient over
+// the same elements, each thread its own, after every read of the first pass (the row is 100 KB
+// for GPT-2: its second read comes from L2). Rows of a multiple of 8 classes, 16-byte aligned,
+// move 8 logits per load and store. dlogits (or null) may alias logits. Tolerance against the
+// CPU: exp in float, the sum in double rescaled in another order; dlogits within a bf16
+// neighbour, the loss within 1e-6 relative.
+struct OnlineMax {
+  float m = -INFINITY;  // the largest value seen
+  double s = 0.0;       // sum of exp(v - m) over the values seen
+  int i = INT_MAX;      // the first index of m; INT_MAX: nothing above -inf seen yet
+};
+
+__device__ inline void add_value(OnlineMax& r, float v, int j) {
+  if (v > r.m) {
+    r.s = r.s * expf(r.m - v) + 1.0;  // exp(-inf) = 0 for the first value
+    r.m = v;
+    r.i = j;
+  } else if (v != -INFINITY) {  // the padding adds nothing; a NaN makes the sum NaN
+    r.s += expf(v - r.m);
+  }
+}
+
+__device__ inline OnlineMax merge(OnlineMax a, OnlineMax b) {
+  if (b.i == INT_MAX) return a;
+  if (a.i == INT_MAX) return b;
+  OnlineMax r;
+  r.m = fmaxf(a.m, b.m);
+  r.s = a.s * expf(a.m - r.m) + b.s * expf(b.m - r.m);
+  r.i = b.m > a.m || (b.m == a.m && b.i < a.i) ? b.i : a.i;
+  return r;
+}
+
+constexpr int kPack = 8;  // bf16 values in 16 bytes
+
+__global__ void fused_classifier_rows_kernel(const std::uint16_t* logits,
+                                             const std::int32_t* labels, int classes, bool packed,
+                                             std::uint16_t* dlogits, float grad_scale,
+                                             double* row_loss, int* row_correct,
+                                             const int* bad_row) {
+  const int row = blockIdx.x;
+  if (*bad_row < static_cast<int>(gridDim.x)) return;  // a bad label (one block a row)
+  const int label = labels[row];
+  const std::size_t offset = static_cast<std::size_t>(row) * classes;
+  const std::uint16_t* z = logits + offset;
+  // fn(j, v) for this thread's logits in increasing j: 8 at a time when packed.
+  const auto visit = [&](auto&& fn) {
+    if (packed) {
+      for (int c = threadIdx.x; c < classes / kPack; c += kThreads) {
+        const uint4 pack = reinterpret_cast<const uint4*>(z)[c];
+        const auto* h = reinterpret_cast<const std::uint16_t*>(&pack);
+#pragma unroll
+        for (int k = 0; k < kPack; ++k) fn(c * kPack + k, detail::bf16_to_float(h[k]));
+      }
+    } else {
+      for (int j = threadIdx.x; j < classes; j += kThreads) fn(j, detail::bf16_to_float(z[j]));
+    }
+  };
+  __shared__ float zlabel;
+  if (threadIdx.x == 0) zlabel = detail::bf16_to_float(z[label]);  // before any write
+  OnlineMax mine;
+  visit([&](int j, float v) { add_value(mine, v, j); });
+
+  __shared__ float part_m[kThreads];
+  __shared__ double part_s[kThreads];
+  __shared__ int part_i[kThreads];
+  part_m[threadIdx.x] = mine.m, part_s[threadIdx.x] = mine.s, part_i[threadIdx.x] = mine.i;
+  __syncthreads();
+  for (unsigned stride = kThreads / 2; stride > 0; stride /= 2) {
+    if (threadIdx.x < stride) {
+      const unsigned o = threadIdx.x + stride;
+      const OnlineMax r = merge({part_m[threadIdx.x], part_s[threadIdx.x], part_i[threadIdx.x]},
+                                {part_m[o], part_s[o], part_i[o]});
+      part_m[threadIdx.x] = r.m, part_s[threadIdx.x] = r.s, part_i[threadIdx.x] = r.i;
+    }
+    __syncthreads();
+  }
+  const float zmax = part_m[0];
+  const double sum = part_s[0];
+  if (threadIdx.x == 0) {
+    row_loss[row] = log(sum) - (double(zlabel) - zmax);  // logsumexp - z[label]
+    row_correct[row] = part_i[0] == label ? 1 : 0;
+  }
+  if (!dlogits) return;
+  std::uint16_t* d = dlogits + offset;
+  const float inv = static_cast<float>(1.0 / sum);
+  const auto grad = [&](int j, float v) {
+    return detail::float_to_bf16((expf(v - zmax) * inv - (j == label ? 1.0f : 0.0f)) * grad_scale);
+  };
+  if (packed) {
+    for (int c = threadIdx.x; c < classes / kPack; c += kThreads) {
+      const uint4 pack = reinterpret_cast<const uint4*>(z)[c];
+      const auto* h = reinterpret_cast<const std::uint16_t*>(&pack);
+      uint4 out;
+      auto* o = reinterpret_cast<std::uint16_t*>(&out);
+#pragma unroll
+      for (int k = 0; k < kPack; ++k) o[k] = grad(c * kPack + k, detail::bf16_to_float(h[k]));
+      reinterpret_cast<uint4*>(d)[c] = out;
+    }
+  } else {
+    for (int j = threadIdx.x; j < classes; j += kThreads)
+      d[j] = grad(j, detail::bf16_to_float(z[j]));
+  }
+}
+
 // One block: the rows' losses and correct counts, summed in a fixed order, added to *stats
 // (nothing after a bad label: the row kernel wrote no row).
 __global__ void softmax_xent_total_kernel(const double* row_loss, const int* row_correct,
@@ -161,11 +269,11 @@ __global__ void causal_softmax_backward_kernel(const P* p, const float* dp, DS* 
 
 }  // namespace
 
-template <class D>
-void softmax_cross_entropy_of(cudaStream_t stream, const float* logits,
-                              const std::int32_t* labels, int rows, int classes, D* dlogits,
-                              float grad_scale, double* row_loss, int* row_correct,
-                              LossAccumulator* stats) {
+// L, D: the storages of the logits and dlogits; bf16 logits take the fused classifier.
+template <class L, class D>
+void softmax_cross_entropy_of(cudaStream_t stream, const L* logits, const std::int32_t* labels,
+                              int rows, int classes, D* dlogits, float grad_scale,
+                              double* row_loss, int* row_correct, LossAccumulator* stats) {
   if (rows <= 0) return;
   // The call's first bad row, in the scratch int after the rows' correct counts: it starts above
   // any row (0x7f7f7f7f) and check_labels_kernel lowers it with atomicMin.
@@ -173,8 +281,18 @@ void softmax_cross_entropy_of(cudaStream_t stream, const float* logits,
   CUDA_CHECK(cudaMemsetAsync(bad_row, 0x7f, sizeof(int), stream));
   check_labels_kernel<<<1, kThreads, 0, stream>>>(labels, rows, classes, bad_row, stats);
   CUDA_CHECK(cudaGetLastError());
-  softmax_xent_rows_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-      logits, labels, classes, dlogits, grad_scale, row_loss, row_correct, bad_row);
+  if constexpr (std::is_same_v<L, std::uint16_t>) {
+    static_assert(std::is_same_v<D, std::uint16_t>);
+    const auto aligned = [](const void* p) {
+      return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
+    };
+    const bool packed = classes % kPack == 0 && aligned(logits) && (!dlogits || aligned(dlogits));
+    fused_classifier_rows_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
+        logits, labels, classes, packed, dlogits, grad_scale, row_loss, row_correct, bad_row);
+  } else {
+    softmax_xent_rows_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
+        logits, labels, classes, dlogits, grad_scale, row_loss, row_correct, bad_row);
+  }
   CUDA_CHECK(cudaGetLastError());
   softmax_xent_total_kernel<<<1, kThreads, 0, stream>>>(row_loss, row_correct, rows, bad_row,
                                                         stats);
@@ -214,6 +332,14 @@ void launch_softmax_cross_entropy_bf16(cudaStream_t stream, const float* logits,
                                        std::uint16_t* dlogits, float grad_scale,
                                        double* row_loss, int* row_correct,
                                        LossAccumulator* stats) {
+  softmax_cross_entropy_of(stream, logits, labels, rows, classes, dlogits, grad_scale, row_loss,
+                           row_correct, stats);
+}
+
+void launch_fused_classifier(cudaStream_t stream, const std::uint16_t* logits,
+                             const std::int32_t* labels, int rows, int classes,
+                             std::uint16_t* dlogits, float grad_scale, double* row_loss,
+                             int* row_correct, LossAccumulator* stats) {
   softmax_cross_entropy_of(stream, logits, labels, rows, classes, dlogits, grad_scale, row_loss,
                            row_correct, stats);
 }
