@@ -69,6 +69,24 @@ constexpr Tolerance tf32_sums(double terms, std::size_t row = 0) {
 // positive sums): each held to its own size.
 constexpr Tolerance without_floor(Tolerance t) { return {t.rel, 0.0, t.row}; }
 
+// A fused linear layer's outputs (test_cuda_linear.cpp, test_cublaslt_plan.cpp), element by
+// element: fp32 sums of `terms` products, the summation order each side's; with GELU also
+// cuBLASLt's GELU, computed its own way (its documentation gives no formula; an approximate
+// tanh, as the GPU's tanh.approx with about 2^-11 relative error): 2^-10 more, of the value and
+// of the row's largest. A bf16 result may round to
+// the neighbouring bf16; GELU is applied before pre is rounded, and the bias gradients sum dy
+// rounded on each side (Note [Fused linear]): a bf16 ulp of the row's largest more.
+inline constexpr double kGeluApproximation = 0x1p-10;
+
+inline Tolerance linear_tolerance(bool gelu, bool bf16, int terms, int row) {
+  Tolerance t = fp32_sums(terms + 4, static_cast<std::size_t>(row));
+  if (gelu) t = {t.rel + kGeluApproximation, t.abs + kGeluApproximation, t.row};
+  if (!bf16) return t;
+  t = bf16_rounded(t);
+  t.abs += kBf16Ulp;
+  return t;
+}
+
 // Three optimiser steps, about ten operations on each element per step.
 inline constexpr Tolerance kOptimizerSteps = fp32_sums(32);
 

@@ -17,21 +17,8 @@ using namespace lockstep::test;
 
 namespace {
 
-// Element by element (Note [Comparing with the CPU]): fp32 sums of `terms` products, the
-// summation order each side's; with GELU also cuBLASLt's GELU, computed its own way (its
-// documentation gives no formula; an approximate tanh, as the GPU's tanh.approx with about 2^-11
-// relative error): 2^-10 more, of the value and of the row's largest. A bf16 result may round to
-// the neighbouring bf16; GELU is applied before pre is rounded, and the bias gradients sum dy
-// rounded on each side (Note [Fused linear]): a bf16 ulp of the row's largest more.
-constexpr double kGeluApproximation = 0x1p-10;
-
 Tolerance tolerance(LinearVariant v, bool bf16, int terms, int row) {
-  Tolerance t = fp32_sums(terms + 4, static_cast<std::size_t>(row));
-  if (v.gelu) t = {t.rel + kGeluApproximation, t.abs + kGeluApproximation, t.row};
-  if (!bf16) return t;
-  t = bf16_rounded(t);
-  t.abs += kBf16Ulp;
-  return t;
+  return linear_tolerance(v.gelu, bf16, terms, row);
 }
 
 }  // namespace
