@@ -216,9 +216,9 @@ class LOCKSTEP_API Trainer {
   // config, naming every changed key with both values. The learning rate, schedule.*,
   // weight_decay, clip_grad_norm and the trainer keys but trainer.seed may change: they apply
   // from the resumed step on (resume_changes() lists them; Note [What a resume may change] in
-  // src/train/resume_changes.cpp). With the same config and device count the resumed run is bit-identical to an
-  // uninterrupted one; with another count, the position in the epoch is carried over as a
-  // count of samples, rounded down to a whole batch per worker.
+  // src/train/resume_changes.cpp). With the same config and device count the resumed run is
+  // bit-identical to an uninterrupted one; with another count, the position in the epoch is
+  // carried over as a count of samples, rounded down to a whole batch per worker.
   void resume_from(Checkpoint checkpoint);
   // The keys the resumed run changed, accepted by resume_from(); empty for a fresh run.
   const std::vector<ConfigChange>& resume_changes() const noexcept;

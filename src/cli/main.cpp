@@ -216,9 +216,10 @@ int scaling(const Config& base, const DataSplit& data, const TrainArgs& args) {
 
 // SIGINT/SIGTERM: the first asks the trainer to stop after the current step (and checkpoint);
 // a second SIGINT exits at once, saying so in one line (and which checkpoint it leaves
-// incomplete: the next --resume falls back to the previous one). The handler only touches lock-free atomics. It may run on any
-// thread, so it counts itself in g_in_handler while it uses the trainer, and detaching waits
-// for that count to drop: no handler still holds the trainer once it is destroyed.
+// incomplete: the next --resume falls back to the previous one). The handler only touches
+// lock-free atomics. It may run on any thread, so it counts itself in g_in_handler while it uses
+// the trainer, and detaching waits for that count to drop: no handler still holds the trainer
+// once it is destroyed.
 std::atomic<int> g_signal{0};
 std::atomic<Trainer*> g_trainer{nullptr};
 std::atomic<int> g_in_handler{0};
@@ -306,10 +307,11 @@ void resume_exactly(Trainer& trainer, const Config& cfg, const TrainArgs& args, 
     } catch (const InputError& e) {  // none complete: the weights of one may still be whole
       throw InputError(e.what() + init_from_hint(from, args.config, args.overrides));
     }
-  }
-  else if (fs::exists(from)) ckpt = CheckpointManager::load(from, warn);
-  else if (!args.resume->empty())
+  } else if (fs::exists(from)) {
+    ckpt = CheckpointManager::load(from, warn);
+  } else if (!args.resume->empty()) {
     throw InputError(fmt::format("--resume {}: no such file or directory", from.string()));
+  }
   if (ckpt) {
     if (leader)
       fmt::print("resuming from {} (step {})\n", ckpt->weights_file.string(), ckpt->state.step);

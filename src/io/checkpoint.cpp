@@ -91,8 +91,8 @@ Checkpoint load_pair(const fs::path& weights, const fs::path& state,
   // Note [Whole-file checksum]: without this, deleting the key would pass an edited header.
   if (s.version >= 2 && !w.metadata.contains("lockstep.file_checksum"))
     detail::fail_input(weights, "no lockstep.file_checksum in the metadata, which its state file "
-                                "(version 2 or later) says every weights file beside it has: the header "
-                                "was edited");
+                                "(version 2 or later) says every weights file beside it has: the "
+                                "header was edited");
   for (const StateVector& v : s.optimizer_state)
     if (v.values.size() != w.data.size())
       detail::fail_input(state, fmt::format("state vector '{}' has {} values, the weights {}",

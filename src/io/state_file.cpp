@@ -116,8 +116,8 @@ void check_state(const TrainState& s, std::span<const StateVector> optimizer_sta
     if (key.empty() || key.size() > std::numeric_limits<std::uint16_t>::max() ||
         value.size() > std::numeric_limits<std::uint32_t>::max())
       throw std::invalid_argument(fmt::format(
-          "checkpoint state: config key '{}': expected 1 to 65535 bytes of key and at most 2^32 - 1 "
-          "of value", key.substr(0, 64)));
+          "checkpoint state: config key '{}': expected 1 to 65535 bytes of key and at most "
+          "2^32 - 1 of value", key.substr(0, 64)));
   for (std::size_t i = 0; i < optimizer_state.size(); ++i) {
     const std::string& name = optimizer_state[i].name;
     const bool repeated = std::any_of(optimizer_state.begin(), optimizer_state.begin() + i,

@@ -21,7 +21,8 @@
 //
 // Older versions are still read. Version 2 has no config keys (it names the config by its hash
 // alone); version 1 differs from 2 only in its checksum, of the payload alone (its header fields
-// are each checked). A state of version 2 or later says that the weights beside it carry "lockstep.file_checksum" (Note [Whole-file checksum]).
+// are each checked). A state of version 2 or later says that the weights beside it carry
+// "lockstep.file_checksum" (Note [Whole-file checksum]).
 #pragma once
 
 #include <cstdint>

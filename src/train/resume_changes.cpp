@@ -38,7 +38,8 @@ std::string describe(const ConfigChange& c) {
 
 std::vector<ConfigChange> config_changes(const ConfigValues& checkpoint, const ConfigValues& now) {
   const auto find = [](const ConfigValues& values, const std::string& key) {
-    return std::find_if(values.begin(), values.end(), [&](const auto& kv) { return kv.first == key; });
+    return std::find_if(values.begin(), values.end(),
+                        [&](const auto& kv) { return kv.first == key; });
   };
   std::vector<ConfigChange> out;
   for (const auto& [key, value] : now) {

@@ -42,7 +42,9 @@ std::string describe_optimizer_state(const Summary& s) {
 }
 
 std::string describe_worker_memory(const Summary& s) {
-  const auto size = [](std::size_t bytes) { return detail::format_bytes(static_cast<double>(bytes)); };
+  const auto size = [](std::size_t bytes) {
+    return detail::format_bytes(static_cast<double>(bytes));
+  };
   return fmt::format("parameters {}, gradients {}, optimizer state {}, activations {}",
                      size(s.param_bytes), size(s.grad_bytes), size(s.optimizer_state_bytes),
                      size(s.activation_bytes));
