@@ -16,7 +16,8 @@
 // Each file is written to "<name>.tmp", fsynced and renamed into place, so a crash leaves
 // either the old file or the new one; the .state file is written last. A checkpoint is complete
 // when both files exist and verify (checksums, and the .state names the weights' checksum, so
-// files of two different saves never pair up). Leftover .tmp files are ignored.
+// files of two different saves never pair up). Leftover .tmp files are ignored by readers; a
+// training run removes those of dead writers when it takes the directory.
 //
 // Checksums are FNV-1a 64 of the bytes, as 16 lowercase hex digits in the safetensors metadata
 // ("lockstep.checksum", over the data section, which the .state names; "lockstep.file_checksum",
@@ -35,6 +36,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "lockstep/export.hpp"
@@ -84,6 +86,9 @@ struct LOCKSTEP_API TrainState {
   OptimizerKind optimizer = OptimizerKind::sgd;
   std::int64_t optimizer_steps = 0;  // Optimizer::steps_taken(): AdamW's bias-correction t
   std::uint64_t seed = 0;            // trainer.seed
+  // config_values() of the run that wrote it, so that a refused resume names what changed;
+  // empty when read from a state file older than version 3, which recorded the hash alone.
+  std::vector<std::pair<std::string, std::string>> config;
 };
 
 // One optimiser buffer in the parameter buffer's layout: "momentum" (SGD with momentum),
@@ -191,6 +196,11 @@ class LOCKSTEP_API CheckpointManager {
   // with warn("<file>: <reason>; using the previous checkpoint step_..."). nullopt when the
   // directory holds no checkpoint files; InputError when it holds some but none is valid.
   std::optional<Checkpoint> load_latest(const Warn& warn = {}) const;
+
+  // The newest weights file that verifies on its own (its checksums), complete checkpoint or
+  // not: what `--init-from` can still start from when a save was interrupted after its weights.
+  // nullopt when there is none.
+  std::optional<std::filesystem::path> whole_weights() const;
 
   // A directory (its newest valid checkpoint), or either file of one checkpoint.
   static Checkpoint load(const std::filesystem::path& path, const Warn& warn = {});

@@ -14,6 +14,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "lockstep/error.hpp"
@@ -139,6 +140,12 @@ struct LOCKSTEP_API Config {
 // backend, devices, steps, epochs or logging. Checkpoints record it, so that a resumed run can
 // tell whether it trains the same problem the same way.
 LOCKSTEP_API std::uint64_t config_hash(const Config& config);
+
+// Every key of the schema ("optimizer.lr", "trainer.devices", ...) with its value as text, in
+// schema order; a data path as the absolute file it names. Checkpoints record them beside the
+// hash, so that a refused resume can name what changed.
+using ConfigValues = std::vector<std::pair<std::string, std::string>>;
+LOCKSTEP_API ConfigValues config_values(const Config& config);
 
 // Reads and validates a YAML file, then applies "a.b.c=value" overrides. A relative path the
 // file gives is resolved against the file's directory; one an override gives is left relative

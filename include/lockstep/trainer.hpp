@@ -177,6 +177,13 @@ LOCKSTEP_API std::string describe_model(const Config& config, const Dataset& tra
 LOCKSTEP_API EvalMetrics evaluate(const Config& config, const Model& model,
                                   std::span<const float> params, const Dataset& data);
 
+// A key whose value a resumed run changed: its value in the checkpoint's config, and now.
+struct LOCKSTEP_API ConfigChange {
+  std::string key;  // "optimizer.lr"
+  std::string checkpoint;
+  std::string now;
+};
+
 class LOCKSTEP_API Trainer {
  public:
   // With `processes` (more than one: mpirun, srun), this trainer is one process of a job that
@@ -210,10 +217,15 @@ class LOCKSTEP_API Trainer {
 
   // Continue from a checkpoint: its weights, optimiser state, step (and so the learning-rate
   // schedule) and sampler position. Throws InputError if it was written for another model or
-  // config (config_hash). With the same device count the resumed run is bit-identical to an
-  // uninterrupted one; with another count, the position in the epoch is carried over as a
-  // count of samples, rounded down to a whole batch per worker.
+  // config, naming every changed key with both values. The learning rate, schedule.*,
+  // weight_decay, clip_grad_norm and the trainer keys but trainer.seed may change: they apply
+  // from the resumed step on (resume_changes() lists them; Note [What a resume may change] in
+  // src/train/resume_changes.cpp). With the same config and device count the resumed run is
+  // bit-identical to an uninterrupted one; with another count, the position in the epoch is
+  // carried over as a count of samples, rounded down to a whole batch per worker.
   void resume_from(Checkpoint checkpoint);
+  // The keys the resumed run changed, accepted by resume_from(); empty for a fresh run.
+  const std::vector<ConfigChange>& resume_changes() const noexcept;
 
   // Start from these weights (load_weights() in the model's layout), with the config's fresh
   // optimiser, schedule and sampler at step 0: fine-tuning. Throws InputError when the file's
@@ -224,6 +236,9 @@ class LOCKSTEP_API Trainer {
   // checkpoint is written when trainer.checkpoint.dir is set. Callable from any thread and
   // from a signal handler (it only stores to a lock-free atomic).
   void request_stop() noexcept;
+  // The step whose checkpoint is being written now, or -1: so that a signal handler can say
+  // that exiting at once leaves it incomplete. Lock-free, like request_stop().
+  std::int64_t saving_step() const noexcept;
 
   Summary run();
   // Local worker 0's parameters after run(), on the host (the same in every process).

@@ -29,6 +29,7 @@
 #include <fmt/ranges.h>
 
 #include "cli/progress.hpp"
+#include "cli/train_messages.hpp"
 #include "io/output_path.hpp"
 #include "lockstep/lockstep.hpp"
 
@@ -214,15 +215,22 @@ int scaling(const Config& base, const DataSplit& data, const TrainArgs& args) {
 }
 
 // SIGINT/SIGTERM: the first asks the trainer to stop after the current step (and checkpoint);
-// a second SIGINT exits at once. The handler only touches lock-free atomics. It may run on any
-// thread, so it counts itself in g_in_handler while it uses the trainer, and detaching waits
-// for that count to drop: no handler still holds the trainer once it is destroyed.
+// a second SIGINT exits at once, saying so in one line (and which checkpoint it leaves
+// incomplete: the next --resume falls back to the previous one). The handler only touches
+// lock-free atomics. It may run on any thread, so it counts itself in g_in_handler while it uses
+// the trainer, and detaching waits for that count to drop: no handler still holds the trainer
+// once it is destroyed.
 std::atomic<int> g_signal{0};
 std::atomic<Trainer*> g_trainer{nullptr};
 std::atomic<int> g_in_handler{0};
 
 extern "C" void on_signal(int sig) {
-  if (sig == SIGINT && g_signal.load() != 0) std::_Exit(128 + SIGINT);
+  if (sig == SIGINT && g_signal.load() != 0) {
+    g_in_handler.fetch_add(1);  // never undone: the trainer outlives this process
+    const Trainer* t = g_trainer.load();
+    write_exit_now_line(t ? t->saving_step() : -1);
+    std::_Exit(128 + SIGINT);
+  }
   g_signal.store(sig);
   g_in_handler.fetch_add(1);
   if (Trainer* t = g_trainer.load()) t->request_stop();
@@ -293,14 +301,22 @@ void resume_exactly(Trainer& trainer, const Config& cfg, const TrainArgs& args, 
   if (from.empty())
     throw InputError("--resume: give a checkpoint DIR or FILE, or set trainer.checkpoint.dir");
   std::optional<Checkpoint> ckpt;
-  if (fs::is_directory(from)) ckpt = CheckpointManager(from, 0).load_latest(warn);
-  else if (fs::exists(from)) ckpt = CheckpointManager::load(from, warn);
-  else if (!args.resume->empty())
+  if (fs::is_directory(from)) {
+    try {
+      ckpt = CheckpointManager(from, 0).load_latest(warn);
+    } catch (const InputError& e) {  // none complete: the weights of one may still be whole
+      throw InputError(e.what() + init_from_hint(from, args.config, args.overrides));
+    }
+  } else if (fs::exists(from)) {
+    ckpt = CheckpointManager::load(from, warn);
+  } else if (!args.resume->empty()) {
     throw InputError(fmt::format("--resume {}: no such file or directory", from.string()));
+  }
   if (ckpt) {
     if (leader)
       fmt::print("resuming from {} (step {})\n", ckpt->weights_file.string(), ckpt->state.step);
     trainer.resume_from(std::move(*ckpt));
+    if (leader) print_resume_changes(stdout, trainer);
   } else {
     warn(fmt::format("--resume: no checkpoint in {}; starting from scratch", from.string()));
   }
@@ -411,6 +427,7 @@ int train(const std::vector<std::string_view>& argv,
   }
   if (leader) {
     print_run_header(trainer, cfg, processes);
+    print_outputs(stdout, cfg, args.summary_json);
     warn_if_batch_exceeds_shard(cfg, *data.train, processes);
   }
   if (args.dry_run) {

@@ -887,10 +887,11 @@ class PathResolver {
 
 // ---- Hasher ---------------------------------------------------------------------------------
 
-// Renders the keys that change the math of training as "section.key=value" lines, for
-// config_hash(). Left out are data.prefetch and every trainer key but trainer.seed: they say
-// how fast, where and for how long to train, and a resumed run may change them. A key added to
-// the schema is hashed unless it is listed here.
+// Lists every key as "section.key" and its value, as `lockstep train` would print it, and renders
+// the keys that change the math of training as "section.key=value" lines, for config_hash().
+// Left out of the hash are data.prefetch and every trainer key but trainer.seed: they say how
+// fast, where and for how long to train, and a resumed run may change them. A key added to the
+// schema is hashed unless it is listed here.
 class Hasher {
  public:
   void section(std::string_view name) { section_ = name; }
@@ -904,9 +905,9 @@ class Hasher {
     add(key, fmt::format("{}", value));
   }
   void flag(std::string_view key, bool value) { add(key, value ? "true" : "false"); }
-  // Length-prefixed, so that no text can pass for the end of its line and another key.
+  // Length-prefixed in the hash, so that no text can pass for the end of its line and another key.
   void text(std::string_view key, const std::string& value) {
-    add(key, fmt::format("{}:{}", value.size(), value));
+    add(key, fmt::format("{}:{}", value.size(), value), value.empty() ? "\"\"" : value);
   }
   // The file a path names, wherever the run starts from (see Note [Config paths]).
   void path(std::string_view key, const std::string& value) {
@@ -923,23 +924,29 @@ class Hasher {
   void integer_list(std::string_view key, const std::vector<int>& values, IntRule) {
     add(key, fmt::format("[{}]", fmt::join(values, ",")));
   }
-  void devices(std::string_view, const std::vector<int>&) {}
-  // betas is hashed as beta1 and beta2.
+  void devices(std::string_view key, const std::vector<int>& ids) {
+    add(key, fmt::format("[{}]", fmt::join(ids, ",")));
+  }
+  // betas is listed as beta1 and beta2.
   void number_pair(std::string_view, std::string_view, double, std::string_view, double,
                    const NumberRule&) {}
   void nested(std::string_view) {}
 
   const std::string& rendering() const { return rendering_; }
+  const ConfigValues& values() const { return values_; }
 
  private:
-  void add(std::string_view key, std::string_view value) {
+  void add(std::string_view key, std::string_view hashed) { add(key, hashed, hashed); }
+  void add(std::string_view key, std::string_view hashed, std::string_view shown) {
+    values_.emplace_back(fmt::format("{}.{}", section_, key), std::string(shown));
     const bool run_setting =
         section_.starts_with("trainer") ? key != "seed" : section_ == "data" && key == "prefetch";
-    if (!run_setting) rendering_ += fmt::format("{}.{}={}\n", section_, key, value);
+    if (!run_setting) rendering_ += fmt::format("{}.{}={}\n", section_, key, hashed);
   }
 
   std::string section_;
   std::string rendering_;
+  ConfigValues values_;
 };
 
 // Every value, then the rules that tie keys together.
@@ -1055,6 +1062,12 @@ std::uint64_t config_hash(const Config& config) {
   Hasher hasher;
   visit_schema(hasher, config);
   return detail::fnv1a64(hasher.rendering().data(), hasher.rendering().size());
+}
+
+ConfigValues config_values(const Config& config) {
+  Hasher hasher;
+  visit_schema(hasher, config);
+  return hasher.values();
 }
 
 namespace {

@@ -91,8 +91,8 @@ Checkpoint load_pair(const fs::path& weights, const fs::path& state,
   // Note [Whole-file checksum]: without this, deleting the key would pass an edited header.
   if (s.version >= 2 && !w.metadata.contains("lockstep.file_checksum"))
     detail::fail_input(weights, "no lockstep.file_checksum in the metadata, which its state file "
-                                "(version 2) says every weights file beside it has: the header "
-                                "was edited");
+                                "(version 2 or later) says every weights file beside it has: the "
+                                "header was edited");
   for (const StateVector& v : s.optimizer_state)
     if (v.values.size() != w.data.size())
       detail::fail_input(state, fmt::format("state vector '{}' has {} values, the weights {}",
@@ -220,6 +220,19 @@ std::optional<Checkpoint> CheckpointManager::load_latest(const Warn& warn) const
   }
   throw InputError(fmt::format("{}: none of the {} checkpoints is valid: {}", dir_.string(),
                                steps.size(), fmt::join(skipped, "; ")));
+}
+
+std::optional<fs::path> CheckpointManager::whole_weights() const {
+  const std::vector<std::int64_t> steps = steps_on_disk(dir_);
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    const fs::path weights = files_of(dir_, *it).weights;
+    try {
+      if (read_safetensors(weights).metadata.contains("lockstep.checksum")) return weights;
+    } catch (const InputError&) {
+      // missing or corrupt: an older one may do
+    }
+  }
+  return std::nullopt;
 }
 
 Checkpoint CheckpointManager::load(const fs::path& path, const Warn& warn) {

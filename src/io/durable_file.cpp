@@ -1,6 +1,7 @@
 #include "io/durable_file.hpp"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -8,6 +9,8 @@
 
 #include <atomic>
 #include <cerrno>
+#include <charconv>
+#include <optional>
 #include <system_error>
 #include <utility>
 
@@ -73,6 +76,42 @@ void write_file_atomically(const std::filesystem::path& link_or_target,
     throw;
   }
   sync_directory(target.has_parent_path() ? target.parent_path() : ".");
+}
+
+namespace {
+
+// The writer's pid in "<target>.<pid>.<n>.tmp"; nullopt for any other name.
+std::optional<pid_t> temp_writer(const std::string& name) {
+  if (!name.ends_with(kTempSuffix)) return std::nullopt;
+  const std::string_view rest(name.data(), name.size() - kTempSuffix.size());
+  const std::size_t counter_dot = rest.rfind('.');
+  if (counter_dot == std::string_view::npos || counter_dot == 0) return std::nullopt;
+  const std::size_t pid_dot = rest.rfind('.', counter_dot - 1);
+  if (pid_dot == std::string_view::npos) return std::nullopt;
+  const auto number = [](std::string_view digits, auto& out) {
+    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), out);
+    return ec == std::errc{} && end == digits.data() + digits.size() && !digits.empty();
+  };
+  pid_t pid = 0;
+  std::uint64_t counter = 0;
+  if (!number(rest.substr(pid_dot + 1, counter_dot - pid_dot - 1), pid) ||
+      !number(rest.substr(counter_dot + 1), counter) || pid <= 0)
+    return std::nullopt;
+  return pid;
+}
+
+}  // namespace
+
+std::vector<std::filesystem::path> remove_stale_temp_files(const std::filesystem::path& dir) {
+  std::vector<std::filesystem::path> removed;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::optional<pid_t> pid = temp_writer(entry.path().filename().string());
+    // ESRCH: no such process. EPERM means alive (another user's): never touched.
+    if (!pid || ::kill(*pid, 0) == 0 || errno != ESRCH) continue;
+    if (std::filesystem::remove(entry.path(), ec)) removed.push_back(entry.path());
+  }
+  return removed;
 }
 
 void fail_input(const std::filesystem::path& file, std::string_view what) {

@@ -8,6 +8,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "lockstep/export.hpp"
 
@@ -23,6 +24,13 @@ inline constexpr std::string_view kTempSuffix = ".tmp";
 // the file; the temp file is removed on failure. Exported for the CLI.
 LOCKSTEP_API void write_file_atomically(const std::filesystem::path& target,
                                         std::span<const std::span<const std::byte>> pieces);
+
+// Removes the temp files of write_file_atomically() in `dir` whose writer (the pid in the name)
+// is dead: what a killed save leaves. Their targets are untouched. Call it only while holding
+// the directory (Note [One writer per checkpoint directory]), so that no live writer of this
+// host loses its file; a pid reused since is taken for alive, and its file stays. Returns the
+// files removed; errors leave a file in place.
+std::vector<std::filesystem::path> remove_stale_temp_files(const std::filesystem::path& dir);
 
 // InputError "FILE: what".
 [[noreturn]] void fail_input(const std::filesystem::path& file, std::string_view what);

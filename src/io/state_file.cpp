@@ -21,8 +21,9 @@ static_assert(std::endian::native == std::endian::little,
               "checkpoint files are little-endian and are copied to and from memory as is");
 
 constexpr std::string_view kMagic = "LSTPSTATE";
-constexpr std::uint32_t kVersion = 2;
+constexpr std::uint32_t kVersion = 3;
 constexpr std::uint32_t kPayloadChecksumVersion = 1;  // its checksum covers the payload only
+constexpr std::uint32_t kConfigValuesVersion = 3;     // the first to list the config's keys
 constexpr std::size_t kChecksumAt = 21;
 constexpr std::uint64_t kHeaderBytes = kMagic.size() + 4 + 8 + 8;
 constexpr OptimizerKind kOptimizers[] = {OptimizerKind::sgd, OptimizerKind::adamw};
@@ -111,6 +112,12 @@ void check_state(const TrainState& s, std::span<const StateVector> optimizer_sta
       std::end(kOptimizers))
     throw std::invalid_argument(fmt::format("checkpoint state: unknown optimizer kind {}",
                                             static_cast<int>(s.optimizer)));
+  for (const auto& [key, value] : s.config)
+    if (key.empty() || key.size() > std::numeric_limits<std::uint16_t>::max() ||
+        value.size() > std::numeric_limits<std::uint32_t>::max())
+      throw std::invalid_argument(fmt::format(
+          "checkpoint state: config key '{}': expected 1 to 65535 bytes of key and at most "
+          "2^32 - 1 of value", key.substr(0, 64)));
   for (std::size_t i = 0; i < optimizer_state.size(); ++i) {
     const std::string& name = optimizer_state[i].name;
     const bool repeated = std::any_of(optimizer_state.begin(), optimizer_state.begin() + i,
@@ -137,6 +144,11 @@ void write_state_file(const std::filesystem::path& file, const TrainState& s,
   put(fields, s.optimizer_steps);
   put(fields, s.seed);
   put(fields, weights_checksum);
+  put(fields, static_cast<std::uint32_t>(s.config.size()));
+  for (const auto& [key, value] : s.config) {
+    put_string<std::uint16_t>(fields, key);
+    put_string<std::uint32_t>(fields, value);
+  }
   put(fields, static_cast<std::uint32_t>(optimizer_state.size()));
 
   // Each vector goes to disk from its own memory: its prefix here, its values in place.
@@ -179,8 +191,8 @@ StateFile read_state_file(const std::filesystem::path& file) {
   std::memcpy(&version, header.data() + 9, sizeof version);
   std::memcpy(&payload_size, header.data() + 13, sizeof payload_size);
   std::memcpy(&checksum, header.data() + kChecksumAt, sizeof checksum);
-  if (version != kVersion && version != kPayloadChecksumVersion)
-    fail_input(file, fmt::format("offset 9: expected version {} or {}, got {}",
+  if (version < kPayloadChecksumVersion || version > kVersion)
+    fail_input(file, fmt::format("offset 9: expected version {} to {}, got {}",
                                  kPayloadChecksumVersion, kVersion, version));
   if (payload_size != in.size() - kHeaderBytes)
     fail_input(file, fmt::format("offset 13: the header announces {} payload bytes, the file "
@@ -210,6 +222,13 @@ StateFile read_state_file(const std::filesystem::path& file) {
   s.optimizer_steps = r.at_least<std::int64_t>(0, "optimizer_steps");
   s.seed = r.get<std::uint64_t>("seed");
   out.weights_checksum = r.get<std::uint64_t>("weights_checksum");
+  if (version >= kConfigValuesVersion) {
+    const auto keys = r.get<std::uint32_t>("config key count");
+    for (std::uint32_t i = 0; i < keys; ++i) {
+      std::string key(r.string<std::uint16_t>("config key"));
+      s.config.emplace_back(std::move(key), std::string(r.string<std::uint32_t>("config value")));
+    }
+  }
 
   const auto count = r.get<std::uint32_t>("state vector count");
   for (std::uint32_t i = 0; i < count; ++i) {

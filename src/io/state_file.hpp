@@ -1,10 +1,10 @@
 // The .state file of a checkpoint: TrainState and the optimiser's state vectors.
 //
-// Format, version 2. Little-endian; strings are a length then UTF-8 bytes, no terminator.
+// Format, version 3. Little-endian; strings are a length then UTF-8 bytes, no terminator.
 //
 //   offset  size  field
 //        0     9  magic "LSTPSTATE"
-//        9     4  u32 version (2)
+//        9     4  u32 version (3)
 //       13     8  u64 P: payload bytes; the file is exactly 29 + P bytes
 //       21     8  u64 FNV-1a 64 of bytes [0, 21) then of the payload: every byte but itself
 //       29     P  payload:
@@ -12,14 +12,17 @@
 //                   i32 workers, u8 length + optimizer name ("sgd" | "adamw"),
 //                   i64 optimizer_steps, u64 seed,
 //                   u64 weights_checksum   (lockstep.checksum of the .safetensors beside it),
+//                   u32 config key count, then per key (TrainState::config):
+//                     u16 length + key, u32 length + value,
 //                   u32 vector count, then per vector:
 //                     u16 length + name, u64 element count n, n x f32
 //
 // The optimiser is stored by name so that reordering OptimizerKind cannot change its meaning.
 //
-// Version 1 differs only in its checksum, of the payload alone; such files, written before
-// version 2, are still read (their header fields are each checked). A version 2 state says
-// that the weights beside it carry "lockstep.file_checksum" (Note [Whole-file checksum]).
+// Older versions are still read. Version 2 has no config keys (it names the config by its hash
+// alone); version 1 differs from 2 only in its checksum, of the payload alone (its header fields
+// are each checked). A state of version 2 or later says that the weights beside it carry
+// "lockstep.file_checksum" (Note [Whole-file checksum]).
 #pragma once
 
 #include <cstdint>
@@ -35,12 +38,12 @@ struct StateFile {
   TrainState state;
   std::vector<StateVector> optimizer_state;
   std::uint64_t weights_checksum = 0;
-  std::uint32_t version = 0;  // 1 or 2, as read
+  std::uint32_t version = 0;  // 1 to 3, as read
 };
 
 // Throws std::invalid_argument for what read_state_file() would reject: a negative step,
 // sample or optimiser step count, workers < 1, an unknown optimizer, a state vector name that
-// is empty, repeated or longer than 65535 bytes.
+// is empty, repeated or longer than 65535 bytes, a config key that is empty or longer.
 void check_state(const TrainState& state, std::span<const StateVector> optimizer_state);
 
 // Crash-safe, as write_file_atomically(). Runs check_state() first.

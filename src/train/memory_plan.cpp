@@ -161,10 +161,10 @@ std::string describe(const MemoryPlan& p, const MemoryLimit& limit) {
 }
 
 std::string format_bytes(double bytes) {
-  constexpr const char* kUnits[] = {"B", "KB", "MB", "GB", "TB", "PB", "EB"};
+  constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
   std::size_t unit = 0;
-  while (bytes >= 1000.0 && unit + 1 < std::size(kUnits)) {
-    bytes /= 1000.0;
+  while (bytes >= 1024.0 && unit + 1 < std::size(kUnits)) {
+    bytes /= 1024.0;
     ++unit;
   }
   return unit == 0 ? fmt::format("{:.0f} B", bytes) : fmt::format("{:.1f} {}", bytes, kUnits[unit]);

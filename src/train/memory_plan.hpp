@@ -55,7 +55,7 @@ void check_memory_plan(const MemoryPlan& plan, const MemoryLimit& limit, const C
 // One line for --dry-run and the summary: per worker by part, host, and the limit.
 std::string describe(const MemoryPlan& plan, const MemoryLimit& limit);
 
-// "16.0 GB", "512.0 MB", "900 B".
+// In binary units: "14.9 GiB", "512.0 MiB", "1000 B".
 std::string format_bytes(double bytes);
 
 }  // namespace lockstep::detail

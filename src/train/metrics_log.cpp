@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "io/json.hpp"
 #include "lockstep/error.hpp"
 
 namespace lockstep::detail {
@@ -16,6 +17,18 @@ namespace {
 std::string number(double v) { return std::isfinite(v) ? fmt::format("{:.9g}", v) : "null"; }
 
 }  // namespace
+
+std::string metrics_line(const RunStart& r) {
+  std::tm utc{};
+  gmtime_r(&r.start_time, &utc);
+  char start[32];
+  std::strftime(start, sizeof start, "%Y-%m-%dT%H:%M:%SZ", &utc);
+  return fmt::format(
+      "{{\"kind\": \"run\", \"start_time\": \"{}\", \"config_hash\": \"{:016x}\", "
+      "\"resumed_from_step\": {}, \"resumed_from\": {}, \"steps\": {}, \"workers\": {}}}",
+      start, r.config_hash, r.resumed_from_step,
+      r.resumed_from.empty() ? "null" : json_quote(r.resumed_from), r.steps, r.workers);
+}
 
 std::string metrics_line(const StepMetrics& m) {
   return fmt::format(

@@ -249,9 +249,7 @@ std::string table(const Rows& rows) {
 std::string summary_table(const Summary& s) {
   Rows rows = {
       {"backend", describe_backend(s)},
-      {"precision", s.matmul.empty() ? s.precision
-                                     : fmt::format("{} (matrix products: {})", s.precision,
-                                                   s.matmul)},
+      {"precision", s.precision},
       {"parameters", std::to_string(s.parameters)},
       {"steps", std::to_string(s.steps)},
       {"samples", std::to_string(s.samples)},
@@ -275,6 +273,7 @@ std::string summary_table(const Summary& s) {
       {"optimizer state", describe_optimizer_state(s)},
       {"worker memory", describe_worker_memory(s)},
   };
+  if (!s.matmul.empty()) rows.insert(rows.begin() + 1, {"matrix products", s.matmul});
   if (s.resumed_from_step > 0) rows.emplace_back("resumed from step", std::to_string(s.resumed_from_step));
   if (s.stopped_early) rows.emplace_back("stopped early", "yes (request_stop)");
   if (s.nonfinite_skips > 0) rows.emplace_back("non-finite steps skipped", std::to_string(s.nonfinite_skips));

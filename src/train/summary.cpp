@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include "io/json.hpp"
+#include "train/memory_plan.hpp"
 #include "lockstep/trainer.hpp"
 
 namespace lockstep {
@@ -35,13 +36,18 @@ std::string describe_backend(const Summary& s) {
 }
 
 std::string describe_optimizer_state(const Summary& s) {
-  return fmt::format("{} bytes per worker at most ({})", s.optimizer_state_bytes,
+  return fmt::format("{} per worker at most ({})",
+                     detail::format_bytes(static_cast<double>(s.optimizer_state_bytes)),
                      s.zero == 1 ? "ZeRO-1: sharded across workers" : "replicated, trainer.zero 0");
 }
 
 std::string describe_worker_memory(const Summary& s) {
-  return fmt::format("parameters {} B, gradients {} B, optimizer state {} B, activations {} B",
-                     s.param_bytes, s.grad_bytes, s.optimizer_state_bytes, s.activation_bytes);
+  const auto size = [](std::size_t bytes) {
+    return detail::format_bytes(static_cast<double>(bytes));
+  };
+  return fmt::format("parameters {}, gradients {}, optimizer state {}, activations {}",
+                     size(s.param_bytes), size(s.grad_bytes), size(s.optimizer_state_bytes),
+                     size(s.activation_bytes));
 }
 
 std::string Summary::to_json() const {

@@ -16,6 +16,7 @@
 #include <atomic>
 #include <exception>
 #include <chrono>
+#include <ctime>
 #include <condition_variable>
 #include <mutex>
 #include <optional>
@@ -29,6 +30,7 @@
 #include "common/fnv1a.hpp"
 #include "common/start_thread.hpp"
 #include "io/dir_lock.hpp"
+#include "io/durable_file.hpp"
 #include "io/output_path.hpp"
 #include "lockstep/comm.hpp"
 #include "train/evaluation.hpp"
@@ -36,6 +38,7 @@
 #include "train/fault_injection.hpp"
 #include "train/metrics_log.hpp"
 #include "train/report.hpp"
+#include "train/resume_changes.hpp"
 #include "train/memory_plan.hpp"
 #include "train/trace.hpp"
 #include "train/watchdog.hpp"
@@ -128,7 +131,9 @@ struct Trainer::Impl {
   std::int64_t total_steps = 0;
   std::optional<Checkpoint> resume;
   std::vector<float> init;  // init_from()'s weights; empty: drawn from trainer.seed
+  std::vector<ConfigChange> resume_changes;  // accepted by resume_from()
   std::atomic<bool> stop_requested{false};
+  std::atomic<std::int64_t> saving_step{-1};  // Trainer::saving_step()
   // The last run's results (local worker 0 writes them).
   Summary summary;
   std::vector<float> final_params;
@@ -267,14 +272,27 @@ void Trainer::Impl::check_processes_agree() const {
 void Trainer::resume_from(Checkpoint checkpoint) {
   Impl& im = *impl_;
   const std::string source = checkpoint.weights_file.string();
-  check_layout(checkpoint, im.model.param_tensors());
   const std::uint64_t expected = config_hash(im.cfg);
-  if (checkpoint.state.config_hash != expected)
+  const bool hashes_differ = checkpoint.state.config_hash != expected;
+  // The changed keys first, by name: they explain a layout that differs too.
+  std::vector<ConfigChange> changes;
+  if (!checkpoint.state.config.empty())
+    changes = detail::check_resume_changes(source, checkpoint.state.config,
+                                           config_values(im.cfg), hashes_differ);
+  check_layout(checkpoint, im.model.param_tensors());
+  // A state file before version 3 names its config by the hash alone.
+  if (checkpoint.state.config.empty() && hashes_differ)
     throw InputError(fmt::format(
-        "{}: written by a different configuration (config hash {:016x}, this config {:016x}); "
-        "model, data, optimizer, schedule and trainer.seed must match to resume",
+        "{}: written by a different configuration (config hash {:016x}, this config {:016x}; "
+        "the checkpoint is older than the record of its keys, so the changed ones cannot be "
+        "named); model, data, optimizer, schedule and trainer.seed must match to resume",
         source, checkpoint.state.config_hash, expected));
+  im.resume_changes = std::move(changes);
   im.resume = std::move(checkpoint);
+}
+
+const std::vector<ConfigChange>& Trainer::resume_changes() const noexcept {
+  return impl_->resume_changes;
 }
 
 // The architecture a file records beyond its tensors' shapes (a GPT's n_head) must be the
@@ -303,10 +321,12 @@ void Trainer::init_from(Weights weights) {
                                      weights.file.string(), name, file.*field, name, mine.*field));
   }
   im.resume.reset();
+  im.resume_changes.clear();
   im.init = std::move(weights.params);
 }
 
 void Trainer::request_stop() noexcept { impl_->stop_requested.store(true); }
+std::int64_t Trainer::saving_step() const noexcept { return impl_->saving_step.load(); }
 
 // Note [Memory plan]: the host's bytes against its limit; a GPU worker's against its device.
 detail::MemoryPlan Trainer::Impl::check_memory(const Backend& b) const {
@@ -575,10 +595,22 @@ std::unique_ptr<Trainer::Impl::RunResources> Trainer::Impl::prepare_run() {
   final_params.clear();
   const double peak = job_peak_flops(*r->backend, tc.devices, tc.precision) * summary.processes;
   r->trace.emplace(n, !tc.trace.empty());
-  if (!tc.checkpoint.dir.empty() && writer) r->dir_lock.emplace(tc.checkpoint.dir);
+  if (!tc.checkpoint.dir.empty() && writer) {
+    r->dir_lock.emplace(tc.checkpoint.dir);
+    detail::remove_stale_temp_files(tc.checkpoint.dir);  // what a killed save left
+  }
   if (!tc.checkpoint.dir.empty() && writer)
     r->checkpoints = std::make_unique<CheckpointManager>(tc.checkpoint.dir, tc.checkpoint.keep_last);
-  if (!tc.metrics.empty() && writer) r->metrics = std::make_unique<detail::MetricsLog>(tc.metrics);
+  if (!tc.metrics.empty() && writer) {
+    r->metrics = std::make_unique<detail::MetricsLog>(tc.metrics);
+    r->metrics->write(detail::RunStart{
+        .start_time = std::time(nullptr),
+        .config_hash = config_hash(cfg),
+        .resumed_from_step = resume ? resume->state.step : 0,
+        .resumed_from = resume ? resume->weights_file.string() : std::string(),
+        .steps = total_steps,
+        .workers = world()});
+  }
   if (!tc.report.empty() && writer) r->report = std::make_unique<detail::RunReport>(tc.report);
   if (!resume) r->initial = !init.empty() ? init : model.initial_parameters(tc.seed);
   const double start_s = steady_now_s();
@@ -595,6 +627,7 @@ std::unique_ptr<Trainer::Impl::RunResources> Trainer::Impl::prepare_run() {
                                         .peak_flops = peak,
                                         .fault = r->fault,
                                         .stop_requested = stop_requested,
+                                        .saving_step = saving_step,
                                         .trace = *r->trace,
                                         .heartbeats = *r->heartbeats,
                                         .checkpoints = r->checkpoints.get(),

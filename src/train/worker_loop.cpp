@@ -680,13 +680,20 @@ void WorkerLoop::save_checkpoint(std::vector<StateVector> optimizer_state) {
                 .workers = comm_.size(),
                 .optimizer = cfg.optimizer.type,
                 .optimizer_steps = res_.optimizer->steps_taken(),
-                .seed = cfg.trainer.seed};
+                .seed = cfg.trainer.seed,
+                .config = config_values(cfg)};
   ckpt.optimizer_state = std::move(optimizer_state);
   // Note [Watchdog]: a slow save is alive between its stages.
   const auto stage_done = [this] {
     run_.fault.during_save(global_, pos_.step);
     run_.heartbeats.alive(rank_);
   };
+  // Trainer::saving_step(): a second SIGINT now leaves this step's checkpoint incomplete.
+  struct Saving {
+    std::atomic<std::int64_t>& step;
+    ~Saving() { step.store(-1); }
+  } saving{run_.saving_step};
+  saving.step.store(pos_.step);
   run_.summary.last_checkpoint = run_.checkpoints->save(ckpt, stage_done).weights.string();
   if (run_.callbacks.checkpoint) run_.callbacks.checkpoint(pos_.step, run_.summary.last_checkpoint);
 }

@@ -105,6 +105,7 @@ struct RunContext {
   double peak_flops;  // of every worker of the job together; 0 when unknown (see mfu())
   Fault fault;
   const std::atomic<bool>& stop_requested;
+  std::atomic<std::int64_t>& saving_step;  // the step rank 0 is saving, or -1
   Trace& trace;
   Heartbeats& heartbeats;
   CheckpointManager* checkpoints;  // null: no checkpoints, or not the writing process

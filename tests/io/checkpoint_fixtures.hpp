@@ -43,7 +43,8 @@ inline Checkpoint make_checkpoint(const Model& model, std::int64_t step) {
              .workers = 2,
              .optimizer = OptimizerKind::adamw,
              .optimizer_steps = step,
-             .seed = 9};
+             .seed = 9,
+             .config = {}};  // as a state file before version 3 reads
   std::vector<float> m(c.params.size()), v(c.params.size());
   for (std::size_t i = 0; i < m.size(); ++i) {
     m[i] = 0.5f * static_cast<float>(i) - static_cast<float>(step);

@@ -2,10 +2,14 @@
 // checkpoints; and config_hash(), which a resumed run compares.
 #include <doctest/doctest.h>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <algorithm>
 
 #include "checkpoint_fixtures.hpp"
 #include "lockstep/config.hpp"
+#include "train/resume_changes.hpp"
 
 using namespace lockstep;
 using namespace lockstep::test;
@@ -249,4 +253,43 @@ TEST_CASE("config_hash: covers the math of training, not how or how long it runs
   CHECK_FALSE(differs([](Config& c) { c.trainer.backend = BackendKind::cpu; }));
   CHECK_FALSE(differs([](Config& c) { c.trainer.threads_per_device = 3; }));
   CHECK_FALSE(differs([](Config& c) { c.source = "elsewhere.yaml"; }));
+}
+
+TEST_CASE("config_values: every key with its value; a resume may change only the safe ones") {
+  Config base;
+  base.trainer.steps = 100;
+  const ConfigValues values = config_values(base);
+  const auto value = [&](const std::string& key) {
+    const auto it = std::find_if(values.begin(), values.end(),
+                                 [&](const auto& kv) { return kv.first == key; });
+    REQUIRE_MESSAGE(it != values.end(), key);
+    return it->second;
+  };
+  CHECK(value("optimizer.lr") == "0.01");
+  CHECK(value("trainer.steps") == "100");
+  CHECK(value("trainer.devices") == "[0]");
+  CHECK(value("trainer.checkpoint.dir") == "\"\"");  // an unset text, visibly
+  CHECK(value("model.hidden") == fmt::format("[{}]", fmt::join(base.model.hidden, ",")));
+
+  Config changed = base;
+  changed.optimizer.lr = 0.001;
+  changed.trainer.steps = 200;
+  changed.model.hidden = {7};
+  const std::vector<ConfigChange> changes = detail::config_changes(values, config_values(changed));
+  REQUIRE(changes.size() == 3);
+  CHECK(changes[0].key == "model.hidden");
+  CHECK(changes[0].now == "[7]");
+  CHECK(changes[1].key == "optimizer.lr");
+  CHECK(changes[1].checkpoint == "0.01");
+  CHECK(changes[1].now == "0.001");
+  CHECK(changes[2].key == "trainer.steps");
+
+  for (const char* key : {"optimizer.lr", "optimizer.weight_decay", "optimizer.clip_grad_norm",
+                          "schedule.type", "schedule.min_lr", "trainer.steps", "trainer.log_every",
+                          "trainer.eval_every", "trainer.checkpoint.every_steps", "data.prefetch"})
+    CHECK_MESSAGE(detail::resume_may_change(key), key);
+  for (const char* key : {"model.hidden", "data.batch_size", "data.path", "optimizer.type",
+                          "optimizer.momentum", "optimizer.beta1", "optimizer.decay_all",
+                          "trainer.seed"})
+    CHECK_MESSAGE(!detail::resume_may_change(key), key);
 }

@@ -286,6 +286,39 @@ TEST_CASE("state file: round trip, and every truncation and every flipped byte i
                        doctest::Contains("offset 0: expected the magic \"LSTPSTATE\""), InputError);
 }
 
+TEST_CASE("state file: the config's keys round trip, and a version 2 file (hash alone) still reads") {
+  TempDir dir;
+  Checkpoint c = make_checkpoint(small_model(), 42);
+  c.state.config = {{"optimizer.lr", "0.05"}, {"data.path", "/a b/c.txt"}, {"model.hidden", "[]"}};
+  const fs::path file = dir.path() / "s.state";
+  detail::write_state_file(file, c.state, c.optimizer_state, 7);
+  const detail::StateFile read = detail::read_state_file(file);
+  CHECK(read.version == 3);
+  CHECK(read.state.config == c.state.config);
+
+  // The same state as version 2 wrote it: no config key count, the checksum over the rest.
+  c.state.config.clear();
+  detail::write_state_file(file, c.state, c.optimizer_state, 7);
+  std::string v2 = slurp(file);
+  constexpr std::size_t kKeyCountAt = 29 + 44 + 1 + 5 + 8 + 8 + 8;
+  v2.erase(kKeyCountAt, 4);
+  const std::uint32_t version = 2;
+  const std::uint64_t payload = v2.size() - 29;
+  std::memcpy(v2.data() + 9, &version, 4);
+  std::memcpy(v2.data() + 13, &payload, 8);
+  const std::uint64_t sum = detail::fnv1a64(v2.data() + 29, payload, detail::fnv1a64(v2.data(), 21));
+  std::memcpy(v2.data() + 21, &sum, 8);
+  const detail::StateFile old = detail::read_state_file(dir.write("v2.state", v2));
+  CHECK(old.version == 2);
+  CHECK(old.state.config.empty());
+  CHECK(old.state.config_hash == c.state.config_hash);
+  CHECK(same_bits(old.optimizer_state[1].values, c.optimizer_state[1].values));
+
+  c.state.config = {{"", "x"}};
+  CHECK_THROWS_AS(detail::write_state_file(file, c.state, c.optimizer_state, 7),
+                  std::invalid_argument);
+}
+
 TEST_CASE("state file: a payload with a valid checksum but bad fields is rejected") {
   TempDir dir;
   const Checkpoint c = make_checkpoint(small_model(), 1);
@@ -294,8 +327,8 @@ TEST_CASE("state file: a payload with a valid checksum but bad fields is rejecte
   const std::string valid = slurp(file);
   constexpr std::size_t kHeader = 29;
 
-  // Rewrites the payload from `at` with `patch` and recomputes the checksum (version 2: of the
-  // header's first 21 bytes, then of the payload).
+  // Rewrites the payload from `at` with `patch` and recomputes the checksum (version 2 and later:
+  // of the header's first 21 bytes, then of the payload).
   const auto patched = [&](std::size_t at, std::string_view patch) {
     std::string out = valid;
     out.replace(kHeader + at, patch.size(), patch);
@@ -314,8 +347,9 @@ TEST_CASE("state file: a payload with a valid checksum but bad fields is rejecte
         std::string::npos);
   CHECK(error(patched(44, "\x05" "adamx")).find("optimizer: expected sgd or adamw, got 'adamx'") !=
         std::string::npos);
-  // The first vector's length, after its 2-byte name length and 7-byte name: 2^60 floats.
-  const std::size_t first_vector = 44 + 1 + 5 + 8 + 8 + 8 + 4;
+  // The first vector's length, after its 2-byte name length and 7-byte name: 2^60 floats. Before
+  // it: optimizer_steps, seed, weights_checksum, the config key count (0) and the vector count.
+  const std::size_t first_vector = 44 + 1 + 5 + 8 + 8 + 8 + 4 + 4;
   CHECK(error(patched(first_vector + 2 + 7, le(std::uint64_t{1} << 60)))
             .find("state vector 'adamw.m': expected 1152921504606846976 floats") !=
         std::string::npos);

@@ -121,7 +121,12 @@ TEST_CASE("checkpoint: a pair written before whole-file checksums (state version
   // The old writer: no lockstep.file_checksum; state version 1, its checksum over the payload.
   const std::string weights = slurp(files.weights);
   spit(files.weights, edit_header(weights, signature_entry(weights), ""));
+  // Versions 1 and 2 have no config key count (0 here), after optimizer_steps, seed and
+  // weights_checksum.
   std::string state = slurp(files.state);
+  state.erase(29 + 44 + 1 + 5 + 8 + 8 + 8, 4);
+  const std::uint64_t payload = state.size() - 29;
+  std::memcpy(state.data() + 13, &payload, 8);
   const std::uint32_t v1 = 1;
   std::memcpy(state.data() + 9, &v1, 4);
   const std::uint64_t sum = detail::fnv1a64(state.data() + 29, state.size() - 29);

@@ -95,9 +95,11 @@ TEST_CASE("memory plan: the key that drives it, and a refusal that names it") {
     FAIL("no InputError");
   } catch (const InputError& e) {
     CHECK(std::string(e.what()).starts_with("test: data.batch_size = 1000000 needs "));
-    CHECK(std::string(e.what()).ends_with("; 1.0 MB available (RLIMIT_AS (ulimit -v))"));
+    CHECK(std::string(e.what()).ends_with("; 976.6 KiB available (RLIMIT_AS (ulimit -v))"));
   }
   detail::check_memory_plan(batch, {.bytes = 1e12, .source = "physical memory"}, cfg);
-  CHECK(detail::format_bytes(999) == "999 B");
-  CHECK(detail::format_bytes(16e9) == "16.0 GB");
+  CHECK(detail::format_bytes(1023) == "1023 B");
+  CHECK(detail::format_bytes(1024) == "1.0 KiB");
+  CHECK(detail::format_bytes(3337216) == "3.2 MiB");
+  CHECK(detail::format_bytes(16e9) == "14.9 GiB");
 }

@@ -2,7 +2,10 @@
 // when it is written (readable while the run is live), appended by a resumed run.
 #include <doctest/doctest.h>
 
+#include <fmt/format.h>
+
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -42,7 +45,7 @@ double number(const detail::JsonValue& record, std::string_view key) {
 
 }  // namespace
 
-TEST_CASE("trainer.metrics: a JSON line per logged step and eval, live, appended on resume") {
+TEST_CASE("trainer.metrics: a JSON line per run, logged step and eval, live, appended on resume") {
   const test::TempDir dir;
   auto train = std::make_shared<InMemoryDataset>(make_synthetic(160, 12, 4, 1));
   auto eval = std::make_shared<InMemoryDataset>(make_synthetic(40, 12, 4, 2));
@@ -74,13 +77,26 @@ TEST_CASE("trainer.metrics: a JSON line per logged step and eval, live, appended
   const Summary s = second.run();
 
   const std::vector<detail::JsonValue> all = records(cfg.trainer.metrics);
-  REQUIRE(all.size() == 6);
-  const std::vector<std::string> kinds = {"step", "step", "eval", "step", "step", "eval"};
-  const std::vector<double> steps = {5, 10, 10, 15, 20, 20};
+  REQUIRE(all.size() == 8);
+  const std::vector<std::string> kinds = {"run", "step", "step", "eval",
+                                          "run", "step", "step", "eval"};
+  const std::vector<double> steps = {0, 5, 10, 10, 0, 15, 20, 20};
   std::size_t next_step = 0;
   for (std::size_t i = 0; i < all.size(); ++i) {
     CAPTURE(i);
     CHECK(field(all[i], "kind").text == kinds[i]);
+    if (kinds[i] == "run") {  // each run opens its part of the stream
+      const bool resumed = i > 0;
+      CHECK(field(all[i], "config_hash").text == fmt::format("{:016x}", config_hash(cfg)));
+      CHECK(number(all[i], "resumed_from_step") == (resumed ? 10 : 0));
+      CHECK(field(all[i], "resumed_from").kind ==
+            (resumed ? detail::JsonValue::Kind::string : detail::JsonValue::Kind::null));
+      CHECK(number(all[i], "steps") == (resumed ? 20 : 10));
+      CHECK(number(all[i], "workers") == 2);
+      CHECK(std::regex_match(field(all[i], "start_time").text,
+                             std::regex("[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z")));
+      continue;
+    }
     CHECK(number(all[i], "step") == steps[i]);
     if (kinds[i] == "step") {
       const StepMetrics& m = logged.at(next_step++);

@@ -96,12 +96,75 @@ TEST_CASE("a checkpoint resumes on another device count, and refuses another con
   CHECK(s.steps == 20);
   CHECK(s.replicas_identical);
 
+  // Every changed key is named with both values; the ones a resume may change are told apart.
   Config other = config(2, OptimizerKind::sgd, dir);
-  other.model.hidden = {24, 16};
+  other.model.hidden = {32};
+  other.optimizer.momentum = 0.5;
   other.optimizer.lr = 0.5;
   Trainer different(other, train, eval);
-  CHECK_THROWS_WITH_AS(different.resume_from(*CheckpointManager(dir, 0).load_latest()),
-                       doctest::Contains("written by a different configuration"), InputError);
+  try {
+    different.resume_from(*CheckpointManager(dir, 0).load_latest());
+    FAIL("no InputError");
+  } catch (const InputError& e) {
+    const std::string what = e.what();
+    CHECK_MESSAGE(what.find("written by a different configuration; a resume cannot change "
+                    "model.hidden: [24,16] in the checkpoint, [32] now; optimizer.momentum: 0.9 "
+                    "in the checkpoint, 0.5 now (it could change optimizer.lr: 0.05 in the "
+                    "checkpoint, 0.5 now; trainer.devices: [0,1,2,3] in the checkpoint, [0,1] "
+                    "now; ") != std::string::npos, what);
+    CHECK(what.find("A resume may change only optimizer.lr") != std::string::npos);
+  }
+}
+
+TEST_CASE("a resume may lower the lr: the new lr applies from the first resumed step") {
+  const fs::path dir = fresh_dir("lower_lr");
+  auto train = synthetic(200, 1), eval = synthetic(30, 2);
+  Config cfg = config(2, OptimizerKind::sgd, dir);
+  cfg.optimizer.momentum = 0.0;  // so that a step's update is lr x gradient
+  cfg.schedule.type = ScheduleKind::constant;
+  cfg.schedule.warmup_steps = 0;
+  cfg.trainer.steps = 10;
+  Trainer(cfg, train, eval).run();
+  const Checkpoint at10 = *CheckpointManager(dir, 0).load_latest();
+
+  // One more step from step 10 at the old lr and at half of it, each from the same checkpoint.
+  const auto step_11 = [&](double lr, std::vector<ConfigChange>* changes, double* logged_lr) {
+    Config c = cfg;
+    c.optimizer.lr = lr;
+    c.trainer.steps = 11;
+    c.trainer.log_every = 1;
+    c.trainer.checkpoint.dir.clear();
+    Trainer t(c, train, eval);
+    t.on_step([&](const StepMetrics& m) { *logged_lr = m.lr; });
+    t.resume_from(at10);
+    *changes = t.resume_changes();
+    t.run();
+    return t.final_parameters();
+  };
+  std::vector<ConfigChange> same, lowered;
+  double same_lr = 0, lowered_lr = 0;
+  const std::vector<float> old_lr = step_11(0.05, &same, &same_lr);
+  const std::vector<float> new_lr = step_11(0.025, &lowered, &lowered_lr);
+  // The unchanged resume reports only the trainer keys it changed; the lowered one the lr too.
+  CHECK(std::none_of(same.begin(), same.end(),
+                     [](const ConfigChange& c) { return c.key == "optimizer.lr"; }));
+  REQUIRE(std::any_of(lowered.begin(), lowered.end(), [](const ConfigChange& c) {
+    return c.key == "optimizer.lr" && c.checkpoint == "0.05" && c.now == "0.025";
+  }));
+  CHECK(same_lr == doctest::Approx(0.05));
+  CHECK(lowered_lr == doctest::Approx(0.025));
+  // The same gradient, half the step: p11 - p10 at 0.025 is half of it at 0.05.
+  REQUIRE(old_lr.size() == at10.params.size());
+  // Each difference is exact but for the rounding of p11 to float: a few ulp of the weight.
+  double moved = 0.0, off = 0.0;
+  for (std::size_t i = 0; i < at10.params.size(); ++i) {
+    const double full = old_lr[i] - at10.params[i], half = new_lr[i] - at10.params[i];
+    CHECK(std::abs(half - full / 2) <= 4e-7 * (std::abs(at10.params[i]) + std::abs(full)) + 1e-12);
+    moved += std::abs(full);
+    off += std::abs(half - full / 2);
+  }
+  CHECK(moved > 1e-3);       // the step did move the weights
+  CHECK(off < 1e-3 * moved);  // and by half as much: not the checkpoint's lr (off = moved / 2)
 }
 
 TEST_CASE("every injected fault ends the run within 10 s, naming the worker") {

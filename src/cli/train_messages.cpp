@@ -1,0 +1,90 @@
+#include "cli/train_messages.hpp"
+
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <optional>
+#include <string_view>
+
+namespace lockstep::cli {
+namespace fs = std::filesystem;
+namespace {
+
+// `arg` as one word for a POSIX shell: as it is when that is safe, else in single quotes.
+std::string shell_word(std::string_view arg) {
+  const bool plain = !arg.empty() && arg.find_first_not_of(
+                                         "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                         "0123456789_-./=:,+@%") == std::string_view::npos;
+  if (plain) return std::string(arg);
+  std::string out = "'";
+  for (const char c : arg) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+void write_all(std::string_view text) noexcept {
+  while (!text.empty()) {
+    const ssize_t n = ::write(STDERR_FILENO, text.data(), text.size());
+    if (n <= 0) return;
+    text.remove_prefix(static_cast<std::size_t>(n));
+  }
+}
+
+}  // namespace
+
+void print_outputs(std::FILE* out, const Config& cfg, const std::string& summary_json) {
+  const TrainerConfig& tc = cfg.trainer;
+  std::vector<std::string> parts;
+  if (!summary_json.empty()) parts.push_back("summary " + summary_json);
+  if (!tc.report.empty()) parts.push_back("report " + tc.report);
+  if (!tc.metrics.empty()) parts.push_back("metrics " + tc.metrics + " (appended)");
+  if (!tc.trace.empty()) parts.push_back("trace " + tc.trace);
+  if (!tc.checkpoint.dir.empty()) parts.push_back("checkpoints " + tc.checkpoint.dir);
+  if (!parts.empty()) fmt::print(out, "outputs: {}\n", fmt::join(parts, "; "));
+}
+
+void print_resume_changes(std::FILE* out, const Trainer& trainer) {
+  for (const ConfigChange& c : trainer.resume_changes())
+    fmt::print(out, "  changed on resume: {} {} -> {} (from step {} on)\n", c.key, c.checkpoint,
+               c.now, trainer.resumed_step() + 1);
+}
+
+std::string init_from_hint(const fs::path& dir, const std::string& config,
+                           const std::vector<std::string>& overrides) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return {};
+  std::optional<fs::path> weights;
+  try {
+    weights = CheckpointManager(dir, 0).whole_weights();
+  } catch (const InputError&) {
+    return {};
+  }
+  if (!weights) return {};
+  std::string command = "lockstep train " + shell_word(config);
+  for (const std::string& o : overrides) command += " --set " + shell_word(o);
+  command += " --init-from " + shell_word(weights->string());
+  return fmt::format("\n  the weights in {} are whole; to keep them, start a new run from them "
+                     "(step 0, a fresh optimiser and schedule):\n    {}",
+                     weights->string(), command);
+}
+
+void write_exit_now_line(std::int64_t saving_step) noexcept {
+  if (saving_step < 0) {
+    write_all("lockstep: second SIGINT: exiting at once, without a checkpoint\n");
+    return;
+  }
+  char digits[24];
+  std::size_t n = 0;
+  auto step = static_cast<std::uint64_t>(saving_step);
+  do {
+    digits[sizeof digits - 1 - n++] = static_cast<char>('0' + step % 10);
+    step /= 10;
+  } while (step != 0);
+  write_all("lockstep: second SIGINT while writing the checkpoint of step ");
+  write_all(std::string_view(digits + sizeof digits - n, n));
+  write_all(": exiting at once; it stays incomplete, and --resume falls back to the previous "
+            "complete checkpoint\n");
+}
+
+}  // namespace lockstep::cli

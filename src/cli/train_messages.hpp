@@ -1,0 +1,32 @@
+// What `lockstep train` says around a run: where its outputs go, what a resume changed, the
+// command that keeps the weights of an interrupted save, and the line a second SIGINT prints.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "lockstep/lockstep.hpp"
+
+namespace lockstep::cli {
+
+// "outputs: summary S; report R; metrics M (appended); trace T; checkpoints D", naming only
+// those configured; nothing when none is.
+void print_outputs(std::FILE* out, const Config& cfg, const std::string& summary_json);
+
+// One line per key the resumed run changed (Trainer::resume_changes()).
+void print_resume_changes(std::FILE* out, const Trainer& trainer);
+
+// When no checkpoint in `dir` is complete but the weights of one are whole: the exact command
+// that starts a new run from them ("lockstep train CONFIG --set ... --init-from WEIGHTS"), as
+// lines to append to the error; "" otherwise.
+std::string init_from_hint(const std::filesystem::path& dir, const std::string& config,
+                           const std::vector<std::string>& overrides);
+
+// Async-signal-safe: the line a second SIGINT prints before the process exits at once, naming
+// the checkpoint it leaves incomplete when `saving_step` >= 0.
+void write_exit_now_line(std::int64_t saving_step) noexcept;
+
+}  // namespace lockstep::cli
