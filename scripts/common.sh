@@ -4,7 +4,7 @@
 LOCKSTEP_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 LOCKSTEP_BUILD="${LOCKSTEP_BUILD:-$LOCKSTEP_ROOT/build}"
 LOCKSTEP_PACKAGES=(cmake g++ make libtbb-dev libfmt-dev doctest-dev libyaml-cpp-dev libopenblas-dev
-  libdnnl-dev libopenmpi-dev openmpi-bin)
+  libdnnl-dev libpcre2-dev libopenmpi-dev openmpi-bin)
 
 install_missing_packages() {
   local missing=()

@@ -28,6 +28,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "cli/commands.hpp"
 #include "cli/progress.hpp"
 #include "io/output_path.hpp"
 #include "lockstep/lockstep.hpp"
@@ -36,8 +37,6 @@ namespace fs = std::filesystem;
 
 namespace lockstep::cli {
 namespace {
-
-constexpr int kExitOk = 0, kExitFailure = 1, kExitBadInput = 2;
 
 constexpr std::string_view kUsage = R"(usage: lockstep <command> [options]
 
@@ -74,6 +73,17 @@ commands:
                       tokens (200), temperature T (0.8; 0 is greedy), from the K
                       most likely (0: all), seeded by S (0). A text model reads
                       and writes bytes; a token model reads and writes ids
+  tokenize --tokenizer DIR|FILE --out FILE [--eval-out FILE --eval-fraction F]
+           [--format llmc|raw] INPUT...
+                      GPT-2's BPE over text into an llm.c token file, ready for
+                      data.dataset: tokens. DIR|FILE: a Hugging Face GPT-2
+                      directory (tokenizer.json, or vocab.json and merges.txt) or
+                      a tiktoken rank file. Each INPUT is a document (a text
+                      file; - is standard input) or one per line (.jsonl, its
+                      "text" field), each preceded by <|endoftext|>. --eval-out
+                      takes about F of the tokens (whole documents, or 16 KiB
+                      parts of long ones). uint16 tokens (uint32 above 65,536
+                      ids); --format raw writes no header
   devices             list the backends and devices this binary can use, and
                       whether MPI support is built in
 
@@ -726,7 +736,8 @@ int run(int argc, char** argv, std::shared_ptr<ProcessGroup>& processes) {
   if (command == "eval") return eval(rest);
   if (command == "export") return export_weights(rest);
   if (command == "sample") return sample(rest);
-  throw InputError(fmt::format("unknown command '{}'; expected train, eval, export, sample or devices (see lockstep --help)", command));
+  if (command == "tokenize") return tokenize(rest);
+  throw InputError(fmt::format("unknown command '{}'; expected train, eval, export, sample, tokenize or devices (see lockstep --help)", command));
 }
 
 }  // namespace
