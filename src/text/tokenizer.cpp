@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 #include <unordered_set>
 
 #include "common/fnv1a.hpp"
@@ -12,28 +13,79 @@
 namespace lockstep {
 namespace detail {
 
-bool PieceCache::append(std::string_view piece, std::vector<TokenId>& out) const {
-  const auto it = index_.find(piece);
-  if (it == index_.end()) return false;
-  const auto first = ids_.begin() + it->second.offset;
-  out.insert(out.end(), first, first + it->second.count);
-  return true;
+std::uint64_t PieceTable::hash(std::string_view piece) noexcept {
+  // 8 bytes at a time, each word mixed by a multiply and a shift (pieces are short).
+  std::uint64_t h = 0x9E3779B97F4A7C15ull ^ piece.size();
+  while (piece.size() >= 8) {
+    std::uint64_t word = 0;
+    std::memcpy(&word, piece.data(), 8);
+    h = (h ^ word) * 0xBF58476D1CE4E5B9ull;
+    h ^= h >> 31;
+    piece.remove_prefix(8);
+  }
+  std::uint64_t tail = 0;
+  std::memcpy(&tail, piece.data(), piece.size());
+  h = (h ^ tail) * 0x94D049BB133111EBull;
+  h ^= h >> 29;
+  return h | 1;  // never 0, the free slot's mark
 }
 
-void PieceCache::insert(std::string_view piece, std::span<const TokenId> ids) {
-  if (index_.size() >= kMaxPieces) {
-    index_.clear();
-    ids_.clear();
+bool PieceTable::append(std::string_view piece, std::uint64_t h, std::vector<TokenId>& out) const {
+  if (slots_.empty()) return false;
+  const std::size_t mask = slots_.size() - 1;
+  for (std::size_t i = h & mask;; i = (i + 1) & mask) {
+    const Slot& s = slots_[i];
+    if (s.hash == 0) return false;
+    if (s.hash == h && s.key_size == piece.size() &&
+        std::memcmp(keys_.data() + s.key_offset, piece.data(), piece.size()) == 0) {
+      out.insert(out.end(), ids_.begin() + s.ids_offset, ids_.begin() + s.ids_offset + s.ids_size);
+      return true;
+    }
   }
-  index_.emplace(piece, Span{static_cast<std::uint32_t>(ids_.size()),
-                             static_cast<std::uint32_t>(ids.size())});
+}
+
+void PieceTable::insert(std::string_view piece, std::uint64_t h, std::span<const TokenId> ids) {
+  if (2 * (size_ + 1) > slots_.size()) grow();
+  const std::size_t mask = slots_.size() - 1;
+  std::size_t i = h & mask;
+  while (slots_[i].hash != 0) i = (i + 1) & mask;
+  slots_[i] = {h, static_cast<std::uint32_t>(keys_.size()), static_cast<std::uint32_t>(piece.size()),
+               static_cast<std::uint32_t>(ids_.size()), static_cast<std::uint32_t>(ids.size())};
+  keys_.append(piece);
   ids_.insert(ids_.end(), ids.begin(), ids.end());
+  ++size_;
+}
+
+void PieceTable::clear() {
+  std::fill(slots_.begin(), slots_.end(), Slot{});
+  keys_.clear();
+  ids_.clear();
+  size_ = 0;
+}
+
+void PieceTable::grow() {
+  std::vector<Slot> old = std::move(slots_);
+  slots_.assign(old.empty() ? 4096 : 2 * old.size(), Slot{});
+  const std::size_t mask = slots_.size() - 1;
+  for (const Slot& s : old) {
+    if (s.hash == 0) continue;
+    std::size_t i = s.hash & mask;
+    while (slots_[i].hash != 0) i = (i + 1) & mask;
+    slots_[i] = s;
+  }
 }
 
 TokenizerImpl::TokenizerImpl(Vocabulary v, std::filesystem::path from)
     : vocabulary(std::move(v)),
       source(std::move(from)),
-      scratch([this] { return ThreadScratch{PieceSplitter(pattern), {}, {}}; }) {}
+      scratch([this] { return ThreadScratch{PieceSplitter(pattern), {}, {}}; }) {
+  if (vocabulary.whole_piece_lookup)
+    for (TokenId id = 0; id < vocabulary.tokens.size(); ++id)
+      if (id != vocabulary.end_of_text) {
+        const std::string& t = vocabulary.tokens[id];
+        whole_pieces.insert(t, PieceTable::hash(t), std::span(&id, 1));
+      }
+}
 
 void TokenizerImpl::encode_ordinary(std::string_view text, std::vector<TokenId>& out) const {
   ThreadScratch& local = scratch.local();
@@ -43,13 +95,12 @@ void TokenizerImpl::encode_ordinary(std::string_view text, std::vector<TokenId>&
       out.push_back(vocabulary.byte_token[static_cast<unsigned char>(piece[0])]);
       continue;
     }
-    if (local.cache.append(piece, out)) continue;
+    const std::uint64_t h = PieceTable::hash(piece);
+    if (whole_pieces.append(piece, h, out) || local.cache.append(piece, h, out)) continue;
     const std::size_t first = out.size();
-    const auto whole = vocabulary.whole_piece_lookup ? vocabulary.by_bytes.find(std::string(piece))
-                                                     : vocabulary.by_bytes.end();
-    if (whole != vocabulary.by_bytes.end()) out.push_back(whole->second);
-    else byte_pair_encode(piece, vocabulary, out);
-    local.cache.insert(piece, std::span(out).subspan(first));
+    byte_pair_encode(piece, vocabulary, out);
+    if (local.cache.size() >= kMaxCachedPieces) local.cache.clear();
+    local.cache.insert(piece, h, std::span(out).subspan(first));
   }
 }
 
@@ -122,7 +173,7 @@ std::string Tokenizer::content_hash() const {
   // at its rank; merges.txt one): the order alone decides the ids, whichever file gave them.
   std::vector<std::pair<std::uint32_t, TokenId>> order;
   order.reserve(v.merges.size());
-  for (const auto& [pair, m] : v.merges) order.emplace_back(m.priority, m.merged);
+  for (const detail::Merge& m : v.merges.merges()) order.emplace_back(m.priority, m.merged);
   std::sort(order.begin(), order.end());
   std::unordered_set<TokenId> seen;
   for (const auto& [priority, merged] : order)

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <bit>
 #include <charconv>
 #include <limits>
 #include <unordered_set>
@@ -219,11 +220,11 @@ void merges_from_ranks(Vocabulary& v) {
   for (TokenId id = 0; id < v.tokens.size(); ++id) {
     const std::string_view t = v.tokens[id];
     for (std::size_t k = 1; k < t.size(); ++k) {
-      const auto left = v.by_bytes.find(std::string(t.substr(0, k)));
+      const auto left = v.by_bytes.find(t.substr(0, k));
       if (left == v.by_bytes.end()) continue;
-      const auto right = v.by_bytes.find(std::string(t.substr(k)));
+      const auto right = v.by_bytes.find(t.substr(k));
       if (right == v.by_bytes.end()) continue;
-      v.merges.emplace(Vocabulary::pair_key(left->second, right->second), Merge{id, id});
+      v.merges.insert(left->second, right->second, Merge{id, id});
     }
   }
 }
@@ -283,7 +284,6 @@ struct MergeLine {
 
 void add_merges(Vocabulary& v, const std::vector<MergeLine>& lines, const std::string& name,
                 const std::string& vocab_name) {
-  v.merges.reserve(lines.size());
   for (std::size_t i = 0; i < lines.size(); ++i) {
     const MergeLine& m = lines[i];
     TokenId ids[2] = {};
@@ -302,11 +302,11 @@ void add_merges(Vocabulary& v, const std::vector<MergeLine>& lines, const std::s
     if (merged == v.by_bytes.end())
       fail_at(name, m.line, fmt::format("merge \"{} {}\": the merged token \"{}{}\" is not in {}",
                                         m.left, m.right, m.left, m.right, vocab_name));
-    const auto [it, fresh] = v.merges.emplace(Vocabulary::pair_key(ids[0], ids[1]),
-                                              Merge{static_cast<std::uint32_t>(i), merged->second});
-    if (!fresh)
+    const auto priority = static_cast<std::uint32_t>(i);
+    const Merge& kept = v.merges.insert(ids[0], ids[1], Merge{priority, merged->second});
+    if (kept.priority != priority)
       fail_at(name, m.line, fmt::format("merge \"{} {}\" is listed twice (first as merge {})",
-                                        m.left, m.right, it->second.priority + 1));
+                                        m.left, m.right, kept.priority + 1));
   }
 }
 
@@ -438,6 +438,38 @@ bool path_exists(const fs::path& path) {
 }
 
 }  // namespace
+
+const Merge& MergeTable::insert(TokenId left, TokenId right, Merge merge) {
+  if (2 * (size_ + 1) > slots_.size()) grow();
+  const std::uint64_t key = pack(left, right);
+  std::size_t i = slot_of(key);
+  while (slots_[i].key != kFree && slots_[i].key != key) i = (i + 1) & (slots_.size() - 1);
+  if (slots_[i].key == kFree) {
+    slots_[i] = {key, merge};
+    ++size_;
+  }
+  return slots_[i].merge;
+}
+
+std::vector<Merge> MergeTable::merges() const {
+  std::vector<Merge> out;
+  out.reserve(size_);
+  for (const Slot& s : slots_)
+    if (s.key != kFree) out.push_back(s.merge);
+  return out;
+}
+
+void MergeTable::grow() {
+  std::vector<Slot> old = std::move(slots_);
+  slots_.assign(old.empty() ? 1024 : 2 * old.size(), Slot{kFree, {}});
+  shift_ = 64 - std::countr_zero(slots_.size());
+  for (const Slot& s : old) {
+    if (s.key == kFree) continue;
+    std::size_t i = slot_of(s.key);
+    while (slots_[i].key != kFree) i = (i + 1) & (slots_.size() - 1);
+    slots_[i] = s;
+  }
+}
 
 char32_t byte_to_char(unsigned char byte) {
   if (prints_as_itself(byte)) return byte;
