@@ -24,7 +24,9 @@
 // most 4 bytes of ids per byte of text; 4 on average for English), each thread's pre-token
 // cache (at most 65,536 pieces, a few MB) and output buffer, and whatever one part holds beyond
 // kPartBytes: the longest stretch of a document with no safe cut, or the longest JSON line.
-// So about 25 MiB plus those stretches, whatever the size of the input.
+// So about 25 MiB plus those stretches, whatever the size of the input. Measured (GPT-2, 2
+// threads): a peak resident size of 237 MB for 12 bytes of input, 250-285 MB for 1.3 to 40 MB
+// (one document or thirty); the 229 MB of `lockstep --version` are the libraries it loads.
 #include "text/tokenize_files.hpp"
 
 #include <fcntl.h>
