@@ -32,6 +32,7 @@
 #include "cli/progress.hpp"
 #include "io/output_path.hpp"
 #include "lockstep/lockstep.hpp"
+#include "lockstep/tokenizer.hpp"
 
 namespace fs = std::filesystem;
 
@@ -68,11 +69,12 @@ commands:
                       and config.json for transformers.GPT2LMHeadModel); --dtype
                       bf16 stores every tensor as BF16 (rounded to nearest even)
   sample --checkpoint CKPT [--prompt TEXT] [--tokens N] [--temperature T]
-         [--top-k K] [--seed S] [--backend auto|cpu|cuda]
+         [--top-k K] [--seed S] [--backend auto|cpu|cuda] [--tokenizer DIR|FILE]
                       continue TEXT with a GPT checkpoint (model.type gpt): N
                       tokens (200), temperature T (0.8; 0 is greedy), from the K
                       most likely (0: all), seeded by S (0). A text model reads
-                      and writes bytes; a token model reads and writes ids
+                      and writes bytes; a token model reads and writes ids, or
+                      text with --tokenizer (lockstep tokenize's)
   tokenize --tokenizer DIR|FILE --out FILE [--eval-out FILE --eval-fraction F]
            [--format llmc|raw] INPUT...
                       GPT-2's BPE over text into an llm.c token file, ready for
@@ -643,10 +645,23 @@ BackendKind backend_flag(const CommandArgs& args) {
   return BackendKind::automatic;
 }
 
+// --tokenizer for a token model: the prompt as text, encoded (an empty one is <|endoftext|>).
+std::optional<Tokenizer> sample_tokenizer(const CommandArgs& args, const GptSpec& spec) {
+  const std::string path = args.get("--tokenizer");
+  if (path.empty()) return std::nullopt;
+  Tokenizer tokenizer = Tokenizer::load(path);
+  if (tokenizer.vocab_size() > static_cast<std::size_t>(spec.vocab_size))
+    throw InputError(fmt::format("--tokenizer {}: {} ids, but the model has {}: not the tokenizer "
+                                 "it was trained with", path, tokenizer.vocab_size(),
+                                 spec.vocab_size));
+  return tokenizer;
+}
+
 int sample(const std::vector<std::string_view>& argv) {
   const CommandArgs args = parse_command_args(
       "sample", argv,
-      {"--checkpoint", "--prompt", "--tokens", "--temperature", "--top-k", "--seed", "--backend"});
+      {"--checkpoint", "--prompt", "--tokens", "--temperature", "--top-k", "--seed", "--backend",
+       "--tokenizer"});
   if (!args.positional.empty())
     throw InputError(fmt::format("sample: unexpected argument '{}'; see lockstep --help", args.positional));
   const std::string path = args.get("--checkpoint");
@@ -659,8 +674,15 @@ int sample(const std::vector<std::string_view>& argv) {
   check_layout(ckpt, model.param_tensors());
   const bool bytes = ckpt.metadata.count("lockstep.tokenizer") &&
                      ckpt.metadata.at("lockstep.tokenizer") == "bytes";
+  const std::optional<Tokenizer> tokenizer = bytes ? std::nullopt : sample_tokenizer(args, spec);
   const std::string prompt_text = args.get("--prompt");
-  const std::vector<int> prompt = parse_prompt(prompt_text, bytes, spec);
+  std::vector<int> prompt;
+  if (tokenizer) {
+    for (const TokenId id : tokenizer->encode(prompt_text)) prompt.push_back(static_cast<int>(id));
+    if (prompt.empty() && tokenizer->end_of_text()) prompt.push_back(static_cast<int>(*tokenizer->end_of_text()));
+  } else {
+    prompt = parse_prompt(prompt_text, bytes, spec);
+  }
 
   const BackendKind kind = backend_flag(args);
   const int device_id = 0;
@@ -669,11 +691,14 @@ int sample(const std::vector<std::string_view>& argv) {
   Replica replica(*device, model, 1);
   replica.load_parameters(ckpt.params);
 
-  if (bytes) fmt::print("{}", prompt_text);
+  if (bytes || tokenizer) fmt::print("{}", prompt_text);
   else fmt::print("{}", fmt::join(prompt, " "));
   std::fflush(stdout);
   generate(replica, prompt, opt, [&](int token) {
     if (bytes) std::putchar(token);
+    // A token the tokenizer lacks (the model's padded ids) prints as its id.
+    else if (tokenizer && static_cast<std::size_t>(token) < tokenizer->vocab_size())
+      fmt::print("{}", tokenizer->token_bytes(static_cast<TokenId>(token)));
     else fmt::print(" {}", token);
     std::fflush(stdout);
   });

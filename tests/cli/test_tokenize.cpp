@@ -1,5 +1,5 @@
 // `lockstep tokenize` end to end: a text file, JSON lines and standard input into one token
-// file that `lockstep train` reads; --eval-out; bad input exits 2 naming the file and line,
+// file that `lockstep train` reads, and `lockstep sample --tokenizer` on the model it made; --eval-out; bad input exits 2 naming the file and line,
 // having written nothing; SIGINT leaves no output behind.
 #include <doctest/doctest.h>
 
@@ -52,7 +52,7 @@ struct Setup {
 
 }  // namespace
 
-TEST_CASE("cli tokenize: a text file, JSON lines and standard input, in order") {
+TEST_CASE("cli tokenize: a text file, JSON lines and standard input, in order; trained and sampled as text") {
   const Setup s;
   const fs::path jsonl = s.dir.write("docs.jsonl", "{\"text\": \"abc d\\u00e9\"}\n{\"text\": \"e \\ud83d\\ude00\", \"n\": 2}\n");
   const fs::path stdin_text = s.dir.write("stdin.txt", "from standard input\n");
@@ -78,7 +78,24 @@ TEST_CASE("cli tokenize: a text file, JSON lines and standard input, in order") 
                              " --set model.context=16 --set model.n_layer=1 --set model.d_model=32 "
                              "--set trainer.steps=2 --set trainer.eval_every=0 --set data.format=llmc "
                              "--set trainer.checkpoint.dir=" + q(s.dir.path() / "ckpt"));
-  CHECK_MESSAGE(train.code == 0, train.output);
+  REQUIRE_MESSAGE(train.code == 0, train.output);
+
+  // sample --tokenizer: the prompt as text, the continuation as text.
+  const std::string ckpt = "--checkpoint " + q(s.dir.path() / "ckpt");
+  const auto text = run_cli("sample " + ckpt + " --tokenizer " + q(s.vocab) +
+                            " --prompt \"abc de\" --tokens 8 --temperature 0");
+  REQUIRE_MESSAGE(text.code == 0, text.output);
+  CHECK(text.output.starts_with("abc de"));
+  const auto ids = run_cli("sample " + ckpt + " --prompt \"1 2\" --tokens 8 --temperature 0");
+  REQUIRE_MESSAGE(ids.code == 0, ids.output);
+  CHECK(ids.output.starts_with("1 2 "));
+  // A tokenizer with more ids than the model is not the one it was trained with.
+  const fs::path bigger = s.dir.write("bigger.tiktoken", lockstep::test::rank_file(
+                                                             lockstep::test::random_vocab(400, 9)));
+  const auto wrong = run_cli("sample " + ckpt + " --tokenizer " + q(bigger) + " --prompt abc");
+  CHECK(wrong.code == 2);
+  CHECK(wrong.output.find("ids, but the model has " + std::to_string(s.tokenizer.vocab_size())) !=
+        std::string::npos);
 }
 
 TEST_CASE("cli tokenize: --eval-out holds about --eval-fraction of the tokens") {
