@@ -1,6 +1,7 @@
 // GPT-2's byte-level BPE tokenizer, and text files made into llm.c token files with it.
 //
-//   const lockstep::Tokenizer gpt2 = lockstep::Tokenizer::load("gpt2/");  // vocab.json + merges.txt
+//   // A Hugging Face GPT-2 directory (vocab.json + merges.txt), or gpt2.tiktoken
+//   const lockstep::Tokenizer gpt2 = lockstep::Tokenizer::load("gpt2/");
 //   std::vector<lockstep::TokenId> ids = gpt2.encode("Hello world");      // {15496, 995}
 //   std::string text = gpt2.decode(ids);                                   // "Hello world"
 //
@@ -113,6 +114,7 @@ class LOCKSTEP_API Interrupted : public std::runtime_error {
 // document preceded by <|endoftext|>, uint16 tokens when vocab_size <= 65,536 and uint32 (llm.c
 // version 2) above. Each output is written atomically: on an error (InputError naming the file
 // and line for bad input) or a stop, neither exists afterwards unless it did before, unchanged.
-LOCKSTEP_API TokenizeCounts tokenize_files(const Tokenizer& tokenizer, const TokenizeOptions& options);
+LOCKSTEP_API TokenizeCounts tokenize_files(const Tokenizer& tokenizer,
+                                           const TokenizeOptions& options);
 
 }  // namespace lockstep

@@ -36,7 +36,8 @@ class StopOnSignal {
   StopOnSignal() {
     struct sigaction sa {};
     sa.sa_handler = on_tokenize_signal;
-    sigemptyset(&sa.sa_mask);  // no SA_RESTART: a read of standard input returns to look at the flag
+    // No SA_RESTART: a read of standard input returns, and the run looks at the flag.
+    sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, &old_int_);
     sigaction(SIGTERM, &sa, &old_term_);
   }
@@ -74,13 +75,15 @@ TokenizeArgs parse_tokenize_args(const std::vector<std::string_view>& args) {
     };
     const auto value = [&](std::string_view flag) -> std::string {
       if (a.size() > flag.size()) return std::string(a.substr(flag.size() + 1));
-      if (i + 1 >= args.size()) throw InputError(fmt::format("{}: expected a value after it", flag));
+      if (i + 1 >= args.size())
+        throw InputError(fmt::format("{}: expected a value after it", flag));
       return std::string(args[++i]);
     };
     if (is("--tokenizer")) out.tokenizer = value("--tokenizer");
     else if (is("--out")) out.options.out = value("--out");
     else if (is("--eval-out")) out.options.eval_out = value("--eval-out");
-    else if (is("--eval-fraction")) out.options.eval_fraction = fraction_flag(value("--eval-fraction"));
+    else if (is("--eval-fraction"))
+      out.options.eval_fraction = fraction_flag(value("--eval-fraction"));
     else if (is("--format")) format = value("--format");
     else if (a.starts_with("-") && a != "-")
       throw InputError(fmt::format("tokenize: unknown option '{}'; see lockstep --help", a));
@@ -94,7 +97,9 @@ TokenizeArgs parse_tokenize_args(const std::vector<std::string_view>& args) {
 }
 
 // "12.3 MB"
-std::string megabytes(std::uint64_t bytes) { return fmt::format("{:.1f} MB", static_cast<double>(bytes) / 1e6); }
+std::string megabytes(std::uint64_t bytes) {
+  return fmt::format("{:.1f} MB", static_cast<double>(bytes) / 1e6);
+}
 
 // The progress line, redrawn on a terminal at most ~5 times a second.
 class ProgressLine {
@@ -103,8 +108,9 @@ class ProgressLine {
   void update(const TokenizeProgress& p) {
     if (!live_ || p.elapsed_s - last_s_ < 0.2) return;
     last_s_ = p.elapsed_s;
-    fmt::print(stderr, "\r\x1b[K{} read, {} documents, {} tokens, {:.2f} M tokens/s", megabytes(p.bytes),
-               p.documents, p.tokens, static_cast<double>(p.tokens) / 1e6 / std::max(p.elapsed_s, 1e-9));
+    fmt::print(stderr, "\r\x1b[K{} read, {} documents, {} tokens, {:.2f} M tokens/s",
+               megabytes(p.bytes), p.documents, p.tokens,
+               static_cast<double>(p.tokens) / 1e6 / std::max(p.elapsed_s, 1e-9));
     open_ = true;
   }
   void finish() {

@@ -24,7 +24,8 @@ constexpr std::size_t kJitStackBytes = 1u << 20;
 
 std::string pcre2_message(int code) {
   PCRE2_UCHAR buffer[256];
-  if (pcre2_get_error_message(code, buffer, sizeof buffer) < 0) return fmt::format("error {}", code);
+  if (pcre2_get_error_message(code, buffer, sizeof buffer) < 0)
+    return fmt::format("error {}", code);
   return reinterpret_cast<const char*>(buffer);
 }
 

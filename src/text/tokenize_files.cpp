@@ -242,7 +242,8 @@ class InputReader {
 };
 
 // A JSON line's "text", or the message saying why there is none.
-std::optional<std::string> json_text(const Unit& unit, const std::string& file, std::string& error) {
+std::optional<std::string> json_text(const Unit& unit, const std::string& file,
+                                     std::string& error) {
   const auto fail = [&](std::size_t column, std::string_view what) {
     error = fmt::format("{}:{}: {}{}", file, unit.line,
                         column ? fmt::format("column {}: ", column) : "", what);
@@ -368,7 +369,8 @@ TokenizeCounts tokenize_files(const Tokenizer& tokenizer, const TokenizeOptions&
   std::optional<TokenFileOut> eval;
   if (!o.eval_out.empty()) eval.emplace(o.eval_out, o.format, token_bytes);
   std::vector<std::string> names;
-  for (const fs::path& input : o.inputs) names.push_back(input == "-" ? "standard input" : input.string());
+  for (const fs::path& input : o.inputs)
+    names.push_back(input == "-" ? "standard input" : input.string());
 
   TokenizeCounts counts;
   counts.token_bytes = token_bytes;
@@ -401,9 +403,12 @@ TokenizeCounts tokenize_files(const Tokenizer& tokenizer, const TokenizeOptions&
     for (UnitIds& unit : ids) {
       if (!unit.error.empty()) throw InputError(unit.error);
       for (const std::vector<TokenId>& part : unit.parts) {
-        const std::uint64_t total = train.count() + (eval ? eval->count() : 0) + part.size();
-        const bool to_eval = eval && static_cast<double>(eval->count()) + 0.5 * static_cast<double>(part.size()) <
-                                         o.eval_fraction * static_cast<double>(total);
+        // The eval file when that brings its share closer to the fraction: e + u/2 < f (T + u).
+        const auto total =
+            static_cast<double>(train.count() + (eval ? eval->count() : 0) + part.size());
+        const bool to_eval =
+            eval && static_cast<double>(eval->count()) + 0.5 * static_cast<double>(part.size()) <
+                        o.eval_fraction * total;
         (to_eval ? *eval : train).append(part);
       }
     }

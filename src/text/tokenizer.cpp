@@ -49,8 +49,9 @@ void PieceTable::insert(std::string_view piece, std::uint64_t h, std::span<const
   const std::size_t mask = slots_.size() - 1;
   std::size_t i = h & mask;
   while (slots_[i].hash != 0) i = (i + 1) & mask;
-  slots_[i] = {h, static_cast<std::uint32_t>(keys_.size()), static_cast<std::uint32_t>(piece.size()),
-               static_cast<std::uint32_t>(ids_.size()), static_cast<std::uint32_t>(ids.size())};
+  slots_[i] = {h, static_cast<std::uint32_t>(keys_.size()),
+               static_cast<std::uint32_t>(piece.size()), static_cast<std::uint32_t>(ids_.size()),
+               static_cast<std::uint32_t>(ids.size())};
   keys_.append(piece);
   ids_.insert(ids_.end(), ids.begin(), ids.end());
   ++size_;

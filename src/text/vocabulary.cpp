@@ -263,11 +263,13 @@ std::vector<Entry> vocab_entries(const JsonValue& vocab, std::string_view text,
     const std::size_t line = line_at(id_value.offset);
     const std::optional<std::uint32_t> id =
         id_value.kind == JsonValue::Kind::number ? parse_id(id_value.text) : std::nullopt;
-    if (!id)
+    if (!id) {
+      const std::string got = id_value.kind == JsonValue::Kind::number
+                                  ? id_value.text
+                                  : std::string(id_value.kind_name());
       fail_at(name, line, fmt::format("{}: token \"{}\": expected an id in [0, {}], got {}", where,
-                                      token, kMaxId,
-                                      id_value.kind == JsonValue::Kind::number ? id_value.text
-                                                                               : id_value.kind_name()));
+                                      token, kMaxId, got));
+    }
     std::optional<std::string> bytes = token_bytes(token);
     if (!bytes)
       fail_at(name, line, fmt::format("{}: token \"{}\" has a character outside GPT-2's byte-level "
@@ -361,7 +363,8 @@ void check_gpt2_settings(const JsonValue& root, const JsonValue& model, std::str
     refuse(type ? *type : model, "model.type: expected \"BPE\"");
   for (const std::string_view key : {"dropout", "continuing_subword_prefix", "end_of_word_suffix"})
     if (const JsonValue* v = member(model, key);
-        v && v->kind != JsonValue::Kind::null && !(v->kind == JsonValue::Kind::string && v->text.empty()))
+        v && v->kind != JsonValue::Kind::null &&
+        !(v->kind == JsonValue::Kind::string && v->text.empty()))
       refuse(*v, fmt::format("model.{}: expected null", key));
   if (const JsonValue* v = member(model, "byte_fallback"); v && v->boolean)
     refuse(*v, "model.byte_fallback: expected false");
@@ -373,7 +376,8 @@ void check_gpt2_settings(const JsonValue& root, const JsonValue& model, std::str
     refuse(pre ? *pre : root, "pre_tokenizer: expected {\"type\": \"ByteLevel\"}");
   if (const JsonValue* v = member(*pre, "add_prefix_space"); v && v->boolean)
     refuse(*v, "pre_tokenizer.add_prefix_space: expected false");
-  if (const JsonValue* v = member(*pre, "use_regex"); v && v->kind == JsonValue::Kind::boolean && !v->boolean)
+  if (const JsonValue* v = member(*pre, "use_regex");
+      v && v->kind == JsonValue::Kind::boolean && !v->boolean)
     refuse(*v, "pre_tokenizer.use_regex: expected true");
 }
 
@@ -537,7 +541,8 @@ Vocabulary parse_tokenizer_json(std::string_view text, const std::string& name) 
   if (!vocab || !merges) fail_file(name, "model: expected \"vocab\" and \"merges\"");
   std::vector<Entry> entries = vocab_entries(*vocab, text, name, "model.vocab");
   add_added_tokens(entries, member(root, "added_tokens"), text, name);
-  Vocabulary v = build_hf(std::move(entries), tokenizer_json_merges(*merges, text, name), name, name);
+  Vocabulary v =
+      build_hf(std::move(entries), tokenizer_json_merges(*merges, text, name), name, name);
   // ignore_merges: a pre-token that is a token is that token, as in a rank file.
   if (const JsonValue* ignore = member(*model, "ignore_merges"); ignore && ignore->boolean)
     v.whole_piece_lookup = true;
@@ -565,7 +570,8 @@ Vocabulary read_vocabulary(const fs::path& path) {
                                  filename == "vocab.json" ? "merges.txt" : "vocab.json"));
   if (path.extension() == ".json") return parse_tokenizer_json(read(path), path.string());
   if (path.extension() == ".tiktoken") return parse_tiktoken(read(path), path.string());
-  if (!path_exists(path)) throw InputError(fmt::format("{}: no such file or directory", path.string()));
+  if (!path_exists(path))
+    throw InputError(fmt::format("{}: no such file or directory", path.string()));
   throw InputError(fmt::format("{}: expected a Hugging Face GPT-2 directory (vocab.json and "
                                "merges.txt, or tokenizer.json), a tokenizer.json or a tiktoken "
                                "rank file (*.tiktoken)", path.string()));

@@ -52,7 +52,7 @@ struct Setup {
 
 }  // namespace
 
-TEST_CASE("cli tokenize: a text file, JSON lines and standard input, in order; trained and sampled as text") {
+TEST_CASE("cli tokenize: a text file, JSON lines and standard input in order, trained and sampled as text") {
   const Setup s;
   const fs::path jsonl = s.dir.write("docs.jsonl", "{\"text\": \"abc d\\u00e9\"}\n{\"text\": \"e \\ud83d\\ude00\", \"n\": 2}\n");
   const fs::path stdin_text = s.dir.write("stdin.txt", "from standard input\n");

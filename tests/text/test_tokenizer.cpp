@@ -110,7 +110,7 @@ TEST_CASE("tokenizer: merges by hand, in both files") {
   CHECK(t.ranks.content_hash() == t.hf.content_hash());
 }
 
-TEST_CASE("tokenizer: a rank file merges any two tokens that make a token; merges.txt only its pairs") {
+TEST_CASE("tokenizer: a rank file merges any two tokens that make a token, merges.txt only its pairs") {
   // abc is a token, but merges.txt lists only "a bc" for it: after "a b" merges first, the
   // pair "ab c" is not listed. The rank file merges ab + c all the same (tiktoken's rule).
   const lockstep::test::SmallVocab v{{{"a", "b"}, {"b", "c"}, {"a", "bc"}}};
@@ -130,7 +130,7 @@ TEST_CASE("tokenizer: <|endoftext|> is special only when asked") {
   CHECK_THROWS_AS(t.ranks.decode(std::vector<TokenId>{266}), lockstep::InputError);
 }
 
-TEST_CASE("tokenizer: every byte string decodes back to itself; scan and heap agree") {
+TEST_CASE("tokenizer: every byte string decodes back to itself, and scan and heap agree") {
   const lockstep::test::SmallVocab v = lockstep::test::random_vocab(400, 7);
   const BothForms t(v);
   std::mt19937 rng(11);
