@@ -8,7 +8,7 @@ LOCKSTEP_BUILD="${LOCKSTEP_BUILD:-$LOCKSTEP_ROOT/build}"
 # environment with transformers from PyPI. scripts/check_packages.sh checks that the build and
 # those tests read no file of a package outside these lists and what they depend on.
 LOCKSTEP_PACKAGES=(cmake g++ make libtbb-dev libfmt-dev doctest-dev libyaml-cpp-dev libopenblas-dev
-  libdnnl-dev libopenmpi-dev openmpi-bin)
+  libdnnl-dev libpcre2-dev libopenmpi-dev openmpi-bin)
 LOCKSTEP_TEST_PACKAGES=(python3-torch python3-venv)
 
 install_missing_packages() {

@@ -28,17 +28,17 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "cli/commands.hpp"
 #include "cli/progress.hpp"
 #include "cli/train_messages.hpp"
 #include "io/output_path.hpp"
 #include "lockstep/lockstep.hpp"
+#include "lockstep/tokenizer.hpp"
 
 namespace fs = std::filesystem;
 
 namespace lockstep::cli {
 namespace {
-
-constexpr int kExitOk = 0, kExitFailure = 1, kExitBadInput = 2;
 
 constexpr std::string_view kUsage = R"(usage: lockstep <command> [options]
 
@@ -70,11 +70,23 @@ commands:
                       and config.json for transformers.GPT2LMHeadModel); --dtype
                       bf16 stores every tensor as BF16 (rounded to nearest even)
   sample --checkpoint CKPT [--prompt TEXT] [--tokens N] [--temperature T]
-         [--top-k K] [--seed S] [--backend auto|cpu|cuda]
+         [--top-k K] [--seed S] [--backend auto|cpu|cuda] [--tokenizer DIR|FILE]
                       continue TEXT with a GPT checkpoint (model.type gpt): N
                       tokens (200), temperature T (0.8; 0 is greedy), from the K
                       most likely (0: all), seeded by S (0). A text model reads
-                      and writes bytes; a token model reads and writes ids
+                      and writes bytes; a token model reads and writes ids, or
+                      text with --tokenizer (lockstep tokenize's)
+  tokenize --tokenizer DIR|FILE --out FILE [--eval-out FILE --eval-fraction F]
+           [--format llmc|raw] INPUT...
+                      GPT-2's BPE over text into an llm.c token file, ready for
+                      data.dataset: tokens. DIR|FILE: a Hugging Face GPT-2
+                      directory (tokenizer.json, or vocab.json and merges.txt) or
+                      a tiktoken rank file. Each INPUT is a document (a text
+                      file; - is standard input) or one per line (.jsonl, its
+                      "text" field), each preceded by <|endoftext|>. --eval-out
+                      takes about F of the tokens (whole documents, or 16 KiB
+                      parts of long ones). uint16 tokens (uint32 above 65,536
+                      ids); --format raw writes no header
   devices             list the backends and devices this binary can use, and
                       whether MPI support is built in
 
@@ -650,10 +662,23 @@ BackendKind backend_flag(const CommandArgs& args) {
   return BackendKind::automatic;
 }
 
+// --tokenizer for a token model: the prompt as text, encoded (an empty one is <|endoftext|>).
+std::optional<Tokenizer> sample_tokenizer(const CommandArgs& args, const GptSpec& spec) {
+  const std::string path = args.get("--tokenizer");
+  if (path.empty()) return std::nullopt;
+  Tokenizer tokenizer = Tokenizer::load(path);
+  if (tokenizer.vocab_size() > static_cast<std::size_t>(spec.vocab_size))
+    throw InputError(fmt::format("--tokenizer {}: {} ids, but the model has {}: not the tokenizer "
+                                 "it was trained with", path, tokenizer.vocab_size(),
+                                 spec.vocab_size));
+  return tokenizer;
+}
+
 int sample(const std::vector<std::string_view>& argv) {
   const CommandArgs args = parse_command_args(
       "sample", argv,
-      {"--checkpoint", "--prompt", "--tokens", "--temperature", "--top-k", "--seed", "--backend"});
+      {"--checkpoint", "--prompt", "--tokens", "--temperature", "--top-k", "--seed", "--backend",
+       "--tokenizer"});
   if (!args.positional.empty())
     throw InputError(fmt::format("sample: unexpected argument '{}'; see lockstep --help", args.positional));
   const std::string path = args.get("--checkpoint");
@@ -666,8 +691,15 @@ int sample(const std::vector<std::string_view>& argv) {
   check_layout(ckpt, model.param_tensors());
   const bool bytes = ckpt.metadata.count("lockstep.tokenizer") &&
                      ckpt.metadata.at("lockstep.tokenizer") == "bytes";
+  const std::optional<Tokenizer> tokenizer = bytes ? std::nullopt : sample_tokenizer(args, spec);
   const std::string prompt_text = args.get("--prompt");
-  const std::vector<int> prompt = parse_prompt(prompt_text, bytes, spec);
+  std::vector<int> prompt;
+  if (tokenizer) {
+    for (const TokenId id : tokenizer->encode(prompt_text)) prompt.push_back(static_cast<int>(id));
+    if (prompt.empty() && tokenizer->end_of_text()) prompt.push_back(static_cast<int>(*tokenizer->end_of_text()));
+  } else {
+    prompt = parse_prompt(prompt_text, bytes, spec);
+  }
 
   const BackendKind kind = backend_flag(args);
   const int device_id = 0;
@@ -676,11 +708,14 @@ int sample(const std::vector<std::string_view>& argv) {
   Replica replica(*device, model, 1);
   replica.load_parameters(ckpt.params);
 
-  if (bytes) fmt::print("{}", prompt_text);
+  if (bytes || tokenizer) fmt::print("{}", prompt_text);
   else fmt::print("{}", fmt::join(prompt, " "));
   std::fflush(stdout);
   generate(replica, prompt, opt, [&](int token) {
     if (bytes) std::putchar(token);
+    // A token the tokenizer lacks (the model's padded ids) prints as its id.
+    else if (tokenizer && static_cast<std::size_t>(token) < tokenizer->vocab_size())
+      fmt::print("{}", tokenizer->token_bytes(static_cast<TokenId>(token)));
     else fmt::print(" {}", token);
     std::fflush(stdout);
   });
@@ -743,7 +778,8 @@ int run(int argc, char** argv, std::shared_ptr<ProcessGroup>& processes) {
   if (command == "eval") return eval(rest);
   if (command == "export") return export_weights(rest);
   if (command == "sample") return sample(rest);
-  throw InputError(fmt::format("unknown command '{}'; expected train, eval, export, sample or devices (see lockstep --help)", command));
+  if (command == "tokenize") return tokenize(rest);
+  throw InputError(fmt::format("unknown command '{}'; expected train, eval, export, sample, tokenize or devices (see lockstep --help)", command));
 }
 
 }  // namespace

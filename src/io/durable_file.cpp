@@ -27,7 +27,6 @@ struct Fd {
   ~Fd() {
     if (fd >= 0) ::close(fd);
   }
-  int release() noexcept { return std::exchange(fd, -1); }
 };
 
 [[noreturn]] void fail_system(int error, const std::filesystem::path& file,
@@ -54,28 +53,49 @@ void sync_directory(const std::filesystem::path& dir) {
 
 }  // namespace
 
-void write_file_atomically(const std::filesystem::path& link_or_target,
-                           std::span<const std::span<const std::byte>> pieces) {
-  // Through a symlink to what it names: renaming over the link would replace it with a file.
-  const std::filesystem::path target = follow_links(link_or_target);
+AtomicFileWriter::AtomicFileWriter(const std::filesystem::path& link_or_target)
+    // Through a symlink to what it names: renaming over the link would replace it with a file.
+    : target_(follow_links(link_or_target)) {
   // A name of its own (pid and a counter), so that two writers of one target, even in one
   // process, never write into each other's temp file.
   static std::atomic<std::uint64_t> counter{0};
-  std::filesystem::path temp = target;
-  temp += fmt::format(".{}.{}{}", ::getpid(), counter++, kTempSuffix);
-  Fd out{::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
-  if (out.fd < 0) fail_system(errno, temp, "create");
-  try {
-    for (const std::span<const std::byte> piece : pieces) write_all(out.fd, piece, temp);
-    if (::fsync(out.fd) != 0) fail_system(errno, temp, "sync");
-    // close() can report a deferred write error (NFS), so its result counts.
-    if (::close(out.release()) != 0) fail_system(errno, temp, "close");
-    if (::rename(temp.c_str(), target.c_str()) != 0) fail_system(errno, target, "rename onto");
-  } catch (...) {
-    ::unlink(temp.c_str());
-    throw;
+  temp_ = target_;
+  temp_ += fmt::format(".{}.{}{}", ::getpid(), counter++, kTempSuffix);
+  fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) fail_system(errno, temp_, "create");
+}
+
+AtomicFileWriter::~AtomicFileWriter() {
+  if (fd_ >= 0) ::close(fd_);
+  if (!temp_.empty()) ::unlink(temp_.c_str());
+}
+
+void AtomicFileWriter::write(std::span<const std::byte> bytes) { write_all(fd_, bytes, temp_); }
+
+void AtomicFileWriter::write_at(std::uint64_t offset, std::span<const std::byte> bytes) {
+  while (!bytes.empty()) {
+    const ::ssize_t n = ::pwrite(fd_, bytes.data(), bytes.size(), static_cast<::off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) fail_system(errno, temp_, "write");
+    bytes = bytes.subspan(static_cast<std::size_t>(n));
+    offset += static_cast<std::uint64_t>(n);
   }
-  sync_directory(target.has_parent_path() ? target.parent_path() : ".");
+}
+
+void AtomicFileWriter::commit() {
+  if (::fsync(fd_) != 0) fail_system(errno, temp_, "sync");
+  // close() can report a deferred write error (NFS), so its result counts.
+  if (::close(std::exchange(fd_, -1)) != 0) fail_system(errno, temp_, "close");
+  if (::rename(temp_.c_str(), target_.c_str()) != 0) fail_system(errno, target_, "rename onto");
+  temp_.clear();  // renamed: nothing left to remove
+  sync_directory(target_.has_parent_path() ? target_.parent_path() : ".");
+}
+
+void write_file_atomically(const std::filesystem::path& target,
+                           std::span<const std::span<const std::byte>> pieces) {
+  AtomicFileWriter out(target);
+  for (const std::span<const std::byte> piece : pieces) out.write(piece);
+  out.commit();
 }
 
 namespace {

@@ -1,5 +1,5 @@
-// File I/O for checkpoints: crash-safe whole-file writes, and bounds-checked reads whose errors
-// name the file and the byte offset.
+// File I/O for checkpoints and token files: crash-safe writes, whole or streamed, and
+// bounds-checked reads whose errors name the file and the byte offset.
 #pragma once
 
 #include <cstddef>
@@ -31,6 +31,27 @@ LOCKSTEP_API void write_file_atomically(const std::filesystem::path& target,
 // host loses its file; a pid reused since is taken for alive, and its file stays. Returns the
 // files removed; errors leave a file in place.
 std::vector<std::filesystem::path> remove_stale_temp_files(const std::filesystem::path& dir);
+
+// The same, for a file written as it is made (a token file larger than memory): the bytes go to
+// "<target>.<pid>.<n>.tmp", and commit() makes them `target` as above. Until then `target` is
+// untouched; destroyed without a commit (an error, an interrupted run), the temp file is
+// removed. Throws std::system_error naming the file.
+class AtomicFileWriter {
+ public:
+  explicit AtomicFileWriter(const std::filesystem::path& target);
+  ~AtomicFileWriter();
+  AtomicFileWriter(const AtomicFileWriter&) = delete;
+  AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
+
+  void write(std::span<const std::byte> bytes);                       // at the end
+  void write_at(std::uint64_t offset, std::span<const std::byte> bytes);  // over earlier bytes
+  void commit();
+  const std::filesystem::path& temp_path() const noexcept { return temp_; }
+
+ private:
+  std::filesystem::path target_, temp_;
+  int fd_ = -1;
+};
 
 // InputError "FILE: what".
 [[noreturn]] void fail_input(const std::filesystem::path& file, std::string_view what);

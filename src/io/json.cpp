@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <iterator>
+#include <unordered_set>
 
 namespace lockstep::detail {
 namespace {
@@ -132,14 +134,14 @@ class Parser {
     ++pos_;  // '{'
     skip_space();
     if (consume('}')) return;
+    // A set, not a scan of the members: a tokenizer's vocab.json has 50,257 keys.
+    std::unordered_set<std::string> keys;
     while (true) {
       skip_space();
       const std::size_t key_at = pos_;
       if (pos_ >= s_.size() || s_[pos_] != '"') unexpected("a string key");
       std::string key = string();
-      const bool duplicate = std::any_of(v.members.begin(), v.members.end(),
-                                         [&](const auto& m) { return m.first == key; });
-      if (duplicate) fail(key_at, fmt::format("duplicate key \"{}\"", key));
+      if (!keys.insert(key).second) fail(key_at, fmt::format("duplicate key \"{}\"", key));
       skip_space();
       if (!consume(':')) unexpected("':'");
       v.members.emplace_back(std::move(key), value(depth));
@@ -267,18 +269,37 @@ JsonValue parse_json(std::string_view text) {
   return Parser(text).document();
 }
 
+std::size_t utf8_sequence_at(std::string_view text, std::size_t i) noexcept {
+  const auto byte = [&](std::size_t k) { return static_cast<unsigned char>(text[k]); };
+  const unsigned char c = byte(i);
+  const auto* lead = std::find_if(std::begin(kUtf8Leads), std::end(kUtf8Leads),
+                                  [&](const Utf8Lead& l) { return c >= l.lo && c <= l.hi; });
+  if (lead == std::end(kUtf8Leads) || text.size() - i < lead->length) return 0;
+  if (lead->length > 1 && (byte(i + 1) < lead->second_lo || byte(i + 1) > lead->second_hi))
+    return 0;
+  for (std::size_t k = 2; k < lead->length; ++k)
+    if (!is_continuation(byte(i + k))) return 0;
+  return lead->length;
+}
+
 std::size_t invalid_utf8_at(std::string_view text) noexcept {
-  const auto byte = [&](std::size_t i) { return static_cast<unsigned char>(text[i]); };
   for (std::size_t i = 0; i < text.size();) {
-    const unsigned char c = byte(i);
-    const auto* lead = std::find_if(std::begin(kUtf8Leads), std::end(kUtf8Leads),
-                                    [&](const Utf8Lead& l) { return c >= l.lo && c <= l.hi; });
-    if (lead == std::end(kUtf8Leads) || text.size() - i < lead->length) return i;
-    if (lead->length > 1 && (byte(i + 1) < lead->second_lo || byte(i + 1) > lead->second_hi))
-      return i;
-    for (std::size_t k = 2; k < lead->length; ++k)
-      if (!is_continuation(byte(i + k))) return i;
-    i += lead->length;
+    // Eight ASCII bytes at a time: most text is ASCII, and the tokenizer checks all of it.
+    if (text.size() - i >= 8) {
+      std::uint64_t eight = 0;
+      std::memcpy(&eight, text.data() + i, sizeof eight);
+      if ((eight & 0x8080808080808080ull) == 0) {
+        i += 8;
+        continue;
+      }
+    }
+    if (static_cast<unsigned char>(text[i]) < 0x80) {
+      ++i;
+      continue;
+    }
+    const std::size_t length = utf8_sequence_at(text, i);
+    if (length == 0) return i;
+    i += length;
   }
   return std::string_view::npos;
 }

@@ -46,6 +46,10 @@ JsonValue parse_json(std::string_view text);
 // The offset of the first byte that is not part of valid UTF-8, or npos.
 std::size_t invalid_utf8_at(std::string_view text) noexcept;
 
+// The length (1 to 4) of the well-formed UTF-8 sequence at text[i], or 0 when none starts there
+// (RFC 3629: no overlong forms, no surrogates, nothing above U+10FFFF).
+std::size_t utf8_sequence_at(std::string_view text, std::size_t i) noexcept;
+
 // `s` as a JSON string literal, quotes included. Throws std::invalid_argument if `s` is not
 // valid UTF-8.
 std::string json_quote(std::string_view s);

@@ -295,3 +295,63 @@ write('config', {
  'gpt_heads_mismatch.yaml': 'model: {type: gpt, d_model: 10, n_head: 4}\n'
                             'data: {dataset: text, path: t.txt}\n' + OK_TAIL,
 })
+
+# ---- tokenizer: *.tiktoken through Tokenizer::load as rank files, *.json as tokenizer.json ----
+import base64
+
+
+def ranks(tokens):
+    """A tiktoken rank file: "BASE64 RANK" per line, rank = position."""
+    return b''.join(base64.b64encode(t) + b' %d\n' % i for i, t in enumerate(tokens))
+
+
+BYTES = [bytes([b]) for b in range(256)]
+MERGED = [b'ab', b'abc', b' a', b' ab', b'\xc3\xa9']
+
+
+def stand_in(b):
+    """GPT-2's printable character for byte b (vocab.json's alphabet)."""
+    keep = [c for c in range(256) if 33 <= c <= 126 or 161 <= c <= 172 or c >= 174]
+    return chr(b) if b in keep else chr(256 + [c for c in range(256) if c not in keep].index(b))
+
+
+def tokenizer_json(model_type='BPE', pre='ByteLevel', prefix=False, merges=None):
+    vocab = {''.join(stand_in(b) for b in t): i for i, t in enumerate(BYTES + MERGED)}
+    vocab['<|endoftext|>'] = len(vocab)
+    shown = lambda t: ''.join(stand_in(b) for b in t)
+    pairs = [(b'a', b'b'), (b'ab', b'c'), (b' ', b'a'), (b' a', b'b'), (b'\xc3', b'\xa9')]
+    return json.dumps({
+        'version': '1.0', 'normalizer': None,
+        'pre_tokenizer': {'type': pre, 'add_prefix_space': prefix, 'use_regex': True},
+        'added_tokens': [{'id': len(vocab) - 1, 'content': '<|endoftext|>', 'special': True}],
+        'model': {'type': model_type, 'dropout': None, 'vocab': vocab,
+                  'merges': merges if merges is not None else [shown(a) + ' ' + shown(b) for a, b in pairs]},
+    }, indent=1)
+
+
+GOOD = ranks(BYTES + MERGED)
+write('tokenizer', {
+ 'empty.tiktoken': b'',
+ 'no_rank.tiktoken': b'YQ==\n',
+ 'bad_base64.tiktoken': b'Y!== 0\n',
+ 'base64_nonzero_padding_bits.tiktoken': b'YR== 0\n',
+ 'negative_rank.tiktoken': b'YQ== -1\n',
+ 'rank_too_big.tiktoken': b'YQ== 99999999999\n',
+ 'duplicate_rank.tiktoken': GOOD + base64.b64encode(b'zz') + b' 3\n',
+ 'duplicate_token.tiktoken': GOOD + base64.b64encode(b'ab') + b' %d\n' % (256 + len(MERGED)),
+ 'rank_gap.tiktoken': GOOD + base64.b64encode(b'zz') + b' %d\n' % (300 + len(MERGED)),
+ 'missing_byte.tiktoken': ranks(BYTES[:200]),
+ 'truncated.tiktoken': GOOD[:-3],
+ 'crlf.tiktoken': GOOD.replace(b'\n', b'\r\n'),
+ 'endoftext_ranked.tiktoken': GOOD + base64.b64encode(b'<|endoftext|>') + b' %d\n' % (256 + len(MERGED)),
+ 'not_json.json': b'{"model": ',
+ 'wordpiece.json': tokenizer_json(model_type='WordPiece'),
+ 'whitespace_pre.json': tokenizer_json(pre='Whitespace'),
+ 'prefix_space.json': tokenizer_json(prefix=True),
+ 'merge_unknown_token.json': tokenizer_json(merges=['a zz']),
+ 'merge_result_missing.json': tokenizer_json(merges=['b a']),
+ 'merge_twice.json': tokenizer_json(merges=['a b', 'a b']),
+ 'merge_one_token.json': tokenizer_json(merges=['ab']),
+ 'valid/small.tiktoken': GOOD,
+ 'valid/tokenizer.json': tokenizer_json(),
+})

@@ -22,6 +22,7 @@
 #include "lockstep/config.hpp"
 #include "lockstep/dataset.hpp"
 #include "lockstep/error.hpp"
+#include "lockstep/tokenizer.hpp"
 
 namespace fs = std::filesystem;
 
@@ -139,6 +140,14 @@ TEST_CASE("corpus: every bad safetensors file gives an InputError naming the fil
 TEST_CASE("corpus: every bad checkpoint state file gives an InputError naming the file") {
   for (const CorpusFile& file : corpus("state"))
     replay(file, [&] { lockstep::detail::read_state_file(file.path); });
+}
+
+TEST_CASE("corpus: every bad tokenizer file gives an InputError naming the file") {
+  for (const CorpusFile& file : corpus("tokenizer")) {
+    REQUIRE_MESSAGE((file.path.extension() == ".tiktoken" || file.path.extension() == ".json"),
+                    file.path.string() << ": .tiktoken or .json?");
+    replay(file, [&] { lockstep::Tokenizer::load(file.path); });
+  }
 }
 
 TEST_CASE("corpus: every bad token or text file gives an InputError naming the file") {

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The tokenizer's numbers for bench/RESULTS.md, in one run:
+#   1. single-thread encode MB/s, lockstep (bench_tokenizer) against tiktoken 0.7.0 (its Rust
+#      core, one thread) on the same text: Shakespeare x8 (English, 1 MB) and the generated
+#      Unicode text of the reference test (every script, 1.3 MB);
+#   2. `lockstep tokenize` on 1 core against 2 (taskset), ROUNDS alternating rounds, on 20
+#      files (26 MB): wall seconds and MB/s.
+#   bench/measure_tokenizer.sh [BUILD_DIR] [ROUNDS]
+# Needs the environment of tests/interop/tiktoken_venv.sh (made here when missing).
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+build="${1:-$root/build}"
+rounds="${2:-3}"
+mapfile -t ref < <(bash "$root/tests/interop/tiktoken_venv.sh" "$build")
+python="${ref[0]}" ranks="${ref[1]}"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+for _ in 1 2 3 4 5 6 7 8; do cat "$root/third_party/shakespeare/as_you_like_it.txt"; done > "$work/shakespeare8.txt"
+"$python" "$root/tests/interop/tokenizer_reference.py" unicode "$work/unicode.txt"
+
+echo "cpu: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores; load: $(cut -d' ' -f1-3 /proc/loadavg)"
+for text in shakespeare8.txt unicode.txt; do
+  echo "== single thread, $text ($(stat -c %s "$work/$text") bytes)"
+  taskset -c 0 "$build/bench/bench_tokenizer" "$ranks" "$work/$text" 5
+  taskset -c 0 "$python" "$root/tests/interop/tokenizer_reference.py" bench "$ranks" "$work/$text" 5
+done
+
+inputs=()
+for i in $(seq 1 10); do
+  cp "$work/shakespeare8.txt" "$work/s$i.txt"
+  cp "$work/unicode.txt" "$work/u$i.txt"
+  inputs+=("$work/s$i.txt" "$work/u$i.txt")
+done
+echo "== lockstep tokenize, 20 files ($(cat "${inputs[@]}" | wc -c) bytes); load: $(cut -d' ' -f1-3 /proc/loadavg)"
+for round in $(seq 1 "$rounds"); do
+  for cores in 0 0,1; do
+    start=$(date +%s.%N)
+    taskset -c "$cores" "$build/lockstep" tokenize --tokenizer "$ranks" --out "$work/out.bin" \
+      "${inputs[@]}" > /dev/null
+    end=$(date +%s.%N)
+    echo "round $round, cores $cores: $(echo "$end - $start" | bc) s"
+  done
+done

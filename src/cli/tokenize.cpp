@@ -1,0 +1,161 @@
+// `lockstep tokenize`: text files into llm.c token files (lockstep::tokenize_files).
+//
+// SIGINT/SIGTERM stop the run between batches and remove what it had written (exit 130/143);
+// a second SIGINT exits at once, which can leave a "*.tmp" file beside the output but never a
+// partial output.
+#include <signal.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+#include <atomic>
+#include <charconv>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "cli/commands.hpp"
+#include "lockstep/error.hpp"
+#include "lockstep/tokenizer.hpp"
+
+namespace lockstep::cli {
+namespace {
+
+std::atomic<bool> g_stop{false};
+std::atomic<int> g_stop_signal{0};
+
+extern "C" void on_tokenize_signal(int sig) {
+  if (sig == SIGINT && g_stop.load()) std::_Exit(128 + SIGINT);
+  g_stop_signal.store(sig);
+  g_stop.store(true);
+}
+
+// The handlers while the command runs; the previous ones after.
+class StopOnSignal {
+ public:
+  StopOnSignal() {
+    struct sigaction sa {};
+    sa.sa_handler = on_tokenize_signal;
+    // No SA_RESTART: a read of standard input returns, and the run looks at the flag.
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int_);
+    sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~StopOnSignal() {
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+  }
+  StopOnSignal(const StopOnSignal&) = delete;
+  StopOnSignal& operator=(const StopOnSignal&) = delete;
+
+ private:
+  struct sigaction old_int_ {}, old_term_ {};
+};
+
+struct TokenizeArgs {
+  std::string tokenizer;
+  TokenizeOptions options;
+};
+
+double fraction_flag(const std::string& text) {
+  double value = 0.0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc{} || end != text.data() + text.size())
+    throw InputError(fmt::format("--eval-fraction: expected a number in (0, 1), got '{}'", text));
+  return value;
+}
+
+TokenizeArgs parse_tokenize_args(const std::vector<std::string_view>& args) {
+  TokenizeArgs out;
+  std::string format = "llmc";
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string_view a = args[i];
+    const auto is = [&](std::string_view flag) {
+      return a == flag || (a.starts_with(flag) && a.size() > flag.size() && a[flag.size()] == '=');
+    };
+    const auto value = [&](std::string_view flag) -> std::string {
+      if (a.size() > flag.size()) return std::string(a.substr(flag.size() + 1));
+      if (i + 1 >= args.size())
+        throw InputError(fmt::format("{}: expected a value after it", flag));
+      return std::string(args[++i]);
+    };
+    if (is("--tokenizer")) out.tokenizer = value("--tokenizer");
+    else if (is("--out")) out.options.out = value("--out");
+    else if (is("--eval-out")) out.options.eval_out = value("--eval-out");
+    else if (is("--eval-fraction"))
+      out.options.eval_fraction = fraction_flag(value("--eval-fraction"));
+    else if (is("--format")) format = value("--format");
+    else if (a.starts_with("-") && a != "-")
+      throw InputError(fmt::format("tokenize: unknown option '{}'; see lockstep --help", a));
+    else out.options.inputs.emplace_back(a);
+  }
+  if (out.tokenizer.empty()) throw InputError("tokenize: expected --tokenizer DIR|FILE");
+  if (format == "llmc") out.options.format = TokenFormat::llmc;
+  else if (format == "raw") out.options.format = TokenFormat::raw;
+  else throw InputError(fmt::format("--format: expected llmc or raw, got '{}'", format));
+  return out;
+}
+
+// "12.3 MB"
+std::string megabytes(std::uint64_t bytes) {
+  return fmt::format("{:.1f} MB", static_cast<double>(bytes) / 1e6);
+}
+
+// The progress line, redrawn on a terminal at most ~5 times a second.
+class ProgressLine {
+ public:
+  ProgressLine() : live_(isatty(STDERR_FILENO) != 0) {}
+  void update(const TokenizeProgress& p) {
+    if (!live_ || p.elapsed_s - last_s_ < 0.2) return;
+    last_s_ = p.elapsed_s;
+    fmt::print(stderr, "\r\x1b[K{} read, {} documents, {} tokens, {:.2f} M tokens/s",
+               megabytes(p.bytes), p.documents, p.tokens,
+               static_cast<double>(p.tokens) / 1e6 / std::max(p.elapsed_s, 1e-9));
+    open_ = true;
+  }
+  void finish() {
+    if (open_) fmt::print(stderr, "\r\x1b[K");
+    open_ = false;
+  }
+
+ private:
+  bool live_;
+  bool open_ = false;
+  double last_s_ = -1.0;
+};
+
+}  // namespace
+
+int tokenize(const std::vector<std::string_view>& argv) {
+  TokenizeArgs args = parse_tokenize_args(argv);
+  const StopOnSignal signals;
+  const Tokenizer tokenizer = Tokenizer::load(args.tokenizer);
+  ProgressLine progress;
+  args.options.on_progress = [&](const TokenizeProgress& p) { progress.update(p); };
+  args.options.stop = &g_stop;
+  TokenizeCounts c;
+  try {
+    c = tokenize_files(tokenizer, args.options);
+  } catch (const Interrupted&) {
+    progress.finish();
+    const int sig = g_stop_signal.load();
+    fmt::print(stderr, "lockstep: tokenize stopped by signal {}: nothing written\n", sig);
+    return 128 + sig;
+  } catch (...) {
+    progress.finish();
+    throw;
+  }
+  progress.finish();
+  const char* width = c.token_bytes == 2 ? "uint16" : "uint32";
+  fmt::print("tokenized {} documents ({} of text) with {}\n", c.documents, megabytes(c.bytes),
+             tokenizer.source().string());
+  fmt::print("  {}: {} tokens ({})\n", args.options.out.string(), c.train_tokens, width);
+  if (!args.options.eval_out.empty())
+    fmt::print("  {}: {} tokens ({})\n", args.options.eval_out.string(), c.eval_tokens, width);
+  fmt::print("  {:.2f} s, {:.2f} M tokens/s, {:.2f} MB/s\n", c.seconds,
+             static_cast<double>(c.train_tokens + c.eval_tokens) / 1e6 / std::max(c.seconds, 1e-9),
+             static_cast<double>(c.bytes) / 1e6 / std::max(c.seconds, 1e-9));
+  return kExitOk;
+}
+
+}  // namespace lockstep::cli

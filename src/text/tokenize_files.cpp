@@ -1,0 +1,441 @@
+// tokenize_files: text files, JSON lines or standard input into llm.c token files.
+//
+// Note [Tokenizing files]
+// Documents. A text file (or standard input) is one document, a .jsonl file one per line (its
+// "text" field). Each document's tokens are preceded by <|endoftext|>, as llm.c's preparation
+// scripts write them.
+//
+// Parts. A document longer than kPartBytes (16 KiB) is cut into parts of about that size, each
+// cut where the pre-tokens are known to break (safe_cut), so the ids are those of the whole
+// document: after a '\n' between two visible ASCII characters ("x\nA": the '\n' is a piece of
+// its own however the text goes on), or before a ' ' between a visible ASCII character and an
+// ASCII letter ("x ab": " ab" starts a piece). A part is what the split between the outputs and
+// the memory bound count in.
+//
+// The eval split. With eval_out, each part (a short document is one part) goes to the eval
+// file when that brings the eval file's share of the tokens so far closer to eval_fraction,
+// else to the training file: deterministic, spread over the whole input, and independent of
+// the number of threads. An eval part of a long document that begins after its first part has
+// no <|endoftext|> before it; the document did not start there.
+//
+// Memory. The reader collects parts into a batch of about kBatchBytes (4 MiB) of text, oneTBB
+// tokenizes the batch's parts in parallel, and the writer appends their ids to the outputs'
+// temp files before the next batch is read. Held at once: one batch of text and its ids (at
+// most 4 bytes of ids per byte of text; 4 on average for English), each thread's pre-token
+// cache (at most 65,536 pieces, a few MB) and output buffer, and whatever one part holds beyond
+// kPartBytes: the longest stretch of a document with no safe cut, or the longest JSON line.
+// So about 25 MiB plus those stretches, whatever the size of the input. Measured (GPT-2, 2
+// threads): a peak resident size of 237 MB for 12 bytes of input, 250-285 MB for 1.3 to 40 MB
+// (one document or thirty); the 229 MB of `lockstep --version` are the libraries it loads.
+#include "text/tokenize_files.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+#include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <limits>
+#include <optional>
+
+#include "io/durable_file.hpp"
+#include "io/json.hpp"
+#include "io/open_input.hpp"
+#include "io/output_path.hpp"
+#include "lockstep/error.hpp"
+#include "lockstep/tokenizer.hpp"
+
+namespace lockstep {
+namespace detail {
+
+namespace {
+
+bool visible_ascii(char c) { return c > ' ' && c < 0x7F; }
+bool ascii_letter(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
+
+}  // namespace
+
+std::size_t safe_cut(std::string_view text, std::size_t from) noexcept {
+  for (std::size_t p = std::max<std::size_t>(from, 2); p < text.size(); ++p) {
+    if (text[p - 1] == '\n' && visible_ascii(text[p - 2]) && visible_ascii(text[p])) return p;
+    if (text[p] == ' ' && p + 1 < text.size() && visible_ascii(text[p - 1]) &&
+        ascii_letter(text[p + 1]))
+      return p;
+  }
+  return std::string_view::npos;
+}
+
+}  // namespace detail
+
+namespace {
+
+namespace fs = std::filesystem;
+using detail::kBatchBytes;
+using detail::kPartBytes;
+
+// llm.c's .bin header (as src/data/tokens.cpp reads it): 256 int32, then the tokens.
+constexpr std::int32_t kLlmcMagic = 20240520;
+constexpr std::size_t kLlmcHeaderInts = 256;
+
+// A piece of work: a part of a document, or a JSON line whose "text" is the document.
+struct Unit {
+  std::string text;
+  bool json_line = false;
+  bool starts_document = false;
+  std::size_t input = 0;    // index into the inputs, for messages
+  std::uint64_t line = 0;   // of a JSON line
+};
+
+// What a unit became: the ids of each of its parts (a long JSON document has several), or the
+// message of its error.
+struct UnitIds {
+  std::vector<std::vector<TokenId>> parts;
+  std::string error;
+};
+
+// Reads one input's bytes: a file, or standard input.
+class ByteSource {
+ public:
+  ByteSource(const fs::path& path, const std::atomic<bool>* stop) : path_(path), stop_(stop) {
+    if (path == "-") {
+      fd_ = STDIN_FILENO;
+    } else {
+      detail::InputFd in = detail::open_input(path, detail::InputKind::data);
+      fd_ = in.release();
+      owned_ = true;
+    }
+  }
+  ~ByteSource() {
+    if (owned_) ::close(fd_);
+  }
+  ByteSource(const ByteSource&) = delete;
+  ByteSource& operator=(const ByteSource&) = delete;
+
+  // Appends up to `size` bytes to `out`; false at the end of the input.
+  bool read(std::string& out, std::size_t size) {
+    const std::size_t before = out.size();
+    out.resize(before + size);
+    while (true) {
+      if (stop_ && stop_->load()) throw Interrupted();
+      const ::ssize_t n = ::read(fd_, out.data() + before, size);
+      if (n < 0 && errno == EINTR) continue;  // a signal: look at stop again
+      if (n < 0)
+        throw InputError(fmt::format("{}: cannot read: {}", name(),
+                                     std::generic_category().message(errno)));
+      out.resize(before + static_cast<std::size_t>(n));
+      bytes_ += static_cast<std::uint64_t>(n);
+      return n > 0;
+    }
+  }
+  std::string name() const { return path_ == "-" ? "standard input" : path_.string(); }
+  std::uint64_t bytes() const noexcept { return bytes_; }
+
+ private:
+  fs::path path_;
+  const std::atomic<bool>* stop_;
+  int fd_ = -1;
+  bool owned_ = false;
+  std::uint64_t bytes_ = 0;
+};
+
+constexpr std::size_t kReadBytes = 1u << 20;
+
+// Cuts `text` into parts of about kPartBytes at safe cuts; the last part holds the rest.
+std::vector<std::string_view> cut_parts(std::string_view text) {
+  std::vector<std::string_view> parts;
+  while (text.size() > kPartBytes) {
+    const std::size_t cut = detail::safe_cut(text, kPartBytes);
+    if (cut == std::string_view::npos) break;
+    parts.push_back(text.substr(0, cut));
+    text.remove_prefix(cut);
+  }
+  parts.push_back(text);
+  return parts;
+}
+
+// The units of one input, a batch at a time.
+class InputReader {
+ public:
+  InputReader(const fs::path& path, std::size_t index, const std::atomic<bool>* stop)
+      : source_(path, stop), index_(index), jsonl_(path.extension() == ".jsonl") {}
+
+  // Appends units to `batch` until it holds about kBatchBytes of text (counted in `bytes`);
+  // false once this input is exhausted.
+  bool fill(std::vector<Unit>& batch, std::size_t& bytes) {
+    while (bytes < kBatchBytes) {
+      if (!done_reading_ && !source_.read(buffer_, kReadBytes)) done_reading_ = true;
+      const std::size_t before = batch.size();
+      if (jsonl_) take_lines(batch);
+      else take_parts(batch);
+      for (std::size_t i = before; i < batch.size(); ++i) bytes += batch[i].text.size();
+      if (done_reading_ && buffer_.empty() && finished_) return false;
+    }
+    return true;
+  }
+
+  std::uint64_t bytes_read() const noexcept { return source_.bytes(); }
+  std::uint64_t documents() const noexcept { return documents_; }
+
+ private:
+  // Cuts the buffer into parts at safe cuts past kPartBytes; at the end of the input, the rest
+  // is the last part.
+  void take_parts(std::vector<Unit>& batch) {
+    std::size_t start = 0;
+    while (buffer_.size() - start > kPartBytes) {
+      const std::string_view rest = std::string_view(buffer_).substr(start);
+      const std::size_t cut = detail::safe_cut(rest, std::max(kPartBytes, scanned_));
+      if (cut == std::string_view::npos) {
+        scanned_ = rest.size() - 1;  // no cut before here (a cut there needs the next byte)
+        break;
+      }
+      push(batch, std::string(rest.substr(0, cut)), false);
+      start += cut;
+      scanned_ = 0;
+    }
+    buffer_.erase(0, start);
+    if (done_reading_ && !finished_) {
+      push(batch, std::exchange(buffer_, std::string()), false);
+      finished_ = true;
+    }
+  }
+
+  void take_lines(std::vector<Unit>& batch) {
+    std::size_t start = 0;
+    while (true) {
+      std::size_t end = buffer_.find('\n', start);
+      if (end == std::string::npos) {
+        if (!done_reading_) break;
+        if (start < buffer_.size()) end = buffer_.size();  // a last line without '\n'
+        else {
+          finished_ = true;
+          break;
+        }
+      }
+      ++line_;
+      push(batch, buffer_.substr(start, end - start), true);
+      start = std::min(end + 1, buffer_.size());
+    }
+    buffer_.erase(0, start);
+  }
+
+  void push(std::vector<Unit>& batch, std::string text, bool json_line) {
+    const bool starts = json_line || !document_started_;
+    if (starts) ++documents_;
+    document_started_ = true;
+    batch.push_back({std::move(text), json_line, starts, index_, line_});
+  }
+
+  ByteSource source_;
+  std::size_t index_;
+  bool jsonl_;
+  std::string buffer_;
+  bool done_reading_ = false;
+  bool finished_ = false;
+  bool document_started_ = false;
+  std::size_t scanned_ = 0;  // of the buffer, searched for a cut in vain
+  std::uint64_t line_ = 0;
+  std::uint64_t documents_ = 0;
+};
+
+// A JSON line's "text", or the message saying why there is none.
+std::optional<std::string> json_text(const Unit& unit, const std::string& file,
+                                     std::string& error) {
+  const auto fail = [&](std::size_t column, std::string_view what) {
+    error = fmt::format("{}:{}: {}{}", file, unit.line,
+                        column ? fmt::format("column {}: ", column) : "", what);
+    return std::nullopt;
+  };
+  if (unit.text.empty() || unit.text == "\r")
+    return fail(0, "an empty line: expected a JSON object with a \"text\" string");
+  detail::JsonValue v;
+  try {
+    v = detail::parse_json(unit.text);
+  } catch (const detail::JsonError& e) {
+    return fail(e.offset() + 1, fmt::format("invalid JSON: {}", e.what()));
+  }
+  if (v.kind != detail::JsonValue::Kind::object)
+    return fail(0, fmt::format("expected a JSON object with a \"text\" string, got {}",
+                               v.kind_name()));
+  for (auto& [key, value] : v.members) {
+    if (key != "text") continue;
+    if (value.kind != detail::JsonValue::Kind::string)
+      return fail(value.offset + 1, fmt::format("\"text\": expected a string, got {}",
+                                                value.kind_name()));
+    return std::move(value.text);
+  }
+  return fail(0, "no \"text\" field: expected a JSON object with a \"text\" string");
+}
+
+// One unit's ids: its parts, each with <|endoftext|> first when it starts a document.
+UnitIds encode_unit(const Tokenizer& tokenizer, const Unit& unit, const std::string& file) {
+  UnitIds out;
+  std::optional<std::string> parsed;
+  if (unit.json_line && !(parsed = json_text(unit, file, out.error))) return out;
+  const std::string_view text = parsed ? std::string_view(*parsed) : std::string_view(unit.text);
+  const std::vector<std::string_view> parts = unit.json_line ? cut_parts(text)
+                                                             : std::vector{text};
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    std::vector<TokenId>& ids = out.parts.emplace_back();
+    if (i == 0 && unit.starts_document) ids.push_back(*tokenizer.end_of_text());
+    tokenizer.encode(parts[i], ids);
+  }
+  return out;
+}
+
+// An output token file, written through a temp file (AtomicFileWriter) as the ids arrive.
+class TokenFileOut {
+ public:
+  TokenFileOut(const fs::path& path, TokenFormat format, int token_bytes)
+      : path_(path), file_(path), format_(format), token_bytes_(token_bytes) {
+    if (format_ == TokenFormat::llmc) {
+      const std::vector<std::int32_t> header(kLlmcHeaderInts, 0);
+      file_.write(std::as_bytes(std::span(header)));
+    }
+  }
+
+  void append(std::span<const TokenId> ids) {
+    if (token_bytes_ == 2) {
+      narrow_.assign(ids.begin(), ids.end());
+      file_.write(std::as_bytes(std::span(narrow_)));
+    } else {
+      file_.write(std::as_bytes(ids));
+    }
+    count_ += ids.size();
+  }
+
+  // Writes the header's token count and renames the file into place.
+  void commit() {
+    if (format_ == TokenFormat::llmc) {
+      if (count_ > static_cast<std::uint64_t>(std::numeric_limits<std::int32_t>::max()))
+        throw InputError(fmt::format(
+            "{}: {} tokens: an llm.c token file holds at most {} (its header's count is an "
+            "int32); tokenize the input in pieces", path_.string(), count_,
+            std::numeric_limits<std::int32_t>::max()));
+      const std::int32_t head[3] = {kLlmcMagic, token_bytes_ == 2 ? 1 : 2,
+                                    static_cast<std::int32_t>(count_)};
+      file_.write_at(0, std::as_bytes(std::span(head)));
+    }
+    file_.commit();
+  }
+  std::uint64_t count() const noexcept { return count_; }
+
+ private:
+  fs::path path_;
+  detail::AtomicFileWriter file_;
+  TokenFormat format_;
+  int token_bytes_;
+  std::vector<std::uint16_t> narrow_;
+  std::uint64_t count_ = 0;
+};
+
+void check_options(const Tokenizer& tokenizer, const TokenizeOptions& o, int token_bytes) {
+  if (o.inputs.empty()) throw InputError("tokenize: expected at least one INPUT");
+  if (o.out.empty()) throw InputError("tokenize: expected --out FILE");
+  if (!tokenizer.end_of_text())
+    throw InputError(fmt::format("{}: the tokenizer has no <|endoftext|>, which starts each "
+                                 "document", tokenizer.source().string()));
+  if (o.format != TokenFormat::llmc && o.format != TokenFormat::raw)
+    throw InputError("tokenize --format: expected llmc or raw");
+  if (o.format == TokenFormat::raw && token_bytes != 2)
+    throw InputError(fmt::format("tokenize --format raw: holds uint16 tokens, but {} has {} ids: "
+                                 "use --format llmc", tokenizer.source().string(),
+                                 tokenizer.vocab_size()));
+  if (!o.eval_out.empty() && !(o.eval_fraction > 0.0 && o.eval_fraction < 1.0))
+    throw InputError(fmt::format("tokenize --eval-fraction {}: expected a number in (0, 1) with "
+                                 "--eval-out", o.eval_fraction));
+  if (o.eval_out.empty() && o.eval_fraction != 0.0)
+    throw InputError("tokenize --eval-fraction: give --eval-out FILE for the eval split");
+  if (std::count(o.inputs.begin(), o.inputs.end(), fs::path("-")) > 1)
+    throw InputError("tokenize: standard input ('-') can be read once");
+  detail::check_output_file(o.out, "tokenize --out");
+  if (!o.eval_out.empty()) detail::check_output_file(o.eval_out, "tokenize --eval-out");
+  // Every input opens before any is read: a typo in the last name fails now, not in an hour.
+  for (const fs::path& input : o.inputs)
+    if (input != "-") detail::open_input(input, detail::InputKind::data);
+}
+
+}  // namespace
+
+TokenizeCounts tokenize_files(const Tokenizer& tokenizer, const TokenizeOptions& o) {
+  const auto start = std::chrono::steady_clock::now();
+  const int token_bytes = tokenizer.vocab_size() <= 65536 ? 2 : 4;
+  check_options(tokenizer, o, token_bytes);
+
+  TokenFileOut train(o.out, o.format, token_bytes);
+  std::optional<TokenFileOut> eval;
+  if (!o.eval_out.empty()) eval.emplace(o.eval_out, o.format, token_bytes);
+  std::vector<std::string> names;
+  for (const fs::path& input : o.inputs)
+    names.push_back(input == "-" ? "standard input" : input.string());
+
+  TokenizeCounts counts;
+  counts.token_bytes = token_bytes;
+  std::uint64_t finished_bytes = 0, finished_documents = 0;
+  std::vector<Unit> batch;
+  std::vector<UnitIds> ids;
+  std::size_t next_input = 0;
+  std::optional<InputReader> reader;
+  while (true) {
+    batch.clear();
+    std::size_t bytes = 0;
+    while (bytes < kBatchBytes && (reader || next_input < o.inputs.size())) {
+      if (!reader) {
+        reader.emplace(o.inputs[next_input], next_input, o.stop);
+        ++next_input;
+      }
+      if (!reader->fill(batch, bytes)) {
+        finished_bytes += reader->bytes_read();
+        finished_documents += reader->documents();
+        reader.reset();
+      }
+    }
+    if (batch.empty()) break;
+    if (o.stop && o.stop->load()) throw Interrupted();
+
+    ids.assign(batch.size(), {});
+    tbb::parallel_for(std::size_t{0}, batch.size(), [&](std::size_t i) {
+      ids[i] = encode_unit(tokenizer, batch[i], names[batch[i].input]);
+    });
+    for (UnitIds& unit : ids) {
+      if (!unit.error.empty()) throw InputError(unit.error);
+      for (const std::vector<TokenId>& part : unit.parts) {
+        // The eval file when that brings its share closer to the fraction: e + u/2 < f (T + u).
+        const auto total =
+            static_cast<double>(train.count() + (eval ? eval->count() : 0) + part.size());
+        const bool to_eval =
+            eval && static_cast<double>(eval->count()) + 0.5 * static_cast<double>(part.size()) <
+                        o.eval_fraction * total;
+        (to_eval ? *eval : train).append(part);
+      }
+    }
+    if (o.on_progress) {
+      TokenizeProgress p;
+      p.bytes = finished_bytes + (reader ? reader->bytes_read() : 0);
+      p.documents = finished_documents + (reader ? reader->documents() : 0);
+      p.tokens = train.count() + (eval ? eval->count() : 0);
+      p.elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      o.on_progress(p);
+    }
+  }
+  if (eval && eval->count() == 0)
+    throw InputError(fmt::format(
+        "tokenize --eval-fraction {}: the eval split is empty ({} tokens in parts of up to {} "
+        "KiB, none small enough for that share): raise the fraction or give more documents",
+        o.eval_fraction, train.count(), kPartBytes >> 10));
+  if (o.stop && o.stop->load()) throw Interrupted();
+  if (eval) eval->commit();
+  train.commit();
+
+  counts.documents = finished_documents;
+  counts.bytes = finished_bytes;
+  counts.train_tokens = train.count();
+  counts.eval_tokens = eval ? eval->count() : 0;
+  counts.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return counts;
+}
+
+}  // namespace lockstep

@@ -1,0 +1,151 @@
+// `lockstep tokenize` end to end: a text file, JSON lines and standard input into one token
+// file that `lockstep train` reads, and `lockstep sample --tokenizer` on the model it made; --eval-out; bad input exits 2 naming the file and line,
+// having written nothing; SIGINT leaves no output behind.
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "../data/temp_files.hpp"
+#include "../text/vocab_files.hpp"
+#include "cli_runner.hpp"
+#include "lockstep/tokenizer.hpp"
+
+namespace fs = std::filesystem;
+using lockstep::TokenId;
+using lockstep::test::run_cli;
+using lockstep::test::run_command;
+
+namespace {
+
+const std::string kShakespeare =
+    std::string(LOCKSTEP_SOURCE_DIR) + "/third_party/shakespeare/as_you_like_it.txt";
+
+// `p` quoted for the shell.
+std::string q(const fs::path& p) {
+  std::string out = "\"";
+  out += p.string();
+  out += '"';
+  return out;
+}
+
+int count_files(const fs::path& dir) {
+  int n = 0;
+  for ([[maybe_unused]] const auto& e : fs::directory_iterator(dir)) ++n;
+  return n;
+}
+
+struct Setup {
+  lockstep::test::TempDir dir;
+  fs::path vocab = dir.write("gpt2ish.tiktoken",
+                             lockstep::test::rank_file(lockstep::test::random_vocab(300, 9)));
+  lockstep::Tokenizer tokenizer = lockstep::Tokenizer::load(vocab);
+
+  std::vector<TokenId> document(std::string_view text) const {
+    std::vector<TokenId> ids{*tokenizer.end_of_text()};
+    tokenizer.encode(text, ids);
+    return ids;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("cli tokenize: a text file, JSON lines and standard input in order, trained and sampled as text") {
+  const Setup s;
+  const fs::path jsonl = s.dir.write("docs.jsonl", "{\"text\": \"abc d\\u00e9\"}\n{\"text\": \"e \\ud83d\\ude00\", \"n\": 2}\n");
+  const fs::path stdin_text = s.dir.write("stdin.txt", "from standard input\n");
+  const fs::path out = s.dir.path() / "out" / "train.bin";
+  fs::create_directory(s.dir.path() / "out");
+  const auto r = run_cli("tokenize --tokenizer " + q(s.vocab) + " --out " + q(out) + " " +
+                         q(kShakespeare) + " " + q(jsonl) + " - < " + q(stdin_text));
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  std::vector<TokenId> expected;
+  for (const std::string& doc : {lockstep::test::read_text(kShakespeare), std::string("abc d\xc3\xa9"),
+                                 std::string("e \xf0\x9f\x98\x80"), lockstep::test::read_text(stdin_text)}) {
+    const std::vector<TokenId> ids = s.document(doc);
+    expected.insert(expected.end(), ids.begin(), ids.end());
+  }
+  CHECK(lockstep::test::read_llmc(out) == expected);
+  CHECK(r.output.find("tokenized 4 documents") != std::string::npos);
+  CHECK(r.output.find(std::to_string(expected.size()) + " tokens (uint16)") != std::string::npos);
+
+  // The file trains as it is (data.dataset: tokens).
+  const auto train = run_cli("train \"" LOCKSTEP_SOURCE_DIR "/configs/gpt_tiny.yaml\" --set data.dataset=tokens "
+                             "--set data.path=" + q(out) + " --set model.vocab_size=" +
+                             std::to_string(s.tokenizer.vocab_size()) +
+                             " --set model.context=16 --set model.n_layer=1 --set model.d_model=32 "
+                             "--set trainer.steps=2 --set trainer.eval_every=0 --set data.format=llmc "
+                             "--set trainer.checkpoint.dir=" + q(s.dir.path() / "ckpt"));
+  REQUIRE_MESSAGE(train.code == 0, train.output);
+
+  // sample --tokenizer: the prompt as text, the continuation as text.
+  const std::string ckpt = "--checkpoint " + q(s.dir.path() / "ckpt");
+  const auto text = run_cli("sample " + ckpt + " --tokenizer " + q(s.vocab) +
+                            " --prompt \"abc de\" --tokens 8 --temperature 0");
+  REQUIRE_MESSAGE(text.code == 0, text.output);
+  CHECK(text.output.starts_with("abc de"));
+  const auto ids = run_cli("sample " + ckpt + " --prompt \"1 2\" --tokens 8 --temperature 0");
+  REQUIRE_MESSAGE(ids.code == 0, ids.output);
+  CHECK(ids.output.starts_with("1 2 "));
+  // A tokenizer with more ids than the model is not the one it was trained with.
+  const fs::path bigger = s.dir.write("bigger.tiktoken", lockstep::test::rank_file(
+                                                             lockstep::test::random_vocab(400, 9)));
+  const auto wrong = run_cli("sample " + ckpt + " --tokenizer " + q(bigger) + " --prompt abc");
+  CHECK(wrong.code == 2);
+  CHECK(wrong.output.find("ids, but the model has " + std::to_string(s.tokenizer.vocab_size())) !=
+        std::string::npos);
+}
+
+TEST_CASE("cli tokenize: --eval-out holds about --eval-fraction of the tokens") {
+  const Setup s;
+  const fs::path train = s.dir.path() / "train.bin", val = s.dir.path() / "val.bin";
+  const auto r = run_cli("tokenize --tokenizer " + q(s.vocab) + " --out " + q(train) +
+                         " --eval-out " + q(val) + " --eval-fraction 0.1 " + q(kShakespeare));
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const std::vector<TokenId> a = lockstep::test::read_llmc(train), b = lockstep::test::read_llmc(val);
+  const double share = static_cast<double>(b.size()) / static_cast<double>(a.size() + b.size());
+  CHECK(share > 0.05);
+  CHECK(share < 0.15);
+  CHECK(a.size() + b.size() == s.document(lockstep::test::read_text(kShakespeare)).size());
+  CHECK(r.output.find(val.string() + ": " + std::to_string(b.size()) + " tokens") != std::string::npos);
+}
+
+TEST_CASE("cli tokenize: bad input exits 2 naming the file and line, having written nothing") {
+  const Setup s;
+  const fs::path out = s.dir.path() / "train.bin", val = s.dir.path() / "val.bin";
+  const fs::path bad = s.dir.write("bad.jsonl", "{\"text\": \"a\"}\n{\"text\": \"b\", }\n");
+  const auto r = run_cli("tokenize --tokenizer " + q(s.vocab) + " --out " + q(out) + " --eval-out " +
+                         q(val) + " --eval-fraction 0.5 " + q(kShakespeare) + " " + q(bad));
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(r.output.find(bad.string() + ":2: column 15: invalid JSON") != std::string::npos, r.output);
+  const fs::path missing = s.dir.path() / "missing.txt";
+  const auto m = run_cli("tokenize --tokenizer " + q(s.vocab) + " --out " + q(out) + " " + q(missing));
+  CHECK(m.code == 2);
+  CHECK(m.output.find(missing.string() + ": cannot open") != std::string::npos);
+  const auto v = run_cli("tokenize --tokenizer " + q(s.dir.path() / "none") + " --out " + q(out) + " " +
+                         q(kShakespeare));
+  CHECK(v.code == 2);
+  const auto f = run_cli("tokenize --tokenizer " + q(s.vocab) + " --out " + q(out) + " --eval-out " +
+                         q(val) + " --eval-fraction 2 " + q(kShakespeare));
+  CHECK(f.code == 2);
+  CHECK(f.output.find("--eval-fraction 2: expected a number in (0, 1)") != std::string::npos);
+  CHECK(count_files(s.dir.path()) == 2);  // the vocabulary and bad.jsonl
+}
+
+TEST_CASE("cli tokenize: SIGINT stops the run and leaves no output") {
+  const Setup s;
+  const fs::path out = s.dir.path() / "train.bin";
+  // Standard input from a FIFO whose writer stays open: the run is still reading it when the
+  // signal comes.
+  const fs::path fifo = s.dir.path() / "fifo";
+  const auto r = run_command("bash -c 'mkfifo " + q(fifo) + "; " + lockstep::test::cli_path() +
+                             " tokenize --tokenizer " + q(s.vocab) + " --out " + q(out) + " - < " +
+                             q(fifo) + " & pid=$!; exec 3>" + q(fifo) + "; printf \"some text\" >&3; "
+                             "sleep 1; kill -INT $pid; wait $pid; echo exit=$?; rm " + q(fifo) + "'");
+  CHECK_MESSAGE(r.output.find("exit=130") != std::string::npos, r.output);
+  CHECK(r.output.find("stopped by signal 2: nothing written") != std::string::npos);
+  CHECK(!fs::exists(out));
+  CHECK(count_files(s.dir.path()) == 1);
+}
