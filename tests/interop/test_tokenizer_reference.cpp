@@ -38,7 +38,8 @@ struct Reference {
 std::optional<Reference> reference() {
   const auto r = run_command("bash \"" + kSource + "/tests/interop/tiktoken_venv.sh\" \"" LOCKSTEP_BINARY_DIR "\"");
   if (r.code != 0) {
-    lockstep::test::skip("cannot make the tiktoken==0.7.0 environment with GPT-2's rank file "
+    lockstep::test::skip(lockstep::test::Skip::missing,
+                         "cannot make the tiktoken==0.7.0 environment with GPT-2's rank file "
                          "(PyPI, python3-venv): " + r.output);
     return std::nullopt;
   }
