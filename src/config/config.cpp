@@ -73,6 +73,11 @@ constexpr Spelling<Precision> kPrecisions[] = {
 constexpr Spelling<ReduceDtype> kReduceDtypes[] = {{ReduceDtype::fp32, "fp32"},
                                                    {ReduceDtype::bf16, "bf16"}};
 
+constexpr Spelling<AttentionKind> kAttentionKinds[] = {{AttentionKind::automatic, "auto"},
+                                                       {AttentionKind::fused, "fused"},
+                                                       {AttentionKind::materialized,
+                                                        "materialized"}};
+
 constexpr std::string_view kModelTypes[] = {"mlp", "gpt"};
 
 template <class Table, class E>
@@ -159,6 +164,7 @@ void visit_schema(Visitor& v, C& c) {
   v.integer("n_layer", c.model.n_layer, IntRule{.min = 1});
   v.integer("n_head", c.model.n_head, IntRule{.min = 1});
   v.integer("d_model", c.model.d_model, IntRule{.min = 1});
+  v.enumeration("attention", c.model.attention, kAttentionKinds);
 
   v.section("data");
   v.enumeration("dataset", c.data.dataset, kDatasetKinds);
@@ -888,9 +894,10 @@ class PathResolver {
 // ---- Hasher ---------------------------------------------------------------------------------
 
 // Renders the keys that change the math of training as "section.key=value" lines, for
-// config_hash(). Left out are data.prefetch and every trainer key but trainer.seed: they say
-// how fast, where and for how long to train, and a resumed run may change them. A key added to
-// the schema is hashed unless it is listed here.
+// config_hash(). Left out are data.prefetch, model.attention and every trainer key but
+// trainer.seed: they say how fast, where and for how long to train, and a resumed run may change
+// them (model.attention, like trainer.precision, changes how the same function is computed, not
+// which). A key added to the schema is hashed unless it is listed here.
 class Hasher {
  public:
   void section(std::string_view name) { section_ = name; }
@@ -933,8 +940,10 @@ class Hasher {
 
  private:
   void add(std::string_view key, std::string_view value) {
-    const bool run_setting =
-        section_.starts_with("trainer") ? key != "seed" : section_ == "data" && key == "prefetch";
+    const bool run_setting = section_.starts_with("trainer")
+                                 ? key != "seed"
+                                 : (section_ == "data" && key == "prefetch") ||
+                                       (section_ == "model" && key == "attention");
     if (!run_setting) rendering_ += fmt::format("{}.{}={}\n", section_, key, value);
   }
 
@@ -1048,6 +1057,7 @@ std::string_view to_string(CommKind v) { return spelling(kCommKinds, v); }
 std::string_view to_string(NonfinitePolicy v) { return spelling(kNonfinitePolicies, v); }
 std::string_view to_string(Precision v) { return spelling(kPrecisions, v); }
 std::string_view to_string(ReduceDtype v) { return spelling(kReduceDtypes, v); }
+std::string_view to_string(AttentionKind v) { return spelling(kAttentionKinds, v); }
 
 void Config::validate() const { check_config(*this, Origins(source)); }
 
