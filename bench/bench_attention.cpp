@@ -1,8 +1,8 @@
 // A GPT block's causal self-attention alone, forward + backward, per path (model.attention:
 // materialized, and fused: the CPU's tiled online softmax, Note [Tiled attention]), at B
 // sequences of T positions, H heads of D channels. Prints a table and one JSON line per (T,
-// path): the median time over --reps calls after --warmup, TFLOP/s, and the activation bytes
-// each path holds.
+// path): the median time over --reps calls after --warmup (the paths alternating call by call),
+// TFLOP/s, and the activation bytes each path holds.
 //
 //   build/bench/bench_attention [--T 256,1024,2048] [--batch 8] [--heads 12] [--head-size 64]
 //                               [--reps 5] [--warmup 1] [--bf16] [--threads T] [--paths
@@ -143,11 +143,13 @@ int run(const Options& o) {
     const MatIn g = o.bf16 ? MatIn{nullptr, dy16.data()} : MatIn{dy.data()};
     const MatOut y{y32.data(), y16.data()};
     const double flops = 6.0 * o.batch * o.heads * double(T) * T * o.head_size;
-    for (const AttentionKind path : o.paths) {
-      PathBuffers b = buffers(*dev, path, s, o.bf16);
-      const detail::AttentionBuffers view = b.view(path);
-      std::vector<double> fwd, bwd;
-      for (int rep = 0; rep < o.warmup + o.reps; ++rep) {
+    // The paths alternate rep by rep, so that a change in the machine's load hits each alike.
+    std::vector<PathBuffers> bufs;
+    for (const AttentionKind path : o.paths) bufs.push_back(buffers(*dev, path, s, o.bf16));
+    std::vector<std::vector<double>> fwd(o.paths.size()), bwd(o.paths.size());
+    for (int rep = 0; rep < o.warmup + o.reps; ++rep) {
+      for (std::size_t p = 0; p < o.paths.size(); ++p) {
+        const detail::AttentionBuffers view = bufs[p].view(o.paths[p]);
         const double t0 = bench::now_s();
         detail::attention_forward(*dev, s, q, y, view);
         dev->synchronize();
@@ -156,23 +158,27 @@ int run(const Options& o) {
         dev->synchronize();
         const double t2 = bench::now_s();
         if (rep < o.warmup) continue;
-        fwd.push_back(t1 - t0);
-        bwd.push_back(t2 - t1);
+        fwd[p].push_back(t1 - t0);
+        bwd[p].push_back(t2 - t1);
       }
-      const double f = bench::median(fwd), bk = bench::median(bwd);
-      std::vector<double> total(fwd.size());
-      for (std::size_t i = 0; i < fwd.size(); ++i) total[i] = fwd[i] + bwd[i];
+    }
+    for (std::size_t p = 0; p < o.paths.size(); ++p) {
+      const PathBuffers& b = bufs[p];
+      const std::string_view path = to_string(o.paths[p]);
+      std::vector<double> total(fwd[p].size());
+      for (std::size_t i = 0; i < total.size(); ++i) total[i] = fwd[p][i] + bwd[p][i];
+      const double f = bench::median(fwd[p]), bk = bench::median(bwd[p]);
       const double t = bench::median(total);
       fmt::print("{:>6} {:>13} {:>10.2f} {:>10.2f} {:>10.2f} {:>9.4f} {:>12.2f} {:>12.2f}\n", T,
-                 to_string(path), 1e3 * f, 1e3 * bk, 1e3 * t, flops / t * 1e-12,
-                 b.kept_bytes / 1e6, b.working_bytes / 1e6);
+                 path, 1e3 * f, 1e3 * bk, 1e3 * t, flops / t * 1e-12, b.kept_bytes / 1e6,
+                 b.working_bytes / 1e6);
       fmt::print(stderr,
                  "{{\"T\": {}, \"path\": \"{}\", \"batch\": {}, \"heads\": {}, \"head_size\": {}, "
                  "\"precision\": \"{}\", \"forward_ms\": {:.4f}, \"backward_ms\": {:.4f}, "
                  "\"total_ms\": {:.4f}, \"tflops\": {:.5f}, \"kept_bytes\": {}, "
                  "\"working_bytes\": {}}}\n",
-                 T, to_string(path), o.batch, o.heads, o.head_size, o.bf16 ? "bf16" : "fp32",
-                 1e3 * f, 1e3 * bk, 1e3 * t, flops / t * 1e-12, b.kept_bytes, b.working_bytes);
+                 T, path, o.batch, o.heads, o.head_size, o.bf16 ? "bf16" : "fp32", 1e3 * f,
+                 1e3 * bk, 1e3 * t, flops / t * 1e-12, b.kept_bytes, b.working_bytes);
     }
   }
   return 0;
