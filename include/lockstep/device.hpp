@@ -663,11 +663,14 @@ struct LOCKSTEP_API AttentionChoice {
 };
 
 // model.attention `requested` on the backend named `backend` ("cpu" or "cuda") under
-// `precision`. auto picks the fused path where the backend has one, measured at least as fast
-// as the materialised one (bench/RESULTS.md): the CPU's tiled attention; otherwise the
-// materialised path. fused where the backend has none throws InputError naming the key.
+// `precision`, for sequences of `context` positions. auto picks the fused path where the
+// backend has one and it measured at least as fast as the materialised one (bench/RESULTS.md):
+// the CPU's tiled attention in bf16, and in fp32 (and tf32) from kFusedAttentionContext; the
+// materialised path otherwise. fused where the backend has none throws InputError naming the
+// key.
+inline constexpr int kFusedAttentionContext = 256;
 LOCKSTEP_API AttentionChoice choose_attention(AttentionKind requested, std::string_view backend,
-                                              Precision precision);
+                                              Precision precision, int context);
 
 // Dense peak FLOP/s of one GPU for fp32 GEMMs (Precision::fp32), TF32 tensor-core GEMMs (tf32)
 // or bf16 tensor-core GEMMs with fp32 accumulation (bf16), from a table of data-sheet figures

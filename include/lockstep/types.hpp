@@ -26,7 +26,8 @@ enum class Precision { fp32, tf32, bf16 };
 enum class ReduceDtype { fp32, bf16 };
 // How a GPT block computes attention (model.attention): `fused` never holds the (T, T) matrices
 // (the CPU's tiled online softmax), `materialized` does (the reference); `automatic` ("auto")
-// picks the fused path where the backend has one (choose_attention in lockstep/device.hpp).
+// picks the fused path where the backend has one that measured at least as fast
+// (choose_attention in lockstep/device.hpp).
 enum class AttentionKind { automatic, fused, materialized };
 
 // The config's spelling of each value (src/config/config.cpp reads the same tables).

@@ -27,7 +27,7 @@ CudaSupport cuda_support() {
 }
 
 AttentionChoice choose_attention(AttentionKind requested, std::string_view backend,
-                                 Precision /*precision*/) {
+                                 Precision precision, int context) {
   // Where this build has fused attention: the CPU's tiled online softmax, in every precision
   // (Note [Tiled attention] in src/cpu/ops/attention.cpp). CUDA has none yet (issue 32).
   const bool fused = backend == "cpu";
@@ -45,6 +45,13 @@ AttentionChoice choose_attention(AttentionKind requested, std::string_view backe
     case AttentionKind::automatic:
       break;
   }
+  // At short contexts in fp32 the tiles' copies and calls outweigh the masked half it skips
+  // (bf16's materialised path pays for rounding passes the tiled one does not make).
+  if (fused && precision != Precision::bf16 && context < kFusedAttentionContext)
+    return {AttentionKind::materialized,
+            fmt::format("(T, T) matrices (auto: fp32 at context {} < {}, where the tiled path "
+                        "measured slower)",
+                        context, kFusedAttentionContext)};
   if (fused) return {AttentionKind::fused, fused_name + " (auto)"};
   return {AttentionKind::materialized,
           fmt::format("(T, T) matrices (auto: no fused attention on {} in this build)", backend)};

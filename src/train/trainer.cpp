@@ -172,7 +172,7 @@ AttentionChoice attention_choice(const Config& config, std::string_view backend)
   const TrainerConfig& tc = config.trainer;
   return choose_attention(config.model.attention,
                           backend.empty() ? backend_name(tc.backend, tc.devices) : backend,
-                          tc.precision);
+                          tc.precision, config.model.context);
 }
 
 Model make_model(const Config& config, const Dataset& train, std::string_view backend) {

@@ -218,13 +218,20 @@ TEST_CASE("tiled attention refuses a bad shape") {
 TEST_CASE("model.attention: auto runs the fused path on the CPU, the materialised one on CUDA") {
   using lockstep::choose_attention;
   using lockstep::Precision;
-  CHECK(choose_attention(AttentionKind::automatic, "cpu", Precision::bf16).path ==
-        AttentionKind::fused);
-  CHECK(choose_attention(AttentionKind::materialized, "cpu", Precision::fp32).path ==
+  const auto path = [](AttentionKind requested, const char* backend, Precision p, int context) {
+    return choose_attention(requested, backend, p, context).path;
+  };
+  CHECK(path(AttentionKind::automatic, "cpu", Precision::bf16, 64) == AttentionKind::fused);
+  CHECK(path(AttentionKind::automatic, "cpu", Precision::fp32, 256) == AttentionKind::fused);
+  // fp32 below kFusedAttentionContext: the tiled path measured slower (bench/RESULTS.md).
+  CHECK(path(AttentionKind::automatic, "cpu", Precision::fp32, 255) ==
         AttentionKind::materialized);
-  const auto cuda = choose_attention(AttentionKind::automatic, "cuda", Precision::bf16);
+  CHECK(path(AttentionKind::fused, "cpu", Precision::fp32, 8) == AttentionKind::fused);
+  CHECK(path(AttentionKind::materialized, "cpu", Precision::bf16, 4096) ==
+        AttentionKind::materialized);
+  const auto cuda = choose_attention(AttentionKind::automatic, "cuda", Precision::bf16, 1024);
   CHECK(cuda.path == AttentionKind::materialized);
   CHECK(cuda.detail.find("no fused attention on cuda") != std::string::npos);
-  CHECK_THROWS_WITH_AS(choose_attention(AttentionKind::fused, "cuda", Precision::bf16),
+  CHECK_THROWS_WITH_AS(choose_attention(AttentionKind::fused, "cuda", Precision::bf16, 1024),
                        doctest::Contains("model.attention: fused"), lockstep::InputError);
 }

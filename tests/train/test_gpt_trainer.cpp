@@ -27,7 +27,7 @@ TEST_CASE("gpt: N workers x batch B equal 1 worker x batch N*B, replicas identic
   // 8-token windows: 120 of them in 961 tokens, so every global batch of 6 or 12 is full.
   auto train = std::make_shared<TokenDataset>(token_stream(961, 8, 1));
   auto eval = std::make_shared<TokenDataset>(token_stream(161, 8, 2));
-  // Both attention paths; auto runs the fused one on the CPU.
+  // Both attention paths (auto would run the materialised one: fp32 at context 8).
   for (const AttentionKind attention : {AttentionKind::fused, AttentionKind::materialized}) {
     for (int n : {2, 3}) {
       CAPTURE(n);
@@ -60,7 +60,7 @@ TEST_CASE("gpt bf16: N workers x batch B match 1 worker x batch N*B, replicas id
   Config many = gpt_config(2, 6), one = gpt_config(1, 12);
   many.trainer.precision = one.trainer.precision = Precision::bf16;
   const Summary sm = Trainer(many, train, eval).run(), so = Trainer(one, train, eval).run();
-  CHECK(sm.attention == "fused");  // auto, on the CPU
+  CHECK(sm.attention == "fused");  // auto, on the CPU in bf16
   CHECK(sm.replicas_identical);
   CHECK(sm.eval_loss == doctest::Approx(so.eval_loss).epsilon(1e-3));
   CHECK(so.eval_loss < 2.4);
