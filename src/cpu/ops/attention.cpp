@@ -31,9 +31,9 @@
 //    so that the loops vectorise.
 // The two paths differ only in the order of summation (fp32: within 1e-5 relative,
 // tests/cpu/test_attention.cpp; 8e-7 measured). Measured (bench/bench_attention, B 8, H 12,
-// D 64, 2 loaded Zen 3 cores; bench/RESULTS.md): forward + backward 1.9x the materialised path
-// at T = 1024 in fp32 (1.8x bf16), 1.7x (1.6x) at 2048, 1.1x (2.0x) at 256, and slower in
-// fp32 below that (0.7-0.8x at T 64-128: the tiles' copies and calls outweigh the masked half),
+// D 64, 2 shared Zen 3 cores; bench/RESULTS.md): forward + backward 1.45-1.9x the materialised
+// path at T = 1024 in fp32 (1.8x bf16), 1.7x (1.6x) at 2048, 1.1x (2.0x) at 256, and no faster
+// in fp32 below that (0.9-1.0x at T 64-128: the tiles' copies and calls eat the masked half),
 // hence auto's fp32 threshold (choose_attention); the kept bytes drop from B H T^2 to B H T.
 #include "cpu/cpu_device.hpp"
 
