@@ -5,6 +5,7 @@
 //
 //   build/bench/bench_gpt [--preset tiny|small|124m] [--batch B] [--steps N] [--warmup W]
 //                         [--backend cpu|cuda] [--tf32] [--threads T]
+//                         [--attention materialized|fused]
 //
 // Presets: tiny = configs/gpt_tiny.yaml's shapes (V 256, T 64, L 4, H 4, C 128); small = V 512,
 // T 128, L 4, H 4, C 256; 124m = GPT-2 small (V 50257, T 1024, L 12, H 12, C 768).
@@ -34,6 +35,7 @@ struct Options {
   BackendKind backend = BackendKind::cpu;
   bool tf32 = false;
   int threads = 0;
+  AttentionKind attention = AttentionKind::materialized;  // model.attention, resolved
 };
 
 GptSpec preset(const std::string& name) {
@@ -57,6 +59,12 @@ Options parse(int argc, char** argv) {
     else if (flag == "--warmup") o.warmup = std::stoi(value());
     else if (flag == "--threads") o.threads = std::stoi(value());
     else if (flag == "--tf32") o.tf32 = true;
+    else if (flag == "--attention") {
+      const std::string a = value();
+      if (a != "fused" && a != "materialized")
+        throw std::invalid_argument("--attention: expected fused or materialized");
+      o.attention = a == "fused" ? AttentionKind::fused : AttentionKind::materialized;
+    }
     else if (flag == "--backend") {
       const std::string b = value();
       if (b != "cpu" && b != "cuda") throw std::invalid_argument("--backend: expected cpu or cuda");
@@ -80,7 +88,7 @@ int run(const Options& o) {
     fmt::print("{{\"error\": {}}}\n", detail::json_quote(e.what()));  // one valid JSON line
     return 0;
   }
-  const Model model = Model::gpt(spec);
+  const Model model = Model::gpt(spec, o.attention);
   Replica replica(*dev, model, o.batch);
   replica.load_parameters(model.initial_parameters(0));
   const std::size_t rows = std::size_t(o.batch) * spec.context, n = model.param_count();
@@ -120,10 +128,11 @@ int run(const Options& o) {
   const std::string name = infos.empty() ? "?" : infos.front().name;
   const std::optional<double> peak = peak_flops(name, o.tf32 ? Precision::tf32 : Precision::fp32);
   fmt::print(
-      "{{\"framework\": \"lockstep\", \"device\": \"{}\", \"preset\": \"{}\", \"params\": {}, "
+      "{{\"framework\": \"lockstep\", \"device\": \"{}\", \"preset\": \"{}\", \"attention\": \"{}\", "
+      "\"params\": {}, "
       "\"batch\": {}, \"context\": {}, \"steps\": {}, \"step_ms\": {:.4f}, \"tokens_per_s\": {:.1f}, "
       "\"mfu\": {}, \"last_loss\": {:.6f}}}\n",
-      name, o.preset, n, o.batch, spec.context, o.steps, 1e3 * step_s, tokens_per_s,
+      name, o.preset, to_string(o.attention), n, o.batch, spec.context, o.steps, 1e3 * step_s, tokens_per_s,
       peak ? fmt::format("{:.4f}", gpt_flops_per_token(spec) * tokens_per_s / *peak) : "null", loss);
   return 0;
 }

@@ -39,6 +39,9 @@ struct LOCKSTEP_API ModelConfig {
   int n_layer = 4;
   int n_head = 4;                // divides d_model
   int d_model = 128;
+  // auto, fused or materialized: how the blocks compute attention (AttentionKind in
+  // lockstep/types.hpp). The same function either way, summed in another order.
+  AttentionKind attention = AttentionKind::automatic;
 };
 
 struct LOCKSTEP_API DataConfig {

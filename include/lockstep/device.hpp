@@ -5,8 +5,9 @@
 // the kernels come from allocate() on the same device. Kernels are ordered on the device's
 // queue; calls that return values to the host (copy_to_host, sum_squares, hash) wait for the
 // queue, and every device counts them (Note [Host syncs]). The operations come in small
-// interfaces by group (memory, BLAS, fully connected maps, elementwise, layer, reduction and
-// optimiser ops), which Device joins; Note [Adding a device op] says where a new one goes.
+// interfaces by group (memory, BLAS, fully connected maps, elementwise, layer, attention,
+// reduction and optimiser ops), which Device joins; Note [Adding a device op] says where a new
+// one goes.
 //
 // A Backend makes devices and the communicators that join them:
 //
@@ -452,6 +453,34 @@ class LOCKSTEP_API LayerOps {
   ~LayerOps() = default;
 };
 
+// Causal multi-head self-attention of B sequences of T positions, H heads of D channels (C = H D),
+// scale 1 / sqrt(D), as one op that never holds a (T, T) matrix (Note [Tiled attention] in
+// src/cpu/ops/attention.cpp). model.attention `fused` runs it; `materialized` composes the
+// attention from gemm_batched and the causal softmax instead, the reference it is tested against.
+struct LOCKSTEP_API AttentionShape {
+  int batch = 0, T = 0, heads = 0, head_size = 0;
+};
+
+class LOCKSTEP_API AttentionOps {
+ public:
+  // qkv (B T, 3C): q, k and v side by side, head h at columns h D of each; y (B T, C) =
+  // softmax_causal(q k^T / sqrt(D)) v per sequence and head, heads side by side, in y's storage;
+  // lse (B, H, T) = log of each row's softmax denominator over the scaled scores (its max plus
+  // the log of the sum), all that backward needs of the probabilities. In bf16 the products
+  // read bf16 operands (the probabilities rounded, as the materialised path keeps them) and
+  // accumulate in fp32 (Note [bf16 compute] in src/model/ops.hpp).
+  virtual void attention_forward(const AttentionShape& shape, MatIn qkv, MatOut y,
+                                 float* lse) = 0;
+  // dqkv (B T, 3C) = the gradients of q, k and v, overwritten, from dy (B T, C) as the products
+  // read it (fp32, or rounded to bf16), y as forward stored it, and lse. bf16: the score
+  // gradients are rounded before their products, as the materialised path rounds them.
+  virtual void attention_backward(const AttentionShape& shape, MatIn qkv, MatIn y, MatIn dy,
+                                  const float* lse, float* dqkv) = 0;
+
+ protected:
+  ~AttentionOps() = default;
+};
+
 // Reductions. sum_squares and hash return host values and wait for the queue; the others leave
 // their results in device memory.
 class LOCKSTEP_API ReductionOps {
@@ -508,6 +537,7 @@ class LOCKSTEP_API Device : public MemoryOps,
                             public LinearOps,
                             public ElementwiseOps,
                             public LayerOps,
+                            public AttentionOps,
                             public ReductionOps,
                             public OptimizerOps {
  public:
@@ -673,6 +703,24 @@ struct LOCKSTEP_API BackendOptions {
   Precision precision = Precision::fp32;
 };
 
+// The attention a GPT's blocks run on a backend's devices (model.attention), resolved.
+struct LOCKSTEP_API AttentionChoice {
+  AttentionKind path = AttentionKind::materialized;  // fused or materialized, never automatic
+  // What runs, and why: "tiled, online softmax (auto: the backend's fused path)",
+  // "(auto: no fused attention on cuda in this build)".
+  std::string detail;
+};
+
+// model.attention `requested` on the backend named `backend` ("cpu" or "cuda") under
+// `precision`, for sequences of `context` positions. auto picks the fused path where the
+// backend has one and it measured at least as fast as the materialised one (bench/RESULTS.md):
+// the CPU's tiled attention in bf16, and in fp32 (and tf32) from kFusedAttentionContext; the
+// materialised path otherwise. fused where the backend has none throws InputError naming the
+// key.
+inline constexpr int kFusedAttentionContext = 256;
+LOCKSTEP_API AttentionChoice choose_attention(AttentionKind requested, std::string_view backend,
+                                              Precision precision, int context);
+
 // Dense peak FLOP/s of one GPU for fp32 GEMMs (Precision::fp32), TF32 tensor-core GEMMs (tf32)
 // or bf16 tensor-core GEMMs with fp32 accumulation (bf16), from a table of data-sheet figures
 // matched against the device name ("NVIDIA H200", "NVIDIA A100-SXM4-80GB", ...); nullopt for a
@@ -698,6 +746,9 @@ LOCKSTEP_API CudaSupport cuda_support();
 LOCKSTEP_API std::unique_ptr<Backend> make_backend(BackendKind kind,
                                                    std::span<const int> device_ids = {},
                                                    const BackendOptions& options = {});
+// The name ("cpu", "cuda") of the backend make_backend(kind, device_ids) makes, without making
+// it (automatic asks the driver for the GPUs, as make_backend does).
+LOCKSTEP_API std::string_view backend_name(BackendKind kind, std::span<const int> device_ids);
 
 // A CPU device. `threads` is the size of its private oneTBB arena (at least 1).
 LOCKSTEP_API std::unique_ptr<Device> make_cpu_device(int id, int threads);

@@ -121,9 +121,13 @@ LOCKSTEP_API std::unique_ptr<Layer> make_activation(Activation f, int features);
 // The GPT layers (see Model::gpt). Embedding: wte (V, C), wpe (T, C); in (B, T) token ids as
 // floats, out (B, T * C). Block: one pre-LayerNorm transformer block on (B, T * C). LayerNorm:
 // weight, bias (C) per position. Tied LM head: reads wte from layer `embedding_layer`, out
-// (B, T * P) logits, P = V rounded up to a multiple of 64, -inf past V.
+// (B, T * P) logits, P = V rounded up to a multiple of 64, -inf past V. A block's attention is
+// fused or materialized (AttentionKind; auto resolved first by choose_attention): the same
+// function, the fused path without the (B, H, T, T) matrices.
 LOCKSTEP_API std::unique_ptr<Layer> make_embedding(int vocab, int context, int channels);
-LOCKSTEP_API std::unique_ptr<Layer> make_block(int context, int channels, int heads, int n_layer);
+LOCKSTEP_API std::unique_ptr<Layer> make_block(
+    int context, int channels, int heads, int n_layer,
+    AttentionKind attention = AttentionKind::materialized);
 LOCKSTEP_API std::unique_ptr<Layer> make_layernorm(int context, int channels);
 LOCKSTEP_API std::unique_ptr<Layer> make_tied_lm_head(int embedding_layer, int vocab, int context,
                                                     int channels);
@@ -169,7 +173,8 @@ class LOCKSTEP_API Model {
   // `names` prefixes each layer's tensors; by default "layers.{i}", as torch.nn.Sequential.
   explicit Model(std::vector<std::unique_ptr<Layer>> layers, std::vector<std::string> names = {});
   static Model mlp(const MlpSpec& spec);
-  static Model gpt(const GptSpec& spec);
+  // `attention` fused or materialized, for every block (the reference by default).
+  static Model gpt(const GptSpec& spec, AttentionKind attention = AttentionKind::materialized);
 
   const std::vector<std::unique_ptr<Layer>>& layers() const noexcept { return layers_; }
   // Offset of layer i's parameters in the parameter buffer (see Layout above).

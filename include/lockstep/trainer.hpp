@@ -18,6 +18,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "lockstep/checkpoint.hpp"
@@ -72,6 +73,10 @@ struct LOCKSTEP_API Summary {
   std::string backend;
   std::string matmul;           // the first device's DeviceInfo::matmul: the matrix-product path
   std::string precision = "fp32";  // trainer.precision, the arithmetic the run computed in
+  // A GPT's attention as model.attention resolved on this backend: "fused" or "materialized"
+  // (empty for an MLP), and what that is and why (AttentionChoice::detail).
+  std::string attention;
+  std::string attention_detail;
   std::vector<int> devices;     // this process's
   int processes = 1;            // of the job; workers = devices.size() x processes
   std::int64_t steps = 0;
@@ -165,7 +170,12 @@ struct LOCKSTEP_API TrainerHooks {
 // The model a config describes for a dataset: an MLP from its features to its classes, or a GPT
 // (model.type gpt) over its token windows, with vocab_size from the config or else the data.
 // InputError when the data does not fit the model (a GPT needs windows of model.context).
-LOCKSTEP_API Model make_model(const Config& config, const Dataset& train);
+// A GPT's blocks run model.attention as choose_attention resolves it on `backend` ("cpu",
+// "cuda"; empty: the backend make_backend would make for trainer.backend and trainer.devices).
+LOCKSTEP_API Model make_model(const Config& config, const Dataset& train,
+                              std::string_view backend = {});
+// model.attention resolved for `backend` (empty: as make_model resolves it).
+LOCKSTEP_API AttentionChoice attention_choice(const Config& config, std::string_view backend = {});
 // The GPT a config describes for a dataset (model.type gpt), as make_model builds it.
 LOCKSTEP_API GptSpec gpt_spec(const Config& config, const Dataset& train);
 // The model a config describes for a dataset as text ("mlp inputs=64 hidden=64 ...", "gpt

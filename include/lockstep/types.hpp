@@ -24,6 +24,11 @@ enum class NonfinitePolicy { stop, skip };
 enum class Precision { fp32, tf32, bf16 };
 // The element type of the gradients on the all-reduce's wire (trainer.grad_reduce_dtype).
 enum class ReduceDtype { fp32, bf16 };
+// How a GPT block computes attention (model.attention): `fused` never holds the (T, T) matrices
+// (the CPU's tiled online softmax), `materialized` does (the reference); `automatic` ("auto")
+// picks the fused path where the backend has one that measured at least as fast
+// (choose_attention in lockstep/device.hpp).
+enum class AttentionKind { automatic, fused, materialized };
 
 // The config's spelling of each value (src/config/config.cpp reads the same tables).
 LOCKSTEP_API std::string_view to_string(Activation);
@@ -36,6 +41,7 @@ LOCKSTEP_API std::string_view to_string(CommKind);
 LOCKSTEP_API std::string_view to_string(NonfinitePolicy);
 LOCKSTEP_API std::string_view to_string(Precision);
 LOCKSTEP_API std::string_view to_string(ReduceDtype);
+LOCKSTEP_API std::string_view to_string(AttentionKind);
 
 // Token ids travel to the embedding as floats, which hold every integer below 2^24 exactly.
 inline constexpr int kMaxVocabSize = 1 << 24;

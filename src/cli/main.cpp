@@ -443,6 +443,10 @@ int train(const std::vector<std::string_view>& argv,
     warn_if_batch_exceeds_shard(cfg, *data.train, processes);
   }
   if (args.dry_run) {
+    if (cfg.model.type == "gpt") {
+      const AttentionChoice attention = attention_choice(cfg);
+      fmt::print("attention: {}: {}\n", to_string(attention.path), attention.detail);
+    }
     fmt::print("memory plan: {}\n", trainer.memory_plan());
     return kExitOk;
   }
@@ -747,6 +751,15 @@ int devices(const std::shared_ptr<ProcessGroup>& processes) {
   else fmt::print("cuda: not built in (CPU-only build)\n");
   print_devices(*make_backend(BackendKind::cpu));
   if (cuda.gpus > 0) print_devices(*make_backend(BackendKind::cuda));
+  // model.attention auto at GPT-2's context in fp32; below kFusedAttentionContext the CPU
+  // runs fp32 materialised (choose_attention).
+  for (const std::string_view backend : {"cpu", "cuda"}) {
+    if (backend == "cuda" && !cuda.built) continue;
+    const AttentionChoice auto_choice =
+        choose_attention(AttentionKind::automatic, backend, Precision::fp32, 1024);
+    fmt::print("{}: attention (model.attention auto, context 1024): {}: {}\n", backend,
+               to_string(auto_choice.path), auto_choice.detail);
+  }
   return kExitOk;
 }
 

@@ -93,6 +93,8 @@ void print_summary(std::FILE* out, const Summary& s) {
   fmt::print(out, "  backend             {}\n", describe_backend(s));
   if (!s.matmul.empty()) fmt::print(out, "  matrix products     {}\n", s.matmul);
   fmt::print(out, "  precision           {}\n", s.precision);
+  if (!s.attention.empty())
+    fmt::print(out, "  attention           {}: {}\n", s.attention, s.attention_detail);
   fmt::print(out, "  parameters          {}\n", s.parameters);
   if (!s.memory_plan.empty()) fmt::print(out, "  memory plan         {}\n", s.memory_plan);
   fmt::print(out, "  steps               {}\n", s.steps);

@@ -73,6 +73,11 @@ constexpr Spelling<Precision> kPrecisions[] = {
 constexpr Spelling<ReduceDtype> kReduceDtypes[] = {{ReduceDtype::fp32, "fp32"},
                                                    {ReduceDtype::bf16, "bf16"}};
 
+constexpr Spelling<AttentionKind> kAttentionKinds[] = {{AttentionKind::automatic, "auto"},
+                                                       {AttentionKind::fused, "fused"},
+                                                       {AttentionKind::materialized,
+                                                        "materialized"}};
+
 constexpr std::string_view kModelTypes[] = {"mlp", "gpt"};
 
 template <class Table, class E>
@@ -159,6 +164,7 @@ void visit_schema(Visitor& v, C& c) {
   v.integer("n_layer", c.model.n_layer, IntRule{.min = 1});
   v.integer("n_head", c.model.n_head, IntRule{.min = 1});
   v.integer("d_model", c.model.d_model, IntRule{.min = 1});
+  v.enumeration("attention", c.model.attention, kAttentionKinds);
 
   v.section("data");
   v.enumeration("dataset", c.data.dataset, kDatasetKinds);
@@ -889,9 +895,10 @@ class PathResolver {
 
 // Lists every key as "section.key" and its value, as `lockstep train` would print it, and renders
 // the keys that change the math of training as "section.key=value" lines, for config_hash().
-// Left out of the hash are data.prefetch and every trainer key but trainer.seed: they say how
-// fast, where and for how long to train, and a resumed run may change them. A key added to the
-// schema is hashed unless it is listed here.
+// Left out of the hash are data.prefetch, model.attention and every trainer key but trainer.seed:
+// they say how fast, where and for how long to train, and a resumed run may change them
+// (model.attention, like trainer.precision, changes how the same function is computed, not
+// which). A key added to the schema is hashed unless it is listed here.
 class Hasher {
  public:
   void section(std::string_view name) { section_ = name; }
@@ -939,8 +946,10 @@ class Hasher {
   void add(std::string_view key, std::string_view hashed) { add(key, hashed, hashed); }
   void add(std::string_view key, std::string_view hashed, std::string_view shown) {
     values_.emplace_back(fmt::format("{}.{}", section_, key), std::string(shown));
-    const bool run_setting =
-        section_.starts_with("trainer") ? key != "seed" : section_ == "data" && key == "prefetch";
+    const bool run_setting = section_.starts_with("trainer")
+                                 ? key != "seed"
+                                 : (section_ == "data" && key == "prefetch") ||
+                                       (section_ == "model" && key == "attention");
     if (!run_setting) rendering_ += fmt::format("{}.{}={}\n", section_, key, hashed);
   }
 
@@ -1055,6 +1064,7 @@ std::string_view to_string(CommKind v) { return spelling(kCommKinds, v); }
 std::string_view to_string(NonfinitePolicy v) { return spelling(kNonfinitePolicies, v); }
 std::string_view to_string(Precision v) { return spelling(kPrecisions, v); }
 std::string_view to_string(ReduceDtype v) { return spelling(kReduceDtypes, v); }
+std::string_view to_string(AttentionKind v) { return spelling(kAttentionKinds, v); }
 
 void Config::validate() const { check_config(*this, Origins(source)); }
 

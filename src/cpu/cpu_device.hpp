@@ -128,6 +128,12 @@ class CpuDevice final : public Device {
   void causal_softmax_backward(const std::uint16_t* p, const float* dp, std::uint16_t* ds,
                                int count, int T, float scale) override;
 
+  // ---- Attention (ops/attention.cpp): tiled, online softmax (Note [Tiled attention]) ----------
+
+  void attention_forward(const AttentionShape& shape, MatIn qkv, MatOut y, float* lse) override;
+  void attention_backward(const AttentionShape& shape, MatIn qkv, MatIn y, MatIn dy,
+                          const float* lse, float* dqkv) override;
+
   // ---- Reductions (ops/reduce.cpp) ------------------------------------------------------------
 
   double sum_squares(const float* x, std::size_t n) override;
@@ -240,6 +246,7 @@ class CpuDevice final : public Device {
   int id_;
   tbb::task_arena arena_;
   Matmul matmul_;  // GEMM's primitives, cached per call shape
+  Matmul tiles_{tile_library()};  // the tiled attention's products
 };
 
 }  // namespace lockstep::cpu

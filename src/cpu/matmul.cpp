@@ -164,6 +164,11 @@ const GemmPath& gemm_path() {
   return path;
 }
 
+GemmLibrary tile_library() {
+  const GemmPath& path = gemm_path();
+  return path.small_on_openblas ? GemmLibrary::openblas : path.library;
+}
+
 // ---- Matmul -------------------------------------------------------------------------------------
 
 struct GemmCallHash {

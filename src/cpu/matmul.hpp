@@ -23,7 +23,9 @@
 //  - Where oneDNN computes, single products (not batches) of at most kSmallProduct multiply-adds
 //    still go to OpenBLAS (unless at its Prescott fallback): oneDNN's call costs as much as such
 //    a product (one thread: 32x10x64 at half OpenBLAS's speed, 32x64x64 even, 64x64x64 and up
-//    1.5-2x faster; bench/RESULTS.md).
+//    1.5-2x faster; bench/RESULTS.md). The tiled attention's products (64 x 64 x D, tens of
+//    thousands per step) go to OpenBLAS likewise (tile_library()): through oneDNN 2.6's gemm:jit
+//    on an AVX2 machine, its per-call set-up and buffers took more time than the products.
 // Both run single-threaded inside each block of a product; the device's oneTBB arena supplies
 // the parallelism (ops/gemm.cpp splits the rows of C by shape alone), as before. oneDNN's
 // Debian build threads with OpenMP: each calling thread asks OpenMP for one thread, so that
@@ -61,6 +63,10 @@ struct GemmPath {
 // The largest m n k of a single product that goes to OpenBLAS (Note [CPU matrix products]).
 constexpr std::uint64_t kSmallProduct = std::uint64_t{1} << 17;
 const GemmPath& gemm_path();
+// The library of the tiled attention's (tile, tile) products (Note [Tiled attention] in
+// ops/attention.cpp): OpenBLAS wherever small products go to it, since oneDNN's call costs as
+// much as such a product; oneDNN where OpenBLAS is at its Prescott fallback.
+GemmLibrary tile_library();
 
 // One call of a product, row-major: C (m, n) = alpha op(A) (m, k) op(B) (k, n) + beta C, for
 // `count` matrices `stride_*` elements apart. With bf16, A and B hold bf16 (the bits, as

@@ -582,4 +582,15 @@ void CudaDevice::causal_softmax_backward(const std::uint16_t* p, const float* dp
   launch_causal_softmax_backward_bf16(stream(), p, dp, ds, count, T, scale);
 }
 
+void CudaDevice::attention_forward(const AttentionShape&, MatIn, MatOut, float*) {
+  throw std::logic_error("cuda: attention_forward: no fused attention in the CUDA backend yet; "
+                         "model.attention resolves to materialized here");
+}
+
+void CudaDevice::attention_backward(const AttentionShape&, MatIn, MatIn, MatIn, const float*,
+                                    float*) {
+  throw std::logic_error("cuda: attention_backward: no fused attention in the CUDA backend yet; "
+                         "model.attention resolves to materialized here");
+}
+
 }  // namespace lockstep::cuda

@@ -130,6 +130,11 @@ class CudaDevice final : public Device {
                               float scale) override;
   void causal_softmax_backward(const std::uint16_t* p, const float* dp, std::uint16_t* ds,
                                int count, int T, float scale) override;
+  // No fused attention on CUDA yet (issue 32): the backend's attention_support() says so, so
+  // model.attention never picks it here; a call throws std::logic_error.
+  void attention_forward(const AttentionShape& shape, MatIn qkv, MatOut y, float* lse) override;
+  void attention_backward(const AttentionShape& shape, MatIn qkv, MatIn y, MatIn dy,
+                          const float* lse, float* dqkv) override;
 
  private:
   // Copies the first sizeof(T) bytes of result_ to the host, after the stream's work.

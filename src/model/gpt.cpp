@@ -19,6 +19,7 @@
 
 #include "common/random.hpp"
 #include "lockstep/model.hpp"
+#include "model/attention.hpp"
 #include "model/ops.hpp"
 
 namespace lockstep {
@@ -49,12 +50,6 @@ struct Kept {
       write(f32);
   }
   MatOut output() const { return {f32, bf16}; }
-  // Where a matrix product computes its n values: in place, or first in fp32 `scratch` when
-  // kept in bf16; keep() then rounds them into place.
-  float* compute_in(float* scratch) const { return bf16 ? scratch : f32; }
-  void keep(Device& dev, const float* values, std::size_t n) const {
-    if (bf16) dev.to_bf16(values, bf16, n);
-  }
   MatIn input() const { return {f32, bf16}; }
 };
 
@@ -125,10 +120,19 @@ std::vector<ParamTensor> block_tensors(const std::string& prefix, std::int64_t c
 // x -> res1 = x + attn(ln_1(x)) -> out = res1 + mlp(ln_2(res1)), with
 // attn(h) = c_proj(softmax_causal(q k^T / sqrt(D)) v), (q, k, v) = c_attn(h), per head, and
 // mlp(h) = c_proj(gelu(c_fc(h))).
+//
+// Attention runs one of two ways (model.attention): materialised, as gemm_batched products
+// around the causal softmax over (B, H, T, T) matrices kept for backward (the reference), or
+// fused, as Device::attention_forward/backward, which keep the log-sum-exp (B, H, T) only (Note
+// [Tiled attention] in src/cpu/ops/attention.cpp).
 class Block final : public Layer {
  public:
-  Block(int context, int channels, int heads, int n_layer)
-      : t_(context), c_(channels), h_(heads), n_layer_(n_layer) {
+  Block(int context, int channels, int heads, int n_layer, AttentionKind attention)
+      : t_(context), c_(channels), h_(heads), n_layer_(n_layer),
+        fused_(attention == AttentionKind::fused) {
+    if (attention == AttentionKind::automatic)
+      throw std::invalid_argument(
+          "gpt block: attention 'auto' must be resolved first (choose_attention)");
     const std::vector<ParamTensor> tensors = block_tensors("", c_);
     for (int i = 0; i < kBlockParams; ++i) offsets_[i] = tensors[i].offset;
     count_ = tensors.back().offset + tensors.back().numel();
@@ -158,10 +162,10 @@ class Block final : public Layer {
   }
 
   std::size_t workspace_size(int batch, Precision precision) const noexcept override {
-    return Saved::at(nullptr, batch, t_, c_, h_, precision == Precision::bf16).size;
+    return Saved::at(nullptr, shape(batch), fused_, precision == Precision::bf16).size;
   }
   std::size_t scratch_size(int batch, Precision precision) const noexcept override {
-    return Scratch::at(nullptr, batch, t_, c_, h_, precision == Precision::bf16).size;
+    return Scratch::at(nullptr, shape(batch), fused_, precision == Precision::bf16).size;
   }
 
   // In bf16 the kernels that produce a kept tensor round it as they store it into saved; a
@@ -171,8 +175,8 @@ class Block final : public Layer {
     const Params p = at(const_cast<float*>(params));
     const Linears w = linears(params, ws);
     const bool bf16 = ws.precision == Precision::bf16;
-    const Saved s = Saved::at(ws.saved, batch, t_, c_, h_, bf16);
-    const Scratch d = Scratch::at(ws.scratch, batch, t_, c_, h_, bf16);
+    const Saved s = Saved::at(ws.saved, shape(batch), fused_, bf16);
+    const Scratch d = Scratch::at(ws.scratch, shape(batch), fused_, bf16);
     const int n = batch * t_, c = c_;
     s.ln1.store([&](auto* y) {
       dev.layernorm_forward(x, p.ln1_w, p.ln1_b, y, s.mean1, s.rstd1, n, c);
@@ -200,8 +204,8 @@ class Block final : public Layer {
     const Linears w = linears(params, ws);
     const Params g = at(grads);
     const bool bf16 = ws.precision == Precision::bf16;
-    const Saved s = Saved::at(ws.saved, batch, t_, c_, h_, bf16);
-    const Scratch d = Scratch::at(ws.scratch, batch, t_, c_, h_, bf16);
+    const Saved s = Saved::at(ws.saved, shape(batch), fused_, bf16);
+    const Scratch d = Scratch::at(ws.scratch, shape(batch), fused_, bf16);
     const int n = batch * t_, c = c_;
     // MLP branch: out = res1 + c_proj(gelu(c_fc(ln_2(res1)))). c_proj's backward runs GELU's
     // too, giving the gradient of fc in d.h (and in bf16 rounded into d.grad16, c_fc's products'
@@ -254,6 +258,8 @@ class Block final : public Layer {
             linear(kFcProjW, kFcProjB)};
   }
 
+  AttentionShape shape(int batch) const { return {batch, t_, h_, c_ / h_}; }
+
   // What forward keeps for backward, rows N = B * T. Under bf16 the tensors that are only
   // matrix-product inputs (and fc, GELU's input) are kept in bf16; res1 and the LayerNorm
   // statistics stay fp32.
@@ -261,20 +267,23 @@ class Block final : public Layer {
     Kept ln1;                    // (N, C)
     float *mean1, *rstd1;        // (N), (N)
     Kept qkv;                    // (N, 3C): q, k, v, each (N, C) with heads side by side
-    Kept att;                    // (B, H, T, T) attention probabilities
+    Kept att;                    // materialised: (B, H, T, T) attention probabilities
+    float* lse;                  // fused: (B, H, T) log-sum-exp of each row's scores
     Kept atty;                   // (N, C) attention output, heads side by side
     float* res1;                 // (N, C) first residual
     Kept ln2;                    // (N, C)
     float *mean2, *rstd2;        // (N), (N)
     Kept fc, gelu;               // (N, 4C) each
     std::size_t size;
-    static Saved at(float* base, int batch, int t, int channels, int heads, bool bf16) {
-      const std::size_t n = std::size_t(batch) * t, c = channels;
+    static Saved at(float* base, AttentionShape a, bool fused, bool bf16) {
+      const std::size_t n = std::size_t(a.batch) * a.T, c = std::size_t(a.heads) * a.head_size;
+      const std::size_t rows = std::size_t(a.batch) * a.heads * a.T;  // (B, H, T)
       Carver k(base);
       const auto kept = [&](std::size_t count) { return Kept::take(k, count, bf16); };
       Saved s{kept(n * c), k.take(n), k.take(n), kept(3 * n * c),
-              kept(std::size_t(batch) * heads * t * t), kept(n * c), k.take(n * c),
-              kept(n * c), k.take(n), k.take(n), kept(4 * n * c), kept(4 * n * c), 0};
+              kept(fused ? 0 : rows * a.T), k.take(fused ? rows : 0), kept(n * c),
+              k.take(n * c), kept(n * c), k.take(n), k.take(n), kept(4 * n * c),
+              kept(4 * n * c), 0};
       s.size = k.used();
       return s;
     }
@@ -287,17 +296,17 @@ class Block final : public Layer {
     float* tmp;   // (N, C) gradient at a LayerNorm's output or of the attention output
     float* res1;  // (N, C) gradient of the first residual
     float* qkv;   // (N, 3C)
-    float* att;   // (B, H, T, T) gradient of the probabilities, then of the scores
-    // bf16 only (null otherwise), max((N, 4C), (B, H, T, T)): a gradient rounded to bf16 as a
+    float* att;   // materialised: (B, H, T, T) gradient of the probabilities, then of the scores
+    // bf16 only (null otherwise), max((N, 4C), att): a gradient rounded to bf16 as a
     // matrix-product input.
     std::uint16_t* grad16;
     // bf16 only: (N, C) the block's output gradient rounded, read by c_proj's products while
     // they write the gradient of fc into grad16.
     std::uint16_t* dout16;
     std::size_t size;
-    static Scratch at(float* base, int batch, int t, int channels, int heads, bool bf16) {
-      const std::size_t n = std::size_t(batch) * t, c = channels;
-      const std::size_t att = std::size_t(batch) * heads * t * t;
+    static Scratch at(float* base, AttentionShape a, bool fused, bool bf16) {
+      const std::size_t n = std::size_t(a.batch) * a.T, c = std::size_t(a.heads) * a.head_size;
+      const std::size_t att = fused ? 0 : std::size_t(a.batch) * a.heads * a.T * a.T;
       const std::size_t widest = std::max(4 * n * c, att);
       Carver k(base);
       Scratch s{k.take(4 * n * c), k.take(n * c), k.take(n * c), k.take(3 * n * c), k.take(att),
@@ -309,95 +318,30 @@ class Block final : public Layer {
 
   static std::size_t elements(int rows, int cols) { return std::size_t(rows) * std::size_t(cols); }
 
-  // One operand of attention's products: the matrix of sequence b and head h starts at
-  // base + b * batch_stride + h * head_stride (head h is columns h*D.. of q, k, v and atty).
-  // P is float* for an output, MatIn for an input.
-  template <class P>
-  struct PerHead {
-    P base;
-    std::int64_t batch_stride, head_stride;
-    int ld;
-  };
-
-  // C(b, h) = op(A(b, h)) op(B(b, h)) for every sequence b and head h, as few batched GEMM calls
-  // as the layout allows: one per head (B matrices each) or one per sequence (H each), whichever
-  // is fewer. Every operand is uniformly strided both ways.
-  void per_head_gemm(Device& dev, Transpose ta, Transpose tb, int m, int n, int k,
-                     PerHead<MatIn> a, PerHead<MatIn> b, PerHead<float*> c, int batch) const {
-    if (batch >= h_) {
-      for (int h = 0; h < h_; ++h)
-        detail::matmul_batched(dev, ta, tb, m, n, k, a.base + h * a.head_stride, a.ld,
-                               a.batch_stride, b.base + h * b.head_stride, b.ld, b.batch_stride,
-                               c.base + h * c.head_stride, c.ld, c.batch_stride, batch);
-    } else {
-      for (int s = 0; s < batch; ++s)
-        detail::matmul_batched(dev, ta, tb, m, n, k, a.base + s * a.batch_stride, a.ld,
-                               a.head_stride, b.base + s * b.batch_stride, b.ld, b.head_stride,
-                               c.base + s * c.batch_stride, c.ld, c.head_stride, h_);
-    }
+  // The attention's buffers in the block's workspace (model/attention.hpp): the fused path's
+  // log-sum-exp, or the materialised path's probabilities (kept) and working memory.
+  detail::AttentionBuffers attention_buffers(const Saved& s, const Scratch& d) const {
+    if (fused_) return {.path = AttentionKind::fused, .lse = s.lse};
+    return {.path = AttentionKind::materialized, .probs = s.att.output(), .squares = d.att,
+            .squares16 = d.grad16, .y_product = d.tmp};
   }
 
-  // The operands, for rows of T positions: q, k, v in qkv (N, 3C) and y in atty (N, C) with
-  // head h at columns h*D; attention matrices (B, H, T, T).
-  template <class P>
-  PerHead<P> in_qkv(P qkv, int which) const {
-    return {qkv + which * c_, std::int64_t(t_) * 3 * c_, c_ / h_, 3 * c_};
-  }
-  template <class P>
-  PerHead<P> in_rows(P y) const {
-    return {y, std::int64_t(t_) * c_, c_ / h_, c_};
-  }
-  template <class P>
-  PerHead<P> in_att(P att) const {
-    const std::int64_t tt = std::int64_t(t_) * t_;
-    return {att, h_ * tt, tt, t_};
-  }
-
-  // att = causal_softmax(q k^T / sqrt(D)) (T, T); atty = att v (T, D); per sequence and head.
-  // Under bf16 the scores and atty are computed in fp32 scratch (d.att, d.tmp); the softmax
-  // rounds the probabilities as it stores them, atty is rounded after its product.
+  // atty = attention(q, k, v) from s.qkv.
   void attention_forward(Device& dev, const Saved& s, const Scratch& d, int batch) const {
-    const int dh = c_ / h_, t = t_;
-    const MatIn qkv = s.qkv.input();
-    float* scores = s.att.compute_in(d.att);
-    per_head_gemm(dev, Transpose::no, Transpose::yes, t, t, dh, in_qkv(qkv, 0), in_qkv(qkv, 1),
-                  in_att(scores), batch);
-    s.att.store([&](auto* att) {
-      dev.causal_softmax_forward(scores, att, batch * h_, t, 1.0f / std::sqrt(float(dh)));
-    });
-    float* atty = s.atty.compute_in(d.tmp);
-    per_head_gemm(dev, Transpose::no, Transpose::no, t, dh, t, in_att(s.att.input()),
-                  in_qkv(qkv, 2), in_rows(atty), batch);
-    s.atty.keep(dev, atty, elements(batch * t, c_));
+    detail::attention_forward(dev, shape(batch), s.qkv.input(), s.atty.output(),
+                              attention_buffers(s, d));
   }
 
-  // From g.tmp = d atty: d att = d atty v^T; d v = att^T d atty; d scores by the softmax's
-  // backward (scaled); d q = d scores k; d k = d scores^T q. Writes g.qkv. Under bf16, d atty
-  // is rounded into g.grad16 before its products, and the softmax's backward reads the bf16
-  // probabilities and writes d scores rounded there (d atty is no longer needed).
+  // From g.tmp = d atty, writes g.qkv. Under bf16, d atty is rounded into g.grad16 for the
+  // products first.
   void attention_backward(Device& dev, const Saved& s, const Scratch& g, int batch) const {
-    const int dh = c_ / h_, t = t_;
-    const MatIn qkv = s.qkv.input();
-    const MatIn dy = detail::as_input(dev, g.tmp, g.grad16, elements(batch * t, c_));
-    per_head_gemm(dev, Transpose::no, Transpose::yes, t, t, dh, in_rows(dy), in_qkv(qkv, 2),
-                  in_att(g.att), batch);
-    per_head_gemm(dev, Transpose::yes, Transpose::no, t, dh, t, in_att(s.att.input()),
-                  in_rows(dy), in_qkv(g.qkv, 2), batch);
-    const float scale = 1.0f / std::sqrt(float(dh));
-    MatIn datt{g.att, nullptr};
-    if (s.att.bf16) {
-      dev.causal_softmax_backward(s.att.bf16, g.att, g.grad16, batch * h_, t, scale);
-      datt = {nullptr, g.grad16};
-    } else {
-      dev.causal_softmax_backward(s.att.f32, g.att, g.att, batch * h_, t, scale);
-    }
-    per_head_gemm(dev, Transpose::no, Transpose::no, t, dh, t, in_att(datt), in_qkv(qkv, 1),
-                  in_qkv(g.qkv, 0), batch);
-    per_head_gemm(dev, Transpose::yes, Transpose::no, t, dh, t, in_att(datt), in_qkv(qkv, 0),
-                  in_qkv(g.qkv, 1), batch);
+    const MatIn dy = detail::as_input(dev, g.tmp, g.grad16, elements(batch * t_, c_));
+    detail::attention_backward(dev, shape(batch), s.qkv.input(), s.atty.input(), dy,
+                               attention_buffers(s, g), g.qkv);
   }
 
   int t_, c_, h_, n_layer_;
+  bool fused_;
   std::size_t offsets_[kBlockParams] = {};
   std::size_t count_ = 0;
 };
@@ -558,8 +502,9 @@ class TiedLmHead final : public Layer {
 std::unique_ptr<Layer> make_embedding(int vocab, int context, int channels) {
   return std::make_unique<Embedding>(vocab, context, channels);
 }
-std::unique_ptr<Layer> make_block(int context, int channels, int heads, int n_layer) {
-  return std::make_unique<Block>(context, channels, heads, n_layer);
+std::unique_ptr<Layer> make_block(int context, int channels, int heads, int n_layer,
+                                  AttentionKind attention) {
+  return std::make_unique<Block>(context, channels, heads, n_layer, attention);
 }
 std::unique_ptr<Layer> make_layernorm(int context, int channels) {
   return std::make_unique<LayerNorm>(context, channels);
@@ -615,7 +560,7 @@ double gpt_flops_per_token(const GptSpec& spec) {
   return 6.0 * matmul_params + 12.0 * l * c * t;
 }
 
-Model Model::gpt(const GptSpec& spec) {
+Model Model::gpt(const GptSpec& spec, AttentionKind attention) {
   const auto positive = [](const char* key, int v) {
     if (v < 1) throw std::invalid_argument(fmt::format("gpt: {} must be at least 1, got {}", key, v));
   };
@@ -636,7 +581,8 @@ Model Model::gpt(const GptSpec& spec) {
   layers.push_back(make_embedding(spec.vocab_size, spec.context, spec.d_model));
   names.push_back("transformer");
   for (int i = 0; i < spec.n_layer; ++i) {
-    layers.push_back(make_block(spec.context, spec.d_model, spec.n_head, spec.n_layer));
+    layers.push_back(
+        make_block(spec.context, spec.d_model, spec.n_head, spec.n_layer, attention));
     names.push_back(fmt::format("transformer.h.{}", i));
   }
   layers.push_back(make_layernorm(spec.context, spec.d_model));

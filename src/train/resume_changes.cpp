@@ -6,8 +6,9 @@
 //   clipping only scale or bound the updates still to come: changing them is what one does after
 //   a loss spike, so a resume accepts them and applies them from the resumed step on (the
 //   schedule is a function of the step: learning_rate() in optimizer.hpp). The trainer keys but
-//   trainer.seed (steps, cadence of logging, eval and checkpoints, devices) and data.prefetch
-//   say how and for how long to train; config_hash() leaves them out, and they may change too.
+//   trainer.seed (steps, cadence of logging, eval and checkpoints, devices), data.prefetch and
+//   model.attention (the same function computed another way, as trainer.precision) say how and
+//   for how long to train; config_hash() leaves them out, and they may change too.
 //   State files before version 3 record the hash alone: for them a changed hash is refused, as
 //   before, since the keys that changed cannot be named.
 #include "train/resume_changes.hpp"
@@ -54,7 +55,8 @@ std::vector<ConfigChange> config_changes(const ConfigValues& checkpoint, const C
 }
 
 bool resume_may_change(const std::string& key) {
-  if (key.starts_with("schedule.") || key == "data.prefetch") return true;
+  if (key.starts_with("schedule.") || key == "data.prefetch" || key == "model.attention")
+    return true;
   if (key.starts_with("trainer.")) return key != "trainer.seed";
   return std::find(kSafeOptimizerKeys.begin(), kSafeOptimizerKeys.end(), key) !=
          kSafeOptimizerKeys.end();
@@ -77,7 +79,7 @@ std::vector<ConfigChange> check_resume_changes(const std::string& checkpoint_fil
   throw InputError(fmt::format(
       "{}: written by a different configuration; a resume cannot change {}{}. A resume may "
       "change only optimizer.lr, optimizer.weight_decay, optimizer.clip_grad_norm, schedule.*, "
-      "data.prefetch and the trainer keys but trainer.seed",
+      "data.prefetch, model.attention and the trainer keys but trainer.seed",
       checkpoint_file, fmt::join(refused, "; "),
       accepted.empty() ? std::string()
                        : fmt::format(" (it could change {})", fmt::join(accepted, "; "))));

@@ -56,6 +56,7 @@ std::string Summary::to_json() const {
       "  \"backend\": \"{}\",\n"
       "  \"matmul\": {},\n"
       "  \"precision\": \"{}\",\n"
+      "  \"attention\": {},\n"
       "  \"devices\": [{}],\n"
       "  \"workers\": {},\n"
       "  \"processes\": {},\n"
@@ -99,7 +100,8 @@ std::string Summary::to_json() const {
       "  \"checkpoint\": {},\n"
       "  \"worker_times\": [{}]\n"
       "}}\n",
-      backend, detail::json_quote(matmul), precision, fmt::join(devices, ", "), devices.size() * processes, processes, parameters, steps, samples,
+      backend, detail::json_quote(matmul), precision,
+      attention.empty() ? "null" : detail::json_quote(attention), fmt::join(devices, ", "), devices.size() * processes, processes, parameters, steps, samples,
       number(wall_s), number(samples_per_s), number(tokens_per_s), number(flops_per_token),
       mfu > 0.0 ? number(mfu) : "null", number(final_train_loss),
       number(final_train_accuracy), number(eval_loss), number(eval_accuracy),

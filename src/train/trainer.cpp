@@ -85,7 +85,7 @@ struct Trainer::Impl {
                                    "train split {} and {}",
                                    cfg.source, eval->features(), eval->classes(),
                                    train->features(), train->classes()));
-    return make_model(cfg, *train);
+    return make_model(cfg, *train, backend ? backend->name() : std::string_view{});
   }
 
   int workers() const { return static_cast<int>(cfg.trainer.devices.size()); }
@@ -173,8 +173,16 @@ MlpSpec mlp_spec(const Config& config, const Dataset& train) {
 
 }  // namespace
 
-Model make_model(const Config& config, const Dataset& train) {
-  if (config.model.type == "gpt") return Model::gpt(gpt_spec(config, train));
+AttentionChoice attention_choice(const Config& config, std::string_view backend) {
+  const TrainerConfig& tc = config.trainer;
+  return choose_attention(config.model.attention,
+                          backend.empty() ? backend_name(tc.backend, tc.devices) : backend,
+                          tc.precision, config.model.context);
+}
+
+Model make_model(const Config& config, const Dataset& train, std::string_view backend) {
+  if (config.model.type == "gpt")
+    return Model::gpt(gpt_spec(config, train), attention_choice(config, backend).path);
   return Model::mlp(mlp_spec(config, train));
 }
 
@@ -365,6 +373,11 @@ Summary Trainer::Impl::begin_summary(const Backend& b) const {
   });
   if (first != infos.end()) s.matmul = first->matmul;
   s.precision = to_string(cfg.trainer.precision);
+  if (cfg.model.type == "gpt") {
+    const AttentionChoice attention = attention_choice(cfg, b.name());
+    s.attention = to_string(attention.path);
+    s.attention_detail = attention.detail;
+  }
   s.processes = processes ? processes->size() : 1;
   s.parameters = model.param_count();
   s.flops_per_token = cfg.model.type == "gpt" ? gpt_flops_per_token(gpt_spec(cfg, *train)) : 0.0;

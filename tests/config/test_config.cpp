@@ -226,7 +226,7 @@ TEST_CASE("config: unknown keys and sections are rejected with a suggestion") {
   // Nothing close: list the section's keys instead.
   CHECK(error_of("model:\n  depth: 3\n") ==
         "q.yaml:2:3: model.depth: unknown key; valid keys: type, hidden, activation, vocab_size, "
-        "context, n_layer, n_head, d_model");
+        "context, n_layer, n_head, d_model, attention");
   CHECK(error_of("trainer: {steps: 1}\ntraner:\n  steps: 5\n") ==
         "q.yaml:2:1: traner: unknown section; did you mean 'trainer'?");
   CHECK(error_of("logging: {level: 3}\n") ==
@@ -560,6 +560,18 @@ TEST_CASE("config: a file's relative paths are relative to its directory, --set'
   CHECK(parse_config("data: {dataset: synthetic}\ntrainer: {steps: 1, trace: t.json}\n", "q.yaml")
             .trainer.trace == "t.json");
   fs::remove_all(dir);
+}
+
+TEST_CASE("config: model.attention reads auto, fused and materialized") {
+  CHECK(parse_config(kMinimal, "q.yaml").model.attention == AttentionKind::automatic);
+  const std::vector<std::string> fused{"model.attention=fused"};
+  CHECK(parse_config(kMinimal, "q.yaml", fused).model.attention == AttentionKind::fused);
+  const std::vector<std::string> materialized{"model.attention=materialized"};
+  CHECK(parse_config(kMinimal, "q.yaml", materialized).model.attention ==
+        AttentionKind::materialized);
+  CHECK(to_string(AttentionKind::automatic) == "auto");
+  CHECK(error_of("model: {attention: flash}\n") ==
+        "q.yaml:1:20: model.attention: expected one of auto, fused, materialized, got 'flash'");
 }
 
 TEST_CASE("config: trainer.precision reads fp32, tf32 and bf16") {

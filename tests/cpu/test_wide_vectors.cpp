@@ -4,9 +4,10 @@
 // mixed with special values (NaN with any payload, infinities, signed zeros, subnormals, bf16
 // rounding ties, the largest floats), past one block of the arena (kGrain) and with ragged
 // tails, and compares every output with the baseline's: to the bit, but for a NaN's sign and
-// payload, which the Note lets differ. Since a NaN then equals any NaN, no fp32 output of the
-// baseline may be more than half NaN: one that is compares next to nothing (LayerNorm's weight
-// gradient sums every row, so one NaN in any row made it all NaN). Letting FMA in (target
+// payload, which the Note lets differ (the tiled attention's case uses plain random inputs).
+// Since a NaN then equals any NaN, no fp32 output of the baseline may be more than half NaN: one
+// that is compares next to nothing (LayerNorm's weight gradient sums every row, so one NaN in any
+// row made it all NaN). Letting FMA in (target
 // "avx2,fma", or -ffp-contract=fast with AVX-512) fails the activation, LayerNorm and optimiser
 // cases.
 #include <doctest/doctest.h>
@@ -299,6 +300,32 @@ TEST_CASE("wide vectors: causal softmax on fp32 and bf16 gives the baseline's bi
       for (const auto* a : {&p, &ds}) append(out, *a);
       for (const auto* a : {&p16, &ds16}) append(out, *a);
     }
+    return out;
+  });
+}
+
+// The tiled attention's own loops (Note [Tiled attention]): the rows' maxima and sums in eight
+// lanes, exp_poly, the masks; its products are OpenBLAS's, the same under every forced ISA.
+TEST_CASE("wide vectors: tiled attention on fp32 and bf16 gives the baseline's bits") {
+  same_bits_on_every_isa([](Device& dev) {
+    Outputs out;
+    const AttentionShape s{2, 130, 2, 16};
+    const std::size_t n = std::size_t(s.batch) * s.T * s.heads * s.head_size;
+    const std::size_t rows = std::size_t(s.batch) * s.heads * s.T;
+    auto qkv = on_device(dev, test::random_floats(3 * n, 50, -3.0, 3.0));
+    auto dy = on_device(dev, test::random_floats(n, 51));
+    DeviceArray<std::uint16_t> qkv16(dev, 3 * n), dy16(dev, n), y16(dev, n);
+    dev.to_bf16(qkv.data(), qkv16.data(), 3 * n);
+    dev.to_bf16(dy.data(), dy16.data(), n);
+    DeviceArray<float> y(dev, n), lse(dev, rows), lse16(dev, rows), dqkv(dev, 3 * n),
+        dqkv16(dev, 3 * n);
+    dev.attention_forward(s, {qkv.data()}, {y.data()}, lse.data());
+    dev.attention_backward(s, {qkv.data()}, {y.data()}, {dy.data()}, lse.data(), dqkv.data());
+    dev.attention_forward(s, {nullptr, qkv16.data()}, {nullptr, y16.data()}, lse16.data());
+    dev.attention_backward(s, {nullptr, qkv16.data()}, {nullptr, y16.data()},
+                           {nullptr, dy16.data()}, lse16.data(), dqkv16.data());
+    for (const auto* a : {&y, &lse, &dqkv, &lse16, &dqkv16}) append(out, *a);
+    append(out, y16);
     return out;
   });
 }

@@ -247,6 +247,8 @@ TEST_CASE("config_hash: covers the math of training, not how or how long it runs
   CHECK(differs([](Config& c) { c.trainer.seed = 1; }));
 
   CHECK_FALSE(differs([](Config& c) { c.data.prefetch = 8; }));
+  // The same function, summed in another order, as trainer.precision.
+  CHECK_FALSE(differs([](Config& c) { c.model.attention = AttentionKind::materialized; }));
   CHECK_FALSE(differs([](Config& c) { c.trainer.devices = {0, 1, 2}; }));
   CHECK_FALSE(differs([](Config& c) { c.trainer.steps = 5000; }));
   CHECK_FALSE(differs([](Config& c) { c.trainer.log_every = 1; }));

@@ -183,6 +183,7 @@ def lockstep_config(spec, opt, run):
   n_layer: {spec["n_layer"]}
   n_head: {spec["n_head"]}
   d_model: {spec["d_model"]}
+  attention: {run.get("attention", "auto")}
 data:
   dataset: tokens
   path: {run["tokens"]}
@@ -212,7 +213,7 @@ trainer:
 """
 
 
-def lockstep_losses(cli, precision, device, model):
+def lockstep_losses(cli, precision, device, model, attention="auto"):
     """The loss of every step of `cli train` from model's weights; None if the run fails."""
     with tempfile.TemporaryDirectory() as folder:
         write_safetensors(os.path.join(folder, "init.safetensors"), model.state_dict())
@@ -222,7 +223,8 @@ def lockstep_losses(cli, precision, device, model):
             f.write(lockstep_config(SPEC, OPT, {
                 "tokens": os.path.join(folder, "tokens.bin"), "batch": BATCH, "steps": STEPS,
                 "backend": "cuda" if device.startswith("cuda") else "cpu",
-                "precision": precision, "metrics": os.path.join(folder, "metrics.jsonl")}))
+                "precision": precision, "attention": attention,
+                "metrics": os.path.join(folder, "metrics.jsonl")}))
         run = subprocess.run([cli, "train", config, "--init-from",
                               os.path.join(folder, "init.safetensors")],
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -287,7 +289,8 @@ def lockstep_main(args):
     if args.torch_only:
         print(f"PyTorch {args.precision} (autocast) against PyTorch fp32:")
         return 0 if compare_losses(theirs, fp32, tol, "autocast loss") else 1
-    ours = lockstep_losses(args.lockstep, args.precision, args.device, initial_model(args.device))
+    ours = lockstep_losses(args.lockstep, args.precision, args.device, initial_model(args.device),
+                           args.attention)
     if ours is None:
         return 1
     print(f"lockstep trainer.precision={args.precision} against PyTorch "
@@ -316,6 +319,8 @@ def main():
     ap.add_argument("--lockstep", metavar="CLI", help="run CLI train instead of reading DIR")
     ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
                     help="with --lockstep: trainer.precision, and PyTorch's autocast for bf16")
+    ap.add_argument("--attention", choices=["auto", "fused", "materialized"], default="auto",
+                    help="with --lockstep: model.attention")
     ap.add_argument("--torch-only", action="store_true",
                     help="with --precision bf16: PyTorch's bf16 run against its fp32 run only")
     args = ap.parse_args()

@@ -53,6 +53,18 @@ TEST_SUITE("gradcheck") {
     check_layer(g);
   }
 
+  // The tiled attention's backward (Note [Tiled attention]) inside a block; several tiles are
+  // checked on the op alone (tests/cpu/test_attention.cpp), where the objective is less noisy.
+  TEST_CASE("gpt block with fused attention: every parameter and the input") {
+    const int t = 4, c = 8, heads = 2, batch = 2;
+    const auto layer =
+        lockstep::make_block(t, c, heads, /*n_layer=*/2, lockstep::AttentionKind::fused);
+    auto params = random_floats(layer->param_count(), 4, -0.5, 0.5);
+    const auto g = layer_gradients(*layer, batch, params,
+                                   random_floats(std::size_t(batch) * t * c, 5, -2.0, 2.0), 6);
+    check_layer(g);
+  }
+
   TEST_CASE("gpt block as a first layer (no input gradient): ln_1 still gets its gradients") {
     const int t = 3, c = 8, batch = 2;
     const auto layer = lockstep::make_block(t, c, 2, 1);

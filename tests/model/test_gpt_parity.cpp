@@ -47,7 +47,7 @@ void write_raw(const std::filesystem::path& file, const std::vector<T>& v) {
 
 // gpt_parity.py --lockstep: `lockstep train` at `precision` against PyTorch, the losses of 12
 // AdamW steps.
-void check_through_cli(const std::string& precision) {
+void check_through_cli(const std::string& precision, const std::string& attention) {
   const std::string python = python_interpreter();
   if (lockstep::test::run_command(python + " -c 'import torch, numpy'").code != 0) {
     lockstep::test::skip(lockstep::test::Skip::missing,
@@ -58,19 +58,28 @@ void check_through_cli(const std::string& precision) {
   const bool cuda = backend && std::string(backend) == "cuda";
   const auto r = lockstep::test::run_command(
       python + " \"" LOCKSTEP_SOURCE_DIR "/tests/model/gpt_parity.py\" --lockstep " +
-      lockstep::test::cli_path() + " --precision " + precision + (cuda ? " --device cuda" : ""));
+      lockstep::test::cli_path() + " --precision " + precision + " --attention " + attention +
+      (cuda ? " --device cuda" : ""));
   MESSAGE(r.output);
   CHECK_MESSAGE(r.code == 0, r.output);
 }
 
 }  // namespace
 
+// model.attention auto, and fused: the CPU's tiled attention (Note [Tiled attention]), which
+// auto leaves to contexts of 256 and more in fp32.
 TEST_CASE("gpt parity with PyTorch through lockstep train: fp32, the loss at 12 AdamW steps") {
-  check_through_cli("fp32");
+  for (const char* attention : {"auto", "fused"}) {
+    INFO("model.attention ", attention);
+    check_through_cli("fp32", attention);
+  }
 }
 
 TEST_CASE("gpt parity with PyTorch through lockstep train: bf16 against torch.autocast") {
-  check_through_cli("bf16");
+  for (const char* attention : {"auto", "fused"}) {
+    INFO("model.attention ", attention);
+    check_through_cli("bf16", attention);
+  }
 }
 
 TEST_CASE("gpt parity with PyTorch: the loss at 12 AdamW steps (two decay groups), every step-1 gradient, the final weights") {

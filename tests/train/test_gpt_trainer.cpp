@@ -27,19 +27,27 @@ TEST_CASE("gpt: N workers x batch B equal 1 worker x batch N*B, replicas identic
   // 8-token windows: 120 of them in 961 tokens, so every global batch of 6 or 12 is full.
   auto train = std::make_shared<TokenDataset>(token_stream(961, 8, 1));
   auto eval = std::make_shared<TokenDataset>(token_stream(161, 8, 2));
-  for (int n : {2, 3}) {
-    CAPTURE(n);
-    const int b = 12 / n;
-    Trainer many(gpt_config(n, b), train, eval);
-    Trainer one(gpt_config(1, 12), train, eval);
-    const Summary sm = many.run(), so = one.run();
-    CHECK(sm.replicas_identical);
-    CHECK(sm.replica_checks == 11);
-    CHECK(sm.parameters == so.parameters);
-    CHECK(sm.eval_loss == doctest::Approx(so.eval_loss).epsilon(1e-4));
-    CHECK(test::relative_difference(many.final_parameters(), one.final_parameters()) <= 1e-4);  // AdamW divides by sqrt(v): summation order shows a little
-    // It learned: a uniform guess over 13 tokens has loss log 13 = 2.56.
-    CHECK(so.eval_loss < 2.4);
+  // Both attention paths (auto would run the materialised one: fp32 at context 8).
+  for (const AttentionKind attention : {AttentionKind::fused, AttentionKind::materialized}) {
+    for (int n : {2, 3}) {
+      CAPTURE(n);
+      CAPTURE(to_string(attention));
+      const int b = 12 / n;
+      Config many_cfg = gpt_config(n, b), one_cfg = gpt_config(1, 12);
+      many_cfg.model.attention = one_cfg.model.attention = attention;
+      Trainer many(many_cfg, train, eval);
+      Trainer one(one_cfg, train, eval);
+      const Summary sm = many.run(), so = one.run();
+      CHECK(sm.attention == to_string(attention));
+      CHECK(sm.replicas_identical);
+      CHECK(sm.replica_checks == 11);
+      CHECK(sm.parameters == so.parameters);
+      CHECK(sm.eval_loss == doctest::Approx(so.eval_loss).epsilon(1e-4));
+      // AdamW divides by sqrt(v): summation order shows a little.
+      CHECK(test::relative_difference(many.final_parameters(), one.final_parameters()) <= 1e-4);
+      // It learned: a uniform guess over 13 tokens has loss log 13 = 2.56.
+      CHECK(so.eval_loss < 2.4);
+    }
   }
 }
 
@@ -52,6 +60,7 @@ TEST_CASE("gpt bf16: N workers x batch B match 1 worker x batch N*B, replicas id
   Config many = gpt_config(2, 6), one = gpt_config(1, 12);
   many.trainer.precision = one.trainer.precision = Precision::bf16;
   const Summary sm = Trainer(many, train, eval).run(), so = Trainer(one, train, eval).run();
+  CHECK(sm.attention == "fused");  // auto, on the CPU in bf16
   CHECK(sm.replicas_identical);
   CHECK(sm.eval_loss == doctest::Approx(so.eval_loss).epsilon(1e-3));
   CHECK(so.eval_loss < 2.4);

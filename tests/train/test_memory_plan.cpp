@@ -103,3 +103,31 @@ TEST_CASE("memory plan: the key that drives it, and a refusal that names it") {
   CHECK(detail::format_bytes(3337216) == "3.2 MiB");
   CHECK(detail::format_bytes(16e9) == "14.9 GiB");
 }
+
+TEST_CASE("memory plan: fused attention drops the (B, H, T, T) matrices, so a long context fits") {
+  // GPT-2's heads at context 2048, 2 layers of d_model 768, batch 4, fp32: the materialised
+  // path keeps the probabilities of every layer and one (B, H, T, T) gradient in the scratch.
+  Config cfg = test::small_gpt_config(1, 4);
+  cfg.model.context = 2048;
+  cfg.model.n_head = 12;
+  cfg.model.d_model = 768;
+  const TokenDataset data = test::token_stream(4 * 2048 + 1, 2048, 1);
+  const auto plan = [&](AttentionKind attention) {
+    cfg.model.attention = attention;
+    return detail::plan_memory(cfg, make_model(cfg, data, "cpu"), data, nullptr, true);
+  };
+  const detail::MemoryPlan fused = plan(AttentionKind::fused);
+  const detail::MemoryPlan materialized = plan(AttentionKind::materialized);
+  // auto, on the CPU at context 2048
+  CHECK(plan(AttentionKind::automatic).activations == fused.activations);
+  const double b = 4, h = 12, t = 2048, layers = 2;
+  // Per layer (B, H, T, T) probabilities for (B, H, T) log-sum-exps; one (B, H, T, T) scratch.
+  CHECK(materialized.activations - fused.activations ==
+        4.0 * (layers * (b * h * t * t - b * h * t) + b * h * t * t));
+  CHECK(materialized.activations >= 2.0 * fused.activations);
+  // A limit between the two: the materialised plan is refused, the fused one fits.
+  const detail::MemoryLimit limit{.bytes = (materialized.host() + fused.host()) / 2,
+                                  .source = "cgroup memory.max"};
+  CHECK_THROWS_AS(detail::check_memory_plan(materialized, limit, cfg), InputError);
+  CHECK_NOTHROW(detail::check_memory_plan(fused, limit, cfg));
+}

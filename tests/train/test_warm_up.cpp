@@ -62,6 +62,9 @@ Step1 train_gpt(Precision precision, bool warm_up) {
   Config cfg = test::small_gpt_config(1, 4);
   cfg.trainer.precision = precision;
   cfg.trainer.steps = 3;
+  // The materialised attention's batched products are this small model's oneDNN primitives:
+  // its other products, and the tiled attention's (which auto picks in bf16), go to OpenBLAS.
+  cfg.model.attention = AttentionKind::materialized;
   auto train = std::make_shared<TokenDataset>(test::token_stream(400, 8, 11));
   auto backend = std::make_shared<WatchedCpuBackend>();
   Trainer trainer(cfg, train, nullptr, nullptr, backend);

@@ -1,0 +1,196 @@
+// A GPT block's causal self-attention alone, forward + backward, per path (model.attention:
+// materialized, and fused: the CPU's tiled online softmax, Note [Tiled attention]), at B
+// sequences of T positions, H heads of D channels. Prints a table and one JSON line per (T,
+// path): the median time over --reps calls after --warmup (the paths alternating call by call),
+// TFLOP/s, and the activation bytes each path holds.
+//
+//   build/bench/bench_attention [--T 256,1024,2048] [--batch 8] [--heads 12] [--head-size 64]
+//                               [--reps 5] [--warmup 1] [--bf16] [--threads T] [--paths
+//                               materialized,fused]
+//
+// FLOPs: forward 4 B H T^2 D (q k^T and P v), backward twice that (dP, dV, dQ, dK), counted as
+// half for the causal mask: 6 B H T^2 D per forward + backward, whichever path (the
+// materialised path computes the masked half too; the tiled path skips most of it). Bytes:
+// what forward keeps for backward (the probabilities (B, H, T, T), or the log-sum-exp (B, H,
+// T)) plus the path's working memory ((B, H, T, T) fp32 for dP, and bf16 dS under bf16), the
+// sizes a GPT block reserves for them (src/model/gpt.cpp).
+#include <cstdio>
+#include <memory>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "common/random.hpp"
+#include "lockstep/lockstep.hpp"
+#include "model/attention.hpp"
+#include "stats.hpp"
+
+using namespace lockstep;
+
+namespace {
+
+struct Options {
+  std::vector<int> T{256, 1024, 2048};
+  int batch = 8, heads = 12, head_size = 64;
+  int reps = 5, warmup = 1, threads = 0;
+  bool bf16 = false;
+  std::vector<AttentionKind> paths{AttentionKind::materialized, AttentionKind::fused};
+};
+
+std::vector<std::string> split(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) out.push_back(item);
+  return out;
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    const auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw std::invalid_argument(flag + ": expected a value");
+      return argv[++i];
+    };
+    if (flag == "--T") {
+      o.T.clear();
+      for (const std::string& t : split(value())) o.T.push_back(std::stoi(t));
+    } else if (flag == "--batch") o.batch = std::stoi(value());
+    else if (flag == "--heads") o.heads = std::stoi(value());
+    else if (flag == "--head-size") o.head_size = std::stoi(value());
+    else if (flag == "--reps") o.reps = std::stoi(value());
+    else if (flag == "--warmup") o.warmup = std::stoi(value());
+    else if (flag == "--threads") o.threads = std::stoi(value());
+    else if (flag == "--bf16") o.bf16 = true;
+    else if (flag == "--paths") {
+      o.paths.clear();
+      for (const std::string& p : split(value())) {
+        if (p != "fused" && p != "materialized")
+          throw std::invalid_argument("--paths: expected fused and/or materialized, got " + p);
+        o.paths.push_back(p == "fused" ? AttentionKind::fused : AttentionKind::materialized);
+      }
+    } else {
+      throw std::invalid_argument("unknown flag " + flag);
+    }
+  }
+  return o;
+}
+
+// The buffers of one path at one shape, on the device, and their bytes.
+struct PathBuffers {
+  DeviceArray<float> lse, squares, probs32, y_product;
+  DeviceArray<std::uint16_t> probs16, squares16;
+  double kept_bytes = 0, working_bytes = 0;
+  detail::AttentionBuffers view(AttentionKind path) {
+    return {.path = path, .lse = lse.data(), .probs = {probs32.data(), probs16.data()},
+            .squares = squares.data(), .squares16 = squares16.data(),
+            .y_product = y_product.data()};
+  }
+};
+
+PathBuffers buffers(Device& dev, AttentionKind path, const AttentionShape& s, bool bf16) {
+  const std::size_t rows = std::size_t(s.batch) * s.heads * s.T, squares = rows * s.T;
+  const std::size_t nc = std::size_t(s.batch) * s.T * s.heads * s.head_size;
+  PathBuffers b;
+  if (path == AttentionKind::fused) {
+    b.lse = DeviceArray<float>(dev, rows);
+    b.kept_bytes = 4.0 * rows;
+    return b;
+  }
+  b.squares = DeviceArray<float>(dev, squares);
+  b.probs32 = DeviceArray<float>(dev, bf16 ? 0 : squares);
+  b.probs16 = DeviceArray<std::uint16_t>(dev, bf16 ? squares : 0);
+  b.squares16 = DeviceArray<std::uint16_t>(dev, bf16 ? squares : 0);
+  b.y_product = DeviceArray<float>(dev, bf16 ? nc : 0);
+  b.kept_bytes = (bf16 ? 2.0 : 4.0) * squares;
+  b.working_bytes = 4.0 * squares + (bf16 ? 2.0 * squares : 0.0);
+  return b;
+}
+
+std::vector<float> uniform(std::size_t n, std::uint64_t seed) {
+  std::vector<float> v(n);
+  for (float& x : v) x = static_cast<float>(2.0 * detail::uniform01(seed) - 1.0);
+  return v;
+}
+
+int run(const Options& o) {
+  const std::unique_ptr<Backend> backend = make_backend(BackendKind::cpu);
+  const std::unique_ptr<Device> dev = backend->create_device(0, 1, o.threads);
+  const std::vector<DeviceInfo> infos = backend->devices();
+  fmt::print("# {} ({}), {}; B={} H={} D={} {}, median of {} after {} warm-up\n",
+             infos.empty() ? "?" : infos.front().name, infos.empty() ? "" : infos.front().detail,
+             infos.empty() ? "" : infos.front().matmul, o.batch, o.heads, o.head_size,
+             o.bf16 ? "bf16" : "fp32", o.reps, o.warmup);
+  fmt::print("{:>6} {:>13} {:>10} {:>10} {:>10} {:>9} {:>12} {:>12}\n", "T", "path", "fwd ms",
+             "bwd ms", "total ms", "TFLOP/s", "kept MB", "working MB");
+  for (const int T : o.T) {
+    const AttentionShape s{o.batch, T, o.heads, o.head_size};
+    const std::size_t nc = std::size_t(o.batch) * T * o.heads * o.head_size;
+    DeviceArray<float> qkv(*dev, 3 * nc), dy(*dev, nc), y32(*dev, o.bf16 ? 0 : nc);
+    DeviceArray<float> dqkv(*dev, 3 * nc);
+    DeviceArray<std::uint16_t> qkv16(*dev, o.bf16 ? 3 * nc : 0), dy16(*dev, o.bf16 ? nc : 0);
+    DeviceArray<std::uint16_t> y16(*dev, o.bf16 ? nc : 0);
+    qkv.upload(uniform(3 * nc, 1));
+    dy.upload(uniform(nc, 2));
+    if (o.bf16) {
+      dev->to_bf16(qkv.data(), qkv16.data(), 3 * nc);
+      dev->to_bf16(dy.data(), dy16.data(), nc);
+    }
+    const MatIn q = o.bf16 ? MatIn{nullptr, qkv16.data()} : MatIn{qkv.data()};
+    const MatIn g = o.bf16 ? MatIn{nullptr, dy16.data()} : MatIn{dy.data()};
+    const MatOut y{y32.data(), y16.data()};
+    const double flops = 6.0 * o.batch * o.heads * double(T) * T * o.head_size;
+    // The paths alternate rep by rep, so that a change in the machine's load hits each alike.
+    std::vector<PathBuffers> bufs;
+    for (const AttentionKind path : o.paths) bufs.push_back(buffers(*dev, path, s, o.bf16));
+    std::vector<std::vector<double>> fwd(o.paths.size()), bwd(o.paths.size());
+    for (int rep = 0; rep < o.warmup + o.reps; ++rep) {
+      for (std::size_t p = 0; p < o.paths.size(); ++p) {
+        const detail::AttentionBuffers view = bufs[p].view(o.paths[p]);
+        const double t0 = bench::now_s();
+        detail::attention_forward(*dev, s, q, y, view);
+        dev->synchronize();
+        const double t1 = bench::now_s();
+        detail::attention_backward(*dev, s, q, y.input(), g, view, dqkv.data());
+        dev->synchronize();
+        const double t2 = bench::now_s();
+        if (rep < o.warmup) continue;
+        fwd[p].push_back(t1 - t0);
+        bwd[p].push_back(t2 - t1);
+      }
+    }
+    for (std::size_t p = 0; p < o.paths.size(); ++p) {
+      const PathBuffers& b = bufs[p];
+      const std::string_view path = to_string(o.paths[p]);
+      std::vector<double> total(fwd[p].size());
+      for (std::size_t i = 0; i < total.size(); ++i) total[i] = fwd[p][i] + bwd[p][i];
+      const double f = bench::median(fwd[p]), bk = bench::median(bwd[p]);
+      const double t = bench::median(total);
+      fmt::print("{:>6} {:>13} {:>10.2f} {:>10.2f} {:>10.2f} {:>9.4f} {:>12.2f} {:>12.2f}\n", T,
+                 path, 1e3 * f, 1e3 * bk, 1e3 * t, flops / t * 1e-12, b.kept_bytes / 1e6,
+                 b.working_bytes / 1e6);
+      fmt::print(stderr,
+                 "{{\"T\": {}, \"path\": \"{}\", \"batch\": {}, \"heads\": {}, \"head_size\": {}, "
+                 "\"precision\": \"{}\", \"forward_ms\": {:.4f}, \"backward_ms\": {:.4f}, "
+                 "\"total_ms\": {:.4f}, \"tflops\": {:.5f}, \"kept_bytes\": {}, "
+                 "\"working_bytes\": {}}}\n",
+                 T, path, o.batch, o.heads, o.head_size, o.bf16 ? "bf16" : "fp32", 1e3 * f,
+                 1e3 * bk, 1e3 * t, flops / t * 1e-12, b.kept_bytes, b.working_bytes);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(parse(argc, argv));
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "bench_attention: {}\n", e.what());
+    return 2;
+  }
+}

@@ -1,0 +1,46 @@
+// A GPT block's causal self-attention, both ways model.attention offers (AttentionKind):
+//
+//   const detail::AttentionBuffers buf{.path = AttentionKind::fused, .lse = lse};
+//   detail::attention_forward(dev, shape, qkv, y, buf);          // y = attention(q, k, v)
+//   detail::attention_backward(dev, shape, qkv, y, dy, buf, dqkv);
+//
+// fused: Device::attention_forward/backward, which keep the log-sum-exp (B, H, T) only (Note
+// [Tiled attention] in src/cpu/ops/attention.cpp). materialized: the reference, composed of
+// batched products around the causal softmax over (B, H, T, T) matrices kept for backward.
+//
+// Shapes (AttentionShape): qkv (B T, 3C) with q, k, v side by side and head h at columns h D of
+// each; y and dy (B T, C), heads side by side; dqkv (B T, 3C), overwritten. bf16 (qkv stored in
+// bf16): the rounding points of Note [bf16 compute] in model/ops.hpp.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "lockstep/device.hpp"
+
+namespace lockstep::detail {
+
+// What each path keeps from forward to backward, and its working memory.
+struct AttentionBuffers {
+  AttentionKind path = AttentionKind::materialized;  // fused or materialized
+  // fused: (B, H, T) log-sum-exp, kept.
+  float* lse = nullptr;
+  // materialized: (B, H, T, T) probabilities, kept, in y's storage (fp32 or bf16).
+  MatOut probs{};
+  // materialized: fp32 (B, H, T, T) working memory: the scores under bf16, then dP, and dS in
+  // fp32.
+  float* squares = nullptr;
+  // materialized, bf16: (B, H, T, T) bf16 working memory for dS (it may hold dy's bf16, which
+  // the products have read by then), and fp32 (B T, C) for y's product before it is rounded.
+  std::uint16_t* squares16 = nullptr;
+  float* y_product = nullptr;
+};
+
+// y = softmax_causal(q k^T / sqrt(D)) v per sequence and head, in y's storage.
+void attention_forward(Device& dev, const AttentionShape& shape, MatIn qkv, MatOut y,
+                       const AttentionBuffers& buf);
+// dqkv from dy as the products read it (fp32, or rounded to bf16), y as forward stored it.
+void attention_backward(Device& dev, const AttentionShape& shape, MatIn qkv, MatIn y, MatIn dy,
+                        const AttentionBuffers& buf, float* dqkv);
+
+}  // namespace lockstep::detail
