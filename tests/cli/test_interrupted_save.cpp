@@ -73,7 +73,8 @@ std::pair<pid_t, std::string> interrupt_save(const lockstep::test::TempDir& dir,
 
 }  // namespace
 
-TEST_CASE("cli: a save cut by a second SIGINT says so; --resume falls back to the previous checkpoint") {
+TEST_CASE("cli: a save cut by a second SIGINT says so, and --resume falls back to the previous "
+          "checkpoint") {
   const lockstep::test::TempDir dir;
   const fs::path ckpt = dir.path() / "ckpt";
   const auto [dead, err] = interrupt_save(dir, ckpt, 10);

@@ -257,7 +257,7 @@ TEST_CASE("config_hash: covers the math of training, not how or how long it runs
   CHECK_FALSE(differs([](Config& c) { c.source = "elsewhere.yaml"; }));
 }
 
-TEST_CASE("config_values: every key with its value; a resume may change only the safe ones") {
+TEST_CASE("config_values: every key with its value, and a resume may change only the safe ones") {
   Config base;
   base.trainer.steps = 100;
   const ConfigValues values = config_values(base);
