@@ -152,12 +152,13 @@ void fill_tokens(Vocabulary& v, std::vector<Entry> entries, const std::string& n
   for (std::size_t i = 0; i < entries.size(); ++i) {
     const auto [it, fresh] = v.by_bytes.emplace(entries[i].bytes, entries[i].id);
     if (!fresh) {
+      const auto earlier = it->second;  // a structured binding a lambda can capture
       const std::size_t first = std::find_if(entries.begin(), entries.end(), [&](const Entry& e) {
-                                  return e.id == it->second;
+                                  return e.id == earlier;
                                 })->line;
       fail_at(name, std::max(first, entries[i].line),
               fmt::format("duplicate token '{}': {}s {} (line {}) and {} (line {})",
-                          printable(entries[i].bytes), id_word, it->second, first, entries[i].id,
+                          printable(entries[i].bytes), id_word, earlier, first, entries[i].id,
                           entries[i].line));
     }
     v.tokens.push_back(std::move(entries[i].bytes));
