@@ -2,20 +2,20 @@
 
 Called by scripts/check_packages.sh, which says why. Usage:
   check_packages.py TRACE_DIR BUILD_DIR PACKAGE...
-TRACE_DIR holds strace logs (strace -f -o ...) of the configure, the build and the tests of the
-build folder BUILD_DIR; PACKAGE... is the install list of scripts/common.sh.
+TRACE_DIR holds strace logs (strace -f -o ...) of a fresh configure and of the tests that use
+Python; BUILD_DIR is the built folder whose compiles and links count too: their dependency files
+(*.o.d, the compiler's -MD output: every header a compile read) and link lines (link.txt: every
+library a link read); PACKAGE... is the install list of scripts/common.sh.
 
-A file counts when a program opened or ran it (the compiler its headers, the linker its
-libraries, CMake its package files, Python its modules), or when the build folder's generated
-compile and link lines name it: CMake's find_path and find_library only stat what they find.
-A file that was only stat-ed and that no compile or link line names was a probe of something
-unused (FindCUDAToolkit looks for every CUDA library, OpenCL's among them, wherever it is).
-Left out as well: shared libraries the dynamic loader maps into a running tool (opened with
-O_CLOEXEC; the linker reads the libraries it links without it), which are that tool's runtime
-(ar loads binutils' LTO plugins and the LLVM they need), and the toolchain's plugins. Of the
-tests' trace (a file name starting with "tests") only Python counts: its interpreter, its
-modules and the wheels venv installs; the tests' programs are the build's. Prints one line per package outside the
-fresh machine's set, with one file of it the build read, and exits 1 if there is any.
+Of the traces, a file counts when a program opened or ran it (CMake its package files and the
+programs it runs, Python its modules), or when the build folder's generated compile and link
+lines name it: CMake's find_path and find_library only stat what they find. A file that was only
+stat-ed and that no compile or link line names was a probe of something unused (FindCUDAToolkit
+looks for every CUDA library, OpenCL's among them, wherever it is). Left out as well: shared
+libraries the dynamic loader maps into a running tool (opened with O_CLOEXEC), which are that
+tool's runtime, and the toolchain's plugins. Of the tests' trace (a file name starting with
+"tests") only Python counts: its interpreter, its modules and the wheels venv installs; the
+tests' programs are the build's.
 """
 import os
 import re
@@ -52,10 +52,44 @@ def build_lines(build_dir):
     return "\n".join(text)
 
 
+LIBRARY_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib",
+                "/lib/x86_64-linux-gnu", "/lib")
+
+
+def built_files(build_dir):
+    """{path: how} of every header the build's compiles read and library its links named."""
+    files = {}
+    for root, _, names in os.walk(build_dir):
+        for name in names:
+            if name.endswith(".o.d"):
+                with open(os.path.join(root, name), errors="replace") as f:
+                    for word in f.read().replace("\\\n", " ").split():
+                        word = word.rstrip(":")
+                        if word.startswith("/"):
+                            files.setdefault(os.path.normpath(word), "compiled")
+            elif name == "link.txt":
+                with open(os.path.join(root, name), errors="replace") as f:
+                    for word in f.read().split():
+                        if word.startswith("/") and SHARED_OBJECT.search(word) or \
+                                word.endswith(".a") and word.startswith("/"):
+                            files.setdefault(os.path.normpath(word), "linked")
+                        elif word.startswith("-l") and len(word) > 2:
+                            for d in LIBRARY_DIRS:
+                                for ext in (".so", ".a"):
+                                    lib = f"{d}/lib{word[2:]}{ext}"
+                                    if os.path.exists(lib):
+                                        files.setdefault(lib, "linked")
+    return files
+
+
 def traced_files(trace_dir, build_dir):
-    """{path: syscall} of every file under /usr, /lib, /etc (not /usr/local) the build used."""
+    """{path: how} of every file under /usr, /lib, /etc (not /usr/local) the build used."""
     lines = build_lines(build_dir)
     files = {}
+    for path, how in built_files(build_dir).items():
+        if not path.startswith("/usr/local/") and re.match(r'^/(usr|lib|lib64|etc)/', path) \
+                and not LEFT_OUT.match(path):
+            files.setdefault(path, how)
     for name in sorted(os.listdir(trace_dir)):
         tests = name.startswith("tests")
         with open(os.path.join(trace_dir, name), errors="replace") as log:

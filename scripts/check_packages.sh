@@ -3,13 +3,19 @@
 # scripts/common.sh do not bring, so that a well-stocked machine cannot hide a missing install
 # step (a fresh Debian 12 lacked OpenCL's headers while every CI run was green).
 #
-# Configures and builds a fresh folder build-packages/ as scripts/test.sh does, then runs the
-# tests that use Python (PyTorch parity, Hugging Face interop), all under strace -f; maps every
-# file under /usr, /lib and /etc they used (not /usr/local, where the CUDA toolkit lives) to its
-# package through dpkg's file lists, and compares with what a fresh machine would have after the
-# install step: the Depends/Pre-Depends closure of the install lists and of the base system
-# (priority required or important, and essential packages). scripts/check_packages.py says
-# which files count. Prints each package outside that set with one file of it.
+# What the build used, three ways, each the cheapest that sees all of it:
+# - a fresh configure of build-packages/, as scripts/test.sh configures, under strace -f (CMake's
+#   find_path and find_library only stat what they find, and FindX modules run programs);
+# - every compile's headers, from the dependency files the compiler writes beside each object of
+#   the build folder scripts/test.sh built (CMake compiles with -MD: the same files a trace of
+#   the compiler would show, at no cost); it is built here, as test.sh does, if missing;
+# - every link's libraries, from its link line in that folder.
+# And the tests that use Python (PyTorch parity, Hugging Face and tiktoken interop) run under
+# strace -f, their virtual environments made afresh. scripts/check_packages.py maps every file
+# under /usr, /lib and /etc (not /usr/local, where the CUDA toolkit lives) to its package through
+# dpkg's file lists, and compares with what a fresh machine would have after the install step:
+# the Depends/Pre-Depends closure of the install lists and of the base system (priority required
+# or important, and essential packages). It prints each package outside that set with one file.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 listed=("${LOCKSTEP_PACKAGES[@]}" "${LOCKSTEP_TEST_PACKAGES[@]}")
@@ -27,14 +33,16 @@ traced() {
     "$@"
 }
 start=$SECONDS
-LOCKSTEP_BUILD="$work/build" traced build \
-  bash -c 'source "$1/scripts/common.sh" && configure_and_build -DLOCKSTEP_BUILD_TESTS=ON' \
-  bash "$LOCKSTEP_ROOT" > "$work/build.log" 2>&1 || { tail -n 40 "$work/build.log"; exit 1; }
-echo "check_packages: traced build in $((SECONDS - start)) s"
+traced configure cmake -S "$LOCKSTEP_ROOT" -B "$work/configure" -DCMAKE_BUILD_TYPE=Release \
+  -DLOCKSTEP_BUILD_TESTS=ON > "$work/configure.log" 2>&1 ||
+  { tail -n 40 "$work/configure.log"; exit 1; }
+[ -x "$LOCKSTEP_BUILD/tests/lockstep_tests" ] || configure_and_build -DLOCKSTEP_BUILD_TESTS=ON
+echo "check_packages: traced configure in $((SECONDS - start)) s"
 start=$SECONDS
+rm -rf "$LOCKSTEP_BUILD/python-hf" "$LOCKSTEP_BUILD/python-tiktoken"
 # Pass or skip, these tests' imports are what counts here; scripts/test.sh judges them.
-traced tests ctest --test-dir "$work/build" -R '^(gpt parity|interop)' -j "$(nproc)" \
+traced tests ctest --test-dir "$LOCKSTEP_BUILD" -R '^(gpt parity|interop)' -j "$(nproc)" \
   > "$work/tests.log" 2>&1 || true
 echo "check_packages: traced Python tests in $((SECONDS - start)) s"
-/usr/bin/python3 "$LOCKSTEP_ROOT/scripts/check_packages.py" "$work/trace" "$work/build" \
+/usr/bin/python3 "$LOCKSTEP_ROOT/scripts/check_packages.py" "$work/trace" "$LOCKSTEP_BUILD" \
   "${listed[@]}"
