@@ -11,11 +11,12 @@
 #   the compiler would show, at no cost); it is built here, as test.sh does, if missing;
 # - every link's libraries, from its link line in that folder.
 # And the tests that use Python (PyTorch parity, Hugging Face and tiktoken interop) run under
-# strace -f, their virtual environments made afresh. scripts/check_packages.py maps every file
-# under /usr, /lib and /etc (not /usr/local, where the CUDA toolkit lives) to its package through
-# dpkg's file lists, and compares with what a fresh machine would have after the install step:
-# the Depends/Pre-Depends closure of the install lists and of the base system (priority required
-# or important, and essential packages). It prints each package outside that set with one file.
+# strace -f, and a virtual environment is made as they make theirs. scripts/check_packages.py
+# maps every file under /usr, /lib and /etc (not /usr/local, where the CUDA toolkit lives) to its
+# package through dpkg's file lists, and compares with what a fresh machine would have after the
+# install step: the Depends/Pre-Depends closure of the install lists and of the base system
+# (priority required or important, and essential packages). It prints each package outside that
+# set with one file of it.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 listed=("${LOCKSTEP_PACKAGES[@]}" "${LOCKSTEP_TEST_PACKAGES[@]}")
@@ -39,7 +40,10 @@ traced configure cmake -S "$LOCKSTEP_ROOT" -B "$work/configure" -DCMAKE_BUILD_TY
 [ -x "$LOCKSTEP_BUILD/tests/lockstep_tests" ] || configure_and_build -DLOCKSTEP_BUILD_TESTS=ON
 echo "check_packages: traced configure in $((SECONDS - start)) s"
 start=$SECONDS
-rm -rf "$LOCKSTEP_BUILD/python-hf" "$LOCKSTEP_BUILD/python-tiktoken"
+# The interop tests' environments exist already (scripts/test.sh made them): making one again,
+# offline, is what reads python3-venv's files (ensurepip and its wheels).
+traced tests-venv /usr/bin/python3 -m venv "$work/venv" > "$work/venv.log" 2>&1 ||
+  { cat "$work/venv.log"; exit 1; }
 # Pass or skip, these tests' imports are what counts here; scripts/test.sh judges them.
 traced tests ctest --test-dir "$LOCKSTEP_BUILD" -R '^(gpt parity|interop)' -j "$(nproc)" \
   > "$work/tests.log" 2>&1 || true
