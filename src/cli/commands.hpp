@@ -1,15 +1,40 @@
-// The `lockstep` commands that live in files of their own (main.cpp dispatches to them).
+// The `lockstep` commands, one file each (main.cpp parses the command and dispatches).
 #pragma once
 
+#include <memory>
 #include <string_view>
 #include <vector>
+
+#include "lockstep/lockstep.hpp"
 
 namespace lockstep::cli {
 
 inline constexpr int kExitOk = 0, kExitFailure = 1, kExitBadInput = 2;
 
+// lockstep train CONFIG [--set KEY=VALUE]... [--summary-json FILE] [--scaling N,N,...]
+//                [--resume [DIR|FILE] | --init-from CKPT] [--dry-run]
+// `processes` is the MPI job this process belongs to (null: a single process).
+int train(const std::vector<std::string_view>& args,
+          const std::shared_ptr<ProcessGroup>& processes);
+
+// The signal that stopped `train` (0: none): main() reports a stop that failed by it.
+int train_stop_signal();
+
+// lockstep eval CONFIG --checkpoint CKPT [--set KEY=VALUE]...
+int eval(const std::vector<std::string_view>& args);
+
+// lockstep export CKPT --out FILE|DIR [--format torch|hf] [--dtype fp32|bf16]
+int export_weights(const std::vector<std::string_view>& args);
+
+// lockstep sample --checkpoint CKPT [--prompt TEXT] [--tokens N] [--temperature T] [--top-k K]
+//                 [--seed S] [--backend auto|cpu|cuda] [--tokenizer DIR|FILE]
+int sample(const std::vector<std::string_view>& args);
+
 // lockstep tokenize --tokenizer DIR|FILE --out FILE [--eval-out FILE --eval-fraction F]
 //                   [--format llmc|raw] INPUT...
 int tokenize(const std::vector<std::string_view>& args);
+
+// lockstep devices
+int devices(const std::shared_ptr<ProcessGroup>& processes);
 
 }  // namespace lockstep::cli

@@ -3,7 +3,6 @@
 // SIGINT/SIGTERM stop the run between batches and remove what it had written (exit 130/143);
 // a second SIGINT exits at once, which can leave a "*.tmp" file beside the output but never a
 // partial output.
-#include <signal.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -15,6 +14,7 @@
 #include <string>
 
 #include "cli/commands.hpp"
+#include "cli/signals.hpp"
 #include "lockstep/error.hpp"
 #include "lockstep/tokenizer.hpp"
 
@@ -29,28 +29,6 @@ extern "C" void on_tokenize_signal(int sig) {
   g_stop_signal.store(sig);
   g_stop.store(true);
 }
-
-// The handlers while the command runs; the previous ones after.
-class StopOnSignal {
- public:
-  StopOnSignal() {
-    struct sigaction sa {};
-    sa.sa_handler = on_tokenize_signal;
-    // No SA_RESTART: a read of standard input returns, and the run looks at the flag.
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, &old_int_);
-    sigaction(SIGTERM, &sa, &old_term_);
-  }
-  ~StopOnSignal() {
-    sigaction(SIGINT, &old_int_, nullptr);
-    sigaction(SIGTERM, &old_term_, nullptr);
-  }
-  StopOnSignal(const StopOnSignal&) = delete;
-  StopOnSignal& operator=(const StopOnSignal&) = delete;
-
- private:
-  struct sigaction old_int_ {}, old_term_ {};
-};
 
 struct TokenizeArgs {
   std::string tokenizer;
@@ -128,7 +106,7 @@ class ProgressLine {
 
 int tokenize(const std::vector<std::string_view>& argv) {
   TokenizeArgs args = parse_tokenize_args(argv);
-  const StopOnSignal signals;
+  const SignalHandlers signals(on_tokenize_signal);  // the previous ones once it returns
   const Tokenizer tokenizer = Tokenizer::load(args.tokenizer);
   ProgressLine progress;
   args.options.on_progress = [&](const TokenizeProgress& p) { progress.update(p); };

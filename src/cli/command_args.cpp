@@ -1,0 +1,55 @@
+#include "cli/command_args.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+
+namespace lockstep::cli {
+namespace {
+
+std::atomic<const char*> g_phase{"starting"};
+
+}  // namespace
+
+CommandArgs parse_command_args(std::string_view command, const std::vector<std::string_view>& args,
+                               std::initializer_list<std::string_view> flags) {
+  CommandArgs out;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string_view a = args[i];
+    const auto it = std::find_if(flags.begin(), flags.end(), [&](std::string_view f) {
+      return a == f || (a.starts_with(f) && a.size() > f.size() && a[f.size()] == '=');
+    });
+    if (it != flags.end()) {
+      std::string value;
+      if (a.size() > it->size()) value = std::string(a.substr(it->size() + 1));
+      else if (i + 1 < args.size()) value = std::string(args[++i]);
+      else throw InputError(fmt::format("{}: expected a value after it", *it));
+      if (*it == "--set") out.overrides.push_back(value);
+      else out.named[std::string(*it)] = value;
+    } else if (a.starts_with("-")) {
+      throw InputError(fmt::format("{}: unknown option '{}'; see lockstep --help", command, a));
+    } else if (out.positional.empty()) {
+      out.positional = std::string(a);
+    } else {
+      throw InputError(fmt::format("{}: unexpected argument '{}'", command, a));
+    }
+  }
+  return out;
+}
+
+BackendKind backend_flag(const CommandArgs& args) {
+  const std::string name = args.get("--backend");
+  if (name == "cpu") return BackendKind::cpu;
+  if (name == "cuda") return BackendKind::cuda;
+  if (!name.empty() && name != "auto")
+    throw InputError(fmt::format("--backend: expected auto, cpu or cuda, got '{}'", name));
+  return BackendKind::automatic;
+}
+
+void warn(const std::string& message) { fmt::print(stderr, "lockstep: warning: {}\n", message); }
+
+void set_phase(const char* phase) { g_phase.store(phase); }
+
+const char* phase() { return g_phase.load(); }
+
+}  // namespace lockstep::cli

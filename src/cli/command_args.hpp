@@ -1,0 +1,57 @@
+// What the commands share: their options, warnings, and the phase named by an out-of-memory report.
+#pragma once
+
+#include <charconv>
+#include <functional>
+#include <initializer_list>
+#include <map>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "lockstep/lockstep.hpp"
+
+namespace lockstep::cli {
+
+// Options shared by eval, export and sample: at most one positional argument, named values
+// (--flag VALUE or --flag=VALUE, the last one wins) and repeatable --set overrides.
+struct CommandArgs {
+  std::string positional;
+  std::vector<std::string> overrides;
+  std::map<std::string, std::string, std::less<>> named;
+  std::string get(std::string_view flag) const {
+    const auto it = named.find(flag);
+    return it == named.end() ? std::string() : it->second;
+  }
+};
+
+CommandArgs parse_command_args(std::string_view command, const std::vector<std::string_view>& args,
+                               std::initializer_list<std::string_view> flags);
+
+// Reads a number for `flag`, or `fallback` when the flag was not given.
+template <class T>
+T number_flag(const CommandArgs& args, std::string_view flag, T fallback) {
+  const std::string text = args.get(flag);
+  if (text.empty()) return fallback;
+  T value{};
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc{} || end != text.data() + text.size())
+    throw InputError(fmt::format("{}: expected a number, got '{}'", flag, text));
+  return value;
+}
+
+// --backend auto|cpu|cuda.
+BackendKind backend_flag(const CommandArgs& args);
+
+// "lockstep: warning: MESSAGE" on standard error.
+void warn(const std::string& message);
+
+// What the command is doing, for a std::bad_alloc that gets past the memory plan to main()
+// (Note [Memory plan]): the report names the phase, since bad_alloc names nothing.
+void set_phase(const char* phase);
+const char* phase();
+
+}  // namespace lockstep::cli

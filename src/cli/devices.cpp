@@ -1,0 +1,53 @@
+// `lockstep devices`: the backends, devices and MPI support this binary has.
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "cli/commands.hpp"
+#include "lockstep/lockstep.hpp"
+
+namespace lockstep::cli {
+namespace {
+
+// One line per device: "cpu:0  NAME  MEM GiB  DETAIL".
+void print_devices(const Backend& backend) {
+  const std::vector<DeviceInfo> list = backend.devices();
+  if (list.empty()) fmt::print("{}: no usable device\n", backend.name());
+  for (const DeviceInfo& d : list)
+    fmt::print("{}:{}  {}  {:.1f} GiB  {}{}\n", d.backend, d.id, d.name,
+               static_cast<double>(d.memory_bytes) / (1024.0 * 1024.0 * 1024.0), d.detail,
+               d.matmul.empty() ? "" : "; matrix products: " + d.matmul);
+}
+
+}  // namespace
+
+int devices(const std::shared_ptr<ProcessGroup>& processes) {
+  fmt::print("lockstep {}\n", kVersion);
+  if (const std::string mpi = mpi_library(); mpi.empty())
+    fmt::print("mpi: not built in (single-process runs only)\n");
+  else if (processes)
+    fmt::print("mpi: built in ({}); this is process {} of {}\n", mpi, processes->rank(),
+               processes->size());
+  else
+    fmt::print("mpi: built in ({}); not started by mpirun or srun\n", mpi);
+  const CudaSupport cuda = cuda_support();
+  if (cuda.built) fmt::print("cuda: built in ({})\n", cuda.summary);
+  else fmt::print("cuda: not built in (CPU-only build)\n");
+  print_devices(*make_backend(BackendKind::cpu));
+  if (cuda.gpus > 0) print_devices(*make_backend(BackendKind::cuda));
+  // model.attention auto at GPT-2's context in fp32; below kFusedAttentionContext the CPU
+  // runs fp32 materialised (choose_attention).
+  for (const std::string_view backend : {"cpu", "cuda"}) {
+    if (backend == "cuda" && !cuda.built) continue;
+    const AttentionChoice auto_choice =
+        choose_attention(AttentionKind::automatic, backend, Precision::fp32, 1024);
+    fmt::print("{}: attention (model.attention auto, context 1024): {}: {}\n", backend,
+               to_string(auto_choice.path), auto_choice.detail);
+  }
+  return kExitOk;
+}
+
+}  // namespace lockstep::cli

@@ -1,0 +1,387 @@
+// `lockstep train`: one run, --resume or --init-from, --dry-run, --scaling; signals stop it
+// after a step with a checkpoint.
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "cli/command_args.hpp"
+#include "cli/commands.hpp"
+#include "cli/progress.hpp"
+#include "cli/signals.hpp"
+#include "cli/train_messages.hpp"
+#include "io/output_path.hpp"
+#include "lockstep/lockstep.hpp"
+
+namespace fs = std::filesystem;
+
+namespace lockstep::cli {
+namespace {
+
+struct TrainArgs {
+  std::string config;
+  std::vector<std::string> overrides;
+  std::string summary_json;
+  std::vector<int> scaling;  // device counts
+  std::optional<std::string> resume;  // "" = trainer.checkpoint.dir
+  std::string init_from;              // weights only: a checkpoint, an export or an HF directory
+  bool dry_run = false;  // print the run's plan (steps, memory) and stop before step 1
+};
+
+std::vector<int> parse_counts(std::string_view flag, const std::string& text) {
+  std::vector<int> out;
+  std::size_t pos = 0;
+  while (pos <= text.size()) {
+    const std::size_t comma = std::min(text.find(',', pos), text.size());
+    const std::string item = text.substr(pos, comma - pos);
+    int value = 0;
+    std::size_t used = 0;
+    try {
+      value = std::stoi(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != item.size() || value < 1 || value > 1024)
+      throw InputError(fmt::format("{} {}: expected device counts like 1,2,4, got '{}'", flag, text, item));
+    out.push_back(value);
+    pos = comma + 1;
+  }
+  return out;
+}
+
+TrainArgs parse_train_args(const std::vector<std::string_view>& args) {
+  TrainArgs out;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string_view a = args[i];
+    auto value = [&](std::string_view flag) -> std::string {
+      if (a.size() > flag.size() && a[flag.size()] == '=') return std::string(a.substr(flag.size() + 1));
+      if (i + 1 >= args.size()) throw InputError(fmt::format("{}: expected a value after it", flag));
+      return std::string(args[++i]);
+    };
+    if (a == "--set" || a.starts_with("--set=")) {
+      out.overrides.push_back(value("--set"));
+    } else if (a == "--summary-json" || a.starts_with("--summary-json=")) {
+      out.summary_json = value("--summary-json");
+    } else if (a == "--resume" || a.starts_with("--resume=")) {
+      // The path is optional: take the next argument only once CONFIG is known.
+      if (a.starts_with("--resume=")) out.resume = std::string(a.substr(9));
+      else if (!out.config.empty() && i + 1 < args.size() && !args[i + 1].starts_with("-"))
+        out.resume = std::string(args[++i]);
+      else out.resume = std::string();
+    } else if (a == "--init-from" || a.starts_with("--init-from=")) {
+      out.init_from = value("--init-from");
+    } else if (a == "--dry-run") {
+      out.dry_run = true;
+    } else if (a == "--scaling" || a.starts_with("--scaling=")) {
+      out.scaling = parse_counts("--scaling", value("--scaling"));
+    } else if (a.starts_with("-")) {
+      throw InputError(fmt::format("train: unknown option '{}'; see lockstep --help", a));
+    } else if (out.config.empty()) {
+      out.config = std::string(a);
+    } else {
+      throw InputError(fmt::format("train: unexpected argument '{}' (the config is '{}')", a, out.config));
+    }
+  }
+  if (out.config.empty()) throw InputError("train: expected a CONFIG file; see lockstep --help");
+  if (!out.init_from.empty() && out.resume)
+    throw InputError("train: --resume continues a run exactly, --init-from starts a new one from "
+                     "weights: give one or the other");
+  if (!out.init_from.empty() && !out.scaling.empty())
+    throw InputError("train: --scaling trains from the config's initial weights: drop --init-from");
+  return out;
+}
+
+
+// Trains once per device count and compares steady-state throughput with the ideal
+// (one device's samples/s times N). The first tenth of each run is warm-up and not timed.
+int scaling(const Config& base, const DataSplit& data, const TrainArgs& args) {
+  struct Point {
+    int devices;
+    double samples_per_s;
+    Summary summary;
+  };
+  std::vector<Point> points;
+  for (int n : args.scaling) {
+    Config cfg = base;
+    cfg.trainer.devices.resize(n);
+    std::iota(cfg.trainer.devices.begin(), cfg.trainer.devices.end(), 0);
+    Trainer trainer(cfg, data.train, data.eval);
+    const std::int64_t total = trainer.total_steps();
+    const std::int64_t warmup = std::max<std::int64_t>(1, total / 10);
+    double t_warm = 0.0, t_end = 0.0;
+    trainer.on_progress([&](const StepMetrics& m) {
+      if (m.step == warmup) t_warm = m.elapsed_s;
+      if (m.step == total) t_end = m.elapsed_s;
+    });
+    fmt::print("scaling: {} device(s), {} steps\n", n, total);
+    std::fflush(stdout);
+    const Summary s = trainer.run();
+    const double samples = static_cast<double>(total - warmup) * cfg.data.batch_size *
+              cfg.trainer.accumulate_steps * n;
+    const double sps = total > warmup && t_end > t_warm ? samples / (t_end - t_warm)
+                                                        : s.samples_per_s;
+    points.push_back({n, sps, s});
+  }
+  const double one = points.front().samples_per_s / points.front().devices;  // per device
+  fmt::print("\n{:>8} {:>12} {:>8} {:>10}  {}\n", "devices", "samples/s", "speedup",
+             "efficiency", "ideal = one device's samples/s x N");
+  std::string json = "{\n  \"scaling\": [\n";
+  for (std::size_t i = 0; i < points.size(); ++i) {
+    const Point& p = points[i];
+    const double speedup = p.samples_per_s / one, efficiency = speedup / p.devices;
+    fmt::print("{:>8} {:>12.0f} {:>8.2f} {:>9.0f}%\n", p.devices, p.samples_per_s, speedup,
+               100.0 * efficiency);
+    json += fmt::format(
+        "    {{\"devices\": {}, \"samples_per_s\": {:.6g}, \"speedup\": {:.6g}, "
+        "\"efficiency\": {:.6g}, \"summary\": {}}}{}\n",
+        p.devices, p.samples_per_s, speedup, efficiency, p.summary.to_json(),
+        i + 1 < points.size() ? "," : "");
+  }
+  json += "  ]\n}\n";
+  if (!args.summary_json.empty()) write_file_atomically(args.summary_json, json);
+  const bool identical = std::all_of(points.begin(), points.end(),
+                                     [](const Point& p) { return p.summary.replicas_identical; });
+  return identical ? kExitOk : kExitFailure;
+}
+
+// SIGINT/SIGTERM: the first asks the trainer to stop after the current step (and checkpoint);
+// a second SIGINT exits at once, saying so in one line (and which checkpoint it leaves
+// incomplete: the next --resume falls back to the previous one). The handler only touches
+// lock-free atomics. It may run on any thread, so it counts itself in g_in_handler while it uses
+// the trainer, and detaching waits for that count to drop: no handler still holds the trainer
+// once it is destroyed.
+std::atomic<int> g_signal{0};
+std::atomic<Trainer*> g_trainer{nullptr};
+std::atomic<int> g_in_handler{0};
+
+extern "C" void on_signal(int sig) {
+  if (sig == SIGINT && g_signal.load() != 0) {
+    g_in_handler.fetch_add(1);  // never undone: the trainer outlives this process
+    const Trainer* t = g_trainer.load();
+    write_exit_now_line(t ? t->saving_step() : -1);
+    std::_Exit(128 + SIGINT);
+  }
+  g_signal.store(sig);
+  g_in_handler.fetch_add(1);
+  if (Trainer* t = g_trainer.load()) t->request_stop();
+  g_in_handler.fetch_sub(1);
+}
+
+// Installed before the config and data are read, so that a signal during start-up is kept
+// (not fatal) and stops the run after its first step, once attach() names the trainer. The
+// trainer is named only while an Attachment lives, which the caller declares after the Trainer:
+// the scope itself outlives the Trainer, and a signal after the Trainer is gone must not reach
+// it.
+class SignalScope {
+ public:
+  class Attachment {
+   public:
+    explicit Attachment(Trainer& trainer) {
+      g_trainer.store(&trainer);
+      if (g_signal.load() != 0) trainer.request_stop();  // a signal that came before we were ready
+    }
+    ~Attachment() {
+      g_trainer.store(nullptr);
+      while (g_in_handler.load() != 0) std::this_thread::yield();
+    }
+    Attachment(const Attachment&) = delete;
+    Attachment& operator=(const Attachment&) = delete;
+  };
+
+  SignalScope() : handlers_(on_signal) {}
+  SignalScope(const SignalScope&) = delete;
+  SignalScope& operator=(const SignalScope&) = delete;
+
+ private:
+  SignalHandlers handlers_;
+};
+
+// The run's output files: their directories are made now, as checkpoint directories are, and
+// each is checked before anything is printed or trained (Note [Checking an output]). The
+// Trainer checks its own again, for embedders.
+void prepare_cli_outputs(const TrainArgs& args, const TrainerConfig& tc, bool leader) {
+  if (!leader) return;
+  const std::pair<std::string_view, const std::string*> outputs[] = {
+      {"--summary-json", &args.summary_json}, {"trainer.report", &tc.report},
+      {"trainer.metrics", &tc.metrics}, {"trainer.trace", &tc.trace}};
+  for (const auto& [name, file] : outputs)
+    if (!file->empty()) detail::prepare_output_file(*file, name);
+}
+
+// --resume [DIR|FILE]: loads the checkpoint into `trainer`, or warns that there is none.
+void resume_exactly(Trainer& trainer, const Config& cfg, const TrainArgs& args, bool leader) {
+  const fs::path from =
+      args.resume->empty() ? fs::path(cfg.trainer.checkpoint.dir) : fs::path(*args.resume);
+  if (from.empty())
+    throw InputError("--resume: give a checkpoint DIR or FILE, or set trainer.checkpoint.dir");
+  std::optional<Checkpoint> ckpt;
+  if (fs::is_directory(from)) {
+    try {
+      ckpt = CheckpointManager(from, 0).load_latest(warn);
+    } catch (const InputError& e) {  // none complete: the weights of one may still be whole
+      throw InputError(e.what() + init_from_hint(from, args.config, args.overrides));
+    }
+  } else if (fs::exists(from)) {
+    ckpt = CheckpointManager::load(from, warn);
+  } else if (!args.resume->empty()) {
+    throw InputError(fmt::format("--resume {}: no such file or directory", from.string()));
+  }
+  if (ckpt) {
+    if (leader)
+      fmt::print("resuming from {} (step {})\n", ckpt->weights_file.string(), ckpt->state.step);
+    trainer.resume_from(std::move(*ckpt));
+    if (leader) print_resume_changes(stdout, trainer);
+  } else {
+    warn(fmt::format("--resume: no checkpoint in {}; starting from scratch", from.string()));
+  }
+}
+
+// --resume continues one run exactly; a user who wants the weights alone (another config, an
+// export, new data) is told about --init-from.
+void resume(Trainer& trainer, const Config& cfg, const TrainArgs& args, bool leader) {
+  try {
+    resume_exactly(trainer, cfg, args, leader);
+  } catch (const InputError& e) {
+    throw InputError(fmt::format("{}\n  (--resume continues a run exactly, with its optimiser "
+                                 "state and config; to start a new run from these weights, use "
+                                 "--init-from)", e.what()));
+  }
+}
+
+// --init-from PATH: the weights alone, in the config's model.
+void init_from(Trainer& trainer, const std::string& path, bool leader) {
+  Weights weights = load_weights(path, trainer.model().param_tensors());
+  if (leader)
+    fmt::print("initialised from {} (weights only: step 0, a fresh optimiser and schedule)\n",
+               weights.file.string());
+  trainer.init_from(std::move(weights));
+}
+
+// A batch larger than a worker's shard repeats samples within every batch (the sampler pads
+// the shard by wrap-around): legal, but rarely meant.
+void warn_if_batch_exceeds_shard(const Config& cfg, const Dataset& train,
+                                 const std::shared_ptr<ProcessGroup>& processes) {
+  const std::size_t workers = cfg.trainer.devices.size() * (processes ? processes->size() : 1);
+  const std::size_t shard = (train.size() + workers - 1) / workers;
+  if (static_cast<std::size_t>(cfg.data.batch_size) > shard)
+    warn(fmt::format("data.batch_size {} is larger than each worker's shard of {} samples ({} "
+                     "training samples over {} workers): every batch repeats samples",
+                     cfg.data.batch_size, shard, train.size(), workers));
+}
+
+// The line that opens a run, printed by the leader.
+void print_run_header(const Trainer& trainer, const Config& cfg,
+                      const std::shared_ptr<ProcessGroup>& processes) {
+  if (processes && processes->size() > 1)
+    fmt::print("training {} parameters on {} worker(s) ({} processes x {}), {} steps, batch {} "
+               "per worker\n",
+               trainer.model().param_count(), cfg.trainer.devices.size() * processes->size(),
+               processes->size(), cfg.trainer.devices.size(), trainer.total_steps(),
+               cfg.data.batch_size);
+  else
+    fmt::print("training {} parameters on {} worker(s), {} steps, batch {} per worker\n",
+               trainer.model().param_count(), cfg.trainer.devices.size(), trainer.total_steps(),
+               cfg.data.batch_size);
+}
+
+// Runs `trainer` with its metrics shown as progress; signals reach it while it runs.
+Summary run_with_progress(Trainer& trainer) {
+  const bool live = isatty(STDERR_FILENO) != 0;
+  Progress progress(live ? stderr : stdout, live);
+  trainer.on_progress([&](const StepMetrics& m) {
+    progress.step(m);
+  });
+  trainer.on_step([&](const StepMetrics& m) { progress.log(m); });
+  trainer.on_eval([&](const EvalMetrics& m) {
+    progress.eval(m);
+  });
+  trainer.on_checkpoint([&](std::int64_t step, const std::string& weights_file) {
+    progress.checkpoint(step, weights_file);
+  });
+  Summary summary;
+  try {
+    const SignalScope::Attachment attached(trainer);
+    summary = trainer.run();
+  } catch (...) {
+    progress.finish();
+    throw;
+  }
+  progress.finish();
+  return summary;
+}
+
+}  // namespace
+
+int train(const std::vector<std::string_view>& argv,
+          const std::shared_ptr<ProcessGroup>& processes) {
+  const TrainArgs args = parse_train_args(argv);
+  const bool several = processes && processes->size() > 1;
+  const bool leader = !processes || processes->rank() == 0;  // prints and writes
+
+  std::optional<SignalScope> signals;  // --scaling keeps the default handlers: Ctrl-C ends it
+  if (args.scaling.empty()) signals.emplace();
+  set_phase("reading the config");
+  const Config cfg = load_config(args.config, args.overrides);
+  prepare_cli_outputs(args, cfg.trainer, leader);
+  set_phase("loading the data");
+  const DataSplit data = load_dataset(cfg);  // paths already resolved: Note [Config paths]
+  set_phase("setting up the trainer");
+
+  if (!args.scaling.empty()) {
+    if (several) throw InputError("--scaling: trains within one process; run it without mpirun");
+    return scaling(cfg, data, args);
+  }
+
+  Trainer trainer(cfg, data.train, data.eval, processes);
+  if (args.resume) resume(trainer, cfg, args, leader);
+  if (!args.init_from.empty()) init_from(trainer, args.init_from, leader);
+  if (trainer.resumed_step() >= trainer.total_steps()) {
+    if (leader)
+      fmt::print("nothing to do: the checkpoint is at step {} and the run has {} steps (raise "
+                 "trainer.steps to train on)\n", trainer.resumed_step(), trainer.total_steps());
+    return kExitOk;
+  }
+  if (leader) {
+    print_run_header(trainer, cfg, processes);
+    print_outputs(stdout, cfg, args.summary_json);
+    warn_if_batch_exceeds_shard(cfg, *data.train, processes);
+  }
+  if (args.dry_run) {
+    if (cfg.model.type == "gpt") {
+      const AttentionChoice attention = attention_choice(cfg);
+      fmt::print("attention: {}: {}\n", to_string(attention.path), attention.detail);
+    }
+    fmt::print("memory plan: {}\n", trainer.memory_plan());
+    return kExitOk;
+  }
+  std::fflush(stdout);
+  set_phase("training");
+  const Summary summary = run_with_progress(trainer);
+  set_phase("writing the outputs");
+  if (leader) {
+    print_summary(stdout, summary);
+    if (!args.summary_json.empty()) write_file_atomically(args.summary_json, summary.to_json());
+  }
+  if (const int sig = g_signal.load(); sig != 0 && leader) {
+    fmt::print(stderr, "lockstep: stopped by signal {} after step {}{}\n", sig, summary.steps,
+               summary.last_checkpoint.empty() ? " (no trainer.checkpoint.dir: nothing saved)"
+                                               : "; checkpoint " + summary.last_checkpoint);
+    return 128 + sig;
+  }
+  return summary.replicas_identical ? kExitOk : kExitFailure;
+}
+
+int train_stop_signal() { return g_signal.load(); }
+
+}  // namespace lockstep::cli
