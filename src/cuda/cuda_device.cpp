@@ -185,11 +185,43 @@ std::unique_ptr<StagedBuffer> CudaDevice::make_staged_buffer(std::size_t bytes) 
   return std::make_unique<CudaStagedBuffer>(*this, stream(), copy_stream_.get(), bytes);
 }
 
+// A cudaMemcpyAsync into pageable memory returns only once the copy is done, so the host thread
+// would wait inside CUDA, behind every kernel queued before it (a collective whose peer died
+// among them), where no abort reaches it (Note [Abortable waits]). So the bytes come through
+// the two pinned chunks, as copy_to_device's go: each chunk's copy is queued, its end recorded
+// and polled with wait_until; while one chunk is on its way the other's bytes are copied out.
 void CudaDevice::copy_to_host(void* host_dst, const void* src, std::size_t bytes) {
   if (bytes == 0) return;
   count_host_sync();
-  CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, stream()));
-  wait_for_stream();
+  auto* out = static_cast<char*>(host_dst);
+  const auto* in = static_cast<const char*>(src);
+  std::size_t pending_at[2] = {0, 0}, pending_len[2] = {0, 0};  // a chunk's bytes on their way
+  const auto collect = [&](int k) {  // waits for chunk k's copy, then copies its bytes out
+    if (pending_len[k] == 0) return;
+    const cudaEvent_t copied = staging_done_[k].get();
+    wait_until([copied] { return event_done(copied); });
+    std::memcpy(out + pending_at[k], static_cast<char*>(staging_.get()) + k * kStagingChunk,
+                pending_len[k]);
+    pending_len[k] = 0;
+  };
+  for (std::size_t done = 0; done < bytes;) {
+    const std::size_t len = std::min(kStagingChunk, bytes - done);
+    const int k = next_chunk_;
+    next_chunk_ = 1 - k;
+    collect(k);
+    // The chunk may still be the source of an upload that copy_to_device queued.
+    const cudaEvent_t chunk_free = staging_done_[k].get();
+    wait_until([chunk_free] { return event_done(chunk_free); });
+    char* chunk = static_cast<char*>(staging_.get()) + static_cast<std::size_t>(k) * kStagingChunk;
+    CUDA_CHECK(cudaMemcpyAsync(chunk, in + done, len, cudaMemcpyDeviceToHost, stream()));
+    CUDA_CHECK(cudaEventRecord(staging_done_[k].get(), stream()));
+    pending_at[k] = done;
+    pending_len[k] = len;
+    done += len;
+  }
+  // The older chunk first: its copy was queued first.
+  collect(next_chunk_);
+  collect(1 - next_chunk_);
 }
 
 void CudaDevice::copy(void* dst, const void* src, std::size_t bytes) {

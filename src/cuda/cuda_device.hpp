@@ -11,7 +11,8 @@
 // syncs] in device.hpp), as does growing a workspace that reserve_workspace did not size; the
 // rest only enqueues. The loss, the grain sums and the step's control stay in device memory.
 // copy_to_device copies the host data into pinned staging memory before it returns, so the
-// caller may reuse its buffer at once, and the transfer itself is queued on the stream.
+// caller may reuse its buffer at once, and the transfer itself is queued on the stream;
+// copy_to_host comes back through the same pinned memory, so that its wait polls too.
 // Staged buffers (the trainer's next batch, cuda_staged_buffer.hpp) copy through their own
 // pinned memory on the device's copy stream, so the transfer overlaps the kernels already queued.
 #pragma once
@@ -162,8 +163,8 @@ class CudaDevice final : public Device {
   int row_capacity_ = 0;
   DeviceMemory scratch_;  // scratch_bytes_: embedding_backward's sort, LayerNorm's partials
   std::size_t scratch_bytes_ = 0;
-  // copy_to_device's two pinned chunks of kStagingChunk bytes, each with an event recorded
-  // after its last transfer: a chunk is refilled once that transfer is done.
+  // copy_to_device's and copy_to_host's two pinned chunks of kStagingChunk bytes, each with an
+  // event recorded after its last transfer: a chunk is reused once that transfer is done.
   PinnedMemory staging_;
   Event staging_done_[2];
   int next_chunk_ = 0;

@@ -46,6 +46,7 @@
 //   of NCCL, until the top level ends the job (MPI_Abort).
 #include "cuda/nccl_comm.hpp"
 
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -61,6 +62,24 @@
 
 namespace lockstep::cuda {
 namespace {
+
+// Note [NCCL connections]
+//   NCCL 2.22 and later connect the ranks lazily by default (NCCL_RUNTIME_CONNECT=1): the first
+//   collective of each algorithm connects inside its ncclGroupEnd and waits there for every
+//   peer. Our enqueue holds its rank's communicator lock through ncclGroupEnd (Note [NCCL
+//   abort]), so a peer that never arrives (it failed after the barrier, or its device did) would
+//   leave the owner blocked holding the lock, and the abort, which takes every rank's lock, blocked
+//   behind it: run() would never return. So the connections are made when the communicators are
+//   made (NCCL_RUNTIME_CONNECT=0), where the ranks are all present by construction (one
+//   ncclCommInitAll, or one group of ncclCommInitRank after the id's broadcast), and an enqueue
+//   then only queues work. It costs some start-up time and the buffers of algorithms the run may
+//   never use. A user who sets NCCL_RUNTIME_CONNECT is obeyed. The variable is set before the
+//   first communicator is made, on the thread that makes the workers, before they start (setenv
+//   is not safe against a concurrent getenv).
+void connect_eagerly() {
+  static std::once_flag once;
+  std::call_once(once, [] { (void)setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/0); });
+}
 
 // ncclGroupStart() now, ncclGroupEnd() at end() or, if an enqueue threw first, on unwinding.
 class NcclGroup {
@@ -140,6 +159,12 @@ class NcclCommunicator final : public Communicator {
   ~NcclCommunicator() override {  // Note [NCCL teardown]
     DeviceGuard guard(device_id_);
     comms_->release(local_, control_->aborted());
+    // The stream and events belong to our device: released here, while it is current, rather
+    // than after the guard (this may run on a thread whose current device is another GPU).
+    async_ = AsyncCollectives{};
+    done_.reset();
+    ready_.reset();
+    comm_stream_.reset();
   }
 
   int rank() const noexcept override { return rank_; }
@@ -312,6 +337,7 @@ std::vector<std::unique_ptr<Communicator>> make_nccl_group(
     std::span<const int> device_ids, std::shared_ptr<ProcessGroup> processes) {
   const int n = static_cast<int>(device_ids.size());
   if (n < 1) throw std::invalid_argument("make_nccl_group: no devices");
+  connect_eagerly();
   std::vector<std::unique_ptr<Communicator>> control = make_shared_memory_group(n);
   std::vector<ncclComm_t> comms(n, nullptr);
   int first_rank = 0, world = n;
@@ -321,17 +347,14 @@ std::vector<std::unique_ptr<Communicator>> make_nccl_group(
     ncclUniqueId id{};
     if (processes->rank() == 0) NCCL_CHECK(ncclGetUniqueId(&id));
     processes->broadcast_bytes(&id, sizeof id, 0);
-    int current = 0;
-    CUDA_CHECK(cudaGetDevice(&current));
-    {
-      NcclGroup group;
-      for (int r = 0; r < n; ++r) {
-        CUDA_CHECK(cudaSetDevice(device_ids[r]));
-        NCCL_CHECK(ncclCommInitRank(&comms[r], world, id, first_rank + r));
-      }
-      group.end();
+    NcclGroup group;
+    for (int r = 0; r < n; ++r) {
+      // ncclCommInitRank takes the current device; the caller's is current again after each
+      // call, even one that throws.
+      const DeviceGuard on(device_ids[r]);
+      NCCL_CHECK(ncclCommInitRank(&comms[r], world, id, first_rank + r));
     }
-    CUDA_CHECK(cudaSetDevice(current));
+    group.end();
     control = make_hierarchical_group(std::move(control), std::move(processes));
   } else {
     NCCL_CHECK(ncclCommInitAll(comms.data(), n, device_ids.data()));

@@ -83,6 +83,29 @@ class PeerCommunicator final : public Communicator {
                    std::unique_ptr<Communicator> control)
       : group_(std::move(group)), rank_(rank), control_(std::move(control)) {}
 
+  PeerCommunicator(const PeerCommunicator&) = delete;
+  PeerCommunicator& operator=(const PeerCommunicator&) = delete;
+
+  // The stream, events and staging memory belong to our device: released with it current (this
+  // may run on a thread whose current device is another GPU), the memory only once the stream
+  // that may still read it is idle (drain() ran before; after an abort it may not be).
+  ~PeerCommunicator() override {
+    const DeviceGuard guard(group_->device_ids[rank_]);
+    bool idle = true;
+    try {
+      idle = !comm_stream_ || stream_idle(comm_stream_.get());
+    } catch (...) {  // a device error: the stream's work will not finish
+      idle = false;
+    }
+    if (!idle) (void)staging_.release();
+    staging_.reset();
+    async_ = AsyncCollectives{};
+    done_.reset();
+    reduced_.reset();
+    ready_.reset();
+    comm_stream_.reset();
+  }
+
   int rank() const noexcept override { return rank_; }
   int size() const noexcept override { return static_cast<int>(group_->device_ids.size()); }
 
@@ -263,7 +286,9 @@ class PeerCommunicator final : public Communicator {
     if (direct_[q]) return src;
     const std::size_t need = s.size() * static_cast<std::size_t>(size());
     if (need > staging_capacity_) {
-      CUDA_CHECK(cudaStreamSynchronize(comm_stream_.get()));  // the old one may be in use
+      // The old buffer may be in use. A poll, not cudaStreamSynchronize: the stream may wait
+      // for a rank that failed, and the abort must reach us here (Note [Abortable waits]).
+      wait_for_idle(comm_stream_.get(), [this] { return aborted(); });
       staging_ = make_device_memory(need * sizeof(float));
       staging_capacity_ = need;
     }

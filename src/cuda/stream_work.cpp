@@ -149,6 +149,13 @@ std::unique_ptr<CommWork> AsyncCollectives::start(const std::function<void()>& c
   return work;
 }
 
+void wait_for_idle(cudaStream_t s, const std::function<bool()>& aborted) {
+  while (!stream_idle(s)) {
+    if (aborted()) throw CommAborted();
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
 void drain_stream(cudaStream_t comm, int device_id, const std::function<bool()>& give_up) noexcept {
   if (!comm) return;
   DeviceGuard guard(device_id);

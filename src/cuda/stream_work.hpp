@@ -121,6 +121,11 @@ class AsyncCollectives {
   StreamWork* deferred_ = nullptr;
 };
 
+// Returns once `s` is idle; throws CommAborted once `aborted()` is true first (Note [Abortable
+// waits] in lockstep/device.hpp), CudaError on a device error. For a communicator's own stream,
+// which no Device::wait_until covers.
+void wait_for_idle(cudaStream_t s, const std::function<bool()>& aborted);
+
 // Communicator::drain for a comm stream: polls until `comm` on device `device_id` is idle, or
 // `give_up()` (after an abort, NCCL's kernels end on their own; a device keeps the memory of a
 // stream still busy). Never throws.
