@@ -137,6 +137,25 @@ void Optimizer::load_state(std::span<const StateVector> state, std::int64_t step
   t_ = steps_taken;
 }
 
+void warm_up_step_tail(Device& device, const OptimizerConfig& cfg, bool bf16) {
+  constexpr std::size_t n = 64;
+  DeviceArray<float> params(device, n), grads(device, n);
+  DeviceArray<double> sums(device, 1);
+  DeviceArray<StepControl> control(device, 1);
+  DeviceArray<std::uint16_t> params_bf16(device, bf16 ? n : 0);
+  device.sum_squares_grains(grads.data(), n, n, sums.data());
+  device.step_control(sums.data(), 1, cfg.clip_grad_norm, control.data());
+  Optimizer optimizer(device, cfg, n);
+  optimizer.begin_step();
+  optimizer.apply(params.data(), grads.data(), 0.0, 0, n, control.data(), params_bf16.data());
+  optimizer.apply(params.data(), grads.data(), 0.0, 0, n, nullptr, params_bf16.data());
+  if (bf16) {  // the gradient's wire format (trainer.grad_reduce_dtype) and back
+    device.to_bf16(grads.data(), params_bf16.data(), n);
+    device.from_bf16(params_bf16.data(), grads.data(), n);
+  }
+  (void)device.hash(params.data(), n);  // waits for all of it
+}
+
 double learning_rate(const OptimizerConfig& opt, const ScheduleConfig& schedule, std::int64_t step,
                      std::int64_t total) {
   switch (schedule.type) {

@@ -97,6 +97,14 @@ class Optimizer {
   std::int64_t t_ = 0;
 };
 
+// Note [Warm-up] in worker_loop.hpp, for the end of a step: launches, once and on scratch
+// memory, every kernel that a step runs after backward (the gradient's grain sums, the step's
+// control, the optimiser's update with and without the control, the bf16 conversions when
+// `bf16`, the replica hash), with `cfg`'s optimiser. A GPU loads each kernel at its first launch
+// (CUDA 13 loads lazily), and a load may wait for every kernel running on the device, NCCL's
+// among them: after this, step 1 loads nothing while its collectives run. Touches no state.
+void warm_up_step_tail(Device& device, const OptimizerConfig& cfg, bool bf16);
+
 // The learning rate for 0-based optimiser step `step` of `total`.
 //   constant:       lr
 //   warmup_cosine:  lr * (step + 1) / warmup for step < warmup, then a cosine from lr down to

@@ -253,6 +253,7 @@ void WorkerLoop::warm_up() {
   enter(Phase::warm_up);
   TraceSpan span(track_, "warm-up");
   res_.replica->warm_up(run_.cfg.data.batch_size);
+  warm_up_step_tail(*res_.device, run_.cfg.optimizer, res_.replica->params_bf16() != nullptr);
 }
 
 void WorkerLoop::begin_step() {

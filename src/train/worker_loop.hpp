@@ -33,7 +33,9 @@
 //   zero gradient of the logits (Replica::warm_up), so that what a device makes on the first
 //   product of each shape (oneDNN primitives on the CPU, Note [CPU matrix products] in
 //   src/cpu/matmul.hpp; cuBLAS's first-call set-up) costs step 1 nothing: gpt_tiny's step 1 took
-//   about 1.8x a later step without it, and as long as one with it (bench/RESULTS.md). It touches
+//   about 1.8x a later step without it, and as long as one with it (bench/RESULTS.md). Then the
+//   kernels of the step's end run once on scratch memory (warm_up_step_tail in optimizer.hpp), so
+//   that a GPU has loaded every kernel of a step before its first collective. It touches
 //   no optimiser state, loss statistics, random state, data position or step count, and leaves
 //   the gradients zero, so every result is what it was without it. It runs before the loop's
 //   clock (loop_s) and step 1's count of host syncs start (Note [Host syncs] in device.hpp). Eval
