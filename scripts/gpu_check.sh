@@ -36,7 +36,8 @@
 #     the build does not report it) and the share of communication hidden; bench_kernels (the
 #     kernels of issue 17 at GPT-2 124M's shapes, the LM head with and without the padded
 #     vocabulary); two fault cases on 4 peer replicas (LOCKSTEP_FAULT forward, and stall with
-#     trainer.step_timeout_s 2), each of which must exit 1 within 10 s; the PyTorch MLP
+#     trainer.step_timeout_s 2), each of which must exit 1 within 10 s; two processes making one
+#     2-rank NCCL communicator on GPU 0 (issue 31, two_process_phase below); the PyTorch MLP
 #     reference; then the table: lockstep and PyTorch samples/s and their ratio, the GPT
 #     figures, the step figures, the fault cases and the kernels;
 #   - without one: says so plainly ("no usable GPU: <reason>") and exits 0 once the build and the
@@ -92,6 +93,24 @@ run_phase() {
     say "$name: exit $status after $(($(date +%s) - t0)) s"
   fi
   return "$status"
+}
+
+# exits_1_within_10s LOGFILE CMD...: runs a fault case, output to $OUT/LOGFILE; prints "exit 1 in
+# S s", or "FAILED (...)" and returns 1 when CMD did not exit 1 within 10 s.
+exits_1_within_10s() {
+  local logfile=$1 t0 status secs
+  shift
+  t0=$(date +%s.%N)
+  "$@" > "$OUT/$logfile" 2>&1
+  status=$?
+  secs=$(python3 -c "import sys; print('%.1f' % (float(sys.argv[2]) - float(sys.argv[1])))" \
+    "$t0" "$(date +%s.%N)")
+  if ((status == 1)) && python3 -c "import sys; sys.exit(float(sys.argv[1]) > 10)" "$secs"; then
+    echo "exit 1 in $secs s"
+  else
+    echo "FAILED (exit $status in $secs s, see $logfile)"
+    return 1
+  fi
 }
 
 # Results for the table.
@@ -256,6 +275,66 @@ else
   tail -n 25 "$OUT/build.log" "$OUT/configure.log" 2> /dev/null | tail -n 40
 fi
 
+# ---- Two NCCL ranks on one GPU (issue 31) -------------------------------------------------------
+# Two processes (tests/two_process/two_process_run.cpp), each with devices [0] and its own
+# NCCL_HOSTID, make one 2-rank NCCL communicator over NCCL's socket transport: gpt_tiny for 20
+# steps with zero 0, zero 1 and bf16 gradient reduction. With zero 0 and 1 the parameter hash
+# must equal that of 2 peer replicas of GPU 0 in one process: with 2 ranks every element's sum
+# is the single addition a0 + a1, and the average a multiplication by 1/2, exact, in both
+# communicators (with more ranks NCCL's order of additions may differ from the peer group's
+# rank order, and the bits with it). bf16 (the peer group refuses it) must end with identical
+# replicas. LOCKSTEP_FAULT forward on rank 1 must end both processes with exit 1 within 10 s.
+# Sets TWO_PROCESS_RESULT.
+TWO_PROCESS_RESULT="not run"
+two_process_phase() {
+  local launcher="$BUILD/tests/lockstep_two_process_run" name status hash peer_hash
+  if [ ! -x "$launcher" ]; then
+    TWO_PROCESS_RESULT="FAILED (no $launcher)"
+    FAILED=1
+    return
+  fi
+  local common=(configs/gpt_tiny.yaml --set trainer.backend=cuda --set trainer.steps=20
+    --set trainer.checkpoint.dir=null --set trainer.log_every=10)
+  local nccl_env=(NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NET=Socket NCCL_SOCKET_IFNAME=lo
+    NCCL_DEBUG=WARN)
+  TWO_PROCESS_RESULT=""
+  for name in zero0 zero1 bf16; do
+    local extra=(--set trainer.zero=0)
+    [ "$name" = zero1 ] && extra=(--set trainer.zero=1)
+    [ "$name" = bf16 ] && extra=(--set trainer.grad_reduce_dtype=bf16)
+    env "${nccl_env[@]}" timeout -k 5 "$(limit 90)" "$launcher" "${common[@]}" "${extra[@]}" \
+      --set 'trainer.devices=[0]' --set trainer.comm=nccl \
+      --summary-json "$OUT/two_process_$name.json" > "$OUT/two_process_$name.log" 2>&1
+    status=$?
+    hash=$(grep -o '"param_hash": "[0-9a-f]*"' "$OUT/two_process_$name.json" 2> /dev/null)
+    if ((status != 0)); then
+      TWO_PROCESS_RESULT="$TWO_PROCESS_RESULT $name: FAILED (exit $status, see two_process_$name.log);"
+      FAILED=1
+      continue
+    fi
+    if [ "$name" = bf16 ]; then
+      TWO_PROCESS_RESULT="$TWO_PROCESS_RESULT $name: ok (replicas identical);"
+      continue
+    fi
+    timeout -k 5 "$(limit 90)" "$BUILD/lockstep" train "${common[@]}" "${extra[@]}" \
+      --set 'trainer.devices=[0,0]' --set trainer.comm=peer \
+      --summary-json "$OUT/peer_$name.json" > "$OUT/peer_$name.log" 2>&1
+    peer_hash=$(grep -o '"param_hash": "[0-9a-f]*"' "$OUT/peer_$name.json" 2> /dev/null)
+    if [ -n "$hash" ] && [ "$hash" = "$peer_hash" ]; then
+      TWO_PROCESS_RESULT="$TWO_PROCESS_RESULT $name: ok (= 2 peer replicas);"
+    else
+      TWO_PROCESS_RESULT="$TWO_PROCESS_RESULT $name: FAILED (${hash:-no hash} vs peer ${peer_hash:-no hash});"
+      FAILED=1
+    fi
+  done
+  local fault
+  fault=$(exits_1_within_10s two_process_fault.log env "${nccl_env[@]}" \
+    LOCKSTEP_FAULT=1:5:forward timeout -k 5 30 "$launcher" "${common[@]}" \
+    --set 'trainer.devices=[0]' --set trainer.comm=nccl) || FAILED=1
+  TWO_PROCESS_RESULT="$TWO_PROCESS_RESULT fault: $fault"
+  say "two NCCL ranks on one GPU:$TWO_PROCESS_RESULT"
+}
+
 # ---- GPU tests ----------------------------------------------------------------------------------
 build_ok=0
 [ "${BUILD_RESULT:0:2}" = ok ] && build_ok=1
@@ -412,26 +491,19 @@ PY
   # fault_case NAME FAULT [--set ...]: the quickstart MLP on 4 peer replicas of GPU 0 with
   # LOCKSTEP_FAULT=FAULT must exit 1 within 10 s. Sets FAULT_RESULT.
   fault_case() {
-    local name=$1 fault=$2 t0 status secs
+    local name=$1 fault=$2 result
     shift 2
-    t0=$(date +%s.%N)
-    LOCKSTEP_FAULT=$fault timeout -k 5 30 "$BUILD/lockstep" train configs/quickstart.yaml \
-      --set trainer.backend=cuda --set 'trainer.devices=[0,0,0,0]' --set trainer.comm=peer \
-      --set trainer.steps=1000 "$@" > "$OUT/fault_$name.log" 2>&1
-    status=$?
-    secs=$(python3 -c "import sys; print('%.1f' % (float(sys.argv[2]) - float(sys.argv[1])))" \
-      "$t0" "$(date +%s.%N)")
-    if ((status == 1)) && python3 -c "import sys; sys.exit(float(sys.argv[1]) > 10)" "$secs"; then
-      FAULT_RESULT="$FAULT_RESULT $name: exit 1 in $secs s;"
-    else
-      FAULT_RESULT="$FAULT_RESULT $name: FAILED (exit $status in $secs s, see fault_$name.log);"
+    result=$(exits_1_within_10s "fault_$name.log" env LOCKSTEP_FAULT="$fault" timeout -k 5 30 \
+      "$BUILD/lockstep" train configs/quickstart.yaml --set trainer.backend=cuda \
+      --set 'trainer.devices=[0,0,0,0]' --set trainer.comm=peer --set trainer.steps=1000 "$@") ||
       FAILED=1
-    fi
+    FAULT_RESULT="$FAULT_RESULT $name: $result;"
   }
   FAULT_RESULT=""
   fault_case forward 2:5:forward
   fault_case stall 1:5:stall --set trainer.step_timeout_s=2
   say "fault cases:$FAULT_RESULT"
+  two_process_phase
   read -r -a torch_args <<< "${TORCH_ARGS:-}"
   if run_phase torch 150 "$OUT/torch.log" \
     python3 "$ROOT/bench/gpu_mlp_torch.py" --csv "$OUT/torch.csv" "${torch_args[@]}" &&
@@ -465,6 +537,7 @@ fi
   grep '^gpu_extra_linear: ' "$OUT/linear.log" 2>/dev/null | sed 's/^gpu_extra_linear: /             /'
   echo "GPU step     $STEP_RESULT"
   echo "faults      $FAULT_RESULT"
+  echo "2 NCCL ranks on 1 GPU: $TWO_PROCESS_RESULT"
   echo "kernels      $KERNELS_RESULT"
   if [ -s "$OUT/gpt_bench.log" ]; then
     echo
