@@ -121,10 +121,11 @@ TEST_CASE("cli: export refuses to write over its own input, and eval another mod
   lockstep::test::TempDir dir;
   const std::string gpt = std::string(LOCKSTEP_SOURCE_DIR) + "/configs/gpt_tiny.yaml";
   const fs::path ckpt = dir.path() / "ckpt";
-  const std::string small = " --set model.n_layer=1 --set model.d_model=32 --set model.n_head=4";
+  // A small eval split throughout: the run evaluates at its end, and a sanitized build slowly.
+  const std::string small = " --set model.n_layer=1 --set model.d_model=32 --set model.n_head=4"
+                            " --set data.eval_fraction=0.02";
   const CliResult train = bounded_cli("train " + gpt + small + " --set trainer.steps=2 --set "
-                                      "trainer.eval_every=0 --set trainer.checkpoint.dir=" +
-                                      ckpt.string());
+                                      "trainer.checkpoint.dir=" + ckpt.string());
   REQUIRE_MESSAGE(train.code == 0, train.output);
   const fs::path weights = ckpt / "step_00000002.safetensors";
   const fs::path state = ckpt / "step_00000002.state";
@@ -136,9 +137,8 @@ TEST_CASE("cli: export refuses to write over its own input, and eval another mod
     CHECK(r.output.find("is the checkpoint's own") != std::string::npos);
     CHECK(lockstep::test::read_text(target) == before);
   }
-  // Same tensor shapes, another n_head: only the recorded model tells them apart. (A small eval
-  // split: the recorded model does not depend on it, and a sanitized build evaluates slowly.)
-  const std::string eval = "eval " + gpt + small + " --set data.eval_fraction=0.02";
+  // Same tensor shapes, another n_head: only the recorded model tells them apart.
+  const std::string eval = "eval " + gpt + small;
   const CliResult ok = bounded_cli(eval + " --checkpoint " + ckpt.string());
   CHECK_MESSAGE(ok.code == 0, ok.output);
   const CliResult other =

@@ -68,6 +68,16 @@ TEST_CASE("shard_range: contiguous whole grains in rank order, the first ranks o
       }
 }
 
+// The first i in [begin, end) where got[i] != want(i), or `end`: one assertion per range rather
+// than per element (millions of them took minutes under TSan).
+template <class Want>
+std::size_t first_mismatch(const std::vector<float>& got, std::size_t begin, std::size_t end,
+                           Want want) {
+  for (std::size_t i = begin; i < end; ++i)
+    if (got[i] != want(i)) return i;
+  return end;
+}
+
 TEST_CASE("reduce_scatter: the owner's shard holds the exact sum, the all-reduce's bits") {
   for (int n = 1; n <= 8; ++n)
     for (std::size_t grain : {1, 5})
@@ -95,16 +105,17 @@ TEST_CASE("reduce_scatter: the owner's shard holds the exact sum, the all-reduce
         });
         const std::size_t half = len / 2;
         for (int r = 0; r < n; ++r) {
+          CAPTURE(r);
+          const auto sum = [n](std::size_t i) { return expected_sum(n, i); };
+          const auto all_reduced = [&](std::size_t i) { return reference[0][i]; };
           const ShardRange s = shard_range(len, n, r, grain);
-          for (std::size_t i = s.begin; i < s.end; ++i) {
-            REQUIRE(sums[r][i] == expected_sum(n, i));
-            REQUIRE(avgs[r][i] == reference[0][i]);
-          }
+          REQUIRE(first_mismatch(sums[r], s.begin, s.end, sum) == s.end);
+          REQUIRE(first_mismatch(avgs[r], s.begin, s.end, all_reduced) == s.end);
           const ShardRange lo = shard_range(half, n, r, grain);
           const ShardRange hi = shard_range(len - half, n, r, grain);
-          for (std::size_t i = lo.begin; i < lo.end; ++i) REQUIRE(async[r][i] == reference[0][i]);
-          for (std::size_t i = half + hi.begin; i < half + hi.end; ++i)
-            REQUIRE(async[r][i] == reference[0][i]);
+          REQUIRE(first_mismatch(async[r], lo.begin, lo.end, all_reduced) == lo.end);
+          REQUIRE(first_mismatch(async[r], half + hi.begin, half + hi.end, all_reduced) ==
+                  half + hi.end);
         }
       }
 }
@@ -131,8 +142,10 @@ TEST_CASE("all_gather: every rank gets every shard, and after reduce_scatter it 
           reference[r] = std::move(e);
         });
         for (int r = 0; r < n; ++r) {
-          for (std::size_t i = 0; i < len; ++i)
-            REQUIRE(gathered[r][i] == value(owner(len, n, grain, i), i));
+          CAPTURE(r);
+          REQUIRE(first_mismatch(gathered[r], 0, len, [&](std::size_t i) {
+                    return value(owner(len, n, grain, i), i);
+                  }) == len);
           REQUIRE(both[r] == reference[r]);
           REQUIRE(both[r] == both[0]);
         }
