@@ -1,6 +1,7 @@
 // What a new user met on a first run (issue 14's smaller points), each once: --help on a
 // command, the train loss's label, resuming a finished run, output directories, a batch larger
-// than a shard, sgd's keys under adamw, and the log lines on a terminal.
+// than a shard, sgd's keys under adamw, the log lines on a terminal; and (issue 26) backend
+// cuda without a GPU.
 #include <doctest/doctest.h>
 
 #include <string>
@@ -95,4 +96,15 @@ TEST_CASE("cli: on a terminal the log lines stay in the scrollback between live 
   CHECK(r.output.find("| ETA ") != std::string::npos);  // the live line
   CHECK(r.output.find("\033[2Kstep 50/100 epoch 2 loss ") != std::string::npos);
   CHECK(r.output.find("\033[2Kstep 100/100 epoch 4 loss ") != std::string::npos);
+}
+
+TEST_CASE("cli: backend cuda without a usable GPU says how to train on the CPU") {
+  const auto r = run_cli("train " + kQuickstart + " --set trainer.backend=cuda --set trainer.steps=1 "
+                         "--set trainer.devices=1 --set trainer.checkpoint.dir=null");
+  if (r.code == 0)
+    return lockstep::test::skip(lockstep::test::Skip::setup,
+                                "a GPU is here: the run without one cannot be seen");
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(r.output.find("trainer.backend: cuda was requested, but") != std::string::npos, r.output);
+  CHECK(r.output.find("to train on the CPU, --set trainer.backend=cpu") != std::string::npos);
 }

@@ -535,6 +535,16 @@ TEST_CASE("config: gpt model and token data") {
         "q.yaml:1:8: data.eval_pth: unknown key; did you mean 'data.eval_path'?");
   // Existing mlp configs are unchanged by the gpt keys.
   CHECK(parse_config(kMinimal, "min.yaml").model.vocab_size == 0);
+
+  // With data.tokenizer, the vocabulary is the tokenizer's (known once it is read) unless set.
+  const Config bpe = parse_config("model: {type: gpt}\ntrainer: {steps: 5}\n"
+                                  "data: {dataset: text, path: t, tokenizer: gpt2/}\n", "q.yaml");
+  CHECK(bpe.data.tokenizer == "gpt2/");
+  CHECK(bpe.model.vocab_size == 0);
+  CHECK_NOTHROW(parse_config("model: {type: gpt}\ntrainer: {steps: 5}\n"
+                             "data: {dataset: tokens, path: t, tokenizer: gpt2/}\n", "q.yaml"));
+  CHECK(error_of("data: {dataset: csv, path: t.csv, tokenizer: gpt2/}\ntrainer: {steps: 5}\n") ==
+        "q.yaml:1:35: data.tokenizer: a key of tokens and text data, got data.dataset csv");
 }
 
 TEST_CASE("config: a file's relative paths are relative to its directory, --set's to the working "
