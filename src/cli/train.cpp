@@ -348,6 +348,18 @@ void warn_if_batch_exceeds_shard(const Config& cfg, const Dataset& train,
                      cfg.data.batch_size, shard, train.size(), workers));
 }
 
+// More CPU workers than hardware threads share the cores (configs/gpt2_124m.yaml's 8 devices on
+// a 2-core machine under backend auto): legal, but rarely meant.
+void warn_if_workers_exceed_cores(const Config& cfg) {
+  const auto cores = std::max(1u, std::thread::hardware_concurrency());
+  const std::size_t workers = cfg.trainer.devices.size();
+  if (backend_name(cfg.trainer.backend, cfg.trainer.devices) == "cpu" && workers > cores)
+    warn(fmt::format("trainer.devices: {} CPU workers on {} hardware threads share the cores "
+                     "(this is not an error, but each step waits for the slowest share; "
+                     "--set trainer.devices={} gives each worker its own)",
+                     workers, cores, cores));
+}
+
 // The line that opens a run, printed by the leader.
 void print_run_header(const Trainer& trainer, const Config& cfg,
                       const std::shared_ptr<ProcessGroup>& processes) {
@@ -424,6 +436,7 @@ int train(const std::vector<std::string_view>& argv,
     print_run_header(trainer, cfg, processes);
     print_outputs(stdout, cfg, args.summary_json);
     warn_if_batch_exceeds_shard(cfg, *data.train, processes);
+    warn_if_workers_exceed_cores(cfg);
   }
   if (args.dry_run) {
     if (cfg.model.type == "gpt") {

@@ -1,10 +1,12 @@
 // What a new user met on a first run (issue 14's smaller points), each once: --help on a
 // command, the train loss's label, resuming a finished run, output directories, a batch larger
 // than a shard, sgd's keys under adamw, the log lines on a terminal; and (issue 26) backend
-// cuda without a GPU.
+// cuda without a GPU, and more CPU workers than cores.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <string>
+#include <thread>
 
 #include "../data/temp_files.hpp"
 #include "../skip.hpp"
@@ -73,7 +75,7 @@ TEST_CASE("cli: a batch larger than a worker's shard warns once") {
   CHECK(count(big.output, "warning: data.batch_size 720 is larger than each worker's shard of 719 "
                           "samples") == 1);
   const auto fits = run_cli("train " + kQuickstart + " --set trainer.steps=3 --set data.batch_size=719");
-  CHECK(fits.output.find("warning") == std::string::npos);
+  CHECK(fits.output.find("warning: data.batch_size") == std::string::npos);
 }
 
 TEST_CASE("cli: sgd's momentum and nesterov under adamw are refused") {
@@ -107,4 +109,19 @@ TEST_CASE("cli: backend cuda without a usable GPU says how to train on the CPU")
   CHECK(r.code == 2);
   CHECK_MESSAGE(r.output.find("trainer.backend: cuda was requested, but") != std::string::npos, r.output);
   CHECK(r.output.find("to train on the CPU, --set trainer.backend=cpu") != std::string::npos);
+}
+
+TEST_CASE("cli: more CPU workers than hardware threads warn, naming the count that fits") {
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  const auto r = run_cli("train " + kQuickstart + " --set trainer.backend=cpu --set trainer.steps=1 "
+                         "--set trainer.devices=" + std::to_string(cores + 1));
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(count(r.output, "warning: trainer.devices: " + std::to_string(cores + 1) +
+                                    " CPU workers on " + std::to_string(cores) +
+                                    " hardware threads share the cores") == 1, r.output);
+  CHECK(r.output.find("--set trainer.devices=" + std::to_string(cores) + " gives each worker") !=
+        std::string::npos);
+  const auto fits = run_cli("train " + kQuickstart + " --set trainer.backend=cpu --set trainer.steps=1 "
+                            "--set trainer.devices=" + std::to_string(cores));
+  CHECK(fits.output.find("warning: trainer.devices") == std::string::npos);
 }
