@@ -152,6 +152,11 @@ void export_hf_gpt2(const Checkpoint& ckpt, const fs::path& dir, TensorDtype dty
   } catch (const std::invalid_argument& e) {
     detail::fail_input(ckpt.weights_file, e.what());
   }
+  if (tokenizer && tokenizer->vocab_size() > static_cast<std::size_t>(spec.vocab_size))
+    detail::fail_input(ckpt.weights_file,
+                       fmt::format("the tokenizer {} has {} ids, the model {}: not its tokenizer",
+                                   tokenizer->source().string(), tokenizer->vocab_size(),
+                                   spec.vocab_size));
   SafetensorsFile out;
   for (const ParamTensor& t : ckpt.tensors) append_tensor(t, ckpt.params.data() + t.offset, out);
   std::error_code ec;

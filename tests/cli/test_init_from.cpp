@@ -115,6 +115,12 @@ TEST_CASE("cli: --init-from a Hugging Face directory with a tokenizer: the model
   CHECK(config.find("\"eos_token_id\": " + std::to_string(*ranks.end_of_text())) != std::string::npos);
   CHECK(lockstep::test::read_text(hf + "/tokenizer_config.json").find("\"eos_token\": \"<|endoftext|>\"") !=
         std::string::npos);
+  // --tokenizer names another one (the run's moved away): a larger vocabulary is not the model's.
+  const std::filesystem::path bigger =
+      dir.write("big.tiktoken", lockstep::test::rank_file(lockstep::test::random_vocab(300, 1)));
+  const auto wrong = run_cli("export " + src + " --format hf --out " + hf + "2 --tokenizer " + bigger.string());
+  CHECK(wrong.code == 2);
+  CHECK_MESSAGE(wrong.output.find("has content hash") != std::string::npos, wrong.output);
 
   // The shipped fine-tuning config sets no model key: they come from config.json.
   const std::string finetune = "train \"" LOCKSTEP_SOURCE_DIR "/configs/finetune_cpu.yaml\" --init-from " +
