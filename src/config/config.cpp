@@ -1067,7 +1067,8 @@ void check_data_source(const Config& c, const Origins& origins) {
   if (kind == DatasetKind::tokens && vocab == 0)
     fail(origins.written("model.vocab_size").value_or(origins.of("data.dataset")),
          "model.vocab_size",
-         "required when data.dataset is tokens: token files do not record it (GPT-2: 50257)");
+         "required when data.dataset is tokens: token files do not record it (GPT-2: 50257; "
+         "train --init-from a GPT-2 directory gives it, or data.tokenizer)");
   if (kind == DatasetKind::text && vocab < kByteVocabSize)
     fail(origins.of("model.vocab_size"), "model.vocab_size",
          fmt::format("expected at least {} for text data (one token per byte), got {}",

@@ -513,7 +513,8 @@ TEST_CASE("config: gpt model and token data") {
   CHECK(error_of("model: {type: gpt}\ntrainer: {steps: 5}\ndata:\n  dataset: tokens\n"
                  "  path: t\n") ==
         "q.yaml:4:3: model.vocab_size: required when data.dataset is tokens: token files do not "
-        "record it (GPT-2: 50257)");
+        "record it (GPT-2: 50257; train --init-from a GPT-2 directory gives it, or "
+        "data.tokenizer)");
   CHECK(error_of("model: {type: gpt, vocab_size: 100}\ntrainer: {steps: 5}\n"
                  "data: {dataset: text, path: t}\n") ==
         "q.yaml:1:20: model.vocab_size: expected at least 256 for text data (one token per "
