@@ -44,6 +44,10 @@
 #include "lockstep/types.hpp"
 
 namespace lockstep {
+class Tokenizer;  // lockstep/tokenizer.hpp, for export_hf_gpt2
+}
+
+namespace lockstep {
 
 // ---- safetensors ----------------------------------------------------------------------------
 
@@ -130,6 +134,15 @@ struct LOCKSTEP_API Weights {
 LOCKSTEP_API Weights load_weights(const std::filesystem::path& path,
                                   std::span<const ParamTensor> expected);
 
+// The GPT architecture the weights at `path` (as load_weights takes it) record, and the file
+// that records it: a Hugging Face directory's config.json, else the weights file's
+// "lockstep.model". nullopt when they record none, or an MLP. InputError as load_weights.
+struct LOCKSTEP_API WeightsModel {
+  GptSpec spec;
+  std::filesystem::path file;
+};
+LOCKSTEP_API std::optional<WeightsModel> weights_model(const std::filesystem::path& path);
+
 // ---- what a model's inputs need --------------------------------------------------------------
 
 // The standardisation an MLP's inputs need (x = (raw - mean) / std, per feature): the train
@@ -157,9 +170,12 @@ LOCKSTEP_API void export_torch(const Checkpoint& ckpt, const std::filesystem::pa
 // Writes a GPT checkpoint (model.type gpt) as a Hugging Face GPT-2 directory: model.safetensors
 // (HF's names, Conv1D weights transposed to (in, out)) and config.json, which
 // transformers.GPT2LMHeadModel.from_pretrained(dir) loads. Creates `dir`. InputError for a
-// checkpoint without "lockstep.model" (not a GPT's).
+// checkpoint without "lockstep.model" (not a GPT's). With a `tokenizer` (the run's: see
+// recorded_tokenizer in lockstep/tokenizer.hpp), its files too, for AutoTokenizer, and
+// <|endoftext|> as bos_token_id and eos_token_id in config.json.
 LOCKSTEP_API void export_hf_gpt2(const Checkpoint& ckpt, const std::filesystem::path& dir,
-                                 TensorDtype dtype = TensorDtype::f32);
+                                 TensorDtype dtype = TensorDtype::f32,
+                                 const Tokenizer* tokenizer = nullptr);
 
 // ---- the checkpoint directory ---------------------------------------------------------------
 

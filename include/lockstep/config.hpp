@@ -11,6 +11,8 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
+#include <map>
 #include <span>
 #include <string>
 #include <string_view>
@@ -49,6 +51,10 @@ struct LOCKSTEP_API DataConfig {
   std::string path;              // csv, tokens, text: the file
   TokenFormat format = TokenFormat::automatic;  // tokens: llm.c .bin header or raw uint16
   std::string eval_path;         // tokens, text: a separate eval file instead of the held-out tail
+  // tokens, text: the BPE tokenizer of the data (what `lockstep tokenize --tokenizer` takes).
+  // Text is then tokenised with it at load, and checkpoints record it for `lockstep sample`;
+  // model.vocab_size defaults to its size. Empty: text is read one token per byte.
+  std::string tokenizer;
   int label_column = -1;         // csv: column holding the class; negative counts from the end
   bool header = false;           // csv: skip the first line
   std::string images;            // idx: images file (e.g. train-images-idx3-ubyte)
@@ -132,6 +138,11 @@ struct LOCKSTEP_API Config {
   ScheduleConfig schedule;
   TrainerConfig trainer;
   std::string source = "<defaults>";  // where it was read from, for messages
+  // Where each key the file or an override set was written ("FILE:LINE:COL" or "--set
+  // KEY=VALUE"), by path ("model.n_head"); a key left at its default is absent. So that a
+  // default can come from elsewhere (the model of `train --init-from`) without overriding a
+  // value the user wrote.
+  std::map<std::string, std::string, std::less<>> set_at;
 
   // Checks the cross-field rules (steps xor epochs, nesterov needs momentum, ...).
   // load_config() calls it; embedders who fill a Config by hand should too.
@@ -155,6 +166,17 @@ LOCKSTEP_API ConfigValues config_values(const Config& config);
 // to the working directory (Note [Config paths] in src/config/config.cpp).
 LOCKSTEP_API Config load_config(const std::filesystem::path& file,
                                 std::span<const std::string> overrides = {});
+
+// Values for the keys that neither the file nor an override sets ("model.n_head=12", read as
+// overrides are), and where they came from, for messages: what `lockstep train --init-from`
+// takes from the weights. Config::set_at leaves them out.
+struct LOCKSTEP_API ConfigDefaults {
+  std::string source;               // e.g. "gpt2/config.json"
+  std::vector<std::string> values;  // "a.b.c=value"
+};
+LOCKSTEP_API Config load_config(const std::filesystem::path& file,
+                                std::span<const std::string> overrides,
+                                const ConfigDefaults& defaults);
 
 // Same, from text in memory. `source` names it in messages; paths are left as written.
 LOCKSTEP_API Config parse_config(std::string_view yaml, std::string_view source,

@@ -28,7 +28,8 @@
 
 namespace lockstep {
 
-struct Config;  // lockstep/config.hpp, for load_dataset
+struct Config;     // lockstep/config.hpp, for load_dataset
+class Tokenizer;   // lockstep/tokenizer.hpp, for load_text
 
 class LOCKSTEP_API Dataset {
  public:
@@ -139,6 +140,11 @@ LOCKSTEP_API TokenDataset load_tokens(const std::filesystem::path& file, TokenFo
 // naming the line and byte offset of the first bad sequence.
 LOCKSTEP_API TokenDataset load_text(const std::filesystem::path& file, int context,
                                     int vocab_size = kByteVocabSize);
+// A text file as one document of `tokenizer`'s ids, as `lockstep tokenize` writes it:
+// <|endoftext|> first (when the vocabulary has it), then the text's ids. Any bytes encode (no
+// UTF-8 check). InputError when the tokenizer has more ids than vocab_size.
+LOCKSTEP_API TokenDataset load_text(const std::filesystem::path& file, int context,
+                                    int vocab_size, const Tokenizer& tokenizer);
 
 struct LOCKSTEP_API DataSplit {
   std::shared_ptr<const Dataset> train;

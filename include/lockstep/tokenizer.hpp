@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -72,6 +73,21 @@ class LOCKSTEP_API Tokenizer {
  private:
   std::shared_ptr<const detail::TokenizerImpl> impl_;
 };
+
+// --- what checkpoints record ---
+
+// A run whose config names data.tokenizer records it in each checkpoint's metadata:
+// "lockstep.tokenizer" = "bpe", "lockstep.tokenizer.hash" = content_hash() and
+// "lockstep.tokenizer.path" = the absolute path it was read from.
+LOCKSTEP_API void record_tokenizer(std::map<std::string, std::string>& metadata,
+                                   const Tokenizer& tokenizer);
+
+// The tokenizer `metadata` (a checkpoint's, from `file`) records: read from `path` when given,
+// else from the recorded path, and refused (InputError naming both) when its content hash is
+// not the recorded one. Without a record: `path` read as it is, or nullopt when none is given.
+LOCKSTEP_API std::optional<Tokenizer> recorded_tokenizer(
+    const std::map<std::string, std::string>& metadata, const std::filesystem::path& file,
+    const std::filesystem::path& path = {});
 
 // --- text files into token files ---
 

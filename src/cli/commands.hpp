@@ -24,6 +24,7 @@ int train_stop_signal();
 int eval(const std::vector<std::string_view>& args);
 
 // lockstep export CKPT --out FILE|DIR [--format torch|hf] [--dtype fp32|bf16]
+//                 [--tokenizer DIR|FILE]
 int export_weights(const std::vector<std::string_view>& args);
 
 // lockstep sample --checkpoint CKPT [--prompt TEXT] [--tokens N] [--temperature T] [--top-k K]

@@ -1,6 +1,7 @@
 // `lockstep export`: a checkpoint's weights as safetensors for torch, or a Hugging Face GPT-2
 // directory.
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -12,6 +13,7 @@
 #include "cli/commands.hpp"
 #include "io/output_path.hpp"
 #include "lockstep/lockstep.hpp"
+#include "lockstep/tokenizer.hpp"
 
 namespace fs = std::filesystem;
 
@@ -32,7 +34,7 @@ void refuse_own_input(const fs::path& out, const Checkpoint& ckpt) {
 }  // namespace
 
 int export_weights(const std::vector<std::string_view>& argv) {
-  const CommandArgs args = parse_command_args("export", argv, {"--out", "--format", "--dtype"});
+  const CommandArgs args = parse_command_args("export", argv, {"--out", "--format", "--dtype", "--tokenizer"});
   if (args.positional.empty()) throw InputError("export: expected a checkpoint CKPT; see lockstep --help");
   const std::string out = args.get("--out");
   const std::string format = args.get("--format").empty() ? "torch" : args.get("--format");
@@ -47,7 +49,11 @@ int export_weights(const std::vector<std::string_view>& argv) {
   else detail::check_output_file(out, "export --out");
   const Checkpoint ckpt = CheckpointManager::load(args.positional, warn);
   refuse_own_input(format == "hf" ? fs::path(out) / "model.safetensors" : fs::path(out), ckpt);
-  if (format == "hf") export_hf_gpt2(ckpt, out, dtype);
+  // The run's tokenizer goes beside the weights (--tokenizer when it has moved).
+  const std::optional<Tokenizer> tokenizer =
+      format == "hf" ? recorded_tokenizer(ckpt.metadata, ckpt.weights_file, args.get("--tokenizer"))
+                     : std::nullopt;
+  if (format == "hf") export_hf_gpt2(ckpt, out, dtype, tokenizer ? &*tokenizer : nullptr);
   else export_torch(ckpt, out, dtype);
   fmt::print("wrote {} ({} tensors, {} parameters, step {})\n", out, ckpt.tensors.size(),
              ckpt.params.size(), ckpt.state.step);

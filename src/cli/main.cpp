@@ -37,7 +37,9 @@ commands:
                       (default: trainer.checkpoint.dir) or from one checkpoint FILE;
                       --init-from starts from the weights alone of a checkpoint, an
                       export or a Hugging Face GPT-2 directory (step 0, fresh
-                      optimiser): fine-tuning.
+                      optimiser): fine-tuning; the model.* keys the config does
+                      not set come from the weights (config.json), those it sets
+                      must agree.
                       --dry-run checks everything, prints the memory plan (bytes
                       per worker and on the host, against what this process may
                       use) and stops before step 1.
@@ -46,19 +48,22 @@ commands:
   eval CONFIG --checkpoint CKPT [--set KEY=VALUE]...
                       loss and accuracy of a checkpoint on the config's eval split
   export CKPT --out FILE [--format torch] [--dtype fp32|bf16]
-  export CKPT --format hf --out DIR [--dtype fp32|bf16]
+  export CKPT --format hf --out DIR [--dtype fp32|bf16] [--tokenizer DIR|FILE]
                       write a checkpoint's weights as one safetensors file (with an
                       MLP's standardisation as normalize.mean and normalize.std), or
                       a GPT's as a Hugging Face GPT-2 directory (model.safetensors
-                      and config.json for transformers.GPT2LMHeadModel); --dtype
-                      bf16 stores every tensor as BF16 (rounded to nearest even)
+                      and config.json for transformers.GPT2LMHeadModel, and the
+                      run's data.tokenizer for AutoTokenizer; --tokenizer when it
+                      has moved); --dtype bf16 stores every tensor as BF16
+                      (rounded to nearest even)
   sample --checkpoint CKPT [--prompt TEXT] [--tokens N] [--temperature T]
          [--top-k K] [--seed S] [--backend auto|cpu|cuda] [--tokenizer DIR|FILE]
                       continue TEXT with a GPT checkpoint (model.type gpt): N
                       tokens (200), temperature T (0.8; 0 is greedy), from the K
                       most likely (0: all), seeded by S (0). A text model reads
-                      and writes bytes; a token model reads and writes ids, or
-                      text with --tokenizer (lockstep tokenize's)
+                      and writes bytes; a model trained with data.tokenizer text,
+                      through the tokenizer it records (--tokenizer when it has
+                      moved); another token model ids, or text with --tokenizer
   tokenize --tokenizer DIR|FILE --out FILE [--eval-out FILE --eval-fraction F]
            [--format llmc|raw] INPUT...
                       GPT-2's BPE over text into an llm.c token file, ready for

@@ -1,4 +1,5 @@
-// `lockstep sample`: text (or token ids) continued by a GPT checkpoint.
+// `lockstep sample`: text (or token ids) continued by a GPT checkpoint: bytes for a text model,
+// text through a BPE tokenizer (recorded in the checkpoint, or --tokenizer), else token ids.
 #include <algorithm>
 #include <charconv>
 #include <cstdio>
@@ -77,15 +78,16 @@ std::vector<int> parse_prompt(const std::string& text, bool bytes, const GptSpec
 }
 
 
-// --tokenizer for a token model: the prompt as text, encoded (an empty one is <|endoftext|>).
-std::optional<Tokenizer> sample_tokenizer(const CommandArgs& args, const GptSpec& spec) {
+// The tokenizer of a token model: --tokenizer, else the one the checkpoint records (its hash
+// checked either way); the prompt is then text, encoded (an empty one is <|endoftext|>).
+std::optional<Tokenizer> sample_tokenizer(const CommandArgs& args, const Checkpoint& ckpt,
+                                          const GptSpec& spec) {
   const std::string path = args.get("--tokenizer");
-  if (path.empty()) return std::nullopt;
-  Tokenizer tokenizer = Tokenizer::load(path);
-  if (tokenizer.vocab_size() > static_cast<std::size_t>(spec.vocab_size))
-    throw InputError(fmt::format("--tokenizer {}: {} ids, but the model has {}: not the tokenizer "
-                                 "it was trained with", path, tokenizer.vocab_size(),
-                                 spec.vocab_size));
+  std::optional<Tokenizer> tokenizer = recorded_tokenizer(ckpt.metadata, ckpt.weights_file, path);
+  if (tokenizer && tokenizer->vocab_size() > static_cast<std::size_t>(spec.vocab_size))
+    throw InputError(fmt::format("tokenizer {}: {} ids, but the model has {}: not the tokenizer "
+                                 "it was trained with", tokenizer->source().string(),
+                                 tokenizer->vocab_size(), spec.vocab_size));
   return tokenizer;
 }
 
@@ -108,7 +110,7 @@ int sample(const std::vector<std::string_view>& argv) {
   check_layout(ckpt, model.param_tensors());
   const bool bytes = ckpt.metadata.count("lockstep.tokenizer") &&
                      ckpt.metadata.at("lockstep.tokenizer") == "bytes";
-  const std::optional<Tokenizer> tokenizer = bytes ? std::nullopt : sample_tokenizer(args, spec);
+  const std::optional<Tokenizer> tokenizer = bytes ? std::nullopt : sample_tokenizer(args, ckpt, spec);
   const std::string prompt_text = args.get("--prompt");
   std::vector<int> prompt;
   if (tokenizer) {

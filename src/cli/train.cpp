@@ -15,6 +15,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "cli/command_args.hpp"
 #include "cli/commands.hpp"
@@ -259,6 +260,73 @@ void resume(Trainer& trainer, const Config& cfg, const TrainArgs& args, bool lea
   }
 }
 
+// Note [--init-from's model]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A GPT-2 directory says its own shape (config.json), so a fine-tuning config need not: the
+// model.* keys the config does not set are taken from the weights' record (config.json, or a
+// checkpoint's "lockstep.model"), as ConfigDefaults, and printed; so is data.tokenizer, from a
+// directory with a tokenizer's files. The keys the config does set must agree: every
+// disagreement is reported at once, each with the --set that fixes it.
+struct InitFromModel {
+  WeightsModel weights;
+  ConfigDefaults defaults;
+};
+
+struct ModelKey {
+  std::string_view name;
+  int GptSpec::*field;
+  int ModelConfig::*key;
+};
+constexpr ModelKey kModelKeys[] = {
+    {"vocab_size", &GptSpec::vocab_size, &ModelConfig::vocab_size},
+    {"context", &GptSpec::context, &ModelConfig::context},
+    {"n_layer", &GptSpec::n_layer, &ModelConfig::n_layer},
+    {"n_head", &GptSpec::n_head, &ModelConfig::n_head},
+    {"d_model", &GptSpec::d_model, &ModelConfig::d_model}};
+
+std::optional<InitFromModel> init_from_model(const std::string& path) {
+  std::optional<WeightsModel> weights = weights_model(path);
+  if (!weights) return std::nullopt;
+  InitFromModel out{*weights, {weights->file.string(), {}}};
+  for (const ModelKey& k : kModelKeys)
+    out.defaults.values.push_back(fmt::format("model.{}={}", k.name, weights->spec.*k.field));
+  const fs::path dir(path);
+  if (fs::exists(dir / "tokenizer.json") ||
+      (fs::exists(dir / "vocab.json") && fs::exists(dir / "merges.txt")))
+    out.defaults.values.push_back("data.tokenizer=" + path);
+  return out;
+}
+
+// The config with --init-from's model (Note [--init-from's model]).
+Config load_config_for(const TrainArgs& args, bool leader) {
+  const std::optional<InitFromModel> from =
+      args.init_from.empty() ? std::nullopt : init_from_model(args.init_from);
+  if (!from) return load_config(args.config, args.overrides);
+  Config cfg = load_config(args.config, args.overrides, from->defaults);
+  if (cfg.model.type != "gpt") return cfg;
+  std::vector<std::string> taken, disagreements;
+  for (const ModelKey& k : kModelKeys) {
+    const std::string key = fmt::format("model.{}", k.name);
+    const int mine = cfg.model.*k.key;
+    const int theirs = from->weights.spec.*k.field;
+    const auto at = cfg.set_at.find(key);
+    if (at == cfg.set_at.end()) taken.push_back(fmt::format("{} {}", key, theirs));
+    else if (mine != theirs)
+      disagreements.push_back(fmt::format("  {} is {} ({}), {} in the weights: --set {}={}", key,
+                                          mine, at->second, theirs, key, theirs));
+  }
+  if (!disagreements.empty())
+    throw InputError(fmt::format("--init-from {}: the config's model is not the one {} "
+                                 "describes:\n{}", args.init_from, from->weights.file.string(),
+                                 fmt::join(disagreements, "\n")));
+  if (!cfg.set_at.contains("data.tokenizer") && cfg.data.tokenizer == args.init_from)
+    taken.push_back("data.tokenizer " + args.init_from);
+  if (leader && !taken.empty())
+    fmt::print("from {}: {} (the keys the config does not set)\n", from->weights.file.string(),
+               fmt::join(taken, ", "));
+  return cfg;
+}
+
 // --init-from PATH: the weights alone, in the config's model.
 void init_from(Trainer& trainer, const std::string& path, bool leader) {
   Weights weights = load_weights(path, trainer.model().param_tensors());
@@ -278,6 +346,18 @@ void warn_if_batch_exceeds_shard(const Config& cfg, const Dataset& train,
     warn(fmt::format("data.batch_size {} is larger than each worker's shard of {} samples ({} "
                      "training samples over {} workers): every batch repeats samples",
                      cfg.data.batch_size, shard, train.size(), workers));
+}
+
+// More CPU workers than hardware threads share the cores (configs/gpt2_124m.yaml's 8 devices on
+// a 2-core machine under backend auto): legal, but rarely meant.
+void warn_if_workers_exceed_cores(const Config& cfg) {
+  const auto cores = std::max(1u, std::thread::hardware_concurrency());
+  const std::size_t workers = cfg.trainer.devices.size();
+  if (backend_name(cfg.trainer.backend, cfg.trainer.devices) == "cpu" && workers > cores)
+    warn(fmt::format("trainer.devices: {} CPU workers on {} hardware threads share the cores "
+                     "(this is not an error, but each step waits for the slowest share; "
+                     "--set trainer.devices={} gives each worker its own)",
+                     workers, cores, cores));
 }
 
 // The line that opens a run, printed by the leader.
@@ -332,7 +412,7 @@ int train(const std::vector<std::string_view>& argv,
   std::optional<SignalScope> signals;  // --scaling keeps the default handlers: Ctrl-C ends it
   if (args.scaling.empty()) signals.emplace();
   set_phase("reading the config");
-  const Config cfg = load_config(args.config, args.overrides);
+  const Config cfg = load_config_for(args, leader);
   prepare_cli_outputs(args, cfg.trainer, leader);
   set_phase("loading the data");
   const DataSplit data = load_dataset(cfg);  // paths already resolved: Note [Config paths]
@@ -356,6 +436,7 @@ int train(const std::vector<std::string_view>& argv,
     print_run_header(trainer, cfg, processes);
     print_outputs(stdout, cfg, args.summary_json);
     warn_if_batch_exceeds_shard(cfg, *data.train, processes);
+    warn_if_workers_exceed_cores(cfg);
   }
   if (args.dry_run) {
     if (cfg.model.type == "gpt") {

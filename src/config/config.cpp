@@ -171,6 +171,7 @@ void visit_schema(Visitor& v, C& c) {
   v.path("path", c.data.path);
   v.enumeration("format", c.data.format, kTokenFormats);
   v.path("eval_path", c.data.eval_path);
+  v.path("tokenizer", c.data.tokenizer);
   v.integer("label_column", c.data.label_column, IntRule{});
   v.flag("header", c.data.header);
   v.path("images", c.data.images);
@@ -403,16 +404,21 @@ class Origins {
   void add_override(std::string key, std::string text) {
     overrides_.push_back({std::move(key), std::move(text)});
   }
+  // A default (ConfigDefaults): where it came from, in place of "--set".
+  void add_default(std::string key, std::string location) {
+    defaulted_.push_back(key);
+    overrides_.push_back({std::move(key), std::move(location), true});
+  }
 
   // "--set KEY=VALUE" for a node that an override set, else "FILE:LINE:COL".
   std::string locate(std::string_view path, const YAML::Mark& mark) const {
     // The latest override that set this path or one of its parents wins.
     for (auto it = overrides_.rbegin(); it != overrides_.rend(); ++it)
-      if (is_within(path, it->key)) return "--set " + it->text;
+      if (is_within(path, it->key)) return it->where();
     if (!mark.is_null()) return mark_location(source_, mark);
     // Nodes without a mark were made by an override that set something below them.
     for (auto it = overrides_.rbegin(); it != overrides_.rend(); ++it)
-      if (is_within(it->key, path)) return "--set " + it->text;
+      if (is_within(it->key, path)) return it->where();
     return source_;
   }
 
@@ -427,6 +433,13 @@ class Origins {
     return it->second;
   }
 
+  // Where the file and the overrides set each key (Config::set_at): the defaults left out.
+  std::map<std::string, std::string, std::less<>> set_by_user() const {
+    std::map<std::string, std::string, std::less<>> out = written_;
+    for (const std::string& key : defaulted_) out.erase(key);
+    return out;
+  }
+
   // Where `path` was written, or just the source when that is not known.
   std::string_view of(std::string_view path) const { return written(path).value_or(source_); }
 
@@ -439,10 +452,13 @@ class Origins {
  private:
   struct Override {
     std::string key;   // "trainer.steps"
-    std::string text;  // "trainer.steps=100"
+    std::string text;  // "trainer.steps=100"; a default's location
+    bool is_default = false;
+    std::string where() const { return is_default ? text : "--set " + text; }
   };
   std::string source_;
   std::vector<Override> overrides_;
+  std::vector<std::string> defaulted_;  // keys a default set
   std::map<std::string, std::string, std::less<>> written_;
 };
 
@@ -522,8 +538,10 @@ YAML::Node load_tree(std::string_view yaml, const std::string& source) {
 }
 
 // Sets "a.b.c=value" in the tree, making maps along the way. A scalar in the way is replaced
-// by a map, so that its key then reports "expected ..., got a map".
-void apply_override(YAML::Node& root, const std::string& text, Origins& origins) {
+// by a map, so that its key then reports "expected ..., got a map". A default (`default_from`
+// names where it came from) sets only a key the tree has no value for, and replaces nothing.
+void apply_override(YAML::Node& root, const std::string& text, Origins& origins,
+                    const std::string* default_from = nullptr) {
   const auto malformed = [&] {
     return ConfigError(fmt::format("--set {}: expected KEY=VALUE", text));
   };
@@ -551,8 +569,17 @@ void apply_override(YAML::Node& root, const std::string& text, Origins& origins)
 
   YAML::Node node = root;
   for (std::size_t i = 0; i + 1 < parts.size(); ++i) {
+    const YAML::Node existing = std::as_const(node)[parts[i]];
+    if (default_from && existing.IsDefined() && !existing.IsNull() && !existing.IsMap()) return;
     if (!node[parts[i]].IsMap()) node[parts[i]] = YAML::Node(YAML::NodeType::Map);
     node.reset(node[parts[i]]);  // rebinds the handle; `node = ...` would overwrite the map
+  }
+  if (default_from) {
+    const YAML::Node existing = std::as_const(node)[parts.back()];
+    if (existing.IsDefined() && !existing.IsNull()) return;
+    node[parts.back()] = value;
+    origins.add_default(key, fmt::format("{} ({})", *default_from, text));
+    return;
   }
   node[parts.back()] = value;
   origins.add_override(key, text);
@@ -918,6 +945,8 @@ class Hasher {
   }
   // The file a path names, wherever the run starts from (see Note [Config paths]).
   void path(std::string_view key, const std::string& value) {
+    // Unset, data.tokenizer is left out: checkpoints from before the key name the same config.
+    if (section_ == "data" && key == "tokenizer" && value.empty()) return;
     text(key, value.empty() ? value
                             : std::filesystem::absolute(value).lexically_normal().string());
   }
@@ -1031,10 +1060,15 @@ void check_data_source(const Config& c, const Origins& origins) {
     fail(origins.of("model.type"), "model.type",
          fmt::format("gpt needs data.dataset tokens or text, got {}", to_string(kind)));
   const int vocab = c.model.vocab_size;
+  if (!c.data.tokenizer.empty() && !language)
+    fail(origins.of("data.tokenizer"), "data.tokenizer",
+         fmt::format("a key of tokens and text data, got data.dataset {}", to_string(kind)));
+  if (!c.data.tokenizer.empty()) return;  // the vocabulary is checked against it at load
   if (kind == DatasetKind::tokens && vocab == 0)
     fail(origins.written("model.vocab_size").value_or(origins.of("data.dataset")),
          "model.vocab_size",
-         "required when data.dataset is tokens: token files do not record it (GPT-2: 50257)");
+         "required when data.dataset is tokens: token files do not record it (GPT-2: 50257; "
+         "train --init-from a GPT-2 directory gives it, or data.tokenizer)");
   if (kind == DatasetKind::text && vocab < kByteVocabSize)
     fail(origins.of("model.vocab_size"), "model.vocab_size",
          fmt::format("expected at least {} for text data (one token per byte), got {}",
@@ -1085,21 +1119,28 @@ namespace {
 // `dir`: the config file's directory, against which its relative paths are resolved; empty
 // for text that came from no file (Note [Config paths]).
 Config parse_config_in(std::string_view yaml, std::string_view source,
-                       std::span<const std::string> overrides, const std::filesystem::path* dir) {
+                       std::span<const std::string> overrides, const std::filesystem::path* dir,
+                       const ConfigDefaults* defaults = nullptr) {
   Origins origins{std::string(source)};
   YAML::Node root = load_tree(yaml, origins.source());
   for (const std::string& text : overrides) apply_override(root, text, origins);
+  if (defaults)
+    for (const std::string& text : defaults->values)
+      apply_override(root, text, origins, &defaults->source);
 
   Config config;
   config.source = source;
   Parser parser(root, origins);
   visit_schema(parser, config);
+  config.set_at = origins.set_by_user();
   if (dir) {
     PathResolver resolver(origins, *dir);
     visit_schema(resolver, config);
   }
-  // Text is read byte by byte: its vocabulary is 256 unless a larger one is asked for.
-  if (config.data.dataset == DatasetKind::text && config.model.vocab_size == 0)
+  // Text is read byte by byte: its vocabulary is 256 unless a larger one is asked for. With a
+  // tokenizer, 0 stays: the tokenizer's size, known once it is read (load_dataset).
+  if (config.data.dataset == DatasetKind::text && config.data.tokenizer.empty() &&
+      config.model.vocab_size == 0)
     config.model.vocab_size = kByteVocabSize;
   check_config(config, origins);
   check_data_source(config, origins);
@@ -1116,6 +1157,12 @@ Config parse_config(std::string_view yaml, std::string_view source,
 Config load_config(const std::filesystem::path& file, std::span<const std::string> overrides) {
   const std::filesystem::path dir = file.parent_path();
   return parse_config_in(read_config_file(file), file.string(), overrides, &dir);
+}
+
+Config load_config(const std::filesystem::path& file, std::span<const std::string> overrides,
+                   const ConfigDefaults& defaults) {
+  const std::filesystem::path dir = file.parent_path();
+  return parse_config_in(read_config_file(file), file.string(), overrides, &dir, &defaults);
 }
 
 }  // namespace lockstep

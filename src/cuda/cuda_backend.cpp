@@ -37,7 +37,7 @@ std::string nccl_version(int v) {
 void check_device_ids(std::span<const int> ids) {
   const GpuProbe probe = probe_gpus();
   if (probe.count == 0)
-    throw InputError("trainer.backend: cuda was requested, but no usable GPU: " + probe.reason);
+    throw InputError(no_gpu_message(probe));
   for (int id : ids)
     if (id < 0 || id >= probe.count)
       throw InputError(fmt::format(

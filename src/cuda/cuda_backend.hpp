@@ -18,6 +18,14 @@ struct GpuProbe {
   std::string reason;  // why there is none, when count == 0
 };
 
+// The message for trainer.backend cuda on a machine without a usable GPU: why, and how to train
+// on the CPU instead.
+inline std::string no_gpu_message(const GpuProbe& probe) {
+  return "trainer.backend: cuda was requested, but no usable GPU: " + probe.reason +
+         "; to train on the CPU, --set trainer.backend=cpu (or auto: the GPUs when there are "
+         "some, else the CPU)";
+}
+
 // Asks the CUDA runtime for the GPUs. Reports a missing driver or device in `reason`; does not
 // throw for them.
 GpuProbe probe_gpus();

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 #include <utility>
 
@@ -10,6 +11,8 @@
 #include "lockstep/config.hpp"
 #include "lockstep/dataset.hpp"
 #include "lockstep/error.hpp"
+#include "lockstep/tokenizer.hpp"
+#include "text/data_tokenizer.hpp"
 
 namespace lockstep {
 
@@ -151,11 +154,17 @@ DataSplit split_dataset(const InMemoryDataset& all, double eval_fraction, bool n
 
 namespace {
 
-// A token file or a text file, as data.dataset says.
-TokenDataset load_stream(const Config& cfg, const std::filesystem::path& file) {
-  const int vocab = cfg.model.vocab_size;
-  if (cfg.data.dataset == DatasetKind::text)
+// A token file or a text file, as data.dataset says; text through `tokenizer` when there is
+// one, else byte by byte.
+TokenDataset load_stream(const Config& cfg, const std::filesystem::path& file,
+                         const std::optional<Tokenizer>& tokenizer) {
+  const int vocab = cfg.model.vocab_size != 0 || !tokenizer
+                        ? cfg.model.vocab_size
+                        : static_cast<int>(tokenizer->vocab_size());
+  if (cfg.data.dataset == DatasetKind::text) {
+    if (tokenizer) return load_text(file, cfg.model.context, vocab, *tokenizer);
     return load_text(file, cfg.model.context, vocab == 0 ? kByteVocabSize : vocab);
+  }
   if (vocab == 0)
     throw InputError("model.vocab_size: expected the vocabulary size of a tokens dataset, got 0");
   return load_tokens(file, cfg.data.format, cfg.model.context, vocab);
@@ -165,10 +174,13 @@ TokenDataset load_stream(const Config& cfg, const std::filesystem::path& file) {
 DataSplit load_token_split(const Config& cfg, const std::filesystem::path& base_dir) {
   const DataConfig& d = cfg.data;
   require_path(d.path, "data.path", "the file of a tokens or text dataset");
-  const TokenDataset all = load_stream(cfg, resolve(base_dir, d.path));
+  std::optional<Tokenizer> tokenizer;
+  if (!d.tokenizer.empty()) tokenizer = detail::load_data_tokenizer(cfg, resolve(base_dir, d.tokenizer));
+  const TokenDataset all = load_stream(cfg, resolve(base_dir, d.path), tokenizer);
   if (d.eval_path.empty()) return split_tokens(all, d.eval_fraction);
   return {std::make_shared<const TokenDataset>(all),
-          std::make_shared<const TokenDataset>(load_stream(cfg, resolve(base_dir, d.eval_path)))};
+          std::make_shared<const TokenDataset>(
+              load_stream(cfg, resolve(base_dir, d.eval_path), tokenizer))};
 }
 
 }  // namespace

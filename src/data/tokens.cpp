@@ -17,6 +17,7 @@
 #include "io/open_input.hpp"
 #include "lockstep/dataset.hpp"
 #include "lockstep/error.hpp"
+#include "lockstep/tokenizer.hpp"
 
 namespace lockstep {
 
@@ -301,6 +302,24 @@ TokenDataset load_text(const std::filesystem::path& file, int context, int vocab
   std::transform(bytes.begin(), bytes.end(), tokens.begin(),
                  [](char b) { return static_cast<std::uint16_t>(static_cast<unsigned char>(b)); });
   return checked(name, std::move(tokens), 0, context, vocab_size);
+}
+
+TokenDataset load_text(const std::filesystem::path& file, int context, int vocab_size,
+                       const Tokenizer& tokenizer) {
+  const std::string name = file.string();
+  if (tokenizer.vocab_size() > static_cast<std::size_t>(vocab_size))
+    throw InputError(fmt::format("{}: vocab_size {}: the tokenizer {} has {} ids", name,
+                                 vocab_size, tokenizer.source().string(), tokenizer.vocab_size()));
+  const std::string bytes = detail::read_input(file, detail::InputKind::data);
+  if (bytes.empty()) throw InputError(fmt::format("{}: empty file: expected text", name));
+  std::vector<TokenId> ids;
+  if (tokenizer.end_of_text()) ids.push_back(*tokenizer.end_of_text());
+  tokenizer.encode(bytes, ids);
+  if (vocab_size <= 65536) {
+    std::vector<std::uint16_t> narrow(ids.begin(), ids.end());
+    return checked(name, std::move(narrow), 0, context, vocab_size);
+  }
+  return checked(name, std::move(ids), 0, context, vocab_size);
 }
 
 // ---- The split ------------------------------------------------------------------------------

@@ -25,6 +25,8 @@
 #include "io/durable_file.hpp"
 #include "io/json.hpp"
 #include "lockstep/error.hpp"
+#include "lockstep/tokenizer.hpp"
+#include "text/hf_tokenizer_files.hpp"
 
 namespace lockstep {
 namespace fs = std::filesystem;
@@ -108,6 +110,12 @@ bool is_hf_gpt2(const fs::path& path) {
   return path.filename() == kWeightsName && fs::exists(path.parent_path() / kConfigName, ec);
 }
 
+GptSpec read_hf_gpt2_spec(const fs::path& path, fs::path& file) {
+  std::error_code ec;
+  file = (fs::is_directory(path, ec) ? path : path.parent_path()) / kConfigName;
+  return read_config_json(file);
+}
+
 SafetensorsFile read_hf_gpt2(const fs::path& path, fs::path& file) {
   std::error_code ec;
   const fs::path dir = fs::is_directory(path, ec) ? path : path.parent_path();
@@ -130,7 +138,8 @@ SafetensorsFile read_hf_gpt2(const fs::path& path, fs::path& file) {
 
 }  // namespace detail
 
-void export_hf_gpt2(const Checkpoint& ckpt, const fs::path& dir, TensorDtype dtype) {
+void export_hf_gpt2(const Checkpoint& ckpt, const fs::path& dir, TensorDtype dtype,
+                    const Tokenizer* tokenizer) {
   const auto model = ckpt.metadata.find("lockstep.model");
   if (model == ckpt.metadata.end() || !model->second.starts_with("gpt "))
     detail::fail_input(ckpt.weights_file,
@@ -143,12 +152,23 @@ void export_hf_gpt2(const Checkpoint& ckpt, const fs::path& dir, TensorDtype dty
   } catch (const std::invalid_argument& e) {
     detail::fail_input(ckpt.weights_file, e.what());
   }
+  if (tokenizer && tokenizer->vocab_size() > static_cast<std::size_t>(spec.vocab_size))
+    detail::fail_input(ckpt.weights_file,
+                       fmt::format("the tokenizer {} has {} ids, the model {}: not its tokenizer",
+                                   tokenizer->source().string(), tokenizer->vocab_size(),
+                                   spec.vocab_size));
   SafetensorsFile out;
   for (const ParamTensor& t : ckpt.tensors) append_tensor(t, ckpt.params.data() + t.offset, out);
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) detail::fail_input(dir, "cannot create the directory: " + ec.message());
   write_safetensors(dir / kWeightsName, out.tensors, out.data, {}, dtype);
+  std::string special_ids;
+  if (tokenizer) {
+    detail::write_hf_tokenizer(*tokenizer, dir, spec.context);
+    if (const auto eot = tokenizer->end_of_text())
+      special_ids = fmt::format("  \"bos_token_id\": {},\n  \"eos_token_id\": {},\n", *eot, *eot);
+  }
   const std::string config = fmt::format(
       "{{\n"
       "  \"architectures\": [\"GPT2LMHeadModel\"],\n"
@@ -165,10 +185,11 @@ void export_hf_gpt2(const Checkpoint& ckpt, const fs::path& dir, TensorDtype dty
       "  \"resid_pdrop\": 0.0,\n"
       "  \"embd_pdrop\": 0.0,\n"
       "  \"attn_pdrop\": 0.0,\n"
+      "{}"
       "  \"torch_dtype\": \"{}\"\n"
       "}}\n",
       spec.vocab_size, spec.context, spec.context, spec.d_model, spec.n_layer, spec.n_head,
-      dtype == TensorDtype::bf16 ? "bfloat16" : "float32");
+      special_ids, dtype == TensorDtype::bf16 ? "bfloat16" : "float32");
   const std::span<const std::byte> bytes = std::as_bytes(std::span(config));
   detail::write_file_atomically(dir / kConfigName, std::span(&bytes, 1));
 }

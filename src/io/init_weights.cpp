@@ -8,6 +8,8 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <optional>
+#include <stdexcept>
 #include <system_error>
 
 #include "io/durable_file.hpp"
@@ -65,6 +67,23 @@ Weights load_weights(const fs::path& path, std::span<const ParamTensor> expected
                      [&](const ParamTensor& e) { return e.name == t.name; }))
       fail(fmt::format("tensor '{}' (shape {}): not in the config's model", t.name, shape_text(t)));
   out.metadata = in.metadata;
+  return out;
+}
+
+std::optional<WeightsModel> weights_model(const fs::path& path) {
+  WeightsModel out;
+  if (detail::is_hf_gpt2(path)) {
+    out.spec = detail::read_hf_gpt2_spec(path, out.file);
+    return out;
+  }
+  const SafetensorsFile in = read_weights_file(path, out.file);
+  const auto model = in.metadata.find("lockstep.model");
+  if (model == in.metadata.end() || !model->second.starts_with("gpt ")) return std::nullopt;
+  try {
+    out.spec = parse_gpt_spec(model->second);
+  } catch (const std::invalid_argument& e) {
+    detail::fail_input(out.file, e.what());
+  }
   return out;
 }
 

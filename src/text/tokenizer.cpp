@@ -3,10 +3,14 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
+#include <map>
 #include <unordered_set>
 
 #include "common/fnv1a.hpp"
+#include "lockstep/config.hpp"
 #include "lockstep/error.hpp"
+#include "text/data_tokenizer.hpp"
 #include "text/byte_pair.hpp"
 #include "text/tokenizer_impl.hpp"
 
@@ -182,4 +186,63 @@ std::string Tokenizer::content_hash() const {
   return fmt::format("{:016x}", h);
 }
 
+namespace {
+constexpr std::string_view kKindKey = "lockstep.tokenizer", kHashKey = "lockstep.tokenizer.hash",
+                           kPathKey = "lockstep.tokenizer.path", kBpe = "bpe";
+}  // namespace
+
+void record_tokenizer(std::map<std::string, std::string>& metadata, const Tokenizer& tokenizer) {
+  metadata[std::string(kKindKey)] = kBpe;
+  metadata[std::string(kHashKey)] = tokenizer.content_hash();
+  metadata[std::string(kPathKey)] =
+      std::filesystem::absolute(tokenizer.source()).lexically_normal().string();
+}
+
+std::optional<Tokenizer> recorded_tokenizer(const std::map<std::string, std::string>& metadata,
+                                            const std::filesystem::path& file,
+                                            const std::filesystem::path& path) {
+  const auto kind = metadata.find(std::string(kKindKey));
+  const auto hash = metadata.find(std::string(kHashKey));
+  const auto recorded_path = metadata.find(std::string(kPathKey));
+  if (kind == metadata.end() || kind->second != kBpe || hash == metadata.end()) {
+    if (path.empty()) return std::nullopt;
+    return Tokenizer::load(path);
+  }
+  const std::string recorded = recorded_path == metadata.end() ? "" : recorded_path->second;
+  if (path.empty() && recorded.empty())
+    throw InputError(fmt::format("{}: the checkpoint records a tokenizer (hash {}) but not where "
+                                 "it is: give --tokenizer DIR|FILE",
+                                 file.string(), hash->second));
+  if (path.empty() && !std::filesystem::exists(recorded))
+    throw InputError(fmt::format("{}: the tokenizer it was trained with, {}, is gone (no such "
+                                 "file or directory): give --tokenizer DIR|FILE (content hash {})",
+                                 file.string(), recorded, hash->second));
+  Tokenizer tokenizer = Tokenizer::load(path.empty() ? std::filesystem::path(recorded) : path);
+  if (const std::string mine = tokenizer.content_hash(); mine != hash->second)
+    throw InputError(fmt::format(
+        "{}: trained with the tokenizer {} (content hash {}), but {} has content hash {}: not the "
+        "same vocabulary and merges", file.string(), recorded.empty() ? "?" : recorded,
+        hash->second, tokenizer.source().string(), mine));
+  return tokenizer;
+}
+
+namespace detail {
+
+Tokenizer load_data_tokenizer(const Config& config, const std::filesystem::path& path) {
+  std::optional<Tokenizer> tokenizer;
+  try {
+    tokenizer = Tokenizer::load(path);
+  } catch (const InputError& e) {
+    throw InputError(fmt::format("data.tokenizer: {}", e.what()));
+  }
+  const int vocab = config.model.vocab_size;
+  if (vocab != 0 && tokenizer->vocab_size() > static_cast<std::size_t>(vocab))
+    throw InputError(fmt::format("data.tokenizer {} has {} ids, more than model.vocab_size {}: "
+                                 "set model.vocab_size to at least {} (or leave it unset)",
+                                 path.string(), tokenizer->vocab_size(), vocab,
+                                 tokenizer->vocab_size()));
+  return *std::move(tokenizer);
+}
+
+}  // namespace detail
 }  // namespace lockstep

@@ -91,12 +91,12 @@ std::unique_ptr<Backend> make_backend(BackendKind kind,
 #ifdef LOCKSTEP_HAVE_CUDA
       const GpuProbe probe = probe_gpus();
       if (probe.count == 0)
-        throw InputError("trainer.backend: cuda was requested, but no usable GPU: " + probe.reason);
+        throw InputError(no_gpu_message(probe));
       return make_cuda_backend(options);
 #else
       throw InputError(
           "trainer.backend: cuda was requested, but this build of lockstep has no CUDA backend; "
-          "use 'cpu' or 'auto'");
+          "to train on the CPU, --set trainer.backend=cpu (or auto)");
 #endif
     }
   }

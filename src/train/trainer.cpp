@@ -18,6 +18,7 @@
 #include <chrono>
 #include <ctime>
 #include <condition_variable>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
@@ -42,6 +43,7 @@
 #include "train/memory_plan.hpp"
 #include "train/trace.hpp"
 #include "train/watchdog.hpp"
+#include "text/data_tokenizer.hpp"
 #include "train/worker_loop.hpp"
 
 namespace lockstep {
@@ -73,7 +75,8 @@ struct Trainer::Impl {
         eval(std::move(ev)),
         processes(procs && procs->size() > 1 ? std::move(procs) : nullptr),
         backend(std::move(b)),
-        model(build_model()) {}
+        model(build_model()),
+        tokenizer_record(record_data_tokenizer()) {}
 
   Model build_model() {
     cfg.validate();
@@ -86,6 +89,14 @@ struct Trainer::Impl {
                                    cfg.source, eval->features(), eval->classes(),
                                    train->features(), train->classes()));
     return make_model(cfg, *train, backend ? backend->name() : std::string_view{});
+  }
+
+  // What checkpoints record of data.tokenizer (read once here, as the data loader read it).
+  std::map<std::string, std::string> record_data_tokenizer() const {
+    std::map<std::string, std::string> record;
+    if (!cfg.data.tokenizer.empty())
+      record_tokenizer(record, detail::load_data_tokenizer(cfg, cfg.data.tokenizer));
+    return record;
   }
 
   int workers() const { return static_cast<int>(cfg.trainer.devices.size()); }
@@ -127,6 +138,7 @@ struct Trainer::Impl {
   std::shared_ptr<ProcessGroup> processes;  // null: this process alone
   std::shared_ptr<Backend> backend;         // null: make_backend(trainer.backend) at each run
   Model model;
+  std::map<std::string, std::string> tokenizer_record;  // empty: no data.tokenizer
   detail::TrainerCallbacks callbacks;
   std::int64_t total_steps = 0;
   std::optional<Checkpoint> resume;
@@ -647,7 +659,8 @@ std::unique_ptr<Trainer::Impl::RunResources> Trainer::Impl::prepare_run() {
                                         .metrics = r->metrics.get(),
                                         .report = r->report.get(),
                                         .summary = summary,
-                                        .final_params = final_params});
+                                        .final_params = final_params,
+                                        .tokenizer_record = tokenizer_record});
   return r;
 }
 

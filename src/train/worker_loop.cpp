@@ -670,6 +670,7 @@ void WorkerLoop::save_checkpoint(std::vector<StateVector> optimizer_state) {
   ckpt.metadata["lockstep.model"] = describe_model(cfg, *run_.train);
   if (cfg.model.type == "gpt")
     ckpt.metadata["lockstep.tokenizer"] = cfg.data.dataset == DatasetKind::text ? "bytes" : "ids";
+  for (const auto& [key, value] : run_.tokenizer_record) ckpt.metadata[key] = value;  // "bpe"
   if (!run_.train->feature_mean().empty())
     record_standardization(ckpt.metadata, run_.train->feature_mean(), run_.train->feature_std());
   const std::int64_t samples_before = run_.resume ? run_.resume->state.samples : 0;

@@ -58,6 +58,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <span>
 #include <vector>
@@ -115,6 +116,7 @@ struct RunContext {
   RunReport* report;               // trainer.report; null: unset, or not the writing process
   Summary& summary;
   std::vector<float>& final_params;
+  const std::map<std::string, std::string>& tokenizer_record;  // for checkpoints' metadata
 
   // Model FLOPs utilisation at `tokens_per_s` over the job: 0 without a known peak or FLOP count.
   double mfu(double tokens_per_s) const {

@@ -1,18 +1,24 @@
 // `lockstep train --init-from`: the weights alone of a checkpoint or an export, at step 0 with a
-// fresh optimiser, for fine-tuning; a model that does not match exits 2 naming the first
-// difference; --resume's errors point at --init-from.
+// fresh optimiser, for fine-tuning; the model keys the config does not set come from the weights,
+// those it sets must agree (every disagreement at once); a Hugging Face directory that `export
+// --format hf` wrote from a run with a tokenizer carries it; --resume's errors point at
+// --init-from.
 #include <doctest/doctest.h>
 
 #include <string>
 
 #include "../data/temp_files.hpp"
+#include "../text/vocab_files.hpp"
 #include "cli_runner.hpp"
+#include "lockstep/tokenizer.hpp"
 
 namespace {
 
 using lockstep::test::run_cli;
 
 const std::string kGptTiny = std::string(LOCKSTEP_SOURCE_DIR) + "/configs/gpt_tiny.yaml";
+const std::string kShakespeare =
+    std::string(LOCKSTEP_SOURCE_DIR) + "/third_party/shakespeare/as_you_like_it.txt";
 // A small GPT on the shipped play: 16-token windows, one block of width 32.
 const std::string kSmall = "train \"" + kGptTiny + "\" --set model.context=16 --set model.n_layer=1 "
                            "--set model.d_model=32 --set trainer.eval_every=0 ";
@@ -64,18 +70,16 @@ TEST_CASE("cli: --init-from refuses another model, naming the first difference, 
   REQUIRE(run_cli(kSmall + "--set trainer.steps=2 --set trainer.checkpoint.dir=" + src).code == 0);
   const std::string two = "--set trainer.steps=2 --init-from " + src;
 
-  const auto deeper = run_cli(kSmall + "--set model.n_layer=2 " + two);
-  CHECK(deeper.code == 2);
-  CHECK(deeper.output.find("tensor 'transformer.h.1.ln_1.weight': missing; the config's model has "
-                           "shape [32]") != std::string::npos);
-  const auto wider = run_cli(kSmall + "--set model.d_model=64 " + two);
-  CHECK(wider.code == 2);
-  CHECK(wider.output.find("tensor 'transformer.wte.weight': shape [256, 32] in the file, [256, 64] "
-                          "in the config's model") != std::string::npos);
-  const auto heads = run_cli(kSmall + "--set model.n_head=2 " + two);
-  CHECK(heads.code == 2);
-  CHECK(heads.output.find("the file's model has n_head 4, the config's model.n_head is 2") !=
-        std::string::npos);
+  // Every key the config sets against the weights' record, at once, each with its fix.
+  const auto other = run_cli(kSmall + "--set model.n_layer=2 --set model.d_model=64 " + two);
+  CHECK(other.code == 2);
+  CHECK_MESSAGE(other.output.find("the config's model is not the one " + src +
+                                  "/step_00000002.safetensors describes:\n"
+                                  "  model.n_layer is 2 (--set model.n_layer=2), 1 in the weights: "
+                                  "--set model.n_layer=1\n"
+                                  "  model.d_model is 64 (--set model.d_model=64), 32 in the "
+                                  "weights: --set model.d_model=32") != std::string::npos,
+                other.output);
 
   // An export loads too; --resume cannot take one, and says what to use instead.
   const std::string exported = (dir.path() / "e.safetensors").string();
@@ -92,4 +96,54 @@ TEST_CASE("cli: --init-from refuses another model, naming the first difference, 
   const auto both = run_cli(kSmall + "--resume " + src + " --init-from " + src);
   CHECK(both.code == 2);
   CHECK(both.output.find("give one or the other") != std::string::npos);
+}
+
+TEST_CASE("cli: --init-from a Hugging Face directory with a tokenizer: the model and tokenizer the "
+          "config does not set come from it") {
+  const lockstep::test::TempDir dir;
+  const std::filesystem::path vocab =
+      dir.write("small.tiktoken", lockstep::test::rank_file(lockstep::test::hand_vocab()));
+  const std::string src = (dir.path() / "src").string(), hf = (dir.path() / "hf").string();
+  REQUIRE(run_cli(kSmall + "--set trainer.steps=1 --set data.tokenizer=" + vocab.string() +
+                  " --set trainer.checkpoint.dir=" + src).code == 0);
+  const auto exported = run_cli("export " + src + " --format hf --out " + hf);
+  REQUIRE_MESSAGE(exported.code == 0, exported.output);
+  // merges.txt written from the ranks is the same tokenizer; <|endoftext|> is bos and eos.
+  const lockstep::Tokenizer ranks = lockstep::Tokenizer::load(vocab);
+  CHECK(lockstep::Tokenizer::load(hf).content_hash() == ranks.content_hash());
+  const std::string config = lockstep::test::read_text(hf + "/config.json");
+  CHECK(config.find("\"eos_token_id\": " + std::to_string(*ranks.end_of_text())) != std::string::npos);
+  CHECK(lockstep::test::read_text(hf + "/tokenizer_config.json").find("\"eos_token\": \"<|endoftext|>\"") !=
+        std::string::npos);
+  // --tokenizer names another one (the run's moved away): a larger vocabulary is not the model's.
+  const std::filesystem::path bigger =
+      dir.write("big.tiktoken", lockstep::test::rank_file(lockstep::test::random_vocab(300, 1)));
+  const auto wrong = run_cli("export " + src + " --format hf --out " + hf + "2 --tokenizer " + bigger.string());
+  CHECK(wrong.code == 2);
+  CHECK_MESSAGE(wrong.output.find("has content hash") != std::string::npos, wrong.output);
+
+  // The shipped fine-tuning config sets no model key: they come from config.json.
+  const std::string finetune = "train \"" LOCKSTEP_SOURCE_DIR "/configs/finetune_cpu.yaml\" --init-from " +
+                               hf + " --set data.dataset=text --set data.path=\"" + kShakespeare +
+                               "\" --set data.eval_path=null --set trainer.steps=1 "
+                               "--set trainer.eval_every=0 --set trainer.checkpoint.dir=" +
+                               (dir.path() / "tuned").string();
+  const auto tune = run_cli(finetune);
+  REQUIRE_MESSAGE(tune.code == 0, tune.output);
+  CHECK_MESSAGE(tune.output.find("from " + hf + "/config.json: model.vocab_size " +
+                                 std::to_string(ranks.vocab_size()) + ", model.context 16, "
+                                 "model.n_layer 1, model.n_head 4, model.d_model 32, data.tokenizer " +
+                                 hf + " (the keys the config does not set)") != std::string::npos,
+                tune.output);
+  const auto text = run_cli("sample --checkpoint " + (dir.path() / "tuned").string() +
+                            " --prompt \"abc d\" --tokens 4 --temperature 0");
+  REQUIRE_MESSAGE(text.code == 0, text.output);
+  CHECK(text.output.starts_with("abc d"));
+
+  const auto other = run_cli(finetune + " --set model.context=32 --set model.n_head=2");
+  CHECK(other.code == 2);
+  CHECK_MESSAGE(other.output.find("  model.context is 32 (--set model.context=32), 16 in the weights: "
+                                  "--set model.context=16\n  model.n_head is 2 (--set model.n_head=2), "
+                                  "4 in the weights: --set model.n_head=4") != std::string::npos,
+                other.output);
 }

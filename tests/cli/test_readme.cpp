@@ -94,4 +94,6 @@ TEST_CASE("README: the marked command blocks run verbatim from the repository ro
   CHECK(fs::exists(root.path() / "runs" / "gpt_tiny"));
   CHECK(fs::exists(root.path() / "runs" / "quickstart.safetensors"));
   CHECK(fs::exists(root.path() / "runs" / "gpt_tiny_tuned"));
+  CHECK(fs::exists(root.path() / "runs" / "small_gpt2" / "merges.txt"));  // the fine-tuning story
+  CHECK(fs::exists(root.path() / "runs" / "finetune"));
 }

@@ -1,9 +1,12 @@
 // What a new user met on a first run (issue 14's smaller points), each once: --help on a
 // command, the train loss's label, resuming a finished run, output directories, a batch larger
-// than a shard, sgd's keys under adamw, and the log lines on a terminal.
+// than a shard, sgd's keys under adamw, the log lines on a terminal; and (issue 26) backend
+// cuda without a GPU, and more CPU workers than cores.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <string>
+#include <thread>
 
 #include "../data/temp_files.hpp"
 #include "../skip.hpp"
@@ -72,7 +75,7 @@ TEST_CASE("cli: a batch larger than a worker's shard warns once") {
   CHECK(count(big.output, "warning: data.batch_size 720 is larger than each worker's shard of 719 "
                           "samples") == 1);
   const auto fits = run_cli("train " + kQuickstart + " --set trainer.steps=3 --set data.batch_size=719");
-  CHECK(fits.output.find("warning") == std::string::npos);
+  CHECK(fits.output.find("warning: data.batch_size") == std::string::npos);
 }
 
 TEST_CASE("cli: sgd's momentum and nesterov under adamw are refused") {
@@ -95,4 +98,30 @@ TEST_CASE("cli: on a terminal the log lines stay in the scrollback between live 
   CHECK(r.output.find("| ETA ") != std::string::npos);  // the live line
   CHECK(r.output.find("\033[2Kstep 50/100 epoch 2 loss ") != std::string::npos);
   CHECK(r.output.find("\033[2Kstep 100/100 epoch 4 loss ") != std::string::npos);
+}
+
+TEST_CASE("cli: backend cuda without a usable GPU says how to train on the CPU") {
+  const auto r = run_cli("train " + kQuickstart + " --set trainer.backend=cuda --set trainer.steps=1 "
+                         "--set trainer.devices=1 --set trainer.checkpoint.dir=null");
+  if (r.code == 0)
+    return lockstep::test::skip(lockstep::test::Skip::setup,
+                                "a GPU is here: the run without one cannot be seen");
+  CHECK(r.code == 2);
+  CHECK_MESSAGE(r.output.find("trainer.backend: cuda was requested, but") != std::string::npos, r.output);
+  CHECK(r.output.find("to train on the CPU, --set trainer.backend=cpu") != std::string::npos);
+}
+
+TEST_CASE("cli: more CPU workers than hardware threads warn, naming the count that fits") {
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  const auto r = run_cli("train " + kQuickstart + " --set trainer.backend=cpu --set trainer.steps=1 "
+                         "--set trainer.devices=" + std::to_string(cores + 1));
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(count(r.output, "warning: trainer.devices: " + std::to_string(cores + 1) +
+                                    " CPU workers on " + std::to_string(cores) +
+                                    " hardware threads share the cores") == 1, r.output);
+  CHECK(r.output.find("--set trainer.devices=" + std::to_string(cores) + " gives each worker") !=
+        std::string::npos);
+  const auto fits = run_cli("train " + kQuickstart + " --set trainer.backend=cpu --set trainer.steps=1 "
+                            "--set trainer.devices=" + std::to_string(cores));
+  CHECK(fits.output.find("warning: trainer.devices") == std::string::npos);
 }

@@ -98,6 +98,37 @@ TEST_CASE("cli tokenize: a text file, JSON lines and standard input in order, tr
         std::string::npos);
 }
 
+TEST_CASE("cli: text trained through data.tokenizer samples as text with the recorded tokenizer") {
+  const Setup s;
+  const fs::path ckpt = s.dir.path() / "ckpt";
+  const auto train = run_cli("train \"" LOCKSTEP_SOURCE_DIR "/configs/gpt_tiny.yaml\" --set data.tokenizer=" +
+                             q(s.vocab) + " --set model.context=16 --set model.n_layer=1 "
+                             "--set model.d_model=32 --set trainer.steps=2 --set trainer.eval_every=0 "
+                             "--set trainer.checkpoint.dir=" + q(ckpt));
+  REQUIRE_MESSAGE(train.code == 0, train.output);
+  const std::string sample = "sample --checkpoint " + q(ckpt) + " --prompt \"abc de\" --tokens 8 --temperature 0";
+  const auto text = run_cli(sample);
+  REQUIRE_MESSAGE(text.code == 0, text.output);
+  CHECK(text.output.starts_with("abc de"));
+  // The same vocabulary elsewhere is the same tokenizer; another one is refused, naming both.
+  const fs::path copy = s.dir.write("copy.tiktoken", lockstep::test::read_text(s.vocab));
+  CHECK(run_cli(sample + " --tokenizer " + q(copy)).output == text.output);
+  const fs::path other = s.dir.write("other.tiktoken", lockstep::test::rank_file(
+                                                           lockstep::test::random_vocab(300, 10)));
+  const auto wrong = run_cli(sample + " --tokenizer " + q(other));
+  CHECK(wrong.code == 2);
+  CHECK_MESSAGE(wrong.output.find("trained with the tokenizer " + fs::absolute(s.vocab).string() +
+                                  " (content hash " + s.tokenizer.content_hash() + "), but " +
+                                  other.string() + " has content hash") != std::string::npos,
+                wrong.output);
+  // A tokenizer moved away is named, with the way out.
+  fs::rename(s.vocab, s.dir.path() / "moved.tiktoken");
+  const auto gone = run_cli(sample);
+  CHECK(gone.code == 2);
+  CHECK_MESSAGE(gone.output.find(s.vocab.string() + ", is gone (no such file or directory): give "
+                                 "--tokenizer DIR|FILE") != std::string::npos, gone.output);
+}
+
 TEST_CASE("cli tokenize: --eval-out holds about --eval-fraction of the tokens") {
   const Setup s;
   const fs::path train = s.dir.path() / "train.bin", val = s.dir.path() / "val.bin";

@@ -513,7 +513,8 @@ TEST_CASE("config: gpt model and token data") {
   CHECK(error_of("model: {type: gpt}\ntrainer: {steps: 5}\ndata:\n  dataset: tokens\n"
                  "  path: t\n") ==
         "q.yaml:4:3: model.vocab_size: required when data.dataset is tokens: token files do not "
-        "record it (GPT-2: 50257)");
+        "record it (GPT-2: 50257; train --init-from a GPT-2 directory gives it, or "
+        "data.tokenizer)");
   CHECK(error_of("model: {type: gpt, vocab_size: 100}\ntrainer: {steps: 5}\n"
                  "data: {dataset: text, path: t}\n") ==
         "q.yaml:1:20: model.vocab_size: expected at least 256 for text data (one token per "
@@ -535,6 +536,16 @@ TEST_CASE("config: gpt model and token data") {
         "q.yaml:1:8: data.eval_pth: unknown key; did you mean 'data.eval_path'?");
   // Existing mlp configs are unchanged by the gpt keys.
   CHECK(parse_config(kMinimal, "min.yaml").model.vocab_size == 0);
+
+  // With data.tokenizer, the vocabulary is the tokenizer's (known once it is read) unless set.
+  const Config bpe = parse_config("model: {type: gpt}\ntrainer: {steps: 5}\n"
+                                  "data: {dataset: text, path: t, tokenizer: gpt2/}\n", "q.yaml");
+  CHECK(bpe.data.tokenizer == "gpt2/");
+  CHECK(bpe.model.vocab_size == 0);
+  CHECK_NOTHROW(parse_config("model: {type: gpt}\ntrainer: {steps: 5}\n"
+                             "data: {dataset: tokens, path: t, tokenizer: gpt2/}\n", "q.yaml"));
+  CHECK(error_of("data: {dataset: csv, path: t.csv, tokenizer: gpt2/}\ntrainer: {steps: 5}\n") ==
+        "q.yaml:1:35: data.tokenizer: a key of tokens and text data, got data.dataset csv");
 }
 
 TEST_CASE("config: a file's relative paths are relative to its directory, --set's to the working "

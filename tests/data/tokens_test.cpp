@@ -12,6 +12,8 @@
 #include "lockstep/config.hpp"
 #include "lockstep/dataset.hpp"
 #include "lockstep/error.hpp"
+#include "../text/vocab_files.hpp"
+#include "lockstep/tokenizer.hpp"
 #include "temp_files.hpp"
 
 using lockstep::InputError;
@@ -336,6 +338,40 @@ TEST_CASE("load_dataset: tokens and text, with and without eval_path, never norm
   CHECK_THROWS_WITH_AS(lockstep::load_dataset(text),
                        "data.path: expected the file of a tokens or text dataset, got ''",
                        InputError);
+}
+
+TEST_CASE("load_dataset: text through data.tokenizer, as lockstep tokenize writes a document") {
+  lockstep::test::TempDir dir;
+  const std::string book = "To be, or not to be, that is the question: abcd the thee\n";
+  dir.write("book.txt", book);
+  dir.write("bpe.tiktoken", lockstep::test::rank_file(lockstep::test::hand_vocab()));
+  const lockstep::Tokenizer tokenizer = lockstep::Tokenizer::load(dir.path() / "bpe.tiktoken");
+  std::vector<lockstep::TokenId> ids{*tokenizer.end_of_text()};
+  tokenizer.encode(book, ids);
+  REQUIRE(ids.size() < book.size());  // the merges fired
+
+  lockstep::Config cfg;
+  cfg.model.type = "gpt";
+  cfg.model.context = 4;
+  cfg.data.dataset = lockstep::DatasetKind::text;
+  cfg.data.path = "book.txt";
+  cfg.data.tokenizer = "bpe.tiktoken";
+  cfg.data.eval_fraction = 0.0;
+  const lockstep::DataSplit split = lockstep::load_dataset(cfg, dir.path());
+  CHECK(split.train->classes() == static_cast<int>(tokenizer.vocab_size()));  // vocab_size 0
+  REQUIRE(split.train->size() == (ids.size() - 1) / 4);
+  for (std::size_t w = 0; w < split.train->size(); ++w)
+    for (std::size_t i = 0; i < 4; ++i)
+      CHECK(sample(*split.train, w).x[i] == static_cast<float>(ids[w * 4 + i]));
+
+  cfg.model.vocab_size = 300;  // a padded vocabulary holds it
+  CHECK(lockstep::load_dataset(cfg, dir.path()).train->classes() == 300);
+  cfg.model.vocab_size = 260;
+  CHECK_THROWS_WITH_AS(lockstep::load_dataset(cfg, dir.path()),
+                       doctest::Contains("has 266 ids, more than model.vocab_size 260"), InputError);
+  cfg.data.tokenizer = "none.tiktoken";
+  CHECK_THROWS_WITH_AS(lockstep::load_dataset(cfg, dir.path()),
+                       doctest::Contains("data.tokenizer: "), InputError);
 }
 
 TEST_CASE("DistributedSampler over token windows: disjoint across ranks, union is every window") {

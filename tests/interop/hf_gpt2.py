@@ -10,6 +10,8 @@ virtual environment of tests/interop/hf_venv.sh (transformers, and Debian's torc
         prints config.json's torch_dtype and the dtype of the weights of
         GPT2LMHeadModel.from_pretrained(DIR, torch_dtype="auto"): "config torch.bfloat16,
         loaded torch.bfloat16" for `--dtype bf16`.
+    hf_gpt2.py tokenize DIR TEXT
+        prints the ids AutoTokenizer.from_pretrained(DIR) gives TEXT's contents, one line.
     hf_gpt2.py random DIR TEXT CONTEXT
         saves a randomly initialised GPT-2 (vocabulary 256, context CONTEXT, 1 layer, 2 heads,
         width 32) to DIR with save_pretrained, and prints its mean next-token loss over the
@@ -42,6 +44,13 @@ def dtype(directory):
     return 0
 
 
+def tokenize(directory, text_file):
+    tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+    with open(text_file, encoding="utf-8", newline="") as f:
+        print(" ".join(str(i) for i in tokenizer(f.read())["input_ids"]))
+    return 0
+
+
 def random_model(directory, text_file, context):
     torch.manual_seed(0)
     config = transformers.GPT2Config(vocab_size=256, n_positions=context, n_embd=32, n_layer=1,
@@ -63,6 +72,8 @@ def main():
         return logits(*sys.argv[2:5])
     if sys.argv[1] == "dtype":
         return dtype(sys.argv[2])
+    if sys.argv[1] == "tokenize":
+        return tokenize(sys.argv[2], sys.argv[3])
     return random_model(sys.argv[2], sys.argv[3], int(sys.argv[4]))
 
 

@@ -3,7 +3,9 @@
 //     the stored standardisation, predicts exactly what `lockstep eval` counts as correct;
 //   - `lockstep export --format hf` loads in transformers.GPT2LMHeadModel with lockstep's
 //     logits (1e-4 relative), as the dtype its config.json names (--dtype bf16: bfloat16), and `--init-from` a GPT-2 that transformers saved starts at the
-//     loss transformers computes on the same windows (1e-5 relative).
+//     loss transformers computes on the same windows (1e-5 relative);
+//   - the tokenizer `export --format hf` writes beside the weights (from a rank file: vocab.json
+//     and merges.txt) gives AutoTokenizer lockstep's ids.
 // The first needs Debian's torch (/usr/bin/python3); the others the virtual environment that
 // tests/interop/hf_venv.sh makes in the build tree (transformers from PyPI). Each skips, saying
 // why, when its Python is not there.
@@ -17,7 +19,9 @@
 #include "../cli/cli_runner.hpp"
 #include "../data/temp_files.hpp"
 #include "../skip.hpp"
+#include "../text/vocab_files.hpp"
 #include "lockstep/lockstep.hpp"
+#include "lockstep/tokenizer.hpp"
 
 namespace fs = std::filesystem;
 using lockstep::test::run_cli;
@@ -184,10 +188,34 @@ TEST_CASE("interop: --init-from a transformers GPT-2 starts at transformers' los
                                        << std::abs(ours - theirs) / theirs);
   CHECK(ours == doctest::Approx(theirs).epsilon(1e-5));
 
-  // The config's gpt keys must be config.json's.
+  // The gpt keys the config sets must be config.json's.
   const auto other = run_cli("train \"" + kGptTiny + "\" --set model.context=16 --set model.n_layer=1 "
                              "--set model.n_head=4 --set model.d_model=32 --set trainer.steps=1 "
                              "--init-from " + hf);
   CHECK(other.code == 2);
-  CHECK(other.output.find("the file's model has n_head 2, the config's model.n_head is 4") != std::string::npos);
+  CHECK(other.output.find("model.n_head is 4 (--set model.n_head=4), 2 in the weights: --set "
+                          "model.n_head=2") != std::string::npos);
+}
+
+TEST_CASE("interop: export --format hf writes the run's tokenizer, and AutoTokenizer gives lockstep's ids") {
+  const std::string python = hf_python();
+  if (python.empty()) return;
+  const lockstep::test::TempDir dir;
+  const fs::path ranks = dir.write("small.tiktoken",
+                                   lockstep::test::rank_file(lockstep::test::hand_vocab()));
+  const std::string ckpt = (dir.path() / "ckpt").string(), hf = (dir.path() / "hf").string();
+  REQUIRE(run_cli("train \"" + kGptTiny + "\" --set model.context=16 --set model.n_layer=1 "
+                  "--set model.d_model=32 --set trainer.steps=1 --set trainer.eval_every=0 "
+                  "--set data.tokenizer=" + ranks.string() + " --set trainer.checkpoint.dir=" + ckpt).code == 0);
+  const auto exported = run_cli("export " + ckpt + " --format hf --out " + hf);
+  REQUIRE_MESSAGE(exported.code == 0, exported.output);
+  const std::string text = lockstep::test::read_text(kSource + "/third_party/shakespeare/as_you_like_it.txt")
+                               .substr(0, 4000) + " abc d\xc3\xa9 eee  ab\n";
+  const fs::path file = dir.write("t.txt", text);
+  const auto r = run_command(python + " \"" + kSource + "/tests/interop/hf_gpt2.py\" tokenize " + hf + " " + file.string());
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  std::string ours;
+  for (const lockstep::TokenId id : lockstep::Tokenizer::load(ranks).encode(text))
+    ours += (ours.empty() ? "" : " ") + std::to_string(id);
+  CHECK(r.output.substr(r.output.rfind('\n', r.output.size() - 2) + 1) == ours + "\n");
 }

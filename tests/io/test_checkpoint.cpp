@@ -272,6 +272,12 @@ TEST_CASE("config_values: every key with its value, and a resume may change only
   CHECK(value("trainer.devices") == "[0]");
   CHECK(value("trainer.checkpoint.dir") == "\"\"");  // an unset text, visibly
   CHECK(value("model.hidden") == fmt::format("[{}]", fmt::join(base.model.hidden, ",")));
+  // Unset, data.tokenizer is not listed (nor hashed): a checkpoint from before the key resumes.
+  CHECK(std::none_of(values.begin(), values.end(),
+                     [](const auto& kv) { return kv.first == "data.tokenizer"; }));
+  Config bpe = base;
+  bpe.data.tokenizer = "gpt2/";
+  CHECK(config_hash(bpe) != config_hash(base));
 
   Config changed = base;
   changed.optimizer.lr = 0.001;
