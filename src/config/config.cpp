@@ -6,11 +6,16 @@
 //   KeyCollector - learns the valid names, to reject unknown keys with a suggestion;
 //   Parser       - reads a YAML tree into a Config, checking type and range of each value;
 //   Checker      - re-checks a Config's values, so that Config::validate() also catches a
-//                  bad value in a Config filled by hand.
+//                  bad value in a Config filled by hand;
+//   Renderer     - writes each key's value as YAML, with the values it takes and its line of
+//                  help (to_yaml for `lockstep config --print`, config_key_help for
+//                  `lockstep train --help`);
+// and PathResolver and Hasher, below.
 //
-// Messages start with where the problem is: "FILE:LINE:COL" for what the file says,
-// "--set KEY=VALUE" for what an override says. Overrides are applied to the YAML tree before
-// it is read, so both pass through the same checks; Origins tells them apart by key path.
+// Every problem is reported at once (Note [Every config error at once]). Messages start with
+// where the problem is: "FILE:LINE:COL" for what the file says, "--set KEY=VALUE" for what an
+// override says. Overrides are applied to the YAML tree before it is read, so both pass
+// through the same checks; Origins tells them apart by key path.
 //
 // A null value ("steps:", "steps: ~", "--set trainer.steps=null") keeps the default. That is
 // how an override unsets a key, e.g. trainer.epochs when switching a file to trainer.steps.
@@ -346,11 +351,12 @@ class Problems {
     problems_.push_back({where.order, path.empty() ? fmt::format("{}: {}", where.text, what)
                                                    : fmt::format("{}: {}: {}", where.text, path,
                                                                  what)});
-    if (!path.empty()) failed_.emplace_back(path);
   }
 
-  // Marks a key (or a section) whose value is unknown, without a message of its own.
-  void mark_failed(std::string_view path) { failed_.emplace_back(path); }
+  // Marks a key (or a section) whose value is unknown: its default stands in for it.
+  void mark_failed(std::string_view path) {
+    if (!path.empty()) failed_.emplace_back(path);
+  }
 
   // True when `path`, a section above it or a key below it failed ("model.hidden[1]" fails
   // "model.hidden").
@@ -880,6 +886,7 @@ class Parser {
       check();
     } catch (const Rejected& r) {
       problems_.add(r.where, r.path, r.what);
+      problems_.mark_failed(r.path);
       problems_.mark_failed(path);
     }
   }
@@ -1037,6 +1044,7 @@ class Checker {
   void reject(std::string_view key, std::string_view what, const V& value) {
     const std::string path = fmt::format("{}.{}", section_, key);
     problems_.add(origins_.of(path), path, fmt::format("expected {}, got '{}'", what, value));
+    problems_.mark_failed(path);
   }
 
   const Origins& origins_;

@@ -645,6 +645,11 @@ TEST_CASE("config: every problem at once, in the file's order, then the override
         "q.yaml:1:37: data.classes: expected an integer >= 2, got '1'\n"
         "q.yaml:2:11: trainer.steps: conflicts with trainer.epochs (2, set at q.yaml:2:21); set "
         "only one (null unsets a key)");
+  // One rule's problem does not hide another's; a missing key has no line, and comes last.
+  CHECK(errors_of("data: {dataset: synthetic}\ntrainer: {zero: 1, grad_reduce_dtype: bf16}\n") ==
+        "q.yaml:2:20: trainer.grad_reduce_dtype: bf16 with trainer.zero (1, set at q.yaml:2:11) is "
+        "not implemented yet; use fp32 with ZeRO-1\n"
+        "q.yaml: trainer: set trainer.steps or trainer.epochs");
 }
 
 TEST_CASE("config: hints for lists and device counts written another way") {

@@ -1,0 +1,33 @@
+// The Pythons the interop and README tests run: Debian's (/usr/bin/python3, with torch), and the
+// environment tests/interop/hf_venv.sh makes in the build tree (transformers from PyPI; it sees
+// Debian's torch). Each returns the interpreter, or skips the case (saying why) and returns "".
+#pragma once
+
+#include <string>
+
+#include "../cli/cli_runner.hpp"
+#include "../skip.hpp"
+
+namespace lockstep::test {
+
+// The transformers environment, made on first use.
+inline std::string hf_python() {
+  const auto r = run_command("bash \"" LOCKSTEP_SOURCE_DIR "/tests/interop/hf_venv.sh\" \"" LOCKSTEP_BINARY_DIR "\"");
+  if (r.code != 0) {
+    skip(Skip::missing, "cannot make the transformers==4.40.2 environment (PyPI, python3-venv): " + r.output);
+    return {};
+  }
+  // The path is the last line of the output.
+  const std::size_t start = r.output.rfind('\n', r.output.size() - 2) + 1;
+  return r.output.substr(start, r.output.size() - 1 - start);
+}
+
+// A Python with torch, numpy and safetensors: Debian's when it has safetensors, else the
+// transformers environment, which has it.
+inline std::string safetensors_python() {
+  if (run_command("/usr/bin/python3 -c 'import torch, numpy, safetensors.torch'").code == 0)
+    return "/usr/bin/python3";
+  return hf_python();
+}
+
+}  // namespace lockstep::test
