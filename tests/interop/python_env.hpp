@@ -23,10 +23,11 @@ inline std::string hf_python() {
 }
 
 // A Python with torch, numpy and safetensors: Debian's when it has safetensors, else the
-// transformers environment, which has it.
+// transformers environment, which has it (used as it is when made already: hf_venv.sh's check
+// imports transformers, which takes seconds).
 inline std::string safetensors_python() {
-  if (run_command("/usr/bin/python3 -c 'import torch, numpy, safetensors.torch'").code == 0)
-    return "/usr/bin/python3";
+  for (const std::string python : {"/usr/bin/python3", LOCKSTEP_BINARY_DIR "/python-hf/bin/python"})
+    if (run_command(python + " -c 'import torch, numpy, safetensors.torch'").code == 0) return python;
   return hf_python();
 }
 
