@@ -5,8 +5,8 @@
 //
 // Every value is checked when it is read. Bad values throw one ConfigError listing each problem
 // on a line of its own, in the file's order: "FILE:LINE:COL: KEY.PATH: expected ..., got ...".
-// Unknown keys are rejected with a "did you mean" suggestion. Overrides ("a.b.c=value") pass through the same checks and are
-// named "--set a.b.c=value" in messages.
+// Unknown keys are rejected with a "did you mean" suggestion. Overrides ("a.b.c=value") pass
+// through the same checks and are named "--set a.b.c=value" in messages.
 #pragma once
 
 #include <cstdint>

@@ -132,7 +132,9 @@ int run(int argc, char** argv, std::shared_ptr<ProcessGroup>& processes) {
   if (command == "sample") return sample(rest);
   if (command == "tokenize") return tokenize(rest);
   if (command == "config") return config(rest);
-  throw InputError(fmt::format("unknown command '{}'; expected train, eval, export, sample, tokenize, config or devices (see lockstep --help)", command));
+  throw InputError(fmt::format("unknown command '{}'; expected train, eval, export, sample, "
+                               "tokenize, config or devices (see lockstep --help)",
+                               command));
 }
 
 }  // namespace

@@ -751,7 +751,8 @@ class Parser {
       if (!entry || entry->value.IsNull()) continue;
       const std::string path(nested.name);
       if (!entry->value.IsMap()) {
-        const std::string keys = fmt::format("{}.{}", path, fmt::join(nested.keys, ", " + path + "."));
+        const std::string keys =
+            fmt::format("{}.{}", path, fmt::join(nested.keys, ", " + path + "."));
         reject(path, [&] { expected(path, entry->value, "a map of " + keys); });
         continue;
       }
@@ -1111,7 +1112,9 @@ class Hasher {
   void number(std::string_view key, double value, const NumberRule&, std::string_view) {
     add(key, fmt::format("{}", value));
   }
-  void flag(std::string_view key, bool value, std::string_view) { add(key, value ? "true" : "false"); }
+  void flag(std::string_view key, bool value, std::string_view) {
+    add(key, value ? "true" : "false");
+  }
   // Length-prefixed in the hash, so that no text can pass for the end of its line and another key.
   void text(std::string_view key, const std::string& value, std::string_view = {}) {
     add(key, fmt::format("{}:{}", value.size(), value), value.empty() ? "\"\"" : value);
@@ -1176,8 +1179,8 @@ class Renderer {
 
   template <class T>
   void integer(std::string_view key, T value, IntRule rule, std::string_view doc) {
-    add(key, describe(rule), rule.zero_means_unset && value == 0 ? "null" : fmt::format("{}", value),
-        doc);
+    const bool unset = rule.zero_means_unset && value == 0;
+    add(key, describe(rule), unset ? "null" : fmt::format("{}", value), doc);
   }
   // fmt prints the shortest text that reads back as the same double.
   void number(std::string_view key, double value, const NumberRule& rule, std::string_view doc) {
@@ -1356,7 +1359,8 @@ void check_data_files(const Config& written, const Config& resolved, const Origi
                 ? fmt::format(" (given with --set: relative to the working directory, {})",
                               std::filesystem::current_path().string())
                 : fmt::format(" (the config says '{}': relative to the config's directory, {})",
-                              as_written, std::filesystem::absolute(dir).lexically_normal().string());
+                              as_written,
+                              std::filesystem::absolute(dir).lexically_normal().string());
     }
     problems.add(origins.of(key), key, fmt::format("no such file: {}{}", absolute, how));
   };
@@ -1430,7 +1434,8 @@ std::string to_yaml(const Config& config) {
   for (const Renderer::Key& key : renderer.keys()) {
     if (key.alias) continue;
     // "trainer.checkpoint" is a map inside trainer, its keys one level deeper.
-    const auto depth = static_cast<std::size_t>(std::count(key.section.begin(), key.section.end(), '.'));
+    const auto depth =
+        static_cast<std::size_t>(std::count(key.section.begin(), key.section.end(), '.'));
     if (key.section != section) {
       section = key.section;
       const std::size_t dot = section.rfind('.');

@@ -107,8 +107,8 @@ TEST_CASE("README: the marked command blocks run verbatim from the repository ro
   const std::string python = lockstep::test::safetensors_python();
   if (python.empty()) return;  // skipped, saying why
   const fs::path script = root.write("block.py", python_blocks.front());
-  const auto r = lockstep::test::run_command("cd '" + root.path().string() + "' && " + python + " " +
-                                             script.string());
+  const auto r = lockstep::test::run_command("cd '" + root.path().string() + "' && " + python +
+                                             " " + script.string());
   CHECK_MESSAGE(r.code == 0, r.output);
   CHECK_MESSAGE(std::regex_search(r.output, std::regex("^accuracy 0\\.9[0-9]* on 1797 samples\n$")),
                 r.output);
@@ -118,13 +118,14 @@ TEST_CASE("README: the C++ embedding example is tests/cli/readme_example.cpp, an
   const std::vector<std::string> blocks =
       marked_blocks(lockstep::test::read_text(kSource / "README.md"), "```cpp");
   REQUIRE(blocks.size() == 1);
-  CHECK_MESSAGE(blocks.front() == lockstep::test::read_text(kSource / "tests/cli/readme_example.cpp"),
+  const fs::path example = kSource / "tests" / "cli" / "readme_example.cpp";
+  CHECK_MESSAGE(blocks.front() == lockstep::test::read_text(example),
                 "the README's C++ example and tests/cli/readme_example.cpp differ: make them one");
   const auto r = lockstep::test::run_command("\"" LOCKSTEP_README_EXAMPLE_PATH "\"");
   REQUIRE_MESSAGE(r.code == 0, r.output);
   CHECK(r.output.find("step 200 loss ") != std::string::npos);
   std::smatch m;
-  REQUIRE_MESSAGE(std::regex_search(r.output, m, std::regex("eval accuracy ([0-9.]+), replicas identical: 1\n")),
-                  r.output);
+  const std::regex summary("eval accuracy ([0-9.]+), replicas identical: 1\n");
+  REQUIRE_MESSAGE(std::regex_search(r.output, m, summary), r.output);
   CHECK(std::stod(m[1]) > 0.85);
 }

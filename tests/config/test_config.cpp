@@ -717,7 +717,8 @@ TEST_CASE("config: to_yaml reads back to the same config, from any directory") {
     const std::vector<std::string> set = {"model.hidden=[7, 5]", "trainer.precision=bf16",
                                           "trainer.trace=t.json", "trainer.epochs=null",
                                           "trainer.steps=9", "trainer.checkpoint.keep_last=4",
-                                          "optimizer.eps=1.5e-7", "trainer.seed=18446744073709551615"};
+                                          "optimizer.eps=1.5e-7",
+                                          "trainer.seed=18446744073709551615"};
     const Config original = load_config(source / name, set);
     const fs::path printed = dir / name;
     std::ofstream(printed) << to_yaml(original);

@@ -12,9 +12,11 @@ namespace lockstep::test {
 
 // The transformers environment, made on first use.
 inline std::string hf_python() {
-  const auto r = run_command("bash \"" LOCKSTEP_SOURCE_DIR "/tests/interop/hf_venv.sh\" \"" LOCKSTEP_BINARY_DIR "\"");
+  const auto r = run_command("bash \"" LOCKSTEP_SOURCE_DIR "/tests/interop/hf_venv.sh\" \""
+                             LOCKSTEP_BINARY_DIR "\"");
   if (r.code != 0) {
-    skip(Skip::missing, "cannot make the transformers==4.40.2 environment (PyPI, python3-venv): " + r.output);
+    skip(Skip::missing,
+         "cannot make the transformers==4.40.2 environment (PyPI, python3-venv): " + r.output);
     return {};
   }
   // The path is the last line of the output.
@@ -27,7 +29,8 @@ inline std::string hf_python() {
 // imports transformers, which takes seconds).
 inline std::string safetensors_python() {
   for (const std::string python : {"/usr/bin/python3", LOCKSTEP_BINARY_DIR "/python-hf/bin/python"})
-    if (run_command(python + " -c 'import torch, numpy, safetensors.torch'").code == 0) return python;
+    if (run_command(python + " -c 'import torch, numpy, safetensors.torch'").code == 0)
+      return python;
   return hf_python();
 }
 
