@@ -3,10 +3,10 @@
 //   lockstep::Config cfg = lockstep::load_config("configs/quickstart.yaml",
 //                                                {"trainer.devices=4", "trainer.steps=100"});
 //
-// Every value is checked when it is read. A bad value throws ConfigError, whose message
-// reads "FILE:LINE:COL: KEY.PATH: expected ..., got ...". Unknown keys are rejected with a
-// "did you mean" suggestion. Overrides ("a.b.c=value") pass through the same checks and are
-// named "--set a.b.c=value" in messages.
+// Every value is checked when it is read. Bad values throw one ConfigError listing each problem
+// on a line of its own, in the file's order: "FILE:LINE:COL: KEY.PATH: expected ..., got ...".
+// Unknown keys are rejected with a "did you mean" suggestion. Overrides ("a.b.c=value") pass
+// through the same checks and are named "--set a.b.c=value" in messages.
 #pragma once
 
 #include <cstdint>
@@ -160,6 +160,21 @@ LOCKSTEP_API std::uint64_t config_hash(const Config& config);
 // hash, so that a refused resume can name what changed.
 using ConfigValues = std::vector<std::pair<std::string, std::string>>;
 LOCKSTEP_API ConfigValues config_values(const Config& config);
+
+// Every key and value of `config` as YAML that load_config() reads back to the same settings, a
+// path as the absolute file it names (`lockstep config --print`).
+LOCKSTEP_API std::string to_yaml(const Config& config);
+
+// One key of the schema, as `lockstep train --help` lists it.
+struct LOCKSTEP_API ConfigKeyHelp {
+  std::string key;            // "optimizer.lr"
+  std::string type;           // the values it takes: "a number > 0"
+  std::string default_value;  // as YAML: "0.01", "[64]", "null" (unset)
+  std::string description;    // one line
+};
+
+// Every key of the schema, in its order, with its default.
+LOCKSTEP_API std::vector<ConfigKeyHelp> config_key_help();
 
 // Reads and validates a YAML file, then applies "a.b.c=value" overrides. A relative path the
 // file gives is resolved against the file's directory; one an override gives is left relative

@@ -4,7 +4,9 @@
 //   InputError   - the user gave us something wrong (a config key, a flag, a data file).
 //                  The message names the file, key or line and what was expected. Exit code 2.
 //   everything else derived from std::exception is a run-time failure. Exit code 1.
-// Library code never calls exit(); it throws, and the trainer stops every worker.
+// Each of the errors below derives from Error, so that an embedder can catch them in one
+// clause. Library code never calls exit(); it throws, and the trainer stops every
+// worker.
 #pragma once
 
 #include <stdexcept>
@@ -14,23 +16,28 @@
 
 namespace lockstep {
 
-class LOCKSTEP_API InputError : public std::runtime_error {
+class LOCKSTEP_API Error : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
 
+class LOCKSTEP_API InputError : public Error {
+ public:
+  using Error::Error;
+};
+
 // Thrown inside a worker whose communication group was aborted because another worker
 // failed. The trainer reports the original error, not this one.
-class LOCKSTEP_API CommAborted : public std::runtime_error {
+class LOCKSTEP_API CommAborted : public Error {
  public:
-  CommAborted() : std::runtime_error("communicator aborted by another worker") {}
+  CommAborted() : Error("communicator aborted by another worker") {}
 };
 
 // A failure inside one worker, tagged with where it happened.
-class LOCKSTEP_API WorkerError : public std::runtime_error {
+class LOCKSTEP_API WorkerError : public Error {
  public:
   WorkerError(int rank, std::string device, const std::string& what)
-      : std::runtime_error("worker " + std::to_string(rank) + " (" + device + "): " + what),
+      : Error("worker " + std::to_string(rank) + " (" + device + "): " + what),
         rank_(rank),
         device_(std::move(device)) {}
   int rank() const noexcept { return rank_; }

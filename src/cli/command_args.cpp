@@ -24,7 +24,8 @@ CommandArgs parse_command_args(std::string_view command, const std::vector<std::
       if (a.size() > it->size()) value = std::string(a.substr(it->size() + 1));
       else if (i + 1 < args.size()) value = std::string(args[++i]);
       else throw InputError(fmt::format("{}: expected a value after it", *it));
-      if (*it == "--set") out.overrides.push_back(value);
+      const std::string_view* next = i + 1 < args.size() ? &args[i + 1] : nullptr;
+      if (*it == "--set") out.overrides.push_back(override_arg(value, next));
       else out.named[std::string(*it)] = value;
     } else if (a.starts_with("-")) {
       throw InputError(fmt::format("{}: unknown option '{}'; see lockstep --help", command, a));
@@ -35,6 +36,14 @@ CommandArgs parse_command_args(std::string_view command, const std::vector<std::
     }
   }
   return out;
+}
+
+std::string override_arg(std::string_view text, const std::string_view* next) {
+  if (text.find('=') != std::string_view::npos) return std::string(text);
+  if (next && !next->starts_with("-"))
+    throw InputError(fmt::format("--set {}: expected KEY=VALUE, one argument: --set {}={}", text,
+                                 text, *next));
+  throw InputError(fmt::format("--set {}: expected KEY=VALUE, e.g. --set optimizer.lr=0.05", text));
 }
 
 BackendKind backend_flag(const CommandArgs& args) {

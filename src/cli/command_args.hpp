@@ -31,6 +31,10 @@ struct CommandArgs {
 CommandArgs parse_command_args(std::string_view command, const std::vector<std::string_view>& args,
                                std::initializer_list<std::string_view> flags);
 
+// The KEY=VALUE after --set, checked: `--set optimizer.lr 0.1` (a space for the '=') is told
+// `--set optimizer.lr=0.1`. `next` is the argument after the value, if any.
+std::string override_arg(std::string_view text, const std::string_view* next);
+
 // Reads a number for `flag`, or `fallback` when the flag was not given.
 template <class T>
 T number_flag(const CommandArgs& args, std::string_view flag, T fallback) {

@@ -35,6 +35,12 @@ int sample(const std::vector<std::string_view>& args);
 //                   [--format llmc|raw] INPUT...
 int tokenize(const std::vector<std::string_view>& args);
 
+// lockstep config --print CONFIG [--set KEY=VALUE]...
+int config(const std::vector<std::string_view>& args);
+
+// The config keys with their values, defaults and descriptions, for `lockstep train --help`.
+void print_config_keys();
+
 // lockstep devices
 int devices(const std::shared_ptr<ProcessGroup>& processes);
 

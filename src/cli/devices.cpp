@@ -1,7 +1,10 @@
-// `lockstep devices`: the backends, devices and MPI support this binary has.
+// `lockstep devices`: the backends, devices and MPI support this binary has, and what a device
+// means on each backend.
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -22,6 +25,25 @@ void print_devices(const Backend& backend) {
                d.matmul.empty() ? "" : "; matrix products: " + d.matmul);
 }
 
+// On the CPU a device is a worker: as many as there are hardware threads, each computing on one
+// of them, since trainer.threads_per_device 0 divides the threads between the workers.
+void explain_cpu() {
+  const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
+  fmt::print("cpu backend: a device is a worker thread with its own replica and data shard\n"
+             "  (trainer.devices: N runs N workers; the ids only name them)\n");
+  fmt::print("cpu: {0} hardware threads here; suggested trainer.devices: {0}, one worker per "
+             "hardware thread\n"
+             "  (trainer.threads_per_device 0 divides the threads between the workers: fewer "
+             "workers\n  compute on more threads each; more workers than threads share them)\n",
+             threads);
+}
+
+void explain_cuda(const CudaSupport& cuda) {
+  fmt::print("cuda backend: a device is one GPU, by its CUDA id ({} usable here)\n"
+             "  (trainer.devices: N runs one worker on each of GPUs 0..N-1)\n",
+             cuda.gpus);
+}
+
 }  // namespace
 
 int devices(const std::shared_ptr<ProcessGroup>& processes) {
@@ -36,7 +58,9 @@ int devices(const std::shared_ptr<ProcessGroup>& processes) {
   const CudaSupport cuda = cuda_support();
   if (cuda.built) fmt::print("cuda: built in ({})\n", cuda.summary);
   else fmt::print("cuda: not built in (CPU-only build)\n");
+  explain_cpu();
   print_devices(*make_backend(BackendKind::cpu));
+  if (cuda.built) explain_cuda(cuda);
   if (cuda.gpus > 0) print_devices(*make_backend(BackendKind::cuda));
   // model.attention auto at GPT-2's context in fp32; below kFusedAttentionContext the CPU
   // runs fp32 materialised (choose_attention).

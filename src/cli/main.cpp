@@ -23,10 +23,9 @@
 namespace lockstep::cli {
 namespace {
 
-constexpr std::string_view kUsage = R"(usage: lockstep <command> [options]
-
-commands:
-  train CONFIG [--set KEY=VALUE]... [--summary-json FILE] [--scaling N,N,...]
+// `lockstep train --help` prints this part of the usage, then the config keys.
+constexpr std::string_view kTrainUsage =
+    R"(train CONFIG [--set KEY=VALUE]... [--summary-json FILE] [--scaling N,N,...]
         [--resume [DIR|FILE] | --init-from CKPT] [--dry-run]
                       train the model described by the YAML file CONFIG on every
                       configured device; --set overrides a config key (repeatable),
@@ -45,7 +44,15 @@ commands:
                       use) and stops before step 1.
                       SIGINT/SIGTERM finish the step, write a checkpoint and exit
                       130/143; a second SIGINT exits at once
-  eval CONFIG --checkpoint CKPT [--set KEY=VALUE]...
+)";
+
+constexpr std::string_view kUsageHead = R"(usage: lockstep <command> [options]
+
+commands:
+)";
+
+// The other commands, the options and the exit codes.
+constexpr std::string_view kUsageRest = R"(  eval CONFIG --checkpoint CKPT [--set KEY=VALUE]...
                       loss and accuracy of a checkpoint on the config's eval split
   export CKPT --out FILE [--format torch] [--dtype fp32|bf16]
   export CKPT --format hf --out DIR [--dtype fp32|bf16] [--tokenizer DIR|FILE]
@@ -75,39 +82,51 @@ commands:
                       takes about F of the tokens (whole documents, or 16 KiB
                       parts of long ones). uint16 tokens (uint32 above 65,536
                       ids); --format raw writes no header
-  devices             list the backends and devices this binary can use, and
-                      whether MPI support is built in
+  config --print CONFIG [--set KEY=VALUE]...
+                      print CONFIG with the overrides as lockstep train reads it:
+                      every key, defaults included, paths absolute (YAML that
+                      train takes back)
+  devices             list the backends and devices this binary can use, what a
+                      device is on each (on the CPU, a worker thread) and how
+                      many this machine can run, and whether MPI is built in
 
 under mpirun -np P (or srun), each process trains on its own trainer.devices
 and the job trains as one: P x devices workers
 
 options:
-  -h, --help          show this help
+  -h, --help          show this help; lockstep train --help also lists the config keys
   --version           print the version
 
 exit codes: 0 ok, 1 run-time failure, 2 bad input (config, flags, data)
 )";
 
+void print_usage(std::FILE* to) { fmt::print(to, "{}  {}{}", kUsageHead, kTrainUsage, kUsageRest); }
+
 // `processes` is set for the commands that may run as one process of an MPI job.
 int run(int argc, char** argv, std::shared_ptr<ProcessGroup>& processes) {
   std::vector<std::string_view> args(argv + 1, argv + argc);
   if (args.empty()) {
-    fmt::print(stderr, "{}", kUsage);
+    print_usage(stderr);
     return kExitBadInput;
   }
   const std::string_view command = args.front();
   const std::vector<std::string_view> rest(args.begin() + 1, args.end());
   if (command == "-h" || command == "--help" || command == "help") {
-    fmt::print("{}", kUsage);
+    print_usage(stdout);
     return kExitOk;
   }
   if (command == "--version") {
     fmt::print("lockstep {}\n", kVersion);
     return kExitOk;
   }
-  // "lockstep train --help" and the like: the usage, not an error.
+  // "lockstep train --help" and the like: the usage, not an error; train's lists the config keys.
   if (std::any_of(rest.begin(), rest.end(), [](std::string_view a) { return a == "-h" || a == "--help"; })) {
-    fmt::print("{}", kUsage);
+    if (command != "train") {
+      print_usage(stdout);
+      return kExitOk;
+    }
+    fmt::print("usage: lockstep {}", kTrainUsage);
+    print_config_keys();
     return kExitOk;
   }
   if (command == "train" || command == "devices") processes = make_mpi_processes();
@@ -117,7 +136,10 @@ int run(int argc, char** argv, std::shared_ptr<ProcessGroup>& processes) {
   if (command == "export") return export_weights(rest);
   if (command == "sample") return sample(rest);
   if (command == "tokenize") return tokenize(rest);
-  throw InputError(fmt::format("unknown command '{}'; expected train, eval, export, sample, tokenize or devices (see lockstep --help)", command));
+  if (command == "config") return config(rest);
+  throw InputError(fmt::format("unknown command '{}'; expected train, eval, export, sample, "
+                               "tokenize, config or devices (see lockstep --help)",
+                               command));
 }
 
 }  // namespace

@@ -71,7 +71,8 @@ TrainArgs parse_train_args(const std::vector<std::string_view>& args) {
       return std::string(args[++i]);
     };
     if (a == "--set" || a.starts_with("--set=")) {
-      out.overrides.push_back(value("--set"));
+      const std::string text = value("--set");
+      out.overrides.push_back(override_arg(text, i + 1 < args.size() ? &args[i + 1] : nullptr));
     } else if (a == "--summary-json" || a.starts_with("--summary-json=")) {
       out.summary_json = value("--summary-json");
     } else if (a == "--resume" || a.starts_with("--resume=")) {

@@ -6,15 +6,21 @@
 //   KeyCollector - learns the valid names, to reject unknown keys with a suggestion;
 //   Parser       - reads a YAML tree into a Config, checking type and range of each value;
 //   Checker      - re-checks a Config's values, so that Config::validate() also catches a
-//                  bad value in a Config filled by hand.
+//                  bad value in a Config filled by hand;
+//   Renderer     - writes each key's value as YAML, with the values it takes and its line of
+//                  help (to_yaml for `lockstep config --print`, config_key_help for
+//                  `lockstep train --help`);
+// and PathResolver and Hasher, below.
 //
-// Messages start with where the problem is: "FILE:LINE:COL" for what the file says,
-// "--set KEY=VALUE" for what an override says. Overrides are applied to the YAML tree before
-// it is read, so both pass through the same checks; Origins tells them apart by key path.
+// Every problem is reported at once (Note [Every config error at once]). Messages start with
+// where the problem is: "FILE:LINE:COL" for what the file says, "--set KEY=VALUE" for what an
+// override says. Overrides are applied to the YAML tree before it is read, so both pass
+// through the same checks; Origins tells them apart by key path.
 //
 // A null value ("steps:", "steps: ~", "--set trainer.steps=null") keeps the default. That is
 // how an override unsets a key, e.g. trainer.epochs when switching a file to trainer.steps.
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <charconv>
 #include <cmath>
@@ -152,88 +158,128 @@ constexpr int kMaxDevices = 1024;
 
 // ---- The schema -----------------------------------------------------------------------------
 
-// Every section and key, in the order of config.hpp. C is Config or const Config.
+// Every section and key, in the order of config.hpp, each with one line for
+// `lockstep train --help`. C is Config or const Config.
 template <class Visitor, class C>
 void visit_schema(Visitor& v, C& c) {
   v.section("model");
-  v.choice("type", c.model.type, kModelTypes);
-  v.integer_list("hidden", c.model.hidden, IntRule{.min = 1});
-  v.enumeration("activation", c.model.activation, kActivations);
-  v.integer("vocab_size", c.model.vocab_size, IntRule{.min = 0});
-  v.integer("context", c.model.context, IntRule{.min = 1});
-  v.integer("n_layer", c.model.n_layer, IntRule{.min = 1});
-  v.integer("n_head", c.model.n_head, IntRule{.min = 1});
-  v.integer("d_model", c.model.d_model, IntRule{.min = 1});
-  v.enumeration("attention", c.model.attention, kAttentionKinds);
+  v.choice("type", c.model.type, kModelTypes,
+           "the architecture: mlp for csv, idx and synthetic data, gpt for tokens and text");
+  v.integer_list("hidden", c.model.hidden, IntRule{.min = 1},
+                 "mlp: hidden layer widths; input and output sizes come from the data");
+  v.enumeration("activation", c.model.activation, kActivations,
+                "mlp: between the Linear layers (gelu is the tanh approximation)");
+  v.integer("vocab_size", c.model.vocab_size, IntRule{.min = 0},
+            "gpt: token ids are below it; 0: 256 for text, required for tokens (GPT-2: 50257)");
+  v.integer("context", c.model.context, IntRule{.min = 1}, "gpt: tokens per sample");
+  v.integer("n_layer", c.model.n_layer, IntRule{.min = 1}, "gpt: transformer blocks");
+  v.integer("n_head", c.model.n_head, IntRule{.min = 1},
+            "gpt: attention heads; divides model.d_model");
+  v.integer("d_model", c.model.d_model, IntRule{.min = 1}, "gpt: width of the residual stream");
+  v.enumeration("attention", c.model.attention, kAttentionKinds,
+                "gpt: fused (tiled, no (T, T) matrices), materialized, or auto: the faster here");
 
   v.section("data");
-  v.enumeration("dataset", c.data.dataset, kDatasetKinds);
-  v.path("path", c.data.path);
-  v.enumeration("format", c.data.format, kTokenFormats);
-  v.path("eval_path", c.data.eval_path);
-  v.path("tokenizer", c.data.tokenizer);
-  v.integer("label_column", c.data.label_column, IntRule{});
-  v.flag("header", c.data.header);
-  v.path("images", c.data.images);
-  v.path("labels", c.data.labels);
-  v.integer("samples", c.data.samples, IntRule{.min = 1});
-  v.integer("features", c.data.features, IntRule{.min = 1});
-  v.integer("classes", c.data.classes, IntRule{.min = 2});
-  v.number("eval_fraction", c.data.eval_fraction, kFraction);
-  v.integer("batch_size", c.data.batch_size, IntRule{.min = 1});
-  v.flag("shuffle", c.data.shuffle);
-  v.flag("drop_last", c.data.drop_last);
-  v.flag("normalize", c.data.normalize);
-  v.integer("prefetch", c.data.prefetch, IntRule{.min = 0});
+  v.enumeration("dataset", c.data.dataset, kDatasetKinds, "where the samples come from");
+  v.path("path", c.data.path, "csv, tokens, text: the data file");
+  v.enumeration("format", c.data.format, kTokenFormats,
+                "tokens: llm.c .bin with its header, headerless uint16, or auto: by the header");
+  v.path("eval_path", c.data.eval_path,
+         "tokens, text: a separate eval file instead of the held-out tail");
+  v.path("tokenizer", c.data.tokenizer,
+         "tokens, text: the BPE tokenizer (lockstep tokenize's); text is tokenised at load");
+  v.integer("label_column", c.data.label_column, IntRule{},
+            "csv: the column of the class; negative counts from the end");
+  v.flag("header", c.data.header, "csv: skip the first line");
+  v.path("images", c.data.images, "idx: the images file (train-images-idx3-ubyte, ...)");
+  v.path("labels", c.data.labels, "idx: the labels file");
+  v.integer("samples", c.data.samples, IntRule{.min = 1}, "synthetic: number of samples");
+  v.integer("features", c.data.features, IntRule{.min = 1}, "synthetic: features per sample");
+  v.integer("classes", c.data.classes, IntRule{.min = 2}, "synthetic: number of classes");
+  v.number("eval_fraction", c.data.eval_fraction, kFraction,
+           "share of the samples held out for eval (tokens, text: the stream's tail)");
+  v.integer("batch_size", c.data.batch_size, IntRule{.min = 1},
+            "samples per device and step; the global batch is batch_size x devices");
+  v.flag("shuffle", c.data.shuffle, "reshuffle every epoch (seed + epoch)");
+  v.flag("drop_last", c.data.drop_last, "drop the tail instead of padding shards by wrap-around");
+  v.flag("normalize", c.data.normalize,
+         "standardise features with the train split's statistics (not tokens and text)");
+  v.integer("prefetch", c.data.prefetch, IntRule{.min = 0},
+            "batches each worker's loader thread assembles ahead; 0: no loader thread");
 
   v.section("optimizer");
-  v.enumeration("type", c.optimizer.type, kOptimizerKinds);
-  v.number("lr", c.optimizer.lr, kPositive);
-  v.number("momentum", c.optimizer.momentum, kFraction);
-  v.flag("nesterov", c.optimizer.nesterov);
-  v.number("weight_decay", c.optimizer.weight_decay, kNonNegative);
-  v.flag("decay_all", c.optimizer.decay_all);
-  v.number("beta1", c.optimizer.beta1, kFraction);
-  v.number("beta2", c.optimizer.beta2, kFraction);
-  v.number_pair("betas", "beta1", c.optimizer.beta1, "beta2", c.optimizer.beta2, kFraction);
-  v.number("eps", c.optimizer.eps, kPositive);
-  v.number("clip_grad_norm", c.optimizer.clip_grad_norm, kNonNegative);
+  v.enumeration("type", c.optimizer.type, kOptimizerKinds, "the optimiser");
+  v.number("lr", c.optimizer.lr, kPositive, "peak learning rate");
+  v.number("momentum", c.optimizer.momentum, kFraction, "sgd: momentum");
+  v.flag("nesterov", c.optimizer.nesterov, "sgd: Nesterov momentum; needs momentum > 0");
+  v.number("weight_decay", c.optimizer.weight_decay, kNonNegative,
+           "sgd: L2 added to the gradient; adamw: decoupled; matrices only unless decay_all");
+  v.flag("decay_all", c.optimizer.decay_all,
+         "weight_decay on every tensor, biases and LayerNorms too");
+  v.number("beta1", c.optimizer.beta1, kFraction, "adamw: first-moment decay");
+  v.number("beta2", c.optimizer.beta2, kFraction, "adamw: second-moment decay");
+  v.number_pair("betas", "beta1", c.optimizer.beta1, "beta2", c.optimizer.beta2, kFraction,
+                "adamw: [beta1, beta2] in one key, instead of both");
+  v.number("eps", c.optimizer.eps, kPositive, "adamw: added to the second moment's root");
+  v.number("clip_grad_norm", c.optimizer.clip_grad_norm, kNonNegative,
+           "clip the averaged gradient to this global norm; 0: off");
 
   v.section("schedule");
-  v.enumeration("type", c.schedule.type, kScheduleKinds);
-  v.integer("warmup_steps", c.schedule.warmup_steps, IntRule{.min = 0});
-  v.number("min_lr", c.schedule.min_lr, kNonNegative);
+  v.enumeration("type", c.schedule.type, kScheduleKinds, "the learning rate over the steps");
+  v.integer("warmup_steps", c.schedule.warmup_steps, IntRule{.min = 0},
+            "warmup_cosine: linear ramp to lr, then cosine decay to min_lr at the last step");
+  v.number("min_lr", c.schedule.min_lr, kNonNegative, "warmup_cosine: floor of the decay");
 
   v.section("trainer");
-  v.enumeration("backend", c.trainer.backend, kBackendKinds);
-  v.devices("devices", c.trainer.devices);
-  v.integer("steps", c.trainer.steps, IntRule{.min = 1, .zero_means_unset = true});
-  v.integer("epochs", c.trainer.epochs, IntRule{.min = 1, .zero_means_unset = true});
-  v.integer("seed", c.trainer.seed, IntRule{.min = 0});
-  v.integer("log_every", c.trainer.log_every, IntRule{.min = 1});
-  v.integer("eval_every", c.trainer.eval_every, IntRule{.min = 0});
-  v.integer("check_replicas_every", c.trainer.check_replicas_every, IntRule{.min = 0});
-  v.integer("threads_per_device", c.trainer.threads_per_device, IntRule{.min = 0});
-  v.enumeration("comm", c.trainer.comm, kCommKinds);
-  v.enumeration("precision", c.trainer.precision, kPrecisions);
-  v.number("bucket_cap_mb", c.trainer.bucket_cap_mb, kPositive);
-  v.flag("overlap", c.trainer.overlap);
-  v.enumeration("grad_reduce_dtype", c.trainer.grad_reduce_dtype, kReduceDtypes);
-  v.integer("accumulate_steps", c.trainer.accumulate_steps, IntRule{.min = 1});
-  v.integer("zero", c.trainer.zero, IntRule{.min = 0, .max = 1});
-  v.path("trace", c.trainer.trace);
-  v.path("report", c.trainer.report);
-  v.path("metrics", c.trainer.metrics);
-  v.enumeration("on_nonfinite", c.trainer.on_nonfinite, kNonfinitePolicies);
-  v.integer("max_nonfinite_skips", c.trainer.max_nonfinite_skips, IntRule{.min = 1});
-  v.number("step_timeout_s", c.trainer.step_timeout_s, kNonNegative);
-  v.number("stop_grace_s", c.trainer.stop_grace_s, kPositive);
+  v.enumeration("backend", c.trainer.backend, kBackendKinds,
+                "auto: cuda when a GPU is usable, else cpu");
+  v.devices("devices", c.trainer.devices,
+            "4 means ids [0, 1, 2, 3]; on the CPU each is a worker thread (lockstep devices)");
+  v.integer("steps", c.trainer.steps, IntRule{.min = 1, .zero_means_unset = true},
+            "optimiser steps of the run; set this or trainer.epochs");
+  v.integer("epochs", c.trainer.epochs, IntRule{.min = 1, .zero_means_unset = true},
+            "passes over the training split; set this or trainer.steps");
+  v.integer("seed", c.trainer.seed, IntRule{.min = 0},
+            "seeds the weights, shuffles, split and synthetic data");
+  v.integer("log_every", c.trainer.log_every, IntRule{.min = 1}, "steps between log lines");
+  v.integer("eval_every", c.trainer.eval_every, IntRule{.min = 0},
+            "steps between evals; 0: at the end only (always at the end)");
+  v.integer("check_replicas_every", c.trainer.check_replicas_every, IntRule{.min = 0},
+            "steps between replica hash checks; 0: at the end only");
+  v.integer("threads_per_device", c.trainer.threads_per_device, IntRule{.min = 0},
+            "cpu: threads of each worker; 0: hardware threads / workers");
+  v.enumeration("comm", c.trainer.comm, kCommKinds,
+                "cuda: nccl, or peer (one process; chosen when ids repeat)");
+  v.enumeration("precision", c.trainer.precision, kPrecisions,
+                "tf32: cuda TF32 GEMMs; bf16: bf16 products, fp32 master weights");
+  v.number("bucket_cap_mb", c.trainer.bucket_cap_mb, kPositive,
+           "gradient bucket size; the first bucket is capped at 1 MB");
+  v.flag("overlap", c.trainer.overlap, "all-reduce each bucket as soon as backward fills it");
+  v.enumeration("grad_reduce_dtype", c.trainer.grad_reduce_dtype, kReduceDtypes,
+                "bf16: buckets rounded to bf16 for the all-reduce");
+  v.integer("accumulate_steps", c.trainer.accumulate_steps, IntRule{.min = 1},
+            "micro-batches per optimiser step; all-reduce after the last");
+  v.integer("zero", c.trainer.zero, IntRule{.min = 0, .max = 1},
+            "1: ZeRO-1, each worker keeps its shard of the optimiser state");
+  v.path("trace", c.trainer.trace, "write a Chrome trace-event JSON of every worker here");
+  v.path("report", c.trainer.report, "write an HTML report of the run here");
+  v.path("metrics", c.trainer.metrics, "append JSON lines, one per logged step and eval, here");
+  v.enumeration("on_nonfinite", c.trainer.on_nonfinite, kNonfinitePolicies,
+                "a NaN/Inf loss or gradient norm: stop the run, or skip the update");
+  v.integer("max_nonfinite_skips", c.trainer.max_nonfinite_skips, IntRule{.min = 1},
+            "skip: stop after this many skipped steps in a row");
+  v.number("step_timeout_s", c.trainer.step_timeout_s, kNonNegative,
+           "stop the run when no worker progresses this long; 0: off");
+  v.number("stop_grace_s", c.trainer.stop_grace_s, kPositive,
+           "after a stop, wait this long for the workers, then report and leave them");
   v.nested("checkpoint");
 
   v.section("trainer.checkpoint");
-  v.path("dir", c.trainer.checkpoint.dir);
-  v.integer("every_steps", c.trainer.checkpoint.every_steps, IntRule{.min = 0});
-  v.integer("keep_last", c.trainer.checkpoint.keep_last, IntRule{.min = 1});
+  v.path("dir", c.trainer.checkpoint.dir, "where checkpoints go; unset: no checkpoints");
+  v.integer("every_steps", c.trainer.checkpoint.every_steps, IntRule{.min = 0},
+            "steps between checkpoints; 0: at the end only (and on SIGINT/SIGTERM)");
+  v.integer("keep_last", c.trainer.checkpoint.keep_last, IntRule{.min = 1},
+            "checkpoints kept; older ones go once a newer one is complete");
 }
 
 struct SectionKeys {
@@ -276,15 +322,76 @@ const std::vector<SectionKeys>& schema() {
 
 // ---- Messages -------------------------------------------------------------------------------
 
-[[noreturn]] void fail(std::string_view where, std::string_view path, std::string_view what) {
-  if (path.empty()) throw ConfigError(fmt::format("{}: {}", where, what));
-  throw ConfigError(fmt::format("{}: {}: {}", where, path, what));
-}
+// Where a message points: "FILE:LINE:COL", "--set KEY=VALUE", or the file alone. `order` puts
+// messages in reading order: the file's lines, then the overrides as given, then the file as a
+// whole (a missing key has no line).
+struct Place {
+  std::string text;
+  std::array<std::size_t, 3> order{2, 0, 0};
+};
 
 // yaml-cpp counts lines and columns from 0; editors count from 1.
-std::string mark_location(std::string_view source, const YAML::Mark& mark) {
-  if (mark.is_null()) return std::string(source);
-  return fmt::format("{}:{}:{}", source, mark.line + 1, mark.column + 1);
+Place mark_place(std::string_view source, const YAML::Mark& mark) {
+  if (mark.is_null()) return {std::string(source)};
+  return {fmt::format("{}:{}:{}", source, mark.line + 1, mark.column + 1),
+          {0, static_cast<std::size_t>(mark.line), static_cast<std::size_t>(mark.column)}};
+}
+
+// Note [Every config error at once]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A config is checked to the end, so that one run reports every mistake rather than the first
+// of them (a user who fixes a typo should not meet the next one on the next run). Each key is
+// read on its own: a bad value is recorded, the key keeps its default, and reading goes on with
+// the next key. A rule that ties keys together is checked only when none of its keys failed,
+// nor a key that an unknown key's did-you-mean names (a misspelt trainer.steps does not add
+// "set trainer.steps or trainer.epochs"). The ConfigError lists the problems one per line in
+// the file's order, so that its first line is the first problem, as it was when only one was
+// reported. A document YAML cannot parse stops at its syntax error.
+class Problems {
+ public:
+  void add(const Place& where, std::string_view path, std::string_view what) {
+    problems_.push_back({where.order, path.empty() ? fmt::format("{}: {}", where.text, what)
+                                                   : fmt::format("{}: {}: {}", where.text, path,
+                                                                 what)});
+  }
+
+  // Marks a key (or a section) whose value is unknown: its default stands in for it.
+  void mark_failed(std::string_view path) {
+    if (!path.empty()) failed_.emplace_back(path);
+  }
+
+  // True when `path`, a section above it or a key below it failed ("model.hidden[1]" fails
+  // "model.hidden").
+  bool failed(std::string_view path) const;
+
+  void throw_if_any() {
+    if (problems_.empty()) return;
+    std::stable_sort(problems_.begin(), problems_.end(),
+                     [](const Problem& a, const Problem& b) { return a.order < b.order; });
+    std::vector<std::string> lines;  // one problem reached twice (a rule and its re-check) once
+    for (const Problem& p : problems_)
+      if (std::find(lines.begin(), lines.end(), p.text) == lines.end()) lines.push_back(p.text);
+    throw ConfigError(fmt::format("{}", fmt::join(lines, "\n")));
+  }
+
+ private:
+  struct Problem {
+    std::array<std::size_t, 3> order;
+    std::string text;
+  };
+  std::vector<Problem> problems_;
+  std::vector<std::string> failed_;
+};
+
+// A problem found deep inside the reading of one key; the key's reader records it and goes on.
+struct Rejected {
+  Place where;
+  std::string path;
+  std::string what;
+};
+
+[[noreturn]] void fail(const Place& where, std::string_view path, std::string_view what) {
+  throw Rejected{where, std::string(path), std::string(what)};
 }
 
 // yaml-cpp tags a quoted scalar "!" (a plain one "?").
@@ -325,13 +432,43 @@ std::size_t edit_distance(std::string_view a_in, std::string_view b_in) {
   return d[a.size()][b.size()];
 }
 
-// "unknown key; did you mean 'model.hidden'?", or the valid names when none is close.
-// `kind` is "key" or "section"; `prefix` is prepended to the suggestion ("model.").
-std::string unknown_name(std::string_view kind, std::string_view name,
+const SectionKeys* find_section(std::string_view name) {
+  const auto it = std::find_if(schema().begin(), schema().end(),
+                               [&](const SectionKeys& s) { return s.name == name; });
+  return it == schema().end() ? nullptr : &*it;
+}
+
+// The names a user can write in `section`, a nested section's as its leaves: trainer's
+// "checkpoint" is "checkpoint.dir", "checkpoint.every_steps", "checkpoint.keep_last".
+std::vector<std::string> leaf_names(std::string_view section) {
+  std::vector<std::string> names;
+  for (const std::string_view key : find_section(section)->keys) {
+    const SectionKeys* nested = find_section(fmt::format("{}.{}", section, key));
+    if (!nested) names.emplace_back(key);
+    for (const std::string_view leaf : nested ? nested->keys : std::vector<std::string_view>{})
+      names.push_back(fmt::format("{}.{}", key, leaf));
+  }
+  return names;
+}
+
+struct UnknownName {
+  std::string message;  // "unknown key; did you mean 'model.hidden'?"
+  std::string suggestion;  // "model.hidden", or empty
+};
+
+// "unknown key; did you mean 'model.hidden'?", or the valid names when none is close. `kind` is
+// "key" or "section"; `prefix` is prepended to the names ("model."). A key is also compared
+// with the leaves of the nested sections: "checkpoint_dir" finds "checkpoint.dir".
+UnknownName unknown_name(std::string_view kind, std::string_view name,
                          const std::vector<std::string_view>& candidates, std::string_view prefix) {
-  const std::string_view* best = nullptr;
+  std::vector<std::string> names(candidates.begin(), candidates.end());
+  const std::vector<std::string> leaves =
+      prefix.empty() ? names : leaf_names(prefix.substr(0, prefix.size() - 1));
+  for (const std::string& leaf : leaves)
+    if (std::find(names.begin(), names.end(), leaf) == names.end()) names.push_back(leaf);
+  const std::string* best = nullptr;
   std::size_t best_distance = 0;
-  for (const std::string_view& candidate : candidates) {
+  for (const std::string& candidate : names) {
     const std::size_t distance = edit_distance(name, candidate);
     // One edit per three letters: "hiden" finds "hidden", "x" does not find "lr".
     const std::size_t close_enough = std::max<std::size_t>(1, candidate.size() / 3);
@@ -340,8 +477,11 @@ std::string unknown_name(std::string_view kind, std::string_view name,
       best_distance = distance;
     }
   }
-  if (best) return fmt::format("unknown {}; did you mean '{}{}'?", kind, prefix, *best);
-  return fmt::format("unknown {}; valid {}s: {}", kind, kind, fmt::join(candidates, ", "));
+  if (best) {
+    const std::string suggestion = fmt::format("{}{}", prefix, *best);
+    return {fmt::format("unknown {}; did you mean '{}'?", kind, suggestion), suggestion};
+  }
+  return {fmt::format("unknown {}; valid {}s: {}", kind, kind, fmt::join(leaves, ", ")), ""};
 }
 
 // The top-level sections; "trainer.checkpoint" is a map inside "trainer".
@@ -350,6 +490,11 @@ std::vector<std::string_view> section_names() {
   for (const SectionKeys& s : schema())
     if (s.name.find('.') == std::string_view::npos) names.push_back(s.name);
   return names;
+}
+
+// What people write for a list without brackets: "128,64", or one value.
+std::string list_hint(const YAML::Node& node) {
+  return node.IsScalar() ? fmt::format("; a list is written [{}]", node.Scalar()) : "";
 }
 
 // ---- Scalars --------------------------------------------------------------------------------
@@ -394,12 +539,23 @@ bool is_within(std::string_view path, std::string_view parent) {
   return path.size() == parent.size() || path[parent.size()] == '.' || path[parent.size()] == '[';
 }
 
+bool Problems::failed(std::string_view path) const {
+  return std::any_of(failed_.begin(), failed_.end(), [&](const std::string& f) {
+    return is_within(path, f) || is_within(f, path);
+  });
+}
+
 // Where the keys of the merged tree came from, so that messages can point at them.
 class Origins {
  public:
   explicit Origins(std::string source) : source_(std::move(source)) {}
 
   const std::string& source() const { return source_; }
+  Place whole() const { return {source_}; }
+  // Where the next override is named, before add_override() takes it.
+  Place next_override(const std::string& text) const {
+    return {"--set " + text, {1, overrides_.size(), 0}};
+  }
 
   void add_override(std::string key, std::string text) {
     overrides_.push_back({std::move(key), std::move(text)});
@@ -411,37 +567,40 @@ class Origins {
   }
 
   // "--set KEY=VALUE" for a node that an override set, else "FILE:LINE:COL".
-  std::string locate(std::string_view path, const YAML::Mark& mark) const {
+  Place locate(std::string_view path, const YAML::Mark& mark) const {
     // The latest override that set this path or one of its parents wins.
-    for (auto it = overrides_.rbegin(); it != overrides_.rend(); ++it)
-      if (is_within(path, it->key)) return it->where();
-    if (!mark.is_null()) return mark_location(source_, mark);
+    for (std::size_t i = overrides_.size(); i-- > 0;)
+      if (is_within(path, overrides_[i].key)) return override_place(i);
+    if (!mark.is_null()) return mark_place(source_, mark);
     // Nodes without a mark were made by an override that set something below them.
-    for (auto it = overrides_.rbegin(); it != overrides_.rend(); ++it)
-      if (is_within(it->key, path)) return it->where();
-    return source_;
+    for (std::size_t i = overrides_.size(); i-- > 0;)
+      if (is_within(overrides_[i].key, path)) return override_place(i);
+    return whole();
   }
 
   // Remembers where a key was written, for the cross-field checks after parsing.
-  void remember(const std::string& path, std::string location) {
-    written_.insert_or_assign(path, std::move(location));
+  void remember(const std::string& path, Place place) {
+    written_.insert_or_assign(path, std::move(place));
   }
 
-  std::optional<std::string_view> written(std::string_view path) const {
+  const Place* written(std::string_view path) const {
     const auto it = written_.find(path);
-    if (it == written_.end()) return std::nullopt;
-    return it->second;
+    return it == written_.end() ? nullptr : &it->second;
   }
 
   // Where the file and the overrides set each key (Config::set_at): the defaults left out.
   std::map<std::string, std::string, std::less<>> set_by_user() const {
-    std::map<std::string, std::string, std::less<>> out = written_;
+    std::map<std::string, std::string, std::less<>> out;
+    for (const auto& [key, place] : written_) out.emplace(key, place.text);
     for (const std::string& key : defaulted_) out.erase(key);
     return out;
   }
 
   // Where `path` was written, or just the source when that is not known.
-  std::string_view of(std::string_view path) const { return written(path).value_or(source_); }
+  Place of(std::string_view path) const {
+    const Place* at = written(path);
+    return at ? *at : whole();
+  }
 
   // True when an override set `path` or a section above it.
   bool overridden(std::string_view path) const {
@@ -454,12 +613,16 @@ class Origins {
     std::string key;   // "trainer.steps"
     std::string text;  // "trainer.steps=100"; a default's location
     bool is_default = false;
-    std::string where() const { return is_default ? text : "--set " + text; }
   };
+  Place override_place(std::size_t i) const {
+    const Override& o = overrides_[i];
+    return {o.is_default ? o.text : "--set " + o.text, {1, i, 0}};
+  }
+
   std::string source_;
   std::vector<Override> overrides_;
   std::vector<std::string> defaulted_;  // keys a default set
-  std::map<std::string, std::string, std::less<>> written_;
+  std::map<std::string, Place, std::less<>> written_;
 };
 
 // ---- Loading the tree -----------------------------------------------------------------------
@@ -498,6 +661,11 @@ class DocumentMarks : public YAML::EventHandler {
   }
 };
 
+// A document that YAML cannot read, or that is not a map of sections, stops the reading.
+[[noreturn]] void stop(const Place& where, std::string_view what) {
+  throw ConfigError(fmt::format("{}: {}", where.text, what));
+}
+
 // Parses `yaml` into a map of sections; an empty document is an empty map.
 //
 // The documents are counted with YAML::Parser rather than YAML::LoadAll: on a token that cannot
@@ -517,21 +685,21 @@ YAML::Node load_tree(std::string_view yaml, const std::string& source) {
         const YAML::Mark at = docs.back().start;
         const auto pos = static_cast<std::size_t>(at.pos);
         const bool shown = pos < text.size() && std::isprint(static_cast<unsigned char>(text[pos]));
-        fail(mark_location(source, at), "",
+        stop(mark_place(source, at),
              shown ? fmt::format("unexpected '{}': expected a YAML node", text[pos])
                    : std::string("unexpected token: expected a YAML node"));
       }
     }
     root = YAML::Load(text);
   } catch (const YAML::Exception& e) {
-    throw ConfigError(fmt::format("{}: {}", mark_location(source, e.mark), e.msg));
+    throw ConfigError(fmt::format("{}: {}", mark_place(source, e.mark).text, e.msg));
   }
   if (marks.documents.size() > 1)
-    fail(mark_location(source, marks.documents[1].root), "",
+    stop(mark_place(source, marks.documents[1].root),
          fmt::format("expected one YAML document, found {}", marks.documents.size()));
   if (!root.IsDefined() || root.IsNull()) return YAML::Node(YAML::NodeType::Map);
   if (!root.IsMap())
-    fail(mark_location(source, root.Mark()), "",
+    stop(mark_place(source, root.Mark()),
          fmt::format("expected a map of sections ({}), got {}", fmt::join(section_names(), ", "),
                      got(root)));
   return root;
@@ -542,18 +710,17 @@ YAML::Node load_tree(std::string_view yaml, const std::string& source) {
 // names where it came from) sets only a key the tree has no value for, and replaces nothing.
 void apply_override(YAML::Node& root, const std::string& text, Origins& origins,
                     const std::string* default_from = nullptr) {
-  const auto malformed = [&] {
-    return ConfigError(fmt::format("--set {}: expected KEY=VALUE", text));
-  };
+  const Place where = origins.next_override(text);
+  const auto malformed = [&] { fail(where, "", "expected KEY=VALUE"); };
   const std::size_t equals = text.find('=');
-  if (equals == std::string::npos) throw malformed();
+  if (equals == std::string::npos) malformed();
   const std::string key = text.substr(0, equals);
 
   std::vector<std::string> parts;
   for (std::size_t begin = 0;;) {
     const std::size_t dot = key.find('.', begin);
     parts.push_back(key.substr(begin, dot - begin));
-    if (parts.back().empty()) throw malformed();
+    if (parts.back().empty()) malformed();
     if (dot == std::string::npos) break;
     begin = dot + 1;
   }
@@ -563,7 +730,7 @@ void apply_override(YAML::Node& root, const std::string& text, Origins& origins,
     try {
       return YAML::Load(text.substr(equals + 1));
     } catch (const YAML::Exception& e) {
-      throw ConfigError(fmt::format("--set {}: {}: invalid YAML value: {}", text, key, e.msg));
+      fail(where, key, fmt::format("invalid YAML value: {}", e.msg));
     }
   }();
 
@@ -587,19 +754,21 @@ void apply_override(YAML::Node& root, const std::string& text, Origins& origins,
 
 // ---- Parser ---------------------------------------------------------------------------------
 
-// Reads a YAML tree into a Config, one visit_schema() key at a time. The constructor checks
-// the names of every section and key first, in document order, so that a typo is reported
-// before the values.
+// Reads a YAML tree into a Config, one visit_schema() key at a time, recording every problem
+// (Note [Every config error at once]). The constructor checks the names of every section and
+// key first.
 class Parser {
  public:
-  Parser(const YAML::Node& root, Origins& origins) : origins_(origins) {
+  Parser(const YAML::Node& root, Origins& origins, Problems& problems)
+      : origins_(origins), problems_(problems) {
     for (const Entry& section : entries(root, "", section_names())) {
       if (section.value.IsNull()) continue;  // "model:" alone keeps every default
-      if (!section.value.IsMap()) expected(section.name, section.value, "a map");
-      const auto schema_section =
-          std::find_if(schema().begin(), schema().end(),
-                       [&](const SectionKeys& s) { return s.name == section.name; });
-      sections_.emplace(section.name, entries(section.value, section.name, schema_section->keys));
+      if (!section.value.IsMap()) {
+        reject(section.name, [&] { expected(section.name, section.value, "a map"); });
+        continue;
+      }
+      sections_.emplace(section.name,
+                        entries(section.value, section.name, find_section(section.name)->keys));
     }
     // Nested sections ("trainer.checkpoint"): a key of the parent whose value is a map.
     for (const SectionKeys& nested : schema()) {
@@ -609,9 +778,14 @@ class Parser {
       if (parent == sections_.end()) continue;
       const Entry* entry = find(parent->second, nested.name.substr(dot + 1));
       if (!entry || entry->value.IsNull()) continue;
-      if (!entry->value.IsMap()) expected(std::string(nested.name), entry->value, "a map");
-      sections_.emplace(std::string(nested.name),
-                        entries(entry->value, std::string(nested.name), nested.keys));
+      const std::string path(nested.name);
+      if (!entry->value.IsMap()) {
+        const std::string keys =
+            fmt::format("{}.{}", path, fmt::join(nested.keys, ", " + path + "."));
+        reject(path, [&] { expected(path, entry->value, "a map of " + keys); });
+        continue;
+      }
+      sections_.emplace(path, entries(entry->value, path, nested.keys));
     }
   }
 
@@ -622,97 +796,101 @@ class Parser {
   }
 
   template <class T>
-  void integer(std::string_view key, T& out, IntRule rule) {
-    if (const YAML::Node* node = value_of(key)) out = read_integer<T>(path_of(key), *node, rule);
+  void integer(std::string_view key, T& out, IntRule rule, std::string_view) {
+    read(key, [&](const std::string& path, const YAML::Node& node) {
+      out = read_integer<T>(path, node, rule);
+    });
   }
 
-  void number(std::string_view key, double& out, const NumberRule& rule) {
-    if (const YAML::Node* node = value_of(key)) out = read_number(path_of(key), *node, rule);
+  void number(std::string_view key, double& out, const NumberRule& rule, std::string_view) {
+    read(key, [&](const std::string& path, const YAML::Node& node) {
+      out = read_number(path, node, rule);
+    });
   }
 
-  void flag(std::string_view key, bool& out) {
-    const YAML::Node* node = value_of(key);
-    if (!node) return;
-    const auto word = plain_text(*node);
-    const auto value = word ? parse_bool(*word) : std::nullopt;
-    if (!value) expected(path_of(key), *node, "true or false");
-    out = *value;
+  void flag(std::string_view key, bool& out, std::string_view) {
+    read(key, [&](const std::string& path, const YAML::Node& node) {
+      const auto word = plain_text(node);
+      const auto value = word ? parse_bool(*word) : std::nullopt;
+      if (!value) expected(path, node, "true or false");
+      out = *value;
+    });
   }
 
-  void text(std::string_view key, std::string& out) {
-    const YAML::Node* node = value_of(key);
-    if (!node) return;
-    if (!node->IsScalar()) expected(path_of(key), *node, "a string");
-    out = node->Scalar();
+  void text(std::string_view key, std::string& out, std::string_view) {
+    read(key, [&](const std::string& path, const YAML::Node& node) {
+      if (!node.IsScalar()) expected(path, node, "a string");
+      out = node.Scalar();
+    });
   }
-  void path(std::string_view key, std::string& out) { text(key, out); }
+  void path(std::string_view key, std::string& out, std::string_view doc) { text(key, out, doc); }
 
-  void choice(std::string_view key, std::string& out, std::span<const std::string_view> choices) {
-    const YAML::Node* node = value_of(key);
-    if (!node) return;
-    if (!node->IsScalar() ||
-        std::find(choices.begin(), choices.end(), node->Scalar()) == choices.end())
-      expected(path_of(key), *node, fmt::format("one of {}", fmt::join(choices, ", ")));
-    out = node->Scalar();
+  void choice(std::string_view key, std::string& out, std::span<const std::string_view> choices,
+              std::string_view) {
+    read(key, [&](const std::string& path, const YAML::Node& node) {
+      if (!node.IsScalar() ||
+          std::find(choices.begin(), choices.end(), node.Scalar()) == choices.end())
+        expected(path, node, fmt::format("one of {}", fmt::join(choices, ", ")));
+      out = node.Scalar();
+    });
   }
 
   template <class E, class Table>
-  void enumeration(std::string_view key, E& out, const Table& table) {
-    const YAML::Node* node = value_of(key);
-    if (!node) return;
-    if (node->IsScalar()) {
-      for (const auto& s : table) {
-        if (s.name == node->Scalar()) {
-          out = s.value;
-          return;
-        }
-      }
-    }
-    expected(path_of(key), *node, "one of " + join_names(table));
+  void enumeration(std::string_view key, E& out, const Table& table, std::string_view) {
+    read(key, [&](const std::string& path, const YAML::Node& node) {
+      const auto it = std::find_if(std::begin(table), std::end(table), [&](const auto& s) {
+        return node.IsScalar() && s.name == node.Scalar();
+      });
+      if (it == std::end(table)) expected(path, node, "one of " + join_names(table));
+      out = it->value;
+    });
   }
 
-  void integer_list(std::string_view key, std::vector<int>& out, IntRule rule) {
-    const YAML::Node* node = value_of(key);
-    if (!node) return;
-    if (!node->IsSequence()) expected(path_of(key), *node, "a list of integers");
-    out = read_integer_list(path_of(key), *node, rule);
+  void integer_list(std::string_view key, std::vector<int>& out, IntRule rule, std::string_view) {
+    read(key, [&](const std::string& path, const YAML::Node& node) {
+      if (!node.IsSequence()) expected(path, node, "a list of integers", list_hint(node));
+      out = read_integer_list(path, node, rule);
+    });
   }
 
   // Either a count n, meaning ids 0..n-1, or a non-empty list of ids.
-  void devices(std::string_view key, std::vector<int>& out) {
-    const YAML::Node* node = value_of(key);
-    if (!node) return;
-    const std::string path = path_of(key);
-    if (node->IsSequence()) {
-      if (node->size() == 0)
-        expected(path, *node, "a device count or a non-empty list of device ids");
-      out = read_integer_list(path, *node, IntRule{.min = 0});
-    } else if (node->IsScalar()) {
-      const int count = read_integer<int>(path, *node, IntRule{.min = 1});
-      if (count > kMaxDevices)
-        expected(path, *node, fmt::format("at most {} devices", kMaxDevices));
+  void devices(std::string_view key, std::vector<int>& out, std::string_view) {
+    read(key, [&](const std::string& path, const YAML::Node& node) {
+      if (node.IsSequence()) {
+        if (node.size() == 0) expected(path, node, "an integer or a non-empty list of device ids");
+        out = read_integer_list(path, node, IntRule{.min = 0});
+        return;
+      }
+      const auto text = plain_text(node);
+      const std::string_view digits = text ? strip_plus(*text) : std::string_view();
+      int count = 0;
+      const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), count);
+      if (!text || ec != std::errc{} || end != digits.data() + digits.size())
+        expected(path, node, "an integer or a list of device ids",
+                 text && text->find(',') != std::string_view::npos ? list_hint(node) : "");
+      if (count < 1) expected(path, node, "an integer >= 1 or a list of device ids");
+      if (count > kMaxDevices) expected(path, node, fmt::format("at most {} devices", kMaxDevices));
       out.resize(static_cast<std::size_t>(count));
       std::iota(out.begin(), out.end(), 0);
-    } else {
-      expected(path, *node, "a device count or a list of device ids");
-    }
+    });
   }
 
   // "betas: [b1, b2]", another spelling of two keys of the same section.
   void number_pair(std::string_view key, std::string_view first_key, double& first,
-                   std::string_view second_key, double& second, const NumberRule& rule) {
-    const YAML::Node* node = value_of(key);
-    if (!node) return;
-    const std::string path = path_of(key);
-    for (const std::string_view other : {first_key, second_key}) {
-      if (find(*current_, other))
-        fail(origins_.locate(path, find(*current_, key)->key.Mark()), path,
-             fmt::format("conflicts with {}; set one or the other", path_of(other)));
-    }
-    if (!node->IsSequence() || node->size() != 2)
-      expected(path, *node, fmt::format("a list [{}, {}]", first_key, second_key));
-    first = read_number(path + "[0]", (*node)[0], rule);
-    second = read_number(path + "[1]", (*node)[1], rule);
+                   std::string_view second_key, double& second, const NumberRule& rule,
+                   std::string_view) {
+    read(key, [&](const std::string& path, const YAML::Node& node) {
+      for (const std::string_view other : {first_key, second_key}) {
+        if (find(*current_, other))
+          fail(origins_.locate(path, find(*current_, key)->key.Mark()), path,
+               fmt::format("conflicts with {}; set one or the other", path_of(other)));
+      }
+      if (!node.IsSequence() || node.size() != 2)
+        expected(path, node, fmt::format("a list [{}, {}]", first_key, second_key),
+                 list_hint(node));
+      first = read_number(path + "[0]", node[0], rule);
+      second = read_number(path + "[1]", node[1], rule);
+    });
   }
   // A nested section's map is read by the constructor, as a section of its own.
   void nested(std::string_view) {}
@@ -731,47 +909,68 @@ class Parser {
     return it == entries.end() ? nullptr : &*it;
   }
 
-  // The pairs of the map at `path` ("" for the top level), whose keys must be among `valid`
-  // and appear once. Remembers where each key was written.
+  // Runs `check`; a problem it finds is recorded against `path`, which then keeps its default.
+  template <class F>
+  void reject(const std::string& path, F&& check) {
+    try {
+      check();
+    } catch (const Rejected& r) {
+      problems_.add(r.where, r.path, r.what);
+      problems_.mark_failed(r.path);
+      problems_.mark_failed(path);
+    }
+  }
+
+  // Reads `key` of the current section with `reader`, unless it is absent or null (it keeps
+  // its default then).
+  template <class F>
+  void read(std::string_view key, F&& reader) {
+    const Entry* entry = find(*current_, key);
+    if (!entry || entry->value.IsNull()) return;
+    const std::string path = path_of(key);
+    reject(path, [&] { reader(path, entry->value); });
+  }
+
+  // The pairs of the map at `path` ("" for the top level) whose keys are among `valid`, each
+  // once; every other pair is a problem. Remembers where each key was written.
   Entries entries(const YAML::Node& map, const std::string& path,
                   const std::vector<std::string_view>& valid) {
     const bool top = path.empty();
     Entries out;
     for (const auto& pair : map) {
       const YAML::Node& key = pair.first;
-      if (!key.IsScalar()) expected(path, key, top ? "a section name" : "a key name");
-      const std::string& name = key.Scalar();
-      const std::string key_path = top ? name : path + "." + name;
-      const std::string where = origins_.locate(key_path, key.Mark());
-      if (std::find(valid.begin(), valid.end(), name) == valid.end()) {
-        for (const ReplacedKey& replaced : kReplacedKeys)
-          if (replaced.path == key_path) fail(where, key_path, replaced.message);
-        fail(where, key_path,
-             unknown_name(top ? "section" : "key", name, valid, top ? "" : path + "."));
-      }
-      if (const Entry* first = find(out, name))
-        fail(where, key_path,
-             fmt::format("duplicate key (first at {})",
-                         origins_.locate(key_path, first->key.Mark())));
-      out.push_back({name, key, pair.second});
-      origins_.remember(key_path, where);
+      const std::string key_path =
+          key.IsScalar() ? (top ? key.Scalar() : path + "." + key.Scalar()) : path;
+      reject(key_path, [&] {
+        if (!key.IsScalar()) expected(path, key, top ? "a section name" : "a key name");
+        const std::string& name = key.Scalar();
+        const Place where = origins_.locate(key_path, key.Mark());
+        if (std::find(valid.begin(), valid.end(), name) == valid.end()) {
+          for (const ReplacedKey& replaced : kReplacedKeys)
+            if (replaced.path == key_path) fail(where, key_path, replaced.message);
+          const UnknownName unknown =
+              unknown_name(top ? "section" : "key", name, valid, top ? "" : path + ".");
+          // What the user meant is unknown: no rule about it is checked.
+          if (!unknown.suggestion.empty()) problems_.mark_failed(unknown.suggestion);
+          fail(where, key_path, unknown.message);
+        }
+        if (const Entry* first = find(out, name))
+          fail(where, key_path,
+               fmt::format("duplicate key (first at {})",
+                           origins_.locate(key_path, first->key.Mark()).text));
+        out.push_back({name, key, pair.second});
+        origins_.remember(key_path, where);
+      });
     }
     return out;
   }
 
   std::string path_of(std::string_view key) const { return fmt::format("{}.{}", section_, key); }
 
-  // The value of `key` in the current section; null when absent or null (keep the default).
-  const YAML::Node* value_of(std::string_view key) const {
-    const Entry* entry = find(*current_, key);
-    if (!entry || entry->value.IsNull()) return nullptr;
-    return &entry->value;
-  }
-
   [[noreturn]] void expected(const std::string& path, const YAML::Node& node,
-                             std::string_view what) const {
+                             std::string_view what, std::string_view hint = "") const {
     fail(origins_.locate(path, node.Mark()), path,
-         fmt::format("expected {}, got {}", what, got(node)));
+         fmt::format("expected {}, got {}{}", what, got(node), hint));
   }
 
   template <class T>
@@ -812,6 +1011,7 @@ class Parser {
   }
 
   Origins& origins_;
+  Problems& problems_;
   std::map<std::string, Entries, std::less<>> sections_;
   const Entries no_entries_;
   const Entries* current_ = &no_entries_;
@@ -823,59 +1023,62 @@ class Parser {
 // Re-checks the values of a Config against the rules in visit_schema().
 class Checker {
  public:
-  explicit Checker(const Origins& origins) : origins_(origins) {}
+  Checker(const Origins& origins, Problems& problems) : origins_(origins), problems_(problems) {}
 
   void section(std::string_view name) { section_ = name; }
 
   template <class T>
-  void integer(std::string_view key, T value, IntRule rule) {
+  void integer(std::string_view key, T value, IntRule rule, std::string_view = {}) {
     if (rule.zero_means_unset && value == 0) return;
     if (std::cmp_less(value, rule.min)) reject(key, describe(rule), value);
   }
 
-  void number(std::string_view key, double value, const NumberRule& rule) {
+  void number(std::string_view key, double value, const NumberRule& rule, std::string_view) {
     if (!satisfies(value, rule)) reject(key, rule.description, value);
   }
 
-  void flag(std::string_view, bool) {}
-  void text(std::string_view, const std::string&) {}
-  void path(std::string_view, const std::string&) {}
+  void flag(std::string_view, bool, std::string_view) {}
+  void text(std::string_view, const std::string&, std::string_view) {}
+  void path(std::string_view, const std::string&, std::string_view) {}
 
   void choice(std::string_view key, const std::string& value,
-              std::span<const std::string_view> choices) {
+              std::span<const std::string_view> choices, std::string_view) {
     if (std::find(choices.begin(), choices.end(), value) == choices.end())
       reject(key, fmt::format("one of {}", fmt::join(choices, ", ")), value);
   }
 
   template <class E, class Table>
-  void enumeration(std::string_view key, E value, const Table& table) {
+  void enumeration(std::string_view key, E value, const Table& table, std::string_view) {
     if (!find_name(table, value))
       reject(key, "one of " + join_names(table), static_cast<long long>(value));
   }
 
-  void integer_list(std::string_view key, const std::vector<int>& values, IntRule rule) {
+  void integer_list(std::string_view key, const std::vector<int>& values, IntRule rule,
+                    std::string_view = {}) {
     for (std::size_t i = 0; i < values.size(); ++i)
       integer(fmt::format("{}[{}]", key, i), values[i], rule);
   }
 
-  void devices(std::string_view key, const std::vector<int>& ids) {
+  void devices(std::string_view key, const std::vector<int>& ids, std::string_view) {
     if (ids.empty()) reject(key, "a non-empty list of device ids", "[]");
     integer_list(key, ids, IntRule{.min = 0});
   }
 
   // betas is checked as beta1 and beta2.
   void number_pair(std::string_view, std::string_view, double, std::string_view, double,
-                   const NumberRule&) {}
+                   const NumberRule&, std::string_view) {}
   void nested(std::string_view) {}
 
  private:
   template <class V>
-  [[noreturn]] void reject(std::string_view key, std::string_view what, const V& value) const {
+  void reject(std::string_view key, std::string_view what, const V& value) {
     const std::string path = fmt::format("{}.{}", section_, key);
-    fail(origins_.of(path), path, fmt::format("expected {}, got '{}'", what, value));
+    problems_.add(origins_.of(path), path, fmt::format("expected {}, got '{}'", what, value));
+    problems_.mark_failed(path);
   }
 
   const Origins& origins_;
+  Problems& problems_;
   std::string section_;
 };
 
@@ -896,7 +1099,7 @@ class PathResolver {
       : origins_(origins), dir_(std::move(dir)) {}
 
   void section(std::string_view name) { section_ = name; }
-  void path(std::string_view key, std::string& value) {
+  void path(std::string_view key, std::string& value, std::string_view) {
     if (value.empty() || std::filesystem::path(value).is_absolute()) return;
     if (origins_.overridden(fmt::format("{}.{}", section_, key))) return;
     value = (dir_ / value).lexically_normal().string();
@@ -931,41 +1134,45 @@ class Hasher {
   void section(std::string_view name) { section_ = name; }
 
   template <class T>
-  void integer(std::string_view key, T value, IntRule) {
+  void integer(std::string_view key, T value, IntRule, std::string_view) {
     add(key, fmt::format("{}", value));
   }
   // fmt prints the shortest text that reads back as the same double: stable across platforms.
-  void number(std::string_view key, double value, const NumberRule&) {
+  void number(std::string_view key, double value, const NumberRule&, std::string_view) {
     add(key, fmt::format("{}", value));
   }
-  void flag(std::string_view key, bool value) { add(key, value ? "true" : "false"); }
+  void flag(std::string_view key, bool value, std::string_view) {
+    add(key, value ? "true" : "false");
+  }
   // Length-prefixed in the hash, so that no text can pass for the end of its line and another key.
-  void text(std::string_view key, const std::string& value) {
+  void text(std::string_view key, const std::string& value, std::string_view = {}) {
     add(key, fmt::format("{}:{}", value.size(), value), value.empty() ? "\"\"" : value);
   }
   // The file a path names, wherever the run starts from (see Note [Config paths]).
-  void path(std::string_view key, const std::string& value) {
+  void path(std::string_view key, const std::string& value, std::string_view) {
     // Unset, data.tokenizer is left out: checkpoints from before the key name the same config.
     if (section_ == "data" && key == "tokenizer" && value.empty()) return;
     text(key, value.empty() ? value
                             : std::filesystem::absolute(value).lexically_normal().string());
   }
-  void choice(std::string_view key, const std::string& value, std::span<const std::string_view>) {
+  void choice(std::string_view key, const std::string& value, std::span<const std::string_view>,
+              std::string_view) {
     text(key, value);
   }
   template <class E, class Table>
-  void enumeration(std::string_view key, E value, const Table& table) {
+  void enumeration(std::string_view key, E value, const Table& table, std::string_view) {
     add(key, spelling(table, value));
   }
-  void integer_list(std::string_view key, const std::vector<int>& values, IntRule) {
+  void integer_list(std::string_view key, const std::vector<int>& values, IntRule,
+                    std::string_view) {
     add(key, fmt::format("[{}]", fmt::join(values, ",")));
   }
-  void devices(std::string_view key, const std::vector<int>& ids) {
+  void devices(std::string_view key, const std::vector<int>& ids, std::string_view) {
     add(key, fmt::format("[{}]", fmt::join(ids, ",")));
   }
   // betas is listed as beta1 and beta2.
   void number_pair(std::string_view, std::string_view, double, std::string_view, double,
-                   const NumberRule&) {}
+                   const NumberRule&, std::string_view) {}
   void nested(std::string_view) {}
 
   const std::string& rendering() const { return rendering_; }
@@ -987,62 +1194,157 @@ class Hasher {
   ConfigValues values_;
 };
 
-// Every value, then the rules that tie keys together.
-void check_config(const Config& c, const Origins& origins) {
-  Checker checker(origins);
+// ---- Renderer -------------------------------------------------------------------------------
+
+// Each key's value as YAML, with the values it takes and its line of description: the text of
+// `lockstep config --print` (to_yaml) and of `lockstep train --help` (config_key_help).
+class Renderer {
+ public:
+  struct Key {
+    std::string section;
+    ConfigKeyHelp help;
+    bool alias = false;  // optimizer.betas: another spelling of keys listed on their own
+  };
+
+  void section(std::string_view name) { section_ = name; }
+
+  template <class T>
+  void integer(std::string_view key, T value, IntRule rule, std::string_view doc) {
+    const bool unset = rule.zero_means_unset && value == 0;
+    add(key, describe(rule), unset ? "null" : fmt::format("{}", value), doc);
+  }
+  // fmt prints the shortest text that reads back as the same double.
+  void number(std::string_view key, double value, const NumberRule& rule, std::string_view doc) {
+    add(key, rule.description, fmt::format("{}", value), doc);
+  }
+  void flag(std::string_view key, bool value, std::string_view doc) {
+    add(key, "true or false", value ? "true" : "false", doc);
+  }
+  void text(std::string_view key, const std::string& value, std::string_view doc) {
+    add(key, "a string", quoted(value), doc);
+  }
+  // Absolute, so that the text means the same file wherever it is saved (Note [Config paths]).
+  void path(std::string_view key, const std::string& value, std::string_view doc) {
+    add(key, "a path",
+        quoted(value.empty() ? value
+                             : std::filesystem::absolute(value).lexically_normal().string()),
+        doc);
+  }
+  void choice(std::string_view key, const std::string& value,
+              std::span<const std::string_view> choices, std::string_view doc) {
+    add(key, fmt::format("one of {}", fmt::join(choices, ", ")), value, doc);
+  }
+  template <class E, class Table>
+  void enumeration(std::string_view key, E value, const Table& table, std::string_view doc) {
+    add(key, "one of " + join_names(table), std::string(spelling(table, value)), doc);
+  }
+  void integer_list(std::string_view key, const std::vector<int>& values, IntRule rule,
+                    std::string_view doc) {
+    add(key, fmt::format("a list of integers >= {}", rule.min),
+        fmt::format("[{}]", fmt::join(values, ", ")), doc);
+  }
+  void devices(std::string_view key, const std::vector<int>& ids, std::string_view doc) {
+    add(key, "an integer or a list of device ids", fmt::format("[{}]", fmt::join(ids, ", ")), doc);
+  }
+  void number_pair(std::string_view key, std::string_view first_key, double,
+                   std::string_view second_key, double, const NumberRule&, std::string_view doc) {
+    add(key, fmt::format("a list [{}, {}]", first_key, second_key), "null", doc);
+    keys_.back().alias = true;
+  }
+  void nested(std::string_view) {}
+
+  const std::vector<Key>& keys() const { return keys_; }
+
+ private:
+  static std::string quoted(const std::string& value) {
+    YAML::Emitter out;
+    out << YAML::DoubleQuoted << value;
+    return out.c_str();
+  }
+  void add(std::string_view key, std::string_view type, std::string yaml, std::string_view doc) {
+    keys_.push_back({section_,
+                     {fmt::format("{}.{}", section_, key), std::string(type), std::move(yaml),
+                      std::string(doc)}});
+  }
+
+  std::string section_;
+  std::vector<Key> keys_;
+};
+
+// Every value, then the rules that tie keys together; a rule only when none of its keys failed
+// to read (Note [Every config error at once]).
+void check_config(const Config& c, const Origins& origins, Problems& problems) {
+  Checker checker(origins, problems);
   visit_schema(checker, c);
 
   const auto fail_at = [&](std::string_view path, std::string_view what) {
-    fail(origins.of(path), path, what);
+    problems.add(origins.of(path), path, what);
+  };
+  const auto readable = [&](std::initializer_list<std::string_view> paths) {
+    return std::none_of(paths.begin(), paths.end(),
+                        [&](std::string_view p) { return problems.failed(p); });
   };
   // "trainer.steps (20, set at --set trainer.steps=20)": the other key of a rule, which may
   // have been written somewhere else than the key the message is about.
   const auto other = [&](std::string_view path, auto value) {
-    const auto at = origins.written(path);
-    return at ? fmt::format("{} ({}, set at {})", path, value, *at)
+    const Place* at = origins.written(path);
+    return at ? fmt::format("{} ({}, set at {})", path, value, at->text)
               : fmt::format("{} ({})", path, value);
   };
 
   const TrainerConfig& t = c.trainer;
-  if (t.steps == 0 && t.epochs == 0)
-    fail(origins.source(), "trainer", "set trainer.steps or trainer.epochs");
-  if (t.steps != 0 && t.epochs != 0)
-    fail_at("trainer.steps", fmt::format("conflicts with {}; set only one (null unsets a key)",
-                                         other("trainer.epochs", t.epochs)));
-  if (t.grad_reduce_dtype == ReduceDtype::bf16 && t.zero == 1)
+  if (readable({"trainer.steps", "trainer.epochs"})) {
+    if (t.steps == 0 && t.epochs == 0)
+      problems.add(origins.whole(), "trainer", "set trainer.steps or trainer.epochs");
+    if (t.steps != 0 && t.epochs != 0)
+      fail_at("trainer.steps", fmt::format("conflicts with {}; set only one (null unsets a key)",
+                                           other("trainer.epochs", t.epochs)));
+  }
+  if (readable({"trainer.grad_reduce_dtype", "trainer.zero"}) &&
+      t.grad_reduce_dtype == ReduceDtype::bf16 && t.zero == 1)
     fail_at("trainer.grad_reduce_dtype",
             fmt::format("bf16 with {} is not implemented yet; use fp32 with ZeRO-1",
                         other("trainer.zero", t.zero)));
-  if (c.optimizer.type == OptimizerKind::adamw && c.optimizer.momentum != 0.0)
+  const OptimizerConfig& o = c.optimizer;
+  if (readable({"optimizer.type", "optimizer.momentum"}) && o.type == OptimizerKind::adamw &&
+      o.momentum != 0.0)
     fail_at("optimizer.momentum", "not a key of adamw (it is sgd's; adamw's first-moment decay is "
                                   "optimizer.beta1)");
-  if (c.optimizer.type == OptimizerKind::adamw && c.optimizer.nesterov)
+  if (readable({"optimizer.type", "optimizer.nesterov"}) && o.type == OptimizerKind::adamw &&
+      o.nesterov)
     fail_at("optimizer.nesterov", "not a key of adamw (it is sgd's)");
-  if (c.optimizer.nesterov && !(c.optimizer.momentum > 0))
+  else if (readable({"optimizer.nesterov", "optimizer.momentum"}) && o.nesterov &&
+           !(o.momentum > 0))
     fail_at("optimizer.nesterov", "requires optimizer.momentum > 0");
   const ModelConfig& m = c.model;
-  if (m.vocab_size > kMaxVocabSize)
+  if (readable({"model.vocab_size"}) && m.vocab_size > kMaxVocabSize)
     fail_at("model.vocab_size",
             fmt::format("expected an integer <= {} (token ids reach the embedding as floats, "
                         "exact below 2^24), got {}",
                         kMaxVocabSize, m.vocab_size));
-  if (m.type == "gpt" && m.d_model % m.n_head != 0)
+  if (readable({"model.type", "model.d_model", "model.n_head"}) && m.type == "gpt" &&
+      m.d_model % m.n_head != 0)
     fail_at("model.n_head", fmt::format("must divide {}, got {}", other("model.d_model", m.d_model),
                                         m.n_head));
-  if (c.schedule.min_lr > c.optimizer.lr)
+  if (readable({"schedule.min_lr", "optimizer.lr"}) && c.schedule.min_lr > o.lr)
     fail_at("schedule.min_lr",
-            fmt::format("must be <= {}, got {}", other("optimizer.lr", c.optimizer.lr),
-                        c.schedule.min_lr));
+            fmt::format("must be <= {}, got {}", other("optimizer.lr", o.lr), c.schedule.min_lr));
 }
 
 // The files data.dataset needs. Checked when a config is read, not by Config::validate(): an
-// embedder who hands the Trainer its own datasets never sets them.
-void check_data_source(const Config& c, const Origins& origins) {
+// embedder who hands the Trainer its own datasets never sets them. Nothing is checked when the
+// model or the dataset failed to read.
+void check_data_source(const Config& c, const Origins& origins, Problems& problems) {
+  if (problems.failed("data.dataset") || problems.failed("model.type")) return;
   // A missing file key has no place of its own; point at the dataset choice if it was written.
+  const auto written_or_dataset = [&](std::string_view path) {
+    const Place* at = origins.written(path);
+    return at ? *at : origins.of("data.dataset");
+  };
   const auto require_file = [&](std::string_view path, const std::string& value) {
-    if (value.empty())
-      fail(origins.written(path).value_or(origins.of("data.dataset")), path,
-           fmt::format("required when data.dataset is {}", to_string(c.data.dataset)));
+    if (value.empty() && !problems.failed(path))
+      problems.add(written_or_dataset(path), path,
+                   fmt::format("required when data.dataset is {}", to_string(c.data.dataset)));
   };
   const DatasetKind kind = c.data.dataset;
   const bool language = kind == DatasetKind::tokens || kind == DatasetKind::text;
@@ -1054,25 +1356,59 @@ void check_data_source(const Config& c, const Origins& origins) {
 
   // A gpt reads token windows; an mlp reads feature vectors with one class each.
   if (language && c.model.type != "gpt")
-    fail(origins.of("data.dataset"), "data.dataset",
-         fmt::format("{} data needs model.type gpt, got {}", to_string(kind), c.model.type));
+    problems.add(origins.of("data.dataset"), "data.dataset",
+                 fmt::format("{} data needs model.type gpt, got {}", to_string(kind),
+                             c.model.type));
   if (!language && c.model.type == "gpt")
-    fail(origins.of("model.type"), "model.type",
-         fmt::format("gpt needs data.dataset tokens or text, got {}", to_string(kind)));
-  const int vocab = c.model.vocab_size;
+    problems.add(origins.of("model.type"), "model.type",
+                 fmt::format("gpt needs data.dataset tokens or text, got {}", to_string(kind)));
   if (!c.data.tokenizer.empty() && !language)
-    fail(origins.of("data.tokenizer"), "data.tokenizer",
-         fmt::format("a key of tokens and text data, got data.dataset {}", to_string(kind)));
+    problems.add(origins.of("data.tokenizer"), "data.tokenizer",
+                 fmt::format("a key of tokens and text data, got data.dataset {}",
+                             to_string(kind)));
+  if (problems.failed("model.vocab_size")) return;
   if (!c.data.tokenizer.empty()) return;  // the vocabulary is checked against it at load
+  const int vocab = c.model.vocab_size;
   if (kind == DatasetKind::tokens && vocab == 0)
-    fail(origins.written("model.vocab_size").value_or(origins.of("data.dataset")),
-         "model.vocab_size",
-         "required when data.dataset is tokens: token files do not record it (GPT-2: 50257; "
-         "train --init-from a GPT-2 directory gives it, or data.tokenizer)");
+    problems.add(written_or_dataset("model.vocab_size"), "model.vocab_size",
+                 "required when data.dataset is tokens: token files do not record it (GPT-2: "
+                 "50257; train --init-from a GPT-2 directory gives it, or data.tokenizer)");
   if (kind == DatasetKind::text && vocab < kByteVocabSize)
-    fail(origins.of("model.vocab_size"), "model.vocab_size",
-         fmt::format("expected at least {} for text data (one token per byte), got {}",
-                     kByteVocabSize, vocab));
+    problems.add(origins.of("model.vocab_size"), "model.vocab_size",
+                 fmt::format("expected at least {} for text data (one token per byte), got {}",
+                             kByteVocabSize, vocab));
+}
+
+// A data file the dataset needs that is not there, named by its key with how its path was
+// resolved (Note [Config paths]): a problem found before any data is read, with the others.
+void check_data_files(const Config& written, const Config& resolved, const Origins& origins,
+                      Problems& problems, const std::filesystem::path& dir) {
+  if (problems.failed("data.dataset")) return;
+  const auto check = [&](std::string_view key, const std::string& as_written,
+                         const std::string& path) {
+    std::error_code ignored;
+    if (path.empty() || problems.failed(key) || std::filesystem::exists(path, ignored)) return;
+    const std::string absolute = std::filesystem::absolute(path).lexically_normal().string();
+    std::string how;
+    if (std::filesystem::path(as_written).is_relative()) {
+      how = origins.overridden(key)
+                ? fmt::format(" (given with --set: relative to the working directory, {})",
+                              std::filesystem::current_path().string())
+                : fmt::format(" (the config says '{}': relative to the config's directory, {})",
+                              as_written,
+                              std::filesystem::absolute(dir).lexically_normal().string());
+    }
+    problems.add(origins.of(key), key, fmt::format("no such file: {}{}", absolute, how));
+  };
+  const DatasetKind kind = written.data.dataset;
+  if (kind == DatasetKind::idx) {
+    check("data.images", written.data.images, resolved.data.images);
+    check("data.labels", written.data.labels, resolved.data.labels);
+  } else if (kind != DatasetKind::synthetic) {
+    check("data.path", written.data.path, resolved.data.path);
+    check("data.eval_path", written.data.eval_path, resolved.data.eval_path);
+    check("data.tokenizer", written.data.tokenizer, resolved.data.tokenizer);
+  }
 }
 
 std::string read_config_file(const std::filesystem::path& file) {
@@ -1100,7 +1436,11 @@ std::string_view to_string(Precision v) { return spelling(kPrecisions, v); }
 std::string_view to_string(ReduceDtype v) { return spelling(kReduceDtypes, v); }
 std::string_view to_string(AttentionKind v) { return spelling(kAttentionKinds, v); }
 
-void Config::validate() const { check_config(*this, Origins(source)); }
+void Config::validate() const {
+  Problems problems;
+  check_config(*this, Origins(source), problems);
+  problems.throw_if_any();
+}
 
 std::uint64_t config_hash(const Config& config) {
   Hasher hasher;
@@ -1114,6 +1454,37 @@ ConfigValues config_values(const Config& config) {
   return hasher.values();
 }
 
+std::vector<ConfigKeyHelp> config_key_help() {
+  Renderer renderer;
+  const Config defaults;
+  visit_schema(renderer, defaults);
+  std::vector<ConfigKeyHelp> out;
+  for (const Renderer::Key& key : renderer.keys()) out.push_back(key.help);
+  return out;
+}
+
+std::string to_yaml(const Config& config) {
+  Renderer renderer;
+  visit_schema(renderer, config);
+  std::string out;
+  std::string_view section;
+  for (const Renderer::Key& key : renderer.keys()) {
+    if (key.alias) continue;
+    // "trainer.checkpoint" is a map inside trainer, its keys one level deeper.
+    const auto depth =
+        static_cast<std::size_t>(std::count(key.section.begin(), key.section.end(), '.'));
+    if (key.section != section) {
+      section = key.section;
+      const std::size_t dot = section.rfind('.');
+      out += fmt::format("{:{}}{}:\n", "", 2 * depth,
+                         dot == std::string_view::npos ? section : section.substr(dot + 1));
+    }
+    out += fmt::format("{:{}}{}: {}\n", "", 2 * depth + 2,
+                       key.help.key.substr(key.section.size() + 1), key.help.default_value);
+  }
+  return out;
+}
+
 namespace {
 
 // `dir`: the config file's directory, against which its relative paths are resolved; empty
@@ -1123,27 +1494,43 @@ Config parse_config_in(std::string_view yaml, std::string_view source,
                        const ConfigDefaults* defaults = nullptr) {
   Origins origins{std::string(source)};
   YAML::Node root = load_tree(yaml, origins.source());
-  for (const std::string& text : overrides) apply_override(root, text, origins);
-  if (defaults)
-    for (const std::string& text : defaults->values)
-      apply_override(root, text, origins, &defaults->source);
+  Problems problems;
+  for (const std::string& text : overrides) {
+    try {
+      apply_override(root, text, origins);
+    } catch (const Rejected& r) {
+      problems.add(r.where, r.path, r.what);
+    }
+  }
+  if (defaults) {
+    for (const std::string& text : defaults->values) {
+      try {
+        apply_override(root, text, origins, &defaults->source);
+      } catch (const Rejected& r) {
+        problems.add(r.where, r.path, r.what);
+      }
+    }
+  }
 
   Config config;
   config.source = source;
-  Parser parser(root, origins);
+  Parser parser(root, origins, problems);
   visit_schema(parser, config);
   config.set_at = origins.set_by_user();
   if (dir) {
+    const Config written = config;
     PathResolver resolver(origins, *dir);
     visit_schema(resolver, config);
+    check_data_files(written, config, origins, problems, *dir);
   }
   // Text is read byte by byte: its vocabulary is 256 unless a larger one is asked for. With a
   // tokenizer, 0 stays: the tokenizer's size, known once it is read (load_dataset).
   if (config.data.dataset == DatasetKind::text && config.data.tokenizer.empty() &&
       config.model.vocab_size == 0)
     config.model.vocab_size = kByteVocabSize;
-  check_config(config, origins);
-  check_data_source(config, origins);
+  check_config(config, origins, problems);
+  check_data_source(config, origins, problems);
+  problems.throw_if_any();
   return config;
 }
 

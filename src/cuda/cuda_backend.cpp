@@ -66,7 +66,8 @@ class CudaBackend final : public Backend {
                      .id = id,
                      .name = prop.name,
                      .memory_bytes = prop.totalGlobalMem,
-                     .detail = fmt::format("sm_{}{}, CUDA runtime {}, driver {}, NCCL {}",
+                     .detail = fmt::format("sm_{0}{1} (compute capability {0}.{1}), CUDA runtime "
+                                           "{2}, driver {3}, NCCL {4}",
                                            prop.major, prop.minor, cuda_version(runtime),
                                            cuda_version(driver), nccl_version(nccl)),
                      .matmul = fmt::format("cuBLAS ({}), linear layers through cuBLASLt",

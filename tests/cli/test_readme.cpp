@@ -1,8 +1,10 @@
-// The README's command blocks, run verbatim. Each ```sh block that follows the line
-// "<!-- run by tests/cli/test_readme.cpp, verbatim -->" runs, as one `bash -e` script, in a
-// scratch copy of the repository root: configs/ (copied, with the long runs shortened),
-// third_party/ (linked) and build/lockstep (a link to the binary under test). So the commands
-// run exactly as a user types them, and their outputs (runs/) stay out of the source tree.
+// The README's code blocks, run verbatim. Each block that follows the line
+// "<!-- run by tests/cli/test_readme.cpp, verbatim -->" runs: the ```sh blocks, as one `bash -e`
+// script each, in a scratch copy of the repository root: configs/ (copied, with the long runs
+// shortened), third_party/ (linked) and build/lockstep (a link to the binary under test), so the
+// commands run exactly as a user types them, and their outputs (runs/) stay out of the source
+// tree; then the ```python blocks there, with a Python that has torch and safetensors. The
+// ```cpp block is tests/cli/readme_example.cpp, which the build compiles as the README shows it.
 #include <doctest/doctest.h>
 
 #include <filesystem>
@@ -13,6 +15,7 @@
 #include <vector>
 
 #include "../data/temp_files.hpp"
+#include "../interop/python_env.hpp"
 #include "cli_runner.hpp"
 #include "sanitized.hpp"
 #include "skip.hpp"
@@ -24,28 +27,31 @@ namespace {
 const fs::path kSource = LOCKSTEP_SOURCE_DIR;
 constexpr std::string_view kMarker = "<!-- run by tests/cli/test_readme.cpp, verbatim -->";
 
-// The bodies of the marked ```sh blocks, in order; a block indented in a list item is read
-// without its indentation.
-std::vector<std::string> marked_blocks(const std::string& readme) {
+// The bodies of the marked blocks that open with `fence` ("```sh"), in order; a block indented
+// in a list item is read without its indentation.
+std::vector<std::string> marked_blocks(const std::string& readme, std::string_view fence) {
   std::vector<std::string> blocks;
   std::istringstream in(readme);
   std::string line;
   bool marked = false, inside = false;
+  std::size_t indent = 0;
   while (std::getline(in, line)) {
-    line.erase(0, line.find_first_not_of(' ') == std::string::npos ? line.size()
-                                                                   : line.find_first_not_of(' '));
+    const std::size_t first = line.find_first_not_of(' ');
+    const std::string_view text =
+        first == std::string::npos ? std::string_view() : std::string_view(line).substr(first);
     if (inside) {
-      if (line == "```") inside = false;
-      else blocks.back() += line + "\n";
-    } else if (line == kMarker) {
+      if (text == "```") inside = false;
+      else blocks.back() += (line.size() >= indent ? line.substr(indent) : std::string()) + "\n";
+    } else if (text == kMarker) {
       marked = true;
-    } else if (marked && line == "```sh") {
-      blocks.emplace_back();
-      inside = true;
+    } else if (marked && text.starts_with("```")) {
+      inside = text == fence;
+      if (inside) blocks.emplace_back();
+      indent = first;
       marked = false;
     }
   }
-  REQUIRE_MESSAGE(!inside, "an unterminated ```sh block in README.md");
+  REQUIRE_MESSAGE(!inside, "an unterminated " << fence << " block in README.md");
   return blocks;
 }
 
@@ -73,8 +79,8 @@ TEST_CASE("README: the marked command blocks run verbatim from the repository ro
   if (lockstep::test::kSanitized)
     return lockstep::test::skip(lockstep::test::Skip::setup,
                                 "the README's commands run in the plain build (scripts/test.sh)");
-  const std::vector<std::string> blocks =
-      marked_blocks(lockstep::test::read_text(kSource / "README.md"));
+  const std::string readme = lockstep::test::read_text(kSource / "README.md");
+  const std::vector<std::string> blocks = marked_blocks(readme, "```sh");
   REQUIRE(blocks.size() >= 3);
   const lockstep::test::TempDir root;
   copy_configs(root.path() / "configs");
@@ -96,4 +102,32 @@ TEST_CASE("README: the marked command blocks run verbatim from the repository ro
   CHECK(fs::exists(root.path() / "runs" / "gpt_tiny_tuned"));
   CHECK(fs::exists(root.path() / "runs" / "small_gpt2" / "merges.txt"));  // the fine-tuning story
   CHECK(fs::exists(root.path() / "runs" / "finetune"));
+
+  // The Python that reads the export back, from the same root.
+  const std::vector<std::string> python_blocks = marked_blocks(readme, "```python");
+  REQUIRE(python_blocks.size() == 1);
+  const std::string python = lockstep::test::safetensors_python();
+  if (python.empty()) return;  // skipped, saying why
+  const fs::path script = root.write("block.py", python_blocks.front());
+  const auto r = lockstep::test::run_command("cd '" + root.path().string() + "' && " + python +
+                                             " " + script.string());
+  CHECK_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(std::regex_search(r.output, std::regex("^accuracy 0\\.9[0-9]* on 1797 samples\n$")),
+                r.output);
+}
+
+TEST_CASE("README: the C++ embedding example is tests/cli/readme_example.cpp, and it trains") {
+  const std::vector<std::string> blocks =
+      marked_blocks(lockstep::test::read_text(kSource / "README.md"), "```cpp");
+  REQUIRE(blocks.size() == 1);
+  const fs::path example = kSource / "tests" / "cli" / "readme_example.cpp";
+  CHECK_MESSAGE(blocks.front() == lockstep::test::read_text(example),
+                "the README's C++ example and tests/cli/readme_example.cpp differ: make them one");
+  const auto r = lockstep::test::run_command("\"" LOCKSTEP_README_EXAMPLE_PATH "\"");
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK(r.output.find("step 200 loss ") != std::string::npos);
+  std::smatch m;
+  const std::regex summary("eval accuracy ([0-9.]+), replicas identical: 1\n");
+  REQUIRE_MESSAGE(std::regex_search(r.output, m, summary), r.output);
+  CHECK(std::stod(m[1]) > 0.85);
 }

@@ -1,7 +1,9 @@
-// What a new user met on a first run (issue 14's smaller points), each once: --help on a
-// command, the train loss's label, resuming a finished run, output directories, a batch larger
-// than a shard, sgd's keys under adamw, the log lines on a terminal; and (issue 26) backend
-// cuda without a GPU, and more CPU workers than cores.
+// What a new user met on a first run (issues 14, 26 and 27), each once: --help on a command
+// (train's lists the config keys), the train loss's label, resuming a finished run, output
+// directories, a batch larger than a shard, sgd's keys under adamw, the log lines on a terminal,
+// backend cuda without a GPU, more CPU workers than cores, every config error at once, --set
+// without '=', a config copied away from its data, lockstep config --print and what lockstep
+// devices says a device is.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -29,12 +31,22 @@ std::size_t count(const std::string& text, const std::string& what) {
 
 TEST_CASE("cli: --help on a command prints the usage and exits 0") {
   for (const char* command : {"train --help", "train configs/x.yaml -h", "eval --help", "export --help",
-                              "sample --help"}) {
+                              "sample --help", "config --help"}) {
     CAPTURE(command);
     const auto r = run_cli(command);
     CHECK(r.code == 0);
     CHECK(r.output.rfind("usage: lockstep", 0) == 0);
   }
+  // train's lists the config keys with their type, default and line; the general usage does not.
+  const auto train = run_cli("train --help");
+  CHECK(train.output.rfind("usage: lockstep train CONFIG", 0) == 0);
+  CHECK(train.output.find("--dry-run") != std::string::npos);
+  CHECK(train.output.find("\n  optimizer.lr: a number > 0; default 0.01\n      peak learning rate\n") !=
+        std::string::npos);
+  CHECK(train.output.find("\n  trainer.checkpoint.dir: a path; default unset\n") != std::string::npos);
+  const auto general = run_cli("--help");
+  CHECK(general.output.find("optimizer.lr:") == std::string::npos);
+  CHECK(general.output.find("  config --print CONFIG [--set KEY=VALUE]...") != std::string::npos);
 }
 
 TEST_CASE("cli: the summary's train loss says it is the last log window's, and a finished run "
@@ -124,4 +136,71 @@ TEST_CASE("cli: more CPU workers than hardware threads warn, naming the count th
   const auto fits = run_cli("train " + kQuickstart + " --set trainer.backend=cpu --set trainer.steps=1 "
                             "--set trainer.devices=" + std::to_string(cores));
   CHECK(fits.output.find("warning: trainer.devices") == std::string::npos);
+}
+
+TEST_CASE("cli: every config error at once, each with its place, the hints and the leaves") {
+  const lockstep::test::TempDir dir;
+  const auto config = dir.write("c.yaml", "model:\n  hiden: [32]\n"
+                                          "trainer:\n  steps: 5\n  checkpoint_dir: runs\n"
+                                          "data: {dataset: synthetic}\n");
+  const auto r = run_cli("train " + config.string() + " --set trainer.devices=two");
+  CHECK(r.code == 2);
+  CHECK(r.output.find("lockstep: error: " + config.string() + ":2:3: model.hiden: unknown key; did you "
+                      "mean 'model.hidden'?\n" + config.string() + ":5:3: trainer.checkpoint_dir: unknown "
+                      "key; did you mean 'trainer.checkpoint.dir'?\n--set trainer.devices=two: "
+                      "trainer.devices: expected an integer or a list of device ids, got 'two'\n") !=
+        std::string::npos);
+
+  const auto list = run_cli("train " + config.string() + " --set model.hidden=128,64");
+  CHECK(list.output.find("got '128,64'; a list is written [128,64]") != std::string::npos);
+}
+
+TEST_CASE("cli: --set KEY VALUE is told KEY=VALUE") {
+  const auto train = run_cli("train " + kQuickstart + " --set optimizer.lr 0.1");
+  CHECK(train.code == 2);
+  CHECK(train.output.find("lockstep: error: --set optimizer.lr: expected KEY=VALUE, one argument: "
+                          "--set optimizer.lr=0.1\n") != std::string::npos);
+  const auto eval = run_cli("eval " + kQuickstart + " --checkpoint x --set trainer.devices 2");
+  CHECK(eval.code == 2);
+  CHECK(eval.output.find("--set trainer.devices=2") != std::string::npos);
+}
+
+TEST_CASE("cli: a config copied away from its data names the key and how the path was resolved") {
+  const lockstep::test::TempDir dir;
+  const auto config =
+      dir.write("q.yaml", lockstep::test::read_text(std::string(LOCKSTEP_SOURCE_DIR) + "/configs/quickstart.yaml"));
+  const auto r = run_cli("train " + config.string());
+  CHECK(r.code == 2);
+  CHECK(r.output.find("data.path: no such file: " + (dir.path().parent_path() / "third_party" / "digits" /
+                                                      "digits.csv").string() +
+                      " (the config says '../third_party/digits/digits.csv': relative to the config's "
+                      "directory, " + dir.path().string() + ")") != std::string::npos);
+}
+
+TEST_CASE("cli: config --print prints the resolved config, which reads back to itself") {
+  const lockstep::test::TempDir dir;
+  const auto r = run_cli("config --print " + kQuickstart + " --set trainer.steps=7 --set model.hidden=[8]");
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  CHECK(r.output.find("\n  hidden: [8]\n") != std::string::npos);
+  CHECK(r.output.find("\n  steps: 7\n") != std::string::npos);
+  CHECK(r.output.find("\n  path: \"" + std::string(LOCKSTEP_SOURCE_DIR) + "/third_party/digits/digits.csv\"\n") !=
+        std::string::npos);
+  const auto printed = dir.write("printed.yaml", r.output);
+  const auto again = run_cli("config --print " + printed.string());
+  REQUIRE_MESSAGE(again.code == 0, again.output);
+  // The same text but for the first line, the comment that names the source.
+  CHECK(again.output.substr(again.output.find('\n')) == r.output.substr(r.output.find('\n')));
+  CHECK(run_cli("config " + kQuickstart).code == 2);
+}
+
+TEST_CASE("cli: devices says what a device is on each backend and how many workers suit this machine") {
+  const auto r = run_cli("devices");
+  REQUIRE(r.code == 0);
+  CHECK(r.output.find("cpu backend: a device is a worker thread with its own replica and data shard\n") !=
+        std::string::npos);
+  const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
+  CHECK(r.output.find("cpu: " + std::to_string(threads) + " hardware threads here; suggested "
+                      "trainer.devices: " + std::to_string(threads) + ", one worker per hardware thread\n") !=
+        std::string::npos);
+  CHECK(r.output.find("cpu:0  host CPU  ") != std::string::npos);  // the device line stays
 }

@@ -3,6 +3,7 @@
 #include <doctest/doctest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -18,8 +19,9 @@ namespace {
 // The smallest config that passes validation: everything else keeps its default.
 constexpr std::string_view kMinimal = "data: {dataset: synthetic}\ntrainer: {steps: 10}\n";
 
-// The message of the ConfigError that parsing `yaml` (as "q.yaml") throws.
-std::string error_of(std::string_view yaml, const std::vector<std::string>& overrides = {}) {
+// The message of the ConfigError that parsing `yaml` (as "q.yaml") throws: every problem, one
+// per line.
+std::string errors_of(std::string_view yaml, const std::vector<std::string>& overrides = {}) {
   try {
     parse_config(yaml, "q.yaml", overrides);
   } catch (const ConfigError& e) {
@@ -27,6 +29,14 @@ std::string error_of(std::string_view yaml, const std::vector<std::string>& over
   }
   FAIL_CHECK("no ConfigError for:\n" << std::string(yaml));
   return "";
+}
+
+// Its first line: the first problem in the file's order. Most cases below leave out keys a
+// run needs (data.path, trainer.steps), whose problems follow (Note [Every config error at
+// once] in src/config/config.cpp).
+std::string error_of(std::string_view yaml, const std::vector<std::string>& overrides = {}) {
+  const std::string all = errors_of(yaml, overrides);
+  return all.substr(0, all.find('\n'));
 }
 
 bool contains(const std::string& haystack, std::string_view needle) {
@@ -253,12 +263,11 @@ TEST_CASE("config: values of the wrong type") {
   CHECK(error_of("data:\n  path: [a.csv]\n") ==
         "q.yaml:2:9: data.path: expected a string, got a list");
   CHECK(error_of("model:\n  hidden: 64\n") ==
-        "q.yaml:2:11: model.hidden: expected a list of integers, got '64'");
+        "q.yaml:2:11: model.hidden: expected a list of integers, got '64'; a list is written [64]");
   CHECK(error_of("model:\n  hidden: [64, wide]\n") ==
         "q.yaml:2:16: model.hidden[1]: expected an integer >= 1, got 'wide'");
   CHECK(error_of("trainer: {devices: {a: 1}}\n") ==
-        "q.yaml:1:20: trainer.devices: expected a device count or a list of device ids, got a "
-        "map");
+        "q.yaml:1:20: trainer.devices: expected an integer or a list of device ids, got a map");
   CHECK(error_of("model: [mlp]\n") == "q.yaml:1:8: model: expected a map, got a list");
 
   // Booleans: true/false/yes/no/on/off in any case, nothing else.
@@ -353,7 +362,8 @@ TEST_CASE("config: files") {
   CHECK(cfg.source == good.path().string());
   CHECK(cfg.trainer.seed == 9);
 
-  const TempFile bad("lockstep_test_config_bad.yaml", "trainer:\n  steps: -5\n");
+  const TempFile bad("lockstep_test_config_bad.yaml",
+                     "trainer:\n  steps: -5\ndata: {dataset: synthetic}\n");
   try {
     load_config(bad.path());
     FAIL("no ConfigError");
@@ -519,13 +529,13 @@ TEST_CASE("config: gpt model and token data") {
                  "data: {dataset: text, path: t}\n") ==
         "q.yaml:1:20: model.vocab_size: expected at least 256 for text data (one token per "
         "byte), got 100");
-  CHECK(error_of("model: {type: gpt, vocab_size: 16777217}\n" + std::string(kMinimal)) ==
-        "q.yaml:1:20: model.vocab_size: expected an integer <= 16777216 (token ids reach the "
-        "embedding as floats, exact below 2^24), got 16777217");
+  CHECK(contains(errors_of("model: {type: gpt, vocab_size: 16777217}\n" + std::string(kMinimal)),
+                 "\nq.yaml:1:20: model.vocab_size: expected an integer <= 16777216 (token ids "
+                 "reach the embedding as floats, exact below 2^24), got 16777217"));
   CHECK(error_of("model: {type: gpt, d_model: 100, n_head: 3}\ntrainer: {steps: 5}\n"
                  "data: {dataset: text, path: t}\n") ==
         "q.yaml:1:34: model.n_head: must divide model.d_model (100, set at q.yaml:1:20), got 3");
-  CHECK(contains(error_of("model: {type: gpt, context: 0}\n"),
+  CHECK(contains(errors_of("model: {type: gpt, context: 0}\n"),
                  "q.yaml:1:29: model.context: expected an integer >= 1, got '0'"));
   // The model and the data must fit together.
   CHECK(error_of("trainer: {steps: 5}\ndata:\n  dataset: text\n  path: t\n") ==
@@ -620,4 +630,139 @@ TEST_CASE("config: trainer.grad_reduce_dtype reads fp32 and bf16, not bf16 with 
         "is not implemented yet; use fp32 with ZeRO-1");
   CHECK(error_of("trainer: {steps: 10, grad_reduce_dtype: fp16}\n") ==
         "q.yaml:1:41: trainer.grad_reduce_dtype: expected one of fp32, bf16, got 'fp16'");
+}
+
+TEST_CASE("config: every problem at once, in the file's order, then the overrides'") {
+  // A misspelt trainer.steps adds no "set trainer.steps or trainer.epochs": the rule is not
+  // checked when the key it needs is unknown.
+  CHECK(errors_of("model:\n  hiden: [32]\n"
+                  "optimizer:\n  learning_rate: 0.1\n  momentum: 2\n"
+                  "trainer:\n  stpes: 100\n  devices: two\n"
+                  "data: {dataset: synthetic, batch_size: 0}\n",
+                  {"model.hidden=128,64", "optimizer.lr 0.1"}) ==
+        "q.yaml:2:3: model.hiden: unknown key; did you mean 'model.hidden'?\n"
+        "q.yaml:4:3: optimizer.learning_rate: unknown key; valid keys: type, lr, momentum, "
+        "nesterov, weight_decay, decay_all, beta1, beta2, betas, eps, clip_grad_norm\n"
+        "q.yaml:5:13: optimizer.momentum: expected a number in [0, 1), got '2'\n"
+        "q.yaml:7:3: trainer.stpes: unknown key; did you mean 'trainer.steps'?\n"
+        "q.yaml:8:12: trainer.devices: expected an integer or a list of device ids, got 'two'\n"
+        "q.yaml:9:40: data.batch_size: expected an integer >= 1, got '0'\n"
+        "--set model.hidden=128,64: model.hidden: expected a list of integers, got '128,64'; a "
+        "list is written [128,64]\n"
+        "--set optimizer.lr 0.1: expected KEY=VALUE");
+  // The rules whose keys read well are still checked beside the bad values.
+  CHECK(errors_of("data: {dataset: synthetic, classes: 1}\n"
+                  "trainer: {steps: 5, epochs: 2}\n") ==
+        "q.yaml:1:37: data.classes: expected an integer >= 2, got '1'\n"
+        "q.yaml:2:11: trainer.steps: conflicts with trainer.epochs (2, set at q.yaml:2:21); set "
+        "only one (null unsets a key)");
+  // One rule's problem does not hide another's; a missing key has no line, and comes last.
+  CHECK(errors_of("data: {dataset: synthetic}\ntrainer: {zero: 1, grad_reduce_dtype: bf16}\n") ==
+        "q.yaml:2:20: trainer.grad_reduce_dtype: bf16 with trainer.zero (1, set at q.yaml:2:11) is "
+        "not implemented yet; use fp32 with ZeRO-1\n"
+        "q.yaml: trainer: set trainer.steps or trainer.epochs");
+}
+
+TEST_CASE("config: hints for lists and device counts written another way") {
+  CHECK(error_of(kMinimal, {"trainer.devices=0,1"}) ==
+        "--set trainer.devices=0,1: trainer.devices: expected an integer or a list of device ids, "
+        "got '0,1'; a list is written [0,1]");
+  CHECK(error_of(kMinimal, {"trainer.devices=0"}) ==
+        "--set trainer.devices=0: trainer.devices: expected an integer >= 1 or a list of device "
+        "ids, got '0'");
+  CHECK(error_of(kMinimal, {"optimizer.betas=0.9,0.95"}) ==
+        "--set optimizer.betas=0.9,0.95: optimizer.betas: expected a list [beta1, beta2], got "
+        "'0.9,0.95'; a list is written [0.9,0.95]");
+}
+
+TEST_CASE("config: a nested section's keys are named by their leaves") {
+  CHECK(error_of("trainer: {steps: 1, checkpoint_dir: runs}\n") ==
+        "q.yaml:1:21: trainer.checkpoint_dir: unknown key; did you mean 'trainer.checkpoint.dir'?");
+  CHECK(contains(error_of("trainer: {steps: 1, ckpt: runs}\n"),
+                 "valid keys: backend, devices, steps, epochs, seed, log_every, eval_every, "
+                 "check_replicas_every, threads_per_device, comm, precision, bucket_cap_mb, "
+                 "overlap, grad_reduce_dtype, accumulate_steps, zero, trace, report, metrics, "
+                 "on_nonfinite, max_nonfinite_skips, step_timeout_s, stop_grace_s, checkpoint.dir, "
+                 "checkpoint.every_steps, checkpoint.keep_last"));
+  CHECK(error_of(kMinimal, {"trainer.checkpoint=runs/x"}) ==
+        "--set trainer.checkpoint=runs/x: trainer.checkpoint: expected a map of "
+        "trainer.checkpoint.dir, trainer.checkpoint.every_steps, trainer.checkpoint.keep_last, "
+        "got 'runs/x'");
+}
+
+TEST_CASE("config: a missing data file names its key and how its path was resolved") {
+  const fs::path dir =
+      fs::temp_directory_path() / ("lockstep_test_missing_" + std::to_string(::getpid()));
+  fs::create_directories(dir / "configs");
+  const fs::path file = dir / "configs" / "c.yaml";
+  std::ofstream(file) << "trainer: {steps: 1}\ndata:\n  dataset: csv\n  path: ../data/x.csv\n";
+  try {
+    load_config(file);
+    FAIL("no ConfigError");
+  } catch (const ConfigError& e) {
+    CHECK(std::string(e.what()) == file.string() + ":4:3: data.path: no such file: " +
+                                       (dir / "data" / "x.csv").string() +
+                                       " (the config says '../data/x.csv': relative to the "
+                                       "config's directory, " + (dir / "configs").string() + ")");
+  }
+  try {
+    load_config(file, std::vector<std::string>{"data.path=absent.csv"});
+    FAIL("no ConfigError");
+  } catch (const ConfigError& e) {
+    CHECK(std::string(e.what()) == "--set data.path=absent.csv: data.path: no such file: " +
+                                       (fs::current_path() / "absent.csv").string() +
+                                       " (given with --set: relative to the working directory, " +
+                                       fs::current_path().string() + ")");
+  }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("config: to_yaml reads back to the same config, from any directory") {
+  const fs::path dir =
+      fs::temp_directory_path() / ("lockstep_test_to_yaml_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const fs::path source = fs::path(LOCKSTEP_SOURCE_DIR) / "configs";
+  for (const char* name : {"quickstart.yaml", "gpt_tiny.yaml"}) {
+    CAPTURE(name);
+    // Every kind of value away from its default: a list, an enum, a path, a null, a nested key.
+    const std::vector<std::string> set = {"model.hidden=[7, 5]", "trainer.precision=bf16",
+                                          "trainer.trace=t.json", "trainer.epochs=null",
+                                          "trainer.steps=9", "trainer.checkpoint.keep_last=4",
+                                          "optimizer.eps=1.5e-7",
+                                          "trainer.seed=18446744073709551615"};
+    const Config original = load_config(source / name, set);
+    const fs::path printed = dir / name;
+    std::ofstream(printed) << to_yaml(original);
+    const Config back = load_config(printed);
+    CHECK(config_values(back) == config_values(original));
+    CHECK(config_hash(back) == config_hash(original));
+    CHECK(back.trainer.trace == fs::absolute("t.json").string());
+    CHECK(back.trainer.seed == 18446744073709551615ull);
+    CHECK(back.optimizer.eps == 1.5e-7);
+    CHECK(to_yaml(back) == to_yaml(original));
+  }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("config: the help lists every key of the schema with its type and default") {
+  const std::vector<ConfigKeyHelp> help = config_key_help();
+  // Every key but optimizer.betas (another spelling) has a value; data.tokenizer only when set
+  // (unset, it is left out of the recorded keys: checkpoints from before it resume).
+  Config with_tokenizer;
+  with_tokenizer.data.tokenizer = "gpt2";
+  const ConfigValues values = config_values(with_tokenizer);
+  REQUIRE(help.size() == values.size() + 1);
+  for (const auto& [key, value] : values) {
+    CAPTURE(key);
+    const auto it = std::find_if(help.begin(), help.end(),
+                                 [&](const ConfigKeyHelp& h) { return h.key == key; });
+    REQUIRE(it != help.end());
+    CHECK(!it->type.empty());
+    CHECK(!it->description.empty());
+  }
+  const auto lr = std::find_if(help.begin(), help.end(),
+                               [](const ConfigKeyHelp& h) { return h.key == "optimizer.lr"; });
+  REQUIRE(lr != help.end());
+  CHECK(lr->type == "a number > 0");
+  CHECK(lr->default_value == "0.01");
 }

@@ -69,7 +69,9 @@ write('config', {
  # The "#set" lines are overrides to tests/fuzz/config.cc, comments to everything else.
  'valid/overrides.yaml': '#set trainer.steps=abc\n#set model.hidden=[4, 4]\n#set trainer.epochs=2\n'
                          'data:\n  dataset: synthetic\n  samples: 64\ntrainer:\n  steps: 5\n  devices: 2\n',
- 'valid/quickstart.yaml': open(os.path.join(ROOT, '..', '..', 'configs', 'quickstart.yaml')).read(),
+ # Its data path made relative to tests/corpus/config/valid/, where load_config() looks for it.
+ 'valid/quickstart.yaml': open(os.path.join(ROOT, '..', '..', 'configs', 'quickstart.yaml')).read()
+                          .replace('../third_party/', '../../../../third_party/'),
 })
 
 # ---- csv ----

@@ -20,6 +20,7 @@
 #include "../data/temp_files.hpp"
 #include "../skip.hpp"
 #include "../text/vocab_files.hpp"
+#include "python_env.hpp"
 #include "lockstep/lockstep.hpp"
 #include "lockstep/tokenizer.hpp"
 
@@ -45,19 +46,6 @@ double number_after(const std::string& text, const std::string& key) {
   const std::size_t at = text.find(key);
   REQUIRE_MESSAGE(at != std::string::npos, key << " not in: " << text);
   return std::stod(text.substr(at + key.size()));
-}
-
-// The transformers environment, made on first use; empty (and the case skipped) without one.
-std::string hf_python() {
-  const auto r = run_command("bash \"" + kSource + "/tests/interop/hf_venv.sh\" \"" LOCKSTEP_BINARY_DIR "\"");
-  if (r.code != 0) {
-    lockstep::test::skip(lockstep::test::Skip::missing,
-                         "cannot make the transformers==4.40.2 environment (PyPI, python3-venv): " +
-                         r.output);
-    return {};
-  }
-  return r.output.substr(r.output.rfind('\n', r.output.size() - 2) + 1,
-                         r.output.size() - 1 - (r.output.rfind('\n', r.output.size() - 2) + 1));
 }
 
 }  // namespace
@@ -91,9 +79,7 @@ TEST_CASE("interop: an MLP export in torch.nn.Sequential predicts what lockstep 
 }
 
 TEST_CASE("interop: an export --dtype bf16 loads in safetensors+torch as torch's bf16 rounding") {
-  // Debian's Python when it has safetensors, else the transformers environment (which has it).
-  std::string python = "/usr/bin/python3";
-  if (run_command(python + " -c 'import torch, safetensors.torch'").code != 0) python = hf_python();
+  const std::string python = lockstep::test::safetensors_python();
   if (python.empty()) return;
   const lockstep::test::TempDir dir;
   const std::string ckpt = (dir.path() / "ckpt").string();
@@ -107,7 +93,7 @@ TEST_CASE("interop: an export --dtype bf16 loads in safetensors+torch as torch's
 }
 
 TEST_CASE("interop: export --format hf loads in transformers with lockstep's logits") {
-  const std::string python = hf_python();
+  const std::string python = lockstep::test::hf_python();
   if (python.empty()) return;
   const lockstep::test::TempDir dir;
   const std::string ckpt = (dir.path() / "ckpt").string(), hf = (dir.path() / "hf").string();
@@ -164,7 +150,7 @@ TEST_CASE("interop: export --format hf loads in transformers with lockstep's log
 }
 
 TEST_CASE("interop: --init-from a transformers GPT-2 starts at transformers' loss") {
-  const std::string python = hf_python();
+  const std::string python = lockstep::test::hf_python();
   if (python.empty()) return;
   const lockstep::test::TempDir dir;
   // 8 windows of 16 bytes: one global batch (1 worker x 8), the same windows transformers sees.
@@ -198,7 +184,7 @@ TEST_CASE("interop: --init-from a transformers GPT-2 starts at transformers' los
 }
 
 TEST_CASE("interop: export --format hf writes the run's tokenizer, and AutoTokenizer gives lockstep's ids") {
-  const std::string python = hf_python();
+  const std::string python = lockstep::test::hf_python();
   if (python.empty()) return;
   const lockstep::test::TempDir dir;
   const fs::path ranks = dir.write("small.tiktoken",
