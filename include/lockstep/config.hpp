@@ -122,6 +122,9 @@ struct LOCKSTEP_API TrainerConfig {
   int max_nonfinite_skips = 5;    // skip: stop after this many skipped steps in a row
   double step_timeout_s = 0.0;    // stop the run when a worker makes no progress this long; 0 = off
   double stop_grace_s = 30.0;     // wait this long for workers to stop, then report and leave them
+  // A lost device: stop, or go on with the survivors while at least min_workers remain.
+  WorkerFailurePolicy on_worker_failure = WorkerFailurePolicy::stop;
+  int min_workers = 1;
   CheckpointConfig checkpoint;
 };
 

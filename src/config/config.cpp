@@ -67,6 +67,9 @@ constexpr Spelling<CommKind> kCommKinds[] = {
 constexpr Spelling<NonfinitePolicy> kNonfinitePolicies[] = {
     {NonfinitePolicy::stop, "stop"}, {NonfinitePolicy::skip, "skip"}};
 
+constexpr Spelling<WorkerFailurePolicy> kWorkerFailurePolicies[] = {
+    {WorkerFailurePolicy::stop, "stop"}, {WorkerFailurePolicy::shrink, "shrink"}};
+
 constexpr Spelling<Precision> kPrecisions[] = {
     {Precision::fp32, "fp32"}, {Precision::tf32, "tf32"}, {Precision::bf16, "bf16"}};
 
@@ -227,6 +230,8 @@ void visit_schema(Visitor& v, C& c) {
   v.integer("max_nonfinite_skips", c.trainer.max_nonfinite_skips, IntRule{.min = 1});
   v.number("step_timeout_s", c.trainer.step_timeout_s, kNonNegative);
   v.number("stop_grace_s", c.trainer.stop_grace_s, kPositive);
+  v.enumeration("on_worker_failure", c.trainer.on_worker_failure, kWorkerFailurePolicies);
+  v.integer("min_workers", c.trainer.min_workers, IntRule{.min = 1});
   v.nested("checkpoint");
 
   v.section("trainer.checkpoint");
@@ -1062,6 +1067,7 @@ std::string_view to_string(ScheduleKind v) { return spelling(kScheduleKinds, v);
 std::string_view to_string(BackendKind v) { return spelling(kBackendKinds, v); }
 std::string_view to_string(CommKind v) { return spelling(kCommKinds, v); }
 std::string_view to_string(NonfinitePolicy v) { return spelling(kNonfinitePolicies, v); }
+std::string_view to_string(WorkerFailurePolicy v) { return spelling(kWorkerFailurePolicies, v); }
 std::string_view to_string(Precision v) { return spelling(kPrecisions, v); }
 std::string_view to_string(ReduceDtype v) { return spelling(kReduceDtypes, v); }
 std::string_view to_string(AttentionKind v) { return spelling(kAttentionKinds, v); }

@@ -119,6 +119,10 @@ struct Trainer::Impl {
   void work(RunResources& r, int rank);
   std::vector<int> supervise(RunResources& r);
   void record(RunResources& r, int rank, std::exception_ptr error) const;
+  void make_context(RunResources& r, const Checkpoint* from, double start_s);
+  void note_survivor(RunResources& r, int rank, detail::WorkerLoop& loop) const;
+  std::optional<Checkpoint> recovery_point(RunResources& r) const;
+  void shrink(RunResources& r, Checkpoint from);
   WorkerError left_behind(const RunResources& r, const std::vector<int>& ranks) const;
   void check_processes_agree() const;
 
@@ -431,6 +435,7 @@ struct Trainer::Impl::RunResources {
   };
 
   detail::Fault fault;
+  double peak_flops = 0.0;
   std::shared_ptr<Backend> backend;
   std::vector<std::unique_ptr<Communicator>> comms;
   std::optional<detail::DirLock> dir_lock;  // Note [One writer per checkpoint directory]
@@ -449,6 +454,14 @@ struct Trainer::Impl::RunResources {
   std::atomic<bool> abandoning{false};            // some worker is being left behind
   std::mutex kept_mutex;
   std::vector<std::unique_ptr<detail::WorkerLoop>> kept_loops;  // of the workers that returned
+  // Note [Shrink]: per local worker, where a survivor stood; the first survivor's state at the
+  // start of the failed step; the state the survivors' run resumed from (null before a shrink);
+  // when the run was aborted; the samples trained before that state.
+  std::vector<std::optional<detail::WorkerLoop::Stopped>> stopped;
+  std::optional<Checkpoint> recovery;
+  std::optional<Checkpoint> recovered_from;
+  std::atomic<double> aborted_s{-1.0};
+  std::int64_t samples_before = 0;
 };
 
 void Trainer::Impl::record(RunResources& r, int rank, std::exception_ptr error) const {
@@ -464,6 +477,8 @@ void Trainer::Impl::work(RunResources& r, int rank) {
     loop->run(*r.backend);
   } catch (...) {
     record(r, rank, std::current_exception());
+    double never = -1.0;  // Note [Shrink]: the recovery's seconds count from the first abort
+    r.aborted_s.compare_exchange_strong(never, steady_now_s());
     comm.abort();
   }
   // See Note [Failure]: nothing of ours may be freed while a peer can still touch it.
@@ -473,8 +488,160 @@ void Trainer::Impl::work(RunResources& r, int rank) {
   if (r.abandoning.load()) {  // Note [Bounded stop]: kept, and reachable, for those left behind
     std::lock_guard lock(r.kept_mutex);
     r.kept_loops.push_back(std::move(loop));
+  } else {
+    note_survivor(r, rank, *loop);
   }
   r.stage[rank].store(RunResources::returned);
+}
+
+// Note [Shrink]
+//   trainer.on_worker_failure: shrink keeps a run going when a worker's device is lost: every
+//   survivor holds a whole replica, and without ZeRO-1 the whole optimiser state, in this very
+//   process. Only a device-class failure (DeviceLost: a device that is gone or poisoned, the
+//   injected `lost` fault) is survived. The rest stay fatal: an input error would fail again on
+//   the survivors; a non-finite loss or gradient is the same on every replica (the gradient is
+//   averaged), so the survivors would meet it too; replicas that diverged leave no state known
+//   to be right; a watchdog stall names a worker that may still run and touch the group.
+//   The survivors' run is, by construction, a resume from a checkpoint in memory:
+//   1. The group is aborted as for any failure (Note [Failure]); run_workers waits for every
+//      worker within trainer.stop_grace_s (Note [Bounded stop]); one left behind stops the run.
+//   2. After the teardown meeting each survivor notes where it stood (WorkerLoop::stopped); the
+//      first also takes the state at the start of the step it had not finished
+//      (state_at_step_start). A survivor may still be in the previous step's end (its barrier,
+//      eval, replica check) when a peer that went ahead fails: it holds that same state. The
+//      state is valid when no survivor had begun the failed step's optimiser update: the lost
+//      worker's contribution is missing from the step's all-reduce, so no survivor's all-reduce
+//      of the last bucket finishes, and without updating per bucket none starts updating (with
+//      per-bucket updates, a bucket the lost worker had handed over may land and be applied).
+//      Every survivor's step and parameter hash must then agree, as the replica check demands.
+//   3. Otherwise the run stops, and says why: a survivor had begun its update (the lost device
+//      died after its gradient was in, or while per-bucket updates ran: in-memory snapshots,
+//      trainer.snapshot_every, are not there yet), ZeRO-1 (the lost worker held its shard of
+//      the optimiser state), fewer than trainer.min_workers survivors, or several processes
+//      (their communicators span the job and cannot be rebuilt from one process).
+//   4. The communicators are made anew over the survivors' devices (Backend::
+//      rebuilds_communicators; a backend that cannot is refused before step 1), and the
+//      survivors' workers start from that state with N - 1 ranks: the data is re-sharded from
+//      its sample position by the rule any resume with another device count follows
+//      (WorkerLoop::set_up_data), each worker keeps its batch (so the global batch shrinks),
+//      and trainer.steps stays; with trainer.epochs the step count is that of N - 1 workers.
+//   So the run ends bit-identical to one that --resumes from a checkpoint written at the end
+//   of the step before the failed one, on the survivors' devices: tests/train/test_shrink.cpp.
+//   The failed step had not completed, so no step is redone. One line on stderr says which
+//   worker and device, the error, the state, the steps redone and the seconds (the abort to
+//   the survivors' start); the Summary counts them (workers_lost, recoveries, steps_redone,
+//   recovery_s), and devices and the time accounting are then the survivors'.
+
+// Note [Shrink], step 2: on the worker's thread, after the teardown meeting (every failure is
+// recorded, every peer drained). Nothing a failure here would change: the slot stays empty, and
+// the shrink is refused.
+void Trainer::Impl::note_survivor(RunResources& r, int rank, detail::WorkerLoop& loop) const {
+  if (cfg.trainer.on_worker_failure != WorkerFailurePolicy::shrink) return;
+  const std::vector<int> lost = r.failures.lost_ranks();
+  if (lost.empty() || std::find(lost.begin(), lost.end(), global_rank(rank)) != lost.end()) return;
+  int first = 0;
+  while (std::find(lost.begin(), lost.end(), global_rank(first)) != lost.end()) ++first;
+  try {
+    const detail::WorkerLoop::Stopped at = loop.stopped();
+    if (rank == first && at.step > 0 && !at.updating && cfg.trainer.zero == 0)
+      r.recovery = loop.state_at_step_start();
+    r.stopped[rank] = at;
+  } catch (const std::exception&) {
+  }
+}
+
+// Note [Shrink], steps 2 and 3: the state the survivors go on from; nullopt when no worker was
+// lost (or trainer.on_worker_failure is stop, or another failure is fatal), so that the run's
+// failure is reported as always. Rethrows the loss, with why, when the run cannot go on.
+std::optional<Checkpoint> Trainer::Impl::recovery_point(RunResources& r) const {
+  const TrainerConfig& tc = cfg.trainer;
+  if (tc.on_worker_failure != WorkerFailurePolicy::shrink) return std::nullopt;
+  const std::vector<int> lost = r.failures.lost_ranks();
+  if (lost.empty() || !r.failures.only_losses()) return std::nullopt;
+  const int n = static_cast<int>(r.comms.size()), left = n - static_cast<int>(lost.size());
+  std::string why;
+  if (processes)
+    why = fmt::format("the run spans {} processes, whose communicators cannot be rebuilt from "
+                      "one of them",
+                      processes->size());
+  else if (left < tc.min_workers)
+    why = fmt::format("{} of {} workers are left, fewer than trainer.min_workers = {}", left, n,
+                      tc.min_workers);
+  else if (tc.zero == 1)
+    why = "with trainer.zero: 1 the lost worker held its shard of the optimizer state, and there "
+          "is no in-memory snapshot to recover it from";
+  for (int rank = 0; rank < n && why.empty(); ++rank) {
+    if (std::find(lost.begin(), lost.end(), global_rank(rank)) != lost.end()) continue;
+    const auto& at = r.stopped[rank];
+    if (!at)
+      why = fmt::format("worker {} could not report its state", rank);
+    else if (at->step == 0)
+      why = "the failure came before the first step";
+    else if (at->updating)
+      why = fmt::format("worker {} had begun the update of step {}, so the state at the step's "
+                        "start is gone, and there is no in-memory snapshot to recover from",
+                        rank, at->step);
+  }
+  if (why.empty()) {
+    std::optional<detail::WorkerLoop::Stopped> reference;
+    for (const auto& at : r.stopped) {
+      if (!at) continue;
+      if (!reference) reference = at;
+      else if (at->step != reference->step || at->param_hash != reference->param_hash)
+        why = fmt::format("the survivors differ: step {} and parameter hash {:016x}, and step {} "
+                          "and {:016x}",
+                          reference->step, reference->param_hash, at->step, at->param_hash);
+    }
+  }
+  if (why.empty() && !r.recovery) why = "the first survivor could not copy its state";
+  if (!why.empty())
+    r.failures.rethrow_first(fmt::format("; trainer.on_worker_failure: shrink cannot go on: {}", why));
+  return std::move(r.recovery);
+}
+
+// Note [Shrink], step 4: the survivors' group, on their devices, from `from`. Between groups,
+// when no worker thread runs; cfg.trainer.devices and total_steps become the survivors' (run()
+// puts them back).
+void Trainer::Impl::shrink(RunResources& r, Checkpoint from) {
+  const std::vector<int> lost = r.failures.lost_ranks();
+  std::vector<int> survivors;
+  for (int rank = 0; rank < static_cast<int>(r.comms.size()); ++rank)
+    if (std::find(lost.begin(), lost.end(), global_rank(rank)) == lost.end())
+      survivors.push_back(cfg.trainer.devices[rank]);
+  std::string error;
+  try {
+    r.failures.rethrow_first();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  const std::int64_t failed_step = from.state.step + 1;
+  std::uint64_t hash = 0;
+  for (const auto& at : r.stopped)
+    if (at) hash = at->param_hash;
+  // Faults at or before the failed step have struck, or will never strike now.
+  if (r.fault.step <= failed_step) r.fault = {};
+  cfg.trainer.devices = survivors;
+  total_steps = compute_total_steps();
+  r.samples_before += from.state.samples - (r.recovered_from ? r.recovered_from->state.samples
+                                            : resume                ? resume->state.samples
+                                                                    : 0);
+  r.comms.clear();
+  r.comms = r.backend->create_communicators(cfg.trainer.devices, processes);
+  r.failures.clear();
+  r.recovered_from = std::move(from);
+  const double seconds = steady_now_s() - r.aborted_s.load();
+  r.aborted_s.store(-1.0);
+  make_context(r, &*r.recovered_from, r.context->start_s);
+  summary.devices = cfg.trainer.devices;
+  summary.workers_lost += static_cast<int>(lost.size());
+  summary.recoveries += 1;
+  summary.recovery_s += seconds;
+  fmt::print(stderr,
+             "note: {}; going on with {} worker{} ({}:{}) from the start of step {} (parameter "
+             "hash {:016x}), 0 steps redone, {:.2f} s after the abort "
+             "(trainer.on_worker_failure: shrink)\n",
+             error, survivors.size(), survivors.size() == 1 ? "" : "s", r.backend->name(),
+             fmt::join(survivors, ","), failed_step, hash, seconds);
 }
 
 // Waits for the workers as Note [Bounded stop] says. Returns the local ranks left behind.
@@ -595,6 +762,11 @@ std::unique_ptr<Trainer::Impl::RunResources> Trainer::Impl::prepare_run() {
   r->backend = backend ? backend
                        : make_backend(tc.backend, tc.devices, {.comm = tc.comm, .precision = tc.precision});
   const detail::MemoryPlan memory_plan = check_memory(*r->backend);
+  if (tc.on_worker_failure == WorkerFailurePolicy::shrink && !r->backend->rebuilds_communicators())
+    throw InputError(fmt::format(
+        "{}: trainer.on_worker_failure: shrink needs communicators that can be rebuilt over the "
+        "surviving devices, which the {} backend cannot do yet; use stop",
+        cfg.source, r->backend->name()));
   r->comms = r->backend->create_communicators(tc.devices, processes);
   const int n = static_cast<int>(r->comms.size());
   const bool writer = process_rank() == 0;  // Note [Processes]
@@ -626,42 +798,66 @@ std::unique_ptr<Trainer::Impl::RunResources> Trainer::Impl::prepare_run() {
   }
   if (!tc.report.empty() && writer) r->report = std::make_unique<detail::RunReport>(tc.report);
   if (!resume) r->initial = !init.empty() ? init : model.initial_parameters(tc.seed);
-  const double start_s = steady_now_s();
-  r->heartbeats.emplace(n, start_s);
-  r->context.emplace(detail::RunContext{.cfg = cfg,
-                                        .model = model,
-                                        .train = train,
-                                        .eval = eval,
-                                        .callbacks = callbacks,
-                                        .resume = resume ? &*resume : nullptr,
-                                        .initial = r->initial,
-                                        .total_steps = total_steps,
-                                        .start_s = start_s,
-                                        .peak_flops = peak,
-                                        .fault = r->fault,
-                                        .stop_requested = stop_requested,
-                                        .saving_step = saving_step,
-                                        .trace = *r->trace,
-                                        .heartbeats = *r->heartbeats,
-                                        .checkpoints = r->checkpoints.get(),
-                                        .metrics = r->metrics.get(),
-                                        .report = r->report.get(),
-                                        .summary = summary,
-                                        .final_params = final_params});
+  r->peak_flops = peak;
+  make_context(*r, resume ? &*resume : nullptr, steady_now_s());
   return r;
+}
+
+// What the workers of one group see: the run's context from `from` (null: a fresh run), with
+// fresh heartbeats. Again for the survivors after a shrink, with the run's first start_s.
+void Trainer::Impl::make_context(RunResources& r, const Checkpoint* from, double start_s) {
+  r.heartbeats.emplace(static_cast<int>(r.comms.size()), steady_now_s());
+  r.stopped.assign(r.comms.size(), std::nullopt);
+  r.context.emplace(detail::RunContext{.cfg = cfg,
+                                       .model = model,
+                                       .train = train,
+                                       .eval = eval,
+                                       .callbacks = callbacks,
+                                       .resume = from,
+                                       .initial = r.initial,
+                                       .total_steps = total_steps,
+                                       .start_s = start_s,
+                                       .peak_flops = r.peak_flops,
+                                       .fault = r.fault,
+                                       .stop_requested = stop_requested,
+                                       .saving_step = saving_step,
+                                       .trace = *r.trace,
+                                       .heartbeats = *r.heartbeats,
+                                       .checkpoints = r.checkpoints.get(),
+                                       .metrics = r.metrics.get(),
+                                       .report = r.report.get(),
+                                       .summary = summary,
+                                       .final_params = final_params});
 }
 
 Summary Trainer::run() {
   Impl& im = *impl_;
   const TrainerConfig& tc = im.cfg.trainer;
   std::unique_ptr<Impl::RunResources> r = im.prepare_run();
-  const std::vector<int> behind = im.run_workers(*r);
-  if (!behind.empty()) {
-    const WorkerError error = im.left_behind(*r, behind);
-    (void)r.release();  // Note [Bounded stop]: a worker left behind may still use it
-    im.abandoned = true;
-    throw error;
+  // Note [Shrink]: the survivors' devices and step count hold for this run only.
+  struct Restore {
+    Impl& im;
+    std::vector<int> devices;
+    std::int64_t total_steps;
+    ~Restore() {
+      if (im.abandoned) return;  // Note [Bounded stop]: a worker left behind may read them
+      im.cfg.trainer.devices = std::move(devices);
+      im.total_steps = total_steps;
+    }
+  } restore{im, tc.devices, im.total_steps};
+  while (true) {
+    const std::vector<int> behind = im.run_workers(*r);
+    if (!behind.empty()) {
+      const WorkerError error = im.left_behind(*r, behind);
+      (void)r.release();  // Note [Bounded stop]: a worker left behind may still use it
+      im.abandoned = true;
+      throw error;
+    }
+    std::optional<Checkpoint> from = im.recovery_point(*r);
+    if (!from) break;
+    im.shrink(*r, std::move(*from));
   }
+  im.summary.samples += r->samples_before;
   const double start_s = r->context->start_s;
   im.summary.wall_s = steady_now_s() - start_s;
   if (r->trace->enabled() && im.process_rank() == 0) r->trace->write_json(tc.trace, start_s);

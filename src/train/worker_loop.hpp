@@ -57,6 +57,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -172,6 +173,18 @@ class WorkerLoop {
   // Waits for the all-reduces still in flight, after a failure (Note [Failure]).
   void drain() noexcept;
 
+  // Where this worker stood when its run was aborted: what Note [Shrink] in trainer.cpp needs
+  // to know of a survivor. Called on the worker's thread, after drain() and the teardown meeting.
+  struct Stopped {
+    std::int64_t step = 0;      // the step it had not finished; 0: it had begun none
+    bool updating = false;      // it had begun that step's optimiser update
+    std::uint64_t param_hash = 0;  // of its parameters, as check_replicas() hashes them
+  };
+  Stopped stopped() const;
+  // The state at the start of the step it was in, as a checkpoint written at the end of the step
+  // before holds it (save_checkpoint). Without ZeRO-1, and only while !stopped().updating.
+  Checkpoint state_at_step_start() const;
+
  private:
   // Everything this worker owns, in dependency order: later members use earlier ones.
   struct Resources {
@@ -233,6 +246,7 @@ class WorkerLoop {
   void set_up_data(bool cores_scarce);
   void warm_up();
   void begin_step();
+  void mark_step_start();
   void count_host_syncs();
   void run_micro_batch(int micro, StepTotals& mine);
   StepTotals agree_totals(StepTotals mine);
@@ -255,6 +269,8 @@ class WorkerLoop {
   void check_replicas();
   void checkpoint_if_due(bool stop_now);
   std::vector<StateVector> gather_optimizer_state();
+  Checkpoint make_checkpoint(const Position& at, std::int64_t optimizer_steps,
+                             std::vector<StateVector> optimizer_state) const;
   void save_checkpoint(std::vector<StateVector> optimizer_state);
   [[noreturn]] void report_nonfinite(double loss, double grad_norm);
   void beat();
@@ -268,6 +284,15 @@ class WorkerLoop {
   std::vector<TraceEvent>* track_;
   Resources res_;
   Position pos_;
+  // The position and the optimiser's step count the next step starts from (the last step's
+  // end, until that next step's update begins), and whether it has: a recovery's state (Note
+  // [Shrink] in trainer.cpp). Set as a step begins and once it is done.
+  struct StepStart {
+    Position pos;
+    std::int64_t optimizer_steps = 0;
+    bool updating = false;
+  };
+  std::optional<StepStart> step_start_;  // nullopt before the first step
   Window window_;
   Times times_;
   BackwardProbe backward_;
