@@ -158,6 +158,8 @@ LOCKSTEP_API std::string describe_optimizer_state(const Summary& s);
 // "parameters 19240 B, gradients 19240 B, optimizer state 19240 B, activations 34048 B": one
 // worker's memory by part, for the summary.
 LOCKSTEP_API std::string describe_worker_memory(const Summary& s);
+// "1 (1 recovery, 0 steps redone, 0.02 s; ...)": the workers lost and what it took to go on.
+LOCKSTEP_API std::string describe_recoveries(const Summary& s);
 
 // Test hooks: called on each worker's thread with its global rank. A throw here behaves like a
 // failure in that worker (fault injection). The environment variable LOCKSTEP_FAULT=RANK:STEP:KIND

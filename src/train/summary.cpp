@@ -50,6 +50,13 @@ std::string describe_worker_memory(const Summary& s) {
                      size(s.activation_bytes));
 }
 
+std::string describe_recoveries(const Summary& s) {
+  return fmt::format("{} ({} recover{}, {} steps redone, {:.2f} s; trainer.on_worker_failure: "
+                     "shrink)",
+                     s.workers_lost, s.recoveries, s.recoveries == 1 ? "y" : "ies", s.steps_redone,
+                     s.recovery_s);
+}
+
 std::string Summary::to_json() const {
   return fmt::format(
       "{{\n"

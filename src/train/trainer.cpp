@@ -605,9 +605,12 @@ std::optional<Checkpoint> Trainer::Impl::recovery_point(RunResources& r) const {
 void Trainer::Impl::shrink(RunResources& r, Checkpoint from) {
   const std::vector<int> lost = r.failures.lost_ranks();
   std::vector<int> survivors;
+  std::vector<std::string> lost_devices;
   for (int rank = 0; rank < static_cast<int>(r.comms.size()); ++rank)
     if (std::find(lost.begin(), lost.end(), global_rank(rank)) == lost.end())
       survivors.push_back(cfg.trainer.devices[rank]);
+    else
+      lost_devices.push_back(fmt::format("{}:{}", r.backend->name(), cfg.trainer.devices[rank]));
   std::string error;
   try {
     r.failures.rethrow_first();
@@ -636,6 +639,12 @@ void Trainer::Impl::shrink(RunResources& r, Checkpoint from) {
   summary.workers_lost += static_cast<int>(lost.size());
   summary.recoveries += 1;
   summary.recovery_s += seconds;
+  if (r.metrics)
+    r.metrics->write(detail::Recovery{.step = failed_step,
+                                      .lost = fmt::format("{}", fmt::join(lost_devices, ",")),
+                                      .workers = static_cast<int>(survivors.size()),
+                                      .steps_redone = 0,
+                                      .recovery_s = seconds});
   fmt::print(stderr,
              "note: {}; going on with {} worker{} ({}:{}) from the start of step {} (parameter "
              "hash {:016x}), 0 steps redone, {:.2f} s after the abort "

@@ -7,6 +7,8 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -124,7 +126,10 @@ TEST_CASE("shrink: a worker lost before the update, the survivors end as a resum
 TEST_CASE("shrink: two losses in one run chain two recoveries") {
   const std::vector<float> want = expected({0, 1, 2}, {{3, {0, 2}}, {7, {0}}});
   ScopedEnv fault("LOCKSTEP_FAULT", "1:3:lost");
-  Trainer trainer(shrink_config({0, 1, 2}), train_split(), eval_split());
+  Config cfg = shrink_config({0, 1, 2});
+  const fs::path metrics = fresh_dir("metrics") / "metrics.jsonl";
+  cfg.trainer.metrics = metrics.string();
+  Trainer trainer(cfg, train_split(), eval_split());
   TrainerHooks hooks;
   // The second loss: rank 1 of the survivors (device 2), as its step 7 begins.
   hooks.before_forward = [](int rank, std::int64_t step) {
@@ -138,6 +143,16 @@ TEST_CASE("shrink: two losses in one run chain two recoveries") {
   CHECK(s.recoveries == 2);
   CHECK(s.steps_redone == 0);
   CHECK(s.steps == 12);
+  // The metrics stream has a line for each.
+  std::ifstream in(metrics);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK_MESSAGE(text.find("{\"kind\": \"recovery\", \"step\": 3, \"lost\": \"cpu:1\", "
+                          "\"workers\": 2, \"steps_redone\": 0, \"recovery_s\": ") !=
+                    std::string::npos,
+                text);
+  CHECK_MESSAGE(text.find("{\"kind\": \"recovery\", \"step\": 7, \"lost\": \"cpu:2\", "
+                          "\"workers\": 1, ") != std::string::npos,
+                text);
 }
 
 TEST_CASE("shrink: where the state at the step's start is gone, the run stops and says why") {
