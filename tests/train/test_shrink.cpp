@@ -1,7 +1,8 @@
 // trainer.on_worker_failure: shrink (Note [Shrink] in src/train/trainer.cpp): a run that loses
 // a worker's device at step s goes on with the survivors from the start of step s, and ends
 // bit-identical to a run that --resumes from a checkpoint of step s - 1 on the survivors'
-// devices. Each case is a 12-step run of the small MLP on the CPU.
+// devices. Each case is a 12-step run of the small MLP on the CPU, over 480 samples: whole
+// batches of 8 on 1 to 4 workers.
 #include <doctest/doctest.h>
 
 #include <chrono>
@@ -23,7 +24,7 @@ namespace fs = std::filesystem;
 namespace {
 
 std::shared_ptr<const Dataset> train_split() {
-  return std::make_shared<InMemoryDataset>(make_synthetic(240, 12, 4, 1));
+  return std::make_shared<InMemoryDataset>(make_synthetic(480, 12, 4, 1));
 }
 std::shared_ptr<const Dataset> eval_split() {
   return std::make_shared<InMemoryDataset>(make_synthetic(30, 12, 4, 2));
@@ -47,9 +48,10 @@ using test::ScopedEnv;
 // One run without faults on `devices`, from `from` (null: from scratch), writing a checkpoint
 // every `every` steps into `dir` when `every` > 0. Returns its final parameters.
 std::vector<float> plain_run(std::vector<int> devices, const Checkpoint* from, const fs::path& dir,
-                             std::int64_t every, double clip) {
+                             std::int64_t every, double clip, int accumulate) {
   Config cfg = shrink_config(std::move(devices));
   cfg.optimizer.clip_grad_norm = clip;
+  cfg.trainer.accumulate_steps = accumulate;
   cfg.trainer.on_worker_failure = WorkerFailurePolicy::stop;
   if (every > 0) {
     cfg.trainer.checkpoint.dir = dir.string();
@@ -68,18 +70,18 @@ Checkpoint checkpoint_at(const fs::path& dir, std::int64_t step) {
 
 // What a run on `devices` that loses its workers as `losses` says ends with: each loss is
 // (the step it happened in, the devices left), the runs chained by --resume from the step
-// before; `clip`: optimizer.clip_grad_norm.
+// before; `clip` and `accumulate`: optimizer.clip_grad_norm and trainer.accumulate_steps.
 std::vector<float> expected(std::vector<int> devices,
                             const std::vector<std::pair<std::int64_t, std::vector<int>>>& losses,
-                            double clip = 5.0) {
+                            double clip = 5.0, int accumulate = 1) {
   std::optional<Checkpoint> from;
   for (const auto& [step, left] : losses) {
     const fs::path dir = fresh_dir(fmt::format("reference_{}", step));
-    plain_run(devices, from ? &*from : nullptr, dir, step - 1, clip);
+    plain_run(devices, from ? &*from : nullptr, dir, step - 1, clip, accumulate);
     from = checkpoint_at(dir, step - 1);
     devices = left;
   }
-  return plain_run(devices, &*from, {}, 0, clip);
+  return plain_run(devices, &*from, {}, 0, clip, accumulate);
 }
 
 }  // namespace
@@ -91,18 +93,22 @@ TEST_CASE("shrink: a worker lost before the update, the survivors end as a resum
     std::int64_t step;
     std::vector<int> left;
     double clip = 5.0;  // 0: each bucket updated as it lands
+    int accumulate = 1;
   };
   const Case cases[] = {{{0, 1}, "1:4:lost", 4, {0}},
                         {{0, 1, 2}, "1:5:lost:forward", 5, {0, 2}, 0.0},
                         {{0, 1}, "0:3:lost:backward", 3, {1}},
                         {{0, 1, 2}, "2:6:lost:backward", 6, {0, 1}, 0.0},
-                        {{0, 1, 2}, "0:4:lost:all-reduce", 4, {1, 2}}};
+                        {{0, 1, 2}, "0:4:lost:all-reduce", 4, {1, 2}},
+                        {{0, 1, 2, 3}, "2:5:lost:backward", 5, {0, 1, 3}, 5.0, 2},
+                        {{0, 1, 2, 3}, "3:7:lost:all-reduce", 7, {0, 1, 2}}};
   for (const Case& c : cases) {
     CAPTURE(c.fault);
-    const std::vector<float> want = expected(c.devices, {{c.step, c.left}}, c.clip);
+    const std::vector<float> want = expected(c.devices, {{c.step, c.left}}, c.clip, c.accumulate);
     ScopedEnv fault("LOCKSTEP_FAULT", c.fault);
     Config cfg = shrink_config(c.devices);
     cfg.optimizer.clip_grad_norm = c.clip;
+    cfg.trainer.accumulate_steps = c.accumulate;
     Trainer trainer(cfg, train_split(), eval_split());
     const Summary s = trainer.run();
     CHECK(trainer.final_parameters() == want);
@@ -115,8 +121,10 @@ TEST_CASE("shrink: a worker lost before the update, the survivors end as a resum
     CHECK(s.recovery_s > 0.0);
     CHECK(s.recovery_s < 5.0);
     // Every sample trained once: before the loss on every worker, after it on the survivors.
-    const std::int64_t before = (c.step - 1) * 8 * static_cast<std::int64_t>(c.devices.size());
-    CHECK(s.samples == before + (12 - c.step + 1) * 8 * static_cast<std::int64_t>(c.left.size()));
+    const std::int64_t batch = 8 * c.accumulate;
+    const std::int64_t before = (c.step - 1) * batch * static_cast<std::int64_t>(c.devices.size());
+    CHECK(s.samples ==
+          before + (12 - c.step + 1) * batch * static_cast<std::int64_t>(c.left.size()));
     const std::string json = s.to_json();
     CHECK(json.find("\"workers_lost\": 1,") != std::string::npos);
     CHECK(json.find("\"recoveries\": 1,") != std::string::npos);
