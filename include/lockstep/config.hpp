@@ -125,6 +125,7 @@ struct LOCKSTEP_API TrainerConfig {
   // A lost device: stop, or go on with the survivors while at least min_workers remain.
   WorkerFailurePolicy on_worker_failure = WorkerFailurePolicy::stop;
   int min_workers = 1;
+  bool keep_global_batch = false;  // shrink: raise accumulate_steps to keep it, where it divides
   CheckpointConfig checkpoint;
 };
 

@@ -232,6 +232,7 @@ void visit_schema(Visitor& v, C& c) {
   v.number("stop_grace_s", c.trainer.stop_grace_s, kPositive);
   v.enumeration("on_worker_failure", c.trainer.on_worker_failure, kWorkerFailurePolicies);
   v.integer("min_workers", c.trainer.min_workers, IntRule{.min = 1});
+  v.flag("keep_global_batch", c.trainer.keep_global_batch);
   v.nested("checkpoint");
 
   v.section("trainer.checkpoint");

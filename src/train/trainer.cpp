@@ -523,8 +523,10 @@ void Trainer::Impl::work(RunResources& r, int rank) {
 //      rebuilds_communicators; a backend that cannot is refused before step 1), and the
 //      survivors' workers start from that state with N - 1 ranks: the data is re-sharded from
 //      its sample position by the rule any resume with another device count follows
-//      (WorkerLoop::set_up_data), each worker keeps its batch (so the global batch shrinks),
-//      and trainer.steps stays; with trainer.epochs the step count is that of N - 1 workers.
+//      (WorkerLoop::set_up_data), each worker keeps its batch (so the global batch shrinks;
+//      with trainer.keep_global_batch, accumulate_steps is raised to N k / (N - 1) where that
+//      is whole, and the global batch stays), and trainer.steps stays; with trainer.epochs the
+//      step count is that of N - 1 workers.
 //   So the run ends bit-identical to one that --resumes from a checkpoint written at the end
 //   of the step before the failed one, on the survivors' devices: tests/train/test_shrink.cpp.
 //   The failed step had not completed, so no step is redone. One line on stderr says which
@@ -623,6 +625,23 @@ void Trainer::Impl::shrink(RunResources& r, Checkpoint from) {
     if (at) hash = at->param_hash;
   // Faults at or before the failed step have struck, or will never strike now.
   if (r.fault.step <= failed_step) r.fault = {};
+  // The global batch: each worker's kept (it shrinks), or with keep_global_batch the
+  // accumulation raised to keep it where the survivors divide it.
+  const int workers_before = static_cast<int>(cfg.trainer.devices.size());
+  const int micro_batches = workers_before * cfg.trainer.accumulate_steps;
+  const int left = static_cast<int>(survivors.size());
+  std::string batch = fmt::format("{} samples per step", left * cfg.trainer.accumulate_steps *
+                                                             cfg.data.batch_size);
+  if (cfg.trainer.keep_global_batch && micro_batches % left == 0) {
+    cfg.trainer.accumulate_steps = micro_batches / left;
+    summary.accumulate_steps = cfg.trainer.accumulate_steps;
+    batch += fmt::format(" (trainer.keep_global_batch: accumulate_steps {})",
+                         cfg.trainer.accumulate_steps);
+  } else if (cfg.trainer.keep_global_batch) {
+    batch += fmt::format(" (trainer.keep_global_batch: {} micro-batches do not divide among {} "
+                         "workers)",
+                         micro_batches, left);
+  }
   cfg.trainer.devices = survivors;
   total_steps = compute_total_steps();
   r.samples_before += from.state.samples - (r.recovered_from ? r.recovered_from->state.samples
@@ -646,11 +665,11 @@ void Trainer::Impl::shrink(RunResources& r, Checkpoint from) {
                                       .steps_redone = 0,
                                       .recovery_s = seconds});
   fmt::print(stderr,
-             "note: {}; going on with {} worker{} ({}:{}) from the start of step {} (parameter "
-             "hash {:016x}), 0 steps redone, {:.2f} s after the abort "
+             "note: {}; going on with {} worker{} ({}:{}, {}) from the start of step {} "
+             "(parameter hash {:016x}), 0 steps redone, {:.2f} s after the abort "
              "(trainer.on_worker_failure: shrink)\n",
              error, survivors.size(), survivors.size() == 1 ? "" : "s", r.backend->name(),
-             fmt::join(survivors, ","), failed_step, hash, seconds);
+             fmt::join(survivors, ","), batch, failed_step, hash, seconds);
 }
 
 // Waits for the workers as Note [Bounded stop] says. Returns the local ranks left behind.
@@ -843,17 +862,17 @@ Summary Trainer::run() {
   Impl& im = *impl_;
   const TrainerConfig& tc = im.cfg.trainer;
   std::unique_ptr<Impl::RunResources> r = im.prepare_run();
-  // Note [Shrink]: the survivors' devices and step count hold for this run only.
+  // Note [Shrink]: the survivors' devices, accumulation and step count hold for this run only.
   struct Restore {
     Impl& im;
-    std::vector<int> devices;
+    TrainerConfig trainer;
     std::int64_t total_steps;
     ~Restore() {
       if (im.abandoned) return;  // Note [Bounded stop]: a worker left behind may read them
-      im.cfg.trainer.devices = std::move(devices);
+      im.cfg.trainer = std::move(trainer);
       im.total_steps = total_steps;
     }
-  } restore{im, tc.devices, im.total_steps};
+  } restore{im, tc, im.total_steps};
   while (true) {
     const std::vector<int> behind = im.run_workers(*r);
     if (!behind.empty()) {

@@ -193,8 +193,8 @@ TEST_CASE("cli: with on_worker_failure shrink a lost device leaves the run going
   const Result r = run_cli(train, "LOCKSTEP_FAULT=2:5:lost:backward");
   CHECK_MESSAGE(r.code == 0, r.output);
   CHECK_MESSAGE(r.output.find("note: worker 2 (cpu:2): injected fault: the device was lost in "
-                              "backward at step 5; going on with 2 workers (cpu:0,1) from the "
-                              "start of step 5") != std::string::npos,
+                              "backward at step 5; going on with 2 workers (cpu:0,1, 64 "
+                              "samples per step) from the start of step 5") != std::string::npos,
                 r.output);
   CHECK_MESSAGE(r.output.find("workers lost        1 (1 recovery, 0 steps redone, ") !=
                     std::string::npos,

@@ -131,6 +131,35 @@ TEST_CASE("shrink: a worker lost before the update, the survivors end as a resum
   }
 }
 
+TEST_CASE("shrink: keep_global_batch raises the accumulation where the survivors divide it") {
+  // 2 workers x 2 micro-batches lose one: 1 x 4, as a resume with accumulate_steps 4 does.
+  const fs::path dir = fresh_dir("global_batch");
+  plain_run({0, 1}, nullptr, dir, 4, 5.0, 2);
+  const Checkpoint at = checkpoint_at(dir, 4);
+  const std::vector<float> want = plain_run({0}, &at, {}, 0, 5.0, 4);
+  // Where the survivors do not divide it, each worker keeps its batch.
+  const std::vector<float> kept = expected({0, 1, 2}, {{5, {0, 1}}});
+  {
+    ScopedEnv fault("LOCKSTEP_FAULT", "1:5:lost:backward");
+    Config cfg = shrink_config({0, 1});
+    cfg.trainer.accumulate_steps = 2;
+    cfg.trainer.keep_global_batch = true;
+    Trainer trainer(cfg, train_split(), eval_split());
+    const Summary s = trainer.run();
+    CHECK(trainer.final_parameters() == want);
+    CHECK(s.accumulate_steps == 4);
+    CHECK(s.samples == 12 * 2 * 2 * 8);  // the global batch kept: 32 samples every step
+    CHECK(s.workers_lost == 1);
+  }
+  ScopedEnv fault("LOCKSTEP_FAULT", "2:5:lost");
+  Config odd = shrink_config({0, 1, 2});
+  odd.trainer.keep_global_batch = true;
+  Trainer again(odd, train_split(), eval_split());
+  const Summary t = again.run();
+  CHECK(again.final_parameters() == kept);
+  CHECK(t.accumulate_steps == 1);
+}
+
 TEST_CASE("shrink: two losses in one run chain two recoveries") {
   const std::vector<float> want = expected({0, 1, 2}, {{3, {0, 2}}, {7, {0}}});
   ScopedEnv fault("LOCKSTEP_FAULT", "1:3:lost");
