@@ -126,6 +126,7 @@ struct LOCKSTEP_API TrainerConfig {
   WorkerFailurePolicy on_worker_failure = WorkerFailurePolicy::stop;
   int min_workers = 1;
   bool keep_global_batch = false;  // shrink: raise accumulate_steps to keep it, where it divides
+  std::int64_t snapshot_every = 0;  // shrink: copy the state to host memory every K steps; 0 = off
   CheckpointConfig checkpoint;
 };
 

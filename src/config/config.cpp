@@ -233,6 +233,7 @@ void visit_schema(Visitor& v, C& c) {
   v.enumeration("on_worker_failure", c.trainer.on_worker_failure, kWorkerFailurePolicies);
   v.integer("min_workers", c.trainer.min_workers, IntRule{.min = 1});
   v.flag("keep_global_batch", c.trainer.keep_global_batch);
+  v.integer("snapshot_every", c.trainer.snapshot_every, IntRule{.min = 0});
   v.nested("checkpoint");
 
   v.section("trainer.checkpoint");

@@ -121,8 +121,15 @@ struct Trainer::Impl {
   void record(RunResources& r, int rank, std::exception_ptr error) const;
   void make_context(RunResources& r, const Checkpoint* from, double start_s);
   void note_survivor(RunResources& r, int rank, detail::WorkerLoop& loop) const;
-  std::optional<Checkpoint> recovery_point(RunResources& r) const;
-  void shrink(RunResources& r, Checkpoint from);
+  // Note [Shrink]: the state the survivors go on from, and what it costs.
+  struct Recovery {
+    Checkpoint from;
+    std::int64_t failed_step = 0;  // the step that did not finish
+    std::int64_t redone = 0;       // completed steps taken again: those after `from`
+    std::string state;             // what `from` is, for the log line
+  };
+  std::optional<Recovery> recovery_point(RunResources& r) const;
+  void shrink(RunResources& r, Recovery recovery);
   WorkerError left_behind(const RunResources& r, const std::vector<int>& ranks) const;
   void check_processes_agree() const;
 
@@ -460,6 +467,7 @@ struct Trainer::Impl::RunResources {
   std::vector<std::optional<detail::WorkerLoop::Stopped>> stopped;
   std::optional<Checkpoint> recovery;
   std::optional<Checkpoint> recovered_from;
+  detail::SnapshotSlot snapshot;  // trainer.snapshot_every
   std::atomic<double> aborted_s{-1.0};
   std::int64_t samples_before = 0;
 };
@@ -514,11 +522,18 @@ void Trainer::Impl::work(RunResources& r, int rank) {
 //      of the last bucket finishes, and without updating per bucket none starts updating (with
 //      per-bucket updates, a bucket the lost worker had handed over may land and be applied).
 //      Every survivor's step and parameter hash must then agree, as the replica check demands.
-//   3. Otherwise the run stops, and says why: a survivor had begun its update (the lost device
-//      died after its gradient was in, or while per-bucket updates ran: in-memory snapshots,
-//      trainer.snapshot_every, are not there yet), ZeRO-1 (the lost worker held its shard of
-//      the optimiser state), fewer than trainer.min_workers survivors, or several processes
-//      (their communicators span the job and cannot be rebuilt from one process).
+//   3. Otherwise (a survivor had begun its update: the lost device died after its gradient was
+//      in, or while per-bucket updates ran; or ZeRO-1, where the lost worker held its shard of
+//      the optimiser state) the state is the newest in-memory snapshot: with
+//      trainer.snapshot_every K, local worker 0 copies the state to host memory after every
+//      K-th step's barrier, as a checkpoint would hold it (the optimiser state gathered under
+//      ZeRO-1), building a new one whole before it replaces the old (SnapshotSlot). The steps
+//      after it are taken again (steps_redone), and their metrics reported again. Without one,
+//      the run stops and says why; so it does with fewer than trainer.min_workers survivors,
+//      or several processes (their communicators span the job and cannot be rebuilt from one).
+//      Snapshots cost a host copy of the parameters and optimiser state each K steps, on the
+//      step's own thread (a GPU's would need pinned memory and a copy stream), and are not in
+//      the memory plan yet.
 //   4. The communicators are made anew over the survivors' devices (Backend::
 //      rebuilds_communicators; a backend that cannot is refused before step 1), and the
 //      survivors' workers start from that state with N - 1 ranks: the data is re-sharded from
@@ -528,8 +543,9 @@ void Trainer::Impl::work(RunResources& r, int rank) {
 //      is whole, and the global batch stays), and trainer.steps stays; with trainer.epochs the
 //      step count is that of N - 1 workers.
 //   So the run ends bit-identical to one that --resumes from a checkpoint written at the end
-//   of the step before the failed one, on the survivors' devices: tests/train/test_shrink.cpp.
-//   The failed step had not completed, so no step is redone. One line on stderr says which
+//   of the step before the failed one (or of the snapshot's step), on the survivors' devices:
+//   tests/train/test_shrink.cpp. The failed step had not completed, so from its start no step
+//   is redone. One line on stderr says which
 //   worker and device, the error, the state, the steps redone and the seconds (the abort to
 //   the survivors' start); the Summary counts them (workers_lost, recoveries, steps_redone,
 //   recovery_s), and devices and the time accounting are then the survivors'.
@@ -555,56 +571,71 @@ void Trainer::Impl::note_survivor(RunResources& r, int rank, detail::WorkerLoop&
 // Note [Shrink], steps 2 and 3: the state the survivors go on from; nullopt when no worker was
 // lost (or trainer.on_worker_failure is stop, or another failure is fatal), so that the run's
 // failure is reported as always. Rethrows the loss, with why, when the run cannot go on.
-std::optional<Checkpoint> Trainer::Impl::recovery_point(RunResources& r) const {
+std::optional<Trainer::Impl::Recovery> Trainer::Impl::recovery_point(RunResources& r) const {
   const TrainerConfig& tc = cfg.trainer;
   if (tc.on_worker_failure != WorkerFailurePolicy::shrink) return std::nullopt;
   const std::vector<int> lost = r.failures.lost_ranks();
   if (lost.empty() || !r.failures.only_losses()) return std::nullopt;
   const int n = static_cast<int>(r.comms.size()), left = n - static_cast<int>(lost.size());
-  std::string why;
+  const auto cannot = [&](const std::string& why) {
+    r.failures.rethrow_first(fmt::format("; trainer.on_worker_failure: shrink cannot go on: {}", why));
+  };
   if (processes)
-    why = fmt::format("the run spans {} processes, whose communicators cannot be rebuilt from "
-                      "one of them",
-                      processes->size());
-  else if (left < tc.min_workers)
-    why = fmt::format("{} of {} workers are left, fewer than trainer.min_workers = {}", left, n,
-                      tc.min_workers);
-  else if (tc.zero == 1)
-    why = "with trainer.zero: 1 the lost worker held its shard of the optimizer state, and there "
-          "is no in-memory snapshot to recover it from";
-  for (int rank = 0; rank < n && why.empty(); ++rank) {
+    cannot(fmt::format("the run spans {} processes, whose communicators cannot be rebuilt from "
+                       "one of them",
+                       processes->size()));
+  if (left < tc.min_workers)
+    cannot(fmt::format("{} of {} workers are left, fewer than trainer.min_workers = {}", left, n,
+                       tc.min_workers));
+  // The state at the start of the failed step, when every survivor still holds it.
+  std::string why;
+  std::int64_t failed_step = 0;
+  std::optional<detail::WorkerLoop::Stopped> reference;
+  for (int rank = 0; rank < n; ++rank) {
     if (std::find(lost.begin(), lost.end(), global_rank(rank)) != lost.end()) continue;
     const auto& at = r.stopped[rank];
-    if (!at)
+    if (at) failed_step = std::max(failed_step, at->step);
+    if (!why.empty()) continue;
+    if (tc.zero == 1)
+      why = "with trainer.zero: 1 the lost worker held its shard of the optimizer state";
+    else if (!at)
       why = fmt::format("worker {} could not report its state", rank);
     else if (at->step == 0)
       why = "the failure came before the first step";
     else if (at->updating)
       why = fmt::format("worker {} had begun the update of step {}, so the state at the step's "
-                        "start is gone, and there is no in-memory snapshot to recover from",
+                        "start is gone",
                         rank, at->step);
-  }
-  if (why.empty()) {
-    std::optional<detail::WorkerLoop::Stopped> reference;
-    for (const auto& at : r.stopped) {
-      if (!at) continue;
-      if (!reference) reference = at;
-      else if (at->step != reference->step || at->param_hash != reference->param_hash)
-        why = fmt::format("the survivors differ: step {} and parameter hash {:016x}, and step {} "
-                          "and {:016x}",
-                          reference->step, reference->param_hash, at->step, at->param_hash);
-    }
+    else if (reference && (at->step != reference->step || at->param_hash != reference->param_hash))
+      why = fmt::format("the survivors differ: step {} and parameter hash {:016x}, and step {} "
+                        "and {:016x}",
+                        reference->step, reference->param_hash, at->step, at->param_hash);
+    else if (!reference)
+      reference = at;
   }
   if (why.empty() && !r.recovery) why = "the first survivor could not copy its state";
-  if (!why.empty())
-    r.failures.rethrow_first(fmt::format("; trainer.on_worker_failure: shrink cannot go on: {}", why));
-  return std::move(r.recovery);
+  if (why.empty())
+    return Recovery{.from = std::move(*r.recovery),
+                    .failed_step = failed_step,
+                    .state = fmt::format("the start of step {} (parameter hash {:016x})",
+                                         failed_step, reference->param_hash)};
+  // Else the newest in-memory snapshot: the steps after it are taken again.
+  std::optional<Checkpoint> snapshot = r.snapshot.newest();
+  if (!snapshot)
+    cannot(why + ", and there is no in-memory snapshot to recover from (trainer.snapshot_every)");
+  const std::int64_t step = snapshot->state.step;
+  failed_step = std::max(failed_step, step + 1);
+  return Recovery{.from = std::move(*snapshot),
+                  .failed_step = failed_step,
+                  .redone = failed_step - 1 - step,
+                  .state = fmt::format("the snapshot of step {} ({})", step, why)};
 }
 
 // Note [Shrink], step 4: the survivors' group, on their devices, from `from`. Between groups,
 // when no worker thread runs; cfg.trainer.devices and total_steps become the survivors' (run()
 // puts them back).
-void Trainer::Impl::shrink(RunResources& r, Checkpoint from) {
+void Trainer::Impl::shrink(RunResources& r, Recovery recovery) {
+  Checkpoint& from = recovery.from;
   const std::vector<int> lost = r.failures.lost_ranks();
   std::vector<int> survivors;
   std::vector<std::string> lost_devices;
@@ -619,10 +650,7 @@ void Trainer::Impl::shrink(RunResources& r, Checkpoint from) {
   } catch (const std::exception& e) {
     error = e.what();
   }
-  const std::int64_t failed_step = from.state.step + 1;
-  std::uint64_t hash = 0;
-  for (const auto& at : r.stopped)
-    if (at) hash = at->param_hash;
+  const std::int64_t failed_step = recovery.failed_step;
   // Faults at or before the failed step have struck, or will never strike now.
   if (r.fault.step <= failed_step) r.fault = {};
   // The global batch: each worker's kept (it shrinks), or with keep_global_batch the
@@ -650,26 +678,26 @@ void Trainer::Impl::shrink(RunResources& r, Checkpoint from) {
   r.comms.clear();
   r.comms = r.backend->create_communicators(cfg.trainer.devices, processes);
   r.failures.clear();
-  r.recovered_from = std::move(from);
+  r.recovered_from = std::move(recovery.from);
   const double seconds = steady_now_s() - r.aborted_s.load();
   r.aborted_s.store(-1.0);
   make_context(r, &*r.recovered_from, r.context->start_s);
   summary.devices = cfg.trainer.devices;
   summary.workers_lost += static_cast<int>(lost.size());
   summary.recoveries += 1;
+  summary.steps_redone += recovery.redone;
   summary.recovery_s += seconds;
   if (r.metrics)
     r.metrics->write(detail::Recovery{.step = failed_step,
                                       .lost = fmt::format("{}", fmt::join(lost_devices, ",")),
                                       .workers = static_cast<int>(survivors.size()),
-                                      .steps_redone = 0,
+                                      .steps_redone = recovery.redone,
                                       .recovery_s = seconds});
   fmt::print(stderr,
-             "note: {}; going on with {} worker{} ({}:{}, {}) from the start of step {} "
-             "(parameter hash {:016x}), 0 steps redone, {:.2f} s after the abort "
-             "(trainer.on_worker_failure: shrink)\n",
+             "note: {}; going on with {} worker{} ({}:{}, {}) from {}, {} steps redone, {:.2f} s "
+             "after the abort (trainer.on_worker_failure: shrink)\n",
              error, survivors.size(), survivors.size() == 1 ? "" : "s", r.backend->name(),
-             fmt::join(survivors, ","), batch, failed_step, hash, seconds);
+             fmt::join(survivors, ","), batch, recovery.state, recovery.redone, seconds);
 }
 
 // Waits for the workers as Note [Bounded stop] says. Returns the local ranks left behind.
@@ -854,6 +882,7 @@ void Trainer::Impl::make_context(RunResources& r, const Checkpoint* from, double
                                        .checkpoints = r.checkpoints.get(),
                                        .metrics = r.metrics.get(),
                                        .report = r.report.get(),
+                                       .snapshot = r.snapshot,
                                        .summary = summary,
                                        .final_params = final_params});
 }
@@ -881,9 +910,9 @@ Summary Trainer::run() {
       im.abandoned = true;
       throw error;
     }
-    std::optional<Checkpoint> from = im.recovery_point(*r);
-    if (!from) break;
-    im.shrink(*r, std::move(*from));
+    std::optional<Impl::Recovery> recovery = im.recovery_point(*r);
+    if (!recovery) break;
+    im.shrink(*r, std::move(*recovery));
   }
   im.summary.samples += r->samples_before;
   const double start_s = r->context->start_s;

@@ -599,6 +599,7 @@ void WorkerLoop::end_of_step(bool stop_now) {
     times_.barrier_wait_s += steady_now_s() - t0;
   }
   checkpoint_if_due(stop_now);
+  snapshot_if_due();
   run_.fault.at_end_of_step(global_, step);
 }
 
@@ -614,6 +615,20 @@ void WorkerLoop::checkpoint_if_due(bool stop_now) {
   TraceSpan span(track_, "checkpoint", pos_.step);
   std::vector<StateVector> state = gather_optimizer_state();
   if (global_ == 0 && run_.checkpoints) save_checkpoint(std::move(state));
+}
+
+// trainer.snapshot_every: the state after the step's barrier, as a checkpoint of it would hold
+// it, in host memory (Note [Shrink] in trainer.cpp). With ZeRO-1 every rank takes part in
+// gathering the optimiser state.
+void WorkerLoop::snapshot_if_due() {
+  const std::int64_t every = run_.cfg.trainer.snapshot_every;
+  if (every <= 0 || pos_.step % every != 0 || (!zero() && rank_ != 0)) return;
+  enter(Phase::checkpoint);
+  TraceSpan span(track_, "snapshot", pos_.step);
+  std::vector<StateVector> state = gather_optimizer_state();
+  if (rank_ == 0)
+    run_.snapshot.replace(
+        make_checkpoint(pos_, res_.optimizer->steps_taken(), std::move(state)));
 }
 
 // The optimiser state of the whole parameter buffer. With ZeRO-1 each rank holds its shards

@@ -57,6 +57,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <vector>
@@ -91,6 +92,25 @@ struct TrainerCallbacks {
   TrainerHooks hooks;
 };
 
+// The newest in-memory snapshot (trainer.snapshot_every; Note [Shrink] in trainer.cpp): local
+// worker 0 builds a whole new one on the host, and only then replaces the old, so a failure
+// while it copies leaves the previous one. Thread-safe.
+class SnapshotSlot {
+ public:
+  void replace(Checkpoint newest) {
+    std::lock_guard lock(mutex_);
+    newest_ = std::move(newest);
+  }
+  std::optional<Checkpoint> newest() const {
+    std::lock_guard lock(mutex_);
+    return newest_;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::optional<Checkpoint> newest_;
+};
+
 // The run as its workers see it, set up by Trainer::run before the threads start. Workers only
 // read it, except `summary` and `final_params`, which local worker 0 alone writes.
 struct RunContext {
@@ -112,6 +132,7 @@ struct RunContext {
   CheckpointManager* checkpoints;  // null: no checkpoints, or not the writing process
   MetricsLog* metrics;             // trainer.metrics; null: unset, or not the writing process
   RunReport* report;               // trainer.report; null: unset, or not the writing process
+  SnapshotSlot& snapshot;
   Summary& summary;
   std::vector<float>& final_params;
 
@@ -268,6 +289,7 @@ class WorkerLoop {
   EvalMetrics evaluate();
   void check_replicas();
   void checkpoint_if_due(bool stop_now);
+  void snapshot_if_due();
   std::vector<StateVector> gather_optimizer_state();
   Checkpoint make_checkpoint(const Position& at, std::int64_t optimizer_steps,
                              std::vector<StateVector> optimizer_state) const;

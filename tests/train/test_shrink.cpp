@@ -160,6 +160,46 @@ TEST_CASE("shrink: keep_global_batch raises the accumulation where the survivors
   CHECK(t.accumulate_steps == 1);
 }
 
+TEST_CASE("shrink: where the step's start is gone, the newest snapshot is the state") {
+  struct Case {
+    const char* fault;
+    int zero;
+    std::int64_t snapshot_step;  // the newest snapshot before the fault (every 3 steps)
+    std::int64_t redone;
+  };
+  const Case cases[] = {{"2:8:lost:update", 0, 6, 1},  // the survivors had updated step 8
+                        {"1:7:lost:backward", 1, 6, 0}};  // ZeRO-1: the lost worker's shard
+  for (const Case& c : cases) {
+    CAPTURE(c.fault);
+    const fs::path dir = fresh_dir("snapshot");
+    Config reference = shrink_config({0, 1, 2});
+    reference.trainer.zero = c.zero;
+    reference.trainer.on_worker_failure = WorkerFailurePolicy::stop;
+    reference.trainer.checkpoint.dir = dir.string();
+    reference.trainer.checkpoint.every_steps = 3;
+    reference.trainer.checkpoint.keep_last = 100;
+    Trainer(reference, train_split(), eval_split()).run();
+    Config survivors = reference;
+    survivors.trainer.devices = c.zero == 1 ? std::vector<int>{0, 2} : std::vector<int>{0, 1};
+    survivors.trainer.checkpoint.dir.clear();
+    Trainer resumed(survivors, train_split(), eval_split());
+    resumed.resume_from(checkpoint_at(dir, c.snapshot_step));
+    resumed.run();
+
+    ScopedEnv fault("LOCKSTEP_FAULT", c.fault);
+    Config cfg = shrink_config({0, 1, 2});
+    cfg.trainer.zero = c.zero;
+    cfg.trainer.snapshot_every = 3;
+    Trainer trainer(cfg, train_split(), eval_split());
+    const Summary s = trainer.run();
+    CHECK(trainer.final_parameters() == resumed.final_parameters());
+    CHECK(s.devices == survivors.trainer.devices);
+    CHECK(s.workers_lost == 1);
+    CHECK(s.recoveries == 1);
+    CHECK(s.steps_redone == c.redone);
+  }
+}
+
 TEST_CASE("shrink: two losses in one run chain two recoveries") {
   const std::vector<float> want = expected({0, 1, 2}, {{3, {0, 2}}, {7, {0}}});
   ScopedEnv fault("LOCKSTEP_FAULT", "1:3:lost");
