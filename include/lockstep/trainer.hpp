@@ -167,8 +167,9 @@ LOCKSTEP_API std::string describe_recoveries(const Summary& s);
 // mpirun): KIND is forward (throw before forward), loader (throw on the loader
 // thread), nan (a NaN gradient), stall (the worker stops making progress until the run is
 // aborted; set trainer.step_timeout_s), block (deaf to aborts at the end of STEP), hang (a
-// device wait that only the abort ends) or slowsave (a slow checkpoint save at STEP); see
-// src/train/fault_injection.hpp.
+// device wait that only the abort ends), slowsave (a slow checkpoint save at STEP) or lost (the
+// worker's device dies: DeviceLost, in the phase lost:forward, lost:backward, lost:all-reduce or
+// lost:update names); see src/train/fault_injection.hpp.
 struct LOCKSTEP_API TrainerHooks {
   std::function<void(int rank, std::int64_t step)> before_forward;
   // After the optimiser step, before the step's barrier.

@@ -532,8 +532,8 @@ void Trainer::Impl::work(RunResources& r, int rank) {
 //      the run stops and says why; so it does with fewer than trainer.min_workers survivors,
 //      or several processes (their communicators span the job and cannot be rebuilt from one).
 //      Snapshots cost a host copy of the parameters and optimiser state each K steps, on the
-//      step's own thread (a GPU's would need pinned memory and a copy stream), and are not in
-//      the memory plan yet.
+//      step's own thread (a GPU's would need pinned memory and a copy stream); the memory plan
+//      counts two on the host (MemoryPlan::snapshots).
 //   4. The communicators are made anew over the survivors' devices (Backend::
 //      rebuilds_communicators; a backend that cannot is refused before step 1), and the
 //      survivors' workers start from that state with N - 1 ranks: the data is re-sharded from
