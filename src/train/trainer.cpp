@@ -522,12 +522,15 @@ void Trainer::Impl::work(RunResources& r, int rank) {
 //      of the last bucket finishes, and without updating per bucket none starts updating (with
 //      per-bucket updates, a bucket the lost worker had handed over may land and be applied).
 //      Every survivor's step and parameter hash must then agree, as the replica check demands.
+//      Which case a loss in the update phase meets depends on timing (a survivor aborted while
+//      its last all-reduce was finishing still holds the start); either state is right.
 //   3. Otherwise (a survivor had begun its update: the lost device died after its gradient was
 //      in, or while per-bucket updates ran; or ZeRO-1, where the lost worker held its shard of
 //      the optimiser state) the state is the newest in-memory snapshot: with
 //      trainer.snapshot_every K, local worker 0 copies the state to host memory after every
 //      K-th step's barrier, as a checkpoint would hold it (the optimiser state gathered under
-//      ZeRO-1), building a new one whole before it replaces the old (SnapshotSlot). The steps
+//      ZeRO-1), building a new one whole before it replaces the old (SnapshotSlot; one whose
+//      copy an abort interrupts is dropped, the one before kept). The steps
 //      after it are taken again (steps_redone), and their metrics reported again. Without one,
 //      the run stops and says why; so it does with fewer than trainer.min_workers survivors,
 //      or several processes (their communicators span the job and cannot be rebuilt from one).
@@ -545,9 +548,8 @@ void Trainer::Impl::work(RunResources& r, int rank) {
 //   So the run ends bit-identical to one that --resumes from a checkpoint written at the end
 //   of the step before the failed one (or of the snapshot's step), on the survivors' devices:
 //   tests/train/test_shrink.cpp. The failed step had not completed, so from its start no step
-//   is redone. One line on stderr says which
-//   worker and device, the error, the state, the steps redone and the seconds (the abort to
-//   the survivors' start); the Summary counts them (workers_lost, recoveries, steps_redone,
+//   is redone. One line on stderr says which worker and device, the error, the state, the steps
+//   redone and the seconds (the abort to the survivors' start); the Summary counts them (workers_lost, recoveries, steps_redone,
 //   recovery_s), and devices and the time accounting are then the survivors'.
 
 // Note [Shrink], step 2: on the worker's thread, after the teardown meeting (every failure is
