@@ -128,6 +128,11 @@ struct LOCKSTEP_API TrainerConfig {
   int max_nonfinite_skips = 5;    // skip: stop after this many skipped steps in a row
   double step_timeout_s = 0.0;    // stop the run when a worker makes no progress this long; 0 = off
   double stop_grace_s = 30.0;     // wait this long for workers to stop, then report and leave them
+  // A lost device: stop, or go on with the survivors while at least min_workers remain.
+  WorkerFailurePolicy on_worker_failure = WorkerFailurePolicy::stop;
+  int min_workers = 1;
+  bool keep_global_batch = false;  // shrink: raise accumulate_steps to keep it, where it divides
+  std::int64_t snapshot_every = 0;  // shrink: copy the state to host memory every K steps; 0 = off
   CheckpointConfig checkpoint;
 };
 

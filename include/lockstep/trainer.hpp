@@ -137,6 +137,14 @@ struct LOCKSTEP_API Summary {
   std::int64_t resumed_from_step = 0;  // 0 when the run started from scratch
   bool stopped_early = false;          // request_stop() ended the run before `steps`
   std::int64_t nonfinite_skips = 0;    // updates dropped by on_nonfinite: skip
+  // trainer.on_worker_failure: shrink (Note [Shrink] in src/train/trainer.cpp): workers whose
+  // device was lost, the times the run went on without them, the completed steps taken again
+  // for it, and the seconds from the abort to the survivors' restart, over the run. devices,
+  // worker_times and the time accounting are then the last survivors'.
+  int workers_lost = 0;
+  int recoveries = 0;
+  std::int64_t steps_redone = 0;
+  double recovery_s = 0.0;
   std::string last_checkpoint;         // the weights file of the last checkpoint written
   std::string memory_plan;             // Trainer::memory_plan(), as checked before step 1
 
@@ -150,6 +158,8 @@ LOCKSTEP_API std::string describe_optimizer_state(const Summary& s);
 // "parameters 19240 B, gradients 19240 B, optimizer state 19240 B, activations 34048 B": one
 // worker's memory by part, for the summary.
 LOCKSTEP_API std::string describe_worker_memory(const Summary& s);
+// "1 (1 recovery, 0 steps redone, 0.02 s; ...)": the workers lost and what it took to go on.
+LOCKSTEP_API std::string describe_recoveries(const Summary& s);
 
 // Test hooks: called on each worker's thread with its global rank. A throw here behaves like a
 // failure in that worker (fault injection). The environment variable LOCKSTEP_FAULT=RANK:STEP:KIND
@@ -157,8 +167,9 @@ LOCKSTEP_API std::string describe_worker_memory(const Summary& s);
 // mpirun): KIND is forward (throw before forward), loader (throw on the loader
 // thread), nan (a NaN gradient), stall (the worker stops making progress until the run is
 // aborted; set trainer.step_timeout_s), block (deaf to aborts at the end of STEP), hang (a
-// device wait that only the abort ends) or slowsave (a slow checkpoint save at STEP); see
-// src/train/fault_injection.hpp.
+// device wait that only the abort ends), slowsave (a slow checkpoint save at STEP) or lost (the
+// worker's device dies: DeviceLost, in the phase lost:forward, lost:backward, lost:all-reduce or
+// lost:update names); see src/train/fault_injection.hpp.
 struct LOCKSTEP_API TrainerHooks {
   std::function<void(int rank, std::int64_t step)> before_forward;
   // After the optimiser step, before the step's barrier.

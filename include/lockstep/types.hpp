@@ -20,6 +20,9 @@ enum class ScheduleKind { constant, warmup_cosine };
 enum class BackendKind { automatic, cpu, cuda };
 enum class CommKind { automatic, nccl, peer };
 enum class NonfinitePolicy { stop, skip };
+// What a worker's device-class failure does (trainer.on_worker_failure): stop the run, or go on
+// with the survivors (Note [Shrink] in src/train/trainer.cpp).
+enum class WorkerFailurePolicy { stop, shrink };
 // The arithmetic of matrix products: fp32, TF32 tensor cores (cuda), or bf16 mixed precision.
 enum class Precision { fp32, tf32, bf16 };
 // The element type of the gradients on the all-reduce's wire (trainer.grad_reduce_dtype).
@@ -39,6 +42,7 @@ LOCKSTEP_API std::string_view to_string(ScheduleKind);
 LOCKSTEP_API std::string_view to_string(BackendKind);
 LOCKSTEP_API std::string_view to_string(CommKind);
 LOCKSTEP_API std::string_view to_string(NonfinitePolicy);
+LOCKSTEP_API std::string_view to_string(WorkerFailurePolicy);
 LOCKSTEP_API std::string_view to_string(Precision);
 LOCKSTEP_API std::string_view to_string(ReduceDtype);
 LOCKSTEP_API std::string_view to_string(AttentionKind);

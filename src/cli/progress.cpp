@@ -119,6 +119,7 @@ void print_summary(std::FILE* out, const Summary& s) {
   }
   fmt::print(out, "  replicas identical  {} ({} hash checks, parameter hash {:016x})\n",
              s.replicas_identical ? "yes" : "NO", s.replica_checks, s.param_hash);
+  if (s.workers_lost > 0) fmt::print(out, "  workers lost        {}\n", describe_recoveries(s));
   fmt::print(out,
              "  gradient buckets    {} (overlap {}, collectives {}, accumulate {} micro-batches "
              "per step)\n",

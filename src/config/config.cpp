@@ -73,6 +73,9 @@ constexpr Spelling<CommKind> kCommKinds[] = {
 constexpr Spelling<NonfinitePolicy> kNonfinitePolicies[] = {
     {NonfinitePolicy::stop, "stop"}, {NonfinitePolicy::skip, "skip"}};
 
+constexpr Spelling<WorkerFailurePolicy> kWorkerFailurePolicies[] = {
+    {WorkerFailurePolicy::stop, "stop"}, {WorkerFailurePolicy::shrink, "shrink"}};
+
 constexpr Spelling<Precision> kPrecisions[] = {
     {Precision::fp32, "fp32"}, {Precision::tf32, "tf32"}, {Precision::bf16, "bf16"}};
 
@@ -272,6 +275,14 @@ void visit_schema(Visitor& v, C& c) {
            "stop the run when no worker progresses this long; 0: off");
   v.number("stop_grace_s", c.trainer.stop_grace_s, kPositive,
            "after a stop, wait this long for the workers, then report and leave them");
+  v.enumeration("on_worker_failure", c.trainer.on_worker_failure, kWorkerFailurePolicies,
+                "a lost device: stop the run, or shrink: go on with the other workers");
+  v.integer("min_workers", c.trainer.min_workers, IntRule{.min = 1},
+            "shrink: stop instead once fewer workers than this are left");
+  v.flag("keep_global_batch", c.trainer.keep_global_batch,
+         "shrink: raise accumulate_steps to keep the global batch, where it divides");
+  v.integer("snapshot_every", c.trainer.snapshot_every, IntRule{.min = 0},
+            "steps between in-memory copies of the state a shrink can go on from; 0: none");
   v.nested("checkpoint");
 
   v.section("trainer.checkpoint");
@@ -1432,6 +1443,7 @@ std::string_view to_string(ScheduleKind v) { return spelling(kScheduleKinds, v);
 std::string_view to_string(BackendKind v) { return spelling(kBackendKinds, v); }
 std::string_view to_string(CommKind v) { return spelling(kCommKinds, v); }
 std::string_view to_string(NonfinitePolicy v) { return spelling(kNonfinitePolicies, v); }
+std::string_view to_string(WorkerFailurePolicy v) { return spelling(kWorkerFailurePolicies, v); }
 std::string_view to_string(Precision v) { return spelling(kPrecisions, v); }
 std::string_view to_string(ReduceDtype v) { return spelling(kReduceDtypes, v); }
 std::string_view to_string(AttentionKind v) { return spelling(kAttentionKinds, v); }

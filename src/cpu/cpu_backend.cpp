@@ -42,6 +42,9 @@ class CpuBackend final : public Backend {
     return make_hierarchical_group(std::move(local), std::move(processes));
   }
 
+  // A new shared-memory group over the survivors: an aborted group holds nothing they need.
+  bool rebuilds_communicators() const noexcept override { return true; }
+
   // CPU "device ids" only name the workers: any id is valid, and repeated ids are fine.
   std::unique_ptr<Device> create_device(int device_id, int workers,
                                         int threads_per_device) override {

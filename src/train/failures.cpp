@@ -36,7 +36,7 @@ const FailureLog::Failure& FailureLog::first_cause() const {
   return *in_order.front();
 }
 
-void FailureLog::rethrow_first() const {
+void FailureLog::rethrow_first(std::string_view why) const {
   std::lock_guard lock(mutex_);
   if (failures_.empty()) return;
   const Failure& first = first_cause();
@@ -45,8 +45,46 @@ void FailureLog::rethrow_first() const {
   } catch (const InputError&) {
     throw;
   } catch (const std::exception& e) {
-    throw WorkerError(first.rank, first.device, e.what());
+    throw WorkerError(first.rank, first.device, std::string(e.what()) + std::string(why));
   }
+}
+
+namespace {
+
+template <class Error>
+bool is(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const Error&) {
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
+}  // namespace
+
+std::vector<int> FailureLog::lost_ranks() const {
+  std::lock_guard lock(mutex_);
+  std::vector<const Failure*> lost;
+  for (const Failure& f : failures_)
+    if (is<DeviceLost>(f.error)) lost.push_back(&f);
+  std::sort(lost.begin(), lost.end(),
+            [](const Failure* a, const Failure* b) { return a->order < b->order; });
+  std::vector<int> ranks;
+  for (const Failure* f : lost) ranks.push_back(f->rank);
+  return ranks;
+}
+
+bool FailureLog::only_losses() const {
+  std::lock_guard lock(mutex_);
+  return std::all_of(failures_.begin(), failures_.end(),
+                     [](const Failure& f) { return is<DeviceLost>(f.error) || is<CommAborted>(f.error); });
+}
+
+void FailureLog::clear() {
+  std::lock_guard lock(mutex_);
+  failures_.clear();
 }
 
 }  // namespace lockstep::detail

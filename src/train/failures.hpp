@@ -6,6 +6,7 @@
 #include <exception>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace lockstep::detail {
@@ -18,7 +19,15 @@ class FailureLog {
   // Rethrows the first failure that caused the abort, not the CommAborted it triggered in the
   // others (the first of all when every one is CommAborted): an InputError unchanged, anything
   // else as a WorkerError naming the rank and device. Returns when nothing failed.
-  void rethrow_first() const;
+  // `why` (when given) is appended to its message: why the run could not go on without a lost
+  // worker (Note [Shrink] in trainer.cpp).
+  void rethrow_first(std::string_view why = {}) const;
+  // The global ranks whose device was lost (DeviceLost), in the order caught.
+  std::vector<int> lost_ranks() const;
+  // Whether every failure is a lost device or the CommAborted it caused: what a shrink survives.
+  bool only_losses() const;
+  // Forgets every failure: the survivors' run after a shrink starts with none.
+  void clear();
 
  private:
   struct Failure {

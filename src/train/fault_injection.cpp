@@ -53,6 +53,13 @@ void Fault::before_forward(int r, std::int64_t s, const Communicator& comm,
   if (at(r, s, Kind::hang)) device.wait_until([] { return false; });
 }
 
+void Fault::lose_device(int r, std::int64_t s, Phase p) const {
+  static constexpr const char* kPhases[] = {"forward", "backward", "all-reduce", "update"};
+  if (at(r, s, Kind::lost) && phase == p)
+    throw DeviceLost(fmt::format("injected fault: the device was lost in {} at step {}",
+                                 kPhases[static_cast<int>(p)], s));
+}
+
 void Fault::during_save(int r, std::int64_t s) const {
   if (at(r, s, Kind::slowsave)) std::this_thread::sleep_for(std::chrono::milliseconds(500));
 }
@@ -85,17 +92,27 @@ Fault fault_from_environment() {
   const char* spec = std::getenv("LOCKSTEP_FAULT");
   if (!spec || !*spec) return {};
   Fault f;
-  char kind[16] = {};
+  char kind[24] = {};
   long long step = 0;
   const auto bad = [&] {
     return InputError(fmt::format(
         "LOCKSTEP_FAULT: expected RANK:STEP:KIND with KIND one of forward, loader, nan, stall, "
-        "block, hang, slowsave, got '{}'", spec));
+        "block, hang, slowsave, lost (or lost:PHASE with PHASE one of forward, backward, "
+        "all-reduce, update), got '{}'", spec));
   };
-  if (std::sscanf(spec, "%d:%lld:%15s", &f.rank, &step, kind) != 3 || f.rank < 0 || step < 1)
+  if (std::sscanf(spec, "%d:%lld:%23s", &f.rank, &step, kind) != 3 || f.rank < 0 || step < 1)
     throw bad();
   f.step = step;
-  const std::string k = kind;
+  std::string k = kind;
+  if (k.starts_with("lost:")) {
+    const std::string phase = k.substr(5);
+    if (phase == "forward") f.phase = Fault::Phase::forward;
+    else if (phase == "backward") f.phase = Fault::Phase::backward;
+    else if (phase == "all-reduce") f.phase = Fault::Phase::all_reduce;
+    else if (phase == "update") f.phase = Fault::Phase::update;
+    else throw bad();
+    k = "lost";
+  }
   if (k == "forward") f.kind = Fault::Kind::forward;
   else if (k == "loader") f.kind = Fault::Kind::loader;
   else if (k == "nan") f.kind = Fault::Kind::nan;
@@ -103,6 +120,7 @@ Fault fault_from_environment() {
   else if (k == "block") f.kind = Fault::Kind::block;
   else if (k == "hang") f.kind = Fault::Kind::hang;
   else if (k == "slowsave") f.kind = Fault::Kind::slowsave;
+  else if (k == "lost") f.kind = Fault::Kind::lost;
   else throw bad();
   return f;
 }

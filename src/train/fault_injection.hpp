@@ -10,6 +10,12 @@
 //            verification, pruning): slow but healthy, which the step timeout must not stop
 //   block    it blocks at the end of STEP, where rank 0 writes its checkpoint, and ignores every
 //            abort, as a write to a hung file system would: Note [Bounded stop]
+//   lost     its device dies (DeviceLost, a device-class failure: Note [Shrink] in trainer.cpp)
+//            in the phase a suffix names: lost:forward (the default, before its forward pass),
+//            lost:backward (as its last micro-batch's backward begins, before it has handed any
+//            bucket to the all-reduce), lost:all-reduce (once it has handed the first bucket,
+//            before the next; with one bucket, after it), lost:update (after its optimiser
+//            step, before the step's totals are agreed)
 #pragma once
 
 #include <cstdint>
@@ -25,12 +31,17 @@ class Device;
 namespace lockstep::detail {
 
 struct Fault {
-  enum class Kind { none, forward, loader, nan, stall, block, hang, slowsave };
+  enum class Kind { none, forward, loader, nan, stall, block, hang, slowsave, lost };
+  // Where the lost fault strikes.
+  enum class Phase { forward, backward, all_reduce, update };
   int rank = -1;
   std::int64_t step = 0;
   Kind kind = Kind::none;
+  Phase phase = Phase::forward;
 
   bool at(int r, std::int64_t s, Kind k) const { return kind == k && rank == r && step == s; }
+  // The lost fault: throws DeviceLost when it strikes worker `r` at step `s` in `p`.
+  void lose_device(int r, std::int64_t s, Phase p) const;
 
   // A fault that would never strike is a mistaken test, not a pass: InputError unless the run
   // of `workers` ranks, doing steps (steps_done, last_step], reaches it. Nothing for none.

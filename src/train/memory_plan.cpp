@@ -137,6 +137,8 @@ MemoryPlan plan_memory(const Config& cfg, const Model& model, const Dataset& tra
   p.workers_on_host = workers_on_host;
   p.dataset = dataset_bytes(train) + (eval ? dataset_bytes(*eval) : 0.0);
   p.host_copies = kHostCopies * params;
+  if (cfg.trainer.snapshot_every > 0 && cfg.trainer.on_worker_failure == WorkerFailurePolicy::shrink)
+    p.snapshots = 2 * (1 + optimizer_vectors(cfg.optimizer)) * params;
   p.driver = driver_of(p, cfg, train);
   return p;
 }

@@ -29,11 +29,14 @@ struct MemoryPlan {
   bool workers_on_host = true;     // CPU workers: their bytes are host memory
   double dataset = 0;              // host bytes of the train and eval splits
   double host_copies = 0;          // the host's copies of the parameters (initial, final)
+  // trainer.snapshot_every: the newest snapshot and the one being built (Note [Shrink] in
+  // trainer.cpp), each the parameters and the whole optimiser state
+  double snapshots = 0;
   std::string driver;              // "model.hidden[0] = 2000000000": what makes it large
 
   double per_worker() const { return parameters + gradients + optimizer + activations + staging; }
   double host() const {
-    return dataset + host_copies + (workers_on_host ? workers * per_worker() : 0.0);
+    return dataset + host_copies + snapshots + (workers_on_host ? workers * per_worker() : 0.0);
   }
 };
 

@@ -46,6 +46,13 @@ std::string metrics_line(const EvalMetrics& m) {
       m.step, number(m.loss), number(m.accuracy), m.samples);
 }
 
+std::string metrics_line(const Recovery& r) {
+  return fmt::format(
+      "{{\"kind\": \"recovery\", \"step\": {}, \"lost\": {}, \"workers\": {}, "
+      "\"steps_redone\": {}, \"recovery_s\": {}}}",
+      r.step, json_quote(r.lost), r.workers, r.steps_redone, number(r.recovery_s));
+}
+
 MetricsLog::MetricsLog(const std::filesystem::path& file) : path_(file) {
   std::error_code ec;  // a directory that cannot be made is reported by fopen below
   if (file.has_parent_path()) std::filesystem::create_directories(file.parent_path(), ec);

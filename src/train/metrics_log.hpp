@@ -10,6 +10,8 @@
 //    "grad_norm": 0.27, "samples_per_s": 5.9e5, "tokens_per_s": 5.9e5, "mfu": null,
 //    "comm_hidden_fraction": 0.7, "data_wait_s": 0.001, "elapsed_s": 0.02}
 //   {"kind": "eval", "step": 100, "loss": 0.11, "accuracy": 0.97, "samples": 359}
+//   {"kind": "recovery", "step": 120, "lost": "cpu:2", "workers": 3, "steps_redone": 0,
+//    "recovery_s": 0.02}      (trainer.on_worker_failure: shrink; Note [Shrink] in trainer.cpp)
 //
 // Numbers that are unknown or not finite (mfu on a device without a known peak) are null.
 #pragma once
@@ -34,10 +36,20 @@ struct RunStart {
   int workers = 0;
 };
 
+// A run that went on without a lost worker: from the start of `step`, on `workers` survivors.
+struct Recovery {
+  std::int64_t step = 0;
+  std::string lost;  // the lost workers' devices, "cpu:2"
+  int workers = 0;
+  std::int64_t steps_redone = 0;
+  double recovery_s = 0.0;
+};
+
 // One line of the stream, without its newline.
 std::string metrics_line(const RunStart& r);
 std::string metrics_line(const StepMetrics& m);
 std::string metrics_line(const EvalMetrics& m);
+std::string metrics_line(const Recovery& r);
 
 class MetricsLog {
  public:
@@ -50,6 +62,7 @@ class MetricsLog {
   void write(const RunStart& r) { append(metrics_line(r)); }
   void write(const StepMetrics& m) { append(metrics_line(m)); }
   void write(const EvalMetrics& m) { append(metrics_line(m)); }
+  void write(const Recovery& r) { append(metrics_line(r)); }
 
  private:
   void append(const std::string& line);

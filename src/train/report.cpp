@@ -277,6 +277,7 @@ std::string summary_table(const Summary& s) {
   if (s.resumed_from_step > 0) rows.emplace_back("resumed from step", std::to_string(s.resumed_from_step));
   if (s.stopped_early) rows.emplace_back("stopped early", "yes (request_stop)");
   if (s.nonfinite_skips > 0) rows.emplace_back("non-finite steps skipped", std::to_string(s.nonfinite_skips));
+  if (s.workers_lost > 0) rows.emplace_back("workers lost", describe_recoveries(s));
   if (!s.last_checkpoint.empty()) rows.emplace_back("last checkpoint", s.last_checkpoint);
   return table(rows);
 }

@@ -50,6 +50,13 @@ std::string describe_worker_memory(const Summary& s) {
                      size(s.activation_bytes));
 }
 
+std::string describe_recoveries(const Summary& s) {
+  return fmt::format("{} ({} recover{}, {} steps redone, {:.2f} s; trainer.on_worker_failure: "
+                     "shrink)",
+                     s.workers_lost, s.recoveries, s.recoveries == 1 ? "y" : "ies", s.steps_redone,
+                     s.recovery_s);
+}
+
 std::string Summary::to_json() const {
   return fmt::format(
       "{{\n"
@@ -97,6 +104,10 @@ std::string Summary::to_json() const {
       "  \"resumed_from_step\": {},\n"
       "  \"stopped_early\": {},\n"
       "  \"nonfinite_skips\": {},\n"
+      "  \"workers_lost\": {},\n"
+      "  \"recoveries\": {},\n"
+      "  \"steps_redone\": {},\n"
+      "  \"recovery_s\": {},\n"
       "  \"checkpoint\": {},\n"
       "  \"worker_times\": [{}]\n"
       "}}\n",
@@ -112,6 +123,7 @@ std::string Summary::to_json() const {
       number(data_wait_s),
       number(barrier_wait_s), number(comm_s), number(comm_exposed_s), number(comm_hidden_fraction),
       resumed_from_step, stopped_early ? "true" : "false", nonfinite_skips,
+      workers_lost, recoveries, steps_redone, number(recovery_s),
       last_checkpoint.empty() ? "null" : detail::json_quote(last_checkpoint),
       worker_times_json(worker_times));
 }

@@ -130,6 +130,17 @@ struct Trainer::Impl {
   void work(RunResources& r, int rank);
   std::vector<int> supervise(RunResources& r);
   void record(RunResources& r, int rank, std::exception_ptr error) const;
+  void make_context(RunResources& r, const Checkpoint* from, double start_s);
+  void note_survivor(RunResources& r, int rank, detail::WorkerLoop& loop) const;
+  // Note [Shrink]: the state the survivors go on from, and what it costs.
+  struct Recovery {
+    Checkpoint from;
+    std::int64_t failed_step = 0;  // the step that did not finish
+    std::int64_t redone = 0;       // completed steps taken again: those after `from`
+    std::string state;             // what `from` is, for the log line
+  };
+  std::optional<Recovery> recovery_point(RunResources& r) const;
+  void shrink(RunResources& r, Recovery recovery);
   WorkerError left_behind(const RunResources& r, const std::vector<int>& ranks) const;
   void check_processes_agree() const;
 
@@ -443,6 +454,7 @@ struct Trainer::Impl::RunResources {
   };
 
   detail::Fault fault;
+  double peak_flops = 0.0;
   std::shared_ptr<Backend> backend;
   std::vector<std::unique_ptr<Communicator>> comms;
   std::optional<detail::DirLock> dir_lock;  // Note [One writer per checkpoint directory]
@@ -461,6 +473,15 @@ struct Trainer::Impl::RunResources {
   std::atomic<bool> abandoning{false};            // some worker is being left behind
   std::mutex kept_mutex;
   std::vector<std::unique_ptr<detail::WorkerLoop>> kept_loops;  // of the workers that returned
+  // Note [Shrink]: per local worker, where a survivor stood; the first survivor's state at the
+  // start of the failed step; the state the survivors' run resumed from (null before a shrink);
+  // when the run was aborted; the samples trained before that state.
+  std::vector<std::optional<detail::WorkerLoop::Stopped>> stopped;
+  std::optional<Checkpoint> recovery;
+  std::optional<Checkpoint> recovered_from;
+  detail::SnapshotSlot snapshot;  // trainer.snapshot_every
+  std::atomic<double> aborted_s{-1.0};
+  std::int64_t samples_before = 0;
 };
 
 void Trainer::Impl::record(RunResources& r, int rank, std::exception_ptr error) const {
@@ -476,6 +497,8 @@ void Trainer::Impl::work(RunResources& r, int rank) {
     loop->run(*r.backend);
   } catch (...) {
     record(r, rank, std::current_exception());
+    double never = -1.0;  // Note [Shrink]: the recovery's seconds count from the first abort
+    r.aborted_s.compare_exchange_strong(never, steady_now_s());
     comm.abort();
   }
   // See Note [Failure]: nothing of ours may be freed while a peer can still touch it.
@@ -485,8 +508,210 @@ void Trainer::Impl::work(RunResources& r, int rank) {
   if (r.abandoning.load()) {  // Note [Bounded stop]: kept, and reachable, for those left behind
     std::lock_guard lock(r.kept_mutex);
     r.kept_loops.push_back(std::move(loop));
+  } else {
+    note_survivor(r, rank, *loop);
   }
   r.stage[rank].store(RunResources::returned);
+}
+
+// Note [Shrink]
+//   trainer.on_worker_failure: shrink keeps a run going when a worker's device is lost: every
+//   survivor holds a whole replica, and without ZeRO-1 the whole optimiser state, in this very
+//   process. Only a device-class failure (DeviceLost: a device that is gone or poisoned, the
+//   injected `lost` fault) is survived. The rest stay fatal: an input error would fail again on
+//   the survivors; a non-finite loss or gradient is the same on every replica (the gradient is
+//   averaged), so the survivors would meet it too; replicas that diverged leave no state known
+//   to be right; a watchdog stall names a worker that may still run and touch the group.
+//   The survivors' run is, by construction, a resume from a checkpoint in memory:
+//   1. The group is aborted as for any failure (Note [Failure]); run_workers waits for every
+//      worker within trainer.stop_grace_s (Note [Bounded stop]); one left behind stops the run.
+//   2. After the teardown meeting each survivor notes where it stood (WorkerLoop::stopped); the
+//      first also takes the state at the start of the step it had not finished
+//      (state_at_step_start). A survivor may still be in the previous step's end (its barrier,
+//      eval, replica check) when a peer that went ahead fails: it holds that same state. The
+//      state is valid when no survivor had begun the failed step's optimiser update: the lost
+//      worker's contribution is missing from the step's all-reduce, so no survivor's all-reduce
+//      of the last bucket finishes, and without updating per bucket none starts updating (with
+//      per-bucket updates, a bucket the lost worker had handed over may land and be applied).
+//      Every survivor's step and parameter hash must then agree, as the replica check demands.
+//      Which case a loss in the update phase meets depends on timing (a survivor aborted while
+//      its last all-reduce was finishing still holds the start); either state is right.
+//   3. Otherwise (a survivor had begun its update: the lost device died after its gradient was
+//      in, or while per-bucket updates ran; or ZeRO-1, where the lost worker held its shard of
+//      the optimiser state) the state is the newest in-memory snapshot: with
+//      trainer.snapshot_every K, local worker 0 copies the state to host memory after every
+//      K-th step's barrier, as a checkpoint would hold it (the optimiser state gathered under
+//      ZeRO-1), building a new one whole before it replaces the old (SnapshotSlot; one whose
+//      copy an abort interrupts is dropped, the one before kept). The steps
+//      after it are taken again (steps_redone), and their metrics reported again. Without one,
+//      the run stops and says why; so it does with fewer than trainer.min_workers survivors,
+//      or several processes (their communicators span the job and cannot be rebuilt from one).
+//      Snapshots cost a host copy of the parameters and optimiser state each K steps, on the
+//      step's own thread (a GPU's would need pinned memory and a copy stream); the memory plan
+//      counts two on the host (MemoryPlan::snapshots).
+//   4. The communicators are made anew over the survivors' devices (Backend::
+//      rebuilds_communicators; a backend that cannot is refused before step 1), and the
+//      survivors' workers start from that state with N - 1 ranks: the data is re-sharded from
+//      its sample position by the rule any resume with another device count follows
+//      (WorkerLoop::set_up_data), each worker keeps its batch (so the global batch shrinks;
+//      with trainer.keep_global_batch, accumulate_steps is raised to N k / (N - 1) where that
+//      is whole, and the global batch stays), and trainer.steps stays; with trainer.epochs the
+//      step count is that of N - 1 workers.
+//   So the run ends bit-identical to one that --resumes from a checkpoint written at the end
+//   of the step before the failed one (or of the snapshot's step), on the survivors' devices:
+//   tests/train/test_shrink.cpp. The failed step had not completed, so from its start no step
+//   is redone. One line on stderr says which worker and device, the error, the state, the steps
+//   redone and the seconds (the abort to the survivors' start); the Summary counts them (workers_lost, recoveries, steps_redone,
+//   recovery_s), and devices and the time accounting are then the survivors'.
+
+// Note [Shrink], step 2: on the worker's thread, after the teardown meeting (every failure is
+// recorded, every peer drained). Nothing a failure here would change: the slot stays empty, and
+// the shrink is refused.
+void Trainer::Impl::note_survivor(RunResources& r, int rank, detail::WorkerLoop& loop) const {
+  if (cfg.trainer.on_worker_failure != WorkerFailurePolicy::shrink) return;
+  const std::vector<int> lost = r.failures.lost_ranks();
+  if (lost.empty() || std::find(lost.begin(), lost.end(), global_rank(rank)) != lost.end()) return;
+  int first = 0;
+  while (std::find(lost.begin(), lost.end(), global_rank(first)) != lost.end()) ++first;
+  try {
+    const detail::WorkerLoop::Stopped at = loop.stopped();
+    if (rank == first && at.step > 0 && !at.updating && cfg.trainer.zero == 0)
+      r.recovery = loop.state_at_step_start();
+    r.stopped[rank] = at;
+  } catch (const std::exception&) {
+  }
+}
+
+// Note [Shrink], steps 2 and 3: the state the survivors go on from; nullopt when no worker was
+// lost (or trainer.on_worker_failure is stop, or another failure is fatal), so that the run's
+// failure is reported as always. Rethrows the loss, with why, when the run cannot go on.
+std::optional<Trainer::Impl::Recovery> Trainer::Impl::recovery_point(RunResources& r) const {
+  const TrainerConfig& tc = cfg.trainer;
+  if (tc.on_worker_failure != WorkerFailurePolicy::shrink) return std::nullopt;
+  const std::vector<int> lost = r.failures.lost_ranks();
+  if (lost.empty() || !r.failures.only_losses()) return std::nullopt;
+  const int n = static_cast<int>(r.comms.size()), left = n - static_cast<int>(lost.size());
+  const auto cannot = [&](const std::string& why) {
+    r.failures.rethrow_first(fmt::format("; trainer.on_worker_failure: shrink cannot go on: {}", why));
+  };
+  if (processes)
+    cannot(fmt::format("the run spans {} processes, whose communicators cannot be rebuilt from "
+                       "one of them",
+                       processes->size()));
+  if (left < tc.min_workers)
+    cannot(fmt::format("{} of {} workers are left, fewer than trainer.min_workers = {}", left, n,
+                       tc.min_workers));
+  // The state at the start of the failed step, when every survivor still holds it.
+  std::string why;
+  std::int64_t failed_step = 0;
+  std::optional<detail::WorkerLoop::Stopped> reference;
+  for (int rank = 0; rank < n; ++rank) {
+    if (std::find(lost.begin(), lost.end(), global_rank(rank)) != lost.end()) continue;
+    const auto& at = r.stopped[rank];
+    if (at) failed_step = std::max(failed_step, at->step);
+    if (!why.empty()) continue;
+    if (tc.zero == 1)
+      why = "with trainer.zero: 1 the lost worker held its shard of the optimizer state";
+    else if (!at)
+      why = fmt::format("worker {} could not report its state", rank);
+    else if (at->step == 0)
+      why = "the failure came before the first step";
+    else if (at->updating)
+      why = fmt::format("worker {} had begun the update of step {}, so the state at the step's "
+                        "start is gone",
+                        rank, at->step);
+    else if (reference && (at->step != reference->step || at->param_hash != reference->param_hash))
+      why = fmt::format("the survivors differ: step {} and parameter hash {:016x}, and step {} "
+                        "and {:016x}",
+                        reference->step, reference->param_hash, at->step, at->param_hash);
+    else if (!reference)
+      reference = at;
+  }
+  if (why.empty() && !r.recovery) why = "the first survivor could not copy its state";
+  if (why.empty())
+    return Recovery{.from = std::move(*r.recovery),
+                    .failed_step = failed_step,
+                    .state = fmt::format("the start of step {} (parameter hash {:016x})",
+                                         failed_step, reference->param_hash)};
+  // Else the newest in-memory snapshot: the steps after it are taken again.
+  std::optional<Checkpoint> snapshot = r.snapshot.newest();
+  if (!snapshot)
+    cannot(why + ", and there is no in-memory snapshot to recover from (trainer.snapshot_every)");
+  const std::int64_t step = snapshot->state.step;
+  failed_step = std::max(failed_step, step + 1);
+  return Recovery{.from = std::move(*snapshot),
+                  .failed_step = failed_step,
+                  .redone = failed_step - 1 - step,
+                  .state = fmt::format("the snapshot of step {} ({})", step, why)};
+}
+
+// Note [Shrink], step 4: the survivors' group, on their devices, from `from`. Between groups,
+// when no worker thread runs; cfg.trainer.devices and total_steps become the survivors' (run()
+// puts them back).
+void Trainer::Impl::shrink(RunResources& r, Recovery recovery) {
+  Checkpoint& from = recovery.from;
+  const std::vector<int> lost = r.failures.lost_ranks();
+  std::vector<int> survivors;
+  std::vector<std::string> lost_devices;
+  for (int rank = 0; rank < static_cast<int>(r.comms.size()); ++rank)
+    if (std::find(lost.begin(), lost.end(), global_rank(rank)) == lost.end())
+      survivors.push_back(cfg.trainer.devices[rank]);
+    else
+      lost_devices.push_back(fmt::format("{}:{}", r.backend->name(), cfg.trainer.devices[rank]));
+  std::string error;
+  try {
+    r.failures.rethrow_first();
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  const std::int64_t failed_step = recovery.failed_step;
+  // Faults at or before the failed step have struck, or will never strike now.
+  if (r.fault.step <= failed_step) r.fault = {};
+  // The global batch: each worker's kept (it shrinks), or with keep_global_batch the
+  // accumulation raised to keep it where the survivors divide it.
+  const int workers_before = static_cast<int>(cfg.trainer.devices.size());
+  const int micro_batches = workers_before * cfg.trainer.accumulate_steps;
+  const int left = static_cast<int>(survivors.size());
+  std::string batch = fmt::format("{} samples per step", left * cfg.trainer.accumulate_steps *
+                                                             cfg.data.batch_size);
+  if (cfg.trainer.keep_global_batch && micro_batches % left == 0) {
+    cfg.trainer.accumulate_steps = micro_batches / left;
+    summary.accumulate_steps = cfg.trainer.accumulate_steps;
+    batch += fmt::format(" (trainer.keep_global_batch: accumulate_steps {})",
+                         cfg.trainer.accumulate_steps);
+  } else if (cfg.trainer.keep_global_batch) {
+    batch += fmt::format(" (trainer.keep_global_batch: {} micro-batches do not divide among {} "
+                         "workers)",
+                         micro_batches, left);
+  }
+  cfg.trainer.devices = survivors;
+  total_steps = compute_total_steps();
+  r.samples_before += from.state.samples - (r.recovered_from ? r.recovered_from->state.samples
+                                            : resume                ? resume->state.samples
+                                                                    : 0);
+  r.comms.clear();
+  r.comms = r.backend->create_communicators(cfg.trainer.devices, processes);
+  r.failures.clear();
+  r.recovered_from = std::move(recovery.from);
+  const double seconds = steady_now_s() - r.aborted_s.load();
+  r.aborted_s.store(-1.0);
+  make_context(r, &*r.recovered_from, r.context->start_s);
+  summary.devices = cfg.trainer.devices;
+  summary.workers_lost += static_cast<int>(lost.size());
+  summary.recoveries += 1;
+  summary.steps_redone += recovery.redone;
+  summary.recovery_s += seconds;
+  if (r.metrics)
+    r.metrics->write(detail::Recovery{.step = failed_step,
+                                      .lost = fmt::format("{}", fmt::join(lost_devices, ",")),
+                                      .workers = static_cast<int>(survivors.size()),
+                                      .steps_redone = recovery.redone,
+                                      .recovery_s = seconds});
+  fmt::print(stderr,
+             "note: {}; going on with {} worker{} ({}:{}, {}) from {}, {} steps redone, {:.2f} s "
+             "after the abort (trainer.on_worker_failure: shrink)\n",
+             error, survivors.size(), survivors.size() == 1 ? "" : "s", r.backend->name(),
+             fmt::join(survivors, ","), batch, recovery.state, recovery.redone, seconds);
 }
 
 // Waits for the workers as Note [Bounded stop] says. Returns the local ranks left behind.
@@ -607,6 +832,11 @@ std::unique_ptr<Trainer::Impl::RunResources> Trainer::Impl::prepare_run() {
   r->backend = backend ? backend
                        : make_backend(tc.backend, tc.devices, {.comm = tc.comm, .precision = tc.precision});
   const detail::MemoryPlan memory_plan = check_memory(*r->backend);
+  if (tc.on_worker_failure == WorkerFailurePolicy::shrink && !r->backend->rebuilds_communicators())
+    throw InputError(fmt::format(
+        "{}: trainer.on_worker_failure: shrink needs communicators that can be rebuilt over the "
+        "surviving devices, which the {} backend cannot do yet; use stop",
+        cfg.source, r->backend->name()));
   r->comms = r->backend->create_communicators(tc.devices, processes);
   const int n = static_cast<int>(r->comms.size());
   const bool writer = process_rank() == 0;  // Note [Processes]
@@ -638,43 +868,68 @@ std::unique_ptr<Trainer::Impl::RunResources> Trainer::Impl::prepare_run() {
   }
   if (!tc.report.empty() && writer) r->report = std::make_unique<detail::RunReport>(tc.report);
   if (!resume) r->initial = !init.empty() ? init : model.initial_parameters(tc.seed);
-  const double start_s = steady_now_s();
-  r->heartbeats.emplace(n, start_s);
-  r->context.emplace(detail::RunContext{.cfg = cfg,
-                                        .model = model,
-                                        .train = train,
-                                        .eval = eval,
-                                        .callbacks = callbacks,
-                                        .resume = resume ? &*resume : nullptr,
-                                        .initial = r->initial,
-                                        .total_steps = total_steps,
-                                        .start_s = start_s,
-                                        .peak_flops = peak,
-                                        .fault = r->fault,
-                                        .stop_requested = stop_requested,
-                                        .saving_step = saving_step,
-                                        .trace = *r->trace,
-                                        .heartbeats = *r->heartbeats,
-                                        .checkpoints = r->checkpoints.get(),
-                                        .metrics = r->metrics.get(),
-                                        .report = r->report.get(),
-                                        .summary = summary,
-                                        .final_params = final_params,
-                                        .tokenizer_record = tokenizer_record});
+  r->peak_flops = peak;
+  make_context(*r, resume ? &*resume : nullptr, steady_now_s());
   return r;
+}
+
+// What the workers of one group see: the run's context from `from` (null: a fresh run), with
+// fresh heartbeats. Again for the survivors after a shrink, with the run's first start_s.
+void Trainer::Impl::make_context(RunResources& r, const Checkpoint* from, double start_s) {
+  r.heartbeats.emplace(static_cast<int>(r.comms.size()), steady_now_s());
+  r.stopped.assign(r.comms.size(), std::nullopt);
+  r.context.emplace(detail::RunContext{.cfg = cfg,
+                                       .model = model,
+                                       .train = train,
+                                       .eval = eval,
+                                       .callbacks = callbacks,
+                                       .resume = from,
+                                       .initial = r.initial,
+                                       .total_steps = total_steps,
+                                       .start_s = start_s,
+                                       .peak_flops = r.peak_flops,
+                                       .fault = r.fault,
+                                       .stop_requested = stop_requested,
+                                       .saving_step = saving_step,
+                                       .trace = *r.trace,
+                                       .heartbeats = *r.heartbeats,
+                                       .checkpoints = r.checkpoints.get(),
+                                       .metrics = r.metrics.get(),
+                                       .report = r.report.get(),
+                                       .snapshot = r.snapshot,
+                                       .summary = summary,
+                                       .final_params = final_params,
+                                       .tokenizer_record = tokenizer_record});
 }
 
 Summary Trainer::run() {
   Impl& im = *impl_;
   const TrainerConfig& tc = im.cfg.trainer;
   std::unique_ptr<Impl::RunResources> r = im.prepare_run();
-  const std::vector<int> behind = im.run_workers(*r);
-  if (!behind.empty()) {
-    const WorkerError error = im.left_behind(*r, behind);
-    (void)r.release();  // Note [Bounded stop]: a worker left behind may still use it
-    im.abandoned = true;
-    throw error;
+  // Note [Shrink]: the survivors' devices, accumulation and step count hold for this run only.
+  struct Restore {
+    Impl& im;
+    TrainerConfig trainer;
+    std::int64_t total_steps;
+    ~Restore() {
+      if (im.abandoned) return;  // Note [Bounded stop]: a worker left behind may read them
+      im.cfg.trainer = std::move(trainer);
+      im.total_steps = total_steps;
+    }
+  } restore{im, tc, im.total_steps};
+  while (true) {
+    const std::vector<int> behind = im.run_workers(*r);
+    if (!behind.empty()) {
+      const WorkerError error = im.left_behind(*r, behind);
+      (void)r.release();  // Note [Bounded stop]: a worker left behind may still use it
+      im.abandoned = true;
+      throw error;
+    }
+    std::optional<Impl::Recovery> recovery = im.recovery_point(*r);
+    if (!recovery) break;
+    im.shrink(*r, std::move(*recovery));
   }
+  im.summary.samples += r->samples_before;
   const double start_s = r->context->start_s;
   im.summary.wall_s = steady_now_s() - start_s;
   if (r->trace->enabled() && im.process_rank() == 0) r->trace->write_json(tc.trace, start_s);

@@ -222,7 +222,10 @@ void WorkerLoop::run(Backend& backend) {
     beat();
     enter(Phase::all_reduce);  // starting it, or running it inline
     res_.reducer->launch_remaining();
+    // Without overlap no bucket left during backward: the all-reduce fault strikes here.
+    run_.fault.lose_device(global_, pos_.step, Fault::Phase::all_reduce);
     const StepRecord::Host& record = reduce_and_update();
+    run_.fault.lose_device(global_, pos_.step, Fault::Phase::update);
     count_host_syncs();
     check_labels(record.loss, run_.train->classes(),
                  fmt::format("training data, step {}, a micro-batch", pos_.step));
@@ -234,6 +237,7 @@ void WorkerLoop::run(Backend& backend) {
     const UpdateResult update = after_update(totals, record.control);
     enter(Phase::report);
     report(totals, update, stop_now);
+    mark_step_start();
     end_of_step(stop_now);
     if (stop_now) {
       if (rank_ == 0) run_.summary.stopped_early = pos_.step < run_.total_steps;
@@ -256,7 +260,15 @@ void WorkerLoop::warm_up() {
   warm_up_step_tail(*res_.device, run_.cfg.optimizer, res_.replica->params_bf16() != nullptr);
 }
 
+// The state the next step starts from is now final: a survivor aborted from here to that
+// step's update holds it (Note [Shrink] in trainer.cpp; a peer may leave the end-of-step
+// barrier, begin the next step and fail there while this worker is still in the barrier).
+void WorkerLoop::mark_step_start() {
+  step_start_ = StepStart{.pos = pos_, .optimizer_steps = res_.optimizer->steps_taken()};
+}
+
 void WorkerLoop::begin_step() {
+  mark_step_start();
   ++pos_.step;
   beat();
   syncs_.at_step_start = res_.device->host_syncs();
@@ -294,6 +306,7 @@ void WorkerLoop::run_micro_batch(int micro, StepTotals& mine) {
   enter(Phase::forward);
   if (run_.callbacks.hooks.before_forward) run_.callbacks.hooks.before_forward(global_, pos_.step);
   run_.fault.before_forward(global_, pos_.step, comm_, dev);
+  run_.fault.lose_device(global_, pos_.step, Fault::Phase::forward);
   // bf16 with a GPT's LM head: its logits in bf16, and the fused classifier writing their
   // gradient over them, where backward reads it (Note [Fused classifier] in
   // src/cpu/ops/softmax.cpp).
@@ -323,6 +336,7 @@ void WorkerLoop::run_micro_batch(int micro, StepTotals& mine) {
   backward_.inject_nan = last_micro && run_.fault.at(global_, pos_.step, Fault::Kind::nan);
   backward_.layer_start_s = steady_now_s();
   enter(Phase::backward, last_micro ? 0 : -1);
+  if (last_micro) run_.fault.lose_device(global_, pos_.step, Fault::Phase::backward);
   TraceSpan span(track_, "backward", pos_.step);
   replica.backward(in.x->data<float>(), res_.dlogits.data(), b.size,
                    last_micro ? std::function<void(std::size_t)>(
@@ -344,6 +358,7 @@ void WorkerLoop::grads_ready(std::size_t layer) {
   }
   Reducer& reducer = *res_.reducer;
   reducer.layer_ready(layer);
+  if (reducer.launched() > 0) run_.fault.lose_device(global_, pos_.step, Fault::Phase::all_reduce);
   if (reducer.launched() < reducer.buckets().size())
     enter(Phase::backward, static_cast<int>(reducer.launched()));
 }
@@ -453,6 +468,7 @@ bool WorkerLoop::updates_per_bucket() const {
 void WorkerLoop::update_bucket(std::size_t i, double lr, const StepControl* control) {
   Replica& replica = *res_.replica;
   const ShardRange mine = res_.reducer->shard(i);
+  step_start_->updating = true;  // the state at the step's start is gone from here on
   // Without ZeRO the step writes the bf16 copy too; with it, gather_parameters() does.
   if (mine.size() > 0)
     res_.optimizer->apply(replica.params(), replica.grads(), lr, mine.begin, mine.end, control,
@@ -584,6 +600,7 @@ void WorkerLoop::end_of_step(bool stop_now) {
     times_.barrier_wait_s += steady_now_s() - t0;
   }
   checkpoint_if_due(stop_now);
+  snapshot_if_due();
   run_.fault.at_end_of_step(global_, step);
 }
 
@@ -599,6 +616,20 @@ void WorkerLoop::checkpoint_if_due(bool stop_now) {
   TraceSpan span(track_, "checkpoint", pos_.step);
   std::vector<StateVector> state = gather_optimizer_state();
   if (global_ == 0 && run_.checkpoints) save_checkpoint(std::move(state));
+}
+
+// trainer.snapshot_every: the state after the step's barrier, as a checkpoint of it would hold
+// it, in host memory (Note [Shrink] in trainer.cpp). With ZeRO-1 every rank takes part in
+// gathering the optimiser state.
+void WorkerLoop::snapshot_if_due() {
+  const std::int64_t every = run_.cfg.trainer.snapshot_every;
+  if (every <= 0 || pos_.step % every != 0 || (!zero() && rank_ != 0)) return;
+  enter(Phase::checkpoint);
+  TraceSpan span(track_, "snapshot", pos_.step);
+  std::vector<StateVector> state = gather_optimizer_state();
+  if (rank_ == 0)
+    run_.snapshot.replace(
+        make_checkpoint(pos_, res_.optimizer->steps_taken(), std::move(state)));
 }
 
 // The optimiser state of the whole parameter buffer. With ZeRO-1 each rank holds its shards
@@ -660,7 +691,8 @@ void WorkerLoop::check_replicas() {
   }
 }
 
-void WorkerLoop::save_checkpoint(std::vector<StateVector> optimizer_state) {
+Checkpoint WorkerLoop::make_checkpoint(const Position& at, std::int64_t optimizer_steps,
+                                       std::vector<StateVector> optimizer_state) const {
   const Config& cfg = run_.cfg;
   Checkpoint ckpt;
   ckpt.tensors = run_.model.param_tensors();
@@ -674,17 +706,23 @@ void WorkerLoop::save_checkpoint(std::vector<StateVector> optimizer_state) {
   if (!run_.train->feature_mean().empty())
     record_standardization(ckpt.metadata, run_.train->feature_mean(), run_.train->feature_std());
   const std::int64_t samples_before = run_.resume ? run_.resume->state.samples : 0;
-  ckpt.state = {.step = pos_.step,
-                .epoch = pos_.epoch,
-                .batch_in_epoch = pos_.batch_in_epoch,
-                .samples = samples_before + pos_.samples,
+  ckpt.state = {.step = at.step,
+                .epoch = at.epoch,
+                .batch_in_epoch = at.batch_in_epoch,
+                .samples = samples_before + at.samples,
                 .config_hash = config_hash(cfg),
                 .workers = comm_.size(),
                 .optimizer = cfg.optimizer.type,
-                .optimizer_steps = res_.optimizer->steps_taken(),
+                .optimizer_steps = optimizer_steps,
                 .seed = cfg.trainer.seed,
                 .config = config_values(cfg)};
   ckpt.optimizer_state = std::move(optimizer_state);
+  return ckpt;
+}
+
+void WorkerLoop::save_checkpoint(std::vector<StateVector> optimizer_state) {
+  Checkpoint ckpt =
+      make_checkpoint(pos_, res_.optimizer->steps_taken(), std::move(optimizer_state));
   // Note [Watchdog]: a slow save is alive between its stages.
   const auto stage_done = [this] {
     run_.fault.during_save(global_, pos_.step);
@@ -698,6 +736,21 @@ void WorkerLoop::save_checkpoint(std::vector<StateVector> optimizer_state) {
   saving.step.store(pos_.step);
   run_.summary.last_checkpoint = run_.checkpoints->save(ckpt, stage_done).weights.string();
   if (run_.callbacks.checkpoint) run_.callbacks.checkpoint(pos_.step, run_.summary.last_checkpoint);
+}
+
+WorkerLoop::Stopped WorkerLoop::stopped() const {
+  if (!step_start_) return {};
+  Replica& replica = *res_.replica;
+  return {.step = step_start_->pos.step + 1,
+          .updating = step_start_->updating,
+          .param_hash = replica.device().hash(replica.params(), replica.param_count())};
+}
+
+// The parameters are the step's starting ones until its update begins; so is the optimiser's
+// state, and its step count is the one recorded as the step began (begin_step() of the
+// optimiser may have counted this step already).
+Checkpoint WorkerLoop::state_at_step_start() const {
+  return make_checkpoint(step_start_->pos, step_start_->optimizer_steps, res_.optimizer->state());
 }
 
 // ---- Finish -------------------------------------------------------------------------------------

@@ -60,6 +60,8 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -93,6 +95,25 @@ struct TrainerCallbacks {
   TrainerHooks hooks;
 };
 
+// The newest in-memory snapshot (trainer.snapshot_every; Note [Shrink] in trainer.cpp): local
+// worker 0 builds a whole new one on the host, and only then replaces the old, so a failure
+// while it copies leaves the previous one. Thread-safe.
+class SnapshotSlot {
+ public:
+  void replace(Checkpoint newest) {
+    std::lock_guard lock(mutex_);
+    newest_ = std::move(newest);
+  }
+  std::optional<Checkpoint> newest() const {
+    std::lock_guard lock(mutex_);
+    return newest_;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::optional<Checkpoint> newest_;
+};
+
 // The run as its workers see it, set up by Trainer::run before the threads start. Workers only
 // read it, except `summary` and `final_params`, which local worker 0 alone writes.
 struct RunContext {
@@ -114,6 +135,7 @@ struct RunContext {
   CheckpointManager* checkpoints;  // null: no checkpoints, or not the writing process
   MetricsLog* metrics;             // trainer.metrics; null: unset, or not the writing process
   RunReport* report;               // trainer.report; null: unset, or not the writing process
+  SnapshotSlot& snapshot;
   Summary& summary;
   std::vector<float>& final_params;
   const std::map<std::string, std::string>& tokenizer_record;  // for checkpoints' metadata
@@ -176,6 +198,18 @@ class WorkerLoop {
   // Waits for the all-reduces still in flight, after a failure (Note [Failure]).
   void drain() noexcept;
 
+  // Where this worker stood when its run was aborted: what Note [Shrink] in trainer.cpp needs
+  // to know of a survivor. Called on the worker's thread, after drain() and the teardown meeting.
+  struct Stopped {
+    std::int64_t step = 0;      // the step it had not finished; 0: it had begun none
+    bool updating = false;      // it had begun that step's optimiser update
+    std::uint64_t param_hash = 0;  // of its parameters, as check_replicas() hashes them
+  };
+  Stopped stopped() const;
+  // The state at the start of the step it was in, as a checkpoint written at the end of the step
+  // before holds it (save_checkpoint). Without ZeRO-1, and only while !stopped().updating.
+  Checkpoint state_at_step_start() const;
+
  private:
   // Everything this worker owns, in dependency order: later members use earlier ones.
   struct Resources {
@@ -237,6 +271,7 @@ class WorkerLoop {
   void set_up_data(bool cores_scarce);
   void warm_up();
   void begin_step();
+  void mark_step_start();
   void count_host_syncs();
   void run_micro_batch(int micro, StepTotals& mine);
   StepTotals agree_totals(StepTotals mine);
@@ -258,7 +293,10 @@ class WorkerLoop {
   EvalMetrics evaluate();
   void check_replicas();
   void checkpoint_if_due(bool stop_now);
+  void snapshot_if_due();
   std::vector<StateVector> gather_optimizer_state();
+  Checkpoint make_checkpoint(const Position& at, std::int64_t optimizer_steps,
+                             std::vector<StateVector> optimizer_state) const;
   void save_checkpoint(std::vector<StateVector> optimizer_state);
   [[noreturn]] void report_nonfinite(double loss, double grad_norm);
   void beat();
@@ -272,6 +310,15 @@ class WorkerLoop {
   std::vector<TraceEvent>* track_;
   Resources res_;
   Position pos_;
+  // The position and the optimiser's step count the next step starts from (the last step's
+  // end, until that next step's update begins), and whether it has: a recovery's state (Note
+  // [Shrink] in trainer.cpp). Set as a step begins and once it is done.
+  struct StepStart {
+    Position pos;
+    std::int64_t optimizer_steps = 0;
+    bool updating = false;
+  };
+  std::optional<StepStart> step_start_;  // nullopt before the first step
   Window window_;
   Times times_;
   BackwardProbe backward_;

@@ -184,6 +184,30 @@ TEST_CASE("cli: an injected fault exits 1 and names the worker") {
                 output);
 }
 
+// Note [Shrink]: the run goes on with the survivors and exits 0; below trainer.min_workers it
+// stops as any failure does, with exit 1 and the reason.
+TEST_CASE("cli: with on_worker_failure shrink a lost device leaves the run going, or says why not") {
+  const std::string train = "train " + kQuickstart +
+                            " --set trainer.devices=3 --set trainer.steps=12 "
+                            "--set trainer.on_worker_failure=shrink --set trainer.stop_grace_s=2";
+  const Result r = run_cli(train, "LOCKSTEP_FAULT=2:5:lost:backward");
+  CHECK_MESSAGE(r.code == 0, r.output);
+  CHECK_MESSAGE(r.output.find("note: worker 2 (cpu:2): injected fault: the device was lost in "
+                              "backward at step 5; going on with 2 workers (cpu:0,1, 64 "
+                              "samples per step) from the start of step 5") != std::string::npos,
+                r.output);
+  CHECK_MESSAGE(r.output.find("workers lost        1 (1 recovery, 0 steps redone, ") !=
+                    std::string::npos,
+                r.output);
+  const auto start = std::chrono::steady_clock::now();
+  const Result below = run_cli(train + " --set trainer.min_workers=3", "LOCKSTEP_FAULT=2:5:lost");
+  CHECK_MESSAGE(below.code == 1, below.output);
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(2 + 5));
+  CHECK_MESSAGE(below.output.find("shrink cannot go on: 2 of 3 workers are left, fewer than "
+                                  "trainer.min_workers = 3") != std::string::npos,
+                below.output);
+}
+
 TEST_CASE("cli: export and eval reject what is not a checkpoint") {
   const fs::path junk = write("junk.safetensors", "not a safetensors file at all");
   const Result ex = run_cli("export " + junk.string() + " --out " + (temp_dir() / "x.safetensors").string());

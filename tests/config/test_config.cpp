@@ -682,7 +682,8 @@ TEST_CASE("config: a nested section's keys are named by their leaves") {
                  "valid keys: backend, devices, steps, epochs, seed, log_every, eval_every, "
                  "check_replicas_every, threads_per_device, comm, precision, bucket_cap_mb, "
                  "overlap, grad_reduce_dtype, accumulate_steps, zero, trace, report, metrics, "
-                 "on_nonfinite, max_nonfinite_skips, step_timeout_s, stop_grace_s, checkpoint.dir, "
+                 "on_nonfinite, max_nonfinite_skips, step_timeout_s, stop_grace_s, "
+                 "on_worker_failure, min_workers, keep_global_batch, snapshot_every, checkpoint.dir, "
                  "checkpoint.every_steps, checkpoint.keep_last"));
   CHECK(error_of(kMinimal, {"trainer.checkpoint=runs/x"}) ==
         "--set trainer.checkpoint=runs/x: trainer.checkpoint: expected a map of "

@@ -59,3 +59,19 @@ TEST_CASE("a Trainer with an injected backend makes its devices there and trains
   CHECK(s.param_hash == p.param_hash);
   CHECK(injected.final_parameters() == plain.final_parameters());
 }
+
+// Note [Shrink]: a backend that does not say it rebuilds its communicators (as the CUDA backend
+// does not yet) is refused before step 1, naming the key; one that does goes on.
+TEST_CASE("trainer.on_worker_failure: shrink needs a backend that rebuilds its communicators") {
+  auto train = std::make_shared<InMemoryDataset>(make_synthetic(200, 12, 4, 1));
+  Config cfg = test::small_mlp_config(2, 8, OptimizerKind::adamw);
+  cfg.trainer.on_worker_failure = WorkerFailurePolicy::shrink;
+  auto backend = std::make_shared<CountingBackend>();
+  CHECK_THROWS_WITH_AS(Trainer(cfg, train, nullptr, nullptr, backend).run(),
+                       "test: trainer.on_worker_failure: shrink needs communicators that can be "
+                       "rebuilt over the surviving devices, which the counting backend cannot do "
+                       "yet; use stop",
+                       InputError);
+  CHECK(backend->communicator_calls == 0);
+  CHECK(make_cpu_backend()->rebuilds_communicators());
+}

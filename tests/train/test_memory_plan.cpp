@@ -45,6 +45,14 @@ TEST_CASE("memory plan: parameters, gradients, optimiser state and staging in cl
   // Workers on a device do not count against the host.
   const detail::MemoryPlan gpu = detail::plan_memory(cfg, model, data, nullptr, false);
   CHECK(gpu.host() == gpu.dataset + 2 * 26 * 4);
+  // In-memory snapshots (trainer.snapshot_every): two of the parameters and the optimiser state.
+  cfg.optimizer.type = OptimizerKind::adamw;
+  cfg.trainer.snapshot_every = 10;
+  CHECK(detail::plan_memory(cfg, model, data, nullptr, false).snapshots == 0);  // stop: unused
+  cfg.trainer.on_worker_failure = WorkerFailurePolicy::shrink;
+  const detail::MemoryPlan snapshots = detail::plan_memory(cfg, model, data, nullptr, false);
+  CHECK(snapshots.snapshots == 2 * 3 * 26 * 4);
+  CHECK(snapshots.host() == gpu.dataset + 2 * 26 * 4 + 2 * 3 * 26 * 4);
 }
 
 TEST_CASE("summary: per-worker bytes of parameters, gradients, optimiser state and activations") {

@@ -144,3 +144,25 @@ TEST_CASE("a worker failing in one process stops every process, naming its globa
   REQUIRE(runs[1].error);
   CHECK(message_of(runs[1].error) == "worker 3 (cpu:1): injected");
 }
+
+// Note [Shrink]: the survivors' communicators would span every process; one process cannot
+// rebuild them, so a lost device stops the job as any failure does, saying why.
+TEST_CASE("on_worker_failure shrink across processes stops at a lost device and says why") {
+  auto data = std::make_shared<InMemoryDataset>(make_synthetic(120, 10, 3, 4));
+  const auto runs = run_job(2, [&](int, std::shared_ptr<ProcessGroup> processes) {
+    Config cfg = job_config(2);
+    cfg.trainer.on_worker_failure = WorkerFailurePolicy::shrink;
+    auto trainer = std::make_unique<Trainer>(cfg, data, nullptr, processes);
+    TrainerHooks hooks;
+    hooks.before_forward = [](int rank, std::int64_t step) {
+      if (rank == 3 && step == 4) throw DeviceLost("injected");
+    };
+    trainer->set_hooks(hooks);
+    return trainer;
+  });
+  REQUIRE(runs[0].error);
+  REQUIRE(runs[1].error);
+  CHECK(message_of(runs[1].error) ==
+        "worker 3 (cpu:1): injected; trainer.on_worker_failure: shrink cannot go on: the run "
+        "spans 2 processes, whose communicators cannot be rebuilt from one of them");
+}

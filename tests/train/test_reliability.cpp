@@ -34,19 +34,8 @@ Config config(int devices, OptimizerKind opt, const fs::path& dir) {
   return cfg;
 }
 
-fs::path fresh_dir(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("lockstep_reliability_" + name);
-  fs::remove_all(dir);
-  return dir;
-}
-
-// Sets an environment variable for the scope of a test. Each doctest case runs in its own
-// process under CTest, so nothing leaks into other tests.
-struct ScopedEnv {
-  ScopedEnv(const char* name, const std::string& value) : name_(name) { setenv(name, value.c_str(), 1); }
-  ~ScopedEnv() { unsetenv(name_); }
-  const char* name_;
-};
+fs::path fresh_dir(const std::string& name) { return test::fresh_dir("lockstep_reliability_" + name); }
+using test::ScopedEnv;
 
 }  // namespace
 

@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <filesystem>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -75,6 +77,25 @@ inline Config small_gpt_config(int devices, int batch) {
   cfg.optimizer.weight_decay = 0.1;
   cfg.optimizer.clip_grad_norm = 1.0;
   return cfg;
+}
+
+// Sets an environment variable (LOCKSTEP_FAULT) for the scope of a test. Each doctest case runs
+// in its own process under CTest, so nothing leaks into other tests.
+struct ScopedEnv {
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() { unsetenv(name_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+  const char* name_;
+};
+
+// `name` under the temporary directory, emptied: where a test's checkpoints go.
+inline std::filesystem::path fresh_dir(const std::string& name) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / name;
+  std::filesystem::remove_all(dir);
+  return dir;
 }
 
 // max |a - b| / max |b|
