@@ -1,15 +1,21 @@
 // Multi-rank training that would mean something on 2 or more GPUs (issue 31), on the GPUs this
 // machine has: a GPT with several gradient buckets all-reduced while backward runs, ZeRO-1, and
-// a checkpoint resumed, on the peer communicator (4 replicas of GPU 0, which any one GPU runs)
-// and, with 2 GPUs, on NCCL (devices 0 and 1). Public API only: builds without CUDA, and each
-// case skips without a usable GPU.
+// a checkpoint resumed; and a rank lost mid-backward while its peers' bucket all-reduces are in
+// flight. On the peer communicator (4 replicas of GPU 0, which any one GPU runs) and, with 2
+// GPUs, on NCCL (devices 0 and 1). Public API only: builds without CUDA, and each case skips
+// without a usable GPU.
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "../cli/cli_runner.hpp"
 #include "../train/trainer_fixtures.hpp"
 #include "gpu_vs_cpu.hpp"
 #include "lockstep/lockstep.hpp"
@@ -95,6 +101,30 @@ TEST_SUITE("cuda multi-rank") {
         CHECK(resumed.final_parameters() == whole.final_parameters());
         CHECK(r.param_hash == w.param_hash);
       }
+    }
+  }
+
+  TEST_CASE("cuda multi-rank: a rank lost mid-backward, its peers' all-reduces in flight, stops every rank within 10 s") {
+    auto cuda = test::cuda_or_skip();
+    if (!cuda) return;
+    const std::string gpt_tiny = std::string(LOCKSTEP_SOURCE_DIR) + "/configs/gpt_tiny.yaml";
+    for (const std::vector<int>& devices : device_lists(*cuda)) {
+      const std::string ids = fmt::format("[{}]", fmt::join(devices, ","));
+      CAPTURE(ids);
+      // Buckets of 0.05 MB: backward starts an all-reduce every few layers, so worker 1 fails
+      // with earlier buckets' collectives queued on every rank (trainer.on_worker_failure stop).
+      const auto start = std::chrono::steady_clock::now();
+      const test::CliResult r = test::run_cli(
+          "train " + gpt_tiny + " --set trainer.backend=cuda --set 'trainer.devices=" + ids +
+              "' --set trainer.steps=100 --set trainer.bucket_cap_mb=0.05 "
+              "--set trainer.checkpoint.dir=null",
+          "LOCKSTEP_FAULT=1:5:lost:backward timeout -s KILL 60");
+      const double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      CHECK_MESSAGE(r.code == 1, r.output);
+      CHECK(seconds < 10.0);
+      CHECK_MESSAGE(r.output.find("worker 1 (cuda:") != std::string::npos, r.output);
+      CHECK(r.output.find("injected fault: the device was lost in backward") != std::string::npos);
     }
   }
 }
