@@ -196,10 +196,12 @@ void CudaDevice::copy_to_host(void* host_dst, const void* src, std::size_t bytes
   auto* out = static_cast<char*>(host_dst);
   const auto* in = static_cast<const char*>(src);
   std::size_t pending_at[2] = {0, 0}, pending_len[2] = {0, 0};  // a chunk's bytes on their way
-  const auto collect = [&](int k) {  // waits for chunk k's copy, then copies its bytes out
+  // Waits for chunk k's last transfer (this read's copy into it, or an upload copy_to_device
+  // queued from it), then copies out the bytes this read left there, if any.
+  const auto collect = [&](int k) {
+    const cudaEvent_t last = staging_done_[k].get();
+    wait_until([last] { return event_done(last); });
     if (pending_len[k] == 0) return;
-    const cudaEvent_t copied = staging_done_[k].get();
-    wait_until([copied] { return event_done(copied); });
     std::memcpy(out + pending_at[k], static_cast<char*>(staging_.get()) + k * kStagingChunk,
                 pending_len[k]);
     pending_len[k] = 0;
@@ -209,9 +211,6 @@ void CudaDevice::copy_to_host(void* host_dst, const void* src, std::size_t bytes
     const int k = next_chunk_;
     next_chunk_ = 1 - k;
     collect(k);
-    // The chunk may still be the source of an upload that copy_to_device queued.
-    const cudaEvent_t chunk_free = staging_done_[k].get();
-    wait_until([chunk_free] { return event_done(chunk_free); });
     char* chunk = static_cast<char*>(staging_.get()) + static_cast<std::size_t>(k) * kStagingChunk;
     CUDA_CHECK(cudaMemcpyAsync(chunk, in + done, len, cudaMemcpyDeviceToHost, stream()));
     CUDA_CHECK(cudaEventRecord(staging_done_[k].get(), stream()));
