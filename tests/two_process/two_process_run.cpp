@@ -162,8 +162,8 @@ Args parse(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    if ((arg == "--set" || arg == "--summary-json") && i + 1 < argc)
-      (arg == "--set" ? a.overrides.emplace_back(argv[++i]) : a.summary_json = argv[++i]);
+    if (arg == "--set" && i + 1 < argc) a.overrides.emplace_back(argv[++i]);
+    else if (arg == "--summary-json" && i + 1 < argc) a.summary_json = argv[++i];
     else if (!arg.starts_with("-") && a.config.empty()) a.config = arg;
     else throw InputError(fmt::format("unexpected argument '{}'; usage: lockstep_two_process_run "
                                       "CONFIG [--set KEY=VALUE]... [--summary-json FILE]", arg));
