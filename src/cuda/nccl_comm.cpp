@@ -1,5 +1,5 @@
-// NCCL communicators, one per rank: created together by ncclCommInitAll within one process,
-// or by ncclCommInitRank across processes.
+// NCCL communicators, one per rank, non-blocking: created together from one unique id, within
+// one process or across the processes of a job.
 //
 // Note [NCCL ordering]
 //   Data-plane calls are ordered on the GPU alone, never by a host wait:
@@ -25,10 +25,25 @@
 //   of any rank's Communicator aborts them all (ncclCommAbort), from whichever thread calls it:
 //   a rank waiting on its device behind a collective whose partner died is released only when
 //   its own NCCL communicator is aborted, and the failing rank is rarely that one. Every call
-//   into NCCL on one communicator (an enqueue, an error poll, the abort, the destroy) holds that
-//   communicator's mutex, so an abort from the watchdog thread never frees a communicator under
-//   a worker's ncclAllReduce. Enqueues hold it briefly: they run after the control group's
-//   barrier (Note [NCCL ordering]), when every peer is enqueuing too.
+//   into NCCL on one communicator (an enqueue, an error poll, the destroy) runs inside that
+//   communicator's AbortableSlot, so an abort from the watchdog thread never frees a
+//   communicator under a worker's ncclAllReduce; and the abort never waits for the worker's
+//   call to return (Note [Abort without the lock] in abortable_slot.hpp): when a worker is
+//   inside, the abort is left to it, on its way out.
+//
+// Note [Non-blocking NCCL]
+//   The communicators are made non-blocking (ncclConfig_t::blocking = 0; ncclCommInitAll takes
+//   no configuration, so one process's group is made as ncclCommInitAll makes it, from one
+//   ncclGetUniqueId and a group of ncclCommInitRankConfig). Then no NCCL call waits for a
+//   peer: ncclGroupEnd returns ncclInProgress at once where it would have waited (connecting
+//   lazily, say), and the rank polls ncclCommGetAsyncError outside the slot until the group is
+//   enqueued (ncclSuccess), checking the group's abort flag between polls. A peer that never
+//   arrives therefore leaves the rank polling, not blocked, and the abort ends both: the flag
+//   ends the poll, the slot's abort the communicator. NCCL_COMM_BLOCKING=1 in the environment
+//   overrides the configuration (NCCL reads it); every call then returns ncclSuccess and the
+//   polls end at once, but a peer that never arrives can block an enqueue again.
+//   Eager connection (Note [NCCL connections]) stays: it keeps the first collective's connect
+//   out of the steps.
 //
 // Note [NCCL teardown]
 //   The destructors run on the host thread after the workers have joined; each destroys its
@@ -46,14 +61,18 @@
 //   of NCCL, until the top level ends the job (MPI_Abort).
 #include "cuda/nccl_comm.hpp"
 
+#include <chrono>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 #include <fmt/format.h>
 
+#include "cuda/abortable_slot.hpp"
 #include "cuda/bind_queue.hpp"
 #include "cuda/check.hpp"
 #include "cuda/handles.hpp"
@@ -66,19 +85,27 @@ namespace {
 // Note [NCCL connections]
 //   NCCL 2.22 and later connect the ranks lazily by default (NCCL_RUNTIME_CONNECT=1): the first
 //   collective of each algorithm connects inside its ncclGroupEnd and waits there for every
-//   peer. Our enqueue holds its rank's communicator lock through ncclGroupEnd (Note [NCCL
-//   abort]), so a peer that never arrives (it failed after the barrier, or its device did) would
-//   leave the owner blocked holding the lock, and the abort, which takes every rank's lock, blocked
-//   behind it: run() would never return. So the connections are made when the communicators are
-//   made (NCCL_RUNTIME_CONNECT=0), where the ranks are all present by construction (one
-//   ncclCommInitAll, or one group of ncclCommInitRank after the id's broadcast), and an enqueue
-//   then only queues work. It costs some start-up time and the buffers of algorithms the run may
-//   never use. A user who sets NCCL_RUNTIME_CONNECT is obeyed. The variable is set before the
-//   first communicator is made, on the thread that makes the workers, before they start (setenv
-//   is not safe against a concurrent getenv).
+//   peer. A peer that never arrives (it failed after the barrier, or its device did) would then
+//   leave a blocking communicator's enqueue waiting for ever, and before the communicators were
+//   non-blocking (Note [Non-blocking NCCL]) the abort waited behind it. The connections are
+//   still made when the communicators are made (NCCL_RUNTIME_CONNECT=0), where the ranks are all
+//   present by construction (one group of ncclCommInitRankConfig, after the id's broadcast
+//   across processes): the connect's seconds then fall before step 1 instead of inside it, and
+//   a user who forces blocking communicators (NCCL_COMM_BLOCKING=1) keeps the guarantee. It
+//   costs the buffers of algorithms the run may never use. A user who sets NCCL_RUNTIME_CONNECT
+//   is obeyed. The variable is set before the first communicator is made, on the thread that
+//   makes the workers, before they start (setenv is not safe against a concurrent getenv).
 void connect_eagerly() {
   static std::once_flag once;
   std::call_once(once, [] { (void)setenv("NCCL_RUNTIME_CONNECT", "0", /*overwrite=*/0); });
+}
+
+// Note [Non-blocking NCCL]: a call on a non-blocking communicator may answer ncclInProgress,
+// which is not an error; the caller then polls until the call's work is enqueued.
+#define NCCL_START(call) \
+  ::lockstep::cuda::check_started(static_cast<ncclResult_t>(call), #call, __FILE__, __LINE__)
+void check_started(ncclResult_t status, const char* call, const char* file, int line) {
+  if (status != ncclInProgress) check(status, call, file, line);
 }
 
 // ncclGroupStart() now, ncclGroupEnd() at end() or, if an enqueue threw first, on unwinding.
@@ -92,12 +119,30 @@ class NcclGroup {
   }
   void end() {
     open_ = false;
-    NCCL_CHECK(ncclGroupEnd());
+    NCCL_START(ncclGroupEnd());
   }
 
  private:
   bool open_ = true;
 };
+
+// Polls `state` (ncclCommGetAsyncError's answer) until the communicator's last call has done
+// its work: false once `stop()` says the group aborted, true at ncclSuccess, throws on an
+// error. Yields at first (an enqueue's group usually ends within microseconds), then sleeps.
+// `what` names the call whose work is awaited, for the error.
+template <class State, class Stop>
+bool poll_until_done(const char* what, State&& state, Stop&& stop) {
+  for (int polls = 0;; ++polls) {
+    const ncclResult_t now = state();
+    if (now == ncclSuccess) return true;
+    if (now != ncclInProgress) check(now, what, __FILE__, __LINE__);
+    if (stop()) return false;
+    if (polls < 1000)
+      std::this_thread::yield();
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
+}
 
 // The process's NCCL communicators (Note [NCCL abort]).
 class NcclComms {
@@ -108,36 +153,45 @@ class NcclComms {
   NcclComms(const NcclComms&) = delete;
   NcclComms& operator=(const NcclComms&) = delete;
 
-  // Calls f(comm) with local rank r's communicator, under its lock. False, without calling f,
-  // once that communicator was aborted or destroyed.
+  // Calls f(comm) with local rank r's communicator, inside its slot. False, without calling f,
+  // once the group's abort was requested or that communicator was destroyed.
   template <class F>
   bool use(int r, F&& f) {
     Slot& slot = *slots_[r];
-    std::lock_guard lock(slot.mutex);
-    if (slot.released) return false;
-    f(slot.comm);
-    return true;
+    return slot.slot.use([&] { f(slot.comm); });
   }
-  // Aborts every communicator still alive. Never throws; idempotent.
+  // Note [Non-blocking NCCL]: waits until rank r's last call has done its work. False when the
+  // group aborted first (`aborted()`, or the slot's own abort).
+  template <class Aborted>
+  bool wait_done(int r, Aborted&& aborted) {
+    ncclResult_t state = ncclSuccess;
+    return poll_until_done(
+        "an NCCL group (ncclGroupEnd, then ncclCommGetAsyncError)",
+        [&] {
+          if (!use(r, [&](ncclComm_t comm) { NCCL_START(ncclCommGetAsyncError(comm, &state)); }))
+            return ncclInProgress;  // aborted: the stop below ends the poll
+          return state;
+        },
+        [&] { return aborted() || slots_[r]->slot.abort_requested(); });
+  }
+  // Aborts every communicator still alive, without waiting for a worker inside its slot. Never
+  // throws; idempotent.
   void abort_all() noexcept {
-    for (auto& slot : slots_) release(*slot, /*abort=*/true);
+    for (auto& slot : slots_) slot->slot.abort();
   }
   // Destroys rank r's communicator: aborts it when the group was aborted (Note [NCCL teardown]).
-  void release(int r, bool abort) noexcept { release(*slots_[r], abort); }
+  void release(int r, bool abort) noexcept {
+    Slot& slot = *slots_[r];
+    if (abort) return slot.slot.abort();
+    slot.slot.release([&] { (void)ncclCommDestroy(slot.comm); });
+  }
 
  private:
   struct Slot {
-    explicit Slot(ncclComm_t c) : comm(c) {}
-    std::mutex mutex;
+    explicit Slot(ncclComm_t c) : comm(c), slot([c] { (void)ncclCommAbort(c); }) {}
     ncclComm_t comm;
-    bool released = false;
+    AbortableSlot slot;
   };
-  static void release(Slot& slot, bool abort) noexcept {
-    std::lock_guard lock(slot.mutex);
-    if (slot.released) return;
-    slot.released = true;
-    (void)(abort ? ncclCommAbort(slot.comm) : ncclCommDestroy(slot.comm));
-  }
 
   std::vector<std::unique_ptr<Slot>> slots_;
 };
@@ -285,7 +339,7 @@ class NcclCommunicator final : public Communicator {
   void check_async_error() {
     ncclResult_t async = ncclSuccess;
     (void)comms_->use(local_, [&](ncclComm_t comm) {
-      NCCL_CHECK(ncclCommGetAsyncError(comm, &async));
+      NCCL_START(ncclCommGetAsyncError(comm, &async));
     });
     if (async != ncclSuccess && async != ncclInProgress)
       throw std::runtime_error(fmt::format("NCCL asynchronous error on rank {}: {}", rank_,
@@ -296,29 +350,31 @@ class NcclCommunicator final : public Communicator {
     const std::size_t n = static_cast<std::size_t>(size_);
     return count % (n * grain) == 0 ? count / n : 0;
   }
-  // Note [NCCL ordering]: meets the other ranks, then, under the communicator's lock (Note
-  // [NCCL abort]), orders the comm stream after the compute stream's work so far, runs
-  // body(comm, comm stream) as one NCCL group, and orders what follows after it: the compute
-  // stream's later work, or, for an async collective, its work's end event.
+  // Note [NCCL ordering]: meets the other ranks, then, inside the communicator's slot (Note
+  // [NCCL abort]), orders the comm stream after the compute stream's work so far and runs
+  // body(comm, comm stream) as one NCCL group; once NCCL has enqueued it (Note [Non-blocking
+  // NCCL]), orders what follows after it: the compute stream's later work, or, for an async
+  // collective, its work's end event.
   template <class Body>
   void enqueue(Body&& body) {
     if (!compute_) throw std::logic_error("NCCL communicator: attach() was not called");
     check_async_error();
     control_->barrier();
     const cudaStream_t stream = comm_stream_.get();
-    const bool enqueued = comms_->use(local_, [&](ncclComm_t comm) {
+    StreamWork* deferred = async_.deferred();
+    const bool entered = comms_->use(local_, [&](ncclComm_t comm) {
       CUDA_CHECK(cudaEventRecord(ready_.get(), compute_));
       CUDA_CHECK(cudaStreamWaitEvent(stream, ready_.get(), 0));
-      StreamWork* deferred = async_.deferred();
       if (deferred) deferred->record_start(stream);
       NcclGroup group;
       body(comm, stream);
       group.end();
-      if (deferred) return deferred->record_end(stream);
-      CUDA_CHECK(cudaEventRecord(done_.get(), stream));
-      CUDA_CHECK(cudaStreamWaitEvent(compute_, done_.get(), 0));
     });
-    if (!enqueued) throw CommAborted();
+    // Note [Non-blocking NCCL]: the group's kernels are on the stream once NCCL says so.
+    if (!entered || !comms_->wait_done(local_, [this] { return aborted(); })) throw CommAborted();
+    if (deferred) return deferred->record_end(stream);
+    CUDA_CHECK(cudaEventRecord(done_.get(), stream));
+    CUDA_CHECK(cudaStreamWaitEvent(compute_, done_.get(), 0));
   }
 
   const int rank_, size_, device_id_;
@@ -331,6 +387,45 @@ class NcclCommunicator final : public Communicator {
   AsyncCollectives async_;
 };
 
+// Ranks first_rank... of `world`, one per device of device_ids, made non-blocking (Note
+// [Non-blocking NCCL]) inside one group, as one thread must make several ranks; returns once
+// every one is ready. On an error the ones made are aborted.
+std::vector<ncclComm_t> init_ranks(std::span<const int> device_ids, const ncclUniqueId& id,
+                                   int first_rank, int world) {
+  const int n = static_cast<int>(device_ids.size());
+  std::vector<ncclComm_t> comms(n, nullptr);
+  const auto abort_made = [&] {
+    for (ncclComm_t c : comms)
+      if (c) (void)ncclCommAbort(c);
+  };
+  try {
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    NcclGroup group;
+    for (int r = 0; r < n; ++r) {
+      // ncclCommInitRankConfig takes the current device; the caller's is current again after
+      // each call, even one that throws.
+      const DeviceGuard on(device_ids[r]);
+      NCCL_START(ncclCommInitRankConfig(&comms[r], world, id, first_rank + r, &config));
+    }
+    group.end();
+    for (ncclComm_t c : comms) {
+      ncclResult_t state = ncclSuccess;
+      (void)poll_until_done(
+          "ncclCommInitRankConfig (then ncclCommGetAsyncError)",
+          [&] {
+            NCCL_START(ncclCommGetAsyncError(c, &state));
+            return state;
+          },
+          [] { return false; });
+    }
+  } catch (...) {
+    abort_made();
+    throw;
+  }
+  return comms;
+}
+
 }  // namespace
 
 std::vector<std::unique_ptr<Communicator>> make_nccl_group(
@@ -339,26 +434,19 @@ std::vector<std::unique_ptr<Communicator>> make_nccl_group(
   if (n < 1) throw std::invalid_argument("make_nccl_group: no devices");
   connect_eagerly();
   std::vector<std::unique_ptr<Communicator>> control = make_shared_memory_group(n);
-  std::vector<ncclComm_t> comms(n, nullptr);
   int first_rank = 0, world = n;
-  if (processes && processes->size() > 1) {  // Note [NCCL across processes]
+  const bool across = processes && processes->size() > 1;
+  ncclUniqueId id{};
+  if (across) {  // Note [NCCL across processes]
     first_rank = processes->rank() * n;
     world = processes->size() * n;
-    ncclUniqueId id{};
     if (processes->rank() == 0) NCCL_CHECK(ncclGetUniqueId(&id));
     processes->broadcast_bytes(&id, sizeof id, 0);
-    NcclGroup group;
-    for (int r = 0; r < n; ++r) {
-      // ncclCommInitRank takes the current device; the caller's is current again after each
-      // call, even one that throws.
-      const DeviceGuard on(device_ids[r]);
-      NCCL_CHECK(ncclCommInitRank(&comms[r], world, id, first_rank + r));
-    }
-    group.end();
-    control = make_hierarchical_group(std::move(control), std::move(processes));
   } else {
-    NCCL_CHECK(ncclCommInitAll(comms.data(), n, device_ids.data()));
+    NCCL_CHECK(ncclGetUniqueId(&id));
   }
+  const std::vector<ncclComm_t> comms = init_ranks(device_ids, id, first_rank, world);
+  if (across) control = make_hierarchical_group(std::move(control), std::move(processes));
   auto owner = std::make_shared<NcclComms>(comms);
   std::vector<std::unique_ptr<Communicator>> group;
   group.reserve(n);
