@@ -3,7 +3,8 @@
 
     /usr/bin/python3 bench/compare_gpt.py [--pairs 5] [--preset tiny] [--batch 16] [--steps 10]
                                           [--device cpu|cuda] [--tf32] [--threads T] [--csv FILE]
-                                          [--precision bf16 [--peak-tflops P] [--before BUILD]]
+                                          [--precision bf16 [--peak-tflops P] [--before BUILD]
+                                           [--torch-best]]
 
 Runs build/bench/bench_gpt and bench/gpt_torch.py alternately, --pairs times each (so both see
 the same machine load), with the same model (configs/gpt_tiny.yaml's shapes for --preset tiny,
@@ -20,6 +21,10 @@ framework's bf16 speedup over its fp32, and lockstep's over PyTorch at each prec
 uses lockstep's flops per token (--summary-json) and lockstep's peak table, or --peak-tflops
 where the table has none (bf16). A lockstep run that fails (a build without bf16) is reported
 and the others still run; the exit status is then 1.
+
+--torch-best (with --precision bf16, PyTorch 2) adds PyTorch at its best to the round-robin:
+autocast bf16, scaled_dot_product_attention, fused AdamW and torch.compile (gpt_torch.py
+--best), with its compile time reported apart, and lockstep bf16's speedup over it.
 
 --before BUILD (with --precision bf16) adds the lockstep runs of another build, e.g. of the main
 branch, to the round-robin, each just before the same run of --build, and reports --build's
@@ -39,8 +44,11 @@ sys.path[:0] = [os.path.join(ROOT, "bench"), os.path.join(ROOT, "tests", "model"
 
 
 def run(cmd):
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    """The JSON line `cmd` prints last; {"error": its last line of output} when it fails."""
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        return {"error": ((done.stdout + done.stderr).strip().splitlines() or ["no output"])[-1]}
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def run_lockstep(cli, folder, preset, args, precision):
@@ -94,6 +102,8 @@ def bf16_main(args):
         torch_cmd.append("--tf32")
     names = [(f, p) for p in ("fp32", "bf16") for f in clis] + [("torch", "fp32"),
                                                                 ("torch", "bf16")]
+    if args.torch_best:
+        names.append(("torch", "best"))
     runs = {name: [] for name in names}
     errors = {}
     with tempfile.TemporaryDirectory() as folder:
@@ -108,7 +118,8 @@ def bf16_main(args):
                 if framework in clis:
                     r = run_lockstep(clis[framework], folder, preset, args, precision)
                 else:
-                    r = run(torch_cmd + (["--bf16"] if precision == "bf16" else []))
+                    r = run(torch_cmd + {"fp32": [], "bf16": ["--bf16"], "best": ["--best"]}[
+                        precision])
                 if "error" in r:
                     errors[(framework, precision)] = r["error"]
                     print(f"{framework} {precision}: not measured: {r['error']}", flush=True)
@@ -132,13 +143,14 @@ def report_bf16(args, names, runs, errors):
         mfu = [r["mfu"] for r in runs[k] if r.get("mfu") is not None]
         if mfu:
             m = f"{100 * statistics.median(mfu):.1f}%"
-        elif args.peak_tflops and flops and k[1] == "bf16":  # the peak is bf16's
+        elif args.peak_tflops and flops and k[1] in ("bf16", "best"):  # the peak is bf16's
             m = f"{100 * flops[0] * tps / (args.peak_tflops * 1e12):.1f}%"
         else:
             m = "-"
         name = {"lockstep": "lockstep", "before": "lockstep (before)"}.get(
             k[0], runs[k][0]["framework"])
-        label = "bf16 (autocast)" if k == ("torch", "bf16") else k[1]
+        label = {("torch", "bf16"): "bf16 (autocast)",
+                 ("torch", "best"): "bf16 best"}.get(k, k[1])
         rows.append((name, label, runs[k][0]["device"], ms[k], tps, m))
     first = next(rows for rows in runs.values() if rows)[0]
     print(f"\npreset {args.preset}, {first['params']} parameters, batch {args.batch} x context "
@@ -152,6 +164,11 @@ def report_bf16(args, names, runs, errors):
           f"PyTorch {ratio(('torch', 'bf16'), ('torch', 'fp32'))}")
     print(f"lockstep speedup over PyTorch: fp32 {ratio(('lockstep', 'fp32'), ('torch', 'fp32'))}, "
           f"bf16 {ratio(('lockstep', 'bf16'), ('torch', 'bf16'))}")
+    if ("torch", "best") in ms:
+        compile_s = statistics.median(r["compile_s"] for r in runs[("torch", "best")])
+        print(f"lockstep bf16 / PyTorch at its best (bf16 autocast, scaled_dot_product_attention, "
+              f"fused AdamW, torch.compile; compile {compile_s:.1f} s, excluded): "
+              f"{ratio(('lockstep', 'bf16'), ('torch', 'best'))}")
     if args.before:
         # Each round's two runs ran back to back: the median of their ratios is steadier under a
         # changing load than the ratio of the medians.
@@ -191,9 +208,11 @@ def main():
     ap.add_argument("--peak-tflops", type=float,
                     help="the device's peak, for MFU where lockstep's table has none (bf16)")
     ap.add_argument("--before", help="with --precision bf16: a second build's lockstep runs too")
+    ap.add_argument("--torch-best", action="store_true",
+                    help="with --precision bf16: PyTorch with SDPA, fused AdamW, torch.compile")
     args = ap.parse_args()
-    if args.before and args.precision != "bf16":
-        ap.error("--before needs --precision bf16")
+    if (args.before or args.torch_best) and args.precision != "bf16":
+        ap.error("--before and --torch-best need --precision bf16")
     if args.precision == "bf16":
         args.warmup = max(1, args.warmup)  # the first step's time includes the start-up
         return bf16_main(args)
@@ -211,6 +230,9 @@ def main():
             print(f"lockstep: {ours[-1]['error']}")
             return 1
         theirs.append(run(torch_cmd))
+        if "error" in theirs[-1]:
+            print(f"PyTorch: {theirs[-1]['error']}")
+            return 1
         print(f"pair {i + 1}: lockstep {ours[-1]['step_ms']:.1f} ms, "
               f"{theirs[-1]['framework']} {theirs[-1]['step_ms']:.1f} ms", flush=True)
     med = lambda rows, key: statistics.median(r[key] for r in rows)

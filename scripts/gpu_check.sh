@@ -26,7 +26,8 @@
 #     on the GPU (lockstep's CUDA GPT against PyTorch's, fp32) and bench/compare_gpt.py (GPT-2
 #     124M step time against PyTorch eager, TF32, with MFU); the same in bf16 (issue 16:
 #     bench/compare_gpt.py --precision bf16, lockstep trainer.precision fp32 and bf16 against
-#     PyTorch fp32 and autocast bf16, step time and MFU against the GPU's dense bf16 peak; and
+#     PyTorch fp32, autocast bf16 and PyTorch at its best (issue 25: + scaled_dot_product_attention,
+#     fused AdamW, torch.compile), step time and MFU against the GPU's dense bf16 peak; and
 #     scripts/gpu_extra_bf16_model.sh, gpt_tiny in fp32 and bf16 on 2 peer replicas, within 2%;
 #     scripts/gpu_extra_linear.sh, GPT-2 124M with the linear layers through cuBLASLt's fused
 #     epilogues against plain kernels, with each run's fused/partly/composed product counts
@@ -428,9 +429,12 @@ if [ -n "$GPU_LINE" ]; then
     *A100*) bf16_peak=(--peak-tflops 312) ;;
     *) bf16_peak=() ;;
   esac
-  if run_phase gpt_bf16 120 "$OUT/gpt_bf16.log" python3 "$ROOT/bench/compare_gpt.py" \
+  # Issue 25: and PyTorch at its best beside them (--torch-best: autocast bf16,
+  # scaled_dot_product_attention, fused AdamW, torch.compile; its compile time is printed and
+  # excluded), with lockstep bf16 / best PyTorch.
+  if run_phase gpt_bf16 240 "$OUT/gpt_bf16.log" python3 "$ROOT/bench/compare_gpt.py" \
     --device cuda --preset 124m --batch 8 --precision bf16 "${bf16_peak[@]}" --pairs 2 \
-    --steps 10 --build "$BUILD" --csv "$OUT/gpt_bf16.csv"; then
+    --steps 10 --torch-best --build "$BUILD" --csv "$OUT/gpt_bf16.csv"; then
     GPT_BF16_RESULT="ok"
   else
     GPT_BF16_RESULT="FAILED (see gpt_bf16.log)"
@@ -553,8 +557,9 @@ fi
   fi
   if [ -s "$OUT/gpt_bf16.csv" ]; then
     # GPT-2 124M, bf16: step time and MFU of each framework and precision (same GPU).
-    awk -F, 'FNR > 1 { printf "GPT-2 124M   %s %s: %.1f ms per step, MFU %s\n", $1, $2, $6, $8 }' \
-      "$OUT/gpt_bf16.csv"
+    awk -F, 'FNR > 1 { printf "GPT-2 124M   %s %s: %.1f ms per step, %.0f tokens/s, MFU %s\n",
+                         $1, $2, $6, $7, $8 }' "$OUT/gpt_bf16.csv"
+    grep -m1 '^lockstep bf16 / PyTorch at its best' "$OUT/gpt_bf16.log"
   fi
   if [ -s "$OUT/kernels.log" ]; then
     echo

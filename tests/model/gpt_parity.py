@@ -63,9 +63,10 @@ import torch.nn.functional as F
 
 
 class Block(nn.Module):
-    def __init__(self, c, heads):
+    def __init__(self, c, heads, sdpa=False):
         super().__init__()
         self.heads = heads
+        self.sdpa = sdpa  # F.scaled_dot_product_attention (PyTorch 2), flash where it can
         self.ln_1 = nn.LayerNorm(c)
         self.attn = nn.Module()
         self.attn.c_attn = nn.Linear(c, 3 * c)
@@ -80,6 +81,9 @@ class Block(nn.Module):
         q, k, v = self.attn.c_attn(x).split(c, dim=2)
         shape = (b, t, self.heads, c // self.heads)
         q, k, v = (z.view(shape).transpose(1, 2) for z in (q, k, v))  # (B, H, T, D)
+        if self.sdpa:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.attn.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
         att = (q @ k.transpose(-2, -1)) / math.sqrt(c // self.heads)
         mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
         att = F.softmax(att.masked_fill(~mask, float("-inf")), dim=-1)
@@ -92,12 +96,12 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, vocab, context, n_layer, n_head, d_model):
+    def __init__(self, vocab, context, n_layer, n_head, d_model, sdpa=False):
         super().__init__()
         self.transformer = nn.Module()
         self.transformer.wte = nn.Embedding(vocab, d_model)
         self.transformer.wpe = nn.Embedding(context, d_model)
-        self.transformer.h = nn.ModuleList(Block(d_model, n_head) for _ in range(n_layer))
+        self.transformer.h = nn.ModuleList(Block(d_model, n_head, sdpa) for _ in range(n_layer))
         self.transformer.ln_f = nn.LayerNorm(d_model)
 
     def forward(self, idx):
