@@ -125,6 +125,7 @@ GPT_PARITY_RESULT="not run"
 GPT_BENCH_RESULT="not run"
 GPT_BF16_RESULT="not run"
 BF16_MODEL_RESULT="not run"
+MICROBATCH_RESULT="not run"
 LINEAR_RESULT="not run"
 STEP_RESULT="not run"
 KERNELS_RESULT="not run"
@@ -441,6 +442,17 @@ if [ -n "$GPU_LINE" ]; then
     FAILED=1
   fi
   cat "$OUT/gpt_bf16.log"
+  # Issue 25 item 9: the micro-batch that trains GPT-2 124M fastest in bf16 on this GPU (for
+  # configs/gpt2_124m.yaml's data.batch_size; llm.c uses 64 x 1024).
+  if run_phase microbatch 120 "$OUT/microbatch.log" python3 "$ROOT/bench/sweep_gpt_batch.py" \
+    --device cuda --preset 124m --precision bf16 --batches 8,16,32,64 --steps 6 \
+    --build "$BUILD" --csv "$OUT/microbatch.csv"; then
+    MICROBATCH_RESULT=$(grep -m1 '^fastest:' "$OUT/microbatch.log")
+  else
+    MICROBATCH_RESULT="FAILED (see microbatch.log)"
+    FAILED=1
+  fi
+  cat "$OUT/microbatch.log"
   # Issue 16: bf16 compute trains on the GPU as on the CPU: gpt_tiny on 2 peer replicas in fp32
   # and bf16, replicas identical and the bf16 eval loss within 2% of fp32's.
   if run_phase bf16_model 150 "$OUT/bf16_model.log" env LOCKSTEP_GPU_BUILD="$BUILD" OUT="$OUT" \
@@ -535,6 +547,7 @@ fi
   echo "GPT parity   $GPT_PARITY_RESULT"
   echo "GPT bench    $GPT_BENCH_RESULT"
   echo "GPT bf16     $GPT_BF16_RESULT"
+  echo "micro-batch  $MICROBATCH_RESULT"
   echo "bf16 model   $BF16_MODEL_RESULT"
   grep '^gpu_extra_bf16_model: gpt_tiny' "$OUT/bf16_model.log" 2>/dev/null | sed 's/^gpu_extra_bf16_model: /             /'
   echo "fused linear $LINEAR_RESULT"
