@@ -379,7 +379,8 @@ TEST_SUITE("cuda") {
     auto gpu = backend->create_device(0, 1, 0);
     auto cpu = make_cpu_device(0, 1);
     std::uint64_t seed = 70;
-    for (std::size_t grains : {1u, 7u, 7600u}) {
+    // Around the kernel's chunk of 1024 sums, and GPT-2 124M's count.
+    for (std::size_t grains : {1u, 7u, 1023u, 1024u, 1025u, 2049u, 7600u}) {
       std::vector<double> sums(grains);
       for (double& x : sums) x = 1e-3 * static_cast<double>(detail::uniform_below(seed, 100000));
       for (double clip : {0.0, 0.5, 1e9}) {
