@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <limits>
 #include <optional>
 #include <stdexcept>
@@ -178,6 +179,31 @@ void Reducer::sum_grain_squares(std::size_t i, Device& device, double* sums) con
   const std::size_t first = first_grain_[i] + (mine.begin - buckets_[i].begin) / kZeroGrain;
   if (mine.size() > 0) device.sum_squares_grains(grads_ + mine.begin, mine.size(), kZeroGrain,
                                                  sums + first);
+}
+
+void Reducer::share_grain_sums(double* sums) {
+  if (!zero_) return;
+  static_assert(sizeof(double) == 2 * sizeof(float));
+  std::vector<std::unique_ptr<CommWork>> shares;
+  shares.reserve(buckets_.size());
+  for (std::size_t i = 0; i < buckets_.size(); ++i) {
+    // A grain of 2 floats per sum splits the 2 x grains floats as the bucket's grains split.
+    float* data = reinterpret_cast<float*>(sums + first_grain_[i]);
+    const std::size_t count = 2 * (first_grain_[i + 1] - first_grain_[i]);
+    shares.push_back(start([&] { return comm_.all_gather_async(data, count, 2); },
+                           [&] { comm_.all_gather(data, count, 2); }));
+  }
+  // Each one is waited for, even after one failed: none may still write into `sums` once this
+  // returns. They are a few bytes per bucket and stay out of the reducer's timings.
+  std::exception_ptr failed;
+  for (auto& share : shares) {
+    try {
+      share->wait();
+    } catch (...) {
+      if (!failed) failed = std::current_exception();
+    }
+  }
+  if (failed) std::rethrow_exception(failed);
 }
 
 void Reducer::start_gather(std::size_t i, float* params) {

@@ -38,11 +38,14 @@
 //        all-reduced: the rank's shard of the averaged gradient has the all-reduce's bits;
 //     2. each rank sums the squares of its grains, one sum per grain
 //        (Device::sum_squares_grains, into the step record on the device, Note [One read per
-//        step] in step_record.hpp); one host all-reduce of the per-grain sums (every other
-//        rank adds +0.0: exact) gives every rank every grain's sum, which it adds up in grain
-//        order. Without ZeRO a rank sums every grain itself and adds them in the same order, so
-//        the global norm for clipping and on_nonfinite has the same bits with zero 0 and 1 and
-//        any N;
+//        step] in step_record.hpp), and an all-gather of bucket i's grain sums gives every rank
+//        every grain's sum of it, on the device: the sums of a bucket's grains split among the
+//        ranks as its grains do, so they are gathered as floats in pairs (a double's bits,
+//        moved, not added). Device::step_control then adds them up in grain order, as without
+//        ZeRO, where a rank sums every grain itself: the global norm for clipping and
+//        on_nonfinite has the same bits with zero 0 and 1 and any N, and nothing is read on the
+//        host mid-step (before, one host all-reduce of the sums did this, a second host sync
+//        per step that drained a GPU before its update);
 //     3. the optimiser updates the rank's shards (per bucket as each lands when nothing waits
 //        for the norm, else after it), with its 1/N of the state;
 //     4. each bucket's all-gather starts as soon as its shard is updated; the step waits for
@@ -150,6 +153,10 @@ class Reducer {
   // gradient; the other entries are left as they are. `sums` is device memory of grains()
   // entries; queued on the device, no wait.
   void sum_grain_squares(std::size_t i, Device& device, double* sums) const;
+  // ZeRO-1: every rank's grain sums into every rank's `sums` (Note [ZeRO-1]), one all-gather
+  // per bucket, after the collectives started so far; returns once they may be used on the
+  // device's queue (on a GPU the host does not wait). Nothing without ZeRO.
+  void share_grain_sums(double* sums);
   // ZeRO-1: starts the all-gather of bucket i of `params` (every rank's updated shard).
   void start_gather(std::size_t i, float* params);
   // Blocks until every started all-gather is done; returns the seconds spent blocked.

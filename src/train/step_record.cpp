@@ -1,7 +1,6 @@
 // The step record (Note [One read per step] in step_record.hpp), and Device's read-back loss.
 #include "train/step_record.hpp"
 
-#include <algorithm>
 #include <cstring>
 #include <type_traits>
 
@@ -22,10 +21,9 @@ StepRecord::StepRecord(Device& device, std::size_t grains)
     : device_(device),
       grains_(grains),
       memory_(device, kHeaderDoubles + grains),
-      host_memory_(kHeaderDoubles + grains) {
+      host_memory_(kHeaderDoubles) {
   static_assert(sizeof(Header) == kHeaderDoubles * sizeof(double));
   static_assert(alignof(Header) <= alignof(double));
-  host_.grain_sums.resize(grains);
 }
 
 double* StepRecord::grain_sums() noexcept { return memory_.data() + kHeaderDoubles; }
@@ -35,21 +33,14 @@ void StepRecord::reset() {
   device_.fill(reinterpret_cast<float*>(memory_.data()), 0.0f, 2 * memory_.size());
 }
 
-StepRecord::Host& StepRecord::read(bool with_grain_sums) {
-  const std::size_t doubles = with_grain_sums ? memory_.size() : kHeaderDoubles;
-  device_.copy_to_host(host_memory_.data(), memory_.data(), doubles * sizeof(double));
+StepRecord::Host& StepRecord::read() {
+  device_.copy_to_host(host_memory_.data(), memory_.data(), kHeaderDoubles * sizeof(double));
   static_assert(std::is_trivially_copyable_v<Header>);
   Header h;
   std::memcpy(static_cast<void*>(&h), host_memory_.data(), sizeof(h));
   host_.loss = h.loss;
   host_.control = h.control;
-  if (with_grain_sums)
-    std::copy_n(host_memory_.begin() + kHeaderDoubles, grains_, host_.grain_sums.begin());
   return host_;
-}
-
-void StepRecord::set_control(const StepControl& control) {
-  device_.copy_to_device(this->control(), &control, sizeof(control));
 }
 
 void check_labels(const LossStats& stats, int classes, std::string_view where) {

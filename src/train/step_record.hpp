@@ -22,10 +22,10 @@
 //   Then the host reads the record, all-reduces the loss totals and the stop flag on the host,
 //   reports, cancels the optimiser's step count if the update was skipped, and acts on a
 //   non-finite norm (trainer.on_nonfinite) or a label error (InputError).
-//   With ZeRO-1 each rank holds only its own grains' sums: the host reads the record before the
-//   update, all-reduces the grain sums (exact, as before), makes the same scalars
-//   (detail::step_scalars) and copies them to the device for the kernels, which waits for no
-//   kernel. Either way one read per step, whatever accumulate_steps and the bucket count.
+//   With ZeRO-1 each rank sums only its own grains; an all-gather of each bucket's grain sums
+//   on the device gives every rank all of them before step_control (Note [ZeRO-1] in
+//   reducer.hpp). Either way one read per step, at its end, whatever accumulate_steps and the
+//   bucket count.
 //   A non-finite loss makes its logits' softmax, hence the gradient and its norm, non-finite,
 //   so the norm alone decides the skip on every rank alike; the host checks the loss too.
 #pragma once
@@ -53,13 +53,10 @@ class StepRecord {
   struct Host {
     LossStats loss;
     StepControl control;
-    std::vector<double> grain_sums;  // filled only by read(true)
   };
-  // Copies the record to the host once the work queued so far is done: the one host sync. The
-  // caller may complete the copy (ZeRO-1 adds the other ranks' grain sums).
-  Host& read(bool with_grain_sums = false);
-  // Sets the control from the host (ZeRO-1), queued behind the work so far.
-  void set_control(const StepControl& control);
+  // Copies the record's loss and control to the host once the work queued so far is done: the
+  // one host sync.
+  Host& read();
 
  private:
   struct Header {

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <numeric>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -393,36 +392,18 @@ const StepRecord::Host& WorkerLoop::reduce_and_update() {
     reducer.sum_grain_squares(i, *res_.device, record.grain_sums());
     if (per_bucket) update_bucket(i, lr, nullptr);
   }
-  const StepRecord::Host* host = nullptr;
-  if (zero()) {
-    host = &agree_norm();
-  } else {
-    res_.device->step_control(record.grain_sums(), record.grains(),
-                              cfg.optimizer.clip_grad_norm, record.control());
-  }
+  reducer.share_grain_sums(record.grain_sums());  // ZeRO-1: Note [ZeRO-1]
+  res_.device->step_control(record.grain_sums(), record.grains(), cfg.optimizer.clip_grad_norm,
+                            record.control());
   if (!per_bucket) {
     res_.optimizer->begin_step();
     for (std::size_t i = 0; i < reducer.buckets().size(); ++i)
       update_bucket(i, lr, record.control());
   }
-  if (!host) host = &record.read();
+  const StepRecord::Host& host = record.read();
   gather_parameters();
   beat();
-  if (!per_bucket && host->control.skip) res_.optimizer->cancel_step();
-  return *host;
-}
-
-// ZeRO-1: each rank holds its own grains' sums only. Reads the record, adds every rank's sums
-// by one host all-reduce (+0.0 elsewhere: exact) and sets the step's scalars from their sum in
-// grain order, as step_control makes them without ZeRO (Note [ZeRO-1]).
-const StepRecord::Host& WorkerLoop::agree_norm() {
-  StepRecord& record = *res_.record;
-  StepRecord::Host& host = record.read(true);
-  comm_.all_reduce_host(host.grain_sums);
-  const double norm_sq = std::accumulate(host.grain_sums.begin(), host.grain_sums.end(), 0.0);
-  const StepScalars s = step_scalars(norm_sq, run_.cfg.optimizer.clip_grad_norm);
-  host.control = {.grad_norm = s.grad_norm, .clip_scale = s.clip_scale, .skip = s.skip};
-  if (!updates_per_bucket()) record.set_control(host.control);
+  if (!per_bucket && host.control.skip) res_.optimizer->cancel_step();
   return host;
 }
 

@@ -276,7 +276,6 @@ class WorkerLoop {
   void run_micro_batch(int micro, StepTotals& mine);
   StepTotals agree_totals(StepTotals mine);
   const StepRecord::Host& reduce_and_update();
-  const StepRecord::Host& agree_norm();
   UpdateResult after_update(const StepTotals& totals, const StepControl& control);
   bool updates_per_bucket() const;
   void update_bucket(std::size_t bucket, double lr, const StepControl* control);
