@@ -486,9 +486,11 @@ import json, sys
 s = json.load(open(sys.argv[1]))
 syncs = s.get("host_syncs_per_step")
 hidden = s.get("comm_hidden_fraction")
-print("host syncs per step %s, communication hidden %s, %.1f ms of wall time per step "
-      "(4 peer replicas, gpt_tiny)" % ("n/a" if syncs is None else "%g" % syncs,
+busy = s.get("device_busy")
+print("host syncs per step %s, communication hidden %s, device busy %s, %.1f ms of wall time "
+      "per step (4 peer replicas, gpt_tiny)" % ("n/a" if syncs is None else "%g" % syncs,
                      "n/a" if hidden is None else "%.0f%%" % (100 * hidden),
+                     "n/a" if busy is None else "%.0f%%" % (100 * busy),
                      1e3 * s["wall_s"] / max(1, s["steps"])))
 PY
     )

@@ -167,6 +167,18 @@ class LOCKSTEP_API MemoryOps {
   // Host syncs so far (Note [Host syncs]). Any thread may read it.
   std::uint64_t host_syncs() const noexcept { return host_syncs_.load(std::memory_order_relaxed); }
 
+  // Note [Device step time]
+  //   mark_step(false) and mark_step(true) mark where a step's work begins and ends in the
+  //   device's queue; once a host sync has waited for the end, device_step_seconds() is the
+  //   device time between the two marks (on a GPU, CUDA events): the step as the device lived
+  //   it, waits for the host inside it included. Set against the host's time from one step's
+  //   start to the next, it says how long the device sat idle between steps, waiting for its
+  //   host (device_busy in the summary). nullopt where the device runs on its host's thread
+  //   (the CPU, whose work is the host's own time) or before both marks completed. Neither call
+  //   waits or counts as a host sync.
+  virtual void mark_step(bool /*end*/) {}
+  virtual std::optional<double> device_step_seconds() { return std::nullopt; }
+
  protected:
   void count_host_sync() noexcept { host_syncs_.fetch_add(1, std::memory_order_relaxed); }
   ~MemoryOps() = default;

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -120,6 +121,10 @@ struct LOCKSTEP_API Summary {
   // Waits of the host for a device (Note [Host syncs] in device.hpp) in one step, the most of
   // any worker and any step after the first (eval, replica checks and checkpoints excluded).
   std::uint64_t host_syncs_per_step = 0;
+  // The share of a step's time its device was busy with it (Note [Device step time] in
+  // device.hpp): the median over the steps after the first of the device's time for the step
+  // over the host's, the least of any worker. nullopt on the CPU, whose device is the host.
+  std::optional<double> device_busy;
   // The linear maps' products over the run, every worker's together, by how they ran (Note
   // [Fused linear] in device.hpp): all composed on the CPU; on a GPU, any partial or composed
   // one is a cuBLASLt refusal, reported once on stderr with its shape and reason.

@@ -133,6 +133,9 @@ void print_summary(std::FILE* out, const Summary& s) {
   fmt::print(out, "  optimizer state     {}\n", describe_optimizer_state(s));
   fmt::print(out, "  worker memory       {}\n", describe_worker_memory(s));
   fmt::print(out, "  host syncs          {} per step\n", s.host_syncs_per_step);
+  if (s.device_busy)
+    fmt::print(out, "  device busy         {:.1f}% of a step (median; else waiting for the host)\n",
+               100.0 * *s.device_busy);
   fmt::print(out, "  fused linear        {} of {} products fused, {} partly, {} composed\n",
              s.fused_linear.fused, s.fused_linear.total(), s.fused_linear.partial,
              s.fused_linear.composed);

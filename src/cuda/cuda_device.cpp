@@ -101,6 +101,7 @@ CudaDevice::CudaDevice(int id) : id_(id) {
   }
   copy_stream_ = make_stream();
   name_stream(copy_stream_.get(), fmt::format("cuda:{} copy", id));
+  for (Event& e : step_marks_) e = make_timing_event();
 }
 
 CudaDevice::~CudaDevice() {
@@ -113,6 +114,7 @@ CudaDevice::~CudaDevice() {
     return;
   }
   copy_stream_.reset();
+  for (Event& e : step_marks_) e.reset();
   for (Event& e : staging_done_) e.reset();
   staging_.reset();
   scratch_.reset();
@@ -130,6 +132,24 @@ void CudaDevice::set_tf32(bool enabled) {
   if (lt_) lt_->set_tf32(enabled);
   CUBLAS_CHECK(cublasSetMathMode(cublas_.get(),
                                  enabled ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+}
+
+// Note [Device step time] in device.hpp.
+void CudaDevice::mark_step(bool end) {
+  CUDA_CHECK(cudaEventRecord(step_marks_[end].get(), stream()));
+  step_marked_[end] = true;
+  if (!end) step_marked_[1] = false;  // a begin starts a new pair
+}
+
+std::optional<double> CudaDevice::device_step_seconds() {
+  if (!step_marked_[0] || !step_marked_[1]) return std::nullopt;
+  if (cudaEventQuery(step_marks_[1].get()) != cudaSuccess) {  // not done: never waited for
+    (void)cudaGetLastError();  // a query's cudaErrorNotReady must not stick for a later check
+    return std::nullopt;
+  }
+  float ms = 0.0f;
+  CUDA_CHECK(cudaEventElapsedTime(&ms, step_marks_[0].get(), step_marks_[1].get()));
+  return 1e-3 * ms;
 }
 
 // ---- Memory -------------------------------------------------------------------------------------

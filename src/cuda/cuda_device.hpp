@@ -57,6 +57,8 @@ class CudaDevice final : public Device {
   std::unique_ptr<StagedBuffer> make_staged_buffer(std::size_t bytes) override;
   void synchronize() override;
   void reserve_workspace(int rows, int columns) override;
+  void mark_step(bool end) override;
+  std::optional<double> device_step_seconds() override;
 
   void fill(float* x, float value, std::size_t n) override;
   void scale(float* x, float alpha, std::size_t n) override;
@@ -170,6 +172,9 @@ class CudaDevice final : public Device {
   int next_chunk_ = 0;
   // The staged buffers' transfers, beside the compute stream.
   Stream copy_stream_;
+  // Note [Device step time]: the marks of the last step's begin and end, and which were made.
+  Event step_marks_[2];
+  bool step_marked_[2] = {false, false};
 };
 
 }  // namespace lockstep::cuda

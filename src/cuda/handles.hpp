@@ -127,6 +127,13 @@ inline Event make_event() {
   return Event(e);
 }
 
+// An event that records a time, for cudaEventElapsedTime.
+inline Event make_timing_event() {
+  cudaEvent_t e = nullptr;
+  CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDefault));
+  return Event(e);
+}
+
 inline DeviceMemory make_device_memory(std::size_t bytes) {
   void* p = nullptr;
   CUDA_CHECK(cudaMalloc(&p, bytes));

@@ -95,6 +95,7 @@ std::string Summary::to_json() const {
       "  \"grad_bytes\": {},\n"
       "  \"activation_bytes\": {},\n"
       "  \"host_syncs_per_step\": {},\n"
+      "  \"device_busy\": {},\n"
       "  \"fused_linear\": {{\"fused\": {}, \"partial\": {}, \"composed\": {}}},\n"
       "  \"data_wait_s\": {},\n"
       "  \"barrier_wait_s\": {},\n"
@@ -119,7 +120,8 @@ std::string Summary::to_json() const {
       replicas_identical ? "true" : "false", replica_checks, param_hash, accumulate_steps, buckets,
       reduce_bytes_per_step, reduce_dtype,
       overlap ? "true" : "false", comm_mode, loader, zero, optimizer_state_bytes, param_bytes, grad_bytes, activation_bytes,
-      host_syncs_per_step, fused_linear.fused, fused_linear.partial, fused_linear.composed,
+      host_syncs_per_step, device_busy ? number(*device_busy) : std::string("null"),
+      fused_linear.fused, fused_linear.partial, fused_linear.composed,
       number(data_wait_s),
       number(barrier_wait_s), number(comm_s), number(comm_exposed_s), number(comm_hidden_fraction),
       resumed_from_step, stopped_early ? "true" : "false", nonfinite_skips,

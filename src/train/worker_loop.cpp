@@ -35,15 +35,16 @@ struct TimeRow {
   double host_syncs_per_step = 0.0;
   // The worker's linear products over the run (LinearCounts), exact in a double up to 2^53.
   double linear_fused = 0.0, linear_partial = 0.0, linear_composed = 0.0;
+  double device_busy = -1.0;  // Note [Device step time]; -1: not measured
 
-  static constexpr std::size_t kFields = 10;
+  static constexpr std::size_t kFields = 11;
   std::array<double, kFields> fields() const {
     return {loop_s,         comm_exposed_s,        data_wait_s,         barrier_wait_s,
             comm_s,         optimizer_state_bytes, host_syncs_per_step, linear_fused,
-            linear_partial, linear_composed};
+            linear_partial, linear_composed,       device_busy};
   }
   static TimeRow from(std::span<const double> f) {
-    return {f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9]};
+    return {f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9], f[10]};
   }
 };
 
@@ -270,6 +271,8 @@ void WorkerLoop::begin_step() {
   mark_step_start();
   ++pos_.step;
   beat();
+  busy_.begin_step(steady_now_s());
+  res_.device->mark_step(/*end=*/false);
   syncs_.at_step_start = res_.device->host_syncs();
   res_.replica->zero_grads();
   res_.reducer->reset();
@@ -400,7 +403,9 @@ const StepRecord::Host& WorkerLoop::reduce_and_update() {
     for (std::size_t i = 0; i < reducer.buckets().size(); ++i)
       update_bucket(i, lr, record.control());
   }
+  res_.device->mark_step(/*end=*/true);
   const StepRecord::Host& host = record.read();
+  busy_.step_read(res_.device->device_step_seconds());
   gather_parameters();
   beat();
   if (!per_bucket && host.control.skip) res_.optimizer->cancel_step();
@@ -760,7 +765,8 @@ void WorkerLoop::finish() {
                      .host_syncs_per_step = static_cast<double>(syncs_.per_step()),
                      .linear_fused = static_cast<double>(linear.fused),
                      .linear_partial = static_cast<double>(linear.partial),
-                     .linear_composed = static_cast<double>(linear.composed)};
+                     .linear_composed = static_cast<double>(linear.composed),
+                     .device_busy = busy_.median().value_or(-1.0)};
   std::vector<double> rows(static_cast<std::size_t>(comm_.size()) * TimeRow::kFields, 0.0);
   const auto fields = mine.fields();
   std::copy(fields.begin(), fields.end(),
@@ -805,6 +811,8 @@ void WorkerLoop::fill_summary(std::span<const double> time_rows, const EvalMetri
     summary.fused_linear += {static_cast<std::uint64_t>(row.linear_fused),
                              static_cast<std::uint64_t>(row.linear_partial),
                              static_cast<std::uint64_t>(row.linear_composed)};
+    if (row.device_busy >= 0.0)
+      summary.device_busy = std::min(summary.device_busy.value_or(1.0), row.device_busy);
   }
   summary.data_wait_s = sum.data_wait_s / world;
   summary.barrier_wait_s = sum.barrier_wait_s / world;

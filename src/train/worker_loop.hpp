@@ -72,6 +72,7 @@
 #include "lockstep/model.hpp"
 #include "lockstep/trainer.hpp"
 #include "train/fault_injection.hpp"
+#include "train/device_busy.hpp"
 #include "train/step_record.hpp"
 #include "train/trace.hpp"
 #include "train/watchdog.hpp"
@@ -265,7 +266,6 @@ class WorkerLoop {
     std::int64_t steps = 0;
     std::uint64_t per_step() const noexcept { return steps > 1 ? steady_max : first; }
   };
-
   void set_up(Backend& backend);
   bool cores_scarce(const Backend& backend) const;
   void set_up_data(bool cores_scarce);
@@ -322,6 +322,7 @@ class WorkerLoop {
   Times times_;
   BackwardProbe backward_;
   SyncCount syncs_;
+  DeviceBusy busy_;
   int skips_in_row_ = 0;  // updates dropped in a row by on_nonfinite: skip
 };
 

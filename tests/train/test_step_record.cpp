@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "train/device_busy.hpp"
 #include "trainer_fixtures.hpp"
 #include "lockstep/lockstep.hpp"
 
@@ -121,6 +122,9 @@ TEST_CASE("host syncs: one per GPT step, with and without accumulation, clipping
     CHECK(s.steps == 4);
     CHECK(s.host_syncs_per_step == 1);
     CHECK(s.to_json().find("\"host_syncs_per_step\": 1,") != std::string::npos);
+    // The CPU device is its host: no device time of its own (Note [Device step time]).
+    CHECK_FALSE(s.device_busy.has_value());
+    CHECK(s.to_json().find("\"device_busy\": null,") != std::string::npos);
     // The linear products, counted through the CPU device: composed, every one.
     CHECK(s.fused_linear.composed > 0);
     CHECK(s.fused_linear.fused + s.fused_linear.partial == 0);
@@ -128,4 +132,29 @@ TEST_CASE("host syncs: one per GPT step, with and without accumulation, clipping
                                        "\"composed\": {}}}",
                                        s.fused_linear.composed)) != std::string::npos);
   }
+}
+
+// Note [Device step time]: the device's time for each step over the host's, from one step's
+// start to the next, the first step left out, the median of the rest.
+TEST_CASE("device busy: the median over steady steps of the device's time over the host's") {
+  detail::DeviceBusy busy;
+  CHECK_FALSE(busy.median().has_value());
+  // Steps start at these host times; the device took these seconds of each.
+  const double starts[] = {0.0, 5.0, 6.0, 7.0, 8.0, 12.0, 13.0};
+  const double device[] = {4.0, 0.5, 0.9, 0.8, 1.0, 0.7};
+  busy.begin_step(starts[0]);
+  for (int k = 0; k < 6; ++k) {
+    busy.step_read(device[k]);
+    busy.begin_step(starts[k + 1]);
+  }
+  // Steps 2 to 6: 0.5/1, 0.9/1, 0.8/1, 1.0/4, 0.7/1; step 1 (4 of 5 s) is not steady.
+  REQUIRE(busy.median().has_value());
+  CHECK(*busy.median() == doctest::Approx(0.7));
+  // A device with no time of its own (the CPU's) adds nothing.
+  detail::DeviceBusy cpu;
+  for (double t : starts) {
+    cpu.begin_step(t);
+    cpu.step_read(std::nullopt);
+  }
+  CHECK_FALSE(cpu.median().has_value());
 }
