@@ -41,7 +41,8 @@ inline void check_linear(const LinearForward& f) {
 // GELU's backward needs dx and pre, and dx_bf16 rounds a bf16 pre's gradient; without GELU,
 // dbias_pre is not given, and dx_bf16 rounds dx under bf16 weights.
 inline bool activation_operands_fit(const LinearBackward& b) {
-  if (b.act != FusedActivation::gelu) return !b.dbias_pre && (!b.dx_bf16 || (b.dx && b.weight.bf16));
+  if (b.act != FusedActivation::gelu)
+    return !b.dbias_pre && (!b.dx_bf16 || (b.dx && b.weight.bf16));
   return b.dx && (b.pre.f32 || b.pre.bf16) && (!b.dx_bf16 || b.pre.bf16);
 }
 

@@ -55,7 +55,9 @@ TEST_CASE("cpu device: residual_layernorm_forward is add, then layernorm_forward
         auto fa = on_device(*dev, a), fb = on_device(*dev, b);
         DeviceArray<float> fresh(*dev, n), fy(*dev, n), fmean(*dev, rows), frstd(*dev, rows);
         DeviceArray<std::uint16_t> fy16(*dev, n);
-        float* s = into == SumInto::fresh ? fresh.data() : into == SumInto::a ? fa.data() : fb.data();
+        float* s = into == SumInto::fresh ? fresh.data()
+                   : into == SumInto::a   ? fa.data()
+                                          : fb.data();
         if (bf16)
           dev->residual_layernorm_forward(fa.data(), fb.data(), s, w.data(), bias.data(),
                                           fy16.data(), fmean.data(), frstd.data(), rows, C);

@@ -185,8 +185,8 @@ __device__ inline void store(std::uint16_t* p, const float (&v)[W]) {
 }
 
 // Calls body(i, Width<W>{}) for the elements [i, i + W) of [0, n) this thread takes, grid
-// stride: with `wide`, W = kPack over the whole packs, then W = 1 over the last n % kPack; otherwise
-// W = 1 throughout. Each element belongs to exactly one call.
+// stride: with `wide`, W = kPack over the whole packs, then W = 1 over the last n % kPack;
+// otherwise W = 1 throughout. Each element belongs to exactly one call.
 template <class Body>
 __device__ void for_each_pack(std::size_t n, bool wide, const Body& body) {
   std::size_t done = 0;

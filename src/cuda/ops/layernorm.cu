@@ -56,9 +56,9 @@ __global__ void layernorm_forward_kernel(const float* a, const float* b, float* 
 }
 
 // One warp per row: dx = dresidual (0 when null) + rstd * (g - mean_c(g) - xhat * mean_c(g *
-// xhat)), g = dy * weight, the two means summed in double as on the CPU, dx rounded into dx_bf16 when not null.
-// __fmul_rn: rounded products, no fused multiply-add, as on the CPU (with C = 1, g - mean_c(g)
-// must be exactly 0). dx may alias dresidual: each element is read, then written, by one lane.
+// xhat)), g = dy * weight, the two means summed in double as on the CPU; dx rounded into dx_bf16
+// too when that is not null. __fmul_rn: rounded products, no fused multiply-add, as on the CPU
+// (with C = 1, g - mean_c(g) must be exactly 0). dx may alias dresidual: each element is read, then written, by one lane.
 __global__ void layernorm_backward_dx_kernel(const float* x, const float* weight,
                                              const float* mean, const float* rstd,
                                              const float* dy, const float* dresidual, float* dx,
@@ -80,8 +80,9 @@ __global__ void layernorm_backward_dx_kernel(const float* x, const float* weight
   float* dxr = dx + row * C;
   for (int c = lane(); c < C; c += kWarp) {
     const float xhat = (xr[c] - m) * s;
-    const float v = (dres ? dres[c] : 0.0f) +
-                    __fmul_rn(s, __fmul_rn(dyr[c], weight[c]) - g_mean - __fmul_rn(xhat, gx_mean));
+    const float term =
+        __fmul_rn(s, __fmul_rn(dyr[c], weight[c]) - g_mean - __fmul_rn(xhat, gx_mean));
+    const float v = (dres ? dres[c] : 0.0f) + term;
     dxr[c] = v;
     if (dx_bf16) dx_bf16[row * C + c] = detail::float_to_bf16(v);
   }

@@ -28,8 +28,9 @@ __global__ void sgd_step_kernel(detail::SgdScalars s, const StepControlValues* c
     load(params + i, p);
     load(grads + i, g);
     if (momentum_buf) load(momentum_buf + i, buf);
+    float* const b = momentum_buf ? buf : nullptr;
 #pragma unroll
-    for (int k = 0; k < W; ++k) detail::sgd_update(s, scale, p, g, momentum_buf ? buf : nullptr, k);
+    for (int k = 0; k < W; ++k) detail::sgd_update(s, scale, p, g, b, k);
     store(params + i, p);
     if (momentum_buf) store(momentum_buf + i, buf);
     if (params_bf16) store(params_bf16 + i, p);
