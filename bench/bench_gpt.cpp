@@ -4,9 +4,13 @@
 // the median step time over --steps steps, tokens/s, and on a GPU the peak table knows, MFU.
 //
 //   build/bench/bench_gpt [--preset tiny|small|124m] [--batch B] [--steps N] [--warmup W]
-//                         [--backend cpu|cuda] [--tf32] [--threads T]
+//                         [--backend cpu|cuda] [--tf32 | --bf16] [--threads T]
 //                         [--attention materialized|fused]
 //
+// --bf16 runs the step as the trainer does under trainer.precision: bf16 (Note [bf16 compute]
+// in src/model/ops.hpp): the LM head's bf16 logits, the fused classifier writing their gradient
+// over them, and AdamW writing the bf16 copy of the weights; so a build before and after a
+// change to the bf16 kernels can be timed on the same step (issue 25).
 // Presets: tiny = configs/gpt_tiny.yaml's shapes (V 256, T 64, L 4, H 4, C 128); small = V 512,
 // T 128, L 4, H 4, C 256; 124m = GPT-2 small (V 50257, T 1024, L 12, H 12, C 768).
 // Without a usable GPU, --backend cuda prints {"error": ...} and exits 0.
@@ -34,6 +38,7 @@ struct Options {
   int warmup = 3;
   BackendKind backend = BackendKind::cpu;
   bool tf32 = false;
+  bool bf16 = false;
   int threads = 0;
   AttentionKind attention = AttentionKind::materialized;  // model.attention, resolved
 };
@@ -59,6 +64,7 @@ Options parse(int argc, char** argv) {
     else if (flag == "--warmup") o.warmup = std::stoi(value());
     else if (flag == "--threads") o.threads = std::stoi(value());
     else if (flag == "--tf32") o.tf32 = true;
+    else if (flag == "--bf16") o.bf16 = true;
     else if (flag == "--attention") {
       const std::string a = value();
       if (a != "fused" && a != "materialized")
@@ -73,23 +79,25 @@ Options parse(int argc, char** argv) {
       throw std::invalid_argument("unknown flag " + flag);
     }
   }
+  if (o.tf32 && o.bf16) throw std::invalid_argument("--tf32 and --bf16: choose one");
   return o;
 }
 
 int run(const Options& o) {
   const GptSpec spec = preset(o.preset);
+  const Precision precision = o.bf16 ? Precision::bf16 : o.tf32 ? Precision::tf32 : Precision::fp32;
   const int id = 0;
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Device> dev;
   try {
-    backend = make_backend(o.backend, std::span(&id, 1), {.precision = o.tf32 ? Precision::tf32 : Precision::fp32});
+    backend = make_backend(o.backend, std::span(&id, 1), {.precision = precision});
     dev = backend->create_device(id, 1, o.threads);
   } catch (const std::exception& e) {
     fmt::print("{{\"error\": {}}}\n", detail::json_quote(e.what()));  // one valid JSON line
     return 0;
   }
   const Model model = Model::gpt(spec, o.attention);
-  Replica replica(*dev, model, o.batch);
+  Replica replica(*dev, model, o.batch, precision);
   replica.load_parameters(model.initial_parameters(0));
   const std::size_t rows = std::size_t(o.batch) * spec.context, n = model.param_count();
   std::vector<float> x(rows);
@@ -101,38 +109,50 @@ int run(const Options& o) {
     y[i] = token(rng);
   }
   const int width = model.outputs() / spec.context;  // the padded vocabulary
-  DeviceArray<float> xd(*dev, rows), dlogits(*dev, rows * width), m(*dev, n), v(*dev, n);
+  // bf16's gradient of the logits is written over its bf16 logits (Replica::dlogits_bf16).
+  DeviceArray<float> xd(*dev, rows), dlogits(*dev, o.bf16 ? 0 : rows * width), m(*dev, n),
+      v(*dev, n);
   DeviceArray<std::int32_t> yd(*dev, rows);
   xd.upload(x);
   yd.upload(y);
   const AdamWParams adamw{.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
+  DeviceArray<LossStats> stats(*dev, 1);
   std::vector<double> times;
   double loss = 0.0;
   for (int step = 1; step <= o.warmup + o.steps; ++step) {
+    stats.upload(std::vector<LossStats>(1));  // zeroed, before the clock starts
     dev->synchronize();
     const double t0 = bench::now_s();
     replica.zero_grads();
-    const LossStats s = dev->softmax_cross_entropy(replica.forward(xd.data(), o.batch), yd.data(),
-                                                   static_cast<int>(rows), width,
-                                                   dlogits.data(), 1.0f / static_cast<float>(rows));
-    replica.backward(xd.data(), dlogits.data(), o.batch);
+    const float scale = 1.0f / static_cast<float>(rows);
+    if (std::uint16_t* logits16 = replica.dlogits_bf16()) {  // bf16: as the trainer's step
+      (void)replica.forward_bf16(xd.data(), o.batch);
+      dev->softmax_cross_entropy(logits16, yd.data(), static_cast<int>(rows), width, logits16,
+                                 scale, stats.data());
+      replica.backward(xd.data(), nullptr, o.batch);
+    } else {
+      dev->softmax_cross_entropy(replica.forward(xd.data(), o.batch), yd.data(),
+                                 static_cast<int>(rows), width, dlogits.data(), scale,
+                                 stats.data());
+      replica.backward(xd.data(), dlogits.data(), o.batch);
+    }
     dev->adamw_step(adamw, 3e-4f, step, replica.params(), replica.grads(), m.data(), v.data(), n,
-                    nullptr, nullptr);
+                    nullptr, replica.params_bf16());
     dev->synchronize();
     if (step > o.warmup) times.push_back(bench::now_s() - t0);
-    loss = s.loss_sum / static_cast<double>(rows);
+    loss = stats.download()[0].loss_sum / static_cast<double>(rows);  // after the clock stops
   }
   const double step_s = bench::median(times);
   const double tokens_per_s = static_cast<double>(rows) / step_s;
   const std::vector<DeviceInfo> infos = backend->devices();
   const std::string name = infos.empty() ? "?" : infos.front().name;
-  const std::optional<double> peak = peak_flops(name, o.tf32 ? Precision::tf32 : Precision::fp32);
+  const std::optional<double> peak = peak_flops(name, precision);
   fmt::print(
       "{{\"framework\": \"lockstep\", \"device\": \"{}\", \"preset\": \"{}\", \"attention\": \"{}\", "
-      "\"params\": {}, "
+      "\"precision\": \"{}\", \"params\": {}, "
       "\"batch\": {}, \"context\": {}, \"steps\": {}, \"step_ms\": {:.4f}, \"tokens_per_s\": {:.1f}, "
       "\"mfu\": {}, \"last_loss\": {:.6f}}}\n",
-      name, o.preset, to_string(o.attention), n, o.batch, spec.context, o.steps, 1e3 * step_s, tokens_per_s,
+      name, o.preset, to_string(o.attention), to_string(precision), n, o.batch, spec.context, o.steps, 1e3 * step_s, tokens_per_s,
       peak ? fmt::format("{:.4f}", gpt_flops_per_token(spec) * tokens_per_s / *peak) : "null", loss);
   return 0;
 }

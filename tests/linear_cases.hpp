@@ -114,8 +114,8 @@ inline LinearOutputs run_linear_forward(Device& dev, const LinearCase& c, Linear
   return outputs;
 }
 
-// The backward's dweight, dbias, dx (fp32; left out when `with_dx32` is false) and, with GELU,
-// dx rounded (bf16 in) and dbias_pre. pre is kept in the products' storage, dy rounded for
+// The backward's dweight, dbias, dx (fp32; left out when `with_dx32` is false), dx rounded
+// (bf16 in) and, with GELU, dbias_pre. pre is kept in the products' storage, dy rounded for
 // bf16 products on the host.
 inline LinearOutputs run_linear_backward(Device& dev, const LinearCase& c, LinearVariant v,
                                          bool op, bool with_dx32) {
@@ -127,7 +127,7 @@ inline LinearOutputs run_linear_backward(Device& dev, const LinearCase& c, Linea
                      dx = on_device(dev, std::vector<float>(n, 7.0f));
   // NaN, so that an element never written fails.
   DeviceArray<std::uint16_t> dx16 =
-      on_device(dev, std::vector<std::uint16_t>(v.gelu && bf16 ? n : 0, detail::kBf16QuietNan));
+      on_device(dev, std::vector<std::uint16_t>(bf16 ? n : 0, detail::kBf16QuietNan));
   if (op) {
     dev.linear_backward({.rows = c.rows, .in = c.in, .out = c.out, .x = x.in(), .weight = w.in(),
                          .dy = dy.data(), .g = bf16 ? g.in() : MatIn{dy.data(), nullptr},
@@ -155,10 +155,11 @@ inline LinearOutputs run_linear_backward(Device& dev, const LinearCase& c, Linea
     else if (v.gelu)
       dev.activation_backward(Activation::gelu, pre.f32.data(), dx.data(), dx.data(), n);
     if (v.gelu) dev.bias_grad(dbp.data(), dx.data(), c.rows, c.in);
+    if (!v.gelu && bf16) dev.to_bf16(dx.data(), dx16.data(), n);
   }
   LinearOutputs outputs{dw.download(), db.download()};
   if (with_dx32) outputs.push_back(dx.download());
-  if (v.gelu && bf16) outputs.push_back(widened(dx16.download()));
+  if (bf16) outputs.push_back(widened(dx16.download()));
   if (v.gelu) outputs.push_back(dbp.download());
   return outputs;
 }

@@ -252,9 +252,10 @@ struct LOCKSTEP_API LinearForward {
 // Its backward, and with act gelu that of the GELU before it (x = gelu(pre)):
 //   dweight (out, in) += g^T x;  dbias (out) += column sums of dy (skipped when null);
 //   dx (rows, in) = g weight (skipped when null); with act gelu
-//   dx = (g weight) * gelu'(pre), the gradient of pre, which dx_bf16 (when set) receives rounded
-//   to bf16 and whose column sums dbias_pre (in; when set) accumulates: the bias gradient of
-//   the map that made pre.
+//   dx = (g weight) * gelu'(pre), the gradient of pre, whose column sums dbias_pre (in; when
+//   set) accumulates: the bias gradient of the map that made pre. With bf16 weights dx_bf16
+//   (when set) receives dx rounded to bf16, the next products' input, and dx is then working
+//   memory (Note [Fused linear]).
 // g is dy as the products read it: dy itself, or dy rounded to bf16 (with bf16 weights).
 struct LOCKSTEP_API LinearBackward {
   int rows = 0, in = 0, out = 0;
@@ -266,7 +267,7 @@ struct LOCKSTEP_API LinearBackward {
   float* dx = nullptr;
   FusedActivation act = FusedActivation::none;
   MatIn pre{};                            // act gelu: (rows, in) as the forward kept it
-  std::uint16_t* dx_bf16 = nullptr;       // act gelu, bf16 weights: (rows, in)
+  std::uint16_t* dx_bf16 = nullptr;       // bf16 weights: (rows, in)
   float* dbias_pre = nullptr;             // act gelu: (in)
 };
 
@@ -312,9 +313,10 @@ struct LOCKSTEP_API LinearBackward {
 //     rounded gradient, where the CPU sums the fp32 gradient of pre before it is rounded.
 //   - Summation orders, of the products (as for gemm) and of the bias gradients.
 // The epilogues write bias gradients into a device buffer, which a short pass of `out` elements
-// then adds to dbias (+=). A fused GELU backward writes only dx_bf16 when that is set: dx is
-// then working memory whose contents afterwards are not to be read (the CPU leaves the fp32
-// gradient there), and the map before it gets its bias gradient from dbias_pre, not from dy.
+// then adds to dbias (+=). An input gradient with dx_bf16 set, fused (with or without GELU's
+// backward), writes only dx_bf16, straight from the epilogue: dx is then working memory whose
+// contents afterwards are not to be read (the CPU leaves the fp32 gradient there), and the map
+// before a GELU gets its bias gradient from dbias_pre, not from dy.
 
 // How a device ran its linear maps' products (Note [Fused linear]): each product, a forward,
 // a weight gradient or an input gradient, counts once.
@@ -460,6 +462,28 @@ class LOCKSTEP_API LayerOps {
                                       float scale) = 0;
   virtual void causal_softmax_backward(const std::uint16_t* p, const float* dp,
                                        std::uint16_t* ds, int count, int T, float scale) = 0;
+
+  // The residual stream's update and the LayerNorm that reads it, in one pass over the rows
+  // (Note [Residual LayerNorm] in src/cpu/ops/layernorm.cpp): sum (rows, C) = a + b, then
+  // layernorm_forward of sum into y (fp32, or rounded to bf16), mean and rstd; bit for bit add
+  // followed by layernorm_forward. sum may alias a or b.
+  virtual void residual_layernorm_forward(const float* a, const float* b, float* sum,
+                                          const float* weight, const float* bias, float* y,
+                                          float* mean, float* rstd, int rows, int C) = 0;
+  virtual void residual_layernorm_forward(const float* a, const float* b, float* sum,
+                                          const float* weight, const float* bias,
+                                          std::uint16_t* y, float* mean, float* rstd, int rows,
+                                          int C) = 0;
+  // LayerNorm's backward with the residual's gradient added in the same pass: dx (rows, C) =
+  // dresidual + d/dx, bit for bit a copy of dresidual followed by layernorm_backward (which is
+  // this op with dresidual == dx); a null dresidual counts as zeros (as a filled dx would).
+  // dx_bf16 (rows, C), when not null, receives dx rounded to bf16 (a matrix product's input),
+  // without a to_bf16 pass. dweight, dbias (C) += their gradients. dx may alias dresidual.
+  virtual void residual_layernorm_backward(const float* x, const float* weight, const float* mean,
+                                           const float* rstd, const float* dy,
+                                           const float* dresidual, float* dx,
+                                           std::uint16_t* dx_bf16, float* dweight, float* dbias,
+                                           int rows, int C) = 0;
 
  protected:
   ~LayerOps() = default;

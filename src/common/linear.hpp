@@ -39,9 +39,10 @@ inline void check_linear(const LinearForward& f) {
 }
 
 // GELU's backward needs dx and pre, and dx_bf16 rounds a bf16 pre's gradient; without GELU,
-// neither of its outputs is given.
+// dbias_pre is not given, and dx_bf16 rounds dx under bf16 weights.
 inline bool activation_operands_fit(const LinearBackward& b) {
-  if (b.act != FusedActivation::gelu) return !b.dx_bf16 && !b.dbias_pre;
+  if (b.act != FusedActivation::gelu)
+    return !b.dbias_pre && (!b.dx_bf16 || (b.dx && b.weight.bf16));
   return b.dx && (b.pre.f32 || b.pre.bf16) && (!b.dx_bf16 || b.pre.bf16);
 }
 
@@ -86,13 +87,16 @@ inline void compose_weight_grad(Device& dev, const LinearBackward& b) {
 }
 
 // dx = g weight, and with act gelu GELU's backward on it (rounding into dx_bf16), then dbias_pre
-// from the fp32 result.
+// from the fp32 result; without GELU, dx rounded into dx_bf16 when that is set.
 inline void compose_input_grad(Device& dev, const LinearBackward& b) {
   if (!b.dx) return;
   matmul(dev, Transpose::no, Transpose::no, b.rows, b.in, b.out, b.g, b.out, b.weight, b.in,
          0.0f, b.dx, b.in);
-  if (b.act != FusedActivation::gelu) return;
   const std::size_t n = std::size_t(b.rows) * std::size_t(b.in);
+  if (b.act != FusedActivation::gelu) {
+    if (b.dx_bf16) dev.to_bf16(b.dx, b.dx_bf16, n);
+    return;
+  }
   if (b.pre.bf16)
     dev.activation_backward(Activation::gelu, b.pre.bf16, b.dx, b.dx, b.dx_bf16, n);
   else

@@ -168,6 +168,16 @@ class CpuDevice final : public Device {
   void layernorm_backward(const float* x, const float* weight, const float* mean,
                           const float* rstd, const float* dy, float* dx, float* dweight,
                           float* dbias, int rows, int C) override;
+  void residual_layernorm_forward(const float* a, const float* b, float* sum,
+                                  const float* weight, const float* bias, float* y, float* mean,
+                                  float* rstd, int rows, int C) override;
+  void residual_layernorm_forward(const float* a, const float* b, float* sum,
+                                  const float* weight, const float* bias, std::uint16_t* y,
+                                  float* mean, float* rstd, int rows, int C) override;
+  void residual_layernorm_backward(const float* x, const float* weight, const float* mean,
+                                   const float* rstd, const float* dy, const float* dresidual,
+                                   float* dx, std::uint16_t* dx_bf16, float* dweight,
+                                   float* dbias, int rows, int C) override;
 
  private:
   // gemm() and gemm_batched() for inputs T: float, or std::uint16_t holding bf16 (ops/gemm.cpp).
@@ -233,10 +243,11 @@ class CpuDevice final : public Device {
   void softmax_cross_entropy_of(const L* logits, const std::int32_t* labels, int rows,
                                 int classes, D* dlogits, float grad_scale, LossStats* stats);
   // The fp32 and bf16 forms of layernorm_forward and the causal softmax, for the storage of
-  // their outputs Y and P (ops/layernorm.cpp, ops/softmax.cpp).
+  // their outputs Y and P (ops/layernorm.cpp, ops/softmax.cpp); LayerNorm's input is a, or
+  // a + b stored into sum when b is not null (Note [Residual LayerNorm]).
   template <class Y>
-  void layernorm_forward_of(const float* x, const float* weight, const float* bias, Y* y,
-                            float* mean, float* rstd, int rows, int C);
+  void layernorm_forward_of(const float* a, const float* b, float* sum, const float* weight,
+                            const float* bias, Y* y, float* mean, float* rstd, int rows, int C);
   template <class P>
   void causal_softmax_forward_of(const float* s, P* p, int count, int T, float scale);
   template <class P, class DS>

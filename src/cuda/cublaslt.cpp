@@ -183,9 +183,9 @@ bool LtLinear::input_grad(const LinearBackward& b, cudaStream_t stream, bool bia
   p.b = data_of(b.g), p.ldb = b.out;
   p.ab_type = type_of(b.g);
   p.d = b.dx, p.ldd = b.in;
+  if (b.dx_bf16) p.d = b.dx_bf16, p.d_type = CUDA_R_16BF;  // rounded only (Note [Fused linear])
   const bool bgrad = gelu && b.dbias_pre && bias_epilogue;
   if (gelu) {
-    if (b.dx_bf16) p.d = b.dx_bf16, p.d_type = CUDA_R_16BF;
     p.epilogue = bgrad ? CUBLASLT_EPILOGUE_DGELU_BGRAD : CUBLASLT_EPILOGUE_DGELU;
     p.aux = const_cast<void*>(data_of(b.pre));  // read only, in the backward epilogues
     if (bgrad) p.bias = bias_sums_.get(), p.bias_type = p.d_type;  // in D's type

@@ -78,8 +78,8 @@ class LtLinear {
   bool forward(const LinearForward& f, cudaStream_t stream);
   // dweight += g^T x, and dbias += column sums of g.
   bool weight_grad(const LinearBackward& b, cudaStream_t stream);
-  // dx = g weight, with act gelu times gelu'(pre) (into dx_bf16 when set) and dbias_pre += its
-  // column sums: in the epilogue (DGELU_BGRAD), or with bias_epilogue false by the bias_grad
+  // dx = g weight (into dx_bf16 alone when set), with act gelu times gelu'(pre) and dbias_pre +=
+  // its column sums: in the epilogue (DGELU_BGRAD), or with bias_epilogue false by the bias_grad
   // kernel over the gradient the DGELU epilogue wrote (rounded, when it wrote dx_bf16).
   bool input_grad(const LinearBackward& b, cudaStream_t stream, bool bias_epilogue = true);
 

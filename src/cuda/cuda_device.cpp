@@ -590,23 +590,46 @@ void CudaDevice::embedding_backward(const float* ids, const float* dout, float* 
 // x, y (rows, C), weight, bias (C), mean, rstd (rows)
 void CudaDevice::layernorm_forward(const float* x, const float* weight, const float* bias,
                                    float* y, float* mean, float* rstd, int rows, int C) {
-  check_sizes("layernorm_forward", rows, {{"rows", rows}, {"C", C}});
-  launch_layernorm_forward(stream(), x, weight, bias, y, mean, rstd, rows, C);
+  residual_layernorm_forward(x, nullptr, nullptr, weight, bias, y, mean, rstd, rows, C);
 }
 
 void CudaDevice::layernorm_forward(const float* x, const float* weight, const float* bias,
                                    std::uint16_t* y, float* mean, float* rstd, int rows, int C) {
+  residual_layernorm_forward(x, nullptr, nullptr, weight, bias, y, mean, rstd, rows, C);
+}
+
+// With b null: layernorm_forward of a (Note [Residual LayerNorm]).
+void CudaDevice::residual_layernorm_forward(const float* a, const float* b, float* sum,
+                                            const float* weight, const float* bias, float* y,
+                                            float* mean, float* rstd, int rows, int C) {
   check_sizes("layernorm_forward", rows, {{"rows", rows}, {"C", C}});
-  launch_layernorm_forward_bf16(stream(), x, weight, bias, y, mean, rstd, rows, C);
+  launch_layernorm_forward(stream(), a, b, sum, weight, bias, y, mean, rstd, rows, C);
+}
+
+void CudaDevice::residual_layernorm_forward(const float* a, const float* b, float* sum,
+                                            const float* weight, const float* bias,
+                                            std::uint16_t* y, float* mean, float* rstd, int rows,
+                                            int C) {
+  check_sizes("layernorm_forward", rows, {{"rows", rows}, {"C", C}});
+  launch_layernorm_forward_bf16(stream(), a, b, sum, weight, bias, y, mean, rstd, rows, C);
 }
 
 void CudaDevice::layernorm_backward(const float* x, const float* weight, const float* mean,
                                     const float* rstd, const float* dy, float* dx,
                                     float* dweight, float* dbias, int rows, int C) {
+  residual_layernorm_backward(x, weight, mean, rstd, dy, dx, dx, nullptr, dweight, dbias, rows,
+                              C);
+}
+
+void CudaDevice::residual_layernorm_backward(const float* x, const float* weight,
+                                             const float* mean, const float* rstd,
+                                             const float* dy, const float* dresidual, float* dx,
+                                             std::uint16_t* dx_bf16, float* dweight,
+                                             float* dbias, int rows, int C) {
   check_sizes("layernorm_backward", rows, {{"rows", rows}, {"C", C}});
   if (rows == 0) return;
-  launch_layernorm_backward(stream(), x, weight, mean, rstd, dy, dx, dweight, dbias, rows, C,
-                            scratch(layernorm_backward_scratch_bytes(rows, C)));
+  launch_layernorm_backward(stream(), x, weight, mean, rstd, dy, dresidual, dx, dx_bf16, dweight,
+                            dbias, rows, C, scratch(layernorm_backward_scratch_bytes(rows, C)));
 }
 
 // `count` (T, T) matrices

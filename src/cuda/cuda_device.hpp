@@ -129,6 +129,16 @@ class CudaDevice final : public Device {
                                float scale) override;
   void layernorm_forward(const float* x, const float* weight, const float* bias,
                          std::uint16_t* y, float* mean, float* rstd, int rows, int C) override;
+  void residual_layernorm_forward(const float* a, const float* b, float* sum,
+                                  const float* weight, const float* bias, float* y, float* mean,
+                                  float* rstd, int rows, int C) override;
+  void residual_layernorm_forward(const float* a, const float* b, float* sum,
+                                  const float* weight, const float* bias, std::uint16_t* y,
+                                  float* mean, float* rstd, int rows, int C) override;
+  void residual_layernorm_backward(const float* x, const float* weight, const float* mean,
+                                   const float* rstd, const float* dy, const float* dresidual,
+                                   float* dx, std::uint16_t* dx_bf16, float* dweight,
+                                   float* dbias, int rows, int C) override;
   void causal_softmax_forward(const float* s, std::uint16_t* p, int count, int T,
                               float scale) override;
   void causal_softmax_backward(const std::uint16_t* p, const float* dp, std::uint16_t* ds,

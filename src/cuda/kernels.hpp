@@ -170,20 +170,24 @@ void launch_embedding_backward(cudaStream_t stream, const float* ids, const floa
 
 // ---- LayerNorm (layernorm.cu) --------------------------------------------------------------
 
-// x, y (rows, C), weight, bias (C), mean, rstd (rows). One warp per row.
-void launch_layernorm_forward(cudaStream_t stream, const float* x, const float* weight,
-                              const float* bias, float* y, float* mean, float* rstd, int rows,
-                              int C);
+// x = a, or a + b stored into sum when b is not null (the residual LayerNorm); y (rows, C),
+// weight, bias (C), mean, rstd (rows). One warp per row.
+void launch_layernorm_forward(cudaStream_t stream, const float* a, const float* b, float* sum,
+                              const float* weight, const float* bias, float* y, float* mean,
+                              float* rstd, int rows, int C);
 // The same with y rounded to bf16 (LayerOps in device.hpp).
-void launch_layernorm_forward_bf16(cudaStream_t stream, const float* x, const float* weight,
-                                   const float* bias, std::uint16_t* y, float* mean, float* rstd,
-                                   int rows, int C);
-// dx (rows, C) += d/dx (one warp per row); dweight, dbias (C) += their gradients, through
-// per-chunk partials in `scratch` (layernorm_backward_scratch_bytes(rows, C) bytes of device
-// memory) and a second pass: deterministic.
+void launch_layernorm_forward_bf16(cudaStream_t stream, const float* a, const float* b,
+                                   float* sum, const float* weight, const float* bias,
+                                   std::uint16_t* y, float* mean, float* rstd, int rows, int C);
+// dx (rows, C) = dresidual (0 when null) + d/dx (one warp per row; dx may alias dresidual),
+// rounded into
+// dx_bf16 too when not null; dweight, dbias (C) += their gradients, through per-chunk partials
+// in `scratch` (layernorm_backward_scratch_bytes(rows, C) bytes of device memory) and a second
+// pass: deterministic.
 std::size_t layernorm_backward_scratch_bytes(int rows, int C);
 void launch_layernorm_backward(cudaStream_t stream, const float* x, const float* weight,
-                               const float* mean, const float* rstd, const float* dy, float* dx,
+                               const float* mean, const float* rstd, const float* dy,
+                               const float* dresidual, float* dx, std::uint16_t* dx_bf16,
                                float* dweight, float* dbias, int rows, int C, void* scratch);
 
 // ---- Peer all-reduce (peer_reduce.cu) -----------------------------------------------------

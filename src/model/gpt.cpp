@@ -184,9 +184,10 @@ class Block final : public Layer {
     detail::linear_forward(dev, w.attn, s.ln1.input(), s.qkv.output(), d.qkv, n, c, 3 * c);
     attention_forward(dev, s, d, batch);
     detail::linear_forward(dev, w.attn_proj, s.atty.input(), {s.res1, nullptr}, nullptr, n, c, c);
-    dev.add(s.res1, x, s.res1, elements(n, c));
+    // res1 += x, and ln_2 of it, in one pass (Note [Residual LayerNorm]).
     s.ln2.store([&](auto* y) {
-      dev.layernorm_forward(s.res1, p.ln2_w, p.ln2_b, y, s.mean2, s.rstd2, n, c);
+      dev.residual_layernorm_forward(s.res1, x, s.res1, p.ln2_w, p.ln2_b, y, s.mean2, s.rstd2, n,
+                                     c);
     });
     // gelu = GELU(fc), fc kept for GELU's backward (Note [Fused linear]).
     dev.linear_forward({.rows = n, .in = c, .out = 4 * c, .x = s.ln2.input(), .weight = w.fc.weight,
@@ -219,19 +220,25 @@ class Block final : public Layer {
     const MatIn dh = bf16 ? MatIn{nullptr, d.grad16} : MatIn{d.h, nullptr};
     dev.linear_backward({.rows = n, .in = c, .out = 4 * c, .x = s.ln2.input(),
                          .weight = w.fc.weight, .g = dh, .dweight = g.fc_w, .dx = d.tmp});
-    dev.copy(d.res1, dout, elements(n, c) * sizeof(float));
-    dev.layernorm_backward(s.res1, p.ln2_w, s.mean2, s.rstd2, d.tmp, d.res1, g.ln2_w, g.ln2_b, n,
-                           c);
-    // Attention branch: res1 = x + c_proj(attention(c_attn(ln_1(x)))).
-    detail::linear_backward(dev, w.attn_proj, g.attn_proj_w, g.attn_proj_b, s.atty.input(),
-                            d.res1, d.tmp, n, c, c, d.grad16);
+    // d res1 = dout + ln_2's input gradient, in bf16 rounded in the same pass into d.grad16, the
+    // input of c_proj's products (Note [Residual LayerNorm]).
+    dev.residual_layernorm_backward(s.res1, p.ln2_w, s.mean2, s.rstd2, d.tmp, dout, d.res1,
+                                    bf16 ? d.grad16 : nullptr, g.ln2_w, g.ln2_b, n, c);
+    // Attention branch: res1 = x + c_proj(attention(c_attn(ln_1(x)))). Under bf16 the gradient
+    // of atty is written rounded into d.dout16 (free once c_fc's backward has run), attention's
+    // input, by c_proj's product.
+    const MatIn dres1 = bf16 ? MatIn{nullptr, d.grad16} : MatIn{d.res1, nullptr};
+    dev.linear_backward({.rows = n, .in = c, .out = c, .x = s.atty.input(),
+                         .weight = w.attn_proj.weight, .dy = d.res1, .g = dres1,
+                         .dweight = g.attn_proj_w, .dbias = g.attn_proj_b, .dx = d.tmp,
+                         .dx_bf16 = bf16 ? d.dout16 : nullptr});
     attention_backward(dev, s, d, batch);
     detail::linear_backward(dev, w.attn, g.attn_w, g.attn_b, s.ln1.input(), d.qkv, d.tmp, n, c,
                             3 * c, d.grad16);
-    // ln_1's parameters need its backward even without a din (the block as a first layer);
-    // d.res1 already holds the residual's share of dx.
-    dev.layernorm_backward(x, p.ln1_w, s.mean1, s.rstd1, d.tmp, d.res1, g.ln1_w, g.ln1_b, n, c);
-    if (din) dev.copy(din, d.res1, elements(n, c) * sizeof(float));
+    // ln_1's parameters need its backward even without a din (the block as a first layer): then
+    // d.res1 takes dx.
+    dev.residual_layernorm_backward(x, p.ln1_w, s.mean1, s.rstd1, d.tmp, d.res1,
+                                    din ? din : d.res1, nullptr, g.ln1_w, g.ln1_b, n, c);
   }
 
  private:
@@ -301,7 +308,8 @@ class Block final : public Layer {
     // matrix-product input.
     std::uint16_t* grad16;
     // bf16 only: (N, C) the block's output gradient rounded, read by c_proj's products while
-    // they write the gradient of fc into grad16.
+    // they write the gradient of fc into grad16; then the gradient of atty rounded, attention's
+    // input, while the materialised path's score gradients use grad16.
     std::uint16_t* dout16;
     std::size_t size;
     static Scratch at(float* base, AttentionShape a, bool fused, bool bf16) {
@@ -332,10 +340,9 @@ class Block final : public Layer {
                               attention_buffers(s, d));
   }
 
-  // From g.tmp = d atty, writes g.qkv. Under bf16, d atty is rounded into g.grad16 for the
-  // products first.
+  // From d atty (g.tmp, or under bf16 its rounding in g.dout16), writes g.qkv.
   void attention_backward(Device& dev, const Saved& s, const Scratch& g, int batch) const {
-    const MatIn dy = detail::as_input(dev, g.tmp, g.grad16, elements(batch * t_, c_));
+    const MatIn dy = g.dout16 ? MatIn{nullptr, g.dout16} : MatIn{g.tmp, nullptr};
     detail::attention_backward(dev, shape(batch), s.qkv.input(), s.atty.input(), dy,
                                attention_buffers(s, g), g.qkv);
   }
@@ -379,11 +386,10 @@ class LayerNorm final : public Layer {
                 const float* /*out*/, const float* dout, float* din, int batch,
                 const LayerWorkspace& ws) const override {
     const std::size_t n = std::size_t(batch) * t_;
-    // layernorm_backward accumulates into dx; a GPT's final LayerNorm always has a din.
+    // A GPT's final LayerNorm always has a din, which it writes (no residual: a null one).
     if (!din) throw std::logic_error("layernorm: needs an input gradient (not a first layer)");
-    dev.fill(din, 0.0f, n * c_);
-    dev.layernorm_backward(in, params, ws.saved, ws.saved + n, dout, din, grads, grads + c_,
-                           static_cast<int>(n), c_);
+    dev.residual_layernorm_backward(in, params, ws.saved, ws.saved + n, dout, nullptr, din,
+                                    nullptr, grads, grads + c_, static_cast<int>(n), c_);
   }
 
  private:

@@ -74,7 +74,7 @@ TEST_CASE("cpu device: linear ops refuse operands that do not fit together") {
   CHECK_THROWS_AS(dev->linear_forward({.rows = 2, .in = 4, .out = 8, .x = x, .weight = x,
                                        .y = {b.data(), nullptr}}),
                   std::invalid_argument);
-  // A bias gradient without dy; a rounded dx without GELU.
+  // A bias gradient without dy; a rounded dx with fp32 weights.
   CHECK_THROWS_AS(dev->linear_backward({.rows = 2, .in = 4, .out = 8, .x = x, .weight = x,
                                         .g = x, .dweight = b.data(), .dbias = bias.data()}),
                   std::invalid_argument);

@@ -283,6 +283,47 @@ TEST_CASE("wide vectors: LayerNorm forward and backward give the baseline's bits
   });
 }
 
+// The residual forms (Note [Residual LayerNorm]): the sum written beside a and over it, dx
+// written beside dresidual with its bf16 rounding and over it.
+TEST_CASE("wide vectors: residual LayerNorm forward and backward give the baseline's bits") {
+  same_bits_on_every_isa([](Device& dev) {
+    Outputs out;
+    for (auto [rows, C] : {std::pair{300, 77}, {40, 768}}) {
+      const std::size_t n = std::size_t(rows) * C, nc = std::size_t(C);
+      auto a = on_device(dev, awkward_floats(n, 40 + n, -3.0, 3.0, 16 * nc));
+      auto b = on_device(dev, test::random_floats(n, 41 + n, -1.0, 1.0));
+      auto w = on_device(dev, test::random_floats(nc, 42 + n, 0.5, 1.5));
+      auto bias = on_device(dev, test::random_floats(nc, 43 + n, -0.5, 0.5));
+      auto dy = on_device(dev, test::random_floats(n, 44 + n));
+      DeviceArray<float> sum(dev, n), y(dev, n), mean(dev, rows), rstd(dev, rows);
+      DeviceArray<std::uint16_t> y16(dev, n), dx16(dev, n);
+      dev.residual_layernorm_forward(a.data(), b.data(), sum.data(), w.data(), bias.data(),
+                                     y16.data(), mean.data(), rstd.data(), rows, C);
+      for (const auto* o : {&sum, &mean, &rstd}) append(out, *o);
+      append(out, y16);
+      dev.residual_layernorm_forward(a.data(), b.data(), a.data(), w.data(), bias.data(),
+                                     y.data(), mean.data(), rstd.data(), rows, C);
+      for (const auto* o : {&a, &y, &mean, &rstd}) append(out, *o);
+      auto dres = on_device(dev, awkward_floats(n, 45 + n, -1.0, 1.0, 16 * nc));
+      auto dw = on_device(dev, test::random_floats(nc, 46 + n));
+      auto db = on_device(dev, test::random_floats(nc, 47 + n));
+      DeviceArray<float> dx(dev, n);
+      auto x = on_device(dev, test::random_floats(n, 48 + n, -3.0, 3.0));
+      dev.layernorm_forward(x.data(), w.data(), bias.data(), y.data(), mean.data(), rstd.data(),
+                            rows, C);
+      dev.residual_layernorm_backward(x.data(), w.data(), mean.data(), rstd.data(), dy.data(),
+                                      dres.data(), dx.data(), dx16.data(), dw.data(), db.data(),
+                                      rows, C);
+      dev.residual_layernorm_backward(x.data(), w.data(), mean.data(), rstd.data(), dy.data(),
+                                      dres.data(), dres.data(), nullptr, dw.data(), db.data(),
+                                      rows, C);
+      for (const auto* o : {&dx, &dres, &dw, &db}) append(out, *o);
+      append(out, dx16);
+    }
+    return out;
+  });
+}
+
 TEST_CASE("wide vectors: causal softmax on fp32 and bf16 gives the baseline's bits") {
   same_bits_on_every_isa([](Device& dev) {
     Outputs out;

@@ -124,6 +124,47 @@ TEST_SUITE("gradcheck") {
     CHECK_MESSAGE(miss.empty(), miss);
   }
 
+  // J = sum(y * R) + sum(s * S) with s = a + b and y = LayerNorm(s), the residual LayerNorm of
+  // a GPT block: dJ/da = dJ/db = S + LayerNorm's input gradient from R, which is what
+  // residual_layernorm_backward writes with dresidual = S (Note [Residual LayerNorm]).
+  TEST_CASE("residual LayerNorm: both addends, weight and bias") {
+    auto dev = lockstep::make_cpu_device(0, 1);
+    const int rows = 3, C = 5;
+    const std::size_t n = std::size_t(rows) * C;
+    std::vector<float> a = random_floats(n, 81, -2.0, 2.0), b = random_floats(n, 82, -1.0, 1.0);
+    std::vector<float> w = random_floats(C, 83, 0.5, 1.5), bias = random_floats(C, 84);
+    const std::vector<float> r = random_floats(n, 85), s = random_floats(n, 86);
+    DeviceArray<float> ad(*dev, n), bd(*dev, n), wd(*dev, C), biasd(*dev, C), sum(*dev, n),
+        y(*dev, n), mean(*dev, rows), rstd(*dev, rows);
+    const auto objective = [&] {
+      ad.upload(a), bd.upload(b), wd.upload(w), biasd.upload(bias);
+      dev->residual_layernorm_forward(ad.data(), bd.data(), sum.data(), wd.data(), biasd.data(),
+                                      y.data(), mean.data(), rstd.data(), rows, C);
+      const std::vector<float> yv = y.download(), sv = sum.download();
+      double j = 0.0;
+      for (std::size_t i = 0; i < n; ++i) j += double(yv[i]) * r[i] + double(sv[i]) * s[i];
+      return j;
+    };
+    objective();
+    auto rd = on_device(*dev, r), sd = on_device(*dev, s);
+    DeviceArray<float> dx(*dev, n), dw(*dev, C), db(*dev, C);
+    dev->residual_layernorm_backward(sum.data(), wd.data(), mean.data(), rstd.data(), rd.data(),
+                                     sd.data(), dx.data(), nullptr, dw.data(), db.data(), rows, C);
+    for (std::vector<float>* v : {&a, &b}) {
+      std::vector<double> fd;
+      for (std::size_t i = 0; i < n; ++i) fd.push_back(central_difference(*v, i, objective));
+      const std::string miss = mismatch(fd, dx.download());
+      CHECK_MESSAGE(miss.empty(), miss);
+    }
+    for (auto [v, analytic] : {std::pair{&w, &dw}, {&bias, &db}}) {
+      std::vector<double> fd;
+      for (std::size_t i = 0; i < std::size_t(C); ++i)
+        fd.push_back(central_difference(*v, i, objective));
+      const std::string miss = mismatch(fd, analytic->download());
+      CHECK_MESSAGE(miss.empty(), miss);
+    }
+  }
+
   TEST_CASE("a 2-hidden-layer MLP through a Replica") {
     check_mlp(Activation::gelu);
     check_mlp(Activation::tanh);

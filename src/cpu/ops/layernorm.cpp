@@ -8,17 +8,63 @@
 
 namespace lockstep::cpu {
 
+// Note [Residual LayerNorm]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// A GPT block's residual stream meets a LayerNorm twice per step: forward, res1 = x + attn(...)
+// is ln_2's input; backward, ln_2's and ln_1's input gradients are added to the residual's.
+// Done as separate ops these were an add (or a copy) and the LayerNorm, two passes over the
+// (rows, C) stream; residual_layernorm_forward and residual_layernorm_backward make them one
+// row by row, the row still in cache when the LayerNorm reads it. They compute what the
+// separate ops computed, in their order: the sum a + b is the add's (one IEEE addition, so
+// a + b and b + a agree), and the LayerNorm's sums then read the stored sum; backward adds
+// dresidual + the LayerNorm's term as the copy followed by `dx +=` did. So neither precision's
+// bits change (the fp32 and bf16 gpt_tiny runs are unchanged). The same pass also writes the
+// bf16 copy of dx that the next products read (dx_bf16), instead of a to_bf16 pass of its own.
+//
+// The element-wise passes of a bf16 GPT block, per layer, on the CUDA path (cuBLASLt's
+// epilogues take the bias adds, GELU and the bias gradients), counted before issue 25 and after:
+//                                before                          after
+//   forward   residual add       2 (res1 = x + attn, out = ...)  1 (out; the sum of res1 is
+//                                                                   ln_2's forward)
+//             to_bf16            1 (atty, materialised attention) 1
+//   backward  copy               2 (dout -> d res1, d res1 -> din) 0 (the LayerNorms' dresidual)
+//             to_bf16            4 (dout, d res1, d atty, d qkv)  2 (dout, d qkv)
+//   total                        9                               4
+// d res1's rounding is now ln_2's backward (dx_bf16), d atty's the attention projection's
+// product writing its input gradient in bf16 (LinearBackward::dx_bf16). The fused attention
+// path has no atty pass: 8 before, 3 after. What is left crosses the layer's interface (the
+// block's output add, the rounding of its dout) or belongs to attention (d qkv, atty). Per
+// step, L layers of these, plus the LM head's two to_bf16 (its input, and its logits chunk by
+// chunk), unchanged. The CPU composes the linear maps from passes (Note [Fused linear]), so
+// there d atty is still rounded by a to_bf16 pass, inside linear_backward: it saves the two
+// copies, one add and one to_bf16 per layer.
+
+// One row of y (C) = LayerNorm(x) with x = a (+ b, stored into sum when b is not null).
 template <class Y>
-void CpuDevice::layernorm_forward_of(const float* x, const float* weight, const float* bias, Y* y,
-                                     float* mean, float* rstd, int rows, int C) {
+void CpuDevice::layernorm_forward_of(const float* a, const float* b, float* sum,
+                                     const float* weight, const float* bias, Y* y, float* mean,
+                                     float* rstd, int rows, int C) {
   const std::size_t nc = static_cast<std::size_t>(C), nr = static_cast<std::size_t>(rows);
   const std::size_t block = rows_per_block(nc);
   for_blocks(blocks_of(nr, block), vectorized([=](std::size_t blk) {
     for (std::size_t r = blk * block; r < std::min(nr, (blk + 1) * block); ++r) {
-      const float* xr = x + r * nc;
-      double sum = 0.0;
-      for (std::size_t c = 0; c < nc; ++c) sum += xr[c];
-      const double mu = sum / double(nc);
+      const float* xr = a + r * nc;
+      if (b) {
+        // The add's loop, in place when sum aliases an operand (as CpuDevice::map: GCC
+        // vectorises two arrays that may overlap behind a check that exact aliasing fails).
+        float* sr = sum + r * nc;
+        const float* br = b + r * nc;
+        if (sr == xr)
+          for (std::size_t c = 0; c < nc; ++c) sr[c] += br[c];
+        else if (sr == br)
+          for (std::size_t c = 0; c < nc; ++c) sr[c] += xr[c];
+        else
+          for (std::size_t c = 0; c < nc; ++c) sr[c] = xr[c] + br[c];
+        xr = sr;
+      }
+      double total = 0.0;
+      for (std::size_t c = 0; c < nc; ++c) total += xr[c];
+      const double mu = total / double(nc);
       double var = 0.0;
       for (std::size_t c = 0; c < nc; ++c) var += (xr[c] - mu) * (xr[c] - mu);
       const float m = static_cast<float>(mu);
@@ -34,20 +80,42 @@ void CpuDevice::layernorm_forward_of(const float* x, const float* weight, const 
 
 void CpuDevice::layernorm_forward(const float* x, const float* weight, const float* bias, float* y,
                                   float* mean, float* rstd, int rows, int C) {
-  layernorm_forward_of(x, weight, bias, y, mean, rstd, rows, C);
+  layernorm_forward_of(x, nullptr, nullptr, weight, bias, y, mean, rstd, rows, C);
 }
 
 void CpuDevice::layernorm_forward(const float* x, const float* weight, const float* bias,
                                   std::uint16_t* y, float* mean, float* rstd, int rows, int C) {
-  layernorm_forward_of(x, weight, bias, y, mean, rstd, rows, C);
+  layernorm_forward_of(x, nullptr, nullptr, weight, bias, y, mean, rstd, rows, C);
 }
 
-// With xhat = (x - mean) * rstd and g = dy * weight:
-//   dx += rstd * (g - mean_c(g) - xhat * mean_c(g * xhat)),
-//   dweight += sum_r dy * xhat, dbias += sum_r dy (rows in order, per block of columns).
+void CpuDevice::residual_layernorm_forward(const float* a, const float* b, float* sum,
+                                           const float* weight, const float* bias, float* y,
+                                           float* mean, float* rstd, int rows, int C) {
+  layernorm_forward_of(a, b, sum, weight, bias, y, mean, rstd, rows, C);
+}
+
+void CpuDevice::residual_layernorm_forward(const float* a, const float* b, float* sum,
+                                           const float* weight, const float* bias,
+                                           std::uint16_t* y, float* mean, float* rstd, int rows,
+                                           int C) {
+  layernorm_forward_of(a, b, sum, weight, bias, y, mean, rstd, rows, C);
+}
+
 void CpuDevice::layernorm_backward(const float* x, const float* weight, const float* mean,
                                    const float* rstd, const float* dy, float* dx, float* dweight,
                                    float* dbias, int rows, int C) {
+  residual_layernorm_backward(x, weight, mean, rstd, dy, dx, dx, nullptr, dweight, dbias, rows,
+                              C);
+}
+
+// With xhat = (x - mean) * rstd and g = dy * weight:
+//   dx = dresidual + rstd * (g - mean_c(g) - xhat * mean_c(g * xhat)),
+//   dweight += sum_r dy * xhat, dbias += sum_r dy (rows in order, per block of columns).
+void CpuDevice::residual_layernorm_backward(const float* x, const float* weight,
+                                            const float* mean, const float* rstd, const float* dy,
+                                            const float* dresidual, float* dx,
+                                            std::uint16_t* dx_bf16, float* dweight, float* dbias,
+                                            int rows, int C) {
   constexpr std::size_t kCols = 64;
   const std::size_t nc = static_cast<std::size_t>(C), nr = static_cast<std::size_t>(rows);
   const std::size_t block = rows_per_block(nc);
@@ -64,10 +132,19 @@ void CpuDevice::layernorm_backward(const float* x, const float* weight, const fl
       const float g_mean = static_cast<float>(g_sum / double(nc));
       const float gx_mean = static_cast<float>(gx_sum / double(nc));
       float* dxr = dx + r * nc;
-      for (std::size_t c = 0; c < nc; ++c) {
+      const float* dres = dresidual ? dresidual + r * nc : nullptr;
+      const auto term = [&](std::size_t c) {
         const float xhat = (xr[c] - mean[r]) * rstd[r];
-        dxr[c] += rstd[r] * (dyr[c] * weight[c] - g_mean - xhat * gx_mean);
-      }
+        return rstd[r] * (dyr[c] * weight[c] - g_mean - xhat * gx_mean);
+      };
+      if (!dresidual)  // as dx zeroed, then +=: 0 + (-0) is +0
+        for (std::size_t c = 0; c < nc; ++c) dxr[c] = 0.0f + term(c);
+      else if (dres == dxr)  // in place: see layernorm_forward_of's add
+        for (std::size_t c = 0; c < nc; ++c) dxr[c] += term(c);
+      else
+        for (std::size_t c = 0; c < nc; ++c) dxr[c] = dres[c] + term(c);
+      if (dx_bf16)
+        for (std::size_t c = 0; c < nc; ++c) dx_bf16[r * nc + c] = detail::float_to_bf16(dxr[c]);
     }
   }));
   for_blocks(blocks_of(nc, kCols), vectorized([=](std::size_t blk) {

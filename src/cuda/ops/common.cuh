@@ -45,7 +45,9 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
 
+#include "common/bf16.hpp"
 #include "cuda/check.hpp"
 #include "cuda/kernels.hpp"
 
@@ -100,11 +102,113 @@ __device__ inline float warp_max(float v) {
   return v;
 }
 
+// ---- Wide loads and stores -----------------------------------------------------------------
+//
+// Note [Wide loads in the element-wise kernels]
+// A memory-bound kernel that moves one 2-byte bf16 per thread and instruction leaves most of
+// each memory transaction's width to other instructions; GPUs move 16 bytes per thread in one
+// instruction (LDG.128, STG.128). So the element-wise kernels that touch bf16 (to_bf16,
+// from_bf16, add, add_bias, the activations, the optimisers' bf16 copy) take kPack = 8
+// consecutive elements per thread: one 16-byte access of bf16, two of fp32. Each element is
+// computed as before, on its own, with the same operations: the same bits as the one-element
+// form and as the CPU. A pack needs every pointer 16-byte aligned (checked on the host:
+// aligned16); a call whose pointers are not runs the one-element form throughout, and the
+// last n % kPack elements of a wide call run one by one. tests/cuda/test_cuda_wide.cpp runs
+// each kernel at sizes with a tail and on pointers one element off alignment.
+constexpr int kPack = 8;
+
+// Width<W>: W elements per step, 1 or kPack; bodies take it to size their registers.
+template <int W>
+struct Width {
+  static constexpr int value = W;
+};
+
+inline bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+template <class... P>
+bool aligned16(const P*... p) {
+  return (aligned16(static_cast<const void*>(p)) && ...);
+}
+
+// v[0..W) = p[0..W), widened from bf16 where p holds bf16; p 16-byte aligned when W = kPack.
+template <int W>
+__device__ inline void load(const float* p, float (&v)[W]) {
+  if constexpr (W == kPack) {
+    const float4 lo = reinterpret_cast<const float4*>(p)[0];
+    const float4 hi = reinterpret_cast<const float4*>(p)[1];
+    v[0] = lo.x, v[1] = lo.y, v[2] = lo.z, v[3] = lo.w;
+    v[4] = hi.x, v[5] = hi.y, v[6] = hi.z, v[7] = hi.w;
+  } else {
+#pragma unroll
+    for (int k = 0; k < W; ++k) v[k] = p[k];
+  }
+}
+template <int W>
+__device__ inline void load(const std::uint16_t* p, float (&v)[W]) {
+  if constexpr (W == kPack) {
+    const uint4 u = *reinterpret_cast<const uint4*>(p);
+    const unsigned words[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      v[2 * k] = detail::bf16_to_float(static_cast<std::uint16_t>(words[k] & 0xFFFFu));
+      v[2 * k + 1] = detail::bf16_to_float(static_cast<std::uint16_t>(words[k] >> 16));
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < W; ++k) v[k] = detail::bf16_to_float(p[k]);
+  }
+}
+
+// p[0..W) = v[0..W), rounded to bf16 (to nearest even) where p holds bf16.
+template <int W>
+__device__ inline void store(float* p, const float (&v)[W]) {
+  if constexpr (W == kPack) {
+    reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+    reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+  } else {
+#pragma unroll
+    for (int k = 0; k < W; ++k) p[k] = v[k];
+  }
+}
+template <int W>
+__device__ inline void store(std::uint16_t* p, const float (&v)[W]) {
+  if constexpr (W == kPack) {
+    unsigned words[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      words[k] = unsigned(detail::float_to_bf16(v[2 * k])) |
+                 (unsigned(detail::float_to_bf16(v[2 * k + 1])) << 16);
+    *reinterpret_cast<uint4*>(p) = make_uint4(words[0], words[1], words[2], words[3]);
+  } else {
+#pragma unroll
+    for (int k = 0; k < W; ++k) p[k] = detail::float_to_bf16(v[k]);
+  }
+}
+
+// Calls body(i, Width<W>{}) for the elements [i, i + W) of [0, n) this thread takes, grid
+// stride: with `wide`, W = kPack over the whole packs, then W = 1 over the last n % kPack;
+// otherwise W = 1 throughout. Each element belongs to exactly one call.
+template <class Body>
+__device__ void for_each_pack(std::size_t n, bool wide, const Body& body) {
+  std::size_t done = 0;
+  if (wide) {
+    const std::size_t packs = n / kPack;
+    for (std::size_t p = first_index(); p < packs; p += grid_stride())
+      body(p * kPack, Width<kPack>{});
+    done = packs * kPack;
+  }
+  for (std::size_t i = done + first_index(); i < n; i += grid_stride()) body(i, Width<1>{});
+}
+
 // ---- Grid sizes ---------------------------------------------------------------------------
 
 // Blocks of an elementwise (grid-stride) kernel over n elements.
 inline unsigned blocks_for(std::size_t n) {
   return static_cast<unsigned>(std::min((n + kThreads - 1) / kThreads, kMaxBlocks));
+}
+
+// Blocks of a for_each_pack kernel over n elements.
+inline unsigned blocks_for_packs(std::size_t n, bool wide) {
+  return blocks_for(wide ? (n + kPack - 1) / kPack : n);
 }
 
 // Blocks of the row kernels: one warp per row.

@@ -1,5 +1,7 @@
 // Elementwise kernels: fill, scale, add, the bias and its gradient, activations. The activation
 // math is common/elementwise_math.hpp, shared with the CPU device (src/cpu/ops/elementwise.cpp).
+// add, add_bias and the activations move 8 elements per thread and step where their pointers
+// allow (Note [Wide loads in the element-wise kernels] in common.cuh).
 #include "common/bf16.hpp"
 #include "common/elementwise_math.hpp"
 #include "cuda/ops/common.cuh"
@@ -16,19 +18,35 @@ __global__ void scale_kernel(float* x, float alpha, std::size_t n) {
 }
 
 // y (rows, cols) = x + bias (cols), stored as Y (float: x may be y; bf16: rounded), the bias
-// B float or bf16 (widened); n = rows * cols. Grid-stride over the elements; each thread
-// carries its column along instead of taking i % cols per element (a 64-bit division): the
-// stride moves the column by stride % cols, so one subtraction brings it back below cols.
-template <class B, class Y>
-__global__ void add_bias_kernel(const float* x, const B* bias, Y* y, std::size_t cols,
-                                std::size_t n) {
-  const std::size_t stride = grid_stride(), step = stride % cols;
-  std::size_t i = first_index(), c = i % cols;
+// B float or bf16 (widened); n = rows * cols. Grid-stride over packs of W elements (Note [Wide
+// loads in the element-wise kernels]; W = kPack needs cols % kPack == 0, so that a pack lies in
+// one row); each thread carries its column along instead of taking i % cols per pack (a 64-bit
+// division): the stride moves the column by stride % cols, so one subtraction brings it back
+// below cols.
+template <int W, class B, class Y>
+__device__ void add_bias_packs(const float* x, const B* bias, Y* y, std::size_t cols,
+                               std::size_t n) {
+  const std::size_t stride = grid_stride() * W, step = stride % cols;
+  std::size_t i = first_index() * W, c = i % cols;
   for (; i < n; i += stride) {
-    detail::store_value(&y[i], x[i] + detail::load_value(bias[c]));
+    float v[W], b[W];
+    load(x + i, v);
+    load(bias + c, b);
+#pragma unroll
+    for (int k = 0; k < W; ++k) v[k] += b[k];
+    store(y + i, v);
     c += step;
     if (c >= cols) c -= cols;
   }
+}
+
+template <class B, class Y>
+__global__ void add_bias_kernel(const float* x, const B* bias, Y* y, std::size_t cols,
+                                std::size_t n, bool wide) {
+  if (wide)
+    add_bias_packs<kPack>(x, bias, y, cols, n);
+  else
+    add_bias_packs<1>(x, bias, y, cols, n);
 }
 
 __device__ float activate(ActivationKind f, float x) {
@@ -51,25 +69,45 @@ __device__ float activate_grad(ActivationKind f, float x) {
 
 // T: the storage of x and y, float or bf16 (std::uint16_t).
 template <class T>
-__global__ void activation_forward_kernel(ActivationKind f, const T* x, T* y, std::size_t n) {
-  for (std::size_t i = first_index(); i < n; i += grid_stride())
-    detail::store_value(&y[i], activate(f, detail::load_value(x[i])));
+__global__ void activation_forward_kernel(ActivationKind f, const T* x, T* y, std::size_t n,
+                                          bool wide) {
+  for_each_pack(n, wide, [=](std::size_t i, auto width) {
+    float v[decltype(width)::value];
+    load(x + i, v);
+    for (float& e : v) e = activate(f, e);
+    store(y + i, v);
+  });
 }
 
-// X: the storage of x. dx_bf16, when not null, receives dx rounded. dx may alias dy.
+// X: the storage of x. dx_bf16, when not null, receives dx rounded. dx may alias dy (each
+// element is read, then written, by one thread).
 template <class X>
 __global__ void activation_backward_kernel(ActivationKind f, const X* x, const float* dy,
-                                           float* dx, std::uint16_t* dx_bf16, std::size_t n) {
-  for (std::size_t i = first_index(); i < n; i += grid_stride()) {
-    const float g = dy[i] * activate_grad(f, detail::load_value(x[i]));
-    dx[i] = g;
-    if (dx_bf16) dx_bf16[i] = detail::float_to_bf16(g);
-  }
+                                           float* dx, std::uint16_t* dx_bf16, std::size_t n,
+                                           bool wide) {
+  for_each_pack(n, wide, [=](std::size_t i, auto width) {
+    constexpr int W = decltype(width)::value;
+    float v[W], g[W];
+    load(x + i, v);
+    load(dy + i, g);
+#pragma unroll
+    for (int k = 0; k < W; ++k) g[k] = g[k] * activate_grad(f, v[k]);
+    store(dx + i, g);
+    if (dx_bf16) store(dx_bf16 + i, g);
+  });
 }
 
 // y = a + b; y may alias a or b (each element is read, then written, by one thread).
-__global__ void add_kernel(const float* a, const float* b, float* y, std::size_t n) {
-  for (std::size_t i = first_index(); i < n; i += grid_stride()) y[i] = a[i] + b[i];
+__global__ void add_kernel(const float* a, const float* b, float* y, std::size_t n, bool wide) {
+  for_each_pack(n, wide, [=](std::size_t i, auto width) {
+    constexpr int W = decltype(width)::value;
+    float u[W], v[W];
+    load(a + i, u);
+    load(b + i, v);
+#pragma unroll
+    for (int k = 0; k < W; ++k) u[k] = u[k] + v[k];
+    store(y + i, u);
+  });
 }
 
 // dbias[c] += the sum of column c of dy (rows, cols), in double. A block takes 32 neighbouring
@@ -131,7 +169,8 @@ template <class B, class Y>
 void add_bias_of(cudaStream_t stream, const float* x, const B* bias, Y* y, int rows, int cols) {
   const std::size_t n = static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols);
   if (n == 0) return;
-  add_bias_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, bias, y, cols, n);
+  const bool wide = cols % kPack == 0 && aligned16(x, bias, y);
+  add_bias_kernel<<<blocks_for_packs(n, wide), kThreads, 0, stream>>>(x, bias, y, cols, n, wide);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -146,7 +185,8 @@ void launch_add_bias_bf16(cudaStream_t stream, const float* x, const std::uint16
 
 void launch_add(cudaStream_t stream, const float* a, const float* b, float* y, std::size_t n) {
   if (n == 0) return;
-  add_kernel<<<blocks_for(n), kThreads, 0, stream>>>(a, b, y, n);
+  const bool wide = aligned16(a, b, y);
+  add_kernel<<<blocks_for_packs(n, wide), kThreads, 0, stream>>>(a, b, y, n, wide);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -154,7 +194,8 @@ template <class T>
 void activation_forward_of(cudaStream_t stream, ActivationKind f, const T* x, T* y,
                            std::size_t n) {
   if (n == 0) return;
-  activation_forward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(f, x, y, n);
+  const bool wide = aligned16(x, y);
+  activation_forward_kernel<<<blocks_for_packs(n, wide), kThreads, 0, stream>>>(f, x, y, n, wide);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -162,7 +203,9 @@ template <class X>
 void activation_backward_of(cudaStream_t stream, ActivationKind f, const X* x, const float* dy,
                             float* dx, std::uint16_t* dx_bf16, std::size_t n) {
   if (n == 0) return;
-  activation_backward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(f, x, dy, dx, dx_bf16, n);
+  const bool wide = aligned16(x, dy, dx, dx_bf16);  // a null dx_bf16 is aligned
+  activation_backward_kernel<<<blocks_for_packs(n, wide), kThreads, 0, stream>>>(
+      f, x, dy, dx, dx_bf16, n, wide);
   CUDA_CHECK(cudaGetLastError());
 }
 

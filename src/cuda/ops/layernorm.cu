@@ -14,17 +14,30 @@ constexpr int kLayerNormChunk = 256;  // rows per partial of LayerNorm's dweight
 
 // One warp per row of x (rows, C): mean and variance in double, rounded once, as on the CPU;
 // y with a rounded product (no fused multiply-add) before the bias, as on the CPU, stored as Y
-// (float, or bf16 rounded).
+// (float, or bf16 rounded). x is a, or with b not null a + b, stored into sum first (Note
+// [Residual LayerNorm] in src/cpu/ops/layernorm.cpp): each lane reads back only the columns it
+// wrote, so the row needs no barrier.
 template <class Y>
-__global__ void layernorm_forward_kernel(const float* x, const float* weight, const float* bias,
-                                         Y* y, float* mean, float* rstd, std::size_t rows,
-                                         int C) {
+__global__ void layernorm_forward_kernel(const float* a, const float* b, float* sum,
+                                         const float* weight, const float* bias, Y* y,
+                                         float* mean, float* rstd, std::size_t rows, int C) {
   const std::size_t row = warp_row();
   if (row >= rows) return;  // the whole warp: the shuffles below see every lane
-  const float* xr = x + row * C;
-  double sum = 0.0;
-  for (int c = lane(); c < C; c += kWarp) sum += xr[c];
-  const double mu = warp_sum(sum) / double(C);
+  const float* xr = a + row * C;
+  double total = 0.0;
+  if (b) {
+    float* sr = sum + row * C;
+    const float* br = b + row * C;
+    for (int c = lane(); c < C; c += kWarp) {
+      const float v = xr[c] + br[c];
+      sr[c] = v;
+      total += v;
+    }
+    xr = sr;
+  } else {
+    for (int c = lane(); c < C; c += kWarp) total += xr[c];
+  }
+  const double mu = warp_sum(total) / double(C);
   double var = 0.0;
   for (int c = lane(); c < C; c += kWarp) {
     const double d = xr[c] - mu;
@@ -42,13 +55,14 @@ __global__ void layernorm_forward_kernel(const float* x, const float* weight, co
   }
 }
 
-// One warp per row: dx += rstd * (g - mean_c(g) - xhat * mean_c(g * xhat)), g = dy * weight,
-// the two means summed in double as on the CPU. __fmul_rn: rounded products, no fused
-// multiply-add, as on the CPU (with C = 1, g - mean_c(g) must be exactly 0).
+// One warp per row: dx = dresidual (0 when null) + rstd * (g - mean_c(g) - xhat * mean_c(g *
+// xhat)), g = dy * weight, the two means summed in double as on the CPU; dx rounded into dx_bf16
+// too when that is not null. __fmul_rn: rounded products, no fused multiply-add, as on the CPU
+// (with C = 1, g - mean_c(g) must be exactly 0). dx may alias dresidual: each element is read, then written, by one lane.
 __global__ void layernorm_backward_dx_kernel(const float* x, const float* weight,
                                              const float* mean, const float* rstd,
-                                             const float* dy, float* dx, std::size_t rows,
-                                             int C) {
+                                             const float* dy, const float* dresidual, float* dx,
+                                             std::uint16_t* dx_bf16, std::size_t rows, int C) {
   const std::size_t row = warp_row();
   if (row >= rows) return;
   const float* xr = x + row * C;
@@ -62,10 +76,15 @@ __global__ void layernorm_backward_dx_kernel(const float* x, const float* weight
   }
   const float g_mean = static_cast<float>(warp_sum(g_sum) / double(C));
   const float gx_mean = static_cast<float>(warp_sum(gx_sum) / double(C));
+  const float* dres = dresidual ? dresidual + row * C : nullptr;
   float* dxr = dx + row * C;
   for (int c = lane(); c < C; c += kWarp) {
     const float xhat = (xr[c] - m) * s;
-    dxr[c] += __fmul_rn(s, __fmul_rn(dyr[c], weight[c]) - g_mean - __fmul_rn(xhat, gx_mean));
+    const float term =
+        __fmul_rn(s, __fmul_rn(dyr[c], weight[c]) - g_mean - __fmul_rn(xhat, gx_mean));
+    const float v = (dres ? dres[c] : 0.0f) + term;
+    dxr[c] = v;
+    if (dx_bf16) dx_bf16[row * C + c] = detail::float_to_bf16(v);
   }
 }
 
@@ -121,24 +140,25 @@ int layernorm_chunks(int rows) { return (rows + kLayerNormChunk - 1) / kLayerNor
 }  // namespace
 
 template <class Y>
-void layernorm_forward_of(cudaStream_t stream, const float* x, const float* weight,
-                          const float* bias, Y* y, float* mean, float* rstd, int rows, int C) {
+void layernorm_forward_of(cudaStream_t stream, const float* a, const float* b, float* sum,
+                          const float* weight, const float* bias, Y* y, float* mean, float* rstd,
+                          int rows, int C) {
   if (rows == 0) return;
   layernorm_forward_kernel<<<blocks_for_rows(rows), kThreads, 0, stream>>>(
-      x, weight, bias, y, mean, rstd, static_cast<std::size_t>(rows), C);
+      a, b, sum, weight, bias, y, mean, rstd, static_cast<std::size_t>(rows), C);
   CUDA_CHECK(cudaGetLastError());
 }
 
-void launch_layernorm_forward(cudaStream_t stream, const float* x, const float* weight,
-                              const float* bias, float* y, float* mean, float* rstd, int rows,
-                              int C) {
-  layernorm_forward_of(stream, x, weight, bias, y, mean, rstd, rows, C);
+void launch_layernorm_forward(cudaStream_t stream, const float* a, const float* b, float* sum,
+                              const float* weight, const float* bias, float* y, float* mean,
+                              float* rstd, int rows, int C) {
+  layernorm_forward_of(stream, a, b, sum, weight, bias, y, mean, rstd, rows, C);
 }
 
-void launch_layernorm_forward_bf16(cudaStream_t stream, const float* x, const float* weight,
-                                   const float* bias, std::uint16_t* y, float* mean, float* rstd,
-                                   int rows, int C) {
-  layernorm_forward_of(stream, x, weight, bias, y, mean, rstd, rows, C);
+void launch_layernorm_forward_bf16(cudaStream_t stream, const float* a, const float* b,
+                                   float* sum, const float* weight, const float* bias,
+                                   std::uint16_t* y, float* mean, float* rstd, int rows, int C) {
+  layernorm_forward_of(stream, a, b, sum, weight, bias, y, mean, rstd, rows, C);
 }
 
 std::size_t layernorm_backward_scratch_bytes(int rows, int C) {
@@ -147,11 +167,12 @@ std::size_t layernorm_backward_scratch_bytes(int rows, int C) {
 }
 
 void launch_layernorm_backward(cudaStream_t stream, const float* x, const float* weight,
-                               const float* mean, const float* rstd, const float* dy, float* dx,
+                               const float* mean, const float* rstd, const float* dy,
+                               const float* dresidual, float* dx, std::uint16_t* dx_bf16,
                                float* dweight, float* dbias, int rows, int C, void* scratch) {
   if (rows == 0 || C == 0) return;
   layernorm_backward_dx_kernel<<<blocks_for_rows(rows), kThreads, 0, stream>>>(
-      x, weight, mean, rstd, dy, dx, static_cast<std::size_t>(rows), C);
+      x, weight, mean, rstd, dy, dresidual, dx, dx_bf16, static_cast<std::size_t>(rows), C);
   CUDA_CHECK(cudaGetLastError());
   const int chunks = layernorm_chunks(rows);
   auto* partials = static_cast<double*>(scratch);

@@ -134,8 +134,8 @@ __device__ inline OnlineMax merge(OnlineMax a, OnlineMax b) {
   return r;
 }
 
-constexpr int kPack = 8;  // bf16 values in 16 bytes
-
+// Packs of kPack bf16 values, 16 bytes (Note [Wide loads in the element-wise kernels] in
+// common.cuh).
 __global__ void fused_classifier_rows_kernel(const std::uint16_t* logits,
                                              const std::int32_t* labels, int classes, bool packed,
                                              std::uint16_t* dlogits, float grad_scale,
@@ -283,10 +283,7 @@ void softmax_cross_entropy_of(cudaStream_t stream, const L* logits, const std::i
   CUDA_CHECK(cudaGetLastError());
   if constexpr (std::is_same_v<L, std::uint16_t>) {
     static_assert(std::is_same_v<D, std::uint16_t>);
-    const auto aligned = [](const void* p) {
-      return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
-    };
-    const bool packed = classes % kPack == 0 && aligned(logits) && (!dlogits || aligned(dlogits));
+    const bool packed = classes % kPack == 0 && aligned16(logits, dlogits);  // null is aligned
     fused_classifier_rows_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
         logits, labels, classes, packed, dlogits, grad_scale, row_loss, row_correct, bad_row);
   } else {
