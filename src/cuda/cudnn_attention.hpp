@@ -61,8 +61,8 @@ AttentionKey attention_key(const AttentionShape& s, bool backward);
 inline constexpr long kMinCudnnVersion = 90000;
 
 // Why cuDNN's fused attention cannot run a head size under a precision with cuDNN version
-// `cudnn_version` (cudnnGetVersion's number, 90100 for 9.1.0); empty when it can. head_size 0:
-// not known yet (the graph build then decides).
+// `cudnn_version` (cudnnGetVersion's number: 90100 for 9.1.0, 8907 for 8.9.7); empty when it
+// can. head_size 0: not known yet (the graph build then decides).
 std::string cudnn_attention_refusal(Precision precision, int head_size, long cudnn_version);
 
 // The version of the cuDNN library loaded (cudnnGetVersion), without a GPU.

@@ -28,11 +28,14 @@ std::string cudnn_attention_refusal(Precision precision, int head_size, long cud
     return fmt::format("cuDNN's fused attention takes half-precision inputs, and "
                        "trainer.precision is {} (bf16 runs it)",
                        to_string(precision));
-  if (cudnn_version < kMinCudnnVersion)
+  if (cudnn_version < kMinCudnnVersion) {
+    // cudnnGetVersion: major 10000 + minor 100 + patch from cuDNN 9, major 1000 + ... before.
+    const long unit = cudnn_version >= 90000 ? 10000 : 1000;
     return fmt::format("the cuDNN loaded is {}.{}.{}, older than {}.{} which fused attention "
                        "needs",
-                       cudnn_version / 10000, cudnn_version / 100 % 100, cudnn_version % 100,
+                       cudnn_version / unit, cudnn_version % unit / 100, cudnn_version % 100,
                        kMinCudnnVersion / 10000, kMinCudnnVersion / 100 % 100);
+  }
   // cuDNN's SDPA kernels load heads in 16-byte vectors and hold at most 256 channels of one.
   if (head_size % 8 != 0)
     return fmt::format("cuDNN's fused attention needs a head size that is a multiple of 8, "

@@ -14,7 +14,8 @@
 # Hints: CUDNN_FRONTEND_ROOT and CUDNN_ROOT (variables or environment), CMAKE_PREFIX_PATH.
 # Result: CudnnFrontend_FOUND, CUDNN_FRONTEND_VERSION, CUDNN_FRONTEND_INCLUDE_DIR,
 # CUDNN_INCLUDE_DIR, CUDNN_LIBRARY, CUDNN_VERSION; target CudnnFrontend::CudnnFrontend (the
-# frontend's headers, cuDNN's header and library).
+# frontend's headers, cuDNN's header and library, and the toolkit's NVRTC, which the frontend
+# calls: call find_package(CUDAToolkit) first).
 include(FindPackageHandleStandardArgs)
 
 find_path(CUDNN_FRONTEND_INCLUDE_DIR cudnn_frontend.h
@@ -57,5 +58,10 @@ if(CudnnFrontend_FOUND AND NOT TARGET CudnnFrontend::CudnnFrontend)
   set_target_properties(CudnnFrontend::CudnnFrontend PROPERTIES
     INTERFACE_INCLUDE_DIRECTORIES "${CUDNN_FRONTEND_INCLUDE_DIR};${CUDNN_INCLUDE_DIR}"
     INTERFACE_LINK_LIBRARIES "${CUDNN_LIBRARY}")
+  # The frontend's own engines (experimental/, compiled in with every graph) call NVRTC.
+  if(TARGET CUDA::nvrtc)
+    set_property(TARGET CudnnFrontend::CudnnFrontend APPEND PROPERTY
+      INTERFACE_LINK_LIBRARIES CUDA::nvrtc)
+  endif()
 endif()
 mark_as_advanced(CUDNN_FRONTEND_INCLUDE_DIR CUDNN_INCLUDE_DIR CUDNN_LIBRARY)
