@@ -129,8 +129,10 @@ int run(const Options& o) {
   const bool cuda = o.backend == "cuda";
   for (const AttentionKind path : o.paths)
     if (cuda && path == AttentionKind::fused && !o.bf16)
-      throw std::invalid_argument("--backend cuda: the fused path (cuDNN's) takes bf16; add --bf16");
-  const std::unique_ptr<Backend> backend = make_backend(cuda ? BackendKind::cuda : BackendKind::cpu);
+      throw std::invalid_argument(
+          "--backend cuda: the fused path (cuDNN's) takes bf16; add --bf16");
+  const std::unique_ptr<Backend> backend =
+      make_backend(cuda ? BackendKind::cuda : BackendKind::cpu);
   const std::unique_ptr<Device> dev = backend->create_device(0, 1, o.threads);
   const int inner = o.inner > 0 ? o.inner : cuda ? 20 : 1;
   const std::vector<DeviceInfo> infos = backend->devices();
@@ -190,10 +192,12 @@ int run(const Options& o) {
                  b.working_bytes / 1e6);
       fmt::print(stderr,
                  "{{\"T\": {}, \"path\": \"{}\", \"batch\": {}, \"heads\": {}, \"head_size\": {}, "
-                 "\"backend\": \"{}\", \"precision\": \"{}\", \"forward_ms\": {:.4f}, \"backward_ms\": {:.4f}, "
+                 "\"backend\": \"{}\", \"precision\": \"{}\", \"forward_ms\": {:.4f}, "
+                 "\"backward_ms\": {:.4f}, "
                  "\"total_ms\": {:.4f}, \"tflops\": {:.5f}, \"kept_bytes\": {}, "
                  "\"working_bytes\": {}}}\n",
-                 T, path, o.batch, o.heads, o.head_size, o.backend, o.bf16 ? "bf16" : "fp32", 1e3 * f,
+                 T, path, o.batch, o.heads, o.head_size, o.backend, o.bf16 ? "bf16" : "fp32",
+                 1e3 * f,
                  1e3 * bk, 1e3 * t, flops / t * 1e-12, b.kept_bytes, b.working_bytes);
     }
   }

@@ -261,7 +261,8 @@ if [ -n "$CUDA_ROOT" ]; then
   fi
   if [ -f .devdeps/cudnn_frontend/include/cudnn_frontend.h ]; then
     CMAKE_ARGS+=("-DCUDNN_FRONTEND_ROOT=$ROOT/.devdeps/cudnn_frontend")
-    say "cuDNN frontend: .devdeps/cudnn_frontend ($(cat .devdeps/cudnn_frontend/version 2>/dev/null))"
+    say "cuDNN frontend: .devdeps/cudnn_frontend" \
+      "($(cat .devdeps/cudnn_frontend/version 2> /dev/null))"
   else
     say "cuDNN frontend: no .devdeps/cudnn_frontend (see step 1 above); no fused attention on cuda"
   fi

@@ -67,6 +67,11 @@ Built build(cudnnHandle_t handle, const AttentionKey& key) {
                              .set_dim(as_vector(l.dim))
                              .set_stride(as_vector(l.stride)));
   };
+  const auto output = [](const std::shared_ptr<fe::graph::Tensor_attributes>& t, Uid uid,
+                         const TensorLayout& l) -> fe::graph::Tensor_attributes& {
+    return t->set_output(true).set_uid(uid).set_dim(as_vector(l.dim)).set_stride(
+        as_vector(l.stride));
+  };
   const auto q = tensor("Q", kQ, at.q), k = tensor("K", kK, at.k), v = tensor("V", kV, at.v);
   const float scale = 1.0f / std::sqrt(float(key.head_size));
   if (!key.backward) {
@@ -76,12 +81,8 @@ Built build(cudnnHandle_t handle, const AttentionKey& key) {
                           .set_causal_mask(true)
                           .set_attn_scale(scale);
     auto [o, stats] = graph->sdpa(q, k, v, attributes);
-    o->set_output(true).set_uid(kO).set_dim(as_vector(at.o.dim)).set_stride(as_vector(at.o.stride));
-    stats->set_output(true)
-        .set_uid(kStats)
-        .set_data_type(fe::DataType_t::FLOAT)
-        .set_dim(as_vector(at.stats.dim))
-        .set_stride(as_vector(at.stats.stride));
+    output(o, kO, at.o);
+    output(stats, kStats, at.stats).set_data_type(fe::DataType_t::FLOAT);
   } else {
     const auto o = tensor("O", kO, at.o), d_o = tensor("dO", kDo, at.o);
     const auto stats = tensor("Stats", kStats, at.stats);
@@ -93,9 +94,10 @@ Built build(cudnnHandle_t handle, const AttentionKey& key) {
                           .set_attn_scale(scale)
                           .set_deterministic_algorithm(true);
     auto [dq, dk, dv] = graph->sdpa_backward(q, k, v, o, d_o, stats, attributes);
-    dq->set_output(true).set_uid(kDq).set_dim(as_vector(at.q.dim)).set_stride(as_vector(at.q.stride));
-    dk->set_output(true).set_uid(kDk).set_dim(as_vector(at.k.dim)).set_stride(as_vector(at.k.stride));
-    dv->set_output(true).set_uid(kDv).set_dim(as_vector(at.v.dim)).set_stride(as_vector(at.v.stride));
+    // The gradients in their own (B T, 3C) buffer, laid out as q, k, v in qkv.
+    output(dq, kDq, at.q);
+    output(dk, kDk, at.k);
+    output(dv, kDv, at.v);
   }
   check(graph->validate(), "validate", key);
   check(graph->build_operation_graph(handle), "build_operation_graph", key);

@@ -71,7 +71,8 @@ AttentionChoice choose_cuda_attention(AttentionKind requested, Precision precisi
     case AttentionKind::automatic:
       break;
   }
-  if (!why.empty()) return {AttentionKind::materialized, fmt::format("(T, T) matrices (auto: {})", why)};
+  if (!why.empty())
+    return {AttentionKind::materialized, fmt::format("(T, T) matrices (auto: {})", why)};
   return {AttentionKind::fused, name + " (auto: bf16; not yet measured against the materialised "
                                        "path on a GPU)"};
 }

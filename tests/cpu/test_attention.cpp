@@ -222,7 +222,8 @@ TEST_CASE("tiled attention refuses a bad shape") {
                   std::invalid_argument);
 }
 
-TEST_CASE("model.attention: auto runs the fused path on the CPU, and fp32 on CUDA the materialised one") {
+TEST_CASE("model.attention: auto runs the fused path on the CPU, and fp32 on CUDA the "
+          "materialised one") {
   using lockstep::choose_attention;
   using lockstep::Precision;
   const auto path = [](AttentionKind requested, const char* backend, Precision p, int context) {

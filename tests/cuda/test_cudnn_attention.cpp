@@ -51,8 +51,9 @@ TEST_SUITE("cuda") {
     const AttentionShape s{8, 1024, 12, 64};
     CHECK(attention_key(s, false) == attention_key(s, false));
     CHECK(attention_key(s, false) != attention_key(s, true));
-    for (const AttentionShape other : {AttentionShape{4, 1024, 12, 64}, AttentionShape{8, 512, 12, 64},
-                                       AttentionShape{8, 1024, 6, 64}, AttentionShape{8, 1024, 12, 128}})
+    for (const AttentionShape other :
+         {AttentionShape{4, 1024, 12, 64}, AttentionShape{8, 512, 12, 64},
+          AttentionShape{8, 1024, 6, 64}, AttentionShape{8, 1024, 12, 128}})
       CHECK(attention_key(other, false) != attention_key(s, false));
   }
 
