@@ -1,12 +1,14 @@
 // A GPT block's causal self-attention alone, forward + backward, per path (model.attention:
-// materialized, and fused: the CPU's tiled online softmax, Note [Tiled attention]), at B
-// sequences of T positions, H heads of D channels. Prints a table and one JSON line per (T,
-// path): the median time over --reps calls after --warmup (the paths alternating call by call),
-// TFLOP/s, and the activation bytes each path holds.
+// materialized, and fused: the CPU's tiled online softmax, Note [Tiled attention], or on
+// --backend cuda cuDNN's, Note [cuDNN attention], bf16 only), at B sequences of T positions, H
+// heads of D channels. Prints a table and one JSON line per (T, path): the median time over
+// --reps calls after --warmup (the paths alternating call by call), TFLOP/s, and the activation
+// bytes each path holds. On cuda each timed call is --inner calls in a row (20 by default)
+// between two waits for the GPU, so that the wait's own cost hardly counts.
 //
 //   build/bench/bench_attention [--T 256,1024,2048] [--batch 8] [--heads 12] [--head-size 64]
 //                               [--reps 5] [--warmup 1] [--bf16] [--threads T] [--paths
-//                               materialized,fused]
+//                               materialized,fused] [--backend cpu|cuda] [--inner N]
 //
 // FLOPs: forward 4 B H T^2 D (q k^T and P v), backward twice that (dP, dV, dQ, dK), counted as
 // half for the causal mask: 6 B H T^2 D per forward + backward, whichever path (the
@@ -35,8 +37,9 @@ namespace {
 struct Options {
   std::vector<int> T{256, 1024, 2048};
   int batch = 8, heads = 12, head_size = 64;
-  int reps = 5, warmup = 1, threads = 0;
+  int reps = 5, warmup = 1, threads = 0, inner = 0;  // inner 0: 1 on the CPU, 20 on cuda
   bool bf16 = false;
+  std::string backend = "cpu";
   std::vector<AttentionKind> paths{AttentionKind::materialized, AttentionKind::fused};
 };
 
@@ -65,6 +68,12 @@ Options parse(int argc, char** argv) {
     else if (flag == "--warmup") o.warmup = std::stoi(value());
     else if (flag == "--threads") o.threads = std::stoi(value());
     else if (flag == "--bf16") o.bf16 = true;
+    else if (flag == "--inner") o.inner = std::stoi(value());
+    else if (flag == "--backend") {
+      o.backend = value();
+      if (o.backend != "cpu" && o.backend != "cuda")
+        throw std::invalid_argument("--backend: expected cpu or cuda, got " + o.backend);
+    }
     else if (flag == "--paths") {
       o.paths.clear();
       for (const std::string& p : split(value())) {
@@ -117,8 +126,15 @@ std::vector<float> uniform(std::size_t n, std::uint64_t seed) {
 }
 
 int run(const Options& o) {
-  const std::unique_ptr<Backend> backend = make_backend(BackendKind::cpu);
+  const bool cuda = o.backend == "cuda";
+  for (const AttentionKind path : o.paths)
+    if (cuda && path == AttentionKind::fused && !o.bf16)
+      throw std::invalid_argument(
+          "--backend cuda: the fused path (cuDNN's) takes bf16; add --bf16");
+  const std::unique_ptr<Backend> backend =
+      make_backend(cuda ? BackendKind::cuda : BackendKind::cpu);
   const std::unique_ptr<Device> dev = backend->create_device(0, 1, o.threads);
+  const int inner = o.inner > 0 ? o.inner : cuda ? 20 : 1;
   const std::vector<DeviceInfo> infos = backend->devices();
   fmt::print("# {} ({}), {}; B={} H={} D={} {}, median of {} after {} warm-up\n",
              infos.empty() ? "?" : infos.front().name, infos.empty() ? "" : infos.front().detail,
@@ -150,16 +166,18 @@ int run(const Options& o) {
     for (int rep = 0; rep < o.warmup + o.reps; ++rep) {
       for (std::size_t p = 0; p < o.paths.size(); ++p) {
         const detail::AttentionBuffers view = bufs[p].view(o.paths[p]);
+        dev->synchronize();
         const double t0 = bench::now_s();
-        detail::attention_forward(*dev, s, q, y, view);
+        for (int i = 0; i < inner; ++i) detail::attention_forward(*dev, s, q, y, view);
         dev->synchronize();
         const double t1 = bench::now_s();
-        detail::attention_backward(*dev, s, q, y.input(), g, view, dqkv.data());
+        for (int i = 0; i < inner; ++i)
+          detail::attention_backward(*dev, s, q, y.input(), g, view, dqkv.data());
         dev->synchronize();
         const double t2 = bench::now_s();
         if (rep < o.warmup) continue;
-        fwd[p].push_back(t1 - t0);
-        bwd[p].push_back(t2 - t1);
+        fwd[p].push_back((t1 - t0) / inner);
+        bwd[p].push_back((t2 - t1) / inner);
       }
     }
     for (std::size_t p = 0; p < o.paths.size(); ++p) {
@@ -174,10 +192,12 @@ int run(const Options& o) {
                  b.working_bytes / 1e6);
       fmt::print(stderr,
                  "{{\"T\": {}, \"path\": \"{}\", \"batch\": {}, \"heads\": {}, \"head_size\": {}, "
-                 "\"precision\": \"{}\", \"forward_ms\": {:.4f}, \"backward_ms\": {:.4f}, "
+                 "\"backend\": \"{}\", \"precision\": \"{}\", \"forward_ms\": {:.4f}, "
+                 "\"backward_ms\": {:.4f}, "
                  "\"total_ms\": {:.4f}, \"tflops\": {:.5f}, \"kept_bytes\": {}, "
                  "\"working_bytes\": {}}}\n",
-                 T, path, o.batch, o.heads, o.head_size, o.bf16 ? "bf16" : "fp32", 1e3 * f,
+                 T, path, o.batch, o.heads, o.head_size, o.backend, o.bf16 ? "bf16" : "fp32",
+                 1e3 * f,
                  1e3 * bk, 1e3 * t, flops / t * 1e-12, b.kept_bytes, b.working_bytes);
     }
   }

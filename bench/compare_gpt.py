@@ -51,9 +51,10 @@ def run(cmd):
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def run_lockstep(cli, folder, preset, args, precision):
-    """Median step time of `cli train` at `precision` after the warmup steps, as the fields of
-    bench_gpt's JSON line; {"error": ...} when the run fails."""
+def run_lockstep(cli, folder, preset, args, precision, attention="auto"):
+    """Median step time of `cli train` at `precision` (and model.attention `attention`) after
+    the warmup steps, as the fields of bench_gpt's JSON line; {"error": ...} when the run
+    fails."""
     from gpt_parity import lockstep_config  # the config the parity test trains with
     config = os.path.join(folder, f"{precision}.yaml")
     metrics = os.path.join(folder, f"metrics_{precision}.jsonl")
@@ -69,7 +70,7 @@ def run_lockstep(cli, folder, preset, args, precision):
             "tokens": os.path.join(folder, "tokens.bin"), "batch": args.batch,
             "steps": args.warmup + args.steps, "backend": args.device, "threads": args.threads,
             "precision": "tf32" if precision == "fp32" and args.tf32 else precision,
-            "metrics": metrics}))
+            "metrics": metrics, "attention": attention}))
     done = subprocess.run([cli, "train", config, "--summary-json", summary],
                           capture_output=True, text=True)
     if done.returncode != 0:
@@ -84,7 +85,7 @@ def run_lockstep(cli, folder, preset, args, precision):
     return {"framework": "lockstep", "precision": precision, "device": s["backend"],
             "params": s["parameters"], "context": preset["context"], "step_ms": 1e3 * step_s,
             "tokens_per_s": tokens / step_s, "flops_per_token": s["flops_per_token"],
-            "mfu": s["mfu"],
+            "mfu": s["mfu"], "attention": s.get("attention"),
             "warnings": [l for l in done.stderr.splitlines() if "warning" in l]}
 
 

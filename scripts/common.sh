@@ -8,7 +8,10 @@ LOCKSTEP_BUILD="${LOCKSTEP_BUILD:-$LOCKSTEP_ROOT/build}"
 # environment with transformers from PyPI. scripts/check_packages.sh checks that the build and
 # those tests read no file of a package outside these lists and what they depend on.
 LOCKSTEP_PACKAGES=(cmake g++ make libtbb-dev libfmt-dev doctest-dev libyaml-cpp-dev libopenblas-dev
-  libdnnl-dev libpcre2-dev libopenmpi-dev openmpi-bin)
+  libdnnl-dev libpcre2-dev libopenmpi-dev openmpi-bin python3-pip)
+# The CUDA backend's fused attention calls cuDNN through NVIDIA's header-only frontend, pinned
+# here and taken from its PyPI wheel (its include/ folder only), never copied into the repository.
+CUDNN_FRONTEND_VERSION=1.32.0
 LOCKSTEP_TEST_PACKAGES=(python3-torch python3-venv)
 
 install_missing_packages() {
@@ -24,7 +27,46 @@ install_missing_packages() {
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 }
 
+# fetch_cudnn_frontend DIR: DIR/include holds the pinned cuDNN frontend's headers afterwards
+# (pip download of the wheel, then its include/ unpacked; nothing is installed). Kept when DIR
+# already holds that version. Fails, saying why, when pip cannot get it: a build with a CUDA
+# compiler must not lose the fused attention silently.
+fetch_cudnn_frontend() {
+  local dir=$1 stamp="$1/version"
+  [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$CUDNN_FRONTEND_VERSION" ] && return 0
+  local wheels
+  wheels=$(mktemp -d)
+  if ! python3 -m pip download --quiet --no-deps --only-binary=:all: --dest "$wheels" \
+      "nvidia-cudnn-frontend==$CUDNN_FRONTEND_VERSION"; then
+    rm -rf "$wheels"
+    echo "error: could not download nvidia-cudnn-frontend==$CUDNN_FRONTEND_VERSION from PyPI" \
+      "(the CUDA backend's fused attention needs its headers). Fetch it where there is network," \
+      "or build without it: LOCKSTEP_CUDNN_FRONTEND=off" >&2
+    return 1
+  fi
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  python3 - "$wheels"/*.whl "$dir" <<'PY'
+import sys, zipfile
+wheel, dest = sys.argv[1], sys.argv[2]
+with zipfile.ZipFile(wheel) as z:
+    z.extractall(dest, [n for n in z.namelist() if n.startswith("include/")])
+PY
+  rm -rf "$wheels"
+  echo "$CUDNN_FRONTEND_VERSION" > "$stamp"
+}
+
+# With a CUDA compiler, the cuDNN frontend goes into the build tree first (unless
+# LOCKSTEP_CUDNN_FRONTEND=off), and the configure is told where; LOCKSTEP_REQUIRE_CUDNN_ATTENTION=ON
+# (CI) also fails the configure when cuDNN itself is missing.
 configure_and_build() {
-  cmake -S "$LOCKSTEP_ROOT" -B "$LOCKSTEP_BUILD" -DCMAKE_BUILD_TYPE=Release "$@"
+  local cuda_args=()
+  if [ "${LOCKSTEP_CUDNN_FRONTEND:-on}" != off ] &&
+      { command -v nvcc > /dev/null || [ -x /usr/local/cuda/bin/nvcc ]; }; then
+    fetch_cudnn_frontend "$LOCKSTEP_BUILD/_deps/cudnn_frontend" || return 1
+    cuda_args=("-DCUDNN_FRONTEND_ROOT=$LOCKSTEP_BUILD/_deps/cudnn_frontend"
+      "-DLOCKSTEP_REQUIRE_CUDNN_ATTENTION=${LOCKSTEP_REQUIRE_CUDNN_ATTENTION:-OFF}")
+  fi
+  cmake -S "$LOCKSTEP_ROOT" -B "$LOCKSTEP_BUILD" -DCMAKE_BUILD_TYPE=Release "${cuda_args[@]}" "$@"
   cmake --build "$LOCKSTEP_BUILD" -j "$(nproc)"
 }

@@ -8,6 +8,8 @@
 # On the lent GPU machine (one H200; no network, none of our Debian packages; see
 # shared/GPU.md):
 #   1. here, once, from the project root:   bash ../shared/device/fetch-debs.sh .devdeps
+#      and the cuDNN frontend's headers (the GPU machine cannot reach PyPI):
+#        bash -c 'source scripts/common.sh; fetch_cudnn_frontend .devdeps/cudnn_frontend'
 #   2. the device tool's run:               command "bash scripts/gpu_check.sh",
 #                                           carry [".devdeps"], timeout_s 540
 #   Expected to take a few minutes there, build included (not yet measured); each phase runs
@@ -18,10 +20,16 @@
 #   - .devdeps/*.deb present: unpacks them into /tmp/p and configures against that prefix
 #     (shared/GPU.md's flags); absent: uses the system's packages;
 #   - finds NCCL (the CUDA toolkit's, $NCCL_HOME, pip's nvidia-nccl package, or a search) and,
-#     when the toolkit lacks it, cuBLAS the same way;
+#     when the toolkit lacks it, cuBLAS the same way; cuDNN too (the toolkit's, $CUDNN_ROOT,
+#     PyTorch's nvidia-cudnn package, or a search), with the cuDNN frontend's headers from
+#     .devdeps/cudnn_frontend, for the fused attention (issue 32);
 #   - configures build-gpu/ (Ninja when available, Release, CMAKE_CUDA_ARCHITECTURES=90) and
 #     builds with every core;
 #   - runs `lockstep_tests -ts='cuda*'` and reports passed / failed / skipped;
+#   - with a usable GPU: bench_attention --backend cuda (B 8, H 12, D 64, T 1024, bf16: cuDNN's
+#     fused attention and the materialised path, forward + backward, TFLOP/s with causal FLOPs
+#     counted as half) and GPT-2 124M's bf16 step with model.attention fused and materialized
+#     (issue 32; not yet measured on a GPU);
 #   - with a usable GPU: bench_gpu (TF32 off/on, peer replicas N = 1, 2, 4); the GPT parity test
 #     on the GPU (lockstep's CUDA GPT against PyTorch's, fp32) and bench/compare_gpt.py (GPT-2
 #     124M step time against PyTorch eager, TF32, with MFU); the same in bf16 (issue 16:
@@ -44,7 +52,7 @@
 #   - without one: says so plainly ("no usable GPU: <reason>") and exits 0 once the build and the
 #     (skipping) tests are done.
 #
-# Environment: OUT (log folder), LOCKSTEP_GPU_BUILD (build folder, default build-gpu),
+# Environment: OUT (log folder), LOCKSTEP_GPU_BUILD (build folder, default build-gpu), CUDNN_ROOT,
 # LOCKSTEP_GPU_BUDGET_S (time budget, default 450), LOCKSTEP_GPU_BUILD_S (the build's own limit,
 # default 300; raise both on a small machine), LOCKSTEP_DEPS_PREFIX (default /tmp/p),
 # LOCKSTEP_CMAKE_ARGS (extra configure arguments, split on spaces), NCCL_HOME, BENCH_ARGS and
@@ -128,6 +136,7 @@ BF16_MODEL_RESULT="not run"
 MICROBATCH_RESULT="not run"
 LINEAR_RESULT="not run"
 STEP_RESULT="not run"
+ATTENTION_RESULT="not run"
 KERNELS_RESULT="not run"
 FAULT_RESULT=" not run"
 FAILED=0
@@ -229,6 +238,36 @@ if [ -n "$CUDA_ROOT" ]; then
       say "NCCL: not found (set NCCL_HOME); the configure step will say so"
     fi
   fi
+  # cuDNN, for the fused attention: FindCudnnFrontend looks in $CUDNN_ROOT, then the toolkit;
+  # else PyTorch's nvidia-cudnn package (nvidia/cudnn/{include,lib}), else a search. Its frontend
+  # (headers only) comes from .devdeps/cudnn_frontend, carried here.
+  if [ -n "${CUDNN_ROOT:-}" ]; then
+    say "cuDNN: CUDNN_ROOT=$CUDNN_ROOT"
+    add_library_path "$CUDNN_ROOT/lib"
+  elif in_toolkit cudnn.h && in_toolkit 'libcudnn.so*'; then
+    say "cuDNN: the CUDA toolkit's or the system's"
+  elif dir=$(pip_dir nvidia.cudnn) && [ -n "$dir" ] && [ -f "$dir/include/cudnn.h" ]; then
+    export CUDNN_ROOT="$dir"
+    add_library_path "$dir/lib"
+    say "cuDNN: pip package, CUDNN_ROOT=$dir"
+  else
+    header=$(find_file cudnn.h)
+    library=$(find_file 'libcudnn.so*')
+    if [ -n "$header" ] && [ -n "$library" ]; then
+      CMAKE_ARGS+=("-DCUDNN_INCLUDE_DIR=$(dirname "$header")" "-DCUDNN_LIBRARY=$library")
+      add_library_path "$(dirname "$library")"
+      say "cuDNN: found $header and $library"
+    else
+      say "cuDNN: not found (set CUDNN_ROOT); lockstep builds without fused attention on cuda"
+    fi
+  fi
+  if [ -f .devdeps/cudnn_frontend/include/cudnn_frontend.h ]; then
+    CMAKE_ARGS+=("-DCUDNN_FRONTEND_ROOT=$ROOT/.devdeps/cudnn_frontend")
+    say "cuDNN frontend: .devdeps/cudnn_frontend" \
+      "($(cat .devdeps/cudnn_frontend/version 2> /dev/null))"
+  else
+    say "cuDNN frontend: no .devdeps/cudnn_frontend (see step 1 above); no fused attention on cuda"
+  fi
   # cuBLAS: normally part of the toolkit; else a search of the disk (which finds pip's
   # nvidia-cublas package too).
   if ! in_toolkit cublas_v2.h || ! in_toolkit 'libcublas.so*'; then
@@ -269,7 +308,7 @@ if run_phase configure 120 "$OUT/configure.log" \
   run_phase build "${LOCKSTEP_GPU_BUILD_S:-300}" "$OUT/build.log" \
     cmake --build "$BUILD" -j "$(nproc)"; then
   BUILD_RESULT="ok ($(($(date +%s) - build_start)) s, $(nproc) cores)"
-  grep -E '^-- lockstep: CUDA backend' "$OUT/configure.log" | sed 's/^-- /gpu_check: /' |
+  grep -E '^-- lockstep: (CUDA backend|cuDNN)' "$OUT/configure.log" | sed 's/^-- /gpu_check: /' |
     tee -a "$LOG"
 else
   BUILD_RESULT="FAILED (see configure.log / build.log)"
@@ -474,6 +513,16 @@ if [ -n "$GPU_LINE" ]; then
     FAILED=1
   fi
   cat "$OUT/linear.log"
+  # Issue 32: cuDNN's fused attention against the materialised path, alone and in GPT-2 124M's
+  # bf16 step.
+  if run_phase attention 120 "$OUT/attention.log" env LOCKSTEP_GPU_BUILD="$BUILD" \
+    bash "$ROOT/scripts/gpu_extra_attention.sh"; then
+    ATTENTION_RESULT="ok"
+  else
+    ATTENTION_RESULT="FAILED (see attention.log)"
+    FAILED=1
+  fi
+  cat "$OUT/attention.log"
   # Issue 17: one short GPT run with 4 peer replicas on GPU 0 for the host syncs per step and
   # the share of communication hidden (from --summary-json), the changed kernels, and the two
   # fault cases, each of which must exit 1 within 10 s.
@@ -550,6 +599,8 @@ fi
   echo "GPT bench    $GPT_BENCH_RESULT"
   echo "GPT bf16     $GPT_BF16_RESULT"
   echo "micro-batch  $MICROBATCH_RESULT"
+  echo "attention    $ATTENTION_RESULT"
+  grep -E '^ +1024 |gpu_extra_attention: (bf16 step|fused step)' "$OUT/attention.log" 2> /dev/null
   echo "bf16 model   $BF16_MODEL_RESULT"
   grep '^gpu_extra_bf16_model: gpt_tiny' "$OUT/bf16_model.log" 2>/dev/null | sed 's/^gpu_extra_bf16_model: /             /'
   echo "fused linear $LINEAR_RESULT"

@@ -747,20 +747,24 @@ struct LOCKSTEP_API BackendOptions {
 // The attention a GPT's blocks run on a backend's devices (model.attention), resolved.
 struct LOCKSTEP_API AttentionChoice {
   AttentionKind path = AttentionKind::materialized;  // fused or materialized, never automatic
-  // What runs, and why: "tiled, online softmax (auto: the backend's fused path)",
-  // "(auto: no fused attention on cuda in this build)".
+  // What runs, and why: "tiled, online softmax (auto)", "(T, T) matrices (auto: cuDNN's fused
+  // attention takes half-precision inputs, ...)".
   std::string detail;
 };
 
 // model.attention `requested` on the backend named `backend` ("cpu" or "cuda") under
-// `precision`, for sequences of `context` positions. auto picks the fused path where the
-// backend has one and it measured at least as fast as the materialised one (bench/RESULTS.md):
-// the CPU's tiled attention in bf16, and in fp32 (and tf32) from kFusedAttentionContext; the
-// materialised path otherwise. fused where the backend has none throws InputError naming the
-// key.
+// `precision`, for sequences of `context` positions and heads of `head_size` channels (0:
+// unknown). auto picks the fused path where the backend has one and it measured at least as
+// fast as the materialised one (bench/RESULTS.md): the CPU's tiled attention in bf16, and in
+// fp32 (and tf32) from kFusedAttentionContext; on cuda cuDNN's under bf16 (pending a GPU
+// measurement) when cuDNN takes the head size (a multiple of 8; with a GPU, its graphs for the
+// shape are built once to ask); the materialised path otherwise, with the reason in `detail`.
+// fused where it cannot run (no fused path, fp32 or tf32 on cuda, a head size cuDNN refuses)
+// throws InputError naming the key and why.
 inline constexpr int kFusedAttentionContext = 256;
 LOCKSTEP_API AttentionChoice choose_attention(AttentionKind requested, std::string_view backend,
-                                              Precision precision, int context);
+                                              Precision precision, int context,
+                                              int head_size = 0);
 
 // Dense peak FLOP/s of one GPU for fp32 GEMMs (Precision::fp32), TF32 tensor-core GEMMs (tf32)
 // or bf16 tensor-core GEMMs with fp32 accumulation (bf16), from a table of data-sheet figures

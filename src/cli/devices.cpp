@@ -62,14 +62,16 @@ int devices(const std::shared_ptr<ProcessGroup>& processes) {
   print_devices(*make_backend(BackendKind::cpu));
   if (cuda.built) explain_cuda(cuda);
   if (cuda.gpus > 0) print_devices(*make_backend(BackendKind::cuda));
-  // model.attention auto at GPT-2's context in fp32; below kFusedAttentionContext the CPU
-  // runs fp32 materialised (choose_attention).
+  // model.attention auto at GPT-2's shape (context 1024, head size 64): on the CPU in fp32
+  // (below kFusedAttentionContext it runs fp32 materialised), on cuda in bf16, the precision
+  // of its fused path (choose_attention).
   for (const std::string_view backend : {"cpu", "cuda"}) {
     if (backend == "cuda" && !cuda.built) continue;
+    const Precision precision = backend == "cuda" ? Precision::bf16 : Precision::fp32;
     const AttentionChoice auto_choice =
-        choose_attention(AttentionKind::automatic, backend, Precision::fp32, 1024);
-    fmt::print("{}: attention (model.attention auto, context 1024): {}: {}\n", backend,
-               to_string(auto_choice.path), auto_choice.detail);
+        choose_attention(AttentionKind::automatic, backend, precision, 1024, 64);
+    fmt::print("{}: attention (model.attention auto, {}, context 1024, head size 64): {}: {}\n",
+               backend, to_string(precision), to_string(auto_choice.path), auto_choice.detail);
   }
   return kExitOk;
 }

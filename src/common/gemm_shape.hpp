@@ -1,5 +1,5 @@
-// The shape checks every device makes before running a kernel: gemm and gemm_batched, and the
-// softmax cross-entropy.
+// The shape checks every device makes before running a kernel: gemm and gemm_batched, the
+// softmax cross-entropy and the fused attention.
 #pragma once
 
 #include <algorithm>
@@ -27,6 +27,14 @@ inline void check_loss_shape(int rows, int classes) {
   if (rows < 0 || classes < 1)
     throw std::invalid_argument(
         fmt::format("softmax_cross_entropy: bad shape rows={} classes={}", rows, classes));
+}
+
+// Fused attention (AttentionOps): std::invalid_argument naming `op` unless batch >= 0 and T,
+// heads and head_size >= 1.
+inline void check_attention_shape(const char* op, const AttentionShape& s) {
+  if (s.batch < 0 || s.T < 1 || s.heads < 1 || s.head_size < 1)
+    throw std::invalid_argument(fmt::format("{}: bad shape batch={} T={} heads={} head_size={}",
+                                            op, s.batch, s.T, s.heads, s.head_size));
 }
 
 }  // namespace lockstep::detail

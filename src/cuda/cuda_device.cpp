@@ -124,6 +124,7 @@ CudaDevice::~CudaDevice() {
   result_.reset();
   partials_.reset();
   lt_.reset();
+  cudnn_attention_.reset();
   cublas_.reset();
   stream_.reset();
 }
@@ -267,6 +268,7 @@ void CudaDevice::abandon() noexcept {
   (void)host_result_.release();
   for (Event& e : staging_done_) (void)e.release();
   if (lt_) lt_->abandon();
+  (void)cudnn_attention_.release();  // its handle too: leaked with the rest
   (void)cublas_.release();
   (void)copy_stream_.release();
   (void)stream_.release();
@@ -656,15 +658,60 @@ void CudaDevice::causal_softmax_backward(const std::uint16_t* p, const float* dp
   launch_causal_softmax_backward_bf16(stream(), p, dp, ds, count, T, scale);
 }
 
-void CudaDevice::attention_forward(const AttentionShape&, MatIn, MatOut, float*) {
-  throw std::logic_error("cuda: attention_forward: no fused attention in the CUDA backend yet; "
+// Note [cuDNN attention] in cudnn_attention.hpp. The graphs are built and the working memory
+// grown on the first call of a shape (the warm-up's, before step 1); later calls only enqueue.
+// Backward's gradients come from cuDNN in bf16, into the front of the working memory, and are
+// widened into dqkv as the interface has them (fp32): c_attn's backward then rounds them for its
+// products, which gives the same bf16 values back (exact), at the cost of one more pass over
+// (B T, 3C).
+void CudaDevice::attention_forward(const AttentionShape& shape, MatIn qkv, MatOut y, float* lse) {
+  detail::check_attention_shape("attention_forward", shape);
+#ifdef LOCKSTEP_HAVE_CUDNN_ATTENTION
+  if (!qkv.bf16 || !y.bf16)
+    throw std::invalid_argument(
+        "cuda: attention_forward: cuDNN's fused attention takes bf16 qkv and y "
+        "(trainer.precision bf16; model.attention resolves to materialized otherwise)");
+  if (shape.batch == 0) return;
+  CudnnAttention& attention = cudnn_attention();
+  void* workspace = scratch(attention.workspace_bytes(shape, /*backward=*/false));
+  attention.forward(shape, qkv.bf16, y.bf16, lse, workspace);
+#else
+  (void)qkv, (void)y, (void)lse;
+  throw std::logic_error("cuda: attention_forward: this build has no cuDNN fused attention; "
                          "model.attention resolves to materialized here");
+#endif
 }
 
-void CudaDevice::attention_backward(const AttentionShape&, MatIn, MatIn, MatIn, const float*,
-                                    float*) {
-  throw std::logic_error("cuda: attention_backward: no fused attention in the CUDA backend yet; "
+void CudaDevice::attention_backward(const AttentionShape& shape, MatIn qkv, MatIn y, MatIn dy,
+                                    const float* lse, float* dqkv) {
+  detail::check_attention_shape("attention_backward", shape);
+#ifdef LOCKSTEP_HAVE_CUDNN_ATTENTION
+  if (!qkv.bf16 || !y.bf16 || !dy.bf16)
+    throw std::invalid_argument(
+        "cuda: attention_backward: cuDNN's fused attention takes bf16 qkv, y and dy "
+        "(trainer.precision bf16; model.attention resolves to materialized otherwise)");
+  if (shape.batch == 0) return;
+  const std::size_t n = std::size_t(shape.batch) * shape.T * 3 * shape.heads * shape.head_size;
+  const std::size_t gradient_bytes = (n * sizeof(std::uint16_t) + 255) / 256 * 256;
+  CudnnAttention& attention = cudnn_attention();
+  auto* base = static_cast<std::byte*>(
+      scratch(gradient_bytes + attention.workspace_bytes(shape, /*backward=*/true)));
+  auto* dqkv16 = reinterpret_cast<std::uint16_t*>(base);
+  attention.backward(shape, qkv.bf16, y.bf16, dy.bf16, lse, dqkv16, base + gradient_bytes);
+  launch_from_bf16(stream(), dqkv16, dqkv, n);
+#else
+  (void)qkv, (void)y, (void)dy, (void)lse, (void)dqkv;
+  throw std::logic_error("cuda: attention_backward: this build has no cuDNN fused attention; "
                          "model.attention resolves to materialized here");
+#endif
 }
+
+#ifdef LOCKSTEP_HAVE_CUDNN_ATTENTION
+CudnnAttention& CudaDevice::cudnn_attention() {
+  if (!cudnn_attention_)
+    cudnn_attention_ = {new CudnnAttention(stream()), [](CudnnAttention* a) { delete a; }};
+  return *cudnn_attention_;
+}
+#endif
 
 }  // namespace lockstep::cuda

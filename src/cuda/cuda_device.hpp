@@ -26,6 +26,7 @@
 #include <string_view>
 
 #include "cuda/cublaslt.hpp"
+#include "cuda/cudnn_attention.hpp"
 #include "cuda/handles.hpp"
 #include "cuda/kernels.hpp"
 #include "lockstep/device.hpp"
@@ -143,8 +144,9 @@ class CudaDevice final : public Device {
                               float scale) override;
   void causal_softmax_backward(const std::uint16_t* p, const float* dp, std::uint16_t* ds,
                                int count, int T, float scale) override;
-  // No fused attention on CUDA yet (issue 32): the backend's attention_support() says so, so
-  // model.attention never picks it here; a call throws std::logic_error.
+  // cuDNN's fused attention, bf16 only (Note [cuDNN attention] in cudnn_attention.hpp); in a
+  // build without it (LOCKSTEP_HAVE_CUDNN_ATTENTION unset) model.attention never picks it and a
+  // call throws std::logic_error.
   void attention_forward(const AttentionShape& shape, MatIn qkv, MatOut y, float* lse) override;
   void attention_backward(const AttentionShape& shape, MatIn qkv, MatIn y, MatIn dy,
                           const float* lse, float* dqkv) override;
@@ -158,6 +160,8 @@ class CudaDevice final : public Device {
   void abandon() noexcept;
   // Per-row scratch of softmax_cross_entropy, grown to at least `rows`.
   void reserve_rows(int rows);
+  // The cuDNN handle and graphs of the fused attention, made on first use.
+  CudnnAttention& cudnn_attention();
   // scratch_, grown to at least `bytes`: the working memory of one kernel at a time (the
   // kernels that use it are ordered on our stream).
   void* scratch(std::size_t bytes);
@@ -167,6 +171,8 @@ class CudaDevice final : public Device {
   CublasHandle cublas_;
   // Made once our device is current; none under LOCKSTEP_CUDA_LINEAR=composed.
   std::optional<LtLinear> lt_;
+  // Fused attention's cuDNN handle (bound to stream_) and cached graphs; made on first use.
+  CudnnAttentionPtr cudnn_attention_{nullptr, nullptr};
   DeviceMemory partials_;     // kReduceBlocks doubles: pass 1 of sum_squares
   DeviceMemory result_;       // one reduction result (a double or a 64-bit hash)
   PinnedMemory host_result_;  // its host mirror

@@ -10,6 +10,9 @@
 #ifdef LOCKSTEP_HAVE_CUDA
 #include "cuda/cuda_backend.hpp"
 #endif
+#ifdef LOCKSTEP_HAVE_CUDNN_ATTENTION
+#include "cuda/cudnn_attention.hpp"
+#endif
 
 namespace lockstep {
 
@@ -26,10 +29,61 @@ CudaSupport cuda_support() {
 #endif
 }
 
+namespace {
+
+// Why cuDNN's fused attention cannot run on cuda for this precision, context and head size (0:
+// unknown); empty when it can.
+std::string cuda_fused_refusal([[maybe_unused]] Precision precision,
+                               [[maybe_unused]] int context, [[maybe_unused]] int head_size) {
+#ifdef LOCKSTEP_HAVE_CUDNN_ATTENTION
+  std::string why =
+      cuda::cudnn_attention_refusal(precision, head_size, cuda::cudnn_runtime_version());
+  // The rest is cuDNN's to say (its support for the shape on this GPU): its graphs are built
+  // once per shape when there is a GPU to build them on; a refusal there says which step and why.
+  if (why.empty() && head_size > 0 && probe_gpus().count > 0)
+    why = cuda::cudnn_attention_probe({1, context, 1, head_size});
+  return why;
+#else
+  return "this build has no cuDNN fused attention (cuDNN or the cuDNN frontend was not found "
+         "when it was configured)";
+#endif
+}
+
+// On cuda the fused path is cuDNN's (Note [cuDNN attention] in src/cuda/cudnn_attention.hpp).
+// auto picks it under bf16, as llm.c and PyTorch run it; it is not yet measured against the
+// materialised path on a GPU here (issue 32: scripts/gpu_check.sh times both), so this choice
+// is pending that measurement.
+AttentionChoice choose_cuda_attention(AttentionKind requested, Precision precision, int context,
+                                      int head_size) {
+  const std::string name = "cuDNN fused attention (flash, causal, bf16)";
+  const std::string why = requested == AttentionKind::materialized
+                              ? std::string()
+                              : cuda_fused_refusal(precision, context, head_size);
+  switch (requested) {
+    case AttentionKind::fused:
+      if (!why.empty())
+        throw InputError(fmt::format("model.attention: fused was requested, but cuDNN's fused "
+                                     "attention cannot run: {}; use 'auto' or 'materialized'",
+                                     why));
+      return {AttentionKind::fused, name};
+    case AttentionKind::materialized:
+      return {AttentionKind::materialized, "(T, T) matrices, as requested"};
+    case AttentionKind::automatic:
+      break;
+  }
+  if (!why.empty())
+    return {AttentionKind::materialized, fmt::format("(T, T) matrices (auto: {})", why)};
+  return {AttentionKind::fused, name + " (auto: bf16; not yet measured against the materialised "
+                                       "path on a GPU)"};
+}
+
+}  // namespace
+
 AttentionChoice choose_attention(AttentionKind requested, std::string_view backend,
-                                 Precision precision, int context) {
+                                 Precision precision, int context, int head_size) {
+  if (backend == "cuda") return choose_cuda_attention(requested, precision, context, head_size);
   // Where this build has fused attention: the CPU's tiled online softmax, in every precision
-  // (Note [Tiled attention] in src/cpu/ops/attention.cpp). CUDA has none yet (issue 32).
+  // (Note [Tiled attention] in src/cpu/ops/attention.cpp).
   const bool fused = backend == "cpu";
   const std::string fused_name = "tiled, online softmax";
   switch (requested) {

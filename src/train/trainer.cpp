@@ -200,7 +200,8 @@ AttentionChoice attention_choice(const Config& config, std::string_view backend)
   const TrainerConfig& tc = config.trainer;
   return choose_attention(config.model.attention,
                           backend.empty() ? backend_name(tc.backend, tc.devices) : backend,
-                          tc.precision, config.model.context);
+                          tc.precision, config.model.context,
+                          config.model.n_head > 0 ? config.model.d_model / config.model.n_head : 0);
 }
 
 Model make_model(const Config& config, const Dataset& train, std::string_view backend) {

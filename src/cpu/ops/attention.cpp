@@ -43,6 +43,7 @@
 
 #include "common/bf16.hpp"
 #include "common/elementwise_math.hpp"
+#include "common/gemm_shape.hpp"
 #include "cpu/ops/isa_dispatch.hpp"
 
 namespace lockstep::cpu {
@@ -56,12 +57,6 @@ struct Tiling {
   explicit Tiling(int T)
       : tile(std::min(kTile, (T + 7) / 8 * 8)), tiles((T + tile - 1) / tile) {}
 };
-
-void check_shape(const char* op, const AttentionShape& s) {
-  if (s.batch < 0 || s.T < 1 || s.heads < 1 || s.head_size < 1)
-    throw std::invalid_argument(fmt::format("{}: bad shape batch={} T={} heads={} head_size={}",
-                                            op, s.batch, s.T, s.heads, s.head_size));
-}
 
 // Rows [r0, r0 + count) of columns [col, col + D) of the (B T, ld) matrix m, widened to fp32,
 // into dst (count, D); rows at or past `valid` are zero.
@@ -144,7 +139,7 @@ TileBuffers& buffers() {
 }  // namespace
 
 void CpuDevice::attention_forward(const AttentionShape& shape, MatIn qkv, MatOut y, float* lse) {
-  check_shape("attention_forward", shape);
+  detail::check_attention_shape("attention_forward", shape);
   const int T = shape.T, H = shape.heads, D = shape.head_size, C = H * D;
   const Tiling tl(T);
   const int tile = tl.tile;
@@ -203,7 +198,7 @@ void CpuDevice::attention_forward(const AttentionShape& shape, MatIn qkv, MatOut
 
 void CpuDevice::attention_backward(const AttentionShape& shape, MatIn qkv, MatIn y, MatIn dy,
                                    const float* lse, float* dqkv) {
-  check_shape("attention_backward", shape);
+  detail::check_attention_shape("attention_backward", shape);
   const int T = shape.T, H = shape.heads, D = shape.head_size, C = H * D;
   const Tiling tl(T);
   const int tile = tl.tile, padded = tl.tiles * tile;

@@ -1,0 +1,101 @@
+// cuDNN's fused causal attention (the frontend's graph API), model.attention `fused` on CUDA.
+//
+//   cuda::CudnnAttention attention(stream);            // a cuDNN handle bound to the stream
+//   const std::size_t bytes = attention.workspace_bytes(shape, /*backward=*/true);
+//   attention.forward(shape, qkv, y, lse, workspace);   // bf16 qkv (B T, 3C) -> bf16 y (B T, C)
+//   attention.backward(shape, qkv, y, dy, lse, dqkv, workspace);   // bf16 dqkv (B T, 3C)
+//
+// Note [cuDNN attention]: q, k and v are read in place from the qkv buffer through strides, y
+// and dqkv written in place the same way (attention_layout below), so no transpose copies exist;
+// forward keeps the softmax statistics (fp32, B H T: each row's log-sum-exp of the scaled scores,
+// the CPU's `lse`) and backward recomputes the probabilities from them. One graph per shape and
+// direction, built on first use (the warm-up's forward and backward, before step 1: Note
+// [Warm-up] in src/train/worker_loop.hpp) and cached for the device's life; executing one
+// allocates nothing and waits for nothing. cuDNN takes half-precision inputs only, so this runs
+// under trainer.precision bf16; fp32 and tf32 keep the materialised path (choose_attention).
+// Every frontend error becomes a std::runtime_error naming the call, the shape and cuDNN's words.
+//
+// The layout, key and refusal rules are plain host functions (cudnn_attention_rules.cpp, built
+// with or without cuDNN and tested without a GPU); the cuDNN types stay in cudnn_attention.cpp,
+// one translation unit (the frontend takes about 30 s to compile), built with cuDNN only.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "lockstep/device.hpp"
+#include "lockstep/types.hpp"
+
+struct CUstream_st;
+
+namespace lockstep::cuda {
+
+// A tensor as cuDNN's SDPA reads it: dims and strides (in elements) in (B, H, T, D) order, and
+// where it starts in its buffer (elements from the buffer's first).
+struct TensorLayout {
+  std::array<std::int64_t, 4> dim{}, stride{};
+  std::int64_t offset = 0;
+  friend bool operator==(const TensorLayout&, const TensorLayout&) = default;
+};
+
+// q, k, v in qkv (B T, 3C) at columns 0, C, 2C with head h at h D of each; o (and do) in y
+// (B T, C) with head h at columns h D; the statistics (B, H, T, 1), contiguous. The gradients
+// dq, dk, dv take q's, k's and v's layout in their own (B T, 3C) buffer.
+struct AttentionLayout {
+  TensorLayout q, k, v, o, stats;
+};
+AttentionLayout attention_layout(const AttentionShape& s);
+
+// Which graph: a shape and a direction.
+struct AttentionKey {
+  int batch = 0, T = 0, heads = 0, head_size = 0;
+  bool backward = false;
+  friend auto operator<=>(const AttentionKey&, const AttentionKey&) = default;
+};
+AttentionKey attention_key(const AttentionShape& s, bool backward);
+
+// The oldest cuDNN whose SDPA backward runs bf16 causal attention deterministically.
+inline constexpr long kMinCudnnVersion = 90000;
+
+// Why cuDNN's fused attention cannot run a head size under a precision with cuDNN version
+// `cudnn_version` (cudnnGetVersion's number: 90100 for 9.1.0, 8907 for 8.9.7); empty when it
+// can. head_size 0: not known yet (the graph build then decides).
+std::string cudnn_attention_refusal(Precision precision, int head_size, long cudnn_version);
+
+// The version of the cuDNN library loaded (cudnnGetVersion), without a GPU.
+long cudnn_runtime_version();
+
+// Builds the forward and backward graphs of `shape` on the current GPU with a handle of its own
+// and returns what refused them (validate, build_plans, ...), or empty when both built. Results
+// are remembered per shape for the process's life.
+std::string cudnn_attention_probe(const AttentionShape& shape);
+
+class CudnnAttention {
+ public:
+  explicit CudnnAttention(CUstream_st* stream);
+  ~CudnnAttention();
+  CudnnAttention(const CudnnAttention&) = delete;
+  CudnnAttention& operator=(const CudnnAttention&) = delete;
+
+  // Workspace the shape's graph needs (forward, or backward) in bytes, the graph built first if
+  // it is not in the cache. Throws std::runtime_error if cuDNN refuses the shape.
+  std::size_t workspace_bytes(const AttentionShape& shape, bool backward);
+  // Enqueue on the stream; workspace holds workspace_bytes(shape, direction).
+  void forward(const AttentionShape& shape, const std::uint16_t* qkv, std::uint16_t* y,
+               float* lse, void* workspace);
+  void backward(const AttentionShape& shape, const std::uint16_t* qkv, const std::uint16_t* y,
+                const std::uint16_t* dy, const float* lse, std::uint16_t* dqkv, void* workspace);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// An owner whose deleter comes with the object, so that code built without cuDNN (where
+// cudnn_attention.cpp, and so ~CudnnAttention, is absent) can hold an empty one.
+using CudnnAttentionPtr = std::unique_ptr<CudnnAttention, void (*)(CudnnAttention*)>;
+
+}  // namespace lockstep::cuda

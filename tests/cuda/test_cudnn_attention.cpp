@@ -1,0 +1,192 @@
+// cuDNN's fused attention (Note [cuDNN attention] in src/cuda/cudnn_attention.hpp). Without a
+// GPU: the layouts that read q, k, v and write y in place, the graph cache's key, the refusals
+// and model.attention's choice on cuda. On a GPU: forward (y and the log-sum-exp) and every
+// gradient against the CPU's tiled attention in bf16 (itself tested against the materialised
+// path in tests/cpu/test_attention.cpp), and a GPT's bf16 step with the fused path against the
+// materialised one. Built with the CUDA backend only; the cuDNN cases with cuDNN only.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "common/bf16.hpp"
+#include "cuda/cudnn_attention.hpp"
+#include "gpu_vs_cpu.hpp"
+
+using namespace lockstep;
+using namespace lockstep::test;
+using lockstep::cuda::attention_key;
+using lockstep::cuda::attention_layout;
+using lockstep::cuda::cudnn_attention_refusal;
+using lockstep::cuda::TensorLayout;
+
+TEST_SUITE("cuda") {
+  TEST_CASE("cuDNN attention layout: q, k, v read in place from qkv, o written into y") {
+    // B 2, T 5, H 3, D 8: C 24, qkv rows 72 wide.
+    const auto at = attention_layout({2, 5, 3, 8});
+    CHECK(at.q == TensorLayout{{2, 3, 5, 8}, {5 * 72, 8, 72, 1}, 0});
+    CHECK(at.k == TensorLayout{{2, 3, 5, 8}, {5 * 72, 8, 72, 1}, 24});
+    CHECK(at.v == TensorLayout{{2, 3, 5, 8}, {5 * 72, 8, 72, 1}, 48});
+    CHECK(at.o == TensorLayout{{2, 3, 5, 8}, {5 * 24, 8, 24, 1}, 0});
+    CHECK(at.stats == TensorLayout{{2, 3, 5, 1}, {15, 5, 1, 1}, 0});
+    // Element (b, h, t, d) of k is qkv[(b T + t) 3C + C + h D + d], as model/attention.cpp
+    // places it: checked at the last element of each head.
+    for (int b = 0; b < 2; ++b)
+      for (int h = 0; h < 3; ++h) {
+        const std::int64_t t = 4, d = 7;
+        const std::int64_t at_k = at.k.offset + b * at.k.stride[0] + h * at.k.stride[1] +
+                                  t * at.k.stride[2] + d * at.k.stride[3];
+        CHECK(at_k == (b * 5 + t) * 72 + 24 + h * 8 + d);
+        const std::int64_t at_o =
+            b * at.o.stride[0] + h * at.o.stride[1] + t * at.o.stride[2] + d * at.o.stride[3];
+        CHECK(at_o == (b * 5 + t) * 24 + h * 8 + d);
+      }
+  }
+
+  TEST_CASE("cuDNN attention graphs: one per shape and direction") {
+    const AttentionShape s{8, 1024, 12, 64};
+    CHECK(attention_key(s, false) == attention_key(s, false));
+    CHECK(attention_key(s, false) != attention_key(s, true));
+    for (const AttentionShape other :
+         {AttentionShape{4, 1024, 12, 64}, AttentionShape{8, 512, 12, 64},
+          AttentionShape{8, 1024, 6, 64}, AttentionShape{8, 1024, 12, 128}})
+      CHECK(attention_key(other, false) != attention_key(s, false));
+  }
+
+  TEST_CASE("cuDNN attention refuses fp32 and tf32, head sizes not a multiple of 8, old cuDNN") {
+    CHECK(cudnn_attention_refusal(Precision::bf16, 64, 91900).empty());
+    CHECK(cudnn_attention_refusal(Precision::bf16, 0, 90000).empty());  // head size unknown
+    CHECK(cudnn_attention_refusal(Precision::bf16, 256, 91900).empty());
+    CHECK(cudnn_attention_refusal(Precision::bf16, 8, 91900).empty());
+    CHECK(cudnn_attention_refusal(Precision::bf16, 24, 91900).empty());
+    for (const Precision p : {Precision::fp32, Precision::tf32})
+      CHECK(cudnn_attention_refusal(p, 64, 91900).find("half-precision") != std::string::npos);
+    CHECK(cudnn_attention_refusal(Precision::bf16, 12, 91900) ==
+          "cuDNN's fused attention needs a head size that is a multiple of 8, and it is 12");
+    CHECK(cudnn_attention_refusal(Precision::bf16, 264, 91900).find("up to 256") !=
+          std::string::npos);
+    CHECK(cudnn_attention_refusal(Precision::bf16, 64, 8907).find("8.9.7, older than 9.0") !=
+          std::string::npos);
+  }
+
+#ifdef LOCKSTEP_HAVE_CUDNN_ATTENTION
+  TEST_CASE("model.attention on cuda: auto runs cuDNN's under bf16, the materialised path "
+            "otherwise, saying why") {
+    const auto choose = [](AttentionKind kind, Precision p, int head_size) {
+      return choose_attention(kind, "cuda", p, 64, head_size);
+    };
+    // With a GPU the shape's graphs are built to ask cuDNN (an H200 takes head size 64).
+    CHECK(choose(AttentionKind::automatic, Precision::bf16, 64).path == AttentionKind::fused);
+    CHECK(choose(AttentionKind::fused, Precision::bf16, 64).path == AttentionKind::fused);
+    const AttentionChoice fp32 = choose(AttentionKind::automatic, Precision::fp32, 64);
+    CHECK(fp32.path == AttentionKind::materialized);
+    CHECK(fp32.detail.find("half-precision") != std::string::npos);
+    // A head size cuDNN refuses falls back, and says so.
+    const AttentionChoice odd = choose(AttentionKind::automatic, Precision::bf16, 12);
+    CHECK(odd.path == AttentionKind::materialized);
+    CHECK(odd.detail.find("multiple of 8") != std::string::npos);
+    CHECK_THROWS_WITH_AS(choose(AttentionKind::fused, Precision::tf32, 64),
+                         doctest::Contains("model.attention: fused"), InputError);
+    CHECK_THROWS_WITH_AS(choose(AttentionKind::fused, Precision::bf16, 12),
+                         doctest::Contains("multiple of 8"), InputError);
+    CHECK(choose(AttentionKind::materialized, Precision::bf16, 64).path ==
+          AttentionKind::materialized);
+  }
+
+  // T = 1, 7, 64, 65, 257 at heads 1 and 12 and head sizes 16, 64, 128, and T = 1024 at two of
+  // them (the CPU's reference is the slow side). Tolerances (Note [Comparing with the CPU]):
+  // both sides round bf16 operands the same way and sum in fp32, but round the probabilities at
+  // different points (cuDNN before normalising, the CPU after) and y, dq, dk, dv at the end: two
+  // bf16 ulps of the value and of the position's largest, with the fp32 sums over T on top; the
+  // log-sum-exp is fp32 throughout (the sums of T exponentials, each side's exp).
+  TEST_CASE("cuda: cuDNN attention forward and backward against the CPU's tiled attention, bf16") {
+    auto backend = cuda_or_skip();
+    if (!backend) return;
+    auto gpu = backend->create_device(0, 1, 0);
+    std::vector<AttentionShape> shapes;
+    for (int T : {1, 7, 64, 65, 257})
+      for (int heads : {1, 12})
+        for (int d : {16, 64, 128}) shapes.push_back({T < 64 ? 3 : 2, T, heads, d});
+    shapes.push_back({1, 1024, 1, 128});
+    shapes.push_back({1, 1024, 12, 64});
+    for (const AttentionShape s : shapes) {
+      CAPTURE(fmt::format("B={} T={} H={} D={}", s.batch, s.T, s.heads, s.head_size));
+      const std::size_t n = std::size_t(s.batch) * s.T, c = std::size_t(s.heads) * s.head_size;
+      const std::size_t rows = std::size_t(s.batch) * s.heads * s.T;
+      const std::vector<float> qkv = random_floats(n * 3 * c, 500 + s.T, -2.0, 2.0);
+      const std::vector<float> dy = random_floats(n * c, 600 + s.T);
+      // y, lse, dq, dk, dv: y and the gradients of one position side by side (rows of C).
+      const auto op = [&](Device& dev) -> Outputs {
+        auto qkv16 = on_device(dev, to_bits(qkv));
+        auto dy16 = on_device(dev, to_bits(dy));
+        auto y16 = poisoned_bf16(dev, n * c);
+        auto lse = poisoned(dev, rows);
+        auto dqkv = poisoned(dev, n * 3 * c);
+        dev.attention_forward(s, {nullptr, qkv16.data()}, {nullptr, y16.data()}, lse.data());
+        dev.attention_backward(s, {nullptr, qkv16.data()}, {nullptr, y16.data()},
+                               {nullptr, dy16.data()}, lse.data(), dqkv.data());
+        std::vector<float> y(n * c);
+        const std::vector<std::uint16_t> bits = y16.download();
+        for (std::size_t i = 0; i < y.size(); ++i) y[i] = detail::bf16_to_float(bits[i]);
+        Outputs out{y, lse.download()};
+        const std::vector<float> all = dqkv.download();
+        for (int which = 0; which < 3; ++which) {
+          std::vector<float> part;
+          for (std::size_t r = 0; r < n; ++r)
+            part.insert(part.end(), all.begin() + r * 3 * c + which * c,
+                        all.begin() + r * 3 * c + (which + 1) * c);
+          out.push_back(part);
+        }
+        return out;
+      };
+      Tolerance rounded = fp32_sums(s.T + s.head_size + 4, c);
+      rounded = {rounded.rel + 2 * kBf16Ulp, rounded.abs + 2 * kBf16Ulp, c};
+      const Tolerance lse_tol = fp32_sums(s.T + s.head_size + 4, std::size_t(s.T));
+      compare_each(*gpu, op, {rounded, lse_tol, rounded, rounded, rounded});
+    }
+  }
+
+  // One GPT bf16 step at a small GPT-2-like shape (head size 64), the fused path against the
+  // materialised one on the same GPU: the loss within a bf16 ulp, the gradient within a few of
+  // its largest element (the two paths round at different points, Note [bf16 compute]).
+  TEST_CASE("cuda: a GPT's bf16 step with cuDNN attention matches the materialised path") {
+    auto backend = cuda_or_skip();
+    if (!backend) return;
+    auto gpu = backend->create_device(0, 1, 0);
+    const GptSpec spec{.vocab_size = 512, .context = 256, .n_layer = 2, .n_head = 4,
+                       .d_model = 256};
+    const int batch = 4, rows = batch * spec.context;
+    auto x = on_device(*gpu, random_tokens(std::size_t(rows), spec.vocab_size, 70));
+    std::vector<std::int32_t> labels(static_cast<std::size_t>(rows));
+    for (int r = 0; r < rows; ++r) labels[r] = (r * 13 + 5) % spec.vocab_size;
+    auto y = on_device(*gpu, labels);
+    const auto step = [&](AttentionKind path) {
+      const Model model = Model::gpt(spec, path);
+      Replica replica(*gpu, model, batch, Precision::bf16);
+      replica.load_parameters(model.initial_parameters(3));
+      const int classes = model.outputs() / spec.context;
+      DeviceArray<float> dlogits(*gpu, std::size_t(rows) * classes);
+      const LossStats loss = gpu->softmax_cross_entropy(
+          replica.forward(x.data(), batch), y.data(), rows, classes, dlogits.data(), 1.0f / rows);
+      replica.zero_grads();
+      replica.backward(x.data(), dlogits.data(), batch);
+      return std::pair{loss.loss_sum / rows, replica.gradients()};
+    };
+    const auto [fused_loss, fused_grads] = step(AttentionKind::fused);
+    const auto [loss, grads] = step(AttentionKind::materialized);
+    CHECK(std::abs(fused_loss - loss) <= kBf16Ulp * std::abs(loss));
+    double err = 0.0, largest = 0.0;
+    for (std::size_t i = 0; i < grads.size(); ++i) {
+      err = std::max(err, std::abs(double(fused_grads[i]) - grads[i]));
+      largest = std::max(largest, std::abs(double(grads[i])));
+    }
+    CAPTURE(err);
+    CAPTURE(largest);
+    CHECK(err <= 4 * kBf16Ulp * largest);
+  }
+#endif
+}
