@@ -577,7 +577,8 @@ void Trainer::Impl::work(RunResources& r, int rank) {
 //      step's own thread (a GPU's would need pinned memory and a copy stream); the memory plan
 //      counts two on the host (MemoryPlan::snapshots).
 //   4. The communicators are made anew over the survivors' devices (Backend::
-//      rebuilds_communicators; a backend that cannot is refused before step 1), and the
+//      rebuilds_communicators: the CPU's, and the CUDA backend's peer group; a backend that
+//      cannot is refused before step 1), and the
 //      survivors' workers start from that state with N - 1 ranks: the data is re-sharded from
 //      its sample position by the rule any resume with another device count follows
 //      (WorkerLoop::set_up_data), each worker keeps its batch (so the global batch shrinks;
@@ -901,10 +902,12 @@ std::unique_ptr<Trainer::Impl::RunResources> Trainer::Impl::prepare_run() {
   r->backend = backend ? backend
                        : make_backend(tc.backend, tc.devices, {.comm = tc.comm, .precision = tc.precision});
   const detail::MemoryPlan memory_plan = check_memory(*r->backend);
-  if (tc.on_worker_failure == WorkerFailurePolicy::shrink && !r->backend->rebuilds_communicators())
+  if (tc.on_worker_failure == WorkerFailurePolicy::shrink &&
+      !r->backend->rebuilds_communicators(tc.devices))
     throw InputError(fmt::format(
         "{}: trainer.on_worker_failure: shrink needs communicators that can be rebuilt over the "
-        "surviving devices, which the {} backend cannot do yet; use stop",
+        "surviving devices, which the {} backend cannot do yet for these devices (the CUDA "
+        "backend can for replicas of one GPU, trainer.comm peer); use stop",
         cfg.source, r->backend->name()));
   r->comms = r->backend->create_communicators(tc.devices, processes);
   const int n = static_cast<int>(r->comms.size());
