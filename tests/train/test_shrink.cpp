@@ -357,16 +357,15 @@ TEST_CASE("shrink: a lost worker whose thread never returns is left behind, the 
   Config cfg = shrink_config({0, 1, 2});
   cfg.trainer.stop_grace_s = 0.5;
   // Left running, it refers to the trainer's state: the Trainer leaks it when destroyed.
-  auto* trainer = new Trainer(cfg, train_split(), eval_split());
-  const Summary s = trainer->run();
-  CHECK(trainer->final_parameters() == want);
+  Trainer trainer(cfg, train_split(), eval_split());
+  const Summary s = trainer.run();
+  CHECK(trainer.final_parameters() == want);
   CHECK(s.devices == std::vector<int>{0, 1});
   CHECK(s.workers_lost == 1);
   CHECK(s.recoveries == 1);
   CHECK(s.steps_redone == 0);
   CHECK(s.recovery_s >= 0.5);  // the grace it was given
   CHECK(s.recovery_s < 3.0);
-  delete trainer;
 }
 
 TEST_CASE("shrink: where the state at the step's start is gone, the run stops and says why") {
