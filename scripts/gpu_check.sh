@@ -42,7 +42,9 @@
 #     (failing when a fused run had a refusal) and the bf16 step with the fused classifier
 #     (issue 25); not yet measured on a GPU); a gpt_tiny run on 4 peer replicas
 #     of GPU 0 for the host syncs per step (`host_syncs_per_step` of --summary-json, "n/a" when
-#     the build does not report it) and the share of communication hidden; bench_kernels (the
+#     the build does not report it) and the share of communication hidden; the same 4 replicas
+#     losing one at step 20 with trainer.on_worker_failure shrink (issue 28: exit 0, one worker
+#     lost, step 20 done again within 10 s of step 19's end); bench_kernels (the
 #     kernels of issue 17 at GPT-2 124M's shapes, the LM head with and without the padded
 #     vocabulary); two fault cases on 4 peer replicas (LOCKSTEP_FAULT forward, and stall with
 #     trainer.step_timeout_s 2), each of which must exit 1 within 10 s; two processes making one
@@ -137,6 +139,7 @@ MICROBATCH_RESULT="not run"
 LINEAR_RESULT="not run"
 STEP_RESULT="not run"
 ATTENTION_RESULT="not run"
+SHRINK_RESULT="not run"
 KERNELS_RESULT="not run"
 FAULT_RESULT=" not run"
 FAILED=0
@@ -548,6 +551,32 @@ PY
     FAILED=1
   fi
   say "GPU step: $STEP_RESULT"
+  # Issue 28: 4 peer replicas of gpt_tiny lose replica 2 at step 20 (trainer.on_worker_failure
+  # shrink): exit 0, one worker lost, and step 20 done again within 10 s of the step before it.
+  if run_phase shrink 60 "$OUT/shrink.log" env LOCKSTEP_FAULT=2:20:lost "$BUILD/lockstep" train \
+    configs/gpt_tiny.yaml --set trainer.backend=cuda --set 'trainer.devices=[0,0,0,0]' \
+    --set trainer.comm=peer --set trainer.steps=30 --set trainer.eval_every=0 \
+    --set trainer.log_every=1 --set trainer.checkpoint.dir=null \
+    --set trainer.on_worker_failure=shrink --set trainer.metrics="$OUT/shrink.jsonl" \
+    --summary-json "$OUT/shrink.json"; then
+    SHRINK_RESULT=$(python3 - "$OUT/shrink.json" "$OUT/shrink.jsonl" << 'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+steps = {}
+for line in open(sys.argv[2]):
+    d = json.loads(line)
+    if d.get("kind") == "step": steps[d["step"]] = d["elapsed_s"]
+bound = steps[20] - steps[19]
+ok = s["workers_lost"] == 1 and bound <= 10
+print("%s: workers_lost %d, recovery_s %.2f, step 19's end to step 20's %.2f s (goal <= 10)"
+      % ("ok" if ok else "FAILED", s["workers_lost"], s["recovery_s"], bound))
+PY
+    )
+  else
+    SHRINK_RESULT="FAILED (see shrink.log)"
+  fi
+  [ "${SHRINK_RESULT:0:2}" = ok ] || FAILED=1
+  say "GPU shrink: $SHRINK_RESULT"
   if run_phase kernels 60 "$OUT/kernels.log" "$BUILD/bench/bench_kernels" --tf32; then
     KERNELS_RESULT="ok"
   else
@@ -606,6 +635,7 @@ fi
   echo "fused linear $LINEAR_RESULT"
   grep '^gpu_extra_linear: ' "$OUT/linear.log" 2>/dev/null | sed 's/^gpu_extra_linear: /             /'
   echo "GPU step     $STEP_RESULT"
+  echo "GPU shrink   $SHRINK_RESULT"
   echo "faults      $FAULT_RESULT"
   echo "2 NCCL ranks on 1 GPU: $TWO_PROCESS_RESULT"
   echo "kernels      $KERNELS_RESULT"

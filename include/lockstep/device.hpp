@@ -728,10 +728,13 @@ class LOCKSTEP_API Backend {
   // This process alone.
   std::vector<std::unique_ptr<Communicator>> create_communicators(std::span<const int> device_ids);
   // Whether create_communicators may be called again, over the devices that survive, once a
-  // group was aborted because one of its devices was lost: trainer.on_worker_failure: shrink
-  // needs it (Note [Shrink] in src/train/trainer.cpp). The CPU's can; a GPU backend says so once
-  // its communicators (NCCL's after ncclCommAbort, the peer group's) are rebuilt safely.
-  virtual bool rebuilds_communicators() const noexcept { return false; }
+  // group over `device_ids` was aborted because one of its devices was lost:
+  // trainer.on_worker_failure: shrink needs it (Note [Shrink] in src/train/trainer.cpp). The
+  // CPU's can; the CUDA backend's peer group can (each group is made anew), its NCCL group not
+  // yet (rebuilding after ncclCommAbort is not made safe yet).
+  virtual bool rebuilds_communicators(std::span<const int> /*device_ids*/) const noexcept {
+    return false;
+  }
   // Called on the worker's own thread, once. `workers` is the number of workers sharing the
   // machine, so CPU devices can divide the cores between them.
   virtual std::unique_ptr<Device> create_device(int device_id, int workers,

@@ -174,8 +174,12 @@ LOCKSTEP_API std::string describe_recoveries(const Summary& s);
 // aborted; set trainer.step_timeout_s), block (deaf to aborts at the end of STEP), hang (a
 // device wait that only the abort ends), slowsave (a slow checkpoint save at STEP) or lost (the
 // worker's device dies: DeviceLost, in the phase lost:forward, lost:backward, lost:all-reduce or
-// lost:update names); see src/train/fault_injection.hpp.
+// lost:update names, and lost:...:stuck leaves its thread stuck); see
+// src/train/fault_injection.hpp.
 struct LOCKSTEP_API TrainerHooks {
+  // As the worker's set-up has loaded the state it starts from, before the replicas' broadcast;
+  // again for each survivor's set-up after a shrink.
+  std::function<void(int rank)> restoring;
   std::function<void(int rank, std::int64_t step)> before_forward;
   // After the optimiser step, before the step's barrier.
   std::function<void(int rank, std::int64_t step, Replica& replica)> after_update;

@@ -43,7 +43,7 @@ class CpuBackend final : public Backend {
   }
 
   // A new shared-memory group over the survivors: an aborted group holds nothing they need.
-  bool rebuilds_communicators() const noexcept override { return true; }
+  bool rebuilds_communicators(std::span<const int>) const noexcept override { return true; }
 
   // CPU "device ids" only name the workers: any id is valid, and repeated ids are fine.
   std::unique_ptr<Device> create_device(int device_id, int workers,

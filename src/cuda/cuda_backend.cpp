@@ -81,19 +81,24 @@ class CudaBackend final : public Backend {
       std::span<const int> device_ids, std::shared_ptr<ProcessGroup> processes) override {
     check_device_ids(device_ids);
     const bool several = processes && processes->size() > 1;
-    const bool distinct =
-        std::set<int>(device_ids.begin(), device_ids.end()).size() == device_ids.size();
-    if (options_.comm == CommKind::nccl && !distinct)
+    if (options_.comm == CommKind::nccl && !distinct(device_ids))
       throw InputError(
           "trainer.devices: NCCL needs a distinct GPU per worker, and these ids repeat; use the "
           "peer communicator for several workers on one GPU");
-    const bool nccl = options_.comm == CommKind::nccl || (options_.comm == CommKind::automatic && distinct);
+    const bool nccl = uses_nccl(device_ids);
     if (!nccl && several)
       throw InputError(
           "trainer.comm: the peer communicator joins the workers of one process only; across "
           "processes use nccl, with a distinct GPU per worker");
     return nccl ? cuda::make_nccl_group(device_ids, std::move(processes))
                 : cuda::make_peer_group(device_ids);
+  }
+
+  // Note [Shrink] in src/train/trainer.cpp: a peer group is made anew over the survivors (the
+  // aborted one is destroyed once every worker has drained it); an NCCL group is not rebuilt yet
+  // (nor can a peer group span processes).
+  bool rebuilds_communicators(std::span<const int> device_ids) const noexcept override {
+    return !uses_nccl(device_ids);
   }
 
   // Called on the worker's thread: the device becomes that thread's current device. The CPU's
@@ -107,6 +112,15 @@ class CudaBackend final : public Backend {
   }
 
  private:
+  static bool distinct(std::span<const int> ids) {
+    return std::set<int>(ids.begin(), ids.end()).size() == ids.size();
+  }
+  // NCCL when asked for, or by default over distinct GPUs; else the peer communicator.
+  bool uses_nccl(std::span<const int> ids) const {
+    return options_.comm == CommKind::nccl ||
+           (options_.comm == CommKind::automatic && distinct(ids));
+  }
+
   BackendOptions options_;
 };
 

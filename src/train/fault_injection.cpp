@@ -60,6 +60,16 @@ void Fault::lose_device(int r, std::int64_t s, Phase p) const {
                                  kPhases[static_cast<int>(p)], s));
 }
 
+void Fault::after_loss(int r, const std::exception_ptr& error) const {
+  if (kind != Kind::lost || !stuck || rank != r) return;
+  try {
+    std::rethrow_exception(error);
+  } catch (const DeviceLost&) {
+    while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
+  } catch (...) {
+  }
+}
+
 void Fault::during_save(int r, std::int64_t s) const {
   if (at(r, s, Kind::slowsave)) std::this_thread::sleep_for(std::chrono::milliseconds(500));
 }
@@ -98,12 +108,16 @@ Fault fault_from_environment() {
     return InputError(fmt::format(
         "LOCKSTEP_FAULT: expected RANK:STEP:KIND with KIND one of forward, loader, nan, stall, "
         "block, hang, slowsave, lost (or lost:PHASE with PHASE one of forward, backward, "
-        "all-reduce, update), got '{}'", spec));
+        "all-reduce, update; either may end in :stuck), got '{}'", spec));
   };
   if (std::sscanf(spec, "%d:%lld:%23s", &f.rank, &step, kind) != 3 || f.rank < 0 || step < 1)
     throw bad();
   f.step = step;
   std::string k = kind;
+  if (k.starts_with("lost") && k.ends_with(":stuck")) {
+    f.stuck = true;
+    k.resize(k.size() - 6);
+  }
   if (k.starts_with("lost:")) {
     const std::string phase = k.substr(5);
     if (phase == "forward") f.phase = Fault::Phase::forward;

@@ -15,10 +15,14 @@
 //            lost:backward (as its last micro-batch's backward begins, before it has handed any
 //            bucket to the all-reduce), lost:all-reduce (once it has handed the first bucket,
 //            before the next; with one bucket, after it), lost:update (after its optimiser
-//            step, before the step's totals are agreed)
+//            step, before the step's totals are agreed); a further suffix :stuck (lost:stuck,
+//            lost:backward:stuck) leaves its thread stuck once the loss is recorded, deaf to
+//            every abort, as a driver call on a dead device may never return (Note [Shrink],
+//            step 1, in trainer.cpp)
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <memory>
 
 #include "lockstep/dataset.hpp"
@@ -38,10 +42,13 @@ struct Fault {
   std::int64_t step = 0;
   Kind kind = Kind::none;
   Phase phase = Phase::forward;
+  bool stuck = false;  // lost:...:stuck
 
   bool at(int r, std::int64_t s, Kind k) const { return kind == k && rank == r && step == s; }
   // The lost fault: throws DeviceLost when it strikes worker `r` at step `s` in `p`.
   void lose_device(int r, std::int64_t s, Phase p) const;
+  // The stuck lost fault: never returns on worker `r` once `error`, its loss, is recorded.
+  void after_loss(int r, const std::exception_ptr& error) const;
 
   // A fault that would never strike is a mistaken test, not a pass: InputError unless the run
   // of `workers` ranks, doing steps (steps_done, last_step], reaches it. Nothing for none.

@@ -142,6 +142,8 @@ struct Trainer::Impl {
   std::optional<Recovery> recovery_point(RunResources& r) const;
   void shrink(RunResources& r, Recovery recovery);
   WorkerError left_behind(const RunResources& r, const std::vector<int>& ranks) const;
+  std::optional<std::string> lost_left_behind(const RunResources& r,
+                                              const std::vector<int>& ranks) const;
   void check_processes_agree() const;
 
   Config cfg;
@@ -464,16 +466,29 @@ struct Trainer::Impl::RunResources {
   std::unique_ptr<detail::RunReport> report;
   std::vector<float> initial;
   std::optional<detail::Trace> trace;
-  std::optional<detail::Heartbeats> heartbeats;
-  std::optional<detail::RunContext> context;
+  // Per group (the first, then the survivors' after each shrink); on the heap, so that a group's
+  // worker left behind keeps them where it found them (abandoned_groups).
+  std::unique_ptr<detail::Heartbeats> heartbeats;
+  std::unique_ptr<detail::RunContext> context;
   detail::FailureLog failures;
-  std::optional<Teardown> teardown;
+  std::unique_ptr<Teardown> teardown;
   // Per local worker: running, waiting at the teardown meeting, or returned.
   enum Stage : int { running, at_teardown, returned };
   std::unique_ptr<std::atomic<int>[]> stage;
   std::atomic<bool> abandoning{false};            // some worker is being left behind
   std::mutex kept_mutex;
   std::vector<std::unique_ptr<detail::WorkerLoop>> kept_loops;  // of the workers that returned
+  // Note [Shrink], step 1: a group whose lost worker was left behind, as that worker may still
+  // touch it; and what the survivors' log line says of it.
+  struct Group {
+    std::vector<std::unique_ptr<Communicator>> comms;
+    std::unique_ptr<detail::Heartbeats> heartbeats;
+    std::unique_ptr<detail::RunContext> context;
+    std::unique_ptr<Teardown> teardown;
+    std::unique_ptr<std::atomic<int>[]> stage;
+  };
+  std::vector<Group> abandoned_groups;
+  std::string left_running;
   // Note [Shrink]: per local worker, where a survivor stood; the first survivor's state at the
   // start of the failed step; the state the survivors' run resumed from (null before a shrink);
   // when the run was aborted; the samples trained before that state.
@@ -501,16 +516,16 @@ void Trainer::Impl::work(RunResources& r, int rank) {
     double never = -1.0;  // Note [Shrink]: the recovery's seconds count from the first abort
     r.aborted_s.compare_exchange_strong(never, steady_now_s());
     comm.abort();
+    r.context->fault.after_loss(global_rank(rank), std::current_exception());
   }
   // See Note [Failure]: nothing of ours may be freed while a peer can still touch it.
   loop->drain();
   r.stage[rank].store(RunResources::at_teardown);
   r.teardown->arrive_and_wait();
+  note_survivor(r, rank, *loop);
   if (r.abandoning.load()) {  // Note [Bounded stop]: kept, and reachable, for those left behind
     std::lock_guard lock(r.kept_mutex);
     r.kept_loops.push_back(std::move(loop));
-  } else {
-    note_survivor(r, rank, *loop);
   }
   r.stage[rank].store(RunResources::returned);
 }
@@ -525,7 +540,14 @@ void Trainer::Impl::work(RunResources& r, int rank) {
 //   to be right; a watchdog stall names a worker that may still run and touch the group.
 //   The survivors' run is, by construction, a resume from a checkpoint in memory:
 //   1. The group is aborted as for any failure (Note [Failure]); run_workers waits for every
-//      worker within trainer.stop_grace_s (Note [Bounded stop]); one left behind stops the run.
+//      worker within trainer.stop_grace_s (Note [Bounded stop]). A lost worker that does not
+//      return (a driver call on a dead device that never does; LOCKSTEP_FAULT lost:...:stuck)
+//      is left running, as the bounded stop leaves one, and the survivors go on without it:
+//      what it can still touch is never freed (its group's communicators, heartbeats, context
+//      and teardown meeting move to RunResources::abandoned_groups, the survivors' loops to
+//      kept_loops, and the run's and the Trainer's state are leaked at the end), and the log
+//      line says so. Any other worker left behind stops the run, as before: it may still write
+//      state the survivors would read.
 //   2. After the teardown meeting each survivor notes where it stood (WorkerLoop::stopped); the
 //      first also takes the state at the start of the step it had not finished
 //      (state_at_step_start). A survivor may still be in the previous step's end (its barrier,
@@ -543,7 +565,12 @@ void Trainer::Impl::work(RunResources& r, int rank) {
 //      trainer.snapshot_every K, local worker 0 copies the state to host memory after every
 //      K-th step's barrier, as a checkpoint would hold it (the optimiser state gathered under
 //      ZeRO-1), building a new one whole before it replaces the old (SnapshotSlot; one whose
-//      copy an abort interrupts is dropped, the one before kept). The steps
+//      copy an abort interrupts is dropped, the one before kept), or the state the group started
+//      from, whichever is newer: a recovery's (or --resume's) is held in memory, so a second
+//      loss while the survivors restore it (or in their first step) recovers from it again;
+//      while the failed step is the group's first, that state is taken even when every
+//      survivor still holds the step's start, as it records the sample position exactly (one
+//      recorded again on N - 1 workers is rounded down to whole batches). The steps
 //      after it are taken again (steps_redone), and their metrics reported again. Without one,
 //      the run stops and says why; so it does with fewer than trainer.min_workers survivors,
 //      or several processes (their communicators span the job and cannot be rebuilt from one).
@@ -551,7 +578,8 @@ void Trainer::Impl::work(RunResources& r, int rank) {
 //      step's own thread (a GPU's would need pinned memory and a copy stream); the memory plan
 //      counts two on the host (MemoryPlan::snapshots).
 //   4. The communicators are made anew over the survivors' devices (Backend::
-//      rebuilds_communicators; a backend that cannot is refused before step 1), and the
+//      rebuilds_communicators: the CPU's, and the CUDA backend's peer group; a backend that
+//      cannot is refused before step 1), and the
 //      survivors' workers start from that state with N - 1 ranks: the data is re-sharded from
 //      its sample position by the rule any resume with another device count follows
 //      (WorkerLoop::set_up_data), each worker keeps its batch (so the global batch shrinks;
@@ -628,14 +656,30 @@ std::optional<Trainer::Impl::Recovery> Trainer::Impl::recovery_point(RunResource
     else if (!reference)
       reference = at;
   }
+  // The state this group started from (a recovery's, or --resume's), held in memory. While the
+  // group's first step is the failed one, it is the state at that step's start, with the sample
+  // position as first recorded (one recorded again on other workers is rounded down to whole
+  // batches: WorkerLoop::set_up_data).
+  const Checkpoint* start = r.recovered_from ? &*r.recovered_from : resume ? &*resume : nullptr;
+  const char* start_is = r.recovered_from ? "the last recovery's state" : "the resumed checkpoint";
+  if (why.empty() && start && start->state.step + 1 == failed_step)
+    return Recovery{.from = *start,
+                    .failed_step = failed_step,
+                    .state = fmt::format("the start of step {} ({})", failed_step, start_is)};
   if (why.empty() && !r.recovery) why = "the first survivor could not copy its state";
   if (why.empty())
     return Recovery{.from = std::move(*r.recovery),
                     .failed_step = failed_step,
                     .state = fmt::format("the start of step {} (parameter hash {:016x})",
                                          failed_step, reference->param_hash)};
-  // Else the newest in-memory snapshot: the steps after it are taken again.
+  // Else the newest state held in memory: a snapshot, or the group's start (a second loss during
+  // a recovery finds it). The steps after it are taken again.
   std::optional<Checkpoint> snapshot = r.snapshot.newest();
+  std::string what = "the snapshot";
+  if (start && (!snapshot || snapshot->state.step <= start->state.step)) {
+    snapshot = *start;
+    what = start_is;
+  }
   if (!snapshot)
     cannot(why + ", and there is no in-memory snapshot to recover from (trainer.snapshot_every)");
   const std::int64_t step = snapshot->state.step;
@@ -643,7 +687,7 @@ std::optional<Trainer::Impl::Recovery> Trainer::Impl::recovery_point(RunResource
   return Recovery{.from = std::move(*snapshot),
                   .failed_step = failed_step,
                   .redone = failed_step - 1 - step,
-                  .state = fmt::format("the snapshot of step {} ({})", step, why)};
+                  .state = fmt::format("{} of step {} ({})", what, step, why)};
 }
 
 // Note [Shrink], step 4: the survivors' group, on their devices, from `from`. Between groups,
@@ -690,13 +734,21 @@ void Trainer::Impl::shrink(RunResources& r, Recovery recovery) {
   r.samples_before += from.state.samples - (r.recovered_from ? r.recovered_from->state.samples
                                             : resume                ? resume->state.samples
                                                                     : 0);
+  const double start_s = r.context->start_s;
+  if (r.abandoning.load())  // step 1: what the worker left behind may touch stays where it is
+    r.abandoned_groups.push_back({.comms = std::move(r.comms),
+                                  .heartbeats = std::move(r.heartbeats),
+                                  .context = std::move(r.context),
+                                  .teardown = std::move(r.teardown),
+                                  .stage = std::move(r.stage)});
   r.comms.clear();
   r.comms = r.backend->create_communicators(cfg.trainer.devices, processes);
   r.failures.clear();
+  r.recovery.reset();
   r.recovered_from = std::move(recovery.from);
   const double seconds = steady_now_s() - r.aborted_s.load();
   r.aborted_s.store(-1.0);
-  make_context(r, &*r.recovered_from, r.context->start_s);
+  make_context(r, &*r.recovered_from, start_s);
   summary.devices = cfg.trainer.devices;
   summary.workers_lost += static_cast<int>(lost.size());
   summary.recoveries += 1;
@@ -709,10 +761,11 @@ void Trainer::Impl::shrink(RunResources& r, Recovery recovery) {
                                       .steps_redone = recovery.redone,
                                       .recovery_s = seconds});
   fmt::print(stderr,
-             "note: {}; going on with {} worker{} ({}:{}, {}) from {}, {} steps redone, {:.2f} s "
+             "note: {}; {}going on with {} worker{} ({}:{}, {}) from {}, {} steps redone, {:.2f} s "
              "after the abort (trainer.on_worker_failure: shrink)\n",
-             error, survivors.size(), survivors.size() == 1 ? "" : "s", r.backend->name(),
-             fmt::join(survivors, ","), batch, recovery.state, recovery.redone, seconds);
+             error, std::exchange(r.left_running, {}), survivors.size(),
+             survivors.size() == 1 ? "" : "s", r.backend->name(), fmt::join(survivors, ","), batch,
+             recovery.state, recovery.redone, seconds);
 }
 
 // Waits for the workers as Note [Bounded stop] says. Returns the local ranks left behind.
@@ -757,7 +810,7 @@ std::vector<int> Trainer::Impl::supervise(RunResources& r) {
 // behind (Note [Bounded stop]); empty when every worker returned.
 std::vector<int> Trainer::Impl::run_workers(RunResources& r) {
   const int n = static_cast<int>(r.comms.size());
-  r.teardown.emplace(n);
+  r.teardown = std::make_unique<RunResources::Teardown>(n);
   r.stage = std::make_unique<std::atomic<int>[]>(n);
   for (int rank = 0; rank < n; ++rank) r.stage[rank].store(RunResources::running);
   std::vector<std::thread> threads;
@@ -818,6 +871,23 @@ WorkerError Trainer::Impl::left_behind(const RunResources& r, const std::vector<
                                  cfg.trainer.stop_grace_s, fmt::join(who, "; "), cause));
 }
 
+// Note [Shrink], step 1: where every worker left behind is one whose device was lost, and the
+// run may shrink, the survivors go on without it, and this says so; nullopt otherwise.
+std::optional<std::string> Trainer::Impl::lost_left_behind(const RunResources& r,
+                                                           const std::vector<int>& ranks) const {
+  if (cfg.trainer.on_worker_failure != WorkerFailurePolicy::shrink || !r.failures.only_losses())
+    return std::nullopt;
+  const std::vector<int> lost = r.failures.lost_ranks();
+  std::vector<std::string> who;
+  for (const int rank : ranks) {
+    if (std::find(lost.begin(), lost.end(), global_rank(rank)) == lost.end()) return std::nullopt;
+    who.push_back(fmt::format("worker {}'s thread ({} at step {})", global_rank(rank),
+                              r.heartbeats->phase(rank), r.heartbeats->step(rank)));
+  }
+  return fmt::format("{} did not return within trainer.stop_grace_s = {} s and is left running; ",
+                     fmt::join(who, ", "), cfg.trainer.stop_grace_s);
+}
+
 // Everything a run needs before its threads start.
 std::unique_ptr<Trainer::Impl::RunResources> Trainer::Impl::prepare_run() {
   const TrainerConfig& tc = cfg.trainer;
@@ -833,10 +903,12 @@ std::unique_ptr<Trainer::Impl::RunResources> Trainer::Impl::prepare_run() {
   r->backend = backend ? backend
                        : make_backend(tc.backend, tc.devices, {.comm = tc.comm, .precision = tc.precision});
   const detail::MemoryPlan memory_plan = check_memory(*r->backend);
-  if (tc.on_worker_failure == WorkerFailurePolicy::shrink && !r->backend->rebuilds_communicators())
+  if (tc.on_worker_failure == WorkerFailurePolicy::shrink &&
+      !r->backend->rebuilds_communicators(tc.devices))
     throw InputError(fmt::format(
         "{}: trainer.on_worker_failure: shrink needs communicators that can be rebuilt over the "
-        "surviving devices, which the {} backend cannot do yet; use stop",
+        "surviving devices, which the {} backend cannot do yet for these devices (the CUDA "
+        "backend can for replicas of one GPU, trainer.comm peer); use stop",
         cfg.source, r->backend->name()));
   r->comms = r->backend->create_communicators(tc.devices, processes);
   const int n = static_cast<int>(r->comms.size());
@@ -877,9 +949,9 @@ std::unique_ptr<Trainer::Impl::RunResources> Trainer::Impl::prepare_run() {
 // What the workers of one group see: the run's context from `from` (null: a fresh run), with
 // fresh heartbeats. Again for the survivors after a shrink, with the run's first start_s.
 void Trainer::Impl::make_context(RunResources& r, const Checkpoint* from, double start_s) {
-  r.heartbeats.emplace(static_cast<int>(r.comms.size()), steady_now_s());
+  r.heartbeats = std::make_unique<detail::Heartbeats>(static_cast<int>(r.comms.size()), steady_now_s());
   r.stopped.assign(r.comms.size(), std::nullopt);
-  r.context.emplace(detail::RunContext{.cfg = cfg,
+  r.context = std::make_unique<detail::RunContext>(detail::RunContext{.cfg = cfg,
                                        .model = model,
                                        .train = train,
                                        .eval = eval,
@@ -918,13 +990,21 @@ Summary Trainer::run() {
       im.total_steps = total_steps;
     }
   } restore{im, tc, im.total_steps};
+  // Note [Bounded stop]: a worker left behind may still use the run's resources.
+  struct Leak {
+    Impl& im;
+    std::unique_ptr<Impl::RunResources>& r;
+    ~Leak() {
+      if (im.abandoned) (void)r.release();
+    }
+  } leak{im, r};
   while (true) {
     const std::vector<int> behind = im.run_workers(*r);
     if (!behind.empty()) {
-      const WorkerError error = im.left_behind(*r, behind);
-      (void)r.release();  // Note [Bounded stop]: a worker left behind may still use it
       im.abandoned = true;
-      throw error;
+      std::optional<std::string> lost = im.lost_left_behind(*r, behind);
+      if (!lost) throw im.left_behind(*r, behind);
+      r->left_running = std::move(*lost);
     }
     std::optional<Impl::Recovery> recovery = im.recovery_point(*r);
     if (!recovery) break;

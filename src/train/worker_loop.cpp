@@ -134,6 +134,7 @@ void WorkerLoop::set_up(Backend& backend) {
       std::make_unique<Replica>(dev, run_.model, run_.cfg.data.batch_size, tc.precision);
   Replica& replica = *res_.replica;
   replica.load_parameters(resume ? std::span<const float>(resume->params) : run_.initial);
+  if (run_.callbacks.hooks.restoring) run_.callbacks.hooks.restoring(global_);
   // The replicas start from the same host copy; the broadcast makes rank 0 the authority anyway,
   // as any later backend (several processes) needs.
   comm_.broadcast(replica.params(), replica.param_count(), 0);

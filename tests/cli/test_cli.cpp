@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <regex>
 #include <string>
 
@@ -190,8 +191,15 @@ TEST_CASE("cli: with on_worker_failure shrink a lost device leaves the run going
   const std::string train = "train " + kQuickstart +
                             " --set trainer.devices=3 --set trainer.steps=12 "
                             "--set trainer.on_worker_failure=shrink --set trainer.stop_grace_s=2";
-  const Result r = run_cli(train, "LOCKSTEP_FAULT=2:5:lost:backward");
+  const fs::path json = temp_dir() / "shrink.json";
+  const Result r = run_cli(train + " --summary-json " + json.string(),
+                           "LOCKSTEP_FAULT=2:5:lost:backward");
   CHECK_MESSAGE(r.code == 0, r.output);
+  std::ifstream in(json);
+  const std::string summary((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (const char* counter : {"\"workers_lost\": 1,", "\"recoveries\": 1,", "\"steps_redone\": 0,",
+                              "\"recovery_s\": "})
+    CHECK_MESSAGE(summary.find(counter) != std::string::npos, counter << " in " << summary);
   CHECK_MESSAGE(r.output.find("note: worker 2 (cpu:2): injected fault: the device was lost in "
                               "backward at step 5; going on with 2 workers (cpu:0,1, 64 "
                               "samples per step) from the start of step 5") != std::string::npos,

@@ -8,7 +8,10 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <memory>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -140,5 +143,54 @@ TEST_SUITE("cuda multi-rank") {
       CHECK_MESSAGE(r.output.find("worker 1 (cuda:") != std::string::npos, r.output);
       CHECK(r.output.find("injected fault: the device was lost in backward") != std::string::npos);
     }
+  }
+
+  // Note [Shrink] on the GPU: the peer group is made anew over the survivors. The run that loses
+  // replica 2 at step 5 ends bit-identical to one that resumes on the 3 others from a checkpoint
+  // of step 4; through the CLI, 4 peer replicas of gpt_tiny lose replica 2 at step 20 and finish
+  // with exit 0, one worker lost, recovered within 10 s.
+  TEST_CASE("cuda multi-rank: 4 peer replicas lose one and go on (shrink), as a resume on 3") {
+    auto cuda = test::cuda_or_skip();
+    if (!cuda) return;
+    auto train = std::make_shared<TokenDataset>(test::token_stream(4000, 8, 1));
+    const fs::path dir = fresh_dir("shrink_reference");
+    Config reference = multi_rank_gpt({0, 0, 0, 0}, 0, dir);
+    reference.trainer.checkpoint.every_steps = 4;
+    reference.trainer.checkpoint.keep_last = 10;
+    Trainer(reference, train, nullptr).run();
+    Config survivors = multi_rank_gpt({0, 0, 0}, 0, fresh_dir("shrink_survivors"));
+    Trainer resumed(survivors, train, nullptr);
+    resumed.resume_from(CheckpointManager::load(dir / "step_00000004.safetensors"));
+    resumed.run();
+
+    Config cfg = multi_rank_gpt({0, 0, 0, 0}, 0, fresh_dir("shrink"));
+    cfg.trainer.on_worker_failure = WorkerFailurePolicy::shrink;
+    Summary s;
+    {
+      test::ScopedEnv fault("LOCKSTEP_FAULT", "2:5:lost:backward");
+      Trainer shrunk(cfg, train, nullptr);
+      s = shrunk.run();
+      CHECK(shrunk.final_parameters() == resumed.final_parameters());
+    }
+    CHECK(s.workers_lost == 1);
+    CHECK(s.steps_redone == 0);
+    CHECK(s.devices == std::vector<int>{0, 0, 0});
+
+    const std::string gpt_tiny = std::string(LOCKSTEP_SOURCE_DIR) + "/configs/gpt_tiny.yaml";
+    const fs::path json = fs::temp_directory_path() / "lockstep_multi_rank_shrink.json";
+    const test::CliResult r = test::run_cli(
+        "train " + gpt_tiny + " --set trainer.backend=cuda --set 'trainer.devices=[0,0,0,0]' "
+            "--set trainer.comm=peer --set trainer.steps=40 --set trainer.eval_every=0 "
+            "--set trainer.checkpoint.dir=null --set trainer.on_worker_failure=shrink "
+            "--summary-json " + json.string(),
+        "LOCKSTEP_FAULT=2:20:lost timeout -s KILL 120");
+    CHECK_MESSAGE(r.code == 0, r.output);
+    std::ifstream in(json);
+    const std::string summary((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    CHECK_MESSAGE(summary.find("\"workers_lost\": 1,") != std::string::npos, summary);
+    const std::regex seconds("\"recovery_s\": ([0-9.e+-]+)");
+    std::smatch m;
+    REQUIRE_MESSAGE(std::regex_search(summary, m, seconds), summary);
+    CHECK(std::stod(m[1].str()) < 10.0);
   }
 }

@@ -7,12 +7,15 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -172,25 +175,36 @@ TEST_CASE("shrink: where the step's start is gone, the newest snapshot is the st
   // the state is the snapshot of step 6, and step 7 is taken again. A loss in the update phase
   // usually finds the survivors updating (then the same), but a survivor aborted while its last
   // bucket's all-reduce was finishing still holds the start of step 8: both are right.
+  // Each phase meets ZeRO-1 at least once, and accumulation, at N = 2, 3 and 4.
   struct Case {
+    std::vector<int> devices;
     const char* fault;
     int zero;
     bool may_start_at_step = false;
+    int accumulate = 1;
   };
-  const Case cases[] = {{"1:8:lost:backward", 1}, {"2:8:lost:update", 0, true}};
+  const Case cases[] = {{{0, 1, 2}, "1:8:lost:backward", 1},
+                        {{0, 1, 2}, "2:8:lost:update", 0, true},
+                        {{0, 1, 2, 3}, "0:8:lost:forward", 1},
+                        {{0, 1}, "1:8:lost:all-reduce", 1, false, 2},
+                        {{0, 1}, "0:8:lost:update", 1, true, 2},
+                        {{0, 1, 2, 3}, "3:8:lost:update", 0, true}};
   for (const Case& c : cases) {
     CAPTURE(c.fault);
+    CAPTURE(c.devices.size());
     const fs::path dir = fresh_dir("snapshot");
-    Config reference = shrink_config({0, 1, 2});
+    Config reference = shrink_config(c.devices);
     reference.trainer.zero = c.zero;
+    reference.trainer.accumulate_steps = c.accumulate;
     reference.trainer.on_worker_failure = WorkerFailurePolicy::stop;
     reference.trainer.checkpoint.dir = dir.string();
     reference.trainer.checkpoint.every_steps = 1;
     reference.trainer.checkpoint.keep_last = 100;
     Trainer(reference, train_split(), eval_split()).run();
 
-    Config cfg = shrink_config({0, 1, 2});
+    Config cfg = shrink_config(c.devices);
     cfg.trainer.zero = c.zero;
+    cfg.trainer.accumulate_steps = c.accumulate;
     cfg.trainer.snapshot_every = 3;
     Trainer trainer(cfg, train_split(), eval_split());
     Summary s;
@@ -210,7 +224,7 @@ TEST_CASE("shrink: where the step's start is gone, the newest snapshot is the st
     fs::remove_all(dir);
     resumed.run();
     CHECK(trainer.final_parameters() == resumed.final_parameters());
-    CHECK(s.devices.size() == 2);
+    CHECK(s.devices.size() == c.devices.size() - 1);
   }
 }
 
@@ -245,6 +259,113 @@ TEST_CASE("shrink: two losses in one run chain two recoveries") {
                           "\"workers\": 1, ") != std::string::npos,
                 text);
   fs::remove_all(metrics_dir);
+}
+
+TEST_CASE("shrink: two workers lost in one step, the two others go on from its start") {
+  const std::vector<float> want = expected({0, 1, 2, 3}, {{5, {0, 3}}});
+  Trainer trainer(shrink_config({0, 1, 2, 3}), train_split(), eval_split());
+  TrainerHooks hooks;
+  // Ranks 1 and 2 both reach step 5, then both lose their devices; once (in the survivors'
+  // group ranks 1 and 2 are other devices).
+  hooks.before_forward = [arrived = std::make_shared<std::atomic<int>>(0)](int rank,
+                                                                          std::int64_t step) {
+    if ((rank != 1 && rank != 2) || step != 5 || arrived->load() >= 2) return;
+    arrived->fetch_add(1);
+    while (arrived->load() < 2) std::this_thread::yield();
+    throw DeviceLost(fmt::format("test: the device of rank {} was lost at step 5", rank));
+  };
+  trainer.set_hooks(hooks);
+  const Summary s = trainer.run();
+  CHECK(trainer.final_parameters() == want);
+  CHECK(s.devices == std::vector<int>{0, 3});
+  CHECK(s.workers_lost == 2);
+  CHECK(s.recoveries == 1);
+  CHECK(s.steps_redone == 0);
+}
+
+// A survivor's device dies while the survivors' group restores the recovery's state, or in that
+// group's first step: the state is still in memory, so the run recovers again from it (with its
+// sample position as first recorded), with one worker fewer; below trainer.min_workers it stops,
+// as at any loss, within trainer.stop_grace_s.
+TEST_CASE("shrink: a second loss during the recovery recovers again from its state, or stops") {
+  const std::vector<float> want = expected({0, 1, 2, 3}, {{5, {0, 3}}});
+  struct Case {
+    int min_workers;
+    bool in_first_step;  // else as it restores the state
+  };
+  for (const Case c : {Case{1, false}, Case{1, true}, Case{3, false}}) {
+    const int min_workers = c.min_workers;
+    CAPTURE(min_workers);
+    CAPTURE(c.in_first_step);
+    ScopedEnv fault("LOCKSTEP_FAULT", "1:5:lost");
+    Config cfg = shrink_config({0, 1, 2, 3});
+    cfg.trainer.min_workers = min_workers;
+    cfg.trainer.stop_grace_s = 2.0;
+    Trainer trainer(cfg, train_split(), eval_split());
+    auto set_ups = std::make_shared<std::atomic<int>>(0);
+    auto once = std::make_shared<std::atomic<bool>>(false);
+    TrainerHooks hooks;
+    // The first group restores 4 workers, the survivors' 3: its rank 1 (device 2) fails.
+    hooks.restoring = [set_ups, once, c](int rank) {
+      if (set_ups->fetch_add(1) >= 4 && rank == 1 && !c.in_first_step && !once->exchange(true))
+        throw DeviceLost("test: the device was lost during the recovery");
+    };
+    // Or once its ranks 0 and 2 have begun its first step.
+    hooks.before_forward = [set_ups, once, c, begun = std::make_shared<std::atomic<int>>(0)](
+                               int rank, std::int64_t step) {
+      if (set_ups->load() <= 4 || step != 5 || !c.in_first_step || once->load()) return;
+      if (rank != 1) {
+        begun->fetch_add(1);
+        return;
+      }
+      while (begun->load() < 2) std::this_thread::yield();
+      once->store(true);
+      throw DeviceLost("test: the device was lost during the recovery");
+    };
+    trainer.set_hooks(hooks);
+    const auto t0 = std::chrono::steady_clock::now();
+    if (min_workers == 1) {
+      const Summary s = trainer.run();
+      CHECK(trainer.final_parameters() == want);
+      CHECK(s.devices == std::vector<int>{0, 3});
+      CHECK(s.workers_lost == 2);
+      CHECK(s.recoveries == 2);
+      CHECK(s.steps_redone == 0);
+      CHECK(s.steps == 12);
+      continue;
+    }
+    try {
+      trainer.run();
+      FAIL("run() should have thrown");
+    } catch (const WorkerError& e) {
+      const std::string what = e.what();
+      CHECK_MESSAGE(what.find("the device was lost during the recovery; trainer.on_worker_failure: "
+                              "shrink cannot go on: 2 of 3 workers are left, fewer than "
+                              "trainer.min_workers = 3") != std::string::npos,
+                    what);
+    }
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(4));
+  }
+}
+
+// Note [Shrink], step 1: the lost worker's thread never returns (lost:...:stuck); after
+// trainer.stop_grace_s it is left running, as Note [Bounded stop] leaves one, and the survivors
+// go on without it.
+TEST_CASE("shrink: a lost worker whose thread never returns is left behind, the survivors go on") {
+  const std::vector<float> want = expected({0, 1, 2}, {{5, {0, 1}}});
+  ScopedEnv fault("LOCKSTEP_FAULT", "2:5:lost:backward:stuck");
+  Config cfg = shrink_config({0, 1, 2});
+  cfg.trainer.stop_grace_s = 0.5;
+  // Left running, it refers to the trainer's state: the Trainer leaks it when destroyed.
+  Trainer trainer(cfg, train_split(), eval_split());
+  const Summary s = trainer.run();
+  CHECK(trainer.final_parameters() == want);
+  CHECK(s.devices == std::vector<int>{0, 1});
+  CHECK(s.workers_lost == 1);
+  CHECK(s.recoveries == 1);
+  CHECK(s.steps_redone == 0);
+  CHECK(s.recovery_s >= 0.5);  // the grace it was given
+  CHECK(s.recovery_s < 3.0);
 }
 
 TEST_CASE("shrink: where the state at the step's start is gone, the run stops and says why") {
@@ -305,7 +426,7 @@ TEST_CASE("on_worker_failure: stop, the default, stops at a lost device as at an
   ScopedEnv bad("LOCKSTEP_FAULT", "1:4:lost:sideways");
   CHECK_THROWS_WITH_AS(Trainer(cfg, train_split(), eval_split()).run(),
                        doctest::Contains("lost:PHASE with PHASE one of forward, backward, "
-                                         "all-reduce, update), got '1:4:lost:sideways'"),
+                                         "all-reduce, update; either may end in :stuck), got '1:4:lost:sideways'"),
                        InputError);
 }
 
