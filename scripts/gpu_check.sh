@@ -54,7 +54,12 @@
 #   - without one: says so plainly ("no usable GPU: <reason>") and exits 0 once the build and the
 #     (skipping) tests are done.
 #
-# Environment: OUT (log folder), LOCKSTEP_GPU_BUILD (build folder, default build-gpu), CUDNN_ROOT,
+# The benchmark phases run in priority order (GPU_PHASES_DEFAULT below: this wave's new work
+# first), each only while 45 s of the budget are left; the table lists those not run.
+#
+# Environment: LOCKSTEP_GPU_PHASES (the phases to run, in order, space-separated, e.g.
+# "gpt_bf16 attention"; default GPU_PHASES_DEFAULT), OUT (log folder), LOCKSTEP_GPU_BUILD
+# (build folder, default build-gpu), CUDNN_ROOT,
 # LOCKSTEP_GPU_BUDGET_S (time budget, default 450), LOCKSTEP_GPU_BUILD_S (the build's own limit,
 # default 300; raise both on a small machine), LOCKSTEP_DEPS_PREFIX (default /tmp/p),
 # LOCKSTEP_CMAKE_ARGS (extra configure arguments, split on spaces), NCCL_HOME, BENCH_ARGS and
@@ -433,9 +438,9 @@ if [ -n "$NO_GPU_REASON" ]; then
 fi
 
 # ---- Benchmarks ---------------------------------------------------------------------------------
-if [ -n "$GPU_LINE" ]; then
+# One function per phase (phase_NAME), run by the loop below in the order of LOCKSTEP_GPU_PHASES.
+phase_bench_gpu() {
   read -r -a bench_args <<< "${BENCH_ARGS:-}"
-  rm -f "$OUT/bench_gpu.csv" "$OUT/torch.csv"
   if run_phase bench_gpu 180 "$OUT/bench_gpu.log" \
     "$BUILD/bench/bench_gpu" --csv "$OUT/bench_gpu.csv" "${bench_args[@]}" &&
     [ -s "$OUT/bench_gpu.csv" ]; then
@@ -445,6 +450,8 @@ if [ -n "$GPU_LINE" ]; then
     FAILED=1
   fi
   cat "$OUT/bench_gpu.log"
+}
+phase_gpt_parity() {
   # GPT (issue: language models): lockstep's fp32 GPT against PyTorch on the GPU, then GPT-2
   # 124M step time against PyTorch eager (TF32 on both), with lockstep's MFU.
   if run_phase gpt_parity 90 "$OUT/gpt_parity.log" env LOCKSTEP_PARITY_BACKEND=cuda \
@@ -454,6 +461,8 @@ if [ -n "$GPU_LINE" ]; then
     GPT_PARITY_RESULT="FAILED (see gpt_parity.log)"
     FAILED=1
   fi
+}
+phase_gpt_bench() {
   if run_phase gpt_bench 150 "$OUT/gpt_bench.log" python3 "$ROOT/bench/compare_gpt.py" \
     --device cuda --preset 124m --batch 8 --tf32 --pairs 3 --steps 10 --build "$BUILD" \
     --csv "$OUT/gpt_bench.csv"; then
@@ -463,6 +472,8 @@ if [ -n "$GPU_LINE" ]; then
     FAILED=1
   fi
   cat "$OUT/gpt_bench.log"
+}
+phase_gpt_bf16() {
   # Issue 16: GPT-2 124M in bf16, lockstep (trainer.precision) against PyTorch autocast, MFU
   # against the GPU's dense bf16 peak (also in lockstep's table, src/train/peak_flops.cpp; the
   # script computes PyTorch's MFU from it).
@@ -484,6 +495,8 @@ if [ -n "$GPU_LINE" ]; then
     FAILED=1
   fi
   cat "$OUT/gpt_bf16.log"
+}
+phase_microbatch() {
   # Issue 25 item 9: the micro-batch that trains GPT-2 124M fastest in bf16 on this GPU (for
   # configs/gpt2_124m.yaml's data.batch_size; llm.c uses 64 x 1024).
   if run_phase microbatch 120 "$OUT/microbatch.log" python3 "$ROOT/bench/sweep_gpt_batch.py" \
@@ -495,6 +508,8 @@ if [ -n "$GPU_LINE" ]; then
     FAILED=1
   fi
   cat "$OUT/microbatch.log"
+}
+phase_bf16_model() {
   # Issue 16: bf16 compute trains on the GPU as on the CPU: gpt_tiny on 2 peer replicas in fp32
   # and bf16, replicas identical and the bf16 eval loss within 2% of fp32's.
   if run_phase bf16_model 150 "$OUT/bf16_model.log" env LOCKSTEP_GPU_BUILD="$BUILD" OUT="$OUT" \
@@ -505,6 +520,8 @@ if [ -n "$GPU_LINE" ]; then
     FAILED=1
   fi
   cat "$OUT/bf16_model.log"
+}
+phase_linear() {
   # Issue 16: the linear layers through cuBLASLt's fused epilogues against plain kernels
   # (LOCKSTEP_CUDA_LINEAR=fused, bias, composed), GPT-2 124M in tf32 and bf16: step times,
   # losses within 1%.
@@ -516,6 +533,8 @@ if [ -n "$GPU_LINE" ]; then
     FAILED=1
   fi
   cat "$OUT/linear.log"
+}
+phase_attention() {
   # Issue 32: cuDNN's fused attention against the materialised path, alone and in GPT-2 124M's
   # bf16 step.
   if run_phase attention 120 "$OUT/attention.log" env LOCKSTEP_GPU_BUILD="$BUILD" \
@@ -526,6 +545,8 @@ if [ -n "$GPU_LINE" ]; then
     FAILED=1
   fi
   cat "$OUT/attention.log"
+}
+phase_gpu_step() {
   # Issue 17: one short GPT run with 4 peer replicas on GPU 0 for the host syncs per step and
   # the share of communication hidden (from --summary-json), the changed kernels, and the two
   # fault cases, each of which must exit 1 within 10 s.
@@ -551,6 +572,8 @@ PY
     FAILED=1
   fi
   say "GPU step: $STEP_RESULT"
+}
+phase_shrink() {
   # Issue 28: 4 peer replicas of gpt_tiny lose replica 2 at step 20 (trainer.on_worker_failure
   # shrink): exit 0, one worker lost, and step 20 done again within 10 s of the step before it.
   if run_phase shrink 60 "$OUT/shrink.log" env LOCKSTEP_FAULT=2:20:lost "$BUILD/lockstep" train \
@@ -577,6 +600,8 @@ PY
   fi
   [ "${SHRINK_RESULT:0:2}" = ok ] || FAILED=1
   say "GPU shrink: $SHRINK_RESULT"
+}
+phase_kernels() {
   if run_phase kernels 60 "$OUT/kernels.log" "$BUILD/bench/bench_kernels" --tf32; then
     KERNELS_RESULT="ok"
   else
@@ -584,6 +609,8 @@ PY
     FAILED=1
   fi
   cat "$OUT/kernels.log"
+}
+phase_faults() {
   # fault_case NAME FAULT [--set ...]: the quickstart MLP on 4 peer replicas of GPU 0 with
   # LOCKSTEP_FAULT=FAULT must exit 1 within 10 s. Sets FAULT_RESULT.
   fault_case() {
@@ -599,7 +626,11 @@ PY
   fault_case forward 2:5:forward
   fault_case stall 1:5:stall --set trainer.step_timeout_s=2
   say "fault cases:$FAULT_RESULT"
+}
+phase_two_process() {
   two_process_phase
+}
+phase_torch() {
   read -r -a torch_args <<< "${TORCH_ARGS:-}"
   if run_phase torch 150 "$OUT/torch.log" \
     python3 "$ROOT/bench/gpu_mlp_torch.py" --csv "$OUT/torch.csv" "${torch_args[@]}" &&
@@ -613,6 +644,29 @@ PY
     FAILED=1
   fi
   cat "$OUT/torch.log"
+}
+
+# The order is what the current wave most needs measured first (issue 25's bf16 step against
+# PyTorch at its best, issue 32's attention, the fused linear layers, the step's host syncs and
+# device busy share, issue 28's shrink, the fault cases, issue 31's two NCCL ranks), then what
+# earlier runs measured already (bench/GPU.md). A phase starts only with 45 s or more of the
+# budget left; the others are listed as not run.
+GPU_PHASES_DEFAULT="gpt_bf16 attention linear gpu_step shrink faults two_process microbatch \
+bf16_model gpt_parity kernels gpt_bench bench_gpu torch"
+PHASES_NOT_RUN=""
+if [ -n "$GPU_LINE" ]; then
+  rm -f "$OUT/bench_gpu.csv" "$OUT/torch.csv"
+  for phase in ${LOCKSTEP_GPU_PHASES:-$GPU_PHASES_DEFAULT}; do
+    if ! declare -F "phase_$phase" > /dev/null; then
+      say "no phase named $phase (LOCKSTEP_GPU_PHASES)"
+      FAILED=1
+    elif ((START + BUDGET - $(date +%s) < 45)); then
+      PHASES_NOT_RUN="$PHASES_NOT_RUN $phase"
+    else
+      "phase_$phase"
+    fi
+  done
+  [ -n "$PHASES_NOT_RUN" ] && say "not run, the budget (${BUDGET} s) spent:$PHASES_NOT_RUN"
 fi
 
 # ---- The table ----------------------------------------------------------------------------------
@@ -639,6 +693,7 @@ fi
   echo "faults      $FAULT_RESULT"
   echo "2 NCCL ranks on 1 GPU: $TWO_PROCESS_RESULT"
   echo "kernels      $KERNELS_RESULT"
+  [ -n "$PHASES_NOT_RUN" ] && echo "not run      (budget of $BUDGET s spent):$PHASES_NOT_RUN"
   if [ -s "$OUT/gpt_bench.log" ]; then
     echo
     grep -A4 '^preset ' "$OUT/gpt_bench.log"
