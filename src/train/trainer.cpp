@@ -570,9 +570,11 @@ void Trainer::Impl::work(RunResources& r, int rank) {
 //      loss while the survivors restore it (or in their first step) recovers from it again;
 //      while the failed step is the group's first, that state is taken even when every
 //      survivor still holds the step's start, as it records the sample position exactly (one
-//      recorded again on N - 1 workers is rounded down to whole batches). The steps
-//      after it are taken again (steps_redone), and their metrics reported again. Without one,
-//      the run stops and says why; so it does with fewer than trainer.min_workers survivors,
+//      recorded again on N - 1 workers is rounded down to whole batches). Where neither is as
+//      new as the newest complete checkpoint this run wrote (trainer.checkpoint.dir; one of a
+//      step before the failed one), that checkpoint is read back from disk instead. The steps
+//      after the state are taken again (steps_redone), and their metrics reported again.
+//      Without any, the run stops and says why; so it does with fewer than trainer.min_workers survivors,
 //      or several processes (their communicators span the job and cannot be rebuilt from one).
 //      Snapshots cost a host copy of the parameters and optimiser state each K steps, on the
 //      step's own thread (a GPU's would need pinned memory and a copy stream); the memory plan
@@ -673,15 +675,30 @@ std::optional<Trainer::Impl::Recovery> Trainer::Impl::recovery_point(RunResource
                     .state = fmt::format("the start of step {} (parameter hash {:016x})",
                                          failed_step, reference->param_hash)};
   // Else the newest state held in memory: a snapshot, or the group's start (a second loss during
-  // a recovery finds it). The steps after it are taken again.
+  // a recovery finds it); or, where none is as new, the newest complete checkpoint this run
+  // wrote (one of a step before the failed one: the directory may hold an older run's later
+  // steps). The steps after it are taken again.
   std::optional<Checkpoint> snapshot = r.snapshot.newest();
   std::string what = "the snapshot";
   if (start && (!snapshot || snapshot->state.step <= start->state.step)) {
     snapshot = *start;
     what = start_is;
   }
+  if (!tc.checkpoint.dir.empty()) {
+    std::optional<Checkpoint> saved;
+    try {
+      saved = CheckpointManager(tc.checkpoint.dir, 0).load_latest();
+    } catch (const std::exception&) {  // none valid, or unreadable: as if there were none
+    }
+    if (saved && saved->state.step < failed_step &&
+        (!snapshot || saved->state.step > snapshot->state.step)) {
+      snapshot = std::move(saved);
+      what = fmt::format("the checkpoint on disk in {}", tc.checkpoint.dir);
+    }
+  }
   if (!snapshot)
-    cannot(why + ", and there is no in-memory snapshot to recover from (trainer.snapshot_every)");
+    cannot(why + ", and there is no in-memory snapshot (trainer.snapshot_every) or checkpoint "
+                 "on disk to recover from");
   const std::int64_t step = snapshot->state.step;
   failed_step = std::max(failed_step, step + 1);
   return Recovery{.from = std::move(*snapshot),

@@ -228,6 +228,38 @@ TEST_CASE("shrink: where the step's start is gone, the newest snapshot is the st
   }
 }
 
+// Note [Shrink]: with no state in memory as new (no snapshots, ZeRO-1 took the step's start
+// with the lost shard), the newest checkpoint the run wrote is the state; the steps after it are
+// taken again, and the run ends as a resume from it on the survivors.
+TEST_CASE("shrink: with no snapshot, the newest checkpoint on disk is the state") {
+  const fs::path dir = fresh_dir("on_disk");
+  Config cfg = shrink_config({0, 1, 2});
+  cfg.trainer.zero = 1;
+  cfg.trainer.checkpoint.dir = dir.string();
+  cfg.trainer.checkpoint.every_steps = 3;
+  cfg.trainer.checkpoint.keep_last = 100;
+  Trainer trainer(cfg, train_split(), eval_split());
+  Summary s;
+  {
+    ScopedEnv fault("LOCKSTEP_FAULT", "1:8:lost:backward");
+    s = trainer.run();
+  }
+  CHECK(s.workers_lost == 1);
+  CHECK(s.recoveries == 1);
+  CHECK(s.steps_redone == 1);  // step 7: the checkpoint is of step 6
+  CHECK(s.devices == std::vector<int>{0, 2});
+
+  Config survivors = cfg;
+  survivors.trainer.devices = s.devices;
+  survivors.trainer.on_worker_failure = WorkerFailurePolicy::stop;
+  survivors.trainer.checkpoint.dir.clear();
+  Trainer resumed(survivors, train_split(), eval_split());
+  resumed.resume_from(checkpoint_at(dir, 6));
+  fs::remove_all(dir);
+  resumed.run();
+  CHECK(trainer.final_parameters() == resumed.final_parameters());
+}
+
 TEST_CASE("shrink: two losses in one run chain two recoveries") {
   const std::vector<float> want = expected({0, 1, 2}, {{3, {0, 2}}, {7, {0}}});
   ScopedEnv fault("LOCKSTEP_FAULT", "1:3:lost");
@@ -379,7 +411,7 @@ TEST_CASE("shrink: where the state at the step's start is gone, the run stops an
   const Case cases[] = {
       {{0, 1}, "1:5:lost", 1, 1,
        "with trainer.zero: 1 the lost worker held its shard of the optimizer state, and there is "
-       "no in-memory snapshot to recover from (trainer.snapshot_every)"},
+       "no in-memory snapshot (trainer.snapshot_every) or checkpoint on disk to recover from"},
       {{0, 1}, "1:5:lost", 0, 2, "1 of 2 workers are left, fewer than trainer.min_workers = 2"}};
   for (const Case& c : cases) {
     CAPTURE(c.fault);
