@@ -94,11 +94,13 @@ class CudaBackend final : public Backend {
                 : cuda::make_peer_group(device_ids);
   }
 
-  // Note [Shrink] in src/train/trainer.cpp: a peer group is made anew over the survivors (the
-  // aborted one is destroyed once every worker has drained it); an NCCL group is not rebuilt yet
-  // (nor can a peer group span processes).
-  bool rebuilds_communicators(std::span<const int> device_ids) const noexcept override {
-    return !uses_nccl(device_ids);
+  // Note [Shrink] in src/train/trainer.cpp: either group is made anew over the survivors, the
+  // aborted one destroyed once every worker has drained it. An NCCL group gets a new unique id
+  // and communicators; the old ones were aborted without waiting for a worker inside them
+  // (Note [Abort without the lock] in abortable_slot.hpp). Across processes the trainer refuses
+  // shrink before it asks.
+  bool rebuilds_communicators(std::span<const int> /*device_ids*/) const noexcept override {
+    return true;
   }
 
   // Called on the worker's thread: the device becomes that thread's current device. The CPU's

@@ -580,8 +580,8 @@ void Trainer::Impl::work(RunResources& r, int rank) {
 //      step's own thread (a GPU's would need pinned memory and a copy stream); the memory plan
 //      counts two on the host (MemoryPlan::snapshots).
 //   4. The communicators are made anew over the survivors' devices (Backend::
-//      rebuilds_communicators: the CPU's, and the CUDA backend's peer group; a backend that
-//      cannot is refused before step 1), and the
+//      rebuilds_communicators: the CPU's, and the CUDA backend's peer and NCCL groups; a
+//      backend that cannot is refused before step 1), and the
 //      survivors' workers start from that state with N - 1 ranks: the data is re-sharded from
 //      its sample position by the rule any resume with another device count follows
 //      (WorkerLoop::set_up_data), each worker keeps its batch (so the global batch shrinks;

@@ -145,6 +145,38 @@ TEST_SUITE("cuda multi-rank") {
     }
   }
 
+  // Note [Shrink] on NCCL: GPUs 0 and 1 lose GPU 1 at step 5; GPU 0 goes on in a new NCCL group
+  // of one, bit-identical to a resume on it from a checkpoint of step 4.
+  TEST_CASE("cuda multi-rank: NCCL on 2 GPUs loses one and goes on (shrink), as a resume on 1") {
+    auto cuda = test::cuda_or_skip();
+    if (!cuda) return;
+    if (cuda->devices().size() < 2)
+      return test::skip(test::Skip::gpu, "one GPU: an NCCL group across GPUs needs two");
+    auto train = std::make_shared<TokenDataset>(test::token_stream(4000, 8, 1));
+    const fs::path dir = fresh_dir("nccl_shrink_reference");
+    Config reference = multi_rank_gpt({0, 1}, 0, dir);
+    reference.trainer.comm = CommKind::nccl;
+    reference.trainer.checkpoint.every_steps = 4;
+    reference.trainer.checkpoint.keep_last = 10;
+    Trainer(reference, train, nullptr).run();
+    Config survivor = multi_rank_gpt({0}, 0, fresh_dir("nccl_shrink_survivor"));
+    survivor.trainer.comm = CommKind::nccl;
+    Trainer resumed(survivor, train, nullptr);
+    resumed.resume_from(CheckpointManager::load(dir / "step_00000004.safetensors"));
+    resumed.run();
+
+    Config cfg = multi_rank_gpt({0, 1}, 0, fresh_dir("nccl_shrink"));
+    cfg.trainer.comm = CommKind::nccl;
+    cfg.trainer.on_worker_failure = WorkerFailurePolicy::shrink;
+    test::ScopedEnv fault("LOCKSTEP_FAULT", "1:5:lost:backward");
+    Trainer shrunk(cfg, train, nullptr);
+    const Summary s = shrunk.run();
+    CHECK(shrunk.final_parameters() == resumed.final_parameters());
+    CHECK(s.workers_lost == 1);
+    CHECK(s.steps_redone == 0);
+    CHECK(s.devices == std::vector<int>{0});
+  }
+
   // Note [Shrink] on the GPU: the peer group is made anew over the survivors. The run that loses
   // replica 2 at step 5 ends bit-identical to one that resumes on the 3 others from a checkpoint
   // of step 4; through the CLI, 4 peer replicas of gpt_tiny lose replica 2 at step 20 and finish
