@@ -507,9 +507,10 @@ void Trainer::Impl::record(RunResources& r, int rank, std::exception_ptr error) 
 
 // The body of worker `rank`'s thread. See Note [Failure] in worker_loop.hpp.
 void Trainer::Impl::work(RunResources& r, int rank) {
-  // Read once: after a shrink the host thread rewrites the config while a worker left behind
-  // (Note [Bounded stop]) may still be on its way out.
+  // Read once: after a shrink the host thread rewrites the config and moves the group's state
+  // (still alive) while a worker left behind (Note [Bounded stop]) may be on its way out.
   const int global = global_rank(rank);
+  const detail::Fault& fault = r.context->fault;
   Communicator& comm = *r.comms[rank];
   auto loop = std::make_unique<detail::WorkerLoop>(*r.context, rank, comm);
   try {
@@ -519,7 +520,7 @@ void Trainer::Impl::work(RunResources& r, int rank) {
     double never = -1.0;  // Note [Shrink]: the recovery's seconds count from the first abort
     r.aborted_s.compare_exchange_strong(never, steady_now_s());
     comm.abort();
-    r.context->fault.after_loss(global, std::current_exception());
+    fault.after_loss(global, std::current_exception());
   }
   // See Note [Failure]: nothing of ours may be freed while a peer can still touch it.
   loop->drain();
