@@ -214,6 +214,7 @@ class SharedMemoryCommunicator final : public Communicator {
     Group& g = *group_;
     if (root < 0 || root >= g.size) throw std::invalid_argument("broadcast: root out of range");
     if (g.size == 1) return check_not_aborted();
+    check_not_aborted();  // Note [Write after an abort]
     g.slots[rank_] = data;
     sync(g.data);
     if (rank_ != root && count) std::memcpy(data, g.slots[root], count * sizeof(float));
@@ -225,6 +226,7 @@ class SharedMemoryCommunicator final : public Communicator {
   void all_reduce_host(std::span<double> values) override {
     Group& g = *group_;
     std::vector<double> mine(values.begin(), values.end());
+    check_not_aborted();  // Note [Write after an abort]
     g.host_slots[rank_] = mine.data();
     sync(g.control);
     for (std::size_t i = 0; i < values.size(); ++i) {
@@ -237,6 +239,7 @@ class SharedMemoryCommunicator final : public Communicator {
 
   std::vector<std::uint64_t> all_gather_host(std::uint64_t value) override {
     Group& g = *group_;
+    check_not_aborted();  // Note [Write after an abort]
     g.host_slots[rank_] = &value;
     sync(g.control);
     std::vector<std::uint64_t> all(g.size);
@@ -250,7 +253,11 @@ class SharedMemoryCommunicator final : public Communicator {
     group_->control.abort();
   }
 
-  bool aborted() const noexcept override { return group_->control.aborted(); }
+  // Either plane's: abort() marks the data plane first, and a rank released by it must see it
+  // (Note [Write after an abort]).
+  bool aborted() const noexcept override {
+    return group_->data.aborted() || group_->control.aborted();
+  }
 
  protected:
   std::unique_ptr<CommWork> start(std::function<void()> collective) override {
@@ -258,13 +265,20 @@ class SharedMemoryCommunicator final : public Communicator {
   }
 
  private:
+  // Note [Write after an abort]
+  //   An abort releases every rank from its barrier at once, so a rank may leave a collective
+  //   while a peer still reads the slots of it (that peer was summing, not waiting). The rank's
+  //   next collective (its communication thread may have one queued) must then not write its
+  //   slot under that read: every collective checks the abort before it writes one. The rank
+  //   that left saw the abort itself, so the check cannot miss it.
   void check_not_aborted() const {
     if (aborted()) throw CommAborted();
   }
   static void sync(detail::AbortableBarrier& b) { b.arrive_and_wait(); }
 
-  // Phase 1: every rank's buffer becomes readable by every other.
+  // Phase 1: every rank's buffer becomes readable by every other. Note [Write after an abort].
   void publish(float* data) {
+    check_not_aborted();
     group_->slots[rank_] = data;
     sync(group_->data);
   }
