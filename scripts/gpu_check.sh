@@ -224,51 +224,42 @@ in_toolkit() {
 }
 add_library_path() { export LD_LIBRARY_PATH="$1${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; }
 
+# find_dependency NAME HOME_VAR PIP_MODULE HEADER LIBRARY CMAKE_PREFIX MISSING: a library the
+# configure finds through $HOME_VAR, then the toolkit or the system; else a pip package's
+# PIP_MODULE folder (include/HEADER, lib/), which sets HOME_VAR; else a search of the disk, which
+# passes CMAKE_PREFIX_INCLUDE_DIR and CMAKE_PREFIX_LIBRARY to the configure. MISSING ends the
+# line that says it is nowhere.
+find_dependency() {
+  local name=$1 var=$2 module=$3 header=$4 library=$5 prefix=$6 missing=$7 dir found_h found_l
+  if [ -n "${!var:-}" ]; then
+    say "$name: $var=${!var}"
+    add_library_path "${!var}/lib"
+  elif in_toolkit "$header" && in_toolkit "$library"; then
+    say "$name: the CUDA toolkit's or the system's"
+  elif dir=$(pip_dir "$module") && [ -n "$dir" ] && [ -f "$dir/include/$header" ]; then
+    export "$var=$dir"
+    add_library_path "$dir/lib"
+    say "$name: pip package, $var=$dir"
+  else
+    found_h=$(find_file "$header")
+    found_l=$(find_file "$library")
+    if [ -n "$found_h" ] && [ -n "$found_l" ]; then
+      CMAKE_ARGS+=("-D${prefix}_INCLUDE_DIR=$(dirname "$found_h")" "-D${prefix}_LIBRARY=$found_l")
+      add_library_path "$(dirname "$found_l")"
+      say "$name: found $found_h and $found_l"
+    else
+      say "$name: not found (set $var); $missing"
+    fi
+  fi
+}
+
 if [ -n "$CUDA_ROOT" ]; then
-  # NCCL: FindNCCL looks in $NCCL_HOME, then the toolkit, then the system.
-  if [ -n "${NCCL_HOME:-}" ]; then
-    say "NCCL: NCCL_HOME=$NCCL_HOME"
-    add_library_path "$NCCL_HOME/lib"
-  elif in_toolkit nccl.h && in_toolkit 'libnccl.so*'; then
-    say "NCCL: the CUDA toolkit's or the system's"
-  elif dir=$(pip_dir nvidia.nccl) && [ -n "$dir" ] && [ -f "$dir/include/nccl.h" ]; then
-    export NCCL_HOME="$dir"
-    add_library_path "$dir/lib"
-    say "NCCL: pip package, NCCL_HOME=$dir"
-  else
-    header=$(find_file nccl.h)
-    library=$(find_file 'libnccl.so*')
-    if [ -n "$header" ] && [ -n "$library" ]; then
-      CMAKE_ARGS+=("-DNCCL_INCLUDE_DIR=$(dirname "$header")" "-DNCCL_LIBRARY=$library")
-      add_library_path "$(dirname "$library")"
-      say "NCCL: found $header and $library"
-    else
-      say "NCCL: not found (set NCCL_HOME); the configure step will say so"
-    fi
-  fi
-  # cuDNN, for the fused attention: FindCudnnFrontend looks in $CUDNN_ROOT, then the toolkit;
-  # else PyTorch's nvidia-cudnn package (nvidia/cudnn/{include,lib}), else a search. Its frontend
-  # (headers only) comes from .devdeps/cudnn_frontend, carried here.
-  if [ -n "${CUDNN_ROOT:-}" ]; then
-    say "cuDNN: CUDNN_ROOT=$CUDNN_ROOT"
-    add_library_path "$CUDNN_ROOT/lib"
-  elif in_toolkit cudnn.h && in_toolkit 'libcudnn.so*'; then
-    say "cuDNN: the CUDA toolkit's or the system's"
-  elif dir=$(pip_dir nvidia.cudnn) && [ -n "$dir" ] && [ -f "$dir/include/cudnn.h" ]; then
-    export CUDNN_ROOT="$dir"
-    add_library_path "$dir/lib"
-    say "cuDNN: pip package, CUDNN_ROOT=$dir"
-  else
-    header=$(find_file cudnn.h)
-    library=$(find_file 'libcudnn.so*')
-    if [ -n "$header" ] && [ -n "$library" ]; then
-      CMAKE_ARGS+=("-DCUDNN_INCLUDE_DIR=$(dirname "$header")" "-DCUDNN_LIBRARY=$library")
-      add_library_path "$(dirname "$library")"
-      say "cuDNN: found $header and $library"
-    else
-      say "cuDNN: not found (set CUDNN_ROOT); lockstep builds without fused attention on cuda"
-    fi
-  fi
+  find_dependency NCCL NCCL_HOME nvidia.nccl nccl.h 'libnccl.so*' NCCL \
+    "the configure step will say so"
+  # cuDNN, for the fused attention (FindCudnnFrontend looks in $CUDNN_ROOT, then the toolkit).
+  # Its frontend (headers only) comes from .devdeps/cudnn_frontend, carried here.
+  find_dependency cuDNN CUDNN_ROOT nvidia.cudnn cudnn.h 'libcudnn.so*' CUDNN \
+    "lockstep builds without fused attention on cuda"
   if [ -f .devdeps/cudnn_frontend/include/cudnn_frontend.h ]; then
     CMAKE_ARGS+=("-DCUDNN_FRONTEND_ROOT=$ROOT/.devdeps/cudnn_frontend")
     say "cuDNN frontend: .devdeps/cudnn_frontend" \
