@@ -51,6 +51,15 @@ def run(cmd):
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def write_random_tokens(folder, preset, windows):
+    """`folder`/tokens.bin, the file run_lockstep's configs read: `windows` windows of the
+    preset's context (+ 1 token) of random uint16 tokens below its vocabulary, seed 0."""
+    import numpy as np
+    rng = np.random.default_rng(0)
+    rng.integers(0, preset["vocab"], windows * preset["context"] + 1).astype("<u2").tofile(
+        os.path.join(folder, "tokens.bin"))
+
+
 def run_lockstep(cli, folder, preset, args, precision, attention="auto"):
     """Median step time of `cli train` at `precision` (and model.attention `attention`) after
     the warmup steps, as the fields of bench_gpt's JSON line; {"error": ...} when the run
@@ -92,7 +101,6 @@ def run_lockstep(cli, folder, preset, args, precision, attention="auto"):
 def bf16_main(args):
     """--precision bf16: lockstep fp32 and bf16 against PyTorch fp32 and autocast bf16."""
     from gpt_torch import PRESETS  # the presets of both benchmarks (imports torch)
-    import numpy as np
     preset = PRESETS[args.preset]
     clis = {"before": os.path.join(args.before, "lockstep")} if args.before else {}
     clis["lockstep"] = os.path.join(args.build, "lockstep")
@@ -109,9 +117,7 @@ def bf16_main(args):
     errors = {}
     with tempfile.TemporaryDirectory() as folder:
         windows = (args.warmup + args.steps) * args.batch + 1
-        rng = np.random.default_rng(0)
-        rng.integers(0, preset["vocab"], windows * preset["context"] + 1).astype("<u2").tofile(
-            os.path.join(folder, "tokens.bin"))
+        write_random_tokens(folder, preset, windows)
         for i in range(args.pairs):
             for framework, precision in names:
                 if (framework, precision) in errors:

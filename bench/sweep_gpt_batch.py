@@ -34,8 +34,7 @@ def main():
     args = ap.parse_args()
     args.warmup = max(1, args.warmup)  # the first step's time includes the start-up
     args.tf32 = args.precision == "tf32"
-    import numpy as np
-    from compare_gpt import run_lockstep
+    from compare_gpt import run_lockstep, write_random_tokens
     from gpt_torch import PRESETS
     preset = PRESETS[args.preset]
     batches = [int(b) for b in args.batches.split(",")]
@@ -43,9 +42,7 @@ def main():
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         windows = (args.warmup + args.steps) * max(batches) + 1
-        rng = np.random.default_rng(0)
-        rng.integers(0, preset["vocab"], windows * preset["context"] + 1).astype("<u2").tofile(
-            os.path.join(folder, "tokens.bin"))
+        write_random_tokens(folder, preset, windows)
         for batch in batches:
             args.batch = batch
             r = run_lockstep(cli, folder, preset, args,

@@ -17,20 +17,15 @@ status=0
 "$BUILD/bench/bench_attention" --backend cuda --bf16 --T 1024 --batch 8 --heads 12 \
   --head-size 64 --reps 5 --warmup 2 || status=1
 python3 - "$BUILD/lockstep" << 'PY' || status=1
-import argparse, array, json, os, random, sys, tempfile
+import argparse, json, os, sys, tempfile
 sys.path[:0] = ["bench", os.path.join("tests", "model")]
-from compare_gpt import run_lockstep  # a `lockstep train` run timed from its metrics stream
+from compare_gpt import run_lockstep, write_random_tokens  # a `lockstep train` run timed from its metrics stream
 
 preset = dict(vocab=50257, context=1024, n_layer=12, n_head=12, d_model=768)
 args = argparse.Namespace(batch=8, warmup=3, steps=6, device="cuda", tf32=False, threads=0)
 runs = {}
 with tempfile.TemporaryDirectory() as folder:
-    rng = random.Random(0)
-    windows = (args.warmup + args.steps) * args.batch + 1
-    tokens = array.array("H", (rng.randrange(preset["vocab"])
-                               for _ in range(windows * preset["context"] + 1)))
-    with open(os.path.join(folder, "tokens.bin"), "wb") as f:
-        tokens.tofile(f)
+    write_random_tokens(folder, preset, (args.warmup + args.steps) * args.batch + 1)
     for attention in ("fused", "materialized"):
         r = run_lockstep(sys.argv[1], folder, preset, args, "bf16", attention)
         if "error" in r:

@@ -17,9 +17,9 @@ set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 BUILD="${LOCKSTEP_GPU_BUILD:-build-gpu}"
 python3 - "$BUILD/lockstep" << 'PY'
-import argparse, array, json, os, random, sys, tempfile
+import argparse, json, os, sys, tempfile
 sys.path[:0] = ["bench", os.path.join("tests", "model")]
-from compare_gpt import run_lockstep  # a `lockstep train` run timed from its metrics stream
+from compare_gpt import run_lockstep, write_random_tokens  # a `lockstep train` run timed from its metrics stream
 
 preset = dict(vocab=50257, context=1024, n_layer=12, n_head=12, d_model=768)
 args = argparse.Namespace(batch=8, warmup=3, steps=10, device="cuda", tf32=True, threads=0)
@@ -27,12 +27,7 @@ MODES = ("fused", "bias", "composed")
 step_ms, losses, linear = {}, {}, {}
 failed = False
 with tempfile.TemporaryDirectory() as folder:
-    rng = random.Random(0)
-    windows = (args.warmup + args.steps) * args.batch + 1
-    tokens = array.array("H", (rng.randrange(preset["vocab"])
-                               for _ in range(windows * preset["context"] + 1)))
-    with open(os.path.join(folder, "tokens.bin"), "wb") as f:
-        tokens.tofile(f)
+    write_random_tokens(folder, preset, (args.warmup + args.steps) * args.batch + 1)
     for precision in ("fp32", "bf16"):  # fp32 runs as tf32 (args.tf32)
         for mode in MODES:
             os.environ["LOCKSTEP_CUDA_LINEAR"] = mode
