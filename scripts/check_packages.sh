@@ -46,10 +46,11 @@ traced tests-venv /usr/bin/python3 -m venv "$work/venv" > "$work/venv.log" 2>&1 
   { cat "$work/venv.log"; exit 1; }
 # Pass or skip, these tests' imports are what counts here; scripts/test.sh judges them. One case
 # per Python environment, each the one that imports the most of it: the system's PyTorch (gpt
-# parity), the transformers environment with PyTorch (--init-from a transformers GPT-2) and the
-# tiktoken environment; the other cases of each import a subset (all of them took 4 minutes).
+# parity), the transformers environment with PyTorch (--init-from a transformers GPT-2), the
+# tiktoken environment, and the Python module's (numpy, pytest); the other cases of each import
+# a subset (all of them took 4 minutes).
 traced tests ctest --test-dir "$LOCKSTEP_BUILD" -j "$(nproc)" \
-  -R '^(gpt parity with PyTorch: the loss|interop: --init-from a transformers|interop: lockstep tokenize writes)' \
+  -R '^(gpt parity with PyTorch: the loss|interop: --init-from a transformers|interop: lockstep tokenize writes|python: test_data.py)' \
   > "$work/tests.log" 2>&1 || true
 echo "check_packages: traced Python tests in $((SECONDS - start)) s"
 /usr/bin/python3 "$LOCKSTEP_ROOT/scripts/check_packages.py" "$work/trace" "$LOCKSTEP_BUILD" \

@@ -50,10 +50,22 @@ class LOCKSTEP_API Dataset {
 };
 
 // Samples held in memory: x (size, features) row-major, y (size).
+//
+// Note [Borrowed samples]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// The samples (and a TokenDataset's tokens) are either owned, moved in as vectors, or borrowed:
+// spans into memory someone else owns (a numpy array, a memory map), kept alive by `owner` for as
+// long as any copy of the dataset lives, and read in place, never copied. Borrowed memory must
+// not change while a run reads it. The last owner reference may be dropped on any thread (a
+// worker's, when a run ends), so its deleter must be safe there. Copies of a dataset share its
+// memory; standardize() writes a fresh owned copy of x, never into the shared or borrowed one.
 class LOCKSTEP_API InMemoryDataset final : public Dataset {
  public:
   // Throws InputError if the shapes disagree or a label is outside [0, classes).
   InMemoryDataset(std::vector<float> x, std::vector<std::int32_t> y, int features, int classes);
+  // Borrows x and y (Note [Borrowed samples]); the same checks.
+  InMemoryDataset(std::span<const float> x, std::span<const std::int32_t> y, int features,
+                  int classes, std::shared_ptr<const void> owner);
 
   std::size_t size() const noexcept override { return y_.size(); }
   int features() const noexcept override { return features_; }
@@ -72,8 +84,11 @@ class LOCKSTEP_API InMemoryDataset final : public Dataset {
   std::span<const float> feature_std() const noexcept override { return std_; }
 
  private:
-  std::vector<float> x_;
-  std::vector<std::int32_t> y_;
+  void check() const;
+
+  std::shared_ptr<const void> x_owner_, y_owner_;  // hold x_ and y_
+  std::span<const float> x_;
+  std::span<const std::int32_t> y_;
   std::vector<float> mean_, std_;  // what standardize() applied, composed
   int features_;
   int classes_;
@@ -106,6 +121,11 @@ class LOCKSTEP_API TokenDataset final : public Dataset {
   // >= vocab_size, or there are fewer than context + 1 tokens (no window).
   TokenDataset(std::vector<std::uint16_t> tokens, int context, int vocab_size);
   TokenDataset(std::vector<std::uint32_t> tokens, int context, int vocab_size);
+  // Borrows the tokens (Note [Borrowed samples]); the same checks.
+  TokenDataset(std::span<const std::uint16_t> tokens, std::shared_ptr<const void> owner,
+               int context, int vocab_size);
+  TokenDataset(std::span<const std::uint32_t> tokens, std::shared_ptr<const void> owner,
+               int context, int vocab_size);
 
   std::size_t size() const noexcept override;
   int features() const noexcept override { return context_; }
@@ -119,10 +139,11 @@ class LOCKSTEP_API TokenDataset final : public Dataset {
   TokenDataset slice(std::size_t begin, std::size_t end) const;
 
  private:
-  using Storage = std::variant<std::vector<std::uint16_t>, std::vector<std::uint32_t>>;
-  TokenDataset(std::shared_ptr<const Storage> tokens, int context, int vocab_size);
+  using Tokens = std::variant<std::span<const std::uint16_t>, std::span<const std::uint32_t>>;
+  TokenDataset(Tokens tokens, std::shared_ptr<const void> owner, int context, int vocab_size);
 
-  std::shared_ptr<const Storage> tokens_;
+  std::shared_ptr<const void> owner_;  // holds tokens_
+  Tokens tokens_;
   std::size_t begin_;
   std::size_t end_;
   int context_;

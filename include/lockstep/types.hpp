@@ -13,7 +13,9 @@
 namespace lockstep {
 
 enum class Activation { relu, gelu, tanh };
-enum class DatasetKind { csv, idx, synthetic, tokens, text };
+// given: the program passes the datasets to the Trainer itself (a C++ embedder, Python's
+// lockstep.Trainer(config, train=...)); the config names no data, and load_dataset() refuses it.
+enum class DatasetKind { csv, idx, synthetic, tokens, text, given };
 enum class TokenFormat { automatic, llmc, raw };
 enum class OptimizerKind { sgd, adamw };
 enum class ScheduleKind { constant, warmup_cosine };

@@ -57,7 +57,8 @@ constexpr Spelling<DatasetKind> kDatasetKinds[] = {{DatasetKind::csv, "csv"},
                                                    {DatasetKind::idx, "idx"},
                                                    {DatasetKind::synthetic, "synthetic"},
                                                    {DatasetKind::tokens, "tokens"},
-                                                   {DatasetKind::text, "text"}};
+                                                   {DatasetKind::text, "text"},
+                                                   {DatasetKind::given, "given"}};
 constexpr Spelling<TokenFormat> kTokenFormats[] = {
     {TokenFormat::automatic, "auto"}, {TokenFormat::llmc, "llmc"}, {TokenFormat::raw, "raw"}};
 constexpr Spelling<OptimizerKind> kOptimizerKinds[] = {{OptimizerKind::sgd, "sgd"},
@@ -183,7 +184,8 @@ void visit_schema(Visitor& v, C& c) {
                 "gpt: fused (tiled, no (T, T) matrices), materialized, or auto: the faster here");
 
   v.section("data");
-  v.enumeration("dataset", c.data.dataset, kDatasetKinds, "where the samples come from");
+  v.enumeration("dataset", c.data.dataset, kDatasetKinds,
+                "where the samples come from (given: the program passes them to the Trainer)");
   v.path("path", c.data.path, "csv, tokens, text: the data file");
   v.enumeration("format", c.data.format, kTokenFormats,
                 "tokens: llm.c .bin with its header, headerless uint16, or auto: by the header");
@@ -1370,7 +1372,7 @@ void check_data_source(const Config& c, const Origins& origins, Problems& proble
     problems.add(origins.of("data.dataset"), "data.dataset",
                  fmt::format("{} data needs model.type gpt, got {}", to_string(kind),
                              c.model.type));
-  if (!language && c.model.type == "gpt")
+  if (!language && kind != DatasetKind::given && c.model.type == "gpt")
     problems.add(origins.of("model.type"), "model.type",
                  fmt::format("gpt needs data.dataset tokens or text, got {}", to_string(kind)));
   if (!c.data.tokenizer.empty() && !language)
@@ -1415,7 +1417,7 @@ void check_data_files(const Config& written, const Config& resolved, const Origi
   if (kind == DatasetKind::idx) {
     check("data.images", written.data.images, resolved.data.images);
     check("data.labels", written.data.labels, resolved.data.labels);
-  } else if (kind != DatasetKind::synthetic) {
+  } else if (kind != DatasetKind::synthetic && kind != DatasetKind::given) {
     check("data.path", written.data.path, resolved.data.path);
     check("data.eval_path", written.data.eval_path, resolved.data.eval_path);
     check("data.tokenizer", written.data.tokenizer, resolved.data.tokenizer);

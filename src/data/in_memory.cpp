@@ -31,11 +31,32 @@ void require_path(const std::string& value, const char* key, const char* what) {
   if (value.empty()) throw InputError(fmt::format("{}: expected {}, got ''", key, what));
 }
 
+// Moves `values` into a shared owner, and points `view` at them.
+template <typename T>
+std::shared_ptr<const void> own(std::vector<T> values, std::span<const T>& view) {
+  auto owned = std::make_shared<const std::vector<T>>(std::move(values));
+  view = *owned;
+  return owned;
+}
+
 }  // namespace
 
 InMemoryDataset::InMemoryDataset(std::vector<float> x, std::vector<std::int32_t> y, int features,
                                  int classes)
-    : x_(std::move(x)), y_(std::move(y)), features_(features), classes_(classes) {
+    : features_(features), classes_(classes) {
+  x_owner_ = own(std::move(x), x_);
+  y_owner_ = own(std::move(y), y_);
+  check();
+}
+
+InMemoryDataset::InMemoryDataset(std::span<const float> x, std::span<const std::int32_t> y,
+                                 int features, int classes, std::shared_ptr<const void> owner)
+    : x_owner_(owner), y_owner_(std::move(owner)), x_(x), y_(y), features_(features),
+      classes_(classes) {
+  check();
+}
+
+void InMemoryDataset::check() const {
   if (features_ < 1) {
     throw InputError(fmt::format("dataset: expected at least 1 feature, got {}", features_));
   }
@@ -105,10 +126,14 @@ void InMemoryDataset::standardize(std::span<const float> mean, std::span<const f
         fmt::format("standardize: expected {} means and stddevs, got {} and {}", f, mean.size(),
                     stddev.size()));
   }
+  // A fresh owned copy (Note [Borrowed samples]): the samples may be shared or borrowed.
+  std::vector<float> x(x_.size());
   for (std::size_t i = 0; i < y_.size(); ++i) {
-    float* row = x_.data() + i * f;
-    for (std::size_t j = 0; j < f; ++j) row[j] = (row[j] - mean[j]) / stddev[j];
+    const float* in = x_.data() + i * f;
+    float* row = x.data() + i * f;
+    for (std::size_t j = 0; j < f; ++j) row[j] = (in[j] - mean[j]) / stddev[j];
   }
+  x_owner_ = own(std::move(x), x_);
   // A second standardisation composes: ((raw - m1) / s1 - m2) / s2 = (raw - (m1 + s1 m2)) / (s1 s2).
   if (mean_.empty()) {
     mean_.assign(mean.begin(), mean.end());
@@ -209,6 +234,9 @@ DataSplit load_dataset(const Config& config, const std::filesystem::path& base_d
     case DatasetKind::tokens:
     case DatasetKind::text:
       return load_token_split(config, base_dir);  // never normalised: the ids are not features
+    case DatasetKind::given:
+      throw InputError("data.dataset is given: the program passes the datasets to the Trainer "
+                       "(there is no data to load); name the data here to train from the config");
   }
   throw InputError(fmt::format("data.dataset: unknown kind {}", static_cast<int>(cfg.dataset)));
 }

@@ -55,7 +55,7 @@ void check_window(std::size_t tokens, int context, std::string_view who) {
 
 // The first token >= vocab_size, or tokens.size().
 template <class T>
-std::size_t first_out_of_vocab(const std::vector<T>& tokens, int vocab_size) {
+std::size_t first_out_of_vocab(std::span<const T> tokens, int vocab_size) {
   const auto limit = static_cast<std::uint64_t>(vocab_size);
   const auto it = std::find_if(tokens.begin(), tokens.end(),
                                [&](T t) { return static_cast<std::uint64_t>(t) >= limit; });
@@ -76,7 +76,7 @@ template <class T>
 TokenDataset checked(const std::string& name, std::vector<T> tokens, std::size_t payload_offset,
                      int context, int vocab_size) {
   check_shape(context, vocab_size, name);
-  const std::size_t bad = first_out_of_vocab(tokens, vocab_size);
+  const std::size_t bad = first_out_of_vocab(std::span<const T>(tokens), vocab_size);
   if (bad < tokens.size())
     throw InputError(
         fmt::format("{}: byte {}: token {} is {}: expected a token id < model.vocab_size = {}",
@@ -211,16 +211,37 @@ void check_utf8(const std::string& name, std::string_view bytes) {
 
 // ---- TokenDataset ---------------------------------------------------------------------------
 
+namespace {
+
+// A dataset owning `tokens`.
+template <typename T>
+TokenDataset owning(std::vector<T> tokens, int context, int vocab_size) {
+  auto owned = std::make_shared<const std::vector<T>>(std::move(tokens));
+  return TokenDataset(std::span<const T>(*owned), owned, context, vocab_size);
+}
+
+}  // namespace
+
 TokenDataset::TokenDataset(std::vector<std::uint16_t> tokens, int context, int vocab_size)
-    : TokenDataset(std::make_shared<const Storage>(std::move(tokens)), context, vocab_size) {}
+    : TokenDataset(owning(std::move(tokens), context, vocab_size)) {}
 
 TokenDataset::TokenDataset(std::vector<std::uint32_t> tokens, int context, int vocab_size)
-    : TokenDataset(std::make_shared<const Storage>(std::move(tokens)), context, vocab_size) {}
+    : TokenDataset(owning(std::move(tokens), context, vocab_size)) {}
 
-TokenDataset::TokenDataset(std::shared_ptr<const Storage> tokens, int context, int vocab_size)
-    : tokens_(std::move(tokens)),
+TokenDataset::TokenDataset(std::span<const std::uint16_t> tokens,
+                           std::shared_ptr<const void> owner, int context, int vocab_size)
+    : TokenDataset(Tokens(tokens), std::move(owner), context, vocab_size) {}
+
+TokenDataset::TokenDataset(std::span<const std::uint32_t> tokens,
+                           std::shared_ptr<const void> owner, int context, int vocab_size)
+    : TokenDataset(Tokens(tokens), std::move(owner), context, vocab_size) {}
+
+TokenDataset::TokenDataset(Tokens tokens, std::shared_ptr<const void> owner, int context,
+                           int vocab_size)
+    : owner_(std::move(owner)),
+      tokens_(tokens),
       begin_(0),
-      end_(std::visit([](const auto& all) { return all.size(); }, *tokens_)),
+      end_(std::visit([](const auto& all) { return all.size(); }, tokens_)),
       context_(context),
       vocab_size_(vocab_size) {
   constexpr std::string_view kWho = "token dataset";
@@ -233,7 +254,7 @@ TokenDataset::TokenDataset(std::shared_ptr<const Storage> tokens, int context, i
                                        kWho, bad, static_cast<std::uint64_t>(all[bad]),
                                        vocab_size_));
       },
-      *tokens_);
+      tokens_);
   check_window(end_, context_, kWho);
 }
 
@@ -254,7 +275,7 @@ void TokenDataset::get(std::size_t i, float* x, std::int32_t* y) const {
           y[k] = static_cast<std::int32_t>(window[k + 1]);
         }
       },
-      *tokens_);
+      tokens_);
 }
 
 TokenDataset TokenDataset::slice(std::size_t begin, std::size_t end) const {

@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <numeric>
+#include <span>
 #include <vector>
 
 #include "lockstep/config.hpp"
@@ -77,6 +79,51 @@ TEST_CASE("InMemoryDataset: feature_stats and standardize") {
   CHECK(d.x()[0] == doctest::Approx(-3 / std::sqrt(5.0)));
   CHECK(d.x()[1] == 0.0f);
   CHECK_THROWS_AS(d.standardize(mean, std::vector<float>{1}), std::invalid_argument);
+}
+
+TEST_CASE("InMemoryDataset, TokenDataset: borrowed samples are read in place and kept alive") {
+  // Note [Borrowed samples]: the owner is shared, never copied; standardize() copies x.
+  auto x = std::make_shared<std::vector<float>>(std::vector<float>{1, 2, 3, 4, 5, 6});
+  auto y = std::make_shared<std::vector<std::int32_t>>(std::vector<std::int32_t>{0, 1, 1});
+  const std::weak_ptr<std::vector<float>> x_alive = x;
+  InMemoryDataset d(*x, *y, 2, 2, x);
+  CHECK(d.x().data() == x->data());
+  CHECK(d.y().data() == y->data());
+  (*x)[3] = 40;  // read in place: the dataset sees the write
+  float row[2];
+  std::int32_t label = -1;
+  d.get(1, row, &label);
+  CHECK(row[1] == 40);
+  CHECK(label == 1);
+  const InMemoryDataset copy = d;
+  x.reset();
+  CHECK_FALSE(x_alive.expired());  // held by both datasets
+  d.standardize(std::vector<float>{1, 0}, std::vector<float>{2, 1});
+  CHECK(d.x()[0] == 0.0f);
+  CHECK(copy.x()[0] == 1.0f);  // the borrowed values are left as they were
+  CHECK(copy.x().data() == x_alive.lock()->data());
+  CHECK_THROWS_WITH_AS(InMemoryDataset(copy.x(), copy.y(), 3, 2, nullptr),
+                       "dataset: expected 3 samples x 3 features = 9 values, got 6", InputError);
+
+  auto tokens = std::make_shared<std::vector<std::uint16_t>>(
+      std::vector<std::uint16_t>{5, 6, 7, 8, 9, 10, 11});
+  const std::weak_ptr<std::vector<std::uint16_t>> tokens_alive = tokens;
+  lockstep::TokenDataset t(std::span<const std::uint16_t>(*tokens), tokens, 3, 16);
+  (*tokens)[1] = 15;
+  const lockstep::TokenDataset tail = t.slice(3, 7);
+  tokens.reset();
+  CHECK_FALSE(tokens_alive.expired());
+  float window[3];
+  std::int32_t next[3];
+  t.get(0, window, next);
+  CHECK(std::vector<float>(window, window + 3) == std::vector<float>{5, 15, 7});
+  CHECK(std::vector<std::int32_t>(next, next + 3) == std::vector<std::int32_t>{15, 7, 8});
+  tail.get(0, window, next);
+  CHECK(window[0] == 8);
+  const std::vector<std::uint32_t> wide{1, 2, 99, 3};
+  CHECK_THROWS_WITH_AS(lockstep::TokenDataset(std::span<const std::uint32_t>(wide), nullptr, 2, 8),
+                       "token dataset: token 2 is 99: expected a token id < vocab_size = 8",
+                       InputError);
 }
 
 TEST_CASE("make_synthetic: deterministic, balanced, seed-dependent") {
