@@ -63,12 +63,12 @@ LOCKSTEP_API int sample_token(std::span<const float> logits, double temperature,
 // a byte model (data.dataset text: "lockstep.tokenizer" = "bytes") its UTF-8 bytes, a token
 // model with a tokenizer (`tokenizer`, else the one the checkpoint records) its encoding.
 // A token model without one reads token ids separated by spaces or commas. An empty prompt
-// starts from a newline (bytes), <|endoftext|> (a tokenizer) or token 0.
-// Every field has a default ({} at least), so that a designated initializer may leave any out.
+// starts from a newline (bytes), <|endoftext|> (a tokenizer) or token 0. Every field has a
+// default ({} at least), so that a designated initializer may leave any out.
 struct LOCKSTEP_API SampleRequest {
   std::filesystem::path checkpoint{};  // a checkpoint directory (its newest) or either file of one
   std::string prompt{};
-  SamplingOptions options{};
+  SamplingOptions options{};  // its defaults; the CLI's are 200 tokens at temperature 0.8
   BackendKind backend = BackendKind::automatic;  // the model runs on device 0 of it
   // DIR|FILE, checked against the hash the checkpoint records (recorded_tokenizer in
   // lockstep/tokenizer.hpp); empty: the recorded one, or none.
@@ -84,7 +84,7 @@ struct LOCKSTEP_API SampleResult {
   std::vector<int> tokens{};         // what it drew, without the prompt
   std::string prompt_text{};         // the prompt as given (text model), else its ids, spaced
   std::string text{};                // the pieces of `tokens`, joined
-  bool text_model = false;         // the pieces are text, not " <id>"
+  bool text_model = false;           // the pieces are text, not " <id>"
 };
 
 // Called with each token as it is drawn and its piece: its bytes for a text model (a token may

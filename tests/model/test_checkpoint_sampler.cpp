@@ -3,6 +3,7 @@
 // generate()'s, and bad options throw InputError named as the caller spells them.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -11,8 +12,10 @@
 
 #include "../cli/cli_runner.hpp"
 #include "../io/checkpoint_fixtures.hpp"
+#include "../text/vocab_files.hpp"
 #include "lockstep/device.hpp"
 #include "lockstep/generate.hpp"
+#include "lockstep/tokenizer.hpp"
 
 namespace {
 
@@ -29,7 +32,8 @@ std::string cli_output(const SampleRequest& r) {
   const lockstep::test::CliResult cli = lockstep::test::run_cli(
       "sample --checkpoint '" + r.checkpoint.string() + "' --prompt '" + r.prompt + "' --tokens " +
       std::to_string(r.options.tokens) + " --temperature " + std::to_string(r.options.temperature) +
-      " --seed " + std::to_string(r.options.seed) + " --backend cpu");
+      " --seed " + std::to_string(r.options.seed) + " --backend cpu" +
+      (r.tokenizer.empty() ? "" : " --tokenizer '" + r.tokenizer.string() + "'"));
   REQUIRE_MESSAGE(cli.code == 0, cli.output);
   return cli.output;
 }
@@ -98,6 +102,39 @@ TEST_SUITE("generate") {
     CHECK(cli_output(request) == r.prompt_text + r.text + "\n");
     request.prompt = "";  // starts from token 0
     CHECK(lockstep::sample(request).prompt_tokens == std::vector<int>{0});
+  }
+
+  TEST_CASE("sample: a token model with a tokenizer reads and writes text, as the CLI does") {
+    const lockstep::test::TempDir dir;
+    const std::filesystem::path vocab =
+        dir.write("hand.tiktoken", lockstep::test::rank_file(lockstep::test::hand_vocab()));
+    const lockstep::Tokenizer tokenizer = lockstep::Tokenizer::load(vocab);
+    // 4 ids more than the tokenizer's 266, as a padded vocabulary has: they are shown as ids
+    // (seed 7 draws one).
+    GptSpec spec = kIds;
+    spec.vocab_size = static_cast<int>(tokenizer.vocab_size()) + 4;
+    SampleRequest request{
+        .checkpoint = lockstep::test::save_gpt_checkpoint(dir.path() / "ckpt", spec, "ids"),
+        .prompt = "the abcd",
+        .options = {.tokens = 24, .temperature = 1.0, .seed = 7},
+        .backend = lockstep::BackendKind::cpu,
+        .tokenizer = vocab};
+    const SampleResult r = sample_checked(request, spec);
+    CHECK(r.text_model);
+    std::vector<int> encoded;
+    for (const lockstep::TokenId id : tokenizer.encode(request.prompt)) encoded.push_back(static_cast<int>(id));
+    CHECK(r.prompt_tokens == encoded);
+    CHECK(r.prompt_text == request.prompt);
+    std::string text;
+    for (const int t : r.tokens)
+      text += t < static_cast<int>(tokenizer.vocab_size())
+                  ? std::string(tokenizer.token_bytes(static_cast<lockstep::TokenId>(t)))
+                  : fmt::format(" {}", t);
+    CHECK(r.text == text);
+    CHECK(std::ranges::any_of(r.tokens, [&](int t) { return t >= static_cast<int>(tokenizer.vocab_size()); }));
+    CHECK(cli_output(request) == r.prompt_text + r.text + "\n");
+    request.prompt = "";  // starts from <|endoftext|>
+    CHECK(lockstep::sample(request).prompt_tokens == std::vector<int>{static_cast<int>(*tokenizer.end_of_text())});
   }
 
   TEST_CASE("sample: bad options throw InputError naming them as the caller spells them") {
