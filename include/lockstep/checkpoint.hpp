@@ -226,4 +226,40 @@ class LOCKSTEP_API CheckpointManager {
   int keep_last_;
 };
 
+// ---- `lockstep export` as one call ------------------------------------------------------------
+
+// How an InputError about a request (ExportRequest, SampleRequest in lockstep/generate.hpp)
+// names the option at fault: as the request's field, which is also the Python keyword argument
+// (`top_k`), or as the CLI's flag (`--top-k`): Note [Requests] in src/common/option_name.hpp.
+enum class OptionSpelling { field, flag };
+
+// `lockstep export`, as a library call:
+//
+//   lockstep::ExportResult r = lockstep::export_checkpoint(
+//       {.checkpoint = "runs/a/checkpoints", .out = "hf_model", .format = "hf", .dtype = "bf16"});
+// Every field has a default ({} at least), so that a designated initializer may leave any out.
+struct LOCKSTEP_API ExportRequest {
+  std::filesystem::path checkpoint{};  // a checkpoint directory (its newest) or either file of one
+  std::filesystem::path out{};         // the file (torch) or the directory (hf) to write
+  std::string format = "torch";      // "torch": export_torch; "hf": export_hf_gpt2
+  std::string dtype = "fp32";        // "fp32" or "bf16"
+  // hf only: the run's tokenizer when it has moved (DIR|FILE); empty: the one the checkpoint
+  // records (recorded_tokenizer in lockstep/tokenizer.hpp), or none.
+  std::filesystem::path tokenizer{};
+  OptionSpelling spelling = OptionSpelling::field;
+  CheckpointManager::Warn warn{};  // what loading the checkpoint warns about (a skipped newer one)
+};
+
+// What an export wrote: the checkpoint's tensor and parameter counts and its step.
+struct LOCKSTEP_API ExportResult {
+  std::size_t tensors = 0;
+  std::size_t parameters = 0;
+  std::int64_t step = 0;
+};
+
+// Checks the request (InputError naming the option: a format or dtype not listed above, no
+// `out`, an `out` that cannot be written (Note [Checking an output]) or that is the
+// checkpoint's own weights or state), loads the checkpoint, and writes it in `format`.
+LOCKSTEP_API ExportResult export_checkpoint(const ExportRequest& request);
+
 }  // namespace lockstep

@@ -10,15 +10,30 @@
 // last real position, divides them by the temperature, keeps the top_k largest, and draws the
 // next token from their softmax with a generator seeded by `seed`: the same seed, weights and
 // prompt give the same text. Temperature 0 is greedy (argmax).
+//
+// `lockstep sample` is one call, sample(), on a checkpoint:
+//
+//   lockstep::SampleResult r = lockstep::sample(
+//       {.checkpoint = "runs/a/checkpoints", .prompt = "ROSALIND.", .options = {.tokens = 40}},
+//       [](int token, std::string_view piece) { std::fwrite(piece.data(), 1, piece.size(), stdout); });
+//
+// or two, when the prompt is to be shown before the first token is drawn: a CheckpointSampler
+// (loads, checks, encodes the prompt), then its run().
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <functional>
+#include <memory>
 #include <span>
+#include <string>
+#include <string_view>
 #include <vector>
 
+#include "lockstep/checkpoint.hpp"
 #include "lockstep/export.hpp"
 #include "lockstep/model.hpp"
+#include "lockstep/types.hpp"
 
 namespace lockstep {
 
@@ -41,5 +56,68 @@ LOCKSTEP_API std::vector<int> generate(Replica& replica, std::span<const int> pr
 // advances. Exposed for tests.
 LOCKSTEP_API int sample_token(std::span<const float> logits, double temperature, int top_k,
                               std::uint64_t& rng_state);
+
+// ---- `lockstep sample` as a call --------------------------------------------------------------
+
+// What to sample: a GPT checkpoint continuing a prompt. A text model reads the prompt as text:
+// a byte model (data.dataset text: "lockstep.tokenizer" = "bytes") its UTF-8 bytes, a token
+// model with a tokenizer (`tokenizer`, else the one the checkpoint records) its encoding.
+// A token model without one reads token ids separated by spaces or commas. An empty prompt
+// starts from a newline (bytes), <|endoftext|> (a tokenizer) or token 0. Every field has a
+// default ({} at least), so that a designated initializer may leave any out.
+struct LOCKSTEP_API SampleRequest {
+  std::filesystem::path checkpoint{};  // a checkpoint directory (its newest) or either file of one
+  std::string prompt{};
+  SamplingOptions options{};  // its defaults; the CLI's are 200 tokens at temperature 0.8
+  BackendKind backend = BackendKind::automatic;  // the model runs on device 0 of it
+  // DIR|FILE, checked against the hash the checkpoint records (recorded_tokenizer in
+  // lockstep/tokenizer.hpp); empty: the recorded one, or none.
+  std::filesystem::path tokenizer{};
+  OptionSpelling spelling = OptionSpelling::field;
+  CheckpointManager::Warn warn{};  // what loading the checkpoint warns about (a skipped newer one)
+};
+
+// What a sample drew. prompt_text followed by text is what `lockstep sample` prints (less its
+// final newline).
+struct LOCKSTEP_API SampleResult {
+  std::vector<int> prompt_tokens{};  // what the model was given
+  std::vector<int> tokens{};         // what it drew, without the prompt
+  std::string prompt_text{};         // the prompt as given (text model), else its ids, spaced
+  std::string text{};                // the pieces of `tokens`, joined
+  bool text_model = false;           // the pieces are text, not " <id>"
+};
+
+// Called with each token as it is drawn and its piece: its bytes for a text model (a token may
+// hold part of a UTF-8 character), else " <id>"; also " <id>" for a padded id the tokenizer
+// lacks. It runs on the thread that called run() or sample(), between two draws.
+using TokenCallback = std::function<void(int token, std::string_view piece)>;
+
+// A GPT checkpoint loaded to sample `request.prompt`. The constructor checks the request,
+// InputError naming the option in request.spelling: tokens, temperature or top_k below 0, no
+// checkpoint, one that is not a GPT's or does not hold its tensors, a tokenizer that is not the
+// recorded one or has more ids than the model, prompt ids outside the vocabulary. It then
+// loads the weights onto device 0 of `request.backend` and encodes the prompt.
+class LOCKSTEP_API CheckpointSampler {
+ public:
+  explicit CheckpointSampler(const SampleRequest& request);
+  ~CheckpointSampler();
+  CheckpointSampler(CheckpointSampler&&) noexcept;
+  CheckpointSampler& operator=(CheckpointSampler&&) noexcept;
+
+  const std::vector<int>& prompt_tokens() const noexcept;
+  const std::string& prompt_text() const noexcept;  // as SampleResult's
+  bool text_model() const noexcept;
+
+  // Draws request.options.tokens tokens after the prompt (generate() above). Each run starts
+  // again from the prompt and the seed, so runs are the same.
+  SampleResult run(const TokenCallback& on_token = {});
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// CheckpointSampler(request).run(on_token).
+LOCKSTEP_API SampleResult sample(const SampleRequest& request, const TokenCallback& on_token = {});
 
 }  // namespace lockstep

@@ -54,6 +54,21 @@ inline Checkpoint make_checkpoint(const Model& model, std::int64_t step) {
   return c;
 }
 
+// A checkpoint (step 5) of an untrained GPT of `spec` in `dir`, its metadata recording the
+// architecture and the tokenizer as a GPT run's does: "bytes" (data.dataset text) or "ids".
+inline std::filesystem::path save_gpt_checkpoint(const std::filesystem::path& dir,
+                                                 const GptSpec& spec, const std::string& tokenizer) {
+  const Model model = Model::gpt(spec);
+  Checkpoint c;
+  c.tensors = model.param_tensors();
+  c.params = model.initial_parameters(7);
+  c.state.step = 5;
+  c.state.workers = 1;
+  c.metadata = {{"lockstep.model", to_string(spec)}, {"lockstep.tokenizer", tokenizer}};
+  CheckpointManager(dir, 0).save(c);
+  return dir;
+}
+
 inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }

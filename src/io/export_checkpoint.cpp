@@ -1,0 +1,64 @@
+// `lockstep export` as a library call: the request checked, the checkpoint loaded and written
+// as torch safetensors or a Hugging Face GPT-2 directory. Messages name options as the caller
+// spells them: Note [Requests] in common/option_name.hpp.
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <system_error>
+
+#include <fmt/format.h>
+
+#include "common/option_name.hpp"
+#include "io/output_path.hpp"
+#include "lockstep/checkpoint.hpp"
+#include "lockstep/error.hpp"
+#include "lockstep/tokenizer.hpp"
+
+namespace lockstep {
+namespace fs = std::filesystem;
+namespace {
+
+// Writing over the weights (or the state) just read would destroy the checkpoint. `what` names
+// the output option ("export --out").
+void refuse_own_input(const fs::path& out, const Checkpoint& ckpt, const std::string& what) {
+  const fs::path state = fs::path(ckpt.weights_file).replace_extension(".state");
+  for (const fs::path& input : {ckpt.weights_file, state}) {
+    std::error_code ec;
+    if (fs::equivalent(out, input, ec))
+      throw InputError(fmt::format("{} {}: is the checkpoint's own {}; write the export "
+                                   "elsewhere", what, out.string(), input.string()));
+  }
+}
+
+}  // namespace
+
+ExportResult export_checkpoint(const ExportRequest& request) {
+  const auto name = [&](std::string_view field) { return detail::option_name(request.spelling, field); };
+  if (request.checkpoint.empty())
+    throw InputError(fmt::format("export: expected {} CKPT", name("checkpoint")));
+  const bool hf = request.format == "hf";
+  if (!hf && request.format != "torch")
+    throw InputError(fmt::format("{}: expected torch or hf, got '{}'", name("format"), request.format));
+  if (request.dtype != "fp32" && request.dtype != "bf16")
+    throw InputError(fmt::format("{}: expected fp32 or bf16, got '{}'", name("dtype"), request.dtype));
+  const TensorDtype dtype = request.dtype == "bf16" ? TensorDtype::bf16 : TensorDtype::f32;
+  if (request.out.empty())
+    throw InputError(fmt::format("export: expected {} {}", name("out"), hf ? "DIR" : "FILE"));
+  const std::string out_option = "export " + name("out");
+  if (hf) detail::check_output_dir(request.out, out_option);
+  else detail::check_output_file(request.out, out_option);
+
+  const Checkpoint ckpt = CheckpointManager::load(request.checkpoint, request.warn);
+  refuse_own_input(hf ? request.out / "model.safetensors" : request.out, ckpt, out_option);
+  if (hf) {
+    // The run's tokenizer goes beside the weights (`tokenizer` when it has moved).
+    const std::optional<Tokenizer> tokenizer =
+        recorded_tokenizer(ckpt.metadata, ckpt.weights_file, request.tokenizer);
+    export_hf_gpt2(ckpt, request.out, dtype, tokenizer ? &*tokenizer : nullptr);
+  } else {
+    export_torch(ckpt, request.out, dtype);
+  }
+  return {.tensors = ckpt.tensors.size(), .parameters = ckpt.params.size(), .step = ckpt.state.step};
+}
+
+}  // namespace lockstep
