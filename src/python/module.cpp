@@ -38,6 +38,7 @@
 #include "lockstep/config.hpp"
 #include "lockstep/dataset.hpp"
 #include "lockstep/error.hpp"
+#include "lockstep/generate.hpp"
 #include "lockstep/version.hpp"
 
 namespace lockstep::python {
@@ -217,6 +218,84 @@ void bind_checkpoints(nb::module_& m) {
       "path"_a);
 }
 
+// "auto", "cpu" or "cuda": trainer.backend's spellings.
+BackendKind backend_kind(std::string_view name) {
+  if (name == "auto") return BackendKind::automatic;
+  if (name == "cpu") return BackendKind::cpu;
+  if (name == "cuda") return BackendKind::cuda;
+  throw InputError("backend: expected auto, cpu or cuda, got '" + std::string(name) + "'");
+}
+
+void bind_generation(nb::module_& m) {
+  m.def(
+      "_sample",
+      [](SampleRequest request, const std::string& backend, nb::object on_token) {
+        request.backend = backend_kind(backend);
+        std::vector<std::string> warnings;
+        request.warn = [&](const std::string& w) { warnings.push_back(w); };
+        TokenCallback callback;
+        if (!on_token.is_none())
+          callback = [&](int token, std::string_view piece) {
+            nb::gil_scoped_acquire locked;
+            on_token(token, nb::bytes(piece.data(), piece.size()));
+          };
+        SampleResult r;
+        {
+          nb::gil_scoped_release unlocked;  // the model runs on its device; Python waits
+          r = sample(request, callback);
+        }
+        nb::dict out;
+        out["prompt_tokens"] = r.prompt_tokens;
+        out["tokens"] = r.tokens;
+        out["prompt_text"] = nb::bytes(r.prompt_text.data(), r.prompt_text.size());
+        out["text"] = nb::bytes(r.text.data(), r.text.size());
+        out["text_model"] = r.text_model;
+        out["warnings"] = warnings;
+        return out;
+      },
+      "request"_a, "backend"_a, "on_token"_a.none());
+  nb::class_<SampleRequest>(m, "_SampleRequest")
+      .def(nb::init<>())
+      .def_rw("checkpoint", &SampleRequest::checkpoint)
+      .def_rw("prompt", &SampleRequest::prompt)
+      .def_prop_rw(
+          "tokens", [](const SampleRequest& r) { return r.options.tokens; },
+          [](SampleRequest& r, int v) { r.options.tokens = v; })
+      .def_prop_rw(
+          "temperature", [](const SampleRequest& r) { return r.options.temperature; },
+          [](SampleRequest& r, double v) { r.options.temperature = v; })
+      .def_prop_rw(
+          "top_k", [](const SampleRequest& r) { return r.options.top_k; },
+          [](SampleRequest& r, int v) { r.options.top_k = v; })
+      .def_prop_rw(
+          "seed", [](const SampleRequest& r) { return r.options.seed; },
+          [](SampleRequest& r, std::uint64_t v) { r.options.seed = v; })
+      .def_rw("tokenizer", &SampleRequest::tokenizer);
+
+  m.def(
+      "_export",
+      [](const std::filesystem::path& checkpoint, const std::filesystem::path& out,
+         const std::string& format, const std::string& dtype,
+         const std::filesystem::path& tokenizer) {
+        std::vector<std::string> warnings;
+        ExportRequest request{.checkpoint = checkpoint, .out = out, .format = format,
+                              .dtype = dtype, .tokenizer = tokenizer,
+                              .warn = [&](const std::string& w) { warnings.push_back(w); }};
+        ExportResult r;
+        {
+          nb::gil_scoped_release unlocked;
+          r = export_checkpoint(request);
+        }
+        nb::dict d;
+        d["tensors"] = r.tensors;
+        d["parameters"] = r.parameters;
+        d["step"] = r.step;
+        d["warnings"] = warnings;
+        return d;
+      },
+      "checkpoint"_a, "out"_a, "format"_a, "dtype"_a, "tokenizer"_a);
+}
+
 }  // namespace
 
 Checkpoint load_checkpoint_at(const std::filesystem::path& path,
@@ -238,5 +317,6 @@ NB_MODULE(_lockstep, m) {
   bind_config(m);
   bind_datasets(m);
   bind_checkpoints(m);
+  bind_generation(m);
   bind_trainer(m);
 }

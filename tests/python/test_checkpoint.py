@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import lockstep
-from conftest import mlp_config
+from conftest import SOURCE_DIR, mlp_config, run_cli
 
 
 def test_a_checkpoint_holds_the_trained_parameters(tmp_path):
@@ -55,3 +55,46 @@ def test_a_damaged_checkpoint_names_its_file(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(lockstep.InputError, match="no checkpoint"):
         lockstep.load_checkpoint(tmp_path / "empty")
+
+
+def text_gpt_checkpoint(tmp_path):
+    """A byte-level GPT trained a few steps on the shipped play, with its checkpoint."""
+    config = lockstep.Config.from_dict({
+        "model": {"type": "gpt", "context": 16, "n_layer": 1, "n_head": 2, "d_model": 32},
+        "data": {"dataset": "text",
+                 "path": os.path.join(SOURCE_DIR, "third_party", "shakespeare", "as_you_like_it.txt"),
+                 "batch_size": 4},
+        "optimizer": {"type": "adamw", "lr": 0.01},
+        "trainer": {"devices": 2, "steps": 6, "checkpoint": {"dir": str(tmp_path / "gpt")}},
+    })
+    return lockstep.Trainer(config).run().checkpoint
+
+
+def test_sample_draws_what_the_cli_draws(tmp_path):
+    weights = text_gpt_checkpoint(tmp_path)
+    pieces = []
+    drawn = lockstep.sample(tmp_path / "gpt", "ROSALIND.", tokens=40, seed=5, top_k=20,
+                            on_token=lambda token, piece: pieces.append((token, piece)))
+    assert drawn.text_model and drawn.prompt_text == "ROSALIND."
+    assert len(drawn.tokens) == 40 and [t for t, _ in pieces] == drawn.tokens
+    assert b"".join(p for _, p in pieces).decode("utf-8", "replace") == drawn.text
+    code, stdout, stderr = run_cli("sample", "--checkpoint", weights, "--prompt", "ROSALIND.",
+                                   "--tokens", 40, "--seed", 5, "--top-k", 20)
+    assert code == 0, stderr
+    assert stdout == drawn.prompt_text + drawn.text + "\n"
+    with pytest.raises(lockstep.InputError, match=r"^top_k: expected >= 0, got -2"):
+        lockstep.sample(weights, top_k=-2)
+    with pytest.raises(lockstep.InputError, match="backend: expected auto, cpu or cuda"):
+        lockstep.sample(weights, backend="tpu")
+
+
+def test_export_writes_what_the_cli_writes(tmp_path):
+    weights = text_gpt_checkpoint(tmp_path)
+    result = lockstep.export(weights, tmp_path / "mine.safetensors", dtype="bf16")
+    assert (result.step, result.tensors) == (6, len(lockstep.load_checkpoint(weights).parameters))
+    code, _, stderr = run_cli("export", weights, "--out", tmp_path / "cli.safetensors",
+                              "--dtype", "bf16")
+    assert code == 0, stderr
+    assert (tmp_path / "mine.safetensors").read_bytes() == (tmp_path / "cli.safetensors").read_bytes()
+    with pytest.raises(lockstep.InputError, match="^format: expected torch or hf, got 'onnx'"):
+        lockstep.export(weights, tmp_path / "x", format="onnx")

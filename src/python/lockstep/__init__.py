@@ -35,9 +35,9 @@ from ._lockstep import ConfigError, Error, InputError, WorkerError
 
 __version__: str = _lockstep.__version__
 __all__ = [
-    "Checkpoint", "Config", "ConfigError", "Dataset", "Error", "EvalMetrics", "InMemoryDataset",
-    "InputError", "StepMetrics", "Summary", "TokenDataset", "Trainer", "WorkerError",
-    "load_checkpoint", "load_dataset",
+    "Checkpoint", "Config", "ConfigError", "Dataset", "Error", "EvalMetrics", "ExportResult",
+    "InMemoryDataset", "InputError", "Sample", "StepMetrics", "Summary", "TokenDataset", "Trainer",
+    "WorkerError", "export", "load_checkpoint", "load_dataset", "sample",
 ]
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -359,9 +359,65 @@ class Checkpoint:
 def load_checkpoint(path: PathLike) -> Checkpoint:
     """Reads a checkpoint: a weights file (or its .state), or the newest complete checkpoint in
     a directory. Damaged files raise InputError naming the file."""
-    import warnings
     values = _lockstep._load_checkpoint(os.fspath(path))
-    for w in values.pop("warnings"):
-        warnings.warn(w, stacklevel=2)
+    _warn_all(values)
     values["config"] = [tuple(kv) for kv in values["config"]]
     return Checkpoint(**values)
+
+
+def _warn_all(values: dict[str, Any]) -> None:
+    import warnings
+    for w in values.pop("warnings"):
+        warnings.warn(w, stacklevel=3)
+
+
+# ---- sampling and export ------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Sample:
+    """What :func:`sample` drew. ``prompt_text + text`` is what ``lockstep sample`` prints."""
+    prompt_tokens: list[int]
+    tokens: list[int]
+    prompt_text: str  # the prompt as given (a text model's), else its ids, spaced
+    text: str         # the drawn tokens' text, or " <id>" each for a model without a tokenizer
+    text_model: bool
+
+
+def sample(checkpoint: PathLike, prompt: str = "", *, tokens: int = 200,
+           temperature: float = 0.8, top_k: int = 0, seed: int = 0, backend: str = "auto",
+           tokenizer: Optional[PathLike] = None,
+           on_token: Optional[Callable[[int, bytes], Any]] = None) -> Sample:
+    """Continues ``prompt`` with a GPT checkpoint, as ``lockstep sample`` does (the same
+    defaults, checks and draws: the same seed gives the same text). The text is decoded with
+    the tokenizer the checkpoint records (or ``tokenizer``); a byte-level model's is its bytes.
+    ``on_token(token, piece)`` sees each token as it is drawn, with its bytes (a token may hold
+    part of a UTF-8 character). The interpreter's lock is released while the model runs."""
+    request = _lockstep._SampleRequest()
+    request.checkpoint = os.fspath(checkpoint)
+    request.prompt = prompt
+    request.tokens, request.temperature, request.top_k, request.seed = tokens, temperature, top_k, seed
+    if tokenizer is not None:
+        request.tokenizer = os.fspath(tokenizer)
+    values = _lockstep._sample(request, backend, on_token)
+    _warn_all(values)
+    for key in ("prompt_text", "text"):
+        values[key] = values[key].decode("utf-8", errors="replace")
+    return Sample(**values)
+
+
+@dataclasses.dataclass(frozen=True)
+class ExportResult:
+    tensors: int
+    parameters: int
+    step: int
+
+
+def export(checkpoint: PathLike, out: PathLike, *, format: str = "torch", dtype: str = "fp32",
+           tokenizer: Optional[PathLike] = None) -> ExportResult:
+    """Writes a checkpoint's weights for other tools, as ``lockstep export`` does: ``format``
+    "torch" (a safetensors file with PyTorch's names) or "hf" (a Hugging Face GPT-2 directory,
+    with the run's tokenizer), in ``dtype`` "fp32" or "bf16"."""
+    values = _lockstep._export(os.fspath(checkpoint), os.fspath(out), format, dtype,
+                               os.fspath(tokenizer) if tokenizer is not None else "")
+    _warn_all(values)
+    return ExportResult(**values)
