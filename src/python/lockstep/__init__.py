@@ -33,6 +33,8 @@ import numpy as np
 from . import _lockstep
 from ._lockstep import ConfigError, Error, InputError, WorkerError
 
+for _error in (ConfigError, Error, InputError, WorkerError):
+    _error.__module__ = __name__  # lockstep.InputError in tracebacks, as users import it
 __version__: str = _lockstep.__version__
 __all__ = [
     "Checkpoint", "Config", "ConfigError", "Dataset", "Error", "EvalMetrics", "ExportResult",
