@@ -183,7 +183,11 @@ void bind_datasets(nb::module_& m) {
   m.def(
       "_load_dataset",
       [](const Config& config) {
-        DataSplit split = load_dataset(config);
+        DataSplit split;
+        {
+          nb::gil_scoped_release unlocked;  // files of any size: other Python threads go on
+          split = load_dataset(config);
+        }
         return std::make_pair(PyDataset{std::move(split.train)}, PyDataset{std::move(split.eval)});
       },
       "config"_a);
@@ -196,7 +200,12 @@ void bind_checkpoints(nb::module_& m) {
       "_load_checkpoint",
       [](const std::filesystem::path& path) {
         std::vector<std::string> warnings;
-        const Checkpoint ckpt = load_checkpoint_at(path, warnings);
+        std::optional<Checkpoint> loaded;
+        {
+          nb::gil_scoped_release unlocked;
+          loaded = load_checkpoint_at(path, warnings);
+        }
+        const Checkpoint& ckpt = *loaded;
         nb::dict out;
         out["parameters"] = tensors_to_numpy(ckpt.tensors, ckpt.params);
         nb::dict state;

@@ -84,6 +84,7 @@ void warn_all(const std::vector<std::string>& warnings) {
 class PyTrainer {
  public:
   PyTrainer(Config config, std::optional<PyDataset> train, std::optional<PyDataset> eval) {
+    nb::gil_scoped_release unlocked;  // the data loaded, the model initialised: Python goes on
     if (!train) {
       DataSplit split = load_dataset(config);
       train = PyDataset{std::move(split.train)};
@@ -119,14 +120,17 @@ class PyTrainer {
   // --resume` does. Returns the step it resumes from.
   std::int64_t resume(const std::filesystem::path& path) {
     std::vector<std::string> warnings;
-    Checkpoint ckpt = load_checkpoint_at(path, warnings);
+    {
+      nb::gil_scoped_release unlocked;
+      trainer_->resume_from(load_checkpoint_at(path, warnings));
+    }
     warn_all(warnings);
-    trainer_->resume_from(std::move(ckpt));
     return trainer_->resumed_step();
   }
 
   // Starts from the weights at `path` (load_weights()), as `lockstep train --init-from` does.
   void init_from(const std::filesystem::path& path) {
+    nb::gil_scoped_release unlocked;
     trainer_->init_from(load_weights(path, trainer_->model().param_tensors()));
   }
 
