@@ -174,6 +174,8 @@ class PyTrainer {
  private:
   void set_callback(nb::object& slot, nb::object fn) {
     if (!fn.is_none() && !PyCallable_Check(fn.ptr())) throw nb::type_error("expected a callable");
+    // The workers read the slots without the lock (call()): they are fixed once run() starts.
+    if (ran_) throw nb::value_error("set the callbacks before run()");
     slot = std::move(fn);
   }
 

@@ -97,7 +97,18 @@ def test_ctrl_c_stops_cleanly_then_raises_keyboard_interrupt(tmp_path):
     assert 10 <= saved.step < 40
 
 
-def test_a_callback_must_be_callable():
+def test_a_callback_must_be_callable_and_set_before_run():
     trainer = lockstep.Trainer(lockstep.Config.from_dict(mlp_config(steps=1)))
     with pytest.raises(TypeError, match="callable"):
         trainer._native.on_step(3)
+    refused = []
+
+    def on_step(m):  # from inside the run: the workers read the callbacks without the lock
+        try:
+            trainer.on_eval(print)
+        except ValueError as e:
+            refused.append(str(e))
+
+    trainer.on_step(on_step)
+    trainer.run()
+    assert refused == ["set the callbacks before run()"]
