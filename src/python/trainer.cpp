@@ -234,6 +234,9 @@ class PyTrainer {
     runner.join();
   }
 
+  friend int traverse(PyObject* self, visitproc visit, void* arg);
+  friend int clear(PyObject* self);
+
   std::unique_ptr<Trainer> trainer_;
   std::string model_;  // describe_model()
   nb::object on_step_, on_eval_, on_checkpoint_;
@@ -242,10 +245,35 @@ class PyTrainer {
   bool ran_ = false;
 };
 
+// The callbacks hold Python objects from C++, where the cycle collector cannot see them: a
+// callback that refers to its trainer (a closure over it, a module's globals) would keep both
+// alive for ever. tp_traverse shows the collector those references, and tp_clear drops them.
+int traverse(PyObject* self, visitproc visit, void* arg) {
+  Py_VISIT(Py_TYPE(self));
+  if (!nb::inst_ready(self)) return 0;  // not yet constructed
+  const PyTrainer* t = nb::inst_ptr<PyTrainer>(self);
+  Py_VISIT(t->on_step_.ptr());
+  Py_VISIT(t->on_eval_.ptr());
+  Py_VISIT(t->on_checkpoint_.ptr());
+  return 0;
+}
+
+int clear(PyObject* self) {
+  PyTrainer* t = nb::inst_ptr<PyTrainer>(self);
+  t->on_step_.reset();
+  t->on_eval_.reset();
+  t->on_checkpoint_.reset();
+  return 0;
+}
+
+PyType_Slot trainer_slots[] = {{Py_tp_traverse, reinterpret_cast<void*>(traverse)},
+                               {Py_tp_clear, reinterpret_cast<void*>(clear)},
+                               {0, nullptr}};
+
 }  // namespace
 
 void bind_trainer(nb::module_& m) {
-  nb::class_<PyTrainer>(m, "_Trainer")
+  nb::class_<PyTrainer>(m, "_Trainer", nb::type_slots(trainer_slots))
       .def(nb::init<Config, std::optional<PyDataset>, std::optional<PyDataset>>(), "config"_a,
            "train"_a.none(), "eval"_a.none())
       .def("on_step", &PyTrainer::on_step, "fn"_a.none())

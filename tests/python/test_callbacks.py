@@ -1,10 +1,12 @@
 """Callbacks on worker 0's thread, and stopping a run from Python: a callback's exception,
 request_stop() from another thread, and Ctrl-C."""
 
+import gc
 import os
 import signal
 import threading
 import time
+import weakref
 
 import pytest
 
@@ -112,3 +114,12 @@ def test_a_callback_must_be_callable_and_set_before_run():
     trainer.on_step(on_step)
     trainer.run()
     assert refused == ["set the callbacks before run()"]
+
+
+def test_a_trainer_its_own_callback_refers_to_is_collected():
+    trainer = lockstep.Trainer(lockstep.Config.from_dict(mlp_config(steps=1)))
+    trainer.on_step(lambda m, t=trainer: t.request_stop())  # a cycle through the C++ trainer
+    alive = weakref.ref(trainer)
+    del trainer
+    gc.collect()
+    assert alive() is None

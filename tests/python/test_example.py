@@ -16,6 +16,7 @@ def test_the_example_trains_and_learns():
     accuracy = float(re.search(r"eval accuracy ([0-9.]+)", r.stdout).group(1))
     assert accuracy > 0.9, r.stdout
     assert "replicas identical: True" in r.stdout
+    assert "leaked" not in r.stderr, r.stderr  # nanobind's count of objects alive at exit
 
 
 def test_the_readme_shows_the_example_verbatim():
