@@ -25,11 +25,25 @@ using dnnl::memory;
 // oneDNN computes with as many OpenMP threads as the calling thread may start: one, here. The
 // OpenMP runtime is oneDNN's own (Debian's libdnnl loads libgomp), looked up rather than linked,
 // so that a build with another compiler's OpenMP cannot set the wrong runtime's threads; a
-// oneDNN without OpenMP has no such function, and no team to start.
+// oneDNN without OpenMP has no such function, and no team to start. It is looked up among
+// oneDNN's own dependencies first: in a process that loaded lockstep with RTLD_LOCAL (Python
+// imports extension modules so), the runtime is not in the global scope that RTLD_DEFAULT
+// searches, and each product would start a team of every core's threads beside the workers.
+void* find_omp_set_num_threads() {
+  Dl_info info{};
+  if (dladdr(reinterpret_cast<void*>(&dnnl_version), &info) != 0 && info.dli_fname != nullptr) {
+    if (void* dnnl = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD)) {
+      void* found = dlsym(dnnl, "omp_set_num_threads");  // the library, then its dependencies
+      dlclose(dnnl);  // oneDNN stays loaded: this process links it
+      if (found != nullptr) return found;
+    }
+  }
+  return dlsym(RTLD_DEFAULT, "omp_set_num_threads");
+}
+
 void one_onednn_thread() {
   using SetThreads = void (*)(int);
-  static const auto set_threads =
-      reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"));
+  static const auto set_threads = reinterpret_cast<SetThreads>(find_omp_set_num_threads());
   thread_local const bool set = [] {
     if (set_threads) set_threads(1);
     return true;
