@@ -4,7 +4,8 @@ Called by scripts/check_packages.sh, which says why. Usage:
   check_packages.py TRACE_DIR BUILD_DIR PACKAGE...
 TRACE_DIR holds strace logs (strace -f -o ...) of a fresh configure and of the tests that use
 Python; BUILD_DIR is the built folder whose compiles and links count too: their dependency files
-(*.o.d, the compiler's -MD output: every header a compile read) and link lines (link.txt: every
+(*.o.d, the compiler's -MD output: every header a compile read; *.gch.d for the precompiled
+headers, whose headers the compiles that use them do not list) and link lines (link.txt: every
 library a link read); PACKAGE... is the install list of scripts/common.sh.
 
 Of the traces, a file counts when a program opened or ran it (CMake its package files and the
@@ -61,7 +62,7 @@ def built_files(build_dir):
     files = {}
     for root, _, names in os.walk(build_dir):
         for name in names:
-            if name.endswith(".o.d"):
+            if name.endswith((".o.d", ".gch.d")):
                 with open(os.path.join(root, name), errors="replace") as f:
                     for word in f.read().replace("\\\n", " ").split():
                         word = word.rstrip(":")

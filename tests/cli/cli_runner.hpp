@@ -2,6 +2,7 @@
 #pragma once
 
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -44,7 +45,7 @@ inline std::optional<std::string> unprivileged_prefix() {
 }
 
 // The lockstep binary, quoted for a shell.
-inline std::string cli_path() { return std::string("\"") + LOCKSTEP_CLI_PATH + "\""; }
+inline std::string cli_path() { return fmt::format("\"{}\"", LOCKSTEP_CLI_PATH); }
 
 // `env` (e.g. "LOCKSTEP_FAULT=2:10:forward") is prefixed to the command when given.
 inline CliResult run_cli(const std::string& args, const std::string& env = {}) {

@@ -7,6 +7,7 @@
 // The idx files are named for their role: images-* is read as images beside valid/labels.idx,
 // labels-* as labels beside valid/images.idx.
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -82,7 +83,7 @@ struct CliResult {
 
 CliResult run_cli(const fs::path& config) {
   const std::string cmd =
-      std::string("\"") + LOCKSTEP_CLI_PATH + "\" train \"" + config.string() + "\" 2>&1";
+      fmt::format("\"{}\" train \"{}\" 2>&1", LOCKSTEP_CLI_PATH, config.string());
   CliResult r;
   FILE* pipe = popen(cmd.c_str(), "r");
   REQUIRE(pipe != nullptr);

@@ -201,7 +201,9 @@ TEST_CASE("interop: export --format hf writes the run's tokenizer, and AutoToken
   const auto r = run_command(python + " \"" + kSource + "/tests/interop/hf_gpt2.py\" tokenize " + hf + " " + file.string());
   REQUIRE_MESSAGE(r.code == 0, r.output);
   std::string ours;
-  for (const lockstep::TokenId id : lockstep::Tokenizer::load(ranks).encode(text))
-    ours += (ours.empty() ? "" : " ") + std::to_string(id);
+  for (const lockstep::TokenId id : lockstep::Tokenizer::load(ranks).encode(text)) {
+    if (!ours.empty()) ours += ' ';
+    ours += std::to_string(id);
+  }
   CHECK(r.output.substr(r.output.rfind('\n', r.output.size() - 2) + 1) == ours + "\n");
 }

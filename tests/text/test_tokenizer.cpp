@@ -163,7 +163,8 @@ TEST_CASE("tokenizer: a megabyte-long piece encodes (the heap search, and PCRE2'
   std::string letters(1 << 20, 'a');
   for (std::size_t i = 0; i < letters.size(); i += 7) letters[i] = "bcde"[i % 4];
   CHECK(t.hf.decode(t.hf.encode(letters)) == letters);
-  const std::string spaces = std::string(1 << 20, ' ') + "x";
+  std::string spaces(1 << 20, ' ');
+  spaces += 'x';
   CHECK(t.ranks.decode(t.ranks.encode(spaces)) == spaces);
 }
 
