@@ -6,6 +6,7 @@
 //   std::string_view name = lockstep::to_string(f);   // "gelu", as spelt in the YAML
 #pragma once
 
+#include <optional>
 #include <string_view>
 
 #include "lockstep/export.hpp"
@@ -48,6 +49,10 @@ LOCKSTEP_API std::string_view to_string(WorkerFailurePolicy);
 LOCKSTEP_API std::string_view to_string(Precision);
 LOCKSTEP_API std::string_view to_string(ReduceDtype);
 LOCKSTEP_API std::string_view to_string(AttentionKind);
+
+// The backend a spelling of trainer.backend names ("auto", "cpu", "cuda"); nullopt for any other
+// text. For options outside a config: `lockstep sample --backend`, Python's sample(backend=).
+LOCKSTEP_API std::optional<BackendKind> backend_kind(std::string_view spelling);
 
 // Token ids travel to the embedding as floats, which hold every integer below 2^24 exactly.
 inline constexpr int kMaxVocabSize = 1 << 24;

@@ -48,11 +48,9 @@ std::string override_arg(std::string_view text, const std::string_view* next) {
 
 BackendKind backend_flag(const CommandArgs& args) {
   const std::string name = args.get("--backend");
-  if (name == "cpu") return BackendKind::cpu;
-  if (name == "cuda") return BackendKind::cuda;
-  if (!name.empty() && name != "auto")
-    throw InputError(fmt::format("--backend: expected auto, cpu or cuda, got '{}'", name));
-  return BackendKind::automatic;
+  if (name.empty()) return BackendKind::automatic;
+  if (const std::optional<BackendKind> kind = backend_kind(name)) return *kind;
+  throw InputError(fmt::format("--backend: expected auto, cpu or cuda, got '{}'", name));
 }
 
 void warn(const std::string& message) { fmt::print(stderr, "lockstep: warning: {}\n", message); }

@@ -1439,6 +1439,12 @@ std::string read_config_file(const std::filesystem::path& file) {
 
 std::string_view to_string(Activation v) { return spelling(kActivations, v); }
 std::string_view to_string(DatasetKind v) { return spelling(kDatasetKinds, v); }
+
+std::optional<BackendKind> backend_kind(std::string_view name) {
+  for (const auto& s : kBackendKinds)
+    if (s.name == name) return s.value;
+  return std::nullopt;
+}
 std::string_view to_string(TokenFormat v) { return spelling(kTokenFormats, v); }
 std::string_view to_string(OptimizerKind v) { return spelling(kOptimizerKinds, v); }
 std::string_view to_string(ScheduleKind v) { return spelling(kScheduleKinds, v); }

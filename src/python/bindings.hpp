@@ -57,9 +57,11 @@ inline nb::dict tensors_to_numpy(std::span<const ParamTensor> tensors, std::span
   return out;
 }
 
-// The checkpoint at `path`: a checkpoint's file, or the newest complete checkpoint of a
-// directory (InputError when it has none). What the loader warns of is appended to `warnings`.
-Checkpoint load_checkpoint_at(const std::filesystem::path& path, std::vector<std::string>& warnings);
+// A loader's warnings, appended to `warnings`, to be raised as Python warnings once the lock is
+// held again.
+inline CheckpointManager::Warn collect(std::vector<std::string>& warnings) {
+  return [&warnings](const std::string& w) { warnings.push_back(w); };
+}
 
 void bind_trainer(nb::module_& m);
 

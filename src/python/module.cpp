@@ -203,7 +203,7 @@ void bind_checkpoints(nb::module_& m) {
         std::optional<Checkpoint> loaded;
         {
           nb::gil_scoped_release unlocked;
-          loaded = load_checkpoint_at(path, warnings);
+          loaded = CheckpointManager::load(path, collect(warnings));
         }
         const Checkpoint& ckpt = *loaded;
         nb::dict out;
@@ -228,10 +228,8 @@ void bind_checkpoints(nb::module_& m) {
 }
 
 // "auto", "cpu" or "cuda": trainer.backend's spellings.
-BackendKind backend_kind(std::string_view name) {
-  if (name == "auto") return BackendKind::automatic;
-  if (name == "cpu") return BackendKind::cpu;
-  if (name == "cuda") return BackendKind::cuda;
+BackendKind backend_option(std::string_view name) {
+  if (const std::optional<BackendKind> kind = backend_kind(name)) return *kind;
   throw InputError("backend: expected auto, cpu or cuda, got '" + std::string(name) + "'");
 }
 
@@ -239,9 +237,9 @@ void bind_generation(nb::module_& m) {
   m.def(
       "_sample",
       [](SampleRequest request, const std::string& backend, nb::object on_token) {
-        request.backend = backend_kind(backend);
+        request.backend = backend_option(backend);
         std::vector<std::string> warnings;
-        request.warn = [&](const std::string& w) { warnings.push_back(w); };
+        request.warn = collect(warnings);
         TokenCallback callback;
         if (!on_token.is_none())
           callback = [&](int token, std::string_view piece) {
@@ -289,7 +287,7 @@ void bind_generation(nb::module_& m) {
         std::vector<std::string> warnings;
         ExportRequest request{.checkpoint = checkpoint, .out = out, .format = format,
                               .dtype = dtype, .tokenizer = tokenizer,
-                              .warn = [&](const std::string& w) { warnings.push_back(w); }};
+                              .warn = collect(warnings)};
         ExportResult r;
         {
           nb::gil_scoped_release unlocked;
@@ -306,15 +304,6 @@ void bind_generation(nb::module_& m) {
 }
 
 }  // namespace
-
-Checkpoint load_checkpoint_at(const std::filesystem::path& path,
-                              std::vector<std::string>& warnings) {
-  const auto warn = [&](const std::string& w) { warnings.push_back(w); };
-  if (!std::filesystem::is_directory(path)) return CheckpointManager::load(path, warn);
-  std::optional<Checkpoint> latest = CheckpointManager(path, 0).load_latest(warn);
-  if (!latest) throw InputError(path.string() + ": no checkpoint in this directory");
-  return std::move(*latest);
-}
 
 }  // namespace lockstep::python
 

@@ -122,7 +122,7 @@ class PyTrainer {
     std::vector<std::string> warnings;
     {
       nb::gil_scoped_release unlocked;
-      trainer_->resume_from(load_checkpoint_at(path, warnings));
+      trainer_->resume_from(CheckpointManager::load(path, collect(warnings)));
     }
     warn_all(warnings);
     return trainer_->resumed_step();
