@@ -44,7 +44,9 @@
 #     of GPU 0 for the host syncs per step (`host_syncs_per_step` of --summary-json, "n/a" when
 #     the build does not report it) and the share of communication hidden; the same 4 replicas
 #     losing one at step 20 with trainer.on_worker_failure shrink (issue 28: exit 0, one worker
-#     lost, step 20 done again within 10 s of step 19's end); bench_kernels (the
+#     lost, step 20 done again within 10 s of step 19's end); GPT-2 124M bf16 taking an
+#     asynchronous in-memory snapshot every 5 steps, the cost per snapshot against the steps
+#     without (issue 28, bench/snapshot_cost.py); bench_kernels (the
 #     kernels of issue 17 at GPT-2 124M's shapes, the LM head with and without the padded
 #     vocabulary); two fault cases on 4 peer replicas (LOCKSTEP_FAULT forward, and stall with
 #     trainer.step_timeout_s 2), each of which must exit 1 within 10 s; two processes making one
@@ -145,6 +147,7 @@ LINEAR_RESULT="not run"
 STEP_RESULT="not run"
 ATTENTION_RESULT="not run"
 SHRINK_RESULT="not run"
+SNAPSHOT_RESULT="not run"
 KERNELS_RESULT="not run"
 FAULT_RESULT=" not run"
 FAILED=0
@@ -592,6 +595,19 @@ PY
   [ "${SHRINK_RESULT:0:2}" = ok ] || FAILED=1
   say "GPU shrink: $SHRINK_RESULT"
 }
+phase_snapshot() {
+  # Issue 28: what an asynchronous snapshot (pinned memory, its own stream; Note [Snapshots])
+  # costs GPT-2 124M's bf16 step on one GPU, at one snapshot every 50 steps (goal <= 2%).
+  if run_phase snapshot 90 "$OUT/snapshot.log" python3 "$ROOT/bench/snapshot_cost.py" \
+    --build "$BUILD" --device cuda --preset 124m --batch 8 --precision bf16 --every 5 \
+    --snapshots 6 --warmup 5; then
+    SNAPSHOT_RESULT=$(grep -m1 '^snapshot_cost:' "$OUT/snapshot.log" | sed 's/^snapshot_cost: //')
+  else
+    SNAPSHOT_RESULT="FAILED (see snapshot.log)"
+    FAILED=1
+  fi
+  say "GPU snapshot: $SNAPSHOT_RESULT"
+}
 phase_kernels() {
   if run_phase kernels 60 "$OUT/kernels.log" "$BUILD/bench/bench_kernels" --tf32; then
     KERNELS_RESULT="ok"
@@ -639,11 +655,11 @@ phase_torch() {
 
 # The order is what the current wave most needs measured first (issue 25's bf16 step against
 # PyTorch at its best, issue 32's attention, the fused linear layers, the step's host syncs and
-# device busy share, issue 28's shrink, the fault cases, issue 31's two NCCL ranks), then what
+# device busy share, issue 28's shrink and snapshots, the fault cases, issue 31's two NCCL ranks), then what
 # earlier runs measured already (bench/GPU.md). A phase starts only with 45 s or more of the
 # budget left; the others are listed as not run.
-GPU_PHASES_DEFAULT="gpt_bf16 attention linear gpu_step shrink faults two_process microbatch \
-bf16_model gpt_parity kernels gpt_bench bench_gpu torch"
+GPU_PHASES_DEFAULT="gpt_bf16 attention linear gpu_step shrink snapshot faults two_process \
+microbatch bf16_model gpt_parity kernels gpt_bench bench_gpu torch"
 PHASES_NOT_RUN=""
 if [ -n "$GPU_LINE" ]; then
   rm -f "$OUT/bench_gpu.csv" "$OUT/torch.csv"
@@ -681,6 +697,7 @@ fi
   grep '^gpu_extra_linear: ' "$OUT/linear.log" 2>/dev/null | sed 's/^gpu_extra_linear: /             /'
   echo "GPU step     $STEP_RESULT"
   echo "GPU shrink   $SHRINK_RESULT"
+  echo "GPU snapshot $SNAPSHOT_RESULT"
   echo "faults      $FAULT_RESULT"
   echo "2 NCCL ranks on 1 GPU: $TWO_PROCESS_RESULT"
   echo "kernels      $KERNELS_RESULT"

@@ -113,6 +113,49 @@ class LOCKSTEP_API StagedBuffer {
   virtual void* device_pointer() noexcept = 0;
 };
 
+// Note [Downloads]
+//   A copy of device memory to the host that the host does not wait for: the mirror of a
+//   StagedBuffer. A GPU's runs on a stream of its own, into pinned memory (Device::
+//   allocate_host), while the kernels queued after it run; only the kernels that would overwrite
+//   what it copies must wait for it, and they wait on the device (fence), never the host.
+//     std::unique_ptr<Download> d = device.make_download();
+//     d->start(copies);        // after every kernel queued so far; returns at once
+//     ...                      // kernels that only read the copied memory overlap the copies
+//     d->fence();              // kernels queued from here on run after the copies
+//     device.adamw_step(...);  // may overwrite the copied memory
+//     if (d->done()) ...;      // polls; wait() waits
+//   A device whose operations finish before they return (the CPU) copies in start().
+//   In-memory snapshots (Note [Snapshots] in src/train/snapshot.hpp) are its user.
+
+// One copy of a Download: `bytes` of device memory at `device` to host memory at `host`.
+struct LOCKSTEP_API Transfer {
+  void* host = nullptr;
+  const void* device = nullptr;
+  std::size_t bytes = 0;
+};
+
+// Made by Device::make_download; used on the device's thread. See Note [Downloads].
+class LOCKSTEP_API Download {
+ public:
+  virtual ~Download() = default;
+  // Starts `copies`, ordered after every kernel queued so far, and returns. The host memory must
+  // stay alive, and the previous start's copies must be done (done()).
+  virtual void start(std::span<const Transfer> copies) = 0;
+  // Orders every kernel queued after this call after the last start()'s copies.
+  virtual void fence() = 0;
+  // Whether the last start()'s copies have landed in host memory (true before any start). Never
+  // waits.
+  virtual bool done() = 0;
+  // Returns once done(); throws CommAborted if the group is aborted first (Note [Abortable
+  // waits]). Flow control, not a host sync (Note [Host syncs]): it waits for copies started
+  // steps ago, not for the kernels just queued.
+  virtual void wait() = 0;
+};
+
+// Host memory a Download may copy into; freed when its last owner lets go, which may be after
+// the device that made it is gone.
+using HostMemory = std::shared_ptr<std::byte[]>;
+
 // Where a device's work is ordered, as a communicator needs it to order its collectives with
 // the worker's kernels (Communicator::bind). A CPU device's queue is the calling thread.
 struct LOCKSTEP_API DeviceQueue {
@@ -590,6 +633,12 @@ class LOCKSTEP_API Device : public MemoryOps,
   // The default copies synchronously with copy_to_device; a GPU stages through pinned memory on
   // a copy stream. Destroy the buffer before its device.
   virtual std::unique_ptr<StagedBuffer> make_staged_buffer(std::size_t bytes);
+  // Note [Downloads]. The default copies synchronously with copy_to_host (host syncs); a GPU
+  // copies on a stream of its own. Destroy the download before its device.
+  virtual std::unique_ptr<Download> make_download();
+  // `bytes` of host memory for a Download to copy into: plain memory, or pinned on a GPU (which
+  // its copies need to overlap the kernels). Not zeroed.
+  virtual HostMemory allocate_host(std::size_t bytes);
 
   // softmax_cross_entropy's loss and correct count, read back at once (two host syncs and a
   // small allocation: for tests and tools, not for a training step). Throws InputError for a
@@ -700,6 +749,30 @@ class CopyStagedBuffer final : public StagedBuffer {
 
 inline std::unique_ptr<StagedBuffer> Device::make_staged_buffer(std::size_t bytes) {
   return std::make_unique<CopyStagedBuffer>(*this, bytes);
+}
+
+// The default Download: copy_to_host at start(), so every copy has landed when it returns.
+class CopyDownload final : public Download {
+ public:
+  explicit CopyDownload(Device& device) : device_(device) {}
+  void start(std::span<const Transfer> copies) override {
+    for (const Transfer& t : copies)
+      if (t.bytes) device_.copy_to_host(t.host, t.device, t.bytes);
+  }
+  void fence() override {}
+  bool done() override { return true; }
+  void wait() override {}
+
+ private:
+  Device& device_;
+};
+
+inline std::unique_ptr<Download> Device::make_download() {
+  return std::make_unique<CopyDownload>(*this);
+}
+
+inline HostMemory Device::allocate_host(std::size_t bytes) {
+  return HostMemory(new std::byte[std::max<std::size_t>(bytes, 1)]);
 }
 
 struct LOCKSTEP_API DeviceInfo {

@@ -45,6 +45,23 @@ void CpuDevice::copy(void* dst, const void* src, std::size_t bytes) {
   if (bytes) std::memcpy(dst, src, bytes);
 }
 
+namespace {
+
+class CpuDownload final : public Download {
+ public:
+  void start(std::span<const Transfer> copies) override {
+    for (const Transfer& t : copies)
+      if (t.bytes) std::memcpy(t.host, t.device, t.bytes);
+  }
+  void fence() override {}
+  bool done() override { return true; }
+  void wait() override {}
+};
+
+}  // namespace
+
+std::unique_ptr<Download> CpuDevice::make_download() { return std::make_unique<CpuDownload>(); }
+
 // Composed, always: the definition (Note [Fused linear]). Counted as a GPU counts its products.
 void CpuDevice::linear_forward(const LinearForward& f) {
   detail::compose_linear_forward(*this, f);

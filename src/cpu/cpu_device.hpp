@@ -63,6 +63,9 @@ class CpuDevice final : public Device {
   void copy_to_host(void* host_dst, const void* src, std::size_t bytes) override;
   void copy(void* dst, const void* src, std::size_t bytes) override;
   void synchronize() override { count_host_sync(); }
+  // Note [Downloads]: copies at start(), as memcpy; not a host sync, as a GPU's queued copy is
+  // not, so that the CPU counts what a GPU's step would.
+  std::unique_ptr<Download> make_download() override;
 
   // ---- Elementwise (ops/elementwise.cpp) ------------------------------------------------------
 

@@ -19,6 +19,7 @@
 #include "common/gemm_shape.hpp"
 #include "common/linear.hpp"
 #include "cuda/check.hpp"
+#include "cuda/cuda_download.hpp"
 #include "cuda/cuda_staged_buffer.hpp"
 #include "cuda/nvtx.hpp"
 #include "cuda/stream_work.hpp"
@@ -204,6 +205,15 @@ void CudaDevice::copy_to_device(void* dst, const void* host_src, std::size_t byt
 
 std::unique_ptr<StagedBuffer> CudaDevice::make_staged_buffer(std::size_t bytes) {
   return std::make_unique<CudaStagedBuffer>(*this, stream(), copy_stream_.get(), bytes);
+}
+
+std::unique_ptr<Download> CudaDevice::make_download() {
+  return std::make_unique<CudaDownload>(*this, stream());
+}
+
+HostMemory CudaDevice::allocate_host(std::size_t bytes) {
+  DeviceGuard guard(id_);
+  return allocate_pinned(bytes);
 }
 
 // A cudaMemcpyAsync into pageable memory returns only once the copy is done, so the host thread

@@ -56,6 +56,8 @@ class CudaDevice final : public Device {
   void copy_to_host(void* host_dst, const void* src, std::size_t bytes) override;
   void copy(void* dst, const void* src, std::size_t bytes) override;
   std::unique_ptr<StagedBuffer> make_staged_buffer(std::size_t bytes) override;
+  std::unique_ptr<Download> make_download() override;
+  HostMemory allocate_host(std::size_t bytes) override;
   void synchronize() override;
   void reserve_workspace(int rows, int columns) override;
   void mark_step(bool end) override;

@@ -64,16 +64,34 @@ bool is(const std::exception_ptr& error) {
 
 }  // namespace
 
-std::vector<int> FailureLog::lost_ranks() const {
-  std::lock_guard lock(mutex_);
+// Called with mutex_ held.
+std::vector<const FailureLog::Failure*> FailureLog::lost() const {
   std::vector<const Failure*> lost;
   for (const Failure& f : failures_)
     if (is<DeviceLost>(f.error)) lost.push_back(&f);
   std::sort(lost.begin(), lost.end(),
             [](const Failure* a, const Failure* b) { return a->order < b->order; });
+  return lost;
+}
+
+std::vector<int> FailureLog::lost_ranks() const {
+  std::lock_guard lock(mutex_);
   std::vector<int> ranks;
-  for (const Failure* f : lost) ranks.push_back(f->rank);
+  for (const Failure* f : lost()) ranks.push_back(f->rank);
   return ranks;
+}
+
+std::vector<std::string> FailureLog::losses() const {
+  std::lock_guard lock(mutex_);
+  std::vector<std::string> out;
+  for (const Failure* f : lost()) {
+    try {
+      std::rethrow_exception(f->error);
+    } catch (const std::exception& e) {
+      out.emplace_back(WorkerError(f->rank, f->device, e.what()).what());
+    }
+  }
+  return out;
 }
 
 bool FailureLog::only_losses() const {

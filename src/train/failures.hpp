@@ -24,6 +24,8 @@ class FailureLog {
   void rethrow_first(std::string_view why = {}) const;
   // The global ranks whose device was lost (DeviceLost), in the order caught.
   std::vector<int> lost_ranks() const;
+  // What each of them reported, worded as WorkerError words it, in the same order.
+  std::vector<std::string> losses() const;
   // Whether every failure is a lost device or the CommAborted it caused: what a shrink survives.
   bool only_losses() const;
   // Forgets every failure: the survivors' run after a shrink starts with none.
@@ -37,6 +39,7 @@ class FailureLog {
     std::string device;
   };
   const Failure& first_cause() const;
+  std::vector<const Failure*> lost() const;
 
   mutable std::mutex mutex_;
   std::vector<Failure> failures_;

@@ -104,6 +104,12 @@ std::vector<std::string> Optimizer::state_names() const {
   return cfg_.momentum > 0.0 ? std::vector<std::string>{"momentum"} : std::vector<std::string>{};
 }
 
+std::vector<const float*> Optimizer::state_data() const {
+  std::vector<const float*> out;
+  for (const std::string& name : state_names()) out.push_back((name == "adamw.v" ? v_ : m_).data());
+  return out;
+}
+
 std::vector<StateVector> Optimizer::state() const {
   std::vector<StateVector> out;
   for (std::string& name : state_names()) {

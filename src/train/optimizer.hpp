@@ -73,6 +73,10 @@ class Optimizer {
   const std::vector<ShardRange>& owned() const noexcept { return owned_; }
   // The names state() returns, without copying anything off the device.
   std::vector<std::string> state_names() const;
+  // The device memory of each vector state() returns, in the same order (Note [Snapshots] in
+  // snapshot.hpp copies it without a host sync); owned()[i] starts at state_offset(i) in each.
+  std::vector<const float*> state_data() const;
+  std::size_t state_offset(std::size_t range) const { return offset_.at(range); }
   // Restores the state of the whole buffer (a checkpoint's, as state() returns it without owned
   // ranges), keeping the owned elements, and the step count. Throws InputError naming `source`
   // if the vectors do not match this optimiser.

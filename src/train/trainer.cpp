@@ -566,9 +566,9 @@ void Trainer::Impl::work(RunResources& r, int rank) {
 //   3. Otherwise (a survivor had begun its update: the lost device died after its gradient was
 //      in, or while per-bucket updates ran; or ZeRO-1, where the lost worker held its shard of
 //      the optimiser state) the state is the newest in-memory snapshot: with
-//      trainer.snapshot_every K, local worker 0 copies the state to host memory after every
-//      K-th step's barrier, as a checkpoint would hold it (the optimiser state gathered under
-//      ZeRO-1), building a new one whole before it replaces the old (SnapshotSlot; one whose
+//      trainer.snapshot_every K, every worker copies its part of the state to host memory after
+//      every K-th step's barrier, as a checkpoint would hold it, and a snapshot replaces the
+//      older one only once every part has landed (Note [Snapshots] in snapshot.hpp: one whose
 //      copy an abort interrupts is dropped, the one before kept), or the state the group started
 //      from, whichever is newer: a recovery's (or --resume's) is held in memory, so a second
 //      loss while the survivors restore it (or in their first step) recovers from it again;
@@ -580,9 +580,10 @@ void Trainer::Impl::work(RunResources& r, int rank) {
 //      after the state are taken again (steps_redone), and their metrics reported again.
 //      Without any, the run stops and says why; so it does with fewer than trainer.min_workers survivors,
 //      or several processes (their communicators span the job and cannot be rebuilt from one).
-//      Snapshots cost a host copy of the parameters and optimiser state each K steps, on the
-//      step's own thread (a GPU's would need pinned memory and a copy stream); the memory plan
-//      counts two on the host (MemoryPlan::snapshots).
+//      Snapshots cost a copy of the parameters and optimiser state each K steps, 1/N of it per
+//      device: on a GPU asynchronous, into pinned memory, beside the next step's forward and
+//      backward; on the CPU a memcpy on the step's thread. The memory plan counts two on the
+//      host (MemoryPlan::snapshots).
 //   4. The communicators are made anew over the survivors' devices (Backend::
 //      rebuilds_communicators: the CPU's, and the CUDA backend's peer and NCCL groups; a
 //      backend that cannot is refused before step 1), and the
@@ -724,12 +725,8 @@ void Trainer::Impl::shrink(RunResources& r, Recovery recovery) {
       survivors.push_back(cfg.trainer.devices[rank]);
     else
       lost_devices.push_back(fmt::format("{}:{}", r.backend->name(), cfg.trainer.devices[rank]));
-  std::string error;
-  try {
-    r.failures.rethrow_first();
-  } catch (const std::exception& e) {
-    error = e.what();
-  }
+  // Every lost worker's error: two may be lost in one step.
+  const std::string error = fmt::format("{}", fmt::join(r.failures.losses(), "; "));
   const std::int64_t failed_step = recovery.failed_step;
   // Faults at or before the failed step have struck, or will never strike now.
   if (r.fault.step <= failed_step) r.fault = {};
@@ -834,6 +831,7 @@ std::vector<int> Trainer::Impl::run_workers(RunResources& r) {
   r.teardown = std::make_unique<RunResources::Teardown>(n);
   r.stage = std::make_unique<std::atomic<int>[]>(n);
   for (int rank = 0; rank < n; ++rank) r.stage[rank].store(RunResources::running);
+  r.snapshot.start_group(n);
   std::vector<std::thread> threads;
   threads.reserve(n);
   for (int rank = 0; rank < n; ++rank) {

@@ -155,6 +155,13 @@ void WorkerLoop::set_up(Backend& backend) {
     res_.optimizer->load_state(resume->optimizer_state, resume->state.optimizer_steps,
                                resume->weights_file.string());
   res_.record = std::make_unique<StepRecord>(dev, res_.reducer->grains());
+  if (snapshots()) {  // Note [Snapshots]: host memory for the first two, allocated now
+    res_.download = dev.make_download();
+    run_.snapshot.reserve(
+        rank_,
+        SnapshotSlot::part_floats(snapshot_ranges(), res_.optimizer->state_names().size()),
+        [&dev](std::size_t bytes) { return dev.allocate_host(bytes); });
+  }
   if (rank_ == 0) {
     run_.summary.buckets = res_.reducer->buckets().size();
     run_.summary.comm_mode = to_string(mode);
@@ -385,6 +392,7 @@ const StepRecord::Host& WorkerLoop::reduce_and_update() {
   StepRecord& record = *res_.record;
   const double lr = learning_rate(cfg.optimizer, cfg.schedule, pos_.step - 1, run_.total_steps);
   const bool per_bucket = updates_per_bucket();
+  fence_snapshot();
   if (per_bucket) res_.optimizer->begin_step();
   for (std::size_t i = 0; i < reducer.buckets().size(); ++i) {
     enter(Phase::all_reduce, static_cast<int>(i));
@@ -579,6 +587,9 @@ void WorkerLoop::end_of_step(bool stop_now) {
     TraceSpan span(track_, "replica check", pos_.step);
     check_replicas();
   }
+  // Note [Snapshots]: a snapshot step's barrier also makes the previous snapshot complete.
+  const std::int64_t every = tc.snapshot_every;
+  poll_snapshot(/*wait=*/snapshots() && step % every == 0);
   {
     enter(Phase::end_of_step);
     TraceSpan span(track_, "barrier", pos_.step);
@@ -605,18 +616,83 @@ void WorkerLoop::checkpoint_if_due(bool stop_now) {
   if (global_ == 0 && run_.checkpoints) save_checkpoint(std::move(state));
 }
 
-// trainer.snapshot_every: the state after the step's barrier, as a checkpoint of it would hold
-// it, in host memory (Note [Shrink] in trainer.cpp). With ZeRO-1 every rank takes part in
-// gathering the optimiser state.
+// Note [Snapshots] in snapshot.hpp. Only where a recovery can use them: with shrink, in one
+// process.
+bool WorkerLoop::snapshots() const {
+  const TrainerConfig& tc = run_.cfg.trainer;
+  return tc.snapshot_every > 0 && tc.on_worker_failure == WorkerFailurePolicy::shrink &&
+         comm_.size() == static_cast<int>(tc.devices.size());
+}
+
+// This worker's part of a snapshot: without ZeRO-1 an equal slice of the parameter buffer (in
+// whole grains, so that each copy starts aligned), with it the shards its optimiser owns.
+std::vector<SnapshotRange> WorkerLoop::snapshot_ranges() const {
+  const std::size_t n = res_.replica->param_count();
+  if (!zero()) {
+    const ShardRange r = shard_range(n, comm_.size(), global_, kZeroGrain);
+    if (r.size() == 0) return {};
+    return {{.begin = r.begin, .end = r.end, .state_at = r.begin}};
+  }
+  std::vector<SnapshotRange> ranges;
+  const std::vector<ShardRange>& owned = res_.optimizer->owned();
+  for (std::size_t i = 0; i < owned.size(); ++i)
+    if (owned[i].size() > 0)
+      ranges.push_back(
+          {.begin = owned[i].begin, .end = owned[i].end, .state_at = res_.optimizer->state_offset(i)});
+  return ranges;
+}
+
+// After the step's barrier: this worker's copy of its part of the state, started and not
+// waited for. Local worker 0 describes the snapshot.
 void WorkerLoop::snapshot_if_due() {
-  const std::int64_t every = run_.cfg.trainer.snapshot_every;
-  if (every <= 0 || pos_.step % every != 0 || (!zero() && rank_ != 0)) return;
+  if (!snapshots() || pos_.step % run_.cfg.trainer.snapshot_every != 0) return;
   enter(Phase::checkpoint);
   TraceSpan span(track_, "snapshot", pos_.step);
-  std::vector<StateVector> state = gather_optimizer_state();
-  if (rank_ == 0)
-    run_.snapshot.replace(
-        make_checkpoint(pos_, res_.optimizer->steps_taken(), std::move(state)));
+  Device& dev = *res_.device;
+  const std::vector<SnapshotRange> ranges = snapshot_ranges();
+  const std::vector<const float*> state = res_.optimizer->state_data();
+  std::optional<Checkpoint> skeleton;
+  if (rank_ == 0) {
+    skeleton = describe_state(pos_, res_.optimizer->steps_taken());
+    for (const std::string& name : res_.optimizer->state_names())
+      skeleton->optimizer_state.push_back({name, {}});
+  }
+  float* host = run_.snapshot.begin_part(
+      rank_, pos_.step, ranges, state.size(),
+      [&dev](std::size_t bytes) { return dev.allocate_host(bytes); }, std::move(skeleton));
+  run_.heartbeats.alive(rank_);  // memory may have been allocated: pinned, it takes a while
+  const std::size_t elements = SnapshotSlot::part_floats(ranges, 0);
+  std::vector<Transfer> copies;
+  std::size_t at = 0;
+  for (const SnapshotRange& r : ranges) {
+    const std::size_t bytes = r.size() * sizeof(float);
+    copies.push_back({host + at, res_.replica->params() + r.begin, bytes});
+    for (std::size_t k = 0; k < state.size(); ++k)
+      copies.push_back({host + (1 + k) * elements + at, state[k] + r.state_at, bytes});
+    at += r.size();
+  }
+  res_.download->start(copies);
+  snapshot_pending_ = pos_.step;
+  snapshot_fence_ = true;
+  poll_snapshot(/*wait=*/false);  // a device that copied in start() (the CPU) is done already
+}
+
+// Tells the slot once this worker's copy has landed: polled each step, waited for in a step
+// that takes the next snapshot.
+void WorkerLoop::poll_snapshot(bool wait) {
+  if (snapshot_pending_ < 0) return;
+  if (wait) res_.download->wait();
+  if (!res_.download->done()) return;
+  run_.snapshot.part_done(rank_, snapshot_pending_);
+  snapshot_pending_ = -1;
+}
+
+// Before the first write of the copied memory, the optimiser's update: on the device, after the
+// copy; the step's forward and backward have run beside it.
+void WorkerLoop::fence_snapshot() {
+  if (!snapshot_fence_) return;
+  res_.download->fence();
+  snapshot_fence_ = false;
 }
 
 // The optimiser state of the whole parameter buffer. With ZeRO-1 each rank holds its shards
@@ -678,12 +754,10 @@ void WorkerLoop::check_replicas() {
   }
 }
 
-Checkpoint WorkerLoop::make_checkpoint(const Position& at, std::int64_t optimizer_steps,
-                                       std::vector<StateVector> optimizer_state) const {
+Checkpoint WorkerLoop::describe_state(const Position& at, std::int64_t optimizer_steps) const {
   const Config& cfg = run_.cfg;
   Checkpoint ckpt;
   ckpt.tensors = run_.model.param_tensors();
-  ckpt.params = res_.replica->parameters();
   // What it takes to rebuild the model and prepare its inputs: `lockstep sample` and `eval`,
   // an export's reader.
   ckpt.metadata["lockstep.model"] = describe_model(cfg, *run_.train);
@@ -703,6 +777,13 @@ Checkpoint WorkerLoop::make_checkpoint(const Position& at, std::int64_t optimize
                 .optimizer_steps = optimizer_steps,
                 .seed = cfg.trainer.seed,
                 .config = config_values(cfg)};
+  return ckpt;
+}
+
+Checkpoint WorkerLoop::make_checkpoint(const Position& at, std::int64_t optimizer_steps,
+                                       std::vector<StateVector> optimizer_state) const {
+  Checkpoint ckpt = describe_state(at, optimizer_steps);
+  ckpt.params = res_.replica->parameters();
   ckpt.optimizer_state = std::move(optimizer_state);
   return ckpt;
 }

@@ -73,6 +73,7 @@
 #include "lockstep/trainer.hpp"
 #include "train/fault_injection.hpp"
 #include "train/device_busy.hpp"
+#include "train/snapshot.hpp"
 #include "train/step_record.hpp"
 #include "train/trace.hpp"
 #include "train/watchdog.hpp"
@@ -94,25 +95,6 @@ struct TrainerCallbacks {
   std::function<void(const EvalMetrics&)> eval;
   std::function<void(std::int64_t step, const std::string& weights_file)> checkpoint;
   TrainerHooks hooks;
-};
-
-// The newest in-memory snapshot (trainer.snapshot_every; Note [Shrink] in trainer.cpp): local
-// worker 0 builds a whole new one on the host, and only then replaces the old, so a failure
-// while it copies leaves the previous one. Thread-safe.
-class SnapshotSlot {
- public:
-  void replace(Checkpoint newest) {
-    std::lock_guard lock(mutex_);
-    newest_ = std::move(newest);
-  }
-  std::optional<Checkpoint> newest() const {
-    std::lock_guard lock(mutex_);
-    return newest_;
-  }
-
- private:
-  mutable std::mutex mutex_;
-  std::optional<Checkpoint> newest_;
 };
 
 // The run as its workers see it, set up by Trainer::run before the threads start. Workers only
@@ -223,6 +205,9 @@ class WorkerLoop {
     std::unique_ptr<StagedBatches> batches;
     // (batch x targets, classes); empty where the loss writes the replica's dlogits_bf16().
     DeviceArray<float> dlogits;
+    // trainer.snapshot_every's copies (Note [Snapshots]); last, so that it is destroyed first:
+    // its copies read the replica's and the optimiser's memory.
+    std::unique_ptr<Download> download;
   };
   // Where the run stands: the step being taken, and where the next batch comes from.
   struct Position {
@@ -292,8 +277,15 @@ class WorkerLoop {
   EvalMetrics evaluate();
   void check_replicas();
   void checkpoint_if_due(bool stop_now);
+  bool snapshots() const;
+  std::vector<SnapshotRange> snapshot_ranges() const;
   void snapshot_if_due();
+  void poll_snapshot(bool wait);
+  void fence_snapshot();
   std::vector<StateVector> gather_optimizer_state();
+  // A checkpoint of the state at `at`: everything but the parameters and the optimiser state's
+  // values (describe_state), then with them.
+  Checkpoint describe_state(const Position& at, std::int64_t optimizer_steps) const;
   Checkpoint make_checkpoint(const Position& at, std::int64_t optimizer_steps,
                              std::vector<StateVector> optimizer_state) const;
   void save_checkpoint(std::vector<StateVector> optimizer_state);
@@ -324,6 +316,10 @@ class WorkerLoop {
   SyncCount syncs_;
   DeviceBusy busy_;
   int skips_in_row_ = 0;  // updates dropped in a row by on_nonfinite: skip
+  // Note [Snapshots]: the step of this worker's copy not yet seen landed (-1: none), and
+  // whether the next update must still be ordered after it.
+  std::int64_t snapshot_pending_ = -1;
+  bool snapshot_fence_ = false;
 };
 
 }  // namespace lockstep::detail

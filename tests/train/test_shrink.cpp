@@ -21,6 +21,7 @@
 #include <fmt/format.h>
 
 #include "lockstep/lockstep.hpp"
+#include "train/failures.hpp"
 #include "trainer_fixtures.hpp"
 
 using namespace lockstep;
@@ -469,4 +470,17 @@ TEST_CASE("trainer.on_worker_failure and min_workers are config keys") {
   CHECK(cfg.trainer.min_workers == 3);
   CHECK_THROWS_AS(parse_config("data:\n  dataset: synthetic\ntrainer:\n  steps: 5\n  on_worker_failure: grow\n", "test"), InputError);
   CHECK_THROWS_AS(parse_config("data:\n  dataset: synthetic\ntrainer:\n  steps: 5\n  min_workers: 0\n", "test"), InputError);
+}
+
+// The note a shrink prints names every worker lost, not only the first (two may go in a step).
+TEST_CASE("shrink: the failure log words every lost worker's error, in the order caught") {
+  detail::FailureLog log;
+  log.record(2, std::make_exception_ptr(DeviceLost("the device of rank 2 was lost")), "cpu:2");
+  log.record(0, std::make_exception_ptr(CommAborted()), "cpu:0");
+  log.record(1, std::make_exception_ptr(DeviceLost("the device of rank 1 was lost")), "cpu:1");
+  CHECK(log.lost_ranks() == std::vector<int>{2, 1});
+  const std::vector<std::string> losses = log.losses();
+  REQUIRE(losses.size() == 2);
+  CHECK(losses[0] == "worker 2 (cpu:2): the device of rank 2 was lost");
+  CHECK(losses[1] == "worker 1 (cpu:1): the device of rank 1 was lost");
 }

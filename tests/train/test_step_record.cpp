@@ -1,7 +1,7 @@
 // The step record (Note [One read per step] in src/train/step_record.hpp) and host syncs (Note
 // [Host syncs] in device.hpp): the CPU device counts them where a GPU waits, a training step
-// makes exactly one, its record's read, whatever accumulate_steps, clipping, on_nonfinite and
-// trainer.zero; a label outside the classes is bad input.
+// makes exactly one, its record's read, whatever accumulate_steps, clipping, on_nonfinite,
+// trainer.zero and in-memory snapshots; a label outside the classes is bad input.
 #include <doctest/doctest.h>
 
 #include <memory>
@@ -25,6 +25,7 @@ struct Variant {
   double clip = 0.0;
   NonfinitePolicy policy = NonfinitePolicy::stop;
   int zero = 0;
+  int snapshot_every = 0;  // with on_worker_failure: shrink (Note [Snapshots])
 };
 
 const Variant kVariants[] = {
@@ -34,6 +35,8 @@ const Variant kVariants[] = {
     {"skip", 1, 0.0, NonfinitePolicy::skip},
     {"accumulate 3, clip 1.0, skip", 3, 1.0, NonfinitePolicy::skip},
     {"ZeRO-1, clip 1.0, skip", 1, 1.0, NonfinitePolicy::skip, 1},
+    {"snapshots every step", 1, 0.0, NonfinitePolicy::stop, 0, 1},
+    {"ZeRO-1, snapshots every 2 steps", 1, 0.0, NonfinitePolicy::stop, 1, 2},
 };
 
 void apply(const Variant& v, Config& cfg) {
@@ -41,6 +44,10 @@ void apply(const Variant& v, Config& cfg) {
   cfg.optimizer.clip_grad_norm = v.clip;
   cfg.trainer.on_nonfinite = v.policy;
   cfg.trainer.zero = v.zero;
+  if (v.snapshot_every > 0) {
+    cfg.trainer.on_worker_failure = WorkerFailurePolicy::shrink;
+    cfg.trainer.snapshot_every = v.snapshot_every;
+  }
   // Eval and replica checks close steps too, and are not counted.
   cfg.trainer.eval_every = 2;
   cfg.trainer.check_replicas_every = 2;
