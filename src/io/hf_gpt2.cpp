@@ -143,7 +143,8 @@ void export_hf_gpt2(const Checkpoint& ckpt, const fs::path& dir, TensorDtype dty
   const auto model = ckpt.metadata.find("lockstep.model");
   if (model == ckpt.metadata.end() || !model->second.starts_with("gpt "))
     detail::fail_input(ckpt.weights_file,
-                       fmt::format("not a GPT checkpoint ({}); --format hf needs model.type gpt",
+                       fmt::format("not a GPT checkpoint ({}); the Hugging Face GPT-2 format (hf) "
+                                   "needs model.type gpt",
                                    model == ckpt.metadata.end() ? "no lockstep.model in the metadata"
                                                                 : "lockstep.model: " + model->second));
   GptSpec spec;

@@ -440,3 +440,15 @@ TEST_CASE("export --format hf: config.json names the dtype of the weights (torch
     CHECK(it->second.text == name);
   }
 }
+
+// The message names the format, not the CLI's flag: Python's export(format="hf") reads it too.
+TEST_CASE("export --format hf: a checkpoint of another model is bad input, named") {
+  TempDir dir;
+  Checkpoint c;
+  c.weights_file = dir.path() / "mlp.safetensors";
+  c.metadata["lockstep.model"] = "mlp 4-8-3";
+  CHECK_THROWS_WITH_AS(export_hf_gpt2(c, dir.path() / "out", TensorDtype::f32),
+                       doctest::Contains("not a GPT checkpoint (lockstep.model: mlp 4-8-3); the "
+                                         "Hugging Face GPT-2 format (hf) needs model.type gpt"),
+                       InputError);
+}
