@@ -2,6 +2,7 @@
 #include "cuda/cuda_download.hpp"
 
 #include <algorithm>
+#include <stdexcept>
 
 #include <fmt/format.h>
 
@@ -57,7 +58,14 @@ void CudaDownload::wait() {
 
 HostMemory allocate_pinned(std::size_t bytes) {
   void* p = nullptr;
-  CUDA_CHECK(cudaHostAlloc(&p, std::max<std::size_t>(bytes, 1), cudaHostAllocPortable));
+  if (const cudaError_t e = cudaHostAlloc(&p, std::max<std::size_t>(bytes, 1), cudaHostAllocPortable);
+      e != cudaSuccess) {
+    (void)cudaGetLastError();
+    throw std::runtime_error(fmt::format(
+        "could not pin {:.1f} MiB of host memory for a download (cudaHostAlloc: {}); in-memory "
+        "snapshots (trainer.snapshot_every) need two copies of the parameters and optimizer state",
+        static_cast<double>(bytes) / (1 << 20), cudaGetErrorString(e)));
+  }
   // A device lost since may fail the free: the memory is then the process's until it exits.
   return HostMemory(static_cast<std::byte*>(p), [](std::byte* q) { (void)cudaFreeHost(q); });
 }
