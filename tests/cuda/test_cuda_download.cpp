@@ -13,7 +13,7 @@ using namespace lockstep;
 using namespace lockstep::test;
 
 TEST_SUITE("cuda") {
-  TEST_CASE("cuda: a download copies what was queued before it; a fenced writer waits for it") {
+  TEST_CASE("cuda: a download copies what was queued before it, and a fenced writer waits for it") {
     auto backend = cuda_or_skip();
     if (!backend) return;
     auto gpu = backend->create_device(0, 1, 0);

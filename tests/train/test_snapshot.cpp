@@ -121,7 +121,7 @@ TEST_CASE("snapshot slot: the newest is kept while the next is written, and give
   CHECK(a.count == 4);  // the reserved memory, reused
 }
 
-TEST_CASE("snapshot slot: a failed group's incomplete snapshot is dropped; the survivors go on") {
+TEST_CASE("snapshot slot: a failed group's incomplete snapshot is dropped, the survivors go on") {
   SnapshotSlot slot;
   Allocations a;
   slot.start_group(2);
