@@ -246,7 +246,7 @@ class NcclCommunicator final : public Communicator {
     if (root < 0 || root >= size_) throw std::invalid_argument("broadcast: root out of range");
     if (count == 0) return check_not_aborted();
     enqueue([&](ncclComm_t comm, cudaStream_t stream) {
-      NCCL_CHECK(ncclBroadcast(data, data, count, ncclFloat, root, comm, stream));
+      NCCL_START(ncclBroadcast(data, data, count, ncclFloat, root, comm, stream));
     });
   }
 
@@ -257,14 +257,14 @@ class NcclCommunicator final : public Communicator {
     enqueue([&](ncclComm_t comm, cudaStream_t stream) {
       if (const std::size_t shard = equal_shard(count, grain)) {
         float* mine = data + static_cast<std::size_t>(rank_) * shard;
-        NCCL_CHECK(ncclReduceScatter(data, mine, shard, ncclFloat, nccl_op, comm, stream));
+        NCCL_START(ncclReduceScatter(data, mine, shard, ncclFloat, nccl_op, comm, stream));
         return;
       }
       for (int root = 0; root < size_; ++root) {
         const ShardRange s = shard_range(count, size_, root, grain);
         if (s.size() == 0) continue;
         float* at = data + s.begin;
-        NCCL_CHECK(ncclReduce(at, at, s.size(), ncclFloat, nccl_op, root, comm, stream));
+        NCCL_START(ncclReduce(at, at, s.size(), ncclFloat, nccl_op, root, comm, stream));
       }
     });
   }
@@ -274,14 +274,14 @@ class NcclCommunicator final : public Communicator {
     enqueue([&](ncclComm_t comm, cudaStream_t stream) {
       if (const std::size_t shard = equal_shard(count, grain)) {
         const float* mine = data + static_cast<std::size_t>(rank_) * shard;
-        NCCL_CHECK(ncclAllGather(mine, data, shard, ncclFloat, comm, stream));
+        NCCL_START(ncclAllGather(mine, data, shard, ncclFloat, comm, stream));
         return;
       }
       for (int root = 0; root < size_; ++root) {
         const ShardRange s = shard_range(count, size_, root, grain);
         if (s.size() == 0) continue;
         float* at = data + s.begin;
-        NCCL_CHECK(ncclBroadcast(at, at, s.size(), ncclFloat, root, comm, stream));
+        NCCL_START(ncclBroadcast(at, at, s.size(), ncclFloat, root, comm, stream));
       }
     });
   }
@@ -328,7 +328,7 @@ class NcclCommunicator final : public Communicator {
     if (count == 0) return check_not_aborted();  // the same count on every rank
     const ncclRedOp_t nccl_op = op == ReduceOp::avg ? ncclAvg : ncclSum;
     enqueue([&](ncclComm_t comm, cudaStream_t stream) {
-      NCCL_CHECK(ncclAllReduce(data, data, count, type, nccl_op, comm, stream));
+      NCCL_START(ncclAllReduce(data, data, count, type, nccl_op, comm, stream));
     });
   }
 
