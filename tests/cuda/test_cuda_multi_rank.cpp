@@ -225,4 +225,42 @@ TEST_SUITE("cuda multi-rank") {
     REQUIRE_MESSAGE(std::regex_search(summary, m, seconds), summary);
     CHECK(std::stod(m[1].str()) < 10.0);
   }
+
+  // Note [Snapshots] on the GPU: with ZeRO-1 the lost replica's optimiser shard is gone, so the
+  // state is the newest complete snapshot, copied asynchronously (pinned memory, its own stream)
+  // by every replica. Replica 1 is lost at step 8's backward; the snapshot of step 6 has landed
+  // unless its copies were still running at step 7's end, when it is step 3's. Either way the
+  // run ends bit-identical to a resume on the 3 others from a checkpoint of that step.
+  TEST_CASE("cuda multi-rank: under ZeRO-1 a lost peer replica recovers from the asynchronous snapshot") {
+    auto cuda = test::cuda_or_skip();
+    if (!cuda) return;
+    auto train = std::make_shared<TokenDataset>(test::token_stream(4000, 8, 1));
+    const fs::path dir = fresh_dir("snapshot_reference");
+    Config reference = multi_rank_gpt({0, 0, 0, 0}, 1, dir);
+    reference.trainer.checkpoint.every_steps = 1;
+    reference.trainer.checkpoint.keep_last = 100;
+    Trainer(reference, train, nullptr).run();
+
+    Config cfg = multi_rank_gpt({0, 0, 0, 0}, 1, fresh_dir("snapshot"));
+    cfg.trainer.checkpoint.dir.clear();
+    cfg.trainer.on_worker_failure = WorkerFailurePolicy::shrink;
+    cfg.trainer.snapshot_every = 3;
+    Summary s;
+    std::vector<float> shrunk_params;
+    {
+      test::ScopedEnv fault("LOCKSTEP_FAULT", "1:8:lost:backward");
+      Trainer shrunk(cfg, train, nullptr);
+      s = shrunk.run();
+      shrunk_params = shrunk.final_parameters();
+    }
+    CHECK(s.workers_lost == 1);
+    REQUIRE((s.steps_redone == 1 || s.steps_redone == 4));
+    Config survivors = multi_rank_gpt({0, 0, 0}, 1, fresh_dir("snapshot_survivors"));
+    survivors.trainer.checkpoint.dir.clear();
+    Trainer resumed(survivors, train, nullptr);
+    resumed.resume_from(CheckpointManager::load(
+        dir / fmt::format("step_{:08}.safetensors", 7 - s.steps_redone)));
+    resumed.run();
+    CHECK(shrunk_params == resumed.final_parameters());
+  }
 }
