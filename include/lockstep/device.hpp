@@ -113,6 +113,32 @@ class LOCKSTEP_API StagedBuffer {
   virtual void* device_pointer() noexcept = 0;
 };
 
+// Note [Deferred reads]
+// A few bytes of device memory read by the host later than they were written: the copy is
+// queued behind the work queued so far, and the host collects it after queuing more, waiting
+// for that copy alone, not for the work queued after it. The trainer reads each step's record
+// this way while the next step's forward is already queued (Note [One read per step] in
+// src/train/step_record.hpp). Made by Device::make_host_readback; used on the device's thread.
+//
+//   std::unique_ptr<HostReadback> r = device.make_host_readback(bytes);
+//   r->start(record);                          // queued: copies record once earlier work is done
+//   ...                                        // more kernels queued
+//   std::span<const std::byte> h = r->wait();  // a host sync (Note [Host syncs])
+//
+// The default copies in wait() (copy_to_host), on a device whose work is done before its calls
+// return: the source must then hold the same bytes from start() to wait(), as the trainer's two
+// step records do. A GPU copies in start() through pinned memory and wait() polls its event.
+class LOCKSTEP_API HostReadback {
+ public:
+  virtual ~HostReadback() = default;
+  virtual std::size_t bytes() const noexcept = 0;
+  // Queues the copy of bytes() from `src` (device memory); returns at once.
+  virtual void start(const void* src) = 0;
+  // Waits for the last start()'s copy (abortable, Note [Abortable waits]) and returns it; valid
+  // until the next start().
+  virtual std::span<const std::byte> wait() = 0;
+};
+
 // Where a device's work is ordered, as a communicator needs it to order its collectives with
 // the worker's kernels (Communicator::bind). A CPU device's queue is the calling thread.
 struct LOCKSTEP_API DeviceQueue {
@@ -590,6 +616,9 @@ class LOCKSTEP_API Device : public MemoryOps,
   // The default copies synchronously with copy_to_device; a GPU stages through pinned memory on
   // a copy stream. Destroy the buffer before its device.
   virtual std::unique_ptr<StagedBuffer> make_staged_buffer(std::size_t bytes);
+  // A host copy of `bytes` of device memory, queued now and collected later (Note [Deferred
+  // reads]). The default copies when collected. Destroy it before its device.
+  virtual std::unique_ptr<HostReadback> make_host_readback(std::size_t bytes);
 
   // softmax_cross_entropy's loss and correct count, read back at once (two host syncs and a
   // small allocation: for tests and tools, not for a training step). Throws InputError for a
@@ -700,6 +729,28 @@ class CopyStagedBuffer final : public StagedBuffer {
 
 inline std::unique_ptr<StagedBuffer> Device::make_staged_buffer(std::size_t bytes) {
   return std::make_unique<CopyStagedBuffer>(*this, bytes);
+}
+
+// The default HostReadback: copy_to_host in wait(), from the pointer start() was given.
+class CopyHostReadback final : public HostReadback {
+ public:
+  CopyHostReadback(Device& device, std::size_t bytes) : device_(device), host_(bytes) {}
+  std::size_t bytes() const noexcept override { return host_.size(); }
+  void start(const void* src) override { src_ = src; }
+  std::span<const std::byte> wait() override {
+    if (!src_) throw std::logic_error("HostReadback::wait without start");
+    device_.copy_to_host(host_.data(), src_, host_.size());
+    return host_;
+  }
+
+ private:
+  Device& device_;
+  std::vector<std::byte> host_;
+  const void* src_ = nullptr;
+};
+
+inline std::unique_ptr<HostReadback> Device::make_host_readback(std::size_t bytes) {
+  return std::make_unique<CopyHostReadback>(*this, bytes);
 }
 
 struct LOCKSTEP_API DeviceInfo {

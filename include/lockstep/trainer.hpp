@@ -185,6 +185,9 @@ struct LOCKSTEP_API TrainerHooks {
   std::function<void(int rank, std::int64_t step, Replica& replica)> after_update;
   // false: no warm-up before step 1 (Replica::warm_up), so that a test can see what it saves.
   bool warm_up = true;
+  // false: every step's record is read at the step's end, before the next step is queued, not
+  // during the next step (Note [Deferred step read]), so that a test can compare the two.
+  bool defer_read = true;
 };
 
 // The model a config describes for a dataset: an MLP from its features to its classes, or a GPT
