@@ -327,6 +327,7 @@ bool WorkerLoop::run_micro_batch(int micro, StepTotals& mine) {
                               res_.dlogits.data(), grad_scale, res_.records[pos_.step % 2]->loss());
   mine.samples += b.size;
   if (micro == 0) {
+    beat();  // the first forward is queued: a worker stalled before it is the one behind
     if (pending_ && close_step(/*deferred=*/true)) return false;
     replica.zero_grads();
   }
@@ -447,12 +448,6 @@ bool WorkerLoop::close_step(bool deferred) {
   count_host_syncs(step.host_syncs + res_.device->host_syncs() - syncs_before);
   busy_.step_read(pos_.step, res_.device->device_step_seconds());
   if (!updates_per_bucket() && record.control.skip) res_.optimizer->cancel_step();
-  // This device has taken the whole step: the state the next starts from (Note [Shrink] in
-  // trainer.cpp), its samples counted as every rank takes the same batch sizes, until the
-  // totals below agree them.
-  pos_.samples += static_cast<std::int64_t>(step.mine.samples) * comm_.size();
-  mark_step_start();
-  pos_.samples = step.end.samples;
   check_labels(record.loss, run_.train->classes(),
                fmt::format("training data, step {}, a micro-batch", pos_.step));
   StepTotals mine = step.mine;

@@ -61,10 +61,10 @@
 //   snapshot, the last step) is read at its end, as before (defers_read): its end runs before
 //   the next step's forward overwrites the activations. TrainerHooks::defer_read = false reads
 //   every step so, for tests. The state a step starts from (mark_step_start, Note [Shrink] in
-//   trainer.cpp) is final once the step before has been read: until then a survivor reports
-//   that step's update as begun. Host syncs are counted per step whose record is read (Note
-//   [Host syncs] in device.hpp): the syncs from its start to its queued end, less a deferred
-//   read of the step before, plus its own read.
+//   trainer.cpp) is final once the step before is closed, its totals agreed: until then a
+//   survivor reports that step's update as begun. Host syncs are counted per step (Note [Host
+//   syncs] in device.hpp): those from its start to its queued end, less closing the step
+//   before, plus its own record's read.
 //
 // Note [Warm-up]
 //   Before step 1 each worker runs forward and backward once at its batch size, on zeros with a
