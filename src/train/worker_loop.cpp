@@ -443,6 +443,7 @@ bool WorkerLoop::close_step(bool deferred) {
   pending_.reset();
   const Position queued = pos_;
   pos_ = step.end;
+  if (deferred) beat();  // the watchdog names the step being closed
   const std::uint64_t syncs_before = res_.device->host_syncs();
   const StepRecord::Host& record = step.record->read();
   count_host_syncs(step.host_syncs + res_.device->host_syncs() - syncs_before);
@@ -470,6 +471,7 @@ bool WorkerLoop::close_step(bool deferred) {
     const std::int64_t samples = pos_.samples;
     pos_ = queued;
     pos_.samples = samples;
+    beat();
     enter(Phase::forward);
   }
   return false;
