@@ -197,9 +197,11 @@ class LOCKSTEP_API MemoryOps {
   //   mark_step(false) and mark_step(true) mark where a step's work begins and ends in the
   //   device's queue; once a host sync has waited for the end, device_step_seconds() is the
   //   device time between the two marks (on a GPU, CUDA events): the step as the device lived
-  //   it, waits for the host inside it included. Set against the host's time from one step's
-  //   start to the next, it says how long the device sat idle between steps, waiting for its
-  //   host (device_busy in the summary). nullopt where the device runs on its host's thread
+  //   it, waits for the host inside it included; once the next step's begin is marked too (a
+  //   read deferred past it, Note [Deferred reads]), still the step whose end is marked. Set
+  //   against the host's time from one step's start to the next, it says how long the device
+  //   sat idle between steps, waiting for its host (device_busy in the summary). nullopt where
+  //   the device runs on its host's thread
   //   (the CPU, whose work is the host's own time) or before both marks completed. Neither call
   //   waits or counts as a host sync.
   virtual void mark_step(bool /*end*/) {}
