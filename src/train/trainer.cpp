@@ -731,8 +731,10 @@ void Trainer::Impl::shrink(RunResources& r, Recovery recovery) {
     error = e.what();
   }
   const std::int64_t failed_step = recovery.failed_step;
-  // Faults at or before the failed step have struck, or will never strike now.
-  if (r.fault.step <= failed_step) r.fault = {};
+  // Faults at or before the failed step have struck, or will never strike now; so has one in
+  // the step after it: the survivors may not have closed the step before the lost worker's
+  // (Note [Deferred step read] in worker_loop.hpp).
+  if (r.fault.step <= failed_step + 1) r.fault = {};
   // The global batch: each worker's kept (it shrinks), or with keep_global_batch the
   // accumulation raised to keep it where the survivors divide it.
   const int workers_before = static_cast<int>(cfg.trainer.devices.size());
