@@ -561,6 +561,10 @@ void Trainer::Impl::work(RunResources& r, int rank) {
 //      of the last bucket finishes, and without updating per bucket none starts updating (with
 //      per-bucket updates, a bucket the lost worker had handed over may land and be applied).
 //      Every survivor's step and parameter hash must then agree, as the replica check demands.
+//      A step's record is read during the next step (Note [Deferred step read] in
+//      worker_loop.hpp): until a survivor has closed the step before, that step's update counts
+//      as begun, so a worker lost in a step's forward, before it agreed the step before, leaves
+//      the survivors on the state before that step (case 3).
 //      Which case a loss in the update phase meets depends on timing (a survivor aborted while
 //      its last all-reduce was finishing still holds the start); either state is right.
 //   3. Otherwise (a survivor had begun its update: the lost device died after its gradient was
