@@ -156,6 +156,32 @@ class LOCKSTEP_API Download {
 // the device that made it is gone.
 using HostMemory = std::shared_ptr<std::byte[]>;
 
+// Note [Deferred reads]
+// A few bytes of device memory read by the host later than they were written: the copy is
+// queued behind the work queued so far, and the host collects it after queuing more, waiting
+// for that copy alone, not for the work queued after it. The trainer reads each step's record
+// this way while the next step's forward is already queued (Note [One read per step] in
+// src/train/step_record.hpp). Made by Device::make_host_readback; used on the device's thread.
+//
+//   std::unique_ptr<HostReadback> r = device.make_host_readback(bytes);
+//   r->start(record);                          // queued: copies record once earlier work is done
+//   ...                                        // more kernels queued
+//   std::span<const std::byte> h = r->wait();  // a host sync (Note [Host syncs])
+//
+// The default copies in wait() (copy_to_host), on a device whose work is done before its calls
+// return: the source must then hold the same bytes from start() to wait(), as the trainer's two
+// step records do. A GPU copies in start() through pinned memory and wait() polls its event.
+class LOCKSTEP_API HostReadback {
+ public:
+  virtual ~HostReadback() = default;
+  virtual std::size_t bytes() const noexcept = 0;
+  // Queues the copy of bytes() from `src` (device memory); returns at once.
+  virtual void start(const void* src) = 0;
+  // Waits for the last start()'s copy (abortable, Note [Abortable waits]) and returns it; valid
+  // until the next start().
+  virtual std::span<const std::byte> wait() = 0;
+};
+
 // Where a device's work is ordered, as a communicator needs it to order its collectives with
 // the worker's kernels (Communicator::bind). A CPU device's queue is the calling thread.
 struct LOCKSTEP_API DeviceQueue {
@@ -214,9 +240,11 @@ class LOCKSTEP_API MemoryOps {
   //   mark_step(false) and mark_step(true) mark where a step's work begins and ends in the
   //   device's queue; once a host sync has waited for the end, device_step_seconds() is the
   //   device time between the two marks (on a GPU, CUDA events): the step as the device lived
-  //   it, waits for the host inside it included. Set against the host's time from one step's
-  //   start to the next, it says how long the device sat idle between steps, waiting for its
-  //   host (device_busy in the summary). nullopt where the device runs on its host's thread
+  //   it, waits for the host inside it included; once the next step's begin is marked too (a
+  //   read deferred past it, Note [Deferred reads]), still the step whose end is marked. Set
+  //   against the host's time from one step's start to the next, it says how long the device
+  //   sat idle between steps, waiting for its host (device_busy in the summary). nullopt where
+  //   the device runs on its host's thread
   //   (the CPU, whose work is the host's own time) or before both marks completed. Neither call
   //   waits or counts as a host sync.
   virtual void mark_step(bool /*end*/) {}
@@ -639,6 +667,9 @@ class LOCKSTEP_API Device : public MemoryOps,
   // `bytes` of host memory for a Download to copy into: plain memory, or pinned on a GPU (which
   // its copies need to overlap the kernels). Not zeroed.
   virtual HostMemory allocate_host(std::size_t bytes);
+  // A host copy of `bytes` of device memory, queued now and collected later (Note [Deferred
+  // reads]). The default copies when collected. Destroy it before its device.
+  virtual std::unique_ptr<HostReadback> make_host_readback(std::size_t bytes);
 
   // softmax_cross_entropy's loss and correct count, read back at once (two host syncs and a
   // small allocation: for tests and tools, not for a training step). Throws InputError for a
@@ -773,6 +804,28 @@ inline std::unique_ptr<Download> Device::make_download() {
 
 inline HostMemory Device::allocate_host(std::size_t bytes) {
   return HostMemory(new std::byte[std::max<std::size_t>(bytes, 1)]);
+}
+
+// The default HostReadback: copy_to_host in wait(), from the pointer start() was given.
+class CopyHostReadback final : public HostReadback {
+ public:
+  CopyHostReadback(Device& device, std::size_t bytes) : device_(device), host_(bytes) {}
+  std::size_t bytes() const noexcept override { return host_.size(); }
+  void start(const void* src) override { src_ = src; }
+  std::span<const std::byte> wait() override {
+    if (!src_) throw std::logic_error("HostReadback::wait without start");
+    device_.copy_to_host(host_.data(), src_, host_.size());
+    return host_;
+  }
+
+ private:
+  Device& device_;
+  std::vector<std::byte> host_;
+  const void* src_ = nullptr;
+};
+
+inline std::unique_ptr<HostReadback> Device::make_host_readback(std::size_t bytes) {
+  return std::make_unique<CopyHostReadback>(*this, bytes);
 }
 
 struct LOCKSTEP_API DeviceInfo {

@@ -181,10 +181,15 @@ struct LOCKSTEP_API TrainerHooks {
   // again for each survivor's set-up after a shrink.
   std::function<void(int rank)> restoring;
   std::function<void(int rank, std::int64_t step)> before_forward;
-  // After the optimiser step, before the step's barrier.
+  // After the optimiser step, once the step's record is read (mostly during the next step, its
+  // first forward queued: Note [Deferred step read]), before the step's barrier; the replica
+  // holds the step's updated parameters.
   std::function<void(int rank, std::int64_t step, Replica& replica)> after_update;
   // false: no warm-up before step 1 (Replica::warm_up), so that a test can see what it saves.
   bool warm_up = true;
+  // false: every step's record is read at the step's end, before the next step is queued, not
+  // during the next step (Note [Deferred step read]), so that a test can compare the two.
+  bool defer_read = true;
 };
 
 // The model a config describes for a dataset: an MLP from its features to its classes, or a GPT

@@ -102,7 +102,10 @@ CudaDevice::CudaDevice(int id) : id_(id) {
   }
   copy_stream_ = make_stream();
   name_stream(copy_stream_.get(), fmt::format("cuda:{} copy", id));
-  for (Event& e : step_marks_) e = make_timing_event();
+  for (StepMarks& m : step_marks_) {
+    m.begin = make_timing_event();
+    m.end = make_timing_event();
+  }
 }
 
 CudaDevice::~CudaDevice() {
@@ -115,7 +118,10 @@ CudaDevice::~CudaDevice() {
     return;
   }
   copy_stream_.reset();
-  for (Event& e : step_marks_) e.reset();
+  for (StepMarks& m : step_marks_) {
+    m.end.reset();
+    m.begin.reset();
+  }
   for (Event& e : staging_done_) e.reset();
   staging_.reset();
   scratch_.reset();
@@ -136,22 +142,34 @@ void CudaDevice::set_tf32(bool enabled) {
                                  enabled ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
 }
 
-// Note [Device step time] in device.hpp.
+// Note [Device step time] in device.hpp. Two pairs of marks: a step's time is still there
+// while the next step is queued, for a read deferred past it (Note [Deferred reads]).
 void CudaDevice::mark_step(bool end) {
-  CUDA_CHECK(cudaEventRecord(step_marks_[end].get(), stream()));
-  step_marked_[end] = true;
-  if (!end) step_marked_[1] = false;  // a begin starts a new pair
+  if (!end) step_pair_ = 1 - step_pair_;
+  StepMarks& m = step_marks_[step_pair_];
+  CUDA_CHECK(cudaEventRecord(end ? m.end.get() : m.begin.get(), stream()));
+  if (end) {
+    m.ended = true;
+  } else {
+    m.begun = true;
+    m.ended = false;  // a begin starts a new pair
+  }
 }
 
 std::optional<double> CudaDevice::device_step_seconds() {
-  if (!step_marked_[0] || !step_marked_[1]) return std::nullopt;
-  if (cudaEventQuery(step_marks_[1].get()) != cudaSuccess) {  // not done: never waited for
-    (void)cudaGetLastError();  // a query's cudaErrorNotReady must not stick for a later check
-    return std::nullopt;
+  // The newest pair whose end is marked: the step being queued has none yet.
+  for (const int pair : {step_pair_, 1 - step_pair_}) {
+    const StepMarks& m = step_marks_[pair];
+    if (!m.begun || !m.ended) continue;
+    if (cudaEventQuery(m.end.get()) != cudaSuccess) {  // not done: never waited for
+      (void)cudaGetLastError();  // a query's cudaErrorNotReady must not stick for a later check
+      return std::nullopt;
+    }
+    float ms = 0.0f;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, m.begin.get(), m.end.get()));
+    return 1e-3 * ms;
   }
-  float ms = 0.0f;
-  CUDA_CHECK(cudaEventElapsedTime(&ms, step_marks_[0].get(), step_marks_[1].get()));
-  return 1e-3 * ms;
+  return std::nullopt;
 }
 
 // ---- Memory -------------------------------------------------------------------------------------
@@ -214,6 +232,49 @@ std::unique_ptr<Download> CudaDevice::make_download() {
 HostMemory CudaDevice::allocate_host(std::size_t bytes) {
   DeviceGuard guard(id_);
   return allocate_pinned(bytes);
+}
+
+// Note [Deferred reads] in device.hpp: the copy is queued on the compute stream into pinned
+// memory of its own, and wait() polls the event recorded after it, not the stream, so kernels
+// queued after start() do not delay it.
+class CudaDevice::Readback final : public HostReadback {
+ public:
+  Readback(CudaDevice& device, std::size_t bytes)
+      : device_(device), bytes_(bytes), host_(make_pinned_memory(std::max<std::size_t>(bytes, 1))),
+        copied_(make_event()) {}
+  ~Readback() override {
+    // A copy may still write the pinned memory: free it once the stream is done, or keep it
+    // after an abort with work still queued.
+    DeviceGuard guard(device_.id());
+    if (!settle(device_.stream(), device_)) (void)host_.release();
+  }
+  Readback(const Readback&) = delete;
+  Readback& operator=(const Readback&) = delete;
+
+  std::size_t bytes() const noexcept override { return bytes_; }
+  void start(const void* src) override {
+    CUDA_CHECK(cudaMemcpyAsync(host_.get(), src, bytes_, cudaMemcpyDeviceToHost, device_.stream()));
+    CUDA_CHECK(cudaEventRecord(copied_.get(), device_.stream()));
+    started_ = true;
+  }
+  std::span<const std::byte> wait() override {
+    if (!started_) throw std::logic_error("HostReadback::wait without start");
+    device_.count_host_sync();
+    const cudaEvent_t copied = copied_.get();
+    device_.wait_until([copied] { return event_done(copied); });
+    return {static_cast<const std::byte*>(host_.get()), bytes_};
+  }
+
+ private:
+  CudaDevice& device_;
+  std::size_t bytes_;
+  PinnedMemory host_;
+  Event copied_;
+  bool started_ = false;
+};
+
+std::unique_ptr<HostReadback> CudaDevice::make_host_readback(std::size_t bytes) {
+  return std::make_unique<Readback>(*this, bytes);
 }
 
 // A cudaMemcpyAsync into pageable memory returns only once the copy is done, so the host thread

@@ -12,7 +12,9 @@
 // rest only enqueues. The loss, the grain sums and the step's control stay in device memory.
 // copy_to_device copies the host data into pinned staging memory before it returns, so the
 // caller may reuse its buffer at once, and the transfer itself is queued on the stream;
-// copy_to_host comes back through the same pinned memory, so that its wait polls too.
+// copy_to_host comes back through the same pinned memory, so that its wait polls too. A
+// HostReadback (the step record's, Note [Deferred reads]) copies into its own pinned memory on
+// the compute stream and waits for its own event only.
 // Staged buffers (the trainer's next batch, cuda_staged_buffer.hpp) copy through their own
 // pinned memory on the device's copy stream, so the transfer overlaps the kernels already queued.
 #pragma once
@@ -58,6 +60,7 @@ class CudaDevice final : public Device {
   std::unique_ptr<StagedBuffer> make_staged_buffer(std::size_t bytes) override;
   std::unique_ptr<Download> make_download() override;
   HostMemory allocate_host(std::size_t bytes) override;
+  std::unique_ptr<HostReadback> make_host_readback(std::size_t bytes) override;
   void synchronize() override;
   void reserve_workspace(int rows, int columns) override;
   void mark_step(bool end) override;
@@ -190,9 +193,16 @@ class CudaDevice final : public Device {
   int next_chunk_ = 0;
   // The staged buffers' transfers, beside the compute stream.
   Stream copy_stream_;
-  // Note [Device step time]: the marks of the last step's begin and end, and which were made.
-  Event step_marks_[2];
-  bool step_marked_[2] = {false, false};
+  // Note [Device step time]: the begin and end marks of the last two steps, and which were
+  // made; mark_step(false) moves to the other pair, so that the older step's time can still be
+  // read once the next step is queued (Note [Deferred reads]).
+  struct StepMarks {
+    Event begin, end;
+    bool begun = false, ended = false;
+  };
+  StepMarks step_marks_[2];
+  int step_pair_ = 0;
+  class Readback;
 };
 
 }  // namespace lockstep::cuda

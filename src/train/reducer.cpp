@@ -174,11 +174,16 @@ std::vector<ShardRange> Reducer::owned() const {
   return out;
 }
 
-void Reducer::sum_grain_squares(std::size_t i, Device& device, double* sums) const {
+ShardRange Reducer::shard_grains(std::size_t i) const {
   const ShardRange mine = shard(i);  // starts on a grain of the bucket
   const std::size_t first = first_grain_[i] + (mine.begin - buckets_[i].begin) / kZeroGrain;
+  return {first, first + (mine.size() + kZeroGrain - 1) / kZeroGrain};
+}
+
+void Reducer::sum_grain_squares(std::size_t i, Device& device, double* sums) const {
+  const ShardRange mine = shard(i);
   if (mine.size() > 0) device.sum_squares_grains(grads_ + mine.begin, mine.size(), kZeroGrain,
-                                                 sums + first);
+                                                 sums + shard_grains(i).begin);
 }
 
 void Reducer::share_grain_sums(double* sums) {

@@ -149,6 +149,8 @@ class Reducer {
   std::vector<ShardRange> owned() const;
   // Grains of every bucket together (Note [ZeRO-1]): the global norm has one term per grain.
   std::size_t grains() const noexcept { return first_grain_.back(); }
+  // The grains of this rank's shard of bucket i, as a range of the grain sums' indices.
+  ShardRange shard_grains(std::size_t i) const;
   // sums[the grains of this rank's shard of bucket i] = their sums of squares of the reduced
   // gradient; the other entries are left as they are. `sums` is device memory of grains()
   // entries; queued on the device, no wait.

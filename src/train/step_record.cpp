@@ -2,6 +2,7 @@
 #include "train/step_record.hpp"
 
 #include <cstring>
+#include <span>
 #include <type_traits>
 
 #include <fmt/format.h>
@@ -17,11 +18,12 @@ constexpr std::size_t kHeaderDoubles = 5;  // sizeof(Header) / sizeof(double)
 
 }  // namespace
 
-StepRecord::StepRecord(Device& device, std::size_t grains)
+StepRecord::StepRecord(Device& device, std::size_t grains, std::size_t buckets)
     : device_(device),
       grains_(grains),
       memory_(device, kHeaderDoubles + grains),
-      host_memory_(kHeaderDoubles) {
+      readback_(device.make_host_readback(kHeaderDoubles * sizeof(double))),
+      bucket_controls_(device, buckets) {
   static_assert(sizeof(Header) == kHeaderDoubles * sizeof(double));
   static_assert(alignof(Header) <= alignof(double));
 }
@@ -33,11 +35,13 @@ void StepRecord::reset() {
   device_.fill(reinterpret_cast<float*>(memory_.data()), 0.0f, 2 * memory_.size());
 }
 
+void StepRecord::start_read() { readback_->start(memory_.data()); }
+
 StepRecord::Host& StepRecord::read() {
-  device_.copy_to_host(host_memory_.data(), memory_.data(), kHeaderDoubles * sizeof(double));
+  const std::span<const std::byte> bytes = readback_->wait();
   static_assert(std::is_trivially_copyable_v<Header>);
   Header h;
-  std::memcpy(static_cast<void*>(&h), host_memory_.data(), sizeof(h));
+  std::memcpy(static_cast<void*>(&h), bytes.data(), sizeof(h));
   host_.loss = h.loss;
   host_.control = h.control;
   return host_;

@@ -561,6 +561,10 @@ void Trainer::Impl::work(RunResources& r, int rank) {
 //      of the last bucket finishes, and without updating per bucket none starts updating (with
 //      per-bucket updates, a bucket the lost worker had handed over may land and be applied).
 //      Every survivor's step and parameter hash must then agree, as the replica check demands.
+//      A step's record is read during the next step (Note [Deferred step read] in
+//      worker_loop.hpp): until a survivor has closed the step before, that step's update counts
+//      as begun, so a worker lost in a step's forward, before it agreed the step before, leaves
+//      the survivors on the state before that step (case 3).
 //      Which case a loss in the update phase meets depends on timing (a survivor aborted while
 //      its last all-reduce was finishing still holds the start); either state is right.
 //   3. Otherwise (a survivor had begun its update: the lost device died after its gradient was
@@ -728,8 +732,10 @@ void Trainer::Impl::shrink(RunResources& r, Recovery recovery) {
   // Every lost worker's error: two may be lost in one step.
   const std::string error = fmt::format("{}", fmt::join(r.failures.losses(), "; "));
   const std::int64_t failed_step = recovery.failed_step;
-  // Faults at or before the failed step have struck, or will never strike now.
-  if (r.fault.step <= failed_step) r.fault = {};
+  // Faults at or before the failed step have struck, or will never strike now; so has one in
+  // the step after it: the survivors may not have closed the step before the lost worker's
+  // (Note [Deferred step read] in worker_loop.hpp).
+  if (r.fault.step <= failed_step + 1) r.fault = {};
   // The global batch: each worker's kept (it shrinks), or with keep_global_batch the
   // accumulation raised to keep it where the survivors divide it.
   const int workers_before = static_cast<int>(cfg.trainer.devices.size());

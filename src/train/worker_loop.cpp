@@ -154,7 +154,9 @@ void WorkerLoop::set_up(Backend& backend) {
   if (resume)
     res_.optimizer->load_state(resume->optimizer_state, resume->state.optimizer_steps,
                                resume->weights_file.string());
-  res_.record = std::make_unique<StepRecord>(dev, res_.reducer->grains());
+  for (auto& record : res_.records)
+    record = std::make_unique<StepRecord>(dev, res_.reducer->grains(),
+                                          res_.reducer->buckets().size());
   if (snapshots()) {  // Note [Snapshots]: host memory for the first two, allocated now
     res_.download = dev.make_download();
     run_.snapshot.reserve(
@@ -226,31 +228,19 @@ void WorkerLoop::run(Backend& backend) {
   while (pos_.step < run_.total_steps) {
     begin_step();
     StepTotals mine;
-    for (int micro = 0; micro < k; ++micro) run_micro_batch(micro, mine);
+    bool stop = false;
+    // The step before is closed during micro-batch 0 (Note [Deferred step read]).
+    for (int micro = 0; micro < k && !stop; ++micro) stop = !run_micro_batch(micro, mine);
+    if (stop) break;
     beat();
     enter(Phase::all_reduce);  // starting it, or running it inline
     res_.reducer->launch_remaining();
     // Without overlap no bucket left during backward: the all-reduce fault strikes here.
     run_.fault.lose_device(global_, pos_.step, Fault::Phase::all_reduce);
-    const StepRecord::Host& record = reduce_and_update();
+    reduce_and_update();
     run_.fault.lose_device(global_, pos_.step, Fault::Phase::update);
-    count_host_syncs();
-    check_labels(record.loss, run_.train->classes(),
-                 fmt::format("training data, step {}, a micro-batch", pos_.step));
-    mine.loss_sum = record.loss.loss_sum;
-    mine.correct = static_cast<double>(record.loss.correct);
-    enter(Phase::totals);
-    const StepTotals totals = agree_totals(mine);
-    const bool stop_now = totals.stop > 0.0;
-    const UpdateResult update = after_update(totals, record.control);
-    enter(Phase::report);
-    report(totals, update, stop_now);
-    mark_step_start();
-    end_of_step(stop_now);
-    if (stop_now) {
-      if (rank_ == 0) run_.summary.stopped_early = pos_.step < run_.total_steps;
-      break;
-    }
+    queue_end(mine);
+    if (!defers_read(pos_.step) && close_step(/*deferred=*/false)) break;
   }
   beat();
   enter(Phase::finish);
@@ -275,22 +265,23 @@ void WorkerLoop::mark_step_start() {
   step_start_ = StepStart{.pos = pos_, .optimizer_steps = res_.optimizer->steps_taken()};
 }
 
+// The gradients are zeroed in micro-batch 0, once the step before is read (Note [Deferred step
+// read]).
 void WorkerLoop::begin_step() {
-  mark_step_start();
+  if (!pending_) mark_step_start();  // else once the step before is read (close_step)
   ++pos_.step;
   beat();
-  busy_.begin_step(steady_now_s());
+  busy_.begin_step(pos_.step, steady_now_s());
   res_.device->mark_step(/*end=*/false);
   syncs_.at_step_start = res_.device->host_syncs();
-  res_.replica->zero_grads();
+  syncs_.other_step = 0;
   res_.reducer->reset();
-  res_.record->reset();
+  res_.records[pos_.step % 2]->reset();
 }
 
-// The step's host syncs so far (Note [Host syncs] in device.hpp). The first step of a run is
-// not steady: the summary reports the most of any later step.
-void WorkerLoop::count_host_syncs() {
-  const std::uint64_t n = res_.device->host_syncs() - syncs_.at_step_start;
+// A step's host syncs (Note [Host syncs] in device.hpp; counted as Note [Deferred step read]
+// says). The first step of a run is not steady: the summary reports the most of any later step.
+void WorkerLoop::count_host_syncs(std::uint64_t n) {
   if (syncs_.steps++ == 0)
     syncs_.first = n;
   else
@@ -298,8 +289,9 @@ void WorkerLoop::count_host_syncs() {
 }
 
 // Forward, loss and backward of one micro-batch: its loss and correct count go to the step
-// record on the device, its samples to `mine`.
-void WorkerLoop::run_micro_batch(int micro, StepTotals& mine) {
+// record on the device, its samples to `mine`. Micro-batch 0 closes the step before between its
+// forward and its backward (Note [Deferred step read]); false: the run stops there.
+bool WorkerLoop::run_micro_batch(int micro, StepTotals& mine) {
   const int k = run_.cfg.trainer.accumulate_steps;
   const int targets = run_.train->targets(), classes = run_.model.outputs() / targets;
   Device& dev = *res_.device;
@@ -336,11 +328,16 @@ void WorkerLoop::run_micro_batch(int micro, StepTotals& mine) {
   const float grad_scale = 1.0f / static_cast<float>(predictions * k);
   if (logits16)
     dev.softmax_cross_entropy(logits16, in.y->data<std::int32_t>(), predictions, classes,
-                              logits16, grad_scale, res_.record->loss());
+                              logits16, grad_scale, res_.records[pos_.step % 2]->loss());
   else
     dev.softmax_cross_entropy(logits, in.y->data<std::int32_t>(), predictions, classes,
-                              res_.dlogits.data(), grad_scale, res_.record->loss());
+                              res_.dlogits.data(), grad_scale, res_.records[pos_.step % 2]->loss());
   mine.samples += b.size;
+  if (micro == 0) {
+    beat();  // the first forward is queued: a worker stalled before it is the one behind
+    if (pending_ && close_step(/*deferred=*/true)) return false;
+    replica.zero_grads();
+  }
   // Gradients accumulate over the micro-batches; only the last one is reduced (no_sync).
   const bool last_micro = micro == k - 1;
   backward_.inject_nan = last_micro && run_.fault.at(global_, pos_.step, Fault::Kind::nan);
@@ -352,6 +349,7 @@ void WorkerLoop::run_micro_batch(int micro, StepTotals& mine) {
                    last_micro ? std::function<void(std::size_t)>(
                                     [this](std::size_t layer) { grads_ready(layer); })
                               : nullptr);
+  return true;
 }
 
 // Backward reports each layer; the reducer starts a bucket's all-reduce once it is full.
@@ -381,15 +379,16 @@ StepTotals WorkerLoop::agree_totals(StepTotals mine) {
   return totals;
 }
 
-// Waits for each bucket's reduction and queues the optimiser step, then reads the step record:
-// the step's one host sync (Note [One read per step] in step_record.hpp). Each bucket is updated
-// as it lands when updates_per_bucket(); otherwise after the global norm, the update kernels
-// reading the clip factor and the skip flag from the device.
-const StepRecord::Host& WorkerLoop::reduce_and_update() {
+// Waits for each bucket's reduction and queues the optimiser step, then the copy of the step
+// record to the host, which close_step reads (Note [One read per step] in step_record.hpp). Each
+// bucket is updated as it lands when updates_per_bucket(), reading its own skip flag;
+// otherwise after the global norm, the update kernels reading the clip factor and the skip flag
+// from the device.
+void WorkerLoop::reduce_and_update() {
   const Config& cfg = run_.cfg;
   TraceSpan span(track_, "optimizer", pos_.step);
   Reducer& reducer = *res_.reducer;
-  StepRecord& record = *res_.record;
+  StepRecord& record = *res_.records[pos_.step % 2];
   const double lr = learning_rate(cfg.optimizer, cfg.schedule, pos_.step - 1, run_.total_steps);
   const bool per_bucket = updates_per_bucket();
   fence_snapshot();
@@ -402,7 +401,13 @@ const StepRecord::Host& WorkerLoop::reduce_and_update() {
     }
     enter(Phase::optimizer);
     reducer.sum_grain_squares(i, *res_.device, record.grain_sums());
-    if (per_bucket) update_bucket(i, lr, nullptr);
+    if (per_bucket) {
+      // The bucket's own skip flag (Note [Deferred step read]): no clipping, so no clip factor.
+      const ShardRange grains = reducer.shard_grains(i);
+      res_.device->step_control(record.grain_sums() + grains.begin, grains.size(), 0.0,
+                                record.bucket_control(i));
+      update_bucket(i, lr, record.bucket_control(i));
+    }
   }
   reducer.share_grain_sums(record.grain_sums());  // ZeRO-1: Note [ZeRO-1]
   res_.device->step_control(record.grain_sums(), record.grains(), cfg.optimizer.clip_grad_norm,
@@ -413,12 +418,71 @@ const StepRecord::Host& WorkerLoop::reduce_and_update() {
       update_bucket(i, lr, record.control());
   }
   res_.device->mark_step(/*end=*/true);
-  const StepRecord::Host& host = record.read();
-  busy_.step_read(res_.device->device_step_seconds());
+  record.start_read();
   gather_parameters();
   beat();
-  if (!per_bucket && host.control.skip) res_.optimizer->cancel_step();
-  return host;
+}
+
+// The step's work is queued: what is left of it waits for its record (Note [Deferred step read]).
+void WorkerLoop::queue_end(const StepTotals& mine) {
+  pending_ = Pending{.end = pos_,
+                     .mine = mine,
+                     .record = res_.records[pos_.step % 2].get(),
+                     .host_syncs = res_.device->host_syncs() - syncs_.at_step_start -
+                                   syncs_.other_step};
+}
+
+// Whether step `step`'s record may be read during the next step: a next step follows, and
+// nothing at the step's end needs the device's state (Note [Deferred step read]).
+bool WorkerLoop::defers_read(std::int64_t step) const {
+  const TrainerConfig& tc = run_.cfg.trainer;
+  const auto every = [step](std::int64_t n) { return n > 0 && step % n == 0; };
+  return run_.callbacks.hooks.defer_read && step < run_.total_steps && !every(tc.eval_every) &&
+         !every(tc.check_replicas_every) && !every(tc.snapshot_every) &&
+         !(!tc.checkpoint.dir.empty() && every(tc.checkpoint.every_steps));
+}
+
+// Reads the pending step's record and does what is left of the step: its totals, the
+// non-finite policy, its report and its end. While the next step is queued (`deferred`), the
+// functions it calls see the pending step's position, as at its own end. True: the run stops
+// at that step.
+bool WorkerLoop::close_step(bool deferred) {
+  const Pending step = *pending_;
+  pending_.reset();
+  const Position queued = pos_;
+  pos_ = step.end;
+  if (deferred) beat();  // the watchdog names the step being closed
+  const std::uint64_t syncs_before = res_.device->host_syncs();
+  const StepRecord::Host& record = step.record->read();
+  count_host_syncs(step.host_syncs + res_.device->host_syncs() - syncs_before);
+  busy_.step_read(pos_.step, res_.device->device_step_seconds());
+  if (!updates_per_bucket() && record.control.skip) res_.optimizer->cancel_step();
+  check_labels(record.loss, run_.train->classes(),
+               fmt::format("training data, step {}, a micro-batch", pos_.step));
+  StepTotals mine = step.mine;
+  mine.loss_sum = record.loss.loss_sum;
+  mine.correct = static_cast<double>(record.loss.correct);
+  enter(Phase::totals);
+  const StepTotals totals = agree_totals(mine);
+  const bool stop_now = totals.stop > 0.0;
+  const UpdateResult update = after_update(totals, record.control);
+  enter(Phase::report);
+  report(totals, update, stop_now);
+  mark_step_start();
+  end_of_step(stop_now);
+  if (stop_now) {
+    if (rank_ == 0) run_.summary.stopped_early = pos_.step < run_.total_steps;
+    return true;
+  }
+  if (deferred) {
+    syncs_.other_step += res_.device->host_syncs() - syncs_before;
+    const std::int64_t samples = pos_.samples;
+    pos_ = queued;
+    pos_.samples = samples;
+    beat();
+    enter(Phase::forward);
+  }
+  return false;
 }
 
 // What the host does once the step's record is read and its totals agreed: the metrics, and the

@@ -16,8 +16,11 @@
 //              -> optimiser step, bucket by bucket as the all-reduces finish (whole buffer at
 //                 once when clipping or skipping: the global norm needs every bucket first;
 //                 the clip factor and the skip flag are made and read on the device)
-//              -> the step record read: the step's one host sync (reduce_and_update; Note [One
-//                 read per step] in step_record.hpp)
+//              -> the step record's copy to the host, queued (reduce_and_update)
+//   and once it is read, during the next step's first forward (Note [Deferred step read]) or at
+//   once when the step's end needs the device (close_step):
+//              -> the step record read: the step's one host sync (Note [One read per step] in
+//                 step_record.hpp)
 //              -> all_reduce_host(StepTotals)  metrics for the log, and the stop decision
 //              -> the non-finite policy (after_update), callbacks (report)
 //              -> eval, replica check, barrier, checkpoint (end_of_step)
@@ -27,6 +30,41 @@
 //   The norm of the averaged gradient is identical on every replica, so clipping and the
 //   non-finite check agree everywhere. Every `check_replicas_every` steps, and at the end, the
 //   ranks all-gather a hash of their parameters; any difference stops the run.
+//
+// Note [Deferred step read]
+//   The host reads step k's record while step k+1 is already queued, so that a GPU never idles
+//   for its host between steps: the host's wake-up, the all-reduce of the totals, the callbacks
+//   and logs, and the next enqueue all happen while the device runs step k+1's first forward.
+//   The loop (run):
+//     step k:   forward/backward/all-reduce/update queued; the record's copy queued (two
+//               records, steps use them in turn: StepRecord::start_read)
+//     step k+1: begin_step; micro-batch 0's forward queued; then close_step(k): read k's
+//               record, agree its totals, the non-finite policy, report, end_of_step; then
+//               micro-batch 0's backward (zero_grads first), and the rest of step k+1.
+//   At that point the device holds exactly the state after step k: the forward changed no
+//   parameter, optimiser state or gradient (the gradients are zeroed only after the read, so a
+//   non-finite one can still be named). So every hook, message and checkpoint of step k sees
+//   what it saw when the read came at step k's end, and
+//     - metrics, logs, the progress and step callbacks, the report and the metrics stream come
+//       one step later in time, each step once, in order, with the same values;
+//     - the stop decision (request_stop, SIGINT, the Python KeyboardInterrupt) is agreed at
+//       step k's read as before: the run then stops at step k, its end written from the state
+//       after step k (a checkpoint that --resume continues bit for bit); step k+1's queued
+//       forward is dropped, along with its batch, which the checkpoint's position does not
+//       count;
+//     - trainer.on_nonfinite: the skip flag is on the device (step_control), and with updates
+//       per bucket (no clipping, on_nonfinite: stop) each bucket has its own (step_control over
+//       the grains it updates: StepRecord::bucket_control), so no non-finite value reaches the
+//       weights or the optimiser state, while finite buckets are still applied as they land;
+//       the host then stops naming step k and the tensor, before step k+1's update is queued.
+//   A step whose end needs the device's state (eval, a replica check, a checkpoint, a
+//   snapshot, the last step) is read at its end, as before (defers_read): its end runs before
+//   the next step's forward overwrites the activations. TrainerHooks::defer_read = false reads
+//   every step so, for tests. The state a step starts from (mark_step_start, Note [Shrink] in
+//   trainer.cpp) is final once the step before is closed, its totals agreed: until then a
+//   survivor reports that step's update as begun. Host syncs are counted per step (Note [Host
+//   syncs] in device.hpp): those from its start to its queued end, less closing the step
+//   before, plus its own record's read.
 //
 // Note [Warm-up]
 //   Before step 1 each worker runs forward and backward once at its batch size, on zeros with a
@@ -200,7 +238,7 @@ class WorkerLoop {
     std::unique_ptr<Replica> replica;
     std::unique_ptr<Optimizer> optimizer;
     std::unique_ptr<Reducer> reducer;
-    std::unique_ptr<StepRecord> record;
+    std::unique_ptr<StepRecord> records[2];  // steps use them in turn (Note [Deferred step read])
     std::unique_ptr<ShardLoader> loader;
     std::unique_ptr<StagedBatches> batches;
     // (batch x targets, classes); empty where the loss writes the replica's dlogits_bf16().
@@ -246,10 +284,18 @@ class WorkerLoop {
   // any later one.
   struct SyncCount {
     std::uint64_t at_step_start = 0;
+    std::uint64_t other_step = 0;  // since then, closing the step before (Note [Deferred step read])
     std::uint64_t first = 0;
     std::uint64_t steady_max = 0;
     std::int64_t steps = 0;
     std::uint64_t per_step() const noexcept { return steps > 1 ? steady_max : first; }
+  };
+  // A step whose work is queued and whose record is not read yet (Note [Deferred step read]).
+  struct Pending {
+    Position end;         // where it ended
+    StepTotals mine;      // its samples; its loss comes from the record
+    StepRecord* record;
+    std::uint64_t host_syncs = 0;  // from its start to its queued end, less closing the step before
   };
   void set_up(Backend& backend);
   bool cores_scarce(const Backend& backend) const;
@@ -257,10 +303,13 @@ class WorkerLoop {
   void warm_up();
   void begin_step();
   void mark_step_start();
-  void count_host_syncs();
-  void run_micro_batch(int micro, StepTotals& mine);
+  void count_host_syncs(std::uint64_t n);
+  bool run_micro_batch(int micro, StepTotals& mine);
   StepTotals agree_totals(StepTotals mine);
-  const StepRecord::Host& reduce_and_update();
+  void reduce_and_update();
+  void queue_end(const StepTotals& mine);
+  bool defers_read(std::int64_t step) const;
+  bool close_step(bool deferred);
   UpdateResult after_update(const StepTotals& totals, const StepControl& control);
   bool updates_per_bucket() const;
   void update_bucket(std::size_t bucket, double lr, const StepControl* control);
@@ -320,6 +369,7 @@ class WorkerLoop {
   // whether the next update must still be ordered after it.
   std::int64_t snapshot_pending_ = -1;
   bool snapshot_fence_ = false;
+  std::optional<Pending> pending_;  // the step whose record is still to be read
 };
 
 }  // namespace lockstep::detail

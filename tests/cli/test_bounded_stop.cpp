@@ -63,9 +63,11 @@ TEST_CASE("cli: a worker blocked in a device wait is released by the abort: exit
   CHECK_MESSAGE(r.output.find("at step 3, in forward; the other workers wait for it") !=
                     std::string::npos, r.output);
   CHECK(r.output.find("worker 1 in forward at step 3") != std::string::npos);
-  // Worker 0 waits for it in the gradient all-reduce (inline or the first bucket's, as the
-  // machine's cores decide: Note [Inline collectives]).
-  CHECK(r.output.find("worker 0 in all-reduce") != std::string::npos);
+  // Worker 0 waits for it in the all-reduce of step 2's totals, agreed once step 3's first
+  // forward is queued (Note [Deferred step read]).
+  CHECK_MESSAGE(r.output.find("worker 0 in the step's all-reduce of totals at step 2") !=
+                    std::string::npos,
+                r.output);
   CHECK(r.output.find("left running") == std::string::npos);
 }
 

@@ -108,6 +108,34 @@ TEST_SUITE("cuda") {
     }
   }
 
+  // Note [Deferred reads]: the copy is taken where start() was queued; kernels queued after it
+  // (here, ones that overwrite the source) neither change it nor are waited for by wait(), which
+  // is the one host sync.
+  TEST_CASE("host readback: the copy is taken at start(), and wait() is one host sync") {
+    auto backend = cuda_or_skip();
+    if (!backend) return;
+    auto dev = backend->create_device(0, 1, 0);
+    constexpr std::size_t n = 40;
+    std::unique_ptr<HostReadback> readback = dev->make_host_readback(n * sizeof(float));
+    DeviceArray<float> x(*dev, n);
+    DeviceArray<float> big(*dev, std::size_t{1} << 26);  // work queued after start()
+    for (int round = 0; round < 3; ++round) {
+      const float value = 1.5f + static_cast<float>(round);
+      dev->fill(x.data(), value, n);
+      readback->start(x.data());
+      dev->fill(x.data(), -1.0f, n);
+      for (int k = 0; k < 20; ++k) dev->scale(big.data(), 0.5f, big.size());
+      const std::uint64_t syncs = dev->host_syncs();
+      const std::span<const std::byte> bytes = readback->wait();
+      CHECK(dev->host_syncs() == syncs + 1);
+      REQUIRE(bytes.size() == n * sizeof(float));
+      std::vector<float> back(n);
+      std::memcpy(back.data(), bytes.data(), bytes.size());
+      for (float v : back) REQUIRE(v == value);
+    }
+    CHECK(x.download() == std::vector<float>(n, -1.0f));
+  }
+
   TEST_CASE("fill and scale") {
     auto backend = cuda_or_skip();
     if (!backend) return;

@@ -202,11 +202,13 @@ TEST_CASE("the step timeout names the stalled worker and the phase every worker 
     const std::string what = e.what();
     CHECK(e.rank() == 1);
     CHECK_MESSAGE(what.find("at step 6, in forward;") != std::string::npos, what);
-    // The others wait for it in the gradient all-reduce (inline, or for the first bucket: Note
-    // [Inline collectives]), before the step's one read of its record.
-    CHECK_MESSAGE(what.find("worker 0 in all-reduce") != std::string::npos, what);
-    CHECK_MESSAGE(what.find("worker 1 in forward at step 6, worker 2 in all-reduce") !=
+    // The others wait for it in the all-reduce of step 5's totals, which they agree once step
+    // 6's first forward is queued (Note [Deferred step read]).
+    CHECK_MESSAGE(what.find("worker 0 in the step's all-reduce of totals at step 5") !=
                       std::string::npos,
+                  what);
+    CHECK_MESSAGE(what.find("worker 1 in forward at step 6, worker 2 in the step's all-reduce of "
+                            "totals at step 5") != std::string::npos,
                   what);
   }
 }

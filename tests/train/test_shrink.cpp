@@ -171,6 +171,27 @@ TEST_CASE("shrink: keep_global_batch raises the accumulation where the survivors
   CHECK(t.accumulate_steps == 1);
 }
 
+// Note [Deferred step read]: without replica checks each step is read during the next one's
+// forward. A worker lost in step 5's forward never agrees step 4's totals, so the survivors
+// have not closed step 4: its update counts as begun, and the state is the snapshot of step 3,
+// from which the survivors take step 4 (the step they had not finished) again.
+TEST_CASE("shrink: lost while the step before is still to be read, the snapshot before it") {
+  const std::vector<int> devices = {0, 1, 2};
+  const std::vector<float> want = expected(devices, {{4, {0, 2}}}, 0.0);
+  ScopedEnv fault("LOCKSTEP_FAULT", "1:5:lost:forward");
+  Config cfg = shrink_config(devices);
+  cfg.optimizer.clip_grad_norm = 0.0;
+  cfg.trainer.check_replicas_every = 0;
+  cfg.trainer.snapshot_every = 3;
+  Trainer trainer(cfg, train_split(), eval_split());
+  const Summary s = trainer.run();
+  CHECK(s.recoveries == 1);
+  CHECK(s.steps_redone == 0);
+  CHECK(s.steps == 12);
+  CHECK(s.devices == std::vector<int>{0, 2});
+  CHECK(trainer.final_parameters() == want);
+}
+
 TEST_CASE("shrink: where the step's start is gone, the newest snapshot is the state") {
   // Snapshots every 3 steps; the loss at step 8. With ZeRO-1 the lost worker's shard is gone:
   // the state is the snapshot of step 6, and step 7 is taken again. A loss in the update phase

@@ -149,19 +149,28 @@ TEST_CASE("device busy: the median over steady steps of the device's time over t
   // Steps start at these host times; the device took these seconds of each.
   const double starts[] = {0.0, 5.0, 6.0, 7.0, 8.0, 12.0, 13.0};
   const double device[] = {4.0, 0.5, 0.9, 0.8, 1.0, 0.7};
-  busy.begin_step(starts[0]);
+  busy.begin_step(1, starts[0]);
   for (int k = 0; k < 6; ++k) {
-    busy.step_read(device[k]);
-    busy.begin_step(starts[k + 1]);
+    busy.step_read(k + 1, device[k]);
+    busy.begin_step(k + 2, starts[k + 1]);
   }
   // Steps 2 to 6: 0.5/1, 0.9/1, 0.8/1, 1.0/4, 0.7/1; step 1 (4 of 5 s) is not steady.
   REQUIRE(busy.median().has_value());
   CHECK(*busy.median() == doctest::Approx(0.7));
+  // Read while the next step is queued (Note [Deferred step read]): the same fractions.
+  detail::DeviceBusy deferred;
+  deferred.begin_step(1, starts[0]);
+  for (int k = 0; k < 6; ++k) {
+    deferred.begin_step(k + 2, starts[k + 1]);
+    deferred.step_read(k + 1, device[k]);
+  }
+  REQUIRE(deferred.median().has_value());
+  CHECK(*deferred.median() == doctest::Approx(0.7));
   // A device with no time of its own (the CPU's) adds nothing.
   detail::DeviceBusy cpu;
-  for (double t : starts) {
-    cpu.begin_step(t);
-    cpu.step_read(std::nullopt);
+  for (int k = 0; k < 7; ++k) {
+    cpu.begin_step(k + 1, starts[k]);
+    cpu.step_read(k + 1, std::nullopt);
   }
   CHECK_FALSE(cpu.median().has_value());
 }
