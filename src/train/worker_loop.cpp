@@ -438,7 +438,7 @@ bool WorkerLoop::defers_read(std::int64_t step) const {
   const TrainerConfig& tc = run_.cfg.trainer;
   const auto every = [step](std::int64_t n) { return n > 0 && step % n == 0; };
   return run_.callbacks.hooks.defer_read && step < run_.total_steps && !every(tc.eval_every) &&
-         !every(tc.check_replicas_every) && !every(tc.snapshot_every) &&
+         !every(tc.check_replicas_every) && !(snapshots() && every(tc.snapshot_every)) &&
          !(!tc.checkpoint.dir.empty() && every(tc.checkpoint.every_steps));
 }
 
