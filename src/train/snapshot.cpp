@@ -76,11 +76,6 @@ void SnapshotSlot::part_done(int rank, std::int64_t step) {
   newest_ = static_cast<int>(&b - buffers_.data());
 }
 
-std::int64_t SnapshotSlot::newest_step() const {
-  std::lock_guard lock(mutex_);
-  return newest_ < 0 ? -1 : buffers_[newest_].step;
-}
-
 std::optional<Checkpoint> SnapshotSlot::newest() const {
   std::lock_guard lock(mutex_);
   if (newest_ < 0) return std::nullopt;

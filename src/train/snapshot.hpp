@@ -80,8 +80,6 @@ class SnapshotSlot {
   void part_done(int rank, std::int64_t step);
   // The newest complete snapshot as a checkpoint (the parts assembled); nullopt if none.
   std::optional<Checkpoint> newest() const;
-  // The step of the newest complete snapshot, or -1.
-  std::int64_t newest_step() const;
 
  private:
   struct Part {
