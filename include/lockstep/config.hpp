@@ -120,6 +120,9 @@ struct LOCKSTEP_API TrainerConfig {
   ReduceDtype grad_reduce_dtype = ReduceDtype::fp32;
   int accumulate_steps = 1;       // micro-batches per optimiser step; all-reduce after the last
   int zero = 0;                   // 1: ZeRO-1, optimiser state sharded (Note [ZeRO-1], zero.hpp)
+  // cuda: each micro-batch's forward and backward replayed as CUDA graphs (Note [Step graphs]
+  // in src/train/step_graphs.hpp); auto keeps them where they measured faster
+  GraphMode cuda_graphs = GraphMode::automatic;
   std::string trace;              // Chrome trace-event JSON of every worker, when set
   std::string report;             // offline HTML report of the run (`lockstep train`), when set
   std::string metrics;            // JSON lines, one per logged step and eval, appended, when set

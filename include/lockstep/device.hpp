@@ -182,6 +182,38 @@ class LOCKSTEP_API HostReadback {
   virtual std::span<const std::byte> wait() = 0;
 };
 
+// Note [Device graphs]
+//   A GPU pays for each kernel launch on its host: a GPT-2 step is over a thousand, whose
+//   enqueue becomes the step's floor once the kernels are fast. A device graph records a run of
+//   ops once and replays it with one launch:
+//
+//     device.begin_capture();            // from here ops are recorded, not run
+//     replica.forward(x, batch);         // the same calls as ever
+//     std::unique_ptr<DeviceGraph> g = device.end_capture();
+//     g->launch();                       // runs them; again each step, on new data in x
+//
+//   Its semantics are CUDA's stream capture, whatever the backend:
+//   - nothing runs during the capture; each launch runs the recorded ops, queued after the work
+//     queued before it;
+//   - each op's arguments are frozen at capture: its pointers and its host values (a size, a
+//     scale, a learning rate). What changes between launches must be in device memory that the
+//     captured ops read;
+//   - a host sync (Note [Host syncs]), an allocation and a copy from host memory cannot be
+//     captured: they throw, and abort_capture() then drops the capture, leaving the device as
+//     it was before begin_capture(), no op of the capture run.
+//   A graph stays valid() until the device replaces memory its ops use without being told (a
+//   workspace grown since); the caller then captures again. Destroy graphs before their device.
+//   The CPU backend has none (graphs_unsupported()): its ops run on the calling thread, so
+//   there is no launch to save. The trainer's use: Note [Step graphs] in
+//   src/train/step_graphs.hpp.
+class LOCKSTEP_API DeviceGraph {
+ public:
+  virtual ~DeviceGraph() = default;
+  // Queues the recorded ops once more.
+  virtual void launch() = 0;
+  virtual bool valid() const noexcept { return true; }
+};
+
 // Where a device's work is ordered, as a communicator needs it to order its collectives with
 // the worker's kernels (Communicator::bind). A CPU device's queue is the calling thread.
 struct LOCKSTEP_API DeviceQueue {
@@ -418,6 +450,10 @@ class LOCKSTEP_API LinearOps {
        : path == LinearPath::partial ? linear_counts_.partial
                                      : linear_counts_.composed);
   }
+  // A device graph's products: counted at its capture, added at each launch; dropped with an
+  // aborted capture (Note [Device graphs]).
+  void add_linear_counts(const LinearCounts& c) noexcept { linear_counts_ += c; }
+  void reset_linear_counts(const LinearCounts& c) noexcept { linear_counts_ = c; }
   ~LinearOps() = default;
 
  private:
@@ -671,6 +707,16 @@ class LOCKSTEP_API Device : public MemoryOps,
   // reads]). The default copies when collected. Destroy it before its device.
   virtual std::unique_ptr<HostReadback> make_host_readback(std::size_t bytes);
 
+  // Note [Device graphs]. Empty where this device can capture its ops; else why it cannot.
+  virtual std::string graphs_unsupported() const;
+  // Records the ops called from here on this thread, without running them. Throws where
+  // graphs_unsupported() is not empty.
+  virtual void begin_capture();
+  // The ops recorded since begin_capture(), as a graph; null when there were none.
+  virtual std::unique_ptr<DeviceGraph> end_capture();
+  // Drops the capture in progress, if any (after a refused op threw): the device is as it was.
+  virtual void abort_capture() noexcept {}
+
   // softmax_cross_entropy's loss and correct count, read back at once (two host syncs and a
   // small allocation: for tests and tools, not for a training step). Throws InputError for a
   // label outside [0, classes).
@@ -823,6 +869,17 @@ class CopyHostReadback final : public HostReadback {
   std::vector<std::byte> host_;
   const void* src_ = nullptr;
 };
+
+inline std::string Device::graphs_unsupported() const {
+  return "the " + std::string(backend()) +
+         " backend runs each op as it is called: it has no graphs to capture";
+}
+
+inline void Device::begin_capture() { throw std::logic_error(graphs_unsupported()); }
+
+inline std::unique_ptr<DeviceGraph> Device::end_capture() {
+  throw std::logic_error(graphs_unsupported());
+}
 
 inline std::unique_ptr<HostReadback> Device::make_host_readback(std::size_t bytes) {
   return std::make_unique<CopyHostReadback>(*this, bytes);

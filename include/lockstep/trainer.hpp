@@ -129,6 +129,16 @@ struct LOCKSTEP_API Summary {
   // [Fused linear] in device.hpp): all composed on the CPU; on a GPU, any partial or composed
   // one is a cuBLASLt refusal, reported once on stderr with its shape and reason.
   LinearCounts fused_linear;
+  // trainer.cuda_graphs (Note [Step graphs] in src/train/step_graphs.hpp): whether the
+  // micro-batches ran as device graphs to the run's end, else why not; auto's medians of a
+  // step's wall time without and with them (seconds; 0: not timed), every worker's together;
+  // worker 0's graphs captured and parts launched as graphs.
+  struct Graphs {
+    bool used = false;
+    std::string why_not;
+    double eager_step_s = 0.0, graph_step_s = 0.0;
+    std::uint64_t captured = 0, launched = 0;
+  } graphs;
 
   // Where the time went, per worker, averaged over workers (seconds over the whole run).
   double data_wait_s = 0.0;       // waiting for the loader
@@ -163,6 +173,8 @@ LOCKSTEP_API std::string describe_optimizer_state(const Summary& s);
 // "parameters 19240 B, gradients 19240 B, optimizer state 19240 B, activations 34048 B": one
 // worker's memory by part, for the summary.
 LOCKSTEP_API std::string describe_worker_memory(const Summary& s);
+// trainer.cuda_graphs as the run used them: "on (12 captured, 380 launches)", "off (why)".
+LOCKSTEP_API std::string describe_graphs(const Summary::Graphs& g);
 // "1 (1 recovery, 0 steps redone, 0.02 s; ...)": the workers lost and what it took to go on.
 LOCKSTEP_API std::string describe_recoveries(const Summary& s);
 

@@ -35,6 +35,10 @@ enum class ReduceDtype { fp32, bf16 };
 // picks the fused path where the backend has one that measured at least as fast
 // (choose_attention in lockstep/device.hpp).
 enum class AttentionKind { automatic, fused, materialized };
+// Whether a GPU replays each micro-batch's forward and backward as device graphs
+// (trainer.cuda_graphs; Note [Step graphs] in src/train/step_graphs.hpp): `automatic` ("auto")
+// keeps them only where they measured faster than launching each kernel.
+enum class GraphMode { automatic, on, off };
 
 // The config's spelling of each value (src/config/config.cpp reads the same tables).
 LOCKSTEP_API std::string_view to_string(Activation);
@@ -49,6 +53,7 @@ LOCKSTEP_API std::string_view to_string(WorkerFailurePolicy);
 LOCKSTEP_API std::string_view to_string(Precision);
 LOCKSTEP_API std::string_view to_string(ReduceDtype);
 LOCKSTEP_API std::string_view to_string(AttentionKind);
+LOCKSTEP_API std::string_view to_string(GraphMode);
 
 // The backend a spelling of trainer.backend names ("auto", "cpu", "cuda"); nullopt for any other
 // text. For options outside a config: `lockstep sample --backend`, Python's sample(backend=).

@@ -139,6 +139,7 @@ void print_summary(std::FILE* out, const Summary& s) {
   fmt::print(out, "  fused linear        {} of {} products fused, {} partly, {} composed\n",
              s.fused_linear.fused, s.fused_linear.total(), s.fused_linear.partial,
              s.fused_linear.composed);
+  if (s.backend != "cpu") fmt::print(out, "  cuda graphs         {}\n", describe_graphs(s.graphs));
   fmt::print(out,
              "  waiting             {:.3f} s for data (loader {}), {:.3f} s at the barrier (per "
              "worker)\n",

@@ -88,6 +88,9 @@ constexpr Spelling<AttentionKind> kAttentionKinds[] = {{AttentionKind::automatic
                                                        {AttentionKind::materialized,
                                                         "materialized"}};
 
+constexpr Spelling<GraphMode> kGraphModes[] = {
+    {GraphMode::automatic, "auto"}, {GraphMode::on, "on"}, {GraphMode::off, "off"}};
+
 constexpr std::string_view kModelTypes[] = {"mlp", "gpt"};
 
 template <class Table, class E>
@@ -266,6 +269,8 @@ void visit_schema(Visitor& v, C& c) {
             "micro-batches per optimiser step; all-reduce after the last");
   v.integer("zero", c.trainer.zero, IntRule{.min = 0, .max = 1},
             "1: ZeRO-1, each worker keeps its shard of the optimiser state");
+  v.enumeration("cuda_graphs", c.trainer.cuda_graphs, kGraphModes,
+                "cuda: replay each micro-batch as graphs; auto: where that measured faster");
   v.path("trace", c.trainer.trace, "write a Chrome trace-event JSON of every worker here");
   v.path("report", c.trainer.report, "write an HTML report of the run here");
   v.path("metrics", c.trainer.metrics, "append JSON lines, one per logged step and eval, here");
@@ -1454,6 +1459,7 @@ std::string_view to_string(NonfinitePolicy v) { return spelling(kNonfinitePolici
 std::string_view to_string(WorkerFailurePolicy v) { return spelling(kWorkerFailurePolicies, v); }
 std::string_view to_string(Precision v) { return spelling(kPrecisions, v); }
 std::string_view to_string(ReduceDtype v) { return spelling(kReduceDtypes, v); }
+std::string_view to_string(GraphMode v) { return spelling(kGraphModes, v); }
 std::string_view to_string(AttentionKind v) { return spelling(kAttentionKinds, v); }
 
 void Config::validate() const {

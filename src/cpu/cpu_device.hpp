@@ -46,7 +46,7 @@ inline std::size_t rows_per_block(std::size_t cols) {
   return std::max<std::size_t>(1, kGrain / std::max<std::size_t>(1, cols));
 }
 
-class CpuDevice final : public Device {
+class CpuDevice : public Device {
  public:
   CpuDevice(int id, int threads) : id_(id), arena_(threads) {}
 

@@ -12,7 +12,9 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
+#include <memory>
 
 #include <fmt/format.h>
 
@@ -375,6 +377,7 @@ void* CudaDevice::scratch(std::size_t bytes) {
     scratch_bytes_ = 0;
     scratch_ = make_device_memory(capacity);
     scratch_bytes_ = capacity;
+    ++memory_epoch_;
   }
   return scratch_.get();
 }
@@ -388,6 +391,76 @@ void CudaDevice::reserve_rows(int rows) {
   // One int more: the cross-entropy's bad-row flag (launch_softmax_cross_entropy).
   row_correct_ = make_device_memory((static_cast<std::size_t>(capacity) + 1) * sizeof(int));
   row_capacity_ = capacity;
+  ++memory_epoch_;
+}
+
+// ---- Graphs (Note [Device graphs]) --------------------------------------------------------------
+
+// An instantiated capture of the compute stream, launched there.
+class CudaDevice::Graph final : public DeviceGraph {
+ public:
+  Graph(CudaDevice& device, cudaGraphExec_t exec, LinearCounts counts)
+      : device_(device), exec_(exec), counts_(counts), epoch_(device.memory_epoch_) {}
+  ~Graph() override {
+    // A launch still in flight runs to its end; CUDA frees the graph after it.
+    const DeviceGuard guard(device_.id_);
+    (void)cudaGraphExecDestroy(exec_);
+  }
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+
+  void launch() override {
+    CUDA_CHECK(cudaGraphLaunch(exec_, device_.stream()));
+    device_.add_linear_counts(counts_);
+  }
+  bool valid() const noexcept override { return epoch_ == device_.memory_epoch_; }
+
+ private:
+  CudaDevice& device_;
+  cudaGraphExec_t exec_;
+  LinearCounts counts_;  // the products it runs, counted as it was captured
+  std::uint64_t epoch_;
+};
+
+// Thread-local mode: this thread may not call what is unsafe during a capture (an allocation, a
+// synchronisation, a query of the stream), while the other workers' threads, capturing or not,
+// go on as they were.
+void CudaDevice::begin_capture() {
+  CUDA_CHECK(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal));
+  counts_at_capture_ = linear_counts();
+}
+
+std::unique_ptr<DeviceGraph> CudaDevice::end_capture() {
+  cudaGraph_t graph = nullptr;
+  CUDA_CHECK(cudaStreamEndCapture(stream(), &graph));
+  const LinearCounts now = linear_counts();
+  const LinearCounts counted{now.fused - counts_at_capture_.fused,
+                             now.partial - counts_at_capture_.partial,
+                             now.composed - counts_at_capture_.composed};
+  // Counted at each launch instead: the ops have not run yet.
+  reset_linear_counts(counts_at_capture_);
+  struct DestroyGraph {
+    void operator()(cudaGraph_t g) const noexcept { (void)cudaGraphDestroy(g); }
+  };
+  const std::unique_ptr<std::remove_pointer_t<cudaGraph_t>, DestroyGraph> owned(graph);
+  std::size_t nodes = 0;
+  CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &nodes));
+  if (nodes == 0) return nullptr;
+  cudaGraphExec_t exec = nullptr;
+  CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  return std::make_unique<Graph>(*this, exec, counted);
+}
+
+void CudaDevice::abort_capture() noexcept {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream(), &status) == cudaSuccess &&
+      status != cudaStreamCaptureStatusNone) {
+    cudaGraph_t graph = nullptr;
+    (void)cudaStreamEndCapture(stream(), &graph);  // invalidated, after a refused call
+    if (graph) (void)cudaGraphDestroy(graph);
+  }
+  (void)cudaGetLastError();  // a refused call's error is not sticky: clear it
+  reset_linear_counts(counts_at_capture_);
 }
 
 // ---- Elementwise --------------------------------------------------------------------------------

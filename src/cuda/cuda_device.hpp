@@ -65,6 +65,11 @@ class CudaDevice final : public Device {
   void reserve_workspace(int rows, int columns) override;
   void mark_step(bool end) override;
   std::optional<double> device_step_seconds() override;
+  // Note [Device graphs]: stream capture of the compute stream, in this thread's mode.
+  std::string graphs_unsupported() const override { return {}; }
+  void begin_capture() override;
+  std::unique_ptr<DeviceGraph> end_capture() override;
+  void abort_capture() noexcept override;
 
   void fill(float* x, float value, std::size_t n) override;
   void scale(float* x, float alpha, std::size_t n) override;
@@ -171,6 +176,7 @@ class CudaDevice final : public Device {
   // kernels that use it are ordered on our stream).
   void* scratch(std::size_t bytes);
 
+  class Graph;
   int id_;
   Stream stream_;
   CublasHandle cublas_;
@@ -202,6 +208,11 @@ class CudaDevice final : public Device {
   };
   StepMarks step_marks_[2];
   int step_pair_ = 0;
+  // Note [Device graphs]: bumped whenever memory that captured kernels may use is replaced
+  // (scratch(), reserve_rows()): a graph captured before is no longer valid(). The products
+  // counted when the capture in progress began.
+  std::uint64_t memory_epoch_ = 0;
+  LinearCounts counts_at_capture_;
   class Readback;
 };
 

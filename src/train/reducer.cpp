@@ -123,6 +123,23 @@ void Reducer::layer_ready(std::size_t layer) {
     while (launched_ < buckets_.size() && pending_[launched_] == 0) launch(launched_);
 }
 
+Reducer::DryRun Reducer::dry_run() const {
+  DryRun dry;
+  for (const Bucket& b : buckets_) dry.pending.push_back(b.layers.size());
+  return dry;
+}
+
+bool Reducer::dry_layer_ready(DryRun& dry, std::size_t layer) const {
+  const std::size_t b = bucket_of_layer_.at(layer);
+  if (b == kNone || dry.pending.at(b) == 0)
+    throw std::logic_error(fmt::format("Reducer: unexpected gradients from layer {}", layer));
+  --dry.pending[b];
+  if (!overlap_ || mode_ != CommMode::async) return false;
+  const std::size_t before = dry.launched;
+  while (dry.launched < buckets_.size() && dry.pending[dry.launched] == 0) ++dry.launched;
+  return dry.launched != before;
+}
+
 void Reducer::launch_remaining() {
   while (launched_ < buckets_.size()) launch(launched_);
 }

@@ -140,6 +140,15 @@ class Reducer {
   void layer_ready(std::size_t layer);
   // After backward: starts every bucket not started yet, in order.
   void launch_remaining();
+  // Where a captured backward must end a graph (Note [Step graphs] in step_graphs.hpp): what
+  // layer_ready() would start, counted on a copy of the state reset() leaves, starting nothing.
+  struct DryRun {
+    std::vector<std::size_t> pending;
+    std::size_t launched = 0;
+  };
+  DryRun dry_run() const;
+  // Counts `layer` in `dry`; true when layer_ready(layer) would start a bucket there.
+  bool dry_layer_ready(DryRun& dry, std::size_t layer) const;
   // Returns once bucket i's reduction may be used on the device's queue (on a GPU: the compute
   // stream waits for it, the host does not); returns the seconds the host spent blocked.
   double wait(std::size_t i);

@@ -273,6 +273,7 @@ std::string summary_table(const Summary& s) {
       {"optimizer state", describe_optimizer_state(s)},
       {"worker memory", describe_worker_memory(s)},
   };
+  if (s.backend != "cpu") rows.emplace_back("cuda graphs", describe_graphs(s.graphs));
   if (!s.matmul.empty()) rows.insert(rows.begin() + 1, {"matrix products", s.matmul});
   if (s.resumed_from_step > 0) rows.emplace_back("resumed from step", std::to_string(s.resumed_from_step));
   if (s.stopped_early) rows.emplace_back("stopped early", "yes (request_stop)");

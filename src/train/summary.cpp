@@ -50,6 +50,16 @@ std::string describe_worker_memory(const Summary& s) {
                      size(s.activation_bytes));
 }
 
+std::string describe_graphs(const Summary::Graphs& g) {
+  std::string timed;
+  if (g.eager_step_s > 0.0 && g.graph_step_s > 0.0)
+    timed = fmt::format("; auto timed a step at {:.2f} ms with them, {:.2f} ms without",
+                        1e3 * g.graph_step_s, 1e3 * g.eager_step_s);
+  if (g.used)
+    return fmt::format("on ({} captured, {} launches{})", g.captured, g.launched, timed);
+  return fmt::format("off ({})", g.why_not.empty() ? "nothing captured" : g.why_not);
+}
+
 std::string describe_recoveries(const Summary& s) {
   return fmt::format("{} ({} recover{}, {} steps redone, {:.2f} s; trainer.on_worker_failure: "
                      "shrink)",
@@ -97,6 +107,8 @@ std::string Summary::to_json() const {
       "  \"host_syncs_per_step\": {},\n"
       "  \"device_busy\": {},\n"
       "  \"fused_linear\": {{\"fused\": {}, \"partial\": {}, \"composed\": {}}},\n"
+      "  \"cuda_graphs\": {{\"used\": {}, \"why_not\": {}, \"eager_step_ms\": {}, "
+      "\"graph_step_ms\": {}, \"captured\": {}, \"launched\": {}}},\n"
       "  \"data_wait_s\": {},\n"
       "  \"barrier_wait_s\": {},\n"
       "  \"comm_s\": {},\n"
@@ -122,6 +134,11 @@ std::string Summary::to_json() const {
       overlap ? "true" : "false", comm_mode, loader, zero, optimizer_state_bytes, param_bytes, grad_bytes, activation_bytes,
       host_syncs_per_step, device_busy ? number(*device_busy) : std::string("null"),
       fused_linear.fused, fused_linear.partial, fused_linear.composed,
+      graphs.used ? "true" : "false",
+      graphs.why_not.empty() ? "null" : detail::json_quote(graphs.why_not),
+      graphs.eager_step_s > 0.0 ? number(1e3 * graphs.eager_step_s) : "null",
+      graphs.graph_step_s > 0.0 ? number(1e3 * graphs.graph_step_s) : "null", graphs.captured,
+      graphs.launched,
       number(data_wait_s),
       number(barrier_wait_s), number(comm_s), number(comm_exposed_s), number(comm_hidden_fraction),
       resumed_from_step, stopped_early ? "true" : "false", nonfinite_skips,

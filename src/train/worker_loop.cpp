@@ -164,6 +164,7 @@ void WorkerLoop::set_up(Backend& backend) {
         SnapshotSlot::part_floats(snapshot_ranges(), res_.optimizer->state_names().size()),
         [&dev](std::size_t bytes) { return dev.allocate_host(bytes); });
   }
+  res_.graphs = std::make_unique<StepGraphs>(dev, tc.cuda_graphs, pos_.step + 1, run_.total_steps);
   if (rank_ == 0) {
     run_.summary.buckets = res_.reducer->buckets().size();
     run_.summary.comm_mode = to_string(mode);
@@ -271,7 +272,9 @@ void WorkerLoop::begin_step() {
   if (!pending_) mark_step_start();  // else once the step before is read (close_step)
   ++pos_.step;
   beat();
-  busy_.begin_step(pos_.step, steady_now_s());
+  const double now = steady_now_s();
+  busy_.begin_step(pos_.step, now);
+  res_.graphs->begin_step(pos_.step, now, comm_);
   res_.device->mark_step(/*end=*/false);
   syncs_.at_step_start = res_.device->host_syncs();
   syncs_.other_step = 0;
@@ -313,25 +316,34 @@ bool WorkerLoop::run_micro_batch(int micro, StepTotals& mine) {
   // gradient over them, where backward reads it (Note [Fused classifier] in
   // src/cpu/ops/softmax.cpp).
   std::uint16_t* logits16 = replica.dlogits_bf16();
-  const float* logits = nullptr;
-  {
-    TraceSpan span(track_, "forward", pos_.step);
-    if (logits16)
-      (void)replica.forward_bf16(in.x->data<float>(), b.size);
-    else
-      logits = replica.forward(in.x->data<float>(), b.size);
-  }
+  const float* x = in.x->data<float>();
+  const std::int32_t* y = in.y->data<std::int32_t>();
+  LossStats* loss = res_.records[pos_.step % 2]->loss();
   // Each worker averages over its own k micro-batches; the all-reduce then averages over
   // workers: the mean over the global batch, since every shard has the same batch size.
   // A language model predicts `targets` tokens per sample; the loss is their mean.
   const int predictions = b.size * targets;
   const float grad_scale = 1.0f / static_cast<float>(predictions * k);
-  if (logits16)
-    dev.softmax_cross_entropy(logits16, in.y->data<std::int32_t>(), predictions, classes,
-                              logits16, grad_scale, res_.records[pos_.step % 2]->loss());
-  else
-    dev.softmax_cross_entropy(logits, in.y->data<std::int32_t>(), predictions, classes,
-                              res_.dlogits.data(), grad_scale, res_.records[pos_.step % 2]->loss());
+  StepGraphs& graphs = *res_.graphs;  // Note [Step graphs]: each part captured, replayed or not
+  {
+    TraceSpan span(track_, "forward", pos_.step);
+    const auto forward = [&](const StepGraphs::Layer&) {
+      if (logits16) {
+        (void)replica.forward_bf16(x, b.size);
+        dev.softmax_cross_entropy(logits16, y, predictions, classes, logits16, grad_scale, loss);
+      } else {
+        const float* logits = replica.forward(x, b.size);
+        dev.softmax_cross_entropy(logits, y, predictions, classes, res_.dlogits.data(),
+                                  grad_scale, loss);
+      }
+    };
+    graphs.run({.part = StepGraphs::Part::forward,
+                .input = x,
+                .labels = y,
+                .record = loss,
+                .batch = b.size},
+               forward, nullptr, nullptr);
+  }
   mine.samples += b.size;
   if (micro == 0) {
     beat();  // the first forward is queued: a worker stalled before it is the one behind
@@ -345,10 +357,17 @@ bool WorkerLoop::run_micro_batch(int micro, StepTotals& mine) {
   enter(Phase::backward, last_micro ? 0 : -1);
   if (last_micro) run_.fault.lose_device(global_, pos_.step, Fault::Phase::backward);
   TraceSpan span(track_, "backward", pos_.step);
-  replica.backward(in.x->data<float>(), res_.dlogits.data(), b.size,
-                   last_micro ? std::function<void(std::size_t)>(
-                                    [this](std::size_t layer) { grads_ready(layer); })
-                              : nullptr);
+  // A captured backward ends a graph where the reducer starts a bucket (Note [Step graphs]).
+  Reducer::DryRun dry;
+  if (graphs.active()) dry = res_.reducer->dry_run();
+  graphs.run({.part = StepGraphs::Part::backward, .input = x, .batch = b.size,
+              .reports_layers = last_micro},
+             [&](const StepGraphs::Layer& report) {
+               replica.backward(x, res_.dlogits.data(), b.size, report);
+             },
+             last_micro ? StepGraphs::Layer([this](std::size_t layer) { grads_ready(layer); })
+                        : nullptr,
+             [&](std::size_t layer) { return res_.reducer->dry_layer_ready(dry, layer); });
   return true;
 }
 
@@ -936,6 +955,7 @@ void WorkerLoop::fill_summary(std::span<const double> time_rows, const EvalMetri
   TimeRow sum;
   summary.worker_times.clear();
   summary.fused_linear = {};
+  summary.graphs = res_.graphs->summary();
   for (int r = 0; r < world; ++r) {
     const TimeRow row = TimeRow::from(time_rows.subspan(r * TimeRow::kFields, TimeRow::kFields));
     sum.data_wait_s += row.data_wait_s;

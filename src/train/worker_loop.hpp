@@ -112,6 +112,7 @@
 #include "train/fault_injection.hpp"
 #include "train/device_busy.hpp"
 #include "train/snapshot.hpp"
+#include "train/step_graphs.hpp"
 #include "train/step_record.hpp"
 #include "train/trace.hpp"
 #include "train/watchdog.hpp"
@@ -246,6 +247,8 @@ class WorkerLoop {
     // trainer.snapshot_every's copies (Note [Snapshots]); last, so that it is destroyed first:
     // its copies read the replica's and the optimiser's memory.
     std::unique_ptr<Download> download;
+    // trainer.cuda_graphs (Note [Step graphs]); after everything its graphs use.
+    std::unique_ptr<StepGraphs> graphs;
   };
   // Where the run stands: the step being taken, and where the next batch comes from.
   struct Position {

@@ -1,0 +1,278 @@
+// Note [Step graphs] in src/train/step_graphs.hpp, on a CPU device with CUDA's capture semantics
+// (graph_test_device.hpp): a part captured once and replayed runs its ops on the memory of the
+// moment and reports its layers after their segment; a refused capture falls back to the eager
+// part and says why; auto keeps graphs only when they were timed faster; and whole runs with
+// graphs, with several buckets, ZeRO-1, accumulation, bf16 and a short last batch, train bit
+// for bit as runs that launch every op.
+#include <doctest/doctest.h>
+
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "graph_test_device.hpp"
+#include "lockstep/lockstep.hpp"
+#include "train/step_graphs.hpp"
+#include "trainer_fixtures.hpp"
+
+using namespace lockstep;
+using detail::StepGraphs;
+
+namespace {
+
+std::unique_ptr<Communicator> one_rank() {
+  const int ids[] = {0};
+  return std::move(make_cpu_backend()->create_communicators(ids, nullptr).front());
+}
+
+// A part of three "layers" over x: y = x + 1, report 0; y *= 2, report 1; y += x, report 2.
+struct Part {
+  Device& device;
+  DeviceArray<float> x, one, y;
+  explicit Part(Device& d) : device(d), x(d, 4), one(d, 4), y(d, 4) {
+    device.fill(one.data(), 1.0f, 4);
+  }
+  void enqueue(const StepGraphs::Layer& report) {
+    device.add(x.data(), one.data(), y.data(), 4);
+    if (report) report(0);
+    device.scale(y.data(), 2.0f, 4);
+    if (report) report(1);
+    device.add(y.data(), x.data(), y.data(), 4);
+    if (report) report(2);
+  }
+};
+
+// What on_layer saw: each layer with y[0] at that moment.
+struct Seen {
+  const float* y;
+  std::vector<std::string> events;
+  StepGraphs::Layer on_layer() {
+    return [this](std::size_t layer) { events.push_back(fmt::format("{}:{}", layer, y[0])); };
+  }
+};
+
+const StepGraphs::Key kKey{.part = StepGraphs::Part::backward, .batch = 4, .reports_layers = true};
+
+}  // namespace
+
+TEST_CASE("step graphs: a captured part replays on the memory of the moment, cut where asked") {
+  test::GraphTestDevice device(0, 1, {});
+  auto comm = one_rank();
+  StepGraphs graphs(device, GraphMode::on, /*first_step=*/1, /*total_steps=*/10);
+  graphs.begin_step(1, 0.0, *comm);
+  CHECK_FALSE(graphs.active());  // the run's first step runs as launched
+  graphs.begin_step(2, 0.0, *comm);
+  REQUIRE(graphs.active());
+
+  Part part(device);
+  Seen seen{part.y.data()};
+  std::vector<std::size_t> asked;
+  const auto cut = [&](std::size_t layer) {
+    asked.push_back(layer);
+    return layer == 1;  // a collective starts after layer 1
+  };
+  for (const float x : {1.0f, 5.0f}) {
+    device.fill(part.x.data(), x, 4);
+    graphs.run(kKey, [&](const StepGraphs::Layer& r) { part.enqueue(r); }, seen.on_layer(), cut);
+  }
+  // Each segment ran before its layers were reported: (x + 1) * 2 by layers 0 and 1, then + x.
+  CHECK(seen.events == std::vector<std::string>{"0:4", "1:4", "2:5", "0:12", "1:12", "2:17"});
+  CHECK(part.y.data()[3] == 17.0f);
+  CHECK(asked == std::vector<std::size_t>{0, 1, 2});  // asked while capturing only
+  CHECK(device.counts().captures == 2);  // two segments, captured once
+  CHECK(device.counts().launches == 4);
+  const Summary::Graphs s = graphs.summary();
+  CHECK(s.used);
+  CHECK(s.captured == 1);
+  CHECK(s.launched == 2);
+
+  // Another key is another program; a graph whose memory was replaced is captured again.
+  StepGraphs::Key other = kKey;
+  other.batch = 3;
+  graphs.run(other, [&](const StepGraphs::Layer& r) { part.enqueue(r); }, seen.on_layer(), cut);
+  CHECK(graphs.summary().captured == 2);
+  device.replace_memory();
+  graphs.run(kKey, [&](const StepGraphs::Layer& r) { part.enqueue(r); }, seen.on_layer(), cut);
+  CHECK(graphs.summary().captured == 3);
+  CHECK(device.counts().captures == 6);
+}
+
+TEST_CASE("step graphs: a refused capture is dropped, the part runs as launched, and graphs stop") {
+  test::GraphTestDevice device(0, 1, "scale");
+  auto comm = one_rank();
+  StepGraphs graphs(device, GraphMode::on, 1, 10);
+  graphs.begin_step(2, 0.0, *comm);
+  Part part(device);
+  Seen seen{part.y.data()};
+  device.fill(part.x.data(), 1.0f, 4);
+  graphs.run(kKey, [&](const StepGraphs::Layer& r) { part.enqueue(r); }, seen.on_layer(),
+             [](std::size_t) { return false; });
+  // Nothing of the capture ran; the eager part did, once.
+  CHECK(seen.events == std::vector<std::string>{"0:2", "1:4", "2:5"});
+  CHECK(device.counts().aborted == 1);
+  CHECK(device.counts().launches == 0);
+  CHECK_FALSE(graphs.active());
+  const Summary::Graphs s = graphs.summary();
+  CHECK_FALSE(s.used);
+  CHECK(s.why_not ==
+        "a capture was refused, so every part runs as launched: scale cannot be captured (test "
+        "device)");
+  CHECK(describe_graphs(s) == "off (" + s.why_not + ")");
+}
+
+TEST_CASE("step graphs: auto keeps them only where a step was timed faster with them") {
+  for (const bool faster : {true, false}) {
+    CAPTURE(faster);
+    test::GraphTestDevice device(0, 1, {});
+    auto comm = one_rank();
+    StepGraphs graphs(device, GraphMode::automatic, /*first_step=*/11, /*total_steps=*/40);
+    // Steps 12-16 eager at 10 ms; 17 and 18 capture (30 ms); 19-23 with graphs at 8 or 12 ms.
+    double now = 0.0;
+    for (std::int64_t step = 11; step <= 24; ++step) {
+      graphs.begin_step(step, now, *comm);
+      CHECK(graphs.active() == (step >= 17 && (faster || step < 24)));  // chosen at step 24
+      now += step <= 16 ? 0.010 : step <= 18 ? 0.030 : faster ? 0.008 : 0.012;
+    }
+    const Summary::Graphs s = graphs.summary();
+    CHECK(s.eager_step_s == doctest::Approx(0.010));
+    CHECK(s.graph_step_s == doctest::Approx(faster ? 0.008 : 0.012));
+    CHECK(graphs.active() == faster);
+    if (!faster)
+      CHECK(s.why_not ==
+            "trainer.cuda_graphs: auto measured a step at 12.000 ms with graphs and 10.000 ms "
+            "without (medians of 5 steps)");
+  }
+  test::GraphTestDevice device(0, 1, {});
+  StepGraphs short_run(device, GraphMode::automatic, 1, 12);
+  CHECK(short_run.summary().why_not ==
+        "trainer.cuda_graphs: auto times 5 steps each way and needs a run of 14 steps; this one "
+        "has 12 (on captures from the second step)");
+  auto cpu = make_cpu_backend()->create_device(0, 1, 1);
+  StepGraphs on_cpu(*cpu, GraphMode::on, 1, 100);
+  CHECK(on_cpu.summary().why_not ==
+        "the cpu backend runs each op as it is called: it has no graphs to capture");
+  StepGraphs off(device, GraphMode::off, 1, 100);
+  CHECK(off.summary().why_not == "trainer.cuda_graphs: off");
+}
+
+namespace {
+
+std::string bits(const StepMetrics& m) {
+  const auto hex = [](double x) {
+    std::uint64_t u = 0;
+    std::memcpy(&u, &x, sizeof(u));
+    return fmt::format("{:016x}", u);
+  };
+  return fmt::format("step {} loss {} acc {} norm {}", m.step, hex(m.loss), hex(m.accuracy),
+                     hex(m.grad_norm));
+}
+
+struct Run {
+  std::vector<std::string> steps;
+  std::vector<float> params;
+  Summary summary;
+};
+
+Run train(const Config& cfg, std::shared_ptr<Backend> backend) {
+  auto data = std::make_shared<TokenDataset>(test::token_stream(700, cfg.model.context, 4));
+  Trainer trainer(cfg, data, nullptr, nullptr, std::move(backend));
+  Run run;
+  std::mutex mutex;
+  trainer.on_progress([&](const StepMetrics& m) {
+    std::lock_guard lock(mutex);
+    run.steps.push_back(bits(m));
+  });
+  run.summary = trainer.run();
+  run.params = trainer.final_parameters();
+  return run;
+}
+
+// small_gpt_config's GPT in buckets of 0.002 MB (512 floats): several, so that backward is cut.
+Config graph_gpt(int devices) {
+  Config cfg = test::small_gpt_config(devices, /*batch=*/4);
+  cfg.model.attention = AttentionKind::materialized;
+  cfg.trainer.bucket_cap_mb = 0.002;
+  cfg.trainer.steps = 12;
+  cfg.trainer.check_replicas_every = 4;
+  return cfg;
+}
+
+}  // namespace
+
+TEST_CASE("step graphs: a run with graphs trains bit for bit as one that launches every op") {
+  const std::vector<std::pair<const char*, std::function<void(Config&)>>> variants = {
+      {"2 workers, per-bucket updates", [](Config& cfg) { cfg.optimizer.clip_grad_norm = 0.0; }},
+      {"2 workers, clipping, accumulate 2", [](Config& cfg) { cfg.trainer.accumulate_steps = 2; }},
+      {"2 workers, ZeRO-1, bf16",
+       [](Config& cfg) {
+         cfg.trainer.zero = 1;
+         cfg.trainer.precision = Precision::bf16;
+       }},
+      {"1 worker, a short last batch every epoch",
+       [](Config& cfg) {
+         cfg.trainer.devices = {0};
+         cfg.data.batch_size = 20;  // 692 windows: 34 full batches and one of 12 per epoch
+         cfg.trainer.steps = 40;
+       }},
+  };
+  for (const auto& [name, change] : variants) {
+    CAPTURE(std::string(name));
+    Config cfg = graph_gpt(2);
+    change(cfg);
+    cfg.trainer.cuda_graphs = GraphMode::off;
+    const Run launched = train(cfg, std::make_shared<test::GraphTestBackend>());
+    cfg.trainer.cuda_graphs = GraphMode::on;
+    auto backend = std::make_shared<test::GraphTestBackend>();
+    const Run graphed = train(cfg, backend);
+    CHECK(graphed.steps == launched.steps);
+    CHECK(graphed.params == launched.params);
+    CHECK(graphed.summary.replicas_identical);
+    const Summary::Graphs& g = graphed.summary.graphs;
+    CHECK(g.used);
+    CHECK(g.why_not.empty());
+    // Worker 0: forward and backward per micro-batch, from step 2 on.
+    const std::uint64_t parts =
+        2u * static_cast<std::uint64_t>((cfg.trainer.steps - 1) * cfg.trainer.accumulate_steps);
+    CHECK(g.launched == parts);
+    CHECK(g.captured >= 2);
+    CHECK(g.captured <= StepGraphs::kMaxPrograms);
+    if (cfg.trainer.devices.size() > 1)
+      CHECK(backend->counts->launches > g.launched);  // backward cut into segments
+    CHECK_FALSE(launched.summary.graphs.used);
+    CHECK(launched.summary.graphs.why_not == "trainer.cuda_graphs: off");
+  }
+}
+
+TEST_CASE("step graphs: a refused capture falls back for the rest of the run, with the same bits") {
+  Config cfg = graph_gpt(2);
+  cfg.trainer.cuda_graphs = GraphMode::off;
+  const Run launched = train(cfg, std::make_shared<test::GraphTestBackend>());
+  cfg.trainer.cuda_graphs = GraphMode::on;
+  auto backend = std::make_shared<test::GraphTestBackend>("causal_softmax_backward");
+  const Run refused = train(cfg, backend);
+  CHECK(refused.steps == launched.steps);
+  CHECK(refused.params == launched.params);
+  const Summary::Graphs& g = refused.summary.graphs;
+  CHECK_FALSE(g.used);
+  CHECK(g.why_not ==
+        "a capture was refused, so every part runs as launched: causal_softmax_backward cannot "
+        "be captured (test device)");
+  CHECK(backend->counts->aborted == 2);  // each worker's first backward
+  CHECK(g.launched == 1);                // worker 0's step 2 forward, captured before
+
+  // auto on a run long enough to time: whichever it keeps, the same bits, and both timings.
+  cfg.trainer.steps = 16;
+  cfg.trainer.cuda_graphs = GraphMode::off;
+  const Run longer = train(cfg, std::make_shared<test::GraphTestBackend>());
+  cfg.trainer.cuda_graphs = GraphMode::automatic;
+  const Run timed = train(cfg, std::make_shared<test::GraphTestBackend>());
+  CHECK(timed.params == longer.params);
+  CHECK(timed.summary.graphs.eager_step_s > 0.0);
+  CHECK(timed.summary.graphs.graph_step_s > 0.0);
+}
