@@ -60,10 +60,10 @@ def write_random_tokens(folder, preset, windows):
         os.path.join(folder, "tokens.bin"))
 
 
-def run_lockstep(cli, folder, preset, args, precision, attention="auto"):
-    """Median step time of `cli train` at `precision` (and model.attention `attention`) after
-    the warmup steps, as the fields of bench_gpt's JSON line; {"error": ...} when the run
-    fails."""
+def run_lockstep(cli, folder, preset, args, precision, attention="auto", graphs="auto"):
+    """Median step time of `cli train` at `precision` (and model.attention `attention`,
+    trainer.cuda_graphs `graphs`) after the warmup steps, as the fields of bench_gpt's JSON
+    line with the summary's device_busy and cuda_graphs; {"error": ...} when the run fails."""
     from gpt_parity import lockstep_config  # the config the parity test trains with
     config = os.path.join(folder, f"{precision}.yaml")
     metrics = os.path.join(folder, f"metrics_{precision}.jsonl")
@@ -79,7 +79,7 @@ def run_lockstep(cli, folder, preset, args, precision, attention="auto"):
             "tokens": os.path.join(folder, "tokens.bin"), "batch": args.batch,
             "steps": args.warmup + args.steps, "backend": args.device, "threads": args.threads,
             "precision": "tf32" if precision == "fp32" and args.tf32 else precision,
-            "metrics": metrics, "attention": attention}))
+            "metrics": metrics, "attention": attention, "cuda_graphs": graphs}))
     done = subprocess.run([cli, "train", config, "--summary-json", summary],
                           capture_output=True, text=True)
     if done.returncode != 0:
@@ -95,6 +95,7 @@ def run_lockstep(cli, folder, preset, args, precision, attention="auto"):
             "params": s["parameters"], "context": preset["context"], "step_ms": 1e3 * step_s,
             "tokens_per_s": tokens / step_s, "flops_per_token": s["flops_per_token"],
             "mfu": s["mfu"], "attention": s.get("attention"),
+            "device_busy": s.get("device_busy"), "cuda_graphs": s.get("cuda_graphs"),
             "warnings": [l for l in done.stderr.splitlines() if "warning" in l]}
 
 

@@ -143,6 +143,7 @@ GPT_BENCH_RESULT="not run"
 GPT_BF16_RESULT="not run"
 BF16_MODEL_RESULT="not run"
 MICROBATCH_RESULT="not run"
+GRAPHS_RESULT="not run"
 LINEAR_RESULT="not run"
 STEP_RESULT="not run"
 ATTENTION_RESULT="not run"
@@ -490,6 +491,19 @@ phase_gpt_bf16() {
   fi
   cat "$OUT/gpt_bf16.log"
 }
+phase_graphs() {
+  # Issue 25 item 6: GPT-2 124M's bf16 step with trainer.cuda_graphs off and on, alternately,
+  # and one run of auto long enough to time both ways (Note [Step graphs]).
+  if run_phase graphs 150 "$OUT/graphs.log" python3 "$ROOT/bench/graph_step.py" \
+    --device cuda --preset 124m --batch 8 --precision bf16 --pairs 2 --steps 12 --auto \
+    --build "$BUILD"; then
+    GRAPHS_RESULT=$(grep -m1 '^graph_step: speedup' "$OUT/graphs.log" | sed 's/^graph_step: //')
+  else
+    GRAPHS_RESULT="FAILED (see graphs.log)"
+    FAILED=1
+  fi
+  cat "$OUT/graphs.log"
+}
 phase_microbatch() {
   # Issue 25 item 9: the micro-batch that trains GPT-2 124M fastest in bf16 on this GPU (for
   # configs/gpt2_124m.yaml's data.batch_size; llm.c uses 64 x 1024).
@@ -654,11 +668,11 @@ phase_torch() {
 }
 
 # The order is what the current wave most needs measured first (issue 25's bf16 step against
-# PyTorch at its best, issue 32's attention, the fused linear layers, the step's host syncs and
+# PyTorch at its best and with CUDA graphs, issue 32's attention, the fused linear layers, the step's host syncs and
 # device busy share, issue 28's shrink and snapshots, the fault cases, issue 31's two NCCL ranks), then what
 # earlier runs measured already (bench/GPU.md). A phase starts only with 45 s or more of the
 # budget left; the others are listed as not run.
-GPU_PHASES_DEFAULT="gpt_bf16 attention linear gpu_step shrink snapshot faults two_process \
+GPU_PHASES_DEFAULT="gpt_bf16 graphs attention linear gpu_step shrink snapshot faults two_process \
 microbatch bf16_model gpt_parity kernels gpt_bench bench_gpu torch"
 PHASES_NOT_RUN=""
 if [ -n "$GPU_LINE" ]; then
@@ -689,6 +703,8 @@ fi
   echo "GPT bench    $GPT_BENCH_RESULT"
   echo "GPT bf16     $GPT_BF16_RESULT"
   echo "micro-batch  $MICROBATCH_RESULT"
+  echo "CUDA graphs  $GRAPHS_RESULT"
+  grep '^graph_step: ' "$OUT/graphs.log" 2>/dev/null | sed 's/^graph_step: /             /'
   echo "attention    $ATTENTION_RESULT"
   grep -E '^ +1024 |gpu_extra_attention: (bf16 step|fused step)' "$OUT/attention.log" 2> /dev/null
   echo "bf16 model   $BF16_MODEL_RESULT"

@@ -178,7 +178,7 @@ def token_stream():
 
 def lockstep_config(spec, opt, run):
     """A `lockstep train` config: GPT `spec`, AdamW `opt`, and `run`'s tokens (a raw uint16
-    file), batch, steps, backend, threads, precision and metrics file; one device, every step
+    file), batch, steps, backend, threads, precision, cuda_graphs and metrics file; one device, every step
     logged, windows in order. bench/compare_gpt.py writes its configs with it too."""
     return f"""model:
   type: gpt
@@ -211,6 +211,7 @@ trainer:
   eval_every: 0
   check_replicas_every: 0
   precision: {run["precision"]}
+  cuda_graphs: {run.get("cuda_graphs", "auto")}
   metrics: {run["metrics"]}
   checkpoint:
     dir: null
