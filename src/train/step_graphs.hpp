@@ -34,6 +34,8 @@
 //     at the same step everywhere. A run too short to time both stays eager.
 //   - Devices without graphs (the CPU, whose ops run as they are called) run eagerly, and the
 //     summary says so.
+//   - A trace's forward and backward spans of a replayed part time its launch, not its
+//     kernels, and its per-layer spans come together after each segment.
 #pragma once
 
 #include <compare>

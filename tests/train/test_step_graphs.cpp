@@ -276,3 +276,22 @@ TEST_CASE("step graphs: a refused capture falls back for the rest of the run, wi
   CHECK(timed.summary.graphs.eager_step_s > 0.0);
   CHECK(timed.summary.graphs.graph_step_s > 0.0);
 }
+
+TEST_CASE("step graphs: a worker lost mid-backward, the survivors go on with graphs, bit for bit") {
+  // Worker 1 is lost in step 8's backward, between two of its buckets' collectives: the
+  // survivors' new group captures its own graphs and ends as the run without graphs does.
+  test::ScopedEnv fault("LOCKSTEP_FAULT", "1:8:lost:all-reduce");
+  Config cfg = graph_gpt(3);
+  cfg.trainer.on_worker_failure = WorkerFailurePolicy::shrink;
+  cfg.trainer.snapshot_every = 3;
+  cfg.trainer.check_replicas_every = 0;
+  cfg.trainer.cuda_graphs = GraphMode::off;
+  const Run launched = train(cfg, std::make_shared<test::GraphTestBackend>());
+  cfg.trainer.cuda_graphs = GraphMode::on;
+  const Run graphed = train(cfg, std::make_shared<test::GraphTestBackend>());
+  CHECK(launched.summary.recoveries == 1);
+  CHECK(graphed.summary.recoveries == 1);
+  CHECK(graphed.summary.devices == std::vector<int>{0, 2});
+  CHECK(graphed.summary.graphs.used);
+  CHECK(graphed.params == launched.params);
+}
