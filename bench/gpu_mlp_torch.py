@@ -13,6 +13,12 @@ timed steps) and reports samples/s; the figure is the median over --runs runs.
     python3 bench/gpu_mlp_torch.py [--runs 5] [--warmup 10] [--steps 20] [--batch 256]
                                    [--sizes 1024,4096,4096,1024] [--csv FILE]
 
+--breakdown (issue 25 item 8) times the step's ops one by one instead, as build/bench/
+bench_mlp_ops does lockstep's, with the same names, one JSON line each: the ops autograd runs
+for nn.Linear (addmm forward; mm for dweight and dx, a sum for dbias), ReLU and its
+threshold_backward, cross-entropy with its gradient, and SGD's step; --repeat calls timed with
+CUDA events, the median of --runs (--device cpu: wall time, to check the script anywhere).
+
 Without torch or a usable GPU it prints "no usable GPU: <reason>" and exits 0.
 """
 import argparse
@@ -29,6 +35,10 @@ def parse_args():
     p.add_argument("--sizes", default="1024,4096,4096,1024",
                    help="inputs, hidden widths..., classes")
     p.add_argument("--csv", help="write the results here")
+    p.add_argument("--breakdown", action="store_true", help="time the step's ops one by one")
+    p.add_argument("--repeat", type=int, default=20, help="--breakdown: calls per timing")
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="--breakdown only")
+    p.add_argument("--tf32", action="store_true", help="--breakdown: TF32 on")
     a = p.parse_args()
     a.sizes = [int(s) for s in a.sizes.split(",")]
     if len(a.sizes) < 2 or min(a.runs, a.warmup, a.steps, a.batch) < 1:
@@ -86,8 +96,108 @@ def one_run(torch, a, batches, tf32):
     return a.steps / seconds, final_loss
 
 
+def breakdown(torch, a):
+    """--breakdown: each op of the step alone, named as bench_mlp_ops names lockstep's."""
+    import json
+    import time
+    F = torch.nn.functional
+    dev = a.device
+    if dev == "cuda":
+        set_tf32(torch, a.tf32)
+    torch.manual_seed(0)
+    model = build(torch, a.sizes, dev)
+    linears = [m for m in model if isinstance(m, torch.nn.Linear)]
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    B = a.batch
+    x = [torch.randn(B, a.sizes[0], device=dev)]
+    pre = []
+    y = torch.randint(0, a.sizes[-1], (B,), device=dev)
+    with torch.no_grad():
+        for i, lin in enumerate(linears):
+            pre.append(F.linear(x[-1], lin.weight, lin.bias))
+            x.append(torch.relu(pre[-1]) if i + 1 < len(linears) else pre[-1])
+    logits = x[-1].detach().requires_grad_(True)
+
+    def timed(f):
+        f()
+        if dev == "cuda":
+            torch.cuda.synchronize()
+        v = []
+        for _ in range(a.runs):
+            if dev == "cuda":
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                for _ in range(a.repeat):
+                    f()
+                end.record()
+                end.synchronize()
+                v.append(start.elapsed_time(end) / 1e3 / a.repeat)
+            else:
+                t0 = time.perf_counter()
+                for _ in range(a.repeat):
+                    f()
+                v.append((time.perf_counter() - t0) / a.repeat)
+        return statistics.median(v)
+
+    rows = []
+
+    def add(op, flops, f):
+        rows.append((op, timed(f), flops))
+
+    n = len(linears)
+    with torch.no_grad():
+        for i, lin in enumerate(linears):
+            fin, fout = a.sizes[i], a.sizes[i + 1]
+            add(f"layer {i} forward linear {B}x{fin}->{fout}", 2.0 * B * fin * fout,
+                lambda i=i, lin=lin: F.linear(x[i], lin.weight, lin.bias))
+            if i + 1 < n:
+                add(f"layer {i} forward relu", 0.0, lambda i=i: torch.relu(pre[i]))
+    add(f"loss softmax cross-entropy {B}x{a.sizes[-1]}", 0.0,
+        lambda: torch.autograd.grad(F.cross_entropy(logits, y), logits))
+    rows.append(("zero grads", 0.0, 0.0))  # zero_grad sets them to None: no kernel
+    dy = torch.randn(B, a.sizes[-1], device=dev) / B
+    with torch.no_grad():
+        for i in reversed(range(n)):
+            lin, fin, fout = linears[i], a.sizes[i], a.sizes[i + 1]
+            g = dy if i + 1 == n else torch.randn(B, fout, device=dev) / B
+            if i + 1 < n:
+                add(f"layer {i} backward relu", 0.0,
+                    lambda g=g, i=i: torch.ops.aten.threshold_backward(g, pre[i], 0))
+
+            def linear_backward(g=g, i=i, lin=lin, dx=i > 0):
+                g.t().mm(x[i])  # dweight
+                g.sum(0)        # dbias
+                if dx:
+                    g.mm(lin.weight)
+            add(f"layer {i} backward linear {B}x{fin}<-{fout}"
+                + (" (dweight, dbias, dx)" if i > 0 else " (dweight, dbias)"),
+                (4.0 if i > 0 else 2.0) * B * fin * fout, linear_backward)
+    rows.append(("grad norm (sum_squares_grains, step_control)", 0.0, 0.0))  # none: no clipping
+    for p in model.parameters():
+        p.grad = torch.randn_like(p) * 1e-3
+    add("sgd momentum 0.9", 0.0, opt.step)
+    total = 0.0
+    for op, seconds, flops in rows:
+        total += seconds
+        print(json.dumps({"framework": "torch", "op": op, "ms": round(1e3 * seconds, 5),
+                          "tflops": round(flops / seconds / 1e12, 2) if flops else None}))
+    print(json.dumps({"framework": "torch", "op": "sum", "ms": round(1e3 * total, 5),
+                      "tflops": None}))
+    return 0
+
+
 def main():
     a = parse_args()
+    if a.breakdown:
+        try:
+            import torch
+        except ImportError as e:
+            print(f"no usable GPU: torch is not importable ({e})")
+            return 0
+        if a.device == "cuda" and not torch.cuda.is_available():
+            print(f"no usable GPU: torch {torch.__version__} sees no CUDA device")
+            return 0
+        return breakdown(torch, a)
     try:
         import torch
     except ImportError as e:

@@ -144,6 +144,7 @@ GPT_BF16_RESULT="not run"
 BF16_MODEL_RESULT="not run"
 MICROBATCH_RESULT="not run"
 GRAPHS_RESULT="not run"
+MLP_BREAKDOWN_RESULT="not run"
 LINEAR_RESULT="not run"
 STEP_RESULT="not run"
 ATTENTION_RESULT="not run"
@@ -542,6 +543,19 @@ phase_linear() {
   fi
   cat "$OUT/linear.log"
 }
+phase_mlp_breakdown() {
+  # Issue 25 item 8: the MLP 1024-4096-4096-1024 step (TF32 off) op by op, lockstep's Device
+  # ops against the ops PyTorch's autograd and SGD run, to find where the step's gap lies.
+  if run_phase mlp_breakdown 90 "$OUT/mlp_breakdown.log" python3 "$ROOT/bench/mlp_breakdown.py" \
+    --build "$BUILD" --pairs 3; then
+    MLP_BREAKDOWN_RESULT=$(grep -m1 '^mlp_breakdown: sum' "$OUT/mlp_breakdown.log" |
+      sed 's/^mlp_breakdown: //')
+  else
+    MLP_BREAKDOWN_RESULT="FAILED (see mlp_breakdown.log)"
+    FAILED=1
+  fi
+  cat "$OUT/mlp_breakdown.log"
+}
 phase_attention() {
   # Issue 32: cuDNN's fused attention against the materialised path, alone and in GPT-2 124M's
   # bf16 step.
@@ -668,11 +682,11 @@ phase_torch() {
 }
 
 # The order is what the current wave most needs measured first (issue 25's bf16 step against
-# PyTorch at its best and with CUDA graphs, issue 32's attention, the fused linear layers, the step's host syncs and
+# PyTorch at its best and with CUDA graphs, issue 32's attention, the MLP step op by op, the fused linear layers, the step's host syncs and
 # device busy share, issue 28's shrink and snapshots, the fault cases, issue 31's two NCCL ranks), then what
 # earlier runs measured already (bench/GPU.md). A phase starts only with 45 s or more of the
 # budget left; the others are listed as not run.
-GPU_PHASES_DEFAULT="gpt_bf16 graphs attention linear gpu_step shrink snapshot faults two_process \
+GPU_PHASES_DEFAULT="gpt_bf16 graphs attention linear mlp_breakdown gpu_step shrink snapshot faults two_process \
 microbatch bf16_model gpt_parity kernels gpt_bench bench_gpu torch"
 PHASES_NOT_RUN=""
 if [ -n "$GPU_LINE" ]; then
@@ -710,6 +724,8 @@ fi
   echo "bf16 model   $BF16_MODEL_RESULT"
   grep '^gpu_extra_bf16_model: gpt_tiny' "$OUT/bf16_model.log" 2>/dev/null | sed 's/^gpu_extra_bf16_model: /             /'
   echo "fused linear $LINEAR_RESULT"
+  echo "MLP by op    $MLP_BREAKDOWN_RESULT"
+  grep '^mlp_breakdown: ' "$OUT/mlp_breakdown.log" 2>/dev/null | sed 's/^mlp_breakdown: /             /'
   grep '^gpu_extra_linear: ' "$OUT/linear.log" 2>/dev/null | sed 's/^gpu_extra_linear: /             /'
   echo "GPU step     $STEP_RESULT"
   echo "GPU shrink   $SHRINK_RESULT"
