@@ -682,12 +682,13 @@ phase_torch() {
 }
 
 # The order is what the current wave most needs measured first (issue 25's bf16 step against
-# PyTorch at its best and with CUDA graphs, issue 32's attention, the MLP step op by op, the fused linear layers, the step's host syncs and
+# PyTorch at its best, with CUDA graphs, the MLP step op by op and the micro-batch sweep; issue
+# 32's attention, the fused linear layers, the step's host syncs and
 # device busy share, issue 28's shrink and snapshots, the fault cases, issue 31's two NCCL ranks), then what
 # earlier runs measured already (bench/GPU.md). A phase starts only with 45 s or more of the
 # budget left; the others are listed as not run.
-GPU_PHASES_DEFAULT="gpt_bf16 graphs attention linear mlp_breakdown gpu_step shrink snapshot faults two_process \
-microbatch bf16_model gpt_parity kernels gpt_bench bench_gpu torch"
+GPU_PHASES_DEFAULT="gpt_bf16 graphs mlp_breakdown microbatch attention linear gpu_step shrink \
+snapshot faults two_process bf16_model gpt_parity kernels gpt_bench bench_gpu torch"
 PHASES_NOT_RUN=""
 if [ -n "$GPU_LINE" ]; then
   rm -f "$OUT/bench_gpu.csv" "$OUT/torch.csv"
