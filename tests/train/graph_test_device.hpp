@@ -29,6 +29,7 @@ struct GraphCounts {
   std::atomic<std::uint64_t> captures{0};  // end_capture calls that returned a graph
   std::atomic<std::uint64_t> launches{0};  // DeviceGraph::launch calls
   std::atomic<std::uint64_t> aborted{0};   // abort_capture calls
+  std::atomic<std::uint64_t> recorded{0};  // ops recorded by captures
 };
 
 class GraphTestDevice final : public cpu::CpuDevice {
@@ -313,6 +314,7 @@ class GraphTestDevice final : public cpu::CpuDevice {
     if (refuse_ == name)
       throw std::runtime_error(fmt::format("{} cannot be captured (test device)", name));
     ops_.emplace_back(std::move(f));
+    ++counts_->recorded;
   }
 
   std::string refuse_;

@@ -86,6 +86,7 @@ TEST_CASE("step graphs: a captured part replays on the memory of the moment, cut
   CHECK(part.y.data()[3] == 17.0f);
   CHECK(asked == std::vector<std::size_t>{0, 1, 2});  // asked while capturing only
   CHECK(device.counts().captures == 2);  // two segments, captured once
+  CHECK(device.counts().recorded == 3);
   CHECK(device.counts().launches == 4);
   const Summary::Graphs s = graphs.summary();
   CHECK(s.used);
