@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdio>
 #include <exception>
 #include <utility>
 
@@ -31,8 +32,12 @@ constexpr std::int64_t kChoice = kFirstGraphTimed + StepGraphs::kTimedSteps;
 }  // namespace
 
 StepGraphs::StepGraphs(Device& device, GraphMode mode, std::int64_t first_step,
-                       std::int64_t total_steps)
-    : device_(device), mode_(mode), first_step_(first_step), total_steps_(total_steps) {
+                       std::int64_t total_steps, bool speaks)
+    : device_(device),
+      mode_(mode),
+      first_step_(first_step),
+      total_steps_(total_steps),
+      speaks_(speaks) {
   if (mode_ == GraphMode::off)
     why_not_ = "trainer.cuda_graphs: off";
   else if (std::string why = device_.graphs_unsupported(); !why.empty())
@@ -47,12 +52,20 @@ StepGraphs::StepGraphs(Device& device, GraphMode mode, std::int64_t first_step,
 StepGraphs::~StepGraphs() = default;
 
 void StepGraphs::turn_off(std::string why) {
-  if (why_not_.empty()) why_not_ = std::move(why);
+  if (why_not_.empty()) {
+    why_not_ = std::move(why);
+    if (speaks_)
+      fmt::print(stderr,
+                 "lockstep: note: CUDA graphs off from step {}: {}. The run goes on without them "
+                 "(cuda_graphs in the summary).\n",
+                 step_, why_not_);
+  }
   active_ = false;
   programs_.clear();
 }
 
 void StepGraphs::begin_step(std::int64_t step, double now_s, Communicator& comm) {
+  step_ = step;
   if (!why_not_.empty()) return;
   const std::int64_t s = step - first_step_;
   if (mode_ == GraphMode::on) {
@@ -73,6 +86,11 @@ void StepGraphs::begin_step(std::int64_t step, double now_s, Communicator& comm)
   comm.all_reduce_host(sums);
   eager_median_s_ = sums[0] / sums[2];
   graph_median_s_ = sums[1] / sums[2];
+  if (graph_median_s_ < eager_median_s_ && speaks_)
+    fmt::print(stderr,
+               "lockstep: note: trainer.cuda_graphs: auto measured a step at {:.3f} ms with CUDA "
+               "graphs and {:.3f} ms without (medians of {} steps): keeping them.\n",
+               1e3 * graph_median_s_, 1e3 * eager_median_s_, kTimedSteps);
   if (graph_median_s_ >= eager_median_s_)
     turn_off(fmt::format(
         "trainer.cuda_graphs: auto measured a step at {:.3f} ms with graphs and {:.3f} ms "

@@ -33,7 +33,8 @@
 //     step was faster. The ranks agree on the choice with one host all-reduce of their medians,
 //     at the same step everywhere. A run too short to time both stays eager.
 //   - Devices without graphs (the CPU, whose ops run as they are called) run eagerly, and the
-//     summary says so.
+//     summary says so. Graphs stopped during a run, and auto's choice, are also said on stderr
+//     as it happens (worker 0).
 //   - A trace's forward and backward spans of a replayed part time its launch, not its
 //     kernels, and its per-layer spans come together after each segment.
 #pragma once
@@ -77,8 +78,10 @@ class StepGraphs {
   };
   using Layer = std::function<void(std::size_t layer)>;
 
-  // `first_step`: the run's first step; `total_steps`: its last.
-  StepGraphs(Device& device, GraphMode mode, std::int64_t first_step, std::int64_t total_steps);
+  // `first_step`: the run's first step; `total_steps`: its last. `speaks`: this worker says on
+  // stderr when graphs stop during the run, and what auto chose (one worker of the job).
+  StepGraphs(Device& device, GraphMode mode, std::int64_t first_step, std::int64_t total_steps,
+             bool speaks = false);
   ~StepGraphs();
   StepGraphs(const StepGraphs&) = delete;
   StepGraphs& operator=(const StepGraphs&) = delete;
@@ -116,6 +119,8 @@ class StepGraphs {
   GraphMode mode_;
   std::int64_t first_step_;
   std::int64_t total_steps_;
+  bool speaks_;
+  std::int64_t step_ = 0;  // the step begun last
   std::string why_not_;  // empty while graphs may be used
   bool active_ = false;
   std::map<Key, Program> programs_;

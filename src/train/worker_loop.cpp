@@ -164,7 +164,8 @@ void WorkerLoop::set_up(Backend& backend) {
         SnapshotSlot::part_floats(snapshot_ranges(), res_.optimizer->state_names().size()),
         [&dev](std::size_t bytes) { return dev.allocate_host(bytes); });
   }
-  res_.graphs = std::make_unique<StepGraphs>(dev, tc.cuda_graphs, pos_.step + 1, run_.total_steps);
+  res_.graphs = std::make_unique<StepGraphs>(dev, tc.cuda_graphs, pos_.step + 1, run_.total_steps,
+                                             /*speaks=*/global_ == 0);
   if (rank_ == 0) {
     run_.summary.buckets = res_.reducer->buckets().size();
     run_.summary.comm_mode = to_string(mode);
