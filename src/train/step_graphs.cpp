@@ -47,6 +47,7 @@ StepGraphs::StepGraphs(Device& device, GraphMode mode, std::int64_t first_step,
         "trainer.cuda_graphs: auto times {} steps each way and needs a run of {} steps; this "
         "one has {} (on captures from the second step)",
         kTimedSteps, kChoice + 1, total_steps_ - first_step_ + 1);
+  times_ = mode_ == GraphMode::automatic && why_not_.empty();
 }
 
 StepGraphs::~StepGraphs() = default;
@@ -66,12 +67,12 @@ void StepGraphs::turn_off(std::string why) {
 
 void StepGraphs::begin_step(std::int64_t step, double now_s, Communicator& comm) {
   step_ = step;
-  if (!why_not_.empty()) return;
   const std::int64_t s = step - first_step_;
   if (mode_ == GraphMode::on) {
-    active_ = s >= 1;
+    active_ = why_not_.empty() && s >= 1;
     return;
   }
+  if (!times_) return;
   // auto: the step before took now_s - last_begin_s_.
   const std::int64_t before = s - 1;
   if (last_begin_s_ >= 0.0) {
@@ -79,13 +80,18 @@ void StepGraphs::begin_step(std::int64_t step, double now_s, Communicator& comm)
     if (before >= kFirstGraphTimed && before < kChoice) graph_s_.push_back(now_s - last_begin_s_);
   }
   last_begin_s_ = now_s;
-  active_ = s >= kFirstCapture;
+  active_ = why_not_.empty() && s >= kFirstCapture;
   if (s != kChoice) return;
-  // Every rank's medians, summed: the ranks choose together.
-  std::array<double, 3> sums = {median(eager_s_), median(graph_s_), 1.0};
+  // The ranks choose together: every rank that times takes part (the same ranks everywhere,
+  // whether or not a capture was refused on some), each with its eager median, and with its
+  // graph median where it still has graphs.
+  const bool timed = why_not_.empty();
+  std::array<double, 4> sums = {median(eager_s_), timed ? median(graph_s_) : 0.0,
+                                timed ? 1.0 : 0.0, 1.0};
   comm.all_reduce_host(sums);
-  eager_median_s_ = sums[0] / sums[2];
-  graph_median_s_ = sums[1] / sums[2];
+  eager_median_s_ = sums[0] / sums[3];
+  graph_median_s_ = sums[2] > 0.0 ? sums[1] / sums[2] : 0.0;
+  if (!timed) return;
   if (graph_median_s_ < eager_median_s_ && speaks_)
     fmt::print(stderr,
                "lockstep: note: trainer.cuda_graphs: auto measured a step at {:.3f} ms with CUDA "

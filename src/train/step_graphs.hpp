@@ -31,7 +31,8 @@
 //     second step. `auto` times the wall time of steps 2 to 1 + W eagerly (W = kTimedSteps),
 //     captures in the next two, times W steps with graphs, and keeps them only when the median
 //     step was faster. The ranks agree on the choice with one host all-reduce of their medians,
-//     at the same step everywhere. A run too short to time both stays eager.
+//     at the same step everywhere, every rank taking part even where a capture was refused
+//     (then without a graph median). A run too short to time both stays eager.
 //   - Devices without graphs (the CPU, whose ops run as they are called) run eagerly, and the
 //     summary says so. Graphs stopped during a run, and auto's choice, are also said on stderr
 //     as it happens (worker 0).
@@ -123,6 +124,9 @@ class StepGraphs {
   std::int64_t step_ = 0;  // the step begun last
   std::string why_not_;  // empty while graphs may be used
   bool active_ = false;
+  // auto, on a device with graphs, in a run long enough: this rank takes part in the choice.
+  // The same on every rank, set before step 1, so that the choice's all-reduce is matched.
+  bool times_ = false;
   std::map<Key, Program> programs_;
   std::uint64_t captured_ = 0, launched_ = 0;
   // auto: the wall time of each step timed each way, and the agreed medians.

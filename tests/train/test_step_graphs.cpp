@@ -6,11 +6,13 @@
 // for bit as runs that launch every op.
 #include <doctest/doctest.h>
 
+#include <array>
 #include <cstring>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -160,6 +162,45 @@ TEST_CASE("step graphs: auto keeps them only where a step was timed faster with 
         "the cpu backend runs each op as it is called: it has no graphs to capture");
   StepGraphs off(device, GraphMode::off, 1, 100);
   CHECK(off.summary().why_not == "trainer.cuda_graphs: off");
+}
+
+TEST_CASE("step graphs: auto's choice is matched on every rank, one with a refused capture too") {
+  // Rank 1's first capture is refused (step 7); at step 14 both ranks still meet in the
+  // choice's all-reduce, rank 0 keeping its graphs (8 ms against 10), and the next host
+  // collective pairs with the next on the other rank.
+  const int ids[] = {0, 1};
+  std::vector<std::unique_ptr<Communicator>> comms =
+      make_cpu_backend()->create_communicators(ids, nullptr);
+  Summary::Graphs seen[2];
+  double marker[2] = {0.0, 0.0};
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      test::GraphTestDevice device(0, 1, r == 1 ? "scale" : "");
+      StepGraphs graphs(device, GraphMode::automatic, /*first_step=*/1, /*total_steps=*/40);
+      Part part(device);
+      double now = 0.0;
+      for (std::int64_t step = 1; step <= 15; ++step) {
+        graphs.begin_step(step, now, *comms[r]);
+        graphs.run(kKey, [&](const StepGraphs::Layer& report) { part.enqueue(report); }, nullptr,
+                   [](std::size_t) { return false; });
+        now += step <= 6 ? 0.010 : step <= 8 ? 0.030 : 0.008;
+      }
+      std::array<double, 1> mine = {r + 1.0};
+      comms[r]->all_reduce_host(mine);
+      marker[r] = mine[0];
+      seen[r] = graphs.summary();
+    });
+  for (std::thread& t : threads) t.join();
+  CHECK(marker[0] == 3.0);
+  CHECK(marker[1] == 3.0);
+  CHECK(seen[0].used);
+  CHECK(seen[0].eager_step_s == doctest::Approx(0.010));
+  CHECK(seen[0].graph_step_s == doctest::Approx(0.008));  // rank 0's alone
+  CHECK_FALSE(seen[1].used);
+  CHECK(seen[1].why_not ==
+        "a capture was refused, so every part runs as launched: scale cannot be captured (test "
+        "device)");
 }
 
 namespace {
