@@ -18,8 +18,6 @@
 //                             [--repeat 20] [--runs 5] [--tf32]
 //
 // Without a usable GPU (--backend cuda) it prints "no usable GPU: <reason>" and exits 0.
-#include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -30,7 +28,9 @@
 
 #include <fmt/format.h>
 
+#include "common/random.hpp"
 #include "lockstep/lockstep.hpp"
+#include "stats.hpp"
 
 using namespace lockstep;
 
@@ -73,31 +73,27 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-// Seconds per call of `op`: `repeat` calls between two step marks, the median of `runs`.
+// Seconds per call of `op`: `repeat` calls between two step marks (the device's time on a GPU,
+// the wall time on the CPU, whose ops run on the calling thread), the median of `runs`.
 double time_op(Device& dev, const Options& o, const std::function<void()>& op) {
   op();  // its first call makes what it caches (cuBLASLt's plan)
   dev.synchronize();
   std::vector<double> v;
   for (int r = 0; r < o.runs; ++r) {
-    const auto t0 = std::chrono::steady_clock::now();
+    const double t0 = bench::now_s();
     dev.mark_step(false);
     for (int i = 0; i < o.repeat; ++i) op();
     dev.mark_step(true);
     dev.synchronize();
-    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    v.push_back(dev.device_step_seconds().value_or(wall) / o.repeat);  // the CPU: its wall time
+    v.push_back(dev.device_step_seconds().value_or(bench::now_s() - t0) / o.repeat);
   }
-  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
-  return v[v.size() / 2];
+  return bench::median(v);
 }
 
+// n values uniform in [-scale, scale) from `seed` (the project's generator, common/random.hpp).
 std::vector<float> uniform(std::size_t n, std::uint64_t seed, float scale) {
   std::vector<float> v(n);
-  std::uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (float& x : v) {
-    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
-    x = scale * (static_cast<float>(s >> 40) / static_cast<float>(1u << 24) * 2.0f - 1.0f);
-  }
+  for (float& x : v) x = scale * static_cast<float>(2.0 * detail::uniform01(seed) - 1.0);
   return v;
 }
 
@@ -134,7 +130,6 @@ int main(int argc, char** argv) try {
     dact.emplace_back(*dev, std::size_t(B) * o.sizes[l + 1]);
   }
   act[0].upload(uniform(std::size_t(B) * o.sizes[0], 2, 1.0f));
-  DeviceArray<float> dx(*dev, std::size_t(B) * *std::max_element(o.sizes.begin(), o.sizes.end()));
   DeviceArray<std::int32_t> labels(*dev, B);
   std::vector<std::int32_t> host_labels(B);
   for (int i = 0; i < B; ++i) host_labels[i] = (i * 7) % classes;

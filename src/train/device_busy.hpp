@@ -8,6 +8,8 @@
 #include <optional>
 #include <vector>
 
+#include "common/median.hpp"
+
 namespace lockstep::detail {
 
 // Per step after the first, the device's time for the step over the host's from that step's
@@ -36,10 +38,7 @@ class DeviceBusy {
   // The median fraction; nullopt with none (a CPU device, or fewer than three steps).
   std::optional<double> median() const {
     if (fractions_.empty()) return std::nullopt;
-    std::vector<double> v = fractions_;
-    const auto mid = v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2);
-    std::nth_element(v.begin(), mid, v.end());
-    return *mid;
+    return upper_median(fractions_);
   }
 
  private:

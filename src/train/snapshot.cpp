@@ -21,17 +21,25 @@ void SnapshotSlot::ensure(Part& part, std::size_t floats, const Allocate& alloca
   part.capacity = floats;
 }
 
+// Gives up what `b` held: it is to hold step `step` (-1: nothing) from workers_ parts, none
+// begun; the parts' memory is kept.
+void SnapshotSlot::clear(Buffer& b, std::int64_t step) const {
+  b.step = step;
+  b.complete = false;
+  b.skeleton.reset();
+  b.parts.resize(static_cast<std::size_t>(workers_));
+  for (Part& p : b.parts) {
+    p.begun = false;
+    p.done = false;
+    p.ranges.clear();
+  }
+}
+
 void SnapshotSlot::start_group(int workers) {
   std::lock_guard lock(mutex_);
   workers_ = workers;
-  for (int i = 0; i < 2; ++i) {
-    if (i == newest_) continue;
-    Buffer& b = buffers_[i];
-    b.step = -1;
-    b.complete = false;
-    b.skeleton.reset();
-    b.parts.resize(static_cast<std::size_t>(workers));
-  }
+  for (int i = 0; i < 2; ++i)
+    if (i != newest_) clear(buffers_[i], -1);
 }
 
 void SnapshotSlot::reserve(int rank, std::size_t floats, const Allocate& allocate) {
@@ -45,17 +53,7 @@ float* SnapshotSlot::begin_part(int rank, std::int64_t step, std::vector<Snapsho
                                 std::optional<Checkpoint> skeleton) {
   std::lock_guard lock(mutex_);
   Buffer& b = writing();
-  if (b.step != step) {  // the first worker here: the buffer's old contents are given up
-    b.step = step;
-    b.complete = false;
-    b.skeleton.reset();
-    b.parts.resize(static_cast<std::size_t>(workers_));
-    for (Part& p : b.parts) {
-      p.begun = false;
-      p.done = false;
-      p.ranges.clear();
-    }
-  }
+  if (b.step != step) clear(b, step);  // the first worker here: the old contents are given up
   Part& part = b.parts.at(static_cast<std::size_t>(rank));
   ensure(part, part_floats(ranges, vectors), allocate);
   part.ranges = std::move(ranges);

@@ -96,6 +96,7 @@ class SnapshotSlot {
     bool complete = false;
   };
   static void ensure(Part& part, std::size_t floats, const Allocate& allocate);
+  void clear(Buffer& b, std::int64_t step) const;
   Buffer& writing() noexcept { return buffers_[newest_ == 0 ? 1 : 0]; }
 
   mutable std::mutex mutex_;

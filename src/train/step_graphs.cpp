@@ -9,18 +9,12 @@
 
 #include <fmt/format.h>
 
+#include "common/median.hpp"
 #include "lockstep/comm.hpp"
 #include "lockstep/error.hpp"
 
 namespace lockstep::detail {
 namespace {
-
-double median(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  const auto mid = v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2);
-  std::nth_element(v.begin(), mid, v.end());
-  return *mid;
-}
 
 // Steps of auto's schedule, counted from the run's first step (0): eager and timed in
 // [1, kTimedSteps]; captured in the next two; timed with graphs in the kTimedSteps after; the
@@ -33,20 +27,16 @@ constexpr std::int64_t kChoice = kFirstGraphTimed + StepGraphs::kTimedSteps;
 
 StepGraphs::StepGraphs(Device& device, GraphMode mode, std::int64_t first_step,
                        std::int64_t total_steps, bool speaks)
-    : device_(device),
-      mode_(mode),
-      first_step_(first_step),
-      total_steps_(total_steps),
-      speaks_(speaks) {
+    : device_(device), mode_(mode), first_step_(first_step), speaks_(speaks) {
   if (mode_ == GraphMode::off)
     why_not_ = "trainer.cuda_graphs: off";
   else if (std::string why = device_.graphs_unsupported(); !why.empty())
     why_not_ = std::move(why);
-  else if (mode_ == GraphMode::automatic && total_steps_ - first_step_ < kChoice)
+  else if (mode_ == GraphMode::automatic && total_steps - first_step_ < kChoice)
     why_not_ = fmt::format(
         "trainer.cuda_graphs: auto times {} steps each way and needs a run of {} steps; this "
         "one has {} (on captures from the second step)",
-        kTimedSteps, kChoice + 1, total_steps_ - first_step_ + 1);
+        kTimedSteps, kChoice + 1, total_steps - first_step_ + 1);
   times_ = mode_ == GraphMode::automatic && why_not_.empty();
 }
 
@@ -86,7 +76,7 @@ void StepGraphs::begin_step(std::int64_t step, double now_s, Communicator& comm)
   // whether or not a capture was refused on some), each with its eager median, and with its
   // graph median where it still has graphs.
   const bool timed = why_not_.empty();
-  std::array<double, 4> sums = {median(eager_s_), timed ? median(graph_s_) : 0.0,
+  std::array<double, 4> sums = {upper_median(eager_s_), timed ? upper_median(graph_s_) : 0.0,
                                 timed ? 1.0 : 0.0, 1.0};
   comm.all_reduce_host(sums);
   eager_median_s_ = sums[0] / sums[3];

@@ -119,7 +119,6 @@ class StepGraphs {
   Device& device_;
   GraphMode mode_;
   std::int64_t first_step_;
-  std::int64_t total_steps_;
   bool speaks_;
   std::int64_t step_ = 0;  // the step begun last
   std::string why_not_;  // empty while graphs may be used

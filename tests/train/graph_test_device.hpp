@@ -61,7 +61,10 @@ class GraphTestDevice final : public cpu::CpuDevice {
 
   // ---- Memory and reductions: host syncs, allocations and uploads refuse a capture ----------
 
-  void* allocate(std::size_t bytes) override { return refused("allocate"), CpuDevice::allocate(bytes); }
+  void* allocate(std::size_t bytes) override {
+    refused("allocate");
+    return CpuDevice::allocate(bytes);
+  }
   void deallocate(void* ptr) noexcept override { CpuDevice::deallocate(ptr); }
   void copy_to_device(void* dst, const void* src, std::size_t bytes) override {
     refused("copy_to_device");

@@ -73,7 +73,7 @@ TEST_CASE("step graphs: a captured part replays on the memory of the moment, cut
   REQUIRE(graphs.active());
 
   Part part(device);
-  Seen seen{part.y.data()};
+  Seen seen{part.y.data(), {}};
   std::vector<std::size_t> asked;
   const auto cut = [&](std::size_t layer) {
     asked.push_back(layer);
@@ -112,7 +112,7 @@ TEST_CASE("step graphs: a refused capture is dropped, the part runs as launched,
   StepGraphs graphs(device, GraphMode::on, 1, 10);
   graphs.begin_step(2, 0.0, *comm);
   Part part(device);
-  Seen seen{part.y.data()};
+  Seen seen{part.y.data(), {}};
   device.fill(part.x.data(), 1.0f, 4);
   graphs.run(kKey, [&](const StepGraphs::Layer& r) { part.enqueue(r); }, seen.on_layer(),
              [](std::size_t) { return false; });
