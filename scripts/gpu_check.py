@@ -124,7 +124,7 @@ def doctest_failures(log):
             block = "\n".join(lines[i + 1:i + 40])
             # A block ends at the next separator; only failures and crashes print one here.
             block = block.split("=" * 20)[0]
-            if re.search(r"\b(ERROR|FATAL ERROR|CRASHED)\b", block):
+            if re.search(r"(^|: )(ERROR|FATAL ERROR): ", block, re.M):
                 name = line[len("TEST CASE:"):].strip()
                 if name not in names:
                     names.append(name)

@@ -63,15 +63,28 @@ TEST CASE:  cuda: cuDNN attention forward and backward
 tests/cuda/test_cudnn_attention.cpp:106: FATAL ERROR: test case CRASHED: SIGTERM - Termination request signal
 
 ===============================================================================
-[doctest] test cases: 3 | 1 passed | 2 failed | 400 skipped
+tests/cuda/test_cuda.cpp:90:
+TEST CASE:  cuda: a message that says ERROR in words passes
+
+tests/cuda/test_cuda.cpp:91: MESSAGE: skipping (gpu): cudaErrorNoDevice: ERROR reported by the driver
+
+===============================================================================
+tests/cuda/test_cuda_graphs.cpp:53:
+TEST CASE:  cuda: graphs capture a step
+
+tests/cuda/test_cuda_graphs.cpp:53: ERROR: test case THREW exception: cudaStreamBeginCapture: ...
+
+===============================================================================
+[doctest] test cases: 5 | 2 passed | 3 failed | 400 skipped
 [doctest] assertions: 10 | 9 passed | 1 failed |
 """
 
 
 def test_doctest_failures_names_failed_and_killed_cases_only():
     assert gpu_check.doctest_failures(DOCTEST_LOG) == [
-        "cuda: layernorm against the CPU", "cuda: cuDNN attention forward and backward"]
-    assert gpu_check.doctest_counts(DOCTEST_LOG) == (3, 1, 2)
+        "cuda: layernorm against the CPU", "cuda: cuDNN attention forward and backward",
+        "cuda: graphs capture a step"]
+    assert gpu_check.doctest_counts(DOCTEST_LOG) == (5, 2, 3)
     assert gpu_check.doctest_counts("no summary") is None
 
 
