@@ -23,8 +23,10 @@
 namespace lockstep::detail {
 
 struct MemoryPlan {
-  // One worker's bytes.
+  // One worker's bytes; under trainer.zero 1 the optimiser state of the worker that holds the
+  // most (shards differ by at most a grain per bucket), as the summary reports it.
   double parameters = 0, gradients = 0, optimizer = 0, activations = 0, staging = 0;
+  int zero_ranks = 0;              // trainer.zero 1: the ranks that share the optimiser state
   int workers = 0;                 // in this process
   bool workers_on_host = true;     // CPU workers: their bytes are host memory
   double dataset = 0;              // host bytes of the train and eval splits
@@ -48,8 +50,10 @@ struct MemoryLimit {
 };
 MemoryLimit host_memory_limit();
 
+// `ranks`: the workers of the whole job (this process's times the processes), among which
+// trainer.zero 1 shards the optimiser state.
 MemoryPlan plan_memory(const Config& cfg, const Model& model, const Dataset& train,
-                       const Dataset* eval, bool workers_on_host);
+                       const Dataset* eval, bool workers_on_host, int ranks);
 
 // InputError "SOURCE: model.hidden[0] = 2000000000 needs 16.0 GB per worker (...); 3.8 GB
 // available (physical memory)" when the plan's host bytes exceed `limit`.

@@ -366,7 +366,7 @@ std::int64_t Trainer::saving_step() const noexcept { return impl_->saving_step.l
 detail::MemoryPlan Trainer::Impl::check_memory(const Backend& b) const {
   const bool on_host = b.name() == "cpu";
   const detail::MemoryPlan plan =
-      detail::plan_memory(cfg, model, *train, eval.get(), on_host);
+      detail::plan_memory(cfg, model, *train, eval.get(), on_host, world());
   const detail::MemoryLimit limit = detail::host_memory_limit();
   detail::check_memory_plan(plan, limit, cfg);
   if (!on_host)

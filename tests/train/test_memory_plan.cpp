@@ -10,6 +10,7 @@
 #include "lockstep/error.hpp"
 #include "lockstep/trainer.hpp"
 #include "train/memory_plan.hpp"
+#include "train/reducer.hpp"
 #include "trainer_fixtures.hpp"
 
 using namespace lockstep;
@@ -29,7 +30,7 @@ TEST_CASE("memory plan: parameters, gradients, optimiser state and staging in cl
   const InMemoryDataset data = tiny_data();
   const Model model = make_model(cfg, data);
   REQUIRE(model.param_count() == 3 * 4 + 4 + 4 * 2 + 2);  // 26
-  const detail::MemoryPlan adamw = detail::plan_memory(cfg, model, data, nullptr, true);
+  const detail::MemoryPlan adamw = detail::plan_memory(cfg, model, data, nullptr, true, 2);
   CHECK(adamw.parameters == 26 * 4);
   CHECK(adamw.gradients == 26 * 4);
   CHECK(adamw.optimizer == 2 * 26 * 4);  // m and v
@@ -39,18 +40,18 @@ TEST_CASE("memory plan: parameters, gradients, optimiser state and staging in cl
   CHECK(adamw.host() == adamw.dataset + 2 * 26 * 4 + 2 * adamw.per_worker());
   cfg.optimizer.type = OptimizerKind::sgd;
   cfg.optimizer.momentum = 0.9;
-  CHECK(detail::plan_memory(cfg, model, data, nullptr, true).optimizer == 26 * 4);
+  CHECK(detail::plan_memory(cfg, model, data, nullptr, true, 2).optimizer == 26 * 4);
   cfg.optimizer.momentum = 0.0;
-  CHECK(detail::plan_memory(cfg, model, data, nullptr, true).optimizer == 0);
+  CHECK(detail::plan_memory(cfg, model, data, nullptr, true, 2).optimizer == 0);
   // Workers on a device do not count against the host.
-  const detail::MemoryPlan gpu = detail::plan_memory(cfg, model, data, nullptr, false);
+  const detail::MemoryPlan gpu = detail::plan_memory(cfg, model, data, nullptr, false, 2);
   CHECK(gpu.host() == gpu.dataset + 2 * 26 * 4);
   // In-memory snapshots (trainer.snapshot_every): two of the parameters and the optimiser state.
   cfg.optimizer.type = OptimizerKind::adamw;
   cfg.trainer.snapshot_every = 10;
-  CHECK(detail::plan_memory(cfg, model, data, nullptr, false).snapshots == 0);  // stop: unused
+  CHECK(detail::plan_memory(cfg, model, data, nullptr, false, 2).snapshots == 0);  // stop: unused
   cfg.trainer.on_worker_failure = WorkerFailurePolicy::shrink;
-  const detail::MemoryPlan snapshots = detail::plan_memory(cfg, model, data, nullptr, false);
+  const detail::MemoryPlan snapshots = detail::plan_memory(cfg, model, data, nullptr, false, 2);
   CHECK(snapshots.snapshots == 2 * 3 * 26 * 4);
   CHECK(snapshots.host() == gpu.dataset + 2 * 26 * 4 + 2 * 3 * 26 * 4);
 }
@@ -88,14 +89,14 @@ TEST_CASE("memory plan: the key that drives it, and a refusal that names it") {
   const InMemoryDataset data = tiny_data();
   cfg.model.hidden = {4, 100000};
   // Batch 1: the weights (700k parameters) outweigh the activations.
-  CHECK(detail::plan_memory(cfg, make_model(cfg, data), data, nullptr, true).driver ==
+  CHECK(detail::plan_memory(cfg, make_model(cfg, data), data, nullptr, true, 1).driver ==
         "model.hidden[1] = 100000");
   cfg.data.batch_size = 8;  // now the activations of that layer
-  CHECK(detail::plan_memory(cfg, make_model(cfg, data), data, nullptr, true).driver ==
+  CHECK(detail::plan_memory(cfg, make_model(cfg, data), data, nullptr, true, 1).driver ==
         "data.batch_size = 8 with model.hidden[1] = 100000");
   cfg.model.hidden = {2};  // no layer wider than the input: the batch alone is named
   cfg.data.batch_size = 1000000;
-  const detail::MemoryPlan batch = detail::plan_memory(cfg, make_model(cfg, data), data, nullptr, true);
+  const detail::MemoryPlan batch = detail::plan_memory(cfg, make_model(cfg, data), data, nullptr, true, 1);
   CHECK(batch.driver == "data.batch_size = 1000000");
   const detail::MemoryLimit small{.bytes = 1e6, .source = "RLIMIT_AS (ulimit -v)"};
   try {
@@ -122,7 +123,7 @@ TEST_CASE("memory plan: fused attention drops the (B, H, T, T) matrices, so a lo
   const TokenDataset data = test::token_stream(4 * 2048 + 1, 2048, 1);
   const auto plan = [&](AttentionKind attention) {
     cfg.model.attention = attention;
-    return detail::plan_memory(cfg, make_model(cfg, data, "cpu"), data, nullptr, true);
+    return detail::plan_memory(cfg, make_model(cfg, data, "cpu"), data, nullptr, true, 1);
   };
   const detail::MemoryPlan fused = plan(AttentionKind::fused);
   const detail::MemoryPlan materialized = plan(AttentionKind::materialized);
@@ -138,4 +139,38 @@ TEST_CASE("memory plan: fused attention drops the (B, H, T, T) matrices, so a lo
                                   .source = "cgroup memory.max"};
   CHECK_THROWS_AS(detail::check_memory_plan(materialized, limit, cfg), InputError);
   CHECK_NOTHROW(detail::check_memory_plan(fused, limit, cfg));
+}
+
+TEST_CASE("memory plan: trainer.zero 1 plans each worker's shard of the optimiser state, the "
+          "bytes the summary reports") {
+  // A 3-4096-2048-2 MLP, 8.4 M parameters in buckets of at most 8 MB (the first 1 MB), each cut
+  // into 64 KiB grains between the ranks.
+  Config cfg = test::cpu_config(/*devices=*/1, /*batch=*/2, /*steps=*/1, /*seed=*/0);
+  cfg.model.hidden = {4096, 2048};
+  cfg.trainer.bucket_cap_mb = 8;
+  cfg.trainer.eval_every = 0;
+  const auto data = std::make_shared<InMemoryDataset>(tiny_data());
+  const Model model = make_model(cfg, *data);
+  const double params = static_cast<double>(model.param_count());
+  REQUIRE(detail::plan_buckets(model, cfg.trainer.bucket_cap_mb).size() >= 2);
+  for (const int workers : {1, 2, 3, 4}) {
+    CAPTURE(workers);
+    cfg.trainer.devices.assign(static_cast<std::size_t>(workers), 0);
+    for (int d = 0; d < workers; ++d) cfg.trainer.devices[static_cast<std::size_t>(d)] = d;
+    cfg.trainer.zero = 0;
+    const detail::MemoryPlan replicated =
+        detail::plan_memory(cfg, model, *data, nullptr, true, workers);
+    CHECK(replicated.optimizer == 2 * params * 4);  // m and v, whole
+    cfg.trainer.zero = 1;
+    const detail::MemoryPlan sharded = detail::plan_memory(cfg, model, *data, nullptr, true, workers);
+    // About 1/N of the state: at most a grain more per bucket.
+    CHECK(sharded.optimizer >= 2 * params * 4 / workers);
+    CHECK(sharded.optimizer <=
+          2 * 4 * (params / workers + 3.0 * static_cast<double>(detail::kZeroGrain)));
+    CHECK((detail::describe(sharded, {.bytes = 1e12, .source = "test"}).find(
+               "as a ZeRO-1 shard of") != std::string::npos) == (workers > 1));
+    // The plan is what the run holds.
+    const Summary s = Trainer(cfg, data, nullptr).run();
+    CHECK(static_cast<double>(s.optimizer_state_bytes) == sharded.optimizer);
+  }
 }
