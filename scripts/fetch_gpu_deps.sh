@@ -44,7 +44,7 @@ if [ "$got" -ne "${#debs[@]}" ]; then
   exit 1
 fi
 broken=$(cd "$LOCKSTEP_ROOT/scripts" &&
-  python3 -c 'import sys, gpu_check; print(" ".join(gpu_check.dangling_links(sys.argv[1])))' \
+  python3 -B -c 'import sys, gpu_check; print(" ".join(gpu_check.dangling_links(sys.argv[1])))' \
     "$scratch")
 if [ -n "$broken" ]; then
   echo "fetch_gpu_deps: links that point nowhere once unpacked: $broken" >&2
