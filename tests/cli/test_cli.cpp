@@ -249,3 +249,23 @@ TEST_CASE("cli: export --dtype bf16 writes half the data bytes, and a bad --dtyp
   CHECK(bad.code == 2);
   CHECK_MESSAGE(bad.output.find("--dtype: expected fp32 or bf16, got 'fp16'") != std::string::npos, bad.output);
 }
+
+TEST_CASE("cli: an unknown option that names a config key is told the --set that was meant") {
+  const auto steps = run_cli("train " + kQuickstart + " --steps 10");
+  CHECK(steps.code == 2);
+  CHECK_MESSAGE(steps.output.find("train: unknown option '--steps'; to set the config key "
+                                  "trainer.steps, write --set trainer.steps=10") !=
+                    std::string::npos, steps.output);
+  // --key=value, and a key given in full.
+  CHECK(run_cli("train " + kQuickstart + " --lr=0.5").output.find(
+            "write --set optimizer.lr=0.5") != std::string::npos);
+  CHECK(run_cli("train " + kQuickstart + " --trainer.devices 2").output.find(
+            "write --set trainer.devices=2") != std::string::npos);
+  // A last part several keys share: each is named.
+  CHECK(run_cli("eval " + kQuickstart + " --type sgd").output.find(
+            "with KEY one of model.type, optimizer.type, schedule.type") != std::string::npos);
+  // A command without --set is not told to use it.
+  const auto tokenize = run_cli("tokenize --steps 3");
+  CHECK(tokenize.code == 2);
+  CHECK(tokenize.output.find("--set") == std::string::npos);
+}
