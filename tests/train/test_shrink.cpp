@@ -1,4 +1,4 @@
-// trainer.on_worker_failure: shrink (Note [Shrink] in src/train/trainer.cpp): a run that loses
+// trainer.on_worker_failure: shrink (Note [Shrink] in src/train/recovery.hpp): a run that loses
 // a worker's device at step s goes on with the survivors from the start of step s, and ends
 // bit-identical to a run that --resumes from a checkpoint of step s - 1 on the survivors'
 // devices. Each case is a 12-step run of the small MLP on the CPU, over 480 samples: whole
