@@ -606,12 +606,14 @@ std::optional<Trainer::Impl::Recovery> Trainer::Impl::recovery_point(RunResource
         return std::nullopt;
       }
       out.from = std::move(*r.recovery);
-      out.state = fmt::format("the state after step {} (parameter hash {:016x})", choice.step,
+      out.state = fmt::format("the start of step {} (parameter hash {:016x})", choice.step + 1,
                               r.stopped[in.survivors.front().rank]->param_hash);
       break;
     case detail::RecoverySource::group_start:
       out.from = *start;
-      out.state = fmt::format("the state after step {} ({}){}", choice.step, start_is, why);
+      out.state = choice.why.empty()
+                      ? fmt::format("the start of step {} ({})", choice.step + 1, start_is)
+                      : fmt::format("{} of step {}{}", start_is, choice.step, why);
       break;
     case detail::RecoverySource::snapshot:
       out.from = std::move(*snapshot);
