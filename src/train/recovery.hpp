@@ -50,8 +50,8 @@
 //      same step with the same parameter hash (as the replica check demands), that state;
 //      and where that step is the one the group started from, the group's start itself, as it
 //      records the sample position exactly (one recorded again on N - 1 workers is rounded
-//      down to whole batches: WorkerLoop::set_up_data). Otherwise the newest of: the newest
-//      in-memory snapshot (with trainer.snapshot_every K every worker copies its part of the
+//      down to whole batches: Note [Re-sharding] in worker_loop.cpp). Otherwise the newest
+//      of: the newest in-memory snapshot (with trainer.snapshot_every K every worker copies its part of the
 //      state to host memory after every K-th step's barrier, as a checkpoint would hold it, and
 //      a snapshot replaces the older one only once every part has landed: Note [Snapshots] in
 //      snapshot.hpp), the state the group started from (a recovery's, or --resume's, held in

@@ -175,8 +175,18 @@ void WorkerLoop::set_up(Backend& backend) {
   set_up_data(scarce);
 }
 
-// The sampler position: a resumed run continues inside the epoch it stopped in. With another
-// device count, the samples consumed so far in that epoch are rounded down to whole batches.
+// Note [Re-sharding]
+//   A resumed run (and a shrink's survivors: Note [Shrink] in recovery.hpp) continues inside the
+//   epoch it stopped in. The DistributedSampler gives rank r of N the positions r, r + N, ... of
+//   the epoch's order, so after b batches of B on each of N workers the positions [0, b B N)
+//   are served. On N' workers each rank starts at batch b' = floor(b N / N'), position b' B N':
+//     - with N' = N, or wherever N' divides b N, exactly where the run stopped: every sample
+//       of the epoch once;
+//     - otherwise a little before it: every sample still once at least, and those at positions
+//       [b' B N', b B N) (fewer than B N', one global batch) a second time in that epoch.
+//   Never later, so no sample of the epoch is skipped. Starting exactly at b B N on N' workers
+//   would need a position the checkpoint does not hold (in samples, not whole batches per
+//   worker). tests/train/test_resharding.cpp pins the samples served, resume and shrink.
 // Note [Inline loader]: when the compute threads take every core, the loader has no core of its
 // own either. Its thread then only adds a wake-up and two context switches per batch, taken
 // from compute (a batch handed through the queue wakes the producer to refill it), so the
