@@ -74,4 +74,22 @@ RecoveryChoice choose_recovery(const RecoveryInput& in) {
   return best;
 }
 
+// Each worker keeps its batch (the global batch shrinks), or with keep_global_batch the
+// accumulation is raised to keep it where the survivors divide its micro-batches.
+SurvivorsBatch survivors_batch(int workers, int left, int accumulate_steps, int batch_size,
+                               bool keep_global_batch) {
+  const int micro_batches = workers * accumulate_steps;
+  std::string why;
+  if (keep_global_batch && micro_batches % left == 0) {
+    accumulate_steps = micro_batches / left;
+    why = fmt::format(" (trainer.keep_global_batch: accumulate_steps {})", accumulate_steps);
+  } else if (keep_global_batch) {
+    why = fmt::format(" (trainer.keep_global_batch: {} micro-batches do not divide among {} "
+                      "workers)",
+                      micro_batches, left);
+  }
+  return {.accumulate_steps = accumulate_steps,
+          .words = fmt::format("{} samples per step{}", left * accumulate_steps * batch_size, why)};
+}
+
 }  // namespace lockstep::detail

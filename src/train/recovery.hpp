@@ -142,4 +142,13 @@ CommonState common_state(std::span<const Survivor> survivors, bool zero);
 // Note [Shrink], step 3.
 RecoveryChoice choose_recovery(const RecoveryInput& in);
 
+// Note [Shrink], step 4: the survivors' accumulate_steps, and the log line's words for their
+// global batch. `workers` of the failed group, `left` of them survive.
+struct SurvivorsBatch {
+  int accumulate_steps = 1;
+  std::string words;  // "48 samples per step (trainer.keep_global_batch: ...)"
+};
+SurvivorsBatch survivors_batch(int workers, int left, int accumulate_steps, int batch_size,
+                               bool keep_global_batch);
+
 }  // namespace lockstep::detail

@@ -646,23 +646,10 @@ void Trainer::Impl::shrink(RunResources& r, Recovery recovery) {
   const std::int64_t failed_step = recovery.failed_step;
   // A fault at or before the failed step has struck, or will never strike now.
   if (r.fault.step <= failed_step) r.fault = {};
-  // The global batch: each worker's kept (it shrinks), or with keep_global_batch the
-  // accumulation raised to keep it where the survivors divide it.
-  const int workers_before = static_cast<int>(cfg.trainer.devices.size());
-  const int micro_batches = workers_before * cfg.trainer.accumulate_steps;
-  const int left = static_cast<int>(survivors.size());
-  std::string batch = fmt::format("{} samples per step", left * cfg.trainer.accumulate_steps *
-                                                             cfg.data.batch_size);
-  if (cfg.trainer.keep_global_batch && micro_batches % left == 0) {
-    cfg.trainer.accumulate_steps = micro_batches / left;
-    summary.accumulate_steps = cfg.trainer.accumulate_steps;
-    batch += fmt::format(" (trainer.keep_global_batch: accumulate_steps {})",
-                         cfg.trainer.accumulate_steps);
-  } else if (cfg.trainer.keep_global_batch) {
-    batch += fmt::format(" (trainer.keep_global_batch: {} micro-batches do not divide among {} "
-                         "workers)",
-                         micro_batches, left);
-  }
+  const detail::SurvivorsBatch batch = detail::survivors_batch(
+      static_cast<int>(cfg.trainer.devices.size()), static_cast<int>(survivors.size()),
+      cfg.trainer.accumulate_steps, cfg.data.batch_size, cfg.trainer.keep_global_batch);
+  cfg.trainer.accumulate_steps = summary.accumulate_steps = batch.accumulate_steps;
   cfg.trainer.devices = survivors;
   total_steps = compute_total_steps();
   r.samples_before += from.state.samples - (r.recovered_from ? r.recovered_from->state.samples
@@ -698,7 +685,7 @@ void Trainer::Impl::shrink(RunResources& r, Recovery recovery) {
              "note: {}; {}going on with {} worker{} ({}:{}, {}) from {}, {} steps redone, {:.2f} s "
              "after the abort (trainer.on_worker_failure: shrink)\n",
              error, std::exchange(r.left_running, {}), survivors.size(),
-             survivors.size() == 1 ? "" : "s", r.backend->name(), fmt::join(survivors, ","), batch,
+             survivors.size() == 1 ? "" : "s", r.backend->name(), fmt::join(survivors, ","), batch.words,
              recovery.state, recovery.redone, seconds);
 }
 

@@ -130,3 +130,18 @@ TEST_CASE("recovery rule: too few survivors, or several processes, cannot go on"
   CHECK(c.why == "the run spans 2 processes, whose communicators cannot be rebuilt from one of "
                  "them");
 }
+
+TEST_CASE("recovery rule: the survivors keep their batch, or with keep_global_batch the global one") {
+  // 2 workers x 2 micro-batches of 8 lose one: each keeps its batch, or 1 x 4 keeps all 32.
+  SurvivorsBatch b = survivors_batch(2, 1, 2, 8, false);
+  CHECK(b.accumulate_steps == 2);
+  CHECK(b.words == "16 samples per step");
+  b = survivors_batch(2, 1, 2, 8, true);
+  CHECK(b.accumulate_steps == 4);
+  CHECK(b.words == "32 samples per step (trainer.keep_global_batch: accumulate_steps 4)");
+  // 3 x 1 on 2: 3 micro-batches do not divide, each keeps its batch.
+  b = survivors_batch(3, 2, 1, 8, true);
+  CHECK(b.accumulate_steps == 1);
+  CHECK(b.words == "16 samples per step (trainer.keep_global_batch: 3 micro-batches do not "
+                   "divide among 2 workers)");
+}
