@@ -40,9 +40,12 @@
 //      that state (WorkerLoop::recovery_state).
 //      So, by failure point (LOCKSTEP_FAULT=RANK:K:lost:PHASE):
 //        forward, backward   the state after step K - 1;
-//        all-reduce          with clipping or skipping (the update waits for every bucket) the
-//                            state after K - 1; with per-bucket updates the first bucket has
-//                            landed and been applied: no survivor holds a whole state (3.);
+//        all-reduce          the buckets it handed over land (with overlap the first, without
+//                            it every one): where that is every bucket, each survivor applies
+//                            the whole update, the state after step K; else with clipping or
+//                            skipping (the update waits for every bucket) the state after
+//                            K - 1, and with per-bucket updates none (3.): a bucket that
+//                            landed was applied;
 //        update              the state after step K, whose update every replica had applied;
 //        ZeRO-1, any phase   none (3.): the lost worker held its shard of the optimiser state.
 //   3. choose_recovery, a pure function of the failed step (the lost worker's), the survivors'
