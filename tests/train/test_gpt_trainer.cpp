@@ -5,10 +5,14 @@
 //   - a checkpoint carries the architecture for `lockstep sample`.
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <numeric>
+
+#include <fmt/format.h>
 
 #include "../data/temp_files.hpp"
 #include "trainer_fixtures.hpp"
@@ -111,7 +115,8 @@ TEST_CASE("gpt: a checkpoint records the architecture and the tokenizer for samp
 // rounds elsewhere), yet stays close.
 TEST_CASE("gpt: a resume may change model.attention, and the path it names is the one taken") {
   auto train = std::make_shared<TokenDataset>(token_stream(961, 8, 1));
-  const std::filesystem::path dir = test::fresh_dir("lockstep_gpt_attention_resume");
+  const std::filesystem::path dir =
+      test::fresh_dir(fmt::format("lockstep_gpt_attention_resume_{}", getpid()));
   Config cfg = gpt_config(1, 6);
   cfg.model.attention = AttentionKind::materialized;
   cfg.trainer.steps = 8;

@@ -1,6 +1,8 @@
 // Checkpoints and exact resume, injected faults, the step timeout and the non-finite policy.
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -8,6 +10,8 @@
 #include <functional>
 #include <numbers>
 #include <numeric>
+
+#include <fmt/format.h>
 
 #include "lockstep/lockstep.hpp"
 #include "trainer_fixtures.hpp"
@@ -114,8 +118,11 @@ TEST_CASE("a checkpoint resumes on another device count, and refuses another con
 // p11 = p10 - lr (s g + wd p10) with s the clip factor, wd on the weight matrices alone.
 class FromStep10 {
  public:
-  FromStep10()
-      : dir_(fresh_dir("resume_changes")), train_(synthetic(200, 1)), eval_(synthetic(30, 2)) {
+  // `name`: the test's own, as CTest runs the cases at once.
+  explicit FromStep10(const std::string& name)
+      : dir_(fresh_dir(fmt::format("{}_{}", name, getpid()))),
+        train_(synthetic(200, 1)),
+        eval_(synthetic(30, 2)) {
     cfg_ = config(2, OptimizerKind::sgd, dir_);
     cfg_.optimizer.momentum = 0.0;
     cfg_.schedule.type = ScheduleKind::constant;
@@ -192,7 +199,7 @@ double check_step(const Checkpoint& at10, const std::vector<float>& unchanged,
 }
 
 TEST_CASE("a resume may lower the lr: the new lr applies from the first resumed step") {
-  const FromStep10 from;
+  const FromStep10 from("lower_lr");
   const FromStep10::Resumed same = from.resume([](Config&) {});
   const FromStep10::Resumed lowered = from.resume([](Config& c) { c.optimizer.lr /= 2; });
   // The unchanged resume reports only the trainer keys it changed; the lowered one the lr too.
@@ -209,7 +216,7 @@ TEST_CASE("a resume may lower the lr: the new lr applies from the first resumed 
 }
 
 TEST_CASE("a resume may change the weight decay: it applies from the first resumed step") {
-  const FromStep10 from;
+  const FromStep10 from("weight_decay");
   const FromStep10::Resumed none = from.resume([](Config&) {});
   constexpr double kDecay = 0.5;
   const FromStep10::Resumed decayed =
@@ -229,7 +236,7 @@ TEST_CASE("a resume may change the weight decay: it applies from the first resum
 }
 
 TEST_CASE("a resume may change the clipping: it applies from the first resumed step") {
-  const FromStep10 from;
+  const FromStep10 from("clipping");
   const FromStep10::Resumed free = from.resume([](Config&) {});
   const double norm = free.logged.at(0).grad_norm;
   REQUIRE(norm > 0.0);
@@ -244,10 +251,10 @@ TEST_CASE("a resume may change the clipping: it applies from the first resumed s
 }
 
 TEST_CASE("a resume may change the schedule: its learning rate applies from the first resumed step") {
-  const FromStep10 from;
+  const FromStep10 from("schedule");
   const FromStep10::Resumed constant = from.resume([](Config&) {});
   constexpr double kMin = 0.01;
-  const fs::path dir = fresh_dir("resume_schedule");
+  const fs::path dir = fresh_dir(fmt::format("schedule_at11_{}", getpid()));
   const FromStep10::Resumed cosine = from.resume(
       [&](Config& c) {
         c.schedule.type = ScheduleKind::warmup_cosine;

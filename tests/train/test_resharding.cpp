@@ -4,6 +4,8 @@
 // samples in batches of 8 over 2, 3 or 4 workers: whole batches, no padding.
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <map>
@@ -137,7 +139,7 @@ TEST_CASE("re-sharding: a resume on another worker count serves the epoch's rest
     CAPTURE(c.before);
     CAPTURE(c.after);
     CAPTURE(c.b);
-    const fs::path dir = test::fresh_dir(fmt::format("lockstep_resharding_{}", c.before));
+    const fs::path dir = test::fresh_dir(fmt::format("lockstep_resharding_{}_{}", c.before, getpid()));
     auto first = std::make_shared<RecordingDataset>(c.before);
     Config cfg = resharding_config(c.before, static_cast<std::int64_t>(c.b));
     cfg.trainer.checkpoint.dir = dir.string();
