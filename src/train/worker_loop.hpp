@@ -62,9 +62,10 @@
 //   A step whose end needs the device's state (eval, a replica check, a checkpoint, a
 //   snapshot, the last step) is read at its end, as before (defers_read): its end runs before
 //   the next step's forward overwrites the activations. TrainerHooks::defer_read = false reads
-//   every step so, for tests. The state a step starts from (mark_step_start, Note [Shrink] in
-//   trainer.cpp) is final once the step before is closed, its totals agreed: until then a
-//   survivor reports that step's update as begun. Host syncs are counted per step (Note [Host
+//   every step so, for tests. The state a step starts from (mark_step_start) is final once the
+//   step before is closed, its totals agreed; until then a survivor of a lost worker reports
+//   the step before as applied but unagreed, its record read (Note [Shrink] in recovery.hpp,
+//   step 2). Host syncs are counted per step (Note [Host
 //   syncs] in device.hpp): those from its start to its queued end, less closing the step
 //   before, plus its own record's read.
 //
