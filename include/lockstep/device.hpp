@@ -912,7 +912,7 @@ class LOCKSTEP_API Backend {
   std::vector<std::unique_ptr<Communicator>> create_communicators(std::span<const int> device_ids);
   // Whether create_communicators may be called again, over the devices that survive, once a
   // group over `device_ids` was aborted because one of its devices was lost:
-  // trainer.on_worker_failure: shrink needs it (Note [Shrink] in src/train/trainer.cpp). The
+  // trainer.on_worker_failure: shrink needs it (Note [Shrink] in src/train/recovery.hpp). The
   // CPU's and the CUDA backend's can (each group is made anew, peer or NCCL).
   virtual bool rebuilds_communicators(std::span<const int> /*device_ids*/) const noexcept {
     return false;

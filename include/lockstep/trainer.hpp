@@ -152,9 +152,9 @@ struct LOCKSTEP_API Summary {
   std::int64_t resumed_from_step = 0;  // 0 when the run started from scratch
   bool stopped_early = false;          // request_stop() ended the run before `steps`
   std::int64_t nonfinite_skips = 0;    // updates dropped by on_nonfinite: skip
-  // trainer.on_worker_failure: shrink (Note [Shrink] in src/train/trainer.cpp): workers whose
-  // device was lost, the times the run went on without them, the completed steps taken again
-  // for it, and the seconds from the abort to the survivors' restart, over the run. devices,
+  // trainer.on_worker_failure: shrink (Note [Shrink] in src/train/recovery.hpp): workers whose
+  // device was lost, the times the run went on without them, the steps whose update had been
+  // applied and that were taken again for it, and the seconds from the abort to the survivors' restart, over the run. devices,
   // worker_times and the time accounting are then the last survivors'.
   int workers_lost = 0;
   int recoveries = 0;

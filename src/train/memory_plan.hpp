@@ -32,7 +32,7 @@ struct MemoryPlan {
   double dataset = 0;              // host bytes of the train and eval splits
   double host_copies = 0;          // the host's copies of the parameters (initial, final)
   // trainer.snapshot_every: the newest snapshot and the one being built (Note [Shrink] in
-  // trainer.cpp), each the parameters and the whole optimiser state
+  // recovery.hpp), each the parameters and the whole optimiser state
   double snapshots = 0;
   std::string driver;              // "model.hidden[0] = 2000000000": what makes it large
 
