@@ -116,7 +116,11 @@ TEST_SUITE("cuda") {
       CHECK(back == values);
     }
   }
+}
 
+// It builds cuDNN's attention graphs where the build has them: run with the cuDNN cases,
+// last (Note [cuDNN plan cache], test_cudnn_attention.cpp).
+TEST_SUITE("cuda cudnn") {
   TEST_CASE("cuda graphs: a GPT's bf16 run with graphs trains bit for bit as one without") {
     auto cuda = cuda_or_skip();
     if (!cuda) return;
