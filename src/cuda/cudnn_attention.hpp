@@ -20,6 +20,8 @@
 //     one this code was written and tested against: under AUTO the frontend takes the UNIFIED
 //     node wherever its support surface allows, and a causal mask (a diagonal band) enters that
 //     surface at cuDNN 9.21, so a newer cuDNN (PyTorch's wheels) would switch kernels unasked.
+//     The backward has no such choice in 1.32 (Graph::sdpa_backward always makes the composite
+//     node).
 //   - The backward is deterministic (set_deterministic_algorithm): the same gradient bits on
 //     every run and replica, which the bit-exact tests and replica checks rely on. On sm_90 the
 //     frontend then forces the dP-workspace backward, B H T64 T64 x 2 bytes (T64: T rounded up
