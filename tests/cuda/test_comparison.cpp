@@ -132,7 +132,7 @@ TEST_CASE("gpu_vs_cpu: NaN passes only where the CPU has it and the test expects
 // parameter tensor's gradient on its own. What one bound of 4 bf16 ulps of the model's largest
 // gradient, a std::max of the differences, let through (issue 40): a NaN (std::max drops it),
 // and zeros in a tensor of gradients far below the model's largest (dq and dk never written).
-TEST_CASE("gpu_vs_cpu: each gradient tensor on its own; NaN and a tensor of zeros fail") {
+TEST_CASE("gpu_vs_cpu: each gradient tensor on its own, where NaN and a tensor of zeros fail") {
   const Model model = Model::gpt({.vocab_size = 64, .context = 8, .n_layer = 1, .n_head = 2,
                                   .d_model = 16});
   std::vector<float> want(model.param_count());

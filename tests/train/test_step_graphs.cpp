@@ -145,7 +145,7 @@ TEST_CASE("step graphs: a refused capture is dropped, the part runs as launched,
 // Issue 40: a short last batch is a new key after the others were captured. It runs as
 // launched once, then is captured; if that capture is refused, it alone runs as launched, for
 // the rest of the run, while the other keys keep replaying their graphs.
-TEST_CASE("step graphs: a new key runs eagerly first; its refused capture leaves graphs on") {
+TEST_CASE("step graphs: a new key runs eagerly first, and its refused capture leaves graphs on") {
   test::GraphTestDevice device(0, 1, "fill");  // only the short batch's part fills
   auto comm = one_rank();
   StepGraphs graphs(device, GraphMode::on, 1, 100);
