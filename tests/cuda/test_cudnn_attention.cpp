@@ -1,9 +1,11 @@
 // cuDNN's fused attention (Note [cuDNN attention] in src/cuda/cudnn_attention.hpp). Without a
 // GPU: the layouts that read q, k, v and write y in place, the graph cache's key, the refusals
-// and model.attention's choice on cuda. On a GPU: forward (y and the log-sum-exp) and every
-// gradient against the CPU's tiled attention in bf16 (itself tested against the materialised
-// path in tests/cpu/test_attention.cpp), and a GPT's bf16 step with the fused path against the
-// materialised one. Built with the CUDA backend only; the cuDNN cases with cuDNN only.
+// (T = 1 among them) and model.attention's choice on cuda. On a GPU: forward (y and the
+// log-sum-exp) and every gradient against the CPU's tiled attention in bf16 (itself tested
+// against the materialised path in tests/cpu/test_attention.cpp), T = 1 refused by the device
+// before cuDNN is asked, and a GPT's bf16 step with the fused path against the materialised one,
+// each gradient tensor on its own. Built with the CUDA backend only; the cuDNN cases with cuDNN
+// only (a skip that says so otherwise), in the suite "cuda cudnn", run last.
 #include <doctest/doctest.h>
 
 #include <cmath>
