@@ -7,7 +7,6 @@
 #include <fmt/format.h>
 
 #include <cmath>
-#include <future>
 #include <map>
 #include <mutex>
 #include <stdexcept>
@@ -15,6 +14,8 @@
 #include <vector>
 
 #include <cudnn_frontend.h>
+
+#include "common/once_cache.hpp"
 
 namespace lockstep::cuda {
 namespace fe = cudnn_frontend;
@@ -132,7 +133,8 @@ struct Handle {
 //   key, each built once, by the first thread to ask; a thread asking for it meanwhile waits for
 //   that build, and threads asking for other keys build theirs at the same time (one worker
 //   thread per device builds its plans concurrently). A refusal is kept like a graph: every
-//   later ask rethrows it, without building again.
+//   later ask rethrows it, without building again (OnceCache, src/common/once_cache.hpp, tested
+//   without a GPU in tests/common/test_once_cache.cpp).
 //   Sharing is what the frontend provides for (1.32, graph_interface.h): a built Graph executes
 //   with any handle on its device, and execute() is marked thread-safe (it copies the variant
 //   pack's template to the stack and patches it there). A handle is used by one thread at a
@@ -152,34 +154,16 @@ class PlanCache {
     if (const cudaError_t status = cudaGetDevice(&device); status != cudaSuccess)
       throw std::runtime_error(
           fmt::format("cuda: cudaGetDevice failed: {}", cudaGetErrorString(status)));
-    std::promise<std::shared_ptr<const Built>> promise;
-    std::shared_future<std::shared_ptr<const Built>> built;
-    bool builds = false;
-    {
-      const std::lock_guard lock(mutex_);
-      const auto [it, inserted] = plans_.try_emplace({device, key});
-      if (inserted) it->second = promise.get_future().share();
-      built = it->second;
-      builds = inserted;
-    }
-    // The lock is not held while building: other keys build meanwhile, this key's askers wait.
-    if (builds) {
-      try {
-        promise.set_value(build_on(device, key));
-      } catch (...) {
-        promise.set_exception(std::current_exception());
-      }
-    }
-    return built.get();
+    return plans_.get({device, key}, [&] { return build_on(device, key); });
   }
 
  private:
   PlanCache() = default;
 
-  std::shared_ptr<const Built> build_on(int device, const AttentionKey& key) {
+  Built build_on(int device, const AttentionKey& key) {
     const cudnnHandle_t handle = take_handle(device);
     try {
-      auto built = std::make_shared<const Built>(build(handle, key));
+      Built built = build(handle, key);
       give_back(device, handle);
       return built;
     } catch (...) {
@@ -206,9 +190,9 @@ class PlanCache {
     idle_[device].push_back(handle);
   }
 
-  std::mutex mutex_;
-  std::map<std::pair<int, AttentionKey>, std::shared_future<std::shared_ptr<const Built>>> plans_;
-  std::map<int, std::vector<cudnnHandle_t>> idle_;  // by device: handles no build is using
+  lockstep::detail::OnceCache<std::pair<int, AttentionKey>, Built> plans_;  // by GPU and key
+  std::mutex mutex_;  // guards idle_
+  std::map<int, std::vector<cudnnHandle_t>> idle_;  // by GPU: handles no build is using
 };
 
 // The frontend's variant pack holds void*: the inputs' const goes here, cuDNN only reads them.
