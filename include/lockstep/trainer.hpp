@@ -78,6 +78,8 @@ struct LOCKSTEP_API Summary {
   // (empty for an MLP), and what that is and why (AttentionChoice::detail).
   std::string attention;
   std::string attention_detail;
+  // On cuda, what runs the fused attention (CudaSupport::cudnn); empty elsewhere.
+  std::string cudnn;
   std::vector<int> devices;     // this process's
   int processes = 1;            // of the job; workers = devices.size() x processes
   std::int64_t steps = 0;
@@ -138,6 +140,11 @@ struct LOCKSTEP_API Summary {
     std::string why_not;
     double eager_step_s = 0.0, graph_step_s = 0.0;
     std::uint64_t captured = 0, launched = 0;
+    // Parts run as launched while graphs were on (worker 0): a new key's first run, and each
+    // run of a key whose capture was refused; `refused` such keys, the first one's reason in
+    // `refusal` (Note [Step graphs]).
+    std::uint64_t eager = 0, refused = 0;
+    std::string refusal;
   } graphs;
 
   // Where the time went, per worker, averaged over workers (seconds over the whole run).

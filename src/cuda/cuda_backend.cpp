@@ -169,7 +169,7 @@ CudaSupport cuda_backend_support() {
     state = fmt::format("no usable GPU (cudaGetDeviceCount: {}: {})", cudaGetErrorName(status),
                         cudaGetErrorString(status));
   if (status != cudaSuccess) count = 0;
-  return {.built = true, .gpus = count, .summary = state + "; " + linked};
+  return {.built = true, .gpus = count, .summary = state + "; " + linked, .cudnn = {}};
 }
 
 std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options) {

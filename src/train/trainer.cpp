@@ -366,8 +366,11 @@ std::int64_t Trainer::saving_step() const noexcept { return impl_->saving_step.l
 // Note [Memory plan]: the host's bytes against its limit; a GPU worker's against its device.
 detail::MemoryPlan Trainer::Impl::check_memory(const Backend& b) const {
   const bool on_host = b.name() == "cpu";
+  // Note [cuDNN attention memory]: its backward's workspace is the device's, not a layer's.
+  const bool cudnn_attention = b.name() == "cuda" && cfg.model.type == "gpt" &&
+                               attention_choice(cfg, b.name()).path == AttentionKind::fused;
   const detail::MemoryPlan plan =
-      detail::plan_memory(cfg, model, *train, eval.get(), on_host, world());
+      detail::plan_memory(cfg, model, *train, eval.get(), on_host, world(), cudnn_attention);
   const detail::MemoryLimit limit = detail::host_memory_limit();
   detail::check_memory_plan(plan, limit, cfg);
   if (!on_host)
@@ -399,6 +402,7 @@ Summary Trainer::Impl::begin_summary(const Backend& b) const {
     return d.id == s.devices.front() || d.backend == "cpu";  // any id names the host CPU
   });
   if (first != infos.end()) s.matmul = first->matmul;
+  if (b.name() == "cuda") s.cudnn = cuda_support().cudnn;
   s.precision = to_string(cfg.trainer.precision);
   if (cfg.model.type == "gpt") {
     const AttentionChoice attention = attention_choice(cfg, b.name());

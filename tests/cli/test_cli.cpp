@@ -73,6 +73,16 @@ TEST_CASE("cli: devices names the MPI and CUDA support built in, and requests no
                           R"(NCCL \d+\.\d+\.\d+ linked\)\n)");
     CHECK(std::regex_search(r.output, line));
     CHECK(r.output.find("cuda: built in (" + cuda.summary + ")") != std::string::npos);
+    // What runs the fused attention (issue 40: the GPU machine's cuDNN is not the one built
+    // against), e.g. "cudnn: cuDNN 9.19.0 loaded (headers 9.19.0), frontend 1.32.0, ..."
+    if (!cuda.cudnn.empty()) {
+      const std::regex versions(R"(\ncudnn: cuDNN \d+\.\d+\.\d+ loaded \(headers )"
+                                R"(\d+\.\d+\.\d+\), frontend \d+\.\d+\.\d+, SDPA forward )"
+                                R"(composite\n)");
+      CHECK(std::regex_search(r.output, versions));
+    } else {
+      CHECK(r.output.find("\ncudnn: not built in") != std::string::npos);
+    }
     if (cuda.gpus == 0) CHECK(r.output.find("\ncuda:0  ") == std::string::npos);
     else CHECK(r.output.find("\ncuda:0  ") != std::string::npos);
   } else {
