@@ -141,6 +141,70 @@ TEST_CASE("memory plan: fused attention drops the (B, H, T, T) matrices, so a lo
   CHECK_NOTHROW(detail::check_memory_plan(fused, limit, cfg));
 }
 
-                       const Dataset* eval, bool workers_on_host, int ranks,
-                       bool cudnn_attention) {
+TEST_CASE("memory plan: trainer.zero 1 plans each worker's shard of the optimiser state, the "
+          "bytes the summary reports") {
+  // A 3-4096-2048-2 MLP, 8.4 M parameters in buckets of at most 8 MB (the first 1 MB), each cut
+  // into 64 KiB grains between the ranks.
+  Config cfg = test::cpu_config(/*devices=*/1, /*batch=*/2, /*steps=*/1, /*seed=*/0);
+  cfg.model.hidden = {4096, 2048};
+  cfg.trainer.bucket_cap_mb = 8;
+  cfg.trainer.eval_every = 0;
+  const auto data = std::make_shared<InMemoryDataset>(tiny_data());
+  const Model model = make_model(cfg, *data);
+  const double params = static_cast<double>(model.param_count());
+  REQUIRE(detail::plan_buckets(model, cfg.trainer.bucket_cap_mb).size() >= 2);
+  for (const int workers : {1, 2, 3, 4}) {
+    CAPTURE(workers);
+    cfg.trainer.devices.assign(static_cast<std::size_t>(workers), 0);
+    for (int d = 0; d < workers; ++d) cfg.trainer.devices[static_cast<std::size_t>(d)] = d;
+    cfg.trainer.zero = 0;
+    const detail::MemoryPlan replicated =
+        detail::plan_memory(cfg, model, *data, nullptr, true, workers);
+    CHECK(replicated.optimizer == 2 * params * 4);  // m and v, whole
+    cfg.trainer.zero = 1;
+    const detail::MemoryPlan sharded = detail::plan_memory(cfg, model, *data, nullptr, true, workers);
+    // About 1/N of the state: at most a grain more per bucket.
+    CHECK(sharded.optimizer >= 2 * params * 4 / workers);
+    CHECK(sharded.optimizer <=
+          2 * 4 * (params / workers + 3.0 * static_cast<double>(detail::kZeroGrain)));
+    CHECK((detail::describe(sharded, {.bytes = 1e12, .source = "test"}).find(
+               "as a ZeRO-1 shard of") != std::string::npos) == (workers > 1));
+    // The plan is what the run holds.
+    const Summary s = Trainer(cfg, data, nullptr).run();
+    CHECK(static_cast<double>(s.optimizer_state_bytes) == sharded.optimizer);
+  }
+}
+
+// Note [cuDNN attention memory]: cuDNN's deterministic backward takes the dP workspace, B H T64^2
+// x 2 bytes, besides the bf16 gradient and the softmax sums; the plan of a GPT whose attention
+// runs cuDNN's counts it per worker (issue 40: 201 MB at B 8, T 1024, H 12; 1.6 GB at B 64).
+TEST_CASE("memory plan: cuDNN's attention backward workspace, in closed form and in the plan") {
+  const AttentionShape gpt2{8, 1024, 12, 64};
+  const double gradient = 2.0 * 8 * 1024 * 3 * 768, sums = 4.0 * 8 * 12 * 1024;
+  CHECK(detail::cudnn_attention_backward_bytes(gpt2, true) ==
+        gradient + sums + 2.0 * 8 * 12 * 1024 * 1024);
+  CHECK(2.0 * 8 * 12 * 1024 * 1024 == 201326592.0);  // the issue's 201 MB
+  CHECK(detail::cudnn_attention_backward_bytes({64, 1024, 12, 64}, true) >= 1.6e9);
+  // The non-deterministic backward: an fp32 dQ accumulator instead, B H T D.
+  CHECK(detail::cudnn_attention_backward_bytes(gpt2, false) ==
+        gradient + sums + 4.0 * 8 * 12 * 1024 * 64);
+  // T rounded up to 64 in the dP workspace; the gradient rounded up to 256 bytes.
+  CHECK(detail::cudnn_attention_backward_bytes({1, 65, 1, 8}, true) ==
+        3328.0 + 4.0 * 65 + 2.0 * 128 * 128);  // 3120 bytes of gradient, rounded up to 13 x 256
+
+  Config cfg = test::small_gpt_config(1, 4);
+  cfg.trainer.precision = Precision::bf16;
+  cfg.model.n_head = 4;
+  cfg.model.d_model = 64;
+  const TokenDataset data = test::token_stream(4 * cfg.model.context + 1, cfg.model.context, 1);
+  const Model model = make_model(cfg, data, "cpu");
+  const detail::MemoryPlan without = detail::plan_memory(cfg, model, data, nullptr, false, 1);
+  const detail::MemoryPlan with = detail::plan_memory(cfg, model, data, nullptr, false, 1, true);
+  CHECK(without.attention_workspace == 0);
+  const double expected = detail::cudnn_attention_backward_bytes(
+      {cfg.data.batch_size, cfg.model.context, 4, 16}, true);
+  CHECK(with.attention_workspace == expected);
+  CHECK(with.per_worker() == without.per_worker() + expected);
+  CHECK(detail::describe(with, {.bytes = 1e12, .source = "test"}).find("cuDNN attention ") !=
+        std::string::npos);
 }
