@@ -9,6 +9,7 @@
 // worker.
 #pragma once
 
+#include <new>
 #include <stdexcept>
 #include <string>
 
@@ -39,6 +40,20 @@ class LOCKSTEP_API CommAborted : public Error {
 class LOCKSTEP_API DeviceLost : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+};
+
+// An allocation that failed, saying what was being allocated ("the model replica (parameters,
+// gradients, activations): 12.0 MiB on cpu:1"): a std::bad_alloc names nothing. It is a
+// std::bad_alloc, so that whatever catches those still does.
+class LOCKSTEP_API OutOfMemory : public std::bad_alloc {
+ public:
+  explicit OutOfMemory(std::string allocation)
+      : allocation_(std::move(allocation)), what_("out of memory allocating " + allocation_) {}
+  const char* what() const noexcept override { return what_.c_str(); }
+  const std::string& allocation() const noexcept { return allocation_; }
+
+ private:
+  std::string allocation_, what_;
 };
 
 // A failure inside one worker, tagged with where it happened.

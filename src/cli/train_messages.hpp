@@ -25,8 +25,9 @@ void print_resume_changes(std::FILE* out, const Trainer& trainer);
 std::string init_from_hint(const std::filesystem::path& dir, const std::string& config,
                            const std::vector<std::string>& overrides);
 
-// Async-signal-safe: the line a second SIGINT prints before the process exits at once, naming
-// the checkpoint it leaves incomplete when `saving_step` >= 0.
-void write_exit_now_line(std::int64_t saving_step) noexcept;
+// Async-signal-safe: the line a second SIGINT prints before the process exits at once. When
+// `saving_step` >= 0, whether that step's checkpoint in `checkpoint_dir` (null: unknown) has
+// both its files in place (--resume starts from it) or stays incomplete.
+void write_exit_now_line(std::int64_t saving_step, const char* checkpoint_dir) noexcept;
 
 }  // namespace lockstep::cli

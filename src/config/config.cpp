@@ -37,6 +37,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "common/fnv1a.hpp"
+#include "io/file_roles.hpp"
 #include "io/open_input.hpp"
 #include "lockstep/config.hpp"
 
@@ -298,6 +299,8 @@ void visit_schema(Visitor& v, C& c) {
             "steps between checkpoints; 0: at the end only (and on SIGINT/SIGTERM)");
   v.integer("keep_last", c.trainer.checkpoint.keep_last, IntRule{.min = 1},
             "checkpoints kept; older ones go once a newer one is complete");
+  v.flag("overwrite", c.trainer.checkpoint.overwrite,
+         "a new run may replace the checkpoints already in dir; false: it refuses to start");
 }
 
 struct SectionKeys {
@@ -1567,14 +1570,15 @@ Config parse_config(std::string_view yaml, std::string_view source,
   return parse_config_in(yaml, source, overrides, nullptr);
 }
 
+// A bare file name's directory is "." (the working directory): Note [Config paths].
 Config load_config(const std::filesystem::path& file, std::span<const std::string> overrides) {
-  const std::filesystem::path dir = file.parent_path();
+  const std::filesystem::path dir = detail::directory_of(file);
   return parse_config_in(read_config_file(file), file.string(), overrides, &dir);
 }
 
 Config load_config(const std::filesystem::path& file, std::span<const std::string> overrides,
                    const ConfigDefaults& defaults) {
-  const std::filesystem::path dir = file.parent_path();
+  const std::filesystem::path dir = detail::directory_of(file);
   return parse_config_in(read_config_file(file), file.string(), overrides, &dir, &defaults);
 }
 

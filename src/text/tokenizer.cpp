@@ -218,11 +218,19 @@ std::optional<Tokenizer> recorded_tokenizer(const std::map<std::string, std::str
                                  "file or directory): give --tokenizer DIR|FILE (content hash {})",
                                  file.string(), recorded, hash->second));
   Tokenizer tokenizer = Tokenizer::load(path.empty() ? std::filesystem::path(recorded) : path);
-  if (const std::string mine = tokenizer.content_hash(); mine != hash->second)
+  // The remedy is the original's files: the checkpoint records only their hash.
+  if (const std::string mine = tokenizer.content_hash(); mine != hash->second) {
+    const std::string copy =
+        "--tokenizer DIR|FILE naming a copy of the original (the files it was trained with: "
+        "from where they came, or from the directory of a `lockstep export --format hf` of this "
+        "run, which holds them)";
     throw InputError(fmt::format(
         "{}: trained with the tokenizer {} (content hash {}), but {} has content hash {}: not the "
-        "same vocabulary and merges", file.string(), recorded.empty() ? "?" : recorded,
-        hash->second, tokenizer.source().string(), mine));
+        "same vocabulary and merges. {}", file.string(), recorded.empty() ? "?" : recorded,
+        hash->second, tokenizer.source().string(), mine,
+        path.empty() ? fmt::format("It has changed since: put the original back there, or give {}", copy)
+                     : fmt::format("Give {}", copy)));
+  }
   return tokenizer;
 }
 

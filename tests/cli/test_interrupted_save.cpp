@@ -34,10 +34,12 @@ std::string step_file(int step, const std::string& extension) {
 
 // Trains the quickstart into `ckpt` (a checkpoint every 5 steps) with the save of `slow_step`
 // slowed down (LOCKSTEP_FAULT slowsave: 0.5 s after each stage), and sends two SIGINTs as soon as
-// that save's weights are in place, before its state is written. Returns the dead process's pid
-// and what it printed on stderr.
+// that save's file with `extension` is in place: its weights (before its state is written), or
+// its state (while the save verifies). Returns the dead process's pid and what it printed on
+// stderr.
 std::pair<pid_t, std::string> interrupt_save(const lockstep::test::TempDir& dir,
-                                             const fs::path& ckpt, int slow_step) {
+                                             const fs::path& ckpt, int slow_step,
+                                             const std::string& extension = ".safetensors") {
   const fs::path err = dir.path() / "stderr.txt";
   const std::string set_dir = "trainer.checkpoint.dir=" + ckpt.string();
   const std::string fault = "0:" + std::to_string(slow_step) + ":slowsave";
@@ -51,9 +53,9 @@ std::pair<pid_t, std::string> interrupt_save(const lockstep::test::TempDir& dir,
           set_dir.c_str(), static_cast<char*>(nullptr));
     _exit(127);
   }
-  const fs::path weights = ckpt / step_file(slow_step, ".safetensors");
+  const fs::path written = ckpt / step_file(slow_step, extension);
   const auto t0 = std::chrono::steady_clock::now();
-  while (!fs::exists(weights)) {
+  while (!fs::exists(written)) {
     if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(60)) {
       kill(pid, SIGKILL);
       waitpid(pid, nullptr, 0);
@@ -107,6 +109,24 @@ TEST_CASE("cli: a save cut by a second SIGINT says so, and --resume falls back t
   CHECK_FALSE(fs::exists(stale));  // the dead writer's
   CHECK(fs::exists(live));         // a live process's file is never touched
   CHECK(fs::exists(ckpt / step_file(15, ".state")));
+}
+
+// Both files in place, the save is past its writes: the line says --resume starts from it, and
+// it does.
+TEST_CASE("cli: a second SIGINT once both files of a save are in place says that it resumes") {
+  const lockstep::test::TempDir dir;
+  const fs::path ckpt = dir.path() / "ckpt";
+  const auto [dead, err] = interrupt_save(dir, ckpt, 10, ".state");
+  CHECK_MESSAGE(err.find("lockstep: second SIGINT while finishing the checkpoint of step 10: "
+                         "exiting at once; both its files are in place, and --resume starts "
+                         "from it\n") != std::string::npos, err);
+  CHECK(err.find("stays incomplete") == std::string::npos);
+  const auto resumed = run_cli("train " + kQuickstart + " --set trainer.steps=12 --set "
+                               "trainer.checkpoint.every_steps=5 --set "
+                               "trainer.checkpoint.dir=" + ckpt.string() + " --resume");
+  REQUIRE_MESSAGE(resumed.code == 0, resumed.output);
+  CHECK_MESSAGE(resumed.output.find("resuming from " + (ckpt / step_file(10, ".safetensors")).string() +
+                                    " (step 10)") != std::string::npos, resumed.output);
 }
 
 TEST_CASE("cli: with no complete checkpoint, --resume names the --init-from command that keeps the weights") {
