@@ -231,7 +231,8 @@ void check_run_files(const TrainArgs& args, const Config& cfg, bool leader) {
       .input_dir(args.init_from, "--init-from", detail::kHfModelFiles)
       .output(args.summary_json, "--summary-json")
       .check();
-  if (!args.resume) detail::check_checkpoint_dir_for_new_run(cfg);
+  // --scaling's runs are new ones whatever --resume says.
+  if (!args.resume || !args.scaling.empty()) detail::check_checkpoint_dir_for_new_run(cfg);
 }
 
 // The run's output files: their directories are made now, as checkpoint directories are, and

@@ -62,9 +62,16 @@ std::string init_from_hint(const fs::path& dir, const std::string& config,
     return {};
   }
   if (!weights) return {};
+  // A directory of its own: `dir` holds another run's checkpoint files, which a new run leaves
+  // alone (Note [A used checkpoint directory]).
+  fs::path own = dir.lexically_normal();
+  if (own.filename().empty()) own = own.parent_path();
+  own += "-new";
   std::string command = "lockstep train " + shell_word(config);
-  for (const std::string& o : overrides) command += " --set " + shell_word(o);
-  command += " --init-from " + shell_word(weights->string());
+  for (const std::string& o : overrides)
+    if (!o.starts_with("trainer.checkpoint.dir=")) command += " --set " + shell_word(o);
+  command += " --set " + shell_word("trainer.checkpoint.dir=" + own.string()) + " --init-from " +
+             shell_word(weights->string());
   return fmt::format("\n  the weights in {} are whole; to keep them, start a new run from them "
                      "(step 0, a fresh optimiser and schedule):\n    {}",
                      weights->string(), command);

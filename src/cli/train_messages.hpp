@@ -20,7 +20,8 @@ void print_outputs(std::FILE* out, const Config& cfg, const std::string& summary
 void print_resume_changes(std::FILE* out, const Trainer& trainer);
 
 // When no checkpoint in `dir` is complete but the weights of one are whole: the exact command
-// that starts a new run from them ("lockstep train CONFIG --set ... --init-from WEIGHTS"), as
+// that starts a new run from them, saving into DIR-new ("lockstep train CONFIG --set ...
+// --set trainer.checkpoint.dir=DIR-new --init-from WEIGHTS"), as
 // lines to append to the error; "" otherwise.
 std::string init_from_hint(const std::filesystem::path& dir, const std::string& config,
                            const std::vector<std::string>& overrides);

@@ -142,7 +142,9 @@ TEST_CASE("cli: with no complete checkpoint, --resume names the --init-from comm
   const std::string sets = " --set trainer.steps=10 --set trainer.checkpoint.dir=" + ckpt.string();
   const auto refused = run_cli("train " + kQuickstart + sets + " --resume");
   CHECK(refused.code == 2);
-  const std::string command = "lockstep train " + kQuickstart + sets + " --init-from " +
+  // In a directory of its own: the new run leaves the old one's files alone.
+  const std::string command = "lockstep train " + kQuickstart + " --set trainer.steps=10 --set "
+                              "trainer.checkpoint.dir=" + ckpt.string() + "-new --init-from " +
                               weights.string();
   CHECK_MESSAGE(refused.output.find("none of the 1 checkpoints is valid") != std::string::npos,
                 refused.output);
@@ -155,6 +157,8 @@ TEST_CASE("cli: with no complete checkpoint, --resume names the --init-from comm
   const auto started = run_cli(command.substr(std::string("lockstep ").size()));
   REQUIRE_MESSAGE(started.code == 0, started.output);
   CHECK(started.output.find("initialised from " + weights.string()) != std::string::npos);
+  CHECK(fs::exists(fs::path(ckpt.string() + "-new") / step_file(10, ".state")));
+  CHECK(fs::exists(weights));
 }
 
 TEST_CASE("cli: a run announces its outputs, and each run opens its part of the metrics stream") {

@@ -142,7 +142,8 @@ TEST_CASE("cli: text trained through data.tokenizer samples as text with the rec
   fs::rename(s.vocab, s.dir.path() / "moved.tiktoken");
   const auto gone = run_cli(sample);
   CHECK(gone.code == 2);
-  CHECK_MESSAGE(gone.output.find(s.vocab.string() + ", is gone (no such file or directory): give "
+  CHECK_MESSAGE(gone.output.find(s.vocab.string() + ", is gone (no such file or directory; content hash " +
+                                 s.tokenizer.content_hash() + "): give "
                                  "--tokenizer DIR|FILE") != std::string::npos, gone.output);
 }
 
