@@ -1402,6 +1402,12 @@ void check_data_source(const Config& c, const Origins& origins, Problems& proble
 
 // A data file the dataset needs that is not there, named by its key with how its path was
 // resolved (Note [Config paths]): a problem found before any data is read, with the others.
+// `dir` absolute, without the trailing separator that "." would leave ("/work/run/").
+std::filesystem::path absolute_directory(const std::filesystem::path& dir) {
+  const std::filesystem::path out = std::filesystem::absolute(dir).lexically_normal();
+  return out.has_filename() || !out.has_relative_path() ? out : out.parent_path();
+}
+
 void check_data_files(const Config& written, const Config& resolved, const Origins& origins,
                       Problems& problems, const std::filesystem::path& dir) {
   if (problems.failed("data.dataset")) return;
@@ -1417,7 +1423,7 @@ void check_data_files(const Config& written, const Config& resolved, const Origi
                               std::filesystem::current_path().string())
                 : fmt::format(" (the config says '{}': relative to the config's directory, {})",
                               as_written,
-                              std::filesystem::absolute(dir).lexically_normal().string());
+                              absolute_directory(dir).string());
     }
     problems.add(origins.of(key), key, fmt::format("no such file: {}{}", absolute, how));
   };

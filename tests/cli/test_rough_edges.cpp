@@ -206,7 +206,7 @@ TEST_CASE("cli: a config named by its bare file name, from its own directory") {
   CHECK(fs::exists(dir.path() / "s.json"));
   const auto printed = run_command(cd + lockstep::test::cli_path() + " config --print here.yaml");
   CHECK_MESSAGE(printed.code == 0, printed.output);
-  CHECK(printed.output.find("path: " + (dir.path() / "digits.csv").string()) != std::string::npos);
+  CHECK(printed.output.find("path: \"" + (dir.path() / "digits.csv").string() + "\"") != std::string::npos);
 }
 
 // Note [A setting that cannot take effect]: an error where it contradicts the run, else a
