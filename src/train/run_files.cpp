@@ -2,7 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <filesystem>
 #include <string>
+#include <system_error>
 #include <vector>
 
 #include "lockstep/checkpoint.hpp"
@@ -27,7 +29,9 @@ FileRoles run_files(const Config& cfg) {
 
 void check_checkpoint_dir_for_new_run(const Config& cfg) {
   const CheckpointConfig& c = cfg.trainer.checkpoint;
-  if (c.dir.empty() || c.overwrite) return;
+  std::error_code ec;
+  // Not a directory: check_output_dir says what is wrong with it.
+  if (c.dir.empty() || c.overwrite || !std::filesystem::is_directory(c.dir, ec)) return;
   const std::vector<std::int64_t> steps = CheckpointManager(c.dir, 0).steps_with_files();
   if (steps.empty()) return;
   throw InputError(fmt::format(
