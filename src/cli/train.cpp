@@ -226,8 +226,7 @@ class SignalScope {
 void check_run_files(const TrainArgs& args, const Config& cfg, bool leader) {
   if (!leader) return;
   detail::FileRoles files = detail::run_files(cfg);
-  files.input(args.config, "the config")
-      .input(args.resume.value_or(""), "--resume")
+  files.input(args.resume.value_or(""), "--resume")
       .input_dir(args.init_from, "--init-from", detail::kHfModelFiles)
       .output(args.summary_json, "--summary-json")
       .check();

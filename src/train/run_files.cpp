@@ -16,6 +16,9 @@ FileRoles run_files(const Config& cfg) {
   const DataConfig& d = cfg.data;
   const TrainerConfig& t = cfg.trainer;
   FileRoles files;
+  // The config file it was read from, when it was (a config made in code says "<defaults>").
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(cfg.source, ec)) files.input(cfg.source, "the config");
   files.input(d.path, "data.path")
       .input(d.eval_path, "data.eval_path")
       .input(d.images, "data.images")

@@ -9,9 +9,10 @@
 
 namespace lockstep::detail {
 
-// The config's data files as inputs (data.path, data.eval_path, data.images, data.labels,
-// data.tokenizer) and its trainer.trace, trainer.report and trainer.metrics as outputs, for the
-// caller to add its own (the CLI's config file and --summary-json) and check().
+// The config file (Config::source, when it names one) and the config's data files as inputs
+// (data.path, data.eval_path, data.images, data.labels, data.tokenizer), and its trainer.trace,
+// trainer.report and trainer.metrics as outputs, for the caller to add its own (the CLI's
+// --summary-json, --resume, --init-from) and check().
 LOCKSTEP_API FileRoles run_files(const Config& cfg);
 
 // Note [A used checkpoint directory]

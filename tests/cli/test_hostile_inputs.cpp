@@ -278,9 +278,9 @@ TEST_CASE("cli: a new run refuses a checkpoint directory that holds another run'
   REQUIRE(bounded_cli(run + " --set trainer.steps=4").code == 0);
   const fs::path first = ckpt / "step_00000004.safetensors";
   const std::string weights = lockstep::test::read_text(first);
-  for (const char* more : {"", " --dry-run", " --init-from " }) {
-    CAPTURE(more);
-    const std::string extra = std::string(more) == " --init-from " ? more + first.string() : more;
+  for (const std::string& extra : {std::string(), std::string(" --dry-run"),
+                                   " --init-from " + first.string()}) {
+    CAPTURE(extra);
     const CliResult again = bounded_cli(run + " --set trainer.steps=2" + extra);
     CHECK_MESSAGE(again.code == 2, again.output);
     CHECK_MESSAGE(again.output.find("error: trainer.checkpoint.dir " + ckpt.string() +
