@@ -11,10 +11,13 @@
 #include <regex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "../data/temp_files.hpp"
 #include "../skip.hpp"
 #include "cli_runner.hpp"
+#include "lockstep/lockstep.hpp"
+#include "train/settings_effect.hpp"
 
 namespace fs = std::filesystem;
 
@@ -267,4 +270,28 @@ TEST_CASE("cli: devices says what a device is on each backend and how many worke
                       "trainer.devices: " + std::to_string(threads) + ", one worker per hardware thread\n") !=
         std::string::npos);
   CHECK(r.output.find("cpu:0  host CPU  ") != std::string::npos);  // the device line stays
+}
+
+// The same rule where no CPU-only run can show it: threads_per_device on cuda, comm there.
+TEST_CASE("settings_without_effect: each backend's settings, and the shrink keys under stop") {
+  lockstep::Config cfg;
+  cfg.source = "c.yaml";
+  cfg.trainer.threads_per_device = 4;
+  cfg.trainer.comm = lockstep::CommKind::peer;
+  const std::vector<std::string> cuda = lockstep::detail::settings_without_effect(cfg, "cuda", 2);
+  REQUIRE(cuda.size() == 1);
+  CHECK(cuda[0] == "trainer.threads_per_device: 4: sizes the cpu backend's thread pools; this run "
+                   "is on cuda; the run goes on without it");
+  const std::vector<std::string> cpu = lockstep::detail::settings_without_effect(cfg, "cpu", 2);
+  REQUIRE(cpu.size() == 1);
+  CHECK(cpu[0].starts_with("trainer.comm: peer: a CUDA communicator"));
+  cfg.trainer.keep_global_batch = true;
+  CHECK(lockstep::detail::settings_without_effect(cfg, "cpu", 2).size() == 2);
+  cfg.trainer.on_worker_failure = lockstep::WorkerFailurePolicy::shrink;
+  CHECK(lockstep::detail::settings_without_effect(cfg, "cpu", 2).size() == 1);
+  cfg.trainer.min_workers = 3;
+  CHECK_THROWS_WITH_AS(lockstep::detail::settings_without_effect(cfg, "cpu", 2),
+                       "c.yaml: trainer.min_workers 3 is above the run's 2 worker(s): it could "
+                       "never be met (set it to at most 2, or train on more devices)",
+                       lockstep::InputError);
 }
