@@ -27,7 +27,7 @@ void* CpuDevice::allocate(std::size_t bytes) {
   try {
     p = ::operator new(size, std::align_val_t{kAlignment});
   } catch (const std::bad_alloc&) {
-    throw OutOfMemory(fmt::format("{:.1f} MiB on {}", static_cast<double>(size) / (1 << 20), label()));
+    throw OutOfMemory::on_device(size, label());
   }
   std::memset(p, 0, size);
   return p;

@@ -12,6 +12,10 @@
 // (write_file_atomically writes through a link to the link's target). An input directory is
 // listed with the files in it that the command reads (a tokenizer's vocab.json and
 // merges.txt), since an output names a file, never the directory.
+// Where: tokenize_files and export_checkpoint (the library calls, so Python's too), the Trainer
+// when it starts (run_files in src/train/run_files.hpp: the config, data files and trainer.*
+// outputs), and `lockstep train`, which adds --summary-json, --resume and --init-from. eval,
+// sample, config --print and devices write no file.
 #pragma once
 
 #include <filesystem>

@@ -129,7 +129,8 @@ bool WorkerLoop::cores_scarce(const Backend& backend) const {
 namespace {
 
 // A std::bad_alloc in a worker's set-up says what was being made, and (from the device) how much
-// and where: "out of memory allocating the model replica (...): 12.0 MiB on cpu:1".
+// and where: "out of memory allocating the model replica (...): 12.0 MiB on cpu:1" (Note
+// [Naming an allocation] in lockstep/error.hpp).
 template <class Make>
 auto allocating(std::string_view what, Make&& make) {
   try {
