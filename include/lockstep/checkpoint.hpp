@@ -205,6 +205,15 @@ class LOCKSTEP_API CheckpointManager {
   // watchdog sees a slow save progress.
   CheckpointFiles save(const Checkpoint& ckpt, const std::function<void()>& stage_done = {});
 
+  // The steps with at least one checkpoint file (complete or not), ascending; none when the
+  // directory is missing. Reads no file.
+  std::vector<std::int64_t> steps_with_files() const;
+
+  // Removes every checkpoint file in the directory (a run that starts over: Note [A used
+  // checkpoint directory] in src/train/run_files.hpp). Throws InputError naming a file that
+  // cannot be removed.
+  void remove_all() const;
+
   // Complete checkpoints, oldest first. Reads every file in full to verify it.
   std::vector<CheckpointFiles> list() const;
 

@@ -96,6 +96,9 @@ struct LOCKSTEP_API CheckpointConfig {
   std::string dir;                // where checkpoints go; empty = no checkpoints
   std::int64_t every_steps = 0;   // 0: only at the end (and on SIGINT/SIGTERM)
   int keep_last = 3;
+  // A new run may replace the checkpoints already in `dir` (Note [A used checkpoint directory]
+  // in src/train/run_files.hpp); false: it refuses to start there.
+  bool overwrite = false;
 };
 
 struct LOCKSTEP_API TrainerConfig {

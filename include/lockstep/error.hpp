@@ -9,6 +9,9 @@
 // worker.
 #pragma once
 
+#include <cstddef>
+#include <cstdio>
+#include <new>
 #include <stdexcept>
 #include <string>
 
@@ -39,6 +42,30 @@ class LOCKSTEP_API CommAborted : public Error {
 class LOCKSTEP_API DeviceLost : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+};
+
+// Note [Naming an allocation]
+// An allocation that failed says what was being allocated: a std::bad_alloc names nothing. A
+// device's allocate() throws OutOfMemory::on_device ("12.0 MiB on cpu:1"), and the worker's
+// set-up adds what it was making ("the model replica (parameters, gradients, activations): ...");
+// the CLI ends with exit 1 on it, naming its phase. It is a std::bad_alloc, so that whatever
+// catches those still does.
+class LOCKSTEP_API OutOfMemory : public std::bad_alloc {
+ public:
+  explicit OutOfMemory(std::string allocation)
+      : allocation_(std::move(allocation)), what_("out of memory allocating " + allocation_) {}
+  const char* what() const noexcept override { return what_.c_str(); }
+  const std::string& allocation() const noexcept { return allocation_; }
+
+  // A device's allocation of `bytes`: "12.0 MiB on cpu:1".
+  static OutOfMemory on_device(std::size_t bytes, const std::string& device) {
+    char mib[32];
+    std::snprintf(mib, sizeof mib, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+    return OutOfMemory(std::string(mib) + " on " + device);
+  }
+
+ private:
+  std::string allocation_, what_;
 };
 
 // A failure inside one worker, tagged with where it happened.

@@ -12,7 +12,7 @@ namespace lockstep::cli {
 inline constexpr int kExitOk = 0, kExitFailure = 1, kExitBadInput = 2;
 
 // lockstep train CONFIG [--set KEY=VALUE]... [--summary-json FILE] [--scaling N,N,...]
-//                [--resume [DIR|FILE] | --init-from CKPT] [--dry-run]
+//                [--resume [DIR|FILE] | --init-from CKPT] [--overwrite] [--dry-run]
 // `processes` is the MPI job this process belongs to (null: a single process).
 int train(const std::vector<std::string_view>& args,
           const std::shared_ptr<ProcessGroup>& processes);

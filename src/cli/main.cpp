@@ -7,6 +7,7 @@
 // job (MPI_Abort) after its own workers have stopped, so no process is left waiting.
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <memory>
 #include <new>
@@ -26,7 +27,7 @@ namespace {
 // `lockstep train --help` prints this part of the usage, then the config keys.
 constexpr std::string_view kTrainUsage =
     R"(train CONFIG [--set KEY=VALUE]... [--summary-json FILE] [--scaling N,N,...]
-        [--resume [DIR|FILE] | --init-from CKPT] [--dry-run]
+        [--resume [DIR|FILE] | --init-from CKPT] [--overwrite] [--dry-run]
                       train the model described by the YAML file CONFIG on every
                       configured device; --set overrides a config key (repeatable),
                       e.g. --set trainer.devices=4 --set optimizer.lr=0.05;
@@ -39,6 +40,9 @@ constexpr std::string_view kTrainUsage =
                       optimiser): fine-tuning; the model.* keys the config does
                       not set come from the weights (config.json), those it sets
                       must agree.
+                      a new run refuses a trainer.checkpoint.dir that holds
+                      checkpoints; --overwrite lets it replace them
+                      (trainer.checkpoint.overwrite: true).
                       --dry-run checks everything, prints the memory plan (bytes
                       per worker and on the host, against what this process may
                       use) and stops before step 1.
@@ -146,6 +150,15 @@ int run(int argc, char** argv, std::shared_ptr<ProcessGroup>& processes) {
 }  // namespace
 }  // namespace lockstep::cli
 
+// Note [Leaving after a failure]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A failed run leaves through _Exit once its message is out (stdout and stderr flushed; every
+// file it wrote was closed when written), skipping the exit handlers of the libraries. One of
+// them hung: OpenBLAS (the pthreads build) starts a thread per core when it is loaded, each
+// allocating a 128 MiB buffer at once and retrying forever, spinning, when that fails; its exit
+// handler (gotoblas_quit) joins them. Under a memory cap (`ulimit -v`) a run that ran out of
+// memory thus reported it and never exited. A worker left behind by a bounded stop (Note
+// [Bounded stop]) is likewise not waited for. A run that succeeds exits normally.
 int main(int argc, char** argv) {
   using namespace lockstep::cli;
   std::shared_ptr<lockstep::ProcessGroup> processes;  // under mpirun or srun
@@ -161,9 +174,11 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     fmt::print(stderr, "{}: error: {}\n", who(), e.what());
     code = kExitBadInput;
-  } catch (const std::bad_alloc&) {
+  } catch (const std::bad_alloc& e) {
     std::fflush(stdout);
-    fmt::print(stderr, "{}: failed: out of memory while {}\n", who(), phase());
+    const bool named = dynamic_cast<const lockstep::OutOfMemory*>(&e) != nullptr;
+    fmt::print(stderr, "{}: failed: {} while {}\n", who(), named ? e.what() : "out of memory",
+               phase());
     code = kExitFailure;
   } catch (const std::exception& e) {
     std::fflush(stdout);
@@ -181,6 +196,11 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     std::fflush(stderr);
     processes->abort_job(code);
+  }
+  if (code != kExitOk) {  // Note [Leaving after a failure]
+    std::fflush(stdout);
+    std::fflush(stderr);
+    std::_Exit(code);
   }
   return code;
 }

@@ -7,6 +7,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <numeric>
 #include <optional>
 #include <string>
@@ -23,6 +24,7 @@
 #include "cli/signals.hpp"
 #include "cli/train_messages.hpp"
 #include "io/output_path.hpp"
+#include "train/run_files.hpp"
 #include "lockstep/lockstep.hpp"
 
 namespace fs = std::filesystem;
@@ -83,6 +85,8 @@ TrainArgs parse_train_args(const std::vector<std::string_view>& args) {
       else out.resume = std::string();
     } else if (a == "--init-from" || a.starts_with("--init-from=")) {
       out.init_from = value("--init-from");
+    } else if (a == "--overwrite") {  // Note [A used checkpoint directory]
+      out.overrides.push_back("trainer.checkpoint.overwrite=true");
     } else if (a == "--dry-run") {
       out.dry_run = true;
     } else if (a == "--scaling" || a.starts_with("--scaling=")) {
@@ -116,6 +120,9 @@ int scaling(const Config& base, const DataSplit& data, const TrainArgs& args) {
   std::vector<Point> points;
   for (int n : args.scaling) {
     Config cfg = base;
+    // Each run saves over the one before it: they are this command's (check_run_files has
+    // checked the directory as it was).
+    cfg.trainer.checkpoint.overwrite = true;
     cfg.trainer.devices.resize(n);
     std::iota(cfg.trainer.devices.begin(), cfg.trainer.devices.end(), 0);
     Trainer trainer(cfg, data.train, data.eval);
@@ -166,12 +173,14 @@ int scaling(const Config& base, const DataSplit& data, const TrainArgs& args) {
 std::atomic<int> g_signal{0};
 std::atomic<Trainer*> g_trainer{nullptr};
 std::atomic<int> g_in_handler{0};
+// trainer.checkpoint.dir as a C string, for the second SIGINT's line: set before g_trainer.
+char g_checkpoint_dir[4096] = "";
 
 extern "C" void on_signal(int sig) {
   if (sig == SIGINT && g_signal.load() != 0) {
     g_in_handler.fetch_add(1);  // never undone: the trainer outlives this process
     const Trainer* t = g_trainer.load();
-    write_exit_now_line(t ? t->saving_step() : -1);
+    write_exit_now_line(t ? t->saving_step() : -1, g_checkpoint_dir);
     std::_Exit(128 + SIGINT);
   }
   g_signal.store(sig);
@@ -189,7 +198,9 @@ class SignalScope {
  public:
   class Attachment {
    public:
-    explicit Attachment(Trainer& trainer) {
+    Attachment(Trainer& trainer, const std::string& checkpoint_dir) {
+      if (checkpoint_dir.size() < sizeof g_checkpoint_dir)
+        std::memcpy(g_checkpoint_dir, checkpoint_dir.c_str(), checkpoint_dir.size() + 1);
       g_trainer.store(&trainer);
       if (g_signal.load() != 0) trainer.request_stop();  // a signal that came before we were ready
     }
@@ -208,6 +219,20 @@ class SignalScope {
  private:
   SignalHandlers handlers_;
 };
+
+// What the run reads and writes, before anything is written: no output is an input or another
+// output (Note [An output is never an input]), and a new run leaves another run's checkpoints
+// alone (Note [A used checkpoint directory]). The Trainer checks its own again, for embedders.
+void check_run_files(const TrainArgs& args, const Config& cfg, bool leader) {
+  if (!leader) return;
+  detail::FileRoles files = detail::run_files(cfg);
+  files.input(args.resume.value_or(""), "--resume")
+      .input_dir(args.init_from, "--init-from", detail::kHfModelFiles)
+      .output(args.summary_json, "--summary-json")
+      .check();
+  // --scaling's runs are new ones whatever --resume says.
+  if (!args.resume || !args.scaling.empty()) detail::check_checkpoint_dir_for_new_run(cfg);
+}
 
 // The run's output files: their directories are made now, as checkpoint directories are, and
 // each is checked before anything is printed or trained (Note [Checking an output]). The
@@ -377,7 +402,7 @@ void print_run_header(const Trainer& trainer, const Config& cfg,
 }
 
 // Runs `trainer` with its metrics shown as progress; signals reach it while it runs.
-Summary run_with_progress(Trainer& trainer) {
+Summary run_with_progress(Trainer& trainer, const std::string& checkpoint_dir) {
   const bool live = isatty(STDERR_FILENO) != 0;
   Progress progress(live ? stderr : stdout, live);
   trainer.on_progress([&](const StepMetrics& m) {
@@ -392,7 +417,7 @@ Summary run_with_progress(Trainer& trainer) {
   });
   Summary summary;
   try {
-    const SignalScope::Attachment attached(trainer);
+    const SignalScope::Attachment attached(trainer, checkpoint_dir);
     summary = trainer.run();
   } catch (...) {
     progress.finish();
@@ -414,6 +439,7 @@ int train(const std::vector<std::string_view>& argv,
   if (args.scaling.empty()) signals.emplace();
   set_phase("reading the config");
   const Config cfg = load_config_for(args, leader);
+  check_run_files(args, cfg, leader);
   prepare_cli_outputs(args, cfg.trainer, leader);
   set_phase("loading the data");
   const DataSplit data = load_dataset(cfg);  // paths already resolved: Note [Config paths]
@@ -449,7 +475,7 @@ int train(const std::vector<std::string_view>& argv,
   }
   std::fflush(stdout);
   set_phase("training");
-  const Summary summary = run_with_progress(trainer);
+  const Summary summary = run_with_progress(trainer, cfg.trainer.checkpoint.dir);
   set_phase("writing the outputs");
   if (leader) {
     print_summary(stdout, summary);

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cstring>
 #include <optional>
 #include <string_view>
 
@@ -61,28 +62,70 @@ std::string init_from_hint(const fs::path& dir, const std::string& config,
     return {};
   }
   if (!weights) return {};
+  // A directory of its own: `dir` holds another run's checkpoint files, which a new run leaves
+  // alone (Note [A used checkpoint directory]).
+  fs::path own = dir.lexically_normal();
+  if (own.filename().empty()) own = own.parent_path();
+  own += "-new";
   std::string command = "lockstep train " + shell_word(config);
-  for (const std::string& o : overrides) command += " --set " + shell_word(o);
-  command += " --init-from " + shell_word(weights->string());
+  for (const std::string& o : overrides)
+    if (!o.starts_with("trainer.checkpoint.dir=")) command += " --set " + shell_word(o);
+  command += " --set " + shell_word("trainer.checkpoint.dir=" + own.string()) + " --init-from " +
+             shell_word(weights->string());
   return fmt::format("\n  the weights in {} are whole; to keep them, start a new run from them "
                      "(step 0, a fresh optimiser and schedule):\n    {}",
                      weights->string(), command);
 }
 
-void write_exit_now_line(std::int64_t saving_step) noexcept {
+namespace {
+
+// `value` in decimal, at least `width` digits (zero-padded), at the end of `buffer`.
+std::string_view decimal(std::uint64_t value, std::size_t width, char (&buffer)[24]) noexcept {
+  std::size_t n = 0;
+  do {
+    buffer[sizeof buffer - 1 - n++] = static_cast<char>('0' + value % 10);
+    value /= 10;
+  } while (value != 0 || n < width);
+  return {buffer + sizeof buffer - n, n};
+}
+
+// Whether DIR/step_NNNNNNNN.EXTENSION exists (the names CheckpointManager gives), with no
+// allocation: each file of a save appears by a rename once it is whole.
+bool step_file_exists(std::string_view dir, std::string_view step, std::string_view extension) noexcept {
+  char path[4096];
+  std::size_t n = 0;
+  for (const std::string_view part : {dir, std::string_view("/step_"), step, extension}) {
+    if (n + part.size() >= sizeof path) return false;
+    std::memcpy(path + n, part.data(), part.size());
+    n += part.size();
+  }
+  path[n] = '\0';
+  return ::access(path, F_OK) == 0;
+}
+
+}  // namespace
+
+void write_exit_now_line(std::int64_t saving_step, const char* checkpoint_dir) noexcept {
   if (saving_step < 0) {
-    write_all("lockstep: second SIGINT: exiting at once, without a checkpoint\n");
+    write_all("lockstep: second SIGINT: exiting at once (no checkpoint was being written)\n");
     return;
   }
   char digits[24];
-  std::size_t n = 0;
-  auto step = static_cast<std::uint64_t>(saving_step);
-  do {
-    digits[sizeof digits - 1 - n++] = static_cast<char>('0' + step % 10);
-    step /= 10;
-  } while (step != 0);
+  const std::string_view step = decimal(static_cast<std::uint64_t>(saving_step), 1, digits);
+  char padded[24];
+  const std::string_view name = decimal(static_cast<std::uint64_t>(saving_step), 8, padded);
+  const std::string_view dir = checkpoint_dir ? checkpoint_dir : "";
+  // Both files renamed into place: the save is past its writes; what is left (verifying,
+  // pruning older ones) does not decide whether it resumes.
+  if (!dir.empty() && step_file_exists(dir, name, ".safetensors") &&
+      step_file_exists(dir, name, ".state")) {
+    write_all("lockstep: second SIGINT while finishing the checkpoint of step ");
+    write_all(step);
+    write_all(": exiting at once; both its files are in place, and --resume starts from it\n");
+    return;
+  }
   write_all("lockstep: second SIGINT while writing the checkpoint of step ");
-  write_all(std::string_view(digits + sizeof digits - n, n));
+  write_all(step);
   write_all(": exiting at once; it stays incomplete, and --resume falls back to the previous "
             "complete checkpoint\n");
 }

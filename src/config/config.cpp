@@ -37,6 +37,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "common/fnv1a.hpp"
+#include "io/file_roles.hpp"
 #include "io/open_input.hpp"
 #include "lockstep/config.hpp"
 
@@ -298,6 +299,8 @@ void visit_schema(Visitor& v, C& c) {
             "steps between checkpoints; 0: at the end only (and on SIGINT/SIGTERM)");
   v.integer("keep_last", c.trainer.checkpoint.keep_last, IntRule{.min = 1},
             "checkpoints kept; older ones go once a newer one is complete");
+  v.flag("overwrite", c.trainer.checkpoint.overwrite,
+         "a new run may replace the checkpoints already in dir; false: it refuses to start");
 }
 
 struct SectionKeys {
@@ -1445,6 +1448,12 @@ void check_data_source(const Config& c, const Origins& origins, Problems& proble
 
 // A data file the dataset needs that is not there, named by its key with how its path was
 // resolved (Note [Config paths]): a problem found before any data is read, with the others.
+// `dir` absolute, without the trailing separator that "." would leave ("/work/run/").
+std::filesystem::path absolute_directory(const std::filesystem::path& dir) {
+  const std::filesystem::path out = std::filesystem::absolute(dir).lexically_normal();
+  return out.has_filename() || !out.has_relative_path() ? out : out.parent_path();
+}
+
 void check_data_files(const Config& written, const Config& resolved, const Origins& origins,
                       Problems& problems, const std::filesystem::path& dir) {
   if (problems.failed("data.dataset")) return;
@@ -1460,7 +1469,7 @@ void check_data_files(const Config& written, const Config& resolved, const Origi
                               std::filesystem::current_path().string())
                 : fmt::format(" (the config says '{}': relative to the config's directory, {})",
                               as_written,
-                              std::filesystem::absolute(dir).lexically_normal().string());
+                              absolute_directory(dir).string());
     }
     problems.add(origins.of(key), key, fmt::format("no such file: {}{}", absolute, how));
   };
@@ -1613,14 +1622,15 @@ Config parse_config(std::string_view yaml, std::string_view source,
   return parse_config_in(yaml, source, overrides, nullptr);
 }
 
+// A bare file name's directory is "." (the working directory): Note [Config paths].
 Config load_config(const std::filesystem::path& file, std::span<const std::string> overrides) {
-  const std::filesystem::path dir = file.parent_path();
+  const std::filesystem::path dir = detail::directory_of(file);
   return parse_config_in(read_config_file(file), file.string(), overrides, &dir);
 }
 
 Config load_config(const std::filesystem::path& file, std::span<const std::string> overrides,
                    const ConfigDefaults& defaults) {
-  const std::filesystem::path dir = file.parent_path();
+  const std::filesystem::path dir = detail::directory_of(file);
   return parse_config_in(read_config_file(file), file.string(), overrides, &dir, &defaults);
 }
 

@@ -10,6 +10,7 @@
 #include <new>
 
 #include "common/linear.hpp"
+#include "lockstep/error.hpp"
 
 namespace lockstep {
 namespace cpu {
@@ -22,7 +23,12 @@ constexpr std::size_t kAlignment = 64;  // bytes, for allocate()
 void* CpuDevice::allocate(std::size_t bytes) {
   count_host_sync();
   const std::size_t size = std::max(kAlignment, blocks_of(bytes, kAlignment) * kAlignment);
-  void* p = ::operator new(size, std::align_val_t{kAlignment});
+  void* p = nullptr;
+  try {
+    p = ::operator new(size, std::align_val_t{kAlignment});
+  } catch (const std::bad_alloc&) {
+    throw OutOfMemory::on_device(size, label());
+  }
   std::memset(p, 0, size);
   return p;
 }

@@ -185,6 +185,8 @@ void* CudaDevice::allocate(std::size_t bytes) {
   void* p = nullptr;
   if (const cudaError_t status = cudaMalloc(&p, size); status != cudaSuccess) {
     (void)cudaGetLastError();
+    // Out of memory says what the caller was allocating (Note [Naming an allocation]).
+    if (status == cudaErrorMemoryAllocation) throw OutOfMemory::on_device(size, label());
     throw CudaError(fmt::format("{}: cannot allocate {} bytes: {}: {}", label(), bytes,
                                 cudaGetErrorName(status), cudaGetErrorString(status)));
   }

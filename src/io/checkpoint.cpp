@@ -185,6 +185,17 @@ CheckpointFiles CheckpointManager::save(const Checkpoint& ckpt,
   return files;
 }
 
+std::vector<std::int64_t> CheckpointManager::steps_with_files() const { return steps_on_disk(dir_); }
+
+void CheckpointManager::remove_all() const {
+  for (const std::int64_t step : steps_on_disk(dir_))
+    for (const CheckpointFiles files = files_of(dir_, step); const fs::path& file : {files.weights, files.state}) {
+      std::error_code ec;
+      fs::remove(file, ec);
+      if (ec) detail::fail_input(file, "cannot remove it to start over: " + ec.message());
+    }
+}
+
 std::vector<CheckpointFiles> CheckpointManager::list() const {
   std::vector<CheckpointFiles> out;
   for (const std::int64_t step : steps_on_disk(dir_))

@@ -14,6 +14,7 @@
 #include <system_error>
 #include <utility>
 
+#include "io/file_roles.hpp"
 #include "io/open_input.hpp"
 #include "io/output_path.hpp"
 #include "lockstep/error.hpp"
@@ -88,7 +89,7 @@ void AtomicFileWriter::commit() {
   if (::close(std::exchange(fd_, -1)) != 0) fail_system(errno, temp_, "close");
   if (::rename(temp_.c_str(), target_.c_str()) != 0) fail_system(errno, target_, "rename onto");
   temp_.clear();  // renamed: nothing left to remove
-  sync_directory(target_.has_parent_path() ? target_.parent_path() : ".");
+  sync_directory(directory_of(target_));
 }
 
 void write_file_atomically(const std::filesystem::path& target,

@@ -5,6 +5,7 @@
 #include <system_error>
 
 #include "io/durable_file.hpp"
+#include "io/file_roles.hpp"
 #include "io/json.hpp"
 #include "lockstep/checkpoint.hpp"
 #include "lockstep/error.hpp"
@@ -62,7 +63,7 @@ std::optional<Standardization> read_standardization(
 
 void export_torch(const Checkpoint& ckpt, const fs::path& file, TensorDtype dtype) {
   std::error_code ec;
-  const fs::path dir = file.has_parent_path() ? file.parent_path() : fs::path(".");
+  const fs::path dir = detail::directory_of(file);
   if (!fs::is_directory(dir, ec))
     detail::fail_input(file, fmt::format("directory '{}' does not exist", dir.string()));
   std::vector<ParamTensor> tensors = ckpt.tensors;

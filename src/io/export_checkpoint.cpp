@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "common/option_name.hpp"
+#include "io/file_roles.hpp"
 #include "io/output_path.hpp"
 #include "lockstep/checkpoint.hpp"
 #include "lockstep/error.hpp"
@@ -18,16 +19,21 @@ namespace lockstep {
 namespace fs = std::filesystem;
 namespace {
 
-// Writing over the weights (or the state) just read would destroy the checkpoint. `what` names
-// the output option ("export --out").
-void refuse_own_input(const fs::path& out, const Checkpoint& ckpt, const std::string& what) {
-  const fs::path state = fs::path(ckpt.weights_file).replace_extension(".state");
-  for (const fs::path& input : {ckpt.weights_file, state}) {
-    std::error_code ec;
-    if (fs::equivalent(out, input, ec))
-      throw InputError(fmt::format("{} {}: is the checkpoint's own {}; write the export "
-                                   "elsewhere", what, out.string(), input.string()));
+// Writing over the weights (or the state) or the tokenizer just read would destroy them: Note
+// [An output is never an input]. `what` names the output option ("export --out").
+void refuse_own_inputs(const ExportRequest& request, const Checkpoint& ckpt,
+                       const Tokenizer* tokenizer, const std::string& what) {
+  detail::FileRoles files;
+  files.input(ckpt.weights_file, "the checkpoint's weights")
+      .input(fs::path(ckpt.weights_file).replace_extension(".state"), "the checkpoint's state");
+  if (tokenizer) files.input_dir(tokenizer->source(), "the tokenizer", detail::kTokenizerFiles);
+  if (request.format != "hf") {
+    files.output(request.out, what);
+  } else {
+    for (const std::string_view name : detail::kHfModelFiles)
+      files.output(request.out / name, what);
   }
+  files.check();
 }
 
 }  // namespace
@@ -49,11 +55,11 @@ ExportResult export_checkpoint(const ExportRequest& request) {
   else detail::check_output_file(request.out, out_option);
 
   const Checkpoint ckpt = CheckpointManager::load(request.checkpoint, request.warn);
-  refuse_own_input(hf ? request.out / "model.safetensors" : request.out, ckpt, out_option);
+  // The run's tokenizer goes beside the weights (`tokenizer` when it has moved).
+  const std::optional<Tokenizer> tokenizer =
+      hf ? recorded_tokenizer(ckpt.metadata, ckpt.weights_file, request.tokenizer) : std::nullopt;
+  refuse_own_inputs(request, ckpt, tokenizer ? &*tokenizer : nullptr, out_option);
   if (hf) {
-    // The run's tokenizer goes beside the weights (`tokenizer` when it has moved).
-    const std::optional<Tokenizer> tokenizer =
-        recorded_tokenizer(ckpt.metadata, ckpt.weights_file, request.tokenizer);
     export_hf_gpt2(ckpt, request.out, dtype, tokenizer ? &*tokenizer : nullptr);
   } else {
     export_torch(ckpt, request.out, dtype);

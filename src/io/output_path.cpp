@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <system_error>
 
+#include "io/file_roles.hpp"
 #include "lockstep/error.hpp"
 
 namespace lockstep::detail {
@@ -39,11 +40,6 @@ void check_writable_dir(const fs::path& dir, const fs::path& path, std::string_v
   }
 }
 
-// "." for a bare file name, so that the checks look at the working directory.
-fs::path parent_of(const fs::path& path) {
-  return path.has_parent_path() ? path.parent_path() : fs::path(".");
-}
-
 }  // namespace
 
 fs::path follow_links(const fs::path& path) {
@@ -53,7 +49,7 @@ fs::path follow_links(const fs::path& path) {
   for (int hops = 0; hops < 40 && fs::is_symlink(fs::symlink_status(p, ec)); ++hops) {
     const fs::path target = fs::read_symlink(p, ec);
     if (ec) break;
-    p = target.is_absolute() ? target : parent_of(p) / target;
+    p = target.is_absolute() ? target : directory_of(p) / target;
   }
   return p;
 }
@@ -67,12 +63,12 @@ void check_output_file(const fs::path& file, std::string_view what) {
     refuse(file, what, "is a directory; expected a file name");
   if (fs::exists(status) && !fs::is_regular_file(status))
     refuse(file, what, "exists and is not a regular file");
-  check_writable_dir(parent_of(target), file, what);
+  check_writable_dir(directory_of(target), file, what);
 }
 
 void prepare_output_file(const fs::path& file, std::string_view what) {
   if (file.empty()) refuse(file, what, "expected a file name");
-  const fs::path dir = parent_of(follow_links(file));
+  const fs::path dir = directory_of(follow_links(file));
   check_output_dir(dir, what);
   std::error_code ec;
   fs::create_directories(dir, ec);

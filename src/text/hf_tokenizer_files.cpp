@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "io/durable_file.hpp"
+#include "io/file_roles.hpp"
 #include "lockstep/error.hpp"
 #include "text/tokenizer_impl.hpp"
 
@@ -102,7 +103,7 @@ void write_hf_tokenizer(const Tokenizer& tokenizer, const fs::path& dir, int con
   const fs::path& source = tokenizer.source();
   std::error_code ec;
   if (fs::is_directory(source, ec)) {
-    for (const char* name : {"tokenizer.json", "vocab.json", "merges.txt"})
+    for (const std::string_view name : kTokenizerFiles)
       if (fs::exists(source / name, ec))
         fs::copy_file(source / name, dir / name, fs::copy_options::overwrite_existing);
   } else if (source.extension() == ".json") {

@@ -43,6 +43,7 @@
 #include <optional>
 
 #include "io/durable_file.hpp"
+#include "io/file_roles.hpp"
 #include "io/json.hpp"
 #include "io/open_input.hpp"
 #include "io/output_path.hpp"
@@ -351,6 +352,13 @@ void check_options(const Tokenizer& tokenizer, const TokenizeOptions& o, int tok
     throw InputError("tokenize --eval-fraction: give --eval-out FILE for the eval split");
   if (std::count(o.inputs.begin(), o.inputs.end(), fs::path("-")) > 1)
     throw InputError("tokenize: standard input ('-') can be read once");
+  detail::FileRoles files;  // Note [An output is never an input]
+  for (const fs::path& input : o.inputs)
+    if (input != "-") files.input(input, "tokenize INPUT");
+  files.input_dir(tokenizer.source(), "tokenize --tokenizer", detail::kTokenizerFiles)
+      .output(o.out, "tokenize --out")
+      .output(o.eval_out, "tokenize --eval-out")
+      .check();
   detail::check_output_file(o.out, "tokenize --out");
   if (!o.eval_out.empty()) detail::check_output_file(o.eval_out, "tokenize --eval-out");
   // Every input opens before any is read: a typo in the last name fails now, not in an hour.

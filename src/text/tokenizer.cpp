@@ -187,6 +187,11 @@ std::string Tokenizer::content_hash() const {
 }
 
 namespace {
+// Where a lost or changed tokenizer comes back from: the checkpoint records only its hash.
+constexpr std::string_view kOriginalTokenizer =
+    "--tokenizer DIR|FILE naming a copy of the original (the files it was trained with: from "
+    "where they came, or from the directory of a `lockstep export --format hf` of this run, "
+    "which holds them)";
 constexpr std::string_view kKindKey = "lockstep.tokenizer", kHashKey = "lockstep.tokenizer.hash",
                            kPathKey = "lockstep.tokenizer.path", kBpe = "bpe";
 }  // namespace
@@ -211,18 +216,20 @@ std::optional<Tokenizer> recorded_tokenizer(const std::map<std::string, std::str
   const std::string recorded = recorded_path == metadata.end() ? "" : recorded_path->second;
   if (path.empty() && recorded.empty())
     throw InputError(fmt::format("{}: the checkpoint records a tokenizer (hash {}) but not where "
-                                 "it is: give --tokenizer DIR|FILE",
-                                 file.string(), hash->second));
+                                 "it is: give {}",
+                                 file.string(), hash->second, kOriginalTokenizer));
   if (path.empty() && !std::filesystem::exists(recorded))
     throw InputError(fmt::format("{}: the tokenizer it was trained with, {}, is gone (no such "
-                                 "file or directory): give --tokenizer DIR|FILE (content hash {})",
-                                 file.string(), recorded, hash->second));
+                                 "file or directory; content hash {}): give {}",
+                                 file.string(), recorded, hash->second, kOriginalTokenizer));
   Tokenizer tokenizer = Tokenizer::load(path.empty() ? std::filesystem::path(recorded) : path);
   if (const std::string mine = tokenizer.content_hash(); mine != hash->second)
     throw InputError(fmt::format(
         "{}: trained with the tokenizer {} (content hash {}), but {} has content hash {}: not the "
-        "same vocabulary and merges", file.string(), recorded.empty() ? "?" : recorded,
-        hash->second, tokenizer.source().string(), mine));
+        "same vocabulary and merges. {}{}", file.string(), recorded.empty() ? "?" : recorded,
+        hash->second, tokenizer.source().string(), mine,
+        path.empty() ? "It has changed since: put the original back there, or give " : "Give ",
+        kOriginalTokenizer));
   return tokenizer;
 }
 

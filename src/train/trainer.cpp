@@ -41,6 +41,8 @@
 #include "train/recovery.hpp"
 #include "train/report.hpp"
 #include "train/resume_changes.hpp"
+#include "train/run_files.hpp"
+#include "train/settings_effect.hpp"
 #include "train/memory_plan.hpp"
 #include "train/trace.hpp"
 #include "train/watchdog.hpp"
@@ -147,6 +149,14 @@ struct Trainer::Impl {
                                               const std::vector<int>& ranks) const;
   void check_processes_agree() const;
 
+  // Note [A setting that cannot take effect]: InputError, or warnings on process 0's stderr.
+  void warn_settings_without_effect() const {
+    const std::string backend_used(
+        backend ? backend->name() : backend_name(cfg.trainer.backend, cfg.trainer.devices));
+    for (const std::string& warning : detail::settings_without_effect(cfg, backend_used, world()))
+      if (process_rank() == 0) fmt::print(stderr, "lockstep: warning: {}\n", warning);
+  }
+
   Config cfg;
   std::shared_ptr<const Dataset> train, eval;
   std::shared_ptr<ProcessGroup> processes;  // null: this process alone
@@ -239,6 +249,7 @@ Trainer::Trainer(Config config, std::shared_ptr<const Dataset> train,
     : impl_(std::make_unique<Impl>(std::move(config), std::move(train), std::move(eval),
                                    std::move(processes), std::move(backend))) {
   impl_->total_steps = impl_->compute_total_steps();
+  impl_->warn_settings_without_effect();
 }
 
 Trainer::~Trainer() {
@@ -821,6 +832,8 @@ std::unique_ptr<Trainer::Impl::RunResources> Trainer::Impl::prepare_run() {
   r->fault = detail::fault_from_environment();
   check_processes_agree();
   if (process_rank() == 0) {  // Note [Checking an output]
+    detail::run_files(cfg).check();  // Note [An output is never an input]
+    if (!resume) detail::check_checkpoint_dir_for_new_run(cfg);
     if (!tc.trace.empty()) detail::prepare_output_file(tc.trace, "trainer.trace");
     if (!tc.metrics.empty()) detail::prepare_output_file(tc.metrics, "trainer.metrics");
     if (!tc.report.empty()) detail::prepare_output_file(tc.report, "trainer.report");
@@ -852,6 +865,8 @@ std::unique_ptr<Trainer::Impl::RunResources> Trainer::Impl::prepare_run() {
   if (!tc.checkpoint.dir.empty() && writer) {
     r->dir_lock.emplace(tc.checkpoint.dir);
     detail::remove_stale_temp_files(tc.checkpoint.dir);  // what a killed save left
+    // Starting over, as asked: none of another run's checkpoints is left to pass for this one's.
+    if (!resume && tc.checkpoint.overwrite) CheckpointManager(tc.checkpoint.dir, 0).remove_all();
   }
   if (!tc.checkpoint.dir.empty() && writer)
     r->checkpoints = std::make_unique<CheckpointManager>(tc.checkpoint.dir, tc.checkpoint.keep_last);

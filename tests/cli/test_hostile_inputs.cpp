@@ -134,7 +134,7 @@ TEST_CASE("cli: export refuses to write over its own input, and eval another mod
     const std::string before = lockstep::test::read_text(target);
     const CliResult r = bounded_cli("export " + weights.string() + " --out " + target.string());
     CHECK_MESSAGE(r.code == 2, r.output);
-    CHECK(r.output.find("is the checkpoint's own") != std::string::npos);
+    CHECK(r.output.find("is the same file as the checkpoint's") != std::string::npos);
     CHECK(lockstep::test::read_text(target) == before);
   }
   // Same tensor shapes, another n_head: only the recorded model tells them apart.
@@ -227,4 +227,103 @@ TEST_CASE("cli: absurd sizes exit 2 naming their key, and --dry-run prints the m
       quickstart + " --set model.hidden=[1000000] --dry-run)");
   CHECK_MESSAGE(limited.code == 2, limited.output);
   CHECK(limited.output.find("available (RLIMIT_AS (ulimit -v))") != std::string::npos);
+}
+
+// Note [An output is never an input], end to end: an output that is an input (by name, through
+// a symlink, or as another output) exits 2 before anything is written, naming both paths and
+// where they came from; the input is as it was.
+TEST_CASE("cli: train refuses an output that is one of its inputs, naming both") {
+  lockstep::test::TempDir dir;
+  const std::string quickstart = std::string(LOCKSTEP_SOURCE_DIR) + "/configs/quickstart.yaml";
+  const fs::path shipped = fs::path(LOCKSTEP_SOURCE_DIR) / "third_party" / "digits" / "digits.csv";
+  const fs::path data = dir.write("digits.csv", lockstep::test::read_text(shipped));
+  const fs::path link = dir.path() / "link.csv";
+  fs::create_symlink(data, link);
+  const std::string before = lockstep::test::read_text(data);
+  const std::string run = "train " + quickstart + " --set trainer.steps=2 --set data.path=" +
+                          data.string() + " ";
+  struct Case {
+    std::string args, output, input;
+  };
+  for (const Case& c :
+       {Case{"--summary-json " + data.string(), "--summary-json " + data.string(),
+             "data.path " + data.string()},
+        Case{"--set trainer.metrics=" + link.string(), "trainer.metrics " + link.string(),
+             "data.path " + data.string()},
+        Case{"--set trainer.report=" + quickstart, "trainer.report " + quickstart,
+             "the config " + quickstart},
+        Case{"--set trainer.trace=" + (dir.path() / "t.json").string() + " --summary-json " +
+                 (dir.path() / "." / "t.json").string(),
+             "--summary-json " + (dir.path() / "." / "t.json").string(),
+             "trainer.trace " + (dir.path() / "t.json").string()}}) {
+    CAPTURE(c.args);
+    const CliResult r = bounded_cli(run + c.args);
+    CHECK_MESSAGE(r.code == 2, r.output);
+    CHECK_MESSAGE(r.output.find("error: " + c.output + ": is the same file as " + c.input) !=
+                      std::string::npos,
+                  r.output);
+    CHECK(r.output.find("step 1") == std::string::npos);
+  }
+  CHECK(lockstep::test::read_text(data) == before);
+  CHECK_FALSE(fs::exists(dir.path() / "t.json"));
+}
+
+// Note [A used checkpoint directory]: a new run leaves another run's checkpoints alone unless
+// told to start over; --resume continues them.
+TEST_CASE("cli: a new run refuses a checkpoint directory that holds another run's checkpoints") {
+  lockstep::test::TempDir dir;
+  const std::string quickstart = std::string(LOCKSTEP_SOURCE_DIR) + "/configs/quickstart.yaml";
+  const fs::path ckpt = dir.path() / "ckpt";
+  const std::string run = "train " + quickstart + " --set trainer.checkpoint.dir=" + ckpt.string();
+  REQUIRE(bounded_cli(run + " --set trainer.steps=4").code == 0);
+  const fs::path first = ckpt / "step_00000004.safetensors";
+  const std::string weights = lockstep::test::read_text(first);
+  for (const std::string& extra : {std::string(), std::string(" --dry-run"),
+                                   " --init-from " + first.string()}) {
+    CAPTURE(extra);
+    const CliResult again = bounded_cli(run + " --set trainer.steps=2" + extra);
+    CHECK_MESSAGE(again.code == 2, again.output);
+    CHECK_MESSAGE(again.output.find("error: trainer.checkpoint.dir " + ckpt.string() +
+                                    ": holds the checkpoints of another run (step 4); a new run "
+                                    "would replace them") != std::string::npos,
+                  again.output);
+    CHECK(again.output.find("--resume continues that run; --overwrite") != std::string::npos);
+  }
+  CHECK(lockstep::test::read_text(first) == weights);
+  const CliResult resumed = bounded_cli(run + " --set trainer.steps=6 --resume");
+  CHECK_MESSAGE(resumed.code == 0, resumed.output);
+  CHECK(fs::exists(ckpt / "step_00000006.safetensors"));
+  // Starting over removes them, as asked: none of the old run's is left to be taken for this one's.
+  const CliResult over = bounded_cli(run + " --set trainer.steps=2 --overwrite");
+  CHECK_MESSAGE(over.code == 0, over.output);
+  CHECK(fs::exists(ckpt / "step_00000002.safetensors"));
+  CHECK_FALSE(fs::exists(first));
+  CHECK_FALSE(fs::exists(ckpt / "step_00000006.state"));
+}
+
+// Under a memory cap too small for the run, it ends with exit 1 naming what it was allocating:
+// never a hang (OpenBLAS's threads retry their buffer forever, and the exit handler waited for
+// them: Note [Leaving after a failure] in src/cli/main.cpp). The caps rise from where the binary
+// cannot even load its libraries (127, the loader says so) to the first that leaves them loaded
+// and the run too little; a thread that cannot start for want of a stack fails as cleanly.
+TEST_CASE("cli: out of memory ends the run with exit 1 naming the allocation, never a hang") {
+  if (lockstep::test::kSanitized) return;  // ulimit -v: see bounded_cli
+  lockstep::test::TempDir dir;
+  const std::string gpt = std::string(LOCKSTEP_SOURCE_DIR) + "/configs/gpt_tiny.yaml";
+  bool named = false;
+  for (long kib = 300000; kib <= 4000000 && !named; kib += 50000) {
+    CAPTURE(kib);
+    const fs::path ckpt = dir.path() / std::to_string(kib);
+    const CliResult r = lockstep::test::run_command(
+        "(" + address_limit(kib) + lockstep::test::cli_path() + " train " + gpt +
+        " --set trainer.steps=2 --set trainer.eval_every=0 --set trainer.checkpoint.dir=" +
+        ckpt.string() + ")");
+    REQUIRE_MESSAGE((r.code == 1 || r.code == 2 || r.code == 127), r.output);
+    if (r.code == 1)
+      CHECK_MESSAGE((r.output.find("out of memory") != std::string::npos ||
+                     r.output.find("cannot start") != std::string::npos),
+                    r.output);
+    named = r.code == 1 && r.output.find("out of memory allocating ") != std::string::npos;
+  }
+  CHECK(named);
 }

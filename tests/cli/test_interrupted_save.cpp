@@ -34,10 +34,12 @@ std::string step_file(int step, const std::string& extension) {
 
 // Trains the quickstart into `ckpt` (a checkpoint every 5 steps) with the save of `slow_step`
 // slowed down (LOCKSTEP_FAULT slowsave: 0.5 s after each stage), and sends two SIGINTs as soon as
-// that save's weights are in place, before its state is written. Returns the dead process's pid
-// and what it printed on stderr.
+// that save's file with `extension` is in place: its weights (before its state is written), or
+// its state (while the save verifies). Returns the dead process's pid and what it printed on
+// stderr.
 std::pair<pid_t, std::string> interrupt_save(const lockstep::test::TempDir& dir,
-                                             const fs::path& ckpt, int slow_step) {
+                                             const fs::path& ckpt, int slow_step,
+                                             const std::string& extension = ".safetensors") {
   const fs::path err = dir.path() / "stderr.txt";
   const std::string set_dir = "trainer.checkpoint.dir=" + ckpt.string();
   const std::string fault = "0:" + std::to_string(slow_step) + ":slowsave";
@@ -51,9 +53,9 @@ std::pair<pid_t, std::string> interrupt_save(const lockstep::test::TempDir& dir,
           set_dir.c_str(), static_cast<char*>(nullptr));
     _exit(127);
   }
-  const fs::path weights = ckpt / step_file(slow_step, ".safetensors");
+  const fs::path written = ckpt / step_file(slow_step, extension);
   const auto t0 = std::chrono::steady_clock::now();
-  while (!fs::exists(weights)) {
+  while (!fs::exists(written)) {
     if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(60)) {
       kill(pid, SIGKILL);
       waitpid(pid, nullptr, 0);
@@ -109,6 +111,24 @@ TEST_CASE("cli: a save cut by a second SIGINT says so, and --resume falls back t
   CHECK(fs::exists(ckpt / step_file(15, ".state")));
 }
 
+// Both files in place, the save is past its writes: the line says --resume starts from it, and
+// it does.
+TEST_CASE("cli: a second SIGINT once both files of a save are in place says that it resumes") {
+  const lockstep::test::TempDir dir;
+  const fs::path ckpt = dir.path() / "ckpt";
+  const auto [dead, err] = interrupt_save(dir, ckpt, 10, ".state");
+  CHECK_MESSAGE(err.find("lockstep: second SIGINT while finishing the checkpoint of step 10: "
+                         "exiting at once; both its files are in place, and --resume starts "
+                         "from it\n") != std::string::npos, err);
+  CHECK(err.find("stays incomplete") == std::string::npos);
+  const auto resumed = run_cli("train " + kQuickstart + " --set trainer.steps=12 --set "
+                               "trainer.checkpoint.every_steps=5 --set "
+                               "trainer.checkpoint.dir=" + ckpt.string() + " --resume");
+  REQUIRE_MESSAGE(resumed.code == 0, resumed.output);
+  CHECK_MESSAGE(resumed.output.find("resuming from " + (ckpt / step_file(10, ".safetensors")).string() +
+                                    " (step 10)") != std::string::npos, resumed.output);
+}
+
 TEST_CASE("cli: with no complete checkpoint, --resume names the --init-from command that keeps the weights") {
   const lockstep::test::TempDir dir;
   const fs::path ckpt = dir.path() / "ckpt";
@@ -122,7 +142,9 @@ TEST_CASE("cli: with no complete checkpoint, --resume names the --init-from comm
   const std::string sets = " --set trainer.steps=10 --set trainer.checkpoint.dir=" + ckpt.string();
   const auto refused = run_cli("train " + kQuickstart + sets + " --resume");
   CHECK(refused.code == 2);
-  const std::string command = "lockstep train " + kQuickstart + sets + " --init-from " +
+  // In a directory of its own: the new run leaves the old one's files alone.
+  const std::string command = "lockstep train " + kQuickstart + " --set trainer.steps=10 --set "
+                              "trainer.checkpoint.dir=" + ckpt.string() + "-new --init-from " +
                               weights.string();
   CHECK_MESSAGE(refused.output.find("none of the 1 checkpoints is valid") != std::string::npos,
                 refused.output);
@@ -135,6 +157,8 @@ TEST_CASE("cli: with no complete checkpoint, --resume names the --init-from comm
   const auto started = run_cli(command.substr(std::string("lockstep ").size()));
   REQUIRE_MESSAGE(started.code == 0, started.output);
   CHECK(started.output.find("initialised from " + weights.string()) != std::string::npos);
+  CHECK(fs::exists(fs::path(ckpt.string() + "-new") / step_file(10, ".state")));
+  CHECK(fs::exists(weights));
 }
 
 TEST_CASE("cli: a run announces its outputs, and each run opens its part of the metrics stream") {

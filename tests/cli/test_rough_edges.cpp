@@ -7,12 +7,19 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <regex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "../data/temp_files.hpp"
 #include "../skip.hpp"
 #include "cli_runner.hpp"
+#include "lockstep/lockstep.hpp"
+#include "train/settings_effect.hpp"
+
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -177,6 +184,66 @@ TEST_CASE("cli: a config copied away from its data names the key and how the pat
                       "directory, " + dir.path().string() + ")") != std::string::npos);
 }
 
+// A config named without a directory ("lockstep train my.yaml") is in the working directory:
+// its relative paths resolve there, in the error that names them and in a run that trains.
+TEST_CASE("cli: a config named by its bare file name, from its own directory") {
+  const lockstep::test::TempDir dir;
+  const std::string text =
+      lockstep::test::read_text(std::string(LOCKSTEP_SOURCE_DIR) + "/configs/quickstart.yaml");
+  dir.write("away.yaml", text);
+  const std::string cd = "cd \"" + dir.path().string() + "\" && ";
+  const auto missing = run_command(cd + lockstep::test::cli_path() + " train away.yaml");
+  CHECK_MESSAGE(missing.code == 2, missing.output);
+  CHECK_MESSAGE(missing.output.find("(the config says '../third_party/digits/digits.csv': "
+                                    "relative to the config's directory, " +
+                                    dir.path().string() + ")") != std::string::npos,
+                missing.output);
+  const std::string digits = std::string(LOCKSTEP_SOURCE_DIR) + "/third_party/digits/digits.csv";
+  dir.write("digits.csv", lockstep::test::read_text(digits));
+  dir.write("here.yaml", std::regex_replace(text, std::regex("\\.\\./third_party/digits/digits\\.csv"),
+                                            "digits.csv"));
+  const auto trained = run_command(cd + lockstep::test::cli_path() +
+                                   " train here.yaml --set trainer.steps=2 "
+                                   "--summary-json s.json");
+  CHECK_MESSAGE(trained.code == 0, trained.output);
+  CHECK(fs::exists(dir.path() / "s.json"));
+  const auto printed = run_command(cd + lockstep::test::cli_path() + " config --print here.yaml");
+  CHECK_MESSAGE(printed.code == 0, printed.output);
+  CHECK(printed.output.find("path: \"" + (dir.path() / "digits.csv").string() + "\"") != std::string::npos);
+}
+
+// Note [A setting that cannot take effect]: an error where it contradicts the run, else a
+// warning naming the key and why.
+TEST_CASE("cli: a setting that can never take effect is an error or a warning, never silence") {
+  const std::string run = "train " + kQuickstart + " --set trainer.backend=cpu --set trainer.devices=2 "
+                          "--set trainer.steps=2 ";
+  const auto above = run_cli(run + "--set trainer.on_worker_failure=shrink --set trainer.min_workers=3");
+  CHECK_MESSAGE(above.code == 2, above.output);
+  CHECK_MESSAGE(above.output.find("trainer.min_workers 3 is above the run's 2 worker(s): it could "
+                                  "never be met") != std::string::npos, above.output);
+  CHECK(above.output.find("step 1") == std::string::npos);
+  struct Case {
+    std::string set, warning;
+  };
+  for (const Case& c :
+       {Case{"trainer.cuda_graphs=on", "trainer.cuda_graphs: on: CUDA graphs run on the cuda "
+                                       "backend only, and this run is on the cpu; the run goes on "
+                                       "without it"},
+        Case{"trainer.comm=nccl", "trainer.comm: nccl: a CUDA communicator"},
+        Case{"trainer.snapshot_every=5", "trainer.snapshot_every: 5: applies to "
+                                         "trainer.on_worker_failure: shrink"}}) {
+    CAPTURE(c.set);
+    const auto r = run_cli(run + "--set " + c.set);
+    CHECK_MESSAGE(r.code == 0, r.output);
+    CHECK_MESSAGE(count(r.output, "lockstep: warning: " + c.warning) == 1, r.output);
+  }
+  // The defaults, and what does take effect, say nothing.
+  const auto quiet = run_cli(run + "--set trainer.cuda_graphs=off --set trainer.on_worker_failure=shrink "
+                             "--set trainer.min_workers=2");
+  CHECK_MESSAGE(quiet.code == 0, quiet.output);
+  CHECK_MESSAGE(quiet.output.find("warning") == std::string::npos, quiet.output);
+}
+
 TEST_CASE("cli: config --print prints the resolved config, which reads back to itself") {
   const lockstep::test::TempDir dir;
   const auto r = run_cli("config --print " + kQuickstart + " --set trainer.steps=7 --set model.hidden=[8]");
@@ -203,4 +270,28 @@ TEST_CASE("cli: devices says what a device is on each backend and how many worke
                       "trainer.devices: " + std::to_string(threads) + ", one worker per hardware thread\n") !=
         std::string::npos);
   CHECK(r.output.find("cpu:0  host CPU  ") != std::string::npos);  // the device line stays
+}
+
+// The same rule where no CPU-only run can show it: threads_per_device on cuda, comm there.
+TEST_CASE("settings_without_effect: each backend's settings, and the shrink keys under stop") {
+  lockstep::Config cfg;
+  cfg.source = "c.yaml";
+  cfg.trainer.threads_per_device = 4;
+  cfg.trainer.comm = lockstep::CommKind::peer;
+  const std::vector<std::string> cuda = lockstep::detail::settings_without_effect(cfg, "cuda", 2);
+  REQUIRE(cuda.size() == 1);
+  CHECK(cuda[0] == "trainer.threads_per_device: 4: sizes the cpu backend's thread pools; this run "
+                   "is on cuda; the run goes on without it");
+  const std::vector<std::string> cpu = lockstep::detail::settings_without_effect(cfg, "cpu", 2);
+  REQUIRE(cpu.size() == 1);
+  CHECK(cpu[0].starts_with("trainer.comm: peer: a CUDA communicator"));
+  cfg.trainer.keep_global_batch = true;
+  CHECK(lockstep::detail::settings_without_effect(cfg, "cpu", 2).size() == 2);
+  cfg.trainer.on_worker_failure = lockstep::WorkerFailurePolicy::shrink;
+  CHECK(lockstep::detail::settings_without_effect(cfg, "cpu", 2).size() == 1);
+  cfg.trainer.min_workers = 3;
+  CHECK_THROWS_WITH_AS(lockstep::detail::settings_without_effect(cfg, "cpu", 2),
+                       "c.yaml: trainer.min_workers 3 is above the run's 2 worker(s): it could "
+                       "never be met (set it to at most 2, or train on more devices)",
+                       lockstep::InputError);
 }

@@ -121,11 +121,29 @@ TEST_CASE("cli: text trained through data.tokenizer samples as text with the rec
                                   " (content hash " + s.tokenizer.content_hash() + "), but " +
                                   other.string() + " has content hash") != std::string::npos,
                 wrong.output);
+  // The remedy: the flag, and where a copy of the original is.
+  CHECK_MESSAGE(wrong.output.find("not the same vocabulary and merges. Give --tokenizer DIR|FILE "
+                                  "naming a copy of the original (the files it was trained with: "
+                                  "from where they came, or from the directory of a `lockstep "
+                                  "export --format hf` of this run, which holds them)") !=
+                    std::string::npos,
+                wrong.output);
+  // Changed where it was recorded: put back, or named elsewhere.
+  const std::string original = lockstep::test::read_text(s.vocab);
+  fs::copy_file(other, s.vocab, fs::copy_options::overwrite_existing);
+  const auto changed = run_cli(sample);
+  CHECK(changed.code == 2);
+  CHECK_MESSAGE(changed.output.find("It has changed since: put the original back there, or give "
+                                    "--tokenizer DIR|FILE naming a copy of the original") !=
+                    std::string::npos,
+                changed.output);
+  std::ofstream(s.vocab, std::ios::binary) << original;
   // A tokenizer moved away is named, with the way out.
   fs::rename(s.vocab, s.dir.path() / "moved.tiktoken");
   const auto gone = run_cli(sample);
   CHECK(gone.code == 2);
-  CHECK_MESSAGE(gone.output.find(s.vocab.string() + ", is gone (no such file or directory): give "
+  CHECK_MESSAGE(gone.output.find(s.vocab.string() + ", is gone (no such file or directory; content hash " +
+                                 s.tokenizer.content_hash() + "): give "
                                  "--tokenizer DIR|FILE") != std::string::npos, gone.output);
 }
 

@@ -701,11 +701,11 @@ TEST_CASE("config: a nested section's keys are named by their leaves") {
                  "metrics, "
                  "on_nonfinite, max_nonfinite_skips, step_timeout_s, stop_grace_s, "
                  "on_worker_failure, min_workers, keep_global_batch, snapshot_every, checkpoint.dir, "
-                 "checkpoint.every_steps, checkpoint.keep_last"));
+                 "checkpoint.every_steps, checkpoint.keep_last, checkpoint.overwrite"));
   CHECK(error_of(kMinimal, {"trainer.checkpoint=runs/x"}) ==
         "--set trainer.checkpoint=runs/x: trainer.checkpoint: expected a map of "
         "trainer.checkpoint.dir, trainer.checkpoint.every_steps, trainer.checkpoint.keep_last, "
-        "got 'runs/x'");
+        "trainer.checkpoint.overwrite, got 'runs/x'");
 }
 
 TEST_CASE("config: a missing data file names its key and how its path was resolved") {

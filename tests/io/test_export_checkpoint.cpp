@@ -78,7 +78,7 @@ TEST_CASE("export_checkpoint: bad options throw InputError naming them as the ca
   // Over the checkpoint's own weights: refused before anything is written.
   const fs::path weights = ckpt / "step_00000005.safetensors";
   const std::string own = message([&](ExportRequest& r) { r.out = weights; }, field);
-  CHECK(own.starts_with("export out " + weights.string() + ": is the checkpoint's own"));
+  CHECK(own.starts_with("export out " + weights.string() + ": is the same file as the checkpoint's weights "));
   const fs::path missing = dir.path() / "missing" / "m.safetensors";
   CHECK(message([&](ExportRequest& r) { r.out = missing; }, flag).starts_with("export --out " + missing.string() + ": "));
   CHECK_FALSE(fs::exists(good.out));

@@ -14,6 +14,7 @@
 #include "../cli/cli_runner.hpp"
 #include "checkpoint_fixtures.hpp"
 #include "io/durable_file.hpp"
+#include "io/file_roles.hpp"
 #include "io/output_path.hpp"
 #include "skip.hpp"
 
@@ -104,4 +105,58 @@ TEST_CASE("write_file_atomically: through a symlink, the target is replaced and 
   write_text(dangling, "made");
   CHECK(fs::is_symlink(fs::symlink_status(dangling)));
   CHECK(slurp(tmp.path() / "real" / "later.json") == "made");
+}
+
+// Note [An output is never an input]: the same file by any name, existing or not yet.
+TEST_CASE("FileRoles: an output that is an input or another output, by any name, is refused") {
+  TempDir tmp;
+  const fs::path data = tmp.path() / "data.txt";
+  write_text(data, "text");
+  const fs::path hard = tmp.path() / "hard.txt";
+  fs::create_hard_link(data, hard);
+  const fs::path link = tmp.path() / "link.txt";
+  fs::create_symlink("data.txt", link);
+  fs::create_directory(tmp.path() / "sub");
+  const fs::path dir_link = tmp.path() / "sub_link";
+  fs::create_directory_symlink(tmp.path() / "sub", dir_link);
+  const auto refusal = [](const detail::FileRoles& roles) {
+    return input_error_of([&] { roles.check(); });
+  };
+  for (const fs::path& same : {data, hard, link, tmp.path() / "sub" / ".." / "data.txt"}) {
+    CAPTURE(same);
+    detail::FileRoles roles;
+    roles.input(data, "data.path").output(same, "--summary-json");
+    CHECK(refusal(roles) == "--summary-json " + same.string() + ": is the same file as data.path " +
+                                data.string() + ", which is read: writing it would destroy it; "
+                                "give another path");
+  }
+  // Not there yet: the same path through a linked directory, or spelled another way.
+  detail::FileRoles twice;
+  twice.output(tmp.path() / "sub" / "out.bin", "tokenize --out")
+      .output(dir_link / "out.bin", "tokenize --eval-out");
+  CHECK(refusal(twice) == "tokenize --eval-out " + (dir_link / "out.bin").string() +
+                              ": is the same file as tokenize --out " +
+                              (tmp.path() / "sub" / "out.bin").string() +
+                              ", which is written too: one would replace the other; give another "
+                              "path");
+  // A tokenizer directory's files are its inputs; other names in it, and other files, are not.
+  write_text(tmp.path() / "sub" / "vocab.json", "{}");
+  detail::FileRoles tokenizer;
+  tokenizer.input_dir(dir_link, "--tokenizer", detail::kTokenizerFiles)
+      .output(tmp.path() / "sub" / "vocab.json", "--out");
+  CHECK(refusal(tokenizer).starts_with("--out " + (tmp.path() / "sub" / "vocab.json").string() +
+                                       ": is the same file as --tokenizer "));
+  detail::FileRoles apart;
+  apart.input(data, "data.path")
+      .input_dir(dir_link, "--tokenizer", detail::kTokenizerFiles)
+      .output(tmp.path() / "sub" / "other.bin", "--out")
+      .output(tmp.path() / "x.json", "--summary-json")
+      .output("", "trainer.trace");
+  CHECK_NOTHROW(apart.check());
+}
+
+TEST_CASE("directory_of: a bare file name is in the working directory") {
+  CHECK(detail::directory_of("my.yaml") == ".");
+  CHECK(detail::directory_of("configs/my.yaml") == "configs");
+  CHECK(detail::directory_of("/my.yaml") == "/");
 }

@@ -98,3 +98,20 @@ def test_export_writes_what_the_cli_writes(tmp_path):
     assert (tmp_path / "mine.safetensors").read_bytes() == (tmp_path / "cli.safetensors").read_bytes()
     with pytest.raises(lockstep.InputError, match="^format: expected torch or hf, got 'onnx'"):
         lockstep.export(weights, tmp_path / "x", format="onnx")
+
+
+def test_a_new_run_leaves_another_runs_checkpoints_alone(tmp_path):
+    # Note [A used checkpoint directory]: refused, unless it starts over (overwrite) or resumes.
+    ckpt = tmp_path / "ckpt"
+    first = lockstep.Trainer(lockstep.Config.from_dict(mlp_config(steps=4, checkpoint={"dir": str(ckpt)})))
+    weights = first.run().checkpoint
+    before = open(weights, "rb").read()
+    again = lockstep.Trainer(lockstep.Config.from_dict(mlp_config(steps=2, checkpoint={"dir": str(ckpt)})))
+    with pytest.raises(lockstep.InputError, match=r"holds the checkpoints of another run \(step 4\)"):
+        again.run()
+    assert open(weights, "rb").read() == before
+    over = lockstep.Trainer(lockstep.Config.from_dict(
+        mlp_config(steps=2, checkpoint={"dir": str(ckpt), "overwrite": True})))
+    over.run()
+    assert not os.path.exists(weights)
+    assert lockstep.load_checkpoint(ckpt).step == 2
