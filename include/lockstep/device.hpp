@@ -530,7 +530,7 @@ struct LOCKSTEP_API RopeShape {
 };
 
 // The cos and sin of every position's angles, each (positions, D / 2) in device memory, made
-// once per run (model/rope.hpp): row p, column i holds the cos (sin) of p * inv_freq[i].
+// once per run (src/model/rope.hpp): row p, column i holds the cos (sin) of p * inv_freq[i].
 struct LOCKSTEP_API RopeTable {
   const float* cos = nullptr;
   const float* sin = nullptr;
