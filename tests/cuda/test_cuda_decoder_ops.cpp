@@ -96,29 +96,37 @@ TEST_SUITE("cuda") {
     }
   }
 
-  // F a multiple of 8 (16-byte packs) and not (one element per thread); bf16 h and y.
+  // F a multiple of 8 (16-byte packs) and not (one element per thread), and every operand one
+  // element off 16-byte alignment (one element per thread too); bf16 h and y.
   TEST_CASE("cuda: SwiGLU forward and backward give the CPU device's bits") {
     auto backend = cuda_or_skip();
     if (!backend) return;
     auto gpu = backend->create_device(0, 1, 0);
     for (auto [rows, F] : {std::pair{1, 1}, {7, 33}, {300, 96}, {513, 1024}}) {
-      CAPTURE(rows);
-      CAPTURE(F);
-      const std::size_t n = std::size_t(rows) * F;
-      const auto h = random_floats(2 * n, 920 + n, -12.0, 12.0), dy = random_floats(n, 921 + n);
-      compare(*gpu, [&](Device& d) {
-        auto hd = on_device(d, h), dyd = on_device(d, dy);
-        DeviceArray<std::uint16_t> h16(d, 2 * n), y16 = poisoned_bf16(d, n);
-        DeviceArray<std::uint16_t> dh16 = poisoned_bf16(d, 2 * n);
-        d.to_bf16(hd.data(), h16.data(), 2 * n);
-        auto y = poisoned(d, n), dh = poisoned(d, 2 * n), dh_of16 = poisoned(d, 2 * n);
-        d.swiglu_forward(hd.data(), y.data(), rows, F);
-        d.swiglu_forward(h16.data(), y16.data(), rows, F);
-        d.swiglu_backward(hd.data(), dyd.data(), dh.data(), rows, F);
-        d.swiglu_backward(h16.data(), dyd.data(), dh_of16.data(), dh16.data(), rows, F);
-        return Outputs{y.download(), widened(y16.download()), dh.download(), dh_of16.download(),
-                       widened(dh16.download())};
-      }, kSameBits);
+      for (const std::size_t at : {0, 1}) {
+        CAPTURE(rows);
+        CAPTURE(F);
+        CAPTURE(at);
+        const std::size_t n = std::size_t(rows) * F;
+        const auto h = random_floats(2 * n + at, 920 + n, -12.0, 12.0);
+        const auto dy = random_floats(n + at, 921 + n);
+        compare(*gpu, [&](Device& d) {
+          auto hd = on_device(d, h), dyd = on_device(d, dy);
+          DeviceArray<std::uint16_t> h16(d, 2 * n + at), y16 = poisoned_bf16(d, n + at);
+          DeviceArray<std::uint16_t> dh16 = poisoned_bf16(d, 2 * n + at);
+          d.to_bf16(hd.data(), h16.data(), 2 * n + at);
+          auto y = poisoned(d, n + at), dh = poisoned(d, 2 * n + at);
+          auto dh_of16 = poisoned(d, 2 * n + at);
+          d.swiglu_forward(hd.data() + at, y.data() + at, rows, F);
+          d.swiglu_forward(h16.data() + at, y16.data() + at, rows, F);
+          d.swiglu_backward(hd.data() + at, dyd.data() + at, dh.data() + at, rows, F);
+          d.swiglu_backward(h16.data() + at, dyd.data() + at, dh_of16.data() + at,
+                            dh16.data() + at, rows, F);
+          // The element before an offset operand stays NaN on both sides: never written.
+          return Outputs{y.download(), widened(y16.download()), dh.download(),
+                         dh_of16.download(), widened(dh16.download())};
+        }, kSameBits, NaNs::where_cpu_has_them);
+      }
     }
   }
 }
