@@ -137,7 +137,7 @@ TEST_SUITE("decoder ops") {
     }
   }
 
-  TEST_CASE("residual rmsnorm forward is add, then rmsnorm of the sum, bit for bit; in bf16 "
+  TEST_CASE("residual rmsnorm forward is add, then rmsnorm of the sum, bit for bit, and in bf16 "
             "the fp32 y rounded") {
     auto dev = make_cpu_device(0, 2);
     for (auto [rows, C] : {std::pair{1, 1}, {7, 31}, {600, 128}}) {
@@ -310,7 +310,7 @@ TEST_SUITE("decoder ops") {
     CHECK_MESSAGE(miss.empty(), miss);
   }
 
-  TEST_CASE("rope in bf16: forward is from_bf16, the fp32 rotation, to_bf16; backward's "
+  TEST_CASE("rope in bf16: forward is from_bf16, the fp32 rotation, to_bf16, and backward's "
             "dqkv_bf16 is to_bf16 of its dqkv, v included") {
     auto dev = make_cpu_device(0, 2);
     const RopeShape s{4, 200, 4, 2, 64, 0};
