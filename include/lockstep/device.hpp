@@ -505,11 +505,42 @@ class LOCKSTEP_API ElementwiseOps {
   virtual void activation_backward(Activation f, const std::uint16_t* x, const float* dy,
                                    float* dx, std::uint16_t* dx_bf16, std::size_t n) = 0;
 
+  // SwiGLU, the gated MLP activation of Llama-family decoders (Note [SwiGLU] in
+  // src/cpu/ops/elementwise.cpp): h (rows, 2F) holds gate (columns [0, F)) and up ([F, 2F))
+  // side by side, as one product with the gate and up weights stacked writes them; y (rows, F)
+  // = silu(gate) * up. h and y fp32, or both bf16 (widened as read, rounded as written).
+  virtual void swiglu_forward(const float* h, float* y, int rows, int F) = 0;
+  virtual void swiglu_forward(const std::uint16_t* h, std::uint16_t* y, int rows, int F) = 0;
+  // dh (rows, 2F), overwritten, in h's layout: dgate = dy * up * silu'(gate), dup = dy *
+  // silu(gate), from dy (rows, F). With h bf16, dh_bf16 (rows, 2F), when not null, receives dh
+  // rounded (the gate/up product's input). dh aliases neither h nor dy.
+  virtual void swiglu_backward(const float* h, const float* dy, float* dh, int rows, int F) = 0;
+  virtual void swiglu_backward(const std::uint16_t* h, const float* dy, float* dh,
+                               std::uint16_t* dh_bf16, int rows, int F) = 0;
+
  protected:
   ~ElementwiseOps() = default;
 };
 
-// The layers' own kernels: the loss, and GPT's embedding, LayerNorm and attention softmax.
+// Rotary position embeddings over B sequences of T positions of a qkv buffer (B T, (H + 2 Hkv)
+// D): the q block of H heads, then the k and v blocks of Hkv heads each (grouped-query
+// attention's layout; Hkv = H without it), head h at columns h D of its block. Row t of each
+// sequence is at position `position` + t (a key/value cache's offset when generating).
+struct LOCKSTEP_API RopeShape {
+  int batch = 0, T = 0, heads = 0, kv_heads = 0, head_size = 0;
+  int position = 0;
+};
+
+// The cos and sin of every position's angles, each (positions, D / 2) in device memory, made
+// once per run (src/model/rope.hpp): row p, column i holds the cos (sin) of p * inv_freq[i].
+struct LOCKSTEP_API RopeTable {
+  const float* cos = nullptr;
+  const float* sin = nullptr;
+  int positions = 0;
+};
+
+// The layers' own kernels: the loss, GPT's embedding, LayerNorm and attention softmax, and a
+// Llama-family decoder's RMSNorm and rotary embeddings.
 // B sequences of T positions, C channels, V vocabulary entries. Backward kernels accumulate
 // into parameter gradients (+=), as layers do.
 class LOCKSTEP_API LayerOps {
@@ -593,6 +624,35 @@ class LOCKSTEP_API LayerOps {
                                            const float* dresidual, float* dx,
                                            std::uint16_t* dx_bf16, float* dweight, float* dbias,
                                            int rows, int C) = 0;
+
+  // RMSNorm (Llama, Qwen2, Mistral; Note [RMSNorm] in src/cpu/ops/layernorm.cpp), with the
+  // residual add fused as the LayerNorm's: x = a, or with b not null sum (rows, C) = a + b
+  // stored and read back (sum may alias a or b); y (rows, C) = x * rstd * weight (C), rstd
+  // (rows) = 1 / sqrt(mean_c(x^2) + eps), saved for backward. y fp32, or rounded to bf16.
+  virtual void residual_rmsnorm_forward(const float* a, const float* b, float* sum,
+                                        const float* weight, float* y, float* rstd, int rows,
+                                        int C, float eps) = 0;
+  virtual void residual_rmsnorm_forward(const float* a, const float* b, float* sum,
+                                        const float* weight, std::uint16_t* y, float* rstd,
+                                        int rows, int C, float eps) = 0;
+  // dx (rows, C) = dresidual (zeros when null) + d/dx of RMSNorm(x) given dy; dx may alias
+  // dresidual; dx_bf16, when not null, receives dx rounded. dweight (C) += its gradient.
+  virtual void residual_rmsnorm_backward(const float* x, const float* weight, const float* rstd,
+                                         const float* dy, const float* dresidual, float* dx,
+                                         std::uint16_t* dx_bf16, float* dweight, int rows,
+                                         int C) = 0;
+
+  // Rotary position embeddings in Hugging Face's rotate-half layout, in place on the q and k
+  // heads of a qkv buffer (Note [RoPE] in src/cpu/ops/rope.cpp); v is left alone.
+  virtual void rope_forward(const RopeShape& shape, const RopeTable& table, float* qkv) = 0;
+  // The same on a bf16 qkv: widened, rotated in fp32, rounded.
+  virtual void rope_forward(const RopeShape& shape, const RopeTable& table,
+                            std::uint16_t* qkv) = 0;
+  // The gradient of rope_forward: dqkv's q and k heads rotated back, in place. dqkv_bf16 (the
+  // whole (B T, (H + 2 Hkv) D), v included), when not null, receives dqkv rounded to bf16 (the
+  // qkv product's input).
+  virtual void rope_backward(const RopeShape& shape, const RopeTable& table, float* dqkv,
+                             std::uint16_t* dqkv_bf16) = 0;
 
  protected:
   ~LayerOps() = default;

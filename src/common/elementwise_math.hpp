@@ -1,6 +1,6 @@
 // Per-element math that the CPU and CUDA devices both compute: activations and their
-// derivatives, the SGD and AdamW updates of one parameter, the step's clip factor and skip flag,
-// a label error's key, and the replica hash's term.
+// derivatives (SiLU among them), RoPE's rotation, the SGD and AdamW updates of one parameter,
+// the step's clip factor and skip flag, a label error's key, and the replica hash's term.
 // Compiled by the host compiler (src/cpu/ops/*.cpp, C++20) and by nvcc (src/cuda/ops/*.cu,
 // C++17), so that the CPU reference and the kernels run the same formula and cannot drift apart.
 // Plain C++17, no library calls that either side lacks.
@@ -87,6 +87,28 @@ LOCKSTEP_HOST_DEVICE inline float gelu(float x) {
 LOCKSTEP_HOST_DEVICE inline float gelu_grad(float x) {
   const TanhTerms t = tanh_terms(kGeluC * (x + kGeluA * x * x * x));
   return 0.5f * t.one_plus + 0.5f * x * t.one_minus_sq * kGeluC * (1.0f + 3.0f * kGeluA * x * x);
+}
+
+// SiLU (x sigmoid(x)), SwiGLU's gate (Note [SwiGLU] in src/cpu/ops/elementwise.cpp): x / (1 +
+// e^-x) as PyTorch writes it, and its derivative s (1 + x (1 - s)) with s = sigmoid(x), as
+// PyTorch's silu_backward. exp_poly's clamp keeps 1 + e^-x finite, so a large negative x gives
+// a tiny silu, never NaN.
+LOCKSTEP_HOST_DEVICE inline float silu(float x) { return x / (1.0f + exp_poly(-x)); }
+LOCKSTEP_HOST_DEVICE inline float silu_grad(float x) {
+  const float s = 1.0f / (1.0f + exp_poly(-x));
+  return s * (1.0f + x * (1.0f - s));
+}
+
+// ---- Rotary embeddings (Note [RoPE] in src/cpu/ops/rope.cpp) -------------------------------
+
+// The pair (x1, x2) of a head's columns i and i + D/2 rotated by the angle whose cos and sin
+// are c and s: transformers' q * cos + rotate_half(q) * sin, with the same roundings (each
+// product rounded, then the sum). Its inverse, backward's, is the rotation by -s.
+struct RotatedPair {
+  float first, second;
+};
+LOCKSTEP_HOST_DEVICE inline RotatedPair rope_rotate(float x1, float x2, float c, float s) {
+  return {x1 * c - x2 * s, x2 * c + x1 * s};
 }
 
 // ---- Optimisers: the update of element i (PyTorch semantics, see device.hpp) ----------------

@@ -1,8 +1,9 @@
 // The shape checks every device makes before running a kernel: gemm and gemm_batched, the
-// softmax cross-entropy and the fused attention.
+// softmax cross-entropy, the fused attention and the rotary embeddings.
 #pragma once
 
 #include <algorithm>
+#include <cstdint>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -35,6 +36,19 @@ inline void check_attention_shape(const char* op, const AttentionShape& s) {
   if (s.batch < 0 || s.T < 1 || s.heads < 1 || s.head_size < 1)
     throw std::invalid_argument(fmt::format("{}: bad shape batch={} T={} heads={} head_size={}",
                                             op, s.batch, s.T, s.heads, s.head_size));
+}
+
+// Rotary embeddings (LayerOps::rope_forward): std::invalid_argument naming `op` unless batch,
+// T and position >= 0, heads and kv_heads >= 1, head_size even and >= 2, and the table holds
+// every position the rows reach (position + T).
+inline void check_rope_shape(const char* op, const RopeShape& s, const RopeTable& table) {
+  if (s.batch < 0 || s.T < 0 || s.position < 0 || s.heads < 1 || s.kv_heads < 1 ||
+      s.head_size < 2 || s.head_size % 2 != 0 ||
+      std::int64_t{s.position} + s.T > std::int64_t{table.positions})
+    throw std::invalid_argument(fmt::format(
+        "{}: bad shape batch={} T={} heads={} kv_heads={} head_size={} position={} with a table "
+        "of {} positions",
+        op, s.batch, s.T, s.heads, s.kv_heads, s.head_size, s.position, table.positions));
 }
 
 }  // namespace lockstep::detail

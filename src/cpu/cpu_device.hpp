@@ -34,6 +34,7 @@
 #include <fmt/format.h>
 
 #include "cpu/matmul.hpp"
+#include "cpu/ops/isa_dispatch.hpp"
 #include "lockstep/device.hpp"
 
 namespace lockstep::cpu {
@@ -84,6 +85,11 @@ class CpuDevice : public Device {
                           std::size_t n) override;
   void activation_backward(Activation f, const std::uint16_t* x, const float* dy, float* dx,
                            std::uint16_t* dx_bf16, std::size_t n) override;
+  void swiglu_forward(const float* h, float* y, int rows, int F) override;
+  void swiglu_forward(const std::uint16_t* h, std::uint16_t* y, int rows, int F) override;
+  void swiglu_backward(const float* h, const float* dy, float* dh, int rows, int F) override;
+  void swiglu_backward(const std::uint16_t* h, const float* dy, float* dh,
+                       std::uint16_t* dh_bf16, int rows, int F) override;
 
   // ---- Fully connected maps (cpu_device.cpp): the composition of the ops above and below,
   // which defines them (Note [Fused linear] in lockstep/device.hpp) ----------------------------
@@ -182,6 +188,25 @@ class CpuDevice : public Device {
                                    float* dx, std::uint16_t* dx_bf16, float* dweight,
                                    float* dbias, int rows, int C) override;
 
+  // ---- RMSNorm (ops/layernorm.cpp, Note [RMSNorm]) --------------------------------------------
+
+  void residual_rmsnorm_forward(const float* a, const float* b, float* sum, const float* weight,
+                                float* y, float* rstd, int rows, int C, float eps) override;
+  void residual_rmsnorm_forward(const float* a, const float* b, float* sum, const float* weight,
+                                std::uint16_t* y, float* rstd, int rows, int C,
+                                float eps) override;
+  void residual_rmsnorm_backward(const float* x, const float* weight, const float* rstd,
+                                 const float* dy, const float* dresidual, float* dx,
+                                 std::uint16_t* dx_bf16, float* dweight, int rows,
+                                 int C) override;
+
+  // ---- Rotary embeddings (ops/rope.cpp, Note [RoPE]) ------------------------------------------
+
+  void rope_forward(const RopeShape& shape, const RopeTable& table, float* qkv) override;
+  void rope_forward(const RopeShape& shape, const RopeTable& table, std::uint16_t* qkv) override;
+  void rope_backward(const RopeShape& shape, const RopeTable& table, float* dqkv,
+                     std::uint16_t* dqkv_bf16) override;
+
  private:
   // gemm() and gemm_batched() for inputs T: float, or std::uint16_t holding bf16 (ops/gemm.cpp).
   template <class T>
@@ -213,6 +238,16 @@ class CpuDevice : public Device {
   void for_range(std::size_t n, const Body& body) {
     for_blocks(blocks_of(n, kGrain),
                [&](std::size_t b) { body(b * kGrain, std::min(n, (b + 1) * kGrain)); });
+  }
+
+  // Calls row(r) for every row r of a (rows, cols) matrix, in blocks of about kGrain elements,
+  // through vectorized() (the kernels' row loops).
+  template <class Row>
+  void for_rows(std::size_t rows, std::size_t cols, const Row& row) {
+    const std::size_t block = rows_per_block(cols);
+    for_blocks(blocks_of(rows, block), vectorized([=](std::size_t b) {
+      for (std::size_t r = b * block; r < std::min(rows, (b + 1) * block); ++r) row(r);
+    }));
   }
 
   // combine(...combine(combine(T{}, partial(block 0)), partial(block 1))...), blocks of `block`.
@@ -251,6 +286,23 @@ class CpuDevice : public Device {
   template <class Y>
   void layernorm_forward_of(const float* a, const float* b, float* sum, const float* weight,
                             const float* bias, Y* y, float* mean, float* rstd, int rows, int C);
+  // RMSNorm's (ops/layernorm.cpp, Note [RMSNorm]), and the weight and bias gradients both
+  // norms share (mean null: RMSNorm's, with no bias).
+  template <class Y>
+  void rmsnorm_forward_of(const float* a, const float* b, float* sum, const float* weight, Y* y,
+                          float* rstd, int rows, int C, float eps);
+  void norm_param_grads(const float* x, const float* mean, const float* rstd, const float* dy,
+                        float* dweight, float* dbias, int rows, int C);
+  // SwiGLU for the storage H of h and y (ops/elementwise.cpp, Note [SwiGLU]).
+  template <class H>
+  void swiglu_forward_of(const H* h, H* y, int rows, int F);
+  template <class H>
+  void swiglu_backward_of(const H* h, const float* dy, float* dh, std::uint16_t* dh_bf16,
+                          int rows, int F);
+  // RoPE's rotation of x in place, Q float or bf16 (ops/rope.cpp, Note [RoPE]).
+  template <class Q>
+  void rope_rotate_of(const RopeShape& shape, const RopeTable& table, Q* x, float sign,
+                      std::uint16_t* x_bf16);
   template <class P>
   void causal_softmax_forward_of(const float* s, P* p, int count, int T, float scale);
   template <class P, class DS>

@@ -524,6 +524,28 @@ void CudaDevice::activation_backward(Activation f, const std::uint16_t* x, const
   launch_activation_backward_bf16(stream(), kind_of(f), x, dy, dx, dx_bf16, n);
 }
 
+// Note [SwiGLU]: h (rows, 2F), gate then up; y (rows, F)
+void CudaDevice::swiglu_forward(const float* h, float* y, int rows, int F) {
+  check_sizes("swiglu_forward", rows, {{"rows", rows}, {"F", F}});
+  launch_swiglu_forward(stream(), h, y, rows, F);
+}
+
+void CudaDevice::swiglu_forward(const std::uint16_t* h, std::uint16_t* y, int rows, int F) {
+  check_sizes("swiglu_forward", rows, {{"rows", rows}, {"F", F}});
+  launch_swiglu_forward_bf16(stream(), h, y, rows, F);
+}
+
+void CudaDevice::swiglu_backward(const float* h, const float* dy, float* dh, int rows, int F) {
+  check_sizes("swiglu_backward", rows, {{"rows", rows}, {"F", F}});
+  launch_swiglu_backward(stream(), h, dy, dh, rows, F);
+}
+
+void CudaDevice::swiglu_backward(const std::uint16_t* h, const float* dy, float* dh,
+                                 std::uint16_t* dh_bf16, int rows, int F) {
+  check_sizes("swiglu_backward", rows, {{"rows", rows}, {"F", F}});
+  launch_swiglu_backward_bf16(stream(), h, dy, dh, dh_bf16, rows, F);
+}
+
 void CudaDevice::to_bf16(const float* x, std::uint16_t* y, std::size_t n) {
   launch_to_bf16(stream(), x, y, n);
 }
@@ -796,6 +818,56 @@ void CudaDevice::residual_layernorm_backward(const float* x, const float* weight
   if (rows == 0) return;
   launch_layernorm_backward(stream(), x, weight, mean, rstd, dy, dresidual, dx, dx_bf16, dweight,
                             dbias, rows, C, scratch(layernorm_backward_scratch_bytes(rows, C)));
+}
+
+// Note [RMSNorm]: x = a (+ b into sum), y (rows, C), weight (C), rstd (rows)
+void CudaDevice::residual_rmsnorm_forward(const float* a, const float* b, float* sum,
+                                          const float* weight, float* y, float* rstd, int rows,
+                                          int C, float eps) {
+  check_sizes("rmsnorm_forward", rows, {{"rows", rows}, {"C", C}});
+  launch_rmsnorm_forward(stream(), a, b, sum, weight, y, rstd, rows, C, eps);
+}
+
+void CudaDevice::residual_rmsnorm_forward(const float* a, const float* b, float* sum,
+                                          const float* weight, std::uint16_t* y, float* rstd,
+                                          int rows, int C, float eps) {
+  check_sizes("rmsnorm_forward", rows, {{"rows", rows}, {"C", C}});
+  launch_rmsnorm_forward_bf16(stream(), a, b, sum, weight, y, rstd, rows, C, eps);
+}
+
+void CudaDevice::residual_rmsnorm_backward(const float* x, const float* weight,
+                                           const float* rstd, const float* dy,
+                                           const float* dresidual, float* dx,
+                                           std::uint16_t* dx_bf16, float* dweight, int rows,
+                                           int C) {
+  check_sizes("rmsnorm_backward", rows, {{"rows", rows}, {"C", C}});
+  if (rows == 0) return;
+  launch_rmsnorm_backward(stream(), x, weight, rstd, dy, dresidual, dx, dx_bf16, dweight, rows,
+                          C, scratch(layernorm_backward_scratch_bytes(rows, C)));
+}
+
+// Note [RoPE]: qkv (B T, (H + 2 Hkv) D), the tables (positions, D / 2)
+void CudaDevice::rope_forward(const RopeShape& shape, const RopeTable& table, float* qkv) {
+  detail::check_rope_shape("rope_forward", shape, table);
+  check_sizes("rope_forward", std::int64_t{shape.batch} * shape.T, {});
+  launch_rope_forward(stream(), qkv, table.cos, table.sin, shape.batch * shape.T, shape.T,
+                      shape.position, shape.heads, shape.kv_heads, shape.head_size);
+}
+
+void CudaDevice::rope_forward(const RopeShape& shape, const RopeTable& table,
+                              std::uint16_t* qkv) {
+  detail::check_rope_shape("rope_forward", shape, table);
+  check_sizes("rope_forward", std::int64_t{shape.batch} * shape.T, {});
+  launch_rope_forward_bf16(stream(), qkv, table.cos, table.sin, shape.batch * shape.T, shape.T,
+                           shape.position, shape.heads, shape.kv_heads, shape.head_size);
+}
+
+void CudaDevice::rope_backward(const RopeShape& shape, const RopeTable& table, float* dqkv,
+                               std::uint16_t* dqkv_bf16) {
+  detail::check_rope_shape("rope_backward", shape, table);
+  check_sizes("rope_backward", std::int64_t{shape.batch} * shape.T, {});
+  launch_rope_backward(stream(), dqkv, table.cos, table.sin, shape.batch * shape.T, shape.T,
+                       shape.position, shape.heads, shape.kv_heads, shape.head_size, dqkv_bf16);
 }
 
 // `count` (T, T) matrices

@@ -90,6 +90,11 @@ class CudaDevice final : public Device {
                           std::size_t n) override;
   void activation_backward(Activation f, const std::uint16_t* x, const float* dy, float* dx,
                            std::uint16_t* dx_bf16, std::size_t n) override;
+  void swiglu_forward(const float* h, float* y, int rows, int F) override;
+  void swiglu_forward(const std::uint16_t* h, std::uint16_t* y, int rows, int F) override;
+  void swiglu_backward(const float* h, const float* dy, float* dh, int rows, int F) override;
+  void swiglu_backward(const std::uint16_t* h, const float* dy, float* dh,
+                       std::uint16_t* dh_bf16, int rows, int F) override;
   void to_bf16(const float* x, std::uint16_t* y, std::size_t n) override;
   void from_bf16(const std::uint16_t* x, float* y, std::size_t n) override;
   void softmax_cross_entropy(const float* logits, const std::int32_t* labels, int rows,
@@ -150,6 +155,19 @@ class CudaDevice final : public Device {
                                    const float* rstd, const float* dy, const float* dresidual,
                                    float* dx, std::uint16_t* dx_bf16, float* dweight,
                                    float* dbias, int rows, int C) override;
+  void residual_rmsnorm_forward(const float* a, const float* b, float* sum, const float* weight,
+                                float* y, float* rstd, int rows, int C, float eps) override;
+  void residual_rmsnorm_forward(const float* a, const float* b, float* sum, const float* weight,
+                                std::uint16_t* y, float* rstd, int rows, int C,
+                                float eps) override;
+  void residual_rmsnorm_backward(const float* x, const float* weight, const float* rstd,
+                                 const float* dy, const float* dresidual, float* dx,
+                                 std::uint16_t* dx_bf16, float* dweight, int rows,
+                                 int C) override;
+  void rope_forward(const RopeShape& shape, const RopeTable& table, float* qkv) override;
+  void rope_forward(const RopeShape& shape, const RopeTable& table, std::uint16_t* qkv) override;
+  void rope_backward(const RopeShape& shape, const RopeTable& table, float* dqkv,
+                     std::uint16_t* dqkv_bf16) override;
   void causal_softmax_forward(const float* s, std::uint16_t* p, int count, int T,
                               float scale) override;
   void causal_softmax_backward(const std::uint16_t* p, const float* dp, std::uint16_t* ds,

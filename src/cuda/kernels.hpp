@@ -56,6 +56,16 @@ void launch_activation_forward_bf16(cudaStream_t stream, ActivationKind f,
 void launch_activation_backward_bf16(cudaStream_t stream, ActivationKind f,
                                      const std::uint16_t* x, const float* dy, float* dx,
                                      std::uint16_t* dx_bf16, std::size_t n);
+// SwiGLU (Note [SwiGLU] in src/cpu/ops/elementwise.cpp): h (rows, 2F) gate then up, y (rows, F)
+// = silu(gate) * up; backward dh (rows, 2F) from dy (rows, F), rounded into dh_bf16 too when
+// not null. fp32, or h and y bf16.
+void launch_swiglu_forward(cudaStream_t stream, const float* h, float* y, int rows, int F);
+void launch_swiglu_forward_bf16(cudaStream_t stream, const std::uint16_t* h, std::uint16_t* y,
+                                int rows, int F);
+void launch_swiglu_backward(cudaStream_t stream, const float* h, const float* dy, float* dh,
+                            int rows, int F);
+void launch_swiglu_backward_bf16(cudaStream_t stream, const std::uint16_t* h, const float* dy,
+                                 float* dh, std::uint16_t* dh_bf16, int rows, int F);
 // y = a + b; y may alias a or b.
 void launch_add(cudaStream_t stream, const float* a, const float* b, float* y, std::size_t n);
 // dbias (cols) += column sums of dy (rows, cols), in double, in parallel over the rows in an
@@ -189,6 +199,36 @@ void launch_layernorm_backward(cudaStream_t stream, const float* x, const float*
                                const float* mean, const float* rstd, const float* dy,
                                const float* dresidual, float* dx, std::uint16_t* dx_bf16,
                                float* dweight, float* dbias, int rows, int C, void* scratch);
+
+// RMSNorm (Note [RMSNorm] in src/cpu/ops/layernorm.cpp), the residual add fused as above: x = a,
+// or a + b stored into sum when b is not null; y (rows, C) = x * rstd * weight (C), rstd (rows).
+// Backward: dx = dresidual (0 when null) + d/dx, rounded into dx_bf16 too when not null;
+// dweight += its gradient through `scratch` (layernorm_backward_scratch_bytes(rows, C) bytes).
+void launch_rmsnorm_forward(cudaStream_t stream, const float* a, const float* b, float* sum,
+                            const float* weight, float* y, float* rstd, int rows, int C,
+                            float eps);
+void launch_rmsnorm_forward_bf16(cudaStream_t stream, const float* a, const float* b, float* sum,
+                                 const float* weight, std::uint16_t* y, float* rstd, int rows,
+                                 int C, float eps);
+void launch_rmsnorm_backward(cudaStream_t stream, const float* x, const float* weight,
+                             const float* rstd, const float* dy, const float* dresidual,
+                             float* dx, std::uint16_t* dx_bf16, float* dweight, int rows, int C,
+                             void* scratch);
+
+// ---- Rotary embeddings (rope.cu) -----------------------------------------------------------
+
+// In place on the first heads + kv_heads heads (q's and k's) of each of `rows` rows of qkv
+// (rows, (heads + 2 kv_heads) head_size); row r at position `position` + r % T of the tables
+// cos, sin (positions, head_size / 2). Note [RoPE] in src/cpu/ops/rope.cpp. Backward rotates
+// back, and rounds the whole dqkv into dqkv_bf16 too when that is not null.
+void launch_rope_forward(cudaStream_t stream, float* qkv, const float* cos, const float* sin,
+                         int rows, int T, int position, int heads, int kv_heads, int head_size);
+void launch_rope_forward_bf16(cudaStream_t stream, std::uint16_t* qkv, const float* cos,
+                              const float* sin, int rows, int T, int position, int heads,
+                              int kv_heads, int head_size);
+void launch_rope_backward(cudaStream_t stream, float* dqkv, const float* cos, const float* sin,
+                          int rows, int T, int position, int heads, int kv_heads, int head_size,
+                          std::uint16_t* dqkv_bf16);
 
 // ---- Peer all-reduce (peer_reduce.cu) -----------------------------------------------------
 

@@ -9,36 +9,15 @@
 #include <vector>
 
 #include "../random_data.hpp"
+#include "device_passes.hpp"
 #include "lockstep/device.hpp"
 
 using namespace lockstep;
 using lockstep::test::on_device;
 using lockstep::test::random_floats;
-
-namespace {
-
-using Bits = std::vector<std::uint16_t>;
-
-// x rounded to bf16 by the device's to_bf16 pass.
-Bits rounded(Device& dev, const DeviceArray<float>& x) {
-  DeviceArray<std::uint16_t> h(dev, x.size());
-  dev.to_bf16(x.data(), h.data(), x.size());
-  return h.download();
-}
-
-// bits widened to fp32 by the device's from_bf16 pass.
-DeviceArray<float> widened(Device& dev, const DeviceArray<std::uint16_t>& bits) {
-  DeviceArray<float> x(dev, bits.size());
-  dev.from_bf16(bits.data(), x.data(), bits.size());
-  return x;
-}
-
-void require_same_floats(const std::vector<float>& a, const std::vector<float>& b) {
-  REQUIRE(a.size() == b.size());
-  CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
-}
-
-}  // namespace
+using lockstep::test::require_same_floats;
+using lockstep::test::rounded;
+using lockstep::test::widened;
 
 // The bias in bf16, as a bf16 output's bias epilogue reads it (LinearForward::bias).
 TEST_CASE("cpu device: add_bias into bf16 is to_bf16 of add_bias with the bias widened") {

@@ -11,18 +11,15 @@
 #include <vector>
 
 #include "../random_data.hpp"
+#include "device_passes.hpp"
 #include "lockstep/device.hpp"
 
 using namespace lockstep;
 using lockstep::test::on_device;
 using lockstep::test::random_floats;
+using lockstep::test::require_same_floats;
 
 namespace {
-
-void require_same_floats(const std::vector<float>& a, const std::vector<float>& b) {
-  REQUIRE(a.size() == b.size());
-  CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
-}
 
 // Where the sum goes: a new buffer, or over one of the addends, as a GPT block writes it.
 enum class SumInto { fresh, a, b };

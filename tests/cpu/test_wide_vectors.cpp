@@ -324,6 +324,66 @@ TEST_CASE("wide vectors: residual LayerNorm forward and backward give the baseli
   });
 }
 
+// A Llama-family decoder's kernels: RMSNorm with its residual add, RoPE, SwiGLU, each in fp32
+// and bf16 storage, forward and backward.
+TEST_CASE("wide vectors: RMSNorm, RoPE and SwiGLU give the baseline's bits") {
+  same_bits_on_every_isa([](Device& dev) {
+    Outputs out;
+    for (auto [rows, C] : {std::pair{300, 77}, {40, 768}}) {
+      const std::size_t n = std::size_t(rows) * C, nc = std::size_t(C);
+      auto a = on_device(dev, awkward_floats(n, 60 + n, -3.0, 3.0, 16 * nc));
+      auto b = on_device(dev, test::random_floats(n, 61 + n));
+      auto w = on_device(dev, test::random_floats(nc, 62 + n, 0.5, 1.5));
+      DeviceArray<float> sum(dev, n), y(dev, n), rstd(dev, rows), dx(dev, n);
+      DeviceArray<std::uint16_t> y16(dev, n), dx16(dev, n);
+      dev.residual_rmsnorm_forward(a.data(), b.data(), sum.data(), w.data(), y16.data(),
+                                   rstd.data(), rows, C, 1e-5f);
+      append(out, y16);
+      auto x = on_device(dev, test::random_floats(n, 63 + n, -3.0, 3.0));
+      dev.residual_rmsnorm_forward(x.data(), nullptr, nullptr, w.data(), y.data(), rstd.data(),
+                                   rows, C, 1e-6f);
+      auto dy = on_device(dev, test::random_floats(n, 64 + n));
+      auto dres = on_device(dev, awkward_floats(n, 65 + n, -1.0, 1.0, 16 * nc));
+      auto dw = on_device(dev, test::random_floats(nc, 66 + n));
+      dev.residual_rmsnorm_backward(x.data(), w.data(), rstd.data(), dy.data(), dres.data(),
+                                    dx.data(), dx16.data(), dw.data(), rows, C);
+      for (const auto* o : {&sum, &y, &rstd, &dx, &dw}) append(out, *o);
+      append(out, dx16);
+    }
+    const RopeShape s{3, 100, 4, 2, 64, 5};
+    const std::size_t n = std::size_t(300) * 8 * 64, angles = std::size_t(105) * 32;
+    auto cos = on_device(dev, test::random_floats(angles, 67, -1.0, 1.0));
+    auto sin = on_device(dev, test::random_floats(angles, 68, -1.0, 1.0));
+    const RopeTable table{cos.data(), sin.data(), 105};
+    auto qkv = on_device(dev, awkward_floats(n, 69, -3.0, 3.0, 64));
+    DeviceArray<std::uint16_t> q16(dev, n), d16(dev, n);
+    dev.to_bf16(qkv.data(), q16.data(), n);
+    dev.rope_forward(s, table, qkv.data());
+    dev.rope_forward(s, table, q16.data());
+    auto dq = on_device(dev, awkward_floats(n, 70, -1.0, 1.0, 64));
+    dev.rope_backward(s, table, dq.data(), d16.data());
+    append(out, qkv);
+    append(out, dq);
+    append(out, q16);
+    append(out, d16);
+    const int rows = 200, F = 101;  // 2F is not a multiple of any vector's width
+    const std::size_t m = std::size_t(rows) * F;
+    auto h = on_device(dev, awkward_floats(2 * m, 71, -12.0, 12.0, 4));
+    auto dy = on_device(dev, awkward_floats(m, 72, -1.0, 1.0, 4));
+    DeviceArray<std::uint16_t> h16(dev, 2 * m), y16(dev, m), dh16(dev, 2 * m);
+    DeviceArray<float> y(dev, m), dh(dev, 2 * m), dh_of16(dev, 2 * m);
+    dev.to_bf16(h.data(), h16.data(), 2 * m);
+    dev.swiglu_forward(h.data(), y.data(), rows, F);
+    dev.swiglu_forward(h16.data(), y16.data(), rows, F);
+    dev.swiglu_backward(h.data(), dy.data(), dh.data(), rows, F);
+    dev.swiglu_backward(h16.data(), dy.data(), dh_of16.data(), dh16.data(), rows, F);
+    for (const auto* o : {&y, &dh, &dh_of16}) append(out, *o);
+    append(out, y16);
+    append(out, dh16);
+    return out;
+  });
+}
+
 TEST_CASE("wide vectors: causal softmax on fp32 and bf16 gives the baseline's bits") {
   same_bits_on_every_isa([](Device& dev) {
     Outputs out;

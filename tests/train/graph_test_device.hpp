@@ -130,7 +130,21 @@ class GraphTestDevice final : public cpu::CpuDevice {
                            std::uint16_t* dx_bf16, std::size_t n) override {
     op("activation_backward",
        [=, this] { CpuDevice::activation_backward(f, x, dy, dx, dx_bf16, n); });
+  }  void swiglu_forward(const float* h, float* y, int rows, int F) override {
+    op("swiglu_forward", [=, this] { CpuDevice::swiglu_forward(h, y, rows, F); });
   }
+  void swiglu_forward(const std::uint16_t* h, std::uint16_t* y, int rows, int F) override {
+    op("swiglu_forward", [=, this] { CpuDevice::swiglu_forward(h, y, rows, F); });
+  }
+  void swiglu_backward(const float* h, const float* dy, float* dh, int rows, int F) override {
+    op("swiglu_backward", [=, this] { CpuDevice::swiglu_backward(h, dy, dh, rows, F); });
+  }
+  void swiglu_backward(const std::uint16_t* h, const float* dy, float* dh,
+                       std::uint16_t* dh_bf16, int rows, int F) override {
+    op("swiglu_backward",
+       [=, this] { CpuDevice::swiglu_backward(h, dy, dh, dh_bf16, rows, F); });
+  }
+
   void linear_forward(const LinearForward& f) override {
     op("linear_forward", [=, this] { CpuDevice::linear_forward(f); });
   }
@@ -288,7 +302,38 @@ class GraphTestDevice final : public cpu::CpuDevice {
       CpuDevice::residual_layernorm_backward(x, w, mean, rstd, dy, dresidual, dx, dx_bf16, dw,
                                              db, rows, C);
     });
+  }  void residual_rmsnorm_forward(const float* a, const float* b, float* sum, const float* w,
+                                float* y, float* rstd, int rows, int C, float eps) override {
+    op("residual_rmsnorm_forward", [=, this] {
+      CpuDevice::residual_rmsnorm_forward(a, b, sum, w, y, rstd, rows, C, eps);
+    });
   }
+  void residual_rmsnorm_forward(const float* a, const float* b, float* sum, const float* w,
+                                std::uint16_t* y, float* rstd, int rows, int C,
+                                float eps) override {
+    op("residual_rmsnorm_forward", [=, this] {
+      CpuDevice::residual_rmsnorm_forward(a, b, sum, w, y, rstd, rows, C, eps);
+    });
+  }
+  void residual_rmsnorm_backward(const float* x, const float* w, const float* rstd,
+                                 const float* dy, const float* dresidual, float* dx,
+                                 std::uint16_t* dx_bf16, float* dw, int rows, int C) override {
+    op("residual_rmsnorm_backward", [=, this] {
+      CpuDevice::residual_rmsnorm_backward(x, w, rstd, dy, dresidual, dx, dx_bf16, dw, rows, C);
+    });
+  }
+  void rope_forward(const RopeShape& shape, const RopeTable& table, float* qkv) override {
+    op("rope_forward", [=, this] { CpuDevice::rope_forward(shape, table, qkv); });
+  }
+  void rope_forward(const RopeShape& shape, const RopeTable& table, std::uint16_t* qkv) override {
+    op("rope_forward", [=, this] { CpuDevice::rope_forward(shape, table, qkv); });
+  }
+  void rope_backward(const RopeShape& shape, const RopeTable& table, float* dqkv,
+                     std::uint16_t* dqkv_bf16) override {
+    op("rope_backward",
+       [=, this] { CpuDevice::rope_backward(shape, table, dqkv, dqkv_bf16); });
+  }
+
 
  private:
   class Graph final : public DeviceGraph {

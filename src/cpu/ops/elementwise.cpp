@@ -1,5 +1,6 @@
-// Elementwise kernels: fill, scale, add, the bias and its gradient, activations. The activation
-// math is common/elementwise_math.hpp, shared with the CUDA kernels (src/cuda/ops/elementwise.cu).
+// Elementwise kernels: fill, scale, add, the bias and its gradient, activations and SwiGLU. The
+// activation math is common/elementwise_math.hpp, shared with the CUDA kernels
+// (src/cuda/ops/elementwise.cu).
 #include "cpu/cpu_device.hpp"
 
 #include <string>
@@ -160,6 +161,75 @@ void CpuDevice::activation_backward(Activation f, const std::uint16_t* x, const 
                                     float* dx, std::uint16_t* dx_bf16, std::size_t n) {
   with_activation(f, "activation_backward",
                   [&](auto, auto fprime) { map_grad(x, dy, dx, dx_bf16, n, fprime); });
+}
+
+// ---- SwiGLU ----------------------------------------------------------------------------------
+//
+// Note [SwiGLU]
+// ~~~~~~~~~~~~~
+// A Llama-family MLP is down(silu(gate(x)) * up(x)). The gate and up maps read the same x, so
+// their weights stack into one (2F, C) matrix and one product writes h (rows, 2F): gate in
+// columns [0, F), up in [F, 2F) (Hugging Face keeps gate_proj and up_proj apart; loading
+// stacks them). swiglu_forward reads both halves of a row once and writes y (rows, F) =
+// silu(gate) * up; swiglu_backward reads them and dy once and writes dh in h's layout,
+//   dgate = (dy * up) * silu'(gate),  dup = dy * silu(gate),
+// the input gradient of the stacked product, which under bf16 it also rounds in the same pass
+// (dh_bf16), as GELU's backward does. silu is x / (1 + e^-x) with exp_poly (Note [One exp for
+// both backends]), no fused multiply-add: the CUDA kernels compute the same bits. Under bf16, h
+// is kept in bf16 (the product's output) and y rounded (the down product's only input): each
+// read widened and each result rounded once, bit for bit the fp32 op between from_bf16 and
+// to_bf16 passes (Note [bf16 compute]).
+
+// H: the storage of h and y (float, or std::uint16_t holding bf16).
+template <class H>
+void CpuDevice::swiglu_forward_of(const H* h, H* y, int rows, int F) {
+  const std::size_t nf = static_cast<std::size_t>(F), nr = static_cast<std::size_t>(rows);
+  for_rows(nr, 2 * nf, [=](std::size_t r) {
+    const H* gate = h + r * 2 * nf;
+    const H* up = gate + nf;
+    H* yr = y + r * nf;
+    for (std::size_t c = 0; c < nf; ++c)
+      detail::store_value(&yr[c], detail::silu(detail::load_value(gate[c])) *
+                                      detail::load_value(up[c]));
+  });
+}
+
+template <class H>
+void CpuDevice::swiglu_backward_of(const H* h, const float* dy, float* dh,
+                                   std::uint16_t* dh_bf16, int rows, int F) {
+  const std::size_t nf = static_cast<std::size_t>(F), nr = static_cast<std::size_t>(rows);
+  for_rows(nr, 2 * nf, [=](std::size_t r) {
+    const H* gate = h + r * 2 * nf;
+    const H* up = gate + nf;
+    const float* dyr = dy + r * nf;
+    float* dgate = dh + r * 2 * nf;
+    float* dup = dgate + nf;
+    for (std::size_t c = 0; c < nf; ++c) {
+      const float g = detail::load_value(gate[c]);
+      dgate[c] = dyr[c] * detail::load_value(up[c]) * detail::silu_grad(g);
+      dup[c] = dyr[c] * detail::silu(g);
+    }
+    if (dh_bf16)
+      for (std::size_t c = 0; c < 2 * nf; ++c)
+        dh_bf16[r * 2 * nf + c] = detail::float_to_bf16(dgate[c]);
+  });
+}
+
+void CpuDevice::swiglu_forward(const float* h, float* y, int rows, int F) {
+  swiglu_forward_of(h, y, rows, F);
+}
+
+void CpuDevice::swiglu_forward(const std::uint16_t* h, std::uint16_t* y, int rows, int F) {
+  swiglu_forward_of(h, y, rows, F);
+}
+
+void CpuDevice::swiglu_backward(const float* h, const float* dy, float* dh, int rows, int F) {
+  swiglu_backward_of(h, dy, dh, nullptr, rows, F);
+}
+
+void CpuDevice::swiglu_backward(const std::uint16_t* h, const float* dy, float* dh,
+                                std::uint16_t* dh_bf16, int rows, int F) {
+  swiglu_backward_of(h, dy, dh, dh_bf16, rows, F);
 }
 
 }  // namespace lockstep::cpu

@@ -1,4 +1,5 @@
-// LayerNorm, forward and backward (CUDA: src/cuda/ops/layernorm.cu).
+// LayerNorm and RMSNorm, forward and backward, each with the residual add fused (CUDA:
+// src/cuda/ops/layernorm.cu).
 #include "cpu/cpu_device.hpp"
 
 #include <cmath>
@@ -39,43 +40,78 @@ namespace lockstep::cpu {
 // there d atty is still rounded by a to_bf16 pass, inside linear_backward: it saves the two
 // copies, one add and one to_bf16 per layer.
 
+// Note [RMSNorm]
+// ~~~~~~~~~~~~~~
+// A Llama-family decoder normalises by the root mean square alone, with a weight and no bias:
+// y = x * rstd * weight, rstd = 1 / sqrt(mean_c(x^2) + eps), eps a model key (rms_norm_eps).
+// transformers' LlamaRMSNorm computes it in fp32 (weight * (x * rsqrt(mean(x^2) + eps))): here
+// the sum of squares is taken in double, each square exact, and rstd rounded to float once,
+// so rstd is within an ulp of the exact value and y within two roundings of the products,
+// (x * rstd) * weight in transformers' order: well inside the 1e-5 relative the parity tests
+// ask. The residual add is fused as the LayerNorm's (Note [Residual LayerNorm]): the same
+// helpers write sum and, backward, dresidual + the norm's term and its bf16 rounding. With
+// xhat = x * rstd and g = dy * weight, backward is LayerNorm's without the mean's term:
+//   dx = dresidual + rstd * (g - xhat * mean_c(g * xhat)),  dweight += sum_r dy * xhat.
+// xhat is computed as (x - 0) * rstd by the weight gradient LayerNorm shares (exactly x * rstd).
+
+namespace {
+
+// Row r of a norm's input: a's, or a + b stored into sum's row (the residual add).
+inline const float* residual_row(const float* a, const float* b, float* sum, std::size_t r,
+                                 std::size_t nc) {
+  const float* xr = a + r * nc;
+  if (!b) return xr;
+  // The add's loop, in place when sum aliases an operand (as CpuDevice::map: GCC vectorises two
+  // arrays that may overlap behind a check that exact aliasing fails).
+  float* sr = sum + r * nc;
+  const float* br = b + r * nc;
+  if (sr == xr)
+    for (std::size_t c = 0; c < nc; ++c) sr[c] += br[c];
+  else if (sr == br)
+    for (std::size_t c = 0; c < nc; ++c) sr[c] += xr[c];
+  else
+    for (std::size_t c = 0; c < nc; ++c) sr[c] = xr[c] + br[c];
+  return sr;
+}
+
+// dx's row = dresidual's row + term(c), or 0 + term(c) without one (as dx zeroed, then +=:
+// 0 + (-0) is +0); rounded into dx_bf16's row too when that is not null.
+template <class Term>
+inline void write_dx_row(const float* dres, float* dxr, std::uint16_t* dx_bf16,
+                         std::size_t nc, const Term& term) {
+  if (!dres)
+    for (std::size_t c = 0; c < nc; ++c) dxr[c] = 0.0f + term(c);
+  else if (dres == dxr)  // in place: see residual_row
+    for (std::size_t c = 0; c < nc; ++c) dxr[c] += term(c);
+  else
+    for (std::size_t c = 0; c < nc; ++c) dxr[c] = dres[c] + term(c);
+  if (dx_bf16)
+    for (std::size_t c = 0; c < nc; ++c) dx_bf16[c] = detail::float_to_bf16(dxr[c]);
+}
+
+}  // namespace
+
 // One row of y (C) = LayerNorm(x) with x = a (+ b, stored into sum when b is not null).
 template <class Y>
 void CpuDevice::layernorm_forward_of(const float* a, const float* b, float* sum,
                                      const float* weight, const float* bias, Y* y, float* mean,
                                      float* rstd, int rows, int C) {
   const std::size_t nc = static_cast<std::size_t>(C), nr = static_cast<std::size_t>(rows);
-  const std::size_t block = rows_per_block(nc);
-  for_blocks(blocks_of(nr, block), vectorized([=](std::size_t blk) {
-    for (std::size_t r = blk * block; r < std::min(nr, (blk + 1) * block); ++r) {
-      const float* xr = a + r * nc;
-      if (b) {
-        // The add's loop, in place when sum aliases an operand (as CpuDevice::map: GCC
-        // vectorises two arrays that may overlap behind a check that exact aliasing fails).
-        float* sr = sum + r * nc;
-        const float* br = b + r * nc;
-        if (sr == xr)
-          for (std::size_t c = 0; c < nc; ++c) sr[c] += br[c];
-        else if (sr == br)
-          for (std::size_t c = 0; c < nc; ++c) sr[c] += xr[c];
-        else
-          for (std::size_t c = 0; c < nc; ++c) sr[c] = xr[c] + br[c];
-        xr = sr;
-      }
-      double total = 0.0;
-      for (std::size_t c = 0; c < nc; ++c) total += xr[c];
-      const double mu = total / double(nc);
-      double var = 0.0;
-      for (std::size_t c = 0; c < nc; ++c) var += (xr[c] - mu) * (xr[c] - mu);
-      const float m = static_cast<float>(mu);
-      const float s = static_cast<float>(1.0 / std::sqrt(var / double(nc) + 1e-5));
-      Y* yr = y + r * nc;
-      for (std::size_t c = 0; c < nc; ++c)
-        detail::store_value(&yr[c], (xr[c] - m) * s * weight[c] + bias[c]);
-      mean[r] = m;
-      rstd[r] = s;
-    }
-  }));
+  for_rows(nr, nc, [=](std::size_t r) {
+    const float* xr = residual_row(a, b, sum, r, nc);
+    double total = 0.0;
+    for (std::size_t c = 0; c < nc; ++c) total += xr[c];
+    const double mu = total / double(nc);
+    double var = 0.0;
+    for (std::size_t c = 0; c < nc; ++c) var += (xr[c] - mu) * (xr[c] - mu);
+    const float m = static_cast<float>(mu);
+    const float s = static_cast<float>(1.0 / std::sqrt(var / double(nc) + 1e-5));
+    Y* yr = y + r * nc;
+    for (std::size_t c = 0; c < nc; ++c)
+      detail::store_value(&yr[c], (xr[c] - m) * s * weight[c] + bias[c]);
+    mean[r] = m;
+    rstd[r] = s;
+  });
 }
 
 void CpuDevice::layernorm_forward(const float* x, const float* weight, const float* bias, float* y,
@@ -116,51 +152,101 @@ void CpuDevice::residual_layernorm_backward(const float* x, const float* weight,
                                             const float* dresidual, float* dx,
                                             std::uint16_t* dx_bf16, float* dweight, float* dbias,
                                             int rows, int C) {
+  const std::size_t nc = static_cast<std::size_t>(C), nr = static_cast<std::size_t>(rows);
+  for_rows(nr, nc, [=](std::size_t r) {
+    const float* xr = x + r * nc;
+    const float* dyr = dy + r * nc;
+    double g_sum = 0.0, gx_sum = 0.0;
+    for (std::size_t c = 0; c < nc; ++c) {
+      const float g = dyr[c] * weight[c];
+      g_sum += g;
+      gx_sum += double(g) * ((xr[c] - mean[r]) * rstd[r]);
+    }
+    const float g_mean = static_cast<float>(g_sum / double(nc));
+    const float gx_mean = static_cast<float>(gx_sum / double(nc));
+    write_dx_row(dresidual ? dresidual + r * nc : nullptr, dx + r * nc,
+                 dx_bf16 ? dx_bf16 + r * nc : nullptr, nc, [&](std::size_t c) {
+                   const float xhat = (xr[c] - mean[r]) * rstd[r];
+                   return rstd[r] * (dyr[c] * weight[c] - g_mean - xhat * gx_mean);
+                 });
+  });
+  norm_param_grads(x, mean, rstd, dy, dweight, dbias, rows, C);
+}
+
+// dweight (C) += sum_r dy * xhat with xhat = (x - mean) * rstd (mean null: 0, RMSNorm's), and
+// dbias += sum_r dy when not null: rows in order, in double, per block of columns.
+void CpuDevice::norm_param_grads(const float* x, const float* mean, const float* rstd,
+                                 const float* dy, float* dweight, float* dbias, int rows, int C) {
   constexpr std::size_t kCols = 64;
   const std::size_t nc = static_cast<std::size_t>(C), nr = static_cast<std::size_t>(rows);
-  const std::size_t block = rows_per_block(nc);
-  for_blocks(blocks_of(nr, block), vectorized([=](std::size_t blk) {
-    for (std::size_t r = blk * block; r < std::min(nr, (blk + 1) * block); ++r) {
-      const float* xr = x + r * nc;
-      const float* dyr = dy + r * nc;
-      double g_sum = 0.0, gx_sum = 0.0;
-      for (std::size_t c = 0; c < nc; ++c) {
-        const float g = dyr[c] * weight[c];
-        g_sum += g;
-        gx_sum += double(g) * ((xr[c] - mean[r]) * rstd[r]);
-      }
-      const float g_mean = static_cast<float>(g_sum / double(nc));
-      const float gx_mean = static_cast<float>(gx_sum / double(nc));
-      float* dxr = dx + r * nc;
-      const float* dres = dresidual ? dresidual + r * nc : nullptr;
-      const auto term = [&](std::size_t c) {
-        const float xhat = (xr[c] - mean[r]) * rstd[r];
-        return rstd[r] * (dyr[c] * weight[c] - g_mean - xhat * gx_mean);
-      };
-      if (!dresidual)  // as dx zeroed, then +=: 0 + (-0) is +0
-        for (std::size_t c = 0; c < nc; ++c) dxr[c] = 0.0f + term(c);
-      else if (dres == dxr)  // in place: see layernorm_forward_of's add
-        for (std::size_t c = 0; c < nc; ++c) dxr[c] += term(c);
-      else
-        for (std::size_t c = 0; c < nc; ++c) dxr[c] = dres[c] + term(c);
-      if (dx_bf16)
-        for (std::size_t c = 0; c < nc; ++c) dx_bf16[r * nc + c] = detail::float_to_bf16(dxr[c]);
-    }
-  }));
   for_blocks(blocks_of(nc, kCols), vectorized([=](std::size_t blk) {
     const std::size_t c0 = blk * kCols, c1 = std::min(nc, c0 + kCols);
     double dw[kCols] = {}, db[kCols] = {};
-    for (std::size_t r = 0; r < nr; ++r)
+    for (std::size_t r = 0; r < nr; ++r) {
+      const float m = mean ? mean[r] : 0.0f;
       for (std::size_t c = c0; c < c1; ++c) {
         const float d = dy[r * nc + c];
-        dw[c - c0] += double(d) * ((x[r * nc + c] - mean[r]) * rstd[r]);
+        dw[c - c0] += double(d) * ((x[r * nc + c] - m) * rstd[r]);
         db[c - c0] += d;
       }
+    }
     for (std::size_t c = c0; c < c1; ++c) {
       dweight[c] += static_cast<float>(dw[c - c0]);
-      dbias[c] += static_cast<float>(db[c - c0]);
+      if (dbias) dbias[c] += static_cast<float>(db[c - c0]);
     }
   }));
+}
+
+// ---- RMSNorm (Note [RMSNorm]) ----------------------------------------------------------------
+
+// One row of y (C) = RMSNorm(x) with x = a (+ b, stored into sum when b is not null).
+template <class Y>
+void CpuDevice::rmsnorm_forward_of(const float* a, const float* b, float* sum,
+                                   const float* weight, Y* y, float* rstd, int rows, int C,
+                                   float eps) {
+  const std::size_t nc = static_cast<std::size_t>(C), nr = static_cast<std::size_t>(rows);
+  for_rows(nr, nc, [=](std::size_t r) {
+    const float* xr = residual_row(a, b, sum, r, nc);
+    double squares = 0.0;
+    for (std::size_t c = 0; c < nc; ++c) squares += double(xr[c]) * double(xr[c]);
+    const float s = static_cast<float>(1.0 / std::sqrt(squares / double(nc) + double(eps)));
+    Y* yr = y + r * nc;
+    for (std::size_t c = 0; c < nc; ++c) detail::store_value(&yr[c], xr[c] * s * weight[c]);
+    rstd[r] = s;
+  });
+}
+
+void CpuDevice::residual_rmsnorm_forward(const float* a, const float* b, float* sum,
+                                         const float* weight, float* y, float* rstd, int rows,
+                                         int C, float eps) {
+  rmsnorm_forward_of(a, b, sum, weight, y, rstd, rows, C, eps);
+}
+
+void CpuDevice::residual_rmsnorm_forward(const float* a, const float* b, float* sum,
+                                         const float* weight, std::uint16_t* y, float* rstd,
+                                         int rows, int C, float eps) {
+  rmsnorm_forward_of(a, b, sum, weight, y, rstd, rows, C, eps);
+}
+
+// dx = dresidual + rstd * (g - xhat * mean_c(g * xhat)), g = dy * weight, xhat = x * rstd.
+void CpuDevice::residual_rmsnorm_backward(const float* x, const float* weight, const float* rstd,
+                                          const float* dy, const float* dresidual, float* dx,
+                                          std::uint16_t* dx_bf16, float* dweight, int rows,
+                                          int C) {
+  const std::size_t nc = static_cast<std::size_t>(C), nr = static_cast<std::size_t>(rows);
+  for_rows(nr, nc, [=](std::size_t r) {
+    const float* xr = x + r * nc;
+    const float* dyr = dy + r * nc;
+    const float s = rstd[r];
+    double gx_sum = 0.0;
+    for (std::size_t c = 0; c < nc; ++c) gx_sum += double(dyr[c] * weight[c]) * (xr[c] * s);
+    const float gx_mean = static_cast<float>(gx_sum / double(nc));
+    write_dx_row(dresidual ? dresidual + r * nc : nullptr, dx + r * nc,
+                 dx_bf16 ? dx_bf16 + r * nc : nullptr, nc, [&](std::size_t c) {
+                   return s * (dyr[c] * weight[c] - (xr[c] * s) * gx_mean);
+                 });
+  });
+  norm_param_grads(x, nullptr, rstd, dy, dweight, nullptr, rows, C);
 }
 
 }  // namespace lockstep::cpu

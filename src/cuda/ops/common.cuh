@@ -22,19 +22,20 @@
 // is therefore built with -ffp-contract=off (src/cpu/CMakeLists.txt), and each kernel family
 // below either matches it to the bit or documents its tolerance (the tests in tests/cuda check
 // exactly that):
-//  - elementwise.cu, optimizer.cu: compiled with --fmad=false (src/cuda/CMakeLists.txt). Fill,
-//    scale, add, add_bias, ReLU, GELU (exp_poly, no library call), and the SGD and AdamW updates
-//    are single-rounded IEEE operations in the same order on both sides: the same bits. tanh
-//    calls each side's library (CUDA's tanhf is within 2 ulp): a tolerance. bias_grad sums in
-//    double in another order: the same float or its neighbour.
+//  - elementwise.cu, optimizer.cu, rope.cu: compiled with --fmad=false (src/cuda/CMakeLists.txt).
+//    Fill, scale, add, add_bias, ReLU, GELU and SwiGLU (exp_poly, no library call), RoPE's
+//    rotation, and the SGD and AdamW updates are single-rounded IEEE operations in the same
+//    order on both sides: the same bits. tanh calls each side's library (CUDA's tanhf is
+//    within 2 ulp): a tolerance. bias_grad sums in double in another order: the same float or
+//    its neighbour.
 //  - embedding.cu, peer_reduce.cu: float additions only, in the CPU's order: the same bits.
-//  - layernorm.cu, softmax.cu (causal softmax): products that the CPU rounds are written
-//    __fmul_rn, but the sums run in another order and expf is CUDA's (within 2 ulp): tolerance
-//    1e-5 of the largest value. The cross-entropy takes exp in float once per logit where the
-//    CPU takes it in double: dlogits within 1e-5 of the largest, the loss sum within 1e-6
-//    relative (each exp within a few 1e-7; the sums in double). The fused classifier (bf16
-//    logits) also rescales its sums as the running largest grows: its bf16 dlogits within a
-//    bf16 neighbour, the loss sum within 1e-6 relative.
+//  - layernorm.cu (LayerNorm, RMSNorm), softmax.cu (causal softmax): products that the CPU
+//    rounds are written __fmul_rn, but the sums run in another order and expf is CUDA's
+//    (within 2 ulp): tolerance 1e-5 of the largest value. The cross-entropy takes exp in float
+//    once per logit where the CPU takes it in double: dlogits within 1e-5 of the largest, the
+//    loss sum within 1e-6 relative (each exp within a few 1e-7; the sums in double). The fused
+//    classifier (bf16 logits) also rescales its sums as the running largest grows: its bf16
+//    dlogits within a bf16 neighbour, the loss sum within 1e-6 relative.
 //  - reduce.cu: sum_squares in double in a fixed tree (contraction allowed: it only makes the
 //    double sums more exact): 1e-10 relative. The hash: integers, exact.
 //  - GEMM (cuBLAS, unaffected by these flags): another summation order, TF32 when asked: 1e-5

@@ -1,7 +1,8 @@
-// Elementwise kernels: fill, scale, add, the bias and its gradient, activations. The activation
-// math is common/elementwise_math.hpp, shared with the CPU device (src/cpu/ops/elementwise.cpp).
-// add, add_bias and the activations move 8 elements per thread and step where their pointers
-// allow (Note [Wide loads in the element-wise kernels] in common.cuh).
+// Elementwise kernels: fill, scale, add, the bias and its gradient, activations and SwiGLU. The
+// activation math is common/elementwise_math.hpp, shared with the CPU device
+// (src/cpu/ops/elementwise.cpp). add, add_bias, the activations and SwiGLU move 8 elements per
+// thread and step where their pointers allow (Note [Wide loads in the element-wise kernels] in
+// common.cuh).
 #include "common/bf16.hpp"
 #include "common/elementwise_math.hpp"
 #include "cuda/ops/common.cuh"
@@ -94,6 +95,51 @@ __global__ void activation_backward_kernel(ActivationKind f, const X* x, const f
     for (int k = 0; k < W; ++k) g[k] = g[k] * activate_grad(f, v[k]);
     store(dx + i, g);
     if (dx_bf16) store(dx_bf16 + i, g);
+  });
+}
+
+// SwiGLU (Note [SwiGLU] in src/cpu/ops/elementwise.cpp) over y (rows, F), element i at row
+// i / F, column i % F of y and of h's gate and up halves. A pack of kPack needs F % kPack == 0,
+// so that it lies in one row of each half. H: the storage of h and y (float, or bf16).
+template <class H>
+__global__ void swiglu_forward_kernel(const H* h, H* y, std::size_t F, std::size_t n,
+                                      bool wide) {
+  for_each_pack(n, wide, [=](std::size_t i, auto width) {
+    constexpr int W = decltype(width)::value;
+    const H* gate = h + (i / F) * 2 * F + i % F;
+    float g[W], u[W];
+    load(gate, g);
+    load(gate + F, u);
+#pragma unroll
+    for (int k = 0; k < W; ++k) g[k] = detail::silu(g[k]) * u[k];
+    store(y + i, g);
+  });
+}
+
+// dgate = (dy * up) * silu'(gate), dup = dy * silu(gate) into dh in h's layout, and rounded
+// into dh_bf16 too when that is not null.
+template <class H>
+__global__ void swiglu_backward_kernel(const H* h, const float* dy, float* dh,
+                                       std::uint16_t* dh_bf16, std::size_t F, std::size_t n,
+                                       bool wide) {
+  for_each_pack(n, wide, [=](std::size_t i, auto width) {
+    constexpr int W = decltype(width)::value;
+    const std::size_t at = (i / F) * 2 * F + i % F;  // gate's; up's is at + F
+    float g[W], u[W], d[W], dgate[W], dup[W];
+    load(h + at, g);
+    load(h + at + F, u);
+    load(dy + i, d);
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      dgate[k] = d[k] * u[k] * detail::silu_grad(g[k]);
+      dup[k] = d[k] * detail::silu(g[k]);
+    }
+    store(dh + at, dgate);
+    store(dh + at + F, dup);
+    if (dh_bf16) {
+      store(dh_bf16 + at, dgate);
+      store(dh_bf16 + at + F, dup);
+    }
   });
 }
 
@@ -228,6 +274,46 @@ void launch_activation_backward_bf16(cudaStream_t stream, ActivationKind f,
                                      const std::uint16_t* x, const float* dy, float* dx,
                                      std::uint16_t* dx_bf16, std::size_t n) {
   activation_backward_of(stream, f, x, dy, dx, dx_bf16, n);
+}
+
+template <class H>
+void swiglu_forward_of(cudaStream_t stream, const H* h, H* y, int rows, int F) {
+  const std::size_t n = static_cast<std::size_t>(rows) * static_cast<std::size_t>(F);
+  if (n == 0) return;
+  const bool wide = F % kPack == 0 && aligned16(h, y);
+  swiglu_forward_kernel<<<blocks_for_packs(n, wide), kThreads, 0, stream>>>(
+      h, y, static_cast<std::size_t>(F), n, wide);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+template <class H>
+void swiglu_backward_of(cudaStream_t stream, const H* h, const float* dy, float* dh,
+                        std::uint16_t* dh_bf16, int rows, int F) {
+  const std::size_t n = static_cast<std::size_t>(rows) * static_cast<std::size_t>(F);
+  if (n == 0) return;
+  const bool wide = F % kPack == 0 && aligned16(h, dy, dh, dh_bf16);  // a null dh_bf16 is aligned
+  swiglu_backward_kernel<<<blocks_for_packs(n, wide), kThreads, 0, stream>>>(
+      h, dy, dh, dh_bf16, static_cast<std::size_t>(F), n, wide);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_swiglu_forward(cudaStream_t stream, const float* h, float* y, int rows, int F) {
+  swiglu_forward_of(stream, h, y, rows, F);
+}
+
+void launch_swiglu_forward_bf16(cudaStream_t stream, const std::uint16_t* h, std::uint16_t* y,
+                                int rows, int F) {
+  swiglu_forward_of(stream, h, y, rows, F);
+}
+
+void launch_swiglu_backward(cudaStream_t stream, const float* h, const float* dy, float* dh,
+                            int rows, int F) {
+  swiglu_backward_of(stream, h, dy, dh, static_cast<std::uint16_t*>(nullptr), rows, F);
+}
+
+void launch_swiglu_backward_bf16(cudaStream_t stream, const std::uint16_t* h, const float* dy,
+                                 float* dh, std::uint16_t* dh_bf16, int rows, int F) {
+  swiglu_backward_of(stream, h, dy, dh, dh_bf16, rows, F);
 }
 
 template <class G>
