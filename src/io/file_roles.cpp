@@ -29,7 +29,8 @@ struct FileId {
 
 FileId file_id(const fs::path& path) {
   struct ::stat st {};
-  if (::stat(path.c_str(), &st) == 0) return {.exists = true, .device = st.st_dev, .inode = st.st_ino};
+  if (::stat(path.c_str(), &st) == 0)
+    return {.exists = true, .device = st.st_dev, .inode = st.st_ino, .resolved = {}};
   // Not there yet: where a write would put it, a dangling link's target included.
   const fs::path target = fs::absolute(follow_links(path));
   std::error_code ec;
