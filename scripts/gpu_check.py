@@ -612,7 +612,9 @@ def lines_after(log, prefix):
 
 
 def attention_figure(log, check):
-    rows = [l.strip() for l in log.splitlines() if re.match(r"^\s+1024\s", l)]
+    # bench_attention's rows at T 1024 (materialised, fused, fused-nondeterministic), then the
+    # GPT-2 step with each path.
+    rows = [" ".join(l.split()) for l in log.splitlines() if re.match(r"^\s+1024\s", l)]
     return "; ".join(rows + [lines_after(log, "gpu_extra_attention:")])
 
 

@@ -14,8 +14,10 @@ set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 BUILD="${LOCKSTEP_GPU_BUILD:-build-gpu}"
 status=0
+# The deterministic backward (the one training uses: bit-exact runs) beside the non-deterministic
+# one, which needs no dP workspace (Note [cuDNN attention memory]): the choice, measured.
 "$BUILD/bench/bench_attention" --backend cuda --bf16 --T 1024 --batch 8 --heads 12 \
-  --head-size 64 --reps 5 --warmup 2 || status=1
+  --head-size 64 --reps 5 --warmup 2 --paths materialized,fused,fused-nondeterministic || status=1
 python3 - "$BUILD/lockstep" << 'PY' || status=1
 import argparse, json, os, sys, tempfile
 sys.path[:0] = ["bench", os.path.join("tests", "model")]
