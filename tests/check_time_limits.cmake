@@ -1,6 +1,6 @@
 # Fails when a CTest test of the build folder BUILD has no time limit, or when a test that runs
 # lockstep_tests gives its watchdog no limit below CTest's (Note [Time limits] in
-# tests/main.cpp). Run by CTest (tests/CMakeLists.txt):
+# tests/main.cpp). Run by scripts/test.sh and scripts/ci_sanitizers.sh before their tests:
 #   cmake -D CTEST=ctest -D BUILD=build -P tests/check_time_limits.cmake
 execute_process(COMMAND "${CTEST}" --test-dir "${BUILD}" --show-only=json-v1
   OUTPUT_VARIABLE json RESULT_VARIABLE result)

@@ -30,7 +30,6 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/syscall.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -46,6 +45,7 @@
 #include <thread>
 #include <vector>
 
+#include "cli/cli_runner.hpp"
 #include "skip.hpp"
 
 namespace lockstep::test {
@@ -259,30 +259,23 @@ TEST_CASE("test names: none holds a character that splits it into several CTest 
 
 // Run by CTest, this case runs itself again with LOCKSTEP_TEST_HANG set, where it hangs in a
 // subcase: the watchdog must end that run with 124 and name the case and the subcase.
-TEST_CASE("harness: the watchdog names a case past its time limit and its subcase") {
-  constexpr const char* kName =
-      "harness: the watchdog names a case past its time limit and its subcase";
+constexpr const char* kWatchdogCase =
+    "harness: the watchdog names a case past its time limit and its subcase";
+TEST_CASE(kWatchdogCase) {
   if (std::getenv("LOCKSTEP_TEST_HANG") != nullptr) {
     SUBCASE("the subcase that hangs") std::this_thread::sleep_for(std::chrono::hours(1));
     return;
   }
   // The whole run bounded too: without the watchdog the child would sleep for an hour.
-  const std::string command =
+  const lockstep::test::CliResult r = lockstep::test::run_command(
       "LOCKSTEP_TEST_HANG=1 LOCKSTEP_CASE_TIMEOUT=1 timeout -s KILL 120 '" +
-      std::filesystem::read_symlink("/proc/self/exe").string() + "' '--test-case=" + kName +
-      "' 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  REQUIRE(pipe != nullptr);
-  std::string output;
-  char buf[4096];
-  std::size_t got;
-  while ((got = std::fread(buf, 1, sizeof buf, pipe)) > 0) output.append(buf, got);
-  const int status = pclose(pipe);
+      std::filesystem::read_symlink("/proc/self/exe").string() + "' '--test-case=" +
+      kWatchdogCase + "'");
+  const std::string& output = r.output;
   INFO(output);
-  CHECK(WIFEXITED(status));
-  CHECK(WEXITSTATUS(status) == lockstep::test::kExitTimedOut);
-  CHECK(output.find(std::string("the case \"") + kName + "\" has run past its time limit of 1 s") !=
-        std::string::npos);
+  CHECK(r.code == lockstep::test::kExitTimedOut);
+  CHECK(output.find(std::string("the case \"") + kWatchdogCase +
+                    "\" has run past its time limit of 1 s") != std::string::npos);
   CHECK(output.find("in subcase \"the subcase that hangs\"") != std::string::npos);
   CHECK(output.find("names a frame):\nthread ") != std::string::npos);
 }
