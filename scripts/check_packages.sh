@@ -44,12 +44,12 @@ traced_tests() {
   shift 2
   while [ "$1" != "--" ]; do options+=("$1"); shift; done
   shift
-  rm -f "$log.rc"
+  rm -f "$log" "$log.rc"
   if ! strace -f -qq -s 4096 -e status=successful -o "$work/trace/$name" "${options[@]}" \
       bash -c 'ctest --test-dir "$1" -j "$2" "${@:4}" > "$3" 2>&1; echo $? > "$3.rc"' \
       tests "$LOCKSTEP_BUILD" "$(nproc)" "$log" "$@" || [ ! -s "$log.rc" ]; then
     echo "check_packages: strace failed on ctest $*; its output:"
-    tail -n 20 "$log"
+    tail -n 20 "$log" 2> /dev/null || true
     exit 1
   fi
   echo "check_packages: traced ctest $* (tests: $(grep -o '[0-9]*% tests passed.*' "$log"))"
