@@ -11,7 +11,7 @@
 //
 //   build/bench/bench_gpu [--runs 3] [--warmup 10] [--steps 20] [--batch 256]
 //                         [--sizes 1024,4096,4096,1024] [--csv FILE]
-//   build/bench/bench_gpu --probe      # only says which GPU it would use
+//   build/bench/bench_gpu --probe      # only says which GPU it would use, and which cuDNN
 //   build/bench/bench_gpu --backend cpu --sizes 64,128,10 --batch 32
 //                                      # the same measurements on the CPU backend, to check
 //                                      # the benchmark itself on a machine without a GPU
@@ -176,6 +176,8 @@ int run_benchmarks(const Options& o) {
   if (o.probe) {
     fmt::print("gpu: {}:0 {} ({}, {} MiB); {} device(s)\n", gpu.backend, gpu.name, gpu.detail,
                gpu.memory_bytes >> 20, gpus.size());
+    const std::string cudnn = cuda_support().cudnn;
+    fmt::print("cudnn: {}\n", cudnn.empty() ? "not built in" : cudnn);
     return 0;
   }
   const int inputs = o.sizes.front(), classes = o.sizes.back();

@@ -24,7 +24,9 @@ and the others still run; the exit status is then 1.
 
 --torch-best (with --precision bf16, PyTorch 2) adds PyTorch at its best to the round-robin:
 autocast bf16, scaled_dot_product_attention, fused AdamW and torch.compile (gpt_torch.py
---best), with its compile time reported apart, and lockstep bf16's speedup over it.
+--best), with its compile time reported apart, and lockstep bf16's speedup over it. Each of its
+runs compiles again: --torch-best-rounds N keeps it to the first N rounds. --no-fp32 leaves the
+fp32 runs out (the GPU check wants the bf16 figures only).
 
 --before BUILD (with --precision bf16) adds the lockstep runs of another build, e.g. of the main
 branch, to the round-robin, each just before the same run of --build, and reports --build's
@@ -110,8 +112,8 @@ def bf16_main(args):
                  str(args.steps), "--warmup", str(args.warmup), "--threads", str(args.threads)]
     if args.tf32:
         torch_cmd.append("--tf32")
-    names = [(f, p) for p in ("fp32", "bf16") for f in clis] + [("torch", "fp32"),
-                                                                ("torch", "bf16")]
+    precisions = ("bf16",) if args.no_fp32 else ("fp32", "bf16")
+    names = [(f, p) for p in precisions for f in clis] + [("torch", p) for p in precisions]
     if args.torch_best:
         names.append(("torch", "best"))
     runs = {name: [] for name in names}
@@ -123,6 +125,8 @@ def bf16_main(args):
             for framework, precision in names:
                 if (framework, precision) in errors:
                     continue
+                if precision == "best" and i >= args.torch_best_rounds:
+                    continue  # compiled and timed in the first rounds only (--torch-best-rounds)
                 if framework in clis:
                     r = run_lockstep(clis[framework], folder, preset, args, precision)
                 else:
@@ -135,7 +139,7 @@ def bf16_main(args):
                 runs[(framework, precision)].append(r)
             print(f"round {i + 1}: " + ", ".join(
                 f"{f} {p} {runs[(f, p)][-1]['step_ms']:.1f} ms" for f, p in names
-                if (f, p) not in errors), flush=True)
+                if (f, p) not in errors and len(runs[(f, p)]) > i), flush=True)
     return report_bf16(args, names, runs, errors)
 
 
@@ -218,9 +222,14 @@ def main():
     ap.add_argument("--before", help="with --precision bf16: a second build's lockstep runs too")
     ap.add_argument("--torch-best", action="store_true",
                     help="with --precision bf16: PyTorch with SDPA, fused AdamW, torch.compile")
+    ap.add_argument("--torch-best-rounds", type=int, default=1 << 30,
+                    help="with --torch-best: run PyTorch at its best in the first N rounds only "
+                         "(each run compiles the model again; scripts/gpu_check.py uses 1)")
+    ap.add_argument("--no-fp32", action="store_true",
+                    help="with --precision bf16: leave out both frameworks' fp32 runs")
     args = ap.parse_args()
-    if (args.before or args.torch_best) and args.precision != "bf16":
-        ap.error("--before and --torch-best need --precision bf16")
+    if (args.before or args.torch_best or args.no_fp32) and args.precision != "bf16":
+        ap.error("--before, --torch-best and --no-fp32 need --precision bf16")
     if args.precision == "bf16":
         args.warmup = max(1, args.warmup)  # the first step's time includes the start-up
         return bf16_main(args)

@@ -3,8 +3,8 @@
 # [Time limits] in tests/main.cpp) and runs the whole test suite with CTest. Then it
 # lists every skipped case with its kind and reason, and fails the run (even when CTest passed)
 # when a CTest test ran no doctest case (Note [One case per CTest test] in tests/main.cpp) or a
-# case skipped that must run here: GPU and root-only skips pass, a missing package does not
-# (Note [Skip kinds] in tests/skip.hpp).
+# case skipped that must run here: GPU and root-only skips pass, a missing package or a CUDA
+# backend left unbuilt beside the CUDA toolkit does not (Note [Skip kinds] in tests/skip.hpp).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 LOCKSTEP_PACKAGES+=("${LOCKSTEP_TEST_PACKAGES[@]}")

@@ -27,7 +27,11 @@ namespace lockstep::test {
 //             set-up of scripts/test.sh, which builds the plain build and sets none of these.
 //   missing   refused: a program or package that scripts/test.sh installs is missing, or the
 //             environment the case needs could not be made.
-enum class Skip { gpu, root, platform, setup, missing };
+//   unbuilt   refused: a part of lockstep that this machine can build was not built: the CUDA
+//             backend where the configure found the CUDA toolkit (nvcc), cuDNN's fused attention
+//             under LOCKSTEP_REQUIRE_CUDNN_ATTENTION. Without the toolkit the CUDA cases skip as
+//             gpu. See Note [CUDA toolkit, backend not built] in the top-level CMakeLists.txt.
+enum class Skip { gpu, root, platform, setup, missing, unbuilt };
 
 constexpr std::string_view skip_kind_name(Skip kind) {
   switch (kind) {
@@ -36,6 +40,7 @@ constexpr std::string_view skip_kind_name(Skip kind) {
     case Skip::platform: return "platform";
     case Skip::setup: return "setup";
     case Skip::missing: return "missing";
+    case Skip::unbuilt: return "unbuilt";
   }
   return "?";
 }

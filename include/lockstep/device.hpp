@@ -198,9 +198,11 @@ class LOCKSTEP_API HostReadback {
 //   - each op's arguments are frozen at capture: its pointers and its host values (a size, a
 //     scale, a learning rate). What changes between launches must be in device memory that the
 //     captured ops read;
-//   - a host sync (Note [Host syncs]), an allocation and a copy from host memory cannot be
-//     captured: they throw, and abort_capture() then drops the capture, leaving the device as
-//     it was before begin_capture(), no op of the capture run.
+//   - a host sync (Note [Host syncs]), an allocation and a copy from or to host memory
+//     (copy_to_device, copy_to_host) cannot be captured: they throw before they queue or record
+//     anything (on CUDA, once cudaStreamIsCapturing says so; the copies' pinned staging events
+//     are never recorded into a graph), and abort_capture() then drops the capture, leaving the
+//     device as it was before begin_capture(), no op of the capture run.
 //   A graph stays valid() until the device replaces memory its ops use without being told (a
 //   workspace grown since); the caller then captures again. Destroy graphs before their device.
 //   The CPU backend has none (graphs_unsupported()): its ops run on the calling thread, so
@@ -912,7 +914,7 @@ class LOCKSTEP_API Backend {
   std::vector<std::unique_ptr<Communicator>> create_communicators(std::span<const int> device_ids);
   // Whether create_communicators may be called again, over the devices that survive, once a
   // group over `device_ids` was aborted because one of its devices was lost:
-  // trainer.on_worker_failure: shrink needs it (Note [Shrink] in src/train/trainer.cpp). The
+  // trainer.on_worker_failure: shrink needs it (Note [Shrink] in src/train/recovery.hpp). The
   // CPU's and the CUDA backend's can (each group is made anew, peer or NCCL).
   virtual bool rebuilds_communicators(std::span<const int> /*device_ids*/) const noexcept {
     return false;
@@ -968,6 +970,9 @@ struct LOCKSTEP_API CudaSupport {
   int gpus = 0;         // GPUs this process can use
   std::string summary;  // e.g. "no NVIDIA driver found; CUDA runtime 13.0, cuBLAS 13.1, NCCL
                         // 2.28.9 linked"; empty when !built
+  // What runs the fused attention: "cuDNN 9.19.0 loaded (headers 9.19.0), frontend 1.32.0,
+  // SDPA forward composite"; empty when the build has no cuDNN fused attention.
+  std::string cudnn;
 };
 LOCKSTEP_API CudaSupport cuda_support();
 

@@ -35,7 +35,7 @@ class LOCKSTEP_API CommAborted : public Error {
 
 // A worker's device is gone or unusable (a poisoned CUDA context, an NCCL error naming it, the
 // injected `lost` fault): a device-class failure, which trainer.on_worker_failure: shrink
-// survives by going on without that worker (Note [Shrink] in src/train/trainer.cpp).
+// survives by going on without that worker (Note [Shrink] in src/train/recovery.hpp).
 class LOCKSTEP_API DeviceLost : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;

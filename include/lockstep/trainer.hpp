@@ -78,6 +78,8 @@ struct LOCKSTEP_API Summary {
   // (empty for an MLP), and what that is and why (AttentionChoice::detail).
   std::string attention;
   std::string attention_detail;
+  // On cuda, what runs the fused attention (CudaSupport::cudnn); empty elsewhere.
+  std::string cudnn;
   std::vector<int> devices;     // this process's
   int processes = 1;            // of the job; workers = devices.size() x processes
   std::int64_t steps = 0;
@@ -138,6 +140,11 @@ struct LOCKSTEP_API Summary {
     std::string why_not;
     double eager_step_s = 0.0, graph_step_s = 0.0;
     std::uint64_t captured = 0, launched = 0;
+    // Parts run as launched while graphs were on (worker 0): a new key's first run, and each
+    // run of a key whose capture was refused; `refused` such keys, the first one's reason in
+    // `refusal` (Note [Step graphs]).
+    std::uint64_t eager = 0, refused = 0;
+    std::string refusal;
   } graphs;
 
   // Where the time went, per worker, averaged over workers (seconds over the whole run).
@@ -152,9 +159,9 @@ struct LOCKSTEP_API Summary {
   std::int64_t resumed_from_step = 0;  // 0 when the run started from scratch
   bool stopped_early = false;          // request_stop() ended the run before `steps`
   std::int64_t nonfinite_skips = 0;    // updates dropped by on_nonfinite: skip
-  // trainer.on_worker_failure: shrink (Note [Shrink] in src/train/trainer.cpp): workers whose
-  // device was lost, the times the run went on without them, the completed steps taken again
-  // for it, and the seconds from the abort to the survivors' restart, over the run. devices,
+  // trainer.on_worker_failure: shrink (Note [Shrink] in src/train/recovery.hpp): workers whose
+  // device was lost, the times the run went on without them, the steps whose update had been
+  // applied and that were taken again for it, and the seconds from the abort to the survivors' restart, over the run. devices,
   // worker_times and the time accounting are then the last survivors'.
   int workers_lost = 0;
   int recoveries = 0;

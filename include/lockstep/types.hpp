@@ -24,7 +24,7 @@ enum class BackendKind { automatic, cpu, cuda };
 enum class CommKind { automatic, nccl, peer };
 enum class NonfinitePolicy { stop, skip };
 // What a worker's device-class failure does (trainer.on_worker_failure): stop the run, or go on
-// with the survivors (Note [Shrink] in src/train/trainer.cpp).
+// with the survivors (Note [Shrink] in src/train/recovery.hpp).
 enum class WorkerFailurePolicy { stop, shrink };
 // The arithmetic of matrix products: fp32, TF32 tensor cores (cuda), or bf16 mixed precision.
 enum class Precision { fp32, tf32, bf16 };

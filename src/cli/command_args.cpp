@@ -4,12 +4,36 @@
 #include <atomic>
 #include <cstdio>
 
+#include <fmt/ranges.h>
+
 namespace lockstep::cli {
 namespace {
 
 std::atomic<const char*> g_phase{"starting"};
 
 }  // namespace
+
+void unknown_option(std::string_view command, std::string_view option, const std::string_view* next,
+                    bool sets) {
+  std::string hint;
+  const std::size_t eq = option.find('=');
+  const std::string_view name = option.substr(0, eq).substr(option.find_first_not_of('-'));
+  std::vector<std::string> keys;
+  if (sets && !name.empty())
+    for (const ConfigKeyHelp& key : config_key_help())
+      if (key.key == name || key.key.ends_with("." + std::string(name))) keys.push_back(key.key);
+  if (keys.size() == 1) {
+    const std::string value = eq != std::string_view::npos ? std::string(option.substr(eq + 1))
+                              : next && !next->starts_with("-") ? std::string(*next)
+                                                                : std::string("VALUE");
+    hint = fmt::format("; to set the config key {0}, write --set {0}={1}", keys[0], value);
+  } else if (keys.size() > 1) {
+    hint = fmt::format("; to set a config key, write --set KEY=VALUE with KEY one of {}",
+                       fmt::join(keys, ", "));
+  }
+  throw InputError(fmt::format("{}: unknown option '{}'{}; see lockstep {} --help", command,
+                               option, hint, command));
+}
 
 CommandArgs parse_command_args(std::string_view command, const std::vector<std::string_view>& args,
                                std::initializer_list<std::string_view> flags) {
@@ -28,7 +52,8 @@ CommandArgs parse_command_args(std::string_view command, const std::vector<std::
       if (*it == "--set") out.overrides.push_back(override_arg(value, next));
       else out.named[std::string(*it)] = value;
     } else if (a.starts_with("-")) {
-      throw InputError(fmt::format("{}: unknown option '{}'; see lockstep --help", command, a));
+      unknown_option(command, a, i + 1 < args.size() ? &args[i + 1] : nullptr,
+                     std::find(flags.begin(), flags.end(), "--set") != flags.end());
     } else if (out.positional.empty()) {
       out.positional = std::string(a);
     } else {

@@ -31,6 +31,12 @@ struct CommandArgs {
 CommandArgs parse_command_args(std::string_view command, const std::vector<std::string_view>& args,
                                std::initializer_list<std::string_view> flags);
 
+// Throws InputError "COMMAND: unknown option '--steps'", with, for a command that takes --set
+// (`sets`), the override meant when the option names a config key by its last part or in full:
+// "; to set trainer.steps, write --set trainer.steps=10". `next` is the argument after it.
+[[noreturn]] void unknown_option(std::string_view command, std::string_view option,
+                                 const std::string_view* next, bool sets);
+
 // The KEY=VALUE after --set, checked: `--set optimizer.lr 0.1` (a space for the '=') is told
 // `--set optimizer.lr=0.1`. `next` is the argument after the value, if any.
 std::string override_arg(std::string_view text, const std::string_view* next);

@@ -58,6 +58,9 @@ int devices(const std::shared_ptr<ProcessGroup>& processes) {
   const CudaSupport cuda = cuda_support();
   if (cuda.built) fmt::print("cuda: built in ({})\n", cuda.summary);
   else fmt::print("cuda: not built in (CPU-only build)\n");
+  if (cuda.built)
+    fmt::print("cudnn: {}\n", cuda.cudnn.empty() ? "not built in (attention runs materialised on "
+                                                  "cuda)" : cuda.cudnn);
   explain_cpu();
   print_devices(*make_backend(BackendKind::cpu));
   if (cuda.built) explain_cuda(cuda);

@@ -63,9 +63,10 @@ constexpr std::string_view kUsageRest = R"(  eval CONFIG --checkpoint CKPT [--se
                       run's data.tokenizer for AutoTokenizer; --tokenizer when it
                       has moved); --dtype bf16 stores every tensor as BF16
                       (rounded to nearest even)
-  sample --checkpoint CKPT [--prompt TEXT] [--tokens N] [--temperature T]
+  sample CKPT [--prompt TEXT] [--tokens N] [--temperature T]
          [--top-k K] [--seed S] [--backend auto|cpu|cuda] [--tokenizer DIR|FILE]
-                      continue TEXT with a GPT checkpoint (model.type gpt): N
+                      continue TEXT with a GPT checkpoint CKPT (model.type gpt;
+                      --checkpoint CKPT says the same): N
                       tokens (200), temperature T (0.8; 0 is greedy), from the K
                       most likely (0: all), seeded by S (0). A text model reads
                       and writes bytes; a model trained with data.tokenizer text,

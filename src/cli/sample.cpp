@@ -20,10 +20,13 @@ int sample(const std::vector<std::string_view>& argv) {
       "sample", argv,
       {"--checkpoint", "--prompt", "--tokens", "--temperature", "--top-k", "--seed", "--backend",
        "--tokenizer"});
-  if (!args.positional.empty())
-    throw InputError(fmt::format("sample: unexpected argument '{}'; see lockstep --help", args.positional));
+  // The checkpoint as export takes it, or by --checkpoint; both must name the same.
+  const std::string flag = args.get("--checkpoint");
+  if (!args.positional.empty() && !flag.empty() && args.positional != flag)
+    throw InputError(fmt::format("sample: two checkpoints, '{}' and --checkpoint '{}'; give one",
+                                 args.positional, flag));
   SampleRequest request{
-      .checkpoint = args.get("--checkpoint"),
+      .checkpoint = flag.empty() ? args.positional : flag,
       .prompt = args.get("--prompt"),
       .tokenizer = args.get("--tokenizer"),
       .spelling = OptionSpelling::flag,

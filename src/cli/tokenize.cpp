@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "cli/command_args.hpp"
 #include "cli/commands.hpp"
 #include "cli/signals.hpp"
 #include "lockstep/error.hpp"
@@ -64,7 +65,7 @@ TokenizeArgs parse_tokenize_args(const std::vector<std::string_view>& args) {
       out.options.eval_fraction = fraction_flag(value("--eval-fraction"));
     else if (is("--format")) format = value("--format");
     else if (a.starts_with("-") && a != "-")
-      throw InputError(fmt::format("tokenize: unknown option '{}'; see lockstep --help", a));
+      unknown_option("tokenize", a, nullptr, false);
     else out.options.inputs.emplace_back(a);
   }
   if (out.tokenizer.empty()) throw InputError("tokenize: expected --tokenizer DIR|FILE");

@@ -88,7 +88,7 @@ TrainArgs parse_train_args(const std::vector<std::string_view>& args) {
     } else if (a == "--scaling" || a.starts_with("--scaling=")) {
       out.scaling = parse_counts("--scaling", value("--scaling"));
     } else if (a.starts_with("-")) {
-      throw InputError(fmt::format("train: unknown option '{}'; see lockstep --help", a));
+      unknown_option("train", a, i + 1 < args.size() ? &args[i + 1] : nullptr, true);
     } else if (out.config.empty()) {
       out.config = std::string(a);
     } else {

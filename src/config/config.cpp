@@ -690,6 +690,51 @@ class DocumentMarks : public YAML::EventHandler {
 // start a node ("," alone, "- 1\n,"), yaml-cpp 0.7 returns an empty document without consuming
 // it, and LoadAll loops forever, allocating (yaml-cpp issue #1040). Here a document that starts
 // where the previous one did is that stuck token, and an error.
+// yaml-cpp's syntax errors name the parser's state ("illegal map value"); a config's author
+// needs the mistake that leads there, in words, and the line with a caret under the column.
+std::string explain_yaml_error(std::string_view text, const YAML::Mark& mark, const std::string& msg) {
+  std::string_view line;
+  if (!mark.is_null()) {
+    std::size_t begin = 0;
+    for (int l = 0; l < mark.line && begin != std::string_view::npos; ++l) {
+      begin = text.find('\n', begin);
+      if (begin != std::string_view::npos) ++begin;
+    }
+    if (begin != std::string_view::npos && begin <= text.size())
+      line = text.substr(begin, text.find('\n', begin) - begin);
+  }
+  const bool tab = line.substr(0, line.find_first_not_of(" \t")).find('\t') != std::string_view::npos;
+  std::string words;
+  if (tab || msg == YAML::ErrorMsg::TAB_IN_INDENTATION)
+    words = "a tab in the indentation: YAML indents with spaces only";
+  else if (msg == YAML::ErrorMsg::MAP_VALUE)
+    words = "a ':' where no value can start: a value holding ': ' must be quoted (key: \"a: b\"), "
+            "or this key is indented deeper than the keys of its section";
+  else if (msg == YAML::ErrorMsg::END_OF_SEQ_FLOW)
+    words = "a list opened with '[' is not closed with ']' (or an item lacks its ',')";
+  else if (msg == YAML::ErrorMsg::END_OF_MAP_FLOW)
+    words = "a map opened with '{' is not closed with '}' (or an entry lacks its ',')";
+  else if (msg == YAML::ErrorMsg::END_OF_MAP || msg == YAML::ErrorMsg::END_OF_SEQ ||
+           msg == YAML::ErrorMsg::MAP_KEY || msg == YAML::ErrorMsg::BLOCK_ENTRY)
+    words = "the indentation does not match the lines above: keys of one section line up, and a "
+            "list's '- ' items too";
+  else if (msg == YAML::ErrorMsg::EOF_IN_SCALAR || msg == YAML::ErrorMsg::CHAR_IN_SCALAR)
+    words = "a quoted string is not closed";
+  else if (msg.starts_with(YAML::ErrorMsg::INVALID_ESCAPE))
+    words = "a backslash in a double-quoted string that starts no escape: write the value in "
+            "single quotes, or double the backslash";
+  std::string out = words.empty() ? "YAML syntax: " + msg
+                                  : fmt::format("YAML syntax: {} (yaml-cpp: {})", words, msg);
+  if (!line.empty() || !mark.is_null()) {
+    std::string shown;  // tabs shown as one space each, so the caret lines up
+    for (const char c : line) shown += c == '\t' ? ' ' : c;
+    const std::string number = std::to_string(mark.line + 1);
+    out += fmt::format("\n  {} | {}\n  {} | {}^", number, shown, std::string(number.size(), ' '),
+                       std::string(static_cast<std::size_t>(std::max(0, mark.column)), ' '));
+  }
+  return out;
+}
+
 YAML::Node load_tree(std::string_view yaml, const std::string& source) {
   const std::string text(yaml);
   DocumentMarks marks;
@@ -710,7 +755,8 @@ YAML::Node load_tree(std::string_view yaml, const std::string& source) {
     }
     root = YAML::Load(text);
   } catch (const YAML::Exception& e) {
-    throw ConfigError(fmt::format("{}: {}", mark_place(source, e.mark).text, e.msg));
+    throw ConfigError(fmt::format("{}: {}", mark_place(source, e.mark).text,
+                                  explain_yaml_error(text, e.mark, e.msg)));
   }
   if (marks.documents.size() > 1)
     stop(mark_place(source, marks.documents[1].root),

@@ -94,7 +94,7 @@ class CudaBackend final : public Backend {
                 : cuda::make_peer_group(device_ids);
   }
 
-  // Note [Shrink] in src/train/trainer.cpp: either group is made anew over the survivors, the
+  // Note [Shrink] in src/train/recovery.hpp: either group is made anew over the survivors, the
   // aborted one destroyed once every worker has drained it. An NCCL group gets a new unique id
   // and communicators; the old ones were aborted without waiting for a worker inside them
   // (Note [Abort without the lock] in abortable_slot.hpp). Across processes the trainer refuses
@@ -169,7 +169,7 @@ CudaSupport cuda_backend_support() {
     state = fmt::format("no usable GPU (cudaGetDeviceCount: {}: {})", cudaGetErrorName(status),
                         cudaGetErrorString(status));
   if (status != cudaSuccess) count = 0;
-  return {.built = true, .gpus = count, .summary = state + "; " + linked};
+  return {.built = true, .gpus = count, .summary = state + "; " + linked, .cudnn = {}};
 }
 
 std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options) {

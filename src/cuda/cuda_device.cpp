@@ -94,6 +94,9 @@ CudaDevice::CudaDevice(int id) : id_(id) {
   CUBLAS_CHECK(cublasSetMathMode(cublas_.get(), CUBLAS_DEFAULT_MATH));
   if (const LinearMode mode = linear_mode(); mode != LinearMode::composed)
     lt_.emplace(/*fuse_gelu=*/mode == LinearMode::fused);
+#ifdef LOCKSTEP_HAVE_CUDNN_ATTENTION
+  cudnn_deterministic_ = cudnn_backward_deterministic_from_env();
+#endif
   partials_ = make_device_memory(kReduceBlocks * sizeof(double));
   result_ = make_device_memory(sizeof(double));
   host_result_ = make_pinned_memory(sizeof(double));
@@ -207,6 +210,9 @@ void CudaDevice::deallocate(void* ptr) noexcept {
 // the bytes go through two pinned chunks in turn: we wait only until the chunk's previous
 // transfer is done (long ago, in steady state), copy into it on the host, and queue the DMA.
 void CudaDevice::copy_to_device(void* dst, const void* host_src, std::size_t bytes) {
+  refuse_capture("copy_to_device",
+                 "a copy from host memory goes through the pinned staging chunks, whose events "
+                 "the host waits for");
   auto* out = static_cast<char*>(dst);
   const auto* in = static_cast<const char*>(host_src);
   for (std::size_t done = 0; done < bytes;) {
@@ -285,6 +291,7 @@ std::unique_ptr<HostReadback> CudaDevice::make_host_readback(std::size_t bytes) 
 // the two pinned chunks, as copy_to_device's go: each chunk's copy is queued, its end recorded
 // and polled with wait_until; while one chunk is on its way the other's bytes are copied out.
 void CudaDevice::copy_to_host(void* host_dst, const void* src, std::size_t bytes) {
+  refuse_capture("copy_to_host", "a copy to host memory waits for the stream (a host sync)");
   if (bytes == 0) return;
   count_host_sync();
   auto* out = static_cast<char*>(host_dst);
@@ -421,6 +428,17 @@ class CudaDevice::Graph final : public DeviceGraph {
   LinearCounts counts_;  // the products it runs, counted as it was captured
   std::uint64_t epoch_;
 };
+
+// Checked before the staging chunks' events are queried or recorded: recorded inside a capture,
+// an event becomes a node of the graph, and the next copy's query of it fails.
+void CudaDevice::refuse_capture(const char* op, const char* why) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  CUDA_CHECK(cudaStreamIsCapturing(stream(), &status));
+  if (status != cudaStreamCaptureStatusNone)
+    throw std::runtime_error(fmt::format("{}: {} cannot be captured in a device graph: {} (Note "
+                                         "[Device graphs])",
+                                         label(), op, why));
+}
 
 // Thread-local mode: this thread may not call what is unsafe during a capture (an allocation, a
 // synchronisation, a query of the stream), while the other workers' threads, capturing or not,
@@ -802,6 +820,20 @@ void CudaDevice::causal_softmax_backward(const std::uint16_t* p, const float* dp
   launch_causal_softmax_backward_bf16(stream(), p, dp, ds, count, T, scale);
 }
 
+#ifdef LOCKSTEP_HAVE_CUDNN_ATTENTION
+namespace {
+// A shape cuDNN's rules refuse (T = 1: its backward's "s_q = s_kv = 1 is not supported") as a
+// clear error before any graph is built; choose_attention resolves such a model to materialized.
+void refuse_cudnn_shape(const char* op, const AttentionShape& shape) {
+  const std::string why = cudnn_attention_refusal(Precision::bf16, shape.head_size, shape.T,
+                                                  cudnn_runtime_version());
+  if (!why.empty())
+    throw std::invalid_argument(fmt::format(
+        "cuda: {}: {} (model.attention resolves to materialized for such a model)", op, why));
+}
+}  // namespace
+#endif
+
 // Note [cuDNN attention] in cudnn_attention.hpp. The graphs are built and the working memory
 // grown on the first call of a shape (the warm-up's, before step 1); later calls only enqueue.
 // Backward's gradients come from cuDNN in bf16, into the front of the working memory, and are
@@ -816,6 +848,7 @@ void CudaDevice::attention_forward(const AttentionShape& shape, MatIn qkv, MatOu
         "cuda: attention_forward: cuDNN's fused attention takes bf16 qkv and y "
         "(trainer.precision bf16; model.attention resolves to materialized otherwise)");
   if (shape.batch == 0) return;
+  refuse_cudnn_shape("attention_forward", shape);
   CudnnAttention& attention = cudnn_attention();
   void* workspace = scratch(attention.workspace_bytes(shape, /*backward=*/false));
   attention.forward(shape, qkv.bf16, y.bf16, lse, workspace);
@@ -835,6 +868,7 @@ void CudaDevice::attention_backward(const AttentionShape& shape, MatIn qkv, MatI
         "cuda: attention_backward: cuDNN's fused attention takes bf16 qkv, y and dy "
         "(trainer.precision bf16; model.attention resolves to materialized otherwise)");
   if (shape.batch == 0) return;
+  refuse_cudnn_shape("attention_backward", shape);
   const std::size_t n = std::size_t(shape.batch) * shape.T * 3 * shape.heads * shape.head_size;
   const std::size_t gradient_bytes = (n * sizeof(std::uint16_t) + 255) / 256 * 256;
   CudnnAttention& attention = cudnn_attention();
@@ -853,7 +887,8 @@ void CudaDevice::attention_backward(const AttentionShape& shape, MatIn qkv, MatI
 #ifdef LOCKSTEP_HAVE_CUDNN_ATTENTION
 CudnnAttention& CudaDevice::cudnn_attention() {
   if (!cudnn_attention_)
-    cudnn_attention_ = {new CudnnAttention(stream()), [](CudnnAttention* a) { delete a; }};
+    cudnn_attention_ = {new CudnnAttention(stream(), cudnn_deterministic_),
+                        [](CudnnAttention* a) { delete a; }};
   return *cudnn_attention_;
 }
 #endif

@@ -168,6 +168,9 @@ class CudaDevice final : public Device {
   // Returns once the compute stream's work is done (Note [Abortable waits]).
   void wait_for_stream();
   void abandon() noexcept;
+  // Throws, naming `op`, when the stream is capturing a graph: before anything is queued or
+  // recorded (Note [Device graphs] in lockstep/device.hpp).
+  void refuse_capture(const char* op, const char* why);
   // Per-row scratch of softmax_cross_entropy, grown to at least `rows`.
   void reserve_rows(int rows);
   // The cuDNN handle and graphs of the fused attention, made on first use.
@@ -184,6 +187,8 @@ class CudaDevice final : public Device {
   std::optional<LtLinear> lt_;
   // Fused attention's cuDNN handle (bound to stream_) and cached graphs; made on first use.
   CudnnAttentionPtr cudnn_attention_{nullptr, nullptr};
+  // Its backward's algorithm (LOCKSTEP_CUDNN_BACKWARD, read when the device is made).
+  bool cudnn_deterministic_ = true;
   DeviceMemory partials_;     // kReduceBlocks doubles: pass 1 of sum_squares
   DeviceMemory result_;       // one reduction result (a double or a 64-bit hash)
   PinnedMemory host_result_;  // its host mirror

@@ -15,6 +15,8 @@
 
 #include <cudnn_frontend.h>
 
+#include "common/once_cache.hpp"
+
 namespace lockstep::cuda {
 namespace fe = cudnn_frontend;
 namespace {
@@ -23,8 +25,9 @@ namespace {
 enum Uid : std::int64_t { kQ = 1, kK, kV, kO, kStats, kDo, kDq, kDk, kDv };
 
 std::string describe(const AttentionKey& k) {
-  return fmt::format("{} (B {}, T {}, H {}, D {})", k.backward ? "sdpa_backward" : "sdpa",
-                     k.batch, k.T, k.heads, k.head_size);
+  return fmt::format("{} (B {}, T {}, H {}, D {}{})", k.backward ? "sdpa_backward" : "sdpa",
+                     k.batch, k.T, k.heads, k.head_size,
+                     k.backward && !k.deterministic ? ", nondeterministic" : "");
 }
 
 // A frontend call's error as an exception naming the call, the graph and cuDNN's message.
@@ -47,7 +50,7 @@ std::vector<std::int64_t> as_vector(const std::array<std::int64_t, 4>& a) {
 
 // One built graph and the workspace its plan needs.
 struct Built {
-  std::shared_ptr<fe::graph::Graph> graph;
+  std::shared_ptr<const fe::graph::Graph> graph;
   std::size_t workspace = 0;
 };
 
@@ -75,8 +78,10 @@ Built build(cudnnHandle_t handle, const AttentionKey& key) {
   const auto q = tensor("Q", kQ, at.q), k = tensor("K", kK, at.k), v = tensor("V", kV, at.v);
   const float scale = 1.0f / std::sqrt(float(key.head_size));
   if (!key.backward) {
+    // COMPOSITE: Pinned choices in cudnn_attention.hpp.
     auto attributes = fe::graph::SDPA_attributes()
                           .set_name("sdpa")
+                          .set_implementation(fe::AttentionImplementation_t::COMPOSITE)
                           .set_generate_stats(true)
                           .set_causal_mask(true)
                           .set_attn_scale(scale);
@@ -87,12 +92,13 @@ Built build(cudnnHandle_t handle, const AttentionKey& key) {
     const auto o = tensor("O", kO, at.o), d_o = tensor("dO", kDo, at.o);
     const auto stats = tensor("Stats", kStats, at.stats);
     stats->set_data_type(fe::DataType_t::FLOAT);
-    // Deterministic: the same inputs give the same gradient bits on every run and replica.
+    // Deterministic: the same inputs give the same gradient bits on every run and replica
+    // (Pinned choices in cudnn_attention.hpp).
     auto attributes = fe::graph::SDPA_backward_attributes()
                           .set_name("sdpa_backward")
                           .set_causal_mask(true)
                           .set_attn_scale(scale)
-                          .set_deterministic_algorithm(true);
+                          .set_deterministic_algorithm(key.deterministic);
     auto [dq, dk, dv] = graph->sdpa_backward(q, k, v, o, d_o, stats, attributes);
     // The gradients in their own (B T, 3C) buffer, laid out as q, k, v in qkv.
     output(dq, kDq, at.q);
@@ -120,6 +126,75 @@ struct Handle {
   Handle& operator=(const Handle&) = delete;
 };
 
+// Note [cuDNN plan cache]
+//   Building a graph's plan takes cuDNN seconds (it compiles the kernel), and every device
+//   would build the same ones: four peer replicas on one GPU, or a test's devices one after
+//   another. So the built graphs live in one cache per process, keyed by the GPU and the graph's
+//   key, each built once, by the first thread to ask; a thread asking for it meanwhile waits for
+//   that build, and threads asking for other keys build theirs at the same time (one worker
+//   thread per device builds its plans concurrently). A refusal is kept like a graph: every
+//   later ask rethrows it, without building again (OnceCache, src/common/once_cache.hpp, tested
+//   without a GPU in tests/common/test_once_cache.cpp).
+//   Sharing is what the frontend provides for (1.32, graph_interface.h): a built Graph executes
+//   with any handle on its device, and execute() is marked thread-safe (it copies the variant
+//   pack's template to the stack and patches it there). A handle is used by one thread at a
+//   time (cuDNN's thread-safety rule), so the builds take handles of the cache's own, one per
+//   build in flight, and each device executes with its own handle on its own stream. The
+//   cache's handles and graphs are never destroyed, as the process's other CUDA state at exit.
+class PlanCache {
+ public:
+  static PlanCache& instance() {
+    static auto* cache = new PlanCache;  // never destroyed: Note [cuDNN plan cache]
+    return *cache;
+  }
+
+  // The graph of `key` on the current GPU, built on first ask; rethrows its refusal.
+  std::shared_ptr<const Built> get(const AttentionKey& key) {
+    int device = 0;
+    if (const cudaError_t status = cudaGetDevice(&device); status != cudaSuccess)
+      throw std::runtime_error(
+          fmt::format("cuda: cudaGetDevice failed: {}", cudaGetErrorString(status)));
+    return plans_.get({device, key}, [&] { return build_on(device, key); });
+  }
+
+ private:
+  PlanCache() = default;
+
+  Built build_on(int device, const AttentionKey& key) {
+    const cudnnHandle_t handle = take_handle(device);
+    try {
+      Built built = build(handle, key);
+      give_back(device, handle);
+      return built;
+    } catch (...) {
+      give_back(device, handle);
+      throw;
+    }
+  }
+  cudnnHandle_t take_handle(int device) {
+    {
+      const std::lock_guard lock(mutex_);
+      std::vector<cudnnHandle_t>& idle = idle_[device];
+      if (!idle.empty()) {
+        const cudnnHandle_t h = idle.back();
+        idle.pop_back();
+        return h;
+      }
+    }
+    cudnnHandle_t h = nullptr;  // on the current device, which is `device`
+    check(cudnnCreate(&h), "cudnnCreate");
+    return h;
+  }
+  void give_back(int device, cudnnHandle_t handle) {
+    const std::lock_guard lock(mutex_);
+    idle_[device].push_back(handle);
+  }
+
+  lockstep::detail::OnceCache<std::pair<int, AttentionKey>, Built> plans_;  // by GPU and key
+  std::mutex mutex_;  // guards idle_
+  std::map<int, std::vector<cudnnHandle_t>> idle_;  // by GPU: handles no build is using
+};
+
 // The frontend's variant pack holds void*: the inputs' const goes here, cuDNN only reads them.
 template <class T>
 void* in(const T* p, std::int64_t offset = 0) {
@@ -130,44 +205,49 @@ void* in(const T* p, std::int64_t offset = 0) {
 
 long cudnn_runtime_version() { return static_cast<long>(cudnnGetVersion()); }
 
+std::string cudnn_versions() {
+  return fmt::format("cuDNN {} loaded (headers {}), frontend {}.{}.{}, SDPA forward composite",
+                     cudnn_version_text(cudnn_runtime_version()), cudnn_version_text(CUDNN_VERSION),
+                     CUDNN_FRONTEND_MAJOR_VERSION, CUDNN_FRONTEND_MINOR_VERSION,
+                     CUDNN_FRONTEND_PATCH_VERSION);
+}
+
 std::string cudnn_attention_probe(const AttentionShape& shape) {
-  static std::mutex mutex;
-  static std::map<AttentionKey, std::string> seen;  // by the forward key
-  const std::lock_guard lock(mutex);
-  const AttentionKey key = attention_key(shape, false);
-  if (const auto it = seen.find(key); it != seen.end()) return it->second;
-  std::string refusal;
+  const bool deterministic = cudnn_backward_deterministic_from_env();
   try {
-    Handle handle;
-    build(handle.h, key);
-    build(handle.h, attention_key(shape, true));
+    PlanCache::instance().get(attention_key(shape, false));
+    PlanCache::instance().get(attention_key(shape, true, deterministic));
+    return {};
   } catch (const std::exception& e) {
-    refusal = e.what();
+    return e.what();
   }
-  seen.emplace(key, refusal);
-  return refusal;
 }
 
 struct CudnnAttention::Impl {
   Handle handle;
-  std::map<AttentionKey, Built> graphs;
+  bool deterministic = true;
+  // This device's graphs, from the process's cache (Note [cuDNN plan cache]): looked up here
+  // without a lock at every call after the first.
+  std::map<AttentionKey, std::shared_ptr<const Built>> graphs;
 
   const Built& graph(const AttentionShape& shape, bool backward) {
-    const AttentionKey key = attention_key(shape, backward);
+    const AttentionKey key = attention_key(shape, backward, deterministic);
     auto it = graphs.find(key);
-    if (it == graphs.end()) it = graphs.emplace(key, build(handle.h, key)).first;
-    return it->second;
+    if (it == graphs.end()) it = graphs.emplace(key, PlanCache::instance().get(key)).first;
+    return *it->second;
   }
 
   void execute(const AttentionShape& shape, bool backward,
                std::unordered_map<std::int64_t, void*>& pointers, void* workspace) {
     const Built& built = graph(shape, backward);
     check(built.graph->execute(handle.h, pointers, workspace), "execute",
-          attention_key(shape, backward));
+          attention_key(shape, backward, deterministic));
   }
 };
 
-CudnnAttention::CudnnAttention(CUstream_st* stream) : impl_(std::make_unique<Impl>()) {
+CudnnAttention::CudnnAttention(CUstream_st* stream, bool deterministic)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->deterministic = deterministic;
   check(cudnnSetStream(impl_->handle.h, stream), "cudnnSetStream");
 }
 

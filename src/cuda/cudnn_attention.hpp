@@ -10,10 +10,25 @@
 // forward keeps the softmax statistics (fp32, B H T: each row's log-sum-exp of the scaled scores,
 // the CPU's `lse`) and backward recomputes the probabilities from them. One graph per shape and
 // direction, built on first use (the warm-up's forward and backward, before step 1: Note
-// [Warm-up] in src/train/worker_loop.hpp) and cached for the device's life; executing one
-// allocates nothing and waits for nothing. cuDNN takes half-precision inputs only, so this runs
+// [Warm-up] in src/train/worker_loop.hpp) and kept for the process's life (Note [cuDNN plan
+// cache]); executing one allocates nothing and waits for nothing. cuDNN takes half-precision inputs only, so this runs
 // under trainer.precision bf16; fp32 and tf32 keep the materialised path (choose_attention).
 // Every frontend error becomes a std::runtime_error naming the call, the shape and cuDNN's words.
+//
+// Pinned choices (cuDNN frontend 1.32, read in its headers):
+//   - The forward node's implementation is COMPOSITE (SDPA_attributes::set_implementation), the
+//     one this code was written and tested against: under AUTO the frontend takes the UNIFIED
+//     node wherever its support surface allows, and a causal mask (a diagonal band) enters that
+//     surface at cuDNN 9.21, so a newer cuDNN (PyTorch's wheels) would switch kernels unasked.
+//     The backward has no such choice in 1.32 (Graph::sdpa_backward always makes the composite
+//     node).
+//   - The backward is deterministic (set_deterministic_algorithm): the same gradient bits on
+//     every run and replica, which the bit-exact tests and replica checks rely on. On sm_90 the
+//     frontend then forces the dP-workspace backward, B H T64 T64 x 2 bytes (T64: T rounded up
+//     to 64), unless cuDNN >= 9.25 and CUDNN_FRONTEND_ATTN_DP_WORKSPACE_LIMIT asks for the
+//     ordered-dQ path (the memory plan counts it: cudnn_attention_backward_bytes in
+//     src/train/memory_plan.hpp). LOCKSTEP_CUDNN_BACKWARD=nondeterministic builds the other backward
+//     (an fp32 dQ accumulator, B H T D x 4 bytes), for bench_attention to time beside it.
 //
 // The layout, key and refusal rules are plain host functions (cudnn_attention_rules.cpp, built
 // with or without cuDNN and tested without a GPU); the cuDNN types stay in cudnn_attention.cpp,
@@ -49,24 +64,37 @@ struct AttentionLayout {
 };
 AttentionLayout attention_layout(const AttentionShape& s);
 
-// Which graph: a shape and a direction.
+// Which graph: a shape, a direction and (backward) the algorithm.
 struct AttentionKey {
   int batch = 0, T = 0, heads = 0, head_size = 0;
   bool backward = false;
+  bool deterministic = true;  // backward only; forward keys keep true
   friend auto operator<=>(const AttentionKey&, const AttentionKey&) = default;
 };
-AttentionKey attention_key(const AttentionShape& s, bool backward);
+AttentionKey attention_key(const AttentionShape& s, bool backward, bool deterministic = true);
 
 // The oldest cuDNN whose SDPA backward runs bf16 causal attention deterministically.
 inline constexpr long kMinCudnnVersion = 90000;
 
-// Why cuDNN's fused attention cannot run a head size under a precision with cuDNN version
-// `cudnn_version` (cudnnGetVersion's number: 90100 for 9.1.0, 8907 for 8.9.7); empty when it
-// can. head_size 0: not known yet (the graph build then decides).
-std::string cudnn_attention_refusal(Precision precision, int head_size, long cudnn_version);
+// Why cuDNN's fused attention cannot run a head size and a sequence of T positions under a
+// precision with cuDNN version `cudnn_version` (cudnnGetVersion's number: 90100 for 9.1.0, 8907
+// for 8.9.7); empty when it can. head_size or T 0: not known yet (the graph build then decides).
+std::string cudnn_attention_refusal(Precision precision, int head_size, int T,
+                                    long cudnn_version);
+
+// "9.19.0" for cudnnGetVersion's 91900, "8.9.7" for 8907.
+std::string cudnn_version_text(long version);
 
 // The version of the cuDNN library loaded (cudnnGetVersion), without a GPU.
 long cudnn_runtime_version();
+
+// "cuDNN 9.19.0 loaded (headers 9.19.0), frontend 1.32.0, SDPA forward composite": what runs
+// the fused attention, for `lockstep devices`, the summary and bench_gpu --probe.
+std::string cudnn_versions();
+
+// LOCKSTEP_CUDNN_BACKWARD: deterministic (the default) or nondeterministic; anything else is an
+// InputError naming the variable.
+bool cudnn_backward_deterministic_from_env();
 
 // Builds the forward and backward graphs of `shape` on the current GPU with a handle of its own
 // and returns what refused them (validate, build_plans, ...), or empty when both built. Results
@@ -75,7 +103,8 @@ std::string cudnn_attention_probe(const AttentionShape& shape);
 
 class CudnnAttention {
  public:
-  explicit CudnnAttention(CUstream_st* stream);
+  // `deterministic`: the backward's algorithm (Pinned choices above).
+  CudnnAttention(CUstream_st* stream, bool deterministic);
   ~CudnnAttention();
   CudnnAttention(const CudnnAttention&) = delete;
   CudnnAttention& operator=(const CudnnAttention&) = delete;

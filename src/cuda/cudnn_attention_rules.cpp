@@ -4,6 +4,11 @@
 
 #include "cuda/cudnn_attention.hpp"
 
+#include <cstdlib>
+#include <string_view>
+
+#include "lockstep/error.hpp"
+
 namespace lockstep::cuda {
 
 AttentionLayout attention_layout(const AttentionShape& s) {
@@ -19,23 +24,26 @@ AttentionLayout attention_layout(const AttentionShape& s) {
           .stats = {{b, h, t, 1}, {h * t, t, 1, 1}, 0}};
 }
 
-AttentionKey attention_key(const AttentionShape& s, bool backward) {
-  return {s.batch, s.T, s.heads, s.head_size, backward};
+AttentionKey attention_key(const AttentionShape& s, bool backward, bool deterministic) {
+  return {s.batch, s.T, s.heads, s.head_size, backward, !backward || deterministic};
 }
 
-std::string cudnn_attention_refusal(Precision precision, int head_size, long cudnn_version) {
+std::string cudnn_version_text(long version) {
+  // cudnnGetVersion: major 10000 + minor 100 + patch from cuDNN 9, major 1000 + ... before.
+  const long unit = version >= 90000 ? 10000 : 1000;
+  return fmt::format("{}.{}.{}", version / unit, version % unit / 100, version % 100);
+}
+
+std::string cudnn_attention_refusal(Precision precision, int head_size, int T,
+                                    long cudnn_version) {
   if (precision != Precision::bf16)
     return fmt::format("cuDNN's fused attention takes half-precision inputs, and "
                        "trainer.precision is {} (bf16 runs it)",
                        to_string(precision));
-  if (cudnn_version < kMinCudnnVersion) {
-    // cudnnGetVersion: major 10000 + minor 100 + patch from cuDNN 9, major 1000 + ... before.
-    const long unit = cudnn_version >= 90000 ? 10000 : 1000;
-    return fmt::format("the cuDNN loaded is {}.{}.{}, older than {}.{} which fused attention "
-                       "needs",
-                       cudnn_version / unit, cudnn_version % unit / 100, cudnn_version % 100,
-                       kMinCudnnVersion / 10000, kMinCudnnVersion / 100 % 100);
-  }
+  if (cudnn_version < kMinCudnnVersion)
+    return fmt::format("the cuDNN loaded is {}, older than {}.{} which fused attention needs",
+                       cudnn_version_text(cudnn_version), kMinCudnnVersion / 10000,
+                       kMinCudnnVersion / 100 % 100);
   // cuDNN's SDPA kernels load heads in 16-byte vectors and hold at most 256 channels of one.
   if (head_size % 8 != 0)
     return fmt::format("cuDNN's fused attention needs a head size that is a multiple of 8, "
@@ -44,7 +52,21 @@ std::string cudnn_attention_refusal(Precision precision, int head_size, long cud
   if (head_size > 256)
     return fmt::format("cuDNN's fused attention takes head sizes up to 256, and it is {}",
                        head_size);
+  // The frontend's sdpa_backward refuses one query and one key ("s_q = s_kv = 1 is not
+  // supported", cudnn-frontend 1.32, node/scaled_dot_product_flash_attention.h).
+  if (T == 1)
+    return "cuDNN's fused attention backward does not take sequences of one position (s_q = "
+           "s_kv = 1), and T is 1";
   return {};
+}
+
+bool cudnn_backward_deterministic_from_env() {
+  const char* env = std::getenv("LOCKSTEP_CUDNN_BACKWARD");
+  const std::string_view asked = env ? env : "deterministic";
+  if (asked == "deterministic") return true;
+  if (asked == "nondeterministic") return false;
+  throw InputError(fmt::format(
+      "LOCKSTEP_CUDNN_BACKWARD: expected deterministic or nondeterministic, got '{}'", asked));
 }
 
 }  // namespace lockstep::cuda

@@ -11,6 +11,7 @@
 #include "lockstep/checkpoint.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <charconv>
@@ -239,9 +240,26 @@ Checkpoint CheckpointManager::load(const fs::path& path, const Warn& warn) {
   std::error_code ec;
   if (fs::is_directory(path, ec)) {
     std::optional<Checkpoint> latest = CheckpointManager(path, 0).load_latest(warn);
-    if (!latest)
-      detail::fail_input(path, fmt::format("no checkpoint (step_NNNNNNNN{} and {} files)",
-                                           kWeightsExtension, kStateExtension));
+    if (!latest) {
+      // A folder of runs (runs/ rather than runs/NAME) is named with the runs inside it.
+      const auto holds_checkpoints = [](const fs::path& dir) {
+        try {
+          return !steps_on_disk(dir).empty();
+        } catch (const InputError&) {
+          return false;  // a subfolder we cannot list is not named
+        }
+      };
+      std::vector<std::string> runs;
+      for (const fs::directory_entry& sub : fs::directory_iterator(path, ec))
+        if (sub.is_directory(ec) && holds_checkpoints(sub.path()))
+          runs.push_back(sub.path().string());
+      std::sort(runs.begin(), runs.end());
+      detail::fail_input(path, fmt::format("no checkpoint (step_NNNNNNNN{} and {} files){}",
+                                           kWeightsExtension, kStateExtension,
+                                           runs.empty() ? "" : fmt::format(
+                                               "; its subfolders hold some: name one of {}",
+                                               fmt::join(runs, ", "))));
+    }
     return std::move(*latest);
   }
   const fs::path extension = path.extension();

@@ -23,6 +23,15 @@ namespace {
 
 std::string shape_text(const ParamTensor& t) { return fmt::format("[{}]", fmt::join(t.shape, ", ")); }
 
+// The kind of model (the first word of "lockstep.model": "gpt", "mlp") whose tensors these are:
+// a GPT's are named transformer.*.
+std::string_view model_kind(std::span<const ParamTensor> tensors) {
+  return std::any_of(tensors.begin(), tensors.end(),
+                     [](const ParamTensor& t) { return t.name.starts_with("transformer."); })
+             ? "gpt"
+             : "mlp";
+}
+
 // The file at `path` as safetensors: a checkpoint directory's newest valid checkpoint, either
 // file of a checkpoint, any safetensors file, or a Hugging Face GPT-2 directory or file.
 SafetensorsFile read_weights_file(const fs::path& path, fs::path& file) {
@@ -46,6 +55,14 @@ Weights load_weights(const fs::path& path, std::span<const ParamTensor> expected
   const auto fail = [&](const std::string& what) {
     detail::fail_input(out.file, what + " (--init-from needs the config's model)");
   };
+  // Another kind of model than the config's (an MLP's checkpoint for a GPT) is said as such, not
+  // as its first missing tensor; sample says the same.
+  const auto recorded = in.metadata.find("lockstep.model");
+  const std::string_view want = model_kind(expected);
+  if (recorded != in.metadata.end() &&
+      recorded->second.substr(0, recorded->second.find(' ')) != want)
+    fail(fmt::format("it holds another kind of model (\"{}\"): not {} checkpoint (model.type "
+                     "{})", recorded->second, want == "gpt" ? "a GPT" : "an MLP", want));
   std::size_t count = 0;
   for (const ParamTensor& e : expected) count = std::max(count, e.offset + e.numel());
   out.params.assign(count, 0.0f);

@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <bit>
 #include <charconv>
+#include <cstring>
 #include <iterator>
 #include <limits>
 #include <set>
@@ -207,6 +208,43 @@ std::uint64_t read_le64(detail::InputFile& in, std::string_view what) {
   return v;
 }
 
+// Printable ASCII, tabs and line ends, and well-formed UTF-8 sequences (one cut off by the end of
+// `bytes` included): what a text file starts with.
+bool looks_like_text(std::string_view bytes) {
+  for (std::size_t i = 0; i < bytes.size();) {
+    const auto u = static_cast<unsigned char>(bytes[i]);
+    if (u < 0x80) {
+      if (u < 0x20 && u != '\n' && u != '\r' && u != '\t') return false;
+      ++i;
+      continue;
+    }
+    const std::size_t length = u >= 0xC2 && u <= 0xDF ? 2 : u >= 0xE0 && u <= 0xEF ? 3
+                               : u >= 0xF0 && u <= 0xF4 ? 4 : 0;
+    if (length == 0) return false;  // a continuation byte first, or no UTF-8 lead byte
+    for (std::size_t k = 1; k < length && i + k < bytes.size(); ++k)
+      if ((static_cast<unsigned char>(bytes[i + k]) & 0xC0) != 0x80) return false;
+    i += length;
+  }
+  return true;
+}
+
+// When the first 8 bytes are no header size a safetensors file could have and the file starts
+// with text (a text file given to --init-from), the message says what the file is rather than a
+// header of 2^60 bytes; otherwise it is `why`. `size_field` holds the 8 bytes already read.
+std::string not_safetensors(detail::InputFile& in, std::uint64_t size_field, std::string why) {
+  std::string start(8, '\0');
+  std::memcpy(start.data(), &size_field, 8);  // the 8 bytes as read_le64 read them
+  std::string more(static_cast<std::size_t>(std::min<std::uint64_t>(in.size() - 8, 40)), '\0');
+  in.read(std::as_writable_bytes(std::span(more)), "the file's start");
+  start += more;
+  if (!looks_like_text(start)) return why;
+  std::string shown;
+  for (const char c : start.substr(0, start.find_first_of("\r\n")))
+    shown += c == '"' ? std::string("\\\"") : std::string(1, c);
+  return fmt::format("not a safetensors file: it starts with text (\"{}\"), where a safetensors "
+                     "file starts with the 8-byte size of its JSON header", shown);
+}
+
 }  // namespace
 
 // ---- writing --------------------------------------------------------------------------------
@@ -287,11 +325,14 @@ SafetensorsFile read_safetensors(const std::filesystem::path& file) {
                             in.size()));
   const std::uint64_t header_size = read_le64(in, "header size");
   if (header_size > kMaxHeaderBytes)
-    reader.fail(fmt::format("offset 0: header size {} exceeds the limit of {} bytes",
-                            header_size, kMaxHeaderBytes));
+    reader.fail(not_safetensors(in, header_size,
+                                fmt::format("offset 0: header size {} exceeds the limit of {} "
+                                            "bytes", header_size, kMaxHeaderBytes)));
   if (header_size > in.size() - 8)
-    reader.fail(fmt::format("offset 0: header size {} runs past the end of the file ({} bytes "
-                            "after the size)", header_size, in.size() - 8));
+    reader.fail(not_safetensors(in, header_size,
+                                fmt::format("offset 0: header size {} runs past the end of the "
+                                            "file ({} bytes after the size)", header_size,
+                                            in.size() - 8)));
   std::string header(header_size, '\0');
   in.read(std::as_writable_bytes(std::span(header)), "JSON header");
 

@@ -20,7 +20,7 @@ class FailureLog {
   // others (the first of all when every one is CommAborted): an InputError unchanged, anything
   // else as a WorkerError naming the rank and device. Returns when nothing failed.
   // `why` (when given) is appended to its message: why the run could not go on without a lost
-  // worker (Note [Shrink] in trainer.cpp).
+  // worker (Note [Shrink] in recovery.hpp).
   void rethrow_first(std::string_view why = {}) const;
   // The global ranks whose device was lost (DeviceLost), in the order caught.
   std::vector<int> lost_ranks() const;

@@ -55,7 +55,7 @@ void Fault::before_forward(int r, std::int64_t s, const Communicator& comm,
 
 void Fault::lose_device(int r, std::int64_t s, Phase p) const {
   static constexpr const char* kPhases[] = {"forward", "backward", "all-reduce", "update"};
-  if (at(r, s, Kind::lost) && phase == p)
+  if (loses(r, s, p))
     throw DeviceLost(fmt::format("injected fault: the device was lost in {} at step {}",
                                  kPhases[static_cast<int>(p)], s));
 }

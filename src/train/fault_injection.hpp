@@ -10,11 +10,12 @@
 //            verification, pruning): slow but healthy, which the step timeout must not stop
 //   block    it blocks at the end of STEP, where rank 0 writes its checkpoint, and ignores every
 //            abort, as a write to a hung file system would: Note [Bounded stop]
-//   lost     its device dies (DeviceLost, a device-class failure: Note [Shrink] in trainer.cpp)
+//   lost     its device dies (DeviceLost, a device-class failure: Note [Shrink] in recovery.hpp)
 //            in the phase a suffix names: lost:forward (the default, before its forward pass),
 //            lost:backward (as its last micro-batch's backward begins, before it has handed any
-//            bucket to the all-reduce), lost:all-reduce (once it has handed the first bucket,
-//            before the next; with one bucket, after it), lost:update (after its optimiser
+//            bucket to the all-reduce), lost:all-reduce (once the first bucket it handed
+//            over has landed, before it hands the next; without overlap, once every bucket
+//            has landed: what the survivors hold then does not depend on timing), lost:update (after its optimiser
 //            step, before the step's totals are agreed); a further suffix :stuck (lost:stuck,
 //            lost:backward:stuck) leaves its thread stuck once the loss is recorded, deaf to
 //            every abort, as a driver call on a dead device may never return (Note [Shrink],
@@ -45,7 +46,8 @@ struct Fault {
   bool stuck = false;  // lost:...:stuck
 
   bool at(int r, std::int64_t s, Kind k) const { return kind == k && rank == r && step == s; }
-  // The lost fault: throws DeviceLost when it strikes worker `r` at step `s` in `p`.
+  // Whether the lost fault strikes worker `r` at step `s` in `p`; lose_device throws it then.
+  bool loses(int r, std::int64_t s, Phase p) const { return at(r, s, Kind::lost) && phase == p; }
   void lose_device(int r, std::int64_t s, Phase p) const;
   // The stuck lost fault: never returns on worker `r` once `error`, its loss, is recorded.
   void after_loss(int r, const std::exception_ptr& error) const;

@@ -6,12 +6,15 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <limits>
 #include <string>
 #include <vector>
 
+#include "lockstep/comm.hpp"
 #include "lockstep/error.hpp"
+#include "train/reducer.hpp"
 
 namespace lockstep::detail {
 namespace {
@@ -38,6 +41,20 @@ constexpr double kHostCopies = 2;
 double optimizer_vectors(const OptimizerConfig& opt) {
   if (opt.type == OptimizerKind::adamw) return 2;  // m and v
   return opt.momentum != 0.0 ? 1 : 0;
+}
+
+// The parameters whose optimiser state one worker holds: all of them, or under trainer.zero 1
+// its shard of every bucket (Note [ZeRO-1] in reducer.hpp), the most any rank holds.
+double optimizer_elements(const Config& cfg, const Model& model, int ranks) {
+  if (cfg.trainer.zero != 1 || ranks <= 1) return static_cast<double>(model.param_count());
+  const std::vector<Bucket> buckets = plan_buckets(model, cfg.trainer.bucket_cap_mb);
+  std::size_t most = 0;
+  for (int rank = 0; rank < ranks; ++rank) {
+    std::size_t held = 0;
+    for (const Bucket& b : buckets) held += shard_range(b.end - b.begin, ranks, rank, kZeroGrain).size();
+    most = std::max(most, held);
+  }
+  return static_cast<double>(most);
 }
 
 // Floats of a layer's workspace or scratch for `batch`: its size at the batch itself, unless
@@ -120,8 +137,18 @@ MemoryLimit host_memory_limit() {
   return limit;
 }
 
+double cudnn_attention_backward_bytes(const AttentionShape& s, bool deterministic) {
+  const double b = s.batch, t = s.T, h = s.heads, d = s.head_size;
+  const auto round_up = [](double x, double to) { return std::ceil(x / to) * to; };
+  const double gradient = round_up(2.0 * b * t * 3 * h * d, 256);
+  const double sums = 4.0 * b * h * t;
+  const double t64 = round_up(t, 64);
+  return gradient + sums + (deterministic ? 2.0 * b * h * t64 * t64 : 4.0 * b * h * t * d);
+}
+
 MemoryPlan plan_memory(const Config& cfg, const Model& model, const Dataset& train,
-                       const Dataset* eval, bool workers_on_host) {
+                       const Dataset* eval, bool workers_on_host, int ranks,
+                       bool cudnn_attention) {
   const double params = static_cast<double>(model.param_count()) * kFloat;
   const int batch = cfg.data.batch_size;
   MemoryPlan p;
@@ -129,8 +156,14 @@ MemoryPlan plan_memory(const Config& cfg, const Model& model, const Dataset& tra
   p.parameters = cfg.trainer.precision == Precision::bf16 ? 1.5 * params : params;
   // With a bf16 all-reduce, the reducer's bf16 copy of the buckets too (2 bytes a parameter).
   p.gradients = cfg.trainer.grad_reduce_dtype == ReduceDtype::bf16 ? 1.5 * params : params;
-  p.optimizer = optimizer_vectors(cfg.optimizer) * params;
+  p.optimizer = optimizer_vectors(cfg.optimizer) * optimizer_elements(cfg, model, ranks) * kFloat;
+  if (cfg.trainer.zero == 1 && ranks > 1) p.zero_ranks = ranks;
   p.activations = activation_bytes(model, batch, cfg.trainer.precision);
+  if (cudnn_attention) {
+    const int heads = cfg.model.n_head;
+    p.attention_workspace = cudnn_attention_backward_bytes(
+        {batch, cfg.model.context, heads, cfg.model.d_model / heads}, /*deterministic=*/true);
+  }
   // Two staged batches in flight: inputs as floats, targets as int32.
   p.staging = 2.0 * batch * (train.features() + train.targets()) * kFloat;
   p.workers = static_cast<int>(cfg.trainer.devices.size());
@@ -154,10 +187,16 @@ void check_memory_plan(const MemoryPlan& plan, const MemoryLimit& limit, const C
 
 std::string describe(const MemoryPlan& p, const MemoryLimit& limit) {
   return fmt::format(
-      "{} per worker (parameters {}, gradients {}, optimizer {}, activations {}, staging {}) x {} "
-      "worker(s){}; host {} (dataset {}) of {} available ({})",
+      "{} per worker (parameters {}, gradients {}, optimizer {}{}, activations {}, staging {}{}) "
+      "x {} worker(s){}; host {} (dataset {}) of {} available ({})",
       format_bytes(p.per_worker()), format_bytes(p.parameters), format_bytes(p.gradients),
-      format_bytes(p.optimizer), format_bytes(p.activations), format_bytes(p.staging), p.workers,
+      format_bytes(p.optimizer),
+      p.zero_ranks > 1 ? fmt::format(" as a ZeRO-1 shard of {}", p.zero_ranks) : std::string(),
+      format_bytes(p.activations), format_bytes(p.staging),
+      p.attention_workspace > 0
+          ? fmt::format(", cuDNN attention {}", format_bytes(p.attention_workspace))
+          : "",
+      p.workers,
       p.workers_on_host ? " on the host" : " on their devices", format_bytes(p.host()),
       format_bytes(p.dataset), format_bytes(limit.bytes), limit.source);
 }

@@ -23,18 +23,25 @@
 namespace lockstep::detail {
 
 struct MemoryPlan {
-  // One worker's bytes.
+  // One worker's bytes; under trainer.zero 1 the optimiser state of the worker that holds the
+  // most (shards differ by at most a grain per bucket), as the summary reports it.
   double parameters = 0, gradients = 0, optimizer = 0, activations = 0, staging = 0;
+  int zero_ranks = 0;              // trainer.zero 1: the ranks that share the optimiser state
+  // cuDNN's fused attention backward, in the device's own working memory (cuda, bf16, fused):
+  // cudnn_attention_backward_bytes at the run's shape.
+  double attention_workspace = 0;
   int workers = 0;                 // in this process
   bool workers_on_host = true;     // CPU workers: their bytes are host memory
   double dataset = 0;              // host bytes of the train and eval splits
   double host_copies = 0;          // the host's copies of the parameters (initial, final)
   // trainer.snapshot_every: the newest snapshot and the one being built (Note [Shrink] in
-  // trainer.cpp), each the parameters and the whole optimiser state
+  // recovery.hpp), each the parameters and the whole optimiser state
   double snapshots = 0;
   std::string driver;              // "model.hidden[0] = 2000000000": what makes it large
 
-  double per_worker() const { return parameters + gradients + optimizer + activations + staging; }
+  double per_worker() const {
+    return parameters + gradients + optimizer + activations + staging + attention_workspace;
+  }
   double host() const {
     return dataset + host_copies + snapshots + (workers_on_host ? workers * per_worker() : 0.0);
   }
@@ -48,8 +55,29 @@ struct MemoryLimit {
 };
 MemoryLimit host_memory_limit();
 
+// `ranks`: the workers of the whole job (this process's times the processes), among which
+// trainer.zero 1 shards the optimiser state. `cudnn_attention`: the GPT's attention runs cuDNN's
+// fused path (cuda, bf16).
 MemoryPlan plan_memory(const Config& cfg, const Model& model, const Dataset& train,
-                       const Dataset* eval, bool workers_on_host);
+                       const Dataset* eval, bool workers_on_host, int ranks,
+                       bool cudnn_attention = false);
+
+// Note [cuDNN attention memory]
+// The device memory one call of cuDNN's fused attention backward takes on top of what the
+// layers hold (CudaDevice::attention_backward; Note [cuDNN attention]), in bytes: the bf16
+// gradient (B T, 3C) it writes before widening, rounded up to 256 bytes, and the plan's
+// workspace. What the cuDNN frontend 1.32 headers show (node/scaled_dot_product_flash_attention.h):
+//   - its own part: the softmax sums, B H T fp32; without the dP workspace also the fp32 dQ
+//     accumulator, B H T D;
+//   - a deterministic backward takes the dP-workspace path whenever it is asked for, on sm_90 at
+//     any cuDNN (from 9.25 the ordered-dQ path instead only when CUDNN_FRONTEND_ATTN_DP_
+//     WORKSPACE_LIMIT is set below the need, which lockstep never sets);
+//   - the dP workspace's size is the frontend's own estimate of it, B H T64 T64 x 2 bytes (T64:
+//     T rounded up to 64), used for its limit checks.
+// The dP workspace itself is allocated by the backend engine, whose size the headers do not
+// show: that it is this estimate, about 201 MB at B 8, T 1024, H 12 and 1.6 GB at B 64, is from
+// issue 40's reading, to be confirmed on a GPU (bench_attention prints cuDNN's figure).
+double cudnn_attention_backward_bytes(const AttentionShape& shape, bool deterministic);
 
 // InputError "SOURCE: model.hidden[0] = 2000000000 needs 16.0 GB per worker (...); 3.8 GB
 // available (physical memory)" when the plan's host bytes exceed `limit`.

@@ -11,7 +11,7 @@
 //    "comm_hidden_fraction": 0.7, "data_wait_s": 0.001, "elapsed_s": 0.02}
 //   {"kind": "eval", "step": 100, "loss": 0.11, "accuracy": 0.97, "samples": 359}
 //   {"kind": "recovery", "step": 120, "lost": "cpu:2", "workers": 3, "steps_redone": 0,
-//    "recovery_s": 0.02}      (trainer.on_worker_failure: shrink; Note [Shrink] in trainer.cpp)
+//    "recovery_s": 0.02}      (trainer.on_worker_failure: shrink; Note [Shrink] in recovery.hpp)
 //
 // Numbers that are unknown or not finite (mfu on a device without a known peak) are null.
 #pragma once

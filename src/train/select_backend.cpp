@@ -23,7 +23,11 @@ std::vector<std::unique_ptr<Communicator>> Backend::create_communicators(
 
 CudaSupport cuda_support() {
 #ifdef LOCKSTEP_HAVE_CUDA
-  return cuda_backend_support();
+  CudaSupport support = cuda_backend_support();
+#ifdef LOCKSTEP_HAVE_CUDNN_ATTENTION
+  support.cudnn = cuda::cudnn_versions();
+#endif
+  return support;
 #else
   return {};
 #endif
@@ -37,7 +41,7 @@ std::string cuda_fused_refusal([[maybe_unused]] Precision precision,
                                [[maybe_unused]] int context, [[maybe_unused]] int head_size) {
 #ifdef LOCKSTEP_HAVE_CUDNN_ATTENTION
   std::string why =
-      cuda::cudnn_attention_refusal(precision, head_size, cuda::cudnn_runtime_version());
+      cuda::cudnn_attention_refusal(precision, head_size, context, cuda::cudnn_runtime_version());
   // The rest is cuDNN's to say (its support for the shape on this GPU): its graphs are built
   // once per shape when there is a GPU to build them on; a refusal there says which step and why.
   if (why.empty() && head_size > 0 && probe_gpus().count > 0)

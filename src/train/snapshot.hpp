@@ -3,7 +3,7 @@
 // Note [Snapshots]
 //   With trainer.on_worker_failure: shrink and trainer.snapshot_every K, the state a checkpoint
 //   of every K-th step would hold (parameters, optimiser state, position) is copied to host
-//   memory after that step's barrier, so that a recovery (Note [Shrink] in trainer.cpp) that
+//   memory after that step's barrier, so that a recovery (Note [Shrink] in recovery.hpp) that
 //   cannot use the failed step's start goes back at most K steps.
 //   - Every worker copies a part. Without ZeRO-1 the replicas are identical and worker r takes
 //     the r-th equal slice of the parameter buffer, of the parameters and of each optimiser

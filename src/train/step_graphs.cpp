@@ -96,10 +96,16 @@ void StepGraphs::begin_step(std::int64_t step, double now_s, Communicator& comm)
 
 void StepGraphs::run(const Key& key, const std::function<void(const Layer&)>& enqueue,
                      const Layer& on_layer, const std::function<bool(std::size_t)>& cut) {
+  const bool first_run = seen_.insert(key).second;
   if (!active_) {
     enqueue(on_layer);
     return;
   }
+  const auto eagerly = [&] {
+    enqueue(on_layer);
+    ++eager_;
+  };
+  if (first_run || refused_.contains(key)) return eagerly();
   auto it = programs_.find(key);
   if (it != programs_.end() &&
       !std::all_of(it->second.begin(), it->second.end(),
@@ -108,11 +114,19 @@ void StepGraphs::run(const Key& key, const std::function<void(const Layer&)>& en
     it = programs_.end();
   }
   if (it == programs_.end()) {
+    if (programs_.size() >= kMaxPrograms) return eagerly();
     Program program;
-    if (programs_.size() >= kMaxPrograms ||
-        !capture(enqueue, static_cast<bool>(on_layer), cut, program)) {
-      enqueue(on_layer);
-      return;
+    std::string why;
+    if (!capture(enqueue, static_cast<bool>(on_layer), cut, program, why)) {
+      if (captured_ == 0) {
+        turn_off(fmt::format("a capture was refused, so every part runs as launched: {}", why));
+        enqueue(on_layer);
+        return;
+      }
+      // Graphs work here: only this key runs as launched from now on.
+      refused_.insert(key);
+      if (refusal_.empty()) refusal_ = why;
+      return eagerly();
     }
     it = programs_.emplace(key, std::move(program)).first;
     ++captured_;
@@ -121,9 +135,10 @@ void StepGraphs::run(const Key& key, const std::function<void(const Layer&)>& en
 }
 
 // Records the part, cutting it after each layer cut() names. False: an op refused the
-// capture, which is dropped (nothing ran), and graphs are off from here.
+// capture, which is dropped (nothing ran); `why` says which.
 bool StepGraphs::capture(const std::function<void(const Layer&)>& enqueue, bool reports,
-                         const std::function<bool(std::size_t)>& cut, Program& program) {
+                         const std::function<bool(std::size_t)>& cut, Program& program,
+                         std::string& why) {
   Segment current;
   try {
     device_.begin_capture();
@@ -145,7 +160,7 @@ bool StepGraphs::capture(const std::function<void(const Layer&)>& enqueue, bool 
   } catch (const std::exception& e) {
     device_.abort_capture();
     program.clear();
-    turn_off(fmt::format("a capture was refused, so every part runs as launched: {}", e.what()));
+    why = e.what();
     return false;
   }
 }
@@ -165,7 +180,10 @@ Summary::Graphs StepGraphs::summary() const {
           .eager_step_s = eager_median_s_,
           .graph_step_s = graph_median_s_,
           .captured = captured_,
-          .launched = launched_};
+          .launched = launched_,
+          .eager = eager_,
+          .refused = refused_.size(),
+          .refusal = refusal_};
 }
 
 }  // namespace lockstep::detail

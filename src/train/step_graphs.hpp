@@ -20,13 +20,18 @@
 //     two), the batch size, and whether backward reports its layers (the last micro-batch).
 //     Steady state has at most four programs per part, found by the run's second and third
 //     steps; a short last batch makes its own.
+//   - A key runs eagerly the first time it is seen, and is captured the next: a new shape (a
+//     short last batch) builds its cuDNN graphs and grows the device's workspaces on its first
+//     run, which a capture would refuse (an allocation), so it does that outside one.
 //   - A capture runs nothing; the part it recorded is then launched at once, so a capture step
 //     computes exactly what an eager one does. Every step computes the same bits whether its
 //     parts are captured, replayed or eager (the test device of tests/train/test_step_graphs.cpp
 //     shows it on the CPU, freezing every op's arguments as CUDA does).
-//   - A capture that an op refuses (a host sync, an allocation) is dropped, that part runs
-//     eagerly, and graphs are off for the rest of the run; the summary says why. A graph whose
-//     memory the device replaced (a workspace grown by an eval) is captured again.
+//   - A capture that an op refuses (a host sync, an allocation) is dropped and that part runs
+//     eagerly. Before any capture succeeded, graphs are then off for the rest of the run (an op
+//     that never captures); once some did, only that key stays eager, the others keep their
+//     graphs, and the summary counts it and says why (issue 40). A graph whose memory the
+//     device replaced (a workspace grown by an eval) is captured again.
 //   - The run's first step runs eagerly: it sizes the workspaces. `on` captures from the
 //     second step. `auto` times the wall time of steps 2 to 1 + W eagerly (W = kTimedSteps),
 //     captures in the next two, times W steps with graphs, and keeps them only when the median
@@ -46,6 +51,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -111,8 +117,9 @@ class StepGraphs {
   };
   using Program = std::vector<Segment>;
 
+  // False when an op refused the capture (dropped: nothing ran); then `why` says which.
   bool capture(const std::function<void(const Layer&)>& enqueue, bool reports,
-               const std::function<bool(std::size_t)>& cut, Program& program);
+               const std::function<bool(std::size_t)>& cut, Program& program, std::string& why);
   void launch(const Program& program, const Layer& on_layer);
   void turn_off(std::string why);
 
@@ -127,7 +134,10 @@ class StepGraphs {
   // The same on every rank, set before step 1, so that the choice's all-reduce is matched.
   bool times_ = false;
   std::map<Key, Program> programs_;
-  std::uint64_t captured_ = 0, launched_ = 0;
+  std::set<Key> seen_;     // run at least once (eagerly, or captured)
+  std::set<Key> refused_;  // their capture refused: eager from then on
+  std::string refusal_;    // the first refusal's reason, while graphs stay on
+  std::uint64_t captured_ = 0, launched_ = 0, eager_ = 0;
   // auto: the wall time of each step timed each way, and the agreed medians.
   double last_begin_s_ = -1.0;
   std::vector<double> eager_s_, graph_s_;

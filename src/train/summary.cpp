@@ -55,8 +55,13 @@ std::string describe_graphs(const Summary::Graphs& g) {
   if (g.eager_step_s > 0.0 && g.graph_step_s > 0.0)
     timed = fmt::format("; auto timed a step at {:.2f} ms with them, {:.2f} ms without",
                         1e3 * g.graph_step_s, 1e3 * g.eager_step_s);
+  const std::string refused =
+      g.refused == 0 ? std::string()
+                     : fmt::format("; {} part(s) run as launched, their capture refused: {}",
+                                   g.refused, g.refusal);
   if (g.used)
-    return fmt::format("on ({} captured, {} launches{})", g.captured, g.launched, timed);
+    return fmt::format("on ({} captured, {} launches{}{})", g.captured, g.launched, refused,
+                       timed);
   return fmt::format("off ({})", g.why_not.empty() ? "nothing captured" : g.why_not);
 }
 
@@ -74,6 +79,7 @@ std::string Summary::to_json() const {
       "  \"matmul\": {},\n"
       "  \"precision\": \"{}\",\n"
       "  \"attention\": {},\n"
+      "  \"cudnn\": {},\n"
       "  \"devices\": [{}],\n"
       "  \"workers\": {},\n"
       "  \"processes\": {},\n"
@@ -108,7 +114,8 @@ std::string Summary::to_json() const {
       "  \"device_busy\": {},\n"
       "  \"fused_linear\": {{\"fused\": {}, \"partial\": {}, \"composed\": {}}},\n"
       "  \"cuda_graphs\": {{\"used\": {}, \"why_not\": {}, \"eager_step_ms\": {}, "
-      "\"graph_step_ms\": {}, \"captured\": {}, \"launched\": {}}},\n"
+      "\"graph_step_ms\": {}, \"captured\": {}, \"launched\": {}, \"eager\": {}, "
+      "\"refused\": {}, \"refusal\": {}}},\n"
       "  \"data_wait_s\": {},\n"
       "  \"barrier_wait_s\": {},\n"
       "  \"comm_s\": {},\n"
@@ -125,7 +132,8 @@ std::string Summary::to_json() const {
       "  \"worker_times\": [{}]\n"
       "}}\n",
       backend, detail::json_quote(matmul), precision,
-      attention.empty() ? "null" : detail::json_quote(attention), fmt::join(devices, ", "), devices.size() * processes, processes, parameters, steps, samples,
+      attention.empty() ? "null" : detail::json_quote(attention),
+      cudnn.empty() ? "null" : detail::json_quote(cudnn), fmt::join(devices, ", "), devices.size() * processes, processes, parameters, steps, samples,
       number(wall_s), number(samples_per_s), number(tokens_per_s), number(flops_per_token),
       mfu > 0.0 ? number(mfu) : "null", number(final_train_loss),
       number(final_train_accuracy), number(eval_loss), number(eval_accuracy),
@@ -138,7 +146,8 @@ std::string Summary::to_json() const {
       graphs.why_not.empty() ? "null" : detail::json_quote(graphs.why_not),
       graphs.eager_step_s > 0.0 ? number(1e3 * graphs.eager_step_s) : "null",
       graphs.graph_step_s > 0.0 ? number(1e3 * graphs.graph_step_s) : "null", graphs.captured,
-      graphs.launched,
+      graphs.launched, graphs.eager, graphs.refused,
+      graphs.refusal.empty() ? "null" : detail::json_quote(graphs.refusal),
       number(data_wait_s),
       number(barrier_wait_s), number(comm_s), number(comm_exposed_s), number(comm_hidden_fraction),
       resumed_from_step, stopped_early ? "true" : "false", nonfinite_skips,

@@ -38,6 +38,7 @@
 #include "train/failures.hpp"
 #include "train/fault_injection.hpp"
 #include "train/metrics_log.hpp"
+#include "train/recovery.hpp"
 #include "train/report.hpp"
 #include "train/resume_changes.hpp"
 #include "train/memory_plan.hpp"
@@ -132,11 +133,11 @@ struct Trainer::Impl {
   void record(RunResources& r, int rank, std::exception_ptr error) const;
   void make_context(RunResources& r, const Checkpoint* from, double start_s);
   void note_survivor(RunResources& r, int rank, detail::WorkerLoop& loop) const;
-  // Note [Shrink]: the state the survivors go on from, and what it costs.
+  // Note [Shrink] in recovery.hpp: the state the survivors go on from, and what it costs.
   struct Recovery {
     Checkpoint from;
-    std::int64_t failed_step = 0;  // the step that did not finish
-    std::int64_t redone = 0;       // completed steps taken again: those after `from`
+    std::int64_t failed_step = 0;  // the step the lost worker was in
+    std::int64_t redone = 0;       // steps whose update had been applied, taken again
     std::string state;             // what `from` is, for the log line
   };
   std::optional<Recovery> recovery_point(RunResources& r) const;
@@ -365,8 +366,11 @@ std::int64_t Trainer::saving_step() const noexcept { return impl_->saving_step.l
 // Note [Memory plan]: the host's bytes against its limit; a GPU worker's against its device.
 detail::MemoryPlan Trainer::Impl::check_memory(const Backend& b) const {
   const bool on_host = b.name() == "cpu";
+  // Note [cuDNN attention memory]: its backward's workspace is the device's, not a layer's.
+  const bool cudnn_attention = b.name() == "cuda" && cfg.model.type == "gpt" &&
+                               attention_choice(cfg, b.name()).path == AttentionKind::fused;
   const detail::MemoryPlan plan =
-      detail::plan_memory(cfg, model, *train, eval.get(), on_host);
+      detail::plan_memory(cfg, model, *train, eval.get(), on_host, world(), cudnn_attention);
   const detail::MemoryLimit limit = detail::host_memory_limit();
   detail::check_memory_plan(plan, limit, cfg);
   if (!on_host)
@@ -398,6 +402,7 @@ Summary Trainer::Impl::begin_summary(const Backend& b) const {
     return d.id == s.devices.front() || d.backend == "cpu";  // any id names the host CPU
   });
   if (first != infos.end()) s.matmul = first->matmul;
+  if (b.name() == "cuda") s.cudnn = cuda_support().cudnn;
   s.precision = to_string(cfg.trainer.precision);
   if (cfg.model.type == "gpt") {
     const AttentionChoice attention = attention_choice(cfg, b.name());
@@ -489,10 +494,10 @@ struct Trainer::Impl::RunResources {
   };
   std::vector<Group> abandoned_groups;
   std::string left_running;
-  // Note [Shrink]: per local worker, where a survivor stood; the first survivor's state at the
-  // start of the failed step; the state the survivors' run resumed from (null before a shrink);
+  // Note [Shrink]: per local worker, where a survivor stood; the first survivor's state (after
+  // the step it reports); the state the survivors' run resumed from (null before a shrink);
   // when the run was aborted; the samples trained before that state.
-  std::vector<std::optional<detail::WorkerLoop::Stopped>> stopped;
+  std::vector<std::optional<detail::SurvivorProgress>> stopped;
   std::optional<Checkpoint> recovery;
   std::optional<Checkpoint> recovered_from;
   detail::SnapshotSlot snapshot;  // trainer.snapshot_every
@@ -534,79 +539,9 @@ void Trainer::Impl::work(RunResources& r, int rank) {
   r.stage[rank].store(RunResources::returned);
 }
 
-// Note [Shrink]
-//   trainer.on_worker_failure: shrink keeps a run going when a worker's device is lost: every
-//   survivor holds a whole replica, and without ZeRO-1 the whole optimiser state, in this very
-//   process. Only a device-class failure (DeviceLost: a device that is gone or poisoned, the
-//   injected `lost` fault) is survived. The rest stay fatal: an input error would fail again on
-//   the survivors; a non-finite loss or gradient is the same on every replica (the gradient is
-//   averaged), so the survivors would meet it too; replicas that diverged leave no state known
-//   to be right; a watchdog stall names a worker that may still run and touch the group.
-//   The survivors' run is, by construction, a resume from a checkpoint in memory:
-//   1. The group is aborted as for any failure (Note [Failure]); run_workers waits for every
-//      worker within trainer.stop_grace_s (Note [Bounded stop]). A lost worker that does not
-//      return (a driver call on a dead device that never does; LOCKSTEP_FAULT lost:...:stuck)
-//      is left running, as the bounded stop leaves one, and the survivors go on without it:
-//      what it can still touch is never freed (its group's communicators, heartbeats, context
-//      and teardown meeting move to RunResources::abandoned_groups, the survivors' loops to
-//      kept_loops, and the run's and the Trainer's state are leaked at the end), and the log
-//      line says so. Any other worker left behind stops the run, as before: it may still write
-//      state the survivors would read.
-//   2. After the teardown meeting each survivor notes where it stood (WorkerLoop::stopped); the
-//      first also takes the state at the start of the step it had not finished
-//      (state_at_step_start). A survivor may still be in the previous step's end (its barrier,
-//      eval, replica check) when a peer that went ahead fails: it holds that same state. The
-//      state is valid when no survivor had begun the failed step's optimiser update: the lost
-//      worker's contribution is missing from the step's all-reduce, so no survivor's all-reduce
-//      of the last bucket finishes, and without updating per bucket none starts updating (with
-//      per-bucket updates, a bucket the lost worker had handed over may land and be applied).
-//      Every survivor's step and parameter hash must then agree, as the replica check demands.
-//      A step's record is read during the next step (Note [Deferred step read] in
-//      worker_loop.hpp): until a survivor has closed the step before, that step's update counts
-//      as begun, so a worker lost in a step's forward, before it agreed the step before, leaves
-//      the survivors on the state before that step (case 3).
-//      Which case a loss in the update phase meets depends on timing (a survivor aborted while
-//      its last all-reduce was finishing still holds the start); either state is right.
-//   3. Otherwise (a survivor had begun its update: the lost device died after its gradient was
-//      in, or while per-bucket updates ran; or ZeRO-1, where the lost worker held its shard of
-//      the optimiser state) the state is the newest in-memory snapshot: with
-//      trainer.snapshot_every K, every worker copies its part of the state to host memory after
-//      every K-th step's barrier, as a checkpoint would hold it, and a snapshot replaces the
-//      older one only once every part has landed (Note [Snapshots] in snapshot.hpp: one whose
-//      copy an abort interrupts is dropped, the one before kept), or the state the group started
-//      from, whichever is newer: a recovery's (or --resume's) is held in memory, so a second
-//      loss while the survivors restore it (or in their first step) recovers from it again;
-//      while the failed step is the group's first, that state is taken even when every
-//      survivor still holds the step's start, as it records the sample position exactly (one
-//      recorded again on N - 1 workers is rounded down to whole batches). Where neither is as
-//      new as the newest complete checkpoint this run wrote (trainer.checkpoint.dir; one of a
-//      step before the failed one), that checkpoint is read back from disk instead. The steps
-//      after the state are taken again (steps_redone), and their metrics reported again.
-//      Without any, the run stops and says why; so it does with fewer than trainer.min_workers survivors,
-//      or several processes (their communicators span the job and cannot be rebuilt from one).
-//      Snapshots cost a copy of the parameters and optimiser state each K steps, 1/N of it per
-//      device: on a GPU asynchronous, into pinned memory, beside the next step's forward and
-//      backward; on the CPU a memcpy on the step's thread. The memory plan counts two on the
-//      host (MemoryPlan::snapshots).
-//   4. The communicators are made anew over the survivors' devices (Backend::
-//      rebuilds_communicators: the CPU's, and the CUDA backend's peer and NCCL groups; a
-//      backend that cannot is refused before step 1), and the
-//      survivors' workers start from that state with N - 1 ranks: the data is re-sharded from
-//      its sample position by the rule any resume with another device count follows
-//      (WorkerLoop::set_up_data), each worker keeps its batch (so the global batch shrinks;
-//      with trainer.keep_global_batch, accumulate_steps is raised to N k / (N - 1) where that
-//      is whole, and the global batch stays), and trainer.steps stays; with trainer.epochs the
-//      step count is that of N - 1 workers.
-//   So the run ends bit-identical to one that --resumes from a checkpoint written at the end
-//   of the step before the failed one (or of the snapshot's step), on the survivors' devices:
-//   tests/train/test_shrink.cpp. The failed step had not completed, so from its start no step
-//   is redone. One line on stderr says which worker and device, the error, the state, the steps
-//   redone and the seconds (the abort to the survivors' start); the Summary counts them (workers_lost, recoveries, steps_redone,
-//   recovery_s), and devices and the time accounting are then the survivors'.
-
 // Note [Shrink], step 2: on the worker's thread, after the teardown meeting (every failure is
 // recorded, every peer drained). Nothing a failure here would change: the slot stays empty, and
-// the shrink is refused.
+// the rule does without it.
 void Trainer::Impl::note_survivor(RunResources& r, int rank, detail::WorkerLoop& loop) const {
   if (cfg.trainer.on_worker_failure != WorkerFailurePolicy::shrink) return;
   const std::vector<int> lost = r.failures.lost_ranks();
@@ -614,106 +549,87 @@ void Trainer::Impl::note_survivor(RunResources& r, int rank, detail::WorkerLoop&
   int first = 0;
   while (std::find(lost.begin(), lost.end(), global_rank(first)) != lost.end()) ++first;
   try {
-    const detail::WorkerLoop::Stopped at = loop.stopped();
-    if (rank == first && at.step > 0 && !at.updating && cfg.trainer.zero == 0)
-      r.recovery = loop.state_at_step_start();
+    const detail::SurvivorProgress at = loop.progress();
+    if (rank == first && at.lacks.empty() && cfg.trainer.zero == 0)
+      r.recovery = loop.recovery_state();
     r.stopped[rank] = at;
   } catch (const std::exception&) {
   }
 }
 
-// Note [Shrink], steps 2 and 3: the state the survivors go on from; nullopt when no worker was
-// lost (or trainer.on_worker_failure is stop, or another failure is fatal), so that the run's
+// Note [Shrink], step 3: the state the survivors go on from; nullopt when no worker was lost
+// (or trainer.on_worker_failure is stop, or another failure is fatal), so that the run's
 // failure is reported as always. Rethrows the loss, with why, when the run cannot go on.
 std::optional<Trainer::Impl::Recovery> Trainer::Impl::recovery_point(RunResources& r) const {
   const TrainerConfig& tc = cfg.trainer;
   if (tc.on_worker_failure != WorkerFailurePolicy::shrink) return std::nullopt;
   const std::vector<int> lost = r.failures.lost_ranks();
   if (lost.empty() || !r.failures.only_losses()) return std::nullopt;
-  const int n = static_cast<int>(r.comms.size()), left = n - static_cast<int>(lost.size());
-  const auto cannot = [&](const std::string& why) {
-    r.failures.rethrow_first(fmt::format("; trainer.on_worker_failure: shrink cannot go on: {}", why));
-  };
-  if (processes)
-    cannot(fmt::format("the run spans {} processes, whose communicators cannot be rebuilt from "
-                       "one of them",
-                       processes->size()));
-  if (left < tc.min_workers)
-    cannot(fmt::format("{} of {} workers are left, fewer than trainer.min_workers = {}", left, n,
-                       tc.min_workers));
-  // The state at the start of the failed step, when every survivor still holds it.
-  std::string why;
-  std::int64_t failed_step = 0;
-  std::optional<detail::WorkerLoop::Stopped> reference;
-  for (int rank = 0; rank < n; ++rank) {
-    if (std::find(lost.begin(), lost.end(), global_rank(rank)) != lost.end()) continue;
-    const auto& at = r.stopped[rank];
-    if (at) failed_step = std::max(failed_step, at->step);
-    if (!why.empty()) continue;
-    if (tc.zero == 1)
-      why = "with trainer.zero: 1 the lost worker held its shard of the optimizer state";
-    else if (!at)
-      why = fmt::format("worker {} could not report its state", rank);
-    else if (at->step == 0)
-      why = "the failure came before the first step";
-    else if (at->updating)
-      why = fmt::format("worker {} had begun the update of step {}, so the state at the step's "
-                        "start is gone",
-                        rank, at->step);
-    else if (reference && (at->step != reference->step || at->param_hash != reference->param_hash))
-      why = fmt::format("the survivors differ: step {} and parameter hash {:016x}, and step {} "
-                        "and {:016x}",
-                        reference->step, reference->param_hash, at->step, at->param_hash);
-    else if (!reference)
-      reference = at;
-  }
-  // The state this group started from (a recovery's, or --resume's), held in memory. While the
-  // group's first step is the failed one, it is the state at that step's start, with the sample
-  // position as first recorded (one recorded again on other workers is rounded down to whole
-  // batches: WorkerLoop::set_up_data).
   const Checkpoint* start = r.recovered_from ? &*r.recovered_from : resume ? &*resume : nullptr;
-  const char* start_is = r.recovered_from ? "the last recovery's state" : "the resumed checkpoint";
-  if (why.empty() && start && start->state.step + 1 == failed_step)
-    return Recovery{.from = *start,
-                    .failed_step = failed_step,
-                    .state = fmt::format("the start of step {} ({})", failed_step, start_is)};
-  if (why.empty() && !r.recovery) why = "the first survivor could not copy its state";
-  if (why.empty())
-    return Recovery{.from = std::move(*r.recovery),
-                    .failed_step = failed_step,
-                    .state = fmt::format("the start of step {} (parameter hash {:016x})",
-                                         failed_step, reference->param_hash)};
-  // Else the newest state held in memory: a snapshot, or the group's start (a second loss during
-  // a recovery finds it); or, where none is as new, the newest complete checkpoint this run
-  // wrote (one of a step before the failed one: the directory may hold an older run's later
-  // steps). The steps after it are taken again.
-  std::optional<Checkpoint> snapshot = r.snapshot.newest();
-  std::string what = "the snapshot";
-  if (start && (!snapshot || snapshot->state.step <= start->state.step)) {
-    snapshot = *start;
-    what = start_is;
+  const auto step_of = [](const std::optional<Checkpoint>& c) {
+    return c ? std::optional(c->state.step) : std::nullopt;
+  };
+  // The lost worker's step; a failure before the group's first step fails that step.
+  detail::RecoveryInput in{.failed_step = (start ? start->state.step : 0) + 1,
+                           .survivors = {},
+                           .workers = static_cast<int>(r.comms.size()),
+                           .min_workers = tc.min_workers,
+                           .processes = processes ? processes->size() : 1,
+                           .zero = tc.zero == 1,
+                           .stored = {}};
+  for (int rank = 0; rank < in.workers; ++rank) {
+    if (std::find(lost.begin(), lost.end(), global_rank(rank)) != lost.end())
+      in.failed_step = std::max(in.failed_step, r.heartbeats->step(rank));
+    else
+      in.survivors.push_back({.rank = rank, .progress = r.stopped[rank]});
   }
-  if (!tc.checkpoint.dir.empty()) {
-    std::optional<Checkpoint> saved;
+  std::optional<Checkpoint> snapshot = r.snapshot.newest(), saved;
+  // The checkpoint on disk is read only where the survivors hold no common state.
+  if (!tc.checkpoint.dir.empty() && !detail::common_state(in.survivors, in.zero).step) {
     try {
       saved = CheckpointManager(tc.checkpoint.dir, 0).load_latest();
     } catch (const std::exception&) {  // none valid, or unreadable: as if there were none
     }
-    if (saved && saved->state.step < failed_step &&
-        (!snapshot || saved->state.step > snapshot->state.step)) {
-      snapshot = std::move(saved);
-      what = fmt::format("the checkpoint on disk in {}", tc.checkpoint.dir);
-    }
   }
-  if (!snapshot)
-    cannot(why + ", and there is no in-memory snapshot (trainer.snapshot_every) or checkpoint "
-                 "on disk to recover from");
-  const std::int64_t step = snapshot->state.step;
-  failed_step = std::max(failed_step, step + 1);
-  return Recovery{.from = std::move(*snapshot),
-                  .failed_step = failed_step,
-                  .redone = failed_step - 1 - step,
-                  .state = fmt::format("{} of step {} ({})", what, step, why)};
+  in.stored = {.group_start = start ? std::optional(start->state.step) : std::nullopt,
+               .snapshot = step_of(snapshot),
+               .checkpoint = step_of(saved)};
+  const detail::RecoveryChoice choice = detail::choose_recovery(in);
+  const char* start_is = r.recovered_from ? "the last recovery's state" : "the resumed checkpoint";
+  Recovery out{.from = {}, .failed_step = in.failed_step, .redone = choice.redone, .state = {}};
+  const std::string why = choice.why.empty() ? "" : fmt::format(" ({})", choice.why);
+  switch (choice.source) {
+    case detail::RecoverySource::none:
+      r.failures.rethrow_first(
+          fmt::format("; trainer.on_worker_failure: shrink cannot go on: {}", choice.why));
+      return std::nullopt;  // not reached: rethrow_first throws
+    case detail::RecoverySource::survivors:
+      if (!r.recovery) {  // the first survivor could not copy it: the run stops as it would
+        r.failures.rethrow_first("; trainer.on_worker_failure: shrink cannot go on: the first "
+                                 "survivor could not copy its state");
+        return std::nullopt;
+      }
+      out.from = std::move(*r.recovery);
+      out.state = fmt::format("the start of step {} (parameter hash {:016x})", choice.step + 1,
+                              r.stopped[in.survivors.front().rank]->param_hash);
+      break;
+    case detail::RecoverySource::group_start:
+      out.from = *start;
+      out.state = choice.why.empty()
+                      ? fmt::format("the start of step {} ({})", choice.step + 1, start_is)
+                      : fmt::format("{} of step {}{}", start_is, choice.step, why);
+      break;
+    case detail::RecoverySource::snapshot:
+      out.from = std::move(*snapshot);
+      out.state = fmt::format("the snapshot of step {}{}", choice.step, why);
+      break;
+    case detail::RecoverySource::checkpoint:
+      out.from = std::move(*saved);
+      out.state = fmt::format("the checkpoint on disk in {} of step {}{}", tc.checkpoint.dir,
+                              choice.step, why);
+      break;
+  }
+  return out;
 }
 
 // Note [Shrink], step 4: the survivors' group, on their devices, from `from`. Between groups,
@@ -732,27 +648,12 @@ void Trainer::Impl::shrink(RunResources& r, Recovery recovery) {
   // Every lost worker's error: two may be lost in one step.
   const std::string error = fmt::format("{}", fmt::join(r.failures.losses(), "; "));
   const std::int64_t failed_step = recovery.failed_step;
-  // Faults at or before the failed step have struck, or will never strike now; so has one in
-  // the step after it: the survivors may not have closed the step before the lost worker's
-  // (Note [Deferred step read] in worker_loop.hpp).
-  if (r.fault.step <= failed_step + 1) r.fault = {};
-  // The global batch: each worker's kept (it shrinks), or with keep_global_batch the
-  // accumulation raised to keep it where the survivors divide it.
-  const int workers_before = static_cast<int>(cfg.trainer.devices.size());
-  const int micro_batches = workers_before * cfg.trainer.accumulate_steps;
-  const int left = static_cast<int>(survivors.size());
-  std::string batch = fmt::format("{} samples per step", left * cfg.trainer.accumulate_steps *
-                                                             cfg.data.batch_size);
-  if (cfg.trainer.keep_global_batch && micro_batches % left == 0) {
-    cfg.trainer.accumulate_steps = micro_batches / left;
-    summary.accumulate_steps = cfg.trainer.accumulate_steps;
-    batch += fmt::format(" (trainer.keep_global_batch: accumulate_steps {})",
-                         cfg.trainer.accumulate_steps);
-  } else if (cfg.trainer.keep_global_batch) {
-    batch += fmt::format(" (trainer.keep_global_batch: {} micro-batches do not divide among {} "
-                         "workers)",
-                         micro_batches, left);
-  }
+  // A fault at or before the failed step has struck, or will never strike now.
+  if (r.fault.step <= failed_step) r.fault = {};
+  const detail::SurvivorsBatch batch = detail::survivors_batch(
+      static_cast<int>(cfg.trainer.devices.size()), static_cast<int>(survivors.size()),
+      cfg.trainer.accumulate_steps, cfg.data.batch_size, cfg.trainer.keep_global_batch);
+  cfg.trainer.accumulate_steps = summary.accumulate_steps = batch.accumulate_steps;
   cfg.trainer.devices = survivors;
   total_steps = compute_total_steps();
   r.samples_before += from.state.samples - (r.recovered_from ? r.recovered_from->state.samples
@@ -788,7 +689,7 @@ void Trainer::Impl::shrink(RunResources& r, Recovery recovery) {
              "note: {}; {}going on with {} worker{} ({}:{}, {}) from {}, {} steps redone, {:.2f} s "
              "after the abort (trainer.on_worker_failure: shrink)\n",
              error, std::exchange(r.left_running, {}), survivors.size(),
-             survivors.size() == 1 ? "" : "s", r.backend->name(), fmt::join(survivors, ","), batch,
+             survivors.size() == 1 ? "" : "s", r.backend->name(), fmt::join(survivors, ","), batch.words,
              recovery.state, recovery.redone, seconds);
 }
 

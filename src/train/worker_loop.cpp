@@ -175,8 +175,18 @@ void WorkerLoop::set_up(Backend& backend) {
   set_up_data(scarce);
 }
 
-// The sampler position: a resumed run continues inside the epoch it stopped in. With another
-// device count, the samples consumed so far in that epoch are rounded down to whole batches.
+// Note [Re-sharding]
+//   A resumed run (and a shrink's survivors: Note [Shrink] in recovery.hpp) continues inside the
+//   epoch it stopped in. The DistributedSampler gives rank r of N the positions r, r + N, ... of
+//   the epoch's order, so after b batches of B on each of N workers the positions [0, b B N)
+//   are served. On N' workers each rank starts at batch b' = floor(b N / N'), position b' B N':
+//     - with N' = N, or wherever N' divides b N, exactly where the run stopped: every sample
+//       of the epoch once;
+//     - otherwise a little before it: every sample still once at least, and those at positions
+//       [b' B N', b B N) (fewer than B N', one global batch) a second time in that epoch.
+//   Never later, so no sample of the epoch is skipped. Starting exactly at b B N on N' workers
+//   would need a position the checkpoint does not hold (in samples, not whole batches per
+//   worker). tests/train/test_resharding.cpp pins the samples served, resume and shrink.
 // Note [Inline loader]: when the compute threads take every core, the loader has no core of its
 // own either. Its thread then only adds a wake-up and two context switches per batch, taken
 // from compute (a batch handed through the queue wakes the producer to refill it), so the
@@ -238,7 +248,7 @@ void WorkerLoop::run(Backend& backend) {
     enter(Phase::all_reduce);  // starting it, or running it inline
     res_.reducer->launch_remaining();
     // Without overlap no bucket left during backward: the all-reduce fault strikes here.
-    run_.fault.lose_device(global_, pos_.step, Fault::Phase::all_reduce);
+    lose_device_in_all_reduce();
     reduce_and_update();
     run_.fault.lose_device(global_, pos_.step, Fault::Phase::update);
     queue_end(mine);
@@ -261,7 +271,7 @@ void WorkerLoop::warm_up() {
 }
 
 // The state the next step starts from is now final: a survivor aborted from here to that
-// step's update holds it (Note [Shrink] in trainer.cpp; a peer may leave the end-of-step
+// step's update holds it (Note [Shrink] in recovery.hpp; a peer may leave the end-of-step
 // barrier, begin the next step and fail there while this worker is still in the barrier).
 void WorkerLoop::mark_step_start() {
   step_start_ = StepStart{.pos = pos_, .optimizer_steps = res_.optimizer->steps_taken()};
@@ -386,9 +396,18 @@ void WorkerLoop::grads_ready(std::size_t layer) {
   }
   Reducer& reducer = *res_.reducer;
   reducer.layer_ready(layer);
-  if (reducer.launched() > 0) run_.fault.lose_device(global_, pos_.step, Fault::Phase::all_reduce);
+  if (reducer.launched() > 0) lose_device_in_all_reduce();
   if (reducer.launched() < reducer.buckets().size())
     enter(Phase::backward, static_cast<int>(reducer.launched()));
+}
+
+// The lost:all-reduce fault: the device dies once the buckets it has handed over have landed
+// (with overlap the first, else all), so that what the survivors hold does not depend on
+// whether its communication thread beat its abort (Note [Shrink] in recovery.hpp, step 2).
+void WorkerLoop::lose_device_in_all_reduce() {
+  if (!run_.fault.loses(global_, pos_.step, Fault::Phase::all_reduce)) return;
+  for (std::size_t i = 0; i < res_.reducer->launched(); ++i) res_.reducer->wait(i);
+  run_.fault.lose_device(global_, pos_.step, Fault::Phase::all_reduce);
 }
 
 // Metrics and the stop decision, agreed by every rank once the step's record is read.
@@ -449,7 +468,8 @@ void WorkerLoop::queue_end(const StepTotals& mine) {
                      .mine = mine,
                      .record = res_.records[pos_.step % 2].get(),
                      .host_syncs = res_.device->host_syncs() - syncs_.at_step_start -
-                                   syncs_.other_step};
+                                   syncs_.other_step,
+                     .read = std::nullopt};
 }
 
 // Whether step `step`'s record may be read during the next step: a next step follows, and
@@ -468,12 +488,12 @@ bool WorkerLoop::defers_read(std::int64_t step) const {
 // at that step.
 bool WorkerLoop::close_step(bool deferred) {
   const Pending step = *pending_;
-  pending_.reset();
   const Position queued = pos_;
   pos_ = step.end;
   if (deferred) beat();  // the watchdog names the step being closed
   const std::uint64_t syncs_before = res_.device->host_syncs();
-  const StepRecord::Host& record = step.record->read();
+  const StepRecord::Host record = step.record->read();
+  pending_->read = record;
   count_host_syncs(step.host_syncs + res_.device->host_syncs() - syncs_before);
   busy_.step_read(pos_.step, res_.device->device_step_seconds());
   if (!updates_per_bucket() && record.control.skip) res_.optimizer->cancel_step();
@@ -484,11 +504,12 @@ bool WorkerLoop::close_step(bool deferred) {
   mine.correct = static_cast<double>(record.loss.correct);
   enter(Phase::totals);
   const StepTotals totals = agree_totals(mine);
+  pending_.reset();  // agreed: a recovery now goes on from the step's end (Note [Shrink])
+  mark_step_start();
   const bool stop_now = totals.stop > 0.0;
   const UpdateResult update = after_update(totals, record.control);
   enter(Phase::report);
   report(totals, update, stop_now);
-  mark_step_start();
   end_of_step(stop_now);
   if (stop_now) {
     if (rank_ == 0) run_.summary.stopped_early = pos_.step < run_.total_steps;
@@ -890,19 +911,43 @@ void WorkerLoop::save_checkpoint(std::vector<StateVector> optimizer_state) {
   if (run_.callbacks.checkpoint) run_.callbacks.checkpoint(pos_.step, run_.summary.last_checkpoint);
 }
 
-WorkerLoop::Stopped WorkerLoop::stopped() const {
-  if (!step_start_) return {};
+// Note [Shrink] in recovery.hpp, step 2. A step whose update is whole and whose record is
+// read, but whose totals were never agreed (Note [Deferred step read]), counts as done where
+// that record is finite and its update not skipped: the same on every replica.
+SurvivorProgress WorkerLoop::progress() const {
   Replica& replica = *res_.replica;
-  return {.step = step_start_->pos.step + 1,
-          .updating = step_start_->updating,
-          .param_hash = replica.device().hash(replica.params(), replica.param_count())};
+  SurvivorProgress p{.updated = pos_.step,
+                     .param_hash = replica.device().hash(replica.params(), replica.param_count()),
+                     .lacks = {}};
+  if (pending_) {
+    const std::optional<StepRecord::Host>& read = pending_->read;
+    p.updated = pending_->end.step;
+    if (!read)
+      p.lacks = fmt::format("had not read the record of step {}", p.updated);
+    else if (read->control.skip || !std::isfinite(read->control.grad_norm) ||
+             read->loss.label_error != 0 || !std::isfinite(read->loss.loss_sum))
+      p.lacks = fmt::format("had a non-finite or skipped update at step {}", p.updated);
+  } else if (!step_start_) {
+    p.lacks = "had begun no step";
+  } else {
+    p.updated = step_start_->pos.step;
+    if (step_start_->updating)
+      p.lacks = fmt::format("had begun the update of step {}, so the state after step {} is gone",
+                            p.updated + 1, p.updated);
+  }
+  return p;
 }
 
-// The parameters are the step's starting ones until its update begins; so is the optimiser's
-// state, and its step count is the one recorded as the step began (begin_step() of the
-// optimiser may have counted this step already).
-Checkpoint WorkerLoop::state_at_step_start() const {
-  return make_checkpoint(step_start_->pos, step_start_->optimizer_steps, res_.optimizer->state());
+// The parameters are those after progress().updated; so is the optimiser's state. A step
+// closed or not: its position, with the group's samples of an unagreed one counted (every
+// worker's batch has the same size), and its step count as the optimiser holds it; else the
+// count recorded as the next step began (begin_step() of the optimiser may have counted it).
+Checkpoint WorkerLoop::recovery_state() const {
+  if (!pending_)
+    return make_checkpoint(step_start_->pos, step_start_->optimizer_steps, res_.optimizer->state());
+  Position end = pending_->end;
+  end.samples += static_cast<std::int64_t>(pending_->mine.samples) * comm_.size();
+  return make_checkpoint(end, res_.optimizer->steps_taken(), res_.optimizer->state());
 }
 
 // ---- Finish -------------------------------------------------------------------------------------

@@ -62,9 +62,10 @@
 //   A step whose end needs the device's state (eval, a replica check, a checkpoint, a
 //   snapshot, the last step) is read at its end, as before (defers_read): its end runs before
 //   the next step's forward overwrites the activations. TrainerHooks::defer_read = false reads
-//   every step so, for tests. The state a step starts from (mark_step_start, Note [Shrink] in
-//   trainer.cpp) is final once the step before is closed, its totals agreed: until then a
-//   survivor reports that step's update as begun. Host syncs are counted per step (Note [Host
+//   every step so, for tests. The state a step starts from (mark_step_start) is final once the
+//   step before is closed, its totals agreed; until then a survivor of a lost worker reports
+//   the step before as applied but unagreed, its record read (Note [Shrink] in recovery.hpp,
+//   step 2). Host syncs are counted per step (Note [Host
 //   syncs] in device.hpp): those from its start to its queued end, less closing the step
 //   before, plus its own record's read.
 //
@@ -112,6 +113,7 @@
 #include "lockstep/model.hpp"
 #include "lockstep/trainer.hpp"
 #include "train/fault_injection.hpp"
+#include "train/recovery.hpp"
 #include "train/device_busy.hpp"
 #include "train/snapshot.hpp"
 #include "train/step_graphs.hpp"
@@ -222,17 +224,13 @@ class WorkerLoop {
   // Waits for the all-reduces still in flight, after a failure (Note [Failure]).
   void drain() noexcept;
 
-  // Where this worker stood when its run was aborted: what Note [Shrink] in trainer.cpp needs
-  // to know of a survivor. Called on the worker's thread, after drain() and the teardown meeting.
-  struct Stopped {
-    std::int64_t step = 0;      // the step it had not finished; 0: it had begun none
-    bool updating = false;      // it had begun that step's optimiser update
-    std::uint64_t param_hash = 0;  // of its parameters, as check_replicas() hashes them
-  };
-  Stopped stopped() const;
-  // The state at the start of the step it was in, as a checkpoint written at the end of the step
-  // before holds it (save_checkpoint). Without ZeRO-1, and only while !stopped().updating.
-  Checkpoint state_at_step_start() const;
+  // Where this worker stood once its group was aborted, and the state it holds then: what Note
+  // [Shrink] in recovery.hpp needs of a survivor. Called on the worker's thread, after drain()
+  // and the teardown meeting; recovery_state() only where progress().lacks is empty, without
+  // ZeRO-1: the state after progress().updated, as a checkpoint written at that step's end
+  // holds it (save_checkpoint).
+  SurvivorProgress progress() const;
+  Checkpoint recovery_state() const;
 
  private:
   // Everything this worker owns, in dependency order: later members use earlier ones.
@@ -301,6 +299,7 @@ class WorkerLoop {
     StepTotals mine;      // its samples; its loss comes from the record
     StepRecord* record;
     std::uint64_t host_syncs = 0;  // from its start to its queued end, less closing the step before
+    std::optional<StepRecord::Host> read;  // the record, once read (a recovery looks at it)
   };
   void set_up(Backend& backend);
   bool cores_scarce(const Backend& backend) const;
@@ -328,6 +327,7 @@ class WorkerLoop {
   void fill_summary(std::span<const double> time_rows, const EvalMetrics& final_eval);
 
   void grads_ready(std::size_t layer);
+  void lose_device_in_all_reduce();
   EvalMetrics evaluate();
   void check_replicas();
   void checkpoint_if_due(bool stop_now);
@@ -357,7 +357,7 @@ class WorkerLoop {
   Position pos_;
   // The position and the optimiser's step count the next step starts from (the last step's
   // end, until that next step's update begins), and whether it has: a recovery's state (Note
-  // [Shrink] in trainer.cpp). Set as a step begins and once it is done.
+  // [Shrink] in recovery.hpp). Set as a step begins and once it is closed.
   struct StepStart {
     Position pos;
     std::int64_t optimizer_steps = 0;

@@ -73,6 +73,16 @@ TEST_CASE("cli: devices names the MPI and CUDA support built in, and requests no
                           R"(NCCL \d+\.\d+\.\d+ linked\)\n)");
     CHECK(std::regex_search(r.output, line));
     CHECK(r.output.find("cuda: built in (" + cuda.summary + ")") != std::string::npos);
+    // What runs the fused attention (issue 40: the GPU machine's cuDNN is not the one built
+    // against), e.g. "cudnn: cuDNN 9.19.0 loaded (headers 9.19.0), frontend 1.32.0, ..."
+    if (!cuda.cudnn.empty()) {
+      const std::regex versions(R"(\ncudnn: cuDNN \d+\.\d+\.\d+ loaded \(headers )"
+                                R"(\d+\.\d+\.\d+\), frontend \d+\.\d+\.\d+, SDPA forward )"
+                                R"(composite\n)");
+      CHECK(std::regex_search(r.output, versions));
+    } else {
+      CHECK(r.output.find("\ncudnn: not built in") != std::string::npos);
+    }
     if (cuda.gpus == 0) CHECK(r.output.find("\ncuda:0  ") == std::string::npos);
     else CHECK(r.output.find("\ncuda:0  ") != std::string::npos);
   } else {
@@ -248,4 +258,24 @@ TEST_CASE("cli: export --dtype bf16 writes half the data bytes, and a bad --dtyp
   const Result bad = run_cli("export " + ckpt.string() + " --out " + b16.string() + " --dtype fp16");
   CHECK(bad.code == 2);
   CHECK_MESSAGE(bad.output.find("--dtype: expected fp32 or bf16, got 'fp16'") != std::string::npos, bad.output);
+}
+
+TEST_CASE("cli: an unknown option that names a config key is told the --set that was meant") {
+  const auto steps = run_cli("train " + kQuickstart + " --steps 10");
+  CHECK(steps.code == 2);
+  CHECK_MESSAGE(steps.output.find("train: unknown option '--steps'; to set the config key "
+                                  "trainer.steps, write --set trainer.steps=10") !=
+                    std::string::npos, steps.output);
+  // --key=value, and a key given in full.
+  CHECK(run_cli("train " + kQuickstart + " --lr=0.5").output.find(
+            "write --set optimizer.lr=0.5") != std::string::npos);
+  CHECK(run_cli("train " + kQuickstart + " --trainer.devices 2").output.find(
+            "write --set trainer.devices=2") != std::string::npos);
+  // A last part several keys share: each is named.
+  CHECK(run_cli("eval " + kQuickstart + " --type sgd").output.find(
+            "with KEY one of model.type, optimizer.type, schedule.type") != std::string::npos);
+  // A command without --set is not told to use it.
+  const auto tokenize = run_cli("tokenize --steps 3");
+  CHECK(tokenize.code == 2);
+  CHECK(tokenize.output.find("--set") == std::string::npos);
 }

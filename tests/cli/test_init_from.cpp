@@ -147,3 +147,35 @@ TEST_CASE("cli: --init-from a Hugging Face directory with a tokenizer: the model
                                   "4 in the weights: --set model.n_head=4") != std::string::npos,
                 other.output);
 }
+
+TEST_CASE("cli: --init-from says what a wrong path is: text, another kind of model, a folder of "
+          "runs") {
+  lockstep::test::TempDir dir;
+  const std::string root = dir.path().string();
+  const std::string quickstart = std::string(LOCKSTEP_SOURCE_DIR) + "/configs/quickstart.yaml";
+  const std::string runs = root + "/runs", mlp = runs + "/mlp";
+  REQUIRE(run_cli("train \"" + quickstart + "\" --set trainer.steps=2 --set trainer.eval_every=0 "
+                  "--set trainer.checkpoint.dir=" + mlp).code == 0);
+  const std::string notes = root + "/notes.txt";
+  std::ofstream(notes) << "My notes, in plain text.\nSecond line.\n";
+  const std::string out = " --set trainer.steps=1 --set trainer.checkpoint.dir=" + root + "/out";
+
+  // A text file: said to be text, not a header of 2^61 bytes.
+  const auto text = run_cli(kSmall + out + " --init-from " + notes);
+  CHECK(text.code == 2);
+  CHECK_MESSAGE(text.output.find(notes + ": not a safetensors file: it starts with text (\"My "
+                                 "notes, in plain text.\")") != std::string::npos, text.output);
+  // An MLP's checkpoint for a GPT: not a GPT checkpoint, as sample says.
+  const auto other = run_cli(kSmall + out + " --init-from " + mlp);
+  CHECK(other.code == 2);
+  CHECK_MESSAGE(other.output.find("it holds another kind of model (\"mlp inputs=64") !=
+                    std::string::npos, other.output);
+  CHECK_MESSAGE(other.output.find("not a GPT checkpoint (model.type gpt)") != std::string::npos,
+                other.output);
+  // A folder of runs: the runs in it are named.
+  const auto parent = run_cli("train \"" + quickstart + "\"" + out + " --init-from " + runs);
+  CHECK(parent.code == 2);
+  CHECK_MESSAGE(parent.output.find(runs + ": no checkpoint (step_NNNNNNNN.safetensors and .state "
+                                   "files); its subfolders hold some: name one of " + mlp) !=
+                    std::string::npos, parent.output);
+}

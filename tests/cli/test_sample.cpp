@@ -45,6 +45,14 @@ TEST_CASE("cli: gpt_tiny trains, logs tokens/s, and sample continues a prompt fr
   CHECK(a.output.size() == std::string("ROSALIND.").size() + 40 + 1);  // and a newline
   CHECK(run_cli(sample + " --seed 3").output == a.output);
   CHECK(run_cli(sample + " --seed 4").output != a.output);
+  // The checkpoint as export takes it: positional, the same draws.
+  CHECK(run_cli("sample " + ckpt + " --prompt 'ROSALIND.' --tokens 40 --seed 3").output ==
+        a.output);
+  const auto two = run_cli("sample " + ckpt + "/elsewhere --checkpoint " + ckpt);
+  CHECK(two.code == 2);
+  CHECK_MESSAGE(two.output.find("sample: two checkpoints, '" + ckpt + "/elsewhere' and "
+                                "--checkpoint '" + ckpt + "'; give one") != std::string::npos,
+                two.output);
   const auto greedy = run_cli(sample + " --temperature 0 --top-k 5");
   CHECK_MESSAGE(greedy.code == 0, greedy.output);
 

@@ -340,8 +340,24 @@ TEST_CASE("config: enum values outside their choices") {
   CHECK(contains(error_of("trainer: {backend: tpu}\n"), "expected one of auto, cpu, cuda"));
 }
 
+TEST_CASE("config: a YAML syntax error is said in words, with its line and a caret") {
+  // A value with ': ' in it, unquoted.
+  CHECK(errors_of("model:\n  type: mlp: x\n") ==
+        "q.yaml:2:12: YAML syntax: a ':' where no value can start: a value holding ': ' must be "
+        "quoted (key: \"a: b\"), or this key is indented deeper than the keys of its section "
+        "(yaml-cpp: illegal map value)\n  2 |   type: mlp: x\n    |            ^");
+  // A tab in the indentation, which yaml-cpp also calls an illegal map value.
+  CHECK(contains(error_of("trainer:\n\tsteps: 3\n"),
+                 "q.yaml:2:7: YAML syntax: a tab in the indentation: YAML indents with spaces only"));
+  CHECK(contains(error_of("model: {type: mlp\n"), "a map opened with '{' is not closed with '}'"));
+  CHECK(contains(error_of("data: {path: \"a\\qb\"}\n"),
+                 "a backslash in a double-quoted string that starts no escape"));
+}
+
 TEST_CASE("config: malformed documents") {
-  CHECK(error_of("trainer: [\n") == "q.yaml:2:1: end of sequence flow not found");
+  CHECK(errors_of("trainer: [\n") ==
+        "q.yaml:2:1: YAML syntax: a list opened with '[' is not closed with ']' (or an item lacks "
+        "its ',') (yaml-cpp: end of sequence flow not found)\n  2 | \n    | ^");
   CHECK(contains(error_of("trainer:\n  steps: 1\n bad: x: y\n"), "q.yaml:3:"));
   CHECK(error_of("- model\n- data\n") ==
         "q.yaml:1:1: expected a map of sections (model, data, optimizer, schedule, trainer), got a "

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
@@ -13,6 +14,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -23,8 +25,29 @@
 
 namespace lockstep::test {
 
+// How a case skips where this build has no CUDA backend: "gpu" on a machine without the CUDA
+// toolkit, "unbuilt" (refused by scripts/test.sh) where the configure found nvcc at `toolkit`
+// (Note [CUDA toolkit, backend not built] in the top-level CMakeLists.txt).
+struct SkipReason {
+  Skip kind;
+  std::string why;
+};
+inline SkipReason without_cuda_backend(std::string_view toolkit = LOCKSTEP_TEST_CUDA_TOOLKIT) {
+  if (toolkit.empty())
+    return {Skip::gpu, "this build has no CUDA backend, and this machine no CUDA toolkit"};
+  return {Skip::unbuilt,
+          fmt::format("this build has no CUDA backend, but the CUDA toolkit is here ({}): "
+                      "configure with it (-DCMAKE_CUDA_COMPILER={} -DLOCKSTEP_WITH_CUDA=ON)",
+                      toolkit, toolkit)};
+}
+
 // The CUDA backend, or null (after saying why) when this build or this machine has none.
 inline std::unique_ptr<Backend> cuda_or_skip(const BackendOptions& options = {}) {
+  if (!cuda_support().built) {
+    const SkipReason reason = without_cuda_backend();
+    skip(reason.kind, reason.why);
+    return nullptr;
+  }
   try {
     return make_backend(BackendKind::cuda, {}, options);
   } catch (const InputError& e) {
@@ -151,6 +174,41 @@ inline void check_close(const std::vector<float>& got, const std::vector<float>&
                         << (std::isnan(m.want) ? " (NaN in the CPU's output: never written, or "
                                                  "NaN where none is expected)"
                                                : ""));
+}
+
+// Every parameter tensor of `model` on its own, element by element (mismatches, which refuse
+// NaN): `got` against `want`, both whole parameter (or gradient) buffers, each element within
+// tol of itself and of its tensor's largest (tol.row is ignored: a tensor is a row). The names
+// of the tensors that fail, each with its first mismatch.
+struct TensorMismatch {
+  std::string tensor;
+  std::size_t count;
+  Mismatch first;
+};
+inline std::vector<TensorMismatch> tensor_mismatches(const Model& model,
+                                                     const std::vector<float>& got,
+                                                     const std::vector<float>& want,
+                                                     Tolerance tol) {
+  if (got.size() != want.size()) return {{"(the whole buffer)", 1, {want.size(), kNaN, kNaN, 0}}};
+  tol.row = 0;
+  std::vector<TensorMismatch> bad;
+  for (const ParamTensor& t : model.param_tensors()) {
+    const auto part = [&](const std::vector<float>& all) {
+      const auto from = all.begin() + static_cast<std::ptrdiff_t>(t.offset);
+      return std::vector<float>(from, from + static_cast<std::ptrdiff_t>(t.numel()));
+    };
+    const std::vector<Mismatch> m = mismatches(part(got), part(want), tol);
+    if (!m.empty()) bad.push_back({t.name, m.size(), m.front()});
+  }
+  return bad;
+}
+
+inline void check_each_tensor(const Model& model, const std::vector<float>& got,
+                              const std::vector<float>& want, const Tolerance& tol) {
+  for (const TensorMismatch& m : tensor_mismatches(model, got, want, tol))
+    FAIL_CHECK(m.tensor << ": " << m.count << " elements differ; the first, " << m.first.index
+                        << ": got " << m.first.got << ", want " << m.first.want << ", within "
+                        << m.first.allowed);
 }
 
 // Runs the same op on the GPU and on a CPU device: op(device) returns the downloaded results

@@ -127,3 +127,61 @@ TEST_CASE("gpu_vs_cpu: NaN passes only where the CPU has it and the test expects
   // Different lengths fail.
   CHECK(mismatches({1.0f}, {1.0f, 2.0f}, tol).size() == 1);
 }
+
+// The GPU GPT-step comparisons (test_cudnn_attention.cpp, test_cuda_linear.cpp) check each
+// parameter tensor's gradient on its own. What one bound of 4 bf16 ulps of the model's largest
+// gradient, a std::max of the differences, let through (issue 40): a NaN (std::max drops it),
+// and zeros in a tensor of gradients far below the model's largest (dq and dk never written).
+TEST_CASE("gpu_vs_cpu: each gradient tensor on its own, where NaN and a tensor of zeros fail") {
+  const Model model = Model::gpt({.vocab_size = 64, .context = 8, .n_layer = 1, .n_head = 2,
+                                  .d_model = 16});
+  std::vector<float> want(model.param_count());
+  std::uint64_t seed = 11;
+  for (float& w : want) w = static_cast<float>(1e-3 * (2.0 * detail::uniform01(seed) - 1.0));
+  want[0] = 1.0f;  // the model's largest, in wte
+  const Tolerance tol{4 * kBf16Ulp, 4 * kBf16Ulp, 0};
+  CHECK(tensor_mismatches(model, want, want, tol).empty());
+  const auto find = [&](const std::string& suffix) {
+    for (const ParamTensor& t : model.param_tensors())
+      if (t.name.ends_with(suffix)) return t;
+    FAIL("no tensor named *" << suffix);
+    return ParamTensor{};
+  };
+  const ParamTensor attn = find("attn.c_attn.weight");
+  // The old bound: every difference within 4 bf16 ulps of the largest gradient, 1.0.
+  const auto old_bound_passes = [&](const std::vector<float>& got) {
+    double err = 0.0, largest = 0.0;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      err = std::max(err, std::abs(double(got[i]) - want[i]));
+      largest = std::max(largest, std::abs(double(want[i])));
+    }
+    return err <= 4 * kBf16Ulp * largest;
+  };
+  // dq and dk not written: c_attn's weight gradient zero where q and k come from.
+  std::vector<float> zeros = want;
+  std::fill_n(zeros.begin() + static_cast<std::ptrdiff_t>(attn.offset), attn.numel() * 2 / 3,
+              0.0f);
+  CHECK(old_bound_passes(zeros));
+  const std::vector<TensorMismatch> bad = tensor_mismatches(model, zeros, want, tol);
+  REQUIRE(bad.size() == 1);
+  CHECK(bad.front().tensor == attn.name);
+  // A NaN anywhere.
+  std::vector<float> nan = want;
+  nan[attn.offset + 5] = kNaN;
+  CHECK(old_bound_passes(nan));
+  REQUIRE(tensor_mismatches(model, nan, want, tol).size() == 1);
+  CHECK(tensor_mismatches(model, nan, want, tol).front().count == 1);
+}
+
+// Note [CUDA toolkit, backend not built]: a build without the CUDA backend skips its CUDA cases
+// as "gpu" (accepted) only where the machine has no CUDA toolkit; beside nvcc, as "unbuilt",
+// which scripts/test.sh refuses.
+TEST_CASE("gpu_vs_cpu: no CUDA backend skips as gpu without the toolkit, unbuilt beside it") {
+  CHECK(without_cuda_backend("").kind == Skip::gpu);
+  const SkipReason beside = without_cuda_backend("/opt/cuda/bin/nvcc");
+  CHECK(beside.kind == Skip::unbuilt);
+  CHECK(beside.why.find("/opt/cuda/bin/nvcc") != std::string::npos);
+  CHECK(skip_kind_name(Skip::unbuilt) == "unbuilt");
+  // This build: the CUDA backend is built wherever the configure found the toolkit.
+  if (!std::string_view(LOCKSTEP_TEST_CUDA_TOOLKIT).empty()) CHECK_FALSE(cuda_support().built);
+}

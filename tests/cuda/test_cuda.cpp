@@ -662,6 +662,8 @@ TEST_SUITE("cuda trainer") {
         const Summary so = one.run();
         cpu.run();
         CHECK(sm.backend == "cuda");
+        // What runs the fused attention, in the summary (empty without cuDNN in the build).
+        CHECK(sm.cudnn == cuda_support().cudnn);
         CHECK(sm.replicas_identical);
         CHECK(relative_difference(many.final_parameters(), one.final_parameters()) <= kTolerance);
         CHECK(relative_difference(many.final_parameters(), cpu.final_parameters()) <= kTolerance);

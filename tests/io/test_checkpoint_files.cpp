@@ -142,6 +142,8 @@ TEST_CASE("safetensors: each kind of bad file is named, with where and what was 
   } cases[] = {
       {"abc", "offset 0: expected an 8-byte header size, the file has 3 bytes"},
       {std::string(8, '\xff'), "offset 0: header size 18446744073709551615 exceeds the limit"},
+      {"hello, world\nsecond line\n", "not a safetensors file: it starts with text (\"hello, "
+                                        "world\"), where a safetensors file starts with"},
       {safetensors_bytes("{}", 0).substr(0, 9), "offset 0: header size 2 runs past the end"},
       {safetensors_bytes("{\"t\":", 0), "offset 13: bad JSON header: expected a value"},
       {safetensors_bytes("[]", 0), "offset 8: expected a JSON object as the header, got an array"},

@@ -50,7 +50,8 @@ def test_other_layouts_are_converted_once():
 def test_bad_samples_raise_input_errors():
     with pytest.raises(lockstep.InputError, match=r"sample 1: expected a label in \[0, 2\), got 5"):
         lockstep.InMemoryDataset(np.zeros((2, 3), np.float32), np.array([0, 5], np.int32), 2)
-    with pytest.raises(lockstep.InputError, match="expected 3 samples"):
+    with pytest.raises(lockstep.InputError,
+                       match="x has 2 samples .rows., y has 3 labels: expected one label per row"):
         lockstep.InMemoryDataset(np.zeros((2, 3), np.float32), np.zeros(3, np.int32))
     with pytest.raises(lockstep.InputError, match="2-d"):
         lockstep.InMemoryDataset(np.zeros(6, np.float32), np.zeros(6, np.int32))

@@ -5,8 +5,14 @@
 //   - a checkpoint carries the architecture for `lockstep sample`.
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <numeric>
+
+#include <fmt/format.h>
 
 #include "../data/temp_files.hpp"
 #include "trainer_fixtures.hpp"
@@ -100,4 +106,49 @@ TEST_CASE("gpt: a checkpoint records the architecture and the tokenizer for samp
   CHECK(spec.d_model == 16);
   CHECK(ckpt.metadata.at("lockstep.tokenizer") == "ids");
   check_layout(ckpt, Model::gpt(spec).param_tensors());
+}
+
+// Note [What a resume may change]: model.attention is the same function computed another way,
+// and a resume takes the path the config names now. From a checkpoint of 4 steps on the
+// materialised path, 4 more on either: the summary names the path taken; the materialised
+// resume ends bit-identical to the uninterrupted run, the fused one does not (its online softmax
+// rounds elsewhere), yet stays close.
+TEST_CASE("gpt: a resume may change model.attention, and the path it names is the one taken") {
+  auto train = std::make_shared<TokenDataset>(token_stream(961, 8, 1));
+  const std::filesystem::path dir =
+      test::fresh_dir(fmt::format("lockstep_gpt_attention_resume_{}", getpid()));
+  Config cfg = gpt_config(1, 6);
+  cfg.model.attention = AttentionKind::materialized;
+  cfg.trainer.steps = 8;
+  Trainer full(cfg, train, nullptr);
+  full.run();
+  Config first = cfg;
+  first.trainer.steps = 4;
+  first.trainer.checkpoint.dir = dir.string();
+  Trainer(first, train, nullptr).run();
+  const Checkpoint at4 = *CheckpointManager(dir, 0).load_latest();
+  std::filesystem::remove_all(dir);
+  for (const AttentionKind attention : {AttentionKind::materialized, AttentionKind::fused}) {
+    CAPTURE(to_string(attention));
+    Config c = cfg;
+    c.model.attention = attention;
+    Trainer resumed(c, train, nullptr);
+    resumed.resume_from(at4);
+    const std::vector<ConfigChange>& changes = resumed.resume_changes();
+    CHECK(std::any_of(changes.begin(), changes.end(), [](const ConfigChange& change) {
+            return change.key == "model.attention";
+          }) == (attention == AttentionKind::fused));
+    const Summary s = resumed.run();
+    CHECK(s.attention == to_string(attention));
+    const std::vector<float>& mine = resumed.final_parameters();
+    const std::vector<float>& reference = full.final_parameters();
+    REQUIRE(mine.size() == reference.size());
+    CHECK((mine == reference) == (attention == AttentionKind::materialized));
+    double largest = 0.0;
+    for (std::size_t i = 0; i < mine.size(); ++i) {
+      const double d = std::abs(static_cast<double>(mine[i]) - reference[i]);
+      largest = std::isnan(d) ? INFINITY : std::max(largest, d);
+    }
+    CHECK(largest < 1e-3);
+  }
 }

@@ -10,6 +10,7 @@
 #include "lockstep/error.hpp"
 #include "lockstep/trainer.hpp"
 #include "train/memory_plan.hpp"
+#include "train/reducer.hpp"
 #include "trainer_fixtures.hpp"
 
 using namespace lockstep;
@@ -29,7 +30,7 @@ TEST_CASE("memory plan: parameters, gradients, optimiser state and staging in cl
   const InMemoryDataset data = tiny_data();
   const Model model = make_model(cfg, data);
   REQUIRE(model.param_count() == 3 * 4 + 4 + 4 * 2 + 2);  // 26
-  const detail::MemoryPlan adamw = detail::plan_memory(cfg, model, data, nullptr, true);
+  const detail::MemoryPlan adamw = detail::plan_memory(cfg, model, data, nullptr, true, 2);
   CHECK(adamw.parameters == 26 * 4);
   CHECK(adamw.gradients == 26 * 4);
   CHECK(adamw.optimizer == 2 * 26 * 4);  // m and v
@@ -39,18 +40,18 @@ TEST_CASE("memory plan: parameters, gradients, optimiser state and staging in cl
   CHECK(adamw.host() == adamw.dataset + 2 * 26 * 4 + 2 * adamw.per_worker());
   cfg.optimizer.type = OptimizerKind::sgd;
   cfg.optimizer.momentum = 0.9;
-  CHECK(detail::plan_memory(cfg, model, data, nullptr, true).optimizer == 26 * 4);
+  CHECK(detail::plan_memory(cfg, model, data, nullptr, true, 2).optimizer == 26 * 4);
   cfg.optimizer.momentum = 0.0;
-  CHECK(detail::plan_memory(cfg, model, data, nullptr, true).optimizer == 0);
+  CHECK(detail::plan_memory(cfg, model, data, nullptr, true, 2).optimizer == 0);
   // Workers on a device do not count against the host.
-  const detail::MemoryPlan gpu = detail::plan_memory(cfg, model, data, nullptr, false);
+  const detail::MemoryPlan gpu = detail::plan_memory(cfg, model, data, nullptr, false, 2);
   CHECK(gpu.host() == gpu.dataset + 2 * 26 * 4);
   // In-memory snapshots (trainer.snapshot_every): two of the parameters and the optimiser state.
   cfg.optimizer.type = OptimizerKind::adamw;
   cfg.trainer.snapshot_every = 10;
-  CHECK(detail::plan_memory(cfg, model, data, nullptr, false).snapshots == 0);  // stop: unused
+  CHECK(detail::plan_memory(cfg, model, data, nullptr, false, 2).snapshots == 0);  // stop: unused
   cfg.trainer.on_worker_failure = WorkerFailurePolicy::shrink;
-  const detail::MemoryPlan snapshots = detail::plan_memory(cfg, model, data, nullptr, false);
+  const detail::MemoryPlan snapshots = detail::plan_memory(cfg, model, data, nullptr, false, 2);
   CHECK(snapshots.snapshots == 2 * 3 * 26 * 4);
   CHECK(snapshots.host() == gpu.dataset + 2 * 26 * 4 + 2 * 3 * 26 * 4);
 }
@@ -88,14 +89,14 @@ TEST_CASE("memory plan: the key that drives it, and a refusal that names it") {
   const InMemoryDataset data = tiny_data();
   cfg.model.hidden = {4, 100000};
   // Batch 1: the weights (700k parameters) outweigh the activations.
-  CHECK(detail::plan_memory(cfg, make_model(cfg, data), data, nullptr, true).driver ==
+  CHECK(detail::plan_memory(cfg, make_model(cfg, data), data, nullptr, true, 1).driver ==
         "model.hidden[1] = 100000");
   cfg.data.batch_size = 8;  // now the activations of that layer
-  CHECK(detail::plan_memory(cfg, make_model(cfg, data), data, nullptr, true).driver ==
+  CHECK(detail::plan_memory(cfg, make_model(cfg, data), data, nullptr, true, 1).driver ==
         "data.batch_size = 8 with model.hidden[1] = 100000");
   cfg.model.hidden = {2};  // no layer wider than the input: the batch alone is named
   cfg.data.batch_size = 1000000;
-  const detail::MemoryPlan batch = detail::plan_memory(cfg, make_model(cfg, data), data, nullptr, true);
+  const detail::MemoryPlan batch = detail::plan_memory(cfg, make_model(cfg, data), data, nullptr, true, 1);
   CHECK(batch.driver == "data.batch_size = 1000000");
   const detail::MemoryLimit small{.bytes = 1e6, .source = "RLIMIT_AS (ulimit -v)"};
   try {
@@ -122,7 +123,7 @@ TEST_CASE("memory plan: fused attention drops the (B, H, T, T) matrices, so a lo
   const TokenDataset data = test::token_stream(4 * 2048 + 1, 2048, 1);
   const auto plan = [&](AttentionKind attention) {
     cfg.model.attention = attention;
-    return detail::plan_memory(cfg, make_model(cfg, data, "cpu"), data, nullptr, true);
+    return detail::plan_memory(cfg, make_model(cfg, data, "cpu"), data, nullptr, true, 1);
   };
   const detail::MemoryPlan fused = plan(AttentionKind::fused);
   const detail::MemoryPlan materialized = plan(AttentionKind::materialized);
@@ -138,4 +139,8 @@ TEST_CASE("memory plan: fused attention drops the (B, H, T, T) matrices, so a lo
                                   .source = "cgroup memory.max"};
   CHECK_THROWS_AS(detail::check_memory_plan(materialized, limit, cfg), InputError);
   CHECK_NOTHROW(detail::check_memory_plan(fused, limit, cfg));
+}
+
+                       const Dataset* eval, bool workers_on_host, int ranks,
+                       bool cudnn_attention) {
 }

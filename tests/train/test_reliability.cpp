@@ -1,11 +1,17 @@
 // Checkpoints and exact resume, injected faults, the step timeout and the non-finite policy.
 #include <doctest/doctest.h>
 
+#include <unistd.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
+#include <numbers>
 #include <numeric>
+
+#include <fmt/format.h>
 
 #include "lockstep/lockstep.hpp"
 #include "trainer_fixtures.hpp"
@@ -105,55 +111,173 @@ TEST_CASE("a checkpoint resumes on another device count, and refuses another con
   }
 }
 
-TEST_CASE("a resume may lower the lr: the new lr applies from the first resumed step") {
-  const fs::path dir = fresh_dir("lower_lr");
-  auto train = synthetic(200, 1), eval = synthetic(30, 2);
-  Config cfg = config(2, OptimizerKind::sgd, dir);
-  cfg.optimizer.momentum = 0.0;  // so that a step's update is lr x gradient
-  cfg.schedule.type = ScheduleKind::constant;
-  cfg.schedule.warmup_steps = 0;
-  cfg.trainer.steps = 10;
-  Trainer(cfg, train, eval).run();
-  const Checkpoint at10 = *CheckpointManager(dir, 0).load_latest();
+// Note [What a resume may change]: each change a resume accepts applies from the first resumed
+// step. Ten steps of plain SGD (no momentum, weight decay, clipping or schedule) write a
+// checkpoint; step 11 is then taken from it under the same config and under a changed key, and
+// the change shows in closed form: both take the same gradient g at the same p10, so
+// p11 = p10 - lr (s g + wd p10) with s the clip factor, wd on the weight matrices alone.
+class FromStep10 {
+ public:
+  // `name`: the test's own, as CTest runs the cases at once.
+  explicit FromStep10(const std::string& name)
+      : dir_(fresh_dir(fmt::format("{}_{}", name, getpid()))),
+        train_(synthetic(200, 1)),
+        eval_(synthetic(30, 2)) {
+    cfg_ = config(2, OptimizerKind::sgd, dir_);
+    cfg_.optimizer.momentum = 0.0;
+    cfg_.schedule.type = ScheduleKind::constant;
+    cfg_.schedule.warmup_steps = 0;
+    cfg_.trainer.steps = 10;
+    Trainer(cfg_, train_, eval_).run();
+    at10_ = *CheckpointManager(dir_, 0).load_latest();
+  }
+  ~FromStep10() { fs::remove_all(dir_); }
 
-  // One more step from step 10 at the old lr and at half of it, each from the same checkpoint.
-  const auto step_11 = [&](double lr, std::vector<ConfigChange>* changes, double* logged_lr) {
-    Config c = cfg;
-    c.optimizer.lr = lr;
-    c.trainer.steps = 11;
+  struct Resumed {
+    std::vector<float> params;          // after the last step
+    std::vector<ConfigChange> changes;  // what the resume reported changed
+    std::vector<StepMetrics> logged;    // every resumed step's metrics
+    Summary summary;
+  };
+  // `steps` more steps from step 10 under the config `change` makes.
+  Resumed resume(const std::function<void(Config&)>& change, std::int64_t steps = 1) const {
+    Config c = cfg_;
+    c.trainer.steps = 10 + steps;
     c.trainer.log_every = 1;
     c.trainer.checkpoint.dir.clear();
-    Trainer t(c, train, eval);
-    t.on_step([&](const StepMetrics& m) { *logged_lr = m.lr; });
-    t.resume_from(at10);
-    *changes = t.resume_changes();
-    t.run();
-    return t.final_parameters();
-  };
-  std::vector<ConfigChange> same, lowered;
-  double same_lr = 0, lowered_lr = 0;
-  const std::vector<float> old_lr = step_11(0.05, &same, &same_lr);
-  const std::vector<float> new_lr = step_11(0.025, &lowered, &lowered_lr);
+    change(c);
+    Trainer t(c, train_, eval_);
+    Resumed out;
+    t.on_step([&](const StepMetrics& m) { out.logged.push_back(m); });
+    t.resume_from(at10_);
+    out.changes = t.resume_changes();
+    out.summary = t.run();
+    out.params = t.final_parameters();
+    return out;
+  }
+  const Checkpoint& at10() const { return at10_; }
+  // Whether parameter i is in a weight matrix: weight decay's tensors (decay_spans in
+  // src/train/optimizer.hpp).
+  bool decayed(std::size_t i) const {
+    const std::vector<ParamTensor> tensors = Trainer(cfg_, train_, eval_).model().param_tensors();
+    return std::any_of(tensors.begin(), tensors.end(), [i](const ParamTensor& t) {
+      return i >= t.offset && i < t.offset + t.numel() && t.shape.size() >= 2;
+    });
+  }
+  double lr() const { return cfg_.optimizer.lr; }
+
+ private:
+  fs::path dir_;
+  std::shared_ptr<const Dataset> train_, eval_;
+  Config cfg_;
+  Checkpoint at10_;
+};
+
+bool reports_change(const std::vector<ConfigChange>& changes, const std::string& key) {
+  return std::any_of(changes.begin(), changes.end(),
+                     [&](const ConfigChange& c) { return c.key == key; });
+}
+
+// Checks p11 - p10 == want(i, p11 - p10 of the unchanged step) for every parameter, exact but
+// for the rounding of p11 to float (a few ulp of the weight) and of the clip factor; returns
+// the summed |p11 - p10| of the unchanged step, to show it moved.
+template <class Want>
+double check_step(const Checkpoint& at10, const std::vector<float>& unchanged,
+                  const std::vector<float>& changed, Want want) {
+  REQUIRE(unchanged.size() == at10.params.size());
+  REQUIRE(changed.size() == at10.params.size());
+  double moved = 0.0;
+  for (std::size_t i = 0; i < at10.params.size(); ++i) {
+    const double p10 = at10.params[i], base = unchanged[i] - p10, step = changed[i] - p10;
+    const double expected = want(i, base);
+    CAPTURE(i);
+    CHECK(std::abs(step - expected) <=
+          4e-7 * (std::abs(p10) + std::abs(base)) + 1e-5 * std::abs(expected) + 1e-12);
+    moved += std::abs(base);
+  }
+  return moved;
+}
+
+TEST_CASE("a resume may lower the lr: the new lr applies from the first resumed step") {
+  const FromStep10 from("lower_lr");
+  const FromStep10::Resumed same = from.resume([](Config&) {});
+  const FromStep10::Resumed lowered = from.resume([](Config& c) { c.optimizer.lr /= 2; });
   // The unchanged resume reports only the trainer keys it changed; the lowered one the lr too.
-  CHECK(std::none_of(same.begin(), same.end(),
-                     [](const ConfigChange& c) { return c.key == "optimizer.lr"; }));
-  REQUIRE(std::any_of(lowered.begin(), lowered.end(), [](const ConfigChange& c) {
+  CHECK_FALSE(reports_change(same.changes, "optimizer.lr"));
+  REQUIRE(std::any_of(lowered.changes.begin(), lowered.changes.end(), [](const ConfigChange& c) {
     return c.key == "optimizer.lr" && c.checkpoint == "0.05" && c.now == "0.025";
   }));
-  CHECK(same_lr == doctest::Approx(0.05));
-  CHECK(lowered_lr == doctest::Approx(0.025));
-  // The same gradient, half the step: p11 - p10 at 0.025 is half of it at 0.05.
-  REQUIRE(old_lr.size() == at10.params.size());
-  // Each difference is exact but for the rounding of p11 to float: a few ulp of the weight.
-  double moved = 0.0, off = 0.0;
-  for (std::size_t i = 0; i < at10.params.size(); ++i) {
-    const double full = old_lr[i] - at10.params[i], half = new_lr[i] - at10.params[i];
-    CHECK(std::abs(half - full / 2) <= 4e-7 * (std::abs(at10.params[i]) + std::abs(full)) + 1e-12);
-    moved += std::abs(full);
-    off += std::abs(half - full / 2);
-  }
-  CHECK(moved > 1e-3);       // the step did move the weights
-  CHECK(off < 1e-3 * moved);  // and by half as much: not the checkpoint's lr (off = moved / 2)
+  CHECK(same.logged.at(0).lr == doctest::Approx(0.05));
+  CHECK(lowered.logged.at(0).lr == doctest::Approx(0.025));
+  // The same gradient, half the step: not the checkpoint's lr.
+  const double moved = check_step(from.at10(), same.params, lowered.params,
+                                  [](std::size_t, double base) { return base / 2; });
+  CHECK(moved > 1e-3);  // the step did move the weights
+}
+
+TEST_CASE("a resume may change the weight decay: it applies from the first resumed step") {
+  const FromStep10 from("weight_decay");
+  const FromStep10::Resumed none = from.resume([](Config&) {});
+  constexpr double kDecay = 0.5;
+  const FromStep10::Resumed decayed =
+      from.resume([](Config& c) { c.optimizer.weight_decay = kDecay; });
+  CHECK(reports_change(decayed.changes, "optimizer.weight_decay"));
+  // SGD adds wd p10 to the gradient of each weight matrix, and nothing to a bias.
+  const Checkpoint& at10 = from.at10();
+  std::size_t matrices = 0;
+  const double moved = check_step(at10, none.params, decayed.params, [&](std::size_t i, double base) {
+    if (!from.decayed(i)) return base;
+    ++matrices;
+    return base - from.lr() * kDecay * at10.params[i];
+  });
+  CHECK(moved > 1e-3);
+  CHECK(matrices > 0);
+  CHECK(matrices < at10.params.size());
+}
+
+TEST_CASE("a resume may change the clipping: it applies from the first resumed step") {
+  const FromStep10 from("clipping");
+  const FromStep10::Resumed free = from.resume([](Config&) {});
+  const double norm = free.logged.at(0).grad_norm;
+  REQUIRE(norm > 0.0);
+  const double limit = norm / 4;  // the step's gradient scaled by 1/4
+  const FromStep10::Resumed clipped =
+      from.resume([&](Config& c) { c.optimizer.clip_grad_norm = limit; });
+  CHECK(reports_change(clipped.changes, "optimizer.clip_grad_norm"));
+  CHECK(clipped.logged.at(0).grad_norm == doctest::Approx(norm));  // reported before clipping
+  const double moved = check_step(from.at10(), free.params, clipped.params,
+                                  [&](std::size_t, double base) { return base * limit / norm; });
+  CHECK(moved > 1e-3);
+}
+
+TEST_CASE("a resume may change the schedule: its learning rate applies from the first resumed step") {
+  const FromStep10 from("schedule");
+  const FromStep10::Resumed constant = from.resume([](Config&) {});
+  constexpr double kMin = 0.01;
+  const fs::path dir = fresh_dir(fmt::format("schedule_at11_{}", getpid()));
+  const FromStep10::Resumed cosine = from.resume(
+      [&](Config& c) {
+        c.schedule.type = ScheduleKind::warmup_cosine;
+        c.schedule.min_lr = kMin;
+        c.trainer.checkpoint.dir = dir.string();  // step 11's parameters
+        c.trainer.checkpoint.every_steps = 1;
+      },
+      2);
+  CHECK(reports_change(cosine.changes, "schedule.type"));
+  CHECK(reports_change(cosine.changes, "schedule.min_lr"));
+  // 12 steps, no warmup: step s (1-based) decays over 11 steps, to min_lr at the last.
+  const double lr_11 = kMin + 0.5 * (from.lr() - kMin) * (1.0 + std::cos(std::numbers::pi * 10.0 / 11.0));
+  REQUIRE(cosine.logged.size() == 2);
+  CHECK(cosine.logged[0].step == 11);
+  CHECK(cosine.logged[0].lr == doctest::Approx(lr_11));
+  CHECK(cosine.logged[1].lr == doctest::Approx(kMin));
+  CHECK(constant.logged.at(0).lr == doctest::Approx(from.lr()));
+  // Step 11's update is the constant one's, scaled by the two rates.
+  const Checkpoint at11 = CheckpointManager::load(dir / "step_00000011.safetensors");
+  fs::remove_all(dir);
+  const double moved = check_step(from.at10(), constant.params, at11.params,
+                                  [&](std::size_t, double base) { return base * lr_11 / from.lr(); });
+  CHECK(moved > 1e-3);
 }
 
 TEST_CASE("every injected fault ends the run within 10 s, naming the worker") {

@@ -79,6 +79,14 @@ TEST_CASE("step graphs: a captured part replays on the memory of the moment, cut
     asked.push_back(layer);
     return layer == 1;  // a collective starts after layer 1
   };
+  // A new key runs as launched first (it may grow workspaces, which a capture refuses).
+  device.fill(part.x.data(), 0.0f, 4);
+  graphs.run(kKey, [&](const StepGraphs::Layer& r) { part.enqueue(r); }, seen.on_layer(), cut);
+  CHECK(seen.events == std::vector<std::string>{"0:1", "1:2", "2:2"});
+  CHECK(device.counts().captures == 0);
+  CHECK(asked.empty());
+  CHECK(graphs.summary().eager == 1);
+  seen.events.clear();
   for (const float x : {1.0f, 5.0f}) {
     device.fill(part.x.data(), x, 4);
     graphs.run(kKey, [&](const StepGraphs::Layer& r) { part.enqueue(r); }, seen.on_layer(), cut);
@@ -95,11 +103,14 @@ TEST_CASE("step graphs: a captured part replays on the memory of the moment, cut
   CHECK(s.captured == 1);
   CHECK(s.launched == 2);
 
-  // Another key is another program; a graph whose memory was replaced is captured again.
+  // Another key is another program, captured at its second run; a graph whose memory was
+  // replaced is captured again.
   StepGraphs::Key other = kKey;
   other.batch = 3;
-  graphs.run(other, [&](const StepGraphs::Layer& r) { part.enqueue(r); }, seen.on_layer(), cut);
+  for (int i = 0; i < 2; ++i)
+    graphs.run(other, [&](const StepGraphs::Layer& r) { part.enqueue(r); }, seen.on_layer(), cut);
   CHECK(graphs.summary().captured == 2);
+  CHECK(graphs.summary().eager == 2);
   device.replace_memory();
   graphs.run(kKey, [&](const StepGraphs::Layer& r) { part.enqueue(r); }, seen.on_layer(), cut);
   CHECK(graphs.summary().captured == 3);
@@ -114,10 +125,12 @@ TEST_CASE("step graphs: a refused capture is dropped, the part runs as launched,
   Part part(device);
   Seen seen{part.y.data(), {}};
   device.fill(part.x.data(), 1.0f, 4);
-  graphs.run(kKey, [&](const StepGraphs::Layer& r) { part.enqueue(r); }, seen.on_layer(),
-             [](std::size_t) { return false; });
-  // Nothing of the capture ran; the eager part did, once.
-  CHECK(seen.events == std::vector<std::string>{"0:2", "1:4", "2:5"});
+  for (int i = 0; i < 2; ++i)  // the first run of a key is eager; the second tries a capture
+    graphs.run(kKey, [&](const StepGraphs::Layer& r) { part.enqueue(r); }, seen.on_layer(),
+               [](std::size_t) { return false; });
+  // Nothing of the capture ran; the eager part did, once each time.
+  CHECK(seen.events ==
+        std::vector<std::string>{"0:2", "1:4", "2:5", "0:2", "1:4", "2:5"});
   CHECK(device.counts().aborted == 1);
   CHECK(device.counts().launches == 0);
   CHECK_FALSE(graphs.active());
@@ -127,6 +140,51 @@ TEST_CASE("step graphs: a refused capture is dropped, the part runs as launched,
         "a capture was refused, so every part runs as launched: scale cannot be captured (test "
         "device)");
   CHECK(describe_graphs(s) == "off (" + s.why_not + ")");
+}
+
+// Issue 40: a short last batch is a new key after the others were captured. It runs as
+// launched once, then is captured; if that capture is refused, it alone runs as launched, for
+// the rest of the run, while the other keys keep replaying their graphs.
+TEST_CASE("step graphs: a new key runs eagerly first, and its refused capture leaves graphs on") {
+  test::GraphTestDevice device(0, 1, "fill");  // only the short batch's part fills
+  auto comm = one_rank();
+  StepGraphs graphs(device, GraphMode::on, 1, 100);
+  graphs.begin_step(2, 0.0, *comm);
+  Part part(device);
+  Seen seen{part.y.data(), {}};
+  const auto never = [](std::size_t) { return false; };
+  const auto full = [&](const StepGraphs::Layer& r) { part.enqueue(r); };
+  const auto short_batch = [&](const StepGraphs::Layer& r) {
+    device.fill(part.x.data(), 3.0f, 4);  // refused in a capture
+    part.enqueue(r);
+  };
+  device.fill(part.x.data(), 1.0f, 4);
+  for (int i = 0; i < 3; ++i) graphs.run(kKey, full, seen.on_layer(), never);
+  CHECK(graphs.summary().captured == 1);
+  CHECK(device.counts().launches == 2);
+  StepGraphs::Key last = kKey;
+  last.batch = 2;
+  for (int i = 0; i < 3; ++i) {
+    seen.events.clear();
+    graphs.run(last, short_batch, seen.on_layer(), never);
+    // Ran as launched each time, with x = 3: y = 4, 8, 11.
+    CHECK(seen.events == std::vector<std::string>{"0:4", "1:8", "2:11"});
+    CHECK(graphs.active());
+  }
+  CHECK(device.counts().aborted == 1);  // its capture tried once, at its second run
+  const Summary::Graphs s = graphs.summary();
+  CHECK(s.used);
+  CHECK(s.why_not.empty());
+  CHECK(s.refused == 1);
+  CHECK(s.eager == 1 + 3);  // kKey's first run, and every run of the short batch
+  CHECK(s.refusal == "fill cannot be captured (test device)");
+  CHECK(describe_graphs(s).find("1 part(s) run as launched, their capture refused: fill") !=
+        std::string::npos);
+  // The full batch's graph still replays.
+  device.fill(part.x.data(), 1.0f, 4);
+  graphs.run(kKey, full, seen.on_layer(), never);
+  CHECK(device.counts().launches == 3);
+  CHECK(part.y.data()[0] == 5.0f);
 }
 
 TEST_CASE("step graphs: auto keeps them only where a step was timed faster with them") {
@@ -278,10 +336,13 @@ TEST_CASE("step graphs: a run with graphs trains bit for bit as one that launche
     const Summary::Graphs& g = graphed.summary.graphs;
     CHECK(g.used);
     CHECK(g.why_not.empty());
-    // Worker 0: forward and backward per micro-batch, from step 2 on.
+    // Worker 0: forward and backward per micro-batch, from step 2 on; each key's first run
+    // as launched (a key first seen in step 1 is captured at once), the rest replayed.
     const std::uint64_t parts =
         2u * static_cast<std::uint64_t>((cfg.trainer.steps - 1) * cfg.trainer.accumulate_steps);
-    CHECK(g.launched == parts);
+    CHECK(g.launched + g.eager == parts);
+    CHECK(g.eager <= g.captured);
+    CHECK(g.refused == 0);
     CHECK(g.captured >= 2);
     CHECK(g.captured <= StepGraphs::kMaxPrograms);
     if (cfg.trainer.devices.size() > 1)
@@ -291,7 +352,7 @@ TEST_CASE("step graphs: a run with graphs trains bit for bit as one that launche
   }
 }
 
-TEST_CASE("step graphs: a refused capture falls back for the rest of the run, with the same bits") {
+TEST_CASE("step graphs: a refused backward capture keeps its parts eager, with the same bits") {
   Config cfg = graph_gpt(2);
   cfg.trainer.cuda_graphs = GraphMode::off;
   const Run launched = train(cfg, std::make_shared<test::GraphTestBackend>());
@@ -300,13 +361,26 @@ TEST_CASE("step graphs: a refused capture falls back for the rest of the run, wi
   const Run refused = train(cfg, backend);
   CHECK(refused.steps == launched.steps);
   CHECK(refused.params == launched.params);
+  // Step 2's keys are new (run as launched); step 3 captures the forward of step 1's key, and
+  // its backward's capture is refused: the forward graphs stay, every backward runs as
+  // launched (Note [Step graphs]).
   const Summary::Graphs& g = refused.summary.graphs;
-  CHECK_FALSE(g.used);
-  CHECK(g.why_not ==
-        "a capture was refused, so every part runs as launched: causal_softmax_backward cannot "
+  CHECK(g.used);
+  CHECK(g.why_not.empty());
+  CHECK(g.refused == 2);  // worker 0's two backward keys
+  CHECK(g.refusal == "causal_softmax_backward cannot be captured (test device)");
+  CHECK(backend->counts->aborted == 4);  // each worker's two, each tried once
+  CHECK(g.launched == 11 - 1);           // the forwards of steps 3 to 12
+  CHECK(g.eager == 2 + 10);              // step 2's two parts, the backwards of steps 3 to 12
+
+  // A capture refused before any succeeded: graphs off for the run.
+  auto forward = std::make_shared<test::GraphTestBackend>("causal_softmax_forward");
+  const Run off = train(cfg, forward);
+  CHECK(off.params == launched.params);
+  CHECK_FALSE(off.summary.graphs.used);
+  CHECK(off.summary.graphs.why_not ==
+        "a capture was refused, so every part runs as launched: causal_softmax_forward cannot "
         "be captured (test device)");
-  CHECK(backend->counts->aborted == 2);  // each worker's first backward
-  CHECK(g.launched == 1);                // worker 0's step 2 forward, captured before
 
   // auto on a run long enough to time: whichever it keeps, the same bits, and both timings.
   cfg.trainer.steps = 16;

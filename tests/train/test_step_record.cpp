@@ -132,6 +132,8 @@ TEST_CASE("host syncs: one per GPT step, with and without accumulation, clipping
     // The CPU device is its host: no device time of its own (Note [Device step time]).
     CHECK_FALSE(s.device_busy.has_value());
     CHECK(s.to_json().find("\"device_busy\": null,") != std::string::npos);
+    // No cuDNN on the CPU backend (on cuda: CudaSupport::cudnn, test_cuda.cpp).
+    CHECK(s.to_json().find("\"cudnn\": null,") != std::string::npos);
     // The linear products, counted through the CPU device: composed, every one.
     CHECK(s.fused_linear.composed > 0);
     CHECK(s.fused_linear.fused + s.fused_linear.partial == 0);

@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from typing import Any, Callable, Iterable, Mapping, Optional, Union
 
 import numpy as np
@@ -45,19 +46,34 @@ __all__ = [
 PathLike = Union[str, "os.PathLike[str]"]
 
 
+def __dir__() -> list[str]:
+    """The API (``__all__``), not the modules this one imports."""
+    return sorted(__all__ + ["__version__"])
+
+
 # ---- config -------------------------------------------------------------------------------
 
 def _override_value(value: Any) -> str:
     """A Python value as the text of a ``--set key=value`` override (YAML)."""
+    if isinstance(value, np.generic):  # np.float32(0.1), np.int64(3): their Python value
+        value = value.item()
     if value is None:
         return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float, str)):
         return str(value)
-    if isinstance(value, (list, tuple)):
-        return json.dumps(list(value))
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return json.dumps(list(value), default=_json_value)
     raise TypeError(f"override value {value!r}: expected None, a bool, a number, a string or a list")
+
+
+def _json_value(value: Any) -> Any:
+    """numpy's scalars and arrays as the Python values JSON writes (json.dumps' default)."""
+    if isinstance(value, (np.generic, np.ndarray)):
+        return value.tolist()
+    raise TypeError(f"{value!r} (a {type(value).__name__}): expected None, a bool, a number, a "
+                    f"string, a list or a dict")
 
 
 def _overrides(overrides: Optional[Mapping[str, Any]]) -> list[str]:
@@ -101,10 +117,25 @@ class Config:
     def from_dict(cls, values: Mapping[str, Any],
                   overrides: Optional[Mapping[str, Any]] = None) -> "Config":
         """A config from nested dicts ({"model": {"hidden": [64]}}) or dotted keys
-        ({"model.hidden": [64]}), read as the same YAML would be. Relative paths are relative
-        to the working directory."""
-        text = json.dumps(_nest(values), indent=2)  # JSON is YAML
-        return cls(_lockstep._parse_config(text, "Config.from_dict", _overrides(overrides)))
+        ({"model.hidden": [64]}), read as the same YAML would be; numpy scalars and arrays are
+        taken as their values. Relative paths are relative to the working directory. A config
+        that names no data (no ``data.dataset`` nor ``data.path``) is one for datasets the
+        program passes to :class:`Trainer`: ``data.dataset`` is ``given``."""
+        nested = _nest(values)
+        data = nested.get("data")
+        if not any(key in _nest(overrides or {}).get("data", {}) for key in ("dataset", "path")) \
+                and not (isinstance(data, Mapping) and ("dataset" in data or "path" in data)):
+            nested.setdefault("data", {})
+            if isinstance(nested["data"], dict):
+                nested["data"]["dataset"] = "given"
+        text = json.dumps(nested, indent=2, default=_json_value)  # JSON is YAML
+        try:
+            return cls(_lockstep._parse_config(text, "Config.from_dict", _overrides(overrides)))
+        except ConfigError as e:
+            # The YAML reader names places by line and column of the JSON text made here, which
+            # the caller never saw: each message names its key, which is what the caller wrote.
+            raise ConfigError(re.sub(r"^Config\.from_dict:\d+:\d+: ", "Config.from_dict: ",
+                                     str(e), flags=re.M)) from None
 
     def to_dict(self) -> dict[str, Any]:
         """Every key with its value (defaults included), as nested dicts."""
@@ -179,6 +210,9 @@ class InMemoryDataset(Dataset):
     def __init__(self, x: Any, y: Any, classes: Optional[int] = None):
         xa, x_copied = _as(x, np.float32, 2, "x")
         ya, y_copied = _as(y, None, 1, "y")
+        if len(xa) != len(ya):
+            raise InputError(f"x has {len(xa)} samples (rows), y has {len(ya)} labels: expected "
+                             f"one label per row of x")
         if not np.issubdtype(ya.dtype, np.integer):
             raise InputError(f"y: expected integer class ids, got dtype {ya.dtype}")
         if ya.dtype != np.int32:
@@ -392,8 +426,9 @@ def sample(checkpoint: PathLike, prompt: str = "", *, tokens: int = 200,
     """Continues ``prompt`` with a GPT checkpoint, as ``lockstep sample`` does (the same
     defaults, checks and draws: the same seed gives the same text). The text is decoded with
     the tokenizer the checkpoint records (or ``tokenizer``); a byte-level model's is its bytes.
-    ``on_token(token, piece)`` sees each token as it is drawn, with its bytes (a token may hold
-    part of a UTF-8 character). The interpreter's lock is released while the model runs."""
+    ``on_token(token: int, piece: bytes) -> None`` sees each token as it is drawn, with its
+    bytes (a token may hold part of a UTF-8 character); what it returns is ignored. The
+    interpreter's lock is released while the model runs."""
     request = _lockstep._SampleRequest()
     request.checkpoint = os.fspath(checkpoint)
     request.prompt = prompt
