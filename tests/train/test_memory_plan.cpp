@@ -141,6 +141,3 @@ TEST_CASE("memory plan: fused attention drops the (B, H, T, T) matrices, so a lo
   CHECK_NOTHROW(detail::check_memory_plan(fused, limit, cfg));
 }
 
-                       const Dataset* eval, bool workers_on_host, int ranks,
-                       bool cudnn_attention) {
-}
