@@ -14,16 +14,17 @@
 // one became two CTest tests that matched no case, ran nothing and passed. Two guards: a run
 // whose filters matched no case fails (exit 1, below), and the case "test names: ..." fails on
 // a name CMake would split.
+//
 // Note [Time limits]
 // Every CTest test has a time limit (TIMEOUT): a hang must fail its test, not eat CI's 90
 // minutes and every stage after it. tests/time_limits.cmake gives each case its limit (a
 // default, more for the cases measured slow, all scaled for a sanitizer build). CTest 3.25 kills
 // a test past its TIMEOUT with SIGKILL and stops reading its output first, so a killed test
 // cannot say where it was. Each case therefore also gets LOCKSTEP_CASE_TIMEOUT, its limit, and
-// CTest's TIMEOUT is kGraceSeconds more: the runner's watchdog thread, finding a case still
-// running at its limit, prints the case, its subcases and the stack of every thread to stderr,
-// and ends the process with exit 124 (timeout(1)'s code). The case "harness: a case past its time
-// limit ..." below hangs on purpose, in a child, to show it.
+// CTest's TIMEOUT is a grace period more (lockstep_grace_seconds): the runner's watchdog thread,
+// finding a case still running at its limit, prints the case, its subcases and the stack of
+// every thread to stderr, and ends the process with exit 124 (timeout(1)'s code). The case
+// "harness: the watchdog names ..." below hangs on purpose, in a child, to show it.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
 #include <execinfo.h>
