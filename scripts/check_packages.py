@@ -38,6 +38,10 @@ KEPT_UNDER = ("/usr/include/",)
 LEFT_OUT = re.compile(r'^/(etc/ld\.so\.|usr/lib/gcc/[^/]+/[^/]+/plugin/|usr/lib/bfd-plugins/|'
                       r'usr/lib/locale/|usr/share/locale/|usr/share/zoneinfo/|usr/lib/[^/]+/gconv/|'
                       r'usr/lib/python3/dist-packages/_distutils_hack/)')
+# Programs that a tool runs, when present, only to learn about the machine, and does without:
+# CMake's FindPkgConfig asks pkg-config its version (the install test's consumer configures so;
+# nothing of ours uses pkg-config), and pip's vendored distro asks lsb_release for the OS name.
+PROBED_PROGRAMS = {"/usr/bin/pkg-config", "/usr/bin/lsb_release"}
 SHARED_OBJECT = re.compile(r'\.so(\.[0-9.]+)?$')
 PYTHON = re.compile(r'^/usr/(lib/python3|bin/python3|share/python-wheels/)')
 
@@ -100,6 +104,8 @@ def traced_files(trace_dir, build_dir):
                     continue
                 path = os.path.normpath(m.group(2))
                 if tests and not (PYTHON.match(path) or m.group(1) == "execve"):
+                    continue
+                if m.group(1) == "execve" and path in PROBED_PROGRAMS:
                     continue
                 if not tests and m.group(1) in ("open", "openat") and "O_CLOEXEC" in line and \
                         SHARED_OBJECT.search(path):
