@@ -2,8 +2,8 @@
 
 Called by scripts/check_packages.sh, which says why. Usage:
   check_packages.py TRACE_DIR BUILD_DIR PACKAGE...
-TRACE_DIR holds strace logs (strace -f -o ...) of a fresh configure and of the tests that use
-Python; BUILD_DIR is the built folder whose compiles and links count too: their dependency files
+TRACE_DIR holds strace logs (strace -f -o ...) of a fresh configure, of the tests that use
+Python, and of the programs every other test runs; BUILD_DIR is the built folder whose compiles and links count too: their dependency files
 (*.o.d, the compiler's -MD output: every header a compile read; *.gch.d for the precompiled
 headers, whose headers the compiles that use them do not list) and link lines (link.txt: every
 library a link read); PACKAGE... is the install list of scripts/common.sh.
@@ -14,9 +14,9 @@ lines name it: CMake's find_path and find_library only stat what they find. A fi
 stat-ed and that no compile or link line names was a probe of something unused (FindCUDAToolkit
 looks for every CUDA library, OpenCL's among them, wherever it is). Left out as well: shared
 libraries the dynamic loader maps into a running tool (opened with O_CLOEXEC), which are that
-tool's runtime, and the toolchain's plugins. Of the tests' trace (a file name starting with
-"tests") only Python counts: its interpreter, its modules and the wheels venv installs; the
-tests' programs are the build's.
+tool's runtime, and the toolchain's plugins. Of the tests' traces (file names starting with
+"tests") count Python (its interpreter, its modules and the wheels venv installs) and every
+program a test runs (timeout, setpriv, mpirun, ...); what else they read is the build's.
 """
 import os
 import re
@@ -38,6 +38,10 @@ KEPT_UNDER = ("/usr/include/",)
 LEFT_OUT = re.compile(r'^/(etc/ld\.so\.|usr/lib/gcc/[^/]+/[^/]+/plugin/|usr/lib/bfd-plugins/|'
                       r'usr/lib/locale/|usr/share/locale/|usr/share/zoneinfo/|usr/lib/[^/]+/gconv/|'
                       r'usr/lib/python3/dist-packages/_distutils_hack/)')
+# Programs that a tool runs, when present, only to learn about the machine, and does without:
+# CMake's FindPkgConfig asks pkg-config its version (the install test's consumer configures so;
+# nothing of ours uses pkg-config), and pip's vendored distro asks lsb_release for the OS name.
+PROBED_PROGRAMS = {"/usr/bin/pkg-config", "/usr/bin/lsb_release"}
 SHARED_OBJECT = re.compile(r'\.so(\.[0-9.]+)?$')
 PYTHON = re.compile(r'^/usr/(lib/python3|bin/python3|share/python-wheels/)')
 
@@ -99,7 +103,9 @@ def traced_files(trace_dir, build_dir):
                 if not m or m.group(1) not in FILE_CALLS:
                     continue
                 path = os.path.normpath(m.group(2))
-                if tests and not PYTHON.match(path):
+                if tests and not (PYTHON.match(path) or m.group(1) == "execve"):
+                    continue
+                if m.group(1) == "execve" and path in PROBED_PROGRAMS:
                     continue
                 if not tests and m.group(1) in ("open", "openat") and "O_CLOEXEC" in line and \
                         SHARED_OBJECT.search(path):

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer harnesses of tests/fuzz/ with clang into build-fuzz/ and runs each for
-# LOCKSTEP_FUZZ_SECONDS (default 20: CI's 40 minutes go mostly to builds), nproc at a time,
+# LOCKSTEP_FUZZ_SECONDS (default 20: CI's 90 minutes go mostly to builds and tests), nproc at a time,
 # starting from its seeds in tests/corpus/<name>/. Fails on any crash, sanitizer report, leak,
 # input that runs over 10 s or single allocation over 256 MB. The input that did it is saved in
 # build-fuzz/artifacts/; reproduce with build-fuzz/fuzz/fuzz_<name> FILE, and add it to

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds into build/ and runs the whole test suite with CTest. Then it
+# Installs what is missing, builds into build/, checks that every test has a time limit (Note
+# [Time limits] in tests/main.cpp) and runs the whole test suite with CTest. Then it
 # lists every skipped case with its kind and reason, and fails the run (even when CTest passed)
 # when a CTest test ran no doctest case (Note [One case per CTest test] in tests/main.cpp) or a
 # case skipped that must run here: GPU and root-only skips pass, a missing package or a CUDA
@@ -9,6 +10,9 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 LOCKSTEP_PACKAGES+=("${LOCKSTEP_TEST_PACKAGES[@]}")
 install_missing_packages
 configure_and_build -DLOCKSTEP_BUILD_TESTS=ON
+
+# Every test has a time limit (Note [Time limits] in tests/main.cpp).
+cmake -D CTEST=ctest -D BUILD="$LOCKSTEP_BUILD" -P "$LOCKSTEP_ROOT/tests/check_time_limits.cmake"
 
 skip_log="$LOCKSTEP_BUILD/Testing/skipped.tsv"
 mkdir -p "$LOCKSTEP_BUILD/Testing"

@@ -33,6 +33,7 @@
 
 #include <fmt/format.h>
 
+#include "common/tsan_fork_join.hpp"
 #include "cpu/matmul.hpp"
 #include "cpu/ops/isa_dispatch.hpp"
 #include "lockstep/device.hpp"
@@ -218,19 +219,24 @@ class CpuDevice : public Device {
                        std::int64_t stride_b, float beta, float* c, int ldc,
                        std::int64_t stride_c, int count);
 
-  // Calls fn(b) for every b in [0, count): on the caller when count is 1, else in the arena.
+  // Calls fn(b) for every b in [0, count): on the caller when count is 1, else in the arena
+  // (its fork and join told to TSan: Note [TSan and oneTBB]).
   template <class Fn>
   void for_blocks(std::size_t count, const Fn& fn) {
     if (count <= 1) {
       if (count == 1) fn(std::size_t{0});
       return;
     }
+    detail::TsanForkJoin fork_join;
     arena_.execute([&] {
       tbb::parallel_for(tbb::blocked_range<std::size_t>(0, count, 1),
                         [&](const tbb::blocked_range<std::size_t>& r) {
+                          fork_join.task_begins();
                           for (std::size_t b = r.begin(); b != r.end(); ++b) fn(b);
+                          fork_join.task_ends();
                         });
     });
+    fork_join.joined();
   }
 
   // Calls body(i0, i1) over [0, n) in blocks of kGrain.

@@ -42,6 +42,7 @@
 #include <limits>
 #include <optional>
 
+#include "common/tsan_fork_join.hpp"
 #include "io/durable_file.hpp"
 #include "io/file_roles.hpp"
 #include "io/json.hpp"
@@ -405,9 +406,13 @@ TokenizeCounts tokenize_files(const Tokenizer& tokenizer, const TokenizeOptions&
     if (o.stop && o.stop->load()) throw Interrupted();
 
     ids.assign(batch.size(), {});
+    detail::TsanForkJoin fork_join;  // Note [TSan and oneTBB]
     tbb::parallel_for(std::size_t{0}, batch.size(), [&](std::size_t i) {
+      fork_join.task_begins();
       ids[i] = encode_unit(tokenizer, batch[i], names[batch[i].input]);
+      fork_join.task_ends();
     });
+    fork_join.joined();
     for (UnitIds& unit : ids) {
       if (!unit.error.empty()) throw InputError(unit.error);
       for (const std::vector<TokenId>& part : unit.parts) {

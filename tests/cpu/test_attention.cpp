@@ -1,7 +1,10 @@
 // The CPU's tiled attention (Device::attention_forward/backward, Note [Tiled attention] in
 // src/cpu/ops/attention.cpp) against the materialised attention a GPT block runs otherwise
-// (model/attention.hpp): the output and the gradients of q, k and v, in fp32 (only the order of summation differs: within 1e-5 of each tensor's largest
-// value) and in bf16 (bf16's tolerance). The finite-difference check of the tiled backward is in
+// (model/attention.hpp): the output and the gradients of q, k and v, element by element (Note
+// [Comparing element by element] in tests/compare.hpp), in fp32 (only the order of summation
+// differs) and in bf16 (the paths round at different points). In bf16 also against a plain
+// reference that rounds where the note says, within fp32's tolerance: skipping any one of the
+// three roundings fails it. The finite-difference check of the tiled backward is in
 // tests/model/test_gpt.cpp, through a block.
 #include <doctest/doctest.h>
 
@@ -13,8 +16,10 @@
 #include <fmt/format.h>
 
 #include "common/bf16.hpp"
+#include "common/elementwise_math.hpp"
 #include "lockstep/device.hpp"
 #include "model/attention.hpp"
+#include "../compare.hpp"
 #include "../model/gradcheck.hpp"
 #include "../random_data.hpp"
 #include "sanitized.hpp"
@@ -27,8 +32,10 @@ using lockstep::Device;
 using lockstep::DeviceArray;
 using lockstep::MatIn;
 using lockstep::MatOut;
+using lockstep::test::check_close;
 using lockstep::test::on_device;
 using lockstep::test::random_floats;
+using lockstep::test::Tolerance;
 
 // What both paths produce: y widened to fp32, and the gradients of q, k, v.
 struct Attention {
@@ -96,18 +103,6 @@ Attention tiled(Device& dev, AttentionShape s, const Inputs& in) {
   return run_path(dev, s, in, AttentionKind::fused);
 }
 
-// max |a - b| over max |b|: the error relative to the tensor's scale.
-double relative_error(const std::vector<float>& a, const std::vector<float>& b) {
-  REQUIRE(a.size() == b.size());
-  double err = 0.0, scale = 0.0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    if (!std::isfinite(a[i])) return INFINITY;
-    err = std::max(err, std::abs(double(a[i]) - b[i]));
-    scale = std::max(scale, std::abs(double(b[i])));
-  }
-  return scale > 0.0 ? err / scale : err;
-}
-
 // The gradient of q, k or v (which = 0, 1, 2) out of dqkv (B T, 3C).
 std::vector<float> part(const std::vector<float>& dqkv, int which, int C) {
   std::vector<float> out;
@@ -117,20 +112,31 @@ std::vector<float> part(const std::vector<float>& dqkv, int which, int C) {
   return out;
 }
 
-void check_case(AttentionShape s, bool bf16, double tol) {
+// What the tiled path may differ by from the materialised one, element by element within a
+// row of C (one position, every head).
+Tolerance path_tolerance(AttentionShape s, bool bf16) {
+  const Tolerance sums = lockstep::test::fp32_sums(s.T + s.head_size,
+                                                   std::size_t(s.heads) * s.head_size);
+  if (!bf16) return sums;
+  // The probabilities rounded at different points (after normalising, or before), and the
+  // score gradients computed from them and rounded again: a few bf16 roundings of the row's
+  // largest terms.
+  return {sums.rel + 4 * lockstep::test::kBf16Ulp, sums.abs + 4 * lockstep::test::kBf16Ulp,
+          sums.row};
+}
+
+void check_case(AttentionShape s, bool bf16) {
+  const Tolerance tol = path_tolerance(s, bf16);
   auto dev = lockstep::make_cpu_device(0, 2);
   const Inputs in = make_inputs(*dev, s, bf16, 1000 + s.T * 7 + s.heads * 3 + s.head_size);
   const Attention got = tiled(*dev, s, in),
                   want = run_path(*dev, s, in, AttentionKind::materialized);
-  const int C = s.heads * s.head_size;
   INFO(fmt::format("{} B={} T={} H={} D={}", bf16 ? "bf16" : "fp32", s.batch, s.T, s.heads,
                    s.head_size));
-  CHECK(relative_error(got.y, want.y) <= tol);
-  const char* names[] = {"dq", "dk", "dv"};
-  for (int which = 0; which < 3; ++which) {
-    INFO(names[which]);
-    CHECK(relative_error(part(got.dqkv, which, C), part(want.dqkv, which, C)) <= tol);
-  }
+  check_close(got.y, want.y, tol);
+  // A position's gradients of q, k and v together: its dq is 0 (position 0's, for one) where
+  // its dk or dv are not, and the floor scales with them.
+  check_close(got.dqkv, want.dqkv, {tol.rel, tol.abs, 3 * tol.row});
 }
 
 // T = 1, 7, 64, 65, 257 at heads 1 and 12 and head sizes 16, 64, 128; T = 1024 at a few, to
@@ -151,19 +157,137 @@ std::vector<AttentionShape> cases(bool bf16) {
   return out;
 }
 
-constexpr double kFp32Tolerance = 1e-5;
-// bf16 operands round to 2^-9 relative; the two paths round the probabilities at different
-// points (after normalising, or before), so their products differ by a few such roundings.
-constexpr double kBf16Tolerance = 2e-2;
-
 }  // namespace
 
 TEST_CASE("tiled attention matches the materialised attention in fp32") {
-  for (const AttentionShape& s : cases(false)) check_case(s, false, kFp32Tolerance);
+  for (const AttentionShape& s : cases(false)) check_case(s, false);
 }
 
 TEST_CASE("tiled attention matches the materialised attention in bf16") {
-  for (const AttentionShape& s : cases(true)) check_case(s, true, kBf16Tolerance);
+  for (const AttentionShape& s : cases(true)) check_case(s, true);
+}
+
+namespace {
+
+// Note [Tiled attention]'s bf16 path in plain loops, in double but for what the note rounds:
+// the probabilities of forward (exp(scale s - m), m the running maximum over the key tiles of
+// `tile`, before they multiply v), those of backward (exp(scale s - lse)), and the score
+// gradients scale p (dp - D) before their products, each rounded to bf16. Backward reads the
+// forward's y and lse as given, as the kernel's backward does.
+struct Reference {
+  std::vector<float> y, lse, dqkv;
+};
+Reference rounded_reference(AttentionShape s, int tile, const std::vector<float>& qkv,
+                            const std::vector<float>& dy, const std::vector<float>& y,
+                            const std::vector<float>& lse) {
+  using lockstep::detail::exp_poly;
+  using lockstep::detail::round_to_bf16;
+  const int T = s.T, H = s.heads, D = s.head_size, C = H * D;
+  const float scale = 1.0f / std::sqrt(float(D));
+  Reference out{std::vector<float>(y.size()), std::vector<float>(lse.size()),
+                std::vector<float>(qkv.size(), 0.0f)};
+  for (int b = 0; b < s.batch; ++b)
+    for (int h = 0; h < H; ++h) {
+      // q (part 0), k (1), v (2) of position t and channel d; dy and y likewise.
+      const auto at = [&](int t, int part) {
+        return (std::size_t(b) * T + t) * 3 * C + part * C + h * D;
+      };
+      const auto row = [&](int t) { return (std::size_t(b) * T + t) * C + h * D; };
+      const auto dot = [&](std::size_t x, std::size_t z, const std::vector<float>& xs,
+                           const std::vector<float>& zs) {
+        double sum = 0.0;
+        for (int d = 0; d < D; ++d) sum += double(xs[x + d]) * zs[z + d];
+        return sum;
+      };
+      const auto score = [&](int r, int c) { return float(dot(at(r, 0), at(c, 1), qkv, qkv)); };
+      for (int r = 0; r < T; ++r) {
+        float m = -INFINITY;
+        double l = 0.0;
+        std::vector<double> o(D, 0.0);
+        for (int c0 = 0; c0 <= r; c0 += tile) {
+          const int c1 = std::min(c0 + tile, r + 1);
+          float m_new = m;
+          for (int c = c0; c < c1; ++c) m_new = std::max(m_new, scale * score(r, c));
+          const float alpha = exp_poly(m - m_new);
+          l *= alpha;
+          for (double& od : o) od *= alpha;
+          for (int c = c0; c < c1; ++c) {
+            const float e = exp_poly(scale * score(r, c) - m_new);
+            l += e;
+            const double p = round_to_bf16(e);  // rounding point 1
+            for (int d = 0; d < D; ++d) o[d] += p * qkv[at(c, 2) + d];
+          }
+          m = m_new;
+        }
+        for (int d = 0; d < D; ++d) out.y[row(r) + d] = float(o[d] / l);
+        out.lse[(std::size_t(b) * H + h) * T + r] = float(m + std::log(l));
+      }
+      const float* lse_head = lse.data() + (std::size_t(b) * H + h) * T;
+      for (int r = 0; r < T; ++r) {
+        const float d_r = float(dot(row(r), row(r), dy, y));
+        for (int c = 0; c <= r; ++c) {
+          const float p = round_to_bf16(exp_poly(scale * score(r, c) - lse_head[r]));  // 2
+          const float dp = float(dot(row(r), at(c, 2), dy, qkv));
+          const float ds = round_to_bf16(scale * p * (dp - d_r));  // rounding point 3
+          for (int d = 0; d < D; ++d) {
+            out.dqkv[at(r, 0) + d] += ds * qkv[at(c, 1) + d];
+            out.dqkv[at(c, 1) + d] += ds * qkv[at(r, 0) + d];
+            out.dqkv[at(c, 2) + d] += p * dy[row(r) + d];
+          }
+        }
+      }
+    }
+  return out;
+}
+
+// n values in [-2, 2], multiples of 1/16: exact in bf16, and with D = 16 every score and every
+// dp is exact in fp32 in any order of summation, so every value the kernel rounds is the
+// reference's bit for bit, and only the sums of the products differ (in fp32's last bits).
+std::vector<float> sixteenths(std::size_t n, std::uint64_t seed) {
+  std::vector<float> x = random_floats(n, seed, -2.0, 2.0);
+  for (float& v : x) v = std::round(v * 16.0f) / 16.0f;
+  return x;
+}
+
+}  // namespace
+
+// Where the roundings fall shows: a probability rounded or not moves y and the gradients by
+// about 2^-9 of a term, hundreds of times fp32's tolerance.
+TEST_CASE("tiled attention in bf16 rounds where Note [Tiled attention] says, and nowhere else") {
+  // One partial tile, one whole tile, and three tiles of 64 (the running maximum moves).
+  for (const AttentionShape s : {AttentionShape{2, 7, 2, 16}, AttentionShape{2, 64, 2, 16},
+                                 AttentionShape{1, 130, 2, 16}}) {
+    INFO("B=", s.batch, " T=", s.T, " H=", s.heads, " D=", s.head_size);
+    const std::size_t n = std::size_t(s.batch) * s.T, c = std::size_t(s.heads) * s.head_size;
+    const std::size_t rows = std::size_t(s.batch) * s.heads * s.T;
+    const std::vector<float> qkv = sixteenths(n * 3 * c, 11 + s.T), dy = sixteenths(n * c, 12);
+    auto dev = lockstep::make_cpu_device(0, 2);
+    auto qkv16 = on_device(*dev, lockstep::test::to_bits(qkv));
+    auto dy16 = on_device(*dev, lockstep::test::to_bits(dy));
+    // y kept in fp32, so that forward's rounding is not hidden by y's own.
+    DeviceArray<float> y(*dev, n * c), lse(*dev, rows), dqkv(*dev, n * 3 * c);
+    dev->attention_forward(s, {nullptr, qkv16.data()}, {y.data()}, lse.data());
+    dev->attention_backward(s, {nullptr, qkv16.data()}, {y.data()}, {nullptr, dy16.data()},
+                            lse.data(), dqkv.data());
+    const int tile = std::min(64, (s.T + 7) / 8 * 8);  // Note [Tiled attention]'s tiles
+    const std::vector<float> got_y = y.download(), got_lse = lse.download();
+    const Reference want = rounded_reference(s, tile, qkv, dy, got_y, got_lse);
+    const Tolerance tol = lockstep::test::fp32_sums(s.T, c);
+    {
+      INFO("y");
+      check_close(got_y, want.y, tol);
+    }
+    {
+      INFO("lse");
+      check_close(got_lse, want.lse, lockstep::test::fp32_sums(s.T));
+    }
+    const std::vector<float> got = dqkv.download();
+    const char* names[] = {"dq", "dk", "dv"};
+    for (int which = 0; which < 3; ++which) {
+      INFO(names[which]);
+      check_close(part(got, which, int(c)), part(want.dqkv, which, int(c)), tol);
+    }
+  }
 }
 
 // J(qkv) = sum(y * r) for a random r, so dy = r: dJ/dqkv by backward against central differences,

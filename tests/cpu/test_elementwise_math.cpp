@@ -7,11 +7,13 @@
 #include <cmath>
 #include <initializer_list>
 
+#include "../compare.hpp"
 #include "common/elementwise_math.hpp"
 
 namespace {
 
 namespace math = lockstep::detail;
+namespace test = lockstep::test;
 
 constexpr double kGeluC = 0.7978845608028654;  // sqrt(2 / pi)
 constexpr double kGeluA = 0.044715;
@@ -33,7 +35,7 @@ TEST_SUITE("elementwise math") {
     for (int i = -800000; i <= 800000; ++i) {
       const float x = static_cast<float>(i) * 1e-4f;
       const double want = std::exp(static_cast<double>(x));
-      worst = std::max(worst, std::abs(math::exp_poly(x) - want) / want);
+      worst = test::worse(worst, std::abs(math::exp_poly(x) - want) / want);
     }
     CHECK(worst < 1e-7);
     CHECK(math::exp_poly(0.0f) == 1.0f);
@@ -46,8 +48,8 @@ TEST_SUITE("elementwise math") {
     for (int i = -100000; i <= 100000; ++i) {
       const float x = static_cast<float>(i) * 1e-4f;  // [-10, 10]
       const double scale = std::max(1.0, std::abs(double(x)));
-      worst = std::max(worst, std::abs(math::gelu(x) - gelu_exact(x)) / scale);
-      worst_grad = std::max(worst_grad, std::abs(math::gelu_grad(x) - gelu_grad_exact(x)));
+      worst = test::worse(worst, std::abs(math::gelu(x) - gelu_exact(x)) / scale);
+      worst_grad = test::worse(worst_grad, std::abs(math::gelu_grad(x) - gelu_grad_exact(x)));
     }
     CAPTURE(worst);
     CAPTURE(worst_grad);

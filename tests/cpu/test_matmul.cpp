@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "../cli/cli_runner.hpp"
+#include "../compare.hpp"
 #include "../random_data.hpp"
 #include "common/bf16.hpp"
 #include "cpu/matmul.hpp"
@@ -31,9 +32,11 @@ std::vector<float> product(GemmLibrary library, const GemmCall& call, std::size_
   return c;
 }
 
+// max |x - y|, NaN when any difference is.
 double largest_difference(const std::vector<float>& x, const std::vector<float>& y) {
   double d = 0.0;
-  for (std::size_t i = 0; i < x.size(); ++i) d = std::max(d, double(std::abs(x[i] - y[i])));
+  for (std::size_t i = 0; i < x.size(); ++i)
+    d = lockstep::test::worse(d, double(std::abs(x[i] - y[i])));
   return d;
 }
 

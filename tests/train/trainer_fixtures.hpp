@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -98,11 +99,14 @@ inline std::filesystem::path fresh_dir(const std::string& name) {
   return dir;
 }
 
-// max |a - b| / max |b|
+// max |a - b| / max |b|; infinity where either holds a NaN or an infinity, so that a diverged
+// or poisoned parameter fails every bound (std::max over the differences would drop a NaN).
 inline double relative_difference(const std::vector<float>& a, const std::vector<float>& b) {
   REQUIRE(a.size() == b.size());
   double diff = 0.0, scale = 0.0;
   for (std::size_t i = 0; i < a.size(); ++i) {
+    if (!std::isfinite(a[i]) || !std::isfinite(b[i]))
+      return std::numeric_limits<double>::infinity();
     diff = std::max(diff, std::abs(static_cast<double>(a[i]) - b[i]));
     scale = std::max(scale, std::abs(static_cast<double>(b[i])));
   }

@@ -1,11 +1,13 @@
 # Gives every test case of TEST_EXECUTABLE a CTest label: the folder of tests/ its source file
 # lies in (tests/comm/test_all_reduce.cpp: "comm"), so that `ctest -L comm` runs one area (and
-# scripts/ci_sanitizers.sh chooses what runs under ThreadSanitizer). Run
+# scripts/ci_sanitizers.sh chooses what runs under ThreadSanitizer); and its time limit, from
+# time_limits.cmake scaled by TIME_SCALE (Note [Time limits] in tests/main.cpp). Run
 # after each build of the test program (tests/CMakeLists.txt), like doctest's own discovery, and
 # writes OUTPUT: set_tests_properties() lines that CTest reads after doctest's add_test() lines.
 #
 # doctest's XML listing names each case's file. Names never contain ';' (tests/main.cpp refuses
 # them), and the bracket arguments below take every other character as it is.
+include("${CMAKE_CURRENT_LIST_DIR}/time_limits.cmake")
 execute_process(
   COMMAND "${TEST_EXECUTABLE}" --list-test-cases --reporters=xml
   OUTPUT_VARIABLE listing
@@ -38,7 +40,10 @@ while(rest MATCHES "<TestCase name=\"([^\"]*)\"( testsuite=\"[^\"]*\")? filename
   else()
     message(FATAL_ERROR "${TEST_EXECUTABLE}: test case '${name}' is in ${file}, outside tests/")
   endif()
-  string(APPEND script "set_tests_properties([==[${name}]==] PROPERTIES LABELS ${label})\n")
+  lockstep_case_time_limit("${name}" "${TIME_SCALE}" limit)
+  math(EXPR timeout "${limit} + ${lockstep_grace_seconds}")
+  string(APPEND script "set_tests_properties([==[${name}]==] PROPERTIES LABELS ${label} "
+    "TIMEOUT ${timeout} ENVIRONMENT_MODIFICATION LOCKSTEP_CASE_TIMEOUT=set:${limit})\n")
 endwhile()
 if(script STREQUAL "")
   message(FATAL_ERROR "${TEST_EXECUTABLE} --list-test-cases --reporters=xml: no test case read")
