@@ -20,6 +20,7 @@
 
 #include "common/random.hpp"
 #include "lockstep/lockstep.hpp"
+#include "../compare.hpp"
 #include "../random_data.hpp"
 #include "../skip.hpp"
 
@@ -72,19 +73,9 @@ inline constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 // says NaN is expected where the CPU has it (padding both sides must leave alone); the GPU must
 // then have NaN there too, and nowhere else. Outputs a kernel overwrites start as NaN
 // (poisoned, poisoned_bf16), so that an element never written fails.
-struct Tolerance {
-  double rel = 0.0;
-  double abs = 0.0;
-  std::size_t row = 0;
-};
-inline constexpr double kFp32Ulp = 0x1p-23, kBf16Ulp = 0x1p-7, kTf32Ulp = 0x1p-10;
+// Tolerance, fp32_sums, bf16_rounded, mismatches and check_close: tests/compare.hpp's.
+inline constexpr double kTf32Ulp = 0x1p-10;
 inline constexpr Tolerance kSameBits{};
-constexpr Tolerance fp32_sums(double terms, std::size_t row = 0) {
-  return {4 * kFp32Ulp * terms, 4 * kFp32Ulp * terms, row};
-}
-constexpr Tolerance bf16_rounded(Tolerance fp32) {
-  return {fp32.rel + kBf16Ulp, fp32.abs, fp32.row};
-}
 constexpr Tolerance tf32_sums(double terms, std::size_t row = 0) {
   return {kTf32Ulp * terms, kTf32Ulp * terms, row};
 }
@@ -125,56 +116,6 @@ constexpr SoftmaxTolerance softmax_tolerance(int T, bool bf16) {
   return {without_floor(bf16_rounded(sums)), bf16_rounded(bf16_rounded(sums))};
 }
 
-// Whether NaN may appear in the CPU's output (then the GPU's must match it).
-enum class NaNs { refused, where_cpu_has_them };
-
-// The elements of `got` that fail against `want` (Note [Comparing with the CPU]), each with why.
-struct Mismatch {
-  std::size_t index;
-  float got, want;
-  double allowed;
-};
-inline std::vector<Mismatch> mismatches(const std::vector<float>& got,
-                                        const std::vector<float>& want, const Tolerance& tol,
-                                        NaNs nans = NaNs::refused) {
-  std::vector<Mismatch> bad;
-  const std::size_t n = want.size(), row = tol.row == 0 ? std::max<std::size_t>(n, 1) : tol.row;
-  if (got.size() != n) return {{n, kNaN, kNaN, 0.0}};
-  for (std::size_t r0 = 0; r0 < n; r0 += row) {
-    const std::size_t r1 = std::min(n, r0 + row);
-    double largest = 0.0;
-    for (std::size_t i = r0; i < r1; ++i)
-      if (std::isfinite(want[i])) largest = std::max(largest, std::abs(double(want[i])));
-    for (std::size_t i = r0; i < r1; ++i) {
-      const float g = got[i], w = want[i];
-      if (std::isnan(w)) {
-        if (nans == NaNs::refused || !std::isnan(g)) bad.push_back({i, g, w, 0.0});
-        continue;
-      }
-      if (std::isinf(w)) {
-        if (g != w) bad.push_back({i, g, w, 0.0});
-        continue;
-      }
-      const double allowed = tol.rel * std::abs(double(w)) + tol.abs * largest;
-      // Written so that a NaN in `got` fails.
-      if (!(std::abs(double(g) - double(w)) <= allowed)) bad.push_back({i, g, w, allowed});
-    }
-  }
-  return bad;
-}
-
-inline void check_close(const std::vector<float>& got, const std::vector<float>& want,
-                        const Tolerance& tol, NaNs nans = NaNs::refused) {
-  REQUIRE(got.size() == want.size());
-  const std::vector<Mismatch> bad = mismatches(got, want, tol, nans);
-  if (bad.empty()) return;
-  const Mismatch& m = bad.front();
-  FAIL_CHECK(bad.size() << " of " << got.size() << " elements differ; the first, " << m.index
-                        << ": got " << m.got << ", want " << m.want << ", within " << m.allowed
-                        << (std::isnan(m.want) ? " (NaN in the CPU's output: never written, or "
-                                                 "NaN where none is expected)"
-                                               : ""));
-}
 
 // Every parameter tensor of `model` on its own, element by element (mismatches, which refuse
 // NaN): `got` against `want`, both whole parameter (or gradient) buffers, each element within
