@@ -1448,7 +1448,7 @@ void check_data_source(const Config& c, const Origins& origins, Problems& proble
 
 // A data file the dataset needs that is not there, named by its key with how its path was
 // resolved (Note [Config paths]): a problem found before any data is read, with the others.
-// `dir` absolute, without the trailing separator that "." would leave ("/work/run/").
+// `dir` absolute, without the trailing separator that "." would leave ("/home/me/run/").
 std::filesystem::path absolute_directory(const std::filesystem::path& dir) {
   const std::filesystem::path out = std::filesystem::absolute(dir).lexically_normal();
   return out.has_filename() || !out.has_relative_path() ? out : out.parent_path();
