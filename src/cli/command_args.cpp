@@ -17,7 +17,8 @@ void unknown_option(std::string_view command, std::string_view option, const std
                     bool sets) {
   std::string hint;
   const std::size_t eq = option.find('=');
-  const std::string_view name = option.substr(0, eq).substr(option.find_first_not_of('-'));
+  std::string_view name = option.substr(0, eq);  // "--steps" of "--steps=10"; "--" stays empty
+  name.remove_prefix(std::min(name.size(), name.find_first_not_of('-')));
   std::vector<std::string> keys;
   if (sets && !name.empty())
     for (const ConfigKeyHelp& key : config_key_help())

@@ -274,6 +274,13 @@ TEST_CASE("cli: an unknown option that names a config key is told the --set that
   // A last part several keys share: each is named.
   CHECK(run_cli("eval " + kQuickstart + " --type sgd").output.find(
             "with KEY one of model.type, optimizer.type, schedule.type") != std::string::npos);
+  // Dashes alone name no key, and are an unknown option like any other.
+  for (const std::string dashes : {" --", " --=3", " -"}) {
+    CAPTURE(dashes);
+    const auto r = run_cli("train " + kQuickstart + dashes);
+    CHECK(r.code == 2);
+    CHECK(r.output.find("unknown option") != std::string::npos);
+  }
   // A command without --set is not told to use it.
   const auto tokenize = run_cli("tokenize --steps 3");
   CHECK(tokenize.code == 2);
