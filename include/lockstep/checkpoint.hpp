@@ -83,7 +83,13 @@ LOCKSTEP_API SafetensorsFile read_safetensors(const std::filesystem::path& file)
 struct LOCKSTEP_API TrainState {
   std::int64_t step = 0;             // optimiser steps done; also the lr schedule's position
   std::uint64_t epoch = 0;           // the sampler epoch of the next batch
-  std::uint64_t batch_in_epoch = 0;  // batches of `epoch` each worker has consumed
+  std::uint64_t batch_in_epoch = 0;  // batches of `epoch` each worker has consumed since
+                                     // epoch_start
+  // The position in `epoch`'s sample order where its current sharding over `workers` began: 0,
+  // but after a change of worker count mid-epoch (Note [Re-sharding] in
+  // src/train/worker_loop.cpp). Samples served in the epoch: its positions [0, epoch_start +
+  // batch_in_epoch x batch x workers).
+  std::uint64_t epoch_start = 0;
   std::int64_t samples = 0;          // training samples consumed, over all workers
   std::uint64_t config_hash = 0;     // config_hash() of the run that wrote it
   std::int32_t workers = 0;          // the device count that wrote it; must be >= 1

@@ -187,14 +187,23 @@ LOCKSTEP_API DataSplit load_dataset(const Config& cfg, const std::filesystem::pa
 // PyTorch's DistributedSampler: a permutation of [0, size) seeded by seed + epoch, identical on
 // every rank; padded by wrap-around to a multiple of num_replicas (or trimmed with drop_last);
 // rank r takes positions r, r + N, r + 2N, ...
+//
+// start_at(e, p) makes epoch e begin at position p of its order instead: rank r takes p + r,
+// p + r + N, ..., the epoch's last size - p positions shared as a whole epoch's size would be
+// (padded or trimmed the same way). Every other epoch is whole. A run whose worker count changed
+// mid-epoch continues so (Note [Re-sharding] in src/train/worker_loop.cpp); start 0 is PyTorch's.
 class LOCKSTEP_API DistributedSampler {
  public:
   DistributedSampler(std::size_t dataset_size, int num_replicas, int rank, bool shuffle,
                      std::uint64_t seed, bool drop_last);
   void set_epoch(std::uint64_t epoch) noexcept { epoch_ = epoch; }
   std::uint64_t epoch() const noexcept { return epoch_; }
-  std::size_t num_samples() const noexcept { return num_samples_; }  // per rank
-  std::size_t total_size() const noexcept { return num_samples_ * num_replicas_; }
+  // Throws std::invalid_argument when position > dataset_size.
+  void start_at(std::uint64_t epoch, std::size_t position);
+  // Where the current epoch begins in its order: 0 but in start_at's epoch.
+  std::size_t start() const noexcept { return epoch_ == start_epoch_ ? start_ : 0; }
+  std::size_t num_samples() const noexcept;  // per rank, in the current epoch
+  std::size_t total_size() const noexcept { return num_samples() * num_replicas_; }
   std::vector<std::size_t> indices() const;
 
  private:
@@ -202,9 +211,11 @@ class LOCKSTEP_API DistributedSampler {
   int num_replicas_;
   int rank_;
   bool shuffle_;
+  bool drop_last_;
   std::uint64_t seed_;
   std::uint64_t epoch_ = 0;
-  std::size_t num_samples_;
+  std::uint64_t start_epoch_ = 0;
+  std::size_t start_ = 0;
 };
 
 struct LOCKSTEP_API Batch {
@@ -212,7 +223,9 @@ struct LOCKSTEP_API Batch {
   std::vector<std::int32_t> y;      // (size, targets)
   int size = 0;
   std::uint64_t epoch = 0;
-  std::size_t index_in_epoch = 0;
+  std::size_t index_in_epoch = 0;  // counted from the epoch's start position
+  std::size_t epoch_start = 0;     // DistributedSampler::start() of its epoch
+  bool last_in_epoch = false;
 };
 
 // Assembles one worker's batches on a background thread, `prefetch` batches ahead, epoch after
@@ -232,7 +245,8 @@ class LOCKSTEP_API ShardLoader {
   ShardLoader(const ShardLoader&) = delete;
   ShardLoader& operator=(const ShardLoader&) = delete;
 
-  // Batches per epoch for this rank.
+  // Batches of a whole epoch for this rank (Batch::last_in_epoch marks each epoch's last,
+  // the rest of one begun at a start position included).
   std::size_t batches_per_epoch() const noexcept;
   Batch next();
   void stop() noexcept;

@@ -36,6 +36,7 @@ struct ShardLoader::State {
   bool drop_last;
   std::size_t capacity;      // 0: no producer, next() assembles
   std::size_t skip_batches;  // of the first epoch only
+  std::size_t per_epoch = 0;  // batches of a whole epoch
 
   // Where the next batch comes from; only the producer touches it, or next() when there is none.
   bool started = false;
@@ -83,20 +84,24 @@ Batch ShardLoader::State::assemble(std::span<const std::size_t> indices, std::ui
 // The next batch of the epoch, moving on to the next epoch at the end of one. When assemble()
 // throws, nothing moves: the next call tries the same batch again.
 Batch ShardLoader::State::advance() {
-  const std::size_t batches = batches_in(sampler.num_samples(), static_cast<int>(batch_size),
-                                         drop_last);  // >= 1, checked by the constructor
-  if (!started || index >= batches) {
+  // A whole epoch has >= 1 batch (checked by the constructor); the rest of one begun at a start
+  // position (DistributedSampler::start_at) may have none.
+  const auto batches = [&] {
+    return batches_in(sampler.num_samples(), static_cast<int>(batch_size), drop_last);
+  };
+  if (!started || index >= batches()) {
     epoch = started ? epoch + 1 : sampler.epoch();
     index = started ? 0 : skip_batches;
     started = true;
     sampler.set_epoch(epoch);
     order = sampler.indices();
-    if (index >= batches) return advance();  // the first epoch was skipped whole
+    if (index >= batches()) return advance();  // the first epoch was skipped whole
   }
   const std::size_t begin = index * batch_size;
   const std::size_t count = std::min(batch_size, order.size() - begin);
   Batch b = assemble(std::span(order).subspan(begin, count), epoch, index);
-  ++index;
+  b.epoch_start = sampler.start();
+  b.last_in_epoch = ++index == batches();
   return b;
 }
 
@@ -128,20 +133,25 @@ ShardLoader::ShardLoader(std::shared_ptr<const Dataset> data, DistributedSampler
     throw std::invalid_argument(
         fmt::format("ShardLoader: prefetch must be >= 0, got {}", prefetch));
   }
-  const std::size_t per_epoch = batches_in(sampler.num_samples(), batch_size, drop_last);
+  // Batches of a whole epoch (the next one's: the sampler's own may begin at a start position).
+  DistributedSampler whole = sampler;
+  whole.set_epoch(sampler.epoch() + 1);
+  const std::size_t per_epoch = batches_in(whole.num_samples(), batch_size, drop_last);
   if (per_epoch == 0) {
     throw InputError(fmt::format(
         "dataset too small: worker shard has no full batch ({} samples of {} per worker over "
         "{} sampled positions, batch_size {}, drop_last {})",
-        sampler.num_samples(), data->size(), sampler.total_size(), batch_size, drop_last));
+        whole.num_samples(), data->size(), whole.total_size(), batch_size, drop_last));
   }
-  if (skip_batches > per_epoch) {
+  const std::size_t first_epoch = batches_in(sampler.num_samples(), batch_size, drop_last);
+  if (skip_batches > first_epoch) {
     throw std::invalid_argument(fmt::format(
-        "ShardLoader: skip_batches {} exceeds the {} batches of an epoch", skip_batches,
-        per_epoch));
+        "ShardLoader: skip_batches {} exceeds the {} batches of the first epoch", skip_batches,
+        first_epoch));
   }
   state_ = std::make_unique<State>(std::move(data), sampler, static_cast<std::size_t>(batch_size),
                                    drop_last, static_cast<std::size_t>(prefetch), skip_batches);
+  state_->per_epoch = per_epoch;
   if (prefetch > 0)
     state_->producer =
         detail::start_thread("the loader thread", [s = state_.get()] { s->produce(); });
@@ -149,10 +159,7 @@ ShardLoader::ShardLoader(std::shared_ptr<const Dataset> data, DistributedSampler
 
 ShardLoader::~ShardLoader() { stop(); }
 
-std::size_t ShardLoader::batches_per_epoch() const noexcept {
-  return batches_in(state_->sampler.num_samples(), static_cast<int>(state_->batch_size),
-                    state_->drop_last);
-}
+std::size_t ShardLoader::batches_per_epoch() const noexcept { return state_->per_epoch; }
 
 Batch ShardLoader::next() {
   State& s = *state_;

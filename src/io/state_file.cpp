@@ -21,9 +21,10 @@ static_assert(std::endian::native == std::endian::little,
               "checkpoint files are little-endian and are copied to and from memory as is");
 
 constexpr std::string_view kMagic = "LSTPSTATE";
-constexpr std::uint32_t kVersion = 3;
+constexpr std::uint32_t kVersion = 4;
 constexpr std::uint32_t kPayloadChecksumVersion = 1;  // its checksum covers the payload only
 constexpr std::uint32_t kConfigValuesVersion = 3;     // the first to list the config's keys
+constexpr std::uint32_t kEpochStartVersion = 4;       // the first to hold epoch_start
 constexpr std::size_t kChecksumAt = 21;
 constexpr std::uint64_t kHeaderBytes = kMagic.size() + 4 + 8 + 8;
 constexpr OptimizerKind kOptimizers[] = {OptimizerKind::sgd, OptimizerKind::adamw};
@@ -137,6 +138,7 @@ void write_state_file(const std::filesystem::path& file, const TrainState& s,
   put(fields, s.step);
   put(fields, s.epoch);
   put(fields, s.batch_in_epoch);
+  put(fields, s.epoch_start);
   put(fields, s.samples);
   put(fields, s.config_hash);
   put(fields, s.workers);
@@ -215,6 +217,7 @@ StateFile read_state_file(const std::filesystem::path& file) {
   s.step = r.at_least<std::int64_t>(0, "step");
   s.epoch = r.get<std::uint64_t>("epoch");
   s.batch_in_epoch = r.get<std::uint64_t>("batch_in_epoch");
+  if (version >= kEpochStartVersion) s.epoch_start = r.get<std::uint64_t>("epoch_start");
   s.samples = r.at_least<std::int64_t>(0, "samples");
   s.config_hash = r.get<std::uint64_t>("config_hash");
   s.workers = r.at_least<std::int32_t>(1, "workers");

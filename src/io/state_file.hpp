@@ -1,14 +1,15 @@
 // The .state file of a checkpoint: TrainState and the optimiser's state vectors.
 //
-// Format, version 3. Little-endian; strings are a length then UTF-8 bytes, no terminator.
+// Format, version 4. Little-endian; strings are a length then UTF-8 bytes, no terminator.
 //
 //   offset  size  field
 //        0     9  magic "LSTPSTATE"
-//        9     4  u32 version (3)
+//        9     4  u32 version (4)
 //       13     8  u64 P: payload bytes; the file is exactly 29 + P bytes
 //       21     8  u64 FNV-1a 64 of bytes [0, 21) then of the payload: every byte but itself
 //       29     P  payload:
-//                   i64 step, u64 epoch, u64 batch_in_epoch, i64 samples, u64 config_hash,
+//                   i64 step, u64 epoch, u64 batch_in_epoch, u64 epoch_start, i64 samples,
+//                   u64 config_hash,
 //                   i32 workers, u8 length + optimizer name ("sgd" | "adamw"),
 //                   i64 optimizer_steps, u64 seed,
 //                   u64 weights_checksum   (lockstep.checksum of the .safetensors beside it),
@@ -19,9 +20,9 @@
 //
 // The optimiser is stored by name so that reordering OptimizerKind cannot change its meaning.
 //
-// Older versions are still read. Version 2 has no config keys (it names the config by its hash
-// alone); version 1 differs from 2 only in its checksum, of the payload alone (its header fields
-// are each checked). A state of version 2 or later says that the weights beside it carry
+// Older versions are still read. Version 3 has no epoch_start (read as 0); version 2 has no
+// config keys either (it names the config by its hash alone); version 1 differs from 2 only in
+// its checksum, of the payload alone (its header fields are each checked). A state of version 2 or later says that the weights beside it carry
 // "lockstep.file_checksum" (Note [Whole-file checksum]).
 #pragma once
 
@@ -38,7 +39,7 @@ struct StateFile {
   TrainState state;
   std::vector<StateVector> optimizer_state;
   std::uint64_t weights_checksum = 0;
-  std::uint32_t version = 0;  // 1 to 3, as read
+  std::uint32_t version = 0;  // 1 to 4, as read
 };
 
 // Throws std::invalid_argument for what read_state_file() would reject: a negative step,

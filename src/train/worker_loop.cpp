@@ -204,16 +204,19 @@ void WorkerLoop::set_up(Backend& backend) {
 
 // Note [Re-sharding]
 //   A resumed run (and a shrink's survivors: Note [Shrink] in recovery.hpp) continues inside the
-//   epoch it stopped in. The DistributedSampler gives rank r of N the positions r, r + N, ... of
-//   the epoch's order, so after b batches of B on each of N workers the positions [0, b B N)
-//   are served. On N' workers each rank starts at batch b' = floor(b N / N'), position b' B N':
-//     - with N' = N, or wherever N' divides b N, exactly where the run stopped: every sample
-//       of the epoch once;
-//     - otherwise a little before it: every sample still once at least, and those at positions
-//       [b' B N', b B N) (fewer than B N', one global batch) a second time in that epoch.
-//   Never later, so no sample of the epoch is skipped. Starting exactly at b B N on N' workers
-//   would need a position the checkpoint does not hold (in samples, not whole batches per
-//   worker). tests/train/test_resharding.cpp pins the samples served, resume and shrink.
+//   epoch it stopped in, each sample of the epoch served once. The DistributedSampler gives rank
+//   r of N the positions s + r, s + r + N, ... of the epoch's order, s the epoch's start
+//   position (0 in an epoch begun whole), so after b batches of B on each of N workers the
+//   positions [0, s + b B N) are served; the checkpoint holds s (TrainState::epoch_start) and b.
+//     - On N' = N workers the run goes on from batch b of the same sharding: the same batches,
+//       bit for bit, as a run that never stopped.
+//     - On N' != N it begins a new sharding of the epoch's rest at s' = s + b B N, batch 0:
+//       rank r of N' takes s' + r, s' + r + N', ... (DistributedSampler::start_at), the rest
+//       padded or trimmed as a whole epoch is. With s' at or past the epoch's last sample the
+//       epoch is done and the next begins whole.
+//   The next epoch is whole on N' workers. b counts whole batches only: an epoch's last batch,
+//   full or not, ends the epoch. tests/train/test_resharding.cpp pins the samples served, for a
+//   resume and for a shrink, against this definition.
 // Note [Inline loader]: when the compute threads take every core, the loader has no core of its
 // own either. Its thread then only adds a wake-up and two context switches per batch, taken
 // from compute (a batch handed through the queue wakes the producer to refill it), so the
@@ -227,12 +230,23 @@ void WorkerLoop::set_up_data(bool cores_scarce) {
   DistributedSampler sampler(train.size(), world, global_, cfg.data.shuffle, cfg.trainer.seed,
                              cfg.data.drop_last);
   if (resume) {
-    pos_.epoch = resume->state.epoch;
-    pos_.batch_in_epoch = std::min<std::uint64_t>(
-        resume->state.batch_in_epoch * static_cast<std::uint64_t>(resume->state.workers) /
-            static_cast<std::uint64_t>(world),
-        batches_in(sampler.num_samples(), batch, cfg.data.drop_last));
+    const TrainState& at = resume->state;
+    pos_.epoch = at.epoch;
+    pos_.epoch_start = at.epoch_start;
+    pos_.batch_in_epoch = at.batch_in_epoch;
+    if (at.workers != world) {  // a new sharding of the epoch's rest (Note [Re-sharding])
+      const std::uint64_t served =
+          at.epoch_start + at.batch_in_epoch * static_cast<std::uint64_t>(batch) *
+                               static_cast<std::uint64_t>(at.workers);
+      pos_.batch_in_epoch = 0;
+      pos_.epoch_start = served;
+      if (served >= train.size()) {
+        ++pos_.epoch;
+        pos_.epoch_start = 0;
+      }
+    }
   }
+  sampler.start_at(pos_.epoch, static_cast<std::size_t>(pos_.epoch_start));
   sampler.set_epoch(pos_.epoch);
   const int k = cfg.trainer.accumulate_steps;
   const int prefetch = cores_scarce ? 0 : cfg.data.prefetch;  // 0: no loader thread
@@ -341,9 +355,11 @@ bool WorkerLoop::run_micro_batch(int micro, StepTotals& mine) {
   const Batch& b = in.batch;
   // Where the next batch comes from, for checkpoints.
   pos_.epoch = b.epoch;
+  pos_.epoch_start = b.epoch_start;
   pos_.batch_in_epoch = b.index_in_epoch + 1;
-  if (pos_.batch_in_epoch == res_.loader->batches_per_epoch()) {
+  if (b.last_in_epoch) {
     ++pos_.epoch;
+    pos_.epoch_start = 0;
     pos_.batch_in_epoch = 0;
   }
   enter(Phase::forward);
@@ -902,6 +918,7 @@ Checkpoint WorkerLoop::describe_state(const Position& at, std::int64_t optimizer
   ckpt.state = {.step = at.step,
                 .epoch = at.epoch,
                 .batch_in_epoch = at.batch_in_epoch,
+                .epoch_start = at.epoch_start,
                 .samples = samples_before + at.samples,
                 .config_hash = config_hash(cfg),
                 .workers = comm_.size(),

@@ -255,6 +255,7 @@ class WorkerLoop {
     std::int64_t step = 0;
     std::uint64_t epoch = 0;
     std::uint64_t batch_in_epoch = 0;
+    std::uint64_t epoch_start = 0;  // TrainState::epoch_start
     std::int64_t samples = 0;  // consumed over all workers, this run
   };
   // Metrics since the last log_every report.

@@ -117,3 +117,43 @@ TEST_CASE("DistributedSampler: rejects bad replica arguments") {
   CHECK_THROWS_AS(DistributedSampler(10, 2, 2, true, 0, false), std::invalid_argument);
   CHECK_THROWS_AS(DistributedSampler(10, 2, -1, true, 0, false), std::invalid_argument);
 }
+
+TEST_CASE("DistributedSampler: start_at begins one epoch at a position, the next whole") {
+  using V = std::vector<std::size_t>;
+  // 10 samples, unshuffled: from position 4 on 3 ranks, positions 4..9 and the padding (10, 11
+  // wrap to 0, 1): rank r takes 4 + r, 7 + r.
+  DistributedSampler r0(10, 3, 0, false, 0, false), r2(10, 3, 2, false, 0, false);
+  r0.start_at(2, 4);
+  r2.start_at(2, 4);
+  r0.set_epoch(2);
+  r2.set_epoch(2);
+  CHECK(r0.start() == 4);
+  CHECK(r0.num_samples() == 2);
+  CHECK(r0.indices() == V{4, 7});
+  CHECK(r2.indices() == V{6, 9});
+  // The other epochs are whole.
+  r0.set_epoch(3);
+  CHECK(r0.start() == 0);
+  CHECK(r0.indices() == V{0, 3, 6, 9});
+  r0.set_epoch(1);
+  CHECK(r0.num_samples() == 4);
+  // drop_last trims the rest: 5 left on 3 ranks, 1 each.
+  DistributedSampler d1(10, 3, 1, false, 0, true);
+  d1.start_at(0, 5);
+  CHECK(d1.indices() == V{6});
+  // Shuffled: the same positions of the epoch's permutation.
+  const std::vector<std::size_t> perm = permutation(23, true, 7, 0);
+  for (int r = 0; r < 4; ++r) {
+    DistributedSampler s(23, 4, r, true, 7, false);
+    s.start_at(0, 9);
+    const std::vector<std::size_t> mine = s.indices();
+    REQUIRE(mine.size() == 4);  // ceil(14 / 4)
+    for (std::size_t k = 0; k < mine.size(); ++k)
+      CHECK(mine[k] == perm[(9 + static_cast<std::size_t>(r) + 4 * k) % 23]);
+  }
+  // The whole epoch at its end, and past it.
+  DistributedSampler all(10, 2, 0, false, 0, false);
+  all.start_at(0, 10);
+  CHECK(all.num_samples() == 0);
+  CHECK_THROWS_AS(all.start_at(0, 11), std::invalid_argument);
+}

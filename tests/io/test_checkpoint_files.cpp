@@ -288,31 +288,54 @@ TEST_CASE("state file: round trip, and every truncation and every flipped byte i
                        doctest::Contains("offset 0: expected the magic \"LSTPSTATE\""), InputError);
 }
 
-TEST_CASE("state file: the config's keys round trip, and a version 2 file (hash alone) still reads") {
+// `file`'s bytes with the header's version and payload size set and its checksum recomputed
+// over the rest, as that version's writer would have made them.
+std::string as_version(std::string bytes, std::uint32_t version) {
+  const std::uint64_t payload = bytes.size() - 29;
+  std::memcpy(bytes.data() + 9, &version, 4);
+  std::memcpy(bytes.data() + 13, &payload, 8);
+  const std::uint64_t sum =
+      detail::fnv1a64(bytes.data() + 29, payload, detail::fnv1a64(bytes.data(), 21));
+  std::memcpy(bytes.data() + 21, &sum, 8);
+  return bytes;
+}
+
+TEST_CASE("state file: the config's keys and epoch_start round trip; versions 3 (no "
+          "epoch_start) and 2 (the config's hash alone) still read") {
   TempDir dir;
   Checkpoint c = make_checkpoint(small_model(), 42);
   c.state.config = {{"optimizer.lr", "0.05"}, {"data.path", "/a b/c.txt"}, {"model.hidden", "[]"}};
+  c.state.epoch_start = 123;
   const fs::path file = dir.path() / "s.state";
   detail::write_state_file(file, c.state, c.optimizer_state, 7);
   const detail::StateFile read = detail::read_state_file(file);
-  CHECK(read.version == 3);
+  CHECK(read.version == 4);
   CHECK(read.state.config == c.state.config);
+  CHECK(read.state.epoch_start == 123);
+  CHECK(read.state.batch_in_epoch == c.state.batch_in_epoch);
+  CHECK(read.state.samples == c.state.samples);
 
-  // The same state as version 2 wrote it: no config key count, the checksum over the rest.
+  // The same state as version 3 wrote it: no epoch_start (after batch_in_epoch), read as 0.
+  constexpr std::size_t kEpochStartAt = 29 + 24;
+  std::string v3 = slurp(file);
+  v3.erase(kEpochStartAt, 8);
+  const detail::StateFile three = detail::read_state_file(dir.write("v3.state", as_version(v3, 3)));
+  CHECK(three.version == 3);
+  CHECK(three.state.epoch_start == 0);
+  CHECK(three.state.config == c.state.config);
+  CHECK(three.state.samples == c.state.samples);
+
+  // As version 2 wrote it: no config key count either.
   c.state.config.clear();
   detail::write_state_file(file, c.state, c.optimizer_state, 7);
   std::string v2 = slurp(file);
+  v2.erase(kEpochStartAt, 8);
   constexpr std::size_t kKeyCountAt = 29 + 44 + 1 + 5 + 8 + 8 + 8;
   v2.erase(kKeyCountAt, 4);
-  const std::uint32_t version = 2;
-  const std::uint64_t payload = v2.size() - 29;
-  std::memcpy(v2.data() + 9, &version, 4);
-  std::memcpy(v2.data() + 13, &payload, 8);
-  const std::uint64_t sum = detail::fnv1a64(v2.data() + 29, payload, detail::fnv1a64(v2.data(), 21));
-  std::memcpy(v2.data() + 21, &sum, 8);
-  const detail::StateFile old = detail::read_state_file(dir.write("v2.state", v2));
+  const detail::StateFile old = detail::read_state_file(dir.write("v2.state", as_version(v2, 2)));
   CHECK(old.version == 2);
   CHECK(old.state.config.empty());
+  CHECK(old.state.epoch_start == 0);
   CHECK(old.state.config_hash == c.state.config_hash);
   CHECK(same_bits(old.optimizer_state[1].values, c.optimizer_state[1].values));
 
@@ -345,13 +368,14 @@ TEST_CASE("state file: a payload with a valid checksum but bad fields is rejecte
   };
   CHECK(error(patched(0, le(std::int64_t{-5}))).find("offset 29: step: expected >= 0, got -5") !=
         std::string::npos);
-  CHECK(error(patched(40, le(std::int32_t{0}))).find("workers: expected >= 1, got 0") !=
+  // step, epoch, batch_in_epoch, epoch_start, samples, config_hash (8 bytes each), workers.
+  CHECK(error(patched(48, le(std::int32_t{0}))).find("workers: expected >= 1, got 0") !=
         std::string::npos);
-  CHECK(error(patched(44, "\x05" "adamx")).find("optimizer: expected sgd or adamw, got 'adamx'") !=
+  CHECK(error(patched(52, "\x05" "adamx")).find("optimizer: expected sgd or adamw, got 'adamx'") !=
         std::string::npos);
   // The first vector's length, after its 2-byte name length and 7-byte name: 2^60 floats. Before
   // it: optimizer_steps, seed, weights_checksum, the config key count (0) and the vector count.
-  const std::size_t first_vector = 44 + 1 + 5 + 8 + 8 + 8 + 4 + 4;
+  const std::size_t first_vector = 52 + 1 + 5 + 8 + 8 + 8 + 4 + 4;
   CHECK(error(patched(first_vector + 2 + 7, le(std::uint64_t{1} << 60)))
             .find("state vector 'adamw.m': expected 1152921504606846976 floats") !=
         std::string::npos);

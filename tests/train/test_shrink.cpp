@@ -1,12 +1,13 @@
 // trainer.on_worker_failure: shrink (Note [Shrink] in src/train/recovery.hpp): a run that loses
 // a worker's device at step s goes on with the survivors from the start of step s, and ends
 // bit-identical to a run that --resumes from a checkpoint of step s - 1 on the survivors'
-// devices. Each case is a 12-step run of the small MLP on the CPU, over 480 samples: whole
-// batches of 8 on 1 to 4 workers.
+// devices. Each case is a 12-step run of the small MLP on the CPU, over 480 samples in batches
+// of 8 on 1 to 4 workers.
 #include <doctest/doctest.h>
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -94,6 +95,25 @@ std::vector<float> expected(std::vector<int> devices,
   return plain_run(devices, &*from, {}, 0, clip, accumulate);
 }
 
+// Samples that `world` workers train in `batches` batches of 8 each, from position `start` of
+// an epoch of 480 on: the epoch's rest, ceil((480 - start) / world) samples per worker (its last
+// batch short), then whole epochs.
+std::int64_t samples_after(std::size_t start, int world, std::int64_t batches) {
+  const auto n = static_cast<std::size_t>(world);
+  std::size_t per_worker = (480 - start + n - 1) / n, at = 0;
+  std::int64_t samples = 0;
+  for (std::int64_t b = 0; b < batches; ++b) {
+    if (at == per_worker) {  // the next epoch, whole
+      per_worker = (480 + n - 1) / n;
+      at = 0;
+    }
+    const std::size_t take = std::min<std::size_t>(8, per_worker - at);
+    at += take;
+    samples += static_cast<std::int64_t>(take * n);
+  }
+  return samples;
+}
+
 }  // namespace
 
 TEST_CASE("shrink: a worker lost before the update, the survivors end as a resume on them") {
@@ -130,11 +150,13 @@ TEST_CASE("shrink: a worker lost before the update, the survivors end as a resum
     CHECK(s.steps_redone == 0);
     CHECK(s.recovery_s > 0.0);
     CHECK(s.recovery_s < 5.0);
-    // Every sample trained once: before the loss on every worker, after it on the survivors.
-    const std::int64_t batch = 8 * c.accumulate;
-    const std::int64_t before = (c.step - 1) * batch * static_cast<std::int64_t>(c.devices.size());
-    CHECK(s.samples ==
-          before + (12 - c.step + 1) * batch * static_cast<std::int64_t>(c.left.size()));
+    // Every sample trained once: before the loss on every worker, after it on the survivors,
+    // who share the epoch's rest from the first position not trained (Note [Re-sharding]).
+    const std::int64_t before =
+        (c.step - 1) * 8 * c.accumulate * static_cast<std::int64_t>(c.devices.size());
+    CHECK(s.samples == before + samples_after(static_cast<std::size_t>(before),
+                                              static_cast<int>(c.left.size()),
+                                              (12 - c.step + 1) * c.accumulate));
     const std::string json = s.to_json();
     CHECK(json.find("\"workers_lost\": 1,") != std::string::npos);
     CHECK(json.find("\"recoveries\": 1,") != std::string::npos);
