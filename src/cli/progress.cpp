@@ -114,6 +114,8 @@ void print_summary(std::FILE* out, const Summary& s) {
   if (std::isfinite(s.eval_loss)) {
     fmt::print(out, "  eval loss           {:.4f}\n", s.eval_loss);
     fmt::print(out, "  eval accuracy       {:.4f}\n", s.eval_accuracy);
+  } else if (s.stopped_early) {
+    fmt::print(out, "  eval                skipped: the run was stopped\n");
   } else {
     fmt::print(out, "  eval                none (data.eval_fraction is 0)\n");
   }

@@ -164,28 +164,40 @@ int scaling(const Config& base, const DataSplit& data, const TrainArgs& args) {
   return identical ? kExitOk : kExitFailure;
 }
 
-// SIGINT/SIGTERM: the first asks the trainer to stop after the current step (and checkpoint);
-// a second SIGINT exits at once, saying so in one line (and which checkpoint it leaves
-// incomplete: the next --resume falls back to the previous one). The handler only touches
-// lock-free atomics. It may run on any thread, so it counts itself in g_in_handler while it uses
-// the trainer, and detaching waits for that count to drop: no handler still holds the trainer
-// once it is destroyed.
+// SIGINT/SIGTERM: the first asks the trainer to stop after the current step (and checkpoint),
+// and says so at once, before the step ends: a save of a large model takes long enough that a
+// silent wait reads as a hang. A second SIGINT exits at once, saying so in one line (and which
+// checkpoint it leaves incomplete, and the complete one --resume falls back to, if any). The
+// handler only touches lock-free atomics and write(2). It may run on any thread, so it counts
+// itself in g_in_handler while it uses the trainer, and detaching waits for that count to
+// drop: no handler still holds the trainer once it is destroyed.
 std::atomic<int> g_signal{0};
 std::atomic<Trainer*> g_trainer{nullptr};
 std::atomic<int> g_in_handler{0};
-// trainer.checkpoint.dir as a C string, for the second SIGINT's line: set before g_trainer.
+// Whether this process prints the lines (the leader), and what they say: the last step whose
+// stop decision the workers agreed on (on_progress), the newest complete checkpoint, and
+// trainer.checkpoint.dir as a C string: all set before g_trainer.
+std::atomic<bool> g_leader{true};
+std::atomic<bool> g_live_progress{false};  // a progress line is redrawn on a terminal
+std::atomic<std::int64_t> g_agreed_step{-1};
+std::atomic<std::int64_t> g_complete_step{-1};
 char g_checkpoint_dir[4096] = "";
 
 extern "C" void on_signal(int sig) {
   if (sig == SIGINT && g_signal.load() != 0) {
     g_in_handler.fetch_add(1);  // never undone: the trainer outlives this process
     const Trainer* t = g_trainer.load();
-    write_exit_now_line(t ? t->saving_step() : -1, g_checkpoint_dir);
+    if (g_leader.load())
+      write_exit_now_line(t ? t->saving_step() : -1, g_checkpoint_dir, g_complete_step.load());
     std::_Exit(128 + SIGINT);
   }
-  g_signal.store(sig);
+  const bool first = g_signal.exchange(sig) == 0;
   g_in_handler.fetch_add(1);
-  if (Trainer* t = g_trainer.load()) t->request_stop();
+  Trainer* t = g_trainer.load();
+  if (t) t->request_stop();
+  if (first && g_leader.load())
+    write_stop_line(sig, t ? g_agreed_step.load() : -1, g_checkpoint_dir[0] != '\0',
+                    g_live_progress.load());
   g_in_handler.fetch_sub(1);
 }
 
@@ -198,9 +210,12 @@ class SignalScope {
  public:
   class Attachment {
    public:
-    Attachment(Trainer& trainer, const std::string& checkpoint_dir) {
+    Attachment(Trainer& trainer, const std::string& checkpoint_dir, bool leader) {
       if (checkpoint_dir.size() < sizeof g_checkpoint_dir)
         std::memcpy(g_checkpoint_dir, checkpoint_dir.c_str(), checkpoint_dir.size() + 1);
+      g_leader.store(leader);
+      g_agreed_step.store(trainer.resumed_step());
+      g_complete_step.store(newest_complete_step(checkpoint_dir));
       g_trainer.store(&trainer);
       if (g_signal.load() != 0) trainer.request_stop();  // a signal that came before we were ready
     }
@@ -402,10 +417,12 @@ void print_run_header(const Trainer& trainer, const Config& cfg,
 }
 
 // Runs `trainer` with its metrics shown as progress; signals reach it while it runs.
-Summary run_with_progress(Trainer& trainer, const std::string& checkpoint_dir) {
+Summary run_with_progress(Trainer& trainer, const std::string& checkpoint_dir, bool leader) {
   const bool live = isatty(STDERR_FILENO) != 0;
   Progress progress(live ? stderr : stdout, live);
+  g_live_progress.store(live);
   trainer.on_progress([&](const StepMetrics& m) {
+    g_agreed_step.store(m.step);
     progress.step(m);
   });
   trainer.on_step([&](const StepMetrics& m) { progress.log(m); });
@@ -413,11 +430,12 @@ Summary run_with_progress(Trainer& trainer, const std::string& checkpoint_dir) {
     progress.eval(m);
   });
   trainer.on_checkpoint([&](std::int64_t step, const std::string& weights_file) {
+    g_complete_step.store(step);
     progress.checkpoint(step, weights_file);
   });
   Summary summary;
   try {
-    const SignalScope::Attachment attached(trainer, checkpoint_dir);
+    const SignalScope::Attachment attached(trainer, checkpoint_dir, leader);
     summary = trainer.run();
   } catch (...) {
     progress.finish();
@@ -475,7 +493,7 @@ int train(const std::vector<std::string_view>& argv,
   }
   std::fflush(stdout);
   set_phase("training");
-  const Summary summary = run_with_progress(trainer, cfg.trainer.checkpoint.dir);
+  const Summary summary = run_with_progress(trainer, cfg.trainer.checkpoint.dir, leader);
   set_phase("writing the outputs");
   if (leader) {
     print_summary(stdout, summary);

@@ -259,7 +259,8 @@ std::string summary_table(const Summary& s) {
                                        s.final_train_accuracy)},
       {"eval", std::isfinite(s.eval_loss)
                    ? fmt::format("loss {:.4f}, accuracy {:.4f}", s.eval_loss, s.eval_accuracy)
-                   : std::string("none (data.eval_fraction is 0)")},
+                   : std::string(s.stopped_early ? "skipped: the run was stopped"
+                                                 : "none (data.eval_fraction is 0)")},
       {"replicas identical", fmt::format("{} ({} hash checks, parameter hash {:016x})",
                                          s.replicas_identical ? "yes" : "NO", s.replica_checks,
                                          s.param_hash)},
