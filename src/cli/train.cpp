@@ -235,6 +235,25 @@ class SignalScope {
   SignalHandlers handlers_;
 };
 
+// trainer.backend cuda without a usable GPU, before the run's header says it trains: where the
+// key was set (FILE:LINE:COL or --set) and the fix in that spelling (Note [A fix in the
+// spelling used]).
+void check_backend_usable(const Config& cfg) {
+  if (cfg.trainer.backend != BackendKind::cuda) return;
+  const std::string why = no_usable_gpu();
+  if (why.empty()) return;
+  const auto at = cfg.set_at.find("trainer.backend");
+  const std::string where = at == cfg.set_at.end() ? cfg.source : at->second;
+  const std::string fix = where.starts_with("--set")
+                              ? "--set trainer.backend=cpu (or auto: the GPUs when there are "
+                                "some, else the CPU)"
+                              : "set it to cpu there, or add --set trainer.backend=cpu (or "
+                                "auto: the GPUs when there are some, else the CPU)";
+  throw InputError(fmt::format("{}: trainer.backend: cuda, but no usable GPU here ({}); to train "
+                               "on the CPU, {}",
+                               where, why, fix));
+}
+
 // What the run reads and writes, before anything is written: no output is an input or another
 // output (Note [An output is never an input]), and a new run leaves another run's checkpoints
 // alone (Note [A used checkpoint directory]). The Trainer checks its own again, for embedders.
@@ -458,6 +477,7 @@ int train(const std::vector<std::string_view>& argv,
   set_phase("reading the config");
   const Config cfg = load_config_for(args, leader);
   check_run_files(args, cfg, leader);
+  check_backend_usable(cfg);
   prepare_cli_outputs(args, cfg.trainer, leader);
   set_phase("loading the data");
   const DataSplit data = load_dataset(cfg);  // paths already resolved: Note [Config paths]
