@@ -189,7 +189,7 @@ LOCKSTEP_API std::vector<ConfigKeyHelp> config_key_help();
 
 // Reads and validates a YAML file, then applies "a.b.c=value" overrides. A relative path the
 // file gives is resolved against the file's directory; one an override gives is left relative
-// to the working directory (Note [Config paths] in src/config/config.cpp).
+// to the working directory (Note [Config paths] in src/config/read_yaml.cpp).
 LOCKSTEP_API Config load_config(const std::filesystem::path& file,
                                 std::span<const std::string> overrides = {});
 
