@@ -204,6 +204,15 @@ LOCKSTEP_API Config load_config(const std::filesystem::path& file,
                                 std::span<const std::string> overrides,
                                 const ConfigDefaults& defaults);
 
+// How a config file is read: `data_files_exist` false skips the check that the data files
+// exist, for a config shown before its data is made (`lockstep config --print`).
+struct LOCKSTEP_API ConfigReading {
+  bool data_files_exist = true;
+};
+LOCKSTEP_API Config load_config(const std::filesystem::path& file,
+                                std::span<const std::string> overrides,
+                                const ConfigDefaults& defaults, const ConfigReading& reading);
+
 // Same, from text in memory. `source` names it in messages; paths are left as written.
 LOCKSTEP_API Config parse_config(std::string_view yaml, std::string_view source,
                                  std::span<const std::string> overrides = {});

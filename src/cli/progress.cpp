@@ -24,7 +24,8 @@ std::string duration(double s) {
 // when the devices' peak is known; a slow run's "0.213 samples/s" (detail::format_rate).
 std::string throughput(double samples_per_s, double tokens_per_s, double mfu) {
   std::string out = detail::format_rate(samples_per_s) + " samples/s";
-  if (tokens_per_s > samples_per_s * 1.5) out += " " + detail::format_rate(tokens_per_s) + " tokens/s";
+  if (tokens_per_s > samples_per_s * 1.5)
+    out += fmt::format(" {} tokens/s", detail::format_rate(tokens_per_s));
   if (mfu > 0.0) out += fmt::format(" mfu {:.1f}%", 100.0 * mfu);
   return out;
 }

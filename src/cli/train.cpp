@@ -358,11 +358,13 @@ std::optional<InitFromModel> init_from_model(const std::string& path) {
 }
 
 // The config with --init-from's model (Note [--init-from's model]).
-Config load_config_for(const TrainArgs& args, bool leader) {
+Config config_with_weights(const std::string& config, const std::vector<std::string>& overrides,
+                           const std::string& init_from, bool leader,
+                           const ConfigReading& reading) {
   const std::optional<InitFromModel> from =
-      args.init_from.empty() ? std::nullopt : init_from_model(args.init_from);
-  if (!from) return load_config(args.config, args.overrides);
-  Config cfg = load_config(args.config, args.overrides, from->defaults);
+      init_from.empty() ? std::nullopt : init_from_model(init_from);
+  Config cfg = load_config(config, overrides, from ? from->defaults : ConfigDefaults{}, reading);
+  if (!from) return cfg;
   if (cfg.model.type != "gpt") return cfg;
   std::vector<std::string> taken, disagreements;
   for (const ModelKey& k : kModelKeys) {
@@ -377,14 +379,18 @@ Config load_config_for(const TrainArgs& args, bool leader) {
   }
   if (!disagreements.empty())
     throw InputError(fmt::format("--init-from {}: the config's model is not the one {} "
-                                 "describes:\n{}", args.init_from, from->weights.file.string(),
+                                 "describes:\n{}", init_from, from->weights.file.string(),
                                  fmt::join(disagreements, "\n")));
-  if (!cfg.set_at.contains("data.tokenizer") && cfg.data.tokenizer == args.init_from)
-    taken.push_back("data.tokenizer " + args.init_from);
+  if (!cfg.set_at.contains("data.tokenizer") && cfg.data.tokenizer == init_from)
+    taken.push_back("data.tokenizer " + init_from);
   if (leader && !taken.empty())
     fmt::print("from {}: {} (the keys the config does not set)\n", from->weights.file.string(),
                fmt::join(taken, ", "));
   return cfg;
+}
+
+Config load_config_for(const TrainArgs& args, bool leader) {
+  return config_with_weights(args.config, args.overrides, args.init_from, leader, {});
 }
 
 // --init-from PATH: the weights alone, in the config's model.
@@ -529,5 +535,10 @@ int train(const std::vector<std::string_view>& argv,
 }
 
 int train_stop_signal() { return g_signal.load(); }
+
+Config load_config_with_weights(const std::string& config, const std::vector<std::string>& overrides,
+                                const std::string& init_from, const ConfigReading& reading) {
+  return config_with_weights(config, overrides, init_from, /*leader=*/false, reading);
+}
 
 }  // namespace lockstep::cli

@@ -654,7 +654,8 @@ std::string read_config_file(const std::filesystem::path& file) {
 // for text that came from no file (Note [Config paths]).
 Config parse_config_in(std::string_view yaml, std::string_view source,
                        std::span<const std::string> overrides, const std::filesystem::path* dir,
-                       const ConfigDefaults* defaults = nullptr) {
+                       const ConfigDefaults* defaults = nullptr,
+                       const ConfigReading& reading = {}) {
   Origins origins{std::string(source)};
   YAML::Node root = load_tree(yaml, origins.source());
   Problems problems;
@@ -684,7 +685,7 @@ Config parse_config_in(std::string_view yaml, std::string_view source,
     const Config written = config;
     PathResolver resolver(origins, *dir);
     visit_schema(resolver, config);
-    check_data_files(written, config, origins, problems, *dir);
+    if (reading.data_files_exist) check_data_files(written, config, origins, problems, *dir);
   }
   // Text is read byte by byte: its vocabulary is 256 unless a larger one is asked for. With a
   // tokenizer, 0 stays: the tokenizer's size, known once it is read (load_dataset).
@@ -717,6 +718,13 @@ Config load_config(const std::filesystem::path& file, std::span<const std::strin
                    const ConfigDefaults& defaults) {
   const std::filesystem::path dir = detail::directory_of(file);
   return parse_config_in(read_config_file(file), file.string(), overrides, &dir, &defaults);
+}
+
+Config load_config(const std::filesystem::path& file, std::span<const std::string> overrides,
+                   const ConfigDefaults& defaults, const ConfigReading& reading) {
+  const std::filesystem::path dir = detail::directory_of(file);
+  return parse_config_in(read_config_file(file), file.string(), overrides, &dir, &defaults,
+                         reading);
 }
 
 }  // namespace lockstep
