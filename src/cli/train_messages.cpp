@@ -148,7 +148,7 @@ void write_exit_now_line(std::int64_t saving_step, const char* checkpoint_dir,
   write_all("lockstep: second SIGINT while writing the checkpoint of step ");
   write_all(step);
   if (complete_step < 0) {
-    write_all(": exiting at once; it stays incomplete, and no earlier checkpoint of this run "
+    write_all(": exiting at once; it stays incomplete, and no earlier checkpoint in its directory "
               "is complete: --resume has none to start from\n");
     return;
   }

@@ -179,7 +179,7 @@ TEST_CASE("cli: with no complete checkpoint, --resume names the --init-from comm
   const auto [dead, err] = interrupt_save(dir, ckpt, 5);
   // The first checkpoint of the run: the line promises no earlier one.
   CHECK_MESSAGE(err.find("second SIGINT while writing the checkpoint of step 5: exiting at once; "
-                         "it stays incomplete, and no earlier checkpoint of this run is complete: "
+                         "it stays incomplete, and no earlier checkpoint in its directory is complete: "
                          "--resume has none to start from\n") != std::string::npos, err);
   CHECK(err.find("falls back") == std::string::npos);
   const fs::path weights = ckpt / step_file(5, ".safetensors");
