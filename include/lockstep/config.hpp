@@ -189,7 +189,7 @@ LOCKSTEP_API std::vector<ConfigKeyHelp> config_key_help();
 
 // Reads and validates a YAML file, then applies "a.b.c=value" overrides. A relative path the
 // file gives is resolved against the file's directory; one an override gives is left relative
-// to the working directory (Note [Config paths] in src/config/config.cpp).
+// to the working directory (Note [Config paths] in src/config/read_yaml.cpp).
 LOCKSTEP_API Config load_config(const std::filesystem::path& file,
                                 std::span<const std::string> overrides = {});
 
@@ -203,6 +203,15 @@ struct LOCKSTEP_API ConfigDefaults {
 LOCKSTEP_API Config load_config(const std::filesystem::path& file,
                                 std::span<const std::string> overrides,
                                 const ConfigDefaults& defaults);
+
+// How a config file is read: `data_files_exist` false skips the check that the data files
+// exist, for a config shown before its data is made (`lockstep config --print`).
+struct LOCKSTEP_API ConfigReading {
+  bool data_files_exist = true;
+};
+LOCKSTEP_API Config load_config(const std::filesystem::path& file,
+                                std::span<const std::string> overrides,
+                                const ConfigDefaults& defaults, const ConfigReading& reading);
 
 // Same, from text in memory. `source` names it in messages; paths are left as written.
 LOCKSTEP_API Config parse_config(std::string_view yaml, std::string_view source,

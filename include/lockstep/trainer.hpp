@@ -95,7 +95,7 @@ struct LOCKSTEP_API Summary {
   double mfu = 0.0;
   double final_train_loss = 0.0;      // the mean over the last log window (StepMetrics)
   double final_train_accuracy = 0.0;
-  double eval_loss = 0.0;       // NaN when there is no eval split
+  double eval_loss = 0.0;       // NaN when there is no eval split, or the run was stopped
   double eval_accuracy = 0.0;
   bool replicas_identical = false;
   std::int64_t replica_checks = 0;
@@ -287,7 +287,8 @@ class LOCKSTEP_API Trainer {
   void init_from(Weights weights);
 
   // Asks every worker to stop after the current step. The workers agree on the step, and a
-  // checkpoint is written when trainer.checkpoint.dir is set. Callable from any thread and
+  // checkpoint is written when trainer.checkpoint.dir is set; the final eval is skipped (the
+  // Summary's eval_loss is NaN), so run() returns soon after. Callable from any thread and
   // from a signal handler (it only stores to a lock-free atomic).
   void request_stop() noexcept;
   // The step whose checkpoint is being written now, or -1: so that a signal handler can say

@@ -40,7 +40,7 @@ enum class AttentionKind { automatic, fused, materialized };
 // keeps them only where they measured faster than launching each kernel.
 enum class GraphMode { automatic, on, off };
 
-// The config's spelling of each value (src/config/config.cpp reads the same tables).
+// The config's spelling of each value (src/config/schema.hpp reads the same tables).
 LOCKSTEP_API std::string_view to_string(Activation);
 LOCKSTEP_API std::string_view to_string(DatasetKind);
 LOCKSTEP_API std::string_view to_string(TokenFormat);

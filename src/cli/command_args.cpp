@@ -72,11 +72,26 @@ std::string override_arg(std::string_view text, const std::string_view* next) {
   throw InputError(fmt::format("--set {}: expected KEY=VALUE, e.g. --set optimizer.lr=0.05", text));
 }
 
+std::string no_usable_gpu() {
+  const CudaSupport cuda = cuda_support();
+  if (!cuda.built) return "this build of lockstep has no CUDA backend";
+  if (cuda.gpus > 0) return {};
+  // The summary is "STATE; the linked versions" (CudaSupport).
+  return cuda.summary.substr(0, cuda.summary.find("; "));
+}
+
 BackendKind backend_flag(const CommandArgs& args) {
   const std::string name = args.get("--backend");
   if (name.empty()) return BackendKind::automatic;
-  if (const std::optional<BackendKind> kind = backend_kind(name)) return *kind;
-  throw InputError(fmt::format("--backend: expected auto, cpu or cuda, got '{}'", name));
+  const std::optional<BackendKind> kind = backend_kind(name);
+  if (!kind) throw InputError(fmt::format("--backend: expected auto, cpu or cuda, got '{}'", name));
+  // Note [A fix in the spelling used]
+  if (*kind == BackendKind::cuda)
+    if (const std::string why = no_usable_gpu(); !why.empty())
+      throw InputError(fmt::format("--backend cuda: no usable GPU ({}): give --backend cpu, or "
+                                   "--backend auto (a GPU when there is one, else the CPU)",
+                                   why));
+  return *kind;
 }
 
 void warn(const std::string& message) { fmt::print(stderr, "lockstep: warning: {}\n", message); }

@@ -53,7 +53,20 @@ T number_flag(const CommandArgs& args, std::string_view flag, T fallback) {
   return value;
 }
 
-// --backend auto|cpu|cuda.
+// Note [A fix in the spelling used]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A message names its fix as the user would type it where they typed the mistake: `sample
+// --backend cuda` on a machine without a GPU is told `--backend cpu`, `train` is told the
+// file and line of trainer.backend (or its --set), the Python module `backend='cpu'`. The
+// library's own message names the config key (trainer.backend), which fits a YAML file, a
+// Python dict and a C++ Config alike; each front end checks first and says it its own way.
+// The driver's state reads as `lockstep devices` says it.
+
+// Why CUDA is unusable here, as `lockstep devices` says it ("no NVIDIA driver found"), or ""
+// when a GPU is usable.
+std::string no_usable_gpu();
+
+// --backend auto|cpu|cuda; cuda without a usable GPU is refused, naming --backend cpu.
 BackendKind backend_flag(const CommandArgs& args);
 
 // "lockstep: warning: MESSAGE" on standard error.

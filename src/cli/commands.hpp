@@ -2,6 +2,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -35,8 +36,14 @@ int sample(const std::vector<std::string_view>& args);
 //                   [--format llmc|raw] INPUT...
 int tokenize(const std::vector<std::string_view>& args);
 
-// lockstep config --print CONFIG [--set KEY=VALUE]...
+// lockstep config --print CONFIG [--set KEY=VALUE]... [--init-from CKPT]
+// lockstep config --schema --markdown
 int config(const std::vector<std::string_view>& args);
+
+// CONFIG with the overrides, and with `init_from` (when not empty) the model.* keys it does not
+// set taken from those weights, as train reads it (Note [--init-from's model] in train.cpp).
+Config load_config_with_weights(const std::string& config, const std::vector<std::string>& overrides,
+                                const std::string& init_from, const ConfigReading& reading);
 
 // The config keys with their values, defaults and descriptions, for `lockstep train --help`.
 void print_config_keys();

@@ -69,7 +69,7 @@ int devices(const std::shared_ptr<ProcessGroup>& processes) {
   // (below kFusedAttentionContext it runs fp32 materialised), on cuda in bf16, the precision
   // of its fused path (choose_attention).
   for (const std::string_view backend : {"cpu", "cuda"}) {
-    if (backend == "cuda" && !cuda.built) continue;
+    if (backend == "cuda" && cuda.gpus == 0) continue;  // a plan for a GPU this machine lacks
     const Precision precision = backend == "cuda" ? Precision::bf16 : Precision::fp32;
     const AttentionChoice auto_choice =
         choose_attention(AttentionKind::automatic, backend, precision, 1024, 64);

@@ -55,10 +55,18 @@ constexpr std::string_view kUsageHead = R"(usage: lockstep <command> [options]
 commands:
 )";
 
-// The other commands, the options and the exit codes.
-constexpr std::string_view kUsageRest = R"(  eval CONFIG --checkpoint CKPT [--set KEY=VALUE]...
+// One entry per command but train: its usage line(s) and what it does, as `lockstep COMMAND
+// --help` prints it after "usage: lockstep ", and the whole usage lists them indented.
+struct CommandHelp {
+  std::string_view name;
+  std::string_view text;
+};
+
+constexpr CommandHelp kCommandHelp[] = {
+    {"eval", R"(eval CONFIG --checkpoint CKPT [--set KEY=VALUE]...
                       loss and accuracy of a checkpoint on the config's eval split
-  export CKPT --out FILE [--format torch] [--dtype fp32|bf16]
+)"},
+    {"export", R"(export CKPT --out FILE [--format torch] [--dtype fp32|bf16]
   export CKPT --format hf --out DIR [--dtype fp32|bf16] [--tokenizer DIR|FILE]
                       write a checkpoint's weights as one safetensors file (with an
                       MLP's standardisation as normalize.mean and normalize.std), or
@@ -67,7 +75,8 @@ constexpr std::string_view kUsageRest = R"(  eval CONFIG --checkpoint CKPT [--se
                       run's data.tokenizer for AutoTokenizer; --tokenizer when it
                       has moved); --dtype bf16 stores every tensor as BF16
                       (rounded to nearest even)
-  sample CKPT [--prompt TEXT] [--tokens N] [--temperature T]
+)"},
+    {"sample", R"(sample CKPT [--prompt TEXT] [--tokens N] [--temperature T]
          [--top-k K] [--seed S] [--backend auto|cpu|cuda] [--tokenizer DIR|FILE]
                       continue TEXT with a GPT checkpoint CKPT (model.type gpt;
                       --checkpoint CKPT says the same): N
@@ -76,7 +85,8 @@ constexpr std::string_view kUsageRest = R"(  eval CONFIG --checkpoint CKPT [--se
                       and writes bytes; a model trained with data.tokenizer text,
                       through the tokenizer it records (--tokenizer when it has
                       moved); another token model ids, or text with --tokenizer
-  tokenize --tokenizer DIR|FILE --out FILE [--eval-out FILE --eval-fraction F]
+)"},
+    {"tokenize", R"(tokenize --tokenizer DIR|FILE --out FILE [--eval-out FILE --eval-fraction F]
            [--format llmc|raw] INPUT...
                       GPT-2's BPE over text into an llm.c token file, ready for
                       data.dataset: tokens. DIR|FILE: a Hugging Face GPT-2
@@ -85,16 +95,27 @@ constexpr std::string_view kUsageRest = R"(  eval CONFIG --checkpoint CKPT [--se
                       file; - is standard input) or one per line (.jsonl, its
                       "text" field), each preceded by <|endoftext|>. --eval-out
                       takes about F of the tokens (whole documents, or 16 KiB
-                      parts of long ones). uint16 tokens (uint32 above 65,536
-                      ids); --format raw writes no header
-  config --print CONFIG [--set KEY=VALUE]...
-                      print CONFIG with the overrides as lockstep train reads it:
-                      every key, defaults included, paths absolute (YAML that
-                      train takes back)
-  devices             list the backends and devices this binary can use, what a
+                      parts of long ones; with few documents, the last tokens),
+                      and warns when that is less than one window of GPT-2's
+                      context. uint16 tokens (uint32 above 65,536 ids);
+                      --format raw writes no header
+)"},
+    {"config", R"(config --print CONFIG [--set KEY=VALUE]... [--init-from CKPT]
+                      print CONFIG with the overrides (and the model.* keys
+                      --init-from takes from the weights) as lockstep train reads
+                      it: every key, defaults included, paths absolute (YAML that
+                      train takes back); its data files need not exist yet
+  config --schema --markdown
+                      the config key reference as Markdown (docs/config.md)
+)"},
+    {"devices", R"(devices             list the backends and devices this binary can use, what a
                       device is on each (on the CPU, a worker thread) and how
                       many this machine can run, and whether MPI is built in
+)"},
+};
 
+// The options and the exit codes.
+constexpr std::string_view kUsageTail = R"(
 under mpirun -np P (or srun), each process trains on its own trainer.devices
 and the job trains as one: P x devices workers
 
@@ -105,7 +126,29 @@ options:
 exit codes: 0 ok, 1 run-time failure, 2 bad input (config, flags, data)
 )";
 
-void print_usage(std::FILE* to) { fmt::print(to, "{}  {}{}", kUsageHead, kTrainUsage, kUsageRest); }
+void print_usage(std::FILE* to) {
+  fmt::print(to, "{}  {}", kUsageHead, kTrainUsage);
+  for (const CommandHelp& c : kCommandHelp) fmt::print(to, "  {}", c.text);
+  fmt::print(to, "{}", kUsageTail);
+}
+
+// `lockstep COMMAND --help`: that command's usage (train's with the config keys); false for a
+// name that is no command.
+bool print_command_help(std::string_view command) {
+  if (command == "train") {
+    fmt::print("usage: lockstep {}", kTrainUsage);
+    print_config_keys();
+    return true;
+  }
+  for (const CommandHelp& c : kCommandHelp) {
+    if (c.name != command) continue;
+    fmt::print("usage: lockstep {}\noptions:\n  -h, --help          show this help (lockstep --help: every "
+               "command)\n\nexit codes: 0 ok, 1 run-time failure, 2 bad input (config, flags, data)\n",
+               c.text);
+    return true;
+  }
+  return false;
+}
 
 // `processes` is set for the commands that may run as one process of an MPI job.
 int run(int argc, char** argv, std::shared_ptr<ProcessGroup>& processes) {
@@ -124,14 +167,10 @@ int run(int argc, char** argv, std::shared_ptr<ProcessGroup>& processes) {
     fmt::print("lockstep {}\n", kVersion);
     return kExitOk;
   }
-  // "lockstep train --help" and the like: the usage, not an error; train's lists the config keys.
+  // "lockstep sample --help" and the like: that command's usage, not an error; train's lists
+  // the config keys. An unknown command's --help shows them all.
   if (std::any_of(rest.begin(), rest.end(), [](std::string_view a) { return a == "-h" || a == "--help"; })) {
-    if (command != "train") {
-      print_usage(stdout);
-      return kExitOk;
-    }
-    fmt::print("usage: lockstep {}", kTrainUsage);
-    print_config_keys();
+    if (!print_command_help(command)) print_usage(stdout);
     return kExitOk;
   }
   if (command == "train" || command == "devices") processes = make_mpi_processes();

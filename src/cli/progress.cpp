@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "common/rate.hpp"
 #include "io/durable_file.hpp"
 
 namespace lockstep::cli {
@@ -20,10 +21,11 @@ std::string duration(double s) {
 }
 
 // "12345 samples/s", or for a language model "20 samples/s 1280 tokens/s", with " mfu 41.2%"
-// when the devices' peak is known.
+// when the devices' peak is known; a slow run's "0.213 samples/s" (detail::format_rate).
 std::string throughput(double samples_per_s, double tokens_per_s, double mfu) {
-  std::string out = fmt::format("{:.0f} samples/s", samples_per_s);
-  if (tokens_per_s > samples_per_s * 1.5) out += fmt::format(" {:.0f} tokens/s", tokens_per_s);
+  std::string out = detail::format_rate(samples_per_s) + " samples/s";
+  if (tokens_per_s > samples_per_s * 1.5)
+    out += fmt::format(" {} tokens/s", detail::format_rate(tokens_per_s));
   if (mfu > 0.0) out += fmt::format(" mfu {:.1f}%", 100.0 * mfu);
   return out;
 }
@@ -99,9 +101,9 @@ void print_summary(std::FILE* out, const Summary& s) {
   if (!s.memory_plan.empty()) fmt::print(out, "  memory plan         {}\n", s.memory_plan);
   fmt::print(out, "  steps               {}\n", s.steps);
   fmt::print(out, "  wall time           {:.3f} s\n", s.wall_s);
-  fmt::print(out, "  samples/s           {:.0f}\n", s.samples_per_s);
+  fmt::print(out, "  samples/s           {}\n", detail::format_rate(s.samples_per_s));
   if (s.flops_per_token > 0.0) {
-    fmt::print(out, "  tokens/s            {:.0f}\n", s.tokens_per_s);
+    fmt::print(out, "  tokens/s            {}\n", detail::format_rate(s.tokens_per_s));
     if (s.mfu > 0.0)
       fmt::print(out, "  mfu                 {:.1f}% ({:.3g} GFLOP per token)\n", 100.0 * s.mfu,
                  s.flops_per_token / 1e9);
@@ -114,6 +116,8 @@ void print_summary(std::FILE* out, const Summary& s) {
   if (std::isfinite(s.eval_loss)) {
     fmt::print(out, "  eval loss           {:.4f}\n", s.eval_loss);
     fmt::print(out, "  eval accuracy       {:.4f}\n", s.eval_accuracy);
+  } else if (s.stopped_early) {
+    fmt::print(out, "  eval                skipped: the run was stopped\n");
   } else {
     fmt::print(out, "  eval                none (data.eval_fraction is 0)\n");
   }
@@ -136,9 +140,10 @@ void print_summary(std::FILE* out, const Summary& s) {
   if (s.device_busy)
     fmt::print(out, "  device busy         {:.1f}% of a step (median; else waiting for the host)\n",
                100.0 * *s.device_busy);
-  fmt::print(out, "  fused linear        {} of {} products fused, {} partly, {} composed\n",
-             s.fused_linear.fused, s.fused_linear.total(), s.fused_linear.partial,
-             s.fused_linear.composed);
+  if (s.backend != "cpu")  // the CPU composes every product: the count says nothing there
+    fmt::print(out, "  fused linear        {} of {} products fused, {} partly, {} composed\n",
+               s.fused_linear.fused, s.fused_linear.total(), s.fused_linear.partial,
+               s.fused_linear.composed);
   if (s.backend != "cpu") fmt::print(out, "  cuda graphs         {}\n", describe_graphs(s.graphs));
   fmt::print(out,
              "  waiting             {:.3f} s for data (loader {}), {:.3f} s at the barrier (per "

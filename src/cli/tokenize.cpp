@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -103,6 +104,27 @@ class ProgressLine {
   double last_s_ = -1.0;
 };
 
+// GPT-2's context: what a user is likely to train with when no config says otherwise.
+constexpr std::uint64_t kLikelyContext = 1024;
+
+// An eval file serves a model whose context + 1 tokens it holds (a window and its targets);
+// one shorter than a likely context fails at training time, so it is said now.
+void warn_short_eval_split(const TokenizeOptions& o, const TokenizeCounts& c) {
+  if (c.eval_tokens > kLikelyContext) return;
+  const double total = static_cast<double>(c.train_tokens + c.eval_tokens);
+  const double needed = static_cast<double>(kLikelyContext + 1) / std::max(total, 1.0);
+  const std::string larger =
+      needed < 0.5 ? fmt::format("--eval-fraction {:.2g} or more here", std::ceil(needed * 100) / 100)
+                   : std::string("more text than these ") + std::to_string(c.train_tokens + c.eval_tokens) + " tokens";
+  fmt::print(stderr,
+             "lockstep: warning: {}: {} tokens: an eval file needs model.context + 1 tokens, so "
+             "this one serves a context of at most {} (GPT-2's is {}: {}); tokenize again with a "
+             "larger --eval-fraction, or train on {} alone and hold out its tail with "
+             "data.eval_fraction\n",
+             o.eval_out.string(), c.eval_tokens, c.eval_tokens == 0 ? 0 : c.eval_tokens - 1,
+             kLikelyContext, larger, o.out.string());
+}
+
 }  // namespace
 
 int tokenize(const std::vector<std::string_view>& argv) {
@@ -134,6 +156,7 @@ int tokenize(const std::vector<std::string_view>& argv) {
   fmt::print("  {:.2f} s, {:.2f} M tokens/s, {:.2f} MB/s\n", c.seconds,
              static_cast<double>(c.train_tokens + c.eval_tokens) / 1e6 / std::max(c.seconds, 1e-9),
              static_cast<double>(c.bytes) / 1e6 / std::max(c.seconds, 1e-9));
+  if (!args.options.eval_out.empty()) warn_short_eval_split(args.options, c);
   return kExitOk;
 }
 

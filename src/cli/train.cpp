@@ -164,28 +164,40 @@ int scaling(const Config& base, const DataSplit& data, const TrainArgs& args) {
   return identical ? kExitOk : kExitFailure;
 }
 
-// SIGINT/SIGTERM: the first asks the trainer to stop after the current step (and checkpoint);
-// a second SIGINT exits at once, saying so in one line (and which checkpoint it leaves
-// incomplete: the next --resume falls back to the previous one). The handler only touches
-// lock-free atomics. It may run on any thread, so it counts itself in g_in_handler while it uses
-// the trainer, and detaching waits for that count to drop: no handler still holds the trainer
-// once it is destroyed.
+// SIGINT/SIGTERM: the first asks the trainer to stop after the current step (and checkpoint),
+// and says so at once, before the step ends: a save of a large model takes long enough that a
+// silent wait reads as a hang. A second SIGINT exits at once, saying so in one line (and which
+// checkpoint it leaves incomplete, and the complete one --resume falls back to, if any). The
+// handler only touches lock-free atomics and write(2). It may run on any thread, so it counts
+// itself in g_in_handler while it uses the trainer, and detaching waits for that count to
+// drop: no handler still holds the trainer once it is destroyed.
 std::atomic<int> g_signal{0};
 std::atomic<Trainer*> g_trainer{nullptr};
 std::atomic<int> g_in_handler{0};
-// trainer.checkpoint.dir as a C string, for the second SIGINT's line: set before g_trainer.
+// Whether this process prints the lines (the leader), and what they say: the last step whose
+// stop decision the workers agreed on (on_progress), the newest complete checkpoint, and
+// trainer.checkpoint.dir as a C string: all set before g_trainer.
+std::atomic<bool> g_leader{true};
+std::atomic<bool> g_live_progress{false};  // a progress line is redrawn on a terminal
+std::atomic<std::int64_t> g_agreed_step{-1};
+std::atomic<std::int64_t> g_complete_step{-1};
 char g_checkpoint_dir[4096] = "";
 
 extern "C" void on_signal(int sig) {
   if (sig == SIGINT && g_signal.load() != 0) {
     g_in_handler.fetch_add(1);  // never undone: the trainer outlives this process
     const Trainer* t = g_trainer.load();
-    write_exit_now_line(t ? t->saving_step() : -1, g_checkpoint_dir);
+    if (g_leader.load())
+      write_exit_now_line(t ? t->saving_step() : -1, g_checkpoint_dir, g_complete_step.load());
     std::_Exit(128 + SIGINT);
   }
-  g_signal.store(sig);
+  const bool first = g_signal.exchange(sig) == 0;
   g_in_handler.fetch_add(1);
-  if (Trainer* t = g_trainer.load()) t->request_stop();
+  Trainer* t = g_trainer.load();
+  if (t) t->request_stop();
+  if (first && g_leader.load())
+    write_stop_line(sig, t ? g_agreed_step.load() : -1, g_checkpoint_dir[0] != '\0',
+                    g_live_progress.load());
   g_in_handler.fetch_sub(1);
 }
 
@@ -198,9 +210,12 @@ class SignalScope {
  public:
   class Attachment {
    public:
-    Attachment(Trainer& trainer, const std::string& checkpoint_dir) {
+    Attachment(Trainer& trainer, const std::string& checkpoint_dir, bool leader) {
       if (checkpoint_dir.size() < sizeof g_checkpoint_dir)
         std::memcpy(g_checkpoint_dir, checkpoint_dir.c_str(), checkpoint_dir.size() + 1);
+      g_leader.store(leader);
+      g_agreed_step.store(trainer.resumed_step());
+      g_complete_step.store(newest_complete_step(checkpoint_dir));
       g_trainer.store(&trainer);
       if (g_signal.load() != 0) trainer.request_stop();  // a signal that came before we were ready
     }
@@ -219,6 +234,25 @@ class SignalScope {
  private:
   SignalHandlers handlers_;
 };
+
+// trainer.backend cuda without a usable GPU, before the run's header says it trains: where the
+// key was set (FILE:LINE:COL or --set) and the fix in that spelling (Note [A fix in the
+// spelling used]).
+void check_backend_usable(const Config& cfg) {
+  if (cfg.trainer.backend != BackendKind::cuda) return;
+  const std::string why = no_usable_gpu();
+  if (why.empty()) return;
+  const auto at = cfg.set_at.find("trainer.backend");
+  const std::string where = at == cfg.set_at.end() ? cfg.source : at->second;
+  const std::string fix = where.starts_with("--set")
+                              ? "--set trainer.backend=cpu (or auto: the GPUs when there are "
+                                "some, else the CPU)"
+                              : "set it to cpu there, or add --set trainer.backend=cpu (or "
+                                "auto: the GPUs when there are some, else the CPU)";
+  throw InputError(fmt::format("{}: trainer.backend: cuda, but no usable GPU here ({}); to train "
+                               "on the CPU, {}",
+                               where, why, fix));
+}
 
 // What the run reads and writes, before anything is written: no output is an input or another
 // output (Note [An output is never an input]), and a new run leaves another run's checkpoints
@@ -324,11 +358,13 @@ std::optional<InitFromModel> init_from_model(const std::string& path) {
 }
 
 // The config with --init-from's model (Note [--init-from's model]).
-Config load_config_for(const TrainArgs& args, bool leader) {
+Config config_with_weights(const std::string& config, const std::vector<std::string>& overrides,
+                           const std::string& init_from, bool leader,
+                           const ConfigReading& reading) {
   const std::optional<InitFromModel> from =
-      args.init_from.empty() ? std::nullopt : init_from_model(args.init_from);
-  if (!from) return load_config(args.config, args.overrides);
-  Config cfg = load_config(args.config, args.overrides, from->defaults);
+      init_from.empty() ? std::nullopt : init_from_model(init_from);
+  Config cfg = load_config(config, overrides, from ? from->defaults : ConfigDefaults{}, reading);
+  if (!from) return cfg;
   if (cfg.model.type != "gpt") return cfg;
   std::vector<std::string> taken, disagreements;
   for (const ModelKey& k : kModelKeys) {
@@ -343,14 +379,18 @@ Config load_config_for(const TrainArgs& args, bool leader) {
   }
   if (!disagreements.empty())
     throw InputError(fmt::format("--init-from {}: the config's model is not the one {} "
-                                 "describes:\n{}", args.init_from, from->weights.file.string(),
+                                 "describes:\n{}", init_from, from->weights.file.string(),
                                  fmt::join(disagreements, "\n")));
-  if (!cfg.set_at.contains("data.tokenizer") && cfg.data.tokenizer == args.init_from)
-    taken.push_back("data.tokenizer " + args.init_from);
+  if (!cfg.set_at.contains("data.tokenizer") && cfg.data.tokenizer == init_from)
+    taken.push_back("data.tokenizer " + init_from);
   if (leader && !taken.empty())
     fmt::print("from {}: {} (the keys the config does not set)\n", from->weights.file.string(),
                fmt::join(taken, ", "));
   return cfg;
+}
+
+Config load_config_for(const TrainArgs& args, bool leader) {
+  return config_with_weights(args.config, args.overrides, args.init_from, leader, {});
 }
 
 // --init-from PATH: the weights alone, in the config's model.
@@ -402,10 +442,12 @@ void print_run_header(const Trainer& trainer, const Config& cfg,
 }
 
 // Runs `trainer` with its metrics shown as progress; signals reach it while it runs.
-Summary run_with_progress(Trainer& trainer, const std::string& checkpoint_dir) {
+Summary run_with_progress(Trainer& trainer, const std::string& checkpoint_dir, bool leader) {
   const bool live = isatty(STDERR_FILENO) != 0;
   Progress progress(live ? stderr : stdout, live);
+  g_live_progress.store(live);
   trainer.on_progress([&](const StepMetrics& m) {
+    g_agreed_step.store(m.step);
     progress.step(m);
   });
   trainer.on_step([&](const StepMetrics& m) { progress.log(m); });
@@ -413,11 +455,12 @@ Summary run_with_progress(Trainer& trainer, const std::string& checkpoint_dir) {
     progress.eval(m);
   });
   trainer.on_checkpoint([&](std::int64_t step, const std::string& weights_file) {
+    g_complete_step.store(step);
     progress.checkpoint(step, weights_file);
   });
   Summary summary;
   try {
-    const SignalScope::Attachment attached(trainer, checkpoint_dir);
+    const SignalScope::Attachment attached(trainer, checkpoint_dir, leader);
     summary = trainer.run();
   } catch (...) {
     progress.finish();
@@ -440,6 +483,7 @@ int train(const std::vector<std::string_view>& argv,
   set_phase("reading the config");
   const Config cfg = load_config_for(args, leader);
   check_run_files(args, cfg, leader);
+  check_backend_usable(cfg);
   prepare_cli_outputs(args, cfg.trainer, leader);
   set_phase("loading the data");
   const DataSplit data = load_dataset(cfg);  // paths already resolved: Note [Config paths]
@@ -475,7 +519,7 @@ int train(const std::vector<std::string_view>& argv,
   }
   std::fflush(stdout);
   set_phase("training");
-  const Summary summary = run_with_progress(trainer, cfg.trainer.checkpoint.dir);
+  const Summary summary = run_with_progress(trainer, cfg.trainer.checkpoint.dir, leader);
   set_phase("writing the outputs");
   if (leader) {
     print_summary(stdout, summary);
@@ -491,5 +535,10 @@ int train(const std::vector<std::string_view>& argv,
 }
 
 int train_stop_signal() { return g_signal.load(); }
+
+Config load_config_with_weights(const std::string& config, const std::vector<std::string>& overrides,
+                                const std::string& init_from, const ConfigReading& reading) {
+  return config_with_weights(config, overrides, init_from, /*leader=*/false, reading);
+}
 
 }  // namespace lockstep::cli

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <csignal>
 #include <cstring>
 #include <optional>
 #include <string_view>
@@ -105,7 +106,27 @@ bool step_file_exists(std::string_view dir, std::string_view step, std::string_v
 
 }  // namespace
 
-void write_exit_now_line(std::int64_t saving_step, const char* checkpoint_dir) noexcept {
+void write_stop_line(int sig, std::int64_t agreed_step, bool checkpoint, bool new_line) noexcept {
+  const bool ctrl_c = sig == SIGINT;
+  if (new_line) write_all("\n");
+  write_all(ctrl_c ? "lockstep: Ctrl-C: " : "lockstep: SIGTERM: ");
+  if (agreed_step < 0) {  // still starting: the config may not be read yet
+    write_all("stopping after the run's first step (with a checkpoint when "
+              "trainer.checkpoint.dir is set), then exit");
+    write_all(ctrl_c ? "; Ctrl-C again to quit now\n" : "\n");
+    return;
+  }
+  char digits[24];
+  write_all("stopping after step ");
+  write_all(decimal(static_cast<std::uint64_t>(agreed_step + 1), 1, digits));
+  write_all(checkpoint ? ": checkpoint, then exit (no final eval)"
+                       : ", then exit (no trainer.checkpoint.dir: nothing is saved)");
+  if (ctrl_c) write_all(checkpoint ? "; Ctrl-C again to quit without one" : "; Ctrl-C again to quit now");
+  write_all("\n");
+}
+
+void write_exit_now_line(std::int64_t saving_step, const char* checkpoint_dir,
+                         std::int64_t complete_step) noexcept {
   if (saving_step < 0) {
     write_all("lockstep: second SIGINT: exiting at once (no checkpoint was being written)\n");
     return;
@@ -126,8 +147,29 @@ void write_exit_now_line(std::int64_t saving_step, const char* checkpoint_dir) n
   }
   write_all("lockstep: second SIGINT while writing the checkpoint of step ");
   write_all(step);
+  if (complete_step < 0) {
+    write_all(": exiting at once; it stays incomplete, and no earlier checkpoint in its directory "
+              "is complete: --resume has none to start from\n");
+    return;
+  }
+  char earlier[24];
   write_all(": exiting at once; it stays incomplete, and --resume falls back to the previous "
-            "complete checkpoint\n");
+            "complete checkpoint, of step ");
+  write_all(decimal(static_cast<std::uint64_t>(complete_step), 1, earlier));
+  write_all("\n");
+}
+
+std::int64_t newest_complete_step(const fs::path& dir) {
+  if (dir.empty()) return -1;
+  const std::vector<std::int64_t> steps = CheckpointManager(dir, 0).steps_with_files();
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    char padded[24];
+    const std::string_view name = decimal(static_cast<std::uint64_t>(*it), 8, padded);
+    if (step_file_exists(dir.string(), name, ".safetensors") &&
+        step_file_exists(dir.string(), name, ".state"))
+      return *it;
+  }
+  return -1;
 }
 
 }  // namespace lockstep::cli

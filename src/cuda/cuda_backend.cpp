@@ -128,16 +128,33 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
+namespace {
+
+// The driver's state in words, as `lockstep devices` and every no-GPU message say it: a machine
+// without a driver reads "no NVIDIA driver found", not the runtime's "CUDA driver version is
+// insufficient".
+std::string driver_state(cudaError_t status, int driver, int count) {
+  if (status == cudaSuccess && count > 0)
+    return fmt::format("NVIDIA driver for CUDA {}, {} GPU(s)", cuda_version(driver), count);
+  if (status == cudaSuccess || status == cudaErrorNoDevice)
+    return fmt::format("NVIDIA driver for CUDA {}, but no GPU found", cuda_version(driver));
+  if (status == cudaErrorInsufficientDriver && driver == 0) return "no NVIDIA driver found";
+  if (status == cudaErrorInsufficientDriver)
+    return fmt::format("the NVIDIA driver supports CUDA {} only, older than the runtime",
+                       cuda_version(driver));
+  return fmt::format("no usable GPU (cudaGetDeviceCount: {}: {})", cudaGetErrorName(status),
+                     cudaGetErrorString(status));
+}
+
+}  // namespace
+
 GpuProbe probe_gpus() {
-  int count = 0;  // left untouched when the call fails (no driver)
+  int count = 0, driver = 0;  // count is left untouched when the call fails (no driver)
   const cudaError_t status = cudaGetDeviceCount(&count);
-  if (status != cudaSuccess) {
-    (void)cudaGetLastError();
-    return {0, fmt::format("cudaGetDeviceCount: {}: {}", cudaGetErrorName(status),
-                           cudaGetErrorString(status))};
-  }
-  if (count == 0) return {0, "the CUDA runtime sees no GPU"};
-  return {count, {}};
+  (void)cudaGetLastError();
+  if (status == cudaSuccess && count > 0) return {count, {}};
+  (void)cudaDriverGetVersion(&driver);  // 0 without a driver
+  return {0, driver_state(status, driver, 0)};
 }
 
 CudaSupport cuda_backend_support() {
@@ -155,19 +172,7 @@ CudaSupport cuda_backend_support() {
   int count = 0;
   const cudaError_t status = cudaGetDeviceCount(&count);
   (void)cudaGetLastError();
-  std::string state;
-  if (status == cudaSuccess && count > 0)
-    state = fmt::format("NVIDIA driver for CUDA {}, {} GPU(s)", cuda_version(driver), count);
-  else if (status == cudaSuccess || status == cudaErrorNoDevice)
-    state = fmt::format("NVIDIA driver for CUDA {}, but no GPU found", cuda_version(driver));
-  else if (status == cudaErrorInsufficientDriver && driver == 0)
-    state = "no NVIDIA driver found";
-  else if (status == cudaErrorInsufficientDriver)
-    state = fmt::format("the NVIDIA driver supports CUDA {} only, older than the runtime",
-                        cuda_version(driver));
-  else
-    state = fmt::format("no usable GPU (cudaGetDeviceCount: {}: {})", cudaGetErrorName(status),
-                        cudaGetErrorString(status));
+  const std::string state = driver_state(status, driver, status == cudaSuccess ? count : 0);
   if (status != cudaSuccess) count = 0;
   return {.built = true, .gpus = count, .summary = state + "; " + linked, .cudnn = {}};
 }

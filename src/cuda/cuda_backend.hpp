@@ -19,10 +19,12 @@ struct GpuProbe {
 };
 
 // The message for trainer.backend cuda on a machine without a usable GPU: why, and how to train
-// on the CPU instead.
+// on the CPU instead, in the config's spelling (a YAML file, a Python dict and a C++ Config all
+// have trainer.backend); the command line checks first and says it in its own (Note [A fix in
+// the spelling used] in src/cli/command_args.hpp).
 inline std::string no_gpu_message(const GpuProbe& probe) {
   return "trainer.backend: cuda was requested, but no usable GPU: " + probe.reason +
-         "; to train on the CPU, --set trainer.backend=cpu (or auto: the GPUs when there are "
+         "; to train on the CPU, set trainer.backend to cpu (or auto: the GPUs when there are "
          "some, else the CPU)";
 }
 

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "data/shuffle.hpp"
+#include "data/too_few_tokens.hpp"
 #include "lockstep/config.hpp"
 #include "lockstep/dataset.hpp"
 #include "lockstep/error.hpp"
@@ -203,9 +204,17 @@ DataSplit load_token_split(const Config& cfg, const std::filesystem::path& base_
   if (!d.tokenizer.empty()) tokenizer = detail::load_data_tokenizer(cfg, resolve(base_dir, d.tokenizer));
   const TokenDataset all = load_stream(cfg, resolve(base_dir, d.path), tokenizer);
   if (d.eval_path.empty()) return split_tokens(all, d.eval_fraction);
-  return {std::make_shared<const TokenDataset>(all),
-          std::make_shared<const TokenDataset>(
-              load_stream(cfg, resolve(base_dir, d.eval_path), tokenizer))};
+  try {
+    return {std::make_shared<const TokenDataset>(all),
+            std::make_shared<const TokenDataset>(
+                load_stream(cfg, resolve(base_dir, d.eval_path), tokenizer))};
+  } catch (const detail::TooFewTokens& e) {
+    throw InputError(fmt::format(
+        "data.eval_path: {}: the eval file is shorter than one window of model.context = {}. "
+        "Tokenize again with a larger --eval-fraction (about {} tokens or more), or leave "
+        "data.eval_path out and hold out the tail of data.path with data.eval_fraction",
+        e.what(), cfg.model.context, cfg.model.context + 1));
+  }
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include <string_view>
 #include <utility>
 
+#include "data/too_few_tokens.hpp"
 #include "io/open_input.hpp"
 #include "lockstep/dataset.hpp"
 #include "lockstep/error.hpp"
@@ -49,7 +50,7 @@ void check_shape(int context, int vocab_size, std::string_view who) {
 
 void check_window(std::size_t tokens, int context, std::string_view who) {
   if (tokens < static_cast<std::size_t>(context) + 1)
-    throw InputError(fmt::format("{}: {} tokens: expected at least context + 1 = {} for one sample",
+    throw detail::TooFewTokens(fmt::format("{}: {} tokens: expected at least context + 1 = {} for one sample",
                                  who, tokens, static_cast<std::size_t>(context) + 1));
 }
 

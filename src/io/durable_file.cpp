@@ -83,6 +83,11 @@ void AtomicFileWriter::write_at(std::uint64_t offset, std::span<const std::byte>
   }
 }
 
+void AtomicFileWriter::truncate(std::uint64_t size) {
+  if (::ftruncate(fd_, static_cast<::off_t>(size)) != 0) fail_system(errno, temp_, "truncate");
+  if (::lseek(fd_, static_cast<::off_t>(size), SEEK_SET) < 0) fail_system(errno, temp_, "seek in");
+}
+
 void AtomicFileWriter::commit() {
   if (::fsync(fd_) != 0) fail_system(errno, temp_, "sync");
   // close() can report a deferred write error (NFS), so its result counts.

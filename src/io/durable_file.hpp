@@ -45,6 +45,7 @@ class AtomicFileWriter {
 
   void write(std::span<const std::byte> bytes);                       // at the end
   void write_at(std::uint64_t offset, std::span<const std::byte> bytes);  // over earlier bytes
+  void truncate(std::uint64_t size);  // drops the bytes from `size` on; writes go on from there
   void commit();
   const std::filesystem::path& temp_path() const noexcept { return temp_; }
 

@@ -228,9 +228,21 @@ void bind_checkpoints(nb::module_& m) {
 }
 
 // "auto", "cpu" or "cuda": trainer.backend's spellings.
+// cuda without a usable GPU is refused in Python's spelling (Note [A fix in the spelling used]
+// in src/cli/command_args.hpp), with the driver's state as lockstep.devices() says it.
 BackendKind backend_option(std::string_view name) {
-  if (const std::optional<BackendKind> kind = backend_kind(name)) return *kind;
-  throw InputError("backend: expected auto, cpu or cuda, got '" + std::string(name) + "'");
+  const std::optional<BackendKind> kind = backend_kind(name);
+  if (!kind) throw InputError("backend: expected auto, cpu or cuda, got '" + std::string(name) + "'");
+  if (*kind == BackendKind::cuda) {
+    const CudaSupport cuda = cuda_support();
+    if (!cuda.built || cuda.gpus == 0)
+      throw InputError("backend='cuda': no usable GPU (" +
+                       (cuda.built ? cuda.summary.substr(0, cuda.summary.find("; "))
+                                   : std::string("this build of lockstep has no CUDA backend")) +
+                       "): pass backend='cpu', or backend='auto' (a GPU when there is one, else "
+                       "the CPU)");
+  }
+  return *kind;
 }
 
 void bind_generation(nb::module_& m) {

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "common/rate.hpp"
 #include "io/durable_file.hpp"
 #include "lockstep/version.hpp"
 
@@ -254,12 +255,13 @@ std::string summary_table(const Summary& s) {
       {"steps", std::to_string(s.steps)},
       {"samples", std::to_string(s.samples)},
       {"wall time", seconds(s.wall_s)},
-      {"samples/s", fmt::format("{:.0f}", s.samples_per_s)},
+      {"samples/s", detail::format_rate(s.samples_per_s)},
       {"final train loss", fmt::format("{:.4f} (accuracy {:.4f})", s.final_train_loss,
                                        s.final_train_accuracy)},
       {"eval", std::isfinite(s.eval_loss)
                    ? fmt::format("loss {:.4f}, accuracy {:.4f}", s.eval_loss, s.eval_accuracy)
-                   : std::string("none (data.eval_fraction is 0)")},
+                   : std::string(s.stopped_early ? "skipped: the run was stopped"
+                                                 : "none (data.eval_fraction is 0)")},
       {"replicas identical", fmt::format("{} ({} hash checks, parameter hash {:016x})",
                                          s.replicas_identical ? "yes" : "NO", s.replica_checks,
                                          s.param_hash)},
@@ -274,6 +276,14 @@ std::string summary_table(const Summary& s) {
       {"worker memory", describe_worker_memory(s)},
   };
   if (s.backend != "cpu") rows.emplace_back("cuda graphs", describe_graphs(s.graphs));
+  // A language model's rows, after samples/s (and precision after matrix products, below).
+  const auto after = [&](std::string_view key) {
+    return std::find_if(rows.begin(), rows.end(), [&](const auto& r) { return r.first == key; }) + 1;
+  };
+  if (s.flops_per_token > 0.0)
+    rows.insert(after("samples/s"), {"tokens/s", detail::format_rate(s.tokens_per_s)});
+  if (!s.attention.empty())
+    rows.insert(after("precision"), {"attention", s.attention + ": " + s.attention_detail});
   if (!s.matmul.empty()) rows.insert(rows.begin() + 1, {"matrix products", s.matmul});
   if (s.resumed_from_step > 0) rows.emplace_back("resumed from step", std::to_string(s.resumed_from_step));
   if (s.stopped_early) rows.emplace_back("stopped early", "yes (request_stop)");

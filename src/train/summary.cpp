@@ -88,8 +88,7 @@ std::string Summary::to_json() const {
       "  \"samples\": {},\n"
       "  \"wall_s\": {},\n"
       "  \"samples_per_s\": {},\n"
-      "  \"tokens_per_s\": {},\n"
-      "  \"flops_per_token\": {},\n"
+      "{}"
       "  \"mfu\": {},\n"
       "  \"final_train_loss\": {},\n"
       "  \"final_train_accuracy\": {},\n"
@@ -134,7 +133,12 @@ std::string Summary::to_json() const {
       backend, detail::json_quote(matmul), precision,
       attention.empty() ? "null" : detail::json_quote(attention),
       cudnn.empty() ? "null" : detail::json_quote(cudnn), fmt::join(devices, ", "), devices.size() * processes, processes, parameters, steps, samples,
-      number(wall_s), number(samples_per_s), number(tokens_per_s), number(flops_per_token),
+      number(wall_s), number(samples_per_s),
+      // A language model's token fields; an MLP has no tokens.
+      flops_per_token > 0.0
+          ? fmt::format("  \"tokens_per_s\": {},\n  \"flops_per_token\": {},\n",
+                        number(tokens_per_s), number(flops_per_token))
+          : std::string(),
       mfu > 0.0 ? number(mfu) : "null", number(final_train_loss),
       number(final_train_accuracy), number(eval_loss), number(eval_accuracy),
       replicas_identical ? "true" : "false", replica_checks, param_hash, accumulate_steps, buckets,

@@ -555,7 +555,8 @@ bool WorkerLoop::close_step(bool deferred) {
   report(totals, update, stop_now);
   end_of_step(stop_now);
   if (stop_now) {
-    if (rank_ == 0) run_.summary.stopped_early = pos_.step < run_.total_steps;
+    stopped_ = pos_.step < run_.total_steps;
+    if (rank_ == 0) run_.summary.stopped_early = stopped_;
     return true;
   }
   if (deferred) {
@@ -997,8 +998,11 @@ Checkpoint WorkerLoop::recovery_state() const {
 // ---- Finish -------------------------------------------------------------------------------------
 
 void WorkerLoop::finish() {
-  EvalMetrics final_eval;
-  {
+  // A stopped run ends now: the eval of a large model can take longer than the step did, and
+  // whoever stopped it is waiting (Trainer::request_stop). Every rank agreed on stopped_.
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  EvalMetrics final_eval{.step = pos_.step, .loss = nan, .accuracy = nan, .samples = 0};
+  if (!stopped_) {
     enter(Phase::eval);
     TraceSpan span(track_, "eval", pos_.step);
     final_eval = evaluate();

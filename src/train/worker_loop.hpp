@@ -376,6 +376,7 @@ class WorkerLoop {
   std::int64_t snapshot_pending_ = -1;
   bool snapshot_fence_ = false;
   std::optional<Pending> pending_;  // the step whose record is still to be read
+  bool stopped_ = false;  // the ranks agreed to stop before the last step: no final eval
 };
 
 }  // namespace lockstep::detail

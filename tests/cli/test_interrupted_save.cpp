@@ -82,7 +82,7 @@ TEST_CASE("cli: a save cut by a second SIGINT says so, and --resume falls back t
   const auto [dead, err] = interrupt_save(dir, ckpt, 10);
   CHECK_MESSAGE(err.find("lockstep: second SIGINT while writing the checkpoint of step 10: exiting "
                          "at once; it stays incomplete, and --resume falls back to the previous "
-                         "complete checkpoint\n") != std::string::npos, err);
+                         "complete checkpoint, of step 5\n") != std::string::npos, err);
   // What the cut save left: whole weights of step 10, no state; step 5 complete.
   CHECK(fs::exists(ckpt / step_file(10, ".safetensors")));
   CHECK_FALSE(fs::exists(ckpt / step_file(10, ".state")));
@@ -113,6 +113,50 @@ TEST_CASE("cli: a save cut by a second SIGINT says so, and --resume falls back t
 
 // Both files in place, the save is past its writes: the line says --resume starts from it, and
 // it does.
+// The first Ctrl-C lands while step 10's save is slowed (1.5 s or more): the answer comes at
+// once, names the step the run then stops after (it does), and the run skips its final eval.
+TEST_CASE("cli: the first Ctrl-C answers at once with the step it stops after, and no final eval runs") {
+  const lockstep::test::TempDir dir;
+  const fs::path ckpt = dir.path() / "ckpt", out = dir.path() / "stdout.txt",
+                 err = dir.path() / "stderr.txt";
+  const std::string set_dir = "trainer.checkpoint.dir=" + ckpt.string();
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    if (!freopen(out.c_str(), "w", stdout) || !freopen(err.c_str(), "w", stderr)) _exit(126);
+    setenv("LOCKSTEP_FAULT", "0:10:slowsave", 1);
+    execl(LOCKSTEP_CLI_PATH, "lockstep", "train", kQuickstart.c_str(), "--set",
+          "trainer.steps=1000000", "--set", "trainer.checkpoint.every_steps=5", "--set",
+          set_dir.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  while (!fs::exists(ckpt / step_file(10, ".safetensors"))) {
+    if (std::chrono::steady_clock::now() - t0 > std::chrono::seconds(60)) {
+      kill(pid, SIGKILL);
+      waitpid(pid, nullptr, 0);
+      FAIL("the save of step 10 did not start within 60 s");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  REQUIRE(kill(pid, SIGINT) == 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const std::string at_once = read_text(err);  // the save has a second or more to go
+  int status = 0;
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 130);
+  const std::string line = "lockstep: Ctrl-C: stopping after step 11: checkpoint, then exit (no "
+                           "final eval); Ctrl-C again to quit without one\n";
+  CHECK_MESSAGE(at_once.find(line) != std::string::npos, at_once);
+  const std::string stderr_text = read_text(err), stdout_text = read_text(out);
+  CHECK_MESSAGE(stderr_text.find("stopped by signal 2 after step 11; checkpoint") != std::string::npos,
+                stderr_text);
+  CHECK(fs::exists(ckpt / step_file(11, ".state")));
+  CHECK_MESSAGE(stdout_text.find("eval loss") == std::string::npos, stdout_text);
+  CHECK(stdout_text.find("  eval                skipped: the run was stopped\n") != std::string::npos);
+}
+
 TEST_CASE("cli: a second SIGINT once both files of a save are in place says that it resumes") {
   const lockstep::test::TempDir dir;
   const fs::path ckpt = dir.path() / "ckpt";
@@ -133,8 +177,11 @@ TEST_CASE("cli: with no complete checkpoint, --resume names the --init-from comm
   const lockstep::test::TempDir dir;
   const fs::path ckpt = dir.path() / "ckpt";
   const auto [dead, err] = interrupt_save(dir, ckpt, 5);
-  CHECK_MESSAGE(err.find("second SIGINT while writing the checkpoint of step 5") != std::string::npos,
-                err);
+  // The first checkpoint of the run: the line promises no earlier one.
+  CHECK_MESSAGE(err.find("second SIGINT while writing the checkpoint of step 5: exiting at once; "
+                         "it stays incomplete, and no earlier checkpoint in its directory is complete: "
+                         "--resume has none to start from\n") != std::string::npos, err);
+  CHECK(err.find("falls back") == std::string::npos);
   const fs::path weights = ckpt / step_file(5, ".safetensors");
   REQUIRE(fs::exists(weights));
   REQUIRE_FALSE(fs::exists(ckpt / step_file(5, ".state")));

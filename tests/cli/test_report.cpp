@@ -88,6 +88,40 @@ TEST_CASE("cli: trainer.report writes a self-contained HTML report") {
   CHECK(html.find("nan") == std::string::npos);  // every coordinate is finite
 }
 
+// Issue 42 item 9: each line says something about this run on this machine.
+TEST_CASE("cli: output that means something: no GPU-only lines on the CPU, no token fields for an MLP, a GPT's report shows tokens/s and attention") {
+  const fs::path dir = fs::temp_directory_path() / "lockstep_report_meaning";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const Result mlp = run_cli("train " + kQuickstart + " --set trainer.backend=cpu --set trainer.steps=3 "
+                             "--set trainer.checkpoint.dir=null --summary-json " + (dir / "mlp.json").string());
+  REQUIRE_MESSAGE(mlp.code == 0, mlp.output);
+  CHECK(mlp.output.find("fused linear") == std::string::npos);  // the CPU composes every product
+  std::ifstream j(dir / "mlp.json");
+  const std::string json{std::istreambuf_iterator<char>(j), {}};
+  CHECK(json.find("\"samples_per_s\"") != std::string::npos);
+  CHECK(json.find("tokens_per_s") == std::string::npos);
+  CHECK(json.find("flops_per_token") == std::string::npos);
+
+  const fs::path html_file = dir / "gpt.html";
+  const Result gpt = run_cli("train \"" LOCKSTEP_SOURCE_DIR "/configs/gpt_tiny.yaml\" --set model.context=16 "
+                             "--set model.n_layer=1 --set model.d_model=32 --set trainer.steps=2 "
+                             "--set trainer.eval_every=0 --set trainer.checkpoint.dir=null "
+                             "--set trainer.report=" + html_file.string());
+  REQUIRE_MESSAGE(gpt.code == 0, gpt.output);
+  std::ifstream h(html_file);
+  const std::string html{std::istreambuf_iterator<char>(h), {}};
+  CHECK(html.find("<tr><th>tokens/s</th><td>") != std::string::npos);
+  CHECK_MESSAGE(html.find("<tr><th>attention</th><td>materialized: ") != std::string::npos, html);
+
+  // A plan for a GPU only where there is one.
+  const Result devices = run_cli("devices");
+  REQUIRE(devices.code == 0);
+  if (devices.output.find("GPU(s)") == std::string::npos)
+    CHECK_MESSAGE(devices.output.find("cuda: attention") == std::string::npos, devices.output);
+  fs::remove_all(dir);
+}
+
 TEST_CASE("cli: trainer.report into a directory that cannot be made is bad input, before training") {
   const Result r = run_cli("train " + kQuickstart + " --set trainer.report=/dev/null/dir/run.html");
   CHECK(r.code == 2);

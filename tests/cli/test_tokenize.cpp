@@ -50,6 +50,13 @@ struct Setup {
   }
 };
 
+// `lockstep tokenize` of the play into DIR/train.bin and DIR/val.bin with --eval-fraction F.
+lockstep::test::CliResult tokenize_play(const Setup& s, const std::string& fraction) {
+  return run_cli("tokenize --tokenizer " + q(s.vocab) + " --out " + q(s.dir.path() / "train.bin") +
+                 " --eval-out " + q(s.dir.path() / "val.bin") + " --eval-fraction " + fraction +
+                 " " + q(kShakespeare));
+}
+
 }  // namespace
 
 TEST_CASE("cli tokenize: a text file, JSON lines and standard input in order, trained and sampled as text") {
@@ -150,8 +157,7 @@ TEST_CASE("cli: text trained through data.tokenizer samples as text with the rec
 TEST_CASE("cli tokenize: --eval-out holds about --eval-fraction of the tokens") {
   const Setup s;
   const fs::path train = s.dir.path() / "train.bin", val = s.dir.path() / "val.bin";
-  const auto r = run_cli("tokenize --tokenizer " + q(s.vocab) + " --out " + q(train) +
-                         " --eval-out " + q(val) + " --eval-fraction 0.1 " + q(kShakespeare));
+  const auto r = tokenize_play(s, "0.1");
   REQUIRE_MESSAGE(r.code == 0, r.output);
   const std::vector<TokenId> a = lockstep::test::read_llmc(train), b = lockstep::test::read_llmc(val);
   const double share = static_cast<double>(b.size()) / static_cast<double>(a.size() + b.size());
@@ -159,6 +165,45 @@ TEST_CASE("cli tokenize: --eval-out holds about --eval-fraction of the tokens") 
   CHECK(share < 0.15);
   CHECK(a.size() + b.size() == s.document(lockstep::test::read_text(kShakespeare)).size());
   CHECK(r.output.find(val.string() + ": " + std::to_string(b.size()) + " tokens") != std::string::npos);
+}
+
+TEST_CASE("cli tokenize: one book's --eval-fraction 0.02 holds out its last pages, and a short split says what it serves") {
+  const Setup s;
+  const fs::path train = s.dir.path() / "train.bin", val = s.dir.path() / "val.bin";
+  const auto r = tokenize_play(s, "0.02");
+  REQUIRE_MESSAGE(r.code == 0, r.output);
+  const std::vector<TokenId> a = lockstep::test::read_llmc(train);
+  std::vector<TokenId> b = lockstep::test::read_llmc(val);
+  const double share = static_cast<double>(b.size()) / static_cast<double>(a.size() + b.size());
+  CHECK(share == doctest::Approx(0.02).epsilon(0.01));
+  // The eval file is the book's tail: training then eval is the document.
+  std::vector<TokenId> both = a;
+  both.insert(both.end(), b.begin(), b.end());
+  CHECK(both == s.document(lockstep::test::read_text(kShakespeare)));
+  CHECK(r.output.find("warning") == std::string::npos);
+
+  // Fewer than GPT-2's 1024 + 1 tokens: a warning with the fraction that would do.
+  const auto small = tokenize_play(s, "0.004");
+  REQUIRE_MESSAGE(small.code == 0, small.output);
+  b = lockstep::test::read_llmc(val);
+  REQUIRE(b.size() < 1025);
+  CHECK_MESSAGE(small.output.find("warning: " + val.string() + ": " + std::to_string(b.size()) +
+                              " tokens: an eval file needs model.context + 1 tokens, so this one "
+                              "serves a context of at most " + std::to_string(b.size() - 1)) !=
+                    std::string::npos, small.output);
+  CHECK(small.output.find("tokenize again with a larger --eval-fraction") != std::string::npos);
+
+  // Training with a longer context names the fix, not only the count.
+  const auto t = run_cli("train \"" LOCKSTEP_SOURCE_DIR "/configs/gpt_tiny.yaml\" --set data.dataset=tokens "
+                         "--set data.path=" + q(train) + " --set data.eval_path=" + q(val) +
+                         " --set model.vocab_size=" + std::to_string(s.tokenizer.vocab_size()) +
+                         " --set model.context=" + std::to_string(b.size() + 10) +
+                         " --set trainer.steps=1 --set trainer.checkpoint.dir=" + q(s.dir.path() / "ckpt"));
+  CHECK(t.code == 2);
+  CHECK_MESSAGE(t.output.find("data.eval_path: " + val.string() + ": " + std::to_string(b.size()) +
+                              " tokens") != std::string::npos, t.output);
+  CHECK_MESSAGE(t.output.find("Tokenize again with a larger --eval-fraction") != std::string::npos, t.output);
+  CHECK(t.output.find("hold out the tail of data.path with data.eval_fraction") != std::string::npos);
 }
 
 TEST_CASE("cli tokenize: bad input exits 2 naming the file and line, having written nothing") {

@@ -33,7 +33,7 @@ std::string errors_of(std::string_view yaml, const std::vector<std::string>& ove
 
 // Its first line: the first problem in the file's order. Most cases below leave out keys a
 // run needs (data.path, trainer.steps), whose problems follow (Note [Every config error at
-// once] in src/config/config.cpp).
+// once] in src/config/problems.hpp).
 std::string error_of(std::string_view yaml, const std::vector<std::string>& overrides = {}) {
   const std::string all = errors_of(yaml, overrides);
   return all.substr(0, all.find('\n'));

@@ -86,6 +86,13 @@ def test_sample_draws_what_the_cli_draws(tmp_path):
         lockstep.sample(weights, top_k=-2)
     with pytest.raises(lockstep.InputError, match="backend: expected auto, cpu or cuda"):
         lockstep.sample(weights, backend="tpu")
+    # Without a GPU, the fix in Python's spelling, the driver's state as `lockstep devices` says it.
+    try:
+        lockstep.sample(weights, tokens=1, backend="cuda")
+    except lockstep.InputError as refused:
+        message = str(refused)
+        assert message.startswith("backend='cuda': no usable GPU (") and "pass backend='cpu'" in message
+        assert "--" not in message and "insufficient" not in message
 
 
 def test_export_writes_what_the_cli_writes(tmp_path):
