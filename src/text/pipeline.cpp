@@ -344,18 +344,21 @@ Pipeline family_pipeline(TokenizerFamily family, Vocabulary& v, const std::strin
       if (v.end_of_text) p.added.push_back({std::string(kEndOfText), *v.end_of_text});
       return p;
     case TokenizerFamily::llama3:
-      // Llama 3.1's names (llama-models' tokenizer.py): 256 special tokens after the ranks.
+      // The names of llama-models 0.3.0's llama3/tokenizer.py (Llama 3.2's, <|image|> at 128011,
+      // where 3.1 has <|reserved_special_token_3|>): 256 special tokens after the ranks.
       specials = {"<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>",
                   "<|reserved_special_token_1|>", "<|finetune_right_pad_id|>", "<|step_id|>",
                   "<|start_header_id|>", "<|end_header_id|>", "<|eom_id|>", "<|eot_id|>",
-                  "<|python_tag|>"};
+                  "<|python_tag|>", "<|image|>"};
       for (int i = 2; specials.size() < 256; ++i)
         specials.push_back(fmt::format("<|reserved_special_token_{}|>", i));
       pattern = kLlama3Pattern;
       break;
     case TokenizerFamily::qwen2:
       p.nfc = true;
+      // qwen.tiktoken's (Qwen's tokenization_qwen.py): then <|extra_0|> to <|extra_204|>.
       specials = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
+      for (int i = 0; i < 205; ++i) specials.push_back(fmt::format("<|extra_{}|>", i));
       pattern = kQwen2Pattern;
       break;
   }

