@@ -15,6 +15,9 @@ for a set of test texts.
       own tokenizer does); with the real rank files (family_rank_files.sh), the same of them
       as DIR/cases/real-<family>.*.
 
+  tokenizer_families.py bench-hf TOKENIZER TEXT [RUNS]        `tokenizers`' encode, MB/s
+  tokenizer_families.py bench-tiktoken FAMILY RANKS TEXT [RUNS] tiktoken's, the family's pattern
+
 Invalid UTF-8. Both libraries take str only. A case's bytes are cut as Python's surrogateescape
 decoder sees them: maximal runs of well-formed UTF-8, each encoded as a text of its own, and
 maximal runs of bytes that start none, each given to the library's own BPE as one piece
@@ -277,5 +280,51 @@ def main_tiktoken(out, llama3_model=None, qwen_tiktoken=None):
                 write_u32(os.path.join(out, "cases", f"{prefix}{family}.{name}.{suffix}.u32"), ids)
 
 
+def best_mb_s(encode, text, runs):
+    import time
+    best = 1e30
+    for _ in range(int(runs)):
+        start = time.perf_counter()
+        n = len(encode(text))
+        best = min(best, time.perf_counter() - start)
+    return len(text.encode()) / 1e6 / best, n
+
+
+def bench_hf(tokenizer, text_file, runs="5"):
+    """`tokenizers`' single-thread encode of TEXT: tokenizer.json, or a GPT-2 directory."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, decoders
+    if os.path.isdir(tokenizer):
+        tok = Tokenizer(models.BPE.from_file(os.path.join(tokenizer, "vocab.json"),
+                                             os.path.join(tokenizer, "merges.txt")))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+    else:
+        tok = Tokenizer.from_file(tokenizer)
+    with open(text_file, encoding="utf-8") as f:
+        text = f.read()
+    # Line by line: `tokenizers` slows down on one string of megabytes (0.3 MB/s here), which is
+    # not how it is used; lockstep and tiktoken take the text whole.
+    lines = text.splitlines(keepends=True)
+    mb_s, n = best_mb_s(lambda t: sum(len(tok.encode(line, add_special_tokens=False).ids)
+                                      for line in lines) * [0], text, runs)
+    print(f"tokenizers {__import__('tokenizers').__version__}, line by line: {mb_s:.2f} MB/s "
+          f"({n} tokens, best of {runs})")
+
+
+def bench_tiktoken(family, ranks_file, text_file, runs="5"):
+    """tiktoken's single-thread encode_ordinary of TEXT with the family's pattern."""
+    import tiktoken
+    ranks = load_ranks(ranks_file)
+    pattern = {"llama3": LLAMA3_PATTERN, "qwen2": QWEN2_PATTERN}[family]
+    enc = tiktoken.Encoding(name=family, pat_str=pattern, mergeable_ranks=ranks, special_tokens={})
+    with open(text_file, encoding="utf-8") as f:
+        text = f.read()
+    norm = (lambda s: unicodedata.normalize("NFC", s)) if family == "qwen2" else (lambda s: s)
+    mb_s, n = best_mb_s(lambda t: enc.encode_ordinary(norm(t)), text, runs)
+    version = __import__("importlib.metadata").metadata.version("tiktoken")
+    print(f"tiktoken {version}: {mb_s:.2f} MB/s ({n} tokens, best of {runs})")
+
+
 if __name__ == "__main__":
-    {"hf": main_hf, "tiktoken": main_tiktoken}[sys.argv[1]](*sys.argv[2:])
+    {"hf": main_hf, "tiktoken": main_tiktoken, "bench-hf": bench_hf,
+     "bench-tiktoken": bench_tiktoken}[sys.argv[1]](*sys.argv[2:])
