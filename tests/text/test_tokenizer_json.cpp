@@ -8,9 +8,11 @@
 #include <string>
 #include <vector>
 
+#include "../cli/cli_runner.hpp"
 #include "../data/temp_files.hpp"
 #include "lockstep/error.hpp"
 #include "lockstep/tokenizer.hpp"
+#include "text/hf_tokenizer_files.hpp"
 #include "text/tokenizer_impl.hpp"
 #include "vocab_files.hpp"
 
@@ -251,4 +253,30 @@ TEST_CASE("tokenizer.json: each malformed file is refused with its line and JSON
   } catch (const lockstep::InputError& e) {
     CHECK(std::string(e.what()).starts_with((dir.path() / "tokenizer.json").string() + ":5: "));
   }
+}
+
+TEST_CASE("tokenizer.json: export --format hf copies the files verbatim, or says what it cannot write") {
+  const std::string config = R"({"add_bos_token": false, "eos_token": "ee", "bos_token": null})";
+  JsonFile prefix;
+  prefix.pre = R"({"type": "ByteLevel", "add_prefix_space": true, "use_regex": true})";
+  const Loaded with_config(prefix, config);
+  const TempDir out;
+  lockstep::detail::write_hf_tokenizer(with_config.t, out.path(), 64);
+  CHECK(lockstep::test::read_text(out.path() / "tokenizer.json") == prefix.text());
+  CHECK(lockstep::test::read_text(out.path() / "tokenizer_config.json") == config);
+  // Without a tokenizer_config.json: one naming its tokens, for `tokenizers` to read.
+  const Loaded bare(prefix);
+  const TempDir out2;
+  lockstep::detail::write_hf_tokenizer(bare.t, out2.path(), 64);
+  const std::string written = lockstep::test::read_text(out2.path() / "tokenizer_config.json");
+  CHECK(written.find("\"tokenizer_class\": \"PreTrainedTokenizerFast\"") != std::string::npos);
+  CHECK(written.find("\"eos_token\": \"<|endoftext|>\"") != std::string::npos);
+  // A Llama 3 rank file has no vocab.json + merges.txt form.
+  const TempDir dir;
+  const Tokenizer llama = Tokenizer::load(
+      dir.write("tokenizer.model", lockstep::test::rank_file(lockstep::test::hand_vocab())),
+      lockstep::TokenizerFamily::llama3);
+  CHECK_THROWS_WITH_AS(lockstep::detail::write_hf_tokenizer(llama, out2.path(), 64),
+                       doctest::Contains("give --tokenizer the model's own tokenizer.json"),
+                       lockstep::InputError);
 }
