@@ -1,4 +1,5 @@
-// Pre-tokenisation: splitting text into the pieces that byte-pair encoding sees.
+// Pre-tokenisation: splitting text into the pieces that byte-pair encoding sees, by GPT-2's
+// pattern or a tokenizer.json's (Note [Split patterns] in pretokenize.cpp).
 //
 // Note [Pre-tokens]
 // GPT-2 splits text with one regular expression before any merging, and a merge never crosses

@@ -2,15 +2,23 @@
 //
 // Note [Tokenizing files]
 // Documents. A text file (or standard input) is one document, a .jsonl file one per line (its
-// "text" field). Each document's tokens are preceded by <|endoftext|>, as llm.c's preparation
-// scripts write them.
+// "text" field). Each document's tokens are preceded by the tokenizer's document_start(): GPT-2's
+// <|endoftext|>, as llm.c's preparation scripts write them, and so any model's end-of-text
+// token, unless its tokenizer puts a beginning-of-text token before each sequence (Llama 3's
+// <|begin_of_text|>), which then comes first instead.
 //
 // Parts. A document longer than kPartBytes (16 KiB) is cut into parts of about that size, each
-// cut where the pre-tokens are known to break (safe_cut), so the ids are those of the whole
-// document: after a '\n' between two visible ASCII characters ("x\nA": the '\n' is a piece of
-// its own however the text goes on), or before a ' ' between a visible ASCII character and an
-// ASCII letter ("x ab": " ab" starts a piece). A part is what the split between the outputs and
-// the memory bound count in.
+// cut where the pre-tokens are known to break (safe_cut, by the tokenizer's CutRule), so the ids
+// are those of the whole document. GPT-2's pattern: after a '\n' between two visible ASCII
+// characters ("x\nA": the '\n' is a piece of its own however the text goes on), or before a ' '
+// between a visible ASCII character and an ASCII letter ("x ab": " ab" starts a piece). Llama
+// 3's and Qwen2's patterns (and GPT-2's, and Digits, when a tokenizer.json names them): only
+// after the '\n' of "a\nb" between ASCII letters, since their punctuation takes the newlines
+// after it (".\n" is one piece) and a space before a letter may join it ("\tab"); NFC composes
+// nothing across it. Any other pattern, a prefix space per piece of text, or an added token that
+// may span or strip a newline: no cut, the document is encoded whole (its memory is then the
+// document's, not kPartBytes'). A part is what the split between the outputs and the memory
+// bound count in.
 //
 // The eval split. With eval_out, each part (a short document is one part) goes to the eval
 // file when that brings the eval file's share of the tokens so far closer to eval_fraction,
