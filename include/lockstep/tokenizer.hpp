@@ -82,6 +82,9 @@ class LOCKSTEP_API Tokenizer {
   // The beginning-of-sequence token (bos_token; Llama 3's <|begin_of_text|>), whether or not
   // the tokenizer puts it before a sequence.
   std::optional<TokenId> begin_of_text() const noexcept;
+  // The tokens the tokenizer puts before a sequence (its post-processor's, or tokenizer_config's
+  // add_bos_token: Llama 3's BOS); empty for GPT-2 and Qwen2.
+  std::span<const TokenId> sequence_prefix() const noexcept;
   // What starts each document in a token file: the post-processor's tokens before a sequence
   // (Llama 3's BOS), or the end-of-sequence token when it adds none (GPT-2, Qwen2), as each
   // model was trained. Empty when there is neither.

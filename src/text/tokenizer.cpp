@@ -372,6 +372,10 @@ std::optional<TokenId> Tokenizer::end_of_text() const noexcept { return impl_->p
 
 std::optional<TokenId> Tokenizer::begin_of_text() const noexcept { return impl_->pipeline.bos; }
 
+std::span<const TokenId> Tokenizer::sequence_prefix() const noexcept {
+  return impl_->pipeline.prefix;
+}
+
 std::vector<TokenId> Tokenizer::document_start() const {
   const detail::Pipeline& p = impl_->pipeline;
   if (!p.prefix.empty()) return p.prefix;

@@ -69,7 +69,7 @@ TEST_CASE("interop: Llama 3, Qwen2 and SmolLM2 tokenizer.json files give the ids
                      what + ", merges as pairs", "merges as strings");
       if (name == "invalid") continue;
       // The post-processor's tokens around a sequence (Llama 3's BOS).
-      std::vector<TokenId> post = t.impl().pipeline.prefix;
+      std::vector<TokenId> post(t.sequence_prefix().begin(), t.sequence_prefix().end());
       t.encode(text, post);
       post.insert(post.end(), t.impl().pipeline.suffix.begin(), t.impl().pipeline.suffix.end());
       check_same_ids(t, post, read_u32(cases / (family + "." + name + ".post.u32")),
