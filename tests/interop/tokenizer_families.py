@@ -300,7 +300,7 @@ def bench_hf(tokenizer, text_file, runs="5"):
         tok.decoder = decoders.ByteLevel()
     else:
         tok = Tokenizer.from_file(tokenizer)
-    with open(text_file, encoding="utf-8") as f:
+    with open(text_file, encoding="utf-8", newline="") as f:
         text = f.read()
     # Line by line: `tokenizers` slows down on one string of megabytes (0.3 MB/s here), which is
     # not how it is used; lockstep and tiktoken take the text whole.
@@ -317,7 +317,7 @@ def bench_tiktoken(family, ranks_file, text_file, runs="5"):
     ranks = load_ranks(ranks_file)
     pattern = {"llama3": LLAMA3_PATTERN, "qwen2": QWEN2_PATTERN}[family]
     enc = tiktoken.Encoding(name=family, pat_str=pattern, mergeable_ranks=ranks, special_tokens={})
-    with open(text_file, encoding="utf-8") as f:
+    with open(text_file, encoding="utf-8", newline="") as f:
         text = f.read()
     norm = (lambda s: unicodedata.normalize("NFC", s)) if family == "qwen2" else (lambda s: s)
     mb_s, n = best_mb_s(lambda t: enc.encode_ordinary(norm(t)), text, runs)
