@@ -5,8 +5,13 @@
 #      Unicode text of the reference test (every script, 1.3 MB);
 #   2. `lockstep tokenize` on 1 core against 2 (taskset), ROUNDS alternating rounds, on 20
 #      files (26 MB): wall seconds and MB/s.
+#   3. the families, single thread, on the same two texts: GPT-2 (its rank file; `tokenizers`
+#      with its vocab.json + merges.txt), Llama 3 and Qwen (their real rank files against
+#      tiktoken with their patterns), and the tokenizer.json files of the families' kinds the
+#      interop test trains (against `tokenizers` 0.19.1).
 #   bench/measure_tokenizer.sh [BUILD_DIR] [ROUNDS]
-# Needs the environment of tests/interop/tiktoken_venv.sh (made here when missing).
+# Needs the environments of tests/interop/tiktoken_venv.sh and hf_venv.sh, and the rank files of
+# family_rank_files.sh (each made here when missing).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build="${1:-$root/build}"
@@ -39,5 +44,29 @@ for round in $(seq 1 "$rounds"); do
       "${inputs[@]}" > /dev/null
     end=$(date +%s.%N)
     echo "round $round, cores $cores: $(echo "$end - $start" | bc) s"
+  done
+done
+
+# 3. The families.
+mapfile -t real < <(bash "$root/tests/interop/family_rank_files.sh" "$build")
+hf_python="$(bash "$root/tests/interop/hf_venv.sh" "$build" | tail -1)"
+families="$root/tests/interop/tokenizer_families.py"
+"$hf_python" "$families" hf "$work/trained" > /dev/null
+"$python" "$root/tests/interop/tokenizer_reference.py" hf "$ranks" "$work/gpt2-hf"
+for text in shakespeare8.txt unicode.txt; do
+  echo "== families, single thread, $text; load: $(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "-- gpt2 (vocab.json + merges.txt)"
+  taskset -c 0 "$build/bench/bench_tokenizer" "$work/gpt2-hf" "$work/$text" 5
+  taskset -c 0 "$hf_python" "$families" bench-hf "$work/gpt2-hf" "$work/$text" 5
+  for i in 0 1; do
+    family=(llama3 qwen2)
+    echo "-- ${family[$i]} (${real[$i]##*/}, --tokenizer-family ${family[$i]})"
+    taskset -c 0 "$build/bench/bench_tokenizer" "${real[$i]}" "$work/$text" 5 "${family[$i]}"
+    taskset -c 0 "$python" "$families" bench-tiktoken "${family[$i]}" "${real[$i]}" "$work/$text" 5
+  done
+  for family in llama3 qwen2 smollm2; do
+    echo "-- $family-like tokenizer.json (3,000 ids, trained by the interop test's script)"
+    taskset -c 0 "$build/bench/bench_tokenizer" "$work/trained/$family/tokenizer.json" "$work/$text" 5
+    taskset -c 0 "$hf_python" "$families" bench-hf "$work/trained/$family/tokenizer.json" "$work/$text" 5
   done
 done

@@ -8,7 +8,7 @@ LOCKSTEP_BUILD="${LOCKSTEP_BUILD:-$LOCKSTEP_ROOT/build}"
 # environment with transformers from PyPI. scripts/check_packages.sh checks that the build and
 # those tests read no file of a package outside these lists and what they depend on.
 LOCKSTEP_PACKAGES=(cmake g++ make libtbb-dev libfmt-dev doctest-dev libyaml-cpp-dev libopenblas-dev
-  libdnnl-dev libpcre2-dev libopenmpi-dev openmpi-bin python3-pip python3-dev)
+  libdnnl-dev libpcre2-dev libutf8proc-dev libopenmpi-dev openmpi-bin python3-pip python3-dev)
 # The CUDA backend's fused attention calls cuDNN through NVIDIA's header-only frontend, pinned
 # here and taken from its PyPI wheel (its include/ folder only), never copied into the repository.
 CUDNN_FRONTEND_VERSION=1.32.0

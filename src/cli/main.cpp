@@ -87,16 +87,21 @@ constexpr CommandHelp kCommandHelp[] = {
                       moved); another token model ids, or text with --tokenizer
 )"},
     {"tokenize", R"(tokenize --tokenizer DIR|FILE --out FILE [--eval-out FILE --eval-fraction F]
-           [--format llmc|raw] INPUT...
-                      GPT-2's BPE over text into an llm.c token file, ready for
-                      data.dataset: tokens. DIR|FILE: a Hugging Face GPT-2
-                      directory (tokenizer.json, or vocab.json and merges.txt) or
-                      a tiktoken rank file. Each INPUT is a document (a text
-                      file; - is standard input) or one per line (.jsonl, its
-                      "text" field), each preceded by <|endoftext|>. --eval-out
-                      takes about F of the tokens (whole documents, or 16 KiB
-                      parts of long ones; with few documents, the last tokens),
-                      and warns when that is less than one window of GPT-2's
+           [--format llmc|raw] [--tokenizer-family llama3|qwen2|gpt2]
+           [--allow-special] INPUT...
+                      byte-level BPE over text into an llm.c token file, ready
+                      for data.dataset: tokens. DIR|FILE: a Hugging Face
+                      directory (tokenizer.json with its tokenizer_config.json,
+                      or GPT-2's vocab.json and merges.txt), a tokenizer.json,
+                      or a tiktoken rank file (GPT-2's, or the family named).
+                      Each INPUT is a document (a text file; - is standard
+                      input) or one per line (.jsonl, its "text" field), each
+                      preceded by the model's BOS (Llama 3) or else its EOS
+                      (GPT-2's <|endoftext|>, Qwen2). Special tokens' text is
+                      ordinary text unless --allow-special. --eval-out takes
+                      about F of the tokens (whole documents, or 16 KiB parts
+                      of long ones; with few documents, the last tokens), and
+                      warns when that is less than one window of GPT-2's
                       context. uint16 tokens (uint32 above 65,536 ids);
                       --format raw writes no header
 )"},

@@ -34,6 +34,7 @@ extern "C" void on_tokenize_signal(int sig) {
 
 struct TokenizeArgs {
   std::string tokenizer;
+  TokenizerFamily family = TokenizerFamily::automatic;
   TokenizeOptions options;
 };
 
@@ -65,6 +66,15 @@ TokenizeArgs parse_tokenize_args(const std::vector<std::string_view>& args) {
     else if (is("--eval-fraction"))
       out.options.eval_fraction = fraction_flag(value("--eval-fraction"));
     else if (is("--format")) format = value("--format");
+    else if (a == "--allow-special") out.options.allow_special = true;
+    else if (is("--tokenizer-family")) {
+      const std::string name = value("--tokenizer-family");
+      const std::optional<TokenizerFamily> family = parse_tokenizer_family(name);
+      if (!family)
+        throw InputError(fmt::format("--tokenizer-family: expected llama3, qwen2 or gpt2, got '{}'",
+                                     name));
+      out.family = *family;
+    }
     else if (a.starts_with("-") && a != "-")
       unknown_option("tokenize", a, nullptr, false);
     else out.options.inputs.emplace_back(a);
@@ -130,7 +140,7 @@ void warn_short_eval_split(const TokenizeOptions& o, const TokenizeCounts& c) {
 int tokenize(const std::vector<std::string_view>& argv) {
   TokenizeArgs args = parse_tokenize_args(argv);
   const SignalHandlers signals(on_tokenize_signal);  // the previous ones once it returns
-  const Tokenizer tokenizer = Tokenizer::load(args.tokenizer);
+  const Tokenizer tokenizer = Tokenizer::load(args.tokenizer, args.family);
   ProgressLine progress;
   args.options.on_progress = [&](const TokenizeProgress& p) { progress.update(p); };
   args.options.stop = &g_stop;

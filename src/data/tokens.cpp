@@ -334,8 +334,7 @@ TokenDataset load_text(const std::filesystem::path& file, int context, int vocab
                                  vocab_size, tokenizer.source().string(), tokenizer.vocab_size()));
   const std::string bytes = detail::read_input(file, detail::InputKind::data);
   if (bytes.empty()) throw InputError(fmt::format("{}: empty file: expected text", name));
-  std::vector<TokenId> ids;
-  if (tokenizer.end_of_text()) ids.push_back(*tokenizer.end_of_text());
+  std::vector<TokenId> ids = tokenizer.document_start();  // as `lockstep tokenize` writes it
   tokenizer.encode(bytes, ids);
   if (vocab_size <= 65536) {
     std::vector<std::uint16_t> narrow(ids.begin(), ids.end());

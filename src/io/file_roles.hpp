@@ -54,7 +54,7 @@ class LOCKSTEP_API FileRoles {
 // The files of a Hugging Face tokenizer directory, the ones a GPT-2 directory adds beside the
 // weights, and the config.json a GPT-2 directory describes its model with.
 inline constexpr std::string_view kTokenizerFiles[] = {"tokenizer.json", "vocab.json",
-                                                       "merges.txt"};
+                                                       "merges.txt", "tokenizer_config.json"};
 inline constexpr std::string_view kHfModelFiles[] = {"model.safetensors", "config.json",
                                                      "tokenizer.json", "vocab.json", "merges.txt",
                                                      "tokenizer_config.json"};

@@ -123,9 +123,14 @@ CheckpointSampler::CheckpointSampler(const SampleRequest& request) {
     for (unsigned char c : request.prompt) s.prompt_tokens.push_back(c);
     if (s.prompt_tokens.empty()) s.prompt_tokens.push_back('\n');
   } else if (s.tokenizer) {
-    for (const TokenId id : s.tokenizer->encode(request.prompt)) s.prompt_tokens.push_back(static_cast<int>(id));
-    if (s.prompt_tokens.empty() && s.tokenizer->end_of_text())
-      s.prompt_tokens.push_back(static_cast<int>(*s.tokenizer->end_of_text()));
+    // A model whose documents start with a BOS (Llama 3) sees it before the prompt, as in
+    // training; one whose documents follow an end-of-text (GPT-2) starts from it alone.
+    const std::span<const TokenId> prefix = s.tokenizer->sequence_prefix();
+    const std::optional<TokenId> eos = s.tokenizer->end_of_text();
+    std::vector<TokenId> ids(prefix.begin(), prefix.end());
+    s.tokenizer->encode(request.prompt, ids);
+    if (ids.empty() && eos) ids.push_back(*eos);
+    for (const TokenId id : ids) s.prompt_tokens.push_back(static_cast<int>(id));
   } else {
     s.prompt_tokens = parse_token_ids(request.prompt, spec.vocab_size, name("prompt"));
     s.prompt_text = fmt::format("{}", fmt::join(s.prompt_tokens, " "));

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <limits>
+#include <optional>
 #include <span>
 #include <string>
 #include <system_error>
@@ -101,22 +102,41 @@ void write_vocab_and_merges(const Vocabulary& v, const fs::path& dir, const fs::
 
 void write_hf_tokenizer(const Tokenizer& tokenizer, const fs::path& dir, int context) {
   const fs::path& source = tokenizer.source();
+  const bool gpt2 = tokenizer.impl().pipeline.gpt2 && tokenizer.impl().pipeline.prefix.empty();
   std::error_code ec;
+  bool has_config = false;
   if (fs::is_directory(source, ec)) {
     for (const std::string_view name : kTokenizerFiles)
-      if (fs::exists(source / name, ec))
+      if (fs::exists(source / name, ec)) {
         fs::copy_file(source / name, dir / name, fs::copy_options::overwrite_existing);
+        has_config = has_config || name == "tokenizer_config.json";
+      }
   } else if (source.extension() == ".json") {
     fs::copy_file(source, dir / "tokenizer.json", fs::copy_options::overwrite_existing);
-  } else {
+    if (fs::exists(source.parent_path() / "tokenizer_config.json", ec)) {
+      fs::copy_file(source.parent_path() / "tokenizer_config.json", dir / "tokenizer_config.json",
+                    fs::copy_options::overwrite_existing);
+      has_config = true;
+    }
+  } else if (gpt2) {
     write_vocab_and_merges(tokenizer.impl().vocabulary, dir, source);
+  } else {
+    throw InputError(fmt::format("{}: a rank file of a family other than GPT-2's has no Hugging "
+                                 "Face form lockstep can write (vocab.json and merges.txt mean "
+                                 "GPT-2's pattern): give --tokenizer the model's own "
+                                 "tokenizer.json directory", source.string()));
   }
-  const std::string special = tokenizer.end_of_text() ? json_string(kEndOfText) : "null";
+  if (has_config) return;  // the tokenizer's own, verbatim
+  const auto name = [&](std::optional<TokenId> id) {
+    return id ? json_string(tokenizer.token_bytes(*id)) : std::string("null");
+  };
   write_text(dir / "tokenizer_config.json",
-             fmt::format("{{\n  \"tokenizer_class\": \"GPT2Tokenizer\",\n"
+             fmt::format("{{\n  \"tokenizer_class\": \"{}\",\n"
                          "  \"model_max_length\": {},\n  \"add_prefix_space\": false,\n"
                          "  \"bos_token\": {},\n  \"eos_token\": {},\n  \"unk_token\": {}\n}}\n",
-                         context, special, special, special));
+                         gpt2 ? "GPT2Tokenizer" : "PreTrainedTokenizerFast", context,
+                         name(tokenizer.begin_of_text()), name(tokenizer.end_of_text()),
+                         gpt2 ? name(tokenizer.end_of_text()) : "null"));
 }
 
 }  // namespace lockstep::detail

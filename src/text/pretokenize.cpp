@@ -1,4 +1,14 @@
-// GPT-2's pre-tokenisation with PCRE2 (Note [Pre-tokens]).
+// Pre-tokenisation with PCRE2: GPT-2's pattern (Note [Pre-tokens]) and a tokenizer.json's Split
+// patterns (Note [Split patterns]).
+//
+// Note [Split patterns]
+// A tokenizer.json's Split pre-tokenizer names a regex that Hugging Face's `tokenizers` runs with
+// Oniguruma, and tiktoken's families (Llama 3, Qwen2) write the same patterns for Rust's
+// fancy-regex. We compile it once with PCRE2 and its JIT, with the one change Note [Pre-tokens]
+// makes to GPT-2's: \s and \S become \p{White_Space} and \P{White_Space}, the meaning both of
+// those engines give them. Unlike GPT-2's pattern, which matches at every offset and is run
+// anchored, a file's pattern is searched for, as `tokenizers` does: the text between two matches
+// is a piece too (or is dropped, as the Split's behaviour says), and an empty match is skipped.
 #include "text/pretokenize.hpp"
 
 #include <pcre2.h>
@@ -11,16 +21,17 @@
 #include "io/json.hpp"  // utf8_sequence_at, invalid_utf8_at
 
 namespace lockstep::detail {
-namespace {
 
 // GPT-2's pattern with Rust's \s (Note [Pre-tokens]).
-constexpr std::string_view kGpt2Pattern =
+const std::string_view kGpt2Pattern =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\p{White_Space}\p{L}\p{N}]+|)"
     R"(\p{White_Space}+(?!\P{White_Space})|\p{White_Space}+)";
 
 // The JIT's stack for one match. A match backtracks over at most one run of spaces, which the
 // JIT records in constant space, so 1 MiB is never reached in practice; reaching it is an error.
 constexpr std::size_t kJitStackBytes = 1u << 20;
+
+namespace {
 
 std::string pcre2_message(int code) {
   PCRE2_UCHAR buffer[256];
@@ -50,6 +61,40 @@ PretokenPattern::PretokenPattern() : code_(std::make_unique<Code>()) {
                                          offset, pcre2_message(error)));
   if (const int rc = pcre2_jit_compile(code_->code, PCRE2_JIT_COMPLETE); rc != 0)
     throw std::runtime_error("PCRE2 cannot JIT-compile GPT-2's pattern: " + pcre2_message(rc));
+}
+
+// \s and \S as \p{White_Space} and \P{White_Space} (Note [Split patterns]); an escaped backslash
+// is kept as it is.
+std::string with_unicode_spaces(std::string_view pattern) {
+  std::string out;
+  out.reserve(pattern.size() + 32);
+  for (std::size_t i = 0; i < pattern.size(); ++i) {
+    if (pattern[i] == '\\' && i + 1 < pattern.size()) {
+      const char next = pattern[++i];
+      if (next == 's') out += "\\p{White_Space}";
+      else if (next == 'S') out += "\\P{White_Space}";
+      else {
+        out += '\\';
+        out += next;
+      }
+    } else {
+      out += pattern[i];
+    }
+  }
+  return out;
+}
+
+PretokenPattern::PretokenPattern(std::string_view pattern, bool literal)
+    : code_(std::make_unique<Code>()) {
+  const std::string text = literal ? std::string(pattern) : with_unicode_spaces(pattern);
+  int error = 0;
+  PCRE2_SIZE offset = 0;
+  code_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(),
+                              literal ? PCRE2_UTF | PCRE2_LITERAL : PCRE2_UTF | PCRE2_UCP, &error,
+                              &offset, nullptr);
+  if (!code_->code) throw PatternError{pcre2_message(error), offset};
+  if (const int rc = pcre2_jit_compile(code_->code, PCRE2_JIT_COMPLETE); rc != 0)
+    throw PatternError{"PCRE2 cannot JIT-compile it: " + pcre2_message(rc), 0};
 }
 
 PretokenPattern::~PretokenPattern() = default;
@@ -90,6 +135,27 @@ void PieceSplitter::split_valid(std::string_view text, std::vector<std::string_v
                                            pcre2_message(rc)));
     pieces.push_back(text.substr(at, span[1] - at));
     at = span[1];
+  }
+}
+
+void PieceSplitter::find(std::string_view text, std::vector<MatchSpan>& matches) {
+  matches.clear();
+  const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+  const PCRE2_SIZE* span = pcre2_get_ovector_pointer(state_->data);
+  for (std::size_t at = 0; at < text.size();) {
+    const int rc = pcre2_jit_match(code_->code, subject, text.size(), at, 0, state_->data,
+                                   state_->context);
+    if (rc == PCRE2_ERROR_NOMATCH) break;
+    if (rc < 0)
+      throw std::runtime_error(fmt::format("pre-tokenising at byte {}: PCRE2: {}", at,
+                                           pcre2_message(rc)));
+    if (span[1] > span[0]) {
+      matches.push_back({span[0], span[1]});
+      at = span[1];
+    } else {  // an empty match: search again from the next character
+      at = span[0] + 1;
+      while (at < text.size() && (static_cast<unsigned char>(text[at]) & 0xC0) == 0x80) ++at;
+    }
   }
 }
 

@@ -1,4 +1,5 @@
-// Pre-tokenisation: splitting text into the pieces that byte-pair encoding sees.
+// Pre-tokenisation: splitting text into the pieces that byte-pair encoding sees, by GPT-2's
+// pattern or a tokenizer.json's (Note [Split patterns] in pretokenize.cpp).
 //
 // Note [Pre-tokens]
 // GPT-2 splits text with one regular expression before any merging, and a merge never crosses
@@ -24,16 +25,34 @@
 // builds the same from tiktoken's encode_ordinary and _encode_single_piece.
 #pragma once
 
+#include <cstddef>
 #include <memory>
+#include <string>
 #include <string_view>
 #include <vector>
 
 namespace lockstep::detail {
 
+// GPT-2's pattern with Rust's \s (Note [Pre-tokens]); also ByteLevel's use_regex in a
+// tokenizer.json.
+extern const std::string_view kGpt2Pattern;
+
+// A pattern PCRE2 refused: its message and the offset in the pattern.
+struct PatternError {
+  std::string message;
+  std::size_t offset;
+};
+
 // The compiled pattern, shared by every thread.
 class PretokenPattern {
  public:
-  PretokenPattern();  // throws std::runtime_error if PCRE2 refuses the pattern (a build problem)
+  // GPT-2's, matched anchored: it matches at every offset, so its matches tile the text. Throws
+  // std::runtime_error if PCRE2 refuses it (a build problem).
+  PretokenPattern();
+  // A tokenizer.json's Split pattern, searched for (Note [Split patterns]): a regex with \s and
+  // \S meaning Rust's and Oniguruma's White_Space, or with `literal` a string. Throws
+  // PatternError.
+  PretokenPattern(std::string_view pattern, bool literal);
   ~PretokenPattern();
   PretokenPattern(const PretokenPattern&) = delete;
   PretokenPattern& operator=(const PretokenPattern&) = delete;
@@ -44,6 +63,11 @@ class PretokenPattern {
   std::unique_ptr<Code> code_;
 };
 
+// A match of a searched pattern: [begin, end) of the text given to find().
+struct MatchSpan {
+  std::size_t begin, end;
+};
+
 // One thread's splitter: PCRE2's match data and JIT stack.
 class PieceSplitter {
  public:
@@ -52,8 +76,12 @@ class PieceSplitter {
   PieceSplitter(PieceSplitter&&) noexcept;
   PieceSplitter& operator=(PieceSplitter&&) = delete;
 
-  // The pieces of `text` in order, views into it; they tile it. Replaces `pieces`.
+  // GPT-2's pattern: the pieces of `text` in order, views into it; they tile it. Replaces
+  // `pieces`.
   void split(std::string_view text, std::vector<std::string_view>& pieces);
+  // A searched pattern: its non-empty, non-overlapping matches in `text` (valid UTF-8), left to
+  // right, as PCRE2 finds them from the end of the last. Replaces `matches`.
+  void find(std::string_view text, std::vector<MatchSpan>& matches);
 
  private:
   void split_valid(std::string_view text, std::vector<std::string_view>& pieces);

@@ -2,15 +2,23 @@
 //
 // Note [Tokenizing files]
 // Documents. A text file (or standard input) is one document, a .jsonl file one per line (its
-// "text" field). Each document's tokens are preceded by <|endoftext|>, as llm.c's preparation
-// scripts write them.
+// "text" field). Each document's tokens are preceded by the tokenizer's document_start(): GPT-2's
+// <|endoftext|>, as llm.c's preparation scripts write them, and so any model's end-of-text
+// token, unless its tokenizer puts a beginning-of-text token before each sequence (Llama 3's
+// <|begin_of_text|>), which then comes first instead.
 //
 // Parts. A document longer than kPartBytes (16 KiB) is cut into parts of about that size, each
-// cut where the pre-tokens are known to break (safe_cut), so the ids are those of the whole
-// document: after a '\n' between two visible ASCII characters ("x\nA": the '\n' is a piece of
-// its own however the text goes on), or before a ' ' between a visible ASCII character and an
-// ASCII letter ("x ab": " ab" starts a piece). A part is what the split between the outputs and
-// the memory bound count in.
+// cut where the pre-tokens are known to break (safe_cut, by the tokenizer's CutRule), so the ids
+// are those of the whole document. GPT-2's pattern: after a '\n' between two visible ASCII
+// characters ("x\nA": the '\n' is a piece of its own however the text goes on), or before a ' '
+// between a visible ASCII character and an ASCII letter ("x ab": " ab" starts a piece). Llama
+// 3's and Qwen2's patterns (and GPT-2's, and Digits, when a tokenizer.json names them): only
+// after the '\n' of "a\nb" between ASCII letters, since their punctuation takes the newlines
+// after it (".\n" is one piece) and a space before a letter may join it ("\tab"); NFC composes
+// nothing across it. Any other pattern, a prefix space per piece of text, or an added token that
+// may span or strip a newline: no cut, the document is encoded whole (its memory is then the
+// document's, not kPartBytes'). A part is what the split between the outputs and the memory
+// bound count in.
 //
 // The eval split. With eval_out, each part (a short document is one part) goes to the eval
 // file when that brings the eval file's share of the tokens so far closer to eval_fraction,
@@ -56,6 +64,7 @@
 #include "io/output_path.hpp"
 #include "lockstep/error.hpp"
 #include "lockstep/tokenizer.hpp"
+#include "text/tokenizer_impl.hpp"
 
 namespace lockstep {
 namespace detail {
@@ -67,7 +76,13 @@ bool ascii_letter(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= '
 
 }  // namespace
 
-std::size_t safe_cut(std::string_view text, std::size_t from) noexcept {
+std::size_t safe_cut(std::string_view text, std::size_t from, CutRule rule) noexcept {
+  if (rule == CutRule::none) return std::string_view::npos;
+  if (rule == CutRule::newline_between_letters) {
+    for (std::size_t p = std::max<std::size_t>(from, 2); p < text.size(); ++p)
+      if (text[p - 1] == '\n' && ascii_letter(text[p - 2]) && ascii_letter(text[p])) return p;
+    return std::string_view::npos;
+  }
   for (std::size_t p = std::max<std::size_t>(from, 2); p < text.size(); ++p) {
     if (text[p - 1] == '\n' && visible_ascii(text[p - 2]) && visible_ascii(text[p])) return p;
     if (text[p] == ' ' && p + 1 < text.size() && visible_ascii(text[p - 1]) &&
@@ -153,10 +168,10 @@ class ByteSource {
 constexpr std::size_t kReadBytes = 1u << 20;
 
 // Cuts `text` into parts of about kPartBytes at safe cuts; the last part holds the rest.
-std::vector<std::string_view> cut_parts(std::string_view text) {
+std::vector<std::string_view> cut_parts(std::string_view text, detail::CutRule rule) {
   std::vector<std::string_view> parts;
   while (text.size() > kPartBytes) {
-    const std::size_t cut = detail::safe_cut(text, kPartBytes);
+    const std::size_t cut = detail::safe_cut(text, kPartBytes, rule);
     if (cut == std::string_view::npos) break;
     parts.push_back(text.substr(0, cut));
     text.remove_prefix(cut);
@@ -168,8 +183,9 @@ std::vector<std::string_view> cut_parts(std::string_view text) {
 // The units of one input, a batch at a time.
 class InputReader {
  public:
-  InputReader(const fs::path& path, std::size_t index, const std::atomic<bool>* stop)
-      : source_(path, stop), index_(index), jsonl_(path.extension() == ".jsonl") {}
+  InputReader(const fs::path& path, std::size_t index, const std::atomic<bool>* stop,
+              detail::CutRule rule)
+      : source_(path, stop), index_(index), jsonl_(path.extension() == ".jsonl"), rule_(rule) {}
 
   // Appends units to `batch` until it holds about kBatchBytes of text (counted in `bytes`);
   // false once this input is exhausted.
@@ -195,7 +211,7 @@ class InputReader {
     std::size_t start = 0;
     while (buffer_.size() - start > kPartBytes) {
       const std::string_view rest = std::string_view(buffer_).substr(start);
-      const std::size_t cut = detail::safe_cut(rest, std::max(kPartBytes, scanned_));
+      const std::size_t cut = detail::safe_cut(rest, std::max(kPartBytes, scanned_), rule_);
       if (cut == std::string_view::npos) {
         scanned_ = rest.size() - 1;  // no cut before here (a cut there needs the next byte)
         break;
@@ -240,6 +256,7 @@ class InputReader {
   ByteSource source_;
   std::size_t index_;
   bool jsonl_;
+  detail::CutRule rule_;
   std::string buffer_;
   bool done_reading_ = false;
   bool finished_ = false;
@@ -278,18 +295,22 @@ std::optional<std::string> json_text(const Unit& unit, const std::string& file,
   return fail(0, "no \"text\" field: expected a JSON object with a \"text\" string");
 }
 
-// One unit's ids: its parts, each with <|endoftext|> first when it starts a document.
-UnitIds encode_unit(const Tokenizer& tokenizer, const Unit& unit, const std::string& file) {
+// One unit's ids: its parts, the first with the tokenizer's document_start() when it starts a
+// document.
+UnitIds encode_unit(const Tokenizer& tokenizer, const Unit& unit, const std::string& file,
+                    std::span<const TokenId> document_start, bool allow_special) {
   UnitIds out;
   std::optional<std::string> parsed;
   if (unit.json_line && !(parsed = json_text(unit, file, out.error))) return out;
   const std::string_view text = parsed ? std::string_view(*parsed) : std::string_view(unit.text);
-  const std::vector<std::string_view> parts = unit.json_line ? cut_parts(text)
-                                                             : std::vector{text};
+  const std::vector<std::string_view> parts =
+      unit.json_line ? cut_parts(text, tokenizer.impl().pipeline.cut) : std::vector{text};
   for (std::size_t i = 0; i < parts.size(); ++i) {
     std::vector<TokenId>& ids = out.parts.emplace_back();
-    if (i == 0 && unit.starts_document) ids.push_back(*tokenizer.end_of_text());
-    tokenizer.encode(parts[i], ids);
+    if (i == 0 && unit.starts_document)
+      ids.insert(ids.end(), document_start.begin(), document_start.end());
+    if (allow_special) tokenizer.encode_with_special(parts[i], ids);
+    else tokenizer.encode(parts[i], ids);
   }
   return out;
 }
@@ -378,9 +399,11 @@ class TokenFileOut {
 void check_options(const Tokenizer& tokenizer, const TokenizeOptions& o, int token_bytes) {
   if (o.inputs.empty()) throw InputError("tokenize: expected at least one INPUT");
   if (o.out.empty()) throw InputError("tokenize: expected --out FILE");
-  if (!tokenizer.end_of_text())
-    throw InputError(fmt::format("{}: the tokenizer has no <|endoftext|>, which starts each "
-                                 "document", tokenizer.source().string()));
+  if (tokenizer.document_start().empty())
+    throw InputError(fmt::format("{}: the tokenizer has no token to start each document with: "
+                                 "neither a post-processor's BOS nor an end-of-text token (give "
+                                 "a tokenizer_config.json with eos_token beside it)",
+                                 tokenizer.source().string()));
   if (o.format != TokenFormat::llmc && o.format != TokenFormat::raw)
     throw InputError("tokenize --format: expected llmc or raw");
   if (o.format == TokenFormat::raw && token_bytes != 2)
@@ -425,6 +448,7 @@ TokenizeCounts tokenize_files(const Tokenizer& tokenizer, const TokenizeOptions&
   TokenizeCounts counts;
   counts.token_bytes = token_bytes;
   std::uint64_t finished_bytes = 0, finished_documents = 0;
+  const std::vector<TokenId> document_start = tokenizer.document_start();
   std::vector<Unit> batch;
   std::vector<UnitIds> ids;
   std::size_t next_input = 0;
@@ -434,7 +458,7 @@ TokenizeCounts tokenize_files(const Tokenizer& tokenizer, const TokenizeOptions&
     std::size_t bytes = 0;
     while (bytes < kBatchBytes && (reader || next_input < o.inputs.size())) {
       if (!reader) {
-        reader.emplace(o.inputs[next_input], next_input, o.stop);
+        reader.emplace(o.inputs[next_input], next_input, o.stop, tokenizer.impl().pipeline.cut);
         ++next_input;
       }
       if (!reader->fill(batch, bytes)) {
@@ -450,7 +474,8 @@ TokenizeCounts tokenize_files(const Tokenizer& tokenizer, const TokenizeOptions&
     detail::TsanForkJoin fork_join;  // Note [TSan and oneTBB]
     tbb::parallel_for(std::size_t{0}, batch.size(), [&](std::size_t i) {
       fork_join.task_begins();
-      ids[i] = encode_unit(tokenizer, batch[i], names[batch[i].input]);
+      ids[i] = encode_unit(tokenizer, batch[i], names[batch[i].input], document_start,
+                           o.allow_special);
       fork_join.task_ends();
     });
     fork_join.joined();

@@ -4,6 +4,8 @@
 #include <cstddef>
 #include <string_view>
 
+#include "text/pipeline.hpp"  // CutRule
+
 namespace lockstep::detail {
 
 // A long document is cut into parts of about this many bytes (Note [Tokenizing files]).
@@ -11,8 +13,10 @@ inline constexpr std::size_t kPartBytes = 16u << 10;
 // Text tokenized at once, in parallel; the memory bound is a few times this.
 inline constexpr std::size_t kBatchBytes = 4u << 20;
 
-// The first offset p >= from at which `text` may be cut without changing its ids: encoding
-// text[0, p) and text[p, end) gives the ids of text. npos when there is none.
-std::size_t safe_cut(std::string_view text, std::size_t from) noexcept;
+// The first offset p >= from at which `text` may be cut without changing its ids under `rule`
+// (a tokenizer's, Note [Tokenizing files]): encoding text[0, p) and text[p, end) gives the ids
+// of text. npos when there is none.
+std::size_t safe_cut(std::string_view text, std::size_t from,
+                     CutRule rule = CutRule::gpt2) noexcept;
 
 }  // namespace lockstep::detail

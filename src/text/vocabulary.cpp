@@ -1,6 +1,7 @@
 // The vocabulary readers (vocabulary.hpp): tiktoken rank files, vocab.json + merges.txt, and
 // tokenizer.json.
 #include "text/vocabulary.hpp"
+#include "text/pipeline.hpp"
 
 #include <fmt/format.h>
 
@@ -23,11 +24,6 @@ namespace fs = std::filesystem;
 // Ids and ranks are stored as uint32 and written as int32 counts: 2^31 is far beyond any
 // vocabulary.
 constexpr std::uint64_t kMaxId = std::numeric_limits<std::int32_t>::max();
-
-std::size_t line_of(std::string_view text, std::size_t offset) {
-  offset = std::min(offset, text.size());
-  return 1 + static_cast<std::size_t>(std::count(text.begin(), text.begin() + offset, '\n'));
-}
 
 // Line numbers of offsets that mostly come in increasing order (a document's values), each
 // counted from the last: linear in the text, where line_of per value would be quadratic.
@@ -244,12 +240,6 @@ JsonValue parse_json_file(std::string_view text, const std::string& name) {
   }
 }
 
-const JsonValue* member(const JsonValue& object, std::string_view key) {
-  for (const auto& [k, value] : object.members)
-    if (k == key) return &value;
-  return nullptr;
-}
-
 // The vocabulary object {"token": id, ...}; `where` names it in messages ("model.vocab").
 std::vector<Entry> vocab_entries(const JsonValue& vocab, std::string_view text,
                                  const std::string& name, std::string_view where) {
@@ -285,10 +275,16 @@ struct MergeLine {
   std::size_t line;
 };
 
+// `json_path`: the merges' place in a tokenizer.json ("model.merges"), named with each one's
+// index in messages; empty for merges.txt, whose messages have the line alone.
 void add_merges(Vocabulary& v, const std::vector<MergeLine>& lines, const std::string& name,
-                const std::string& vocab_name) {
+                const std::string& vocab_name, std::string_view json_path = {}) {
   for (std::size_t i = 0; i < lines.size(); ++i) {
     const MergeLine& m = lines[i];
+    const auto fail_at = [&](const std::string& file, std::size_t line, std::string_view what) {
+      if (json_path.empty()) detail::fail_at(file, line, what);
+      detail::fail_at(file, line, fmt::format("{}[{}]: {}", json_path, i, what));
+    };
     TokenId ids[2] = {};
     std::string joined;
     for (int side = 0; side < 2; ++side) {
@@ -342,44 +338,37 @@ std::vector<MergeLine> merges_txt_lines(std::string_view text, const std::string
 }
 
 Vocabulary build_hf(std::vector<Entry> entries, const std::vector<MergeLine>& merges,
-                    const std::string& vocab_name, const std::string& merges_name) {
+                    const std::string& vocab_name, const std::string& merges_name,
+                    std::string_view merges_path = {}) {
   Vocabulary v;
   fill_tokens(v, std::move(entries), vocab_name, "id");
   find_byte_tokens(v, vocab_name);
-  add_merges(v, merges, merges_name, vocab_name);
+  add_merges(v, merges, merges_name, vocab_name, merges_path);
   if (const auto it = v.by_bytes.find(std::string(kEndOfText)); it != v.by_bytes.end())
     v.end_of_text = it->second;
   return v;
 }
 
-// tokenizer.json's settings that would change the ids: anything but GPT-2's is refused.
-void check_gpt2_settings(const JsonValue& root, const JsonValue& model, std::string_view text,
-                         const std::string& name) {
+// tokenizer.json's model: a BPE without the options that would change the ids (the pre-tokenizers,
+// normaliser and post-processor are the pipeline's, pipeline.cpp).
+void check_bpe_model(const JsonValue& model, std::string_view text, const std::string& name) {
   const auto refuse = [&](const JsonValue& at, std::string_view what) {
-    fail_at(name, line_of(text, at.offset),
-            fmt::format("{}: lockstep reads GPT-2's byte-level BPE only", what));
+    fail_at(name, line_of(text, at.offset), what);
   };
-  const JsonValue* type = member(model, "type");
-  if (!type || type->kind != JsonValue::Kind::string || type->text != "BPE")
-    refuse(type ? *type : model, "model.type: expected \"BPE\"");
+  const JsonValue* type = json_member(model, "type");
+  if (type && (type->kind != JsonValue::Kind::string || type->text != "BPE"))
+    refuse(*type, fmt::format("model.type: expected \"BPE\", got {}: lockstep reads byte-level "
+                              "BPE only", type->kind == JsonValue::Kind::string
+                                              ? "\"" + type->text + "\""
+                                              : std::string(type->kind_name())));
   for (const std::string_view key : {"dropout", "continuing_subword_prefix", "end_of_word_suffix"})
-    if (const JsonValue* v = member(model, key);
+    if (const JsonValue* v = json_member(model, key);
         v && v->kind != JsonValue::Kind::null &&
         !(v->kind == JsonValue::Kind::string && v->text.empty()))
-      refuse(*v, fmt::format("model.{}: expected null", key));
-  if (const JsonValue* v = member(model, "byte_fallback"); v && v->boolean)
-    refuse(*v, "model.byte_fallback: expected false");
-  if (const JsonValue* v = member(root, "normalizer"); v && v->kind != JsonValue::Kind::null)
-    refuse(*v, "normalizer: expected null");
-  const JsonValue* pre = member(root, "pre_tokenizer");
-  const JsonValue* pre_type = pre ? member(*pre, "type") : nullptr;
-  if (!pre_type || pre_type->text != "ByteLevel")
-    refuse(pre ? *pre : root, "pre_tokenizer: expected {\"type\": \"ByteLevel\"}");
-  if (const JsonValue* v = member(*pre, "add_prefix_space"); v && v->boolean)
-    refuse(*v, "pre_tokenizer.add_prefix_space: expected false");
-  if (const JsonValue* v = member(*pre, "use_regex");
-      v && v->kind == JsonValue::Kind::boolean && !v->boolean)
-    refuse(*v, "pre_tokenizer.use_regex: expected true");
+      refuse(*v, fmt::format("model.{}: expected null: lockstep's BPE has no {}", key, key));
+  if (const JsonValue* v = json_member(model, "byte_fallback"); v && v->boolean)
+    refuse(*v, "model.byte_fallback: expected false: byte fallback (<0xNN> tokens for bytes the "
+               "vocabulary lacks) is not supported; a byte-level vocabulary has every byte");
 }
 
 std::vector<MergeLine> tokenizer_json_merges(const JsonValue& merges, std::string_view text,
@@ -393,15 +382,20 @@ std::vector<MergeLine> tokenizer_json_merges(const JsonValue& merges, std::strin
   for (const JsonValue& m : merges.items) {
     const std::size_t line = line_at(m.offset);
     if (m.kind == JsonValue::Kind::string) {
-      out.push_back(split_merge(m.text, line, name));
+      try {
+        out.push_back(split_merge(m.text, line, name));
+      } catch (const InputError&) {
+        fail_at(name, line, fmt::format("model.merges[{}]: expected \"LEFT RIGHT\" (two tokens, one "
+                                        "space), got \"{}\"", out.size(), printable(m.text)));
+      }
     } else if (m.kind == JsonValue::Kind::array && m.items.size() == 2 &&
                m.items[0].kind == JsonValue::Kind::string &&
                m.items[1].kind == JsonValue::Kind::string && !m.items[0].text.empty() &&
                !m.items[1].text.empty()) {
       out.push_back({m.items[0].text, m.items[1].text, line});
     } else {
-      fail_at(name, line, fmt::format("model.merges: expected \"LEFT RIGHT\" or [\"LEFT\", "
-                                      "\"RIGHT\"], got {}", m.kind_name()));
+      fail_at(name, line, fmt::format("model.merges[{}]: expected \"LEFT RIGHT\" or [\"LEFT\", "
+                                      "\"RIGHT\"], got {}", out.size(), m.kind_name()));
     }
   }
   return out;
@@ -410,25 +404,30 @@ std::vector<MergeLine> tokenizer_json_merges(const JsonValue& merges, std::strin
 // added_tokens: [{"id": 50256, "content": "<|endoftext|>", ...}]. Those model.vocab lacks join
 // it (their content is plain text, not byte-level stand-ins).
 void add_added_tokens(std::vector<Entry>& entries, const JsonValue* added, std::string_view text,
-                      const std::string& name) {
+                      const std::string& name, std::vector<TokenId>& outside_model) {
   if (!added || added->kind == JsonValue::Kind::null) return;
   if (added->kind != JsonValue::Kind::array)
     fail_at(name, line_of(text, added->offset), "added_tokens: expected an array");
   LineCounter line_at(text);
   for (const JsonValue& t : added->items) {
     const std::size_t line = line_at(t.offset);
-    const JsonValue* id = t.kind == JsonValue::Kind::object ? member(t, "id") : nullptr;
-    const JsonValue* content = id ? member(t, "content") : nullptr;
+    const JsonValue* id = t.kind == JsonValue::Kind::object ? json_member(t, "id") : nullptr;
+    const JsonValue* content = id ? json_member(t, "content") : nullptr;
     const std::optional<std::uint32_t> number =
         id && id->kind == JsonValue::Kind::number ? parse_id(id->text) : std::nullopt;
     if (!number || !content || content->kind != JsonValue::Kind::string || content->text.empty())
-      fail_at(name, line, "added_tokens: expected {\"id\": ID, \"content\": \"TEXT\", ...}");
+      fail_at(name, line, fmt::format("added_tokens[{}]: expected {{\"id\": ID, \"content\": "
+                                      "\"TEXT\", ...}}", &t - added->items.data()));
     const auto same = std::find_if(entries.begin(), entries.end(),
                                    [&](const Entry& e) { return e.id == *number; });
-    if (same == entries.end()) entries.push_back({content->text, *number, line});
-    else if (same->bytes != content->text)
-      fail_at(name, line, fmt::format("added_tokens: id {} is \"{}\" here but '{}' in model.vocab",
-                                      *number, content->text, printable(same->bytes)));
+    if (same == entries.end()) {
+      entries.push_back({content->text, *number, line});
+      outside_model.push_back(*number);
+    } else if (same->bytes != content->text) {
+      fail_at(name, line, fmt::format("added_tokens[{}]: id {} is \"{}\" here but '{}' in "
+                                      "model.vocab", &t - added->items.data(), *number,
+                                      content->text, printable(same->bytes)));
+    }
   }
 }
 
@@ -443,6 +442,17 @@ bool path_exists(const fs::path& path) {
 }
 
 }  // namespace
+
+std::size_t line_of(std::string_view text, std::size_t offset) {
+  offset = std::min(offset, text.size());
+  return 1 + static_cast<std::size_t>(std::count(text.begin(), text.begin() + offset, '\n'));
+}
+
+const JsonValue* json_member(const JsonValue& object, std::string_view key) {
+  for (const auto& [k, value] : object.members)
+    if (k == key) return &value;
+  return nullptr;
+}
 
 const Merge& MergeTable::insert(TokenId left, TokenId right, Merge merge) {
   if (2 * (size_ + 1) > slots_.size()) grow();
@@ -517,6 +527,7 @@ Vocabulary parse_tiktoken(std::string_view text, const std::string& name) {
     fail_file(name, fmt::format("\"{}\" is a ranked token: expected it after the ranks",
                                 kEndOfText));
   v.end_of_text = static_cast<TokenId>(v.tokens.size());
+  v.outside_model.push_back(*v.end_of_text);
   v.tokens.emplace_back(kEndOfText);
   return v;
 }
@@ -529,39 +540,64 @@ Vocabulary parse_hf_vocab(std::string_view vocab_json, const std::string& vocab_
                   merges_name);
 }
 
-Vocabulary parse_tokenizer_json(std::string_view text, const std::string& name) {
+TokenizerSpec parse_tokenizer_json(std::string_view text, const std::string& name,
+                                   const TokenizerConfig& config) {
   const JsonValue root = parse_json_file(text, name);
   if (root.kind != JsonValue::Kind::object)
     fail_at(name, 1, fmt::format("expected a tokenizer object, got {}", root.kind_name()));
-  const JsonValue* model = member(root, "model");
+  const JsonValue* model = json_member(root, "model");
   if (!model || model->kind != JsonValue::Kind::object)
     fail_file(name, "no \"model\" object: not a Hugging Face tokenizer.json");
-  check_gpt2_settings(root, *model, text, name);
-  const JsonValue* vocab = member(*model, "vocab");
-  const JsonValue* merges = member(*model, "merges");
+  check_bpe_model(*model, text, name);
+  const JsonValue* vocab = json_member(*model, "vocab");
+  const JsonValue* merges = json_member(*model, "merges");
   if (!vocab || !merges) fail_file(name, "model: expected \"vocab\" and \"merges\"");
   std::vector<Entry> entries = vocab_entries(*vocab, text, name, "model.vocab");
-  add_added_tokens(entries, member(root, "added_tokens"), text, name);
-  Vocabulary v =
-      build_hf(std::move(entries), tokenizer_json_merges(*merges, text, name), name, name);
+  std::vector<TokenId> outside_model;
+  add_added_tokens(entries, json_member(root, "added_tokens"), text, name, outside_model);
+  Vocabulary v = build_hf(std::move(entries), tokenizer_json_merges(*merges, text, name), name,
+                          name, "model.merges");
+  v.outside_model = std::move(outside_model);
   // ignore_merges: a pre-token that is a token is that token, as in a rank file.
-  if (const JsonValue* ignore = member(*model, "ignore_merges"); ignore && ignore->boolean)
+  if (const JsonValue* ignore = json_member(*model, "ignore_merges"); ignore && ignore->boolean)
     v.whole_piece_lookup = true;
-  return v;
+  Pipeline pipeline = read_pipeline(root, v, text, name, config);
+  return {std::move(v), std::move(pipeline)};
 }
 
-Vocabulary read_vocabulary(const fs::path& path) {
+namespace {
+
+// A tokenizer.json, with the tokenizer_config.json beside it when there is one.
+TokenizerSpec read_tokenizer_json(const fs::path& file) {
+  const auto read = [](const fs::path& f) { return read_input(f, InputKind::data); };
+  TokenizerConfig config;
+  if (const fs::path c = file.parent_path() / "tokenizer_config.json"; path_exists(c))
+    config = parse_tokenizer_config(read(c), c.string());
+  return parse_tokenizer_json(read(file), file.string(), config);
+}
+
+TokenizerSpec gpt2_spec(Vocabulary v, const std::string& name) {
+  Pipeline p = family_pipeline(TokenizerFamily::gpt2, v, name);
+  return {std::move(v), std::move(p)};
+}
+
+}  // namespace
+
+TokenizerSpec read_tokenizer(const fs::path& path, TokenizerFamily family) {
   const auto read = [](const fs::path& file) { return read_input(file, InputKind::data); };
+  const bool json = is_dir(path) ? path_exists(path / "tokenizer.json")
+                                 : path.extension() == ".json";
+  if (family != TokenizerFamily::automatic && (is_dir(path) || json))
+    throw InputError(fmt::format("{}: --tokenizer-family is for a tiktoken rank file; a Hugging "
+                                 "Face tokenizer describes its own family", path.string()));
   if (is_dir(path)) {
-    if (path_exists(path / "tokenizer.json")) {
-      const fs::path file = path / "tokenizer.json";
-      return parse_tokenizer_json(read(file), file.string());
-    }
+    if (json) return read_tokenizer_json(path / "tokenizer.json");
     const fs::path vocab = path / "vocab.json", merges = path / "merges.txt";
     if (path_exists(vocab) && path_exists(merges))
-      return parse_hf_vocab(read(vocab), vocab.string(), read(merges), merges.string());
+      return gpt2_spec(parse_hf_vocab(read(vocab), vocab.string(), read(merges), merges.string()),
+                       vocab.string());
     throw InputError(fmt::format("{}: a directory without tokenizer.json, or vocab.json and "
-                                 "merges.txt: expected a Hugging Face GPT-2 tokenizer",
+                                 "merges.txt: expected a Hugging Face tokenizer",
                                  path.string()));
   }
   const std::string filename = path.filename().string();
@@ -569,13 +605,18 @@ Vocabulary read_vocabulary(const fs::path& path) {
     throw InputError(fmt::format("{}: {} needs its {} beside it: give the directory",
                                  path.string(), filename,
                                  filename == "vocab.json" ? "merges.txt" : "vocab.json"));
-  if (path.extension() == ".json") return parse_tokenizer_json(read(path), path.string());
-  if (path.extension() == ".tiktoken") return parse_tiktoken(read(path), path.string());
+  if (json) return read_tokenizer_json(path);
+  if (path.extension() == ".tiktoken" || family != TokenizerFamily::automatic) {
+    Vocabulary v = parse_tiktoken(read(path), path.string());
+    Pipeline p = family_pipeline(family, v, path.string());
+    return {std::move(v), std::move(p)};
+  }
   if (!path_exists(path))
     throw InputError(fmt::format("{}: no such file or directory", path.string()));
-  throw InputError(fmt::format("{}: expected a Hugging Face GPT-2 directory (vocab.json and "
-                               "merges.txt, or tokenizer.json), a tokenizer.json or a tiktoken "
-                               "rank file (*.tiktoken)", path.string()));
+  throw InputError(fmt::format("{}: expected a Hugging Face tokenizer directory (tokenizer.json, "
+                               "or vocab.json and merges.txt), a tokenizer.json or a tiktoken "
+                               "rank file (*.tiktoken, or any name with --tokenizer-family)",
+                               path.string()));
 }
 
 }  // namespace lockstep::detail

@@ -94,6 +94,9 @@ struct Vocabulary {
   bool whole_piece_lookup = false;           // Note [Two kinds of merge rule]
   std::unordered_map<std::string, TokenId, BytesHash, std::equal_to<>> by_bytes;
   std::optional<TokenId> end_of_text;        // "<|endoftext|>", never produced from text
+  // Ids that are not the model's (added tokens, a rank file's special tokens): never the
+  // whole-piece shortcut's answer.
+  std::vector<TokenId> outside_model;
 
   const Merge* find_merge(TokenId left, TokenId right) const {
     return merges.find(left, right);
@@ -105,13 +108,16 @@ struct Vocabulary {
 // onwards in byte order. Returns the code point for `byte`.
 char32_t byte_to_char(unsigned char byte);
 
-// The readers take a file's text and its name for messages (the fuzzer gives bytes).
+// The readers take a file's text and its name for messages (the fuzzer gives bytes); those of
+// tokenizer.json are in pipeline.hpp.
 Vocabulary parse_tiktoken(std::string_view text, const std::string& name);
 Vocabulary parse_hf_vocab(std::string_view vocab_json, const std::string& vocab_name,
                           std::string_view merges_txt, const std::string& merges_name);
-Vocabulary parse_tokenizer_json(std::string_view text, const std::string& name);
 
-// `path` as Tokenizer::load describes it.
-Vocabulary read_vocabulary(const std::filesystem::path& path);
+struct JsonValue;
+// The line (from 1) of `offset` in `text`.
+std::size_t line_of(std::string_view text, std::size_t offset);
+// The member `key` of a JSON object, or null.
+const JsonValue* json_member(const JsonValue& object, std::string_view key);
 
 }  // namespace lockstep::detail

@@ -3,6 +3,7 @@
 // having written nothing; SIGINT leaves no output behind.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <string>
@@ -226,6 +227,45 @@ TEST_CASE("cli tokenize: bad input exits 2 naming the file and line, having writ
   CHECK(f.code == 2);
   CHECK(f.output.find("--eval-fraction 2: expected a number in (0, 1)") != std::string::npos);
   CHECK(count_files(s.dir.path()) == 2);  // the vocabulary and bad.jsonl
+}
+
+TEST_CASE("cli tokenize: --tokenizer-family reads a rank file as Llama 3's, and --allow-special") {
+  const Setup s;
+  const fs::path model = s.dir.write("tokenizer.model",
+                                     lockstep::test::rank_file(lockstep::test::random_vocab(300, 9)));
+  const lockstep::Tokenizer llama = lockstep::Tokenizer::load(model, lockstep::TokenizerFamily::llama3);
+  const std::string text = "ab <|eot_id|> cd\n";
+  const fs::path input = s.dir.write("in.txt", text), out = s.dir.path() / "out.bin";
+  const std::string base = "tokenize --tokenizer " + q(model) + " --tokenizer-family llama3 --out " +
+                           q(out) + " " + q(input);
+  // Each document starts with <|begin_of_text|>; <|eot_id|> is text unless allowed.
+  REQUIRE(run_cli(base).code == 0);
+  std::vector<TokenId> plain = llama.document_start();
+  llama.encode(text, plain);
+  CHECK(plain.front() == *llama.special_token("<|begin_of_text|>"));
+  CHECK(lockstep::test::read_llmc(out) == plain);
+  REQUIRE(run_cli(base + " --allow-special").code == 0);
+  std::vector<TokenId> special = llama.document_start();
+  llama.encode_with_special(text, special);
+  CHECK(lockstep::test::read_llmc(out) == special);
+  CHECK(std::count(special.begin(), special.end(), *llama.special_token("<|eot_id|>")) == 1);
+  CHECK(special.size() < plain.size());
+  // A name tiktoken files do not have needs the family; a family no file has is refused.
+  const auto none = run_cli("tokenize --tokenizer " + q(model) + " --out " + q(out) + " " + q(input));
+  CHECK(none.code == 2);
+  CHECK_MESSAGE(none.output.find("--tokenizer-family") != std::string::npos, none.output);
+  const auto bad = run_cli("tokenize --tokenizer " + q(model) + " --tokenizer-family llama2 --out " +
+                           q(out) + " " + q(input));
+  CHECK(bad.code == 2);
+  CHECK(bad.output.find("--tokenizer-family: expected llama3, qwen2 or gpt2, got 'llama2'") !=
+        std::string::npos);
+  // A malformed tokenizer.json: exit 2 with the file, line and JSON path.
+  const fs::path json = s.dir.write("tokenizer.json", "{\"model\": {\"type\": \"BPE\", \"vocab\": {},\n"
+                                                      "\"merges\": [\"a b\", 3]}}");
+  const auto j = run_cli("tokenize --tokenizer " + q(json) + " --out " + q(out) + " " + q(input));
+  CHECK(j.code == 2);
+  CHECK_MESSAGE(j.output.find(json.string() + ":2: model.merges[1]: expected") != std::string::npos,
+                j.output);
 }
 
 TEST_CASE("cli tokenize: SIGINT stops the run and leaves no output") {

@@ -317,7 +317,7 @@ def stand_in(b):
     return chr(b) if b in keep else chr(256 + [c for c in range(256) if c not in keep].index(b))
 
 
-def tokenizer_json(model_type='BPE', pre='ByteLevel', prefix=False, merges=None):
+def tokenizer_json(model_type='BPE', pre='ByteLevel', prefix=False, merges=None, **parts):
     vocab = {''.join(stand_in(b) for b in t): i for i, t in enumerate(BYTES + MERGED)}
     vocab['<|endoftext|>'] = len(vocab)
     shown = lambda t: ''.join(stand_in(b) for b in t)
@@ -328,7 +328,14 @@ def tokenizer_json(model_type='BPE', pre='ByteLevel', prefix=False, merges=None)
         'added_tokens': [{'id': len(vocab) - 1, 'content': '<|endoftext|>', 'special': True}],
         'model': {'type': model_type, 'dropout': None, 'vocab': vocab,
                   'merges': merges if merges is not None else [shown(a) + ' ' + shown(b) for a, b in pairs]},
+        **parts,
     }, indent=1)
+
+
+def split_then_bytes(pattern, behavior='Isolated'):
+    return {'type': 'Sequence', 'pretokenizers': [
+        {'type': 'Split', 'pattern': pattern, 'behavior': behavior, 'invert': False},
+        {'type': 'ByteLevel', 'add_prefix_space': False, 'use_regex': False}]}
 
 
 GOOD = ranks(BYTES + MERGED)
@@ -349,11 +356,27 @@ write('tokenizer', {
  'not_json.json': b'{"model": ',
  'wordpiece.json': tokenizer_json(model_type='WordPiece'),
  'whitespace_pre.json': tokenizer_json(pre='Whitespace'),
- 'prefix_space.json': tokenizer_json(prefix=True),
+ 'bad_regex.json': tokenizer_json(pre_tokenizer=split_then_bytes({'Regex': '(?<=a+)b'})),
+ 'bad_split_behavior.json': tokenizer_json(pre_tokenizer=split_then_bytes({'Regex': 'a'}, 'Sideways')),
+ 'split_pattern_neither.json': tokenizer_json(pre_tokenizer=split_then_bytes({'Glob': 'a*'})),
+ 'no_byte_level.json': tokenizer_json(pre_tokenizer={'type': 'Digits', 'individual_digits': True}),
+ 'lowercase_normalizer.json': tokenizer_json(normalizer={'type': 'Lowercase'}),
+ 'byte_fallback.json': tokenizer_json(model={'type': 'BPE', 'byte_fallback': True, 'vocab': {}, 'merges': []}),
+ 'roberta_post.json': tokenizer_json(post_processor={'type': 'RobertaProcessing'}),
+ 'template_unknown_token.json': tokenizer_json(post_processor={
+     'type': 'TemplateProcessing', 'single': [{'SpecialToken': {'id': '<s>', 'type_id': 0}},
+                                              {'Sequence': {'id': 'A', 'type_id': 0}}],
+     'special_tokens': {}}),
+ 'single_word_added.json': tokenizer_json(added_tokens=[
+     {'id': len(BYTES + MERGED), 'content': '<|endoftext|>', 'special': True, 'single_word': True}]),
  'merge_unknown_token.json': tokenizer_json(merges=['a zz']),
  'merge_result_missing.json': tokenizer_json(merges=['b a']),
  'merge_twice.json': tokenizer_json(merges=['a b', 'a b']),
  'merge_one_token.json': tokenizer_json(merges=['ab']),
  'valid/small.tiktoken': GOOD,
  'valid/tokenizer.json': tokenizer_json(),
+ 'valid/prefix_space.json': tokenizer_json(prefix=True),
+ 'valid/llama3_like.json': tokenizer_json(pre_tokenizer=split_then_bytes(
+     {'Regex': "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"}),
+     normalizer={'type': 'NFC'}),
 })

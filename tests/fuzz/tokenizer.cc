@@ -1,4 +1,5 @@
-// Fuzzes the tokenizer: the input read as a tiktoken rank file, as a tokenizer.json, as a
+// Fuzzes the tokenizer: the input read as a tiktoken rank file, as a tokenizer.json (its
+// pre-tokenizers, normaliser, added tokens and post-processor included), as a
 // vocab.json (with the merges.txt of a fixed vocabulary) and as a merges.txt (with its
 // vocab.json); the input's bytes encoded with the fixed vocabulary and with any vocabulary the
 // input made must decode back to the input. Bad input is an InputError that names its file.
@@ -35,8 +36,25 @@ std::string vocab_json() {
   return out + "\"ab\": 256, \"\u0120ab\": 257}";
 }
 
-// The input's bytes round-trip through `t`; aborts (libFuzzer saves the input) if not.
+// Whether `t` gives back every byte of a text: not when it normalises, removes split matches,
+// adds a prefix space or lets an added token swallow white space.
+bool lossless(const lockstep::Tokenizer& t) {
+  const lockstep::detail::Pipeline& p = t.impl().pipeline;
+  for (const lockstep::detail::PreTokenizerStep& step : p.steps)
+    if (!step.pattern || step.behavior == lockstep::detail::SplitBehavior::removed) return false;
+  for (const lockstep::detail::AddedToken& token : p.added)
+    if (token.lstrip || token.rstrip) return false;
+  return !p.nfc;
+}
+
+// The input's bytes round-trip through `t` (encoded at least, when it is not lossless); aborts
+// (libFuzzer saves the input) if not.
 void round_trip(const lockstep::Tokenizer& t, std::string_view bytes) {
+  if (!lossless(t)) {
+    t.encode(bytes);
+    t.encode_with_special(bytes);
+    return;
+  }
   if (t.decode(t.encode(bytes)) != bytes || t.decode(t.encode_with_special(bytes)) != bytes) {
     std::fprintf(stderr, "fuzz: decode(encode(x)) != x\n");
     std::abort();

@@ -16,6 +16,7 @@
 #include "../data/temp_files.hpp"
 #include "../skip.hpp"
 #include "../text/vocab_files.hpp"
+#include "same_ids.hpp"
 #include "lockstep/tokenizer.hpp"
 
 namespace fs = std::filesystem;
@@ -23,6 +24,7 @@ using lockstep::TokenId;
 using lockstep::Tokenizer;
 using lockstep::test::run_cli;
 using lockstep::test::run_command;
+using lockstep::test::check_same_ids;
 
 namespace {
 
@@ -64,31 +66,6 @@ std::vector<TokenId> tiktoken_ids(const Reference& ref, const fs::path& file, co
                              file.string() + "\" \"" + out.string() + "\"");
   REQUIRE_MESSAGE(r.code == 0, r.output);
   return read_u32(out);
-}
-
-std::string escaped(std::string_view bytes) {
-  std::string out;
-  for (const char c : bytes) {
-    const auto u = static_cast<unsigned char>(c);
-    out += u >= 0x20 && u < 0x7F ? std::string(1, c) : fmt::format("\\x{:02x}", u);
-  }
-  return out;
-}
-
-// Passes when `ours` is `theirs`; otherwise says where they part, with the text around it.
-void check_same_ids(const Tokenizer& t, const std::vector<TokenId>& ours,
-                    const std::vector<TokenId>& theirs, const std::string& what) {
-  std::size_t i = 0;
-  while (i < ours.size() && i < theirs.size() && ours[i] == theirs[i]) ++i;
-  if (i == ours.size() && i == theirs.size()) return;
-  const auto context = [&](const std::vector<TokenId>& ids) {
-    std::string s;
-    for (std::size_t k = i >= 3 ? i - 3 : 0; k < std::min(ids.size(), i + 4); ++k)
-      s += fmt::format("{}{}:'{}' ", k == i ? ">" : "", ids[k], escaped(t.token_bytes(ids[k])));
-    return s;
-  };
-  FAIL(what << ": " << ours.size() << " ids, tiktoken " << theirs.size() << "; first difference at id "
-            << i << "\n  ours:     " << context(ours) << "\n  tiktoken: " << context(theirs));
 }
 
 }  // namespace

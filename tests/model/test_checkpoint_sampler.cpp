@@ -135,6 +135,27 @@ TEST_SUITE("generate") {
     CHECK(cli_output(request) == r.prompt_text + r.text + "\n");
     request.prompt = "";  // starts from <|endoftext|>
     CHECK(lockstep::sample(request).prompt_tokens == std::vector<int>{static_cast<int>(*tokenizer.end_of_text())});
+    // A tokenizer that puts a BOS before each sequence (its post-processor's, as Llama 3's does)
+    // puts it before the prompt, as its documents were trained.
+    std::string merges;
+    for (const auto& [l, r] : lockstep::test::hand_vocab().merges)
+      merges += (merges.empty() ? "" : ", ") +
+                lockstep::test::json_string(lockstep::test::printable_token(l) + " " +
+                                            lockstep::test::printable_token(r));
+    const std::filesystem::path bos_dir = dir.path() / "bos";
+    std::filesystem::create_directories(bos_dir);
+    dir.write("bos/tokenizer.json",
+              R"({"pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false}, )"
+              R"("added_tokens": [{"id": 265, "content": "<|endoftext|>", "special": true}], )"
+              R"("post_processor": {"type": "TemplateProcessing", "single": [{"SpecialToken": )"
+              R"({"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}], )"
+              R"("special_tokens": {"<s>": {"id": "<s>", "ids": [265], "tokens": ["<s>"]}}}, )"
+              R"("model": {"type": "BPE", "vocab": )" +
+                  lockstep::test::vocab_json(lockstep::test::hand_vocab()) + ", \"merges\": [" +
+                  merges + "]}}");
+    request.tokenizer = bos_dir;
+    request.prompt = "the";
+    CHECK(lockstep::sample(request).prompt_tokens == std::vector<int>{265, 257});
   }
 
   TEST_CASE("sample: bad options throw InputError naming them as the caller spells them") {

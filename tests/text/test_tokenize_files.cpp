@@ -15,6 +15,7 @@
 #include "lockstep/error.hpp"
 #include "lockstep/tokenizer.hpp"
 #include "text/tokenize_files.hpp"
+#include "text/tokenizer_impl.hpp"
 #include "vocab_files.hpp"
 
 namespace fs = std::filesystem;
@@ -59,30 +60,71 @@ std::string jsonl_line(std::string_view text) {
   return out + "\"}\n";
 }
 
-}  // namespace
-
-TEST_CASE("tokenize_files: a safe cut leaves the pre-tokens as they were") {
-  std::mt19937 rng(1);
+// Checks, on 200 random texts (with invalid bytes when `invalid`), that every cut `rule` allows
+// leaves the pieces `split` makes of the text as they were; returns how many cuts it checked.
+template <class Split>
+int check_cuts(std::mt19937& rng, bool invalid, lockstep::detail::CutRule rule, Split split) {
   int cuts = 0;
   for (int round = 0; round < 200; ++round) {
-    const std::string text = mixed_text(rng, 300);
-    const std::vector<std::string> whole = pieces(text);
-    for (std::size_t p = lockstep::detail::safe_cut(text, 0); p != std::string_view::npos;
-         p = lockstep::detail::safe_cut(text, p + 1)) {
+    const std::string text = mixed_text(rng, 300, invalid);
+    const std::vector<std::string> whole = split(text);
+    for (std::size_t p = lockstep::detail::safe_cut(text, 0, rule); p != std::string_view::npos;
+         p = lockstep::detail::safe_cut(text, p + 1, rule)) {
       CAPTURE(text.substr(0, p));
-      std::vector<std::string> joined = pieces(std::string_view(text).substr(0, p));
-      const std::vector<std::string> after = pieces(std::string_view(text).substr(p));
+      std::vector<std::string> joined = split(std::string_view(text).substr(0, p));
+      const std::vector<std::string> after = split(std::string_view(text).substr(p));
       joined.insert(joined.end(), after.begin(), after.end());
       REQUIRE(joined == whole);
       ++cuts;
     }
   }
-  CHECK(cuts > 1000);
+  return cuts;
+}
+
+}  // namespace
+
+TEST_CASE("tokenize_files: a safe cut leaves the pre-tokens as they were") {
+  std::mt19937 rng(1);
+  CHECK(check_cuts(rng, true, lockstep::detail::CutRule::gpt2, pieces) > 1000);
   // Where a cut would change them: inside a run of spaces, between CR and LF's neighbours.
   CHECK(lockstep::detail::safe_cut("a  b", 0) == std::string_view::npos);
   CHECK(lockstep::detail::safe_cut("a\r\nb", 0) == std::string_view::npos);
   CHECK(lockstep::detail::safe_cut("a\nb", 0) == 2);
   CHECK(lockstep::detail::safe_cut("a. b", 0) == 2);
+}
+
+TEST_CASE("tokenize_files: Llama 3's and Qwen2's pieces break in \"a\\nb\", and long documents are cut there") {
+  const TempDir dir;
+  const std::string ranks = lockstep::test::rank_file(lockstep::test::random_vocab(400, 5));
+  for (const auto family : {lockstep::TokenizerFamily::llama3, lockstep::TokenizerFamily::qwen2}) {
+    const Tokenizer t = Tokenizer::load(dir.write("small.model", ranks), family);
+    REQUIRE(t.impl().pipeline.cut == lockstep::detail::CutRule::newline_between_letters);
+    lockstep::detail::PieceSplitter splitter(*t.impl().pipeline.steps.at(0).pattern);
+    const auto split = [&](std::string_view text) {
+      std::vector<lockstep::detail::MatchSpan> spans;
+      splitter.find(text, spans);
+      std::vector<std::string> out;
+      for (const auto& m : spans) out.emplace_back(text.substr(m.begin, m.end - m.begin));
+      return out;
+    };
+    std::mt19937 rng(3);
+    CHECK(check_cuts(rng, false, lockstep::detail::CutRule::newline_between_letters, split) > 50);
+    CHECK(lockstep::detail::safe_cut(".\nb", 0, lockstep::detail::CutRule::newline_between_letters) ==
+          std::string_view::npos);  // ".\n" is one of their pieces
+    // A long document in parts: the ids of the whole, after the family's document start.
+    std::string doc;
+    while (doc.size() < 100'000) doc += mixed_text(rng, 200) + "a\nb";
+    lockstep::TokenizeOptions opt;
+    opt.inputs = {dir.write("doc.txt", doc)};
+    opt.out = dir.path() / "out.bin";
+    lockstep::tokenize_files(t, opt);
+    std::vector<TokenId> expected = t.document_start();
+    t.encode(doc, expected);
+    CHECK(lockstep::test::read_llmc(opt.out) == expected);
+    CHECK(expected.front() == (family == lockstep::TokenizerFamily::llama3
+                                   ? *t.special_token("<|begin_of_text|>")
+                                   : *t.special_token("<|endoftext|>")));
+  }
 }
 
 TEST_CASE("tokenize_files: documents become <|endoftext|> and their ids, read back as llm.c tokens") {

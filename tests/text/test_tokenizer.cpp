@@ -232,38 +232,6 @@ TEST_CASE("tokenizer: vocab.json and merges.txt are refused with their line for 
         "merges.txt:3: empty line: expected a merge \"LEFT RIGHT\"");
 }
 
-TEST_CASE("tokenizer: tokenizer.json is read, and a tokenizer that is not GPT-2's refused") {
-  const lockstep::test::SmallVocab v = lockstep::test::hand_vocab();
-  std::string merges_json = "[";
-  for (const auto& [l, r] : v.merges)
-    merges_json += (merges_json.size() > 1 ? ", " : "") +
-                   lockstep::test::json_string(lockstep::test::printable_token(l) + " " +
-                                               lockstep::test::printable_token(r));
-  merges_json += "]";
-  const auto tokenizer_json = [&](const std::string& pre, const std::string& type) {
-    return "{\"version\": \"1.0\", \"normalizer\": null,\n\"pre_tokenizer\": " + pre +
-           ",\n\"added_tokens\": [{\"id\": 265, \"content\": \"<|endoftext|>\", \"special\": true}],\n"
-           "\"model\": {\"type\": " + type + ", \"dropout\": null,\n\"vocab\": " +
-           lockstep::test::vocab_json(v) + ",\n\"merges\": " + merges_json + "}}";
-  };
-  const std::string byte_level = "{\"type\": \"ByteLevel\", \"add_prefix_space\": false}";
-  const TempDir dir;
-  const Tokenizer t = Tokenizer::load(dir.write("tokenizer.json", tokenizer_json(byte_level, "\"BPE\"")));
-  CHECK(t.encode("the abcd\n\n") == std::vector<TokenId>{257, ' ', 262, 264});
-  CHECK(t.end_of_text() == 265u);
-  const std::string name = (dir.path() / "bad.json").string();
-  CHECK(load_error(dir.write("bad.json", tokenizer_json(byte_level, "\"WordPiece\""))) ==
-        name + ":4: model.type: expected \"BPE\": lockstep reads GPT-2's byte-level BPE only");
-  CHECK(load_error(dir.write("bad.json", tokenizer_json(
-            "{\"type\": \"ByteLevel\", \"add_prefix_space\": true}", "\"BPE\""))) ==
-        name + ":2: pre_tokenizer.add_prefix_space: expected false: lockstep reads GPT-2's "
-               "byte-level BPE only");
-  CHECK(load_error(dir.write("bad.json", tokenizer_json("{\"type\": \"Whitespace\"}", "\"BPE\"")))
-            .starts_with(name + ":2: pre_tokenizer: expected {\"type\": \"ByteLevel\"}"));
-  CHECK(load_error(dir.write("bad.json", tokenizer_json(byte_level, "\"BPE\"").substr(0, 300)))
-            .starts_with(name + ":"));
-}
-
 TEST_CASE("tokenizer: what load refuses to guess") {
   const TempDir dir;
   const std::string d = dir.path().string();
