@@ -199,10 +199,17 @@ class LOCKSTEP_API Model {
   std::size_t param_count_ = 0;
 };
 
+// Where backward accumulates layer i's parameter gradients: the start of the region at its
+// Model::read_offset (a tied layer's is the tied layer's). Unset: the replica's own gradient
+// buffer. ZeRO-2 hands out its bucket buffers instead (Note [ZeRO-2] in src/train/reducer.hpp).
+using GradientTarget = std::function<float*(std::size_t layer)>;
+
 class LOCKSTEP_API Replica {
  public:
+  // own_gradients false: no gradient buffer (grads() is null, gradients() empty); backward and
+  // warm_up then need a GradientTarget.
   Replica(Device& device, const Model& model, int max_batch,
-          Precision precision = Precision::fp32);
+          Precision precision = Precision::fp32, bool own_gradients = true);
 
   Device& device() noexcept { return *device_; }
   const Model& model() const noexcept { return *model_; }
@@ -236,8 +243,10 @@ class LOCKSTEP_API Replica {
   // grads_ready(layer index) so a reducer can start on them; layers run last to first.
   // When dlogits_bf16() is not null, dlogits is first rounded into it; or dlogits may be null,
   // and backward starts from the bf16 gradient already there.
+  // `target`, when set, says where each layer's parameter gradients go (GradientTarget).
   void backward(const float* x, const float* dlogits, int batch,
-                const std::function<void(std::size_t)>& grads_ready = {});
+                const std::function<void(std::size_t)>& grads_ready = {},
+                const GradientTarget& target = {});
   // bf16 with a last layer whose dout_bf16() is true (a GPT's LM head): the gradient of the
   // logits rounded to bf16 (B, outputs), which a loss may write directly
   // (softmax_cross_entropy's bf16 forms) before backward(x, nullptr, ...); forward and
@@ -248,8 +257,9 @@ class LOCKSTEP_API Replica {
   // the logits, then the gradients zeroed: what a device makes on the first product of each
   // shape (oneDNN primitives, cuBLAS's set-up) is made here rather than in the first step
   // (Note [Warm-up] in src/train/worker_loop.hpp). The parameters are left alone; activations
-  // and gradients keep nothing that a later forward and backward would read.
-  void warm_up(int batch);
+  // and gradients keep nothing that a later forward and backward would read. `target`: as for
+  // backward; the gradients written there are left as they are.
+  void warm_up(int batch, const GradientTarget& target = {});
 
  private:
   // Layer i's workspace: its saved buffer, the shared scratch, and its bf16 parameters.

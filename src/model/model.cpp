@@ -143,14 +143,15 @@ std::size_t elements(int batch, int features) {
 
 }  // namespace
 
-Replica::Replica(Device& device, const Model& model, int max_batch, Precision precision)
+Replica::Replica(Device& device, const Model& model, int max_batch, Precision precision,
+                 bool own_gradients)
     : device_(&device),
       model_(&model),
       max_batch_(checked_max_batch(max_batch)),
       precision_(precision),
       params_(device, model.param_count()),
       params_bf16_(device, precision == Precision::bf16 ? model.param_count() : 0),
-      grads_(device, model.param_count()) {
+      grads_(device, own_gradients ? model.param_count() : 0) {
   // Activation gradients are layers' din: as wide as the widest input after the first layer.
   int din_width = 1;
   std::size_t scratch = 0;
@@ -224,8 +225,11 @@ const std::uint16_t* Replica::forward_bf16(const float* x, int batch) {
 // Layer i writes its din into dbuf_[i % 2] and reads its dout from dbuf_[(i + 1) % 2], which
 // layer i + 1 wrote; the last layer reads dlogits, the first writes no din.
 void Replica::backward(const float* x, const float* dlogits, int batch,
-                       const std::function<void(std::size_t)>& grads_ready) {
+                       const std::function<void(std::size_t)>& grads_ready,
+                       const GradientTarget& target) {
   check_batch(batch, max_batch_);
+  if (!target && grads_.size() != model_->param_count())
+    throw std::invalid_argument("replica: backward without a gradient buffer needs a target");
   const auto& layers = model_->layers();
   if (dlogits_bf16_.size() && dlogits)
     device_->to_bf16(dlogits, dlogits_bf16_.data(), elements(batch, layers.back()->out_features()));
@@ -237,8 +241,10 @@ void Replica::backward(const float* x, const float* dlogits, int batch,
     float* din = i == 0 ? nullptr : dbuf_[i % 2].data();
     const std::size_t offset = model_->read_offset(i);
     const detail::NvtxRange range("backward layers.", i);
-    layers[i]->backward(*device_, params_.data() + offset, grads_.data() + offset, in,
-                        acts_[i].data(), dout, din, batch, workspace(i));
+    const bool has_grads = layers[i]->param_count() > 0 || layers[i]->tied_to() >= 0;
+    float* grads = !has_grads ? nullptr : target ? target(i) : grads_.data() + offset;
+    layers[i]->backward(*device_, params_.data() + offset, grads, in, acts_[i].data(), dout, din,
+                        batch, workspace(i));
     if (grads_ready && layers[i]->param_count() > 0) grads_ready(i);
   }
 }
@@ -246,13 +252,13 @@ void Replica::backward(const float* x, const float* dlogits, int batch,
 // The logits' buffer, zeroed, serves as their gradient: the last layer's backward only reads
 // it, as it reads its output, and the next forward overwrites it. With a bf16 LM head backward
 // rounds it into dlogits_bf16_, the buffer the loss writes in a step.
-void Replica::warm_up(int batch) {
+void Replica::warm_up(int batch, const GradientTarget& target) {
   check_batch(batch, max_batch_);
   const DeviceArray<float> x(*device_, elements(batch, model_->inputs()));  // allocated zeroed
   forward(x.data(), batch);
   float* dlogits = acts_.back().data();
   device_->fill(dlogits, 0.0f, elements(batch, model_->outputs()));
-  backward(x.data(), dlogits, batch);
+  backward(x.data(), dlogits, batch, {}, target);
   zero_grads();
 }
 

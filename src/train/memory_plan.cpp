@@ -43,18 +43,34 @@ double optimizer_vectors(const OptimizerConfig& opt) {
   return opt.momentum != 0.0 ? 1 : 0;
 }
 
-// The parameters whose optimiser state one worker holds: all of them, or under trainer.zero 1
-// its shard of every bucket (Note [ZeRO-1] in reducer.hpp), the most any rank holds.
-double optimizer_elements(const Config& cfg, const Model& model, int ranks) {
-  if (cfg.trainer.zero != 1 || ranks <= 1) return static_cast<double>(model.param_count());
-  const std::vector<Bucket> buckets = plan_buckets(model, cfg.trainer.bucket_cap_mb);
+// The elements of every bucket's shard that the rank holding the most holds (Note [ZeRO-1] in
+// reducer.hpp).
+std::size_t largest_shard(const std::vector<Bucket>& buckets, int ranks) {
   std::size_t most = 0;
   for (int rank = 0; rank < ranks; ++rank) {
     std::size_t held = 0;
     for (const Bucket& b : buckets) held += shard_range(b.end - b.begin, ranks, rank, kZeroGrain).size();
     most = std::max(most, held);
   }
-  return static_cast<double>(most);
+  return most;
+}
+
+// The parameters whose optimiser state one worker holds: all of them, or under trainer.zero 1
+// and 2 its shard of every bucket (Note [ZeRO-1] in reducer.hpp), the most any rank holds.
+double optimizer_elements(const Config& cfg, const Model& model, int ranks) {
+  if (cfg.trainer.zero < 1 || ranks <= 1) return static_cast<double>(model.param_count());
+  return static_cast<double>(largest_shard(plan_buckets(model, cfg.trainer.bucket_cap_mb), ranks));
+}
+
+// The gradient floats one worker holds: the whole buffer, or under trainer.zero 2 without
+// accumulation its shards and the buckets' buffers (Note [ZeRO-2] in reducer.hpp), as the
+// reducer allocates them.
+double gradient_elements(const Config& cfg, const Model& model, int ranks) {
+  if (cfg.trainer.zero != 2 || cfg.trainer.accumulate_steps != 1)
+    return static_cast<double>(model.param_count());
+  const std::vector<Bucket> buckets = plan_buckets(model, cfg.trainer.bucket_cap_mb);
+  return static_cast<double>(largest_shard(buckets, std::max(ranks, 1)) +
+                             plan_gradient_slots(model, buckets).floats);
 }
 
 // Floats of a layer's workspace or scratch for `batch`: its size at the batch itself, unless
@@ -155,9 +171,12 @@ MemoryPlan plan_memory(const Config& cfg, const Model& model, const Dataset& tra
   // bf16 compute: the replica's bf16 copy of the parameters too (2 bytes each).
   p.parameters = cfg.trainer.precision == Precision::bf16 ? 1.5 * params : params;
   // With a bf16 all-reduce, the reducer's bf16 copy of the buckets too (2 bytes a parameter).
-  p.gradients = cfg.trainer.grad_reduce_dtype == ReduceDtype::bf16 ? 1.5 * params : params;
+  p.gradients = gradient_elements(cfg, model, ranks) * kFloat +
+                (cfg.trainer.grad_reduce_dtype == ReduceDtype::bf16 ? 0.5 * params : 0.0);
   p.optimizer = optimizer_vectors(cfg.optimizer) * optimizer_elements(cfg, model, ranks) * kFloat;
-  if (cfg.trainer.zero == 1 && ranks > 1) p.zero_ranks = ranks;
+  if (cfg.trainer.zero >= 1 && ranks > 1) p.zero_ranks = ranks;
+  p.zero = cfg.trainer.zero;
+  p.gradients_sharded = cfg.trainer.zero == 2 && cfg.trainer.accumulate_steps == 1;
   p.activations = activation_bytes(model, batch, cfg.trainer.precision);
   if (cudnn_attention) {
     const int heads = cfg.model.n_head;
@@ -187,11 +206,15 @@ void check_memory_plan(const MemoryPlan& plan, const MemoryLimit& limit, const C
 
 std::string describe(const MemoryPlan& p, const MemoryLimit& limit) {
   return fmt::format(
-      "{} per worker (parameters {}, gradients {}, optimizer {}{}, activations {}, staging {}{}) "
+      "{} per worker (parameters {}, gradients {}{}, optimizer {}{}, activations {}, staging {}{}) "
       "x {} worker(s){}; host {} (dataset {}) of {} available ({})",
       format_bytes(p.per_worker()), format_bytes(p.parameters), format_bytes(p.gradients),
+      p.gradients_sharded ? std::string(" as ZeRO-2 shards and buckets")
+      : p.zero == 2       ? std::string(" whole: ZeRO-2 with accumulation")
+                          : std::string(),
       format_bytes(p.optimizer),
-      p.zero_ranks > 1 ? fmt::format(" as a ZeRO-1 shard of {}", p.zero_ranks) : std::string(),
+      p.zero_ranks > 1 ? fmt::format(" as a ZeRO-{} shard of {}", p.zero, p.zero_ranks)
+                       : std::string(),
       format_bytes(p.activations), format_bytes(p.staging),
       p.attention_workspace > 0
           ? fmt::format(", cuDNN attention {}", format_bytes(p.attention_workspace))

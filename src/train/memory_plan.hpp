@@ -26,7 +26,11 @@ struct MemoryPlan {
   // One worker's bytes; under trainer.zero 1 the optimiser state of the worker that holds the
   // most (shards differ by at most a grain per bucket), as the summary reports it.
   double parameters = 0, gradients = 0, optimizer = 0, activations = 0, staging = 0;
-  int zero_ranks = 0;              // trainer.zero 1: the ranks that share the optimiser state
+  int zero_ranks = 0;              // trainer.zero 1, 2: the ranks that share the optimiser state
+  int zero = 0;                    // trainer.zero
+  // trainer.zero 2 without accumulation: `gradients` are the worker's shards and the buckets'
+  // buffers (Note [ZeRO-2] in reducer.hpp); otherwise the whole buffer.
+  bool gradients_sharded = false;
   // cuDNN's fused attention backward, in the device's own working memory (cuda, bf16, fused):
   // cudnn_attention_backward_bytes at the run's shape.
   double attention_workspace = 0;
