@@ -125,6 +125,9 @@ struct LOCKSTEP_API TrainerConfig {
   // 1: ZeRO-1, optimiser state sharded (Note [ZeRO-1] in src/train/reducer.hpp); 2: ZeRO-2,
   // the gradients too (Note [ZeRO-2])
   int zero = 0;
+  // full: a block keeps only its input; backward reruns its forward first (Note
+  // [Recomputation] in src/model/model.cpp). selective is not implemented yet.
+  Recompute recompute = Recompute::none;
   // cuda: each micro-batch's forward and backward replayed as CUDA graphs (Note [Step graphs]
   // in src/train/step_graphs.hpp); auto keeps them where they measured faster
   GraphMode cuda_graphs = GraphMode::automatic;

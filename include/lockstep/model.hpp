@@ -188,6 +188,12 @@ class LOCKSTEP_API Model {
   // Where layer i's parameters are read from: its own block, or the block of the layer it is
   // tied to.
   std::size_t read_offset(std::size_t layer) const;
+  // Recomputable layers (a transformer block): under Recompute::full a replica keeps only their
+  // input and reruns their forward in backward (Note [Recomputation] in src/model/model.cpp).
+  // A layer so marked must have a forward that is a pure function of its parameters and input,
+  // writing only its output and LayerWorkspace::saved, never a last layer.
+  void mark_recomputable(std::size_t layer);
+  bool recomputable(std::size_t layer) const { return recomputable_.at(layer) != 0; }
 
   // The initial parameters, drawn on the host from `seed` alone: the same for any device count.
   std::vector<float> initial_parameters(std::uint64_t seed) const;
@@ -197,6 +203,7 @@ class LOCKSTEP_API Model {
   std::vector<std::string> names_;
   std::vector<std::size_t> offsets_;
   std::size_t param_count_ = 0;
+  std::vector<char> recomputable_;
 };
 
 // Where backward accumulates layer i's parameter gradients: the start of the region at its
@@ -207,9 +214,11 @@ using GradientTarget = std::function<float*(std::size_t layer)>;
 class LOCKSTEP_API Replica {
  public:
   // own_gradients false: no gradient buffer (grads() is null, gradients() empty); backward and
-  // warm_up then need a GradientTarget.
+  // warm_up then need a GradientTarget. recompute full: the model's recomputable layers share
+  // one saved workspace and rerun their forward in backward (Note [Recomputation]).
   Replica(Device& device, const Model& model, int max_batch,
-          Precision precision = Precision::fp32, bool own_gradients = true);
+          Precision precision = Precision::fp32, bool own_gradients = true,
+          Recompute recompute = Recompute::none);
 
   Device& device() noexcept { return *device_; }
   const Model& model() const noexcept { return *model_; }
@@ -264,6 +273,8 @@ class LOCKSTEP_API Replica {
  private:
   // Layer i's workspace: its saved buffer, the shared scratch, and its bf16 parameters.
   LayerWorkspace workspace(std::size_t layer);
+  // Whether layer i's forward is rerun in backward (Note [Recomputation]).
+  bool recomputes(std::size_t layer) const;
   // The layers' forward; the last writes bf16 logits into dlogits_bf16_ when there is one.
   void run_forward(const float* x, int batch);
 
@@ -275,7 +286,12 @@ class LOCKSTEP_API Replica {
   DeviceArray<std::uint16_t> params_bf16_;  // bf16 only: to_bf16(params_)
   DeviceArray<float> grads_;
   std::vector<DeviceArray<float>> acts_;   // acts_[i] = output of layer i
+  Recompute recompute_;
   std::vector<DeviceArray<float>> saved_;  // saved_[i] = layer i's LayerWorkspace::saved
+  // Recompute::full: the saved workspace every recomputed layer shares, and the layer whose
+  // forward of the latest batch it holds (npos: none).
+  DeviceArray<float> shared_saved_;
+  std::size_t shared_holds_ = static_cast<std::size_t>(-1);
   DeviceArray<float> scratch_;             // shared LayerWorkspace::scratch
   DeviceArray<float> dbuf_[2];             // ping-pong activation gradients
   DeviceArray<std::uint16_t> dlogits_bf16_;  // see dlogits_bf16()

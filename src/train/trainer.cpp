@@ -391,10 +391,11 @@ detail::MemoryPlan Trainer::Impl::check_memory(const Backend& b, const Config& c
       if (d.memory_bytes > 0 && plan.per_worker() > static_cast<double>(d.memory_bytes) &&
           std::find(cfg.trainer.devices.begin(), cfg.trainer.devices.end(), d.id) !=
               cfg.trainer.devices.end())
-        throw InputError(fmt::format("{}: {} needs {} per worker; {}:{} has {}", cfg.source,
+        throw InputError(fmt::format("{}: {} needs {} per worker; {}:{} has {}{}", cfg.source,
                                      plan.driver, detail::format_bytes(plan.per_worker()),
                                      d.backend, d.id,
-                                     detail::format_bytes(static_cast<double>(d.memory_bytes))));
+                                     detail::format_bytes(static_cast<double>(d.memory_bytes)),
+                                     detail::memory_suggestion(plan)));
   return plan;
 }
 

@@ -155,7 +155,7 @@ void WorkerLoop::set_up(Backend& backend) {
   // ZeRO-2 without accumulation: no whole gradient buffer (Note [ZeRO-2]).
   res_.replica = allocating("the model replica (parameters, gradients, activations)", [&] {
     return std::make_unique<Replica>(dev, run_.model, run_.cfg.data.batch_size, tc.precision,
-                                     /*own_gradients=*/!shards_gradients());
+                                     /*own_gradients=*/!shards_gradients(), tc.recompute);
   });
   Replica& replica = *res_.replica;
   replica.load_parameters(resume ? std::span<const float>(resume->params) : run_.initial);

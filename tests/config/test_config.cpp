@@ -699,7 +699,8 @@ TEST_CASE("config: a nested section's keys are named by their leaves") {
   CHECK(contains(error_of("trainer: {steps: 1, ckpt: runs}\n"),
                  "valid keys: backend, devices, steps, epochs, seed, log_every, eval_every, "
                  "check_replicas_every, threads_per_device, comm, precision, bucket_cap_mb, "
-                 "overlap, grad_reduce_dtype, accumulate_steps, zero, cuda_graphs, trace, report, "
+                 "overlap, grad_reduce_dtype, accumulate_steps, zero, recompute, cuda_graphs, trace, "
+                 "report, "
                  "metrics, "
                  "on_nonfinite, max_nonfinite_skips, step_timeout_s, stop_grace_s, "
                  "on_worker_failure, min_workers, keep_global_batch, snapshot_every, checkpoint.dir, "
