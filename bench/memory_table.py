@@ -50,12 +50,13 @@ def plan(lockstep, data, overrides):
         cmd += ["--set", o]
     r = subprocess.run(cmd, capture_output=True, text=True)
     out = r.stdout + r.stderr
-    m = re.search(r"memory plan: (\S+ \S+) per worker \(parameters (\S+ \S+), gradients (\S+ \S+)"
-                  r"[^,]*, optimizer (\S+ \S+)[^,]*, activations (\S+ \S+)", out)
+    size = r"([\d.]+ [KMGT]?i?B)"
+    m = re.search(rf"memory plan: {size} per worker \(parameters {size}, gradients {size}"
+                  rf"[^,]*, optimizer {size}[^,]*, activations {size}", out)
     if r.returncode == 0 and m:
         return {"fits": True, "total": to_bytes(m[1]), "params": to_bytes(m[2]),
                 "grads": to_bytes(m[3]), "opt": to_bytes(m[4]), "acts": to_bytes(m[5])}
-    m = re.search(r"needs (\S+ \S+) per worker", out)
+    m = re.search(r"needs ([\d.]+ [KMGT]?i?B) per worker", out)
     if m:
         return {"fits": False, "total": to_bytes(m[1])}
     raise RuntimeError(f"{' '.join(cmd)}:\n{out}")
@@ -114,7 +115,7 @@ def measured(lockstep, data):
             for o in overrides:
                 cmd += ["--set", o]
             dry = subprocess.run(cmd + ["--dry-run"], capture_output=True, text=True, check=True)
-            host = to_bytes(re.search(r"; host (\S+ \S+)", dry.stdout)[1])
+            host = to_bytes(re.search(r"; host ([\d.]+ [KMGT]?i?B)", dry.stdout)[1])
             pid = os.fork()
             if pid == 0:
                 devnull = os.open(os.devnull, os.O_WRONLY)
