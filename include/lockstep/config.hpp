@@ -122,7 +122,12 @@ struct LOCKSTEP_API TrainerConfig {
   // bf16_compress_hook; Note [bf16 gradient reduction] in src/train/reducer.hpp)
   ReduceDtype grad_reduce_dtype = ReduceDtype::fp32;
   int accumulate_steps = 1;       // micro-batches per optimiser step; all-reduce after the last
-  int zero = 0;                   // 1: ZeRO-1, optimiser state sharded (Note [ZeRO-1], zero.hpp)
+  // 1: ZeRO-1, optimiser state sharded (Note [ZeRO-1] in src/train/reducer.hpp); 2: ZeRO-2,
+  // the gradients too (Note [ZeRO-2])
+  int zero = 0;
+  // full: a block keeps only its input; backward reruns its forward first (Note
+  // [Recomputation] in src/model/model.cpp). selective is not implemented yet.
+  Recompute recompute = Recompute::none;
   // cuda: each micro-batch's forward and backward replayed as CUDA graphs (Note [Step graphs]
   // in src/train/step_graphs.hpp); auto keeps them where they measured faster
   GraphMode cuda_graphs = GraphMode::automatic;

@@ -188,6 +188,12 @@ class LOCKSTEP_API Model {
   // Where layer i's parameters are read from: its own block, or the block of the layer it is
   // tied to.
   std::size_t read_offset(std::size_t layer) const;
+  // Recomputable layers (a transformer block): under Recompute::full a replica keeps only their
+  // input and reruns their forward in backward (Note [Recomputation] in src/model/model.cpp).
+  // A layer so marked must have a forward that is a pure function of its parameters and input,
+  // writing only its output and LayerWorkspace::saved, never a last layer.
+  void mark_recomputable(std::size_t layer);
+  bool recomputable(std::size_t layer) const { return recomputable_.at(layer) != 0; }
 
   // The initial parameters, drawn on the host from `seed` alone: the same for any device count.
   std::vector<float> initial_parameters(std::uint64_t seed) const;
@@ -197,12 +203,22 @@ class LOCKSTEP_API Model {
   std::vector<std::string> names_;
   std::vector<std::size_t> offsets_;
   std::size_t param_count_ = 0;
+  std::vector<char> recomputable_;
 };
+
+// Where backward accumulates layer i's parameter gradients: the start of the region at its
+// Model::read_offset (a tied layer's is the tied layer's). Unset: the replica's own gradient
+// buffer. ZeRO-2 hands out its bucket buffers instead (Note [ZeRO-2] in src/train/reducer.hpp).
+using GradientTarget = std::function<float*(std::size_t layer)>;
 
 class LOCKSTEP_API Replica {
  public:
+  // own_gradients false: no gradient buffer (grads() is null, gradients() empty); backward and
+  // warm_up then need a GradientTarget. recompute full: the model's recomputable layers share
+  // one saved workspace and rerun their forward in backward (Note [Recomputation]).
   Replica(Device& device, const Model& model, int max_batch,
-          Precision precision = Precision::fp32);
+          Precision precision = Precision::fp32, bool own_gradients = true,
+          Recompute recompute = Recompute::none);
 
   Device& device() noexcept { return *device_; }
   const Model& model() const noexcept { return *model_; }
@@ -236,8 +252,10 @@ class LOCKSTEP_API Replica {
   // grads_ready(layer index) so a reducer can start on them; layers run last to first.
   // When dlogits_bf16() is not null, dlogits is first rounded into it; or dlogits may be null,
   // and backward starts from the bf16 gradient already there.
+  // `target`, when set, says where each layer's parameter gradients go (GradientTarget).
   void backward(const float* x, const float* dlogits, int batch,
-                const std::function<void(std::size_t)>& grads_ready = {});
+                const std::function<void(std::size_t)>& grads_ready = {},
+                const GradientTarget& target = {});
   // bf16 with a last layer whose dout_bf16() is true (a GPT's LM head): the gradient of the
   // logits rounded to bf16 (B, outputs), which a loss may write directly
   // (softmax_cross_entropy's bf16 forms) before backward(x, nullptr, ...); forward and
@@ -248,12 +266,15 @@ class LOCKSTEP_API Replica {
   // the logits, then the gradients zeroed: what a device makes on the first product of each
   // shape (oneDNN primitives, cuBLAS's set-up) is made here rather than in the first step
   // (Note [Warm-up] in src/train/worker_loop.hpp). The parameters are left alone; activations
-  // and gradients keep nothing that a later forward and backward would read.
-  void warm_up(int batch);
+  // and gradients keep nothing that a later forward and backward would read. `target`: as for
+  // backward; the gradients written there are left as they are.
+  void warm_up(int batch, const GradientTarget& target = {});
 
  private:
   // Layer i's workspace: its saved buffer, the shared scratch, and its bf16 parameters.
   LayerWorkspace workspace(std::size_t layer);
+  // Whether layer i's forward is rerun in backward (Note [Recomputation]).
+  bool recomputes(std::size_t layer) const;
   // The layers' forward; the last writes bf16 logits into dlogits_bf16_ when there is one.
   void run_forward(const float* x, int batch);
 
@@ -265,7 +286,12 @@ class LOCKSTEP_API Replica {
   DeviceArray<std::uint16_t> params_bf16_;  // bf16 only: to_bf16(params_)
   DeviceArray<float> grads_;
   std::vector<DeviceArray<float>> acts_;   // acts_[i] = output of layer i
+  Recompute recompute_;
   std::vector<DeviceArray<float>> saved_;  // saved_[i] = layer i's LayerWorkspace::saved
+  // Recompute::full: the saved workspace every recomputed layer shares, and the layer whose
+  // forward of the latest batch it holds (npos: none).
+  DeviceArray<float> shared_saved_;
+  std::size_t shared_holds_ = static_cast<std::size_t>(-1);
   DeviceArray<float> scratch_;             // shared LayerWorkspace::scratch
   DeviceArray<float> dbuf_[2];             // ping-pong activation gradients
   DeviceArray<std::uint16_t> dlogits_bf16_;  // see dlogits_bf16()

@@ -68,6 +68,9 @@ struct LOCKSTEP_API WorkerTimes {
   double data_wait_s = 0.0;
   double barrier_wait_s = 0.0;
   std::size_t optimizer_state_bytes = 0;  // held on this worker's device (1/N with trainer.zero)
+  // Gradients held on this worker's device: the whole buffer, or with trainer.zero 2 its shards
+  // and the buckets' buffers (Note [ZeRO-2] in src/train/reducer.hpp).
+  std::size_t gradient_bytes = 0;
 };
 
 struct LOCKSTEP_API Summary {
@@ -268,6 +271,9 @@ class LOCKSTEP_API Trainer {
   // (Note [Memory plan] in src/train/memory_plan.hpp), as one line of text. Throws InputError,
   // naming the key that drives it, when it does not fit; run() checks the same before step 1.
   std::string memory_plan() const;
+  // The plan at trainer.zero 0, 1 and 2, one line each ("zero 0: ..."), whether each fits or
+  // not (a line that does not says so), for --dry-run --compare-zero.
+  std::string memory_plans_by_zero() const;
 
   // Continue from a checkpoint: its weights, optimiser state, step (and so the learning-rate
   // schedule) and sampler position. Throws InputError if it was written for another model or

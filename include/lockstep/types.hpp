@@ -39,6 +39,10 @@ enum class AttentionKind { automatic, fused, materialized };
 // (trainer.cuda_graphs; Note [Step graphs] in src/train/step_graphs.hpp): `automatic` ("auto")
 // keeps them only where they measured faster than launching each kernel.
 enum class GraphMode { automatic, on, off };
+// trainer.recompute (Note [Recomputation] in src/model/model.cpp): none keeps every layer's
+// saved activations; full keeps a recomputable layer's input only and reruns its forward in
+// backward.
+enum class Recompute { none, full };
 
 // The config's spelling of each value (src/config/schema.hpp reads the same tables).
 LOCKSTEP_API std::string_view to_string(Activation);
@@ -54,6 +58,7 @@ LOCKSTEP_API std::string_view to_string(Precision);
 LOCKSTEP_API std::string_view to_string(ReduceDtype);
 LOCKSTEP_API std::string_view to_string(AttentionKind);
 LOCKSTEP_API std::string_view to_string(GraphMode);
+LOCKSTEP_API std::string_view to_string(Recompute);
 
 // The backend a spelling of trainer.backend names ("auto", "cpu", "cuda"); nullopt for any other
 // text. For options outside a config: `lockstep sample --backend`, Python's sample(backend=).

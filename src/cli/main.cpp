@@ -27,7 +27,7 @@ namespace {
 // `lockstep train --help` prints this part of the usage, then the config keys.
 constexpr std::string_view kTrainUsage =
     R"(train CONFIG [--set KEY=VALUE]... [--summary-json FILE] [--scaling N,N,...]
-        [--resume [DIR|FILE] | --init-from CKPT] [--overwrite] [--dry-run]
+        [--resume [DIR|FILE] | --init-from CKPT] [--overwrite] [--dry-run [--compare-zero]]
                       train the model described by the YAML file CONFIG on every
                       configured device; --set overrides a config key (repeatable),
                       e.g. --set trainer.devices=4 --set optimizer.lr=0.05;
@@ -45,7 +45,8 @@ constexpr std::string_view kTrainUsage =
                       (trainer.checkpoint.overwrite: true).
                       --dry-run checks everything, prints the memory plan (bytes
                       per worker and on the host, against what this process may
-                      use) and stops before step 1.
+                      use) and stops before step 1; with --compare-zero, the
+                      plans at trainer.zero 0, 1 and 2, side by side.
                       SIGINT/SIGTERM finish the step, write a checkpoint and exit
                       130/143; a second SIGINT exits at once
 )";

@@ -130,7 +130,7 @@ void print_summary(std::FILE* out, const Summary& s) {
              s.buckets, s.overlap ? "on" : "off", s.comm_mode, s.accumulate_steps);
   // ZeRO-1 reduce-scatters the gradients and all-gathers the parameters instead.
   fmt::print(out, "  {:<20}{:.3f} s per worker, {:.0f}% hidden behind backward\n",
-             s.zero == 1 ? "scatter + gather" : "all-reduce", s.comm_s,
+             s.zero >= 1 ? "scatter + gather" : "all-reduce", s.comm_s,
              100.0 * s.comm_hidden_fraction);
   fmt::print(out, "  gradient bytes      {} per step per worker to the collectives ({})\n",
              s.reduce_bytes_per_step, s.reduce_dtype);

@@ -40,6 +40,7 @@ struct TrainArgs {
   std::optional<std::string> resume;  // "" = trainer.checkpoint.dir
   std::string init_from;              // weights only: a checkpoint, an export or an HF directory
   bool dry_run = false;  // print the run's plan (steps, memory) and stop before step 1
+  bool compare_zero = false;  // --dry-run: the memory plan at trainer.zero 0, 1 and 2
 };
 
 std::vector<int> parse_counts(std::string_view flag, const std::string& text) {
@@ -89,6 +90,8 @@ TrainArgs parse_train_args(const std::vector<std::string_view>& args) {
       out.overrides.push_back("trainer.checkpoint.overwrite=true");
     } else if (a == "--dry-run") {
       out.dry_run = true;
+    } else if (a == "--compare-zero") {
+      out.compare_zero = true;
     } else if (a == "--scaling" || a.starts_with("--scaling=")) {
       out.scaling = parse_counts("--scaling", value("--scaling"));
     } else if (a.starts_with("-")) {
@@ -100,6 +103,8 @@ TrainArgs parse_train_args(const std::vector<std::string_view>& args) {
     }
   }
   if (out.config.empty()) throw InputError("train: expected a CONFIG file; see lockstep --help");
+  if (out.compare_zero && !out.dry_run)
+    throw InputError("train: --compare-zero shows the memory plans of a --dry-run: add --dry-run");
   if (!out.init_from.empty() && out.resume)
     throw InputError("train: --resume continues a run exactly, --init-from starts a new one from "
                      "weights: give one or the other");
@@ -513,6 +518,10 @@ int train(const std::vector<std::string_view>& argv,
     if (cfg.model.type == "gpt") {
       const AttentionChoice attention = attention_choice(cfg);
       fmt::print("attention: {}: {}\n", to_string(attention.path), attention.detail);
+    }
+    if (args.compare_zero) {
+      fmt::print("memory plans by trainer.zero:\n{}", trainer.memory_plans_by_zero());
+      return kExitOk;
     }
     fmt::print("memory plan: {}\n", trainer.memory_plan());
     return kExitOk;

@@ -116,9 +116,9 @@ void check_config(const Config& c, const Origins& origins, Problems& problems) {
                                            other("trainer.epochs", t.epochs)));
   }
   if (readable({"trainer.grad_reduce_dtype", "trainer.zero"}) &&
-      t.grad_reduce_dtype == ReduceDtype::bf16 && t.zero == 1)
+      t.grad_reduce_dtype == ReduceDtype::bf16 && t.zero >= 1)
     fail_at("trainer.grad_reduce_dtype",
-            fmt::format("bf16 with {} is not implemented yet; use fp32 with ZeRO-1",
+            fmt::format("bf16 with {} is not implemented yet; use fp32 with ZeRO",
                         other("trainer.zero", t.zero)));
   const OptimizerConfig& o = c.optimizer;
   if (readable({"optimizer.type", "optimizer.momentum"}) && o.type == OptimizerKind::adamw &&

@@ -91,6 +91,7 @@ std::string_view to_string(WorkerFailurePolicy v) { return spelling(kWorkerFailu
 std::string_view to_string(Precision v) { return spelling(kPrecisions, v); }
 std::string_view to_string(ReduceDtype v) { return spelling(kReduceDtypes, v); }
 std::string_view to_string(GraphMode v) { return spelling(kGraphModes, v); }
+std::string_view to_string(Recompute v) { return spelling(kRecomputeModes, v); }
 std::string_view to_string(AttentionKind v) { return spelling(kAttentionKinds, v); }
 
 }  // namespace lockstep

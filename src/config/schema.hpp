@@ -65,6 +65,10 @@ constexpr Spelling<AttentionKind> kAttentionKinds[] = {{AttentionKind::automatic
 constexpr Spelling<GraphMode> kGraphModes[] = {
     {GraphMode::automatic, "auto"}, {GraphMode::on, "on"}, {GraphMode::off, "off"}};
 
+// trainer.recompute: selective (the element-wise parts of a block) is not implemented yet.
+constexpr Spelling<Recompute> kRecomputeModes[] = {{Recompute::none, "none"},
+                                                   {Recompute::full, "full"}};
+
 constexpr std::string_view kModelTypes[] = {"mlp", "gpt"};
 
 template <class Table, class E>
@@ -242,8 +246,11 @@ void visit_schema(Visitor& v, C& c) {
                 "bf16: buckets rounded to bf16 for the all-reduce");
   v.integer("accumulate_steps", c.trainer.accumulate_steps, IntRule{.min = 1},
             "micro-batches per optimiser step; all-reduce after the last");
-  v.integer("zero", c.trainer.zero, IntRule{.min = 0, .max = 1},
-            "1: ZeRO-1, each worker keeps its shard of the optimiser state");
+  v.integer("zero", c.trainer.zero, IntRule{.min = 0, .max = 2},
+            "1: ZeRO-1, each worker keeps its shard of the optimiser state; 2: and of the "
+            "gradients");
+  v.enumeration("recompute", c.trainer.recompute, kRecomputeModes,
+                "full: each block keeps only its input and reruns its forward in backward");
   v.enumeration("cuda_graphs", c.trainer.cuda_graphs, kGraphModes,
                 "cuda: replay each micro-batch as graphs; auto: where that measured faster");
   v.path("trace", c.trainer.trace, "write a Chrome trace-event JSON of every worker here");

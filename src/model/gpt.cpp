@@ -595,7 +595,9 @@ Model Model::gpt(const GptSpec& spec, AttentionKind attention) {
   names.push_back("transformer.ln_f");
   layers.push_back(make_tied_lm_head(0, spec.vocab_size, spec.context, spec.d_model));
   names.push_back("lm_head");
-  return Model(std::move(layers), std::move(names));
+  Model model(std::move(layers), std::move(names));
+  for (int i = 1; i <= spec.n_layer; ++i) model.mark_recomputable(static_cast<std::size_t>(i));
+  return model;
 }
 
 }  // namespace lockstep

@@ -8,6 +8,33 @@
 //    reads layer j's parameters and accumulates into layer j's gradients.
 //  - A Replica's gradient buffer has the parameter buffer's layout. Activation gradients
 //    alternate between two ping-pong buffers, so a layer's din is never its dout.
+//
+// Note [Recomputation]
+//   trainer.recompute: full (Replica's Recompute::full) is block-level activation
+//   checkpointing, done here, for any model: a layer the model marks recomputable (GPT's blocks)
+//   keeps its input, the output of the layer before, which the replica keeps anyway, and no
+//   saved workspace of its own. Every recomputed layer shares one saved workspace, as large as
+//   the largest of theirs. Forward runs as before, each recomputed layer writing its saved
+//   values into the shared one over the layer's before. Backward, before a recomputed layer's
+//   backward, runs its forward again on the same input and parameters into the shared
+//   workspace and its output buffer; the last one forward ran still has its values there and
+//   is not rerun. So one block's saved activations are alive at a time.
+//   What makes it bit-identical to Recompute::none: the rerun is the same call, forward(params,
+//   in, out, batch, workspace) with the same parameters, input bits, batch, precision and bf16
+//   parameter copy, on the same device, so the same kernels run in the same order on the same
+//   values and write the same bits into the saved workspace and the output (which already holds
+//   them); backward then reads exactly what it read without recomputation. Nothing is allocated
+//   (the shared workspace is the replica's, sized once) and nothing is read back to the host.
+//   What would break it: a forward that is not a pure function of (parameters, input) (dropout
+//   drawing from a generator state, a counter, anything kept between calls); kernels whose
+//   result depends on timing (atomics summing in arrival order, an autotuner choosing another
+//   algorithm on the second call, split-K chosen by load); a forward that reads its previous
+//   output or scratch left by another layer as input; the optimiser or anything else changing
+//   the parameters or their bf16 copy between forward and backward; and marking a layer
+//   whose forward writes anything but its output and saved workspace (the LM head's bf16
+//   logits, which the loss overwrites with their gradient, are why a last layer never is).
+//   The CPU's kernels are deterministic; on a GPU the forward kernels used (cuBLAS(Lt) products
+//   with a fixed algorithm, the fused attention's forward) are run-to-run deterministic too.
 #include <algorithm>
 #include <functional>
 #include <stdexcept>
@@ -52,6 +79,7 @@ Model::Model(std::vector<std::unique_ptr<Layer>> layers, std::vector<std::string
           "and the tied layer must have none of its own",
           i, layers_[i]->kind(), tied));
   }
+  recomputable_.assign(layers_.size(), 0);
   offsets_.resize(layers_.size());
   for (std::size_t i = layers_.size(); i-- > 0;) {
     offsets_[i] = param_count_;
@@ -112,6 +140,13 @@ std::size_t Model::read_offset(std::size_t layer) const {
   return offsets_[tied >= 0 ? static_cast<std::size_t>(tied) : layer];
 }
 
+void Model::mark_recomputable(std::size_t layer) {
+  if (layer + 1 >= layers_.size())
+    throw std::invalid_argument(
+        fmt::format("model: layer {} cannot be recomputed: the last layer never is", layer));
+  recomputable_.at(layer) = 1;
+}
+
 std::vector<float> Model::initial_parameters(std::uint64_t seed) const {
   std::vector<float> params(param_count_);
   std::uint64_t rng_state = seed;
@@ -143,25 +178,30 @@ std::size_t elements(int batch, int features) {
 
 }  // namespace
 
-Replica::Replica(Device& device, const Model& model, int max_batch, Precision precision)
+Replica::Replica(Device& device, const Model& model, int max_batch, Precision precision,
+                 bool own_gradients, Recompute recompute)
     : device_(&device),
       model_(&model),
       max_batch_(checked_max_batch(max_batch)),
       precision_(precision),
+      recompute_(recompute),
       params_(device, model.param_count()),
       params_bf16_(device, precision == Precision::bf16 ? model.param_count() : 0),
-      grads_(device, model.param_count()) {
+      grads_(device, own_gradients ? model.param_count() : 0) {
   // Activation gradients are layers' din: as wide as the widest input after the first layer.
   int din_width = 1;
-  std::size_t scratch = 0;
+  std::size_t scratch = 0, shared = 0;
   for (std::size_t i = 0; i < model.layers().size(); ++i) {
     const Layer& layer = *model.layers()[i];
     if (i > 0) din_width = std::max(din_width, layer.in_features());
     acts_.emplace_back(device, elements(max_batch, layer.out_features()));
-    saved_.emplace_back(device, layer.workspace_size(max_batch, precision));
+    const std::size_t saved = layer.workspace_size(max_batch, precision);
+    saved_.emplace_back(device, recomputes(i) ? 0 : saved);
+    if (recomputes(i)) shared = std::max(shared, saved);
     scratch = std::max(scratch, layer.scratch_size(max_batch, precision));
   }
   scratch_ = DeviceArray<float>(device, scratch);
+  shared_saved_ = DeviceArray<float>(device, shared);
   const Layer& last = *model.layers().back();  // a model has at least one layer
   if (precision == Precision::bf16 && last.dout_bf16())
     dlogits_bf16_ = DeviceArray<std::uint16_t>(device, elements(max_batch, last.out_features()));
@@ -180,9 +220,13 @@ void Replica::refresh_bf16() {
   if (params_bf16_.size()) device_->to_bf16(params_.data(), params_bf16_.data(), params_.size());
 }
 
+bool Replica::recomputes(std::size_t layer) const {
+  return recompute_ == Recompute::full && model_->recomputable(layer);
+}
+
 LayerWorkspace Replica::workspace(std::size_t layer) {
   const std::uint16_t* bf16 = params_bf16_.data();
-  return {.saved = saved_[layer].data(),
+  return {.saved = recomputes(layer) ? shared_saved_.data() : saved_[layer].data(),
           .scratch = scratch_.data(),
           .precision = precision_,
           .params_bf16 = bf16 ? bf16 + model_->read_offset(layer) : nullptr,
@@ -204,6 +248,7 @@ void Replica::run_forward(const float* x, int batch) {
     const float* in = i == 0 ? x : acts_[i - 1].data();
     layers[i]->forward(*device_, params_.data() + model_->read_offset(i), in, acts_[i].data(),
                        batch, workspace(i));
+    if (recomputes(i)) shared_holds_ = i;
   }
 }
 
@@ -224,8 +269,11 @@ const std::uint16_t* Replica::forward_bf16(const float* x, int batch) {
 // Layer i writes its din into dbuf_[i % 2] and reads its dout from dbuf_[(i + 1) % 2], which
 // layer i + 1 wrote; the last layer reads dlogits, the first writes no din.
 void Replica::backward(const float* x, const float* dlogits, int batch,
-                       const std::function<void(std::size_t)>& grads_ready) {
+                       const std::function<void(std::size_t)>& grads_ready,
+                       const GradientTarget& target) {
   check_batch(batch, max_batch_);
+  if (!target && grads_.size() != model_->param_count())
+    throw std::invalid_argument("replica: backward without a gradient buffer needs a target");
   const auto& layers = model_->layers();
   if (dlogits_bf16_.size() && dlogits)
     device_->to_bf16(dlogits, dlogits_bf16_.data(), elements(batch, layers.back()->out_features()));
@@ -236,9 +284,17 @@ void Replica::backward(const float* x, const float* dlogits, int batch,
     const float* dout = i + 1 == layers.size() ? dlogits : dbuf_[(i + 1) % 2].data();
     float* din = i == 0 ? nullptr : dbuf_[i % 2].data();
     const std::size_t offset = model_->read_offset(i);
+    if (recomputes(i) && shared_holds_ != i) {  // Note [Recomputation]
+      const detail::NvtxRange recompute("recompute layers.", i);
+      layers[i]->forward(*device_, params_.data() + offset, in, acts_[i].data(), batch,
+                         workspace(i));
+      shared_holds_ = i;
+    }
     const detail::NvtxRange range("backward layers.", i);
-    layers[i]->backward(*device_, params_.data() + offset, grads_.data() + offset, in,
-                        acts_[i].data(), dout, din, batch, workspace(i));
+    const bool has_grads = layers[i]->param_count() > 0 || layers[i]->tied_to() >= 0;
+    float* grads = !has_grads ? nullptr : target ? target(i) : grads_.data() + offset;
+    layers[i]->backward(*device_, params_.data() + offset, grads, in, acts_[i].data(), dout, din,
+                        batch, workspace(i));
     if (grads_ready && layers[i]->param_count() > 0) grads_ready(i);
   }
 }
@@ -246,13 +302,13 @@ void Replica::backward(const float* x, const float* dlogits, int batch,
 // The logits' buffer, zeroed, serves as their gradient: the last layer's backward only reads
 // it, as it reads its output, and the next forward overwrites it. With a bf16 LM head backward
 // rounds it into dlogits_bf16_, the buffer the loss writes in a step.
-void Replica::warm_up(int batch) {
+void Replica::warm_up(int batch, const GradientTarget& target) {
   check_batch(batch, max_batch_);
   const DeviceArray<float> x(*device_, elements(batch, model_->inputs()));  // allocated zeroed
   forward(x.data(), batch);
   float* dlogits = acts_.back().data();
   device_->fill(dlogits, 0.0f, elements(batch, model_->outputs()));
-  backward(x.data(), dlogits, batch);
+  backward(x.data(), dlogits, batch, {}, target);
   zero_grads();
 }
 

@@ -43,18 +43,34 @@ double optimizer_vectors(const OptimizerConfig& opt) {
   return opt.momentum != 0.0 ? 1 : 0;
 }
 
-// The parameters whose optimiser state one worker holds: all of them, or under trainer.zero 1
-// its shard of every bucket (Note [ZeRO-1] in reducer.hpp), the most any rank holds.
-double optimizer_elements(const Config& cfg, const Model& model, int ranks) {
-  if (cfg.trainer.zero != 1 || ranks <= 1) return static_cast<double>(model.param_count());
-  const std::vector<Bucket> buckets = plan_buckets(model, cfg.trainer.bucket_cap_mb);
+// The elements of every bucket's shard that the rank holding the most holds (Note [ZeRO-1] in
+// reducer.hpp).
+std::size_t largest_shard(const std::vector<Bucket>& buckets, int ranks) {
   std::size_t most = 0;
   for (int rank = 0; rank < ranks; ++rank) {
     std::size_t held = 0;
     for (const Bucket& b : buckets) held += shard_range(b.end - b.begin, ranks, rank, kZeroGrain).size();
     most = std::max(most, held);
   }
-  return static_cast<double>(most);
+  return most;
+}
+
+// The parameters whose optimiser state one worker holds: all of them, or under trainer.zero 1
+// and 2 its shard of every bucket (Note [ZeRO-1] in reducer.hpp), the most any rank holds.
+double optimizer_elements(const Config& cfg, const Model& model, int ranks) {
+  if (cfg.trainer.zero < 1 || ranks <= 1) return static_cast<double>(model.param_count());
+  return static_cast<double>(largest_shard(plan_buckets(model, cfg.trainer.bucket_cap_mb), ranks));
+}
+
+// The gradient floats one worker holds: the whole buffer, or under trainer.zero 2 without
+// accumulation its shards and the buckets' buffers (Note [ZeRO-2] in reducer.hpp), as the
+// reducer allocates them.
+double gradient_elements(const Config& cfg, const Model& model, int ranks) {
+  if (cfg.trainer.zero != 2 || cfg.trainer.accumulate_steps != 1)
+    return static_cast<double>(model.param_count());
+  const std::vector<Bucket> buckets = plan_buckets(model, cfg.trainer.bucket_cap_mb);
+  return static_cast<double>(largest_shard(buckets, std::max(ranks, 1)) +
+                             plan_gradient_slots(model, buckets).floats);
 }
 
 // Floats of a layer's workspace or scratch for `batch`: its size at the batch itself, unless
@@ -70,20 +86,26 @@ double floats_for(Size size, int batch) {
 // and the gradient of the logits (the worker's fp32 dlogits, or under bf16 with a GPT's LM head
 // the replica's bf16 one, Replica::dlogits_bf16), for a batch of `batch`; per sample sizes
 // times the batch, in double, so that no size multiplies out of range.
-double activation_bytes(const Model& model, int batch, Precision precision) {
+// Under trainer.recompute full the recomputable layers share one saved workspace, the largest of
+// theirs (Note [Recomputation] in src/model/model.cpp).
+double activation_bytes(const Model& model, int batch, Precision precision, Recompute recompute) {
   const Layer& last = *model.layers().back();
   const bool dlogits_bf16 = precision == Precision::bf16 && last.dout_bf16();
   double per_sample = dlogits_bf16 ? last.out_features() / 2.0 : last.out_features();
-  double kept = 0, scratch = 0, din = 1;
+  double kept = 0, shared = 0, scratch = 0, din = 1;
   for (std::size_t i = 0; i < model.layers().size(); ++i) {
     const Layer& layer = *model.layers()[i];
     per_sample += static_cast<double>(layer.out_features());
-    kept += floats_for([&](int b) { return layer.workspace_size(b, precision); }, batch);
+    const double saved = floats_for([&](int b) { return layer.workspace_size(b, precision); }, batch);
+    if (recompute == Recompute::full && model.recomputable(i))
+      shared = std::max(shared, saved);
+    else
+      kept += saved;
     scratch = std::max(
         scratch, floats_for([&](int b) { return layer.scratch_size(b, precision); }, batch));
     if (i > 0) din = std::max(din, static_cast<double>(layer.in_features()));
   }
-  return ((per_sample + 2 * din) * batch + kept + scratch) * kFloat;
+  return ((per_sample + 2 * din) * batch + kept + shared + scratch) * kFloat;
 }
 
 double dataset_bytes(const Dataset& d) {
@@ -157,10 +179,14 @@ MemoryPlan plan_memory(const Config& cfg, const Model& model, const Dataset& tra
   // bf16 compute: the replica's bf16 copy of the parameters too (2 bytes each).
   p.parameters = cfg.trainer.precision == Precision::bf16 ? 1.5 * params : params;
   // With a bf16 all-reduce, the reducer's bf16 copy of the buckets too (2 bytes a parameter).
-  p.gradients = cfg.trainer.grad_reduce_dtype == ReduceDtype::bf16 ? 1.5 * params : params;
+  p.gradients = gradient_elements(cfg, model, ranks) * kFloat +
+                (cfg.trainer.grad_reduce_dtype == ReduceDtype::bf16 ? 0.5 * params : 0.0);
   p.optimizer = optimizer_vectors(cfg.optimizer) * optimizer_elements(cfg, model, ranks) * kFloat;
-  if (cfg.trainer.zero == 1 && ranks > 1) p.zero_ranks = ranks;
-  p.activations = activation_bytes(model, batch, cfg.trainer.precision);
+  if (cfg.trainer.zero >= 1 && ranks > 1) p.zero_ranks = ranks;
+  p.zero = cfg.trainer.zero;
+  p.gradients_sharded = cfg.trainer.zero == 2 && cfg.trainer.accumulate_steps == 1;
+  p.activations = activation_bytes(model, batch, cfg.trainer.precision, cfg.trainer.recompute);
+  p.recompute = cfg.trainer.recompute;
   if (cudnn_attention) {
     const int heads = cfg.model.n_head;
     p.attention_workspace = cudnn_attention_backward_bytes(
@@ -174,27 +200,46 @@ MemoryPlan plan_memory(const Config& cfg, const Model& model, const Dataset& tra
   p.host_copies = kHostCopies * params;
   if (cfg.trainer.snapshot_every > 0 && cfg.trainer.on_worker_failure == WorkerFailurePolicy::shrink)
     p.snapshots = 2 * (1 + optimizer_vectors(cfg.optimizer)) * params;
+  for (std::size_t i = 0; i < model.layers().size(); ++i)
+    p.recomputable = p.recomputable || model.recomputable(i);
   p.driver = driver_of(p, cfg, train);
   return p;
+}
+
+std::string memory_suggestion(const MemoryPlan& plan) {
+  const bool activations = plan.activations > plan.parameters + plan.gradients + plan.optimizer;
+  if (activations && plan.recompute == Recompute::none && plan.recomputable)
+    return " (activations are most of it: trainer.recompute: full keeps a block's input only)";
+  if (!activations && plan.zero < 2)
+    return " (the model's state is most of it: trainer.zero: 2 shards gradients and optimiser "
+           "state across workers)";
+  return "";
 }
 
 void check_memory_plan(const MemoryPlan& plan, const MemoryLimit& limit, const Config& cfg) {
   if (plan.host() <= limit.bytes) return;
   throw InputError(fmt::format(
       "{}: {} needs {} per worker, {} in all on the host with {} worker(s) and the dataset's {}; "
-      "{} available ({})",
+      "{} available ({}){}",
       cfg.source, plan.driver, format_bytes(plan.per_worker()), format_bytes(plan.host()),
-      plan.workers, format_bytes(plan.dataset), format_bytes(limit.bytes), limit.source));
+      plan.workers, format_bytes(plan.dataset), format_bytes(limit.bytes), limit.source,
+      memory_suggestion(plan)));
 }
 
 std::string describe(const MemoryPlan& p, const MemoryLimit& limit) {
   return fmt::format(
-      "{} per worker (parameters {}, gradients {}, optimizer {}{}, activations {}, staging {}{}) "
+      "{} per worker (parameters {}, gradients {}{}, optimizer {}{}, activations {}{}, staging {}{}) "
       "x {} worker(s){}; host {} (dataset {}) of {} available ({})",
       format_bytes(p.per_worker()), format_bytes(p.parameters), format_bytes(p.gradients),
+      p.gradients_sharded ? std::string(" as ZeRO-2 shards and buckets")
+      : p.zero == 2       ? std::string(" whole: ZeRO-2 with accumulation")
+                          : std::string(),
       format_bytes(p.optimizer),
-      p.zero_ranks > 1 ? fmt::format(" as a ZeRO-1 shard of {}", p.zero_ranks) : std::string(),
-      format_bytes(p.activations), format_bytes(p.staging),
+      p.zero_ranks > 1 ? fmt::format(" as a ZeRO-{} shard of {}", p.zero, p.zero_ranks)
+                       : std::string(),
+      format_bytes(p.activations),
+      p.recompute == Recompute::full ? std::string(" with trainer.recompute full") : std::string(),
+      format_bytes(p.staging),
       p.attention_workspace > 0
           ? fmt::format(", cuDNN attention {}", format_bytes(p.attention_workspace))
           : "",

@@ -26,7 +26,15 @@ struct MemoryPlan {
   // One worker's bytes; under trainer.zero 1 the optimiser state of the worker that holds the
   // most (shards differ by at most a grain per bucket), as the summary reports it.
   double parameters = 0, gradients = 0, optimizer = 0, activations = 0, staging = 0;
-  int zero_ranks = 0;              // trainer.zero 1: the ranks that share the optimiser state
+  int zero_ranks = 0;              // trainer.zero 1, 2: the ranks that share the optimiser state
+  int zero = 0;                    // trainer.zero
+  // trainer.zero 2 without accumulation: `gradients` are the worker's shards and the buckets'
+  // buffers (Note [ZeRO-2] in reducer.hpp); otherwise the whole buffer.
+  bool gradients_sharded = false;
+  // trainer.recompute, and whether the model has layers it would recompute (a GPT's blocks):
+  // `activations` are for that mode (Note [Recomputation] in src/model/model.cpp).
+  Recompute recompute = Recompute::none;
+  bool recomputable = false;
   // cuDNN's fused attention backward, in the device's own working memory (cuda, bf16, fused):
   // cudnn_attention_backward_bytes at the run's shape.
   double attention_workspace = 0;
@@ -84,6 +92,10 @@ double cudnn_attention_backward_bytes(const AttentionShape& shape, bool determin
 // InputError "SOURCE: model.hidden[0] = 2000000000 needs 16.0 GB per worker (...); 3.8 GB
 // available (physical memory)" when the plan's host bytes exceed `limit`.
 void check_memory_plan(const MemoryPlan& plan, const MemoryLimit& limit, const Config& cfg);
+
+// What a refusal suggests, " (...)", or "": trainer.recompute full where activations are most
+// of the plan and the model has blocks to recompute, trainer.zero 2 where the model's state is.
+std::string memory_suggestion(const MemoryPlan& plan);
 
 // One line for --dry-run and the summary: per worker by part, host, and the limit.
 std::string describe(const MemoryPlan& plan, const MemoryLimit& limit);

@@ -52,9 +52,9 @@ std::size_t Optimizer::state_bytes() const noexcept {
   return (m_.size() + v_.size()) * sizeof(float);
 }
 
-void Optimizer::apply(float* params, const float* grads, double lr, std::size_t begin,
-                      std::size_t end, const StepControl* control,
-                      std::uint16_t* params_bf16) {
+void Optimizer::apply_at(float* params, const float* grads, double lr, std::size_t begin,
+                         std::size_t end, const StepControl* control,
+                         std::uint16_t* params_bf16) {
   // The owned range holding [begin, end): the last one starting at or before `begin`.
   const auto after = std::upper_bound(
       owned_.begin(), owned_.end(), begin,
@@ -69,8 +69,8 @@ void Optimizer::apply(float* params, const float* grads, double lr, std::size_t 
   for (const DecaySpan& s : spans_) {
     const std::size_t b = std::max(begin, s.begin), e = std::min(end, s.end);
     if (b < e)
-      update(params, grads, lr, b, e, s.decay ? cfg_.weight_decay : 0.0, state_at + (b - begin),
-             control, params_bf16);
+      update(params, grads + (b - begin), lr, b, e, s.decay ? cfg_.weight_decay : 0.0,
+             state_at + (b - begin), control, params_bf16);
   }
 }
 
@@ -86,14 +86,14 @@ void Optimizer::update(float* params, const float* grads, double lr, std::size_t
       device_->sgd_step({.momentum = static_cast<float>(cfg_.momentum),
                          .weight_decay = static_cast<float>(weight_decay),
                          .nesterov = cfg_.nesterov},
-                        lr_f, params + begin, grads + begin, at(m_), n, control, bf16);
+                        lr_f, params + begin, grads, at(m_), n, control, bf16);
       return;
     case OptimizerKind::adamw:
       device_->adamw_step({.beta1 = static_cast<float>(cfg_.beta1),
                            .beta2 = static_cast<float>(cfg_.beta2),
                            .eps = static_cast<float>(cfg_.eps),
                            .weight_decay = static_cast<float>(weight_decay)},
-                          lr_f, t_, params + begin, grads + begin, at(m_), at(v_), n, control,
+                          lr_f, t_, params + begin, grads, at(m_), at(v_), n, control,
                           bf16);
       return;
   }

@@ -61,7 +61,14 @@ class Optimizer {
   // with the updated [begin, end) rounded to bf16 (Note [bf16 compute] in src/model/ops.hpp).
   void begin_step() noexcept { ++t_; }
   void apply(float* params, const float* grads, double lr, std::size_t begin, std::size_t end,
-             const StepControl* control = nullptr, std::uint16_t* params_bf16 = nullptr);
+             const StepControl* control = nullptr, std::uint16_t* params_bf16 = nullptr) {
+    apply_at(params, grads + begin, lr, begin, end, control, params_bf16);
+  }
+  // The same with the gradients of [begin, end) alone: grads[0] is element begin's (ZeRO-2's
+  // shard buffer, Note [ZeRO-2] in reducer.hpp).
+  void apply_at(float* params, const float* grads, double lr, std::size_t begin,
+                std::size_t end, const StepControl* control = nullptr,
+                std::uint16_t* params_bf16 = nullptr);
   void cancel_step() noexcept { --t_; }
   std::int64_t steps_taken() const noexcept { return t_; }
 
@@ -84,7 +91,8 @@ class Optimizer {
                   const std::string& source);
 
  private:
-  // Updates [begin, end) of the buffer, whose state starts at `state_at`.
+  // Updates [begin, end) of the buffer, whose state starts at `state_at`; grads[0] is element
+  // begin's.
   void update(float* params, const float* grads, double lr, std::size_t begin, std::size_t end,
               double weight_decay, std::size_t state_at, const StepControl* control,
               std::uint16_t* params_bf16);

@@ -7,8 +7,12 @@
 
 namespace lockstep::detail {
 
-CommonState common_state(std::span<const Survivor> survivors, bool zero) {
-  if (zero) return {.step = std::nullopt, .why = "with trainer.zero: 1 the lost worker held its shard of the optimizer state"};
+CommonState common_state(std::span<const Survivor> survivors, int zero) {
+  if (zero > 0)
+    return {.step = std::nullopt,
+            .why = fmt::format("with trainer.zero: {} the lost worker held its shard of the "
+                               "optimizer state{}",
+                               zero, zero > 1 ? " and of the gradients" : "")};
   const SurvivorProgress* reference = nullptr;
   for (const Survivor& s : survivors) {
     if (!s.progress) return {.step = std::nullopt, .why = fmt::format("worker {} could not report its state", s.rank)};

@@ -122,7 +122,7 @@ struct RecoveryInput {
   int workers = 0;  // of the group that failed
   int min_workers = 1;
   int processes = 1;
-  bool zero = false;  // trainer.zero: 1
+  int zero = 0;  // trainer.zero
   StoredStates stored;
 };
 
@@ -140,7 +140,7 @@ struct CommonState {
   std::optional<std::int64_t> step;
   std::string why;
 };
-CommonState common_state(std::span<const Survivor> survivors, bool zero);
+CommonState common_state(std::span<const Survivor> survivors, int zero);
 
 // Note [Shrink], step 3.
 RecoveryChoice choose_recovery(const RecoveryInput& in);

@@ -66,6 +66,70 @@ std::vector<Bucket> plan_buckets(const Model& model, double cap_mb, double first
   return buckets;
 }
 
+// Backward's order (layers last to first), the bucket each layer with gradients writes into:
+// its own, or for a tied layer the tied layer's.
+namespace {
+std::vector<std::size_t> writes_in_backward_order(const Model& model,
+                                                  const std::vector<std::size_t>& bucket_of_layer) {
+  std::vector<std::size_t> order;
+  const auto& layers = model.layers();
+  for (std::size_t i = layers.size(); i-- > 0;) {
+    const int tied = layers[i]->tied_to();
+    const std::size_t owner = tied >= 0 ? static_cast<std::size_t>(tied) : i;
+    if (layers[owner]->param_count() > 0) order.push_back(bucket_of_layer[owner]);
+  }
+  return order;
+}
+
+std::vector<std::size_t> bucket_of_layers(const Model& model, const std::vector<Bucket>& buckets) {
+  std::vector<std::size_t> of(model.layers().size(), kNone);
+  for (std::size_t b = 0; b < buckets.size(); ++b)
+    for (std::size_t layer : buckets[b].layers) of[layer] = b;
+  return of;
+}
+
+// Alignment kept in a bucket's buffer, floats: 64 bytes (Note [ZeRO-2]).
+constexpr std::size_t kSlotAlign = 16;
+}  // namespace
+
+GradientSlots plan_gradient_slots(const Model& model, const std::vector<Bucket>& buckets) {
+  const std::vector<std::size_t> order =
+      writes_in_backward_order(model, bucket_of_layers(model, buckets));
+  // When each bucket is first written, and when its last layer's write comes (it is full).
+  std::vector<std::size_t> opens(buckets.size(), kNone), full(buckets.size(), 0);
+  for (std::size_t t = 0; t < order.size(); ++t) {
+    if (opens[order[t]] == kNone) opens[order[t]] = t;
+    full[order[t]] = t;
+  }
+  GradientSlots slots;
+  slots.at.assign(buckets.size(), 0);
+  slots.retires.assign(buckets.size(), GradientSlots::kNone);
+  std::vector<std::size_t> rotating;
+  for (std::size_t b = 0; b < buckets.size(); ++b) {
+    const std::size_t padded = buckets[b].end - buckets[b].begin + kSlotAlign;
+    if (b > 0 && opens[b] < full[b - 1]) {  // held: a buffer of its own
+      slots.at[b] = slots.floats + buckets[b].begin % kSlotAlign;
+      slots.floats += padded;
+      ++slots.held;
+    } else {
+      rotating.push_back(b);
+    }
+  }
+  // Two buffers, the even and the odd rotating buckets', each as large as the largest of its own.
+  std::size_t largest[2] = {0, 0};
+  for (std::size_t k = 0; k < rotating.size(); ++k) {
+    const Bucket& b = buckets[rotating[k]];
+    largest[k % 2] = std::max(largest[k % 2], b.end - b.begin + kSlotAlign);
+  }
+  for (std::size_t k = 0; k < rotating.size(); ++k) {
+    const std::size_t b = rotating[k];
+    slots.at[b] = slots.floats + (k % 2) * largest[0] + buckets[b].begin % kSlotAlign;
+    if (k >= 2) slots.retires[b] = rotating[k - 2];
+  }
+  slots.floats += largest[0] + largest[1];
+  return slots;
+}
+
 Reducer::Reducer(const Model& model, Communicator& comm, Device& device, float* grads,
                  std::vector<Bucket> buckets, bool overlap, bool zero, CommMode mode,
                  ReduceDtype dtype, std::vector<TraceEvent>* comm_track)
@@ -77,14 +141,29 @@ Reducer::Reducer(const Model& model, Communicator& comm, Device& device, float* 
       zero_(zero),
       mode_(mode),
       comm_track_(comm_track),
-      bucket_of_layer_(model.layers().size(), kNone),
+      bucket_of_layer_(bucket_of_layers(model, buckets_)),
       pending_(buckets_.size(), 0),
       work_(buckets_.size()) {
-  for (std::size_t b = 0; b < buckets_.size(); ++b)
-    for (std::size_t layer : buckets_[b].layers) bucket_of_layer_[layer] = b;
   first_grain_.push_back(0);
   for (const Bucket& b : buckets_)
     first_grain_.push_back(first_grain_.back() + (b.end - b.begin + kZeroGrain - 1) / kZeroGrain);
+  if (!grads_) {  // ZeRO-2: Note [ZeRO-2]
+    if (!zero_) throw std::logic_error("Reducer: no gradient buffer without ZeRO");
+    for (std::size_t i = 0; i < model.layers().size(); ++i) {
+      const int tied = model.layers()[i]->tied_to();
+      grads_of_layer_.push_back(model.param_offset(tied >= 0 ? static_cast<std::size_t>(tied) : i));
+    }
+    slots_ = plan_gradient_slots(model, buckets_);
+    arena_ = DeviceArray<float>(device_, slots_.floats);
+    std::size_t held = 0;
+    for (std::size_t i = 0; i < buckets_.size(); ++i) {
+      shard_at_.push_back(held);
+      held += shard(i).size();
+    }
+    shards_ = DeviceArray<float>(device_, held);
+    opened_.assign(buckets_.size(), 0);
+    retired_.assign(buckets_.size(), 0);
+  }
   if (dtype == ReduceDtype::bf16) {
     if (zero_) throw std::logic_error("Reducer: bf16 reduction with ZeRO-1 is not implemented");
     std::size_t end = 0;
@@ -110,6 +189,55 @@ void Reducer::reset() {
   collect_timings();  // of earlier steps' collectives the device has finished
   for (std::size_t b = 0; b < buckets_.size(); ++b) pending_[b] = buckets_[b].layers.size();
   launched_ = 0;
+  std::fill(opened_.begin(), opened_.end(), 0);
+  std::fill(retired_.begin(), retired_.end(), 0);
+}
+
+std::size_t Reducer::gradient_bytes() const noexcept {
+  return (arena_.size() + shards_.size()) * sizeof(float);
+}
+
+float* Reducer::bucket_data(std::size_t i) {
+  return grads_ ? grads_ + buckets_[i].begin : arena_.data() + slots_.at[i];
+}
+
+const float* Reducer::shard_gradients(std::size_t i) const {
+  return grads_ ? grads_ + shard(i).begin : shards_.data() + shard_at_.at(i);
+}
+
+float* Reducer::gradient_target(std::size_t layer) { return target(layer, /*open=*/true); }
+float* Reducer::warm_up_target(std::size_t layer) { return target(layer, /*open=*/false); }
+
+float* Reducer::target(std::size_t layer, bool open) {
+  if (grads_) throw std::logic_error("Reducer: gradient targets are ZeRO-2's");
+  const std::size_t offset = grads_of_layer_.at(layer);
+  const std::size_t b = std::upper_bound(buckets_.begin(), buckets_.end(), offset,
+                                         [](std::size_t o, const Bucket& x) { return o < x.end; }) -
+                        buckets_.begin();
+  if (b == buckets_.size() || offset < buckets_[b].begin)
+    throw std::logic_error(fmt::format("Reducer: layer {} writes into no bucket", layer));
+  if (open && !opened_[b]) {
+    if (const std::size_t before = slots_.retires[b]; before != GradientSlots::kNone)
+      retire(before);
+    device_.fill(bucket_data(b), 0.0f, buckets_[b].end - buckets_[b].begin);
+    opened_[b] = 1;
+  }
+  return bucket_data(b) + (offset - buckets_[b].begin);
+}
+
+double Reducer::retire(std::size_t i) {
+  if (retired_[i]) return 0.0;
+  while (launched_ <= i) {
+    if (pending_[launched_] != 0)
+      throw std::logic_error(fmt::format("Reducer: bucket {} retired before it is full", i));
+    launch(launched_);
+  }
+  const double blocked = wait_for(std::move(work_[i]), "reduce-scatter", i);
+  if (const ShardRange mine = shard(i); mine.size() > 0)
+    device_.copy(shards_.data() + shard_at_[i], bucket_data(i) + (mine.begin - buckets_[i].begin),
+                 mine.size() * sizeof(float));
+  retired_[i] = 1;
+  return blocked;
 }
 
 void Reducer::layer_ready(std::size_t layer) {
@@ -147,7 +275,7 @@ void Reducer::launch_remaining() {
 void Reducer::launch(std::size_t i) {
   const NvtxRange range(zero_ ? "reduce-scatter bucket " : "all-reduce bucket ", i);
   const Bucket& b = buckets_[i];
-  float* data = grads_ + b.begin;
+  float* data = bucket_data(i);
   const std::size_t count = b.end - b.begin;
   launched_ = i + 1;
   if (wire_.size() > 0) {  // Note [bf16 gradient reduction]
@@ -199,7 +327,7 @@ ShardRange Reducer::shard_grains(std::size_t i) const {
 
 void Reducer::sum_grain_squares(std::size_t i, Device& device, double* sums) const {
   const ShardRange mine = shard(i);
-  if (mine.size() > 0) device.sum_squares_grains(grads_ + mine.begin, mine.size(), kZeroGrain,
+  if (mine.size() > 0) device.sum_squares_grains(shard_gradients(i), mine.size(), kZeroGrain,
                                                  sums + shard_grains(i).begin);
 }
 
@@ -237,6 +365,7 @@ void Reducer::start_gather(std::size_t i, float* params) {
 }
 
 double Reducer::wait(std::size_t i) {
+  if (!grads_) return retire(i);  // ZeRO-2: its buffer may have been retired during backward
   if (i >= launched_ || !work_[i]) throw std::logic_error("Reducer::wait: bucket not started");
   const char* what = zero_ ? "reduce-scatter" : "all-reduce";
   const double blocked = wait_for(std::move(work_[i]), what, i);

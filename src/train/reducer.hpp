@@ -59,6 +59,40 @@
 //   ends bit-identical to zero 0 on the CPU. Checkpoints hold the whole state (gathered, see
 //   WorkerLoop::gather_optimizer_state).
 //
+// Note [ZeRO-2]
+//   With trainer.zero: 2 the gradients are sharded as well: a worker holds its shards of the
+//   averaged gradient (the ranges ZeRO-1 updates, one after another, as the optimiser's state)
+//   and the buffers of the buckets in flight, not the whole gradient buffer. Backward asks the
+//   reducer where each layer's gradients go (GradientTarget in lockstep/model.hpp); the first
+//   layer to write into a bucket opens it: its buffer is zeroed, as zero_grads() zeroes the
+//   whole buffer, and the layers accumulate into it at their offsets in the bucket. Once the
+//   bucket is full it is reduce-scattered in place, as under ZeRO-1, and when it is waited for
+//   the rank's shard is copied out into the shard buffer; its buffer is then free.
+//   Where each bucket's buffer lies is planned once (plan_gradient_slots), by walking backward's
+//   layer order:
+//     - a bucket opened before the bucket ahead of it is full (GPT's token embedding: the tied
+//       LM head writes into it first, the embedding last) is held: a buffer of its own;
+//     - the others rotate through two buffers, the even ones' and the odd ones', each as large
+//       as the largest bucket it takes: opening the k-th retires the (k-2)-th first (waits for its reduce-scatter, copies its shard out, starting
+//       it first where the buckets were not started as they filled: overlap off, or inline).
+//   Each bucket sits in its buffer at its offset in the gradient buffer modulo 16 floats, so
+//   every kernel writes the same addresses modulo 64 bytes as into the whole buffer. Every
+//   element is then the same sum in the same order as under zero 0 and 1 (a bucket is zeroed
+//   and accumulated into just as the buffer was; the reduce-scatter gives the all-reduce's
+//   bits; the copy moves bits), the norm's grain sums read the same shard, and the optimiser
+//   updates it with the same arithmetic: a zero 2 run ends bit-identical to zero 0 and 1.
+//   A worker's gradient bytes are its shards (1/N of the buffer, up to a grain per bucket) plus
+//   the held buckets and the two rotating buffers (MemoryPlan::gradients): a saving where the
+//   largest buckets are a small part of the model (trainer.bucket_cap_mb well below it); a
+//   model of two or three buckets holds more than the whole buffer would.
+//   With trainer.accumulate_steps > 1 the micro-batches' gradients are summed on each worker
+//   before the one reduction, as under zero 0 and 1; reduce-scattering every micro-batch into
+//   the shard instead would sum over workers before summing over micro-batches, a different
+//   rounding, so it could not be bit-identical. Zero 2 with accumulation therefore keeps the
+//   whole gradient buffer (its gradients are those of zero 1), and the plan says so.
+//   CUDA graphs are not captured under zero 2 (a retirement waits on the communication stream
+//   mid-backward); the run falls back to launching kernels, as trainer.cuda_graphs off.
+
 // Note [Inline collectives]
 //   On the CPU a rank's collectives normally run on its communication thread, so that an all-reduce
 //   overlaps the rest of backward. That thread is one more runnable thread per worker: when the
@@ -106,6 +140,16 @@ constexpr std::size_t kZeroGrain = 16384;
 // belong to no bucket.
 std::vector<Bucket> plan_buckets(const Model& model, double cap_mb, double first_cap_mb = 1.0);
 
+// Where ZeRO-2 keeps each bucket while backward fills it (Note [ZeRO-2]).
+struct GradientSlots {
+  static constexpr std::size_t kNone = static_cast<std::size_t>(-1);
+  std::vector<std::size_t> at;       // per bucket: floats from the arena's start to its begin
+  std::vector<std::size_t> retires;  // per bucket: the bucket to retire before it opens, or kNone
+  std::size_t floats = 0;            // the arena
+  std::size_t held = 0;              // buckets with a buffer of their own
+};
+GradientSlots plan_gradient_slots(const Model& model, const std::vector<Bucket>& buckets);
+
 // Where a rank's collectives run (Note [Inline collectives]).
 enum class CommMode {
   async,   // started with the *_async calls: the communication thread (CPU) or a stream (GPU)
@@ -121,7 +165,9 @@ CommMode choose_comm_mode(bool cores_scarce, int ranks, std::size_t buckets);
 class Reducer {
  public:
   // zero: reduce-scatter instead of all-reduce (Note [ZeRO-1]); dtype bf16: Note [bf16 gradient
-  // reduction], converting on `device`.
+  // reduction], converting on `device`. grads: the replica's gradient buffer; null under ZeRO-2
+  // (zero true), where the reducer holds the buckets' buffers and the rank's gradient shards
+  // itself (Note [ZeRO-2]).
   Reducer(const Model& model, Communicator& comm, Device& device, float* grads,
           std::vector<Bucket> buckets, bool overlap, bool zero, CommMode mode, ReduceDtype dtype,
           std::vector<TraceEvent>* comm_track);
@@ -136,6 +182,19 @@ class Reducer {
 
   // Before each backward whose gradients are to be reduced.
   void reset();
+  // Whether this reducer holds the gradients itself (ZeRO-2: Note [ZeRO-2]).
+  bool shards_gradients() const noexcept { return grads_ == nullptr; }
+  // ZeRO-2, backward's GradientTarget: where layer `layer` accumulates its parameter gradients
+  // (the tied layer's region for a tied one), opening its bucket first when it is not open.
+  float* gradient_target(std::size_t layer);
+  // ZeRO-2, the same place without opening anything (Replica::warm_up's target: the buffers
+  // are zeroed when they are opened).
+  float* warm_up_target(std::size_t layer);
+  // The device bytes of gradients this reducer holds (ZeRO-2), or 0.
+  std::size_t gradient_bytes() const noexcept;
+  // The averaged gradient of this rank's shard of bucket i, once wait(i) returned: element
+  // shard(i).begin first (in the replica's gradient buffer, or ZeRO-2's shard buffer).
+  const float* shard_gradients(std::size_t i) const;
   // The backward hook: layer `layer`'s parameter gradients are final.
   void layer_ready(std::size_t layer);
   // After backward: starts every bucket not started yet, in order.
@@ -195,6 +254,13 @@ class Reducer {
     std::size_t bucket;
   };
   void launch(std::size_t i);
+  // The gradients of bucket i: in the replica's buffer, or ZeRO-2's buffer of it.
+  float* bucket_data(std::size_t i);
+  // ZeRO-2: layer's place in its bucket's buffer; opens the bucket when `open`.
+  float* target(std::size_t layer, bool open);
+  // ZeRO-2: waits for bucket i's reduce-scatter (starting the buckets up to it first if they
+  // have not started) and copies the rank's shard out; its buffer is free then.
+  double retire(std::size_t i);
   // Bucket i's bytes on the wire: half its gradient bytes in bf16 (never with ZeRO-1).
   std::size_t wire_bytes(std::size_t i) const noexcept;
   // Runs `collective` now, or starts it, as mode_ says.
@@ -214,6 +280,13 @@ class Reducer {
   std::vector<std::size_t> bucket_of_layer_;  // npos for layers without parameters
   std::vector<std::size_t> pending_;          // layers not yet ready, per bucket
   std::vector<std::size_t> first_grain_;      // per bucket, then the total (Note [ZeRO-1])
+  // ZeRO-2 (Note [ZeRO-2]): the buckets' buffers, the rank's shards, and where each is.
+  std::vector<std::size_t> grads_of_layer_;  // layer -> the offset of the region it writes
+  GradientSlots slots_;
+  DeviceArray<float> arena_;
+  DeviceArray<float> shards_;
+  std::vector<std::size_t> shard_at_;  // per bucket: where its shard starts in shards_
+  std::vector<char> opened_, retired_;  // per bucket, this backward
   std::vector<std::unique_ptr<CommWork>> work_;
   std::vector<std::pair<std::size_t, std::unique_ptr<CommWork>>> gathers_;  // bucket, work
   std::vector<Untimed> untimed_;

@@ -38,7 +38,9 @@ std::string describe_backend(const Summary& s) {
 std::string describe_optimizer_state(const Summary& s) {
   return fmt::format("{} per worker at most ({})",
                      detail::format_bytes(static_cast<double>(s.optimizer_state_bytes)),
-                     s.zero == 1 ? "ZeRO-1: sharded across workers" : "replicated, trainer.zero 0");
+                     s.zero == 2   ? "ZeRO-2: sharded across workers, with the gradients"
+                     : s.zero == 1 ? "ZeRO-1: sharded across workers"
+                                   : "replicated, trainer.zero 0");
 }
 
 std::string describe_worker_memory(const Summary& s) {

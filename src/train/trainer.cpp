@@ -126,7 +126,9 @@ struct Trainer::Impl {
   }
 
   Summary begin_summary(const Backend& backend) const;
-  detail::MemoryPlan check_memory(const Backend& backend) const;
+  detail::MemoryPlan check_memory(const Backend& backend) const { return check_memory(backend, cfg); }
+  // The same for `c`: this run's config with other trainer keys (memory_plans_by_zero).
+  detail::MemoryPlan check_memory(const Backend& backend, const Config& c) const;
   struct RunResources;
   std::unique_ptr<RunResources> prepare_run();
   std::vector<int> run_workers(RunResources& r);
@@ -375,7 +377,7 @@ void Trainer::request_stop() noexcept { impl_->stop_requested.store(true); }
 std::int64_t Trainer::saving_step() const noexcept { return impl_->saving_step.load(); }
 
 // Note [Memory plan]: the host's bytes against its limit; a GPU worker's against its device.
-detail::MemoryPlan Trainer::Impl::check_memory(const Backend& b) const {
+detail::MemoryPlan Trainer::Impl::check_memory(const Backend& b, const Config& cfg) const {
   const bool on_host = b.name() == "cpu";
   // Note [cuDNN attention memory]: its backward's workspace is the device's, not a layer's.
   const bool cudnn_attention = b.name() == "cuda" && cfg.model.type == "gpt" &&
@@ -389,10 +391,11 @@ detail::MemoryPlan Trainer::Impl::check_memory(const Backend& b) const {
       if (d.memory_bytes > 0 && plan.per_worker() > static_cast<double>(d.memory_bytes) &&
           std::find(cfg.trainer.devices.begin(), cfg.trainer.devices.end(), d.id) !=
               cfg.trainer.devices.end())
-        throw InputError(fmt::format("{}: {} needs {} per worker; {}:{} has {}", cfg.source,
+        throw InputError(fmt::format("{}: {} needs {} per worker; {}:{} has {}{}", cfg.source,
                                      plan.driver, detail::format_bytes(plan.per_worker()),
                                      d.backend, d.id,
-                                     detail::format_bytes(static_cast<double>(d.memory_bytes))));
+                                     detail::format_bytes(static_cast<double>(d.memory_bytes)),
+                                     detail::memory_suggestion(plan)));
   return plan;
 }
 
@@ -402,6 +405,26 @@ std::string Trainer::memory_plan() const {
       impl_->backend ? impl_->backend
                      : make_backend(tc.backend, tc.devices, {.comm = tc.comm, .precision = tc.precision});
   return detail::describe(impl_->check_memory(*backend), detail::host_memory_limit());
+}
+
+std::string Trainer::memory_plans_by_zero() const {
+  const TrainerConfig& tc = impl_->cfg.trainer;
+  const std::shared_ptr<Backend> backend =
+      impl_->backend ? impl_->backend
+                     : make_backend(tc.backend, tc.devices, {.comm = tc.comm, .precision = tc.precision});
+  std::string out;
+  for (int zero = 0; zero <= 2; ++zero) {
+    Config cfg = impl_->cfg;  // the same run at another trainer.zero
+    cfg.trainer.zero = zero;
+    std::string line;
+    try {
+      line = detail::describe(impl_->check_memory(*backend, cfg), detail::host_memory_limit());
+    } catch (const InputError& e) {
+      line = fmt::format("does not fit: {}", e.what());
+    }
+    out += fmt::format("zero {}: {}\n", zero, line);
+  }
+  return out;
 }
 
 Summary Trainer::Impl::begin_summary(const Backend& b) const {
@@ -586,7 +609,7 @@ std::optional<Trainer::Impl::Recovery> Trainer::Impl::recovery_point(RunResource
                            .workers = static_cast<int>(r.comms.size()),
                            .min_workers = tc.min_workers,
                            .processes = processes ? processes->size() : 1,
-                           .zero = tc.zero == 1,
+                           .zero = tc.zero,
                            .stored = {}};
   for (int rank = 0; rank < in.workers; ++rank) {
     if (std::find(lost.begin(), lost.end(), global_rank(rank)) != lost.end())

@@ -35,19 +35,20 @@ struct TimeRow {
   double barrier_wait_s = 0.0;
   double comm_s = 0.0;
   double optimizer_state_bytes = 0.0;  // exact in a double up to 2^53
+  double gradient_bytes = 0.0;         // likewise
   double host_syncs_per_step = 0.0;
   // The worker's linear products over the run (LinearCounts), exact in a double up to 2^53.
   double linear_fused = 0.0, linear_partial = 0.0, linear_composed = 0.0;
   double device_busy = -1.0;  // Note [Device step time]; -1: not measured
 
-  static constexpr std::size_t kFields = 11;
+  static constexpr std::size_t kFields = 12;
   std::array<double, kFields> fields() const {
     return {loop_s,         comm_exposed_s,        data_wait_s,         barrier_wait_s,
-            comm_s,         optimizer_state_bytes, host_syncs_per_step, linear_fused,
-            linear_partial, linear_composed,       device_busy};
+            comm_s,         optimizer_state_bytes, gradient_bytes,      host_syncs_per_step,
+            linear_fused,   linear_partial,        linear_composed,     device_busy};
   }
   static TimeRow from(std::span<const double> f) {
-    return {f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9], f[10]};
+    return {f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9], f[10], f[11]};
   }
 };
 
@@ -151,8 +152,10 @@ void WorkerLoop::set_up(Backend& backend) {
                                       tc.threads_per_device);
   Device& dev = *res_.device;
   comm_.attach(dev);
+  // ZeRO-2 without accumulation: no whole gradient buffer (Note [ZeRO-2]).
   res_.replica = allocating("the model replica (parameters, gradients, activations)", [&] {
-    return std::make_unique<Replica>(dev, run_.model, run_.cfg.data.batch_size, tc.precision);
+    return std::make_unique<Replica>(dev, run_.model, run_.cfg.data.batch_size, tc.precision,
+                                     /*own_gradients=*/!shards_gradients(), tc.recompute);
   });
   Replica& replica = *res_.replica;
   replica.load_parameters(resume ? std::span<const float>(resume->params) : run_.initial);
@@ -166,7 +169,9 @@ void WorkerLoop::set_up(Backend& backend) {
   const bool scarce = cores_scarce(backend);
   const CommMode mode = choose_comm_mode(scarce, comm_.size(), buckets.size());
   res_.reducer = allocating("the gradient buckets", [&] {
-    return std::make_unique<Reducer>(run_.model, comm_, dev, replica.grads(), std::move(buckets),
+    return std::make_unique<Reducer>(run_.model, comm_, dev,
+                                     shards_gradients() ? nullptr : replica.grads(),
+                                     std::move(buckets),
                                      tc.overlap, zero(), mode, tc.grad_reduce_dtype,
                                      run_.trace.comm(rank_));
   });
@@ -191,8 +196,10 @@ void WorkerLoop::set_up(Backend& backend) {
         SnapshotSlot::part_floats(snapshot_ranges(), res_.optimizer->state_names().size()),
         [&dev](std::size_t bytes) { return dev.allocate_host(bytes); });
   }
-  res_.graphs = std::make_unique<StepGraphs>(dev, tc.cuda_graphs, pos_.step + 1, run_.total_steps,
-                                             /*speaks=*/global_ == 0);
+  // ZeRO-2 retires buckets mid-backward: no graphs (Note [ZeRO-2]).
+  res_.graphs = std::make_unique<StepGraphs>(
+      dev, shards_gradients() ? GraphMode::off : tc.cuda_graphs, pos_.step + 1, run_.total_steps,
+      /*speaks=*/global_ == 0);
   if (rank_ == 0) {
     run_.summary.buckets = res_.reducer->buckets().size();
     run_.summary.comm_mode = to_string(mode);
@@ -307,7 +314,13 @@ void WorkerLoop::warm_up() {
   beat();
   enter(Phase::warm_up);
   TraceSpan span(track_, "warm-up");
-  res_.replica->warm_up(run_.cfg.data.batch_size);
+  Reducer& reducer = *res_.reducer;
+  res_.replica->warm_up(run_.cfg.data.batch_size,
+                        reducer.shards_gradients()
+                            ? GradientTarget([&reducer](std::size_t l) {
+                                return reducer.warm_up_target(l);
+                              })
+                            : GradientTarget());
   warm_up_step_tail(*res_.device, run_.cfg.optimizer, res_.replica->params_bf16() != nullptr);
 }
 
@@ -417,12 +430,17 @@ bool WorkerLoop::run_micro_batch(int micro, StepTotals& mine) {
   graphs.run({.part = StepGraphs::Part::backward, .input = x, .batch = b.size,
               .reports_layers = last_micro},
              [&](const StepGraphs::Layer& report) {
-               replica.backward(x, res_.dlogits.data(), b.size, report);
+               replica.backward(x, res_.dlogits.data(), b.size, report, gradient_target());
              },
              last_micro ? StepGraphs::Layer([this](std::size_t layer) { grads_ready(layer); })
                         : nullptr,
              [&](std::size_t layer) { return res_.reducer->dry_layer_ready(dry, layer); });
   return true;
+}
+
+GradientTarget WorkerLoop::gradient_target() {
+  if (!res_.reducer->shards_gradients()) return {};
+  return [&reducer = *res_.reducer](std::size_t layer) { return reducer.gradient_target(layer); };
 }
 
 // Backward reports each layer; the reducer starts a bucket's all-reduce once it is full.
@@ -433,7 +451,9 @@ void WorkerLoop::grads_ready(std::size_t layer) {
     backward_.layer_start_s = now;
   }
   if (backward_.inject_nan) {
-    res_.device->fill(res_.replica->grads() + run_.model.param_offset(layer),
+    res_.device->fill(res_.reducer->shards_gradients()
+                          ? res_.reducer->gradient_target(layer)
+                          : res_.replica->grads() + run_.model.param_offset(layer),
                       std::numeric_limits<float>::quiet_NaN(), 1);
     backward_.inject_nan = false;
   }
@@ -615,8 +635,8 @@ void WorkerLoop::update_bucket(std::size_t i, double lr, const StepControl* cont
   step_start_->updating = true;  // the state at the step's start is gone from here on
   // Without ZeRO the step writes the bf16 copy too; with it, gather_parameters() does.
   if (mine.size() > 0)
-    res_.optimizer->apply(replica.params(), replica.grads(), lr, mine.begin, mine.end, control,
-                          zero() ? nullptr : replica.params_bf16());
+    res_.optimizer->apply_at(replica.params(), res_.reducer->shard_gradients(i), lr, mine.begin,
+                             mine.end, control, zero() ? nullptr : replica.params_bf16());
   if (zero()) res_.reducer->start_gather(i, replica.params());
 }
 
@@ -641,12 +661,25 @@ void WorkerLoop::report_nonfinite(double loss, double grad_norm) {
     throw std::runtime_error(fmt::format("non-finite loss ({}) at step {} (trainer.on_nonfinite: {})",
                                          loss, pos_.step, to_string(cfg.trainer.on_nonfinite)));
   // ZeRO-1: each rank holds only its shards of the averaged gradient; gather the rest (every
-  // rank is here, as every rank saw the same norm).
+  // rank is here, as every rank saw the same norm). ZeRO-2 has no whole buffer to gather into:
+  // one is allocated here, on the way out of the run.
+  Reducer& reducer = *res_.reducer;
+  DeviceArray<float> whole;
+  float* gathered = res_.replica->grads();
+  if (reducer.shards_gradients()) {
+    whole = DeviceArray<float>(*res_.device, res_.replica->param_count());
+    gathered = whole.data();
+    for (std::size_t i = 0; i < reducer.buckets().size(); ++i)
+      if (const ShardRange mine = reducer.shard(i); mine.size() > 0)
+        res_.device->copy(gathered + mine.begin, reducer.shard_gradients(i),
+                          mine.size() * sizeof(float));
+  }
   if (zero())
-    for (const Bucket& b : res_.reducer->buckets())
-      comm_.all_gather(res_.replica->grads() + b.begin, b.end - b.begin, kZeroGrain);
+    for (const Bucket& b : reducer.buckets())
+      comm_.all_gather(gathered + b.begin, b.end - b.begin, kZeroGrain);
   // Name the first tensor, in forward order, whose averaged gradient is not finite.
-  const std::vector<float> grads = res_.replica->gradients();
+  const std::vector<float> grads =
+      reducer.shards_gradients() ? whole.download() : res_.replica->gradients();
   std::string where = "?";
   for (const ParamTensor& t : run_.model.param_tensors()) {
     const auto begin = grads.begin() + static_cast<std::ptrdiff_t>(t.offset);
@@ -1021,6 +1054,9 @@ void WorkerLoop::finish() {
                      .barrier_wait_s = times_.barrier_wait_s,
                      .comm_s = res_.reducer->comm_seconds(),
                      .optimizer_state_bytes = static_cast<double>(res_.optimizer->state_bytes()),
+                     .gradient_bytes = static_cast<double>(
+                         res_.replica->grads() ? res_.replica->param_count() * sizeof(float)
+                                               : res_.reducer->gradient_bytes()),
                      .host_syncs_per_step = static_cast<double>(syncs_.per_step()),
                      .linear_fused = static_cast<double>(linear.fused),
                      .linear_partial = static_cast<double>(linear.partial),
@@ -1063,7 +1099,8 @@ void WorkerLoop::fill_summary(std::span<const double> time_rows, const EvalMetri
          .comm_exposed_s = row.comm_exposed_s,
          .data_wait_s = row.data_wait_s,
          .barrier_wait_s = row.barrier_wait_s,
-         .optimizer_state_bytes = static_cast<std::size_t>(row.optimizer_state_bytes)});
+         .optimizer_state_bytes = static_cast<std::size_t>(row.optimizer_state_bytes),
+         .gradient_bytes = static_cast<std::size_t>(row.gradient_bytes)});
     summary.optimizer_state_bytes =
         std::max(summary.optimizer_state_bytes, summary.worker_times.back().optimizer_state_bytes);
     summary.host_syncs_per_step = std::max(summary.host_syncs_per_step,

@@ -28,7 +28,9 @@
 //              -> eval, replica check, barrier, checkpoint (end_of_step)
 //   With trainer.zero: 1 the buckets are reduce-scattered instead, each rank updates only its
 //   shard of each, and the parameters are all-gathered before the step goes on (Note [ZeRO-1]
-//   in reducer.hpp; update_bucket, gather_parameters).
+//   in reducer.hpp; update_bucket, gather_parameters). With trainer.zero: 2 backward writes
+//   into the reducer's bucket buffers, and each rank keeps only its shard of the reduced
+//   gradient (Note [ZeRO-2]).
 //   The norm of the averaged gradient is identical on every replica, so clipping and the
 //   non-finite check agree everywhere. Every `check_replicas_every` steps, and at the end, the
 //   ranks all-gather a hash of their parameters; any difference stops the run.
@@ -319,7 +321,13 @@ class WorkerLoop {
   bool updates_per_bucket() const;
   void update_bucket(std::size_t bucket, double lr, const StepControl* control);
   void gather_parameters();
-  bool zero() const noexcept { return run_.cfg.trainer.zero == 1; }
+  bool zero() const noexcept { return run_.cfg.trainer.zero >= 1; }
+  // ZeRO-2 without accumulation: the reducer holds the gradients (Note [ZeRO-2]).
+  bool shards_gradients() const noexcept {
+    return run_.cfg.trainer.zero == 2 && run_.cfg.trainer.accumulate_steps == 1;
+  }
+  // Backward's GradientTarget: the reducer's under ZeRO-2, else unset (the replica's buffer).
+  GradientTarget gradient_target();
   void on_nonfinite(double loss, double grad_norm, bool skipped);
   void report(const StepTotals& totals, const UpdateResult& update, bool stop_now);
   void add_window_times(StepMetrics& m);

@@ -218,6 +218,13 @@ TEST_CASE("cli: absurd sizes exit 2 naming their key, and --dry-run prints the m
   CHECK_MESSAGE(plan.code == 0, plan.output);
   CHECK(plan.output.find("memory plan: ") != std::string::npos);
   CHECK(plan.output.find("summary") == std::string::npos);  // it stopped before step 1
+  // --compare-zero: the three settings' plans, one line each; zero 2 plans the gradient shards.
+  const CliResult zeros = bounded_cli("train " + gpt + " --set trainer.devices=4 --dry-run --compare-zero");
+  CHECK_MESSAGE(zeros.code == 0, zeros.output);
+  for (const char* line : {"\nzero 0: ", "\nzero 1: ", "\nzero 2: ", "as a ZeRO-1 shard of 4",
+                           "as a ZeRO-2 shard of 4", "as ZeRO-2 shards and buckets"})
+    CHECK_MESSAGE(zeros.output.find(line) != std::string::npos, zeros.output);
+  CHECK(bounded_cli("train " + quickstart + " --compare-zero").code == 2);  // needs --dry-run
   if (lockstep::test::kSanitized) return;  // ulimit -v: see bounded_cli
   // A limit of the process's own (ulimit -v) counts: 2 GB is too little for two workers of a
   // million hidden units (74 million parameters: 296 MB a copy, 888 MB with gradients and

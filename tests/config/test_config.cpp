@@ -293,10 +293,12 @@ TEST_CASE("config: values out of range") {
         "q.yaml:2:15: data.batch_size: expected an integer <= 2147483647, got '4294967296'");
   CHECK(error_of("trainer:\n  seed: -1\n") ==
         "q.yaml:2:9: trainer.seed: expected an integer >= 0, got '-1'");
-  CHECK(error_of("trainer:\n  zero: 2\n") ==
-        "q.yaml:2:9: trainer.zero: expected 0 or 1, got '2'");
+  CHECK(error_of("trainer:\n  zero: 3\n") ==
+        "q.yaml:2:9: trainer.zero: expected an integer in [0, 2], got '3'");
   CHECK(error_of("trainer:\n  zero: -1\n") ==
-        "q.yaml:2:9: trainer.zero: expected 0 or 1, got '-1'");
+        "q.yaml:2:9: trainer.zero: expected an integer in [0, 2], got '-1'");
+  CHECK(parse_config(kMinimal, "z.yaml", std::vector<std::string>{"trainer.zero=2"}).trainer.zero ==
+        2);
   CHECK(parse_config(kMinimal, "z.yaml", std::vector<std::string>{"trainer.zero=1"}).trainer.zero ==
         1);
   CHECK(error_of("data:\n  classes: 1\n") ==
@@ -643,7 +645,7 @@ TEST_CASE("config: trainer.grad_reduce_dtype reads fp32 and bf16, not bf16 with 
   CHECK(error_of("data: {dataset: synthetic}\n"
                  "trainer: {steps: 10, zero: 1, grad_reduce_dtype: bf16}\n") ==
         "q.yaml:2:31: trainer.grad_reduce_dtype: bf16 with trainer.zero (1, set at q.yaml:2:22) "
-        "is not implemented yet; use fp32 with ZeRO-1");
+        "is not implemented yet; use fp32 with ZeRO");
   CHECK(error_of("trainer: {steps: 10, grad_reduce_dtype: fp16}\n") ==
         "q.yaml:1:41: trainer.grad_reduce_dtype: expected one of fp32, bf16, got 'fp16'");
 }
@@ -675,7 +677,7 @@ TEST_CASE("config: every problem at once, in the file's order, then the override
   // One rule's problem does not hide another's; a missing key has no line, and comes last.
   CHECK(errors_of("data: {dataset: synthetic}\ntrainer: {zero: 1, grad_reduce_dtype: bf16}\n") ==
         "q.yaml:2:20: trainer.grad_reduce_dtype: bf16 with trainer.zero (1, set at q.yaml:2:11) is "
-        "not implemented yet; use fp32 with ZeRO-1\n"
+        "not implemented yet; use fp32 with ZeRO\n"
         "q.yaml: trainer: set trainer.steps or trainer.epochs");
 }
 
@@ -697,7 +699,8 @@ TEST_CASE("config: a nested section's keys are named by their leaves") {
   CHECK(contains(error_of("trainer: {steps: 1, ckpt: runs}\n"),
                  "valid keys: backend, devices, steps, epochs, seed, log_every, eval_every, "
                  "check_replicas_every, threads_per_device, comm, precision, bucket_cap_mb, "
-                 "overlap, grad_reduce_dtype, accumulate_steps, zero, cuda_graphs, trace, report, "
+                 "overlap, grad_reduce_dtype, accumulate_steps, zero, recompute, cuda_graphs, trace, "
+                 "report, "
                  "metrics, "
                  "on_nonfinite, max_nonfinite_skips, step_timeout_s, stop_grace_s, "
                  "on_worker_failure, min_workers, keep_global_batch, snapshot_every, checkpoint.dir, "

@@ -99,7 +99,8 @@ TEST_CASE("deferred read: each step reported once, in order, with the bits of a 
          cfg.optimizer.clip_grad_norm = 0.5;
          cfg.trainer.on_nonfinite = NonfinitePolicy::skip;
        }},
-      {"ZeRO-1", [](Config& cfg) { cfg.trainer.zero = 1; }}};
+      {"ZeRO-1", [](Config& cfg) { cfg.trainer.zero = 1; }},
+      {"ZeRO-2", [](Config& cfg) { cfg.trainer.zero = 2; }}};
   for (const auto& [name, apply] : variants) {
     CAPTURE(std::string(name));
     Config cfg = mlp_config(2);

@@ -241,3 +241,27 @@ TEST_CASE("trainer.grad_reduce_dtype: bf16 halves the bytes, keeps replicas iden
   CHECK(moved < 0.1);
   CHECK(bf16.eval_loss == doctest::Approx(fp32.eval_loss).epsilon(0.02));
 }
+
+TEST_CASE("ZeRO-2's bucket buffers: the tied embedding's bucket is held, the others rotate") {
+  // Note [ZeRO-2]: a GPT's LM head writes into the token embedding's gradients first, the
+  // embedding last, so its bucket is open all through backward.
+  const Model model = Model::gpt({.vocab_size = 64, .context = 8, .n_layer = 4, .n_head = 2,
+                                  .d_model = 32});
+  const std::vector<detail::Bucket> buckets = detail::plan_buckets(model, 0.02, 0.02);
+  REQUIRE(buckets.size() >= 5);
+  const detail::GradientSlots slots = detail::plan_gradient_slots(model, buckets);
+  CHECK(slots.held == 1);
+  const std::size_t embedding = buckets.size() - 1;  // layer 0 sits at the end of the buffer
+  CHECK(buckets[embedding].layers == std::vector<std::size_t>{0});
+  CHECK(slots.retires[embedding] == detail::GradientSlots::kNone);
+  CHECK(slots.retires[0] == detail::GradientSlots::kNone);
+  CHECK(slots.retires[1] == detail::GradientSlots::kNone);
+  CHECK(slots.retires[2] == 0);  // the third rotating bucket takes the first one's buffer
+  CHECK(slots.retires[3] == 1);
+  std::size_t largest = 0;
+  for (const detail::Bucket& b : buckets) largest = std::max(largest, b.end - b.begin);
+  CHECK(slots.floats < model.param_count());
+  CHECK(slots.floats <= (buckets[embedding].end - buckets[embedding].begin) + 2 * largest + 48);
+  for (std::size_t b = 0; b < buckets.size(); ++b)  // the gradient buffer's alignment, kept
+    CHECK(slots.at[b] % 16 == buckets[b].begin % 16);
+}

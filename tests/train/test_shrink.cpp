@@ -244,7 +244,10 @@ TEST_CASE("shrink: where the survivors hold no whole state, the newest snapshot 
                         {{0, 1}, "1:8:lost:all-reduce", 1, 6, 1, 2},
                         {{0, 1}, "0:8:lost:update", 1, 6, 2, 2},
                         {{0, 1, 2, 3}, "3:8:lost:update", 0, 8, 0},
-                        {{0, 1, 2}, "0:8:lost:all-reduce", 0, 6, 1, 1, 0.0}};
+                        {{0, 1, 2}, "0:8:lost:all-reduce", 0, 6, 1, 1, 0.0},
+                        // ZeRO-2: the lost worker's gradient shard is gone as well.
+                        {{0, 1, 2}, "1:8:lost:backward", 2, 6, 1},
+                        {{0, 1, 2, 3}, "2:8:lost:all-reduce", 2, 6, 1, 1, 0.0}};
   for (const Case& c : cases) {
     CAPTURE(c.fault);
     CAPTURE(c.devices.size());

@@ -12,6 +12,7 @@
 #include <numeric>
 
 #include "lockstep/lockstep.hpp"
+#include "train/reducer.hpp"
 #include "trainer_fixtures.hpp"
 
 using namespace lockstep;
@@ -141,30 +142,182 @@ TEST_CASE("a zero 1 checkpoint holds the whole state and resumes with 3 workers 
   }
 }
 
-TEST_CASE("with zero 1 the non-finite policy names the tensor, and skip drops the update") {
+TEST_CASE("with zero 1 and 2 the non-finite policy names the tensor, and skip drops the update") {
   setenv("LOCKSTEP_FAULT", "1:7:nan", 1);  // each case runs in its own process under CTest
   auto train = synthetic(240, 1), eval = synthetic(40, 2);
   for (NonfinitePolicy policy : {NonfinitePolicy::stop, NonfinitePolicy::skip}) {
     for (int clip : {0, 1}) {  // without clipping stop updates per bucket, then gathers to name
-      CAPTURE(to_string(policy));
-      CAPTURE(clip);
-      Config cfg = zero_config(2, OptimizerKind::adamw, 1);
-      cfg.optimizer.clip_grad_norm = clip ? 0.05 : 0.0;
-      cfg.trainer.on_nonfinite = policy;
-      Trainer trainer(cfg, train, eval);
-      if (policy == NonfinitePolicy::stop) {
-        // Rank 1's NaN lands in the last layer, whose one grain rank 0 owns.
-        CHECK_THROWS_WITH_AS(trainer.run(),
-                             doctest::Contains("non-finite gradient at step 7: global norm nan, "
-                                               "first in layers.4.weight"),
-                             WorkerError);
-        continue;
+      for (int zero : {1, 2}) {
+        CAPTURE(to_string(policy));
+        CAPTURE(clip);
+        CAPTURE(zero);
+        Config cfg = zero_config(2, OptimizerKind::adamw, zero);
+        cfg.optimizer.clip_grad_norm = clip ? 0.05 : 0.0;
+        cfg.trainer.on_nonfinite = policy;
+        Trainer trainer(cfg, train, eval);
+        if (policy == NonfinitePolicy::stop) {
+          // Rank 1's NaN lands in the last layer, whose one grain rank 0 owns.
+          CHECK_THROWS_WITH_AS(trainer.run(),
+                               doctest::Contains("non-finite gradient at step 7: global norm nan, "
+                                                 "first in layers.4.weight"),
+                               WorkerError);
+          continue;
+        }
+        const Summary s = trainer.run();
+        CHECK(s.nonfinite_skips == 1);
+        CHECK(s.replicas_identical);
+        for (float p : trainer.final_parameters()) REQUIRE(std::isfinite(p));
       }
-      const Summary s = trainer.run();
-      CHECK(s.nonfinite_skips == 1);
-      CHECK(s.replicas_identical);
-      for (float p : trainer.final_parameters()) REQUIRE(std::isfinite(p));
     }
   }
   unsetenv("LOCKSTEP_FAULT");
+}
+
+// ZeRO-2 (Note [ZeRO-2]): the same runs end bit-identical to zero 0 and zero 1, each worker
+// holding less than the whole gradient buffer (its shards and the buckets' buffers), as the
+// memory plan says; with accumulation the whole buffer, with the same bits.
+TEST_CASE("zero 2 ends bit-identical to zero 0 and 1 (SGD with momentum, AdamW, clipping, "
+          "accumulation, N = 2..4) and holds the gradient bytes the plan says") {
+  auto train = synthetic(240, 1), eval = synthetic(40, 2);
+  for (OptimizerKind opt : {OptimizerKind::sgd, OptimizerKind::adamw}) {
+    for (int n : {2, 3, 4}) {
+      for (int accumulate : {1, 2}) {
+        if (accumulate == 2 && n != 3) continue;
+        CAPTURE(to_string(opt));
+        CAPTURE(n);
+        CAPTURE(accumulate);
+        auto config = [&](int zero) {
+          Config cfg = zero_config(n, opt, zero);
+          cfg.trainer.accumulate_steps = accumulate;
+          return cfg;
+        };
+        Trainer replicated(config(0), train, eval);
+        Trainer sharded(config(2), train, eval);
+        const Summary r = replicated.run();
+        const Summary s = sharded.run();
+        CHECK(s.replicas_identical);
+        CHECK(sharded.final_parameters() == replicated.final_parameters());
+        CHECK(s.final_train_loss == r.final_train_loss);
+        CHECK(s.zero == 2);
+        if (opt == OptimizerKind::adamw && n == 4) {
+          Trainer zero1(config(1), train, eval);
+          zero1.run();
+          CHECK(sharded.final_parameters() == zero1.final_parameters());
+        }
+        // The plan's figure is what the worker holding most holds: with accumulation the whole
+        // buffer; without, its shards and the 3 buckets' buffers (more than the whole here, as
+        // one bucket is most of this model: the next case has many).
+        const std::size_t whole = sizeof(float) * r.parameters;
+        std::size_t most = 0;
+        for (const WorkerTimes& w : s.worker_times) {
+          if (accumulate == 2) CHECK(w.gradient_bytes == whole);
+          most = std::max(most, w.gradient_bytes);
+        }
+        CHECK(s.grad_bytes == most);
+        for (const WorkerTimes& w : r.worker_times) CHECK(w.gradient_bytes == whole);
+      }
+    }
+  }
+}
+
+TEST_CASE("zero 2 at N = 4 holds a quarter of the gradients plus the buckets in flight") {
+  // Five hidden layers of 512: buckets of 2,052, three of 262,656 (a 512 x 512 layer, 17
+  // grains) and 269,312 parameters; a rank's shard of each is at most a grain over a quarter.
+  auto train = synthetic(240, 1), eval = synthetic(40, 2);
+  Config cfg = zero_config(4, OptimizerKind::sgd, 2);
+  cfg.model.hidden = std::vector<int>(5, 512);
+  cfg.trainer.bucket_cap_mb = 1.1;
+  cfg.trainer.steps = 2;
+  Trainer sharded(cfg, train, eval);
+  const Summary s = sharded.run();
+  const std::size_t whole = sizeof(float) * s.parameters, grain = sizeof(float) * detail::kZeroGrain;
+  const std::size_t largest = sizeof(float) * (269312 + 16);  // a bucket's buffer, aligned
+  for (const WorkerTimes& w : s.worker_times) {
+    CHECK(w.gradient_bytes <= whole / 4 + 5 * grain + 2 * largest);
+    CHECK(w.gradient_bytes < whole);
+    CHECK(w.gradient_bytes <= s.grad_bytes);
+  }
+  CHECK(s.memory_plan.find("as ZeRO-2 shards and buckets") != std::string::npos);
+}
+
+TEST_CASE("zero 2 retires buckets without overlap and inline as with it: the same bits") {
+  auto train = synthetic(240, 1), eval = synthetic(40, 2);
+  Trainer reference(zero_config(3, OptimizerKind::adamw, 0), train, eval);
+  reference.run();
+  for (const char* mode : {"inline", "async"}) {
+    for (bool overlap : {false, true}) {
+      CAPTURE(mode);
+      CAPTURE(overlap);
+      setenv("LOCKSTEP_COMM_MODE", mode, 1);  // each case runs in its own process under CTest
+      Config cfg = zero_config(3, OptimizerKind::adamw, 2);
+      cfg.trainer.overlap = overlap;
+      cfg.optimizer.clip_grad_norm = 0.0;  // updates per bucket, as each lands
+      Config plain = zero_config(3, OptimizerKind::adamw, 0);
+      plain.optimizer.clip_grad_norm = 0.0;
+      Trainer sharded(cfg, train, eval), replicated(plain, train, eval);
+      const Summary s = sharded.run();
+      replicated.run();
+      CHECK(s.comm_mode == mode);
+      CHECK(sharded.final_parameters() == replicated.final_parameters());
+      unsetenv("LOCKSTEP_COMM_MODE");
+    }
+  }
+}
+
+TEST_CASE("zero 2 on a GPT (the LM head tied to the token embedding: a held bucket), fp32 and "
+          "bf16, ends bit-identical to zero 0") {
+  auto train = std::make_shared<TokenDataset>(test::token_stream(4000, 8, 1));
+  for (Precision precision : {Precision::fp32, Precision::bf16}) {
+    CAPTURE(to_string(precision));
+    auto config = [&](int zero) {
+      Config cfg = test::small_gpt_config(3, 4);
+      cfg.model.n_layer = 4;
+      cfg.trainer.precision = precision;
+      cfg.trainer.bucket_cap_mb = 0.004;  // a bucket per layer or so: several rotate
+      cfg.trainer.zero = zero;
+      return cfg;
+    };
+    Trainer replicated(config(0), train, nullptr), sharded(config(2), train, nullptr);
+    const Summary r = replicated.run();
+    const Summary s = sharded.run();
+    CHECK(s.replicas_identical);
+    CHECK(sharded.final_parameters() == replicated.final_parameters());
+    CHECK(s.final_train_loss == r.final_train_loss);
+    // Buckets smaller than a grain: rank 0 holds every shard; the plan knows.
+    CHECK(s.worker_times.front().gradient_bytes == s.grad_bytes);
+  }
+}
+
+TEST_CASE("a zero 2 checkpoint is zero 0's, and resumes with zero 0, 1 and 2 on other counts") {
+  auto train = synthetic(240, 1), eval = synthetic(40, 2);
+  auto config = [&](int devices, int zero, const fs::path& dir) {
+    Config cfg = zero_config(devices, OptimizerKind::adamw, zero);
+    cfg.trainer.steps = 20;
+    cfg.trainer.checkpoint.dir = dir.string();
+    cfg.trainer.checkpoint.every_steps = 10;
+    cfg.trainer.checkpoint.keep_last = 5;
+    return cfg;
+  };
+  const fs::path sharded_dir = fresh_dir("zero2"), replicated_dir = fresh_dir("zero2_ref");
+  Trainer(config(4, 2, sharded_dir), train, eval).run();
+  Trainer(config(4, 0, replicated_dir), train, eval).run();
+  const auto at_10 = [](const fs::path& dir) {
+    return CheckpointManager::load(dir / "step_00000010.safetensors");
+  };
+  const Checkpoint sharded = at_10(sharded_dir), replicated = at_10(replicated_dir);
+  CHECK(sharded.params == replicated.params);
+  REQUIRE(sharded.optimizer_state.size() == replicated.optimizer_state.size());
+  for (std::size_t i = 0; i < sharded.optimizer_state.size(); ++i)
+    CHECK(sharded.optimizer_state[i].values == replicated.optimizer_state[i].values);
+  for (auto [devices, zero] : {std::pair{3, 2}, std::pair{2, 0}, std::pair{2, 1}}) {
+    CAPTURE(devices);
+    CAPTURE(zero);
+    Trainer from_sharded(config(devices, zero, fresh_dir("from_zero2")), train, eval);
+    from_sharded.resume_from(sharded);
+    Trainer from_replicated(config(devices, 0, fresh_dir("from_zero0")), train, eval);
+    from_replicated.resume_from(replicated);
+    from_sharded.run();
+    from_replicated.run();
+    CHECK(from_sharded.final_parameters() == from_replicated.final_parameters());
+  }
 }
