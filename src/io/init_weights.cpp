@@ -1,4 +1,4 @@
-// load_weights(): the weights of a checkpoint, an export or a Hugging Face GPT-2 directory in
+// load_weights(): the weights of a checkpoint, an export or a Hugging Face directory in
 // the layout of the model being trained, for `lockstep train --init-from`.
 //
 // Tensors are matched by name, not by offset, so a file written in another buffer order (an
@@ -13,7 +13,7 @@
 #include <system_error>
 
 #include "io/durable_file.hpp"
-#include "io/hf_gpt2.hpp"
+#include "io/hf_model.hpp"
 #include "lockstep/checkpoint.hpp"
 #include "lockstep/error.hpp"
 
@@ -33,10 +33,10 @@ std::string_view model_kind(std::span<const ParamTensor> tensors) {
 }
 
 // The file at `path` as safetensors: a checkpoint directory's newest valid checkpoint, either
-// file of a checkpoint, any safetensors file, or a Hugging Face GPT-2 directory or file.
+// file of a checkpoint, or any safetensors file (a Hugging Face directory is read by
+// load_hf_weights).
 SafetensorsFile read_weights_file(const fs::path& path, fs::path& file) {
   std::error_code ec;
-  if (detail::is_hf_gpt2(path)) return detail::read_hf_gpt2(path, file);
   if (fs::is_directory(path, ec) || path.extension() == ".state") {
     const Checkpoint ckpt = CheckpointManager::load(path);
     file = ckpt.weights_file;
@@ -50,6 +50,7 @@ SafetensorsFile read_weights_file(const fs::path& path, fs::path& file) {
 }  // namespace
 
 Weights load_weights(const fs::path& path, std::span<const ParamTensor> expected) {
+  if (detail::is_hf_dir(path)) return detail::load_hf_weights(path, expected);
   Weights out;
   const SafetensorsFile in = read_weights_file(path, out.file);
   const auto fail = [&](const std::string& what) {
@@ -89,8 +90,19 @@ Weights load_weights(const fs::path& path, std::span<const ParamTensor> expected
 
 std::optional<WeightsModel> weights_model(const fs::path& path) {
   WeightsModel out;
-  if (detail::is_hf_gpt2(path)) {
-    out.spec = detail::read_hf_gpt2_spec(path, out.file);
+  if (detail::is_hf_dir(path)) {
+    const detail::HfConfig hf = detail::read_hf_dir_config(path, out.file);
+    out.spec = {.vocab_size = hf.vocab_size, .context = hf.context, .n_layer = hf.n_layer,
+                .n_head = hf.n_head, .d_model = hf.d_model};
+    out.keys = hf.model_keys();
+    if (!hf.is_gpt2()) {  // rotary positions: max_position_embeddings is a limit
+      out.max_context = hf.context;
+      out.max_context_field = "max_position_embeddings";
+      if (hf.sliding_window && *hf.sliding_window < out.max_context) {
+        out.max_context = *hf.sliding_window;
+        out.max_context_field = "sliding_window (lockstep does not model sliding-window attention)";
+      }
+    }
     return out;
   }
   const SafetensorsFile in = read_weights_file(path, out.file);
@@ -101,6 +113,11 @@ std::optional<WeightsModel> weights_model(const fs::path& path) {
   } catch (const std::invalid_argument& e) {
     detail::fail_input(out.file, e.what());
   }
+  out.keys = {{"vocab_size", std::to_string(out.spec.vocab_size)},
+              {"context", std::to_string(out.spec.context)},
+              {"n_layer", std::to_string(out.spec.n_layer)},
+              {"n_head", std::to_string(out.spec.n_head)},
+              {"d_model", std::to_string(out.spec.d_model)}};
   return out;
 }
 

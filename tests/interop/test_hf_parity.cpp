@@ -1,0 +1,112 @@
+// Parity with transformers for models read from Hugging Face directories: a random-initialised
+// model saved by save_pretrained (tests/interop/hf_parity.py make), read by load_weights as
+// `train --init-from` reads it, gives transformers' logits and, for one batch, the gradient of
+// the mean next-token loss of every parameter, each within 1e-5 relative (norm of the
+// difference over the norm of transformers'), in fp32 on the CPU. Skips without the
+// transformers environment (tests/interop/hf_venv.sh).
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "../cli/cli_runner.hpp"
+#include "../data/temp_files.hpp"
+#include "lockstep/lockstep.hpp"
+#include "python_env.hpp"
+
+namespace fs = std::filesystem;
+using lockstep::test::run_command;
+
+namespace {
+
+const std::string kScript = std::string(LOCKSTEP_SOURCE_DIR) + "/tests/interop/hf_parity.py";
+
+template <class T>
+void write_raw(const fs::path& file, const std::vector<T>& v) {
+  std::ofstream out(file, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(T)));
+  REQUIRE(out.good());
+}
+
+// lockstep's logits (B, T, vocab) and parameter gradients of the mean next-token loss for
+// `batch` windows of context + 1 tokens, of the model the directory `hf` describes, written
+// into `out` as hf_parity.py check reads them.
+void lockstep_logits_and_grads(const fs::path& hf, int batch, const fs::path& out) {
+  const std::optional<lockstep::WeightsModel> described = lockstep::weights_model(hf);
+  REQUIRE(described);
+  const lockstep::GptSpec& spec = described->spec;
+  const lockstep::Model model = lockstep::Model::gpt(spec);
+  const lockstep::Weights weights = lockstep::load_weights(hf, model.param_tensors());
+  const std::unique_ptr<lockstep::Device> dev = lockstep::make_cpu_device(0, 1);
+  lockstep::Replica replica(*dev, model, batch);
+  replica.load_parameters(weights.params);
+
+  const int T = spec.context, V = spec.vocab_size;
+  std::vector<std::int32_t> tokens;
+  std::vector<float> inputs;
+  for (int b = 0; b < batch; ++b)
+    for (int t = 0; t <= T; ++t) {
+      tokens.push_back((b * 131 + t * 37 + t * t) % V);
+      if (t < T) inputs.push_back(static_cast<float>(tokens.back()));
+    }
+  lockstep::DeviceArray<float> x(*dev, inputs.size());
+  x.upload(inputs);
+  std::vector<float> padded(static_cast<std::size_t>(model.outputs()) * static_cast<std::size_t>(batch));
+  dev->copy_to_host(padded.data(), replica.forward(x.data(), batch), padded.size() * sizeof(float));
+  const std::size_t width = static_cast<std::size_t>(model.outputs()) / static_cast<std::size_t>(T);
+
+  // The logits without the padding, and the loss's gradient: (softmax - one-hot) / (B T).
+  std::vector<float> logits, dlogits(padded.size(), 0.0f);
+  for (int b = 0; b < batch; ++b)
+    for (int t = 0; t < T; ++t) {
+      const std::size_t row = (static_cast<std::size_t>(b) * T + t) * width;
+      const float* z = padded.data() + row;
+      logits.insert(logits.end(), z, z + V);
+      double max = z[0], sum = 0;
+      for (int v = 0; v < V; ++v) max = std::max(max, static_cast<double>(z[v]));
+      for (int v = 0; v < V; ++v) sum += std::exp(z[v] - max);
+      const int target = tokens[static_cast<std::size_t>(b) * (T + 1) + t + 1];
+      for (int v = 0; v < V; ++v)
+        dlogits[row + v] = static_cast<float>((std::exp(z[v] - max) / sum - (v == target)) / (batch * T));
+    }
+  lockstep::DeviceArray<float> dl(*dev, dlogits.size());
+  dl.upload(dlogits);
+  replica.zero_grads();
+  replica.backward(x.data(), dl.data(), batch);
+  lockstep::write_safetensors(out / "grads.safetensors", model.param_tensors(), replica.gradients());
+  write_raw(out / "tokens.i32", tokens);
+  write_raw(out / "logits.f32", logits);
+}
+
+// Makes the model with hf_parity.py, and checks lockstep against it; returns the report.
+void check_parity(const std::string& python, const lockstep::test::TempDir& dir, const std::string& name,
+                  const std::string& family, const std::string& fields, const std::string& save = "") {
+  CAPTURE(name);
+  const fs::path hf = dir.path() / name, out = dir.path() / (name + "_out");
+  fs::create_directories(out);
+  const auto made = run_command(python + " \"" + kScript + "\" make " + family + " " + hf.string() +
+                                " '" + fields + "' " + save);
+  REQUIRE_MESSAGE(made.code == 0, made.output);
+  const int batch = 2;
+  lockstep_logits_and_grads(hf, batch, out);
+  const auto r = run_command(python + " \"" + kScript + "\" check " + hf.string() + " " +
+                             (out / "tokens.i32").string() + " " + std::to_string(batch) + " " +
+                             (out / "logits.f32").string() + " " + (out / "grads.safetensors").string());
+  MESSAGE(name << ": " << r.output);
+  CHECK_MESSAGE(r.code == 0, r.output);
+}
+
+}  // namespace
+
+TEST_CASE("interop: a transformers GPT-2, sharded in bf16, gives lockstep transformers' logits and gradients") {
+  const std::string python = lockstep::test::hf_python();
+  if (python.empty()) return;
+  const lockstep::test::TempDir dir;
+  // A vocabulary of 96: lockstep pads its logits, transformers does not.
+  check_parity(python, dir, "gpt2_bf16_sharded", "gpt2",
+               R"({"vocab_size": 96, "n_positions": 16, "n_embd": 32, "n_layer": 2, "n_head": 4,
+                   "activation_function": "gelu_new"})",
+               "bfloat16 20KB");
+}
