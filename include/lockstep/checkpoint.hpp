@@ -73,7 +73,8 @@ LOCKSTEP_API std::uint64_t write_safetensors(const std::filesystem::path& file,
                                              const std::map<std::string, std::string>& metadata = {},
                                              TensorDtype dtype = TensorDtype::f32);
 
-// Reads any safetensors file of F32 tensors. Checks the whole file against
+// Reads any safetensors file of F32 tensors whole (checkpoints; load_weights reads BF16 and F16
+// too, a tensor at a time). Checks the whole file against
 // "lockstep.file_checksum" and the data against "lockstep.checksum" when the metadata has them. Headers are limited to 100 MB, as in the reference implementation.
 LOCKSTEP_API SafetensorsFile read_safetensors(const std::filesystem::path& file);
 
@@ -127,7 +128,7 @@ struct LOCKSTEP_API Weights {
 
 // The weights at `path` in the layout of `expected` (Model::param_tensors()), matched by tensor
 // name: a checkpoint directory (its newest valid checkpoint), either file of a checkpoint, a
-// safetensors file (`lockstep export`), or a Hugging Face directory (config.json and
+// safetensors file (`lockstep export`, F32 or BF16), or a Hugging Face directory (config.json and
 // model.safetensors or model.safetensors.index.json and its shards, F32, BF16 or F16, as
 // save_pretrained and `lockstep export --format hf` write them) or its weights file. Throws
 // InputError naming the file and the first tensor that is missing, of another shape, or not in

@@ -57,10 +57,14 @@ std::map<std::string, std::string> read_weight_map(const fs::path& index) {
 
 }  // namespace
 
-HfWeights::HfWeights(const fs::path& dir) {
+HfWeights::HfWeights(const fs::path& path) {
   std::error_code ec;
+  const fs::path& dir = path;
   const fs::path index = dir / kHfIndexName;
-  if (!fs::exists(index, ec)) {
+  if (!fs::is_directory(path, ec)) {
+    file_ = path;
+    shards_.push_back(std::make_unique<SafetensorsReader>(file_));
+  } else if (!fs::exists(index, ec)) {
     file_ = dir / kHfWeightsName;
     if (!fs::exists(file_, ec))
       fail_input(dir, fmt::format("no weights: expected {} or {} (a Hugging Face model "

@@ -19,13 +19,14 @@ namespace lockstep::detail {
 inline constexpr std::string_view kHfWeightsName = "model.safetensors";
 inline constexpr std::string_view kHfIndexName = "model.safetensors.index.json";
 
-// The directory's tensors, every shard's header read and checked against the index.
+// The tensors of a directory's files, every shard's header read and checked against the index;
+// or of one safetensors file (lockstep's own, an export).
 class HfWeights {
  public:
-  // InputError naming the file: no weights (neither model.safetensors nor the index), an index
-  // whose weight_map names a file that is not there or a tensor its shard does not hold, a shard
-  // holding a tensor the weight_map puts elsewhere.
-  explicit HfWeights(const std::filesystem::path& dir);
+  // `path`: a directory or a file. InputError naming the file: no weights (neither
+  // model.safetensors nor the index), an index whose weight_map names a file that is not there
+  // or a tensor its shard does not hold, a shard holding a tensor the weight_map puts elsewhere.
+  explicit HfWeights(const std::filesystem::path& path);
 
   struct Located {
     SafetensorsReader* shard;

@@ -417,7 +417,8 @@ TEST_CASE("export --dtype bf16: BF16 tensors, each float_to_bf16 of the fp32 wei
             std::stoull(t32.members[2].second.items[k].text));
   }
   CHECK(tensors == c.tensors.size());
-  // lockstep reads only F32: a BF16 export is refused, by name, as an input.
+  // read_safetensors (checkpoints) reads only F32: a BF16 file is refused, by name (load_weights
+  // widens one: tests/io/test_hf_weights.cpp).
   CHECK_THROWS_WITH_AS(read_safetensors(b16), doctest::Contains("dtype: expected \"F32\", got a string BF16"),
                        InputError);
 }

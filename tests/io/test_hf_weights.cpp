@@ -133,7 +133,7 @@ std::string load_error(const fs::path& dir, const std::vector<ParamTensor>& expe
 
 }  // namespace
 
-TEST_CASE("hf weights: a sharded BF16 export loads as the F32 one rounded; one file replaces the shards") {
+TEST_CASE("hf weights: a sharded BF16 export (and a torch one) loads as the F32 one rounded; one file replaces the shards") {
   const TempDir dir;
   const GptSpec spec{.vocab_size = 30, .context = 8, .n_layer = 2, .n_head = 2, .d_model = 8};
   const Checkpoint c = lockstep::test::gpt_checkpoint(spec, 5);
@@ -165,6 +165,9 @@ TEST_CASE("hf weights: a sharded BF16 export loads as the F32 one rounded; one f
   CHECK(lockstep::test::same_bits(bf16.params, rounded));
   CHECK(bf16.metadata.at("lockstep.model") == to_string(spec));
   CHECK(bf16.file == sharded / "model.safetensors.index.json");
+  // An export --format torch --dtype bf16 loads widened too.
+  export_torch(c, dir.path() / "torch.safetensors", TensorDtype::bf16);
+  CHECK(lockstep::test::same_bits(load_weights(dir.path() / "torch.safetensors", c.tensors).params, rounded));
 
   // One file into the sharded directory: the shards and the index go, from_pretrained reads the file.
   export_hf(c, sharded, TensorDtype::f32);
