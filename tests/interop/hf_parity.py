@@ -2,14 +2,15 @@
 """transformers' side of the parity tests of Hugging Face checkpoints (tests/interop/
 test_hf_parity.cpp); run with the virtual environment of tests/interop/hf_venv.sh.
 
-    hf_parity.py make FAMILY DIR CONFIG_JSON [DTYPE [MAX_SHARD_SIZE]]
+    hf_parity.py make FAMILY DIR CONFIG_JSON [DTYPE [MAX_SHARD_SIZE [PARAMS.safetensors]]]
         saves a randomly initialised (torch.manual_seed(0)) GPT2LMHeadModel, LlamaForCausalLM,
         Qwen2ForCausalLM or MistralForCausalLM (FAMILY gpt2, llama, qwen2, mistral) of the
         config fields CONFIG_JSON gives to DIR with save_pretrained, in DTYPE (float32 or
-        bfloat16), in shards of MAX_SHARD_SIZE when given. Weights drawn with std 0.2 rather
-        than 0.02, so that a tiny model's logits are not all alike. A "rope_scaling" of type
+        bfloat16), in shards of MAX_SHARD_SIZE when given ("none": one file). Weights drawn
+        with std 0.2 rather than 0.02, so that a tiny model's logits are not all alike. A "rope_scaling" of type
         llama3 is written into config.json after the save when this transformers predates it
-        (see llama3_inv_freq).
+        (see llama3_inv_freq). With PARAMS, also every parameter as saved, widened to F32, under
+        transformers' names (a tied head once, as the embedding).
     hf_parity.py check DIR TOKENS.i32 BATCH LOGITS.f32 GRADS.safetensors
         loads DIR in fp32, runs the BATCH sequences of TOKENS (each one token longer than the
         model's input: the last is the target), and compares with lockstep's logits (B, T, V)
@@ -28,7 +29,7 @@ import torch.nn.functional as F
 import transformers
 
 transformers.utils.logging.disable_progress_bar()  # shards' loading bars would mix into the output
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 TOLERANCE = 1e-5
 CLASSES = {
@@ -54,7 +55,7 @@ def llama3_inv_freq(base, dim, scaling):
         scaling["original_max_position_embeddings"]))
 
 
-def make(family, directory, fields, dtype="float32", max_shard_size=None):
+def make(family, directory, fields, dtype="float32", max_shard_size=None, params=None):
     config_class, model_class = CLASSES[family]
     fields = json.loads(fields)
     scaling = fields.pop("rope_scaling", None)
@@ -66,9 +67,11 @@ def make(family, directory, fields, dtype="float32", max_shard_size=None):
     config.initializer_range = 0.2
     model = model_class(config).eval().to(getattr(torch, dtype))
     kwargs = {"safe_serialization": True}
-    if max_shard_size:
+    if max_shard_size and max_shard_size != "none":
         kwargs["max_shard_size"] = max_shard_size
     model.save_pretrained(directory, **kwargs)
+    if params:
+        save_file({n: p.detach().float().contiguous() for n, p in model.named_parameters()}, params)
     if scaling:  # what a newer transformers writes
         path = os.path.join(directory, "config.json")
         with open(path) as f:

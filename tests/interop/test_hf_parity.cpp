@@ -1,4 +1,8 @@
-// Parity with transformers for models read from Hugging Face directories: a random-initialised
+// Parity with transformers for models read from Hugging Face directories. Llama, Qwen2 and
+// Mistral directories that save_pretrained wrote (GQA, tied and untied, q/k/v biases, llama3
+// scaling; bf16 and fp32, sharded and not) load by name, bit for bit as transformers reads them,
+// into the decoder's layout (Hugging Face's names and storage order), and say the model keys
+// their config.json gives. For GPT-2, a random-initialised
 // model saved by save_pretrained (tests/interop/hf_parity.py make), read by load_weights as
 // `train --init-from` reads it, gives transformers' logits and, for one batch, the gradient of
 // the mean next-token loss of every parameter, each within 1e-5 relative (norm of the
@@ -6,13 +10,16 @@
 // transformers environment (tests/interop/hf_venv.sh).
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <vector>
 
 #include "../cli/cli_runner.hpp"
 #include "../data/temp_files.hpp"
+#include "io/hf_config.hpp"
 #include "lockstep/lockstep.hpp"
 #include "python_env.hpp"
 
@@ -98,7 +105,97 @@ void check_parity(const std::string& python, const lockstep::test::TempDir& dir,
   CHECK_MESSAGE(r.code == 0, r.output);
 }
 
+// The Llama family's parameters in the decoder's storage order (Hugging Face's names), of the
+// shapes `c` gives.
+std::vector<lockstep::ParamTensor> llama_layout(const lockstep::detail::HfConfig& c) {
+  std::vector<lockstep::ParamTensor> out;
+  std::size_t offset = 0;
+  const auto add = [&](const std::string& name, std::vector<std::int64_t> shape) {
+    out.push_back({name, offset, std::move(shape)});
+    offset += out.back().numel();
+  };
+  const std::int64_t d = c.d_model, q = c.n_head * c.head_dim, kv = c.n_kv_head * c.head_dim;
+  add("model.embed_tokens.weight", {c.vocab_size, d});
+  for (int i = 0; i < c.n_layer; ++i) {
+    const std::string layer = "model.layers." + std::to_string(i) + ".";
+    add(layer + "input_layernorm.weight", {d});
+    add(layer + "self_attn.q_proj.weight", {q, d});
+    add(layer + "self_attn.k_proj.weight", {kv, d});
+    add(layer + "self_attn.v_proj.weight", {kv, d});
+    if (c.qkv_bias) {
+      add(layer + "self_attn.q_proj.bias", {q});
+      add(layer + "self_attn.k_proj.bias", {kv});
+      add(layer + "self_attn.v_proj.bias", {kv});
+    }
+    add(layer + "self_attn.o_proj.weight", {d, q});
+    add(layer + "post_attention_layernorm.weight", {d});
+    add(layer + "mlp.gate_proj.weight", {c.intermediate_size, d});
+    add(layer + "mlp.up_proj.weight", {c.intermediate_size, d});
+    add(layer + "mlp.down_proj.weight", {d, c.intermediate_size});
+  }
+  add("model.norm.weight", {d});
+  if (!c.tie_embeddings) add("lm_head.weight", {c.vocab_size, d});
+  return out;
+}
+
 }  // namespace
+
+TEST_CASE("interop: transformers' Llama, Qwen2 and Mistral directories load bit for bit, with their model keys") {
+  const std::string python = lockstep::test::hf_python();
+  if (python.empty()) return;
+  const lockstep::test::TempDir dir;
+  struct Case {
+    std::string family, fields, save, keys;
+  };
+  const std::string sizes = R"("vocab_size": 96, "max_position_embeddings": 32, "hidden_size": 32,
+      "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,)";
+  const Case cases[] = {
+      {"llama", sizes + R"("num_key_value_heads": 2, "tie_word_embeddings": false, "rope_theta": 500000.0,
+          "rope_scaling": {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
+          "high_freq_factor": 4.0, "original_max_position_embeddings": 8}})", "bfloat16 20KB",
+       "family=llama vocab_size=96 context=32 n_layer=2 n_head=4 d_model=32 norm=rmsnorm norm_eps=1e-06 "
+       "positions=rope rope_theta=500000 rope_scaling={type: llama3, factor: 4, low_freq_factor: 1, "
+       "high_freq_factor: 4, original_max_position_embeddings: 8} mlp=swiglu intermediate_size=48 "
+       "n_kv_head=2 head_dim=8 qkv_bias=false proj_bias=false tie_embeddings=false"},
+      {"qwen2", sizes + R"("num_key_value_heads": 1, "tie_word_embeddings": true, "rms_norm_eps": 1e-05})",
+       "float32 none",
+       "family=qwen2 vocab_size=96 context=32 n_layer=2 n_head=4 d_model=32 norm=rmsnorm norm_eps=1e-05 "
+       "positions=rope rope_theta=10000 rope_scaling=null mlp=swiglu intermediate_size=48 "
+       "n_kv_head=1 head_dim=8 qkv_bias=true proj_bias=false tie_embeddings=true"},
+      {"mistral", sizes + R"("num_key_value_heads": 4, "sliding_window": null, "rope_theta": 1000000.0})",
+       "float32 20KB",
+       "family=mistral vocab_size=96 context=32 n_layer=2 n_head=4 d_model=32 norm=rmsnorm norm_eps=1e-06 "
+       "positions=rope rope_theta=1000000 rope_scaling=null mlp=swiglu intermediate_size=48 "
+       "n_kv_head=4 head_dim=8 qkv_bias=false proj_bias=false tie_embeddings=false"}};
+  for (const Case& c : cases) {
+    CAPTURE(c.family);
+    const fs::path hf = dir.path() / c.family, params = dir.path() / (c.family + ".safetensors");
+    const auto made = run_command(python + " \"" + kScript + "\" make " + c.family + " " + hf.string() +
+                                  " '{" + c.fields + "' " + c.save + " " + params.string());
+    REQUIRE_MESSAGE(made.code == 0, made.output);
+    const std::optional<lockstep::WeightsModel> described = lockstep::weights_model(hf);
+    REQUIRE(described);
+    std::string keys;
+    for (const auto& [key, value] : described->keys) keys += (keys.empty() ? "" : " ") + key + "=" + value;
+    CHECK(keys == c.keys);
+    CHECK(described->max_context == 32);
+
+    const std::vector<lockstep::ParamTensor> layout =
+        llama_layout(lockstep::detail::read_hf_config(hf / "config.json"));
+    const lockstep::Weights loaded = lockstep::load_weights(hf, layout);
+    const lockstep::SafetensorsFile theirs = lockstep::read_safetensors(params);
+    REQUIRE(theirs.tensors.size() == layout.size());
+    for (const lockstep::ParamTensor& t : theirs.tensors) {
+      CAPTURE(t.name);
+      const auto mine = std::find_if(layout.begin(), layout.end(),
+                                     [&](const lockstep::ParamTensor& e) { return e.name == t.name; });
+      REQUIRE(mine != layout.end());
+      CHECK(mine->shape == t.shape);
+      CHECK(std::memcmp(loaded.params.data() + mine->offset, theirs.data.data() + t.offset,
+                        t.numel() * sizeof(float)) == 0);
+    }
+  }
+}
 
 TEST_CASE("interop: a transformers GPT-2, sharded in bf16, gives lockstep transformers' logits and gradients") {
   const std::string python = lockstep::test::hf_python();
