@@ -20,6 +20,14 @@
 // frequencies as "rotary_emb.inv_freq", a buffer computed from rope_theta: skipped. Everything
 // else a file holds must be a parameter of the model (lm_head.weight of a tied config is not).
 //
+// Note [Hugging Face token ids]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// config.json's bos_token_id and eos_token_id (an int or a list: Llama 3.1 stops at three) go
+// with the weights --init-from reads as the metadata "lockstep.bos_token_ids" and
+// "lockstep.eos_token_ids" (JSON arrays); the Trainer keeps them in its checkpoints, what
+// sampling stops at, and `export --format hf` writes them back (else the tokenizer's
+// <|endoftext|>).
+//
 // Note [Hugging Face exports]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
 // `export --format hf` writes config.json (hf_config_json), generation_config.json, the tokenizer
@@ -33,6 +41,7 @@
 #include "io/hf_model.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cctype>
@@ -151,6 +160,22 @@ std::vector<std::pair<std::size_t, std::size_t>> shard_ranges(std::span<const Pa
   return out;
 }
 
+// Note [Hugging Face token ids]: a JSON array of ids in the checkpoint's metadata.
+std::vector<int> recorded_ids(const Checkpoint& ckpt, const std::string& key) {
+  const auto it = ckpt.metadata.find(key);
+  if (it == ckpt.metadata.end()) return {};
+  std::vector<int> out;
+  try {
+    const detail::JsonValue ids = detail::parse_json(it->second);
+    if (ids.kind != detail::JsonValue::Kind::array) throw std::invalid_argument("not an array");
+    for (const detail::JsonValue& id : ids.items) out.push_back(std::stoi(id.text));
+  } catch (const std::exception&) {
+    detail::fail_input(ckpt.weights_file, fmt::format("metadata {}: expected a JSON array of "
+                                                      "token ids, got '{}'", key, it->second));
+  }
+  return out;
+}
+
 void write_text(const fs::path& file, const std::string& text) {
   const std::span<const std::byte> bytes = std::as_bytes(std::span(text));
   detail::write_file_atomically(file, std::span(&bytes, 1));
@@ -233,6 +258,11 @@ Weights load_hf_weights(const fs::path& path, std::span<const ParamTensor> expec
   out.params.assign(count, 0.0f);
   load_hf_tensors(weights, tensor_names(config), expected, out.params);
   out.metadata = weights.metadata();
+  // Note [Hugging Face token ids].
+  if (!config.bos_token_ids.empty())
+    out.metadata["lockstep.bos_token_ids"] = fmt::format("[{}]", fmt::join(config.bos_token_ids, ", "));
+  if (!config.eos_token_ids.empty())
+    out.metadata["lockstep.eos_token_ids"] = fmt::format("[{}]", fmt::join(config.eos_token_ids, ", "));
   if (config.is_gpt2())
     out.metadata["lockstep.model"] =
         to_string(GptSpec{.vocab_size = config.vocab_size, .context = config.context,
@@ -283,12 +313,13 @@ void export_hf(const Checkpoint& ckpt, const fs::path& dir, TensorDtype dtype,
   fs::create_directories(dir, ec);
   if (ec) detail::fail_input(dir, "cannot create the directory: " + ec.message());
   write_hf_weights(dir, export_tensors(ckpt, config), dtype, max_shard_bytes);
+  config.bos_token_ids = recorded_ids(ckpt, "lockstep.bos_token_ids");
+  config.eos_token_ids = recorded_ids(ckpt, "lockstep.eos_token_ids");
   if (tokenizer) {
     detail::write_hf_tokenizer(*tokenizer, dir, config.context);
-    if (const auto eot = tokenizer->end_of_text()) {
-      config.bos_token_ids = {static_cast<int>(*eot)};
-      config.eos_token_ids = {static_cast<int>(*eot)};
-    }
+    const auto eot = tokenizer->end_of_text();
+    if (eot && config.bos_token_ids.empty()) config.bos_token_ids = {static_cast<int>(*eot)};
+    if (eot && config.eos_token_ids.empty()) config.eos_token_ids = {static_cast<int>(*eot)};
   }
   write_text(dir / kConfigName,
              detail::hf_config_json(config, dtype == TensorDtype::bf16 ? "bfloat16" : "float32"));

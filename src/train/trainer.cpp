@@ -162,7 +162,9 @@ struct Trainer::Impl {
   std::shared_ptr<ProcessGroup> processes;  // null: this process alone
   std::shared_ptr<Backend> backend;         // null: make_backend(trainer.backend) at each run
   Model model;
-  std::map<std::string, std::string> tokenizer_record;  // empty: no data.tokenizer
+  // For checkpoints' metadata: data.tokenizer's record (empty: none), and the model's bos and
+  // eos ids when the weights it started from record them (keep_token_ids).
+  std::map<std::string, std::string> tokenizer_record;
   detail::TrainerCallbacks callbacks;
   std::int64_t total_steps = 0;
   std::optional<Checkpoint> resume;
@@ -315,8 +317,22 @@ void Trainer::Impl::check_processes_agree() const {
     }
 }
 
+namespace {
+
+// The model's bos and eos ids that the weights record (a Hugging Face config.json's, as
+// load_weights gives them, or a checkpoint's), kept for the run's checkpoints: what sampling
+// stops at and `export --format hf` writes back.
+void keep_token_ids(const std::map<std::string, std::string>& from,
+                    std::map<std::string, std::string>& record) {
+  for (const char* key : {"lockstep.bos_token_ids", "lockstep.eos_token_ids"})
+    if (const auto it = from.find(key); it != from.end()) record.insert_or_assign(key, it->second);
+}
+
+}  // namespace
+
 void Trainer::resume_from(Checkpoint checkpoint) {
   Impl& im = *impl_;
+  keep_token_ids(checkpoint.metadata, im.tokenizer_record);
   const std::string source = checkpoint.weights_file.string();
   const std::uint64_t expected = config_hash(im.cfg);
   const bool hashes_differ = checkpoint.state.config_hash != expected;
@@ -368,6 +384,7 @@ void Trainer::init_from(Weights weights) {
   }
   im.resume.reset();
   im.resume_changes.clear();
+  keep_token_ids(weights.metadata, im.tokenizer_record);
   im.init = std::move(weights.params);
 }
 

@@ -65,7 +65,8 @@ constexpr std::string_view kLlamaConfig =
     R"({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 10,
         "max_position_embeddings": 32, "hidden_size": 8, "intermediate_size": 12,
         "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
-        "rms_norm_eps": 1e-05, "tie_word_embeddings": false})";
+        "rms_norm_eps": 1e-05, "tie_word_embeddings": false, "bos_token_id": 1,
+        "eos_token_id": [2, 3]})";
 
 // The Llama parameters of that config, in the decoder's storage order, and each one's file
 // tensor (F32, values from 1 + the tensor's index).
@@ -169,6 +170,14 @@ TEST_CASE("hf weights: a sharded BF16 export (and a torch one) loads as the F32 
   export_torch(c, dir.path() / "torch.safetensors", TensorDtype::bf16);
   CHECK(lockstep::test::same_bits(load_weights(dir.path() / "torch.safetensors", c.tensors).params, rounded));
 
+  // The ids a checkpoint records (Note [Hugging Face token ids]) are config.json's and
+  // generation_config.json's.
+  Checkpoint with_ids = c;
+  with_ids.metadata["lockstep.eos_token_ids"] = "[7, 9]";
+  export_hf(with_ids, dir.path() / "ids", TensorDtype::f32);
+  for (const char* file : {"config.json", "generation_config.json"})
+    CHECK(lockstep::test::slurp(dir.path() / "ids" / file).find("\"eos_token_id\": [7, 9]") != std::string::npos);
+
   // One file into the sharded directory: the shards and the index go, from_pretrained reads the file.
   export_hf(c, sharded, TensorDtype::f32);
   for (const auto& entry : fs::directory_iterator(sharded))
@@ -189,6 +198,9 @@ TEST_CASE("hf weights: Llama tensors load by name from shards in any order; F16 
   const Weights one = load_weights(llama_dir(dir, "one", tensors), expected);
   const Weights three = load_weights(llama_dir(dir, "three", tensors, 3), expected);
   CHECK(lockstep::test::same_bits(one.params, three.params));
+  // config.json's ids go with the weights (Note [Hugging Face token ids]).
+  CHECK(one.metadata.at("lockstep.bos_token_ids") == "[1]");
+  CHECK(one.metadata.at("lockstep.eos_token_ids") == "[2, 3]");
   const float f16[] = {1.5f, 0x1p-24f, -0.0f, 65504.0f, 0x1p-14f, 1.0f, -2.0f, 1023 * 0x1p-24f};
   const float b16[] = {1.5f, detail::bf16_to_float(1), -0.0f, detail::bf16_to_float(0x7F7F), 1.0f, -1.0f, 2.0f, 3.0f};
   for (std::size_t i = 0; i < 8; ++i) {
