@@ -153,6 +153,10 @@ void export_hf_gpt2(const Checkpoint& ckpt, const fs::path& dir, TensorDtype dty
   } catch (const std::invalid_argument& e) {
     detail::fail_input(ckpt.weights_file, e.what());
   }
+  if (spec.llama_parts())
+    detail::fail_input(ckpt.weights_file,
+                       fmt::format("a Llama-family model ({}): the Hugging Face GPT-2 format "
+                                   "holds GPT-2's parts only", model->second));
   if (tokenizer && tokenizer->vocab_size() > static_cast<std::size_t>(spec.vocab_size))
     detail::fail_input(ckpt.weights_file,
                        fmt::format("the tokenizer {} has {} ids, the model {}: not its tokenizer",
