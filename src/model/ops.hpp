@@ -62,14 +62,16 @@ namespace lockstep::detail {
 //   CPU composes from the ops above, so the rounding points here define it; the CUDA device
 //   fuses them into cuBLASLt's epilogues, rounding in a few places differently (that note).
 
+// C_i = op(A_i) op(B_i) + beta C_i (gemm_batched) with A and B in either storage.
 inline void matmul_batched(Device& dev, Transpose ta, Transpose tb, int m, int n, int k, MatIn a,
                            int lda, std::int64_t stride_a, MatIn b, int ldb, std::int64_t stride_b,
-                           float* c, int ldc, std::int64_t stride_c, int count) {
+                           float* c, int ldc, std::int64_t stride_c, int count,
+                           float beta = 0.0f) {
   if (a.bf16)
     dev.gemm_batched_bf16(ta, tb, m, n, k, 1.0f, a.bf16, lda, stride_a, b.bf16, ldb, stride_b,
-                          0.0f, c, ldc, stride_c, count);
+                          beta, c, ldc, stride_c, count);
   else
-    dev.gemm_batched(ta, tb, m, n, k, 1.0f, a.f32, lda, stride_a, b.f32, ldb, stride_b, 0.0f, c,
+    dev.gemm_batched(ta, tb, m, n, k, 1.0f, a.f32, lda, stride_a, b.f32, ldb, stride_b, beta, c,
                      ldc, stride_c, count);
 }
 

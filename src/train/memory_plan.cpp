@@ -151,7 +151,9 @@ MemoryLimit host_memory_limit() {
 double cudnn_attention_backward_bytes(const AttentionShape& s, bool deterministic) {
   const double b = s.batch, t = s.T, h = s.heads, d = s.head_size;
   const auto round_up = [](double x, double to) { return std::ceil(x / to) * to; };
-  const double gradient = round_up(2.0 * b * t * 3 * h * d, 256);
+  // The bf16 gradient in qkv's layout, (B T, (H + 2 Hkv) D); the dP workspace and the dQ
+  // accumulator go by the query heads (the frontend's sizes).
+  const double gradient = round_up(2.0 * b * t * double(qkv_width(s)), 256);
   const double sums = 4.0 * b * h * t;
   const double t64 = round_up(t, 64);
   return gradient + sums + (deterministic ? 2.0 * b * h * t64 * t64 : 4.0 * b * h * t * d);
