@@ -2,18 +2,19 @@
 // materialized, and fused: the CPU's tiled online softmax, Note [Tiled attention], or on
 // --backend cuda cuDNN's, Note [cuDNN attention], bf16 only; and on cuda fused-nondeterministic,
 // cuDNN's with the non-deterministic backward, timed beside the deterministic one the trainer
-// runs), at B sequences of T positions, H heads of D channels. Prints a table and one JSON line
+// runs), at B sequences of T positions, H heads of D channels (on --kv-heads Hkv key/value
+// heads: grouped-query attention, Hkv = H by default). Prints a table and one JSON line
 // per (T, path): the median time over --reps calls after --warmup (the paths alternating call by
 // call), TFLOP/s, and the activation bytes each path holds. On cuda each timed call is --inner calls in a row (20 by default)
 // between two waits for the GPU, so that the wait's own cost hardly counts.
 //
 //   build/bench/bench_attention [--T 256,1024,2048] [--batch 8] [--heads 12] [--head-size 64]
-//                               [--reps 5] [--warmup 1] [--bf16] [--threads T] [--paths
-//                               materialized,fused[,fused-nondeterministic]]
+//                               [--kv-heads Hkv] [--reps 5] [--warmup 1] [--bf16] [--threads T]
+//                               [--paths materialized,fused[,fused-nondeterministic]]
 //                               [--backend cpu|cuda] [--inner N]
 //
 // FLOPs: forward 4 B H T^2 D (q k^T and P v), backward twice that (dP, dV, dQ, dK), counted as
-// half for the causal mask: 6 B H T^2 D per forward + backward, whichever path (the
+// half for the causal mask: 6 B H T^2 D per forward + backward, whichever path and Hkv (the
 // materialised path computes the masked half too; the tiled path skips most of it). Bytes:
 // what forward keeps for backward (the probabilities (B, H, T, T), or the log-sum-exp (B, H,
 // T)) plus the path's working memory ((B, H, T, T) fp32 for dP, and bf16 dS under bf16), the
@@ -31,6 +32,7 @@
 
 #include <fmt/format.h>
 
+#include "common/gemm_shape.hpp"
 #include "common/random.hpp"
 #include "lockstep/lockstep.hpp"
 #include "model/attention.hpp"
@@ -56,7 +58,7 @@ struct Path {
 
 struct Options {
   std::vector<int> T{256, 1024, 2048};
-  int batch = 8, heads = 12, head_size = 64;
+  int batch = 8, heads = 12, head_size = 64, kv_heads = 0;  // kv_heads 0: heads
   int reps = 5, warmup = 1, threads = 0, inner = 0;  // inner 0: 1 on the CPU, 20 on cuda
   bool bf16 = false;
   std::string backend = "cpu";
@@ -84,6 +86,7 @@ Options parse(int argc, char** argv) {
     } else if (flag == "--batch") o.batch = std::stoi(value());
     else if (flag == "--heads") o.heads = std::stoi(value());
     else if (flag == "--head-size") o.head_size = std::stoi(value());
+    else if (flag == "--kv-heads") o.kv_heads = std::stoi(value());
     else if (flag == "--reps") o.reps = std::stoi(value());
     else if (flag == "--warmup") o.warmup = std::stoi(value());
     else if (flag == "--threads") o.threads = std::stoi(value());
@@ -198,24 +201,27 @@ int run(const Options& o) {
   Device* const dev = owned.front().get();
   const int inner = o.inner > 0 ? o.inner : cuda ? 20 : 1;
   const std::vector<DeviceInfo> infos = backend->devices();
-  fmt::print("# {} ({}), {}; B={} H={} D={} {}, median of {} after {} warm-up\n",
+  const int kv_heads = o.kv_heads > 0 ? o.kv_heads : o.heads;
+  fmt::print("# {} ({}), {}; B={} H={} Hkv={} D={} {}, median of {} after {} warm-up\n",
              infos.empty() ? "?" : infos.front().name, infos.empty() ? "" : infos.front().detail,
-             infos.empty() ? "" : infos.front().matmul, o.batch, o.heads, o.head_size,
+             infos.empty() ? "" : infos.front().matmul, o.batch, o.heads, kv_heads, o.head_size,
              o.bf16 ? "bf16" : "fp32", o.reps, o.warmup);
   if (cuda) fmt::print("# cudnn: {}\n", cuda_support().cudnn);
   fmt::print("{:>6} {:>22} {:>10} {:>10} {:>10} {:>9} {:>12} {:>12}\n", "T", "path", "fwd ms",
              "bwd ms", "total ms", "TFLOP/s", "kept MB", "working MB");
   for (const int T : o.T) {
-    const AttentionShape s{o.batch, T, o.heads, o.head_size};
+    const AttentionShape s{o.batch, T, o.heads, o.head_size, kv_heads};
+    detail::check_attention_shape("--kv-heads", s);
     const std::size_t nc = std::size_t(o.batch) * T * o.heads * o.head_size;
-    DeviceArray<float> qkv(*dev, 3 * nc), dy(*dev, nc), y32(*dev, o.bf16 ? 0 : nc);
-    DeviceArray<float> dqkv(*dev, 3 * nc);
-    DeviceArray<std::uint16_t> qkv16(*dev, o.bf16 ? 3 * nc : 0), dy16(*dev, o.bf16 ? nc : 0);
+    const std::size_t nqkv = std::size_t(o.batch) * T * std::size_t(qkv_width(s));
+    DeviceArray<float> qkv(*dev, nqkv), dy(*dev, nc), y32(*dev, o.bf16 ? 0 : nc);
+    DeviceArray<float> dqkv(*dev, nqkv);
+    DeviceArray<std::uint16_t> qkv16(*dev, o.bf16 ? nqkv : 0), dy16(*dev, o.bf16 ? nc : 0);
     DeviceArray<std::uint16_t> y16(*dev, o.bf16 ? nc : 0);
-    qkv.upload(uniform(3 * nc, 1));
+    qkv.upload(uniform(nqkv, 1));
     dy.upload(uniform(nc, 2));
     if (o.bf16) {
-      dev->to_bf16(qkv.data(), qkv16.data(), 3 * nc);
+      dev->to_bf16(qkv.data(), qkv16.data(), nqkv);
       dev->to_bf16(dy.data(), dy16.data(), nc);
     }
     // Another path's device (the same GPU) reads these once they are written.
@@ -264,14 +270,15 @@ int run(const Options& o) {
                  path, 1e3 * f, 1e3 * bk, 1e3 * t, flops / t * 1e-12, b.kept_bytes / 1e6,
                  b.working_bytes / 1e6);
       fmt::print(stderr,
-                 "{{\"T\": {}, \"path\": \"{}\", \"batch\": {}, \"heads\": {}, \"head_size\": {}, "
+                 "{{\"T\": {}, \"path\": \"{}\", \"batch\": {}, \"heads\": {}, \"kv_heads\": {}, "
+                 "\"head_size\": {}, "
                  "\"backend\": \"{}\", \"precision\": \"{}\", \"forward_ms\": {:.4f}, "
                  "\"backward_ms\": {:.4f}, "
                  "\"total_ms\": {:.4f}, \"tflops\": {:.5f}, \"kept_bytes\": {}, "
                  "\"working_bytes\": {}, \"cudnn_workspace_bytes\": {}}}\n",
-                 T, path, o.batch, o.heads, o.head_size, o.backend, o.bf16 ? "bf16" : "fp32",
-                 1e3 * f,
-                 1e3 * bk, 1e3 * t, flops / t * 1e-12, b.kept_bytes, b.working_bytes,
+                 T, path, o.batch, o.heads, kv_heads, o.head_size, o.backend,
+                 o.bf16 ? "bf16" : "fp32", 1e3 * f, 1e3 * bk, 1e3 * t, flops / t * 1e-12,
+                 b.kept_bytes, b.working_bytes,
                  b.cudnn_workspace >= 0 ? fmt::format("{}", b.cudnn_workspace) : "null");
     }
   }

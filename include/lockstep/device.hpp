@@ -567,10 +567,11 @@ class LOCKSTEP_API LayerOps {
                                      int rows, int classes, std::uint16_t* dlogits,
                                      float grad_scale, LossStats* stats) = 0;
   // ids (B, T) token ids stored as floats (exact below 2^24), wte (V, C), wpe (T_max, C):
-  // out (B, T, C) = wte[ids[b, t]] + wpe[t].
+  // out (B, T, C) = wte[ids[b, t]] + wpe[t]; wpe null: wte[ids[b, t]] (a decoder with rotary
+  // positions has no position embedding).
   virtual void embedding_forward(const float* ids, const float* wte, const float* wpe, float* out,
                                  int batch, int T, int C) = 0;
-  // dwte[ids[b, t]] += dout[b, t]; dwpe[t] += sum over b of dout[b, t].
+  // dwte[ids[b, t]] += dout[b, t]; dwpe[t] += sum over b of dout[b, t] (skipped when null).
   virtual void embedding_backward(const float* ids, const float* dout, float* dwte, float* dwpe,
                                   int batch, int T, int C) = 0;
   // x, y (rows, C); weight, bias (C): y = (x - mean) * rstd * weight + bias with rstd =
@@ -658,27 +659,44 @@ class LOCKSTEP_API LayerOps {
   ~LayerOps() = default;
 };
 
-// Causal multi-head self-attention of B sequences of T positions, H heads of D channels (C = H D),
+// Causal multi-head self-attention of B sequences of T positions, H query heads of D channels,
 // scale 1 / sqrt(D), as one op that never holds a (T, T) matrix (Note [Tiled attention] in
 // src/cpu/ops/attention.cpp). model.attention `fused` runs it; `materialized` composes the
 // attention from gemm_batched and the causal softmax instead, the reference it is tested against.
+// Grouped-query attention (Llama-family decoders): Hkv = kv_heads key/value heads, Hkv dividing
+// H, and query head h reads kv head h / (H / Hkv); Hkv = 1 is multi-query attention. kv_heads 0
+// means H (GPT-2's multi-head attention), so {B, T, H, D} keeps its meaning. H D is the
+// attention's width, not necessarily the model's d_model (a head_dim of its own).
 struct LOCKSTEP_API AttentionShape {
   int batch = 0, T = 0, heads = 0, head_size = 0;
+  int kv_heads = 0;
 };
+
+// The key/value heads a shape reads: kv_heads, or heads when kv_heads is 0.
+constexpr int kv_heads_of(const AttentionShape& s) {
+  return s.kv_heads > 0 ? s.kv_heads : s.heads;
+}
+// The columns of a qkv row, (H + 2 Hkv) D: 3 H D without grouping.
+constexpr std::int64_t qkv_width(const AttentionShape& s) {
+  return (std::int64_t{s.heads} + 2 * std::int64_t{kv_heads_of(s)}) * s.head_size;
+}
 
 class LOCKSTEP_API AttentionOps {
  public:
-  // qkv (B T, 3C): q, k and v side by side, head h at columns h D of each; y (B T, C) =
-  // softmax_causal(q k^T / sqrt(D)) v per sequence and head, heads side by side, in y's storage;
-  // lse (B, H, T) = log of each row's softmax denominator over the scaled scores (its max plus
-  // the log of the sum), all that backward needs of the probabilities. In bf16 the products
-  // read bf16 operands (the probabilities rounded, as the materialised path keeps them) and
-  // accumulate in fp32 (Note [bf16 compute] in src/model/ops.hpp).
+  // qkv (B T, (H + 2 Hkv) D): the H query heads side by side (columns [0, H D)), then the Hkv
+  // key heads, then the Hkv value heads, head h at columns h D of its block (RopeShape's
+  // layout; (B T, 3C) with C = H D without grouping); y (B T, H D) = softmax_causal(q k^T /
+  // sqrt(D)) v per sequence and query head, with k and v of its kv head, heads side by side, in
+  // y's storage; lse (B, H, T) = log of each row's softmax denominator over the scaled scores
+  // (its max plus the log of the sum), all that backward needs of the probabilities. In bf16 the
+  // products read bf16 operands (the probabilities rounded, as the materialised path keeps them)
+  // and accumulate in fp32 (Note [bf16 compute] in src/model/ops.hpp).
   virtual void attention_forward(const AttentionShape& shape, MatIn qkv, MatOut y,
                                  float* lse) = 0;
-  // dqkv (B T, 3C) = the gradients of q, k and v, overwritten, from dy (B T, C) as the products
-  // read it (fp32, or rounded to bf16), y as forward stored it, and lse. bf16: the score
-  // gradients are rounded before their products, as the materialised path rounds them.
+  // dqkv (B T, (H + 2 Hkv) D), in qkv's layout = the gradients of q, k and v, overwritten (a kv
+  // head's the sum over the query heads that read it), from dy (B T, H D) as the products read
+  // it (fp32, or rounded to bf16), y as forward stored it, and lse. bf16: the score gradients
+  // are rounded before their products, as the materialised path rounds them.
   virtual void attention_backward(const AttentionShape& shape, MatIn qkv, MatIn y, MatIn dy,
                                   const float* lse, float* dqkv) = 0;
 

@@ -1,6 +1,6 @@
 // `lockstep config --print`: the resolved config as YAML; and the config keys that
 // `lockstep train --help` lists. Both come from the schema the parser reads (visit_schema() in
-// src/config/config.cpp), so neither can drift from it.
+// src/config/schema.hpp), so neither can drift from it.
 #include <string>
 #include <string_view>
 #include <vector>

@@ -30,12 +30,16 @@ inline void check_loss_shape(int rows, int classes) {
         fmt::format("softmax_cross_entropy: bad shape rows={} classes={}", rows, classes));
 }
 
-// Fused attention (AttentionOps): std::invalid_argument naming `op` unless batch >= 0 and T,
-// heads and head_size >= 1.
+// Attention (AttentionOps, and the materialised path): std::invalid_argument naming `op`
+// unless batch >= 0, T, heads and head_size >= 1, and kv_heads 0 (= heads) or a divisor of
+// heads (grouped-query attention).
 inline void check_attention_shape(const char* op, const AttentionShape& s) {
-  if (s.batch < 0 || s.T < 1 || s.heads < 1 || s.head_size < 1)
-    throw std::invalid_argument(fmt::format("{}: bad shape batch={} T={} heads={} head_size={}",
-                                            op, s.batch, s.T, s.heads, s.head_size));
+  if (s.batch < 0 || s.T < 1 || s.heads < 1 || s.head_size < 1 || s.kv_heads < 0 ||
+      (s.kv_heads > 0 && s.heads % s.kv_heads != 0))
+    throw std::invalid_argument(
+        fmt::format("{}: bad shape batch={} T={} heads={} head_size={} kv_heads={} (kv_heads: 0 "
+                    "for heads, or a divisor of heads)",
+                    op, s.batch, s.T, s.heads, s.head_size, s.kv_heads));
 }
 
 // Rotary embeddings (LayerOps::rope_forward): std::invalid_argument naming `op` unless batch,

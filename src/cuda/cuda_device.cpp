@@ -913,7 +913,7 @@ void refuse_cudnn_shape(const char* op, const AttentionShape& shape) {
 // Backward's gradients come from cuDNN in bf16, into the front of the working memory, and are
 // widened into dqkv as the interface has them (fp32): c_attn's backward then rounds them for its
 // products, which gives the same bf16 values back (exact), at the cost of one more pass over
-// (B T, 3C).
+// (B T, (H + 2 Hkv) D).
 void CudaDevice::attention_forward(const AttentionShape& shape, MatIn qkv, MatOut y, float* lse) {
   detail::check_attention_shape("attention_forward", shape);
 #ifdef LOCKSTEP_HAVE_CUDNN_ATTENTION
@@ -943,7 +943,7 @@ void CudaDevice::attention_backward(const AttentionShape& shape, MatIn qkv, MatI
         "(trainer.precision bf16; model.attention resolves to materialized otherwise)");
   if (shape.batch == 0) return;
   refuse_cudnn_shape("attention_backward", shape);
-  const std::size_t n = std::size_t(shape.batch) * shape.T * 3 * shape.heads * shape.head_size;
+  const std::size_t n = std::size_t(shape.batch) * shape.T * qkv_width(shape);
   const std::size_t gradient_bytes = (n * sizeof(std::uint16_t) + 255) / 256 * 256;
   CudnnAttention& attention = cudnn_attention();
   auto* base = static_cast<std::byte*>(

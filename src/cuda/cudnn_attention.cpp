@@ -25,8 +25,9 @@ namespace {
 enum Uid : std::int64_t { kQ = 1, kK, kV, kO, kStats, kDo, kDq, kDk, kDv };
 
 std::string describe(const AttentionKey& k) {
-  return fmt::format("{} (B {}, T {}, H {}, D {}{})", k.backward ? "sdpa_backward" : "sdpa",
-                     k.batch, k.T, k.heads, k.head_size,
+  return fmt::format("{} (B {}, T {}, H {}, Hkv {}, D {}{})",
+                     k.backward ? "sdpa_backward" : "sdpa", k.batch, k.T, k.heads, k.kv_heads,
+                     k.head_size,
                      k.backward && !k.deterministic ? ", nondeterministic" : "");
 }
 
@@ -57,7 +58,7 @@ struct Built {
 // The graph of one shape and direction, validated and with its plan built (the heuristics' first
 // choice that cuDNN supports). Throws naming the step that refused it.
 Built build(cudnnHandle_t handle, const AttentionKey& key) {
-  const AttentionShape shape{key.batch, key.T, key.heads, key.head_size};
+  const AttentionShape shape{key.batch, key.T, key.heads, key.head_size, key.kv_heads};
   const AttentionLayout at = attention_layout(shape);
   auto graph = std::make_shared<fe::graph::Graph>();
   graph->set_io_data_type(fe::DataType_t::BFLOAT16)
@@ -100,7 +101,7 @@ Built build(cudnnHandle_t handle, const AttentionKey& key) {
                           .set_attn_scale(scale)
                           .set_deterministic_algorithm(key.deterministic);
     auto [dq, dk, dv] = graph->sdpa_backward(q, k, v, o, d_o, stats, attributes);
-    // The gradients in their own (B T, 3C) buffer, laid out as q, k, v in qkv.
+    // The gradients in their own buffer of qkv's shape, laid out as q, k, v in qkv.
     output(dq, kDq, at.q);
     output(dk, kDk, at.k);
     output(dv, kDv, at.v);

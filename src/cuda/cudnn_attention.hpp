@@ -2,8 +2,12 @@
 //
 //   cuda::CudnnAttention attention(stream);            // a cuDNN handle bound to the stream
 //   const std::size_t bytes = attention.workspace_bytes(shape, /*backward=*/true);
-//   attention.forward(shape, qkv, y, lse, workspace);   // bf16 qkv (B T, 3C) -> bf16 y (B T, C)
-//   attention.backward(shape, qkv, y, dy, lse, dqkv, workspace);   // bf16 dqkv (B T, 3C)
+//   attention.forward(shape, qkv, y, lse, workspace);   // bf16 qkv (B T, W) -> bf16 y (B T, H D)
+//   attention.backward(shape, qkv, y, dy, lse, dqkv, workspace);   // bf16 dqkv (B T, W)
+//
+// W = qkv_width(shape) = (H + 2 Hkv) D: grouped-query attention's layout (AttentionShape),
+// which cuDNN's SDPA takes natively (K and V with fewer heads than Q; its backward sums a kv
+// head's gradients over its query heads).
 //
 // Note [cuDNN attention]: q, k and v are read in place from the qkv buffer through strides, y
 // and dqkv written in place the same way (attention_layout below), so no transpose copies exist;
@@ -56,9 +60,11 @@ struct TensorLayout {
   friend bool operator==(const TensorLayout&, const TensorLayout&) = default;
 };
 
-// q, k, v in qkv (B T, 3C) at columns 0, C, 2C with head h at h D of each; o (and do) in y
-// (B T, C) with head h at columns h D; the statistics (B, H, T, 1), contiguous. The gradients
-// dq, dk, dv take q's, k's and v's layout in their own (B T, 3C) buffer.
+// q (B, H, T, D), k and v (B, Hkv, T, D) in qkv (B T, (H + 2 Hkv) D) at columns 0, H D and
+// (H + Hkv) D with head h at h D of each (AttentionShape's layout; 0, C, 2C of (B T, 3C)
+// without grouping); o (and do) in y (B T, H D) with head h at columns h D; the statistics
+// (B, H, T, 1), contiguous. The gradients dq, dk, dv take q's, k's and v's layout in their own
+// buffer of qkv's shape.
 struct AttentionLayout {
   TensorLayout q, k, v, o, stats;
 };
@@ -67,6 +73,7 @@ AttentionLayout attention_layout(const AttentionShape& s);
 // Which graph: a shape, a direction and (backward) the algorithm.
 struct AttentionKey {
   int batch = 0, T = 0, heads = 0, head_size = 0;
+  int kv_heads = 0;  // kv_heads_of the shape: never 0 in a key
   bool backward = false;
   bool deterministic = true;  // backward only; forward keys keep true
   friend auto operator<=>(const AttentionKey&, const AttentionKey&) = default;

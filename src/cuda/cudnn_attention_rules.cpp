@@ -13,19 +13,23 @@ namespace lockstep::cuda {
 
 AttentionLayout attention_layout(const AttentionShape& s) {
   const std::int64_t b = s.batch, t = s.T, h = s.heads, d = s.head_size, c = h * d;
-  // Row r = (sequence, position) of qkv is 3C wide: head h of q starts at column h D.
-  const auto in_qkv = [&](int which) {
-    return TensorLayout{{b, h, t, d}, {t * 3 * c, d, 3 * c, 1}, which * c};
+  const std::int64_t kv = kv_heads_of(s), width = qkv_width(s);
+  // Row r = (sequence, position) of qkv is (H + 2 Hkv) D wide: head h of q starts at column
+  // h D, head g of k at H D + g D, of v at (H + Hkv) D + g D. cuDNN maps query head h to kv
+  // head h / (H / Hkv) itself, from the heads' dims.
+  const auto in_qkv = [&](std::int64_t heads, std::int64_t column) {
+    return TensorLayout{{b, heads, t, d}, {t * width, d, width, 1}, column};
   };
-  return {.q = in_qkv(0),
-          .k = in_qkv(1),
-          .v = in_qkv(2),
+  return {.q = in_qkv(h, 0),
+          .k = in_qkv(kv, c),
+          .v = in_qkv(kv, c + kv * d),
           .o = {{b, h, t, d}, {t * c, d, c, 1}, 0},
           .stats = {{b, h, t, 1}, {h * t, t, 1, 1}, 0}};
 }
 
 AttentionKey attention_key(const AttentionShape& s, bool backward, bool deterministic) {
-  return {s.batch, s.T, s.heads, s.head_size, backward, !backward || deterministic};
+  const bool forward_or_deterministic = !backward || deterministic;
+  return {s.batch, s.T, s.heads, s.head_size, kv_heads_of(s), backward, forward_or_deterministic};
 }
 
 std::string cudnn_version_text(long version) {

@@ -287,20 +287,12 @@ std::vector<std::pair<std::string, std::string>> HfConfig::model_keys() const {
       {"d_model", std::to_string(d_model)}};
   if (is_gpt2()) return keys;
   const auto flag = [](bool b) { return std::string(b ? "true" : "false"); };
-  const std::string scaling =
-      rope_scaling ? fmt::format("{{type: llama3, factor: {}, low_freq_factor: {}, "
-                                 "high_freq_factor: {}, original_max_position_embeddings: {}}}",
-                                 number_text(rope_scaling->factor),
-                                 number_text(rope_scaling->low_freq_factor),
-                                 number_text(rope_scaling->high_freq_factor),
-                                 number_text(rope_scaling->original_max_position_embeddings))
-                   : "null";
   keys.insert(keys.begin(), {"family", family});
   keys.insert(keys.end(), {{"norm", "rmsnorm"},
                            {"norm_eps", number_text(norm_eps)},
                            {"positions", "rope"},
                            {"rope_theta", number_text(rope_theta)},
-                           {"rope_scaling", scaling},
+                           {"rope_scaling.type", rope_scaling ? "llama3" : "none"},
                            {"mlp", "swiglu"},
                            {"intermediate_size", std::to_string(intermediate_size)},
                            {"n_kv_head", std::to_string(n_kv_head)},
@@ -308,6 +300,12 @@ std::vector<std::pair<std::string, std::string>> HfConfig::model_keys() const {
                            {"qkv_bias", flag(qkv_bias)},
                            {"proj_bias", flag(proj_bias)},
                            {"tie_embeddings", flag(tie_embeddings)}});
+  if (rope_scaling)
+    keys.insert(keys.end(), {{"rope_scaling.factor", number_text(rope_scaling->factor)},
+                             {"rope_scaling.low_freq_factor", number_text(rope_scaling->low_freq_factor)},
+                             {"rope_scaling.high_freq_factor", number_text(rope_scaling->high_freq_factor)},
+                             {"rope_scaling.original_max_position_embeddings",
+                              number_text(rope_scaling->original_max_position_embeddings)}});
   return keys;
 }
 

@@ -94,18 +94,28 @@ fs::path dir_of(const fs::path& path) {
   return fs::is_directory(path, ec) ? path : path.parent_path();
 }
 
-// The architecture a checkpoint's "lockstep.model" describes, as config.json says it.
+// The architecture a checkpoint's "lockstep.model" describes, as config.json says it: GPT-2, or
+// a Llama-family decoder as LlamaForCausalLM, Qwen2ForCausalLM when it has q/k/v biases
+// (Mistral's layers are Llama's).
 detail::HfConfig hf_config_of(const GptSpec& spec) {
   detail::HfConfig out;
-  out.family = "gpt2";
-  out.architecture = "GPT2LMHeadModel";
+  const bool qwen2 = spec.llama_parts() && spec.qkv_bias;
+  out.family = !spec.llama_parts() ? "gpt2" : qwen2 ? "qwen2" : "llama";
+  out.architecture = !spec.llama_parts() ? "GPT2LMHeadModel" : qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM";
   out.vocab_size = spec.vocab_size;
   out.context = spec.context;
   out.n_layer = spec.n_layer;
-  out.n_head = out.n_kv_head = spec.n_head;
+  out.n_head = spec.n_head;
+  out.n_kv_head = spec.kv_heads();
   out.d_model = spec.d_model;
-  out.head_dim = spec.d_model / spec.n_head;
-  out.intermediate_size = 4 * spec.d_model;
+  out.head_dim = spec.head_size();
+  out.intermediate_size = spec.hidden_size();
+  out.norm_eps = spec.norm_eps;
+  out.rope_theta = spec.rope_theta;
+  out.rope_scaling = spec.rope_scaling;
+  out.qkv_bias = spec.qkv_bias;
+  out.proj_bias = spec.proj_bias;
+  out.tie_embeddings = spec.tie_embeddings;
   return out;
 }
 
@@ -247,6 +257,25 @@ HfConfig read_hf_dir_config(const fs::path& path, fs::path& file) {
   return read_hf_config(file);
 }
 
+GptSpec gpt_spec_of(const HfConfig& c) {
+  GptSpec spec{.vocab_size = c.vocab_size, .context = c.context, .n_layer = c.n_layer,
+               .n_head = c.n_head, .d_model = c.d_model};
+  if (c.is_gpt2()) return spec;
+  spec.norm = NormKind::rmsnorm;
+  spec.norm_eps = c.norm_eps;
+  spec.positions = PositionKind::rope;
+  spec.rope_theta = c.rope_theta;
+  spec.rope_scaling = c.rope_scaling;
+  spec.mlp = MlpKind::swiglu;
+  spec.intermediate_size = c.intermediate_size;
+  spec.n_kv_head = c.n_kv_head;
+  spec.head_dim = c.head_dim;
+  spec.qkv_bias = c.qkv_bias;
+  spec.proj_bias = c.proj_bias;
+  spec.tie_embeddings = c.tie_embeddings;
+  return spec;
+}
+
 Weights load_hf_weights(const fs::path& path, std::span<const ParamTensor> expected) {
   fs::path config_file;
   const HfConfig config = read_hf_dir_config(path, config_file);
@@ -263,10 +292,7 @@ Weights load_hf_weights(const fs::path& path, std::span<const ParamTensor> expec
     out.metadata["lockstep.bos_token_ids"] = fmt::format("[{}]", fmt::join(config.bos_token_ids, ", "));
   if (!config.eos_token_ids.empty())
     out.metadata["lockstep.eos_token_ids"] = fmt::format("[{}]", fmt::join(config.eos_token_ids, ", "));
-  if (config.is_gpt2())
-    out.metadata["lockstep.model"] =
-        to_string(GptSpec{.vocab_size = config.vocab_size, .context = config.context,
-                          .n_layer = config.n_layer, .n_head = config.n_head, .d_model = config.d_model});
+  if (config.is_gpt2()) out.metadata["lockstep.model"] = to_string(gpt_spec_of(config));
   return out;
 }
 
@@ -301,9 +327,9 @@ void export_hf(const Checkpoint& ckpt, const fs::path& dir, TensorDtype dtype,
   } catch (const std::invalid_argument& e) {
     detail::fail_input(ckpt.weights_file, e.what());
   }
-  if (config.family == "llama" && config.qkv_bias != config.proj_bias)
-    detail::fail_input(ckpt.weights_file, "model.qkv_bias and model.proj_bias differ: Hugging "
-                                          "Face's Llama has one attention_bias for both");
+  if (!config.is_gpt2() && config.proj_bias)
+    detail::fail_input(ckpt.weights_file, "model.proj_bias: the Llama family's Hugging Face "
+                                          "classes have no bias on the output projections");
   if (tokenizer && tokenizer->vocab_size() > static_cast<std::size_t>(config.vocab_size))
     detail::fail_input(ckpt.weights_file,
                        fmt::format("the tokenizer {} has {} ids, the model {}: not its tokenizer",

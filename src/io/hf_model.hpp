@@ -24,6 +24,9 @@ bool is_hf_dir(const std::filesystem::path& path);
 // The config.json of such a path; `file` is set to it.
 HfConfig read_hf_dir_config(const std::filesystem::path& path, std::filesystem::path& file);
 
+// The decoder `config` describes (model.family's parts, Hugging Face's sizes).
+GptSpec gpt_spec_of(const HfConfig& config);
+
 // The weights of such a path in the layout of `expected` (Model::param_tensors()), read tensor
 // by tensor into Weights::params; "lockstep.model" in the metadata for a GPT-2. InputError
 // naming the file and tensor (load_hf_tensors in hf_weights.hpp).

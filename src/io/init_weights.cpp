@@ -81,8 +81,7 @@ std::optional<WeightsModel> weights_model(const fs::path& path) {
   WeightsModel out;
   if (detail::is_hf_dir(path)) {
     const detail::HfConfig hf = detail::read_hf_dir_config(path, out.file);
-    out.spec = {.vocab_size = hf.vocab_size, .context = hf.context, .n_layer = hf.n_layer,
-                .n_head = hf.n_head, .d_model = hf.d_model};
+    out.spec = detail::gpt_spec_of(hf);
     out.keys = hf.model_keys();
     if (!hf.is_gpt2()) {  // rotary positions: max_position_embeddings is a limit
       out.max_context = hf.context;

@@ -8,9 +8,11 @@
 // [Tiled attention] in src/cpu/ops/attention.cpp). materialized: the reference, composed of
 // batched products around the causal softmax over (B, H, T, T) matrices kept for backward.
 //
-// Shapes (AttentionShape): qkv (B T, 3C) with q, k, v side by side and head h at columns h D of
-// each; y and dy (B T, C), heads side by side; dqkv (B T, 3C), overwritten. bf16 (qkv stored in
-// bf16): the rounding points of Note [bf16 compute] in model/ops.hpp.
+// Shapes (AttentionShape): qkv (B T, (H + 2 Hkv) D) with the H query heads, then the Hkv key
+// heads, then the Hkv value heads, head h at columns h D of its block ((B T, 3C) with C = H D
+// without grouping); query head h reads kv head h / (H / Hkv); y and dy (B T, H D), heads side
+// by side; dqkv in qkv's layout, overwritten. bf16 (qkv stored in bf16): the rounding points of
+// Note [bf16 compute] in model/ops.hpp.
 #pragma once
 
 #include <cstddef>

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "common/linear.hpp"
+#include "common/random.hpp"
 #include "lockstep/device.hpp"
 #include "lockstep/model.hpp"
 
@@ -61,14 +62,16 @@ namespace lockstep::detail {
 //   CPU composes from the ops above, so the rounding points here define it; the CUDA device
 //   fuses them into cuBLASLt's epilogues, rounding in a few places differently (that note).
 
+// C_i = op(A_i) op(B_i) + beta C_i (gemm_batched) with A and B in either storage.
 inline void matmul_batched(Device& dev, Transpose ta, Transpose tb, int m, int n, int k, MatIn a,
                            int lda, std::int64_t stride_a, MatIn b, int ldb, std::int64_t stride_b,
-                           float* c, int ldc, std::int64_t stride_c, int count) {
+                           float* c, int ldc, std::int64_t stride_c, int count,
+                           float beta = 0.0f) {
   if (a.bf16)
     dev.gemm_batched_bf16(ta, tb, m, n, k, 1.0f, a.bf16, lda, stride_a, b.bf16, ldb, stride_b,
-                          0.0f, c, ldc, stride_c, count);
+                          beta, c, ldc, stride_c, count);
   else
-    dev.gemm_batched(ta, tb, m, n, k, 1.0f, a.f32, lda, stride_a, b.f32, ldb, stride_b, 0.0f, c,
+    dev.gemm_batched(ta, tb, m, n, k, 1.0f, a.f32, lda, stride_a, b.f32, ldb, stride_b, beta, c,
                      ldc, stride_c, count);
 }
 
@@ -131,6 +134,13 @@ constexpr std::size_t bf16_floats(std::size_t n) {
   return ((n + 1) / 2 + line - 1) / line * line;
 }
 
+// The layers' initialisation: GPT-2's N(0, 0.02), also Hugging Face's initializer_range.
+constexpr double kInitStd = 0.02;
+
+inline void fill_normal(float* p, std::size_t n, double stddev, std::uint64_t& rng) {
+  for (std::size_t i = 0; i < n; ++i) p[i] = static_cast<float>(stddev * normal(rng));
+}
+
 // Carves consecutive regions out of one buffer; with a null base it only measures.
 class Carver {
  public:
@@ -151,6 +161,28 @@ class Carver {
  private:
   float* base_;
   std::size_t used_ = 0;
+};
+
+// A tensor forward keeps for backward: in fp32, or as bf16 bits under Precision::bf16 (Note
+// [bf16 compute]). Exactly one pointer is set.
+struct Kept {
+  float* f32 = nullptr;
+  std::uint16_t* bf16 = nullptr;
+
+  static Kept take(Carver& k, std::size_t n, bool bf16) {
+    return bf16 ? Kept{nullptr, k.take_bf16(n)} : Kept{k.take(n), nullptr};
+  }
+  // Calls write(p) with the one pointer that is set (float* or std::uint16_t*): a Device op's
+  // overload for that storage writes the tensor, rounding as it stores in bf16.
+  template <class Write>
+  void store(const Write& write) const {
+    if (bf16)
+      write(bf16);
+    else
+      write(f32);
+  }
+  MatOut output() const { return {f32, bf16}; }
+  MatIn input() const { return {f32, bf16}; }
 };
 
 }  // namespace lockstep::detail

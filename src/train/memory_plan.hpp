@@ -65,8 +65,10 @@ MemoryPlan plan_memory(const Config& cfg, const Model& model, const Dataset& tra
 // Note [cuDNN attention memory]
 // The device memory one call of cuDNN's fused attention backward takes on top of what the
 // layers hold (CudaDevice::attention_backward; Note [cuDNN attention]), in bytes: the bf16
-// gradient (B T, 3C) it writes before widening, rounded up to 256 bytes, and the plan's
-// workspace. What the cuDNN frontend 1.32 headers show (node/scaled_dot_product_flash_attention.h):
+// gradient (B T, (H + 2 Hkv) D: (B T, 3C) without grouped-query attention) it writes before
+// widening, rounded up to 256 bytes, and the plan's workspace. With fewer kv heads the frontend
+// computes each query head's dK and dV and sums them over the group in the fused graph (virtual
+// tensors, no workspace of their own); unmeasured on a GPU. What the cuDNN frontend 1.32 headers show (node/scaled_dot_product_flash_attention.h):
 //   - its own part: the softmax sums, B H T fp32; without the dP workspace also the fp32 dQ
 //     accumulator, B H T D;
 //   - a deterministic backward takes the dP-workspace path whenever it is asked for, on sm_90 at

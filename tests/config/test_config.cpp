@@ -33,7 +33,7 @@ std::string errors_of(std::string_view yaml, const std::vector<std::string>& ove
 
 // Its first line: the first problem in the file's order. Most cases below leave out keys a
 // run needs (data.path, trainer.steps), whose problems follow (Note [Every config error at
-// once] in src/config/config.cpp).
+// once] in src/config/problems.hpp).
 std::string error_of(std::string_view yaml, const std::vector<std::string>& overrides = {}) {
   const std::string all = errors_of(yaml, overrides);
   return all.substr(0, all.find('\n'));
@@ -236,7 +236,10 @@ TEST_CASE("config: unknown keys and sections are rejected with a suggestion") {
   // Nothing close: list the section's keys instead.
   CHECK(error_of("model:\n  depth: 3\n") ==
         "q.yaml:2:3: model.depth: unknown key; valid keys: type, hidden, activation, vocab_size, "
-        "context, n_layer, n_head, d_model, attention");
+        "context, n_layer, n_head, d_model, attention, family, norm, norm_eps, positions, "
+        "rope_theta, mlp, intermediate_size, n_kv_head, head_dim, qkv_bias, proj_bias, "
+        "tie_embeddings, rope_scaling.type, rope_scaling.factor, rope_scaling.low_freq_factor, "
+        "rope_scaling.high_freq_factor, rope_scaling.original_max_position_embeddings");
   CHECK(error_of("trainer: {steps: 1}\ntraner:\n  steps: 5\n") ==
         "q.yaml:2:1: traner: unknown section; did you mean 'trainer'?");
   CHECK(error_of("logging: {level: 3}\n") ==

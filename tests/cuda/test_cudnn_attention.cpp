@@ -4,8 +4,11 @@
 // log-sum-exp) and every gradient against the CPU's tiled attention in bf16 (itself tested
 // against the materialised path in tests/cpu/test_attention.cpp), T = 1 refused by the device
 // before cuDNN is asked, and a GPT's bf16 step with the fused path against the materialised one,
-// each gradient tensor on its own. Built with the CUDA backend only; the cuDNN cases with cuDNN
-// only (a skip that says so otherwise), in the suite "cuda cudnn", run last.
+// each gradient tensor on its own. Grouped-query attention (AttentionShape::kv_heads) in the
+// layouts, the keys, cuDNN against the CPU, and the materialised path (model/attention.cpp, on
+// CUDA's gemm_batched and causal softmax) against the CPU's in fp32 and bf16. Built with the
+// CUDA backend only; the cuDNN cases with cuDNN only (a skip that says so otherwise), in the
+// suite "cuda cudnn", run last.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -18,6 +21,7 @@
 #include "common/bf16.hpp"
 #include "cuda/cudnn_attention.hpp"
 #include "gpu_vs_cpu.hpp"
+#include "model/attention.hpp"
 
 using namespace lockstep;
 using namespace lockstep::test;
@@ -25,6 +29,24 @@ using lockstep::cuda::attention_key;
 using lockstep::cuda::attention_layout;
 using lockstep::cuda::cudnn_attention_refusal;
 using lockstep::cuda::TensorLayout;
+
+namespace {
+
+// dq, dk and dv out of a gradient in qkv's layout (B T, (H + 2 Hkv) D), each row by row.
+Outputs qkv_parts(const std::vector<float>& dqkv, const AttentionShape& s) {
+  const std::size_t width = std::size_t(qkv_width(s)), d = std::size_t(s.head_size);
+  const std::size_t q = s.heads * d, kv = std::size_t(kv_heads_of(s)) * d;
+  Outputs out(3);
+  for (std::size_t r = 0; r < dqkv.size() / width; ++r) {
+    const auto row = dqkv.begin() + r * width;
+    out[0].insert(out[0].end(), row, row + q);
+    out[1].insert(out[1].end(), row + q, row + q + kv);
+    out[2].insert(out[2].end(), row + q + kv, row + q + 2 * kv);
+  }
+  return out;
+}
+
+}  // namespace
 
 TEST_SUITE("cuda") {
   TEST_CASE("cuDNN attention layout: q, k, v read in place from qkv, o written into y") {
@@ -47,6 +69,17 @@ TEST_SUITE("cuda") {
             b * at.o.stride[0] + h * at.o.stride[1] + t * at.o.stride[2] + d * at.o.stride[3];
         CHECK(at_o == (b * 5 + t) * 24 + h * 8 + d);
       }
+    // Grouped-query attention, H 6 on Hkv 2: qkv rows (6 + 2 x 2) 8 = 80 wide, k and v of 2
+    // heads at columns 48 and 64; y as before.
+    const auto gqa = attention_layout({2, 5, 6, 8, 2});
+    CHECK(gqa.q == TensorLayout{{2, 6, 5, 8}, {5 * 80, 8, 80, 1}, 0});
+    CHECK(gqa.k == TensorLayout{{2, 2, 5, 8}, {5 * 80, 8, 80, 1}, 48});
+    CHECK(gqa.v == TensorLayout{{2, 2, 5, 8}, {5 * 80, 8, 80, 1}, 64});
+    CHECK(gqa.o == TensorLayout{{2, 6, 5, 8}, {5 * 48, 8, 48, 1}, 0});
+    CHECK(gqa.stats == TensorLayout{{2, 6, 5, 1}, {30, 5, 1, 1}, 0});
+    // kv_heads = heads is the layout without grouping.
+    CHECK(attention_layout({2, 5, 3, 8, 3}).k == at.k);
+    CHECK(attention_layout({2, 5, 3, 8, 3}).v == at.v);
   }
 
   TEST_CASE("cuDNN attention graphs: one per shape and direction") {
@@ -58,8 +91,60 @@ TEST_SUITE("cuda") {
     CHECK(attention_key(s, false, false) == attention_key(s, false));
     for (const AttentionShape other :
          {AttentionShape{4, 1024, 12, 64}, AttentionShape{8, 512, 12, 64},
-          AttentionShape{8, 1024, 6, 64}, AttentionShape{8, 1024, 12, 128}})
+          AttentionShape{8, 1024, 6, 64}, AttentionShape{8, 1024, 12, 128},
+          AttentionShape{8, 1024, 12, 64, 4}, AttentionShape{8, 1024, 12, 64, 1}})
       CHECK(attention_key(other, false) != attention_key(s, false));
+    // kv_heads 0 means heads: one graph for both spellings.
+    CHECK(attention_key({8, 1024, 12, 64, 12}, true) == attention_key(s, true));
+  }
+
+  // The materialised path on CUDA (model/attention.cpp over gemm_batched, with beta 1 to sum a
+  // kv head's dK and dV over its query heads) against the CPU's, for grouped-query attention:
+  // batch 1 and 3 so that its products batch both ways. fp32: the sums' order only; bf16: both
+  // round at the same points, so a rounding may land on a neighbour (two bf16 ulps).
+  TEST_CASE("cuda: materialised grouped-query attention against the CPU's, fp32 and bf16") {
+    auto backend = cuda_or_skip();
+    if (!backend) return;
+    auto gpu = backend->create_device(0, 1, 0);
+    for (const bool bf16 : {false, true})
+      for (const AttentionShape s :
+           {AttentionShape{1, 65, 6, 16, 2}, AttentionShape{3, 65, 6, 16, 2},
+            AttentionShape{3, 130, 4, 64, 1}, AttentionShape{2, 64, 4, 32, 4}}) {
+        CAPTURE(fmt::format("{} B={} T={} H={} Hkv={} D={}", bf16 ? "bf16" : "fp32", s.batch,
+                            s.T, s.heads, s.kv_heads, s.head_size));
+        const std::size_t n = std::size_t(s.batch) * s.T, c = std::size_t(s.heads) * s.head_size;
+        const std::size_t width = std::size_t(qkv_width(s));
+        const std::size_t squares = std::size_t(s.batch) * s.heads * s.T * s.T;
+        const std::vector<float> qkv = random_floats(n * width, 700 + s.T, -2.0, 2.0);
+        const std::vector<float> dy = random_floats(n * c, 800 + s.T);
+        const auto op = [&](Device& dev) -> Outputs {
+          auto qkv32 = on_device(dev, qkv), dy32 = on_device(dev, dy);
+          auto qkv16 = on_device(dev, to_bits(qkv)), dy16 = on_device(dev, to_bits(dy));
+          const MatIn q_in = bf16 ? MatIn{nullptr, qkv16.data()} : MatIn{qkv32.data()};
+          const MatIn dy_in = bf16 ? MatIn{nullptr, dy16.data()} : MatIn{dy32.data()};
+          auto y32 = poisoned(dev, bf16 ? 0 : n * c), p32 = poisoned(dev, bf16 ? 0 : squares);
+          auto y16 = poisoned_bf16(dev, bf16 ? n * c : 0);
+          auto p16 = poisoned_bf16(dev, bf16 ? squares : 0);
+          auto sq = poisoned(dev, squares), product = poisoned(dev, bf16 ? n * c : 0);
+          auto sq16 = poisoned_bf16(dev, bf16 ? squares : 0);
+          auto dqkv = poisoned(dev, n * width);
+          const detail::AttentionBuffers buf{.path = AttentionKind::materialized,
+                                             .probs = {p32.data(), p16.data()},
+                                             .squares = sq.data(),
+                                             .squares16 = sq16.data(),
+                                             .y_product = product.data()};
+          const MatOut y{y32.data(), y16.data()};
+          detail::attention_forward(dev, s, q_in, y, buf);
+          detail::attention_backward(dev, s, q_in, y.input(), dy_in, buf, dqkv.data());
+          Outputs out{bf16 ? widened(y16.download()) : y32.download()};
+          for (std::vector<float>& part : qkv_parts(dqkv.download(), s)) out.push_back(part);
+          return out;
+        };
+        Tolerance tol = fp32_sums(s.T + s.head_size + 4, c);
+        if (bf16) tol = {tol.rel + 2 * kBf16Ulp, tol.abs + 2 * kBf16Ulp, c};
+        const Tolerance kv_tol{tol.rel, tol.abs, std::size_t(kv_heads_of(s)) * s.head_size};
+        compare_each(*gpu, op, {tol, tol, kv_tol, kv_tol});
+      }
   }
 
   TEST_CASE("cuDNN attention refuses fp32 and tf32, head sizes not a multiple of 8, old cuDNN, "
@@ -138,16 +223,23 @@ TEST_SUITE("cuda cudnn") {
         for (int d : {16, 64, 128}) shapes.push_back({T < 64 ? 3 : 2, T, heads, d});
     shapes.push_back({1, 1024, 1, 128});
     shapes.push_back({1, 1024, 12, 64});
+    // Grouped-query attention, cuDNN's native K and V of fewer heads: multi-query, 2 groups of
+    // 3, and a SmolLM2-135M-shaped layer (9 heads on 3, D 64).
+    for (int T : {7, 65, 257})
+      for (int kv_heads : {1, 2}) shapes.push_back({2, T, 6, 64, kv_heads});
+    shapes.push_back({2, 512, 9, 64, 3});
     for (const AttentionShape s : shapes) {
-      CAPTURE(fmt::format("B={} T={} H={} D={}", s.batch, s.T, s.heads, s.head_size));
+      CAPTURE(fmt::format("B={} T={} H={} Hkv={} D={}", s.batch, s.T, s.heads, kv_heads_of(s),
+                          s.head_size));
       const std::size_t n = std::size_t(s.batch) * s.T, c = std::size_t(s.heads) * s.head_size;
+      const std::size_t width = std::size_t(qkv_width(s));
       if (s.T == 1) {
         // Refused by the rule (a model of context 1 runs materialised: the case above), and by
         // the device with that reason, before cuDNN is asked; the other shapes go on.
-        auto qkv16 = on_device(*gpu, std::vector<std::uint16_t>(n * 3 * c));
+        auto qkv16 = on_device(*gpu, std::vector<std::uint16_t>(n * width));
         auto y16 = on_device(*gpu, std::vector<std::uint16_t>(n * c));
         auto lse = on_device(*gpu, std::vector<float>(std::size_t(s.batch) * s.heads));
-        auto dqkv = on_device(*gpu, std::vector<float>(n * 3 * c));
+        auto dqkv = on_device(*gpu, std::vector<float>(n * width));
         CHECK_THROWS_WITH_AS(
             gpu->attention_forward(s, {nullptr, qkv16.data()}, {nullptr, y16.data()}, lse.data()),
             doctest::Contains("s_q = s_kv = 1"), std::invalid_argument);
@@ -158,7 +250,7 @@ TEST_SUITE("cuda cudnn") {
         continue;
       }
       const std::size_t rows = std::size_t(s.batch) * s.heads * s.T;
-      const std::vector<float> qkv = random_floats(n * 3 * c, 500 + s.T, -2.0, 2.0);
+      const std::vector<float> qkv = random_floats(n * width, 500 + s.T, -2.0, 2.0);
       const std::vector<float> dy = random_floats(n * c, 600 + s.T);
       // y, lse, dq, dk, dv: y and the gradients of one position side by side (rows of C).
       const auto op = [&](Device& dev) -> Outputs {
@@ -166,28 +258,26 @@ TEST_SUITE("cuda cudnn") {
         auto dy16 = on_device(dev, to_bits(dy));
         auto y16 = poisoned_bf16(dev, n * c);
         auto lse = poisoned(dev, rows);
-        auto dqkv = poisoned(dev, n * 3 * c);
+        auto dqkv = poisoned(dev, n * width);
         dev.attention_forward(s, {nullptr, qkv16.data()}, {nullptr, y16.data()}, lse.data());
         dev.attention_backward(s, {nullptr, qkv16.data()}, {nullptr, y16.data()},
                                {nullptr, dy16.data()}, lse.data(), dqkv.data());
-        std::vector<float> y(n * c);
-        const std::vector<std::uint16_t> bits = y16.download();
-        for (std::size_t i = 0; i < y.size(); ++i) y[i] = detail::bf16_to_float(bits[i]);
-        Outputs out{y, lse.download()};
-        const std::vector<float> all = dqkv.download();
-        for (int which = 0; which < 3; ++which) {
-          std::vector<float> part;
-          for (std::size_t r = 0; r < n; ++r)
-            part.insert(part.end(), all.begin() + r * 3 * c + which * c,
-                        all.begin() + r * 3 * c + (which + 1) * c);
-          out.push_back(part);
-        }
+        Outputs out{widened(y16.download()), lse.download()};
+        for (std::vector<float>& part : qkv_parts(dqkv.download(), s)) out.push_back(part);
         return out;
       };
       Tolerance rounded = fp32_sums(s.T + s.head_size + 4, c);
       rounded = {rounded.rel + 2 * kBf16Ulp, rounded.abs + 2 * kBf16Ulp, c};
+      // dk and dv of a kv head add the products of its G = H / Hkv query heads, which cuDNN's
+      // graph types bf16 before its sum (dK_fullhead, dV_fullhead in the frontend's
+      // sdpa_backward): a bf16 ulp more per query head, G + 1 in all (2 without grouping).
+      const int group = s.heads / kv_heads_of(s);
+      const Tolerance kv_sums = fp32_sums(group * s.T + s.head_size + 4);
+      const Tolerance kv{kv_sums.rel + (group + 1) * kBf16Ulp,
+                         kv_sums.abs + (group + 1) * kBf16Ulp,
+                         std::size_t(kv_heads_of(s)) * s.head_size};
       const Tolerance lse_tol = fp32_sums(s.T + s.head_size + 4, std::size_t(s.T));
-      compare_each(*gpu, op, {rounded, lse_tol, rounded, rounded, rounded});
+      compare_each(*gpu, op, {rounded, lse_tol, rounded, kv, kv});
     }
   }
 

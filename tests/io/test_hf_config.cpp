@@ -54,9 +54,10 @@ TEST_CASE("hf config: Llama 3.2's config.json gives every model key, GQA and lla
   CHECK(keys_of(c) ==
         "family=llama\nvocab_size=128256\ncontext=131072\nn_layer=16\nn_head=32\nd_model=2048\n"
         "norm=rmsnorm\nnorm_eps=1e-05\npositions=rope\nrope_theta=500000\n"
-        "rope_scaling={type: llama3, factor: 32, low_freq_factor: 1, high_freq_factor: 4, "
-        "original_max_position_embeddings: 8192}\nmlp=swiglu\nintermediate_size=8192\n"
-        "n_kv_head=8\nhead_dim=64\nqkv_bias=false\nproj_bias=false\ntie_embeddings=true");
+        "rope_scaling.type=llama3\nmlp=swiglu\nintermediate_size=8192\n"
+        "n_kv_head=8\nhead_dim=64\nqkv_bias=false\nproj_bias=false\ntie_embeddings=true\n"
+        "rope_scaling.factor=32\nrope_scaling.low_freq_factor=1\nrope_scaling.high_freq_factor=4\n"
+        "rope_scaling.original_max_position_embeddings=8192");
   CHECK(c.bos_token_ids == std::vector<int>{128000});
   CHECK(c.eos_token_ids == std::vector<int>{128001, 128008, 128009});
 

@@ -191,6 +191,10 @@ TEST_CASE("memory plan: cuDNN's attention backward workspace, in closed form and
   // T rounded up to 64 in the dP workspace; the gradient rounded up to 256 bytes.
   CHECK(detail::cudnn_attention_backward_bytes({1, 65, 1, 8}, true) ==
         3328.0 + 4.0 * 65 + 2.0 * 128 * 128);  // 3120 bytes of gradient, rounded up to 13 x 256
+  // Grouped-query attention: the gradient is qkv's (B T, (H + 2 Hkv) D), the rest by the 9
+  // query heads (a SmolLM2-135M-shaped layer: 9 heads, 3 kv heads).
+  CHECK(detail::cudnn_attention_backward_bytes({2, 512, 9, 64, 3}, true) ==
+        2.0 * 2 * 512 * 15 * 64 + 4.0 * 2 * 9 * 512 + 2.0 * 2 * 9 * 512 * 512);
 
   Config cfg = test::small_gpt_config(1, 4);
   cfg.trainer.precision = Precision::bf16;

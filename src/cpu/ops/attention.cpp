@@ -1,12 +1,12 @@
 // Causal self-attention without the (T, T) matrices: FlashAttention-2's tiled online softmax
-// (CUDA: none yet; model.attention auto runs the materialised path there).
+// (CUDA runs cuDNN's instead: Note [cuDNN attention] in src/cuda/cudnn_attention.hpp).
 //
 // Note [Tiled attention]
 // ~~~~~~~~~~~~~~~~~~~~~~
-// The materialised path (src/model/gpt.cpp) computes the scores q k^T of every sequence and head
-// as a (T, T) matrix, keeps the probabilities for backward and writes their gradient into
-// another: B H T^2 values each, which grow with the square of the context. This op never holds
-// more than a tile of them (Dao, "FlashAttention-2", 2023, algorithms 1 and 2):
+// The materialised path (src/model/attention.cpp) computes the scores q k^T of every sequence
+// and head as a (T, T) matrix, keeps the probabilities for backward and writes their gradient
+// into another: B H T^2 values each, which grow with the square of the context. This op never
+// holds more than a tile of them (Dao, "FlashAttention-2", 2023, algorithms 1 and 2):
 //  - Forward, per sequence, head and tile of query rows: the key tiles left of the diagonal in
 //    order, each a product S = Q_i K_j^T (tile, tile); a running max m and sum l per row; the
 //    exponentials P = exp(scale S - m) (masked above the diagonal) added into O += P V_j after O
@@ -20,10 +20,19 @@
 //  - Every tile is kTile x kTile (smaller T: T rounded up to 8), padded with zero rows past T,
 //    so the products have three shapes only, and go to OpenBLAS where it takes small products
 //    (tile_library(), Note [CPU matrix products]: oneDNN's per-call cost outweighed a tile).
+//  - Grouped-query attention (AttentionShape::kv_heads, Hkv dividing H, G = H / Hkv): query
+//    head h reads the K and V tiles of kv head h / G where they lie in qkv, with no repeated
+//    copies. Backward's dK and dV of a kv head are sums over its G query heads: its task holds
+//    them for the whole sequence and runs the query heads one after another, each adding over
+//    the key tiles as above. With Hkv = H (G = 1) this is the same sequence of products as
+//    before grouping, bit for bit.
 //  - Deterministic: oneTBB runs forward's tasks over (sequence, head, query tile) and
-//    backward's over (sequence, head); each task owns what it writes and adds in a fixed order,
-//    so the result does not depend on the thread count. Backward's dQ of a head is added over
-//    the key tiles, which is why its task is the whole head.
+//    backward's over (sequence, kv head); each task owns what it writes and adds in a fixed
+//    order (query heads ascending, then query tiles), so the result does not depend on the
+//    thread count. Backward's dQ of a head is added over the key tiles, and dK, dV over the
+//    group's heads, which is why its task is the whole kv head: B Hkv tasks, so multi-query
+//    attention at batch 1 runs its backward on one thread (per-head partial sums in a second
+//    buffer, added in order, would trade B H T D x 8 bytes for that parallelism).
 //  - bf16 (Note [bf16 compute]): q, k, v and dy are read widened from bf16; the probabilities
 //    and the score gradients are rounded to bf16 before their products, as the materialised
 //    path keeps them; the products run in fp32 on those bf16 values, which is a bf16 product
@@ -58,10 +67,25 @@ struct Tiling {
       : tile(std::min(kTile, (T + 7) / 8 * 8)), tiles((T + tile - 1) / tile) {}
 };
 
+// Where the heads sit in a qkv row of `width` columns (AttentionShape): query head h at q(h),
+// the key and value heads it reads (kv head h / group) at k(h) and v(h); kv_k(g) and kv_v(g)
+// by kv head g.
+struct QkvColumns {
+  int D, H, group;
+  std::int64_t width;
+  explicit QkvColumns(const AttentionShape& s)
+      : D(s.head_size), H(s.heads), group(s.heads / kv_heads_of(s)), width(qkv_width(s)) {}
+  std::int64_t q(int h) const { return std::int64_t(h) * D; }
+  std::int64_t kv_k(int g) const { return (std::int64_t(H) + g) * D; }
+  std::int64_t kv_v(int g) const { return kv_k(g) + std::int64_t(H / group) * D; }
+  std::int64_t k(int h) const { return kv_k(h / group); }
+  std::int64_t v(int h) const { return kv_v(h / group); }
+};
+
 // Rows [r0, r0 + count) of columns [col, col + D) of the (B T, ld) matrix m, widened to fp32,
 // into dst (count, D); rows at or past `valid` are zero.
-void load_rows(MatIn m, std::int64_t first_row, int ld, int col, int count, int valid, int D,
-               float* dst) {
+void load_rows(MatIn m, std::int64_t first_row, std::int64_t ld, std::int64_t col, int count,
+               int valid, int D, float* dst) {
   for (int r = 0; r < count; ++r) {
     float* out = dst + std::size_t(r) * D;
     if (r >= valid) {
@@ -140,6 +164,7 @@ TileBuffers& buffers() {
 
 void CpuDevice::attention_forward(const AttentionShape& shape, MatIn qkv, MatOut y, float* lse) {
   detail::check_attention_shape("attention_forward", shape);
+  const QkvColumns cols(shape);
   const int T = shape.T, H = shape.heads, D = shape.head_size, C = H * D;
   const Tiling tl(T);
   const int tile = tl.tile;
@@ -158,11 +183,11 @@ void CpuDevice::attention_forward(const AttentionShape& shape, MatIn qkv, MatOut
     w.s.resize(tt), w.p.resize(tt);
     w.m.assign(tile, -std::numeric_limits<float>::infinity());
     w.l.assign(tile, 0.0f);
-    load_rows(qkv, seq + r0, 3 * C, h * D, tile, rows, D, w.q.data());
+    load_rows(qkv, seq + r0, cols.width, cols.q(h), tile, rows, D, w.q.data());
     for (int j = 0; j <= i; ++j) {
-      const int c0 = j * tile, cols = std::min(tile, T - c0);
-      load_rows(qkv, seq + c0, 3 * C, C + h * D, tile, cols, D, w.k.data());
-      load_rows(qkv, seq + c0, 3 * C, 2 * C + h * D, tile, cols, D, w.v.data());
+      const int c0 = j * tile, valid_cols = std::min(tile, T - c0);
+      load_rows(qkv, seq + c0, cols.width, cols.k(h), tile, valid_cols, D, w.k.data());
+      load_rows(qkv, seq + c0, cols.width, cols.v(h), tile, valid_cols, D, w.v.data());
       tiles_.run(prod.nt, w.q.data(), w.k.data(), w.s.data());
       for (int r = 0; r < tile; ++r) {
         // Keys c0 .. r0 + r (the causal mask), none for a padding row.
@@ -199,78 +224,84 @@ void CpuDevice::attention_forward(const AttentionShape& shape, MatIn qkv, MatOut
 void CpuDevice::attention_backward(const AttentionShape& shape, MatIn qkv, MatIn y, MatIn dy,
                                    const float* lse, float* dqkv) {
   detail::check_attention_shape("attention_backward", shape);
+  const QkvColumns cols(shape);
   const int T = shape.T, H = shape.heads, D = shape.head_size, C = H * D;
+  const int kv_heads = kv_heads_of(shape), group = cols.group;
   const Tiling tl(T);
   const int tile = tl.tile, padded = tl.tiles * tile;
   const TileProducts prod(tile, D);
   prod.prepare(tiles_);
   const float scale = 1.0f / std::sqrt(float(D));
   const bool bf16 = qkv.bf16 != nullptr;
-  const std::size_t tasks = std::size_t(shape.batch) * H;
-  for_blocks(tasks, vectorized([&, T, H, D, C, tile, padded, scale, bf16](std::size_t task) {
-    const int h = int(task % H), b = int(task / H);
+  const std::size_t tasks = std::size_t(shape.batch) * kv_heads;
+  for_blocks(tasks, vectorized([&, T, H, D, C, kv_heads, group, tile, padded, scale,
+                                bf16](std::size_t task) {
+    const int g = int(task % kv_heads), b = int(task / kv_heads);
     const std::int64_t seq = std::int64_t(b) * T;
-    const std::size_t td = std::size_t(tile) * D, tt = std::size_t(tile) * tile;
-    const std::size_t whole = std::size_t(padded) * D;
+    const std::size_t tt = std::size_t(tile) * tile, whole = std::size_t(padded) * D;
     TileBuffers& w = buffers();
     w.q.resize(whole), w.k.resize(whole), w.v.resize(whole), w.dy.resize(whole);
-    w.dq.assign(whole, 0.0f), w.s.resize(tt), w.p.resize(tt), w.dk.resize(td), w.dv.resize(td);
-    w.rowsum_dy_y.assign(padded, 0.0f);
-    load_rows(qkv, seq, 3 * C, h * D, padded, T, D, w.q.data());
-    load_rows(qkv, seq, 3 * C, C + h * D, padded, T, D, w.k.data());
-    load_rows(qkv, seq, 3 * C, 2 * C + h * D, padded, T, D, w.v.data());
-    load_rows(dy, seq, C, h * D, padded, T, D, w.dy.data());
-    // D_r = rowsum(dy * y), y widened as stored, dy as the products read it.
-    w.o.resize(D);
-    for (int r = 0; r < T; ++r) {
-      load_rows(y, seq + r, C, h * D, 1, 1, D, w.o.data());
-      const float* dyr = w.dy.data() + std::size_t(r) * D;
-      double dot = 0.0;
-      for (int d = 0; d < D; ++d) dot += double(dyr[d]) * w.o[d];
-      w.rowsum_dy_y[r] = static_cast<float>(dot);
-    }
-    const float* lse_head = lse + (std::size_t(b) * H + h) * T;
-    for (int j = 0; j < tl.tiles; ++j) {
-      const int c0 = j * tile;
-      const float* kj = w.k.data() + std::size_t(c0) * D;
-      const float* vj = w.v.data() + std::size_t(c0) * D;
-      std::fill(w.dk.begin(), w.dk.end(), 0.0f);
-      std::fill(w.dv.begin(), w.dv.end(), 0.0f);
-      for (int i = j; i < tl.tiles; ++i) {
-        const int r0 = i * tile, rows = std::min(tile, T - r0);
-        const float* qi = w.q.data() + std::size_t(r0) * D;
-        const float* dyi = w.dy.data() + std::size_t(r0) * D;
-        tiles_.run(prod.nt, qi, kj, w.s.data());
-        for (int r = 0; r < tile; ++r) {
-          const int valid = r < rows ? std::min(tile, r0 + r - c0 + 1) : 0;
-          const float row_lse = r < rows ? lse_head[r0 + r] : 0.0f;
-          exp_row(w.s.data() + std::size_t(r) * tile, scale, row_lse, valid, tile,
-                  w.p.data() + std::size_t(r) * tile);
-        }
-        if (bf16) round_to_bf16(w.p.data(), tt);
-        tiles_.run(prod.tn, w.p.data(), dyi, w.dv.data());
-        tiles_.run(prod.nt, dyi, vj, w.s.data());  // dP, over the scores
-        for (int r = 0; r < tile; ++r) {
-          const float d_r = w.rowsum_dy_y[r0 + r];
-          float* dpr = w.s.data() + std::size_t(r) * tile;
-          const float* pr = w.p.data() + std::size_t(r) * tile;
-          for (int c = 0; c < tile; ++c) dpr[c] = scale * pr[c] * (dpr[c] - d_r);
-        }
-        if (bf16) round_to_bf16(w.s.data(), tt);
-        tiles_.run(prod.nn, w.s.data(), kj, w.dq.data() + std::size_t(r0) * D);
-        tiles_.run(prod.tn, w.s.data(), qi, w.dk.data());
+    w.dq.resize(whole), w.s.resize(tt), w.p.resize(tt);
+    w.dk.assign(whole, 0.0f), w.dv.assign(whole, 0.0f);
+    load_rows(qkv, seq, cols.width, cols.kv_k(g), padded, T, D, w.k.data());
+    load_rows(qkv, seq, cols.width, cols.kv_v(g), padded, T, D, w.v.data());
+    // The query heads of kv head g in order, each adding into dK and dV (Note [Tiled attention]).
+    for (int h = g * group; h < (g + 1) * group; ++h) {
+      load_rows(qkv, seq, cols.width, cols.q(h), padded, T, D, w.q.data());
+      load_rows(dy, seq, C, h * D, padded, T, D, w.dy.data());
+      std::fill(w.dq.begin(), w.dq.end(), 0.0f);
+      // D_r = rowsum(dy * y), y widened as stored, dy as the products read it.
+      w.rowsum_dy_y.assign(padded, 0.0f);
+      w.o.resize(D);
+      for (int r = 0; r < T; ++r) {
+        load_rows(y, seq + r, C, h * D, 1, 1, D, w.o.data());
+        const float* dyr = w.dy.data() + std::size_t(r) * D;
+        double dot = 0.0;
+        for (int d = 0; d < D; ++d) dot += double(dyr[d]) * w.o[d];
+        w.rowsum_dy_y[r] = static_cast<float>(dot);
       }
-      const int cols = std::min(tile, T - c0);
-      for (int c = 0; c < cols; ++c) {
-        float* row = dqkv + (seq + c0 + c) * 3 * C + h * D;
-        const float *dk = w.dk.data() + std::size_t(c) * D, *dv = w.dv.data() + std::size_t(c) * D;
-        for (int d = 0; d < D; ++d) row[C + d] = dk[d], row[2 * C + d] = dv[d];
+      const float* lse_head = lse + (std::size_t(b) * H + h) * T;
+      for (int j = 0; j < tl.tiles; ++j) {
+        const int c0 = j * tile;
+        const float* kj = w.k.data() + std::size_t(c0) * D;
+        const float* vj = w.v.data() + std::size_t(c0) * D;
+        float* dkj = w.dk.data() + std::size_t(c0) * D;
+        float* dvj = w.dv.data() + std::size_t(c0) * D;
+        for (int i = j; i < tl.tiles; ++i) {
+          const int r0 = i * tile, rows = std::min(tile, T - r0);
+          const float* qi = w.q.data() + std::size_t(r0) * D;
+          const float* dyi = w.dy.data() + std::size_t(r0) * D;
+          tiles_.run(prod.nt, qi, kj, w.s.data());
+          for (int r = 0; r < tile; ++r) {
+            const int valid = r < rows ? std::min(tile, r0 + r - c0 + 1) : 0;
+            const float row_lse = r < rows ? lse_head[r0 + r] : 0.0f;
+            exp_row(w.s.data() + std::size_t(r) * tile, scale, row_lse, valid, tile,
+                    w.p.data() + std::size_t(r) * tile);
+          }
+          if (bf16) round_to_bf16(w.p.data(), tt);
+          tiles_.run(prod.tn, w.p.data(), dyi, dvj);
+          tiles_.run(prod.nt, dyi, vj, w.s.data());  // dP, over the scores
+          for (int r = 0; r < tile; ++r) {
+            const float d_r = w.rowsum_dy_y[r0 + r];
+            float* dpr = w.s.data() + std::size_t(r) * tile;
+            const float* pr = w.p.data() + std::size_t(r) * tile;
+            for (int c = 0; c < tile; ++c) dpr[c] = scale * pr[c] * (dpr[c] - d_r);
+          }
+          if (bf16) round_to_bf16(w.s.data(), tt);
+          tiles_.run(prod.nn, w.s.data(), kj, w.dq.data() + std::size_t(r0) * D);
+          tiles_.run(prod.tn, w.s.data(), qi, dkj);
+        }
+      }
+      for (int r = 0; r < T; ++r) {
+        float* row = dqkv + (seq + r) * cols.width + cols.q(h);
+        const float* dq = w.dq.data() + std::size_t(r) * D;
+        for (int d = 0; d < D; ++d) row[d] = dq[d];
       }
     }
     for (int r = 0; r < T; ++r) {
-      float* row = dqkv + (seq + r) * 3 * C + h * D;
-      const float* dq = w.dq.data() + std::size_t(r) * D;
-      for (int d = 0; d < D; ++d) row[d] = dq[d];
+      float* row = dqkv + (seq + r) * cols.width;
+      const float *dk = w.dk.data() + std::size_t(r) * D, *dv = w.dv.data() + std::size_t(r) * D;
+      for (int d = 0; d < D; ++d) row[cols.kv_k(g) + d] = dk[d], row[cols.kv_v(g) + d] = dv[d];
     }
   }));
 }
