@@ -44,7 +44,7 @@
 #include "lockstep/types.hpp"
 
 namespace lockstep {
-class Tokenizer;  // lockstep/tokenizer.hpp, for export_hf_gpt2
+class Tokenizer;  // lockstep/tokenizer.hpp, for export_hf
 }
 
 namespace lockstep {
@@ -73,7 +73,8 @@ LOCKSTEP_API std::uint64_t write_safetensors(const std::filesystem::path& file,
                                              const std::map<std::string, std::string>& metadata = {},
                                              TensorDtype dtype = TensorDtype::f32);
 
-// Reads any safetensors file of F32 tensors. Checks the whole file against
+// Reads any safetensors file of F32 tensors whole (checkpoints; load_weights reads BF16 and F16
+// too, a tensor at a time). Checks the whole file against
 // "lockstep.file_checksum" and the data against "lockstep.checksum" when the metadata has them. Headers are limited to 100 MB, as in the reference implementation.
 LOCKSTEP_API SafetensorsFile read_safetensors(const std::filesystem::path& file);
 
@@ -133,8 +134,9 @@ struct LOCKSTEP_API Weights {
 
 // The weights at `path` in the layout of `expected` (Model::param_tensors()), matched by tensor
 // name: a checkpoint directory (its newest valid checkpoint), either file of a checkpoint, a
-// safetensors file (`lockstep export`), or a Hugging Face GPT-2 directory (model.safetensors and
-// config.json, as `lockstep export --format hf` writes) or its model.safetensors. Throws
+// safetensors file (`lockstep export`, F32 or BF16), or a Hugging Face directory (config.json and
+// model.safetensors or model.safetensors.index.json and its shards, F32, BF16 or F16, as
+// save_pretrained and `lockstep export --format hf` write them) or its weights file. Throws
 // InputError naming the file and the first tensor that is missing, of another shape, or not in
 // the model.
 LOCKSTEP_API Weights load_weights(const std::filesystem::path& path,
@@ -146,6 +148,14 @@ LOCKSTEP_API Weights load_weights(const std::filesystem::path& path,
 struct LOCKSTEP_API WeightsModel {
   GptSpec spec;
   std::filesystem::path file;
+  // The model.* keys (without "model.") the weights record, values as YAML text: spec's, or all
+  // that a Hugging Face config.json says (its family, norm, rope_theta, ...).
+  std::vector<std::pair<std::string, std::string>> keys;
+  // 0: a run's model.context must be keys' context (learned positions). Else the longest context
+  // a run may train at (rotary positions: a shorter one is the run's choice), and the field of
+  // config.json that sets it.
+  int max_context = 0;
+  std::string max_context_field;
 };
 LOCKSTEP_API std::optional<WeightsModel> weights_model(const std::filesystem::path& path);
 
@@ -173,15 +183,17 @@ LOCKSTEP_API std::optional<Standardization> read_standardization(
 LOCKSTEP_API void export_torch(const Checkpoint& ckpt, const std::filesystem::path& file,
                                TensorDtype dtype = TensorDtype::f32);
 
-// Writes a GPT checkpoint (model.type gpt) as a Hugging Face GPT-2 directory: model.safetensors
-// (HF's names, Conv1D weights transposed to (in, out)) and config.json, which
-// transformers.GPT2LMHeadModel.from_pretrained(dir) loads. Creates `dir`. InputError for a
-// checkpoint without "lockstep.model" (not a GPT's). With a `tokenizer` (the run's: see
-// recorded_tokenizer in lockstep/tokenizer.hpp), its files too, for AutoTokenizer, and
-// <|endoftext|> as bos_token_id and eos_token_id in config.json.
-LOCKSTEP_API void export_hf_gpt2(const Checkpoint& ckpt, const std::filesystem::path& dir,
-                                 TensorDtype dtype = TensorDtype::f32,
-                                 const Tokenizer* tokenizer = nullptr);
+// Writes a GPT checkpoint (model.type gpt) as a Hugging Face directory that transformers'
+// from_pretrained(dir) loads (GPT2LMHeadModel: HF's names, Conv1D weights transposed to
+// (in, out)): config.json, generation_config.json and the weights, model.safetensors or, above
+// `max_shard_bytes`, shards and model.safetensors.index.json (Note [Hugging Face exports] in
+// src/io/hf_model.cpp). Creates `dir`. InputError for a checkpoint without "lockstep.model" (not
+// a GPT's). With a `tokenizer` (the run's: see recorded_tokenizer in lockstep/tokenizer.hpp), its
+// files too, for AutoTokenizer, and <|endoftext|> as bos_token_id and eos_token_id.
+LOCKSTEP_API void export_hf(const Checkpoint& ckpt, const std::filesystem::path& dir,
+                            TensorDtype dtype = TensorDtype::f32,
+                            const Tokenizer* tokenizer = nullptr,
+                            std::uint64_t max_shard_bytes = 5'000'000'000);
 
 // ---- the checkpoint directory ---------------------------------------------------------------
 
@@ -256,8 +268,11 @@ enum class OptionSpelling { field, flag };
 struct LOCKSTEP_API ExportRequest {
   std::filesystem::path checkpoint{};  // a checkpoint directory (its newest) or either file of one
   std::filesystem::path out{};         // the file (torch) or the directory (hf) to write
-  std::string format = "torch";      // "torch": export_torch; "hf": export_hf_gpt2
+  std::string format = "torch";      // "torch": export_torch; "hf": export_hf
   std::string dtype = "fp32";        // "fp32" or "bf16"
+  // hf only: the largest shard, as transformers' max_shard_size ("5GB", "500MB", "2GiB", bytes);
+  // larger weights are written in shards with model.safetensors.index.json.
+  std::string max_shard_size = "5GB";
   // hf only: the run's tokenizer when it has moved (DIR|FILE); empty: the one the checkpoint
   // records (recorded_tokenizer in lockstep/tokenizer.hpp), or none.
   std::filesystem::path tokenizer{};

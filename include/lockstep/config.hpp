@@ -30,6 +30,16 @@ class LOCKSTEP_API ConfigError : public InputError {
   using InputError::InputError;
 };
 
+// model.rope_scaling: transformers' rope_scaling {"rope_type": "llama3", ...} (Llama 3.1 and
+// later), or none.
+struct LOCKSTEP_API RopeScalingConfig {
+  RopeScalingKind type = RopeScalingKind::none;
+  double factor = 8.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int original_max_position_embeddings = 8192;
+};
+
 struct LOCKSTEP_API ModelConfig {
   std::string type = "mlp";      // "mlp" (classification data) or "gpt" (tokens or text data)
   // mlp
@@ -44,6 +54,23 @@ struct LOCKSTEP_API ModelConfig {
   // auto, fused or materialized: how the blocks compute attention (AttentionKind in
   // lockstep/types.hpp). The same function either way, summed in another order.
   AttentionKind attention = AttentionKind::automatic;
+  // gpt: the decoder's parts (Note [One decoder] in src/model/decoder.cpp). `family` is a preset:
+  // load_config() sets each part key below that the file, an override or a default does not
+  // set to the family's value (Note [Model families] in src/config/schema.hpp). The defaults
+  // here are GPT-2's; a Config filled by hand sets its parts itself.
+  ModelFamily family = ModelFamily::gpt2;
+  NormKind norm = NormKind::layernorm;
+  double norm_eps = 1e-5;        // rmsnorm's; layernorm's is 1e-5 (GPT-2's), fixed
+  PositionKind positions = PositionKind::learned;
+  double rope_theta = 10000.0;   // rope: the base of the rotary frequencies
+  RopeScalingConfig rope_scaling;  // rope: Llama 3.1's frequency scaling, or none
+  MlpKind mlp = MlpKind::gelu;
+  int intermediate_size = 0;     // swiglu: the MLP's hidden width; 0: 4 x d_model
+  int n_kv_head = 0;             // key/value heads, dividing n_head (grouped-query); 0: n_head
+  int head_dim = 0;              // channels per head; 0: d_model / n_head
+  bool qkv_bias = true;          // biases on the q, k and v projections
+  bool proj_bias = true;         // biases on the attention's output projection and the MLP's
+  bool tie_embeddings = true;    // the LM head reads the token embedding (no weight of its own)
 };
 
 struct LOCKSTEP_API DataConfig {

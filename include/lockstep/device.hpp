@@ -567,10 +567,11 @@ class LOCKSTEP_API LayerOps {
                                      int rows, int classes, std::uint16_t* dlogits,
                                      float grad_scale, LossStats* stats) = 0;
   // ids (B, T) token ids stored as floats (exact below 2^24), wte (V, C), wpe (T_max, C):
-  // out (B, T, C) = wte[ids[b, t]] + wpe[t].
+  // out (B, T, C) = wte[ids[b, t]] + wpe[t]; wpe null: wte[ids[b, t]] (a decoder with rotary
+  // positions has no position embedding).
   virtual void embedding_forward(const float* ids, const float* wte, const float* wpe, float* out,
                                  int batch, int T, int C) = 0;
-  // dwte[ids[b, t]] += dout[b, t]; dwpe[t] += sum over b of dout[b, t].
+  // dwte[ids[b, t]] += dout[b, t]; dwpe[t] += sum over b of dout[b, t] (skipped when null).
   virtual void embedding_backward(const float* ids, const float* dout, float* dwte, float* dwpe,
                                   int batch, int T, int C) = 0;
   // x, y (rows, C); weight, bias (C): y = (x - mean) * rstd * weight + bias with rstd =

@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -67,6 +68,9 @@ struct LOCKSTEP_API LayerWorkspace {
   // gradient over it (dout_bf16 is the same buffer; Note [Fused classifier] in
   // src/cpu/ops/softmax.cpp).
   std::uint16_t* out_bf16 = nullptr;
+  // The replica's device copy of the layer's constants() (Note [Layer constants] in
+  // src/model/decoder.cpp), null when it has none.
+  const float* constants = nullptr;
 };
 
 class LOCKSTEP_API Layer {
@@ -103,6 +107,11 @@ class LOCKSTEP_API Layer {
   // input, rounded to bf16, from LayerWorkspace::dout_bf16 (not dout). A loss can then write
   // the gradient in bf16 directly (Replica::dlogits_bf16).
   virtual bool dout_bf16() const noexcept { return false; }
+  // Read-only values forward and backward read besides the parameters (a Llama block's RoPE
+  // cos and sin), made once on the host when the model is built; null when none. Layers may
+  // share one table: a Replica uploads each distinct table once, at its construction, and hands
+  // it as LayerWorkspace::constants (Note [Layer constants] in src/model/decoder.cpp).
+  virtual std::shared_ptr<const std::vector<float>> constants() const { return nullptr; }
 
   // in (B, in_features), out (B, out_features)
   virtual void forward(Device& dev, const float* params, const float* in, float* out, int batch,
@@ -132,6 +141,10 @@ LOCKSTEP_API std::unique_ptr<Layer> make_layernorm(int context, int channels);
 LOCKSTEP_API std::unique_ptr<Layer> make_tied_lm_head(int embedding_layer, int vocab, int context,
                                                     int channels);
 
+// An LM head with a weight of its own, (vocab, channels) named "weight" (an untied Llama's
+// lm_head), otherwise as the tied head.
+LOCKSTEP_API std::unique_ptr<Layer> make_lm_head(int vocab, int context, int channels);
+
 struct LOCKSTEP_API MlpSpec {
   int inputs = 0;
   std::vector<int> hidden;
@@ -143,30 +156,93 @@ struct LOCKSTEP_API MlpSpec {
 // "lockstep.model".
 LOCKSTEP_API std::string to_string(const MlpSpec& spec);
 
-// GPT-2: token and position embeddings, n_layer pre-LayerNorm blocks (causal multi-head
-// self-attention, then a 4x MLP with tanh-GELU, each on a residual), a final LayerNorm and an
-// LM head tied to the token embedding. Input (B, context) token ids as floats; output logits
-// (B, context * P): the vocabulary padded to P, a multiple of 64, with -inf logits past it.
-// Parameter names follow nanoGPT ("transformer.h.0.attn.c_attn.weight", weights (out, in) as
-// torch.nn.Linear); the tied head has no tensor of its own.
+// Llama 3.1's scaling of the rotary frequencies (transformers' rope_scaling with rope_type
+// "llama3"): wavelengths longer than original_max_position_embeddings / low_freq_factor are
+// divided by `factor`, shorter than ... / high_freq_factor kept, and those between blended.
+struct LOCKSTEP_API Llama3Scaling {
+  double factor = 8.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  double original_max_position_embeddings = 8192.0;
+  bool operator==(const Llama3Scaling&) const = default;
+};
+
+// A decoder-only transformer, GPT-2 or a Llama-family model (Note [One decoder] in
+// src/model/decoder.cpp). Input (B, context) token ids as floats; output logits (B, context *
+// P): the vocabulary padded to P, a multiple of 64, with -inf logits past it.
+//
+// With its defaults it is GPT-2: token and position embeddings, n_layer pre-LayerNorm blocks
+// (causal multi-head self-attention, then a 4x MLP with tanh-GELU, each on a residual), a final
+// LayerNorm and an LM head tied to the token embedding. Parameter names follow nanoGPT
+// ("transformer.h.0.attn.c_attn.weight", weights (out, in) as torch.nn.Linear); the tied head
+// has no tensor of its own.
+//
+// With norm rmsnorm, positions rope and mlp swiglu it is a Llama-family decoder (Llama, Qwen2,
+// Mistral, SmolLM2): a token embedding alone, n_layer blocks of RMSNorm, grouped-query
+// attention with rotary embeddings, RMSNorm and a SwiGLU MLP, a final RMSNorm and an LM head,
+// tied or not; parameter names and storage order are Hugging Face's
+// ("model.layers.0.self_attn.q_proj.weight"). Other mixes of the parts are refused.
 struct LOCKSTEP_API GptSpec {
   int vocab_size = 256;
   int context = 64;
   int n_layer = 2;
   int n_head = 4;
   int d_model = 64;
+  NormKind norm = NormKind::layernorm;
+  double norm_eps = 1e-5;          // rmsnorm's (layernorm's is 1e-5)
+  PositionKind positions = PositionKind::learned;
+  double rope_theta = 10000.0;     // rope
+  std::optional<Llama3Scaling> rope_scaling{};  // rope: llama3 scaling, or none
+  MlpKind mlp = MlpKind::gelu;
+  int intermediate_size = 0;       // swiglu: hidden width; 0: 4 d_model
+  int n_kv_head = 0;               // 0: n_head
+  int head_dim = 0;                // 0: d_model / n_head
+  bool qkv_bias = true;
+  bool proj_bias = true;           // the attention output's and the MLP's biases
+  bool tie_embeddings = true;
+
+  // The parts of the Llama family (rmsnorm, rope, swiglu) rather than GPT-2's.
+  bool llama_parts() const noexcept { return norm == NormKind::rmsnorm; }
+  int kv_heads() const noexcept { return n_kv_head > 0 ? n_kv_head : n_head; }
+  int head_size() const noexcept { return head_dim > 0 ? head_dim : d_model / n_head; }
+  int hidden_size() const noexcept {
+    return intermediate_size > 0 ? intermediate_size : 4 * d_model;
+  }
 };
+// The same description by the name of what it is.
+using DecoderSpec = GptSpec;
 
 // "gpt vocab_size=256 context=64 n_layer=2 n_head=4 d_model=64", and back; the parse throws
-// std::invalid_argument naming what it could not read. Checkpoints carry it as "lockstep.model".
+// std::invalid_argument naming what it could not read. Checkpoints carry it as
+// "lockstep.model". A GPT-2 spec is exactly these words; any other setting appends "key=value"
+// words ("norm=rmsnorm norm_eps=1e-06 positions=rope rope_theta=10000 ..."), each where it
+// differs from GPT-2's (norm_eps with rmsnorm, rope_theta with rope always), so every string an
+// earlier version wrote reads as it did.
 LOCKSTEP_API std::string to_string(const GptSpec& spec);
 LOCKSTEP_API GptSpec parse_gpt_spec(std::string_view text);
 
-// Training FLOPs per token of a GPT (forward and backward, as nanoGPT's and PaLM's MFU count
-// them): 6 per weight that multiplies (every parameter but the position embedding, which is a
-// lookup; the tied wte counts once, for the LM head) plus 12 * n_layer * d_model * context for
-// attention's two matrix products.
+// Training FLOPs per token of a decoder (forward and backward, as nanoGPT's and PaLM's MFU
+// count them): 6 per weight that multiplies (every parameter but the embeddings' lookups: the
+// position embedding, and an untied token embedding; the tied one counts once, for the LM head)
+// plus 12 * n_layer * n_head * head_size * context for attention's two matrix products.
 LOCKSTEP_API double gpt_flops_per_token(const GptSpec& spec);
+
+// The Llama-family layers (see Model::gpt). Token embedding: embed_tokens (V, C), no positions;
+// in (B, T) token ids as floats, out (B, T * C). RMSNorm: weight (C) per position, epsilon
+// `eps`. Llama block: RMSNorm, grouped-query attention with rotary embeddings and a SwiGLU MLP
+// on (B, T * C), Hugging Face's tensor names ("self_attn.q_proj.weight", ...), reading the
+// cos and sin of `rope` (one table shared by every block of a model).
+struct LOCKSTEP_API RopeConstants {
+  std::shared_ptr<const std::vector<float>> table;  // cos (positions, half), then sin
+  int positions = 0;
+  int half = 0;  // head_size / 2
+};
+// The table of a spec's rotary embeddings (rope_theta, rope_scaling), for its context.
+LOCKSTEP_API RopeConstants make_rope_constants(const GptSpec& spec);
+LOCKSTEP_API std::unique_ptr<Layer> make_token_embedding(int vocab, int context, int channels);
+LOCKSTEP_API std::unique_ptr<Layer> make_rmsnorm(int context, int channels, double eps);
+LOCKSTEP_API std::unique_ptr<Layer> make_llama_block(
+    const GptSpec& spec, AttentionKind attention, RopeConstants rope);
 
 class LOCKSTEP_API Model {
  public:
@@ -295,6 +371,9 @@ class LOCKSTEP_API Replica {
   DeviceArray<float> scratch_;             // shared LayerWorkspace::scratch
   DeviceArray<float> dbuf_[2];             // ping-pong activation gradients
   DeviceArray<std::uint16_t> dlogits_bf16_;  // see dlogits_bf16()
+  // Each distinct Layer::constants() table, uploaded once; constant_of_[i]: layer i's, or -1.
+  std::vector<DeviceArray<float>> constants_;
+  std::vector<int> constant_of_;
 };
 
 }  // namespace lockstep

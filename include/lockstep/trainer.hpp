@@ -225,6 +225,10 @@ LOCKSTEP_API Model make_model(const Config& config, const Dataset& train,
 LOCKSTEP_API AttentionChoice attention_choice(const Config& config, std::string_view backend = {});
 // The GPT a config describes for a dataset (model.type gpt), as make_model builds it.
 LOCKSTEP_API GptSpec gpt_spec(const Config& config, const Dataset& train);
+// The decoder the model.* keys describe, with `vocab_size`; settings that change nothing are
+// left at GptSpec's defaults (n_kv_head = n_head as 0, ...), so that one model has one
+// description.
+LOCKSTEP_API GptSpec gpt_spec(const ModelConfig& model, int vocab_size);
 // The model a config describes for a dataset as text ("mlp inputs=64 hidden=64 ...", "gpt
 // vocab_size=256 ..."): what checkpoints record as "lockstep.model".
 LOCKSTEP_API std::string describe_model(const Config& config, const Dataset& train);

@@ -43,6 +43,15 @@ enum class GraphMode { automatic, on, off };
 // saved activations; full keeps a recomputable layer's input only and reruns its forward in
 // backward.
 enum class Recompute { none, full };
+// A decoder's parts (model.family, model.norm, model.positions, model.mlp; Note [One decoder]
+// in src/model/decoder.cpp): GPT-2's LayerNorm, learned positions and GELU MLP, or the Llama
+// family's RMSNorm, rotary embeddings and SwiGLU MLP. A family is a preset of the parts.
+enum class ModelFamily { gpt2, llama, qwen2, mistral };
+enum class NormKind { layernorm, rmsnorm };
+enum class PositionKind { learned, rope };
+enum class MlpKind { gelu, swiglu };
+// model.rope_scaling.type: none, or Llama 3.1's frequency scaling.
+enum class RopeScalingKind { none, llama3 };
 
 // The config's spelling of each value (src/config/schema.hpp reads the same tables).
 LOCKSTEP_API std::string_view to_string(Activation);
@@ -59,6 +68,11 @@ LOCKSTEP_API std::string_view to_string(ReduceDtype);
 LOCKSTEP_API std::string_view to_string(AttentionKind);
 LOCKSTEP_API std::string_view to_string(GraphMode);
 LOCKSTEP_API std::string_view to_string(Recompute);
+LOCKSTEP_API std::string_view to_string(ModelFamily);
+LOCKSTEP_API std::string_view to_string(NormKind);
+LOCKSTEP_API std::string_view to_string(PositionKind);
+LOCKSTEP_API std::string_view to_string(MlpKind);
+LOCKSTEP_API std::string_view to_string(RopeScalingKind);
 
 // The backend a spelling of trainer.backend names ("auto", "cpu", "cuda"); nullopt for any other
 // text. For options outside a config: `lockstep sample --backend`, Python's sample(backend=).

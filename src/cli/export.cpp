@@ -1,4 +1,4 @@
-// `lockstep export`: a checkpoint's weights as safetensors for torch, or a Hugging Face GPT-2
+// `lockstep export`: a checkpoint's weights as safetensors for torch, or a Hugging Face
 // directory. The flags make an ExportRequest; lockstep::export_checkpoint
 // (lockstep/checkpoint.hpp) checks and runs it.
 #include <string>
@@ -14,7 +14,7 @@
 namespace lockstep::cli {
 
 int export_weights(const std::vector<std::string_view>& argv) {
-  const CommandArgs args = parse_command_args("export", argv, {"--out", "--format", "--dtype", "--tokenizer"});
+  const CommandArgs args = parse_command_args("export", argv, {"--out", "--format", "--dtype", "--tokenizer", "--max-shard-size"});
   if (args.positional.empty()) throw InputError("export: expected a checkpoint CKPT; see lockstep --help");
   ExportRequest request{.checkpoint = args.positional,
                         .out = args.get("--out"),
@@ -23,6 +23,7 @@ int export_weights(const std::vector<std::string_view>& argv) {
                         .warn = warn};
   if (!args.get("--format").empty()) request.format = args.get("--format");
   if (!args.get("--dtype").empty()) request.dtype = args.get("--dtype");
+  if (!args.get("--max-shard-size").empty()) request.max_shard_size = args.get("--max-shard-size");
   const ExportResult wrote = export_checkpoint(request);
   fmt::print("wrote {} ({} tensors, {} parameters, step {})\n", request.out.string(), wrote.tensors,
              wrote.parameters, wrote.step);

@@ -69,12 +69,14 @@ constexpr CommandHelp kCommandHelp[] = {
 )"},
     {"export", R"(export CKPT --out FILE [--format torch] [--dtype fp32|bf16]
   export CKPT --format hf --out DIR [--dtype fp32|bf16] [--tokenizer DIR|FILE]
+         [--max-shard-size SIZE]
                       write a checkpoint's weights as one safetensors file (with an
                       MLP's standardisation as normalize.mean and normalize.std), or
-                      a GPT's as a Hugging Face GPT-2 directory (model.safetensors
-                      and config.json for transformers.GPT2LMHeadModel, and the
-                      run's data.tokenizer for AutoTokenizer; --tokenizer when it
-                      has moved); --dtype bf16 stores every tensor as BF16
+                      a GPT's as a Hugging Face directory (config.json and
+                      model.safetensors for transformers.GPT2LMHeadModel, in shards
+                      with model.safetensors.index.json above SIZE, 5GB by default,
+                      and the run's data.tokenizer for AutoTokenizer; --tokenizer
+                      when it has moved); --dtype bf16 stores every tensor as BF16
                       (rounded to nearest even)
 )"},
     {"sample", R"(sample CKPT [--prompt TEXT] [--tokens N] [--temperature T]

@@ -327,39 +327,37 @@ void resume(Trainer& trainer, const Config& cfg, const TrainArgs& args, bool lea
 
 // Note [--init-from's model]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~
-// A GPT-2 directory says its own shape (config.json), so a fine-tuning config need not: the
-// model.* keys the config does not set are taken from the weights' record (config.json, or a
-// checkpoint's "lockstep.model"), as ConfigDefaults, and printed; so is data.tokenizer, from a
+// A Hugging Face directory says its own shape (config.json), so a fine-tuning config need not:
+// the model.* keys the config does not set are taken from the weights' record (config.json, or
+// a checkpoint's "lockstep.model"), as ConfigDefaults, and printed; so is data.tokenizer, from a
 // directory with a tokenizer's files. The keys the config does set must agree: every
-// disagreement is reported at once, each with the --set that fixes it.
+// disagreement is reported at once, each with the --set that fixes it. One exception: a model
+// with rotary positions (the Llama family) may train at a shorter context than
+// max_position_embeddings, which is a limit, not a shape (nor above a Mistral's sliding_window).
 struct InitFromModel {
   WeightsModel weights;
   ConfigDefaults defaults;
 };
 
-struct ModelKey {
-  std::string_view name;
-  int GptSpec::*field;
-  int ModelConfig::*key;
-};
-constexpr ModelKey kModelKeys[] = {
-    {"vocab_size", &GptSpec::vocab_size, &ModelConfig::vocab_size},
-    {"context", &GptSpec::context, &ModelConfig::context},
-    {"n_layer", &GptSpec::n_layer, &ModelConfig::n_layer},
-    {"n_head", &GptSpec::n_head, &ModelConfig::n_head},
-    {"d_model", &GptSpec::d_model, &ModelConfig::d_model}};
-
 std::optional<InitFromModel> init_from_model(const std::string& path) {
   std::optional<WeightsModel> weights = weights_model(path);
   if (!weights) return std::nullopt;
   InitFromModel out{*weights, {weights->file.string(), {}}};
-  for (const ModelKey& k : kModelKeys)
-    out.defaults.values.push_back(fmt::format("model.{}={}", k.name, weights->spec.*k.field));
+  for (const auto& [key, value] : weights->keys)
+    out.defaults.values.push_back(fmt::format("model.{}={}", key, value));
   const fs::path dir(path);
   if (fs::exists(dir / "tokenizer.json") ||
       (fs::exists(dir / "vocab.json") && fs::exists(dir / "merges.txt")))
     out.defaults.values.push_back("data.tokenizer=" + path);
   return out;
+}
+
+// Whether two values of a key, as text, are the same: numbers by value (1e-05 and 0.00001).
+bool same_value(const std::string& a, const std::string& b) {
+  if (a == b) return true;
+  char *end_a = nullptr, *end_b = nullptr;
+  const double x = std::strtod(a.c_str(), &end_a), y = std::strtod(b.c_str(), &end_b);
+  return !a.empty() && !b.empty() && *end_a == '\0' && *end_b == '\0' && x == y;
 }
 
 // The config with --init-from's model (Note [--init-from's model]).
@@ -371,21 +369,33 @@ Config config_with_weights(const std::string& config, const std::vector<std::str
   Config cfg = load_config(config, overrides, from ? from->defaults : ConfigDefaults{}, reading);
   if (!from) return cfg;
   if (cfg.model.type != "gpt") return cfg;
+  const ConfigValues values = config_values(cfg);
   std::vector<std::string> taken, disagreements;
-  for (const ModelKey& k : kModelKeys) {
-    const std::string key = fmt::format("model.{}", k.name);
-    const int mine = cfg.model.*k.key;
-    const int theirs = from->weights.spec.*k.field;
+  for (const auto& [name, theirs] : from->weights.keys) {
+    const std::string key = "model." + name;
+    const auto mine = std::find_if(values.begin(), values.end(),
+                                   [&](const auto& v) { return v.first == key; });
     const auto at = cfg.set_at.find(key);
-    if (at == cfg.set_at.end()) taken.push_back(fmt::format("{} {}", key, theirs));
-    else if (mine != theirs)
+    if (at == cfg.set_at.end()) {
+      taken.push_back(fmt::format("{} {}", key, theirs));
+    } else if (mine == values.end() || !same_value(mine->second, theirs)) {
+      if (name == "context" && from->weights.max_context > 0 &&
+          cfg.model.context <= from->weights.max_context)
+        continue;  // rotary positions: the run may train at a shorter context
       disagreements.push_back(fmt::format("  {} is {} ({}), {} in the weights: --set {}={}", key,
-                                          mine, at->second, theirs, key, theirs));
+                                          mine == values.end() ? "unset" : mine->second,
+                                          at->second, theirs, key, theirs));
+    }
   }
   if (!disagreements.empty())
     throw InputError(fmt::format("--init-from {}: the config's model is not the one {} "
                                  "describes:\n{}", init_from, from->weights.file.string(),
                                  fmt::join(disagreements, "\n")));
+  if (from->weights.max_context > 0 && cfg.model.context > from->weights.max_context)
+    throw InputError(fmt::format("--init-from {}: model.context is {}, above the {} tokens of {}'s "
+                                 "{}: --set model.context={}", init_from, cfg.model.context,
+                                 from->weights.max_context, from->weights.file.string(),
+                                 from->weights.max_context_field, from->weights.max_context));
   if (!cfg.set_at.contains("data.tokenizer") && cfg.data.tokenizer == init_from)
     taken.push_back("data.tokenizer " + init_from);
   if (leader && !taken.empty())

@@ -86,26 +86,118 @@ std::filesystem::path absolute_directory(const std::filesystem::path& dir) {
   return out.has_filename() || !out.has_relative_path() ? out : out.parent_path();
 }
 
+// What a rule that ties keys together needs: where each key was written, and the problems.
+class Rules {
+ public:
+  Rules(const Origins& origins, Problems& problems) : origins_(origins), problems_(problems) {}
+
+  void fail_at(std::string_view path, std::string_view what) const {
+    problems_.add(origins_.of(path), path, what);
+  }
+  // None of `paths` failed to read (Note [Every config error at once]).
+  bool readable(std::initializer_list<std::string_view> paths) const {
+    return std::none_of(paths.begin(), paths.end(),
+                        [&](std::string_view p) { return problems_.failed(p); });
+  }
+  // "trainer.steps (20, set at --set trainer.steps=20)": the other key of a rule, which may
+  // have been written somewhere else than the key the message is about.
+  template <class V>
+  std::string other(std::string_view path, const V& value) const {
+    const Place* at = origins_.written(path);
+    return at ? fmt::format("{} ({}, set at {})", path, value, at->text)
+              : fmt::format("{} ({})", path, value);
+  }
+
+ private:
+  const Origins& origins_;
+  Problems& problems_;
+};
+
+// The decoder's parts (Note [One decoder] in src/model/decoder.cpp): GPT-2's set or the Llama
+// family's, each key checked against the set it belongs to.
+void check_decoder(const ModelConfig& m, const Rules& r) {
+  if (!r.readable({"model.family", "model.norm", "model.positions", "model.mlp",
+                   "model.n_head", "model.d_model"}))
+    return;
+  const bool gpt2 = m.norm == NormKind::layernorm && m.positions == PositionKind::learned &&
+                    m.mlp == MlpKind::gelu;
+  const bool llama = m.norm == NormKind::rmsnorm && m.positions == PositionKind::rope &&
+                     m.mlp == MlpKind::swiglu;
+  if (!gpt2 && !llama) {
+    r.fail_at("model.norm",
+              fmt::format("{} with {} and {}: the decoder is built with GPT-2's parts "
+                          "(layernorm, learned, gelu) or the Llama family's (rmsnorm, rope, "
+                          "swiglu); other mixes are not implemented",
+                          to_string(m.norm), r.other("model.positions", to_string(m.positions)),
+                          r.other("model.mlp", to_string(m.mlp))));
+    return;
+  }
+  // A key of the other set, written by the user: GPT-2's parts have no choice of it.
+  const auto refuse_unless = [&](bool fits, std::string_view path, std::string_view why) {
+    if (!fits && r.readable({path}))
+      r.fail_at(path, fmt::format("{} (model.norm {}, model.positions {}, model.mlp {})", why,
+                                  to_string(m.norm), to_string(m.positions),
+                                  to_string(m.mlp)));
+  };
+  const int heads = m.n_head;
+  const int head_dim = m.head_dim > 0 ? m.head_dim : (heads > 0 ? m.d_model / heads : 0);
+  if (gpt2) {
+    refuse_unless(m.norm_eps == 1e-5, "model.norm_eps",
+                  "applies to rmsnorm: layernorm's epsilon is 1e-5, GPT-2's");
+    // By value, not by whether it was written: `config --print` writes every key.
+    refuse_unless(m.rope_theta == ModelConfig{}.rope_theta, "model.rope_theta",
+                  "applies to model.positions rope");
+    refuse_unless(m.rope_scaling.type == RopeScalingKind::none, "model.rope_scaling.type",
+                  "applies to model.positions rope");
+    refuse_unless(m.intermediate_size == 0 || m.intermediate_size == 4 * m.d_model,
+                  "model.intermediate_size",
+                  "applies to model.mlp swiglu: gelu's hidden width is 4 x d_model");
+    refuse_unless(m.n_kv_head == 0 || m.n_kv_head == heads, "model.n_kv_head",
+                  "grouped-query attention is built for the Llama family's parts");
+    refuse_unless(m.head_dim == 0 || m.head_dim * heads == m.d_model, "model.head_dim",
+                  "GPT-2's parts have d_model / n_head channels per head");
+    refuse_unless(m.qkv_bias && m.proj_bias, m.qkv_bias ? "model.proj_bias" : "model.qkv_bias",
+                  "GPT-2's parts have every bias");
+    refuse_unless(m.tie_embeddings, "model.tie_embeddings",
+                  "GPT-2's parts tie the LM head to the token embedding");
+    return;
+  }
+  if (r.readable({"model.n_kv_head"}) && m.n_kv_head > 0 && heads % m.n_kv_head != 0)
+    r.fail_at("model.n_kv_head", fmt::format("must divide {}, got {}",
+                                             r.other("model.n_head", heads), m.n_kv_head));
+  else if (r.readable({"model.n_kv_head"}) && m.n_kv_head > 0 && m.n_kv_head != heads)
+    r.fail_at("model.n_kv_head",
+              fmt::format("grouped-query attention (fewer key/value heads than {}) is not "
+                          "implemented yet; set it to n_head or 0",
+                          r.other("model.n_head", heads)));
+  if (r.readable({"model.head_dim"}) && head_dim % 2 != 0)
+    r.fail_at(m.head_dim > 0 ? "model.head_dim" : "model.d_model",
+              fmt::format("rope rotates pairs of channels: the head size must be even, got {}",
+                          head_dim));
+  const RopeScalingConfig& s = m.rope_scaling;
+  if (s.type == RopeScalingKind::llama3 &&
+      r.readable({"model.rope_scaling.low_freq_factor", "model.rope_scaling.high_freq_factor"}) &&
+      !(s.high_freq_factor > s.low_freq_factor))
+    r.fail_at("model.rope_scaling.high_freq_factor",
+              fmt::format("must be > {}, got {}",
+                          r.other("model.rope_scaling.low_freq_factor", s.low_freq_factor),
+                          s.high_freq_factor));
+}
+
 }  // namespace
 
 void check_config(const Config& c, const Origins& origins, Problems& problems) {
   Checker checker(origins, problems);
   visit_schema(checker, c);
 
+  const Rules rules{origins, problems};
   const auto fail_at = [&](std::string_view path, std::string_view what) {
-    problems.add(origins.of(path), path, what);
+    rules.fail_at(path, what);
   };
   const auto readable = [&](std::initializer_list<std::string_view> paths) {
-    return std::none_of(paths.begin(), paths.end(),
-                        [&](std::string_view p) { return problems.failed(p); });
+    return rules.readable(paths);
   };
-  // "trainer.steps (20, set at --set trainer.steps=20)": the other key of a rule, which may
-  // have been written somewhere else than the key the message is about.
-  const auto other = [&](std::string_view path, auto value) {
-    const Place* at = origins.written(path);
-    return at ? fmt::format("{} ({}, set at {})", path, value, at->text)
-              : fmt::format("{} ({})", path, value);
-  };
+  const auto other = [&](std::string_view path, auto value) { return rules.other(path, value); };
 
   const TrainerConfig& t = c.trainer;
   if (readable({"trainer.steps", "trainer.epochs"})) {
@@ -137,10 +229,11 @@ void check_config(const Config& c, const Origins& origins, Problems& problems) {
             fmt::format("expected an integer <= {} (token ids reach the embedding as floats, "
                         "exact below 2^24), got {}",
                         kMaxVocabSize, m.vocab_size));
-  if (readable({"model.type", "model.d_model", "model.n_head"}) && m.type == "gpt" &&
-      m.d_model % m.n_head != 0)
+  if (readable({"model.type", "model.d_model", "model.n_head", "model.head_dim"}) &&
+      m.type == "gpt" && m.head_dim == 0 && m.d_model % m.n_head != 0)
     fail_at("model.n_head", fmt::format("must divide {}, got {}", other("model.d_model", m.d_model),
                                         m.n_head));
+  if (m.type == "gpt") check_decoder(m, rules);
   if (readable({"schedule.min_lr", "optimizer.lr"}) && c.schedule.min_lr > o.lr)
     fail_at("schedule.min_lr",
             fmt::format("must be <= {}, got {}", other("optimizer.lr", o.lr), c.schedule.min_lr));

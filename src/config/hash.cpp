@@ -1,6 +1,9 @@
 // config_hash() and config_values(): the keys that change the math of training, as a
 // canonical text and its hash.
+#include <algorithm>
 #include <filesystem>
+#include <iterator>
+#include <map>
 #include <string>
 
 #include <fmt/format.h>
@@ -23,8 +26,17 @@ using namespace config_impl;
 // they say how fast, where and for how long to train, and a resumed run may change them
 // (model.attention, like trainer.precision, changes how the same function is computed, not
 // which). A key added to the schema is hashed unless it is listed here.
+//
+// The decoder's part keys (model.family to model.rope_scaling, issue 41) came after checkpoints
+// had recorded hashes: each is hashed only when it differs from its default, GPT-2's, so that
+// a GPT-2 config hashes as it did before they existed and its checkpoints resume.
 class Hasher {
  public:
+  Hasher() = default;
+  // `defaults`: the rendering of the default Config, key by key, or null while making it.
+  explicit Hasher(const std::map<std::string, std::string, std::less<>>* defaults)
+      : defaults_(defaults) {}
+
   void section(std::string_view name) { section_ = name; }
 
   template <class T>
@@ -70,28 +82,58 @@ class Hasher {
   void nested(std::string_view) {}
 
   const std::string& rendering() const { return rendering_; }
+  // Each key's hashed text, by "section.key".
+  const std::map<std::string, std::string, std::less<>>& hashed() const { return hashed_; }
   const ConfigValues& values() const { return values_; }
 
  private:
   void add(std::string_view key, std::string_view hashed) { add(key, hashed, hashed); }
   void add(std::string_view key, std::string_view hashed, std::string_view shown) {
-    values_.emplace_back(fmt::format("{}.{}", section_, key), std::string(shown));
+    const std::string path = fmt::format("{}.{}", section_, key);
+    values_.emplace_back(path, std::string(shown));
+    hashed_.emplace(path, std::string(hashed));
     const bool run_setting = section_.starts_with("trainer")
                                  ? key != "seed"
                                  : (section_ == "data" && key == "prefetch") ||
                                        (section_ == "model" && key == "attention");
-    if (!run_setting) rendering_ += fmt::format("{}.{}={}\n", section_, key, hashed);
+    if (!run_setting && !at_later_default(path, hashed))
+      rendering_ += fmt::format("{}={}\n", path, hashed);
   }
 
+  // A decoder part key (model.family and the keys after it) at its default.
+  bool at_later_default(const std::string& path, std::string_view hashed) const {
+    if (!defaults_ || !path.starts_with("model.")) return false;
+    const bool later = path.starts_with("model.rope_scaling.") ||
+                       std::find(std::begin(kDecoderKeys), std::end(kDecoderKeys),
+                                 std::string_view(path).substr(6)) != std::end(kDecoderKeys);
+    const auto it = defaults_->find(path);
+    return later && it != defaults_->end() && it->second == hashed;
+  }
+  static constexpr std::string_view kDecoderKeys[] = {
+      "family", "norm", "norm_eps", "positions", "rope_theta", "mlp", "intermediate_size",
+      "n_kv_head", "head_dim", "qkv_bias", "proj_bias", "tie_embeddings"};
+
+  const std::map<std::string, std::string, std::less<>>* defaults_ = nullptr;
+  std::map<std::string, std::string, std::less<>> hashed_;
   std::string section_;
   std::string rendering_;
   ConfigValues values_;
 };
 
+const std::map<std::string, std::string, std::less<>>& default_rendering() {
+  static const std::map<std::string, std::string, std::less<>> rendering = [] {
+    Hasher hasher;
+    const Config defaults;
+    visit_schema(hasher, defaults);
+    return hasher.hashed();
+  }();
+  return rendering;
+}
+
 }  // namespace
 
 std::uint64_t config_hash(const Config& config) {
-  Hasher hasher;
+  Hasher hasher(&default_rendering());
   visit_schema(hasher, config);
   return detail::fnv1a64(hasher.rendering().data(), hasher.rendering().size());
 }

@@ -334,6 +334,21 @@ void apply_override(YAML::Node& root, const std::string& text, Origins& origins,
   origins.add_override(key, text);
 }
 
+// The part keys of model.family's preset that nothing else set (Note [Model families]). A
+// family that is not one of the table's is left to the Parser to report.
+void apply_family_preset(YAML::Node& root, Origins& origins) {
+  const YAML::Node model = std::as_const(root)["model"];
+  if (!model.IsDefined() || !model.IsMap()) return;
+  const YAML::Node family = model["family"];
+  if (!family.IsDefined() || !family.IsScalar()) return;
+  for (const FamilyPreset& preset : family_presets()) {
+    if (preset.name != family.Scalar()) continue;
+    const std::string source = fmt::format("model.family {}", preset.name);
+    for (const std::string_view setting : preset.settings)
+      apply_override(root, std::string(setting), origins, &source);
+  }
+}
+
 // ---- Parser ---------------------------------------------------------------------------------
 
 // Reads a YAML tree into a Config, one visit_schema() key at a time, recording every problem
@@ -675,6 +690,7 @@ Config parse_config_in(std::string_view yaml, std::string_view source,
       }
     }
   }
+  apply_family_preset(root, origins);
 
   Config config;
   config.source = source;

@@ -93,5 +93,10 @@ std::string_view to_string(ReduceDtype v) { return spelling(kReduceDtypes, v); }
 std::string_view to_string(GraphMode v) { return spelling(kGraphModes, v); }
 std::string_view to_string(Recompute v) { return spelling(kRecomputeModes, v); }
 std::string_view to_string(AttentionKind v) { return spelling(kAttentionKinds, v); }
+std::string_view to_string(ModelFamily v) { return spelling(kModelFamilies, v); }
+std::string_view to_string(NormKind v) { return spelling(kNormKinds, v); }
+std::string_view to_string(PositionKind v) { return spelling(kPositionKinds, v); }
+std::string_view to_string(MlpKind v) { return spelling(kMlpKinds, v); }
+std::string_view to_string(RopeScalingKind v) { return spelling(kRopeScalingKinds, v); }
 
 }  // namespace lockstep

@@ -71,6 +71,53 @@ constexpr Spelling<Recompute> kRecomputeModes[] = {{Recompute::none, "none"},
 
 constexpr std::string_view kModelTypes[] = {"mlp", "gpt"};
 
+constexpr Spelling<ModelFamily> kModelFamilies[] = {{ModelFamily::gpt2, "gpt2"},
+                                                    {ModelFamily::llama, "llama"},
+                                                    {ModelFamily::qwen2, "qwen2"},
+                                                    {ModelFamily::mistral, "mistral"}};
+constexpr Spelling<NormKind> kNormKinds[] = {{NormKind::layernorm, "layernorm"},
+                                             {NormKind::rmsnorm, "rmsnorm"}};
+constexpr Spelling<PositionKind> kPositionKinds[] = {{PositionKind::learned, "learned"},
+                                                     {PositionKind::rope, "rope"}};
+constexpr Spelling<MlpKind> kMlpKinds[] = {{MlpKind::gelu, "gelu"}, {MlpKind::swiglu, "swiglu"}};
+constexpr Spelling<RopeScalingKind> kRopeScalingKinds[] = {{RopeScalingKind::none, "none"},
+                                                           {RopeScalingKind::llama3, "llama3"}};
+
+// Note [Model families]
+// ~~~~~~~~~~~~~~~~~~~~~
+// model.family is a preset of the decoder's part keys, as transformers' config classes default
+// them (GPT2Config, LlamaConfig, Qwen2Config, MistralConfig): a family is a row of this table,
+// not a model of its own (LitGPT's one Config for many families). load_config() applies the row
+// after the file, the overrides and the ConfigDefaults (`train --init-from`), as defaults of its
+// own: each key none of those set takes the family's value, and a key one of them set keeps it,
+// so `family: llama` with `qkv_bias: true` is a Llama with q/k/v biases. Messages name such a
+// value's place as "model.family llama (model.norm=rmsnorm)". The rows leave the size keys
+// (d_model, n_layer, n_head, n_kv_head, head_dim, intermediate_size, vocab_size, context) to the
+// user, and rope_theta out of gpt2's, where it does not apply.
+struct FamilyPreset {
+  std::string_view name;
+  std::vector<std::string_view> settings;  // "model.KEY=VALUE", read as overrides are
+};
+inline const std::vector<FamilyPreset>& family_presets() {
+  static const std::vector<FamilyPreset> presets = [] {
+    const std::vector<std::string_view> llama = {
+        "model.norm=rmsnorm",   "model.norm_eps=1e-6",   "model.positions=rope",
+        "model.rope_theta=10000", "model.mlp=swiglu",    "model.qkv_bias=false",
+        "model.proj_bias=false", "model.tie_embeddings=false"};
+    std::vector<std::string_view> qwen2 = llama;
+    qwen2[5] = "model.qkv_bias=true";
+    return std::vector<FamilyPreset>{
+        {"gpt2",
+         {"model.norm=layernorm", "model.norm_eps=1e-5", "model.positions=learned",
+          "model.mlp=gelu", "model.qkv_bias=true", "model.proj_bias=true",
+          "model.tie_embeddings=true"}},
+        {"llama", llama},
+        {"qwen2", qwen2},
+        {"mistral", llama}};
+  }();
+  return presets;
+}
+
 template <class Table, class E>
 const std::string_view* find_name(const Table& table, E value) {
   for (const auto& s : table)
@@ -164,6 +211,39 @@ void visit_schema(Visitor& v, C& c) {
   v.integer("d_model", c.model.d_model, IntRule{.min = 1}, "gpt: width of the residual stream");
   v.enumeration("attention", c.model.attention, kAttentionKinds,
                 "gpt: fused (tiled, no (T, T) matrices), materialized, or auto: the faster here");
+  v.enumeration("family", c.model.family, kModelFamilies,
+                "gpt: a preset of the part keys below that the config does not set");
+  v.enumeration("norm", c.model.norm, kNormKinds, "gpt: layernorm (with bias) or rmsnorm");
+  v.number("norm_eps", c.model.norm_eps, kPositive,
+           "gpt: rmsnorm's epsilon (layernorm's is 1e-5, fixed)");
+  v.enumeration("positions", c.model.positions, kPositionKinds,
+                "gpt: learned position embeddings, or rotary (rope)");
+  v.number("rope_theta", c.model.rope_theta, kPositive, "rope: the base of the frequencies");
+  v.enumeration("mlp", c.model.mlp, kMlpKinds, "gpt: gelu (4 x d_model wide) or swiglu");
+  v.integer("intermediate_size", c.model.intermediate_size, IntRule{.min = 0},
+            "swiglu: the MLP's hidden width; 0: 4 x d_model");
+  v.integer("n_kv_head", c.model.n_kv_head, IntRule{.min = 0},
+            "gpt: key/value heads, dividing n_head (grouped-query attention); 0: n_head");
+  v.integer("head_dim", c.model.head_dim, IntRule{.min = 0},
+            "gpt: channels per head; 0: d_model / n_head");
+  v.flag("qkv_bias", c.model.qkv_bias, "gpt: biases on the q, k and v projections");
+  v.flag("proj_bias", c.model.proj_bias,
+         "gpt: biases on the attention's output projection and the MLP's maps");
+  v.flag("tie_embeddings", c.model.tie_embeddings,
+         "gpt: the LM head reads the token embedding; false: a weight of its own");
+  v.nested("rope_scaling");
+
+  v.section("model.rope_scaling");
+  v.enumeration("type", c.model.rope_scaling.type, kRopeScalingKinds,
+                "rope: none, or llama3 (Llama 3.1's scaling of the frequencies)");
+  v.number("factor", c.model.rope_scaling.factor, kPositive, "llama3: the scaling factor");
+  v.number("low_freq_factor", c.model.rope_scaling.low_freq_factor, kPositive,
+           "llama3: wavelengths above original / low_freq_factor are scaled by 1 / factor");
+  v.number("high_freq_factor", c.model.rope_scaling.high_freq_factor, kPositive,
+           "llama3: wavelengths below original / high_freq_factor are kept");
+  v.integer("original_max_position_embeddings",
+            c.model.rope_scaling.original_max_position_embeddings, IntRule{.min = 1},
+            "llama3: the context the model was first trained at");
 
   v.section("data");
   v.enumeration("dataset", c.data.dataset, kDatasetKinds,

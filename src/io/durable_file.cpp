@@ -169,4 +169,11 @@ void InputFile::read(std::span<std::byte> out, std::string_view what) {
   }
 }
 
+void InputFile::seek(std::uint64_t offset) {
+  if (offset > size_ || ::lseek(fd_, static_cast<::off_t>(offset), SEEK_SET) < 0)
+    fail_input(path_, fmt::format("offset {}: cannot seek there (the file has {} bytes)", offset,
+                                  size_));
+  position_ = offset;
+}
+
 }  // namespace lockstep::detail

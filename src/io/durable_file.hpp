@@ -57,7 +57,8 @@ class AtomicFileWriter {
 // InputError "FILE: what".
 [[noreturn]] void fail_input(const std::filesystem::path& file, std::string_view what);
 
-// A regular file opened for sequential reading.
+// A regular file opened for sequential reading; seek() moves to another offset (a safetensors
+// reader reads one tensor at a time).
 class InputFile {
  public:
   // Opened by open_input (Note [Opening an input]): throws InputError "FILE: cannot open:
@@ -74,6 +75,8 @@ class InputFile {
   // Fills `out` from the current position and advances it. Throws InputError
   // "FILE: offset N: expected K bytes of WHAT, the file ends at M" when it cannot.
   void read(std::span<std::byte> out, std::string_view what);
+  // Moves the position to `offset` (at most size()).
+  void seek(std::uint64_t offset);
 
  private:
   std::filesystem::path path_;

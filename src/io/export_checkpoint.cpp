@@ -1,5 +1,5 @@
 // `lockstep export` as a library call: the request checked, the checkpoint loaded and written
-// as torch safetensors or a Hugging Face GPT-2 directory. Messages name options as the caller
+// as torch safetensors or a Hugging Face directory. Messages name options as the caller
 // spells them: Note [Requests] in common/option_name.hpp.
 #include <filesystem>
 #include <optional>
@@ -10,6 +10,7 @@
 
 #include "common/option_name.hpp"
 #include "io/file_roles.hpp"
+#include "io/hf_model.hpp"
 #include "io/output_path.hpp"
 #include "lockstep/checkpoint.hpp"
 #include "lockstep/error.hpp"
@@ -48,6 +49,12 @@ ExportResult export_checkpoint(const ExportRequest& request) {
   if (request.dtype != "fp32" && request.dtype != "bf16")
     throw InputError(fmt::format("{}: expected fp32 or bf16, got '{}'", name("dtype"), request.dtype));
   const TensorDtype dtype = request.dtype == "bf16" ? TensorDtype::bf16 : TensorDtype::f32;
+  std::uint64_t max_shard_bytes = 0;
+  try {
+    max_shard_bytes = detail::parse_shard_size(request.max_shard_size);
+  } catch (const std::invalid_argument& e) {
+    throw InputError(fmt::format("{}: {}", name("max_shard_size"), e.what()));
+  }
   if (request.out.empty())
     throw InputError(fmt::format("export: expected {} {}", name("out"), hf ? "DIR" : "FILE"));
   const std::string out_option = "export " + name("out");
@@ -60,7 +67,7 @@ ExportResult export_checkpoint(const ExportRequest& request) {
       hf ? recorded_tokenizer(ckpt.metadata, ckpt.weights_file, request.tokenizer) : std::nullopt;
   refuse_own_inputs(request, ckpt, tokenizer ? &*tokenizer : nullptr, out_option);
   if (hf) {
-    export_hf_gpt2(ckpt, request.out, dtype, tokenizer ? &*tokenizer : nullptr);
+    export_hf(ckpt, request.out, dtype, tokenizer ? &*tokenizer : nullptr, max_shard_bytes);
   } else {
     export_torch(ckpt, request.out, dtype);
   }

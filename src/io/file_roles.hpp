@@ -55,9 +55,9 @@ class LOCKSTEP_API FileRoles {
 // weights, and the config.json a GPT-2 directory describes its model with.
 inline constexpr std::string_view kTokenizerFiles[] = {"tokenizer.json", "vocab.json",
                                                        "merges.txt", "tokenizer_config.json"};
-inline constexpr std::string_view kHfModelFiles[] = {"model.safetensors", "config.json",
-                                                     "tokenizer.json", "vocab.json", "merges.txt",
-                                                     "tokenizer_config.json"};
+inline constexpr std::string_view kHfModelFiles[] = {
+    "model.safetensors", "model.safetensors.index.json", "config.json", "generation_config.json",
+    "tokenizer.json",    "vocab.json",                   "merges.txt",  "tokenizer_config.json"};
 
 // A file's directory: "." for a bare file name, so that it can be made absolute, listed or
 // written in. Every path computed from a file's directory (a config's, an output's) starts here.

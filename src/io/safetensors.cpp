@@ -7,7 +7,9 @@
 //
 // data_offsets are byte ranges of the data section; the reader requires, as the reference
 // implementation does, that the tensors tile it with no gap or overlap. The writer writes F32
-// or BF16 (an export's --dtype bf16); only F32 is read.
+// or BF16 (an export's --dtype bf16); read_safetensors (lockstep's checkpoints) reads F32 only,
+// SafetensorsReader (io/safetensors_reader.hpp: Hugging Face's weights) F32, BF16 and F16, one
+// tensor at a time.
 //
 // Note [Whole-file checksum]
 // "lockstep.checksum" is FNV-1a 64 of the data section only: a checkpoint's state file names it
@@ -23,7 +25,9 @@
 #include <algorithm>
 #include <bit>
 #include <charconv>
+#include <cmath>
 #include <cstring>
+#include <functional>
 #include <iterator>
 #include <limits>
 #include <set>
@@ -34,6 +38,7 @@
 #include "common/fnv1a.hpp"
 #include "io/durable_file.hpp"
 #include "io/json.hpp"
+#include "io/safetensors_reader.hpp"
 #include "lockstep/checkpoint.hpp"
 #include "lockstep/version.hpp"
 
@@ -70,11 +75,18 @@ std::string shape_text(std::span<const std::int64_t> shape) {
 
 // ---- reading --------------------------------------------------------------------------------
 
-struct TensorEntry {
-  std::string name;
-  std::vector<std::int64_t> shape;
-  std::uint64_t begin = 0, end = 0;  // bytes into the data section
-};
+using detail::StoredTensor;
+
+// The bytes of an element of each dtype the format defines.
+std::uint64_t element_bytes(std::string_view dtype) {
+  static constexpr std::pair<std::string_view, std::uint64_t> kSizes[] = {
+      {"F64", 8}, {"F32", 4}, {"F16", 2}, {"BF16", 2}, {"I64", 8}, {"I32", 4}, {"I16", 2},
+      {"I8", 1},  {"U64", 8}, {"U32", 4}, {"U16", 2},  {"U8", 1},  {"BOOL", 1},
+      {"F8_E4M3", 1}, {"F8_E5M2", 1}};
+  for (const auto& [name, bytes] : kSizes)
+    if (name == dtype) return bytes;
+  return 0;
+}
 
 class HeaderReader {
  public:
@@ -111,7 +123,8 @@ class HeaderReader {
     return out;
   }
 
-  TensorEntry tensor(const std::string& name, const detail::JsonValue& v) const {
+  // `f32_only`: lockstep's checkpoints, F32 alone; else any dtype of a known size.
+  StoredTensor tensor(const std::string& name, const detail::JsonValue& v, bool f32_only) const {
     const std::string where = fmt::format("tensor '{}'", name);
     if (v.kind != detail::JsonValue::Kind::object)
       fail_at(v, fmt::format("{}: expected an object with dtype, shape and data_offsets, got {}",
@@ -126,16 +139,22 @@ class HeaderReader {
     }
     if (!dtype || !shape || !offsets)
       fail_at(v, fmt::format("{}: expected the keys dtype, shape and data_offsets", where));
-    if (dtype->kind != detail::JsonValue::Kind::string || dtype->text != "F32")
+    if (f32_only && (dtype->kind != detail::JsonValue::Kind::string || dtype->text != "F32"))
       fail_at(*dtype, fmt::format("{}: dtype: expected \"F32\", got {} {}", where,
                                   dtype->kind_name(), dtype->text));
+    const std::uint64_t size =
+        dtype->kind == detail::JsonValue::Kind::string ? element_bytes(dtype->text) : 0;
+    if (size == 0)
+      fail_at(*dtype, fmt::format("{}: dtype: expected one of safetensors' dtypes (F32, BF16, "
+                                  "F16, I64, ...), got {} {}", where, dtype->kind_name(),
+                                  dtype->text));
     if (shape->kind != detail::JsonValue::Kind::array)
       fail_at(*shape, fmt::format("{}: shape: expected an array of integers, got {}", where,
                                   shape->kind_name()));
     if (offsets->kind != detail::JsonValue::Kind::array || offsets->items.size() != 2)
       fail_at(*offsets, fmt::format("{}: data_offsets: expected [begin, end]", where));
 
-    TensorEntry t{.name = name, .shape = {}};
+    StoredTensor t{.name = name, .dtype = dtype->text, .shape = {}};
     constexpr auto kMaxDim = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
     for (const detail::JsonValue& d : shape->items) {
       const std::uint64_t dim = unsigned_integer(d, where + ": shape");
@@ -150,7 +169,7 @@ class HeaderReader {
                                     t.begin, t.end));
 
     // Any zero dimension makes the tensor empty, whatever the others; else guard the product.
-    std::uint64_t bytes = sizeof(float);
+    std::uint64_t bytes = size;
     const bool empty = std::find(t.shape.begin(), t.shape.end(), 0) != t.shape.end();
     for (const std::int64_t dim : t.shape) {
       if (empty) break;
@@ -160,9 +179,9 @@ class HeaderReader {
     }
     if (empty) bytes = 0;
     if (t.end - t.begin != bytes)
-      fail_at(*offsets, fmt::format("{}: data_offsets [{}, {}] span {} bytes, but F32 of shape "
+      fail_at(*offsets, fmt::format("{}: data_offsets [{}, {}] span {} bytes, but {} of shape "
                                     "{} takes {}", where, t.begin, t.end, t.end - t.begin,
-                                    shape_text(t.shape), bytes));
+                                    t.dtype, shape_text(t.shape), bytes));
     return t;
   }
 
@@ -170,16 +189,24 @@ class HeaderReader {
   const std::filesystem::path& file_;
 };
 
+// Continues each of `hashes` (FNV-1a 64) over the data section.
+using HashData = std::function<void(std::span<std::uint64_t> hashes)>;
+
 // Note [Whole-file checksum]: the file's checksum when present, then the data's.
 void check_checksums(const HeaderReader& reader, const detail::JsonValue& root,
-                     std::string header, const SafetensorsFile& out) {
+                     std::string header, const std::map<std::string, std::string>& metadata,
+                     const HashData& hash_data) {
   const std::uint64_t data_start = 8 + header.size();
-  const auto metadata = std::find_if(root.members.begin(), root.members.end(),
-                                     [](const auto& m) { return m.first == kMetadataKey; });
+  const auto found = std::find_if(root.members.begin(), root.members.end(),
+                                  [](const auto& m) { return m.first == kMetadataKey; });
   const detail::JsonValue* signature = nullptr;
-  if (metadata != root.members.end())
-    for (const auto& [key, value] : metadata->second.members)
+  if (found != root.members.end())
+    for (const auto& [key, value] : found->second.members)
       if (key == kFileChecksumKey) signature = &value;
+  const auto recorded = metadata.find(std::string(kChecksumKey));
+  if (!signature && recorded == metadata.end()) return;
+  // hashes[0]: the whole file's, from its header on; hashes[1]: the data's.
+  std::uint64_t hashes[2] = {0, detail::kFnv1a64Basis};
   if (signature) {
     // The value as written: a quote, 16 hex digits, a quote; the digits become '0's.
     const std::size_t at = signature->offset + 1;
@@ -188,18 +215,17 @@ void check_checksums(const HeaderReader& reader, const detail::JsonValue& root,
       reader.fail_at(*signature, fmt::format("{}: expected 16 hex digits, got \"{}\"",
                                              kFileChecksumKey, signature->text));
     header.replace(at, kUnsigned.size(), kUnsigned);
-    const std::string actual = checksum_hex(file_checksum_of(header, std::as_bytes(std::span(out.data))));
-    if (signature->text != actual)
-      reader.fail(fmt::format("the file's checksum is {}, its {} says {} (the file was edited "
-                              "or is corrupt)", actual, kFileChecksumKey, signature->text));
+    hashes[0] = file_checksum_of(header, {});
   }
-  if (const auto it = out.metadata.find(std::string(kChecksumKey)); it != out.metadata.end()) {
-    const std::string actual = checksum_hex(checksum_of(std::as_bytes(std::span(out.data))));
-    if (it->second != actual)
-      reader.fail(fmt::format("offset {}: the data's checksum is {}, the header's {} says {} "
-                              "(the data is corrupt)", data_start, actual, kChecksumKey,
-                              it->second));
-  }
+  hash_data(hashes);
+  if (signature && signature->text != checksum_hex(hashes[0]))
+    reader.fail(fmt::format("the file's checksum is {}, its {} says {} (the file was edited "
+                            "or is corrupt)", checksum_hex(hashes[0]), kFileChecksumKey,
+                            signature->text));
+  if (recorded != metadata.end() && recorded->second != checksum_hex(hashes[1]))
+    reader.fail(fmt::format("offset {}: the data's checksum is {}, the header's {} says {} "
+                            "(the data is corrupt)", data_start, checksum_hex(hashes[1]),
+                            kChecksumKey, recorded->second));
 }
 
 std::uint64_t read_le64(detail::InputFile& in, std::string_view what) {
@@ -317,9 +343,18 @@ std::uint64_t write_safetensors(const std::filesystem::path& file,
 
 // ---- reading --------------------------------------------------------------------------------
 
-SafetensorsFile read_safetensors(const std::filesystem::path& file) {
-  detail::InputFile in(file);
-  const HeaderReader reader(file);
+namespace {
+
+// A file's header, read and checked: its tensors tile the data section.
+struct Header {
+  std::string text;
+  detail::JsonValue root;
+  std::uint64_t data_start = 0;
+  std::vector<StoredTensor> tensors;  // by offset
+  std::map<std::string, std::string> metadata;
+};
+
+Header read_header(detail::InputFile& in, const HeaderReader& reader, bool f32_only) {
   if (in.size() < 8)
     reader.fail(fmt::format("offset 0: expected an 8-byte header size, the file has {} bytes",
                             in.size()));
@@ -333,33 +368,30 @@ SafetensorsFile read_safetensors(const std::filesystem::path& file) {
                                 fmt::format("offset 0: header size {} runs past the end of the "
                                             "file ({} bytes after the size)", header_size,
                                             in.size() - 8)));
-  std::string header(header_size, '\0');
-  in.read(std::as_writable_bytes(std::span(header)), "JSON header");
+  Header out;
+  out.text.assign(header_size, '\0');
+  out.data_start = 8 + header_size;
+  in.read(std::as_writable_bytes(std::span(out.text)), "JSON header");
 
-  detail::JsonValue root;
   try {
-    root = detail::parse_json(header);
+    out.root = detail::parse_json(out.text);
   } catch (const detail::JsonError& e) {
     reader.fail(fmt::format("offset {}: bad JSON header: {}", 8 + e.offset(), e.what()));
   }
-  if (root.kind != detail::JsonValue::Kind::object)
-    reader.fail_at(root, fmt::format("expected a JSON object as the header, got {}",
-                                     root.kind_name()));
-
-  SafetensorsFile out;
-  std::vector<TensorEntry> entries;
-  for (const auto& [key, value] : root.members) {
+  if (out.root.kind != detail::JsonValue::Kind::object)
+    reader.fail_at(out.root, fmt::format("expected a JSON object as the header, got {}",
+                                         out.root.kind_name()));
+  for (const auto& [key, value] : out.root.members) {
     if (key == kMetadataKey) out.metadata = reader.metadata(value);
-    else entries.push_back(reader.tensor(key, value));
+    else out.tensors.push_back(reader.tensor(key, value, f32_only));
   }
 
-  const std::uint64_t data_start = 8 + header_size;
-  const std::uint64_t data_size = in.size() - data_start;
-  std::sort(entries.begin(), entries.end(), [](const TensorEntry& a, const TensorEntry& b) {
+  const std::uint64_t data_size = in.size() - out.data_start;
+  std::sort(out.tensors.begin(), out.tensors.end(), [](const StoredTensor& a, const StoredTensor& b) {
     return std::tie(a.begin, a.end) < std::tie(b.begin, b.end);
   });
   std::uint64_t covered = 0;
-  for (const TensorEntry& t : entries) {
+  for (const StoredTensor& t : out.tensors) {
     if (t.begin != covered)
       reader.fail(fmt::format(
           "tensor '{}': data_offsets [{}, {}]: expected it to begin at {}, where the previous "
@@ -368,17 +400,102 @@ SafetensorsFile read_safetensors(const std::filesystem::path& file) {
   }
   if (covered != data_size)
     reader.fail(fmt::format("offset {}: the tensors cover {} bytes of data, the file holds {} "
-                            "(truncated or extended?)", data_start, covered, data_size));
+                            "(truncated or extended?)", out.data_start, covered, data_size));
+  return out;
+}
 
-  out.data.resize(data_size / sizeof(float));
+}  // namespace
+
+SafetensorsFile read_safetensors(const std::filesystem::path& file) {
+  detail::InputFile in(file);
+  const HeaderReader reader(file);
+  Header header = read_header(in, reader, /*f32_only=*/true);
+  SafetensorsFile out;
+  out.metadata = std::move(header.metadata);
+  out.data.resize((in.size() - header.data_start) / sizeof(float));
   in.read(std::as_writable_bytes(std::span(out.data)), "tensor data");
-  for (TensorEntry& t : entries)
+  for (StoredTensor& t : header.tensors)
     out.tensors.push_back({.name = std::move(t.name),
                            .offset = static_cast<std::size_t>(t.begin / sizeof(float)),
                            .shape = std::move(t.shape)});
-
-  check_checksums(reader, root, std::move(header), out);
+  const std::span<const std::byte> data = std::as_bytes(std::span(out.data));
+  check_checksums(reader, header.root, std::move(header.text), out.metadata,
+                  [&](std::span<std::uint64_t> hashes) {
+                    for (std::uint64_t& h : hashes) h = detail::fnv1a64(data.data(), data.size(), h);
+                  });
   return out;
 }
+
+// ---- reading one tensor at a time -----------------------------------------------------------
+
+namespace detail {
+
+std::size_t StoredTensor::numel() const {
+  std::size_t n = 1;
+  for (const std::int64_t d : shape) n *= static_cast<std::size_t>(d);
+  return n;
+}
+
+float f16_to_float(std::uint16_t h) {
+  const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+  const std::uint32_t exponent = (h >> 10) & 0x1Fu, mantissa = h & 0x3FFu;
+  if (exponent == 0x1F) return float_of_bits(sign | 0x7F800000u | (mantissa << 13));  // inf, NaN
+  if (exponent != 0) return float_of_bits(sign | ((exponent + 112) << 23) | (mantissa << 13));
+  // Zero or subnormal: mantissa * 2^-24, exact in a float.
+  const float magnitude = std::ldexp(static_cast<float>(mantissa), -24);
+  return sign ? -magnitude : magnitude;
+}
+
+SafetensorsReader::SafetensorsReader(std::filesystem::path file) : in_(std::move(file)) {
+  const HeaderReader reader(in_.path());
+  Header header = read_header(in_, reader, /*f32_only=*/false);
+  data_start_ = header.data_start;
+  tensors_ = std::move(header.tensors);
+  metadata_ = std::move(header.metadata);
+  check_checksums(reader, header.root, std::move(header.text), metadata_,
+                  [&](std::span<std::uint64_t> hashes) {
+                    std::vector<std::byte> piece(std::size_t{1} << 20);
+                    for (std::uint64_t left = in_.size() - data_start_; left > 0;) {
+                      const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(left, piece.size()));
+                      in_.read(std::span(piece).first(n), "tensor data");
+                      for (std::uint64_t& h : hashes) h = fnv1a64(piece.data(), n, h);
+                      left -= n;
+                    }
+                  });
+}
+
+const StoredTensor* SafetensorsReader::find(std::string_view name) const {
+  for (const StoredTensor& t : tensors_)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+void SafetensorsReader::read(const StoredTensor& t, std::span<float> out) {
+  if (out.size() != t.numel())
+    throw std::invalid_argument(fmt::format("SafetensorsReader::read: tensor '{}' has {} values, "
+                                            "the buffer {}", t.name, t.numel(), out.size()));
+  in_.seek(data_start_ + t.begin);
+  const std::string what = fmt::format("tensor '{}'", t.name);
+  if (t.dtype == "F32") return in_.read(std::as_writable_bytes(out), what);
+  if (t.dtype != "BF16" && t.dtype != "F16")
+    fail_input(in_.path(), fmt::format("tensor '{}': dtype {}: expected F32, BF16 or F16 (the "
+                                       "floating-point dtypes lockstep widens to fp32)",
+                                       t.name, t.dtype));
+  // Widened in pieces through a small buffer of 16-bit values.
+  std::vector<std::uint16_t> piece(std::min<std::size_t>(out.size(), std::size_t{1} << 19));
+  for (std::size_t done = 0; done < out.size();) {
+    const std::size_t n = std::min(piece.size(), out.size() - done);
+    in_.read(std::as_writable_bytes(std::span(piece).first(n)), what);
+    if (t.dtype == "BF16")
+      std::transform(piece.begin(), piece.begin() + static_cast<std::ptrdiff_t>(n),
+                     out.begin() + static_cast<std::ptrdiff_t>(done), bf16_to_float);
+    else
+      std::transform(piece.begin(), piece.begin() + static_cast<std::ptrdiff_t>(n),
+                     out.begin() + static_cast<std::ptrdiff_t>(done), f16_to_float);
+    done += n;
+  }
+}
+
+}  // namespace detail
 
 }  // namespace lockstep

@@ -25,37 +25,12 @@
 namespace lockstep {
 namespace {
 
-constexpr double kInitStd = 0.02;  // GPT-2's initialisation
-
 std::size_t product(std::size_t a, std::size_t b) { return a * b; }
 
 using detail::Carver;
-
-// A tensor forward keeps for backward: in fp32, or as bf16 bits under Precision::bf16 (Note
-// [bf16 compute]). Exactly one pointer is set.
-struct Kept {
-  float* f32 = nullptr;
-  std::uint16_t* bf16 = nullptr;
-
-  static Kept take(Carver& k, std::size_t n, bool bf16) {
-    return bf16 ? Kept{nullptr, k.take_bf16(n)} : Kept{k.take(n), nullptr};
-  }
-  // Calls write(p) with the one pointer that is set (float* or std::uint16_t*): a Device op's
-  // overload for that storage writes the tensor, rounding as it stores in bf16.
-  template <class Write>
-  void store(const Write& write) const {
-    if (bf16)
-      write(bf16);
-    else
-      write(f32);
-  }
-  MatOut output() const { return {f32, bf16}; }
-  MatIn input() const { return {f32, bf16}; }
-};
-
-void fill_normal(float* p, std::size_t n, double stddev, std::uint64_t& rng) {
-  for (std::size_t i = 0; i < n; ++i) p[i] = static_cast<float>(stddev * detail::normal(rng));
-}
+using detail::fill_normal;
+using detail::Kept;
+using detail::kInitStd;
 
 // ---- Embedding --------------------------------------------------------------------------------
 
@@ -396,113 +371,6 @@ class LayerNorm final : public Layer {
   int t_, c_;
 };
 
-// ---- LM head ------------------------------------------------------------------------------------
-
-// Note [Padded vocabulary]
-// The logits of a position are a row of P = V rounded up to a multiple of kVocabAlign floats
-// (GPT-2: 50257 -> 50304, as nanoGPT and llm.c pad it), so that every row of the logits and of
-// their gradient starts 256-byte aligned and the LM head's GEMMs get aligned leading dimensions.
-// Only the logits are padded, not wte: the GEMMs compute the V real columns into rows of stride
-// P, and the P - V padding columns are set to -inf. softmax_cross_entropy then gives them no
-// mass (exp(-inf) = 0 adds nothing to any sum), argmax never picks them, their dlogits are
-// exactly 0 and no GEMM reads them; the sampler looks at the V real ones only. The parameters,
-// checkpoints and exports keep their unpadded layout, bit for bit, and the loss is the unpadded
-// model's (the padding adds exact zeros to its sums).
-constexpr int kVocabAlign = 64;
-
-int padded_vocab(int vocab) { return (vocab + kVocabAlign - 1) / kVocabAlign * kVocabAlign; }
-
-// Tied to the embedding layer: reads its wte (V, C), the first V * C of its parameters.
-// in (B, T * C), out (B, T * P) logits = in wte^T per position, -inf in the padding.
-class TiedLmHead final : public Layer {
- public:
-  TiedLmHead(int embedding_layer, int vocab, int context, int channels)
-      : tied_(embedding_layer), v_(vocab), p_(padded_vocab(vocab)), t_(context), c_(channels) {}
-
-  std::string_view kind() const noexcept override { return "lm_head"; }
-  int in_features() const noexcept override { return t_ * c_; }
-  int out_features() const noexcept override { return t_ * p_; }
-  int tied_to() const noexcept override { return tied_; }
-  int vocab_padding() const noexcept override { return p_ - v_; }
-  // No bias: the gradient of the logits feeds the two matrix products only.
-  bool dout_bf16() const noexcept override { return true; }
-  std::size_t workspace_size(int batch, Precision precision) const noexcept override {
-    return Saved::at(nullptr, batch * t_, p_ - v_, c_, p_, precision == Precision::bf16).size;
-  }
-
-  // bf16 with ws.out_bf16: the logits rounded to bf16 there, computed in fp32 kChunkRows rows
-  // at a time, so that no fp32 copy of them exists in full (Note [Fused classifier] in
-  // src/cpu/ops/softmax.cpp); `out` is left alone.
-  void forward(Device& dev, const float* wte, const float* in, float* out, int batch,
-               const LayerWorkspace& ws) const override {
-    const int n = batch * t_;
-    const Saved s = Saved::at(ws.saved, n, p_ - v_, c_, p_, ws.precision == Precision::bf16);
-    const MatIn x = detail::as_input(dev, in, s.in16, std::size_t(n) * c_);
-    const MatIn w = detail::param_input(wte, ws, 0);
-    if (!ws.out_bf16) return logits(dev, x, w, s, out, n);
-    for (int r = 0; r < n; r += kChunkRows) {
-      const int rows = std::min(kChunkRows, n - r);
-      logits(dev, x + std::int64_t(r) * c_, w, s, s.chunk, rows);
-      dev.to_bf16(s.chunk, ws.out_bf16 + std::size_t(r) * p_, std::size_t(rows) * p_);
-    }
-  }
-  // dwte (V, C) += dout^T (V, N) in (N, C); din (N, C) = dout (N, V) wte (V, C); dout's rows
-  // have stride P, and its padding (zero) is never read. bf16: reads ws.dout_bf16 instead, the
-  // gradient rounded by whoever computed it (the loss, or Replica::backward).
-  void backward(Device& dev, const float* wte, float* dwte, const float* in, const float* /*out*/,
-                const float* dout, float* din, int batch,
-                const LayerWorkspace& ws) const override {
-    const int n = batch * t_;
-    const bool bf16 = ws.precision == Precision::bf16;
-    if (bf16 && !ws.dout_bf16)
-      throw std::logic_error("lm_head: bf16 backward needs LayerWorkspace::dout_bf16");
-    const Saved s = Saved::at(ws.saved, n, p_ - v_, c_, p_, bf16);
-    const MatIn x = bf16 ? MatIn{nullptr, s.in16} : MatIn{in, nullptr};
-    const MatIn dy = bf16 ? MatIn{nullptr, ws.dout_bf16} : MatIn{dout, nullptr};
-    detail::matmul(dev, Transpose::yes, Transpose::no, v_, c_, n, dy, p_, x, c_, 1.0f, dwte, c_);
-    if (din)
-      detail::matmul(dev, Transpose::no, Transpose::no, n, c_, v_, dy, p_,
-                     detail::param_input(wte, ws, 0), c_, 0.0f, din, c_);
-  }
-
- private:
-  // Rows of fp32 logits a bf16 forward computes at a time (GPT-2: 51 MB).
-  static constexpr int kChunkRows = 256;
-
-  // ones (N) and minus_inf (P - V), the two factors of the padding (none without padding);
-  // bf16: the input rounded to bf16 (N, C), for backward, and the fp32 logits of a chunk
-  // (min(N, kChunkRows), P).
-  struct Saved {
-    float *ones, *minus_inf;
-    std::uint16_t* in16;
-    float* chunk;
-    std::size_t size;
-    static Saved at(float* base, int rows, int padding, int channels, int p, bool bf16) {
-      Carver k(base);
-      Saved s{k.take(padding > 0 ? std::size_t(rows) : 0), k.take(std::size_t(padding)),
-              bf16 ? k.take_bf16(std::size_t(rows) * channels) : nullptr,
-              k.take(bf16 ? std::size_t(std::min(rows, kChunkRows)) * p : 0), 0};
-      s.size = k.used();
-      return s;
-    }
-  };
-
-  // out (rows, P) = x (rows, C) wte^T in fp32, -inf in the padding.
-  void logits(Device& dev, MatIn x, MatIn wte, const Saved& s, float* out, int rows) const {
-    detail::matmul(dev, Transpose::no, Transpose::yes, rows, v_, c_, x, c_, wte, c_, 0.0f, out,
-                   p_);
-    if (p_ == v_) return;
-    // The padding (rows, P - V), rows of stride P, = ones (rows, 1) minus_inf (1, P - V): a
-    // GEMM is the device's one strided write, and each element is the single product 1 * -inf.
-    dev.fill(s.ones, 1.0f, std::size_t(rows));
-    dev.fill(s.minus_inf, -std::numeric_limits<float>::infinity(), std::size_t(p_ - v_));
-    dev.gemm(Transpose::no, Transpose::no, rows, p_ - v_, 1, 1.0f, s.ones, 1, s.minus_inf,
-             p_ - v_, 0.0f, out + v_, p_);
-  }
-
-  int tied_, v_, p_, t_, c_;
-};
-
 }  // namespace
 
 std::unique_ptr<Layer> make_embedding(int vocab, int context, int channels) {
@@ -514,90 +382,6 @@ std::unique_ptr<Layer> make_block(int context, int channels, int heads, int n_la
 }
 std::unique_ptr<Layer> make_layernorm(int context, int channels) {
   return std::make_unique<LayerNorm>(context, channels);
-}
-std::unique_ptr<Layer> make_tied_lm_head(int embedding_layer, int vocab, int context,
-                                         int channels) {
-  return std::make_unique<TiedLmHead>(embedding_layer, vocab, context, channels);
-}
-
-std::string to_string(const GptSpec& spec) {
-  return fmt::format("gpt vocab_size={} context={} n_layer={} n_head={} d_model={}",
-                     spec.vocab_size, spec.context, spec.n_layer, spec.n_head, spec.d_model);
-}
-
-GptSpec parse_gpt_spec(std::string_view text) {
-  GptSpec spec;
-  int GptSpec::*const fields[] = {&GptSpec::vocab_size, &GptSpec::context, &GptSpec::n_layer,
-                                  &GptSpec::n_head, &GptSpec::d_model};
-  const std::string_view names[] = {"vocab_size", "context", "n_layer", "n_head", "d_model"};
-  std::string_view rest = text;
-  const auto word = [&] {
-    while (rest.starts_with(' ')) rest.remove_prefix(1);
-    const std::size_t end = std::min(rest.find(' '), rest.size());
-    const std::string_view w = rest.substr(0, end);
-    rest.remove_prefix(end);
-    return w;
-  };
-  const auto bad = [&](std::string_view what) {
-    return std::invalid_argument(fmt::format(
-        "model description '{}': {}; expected 'gpt vocab_size=V context=T n_layer=L n_head=H "
-        "d_model=C'", text, what));
-  };
-  if (word() != "gpt") throw bad("not a GPT");
-  for (std::size_t i = 0; i < std::size(names); ++i) {
-    const std::string_view w = word();
-    if (!w.starts_with(names[i]) || w.size() <= names[i].size() || w[names[i].size()] != '=')
-      throw bad(fmt::format("expected {}=", names[i]));
-    const std::string_view digits = w.substr(names[i].size() + 1);
-    int value = 0;
-    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), value);
-    if (ec != std::errc{} || end != digits.data() + digits.size() || value < 1)
-      throw bad(fmt::format("{} is not a positive integer", names[i]));
-    spec.*fields[i] = value;
-  }
-  if (!word().empty()) throw bad("text after d_model");
-  return spec;
-}
-
-double gpt_flops_per_token(const GptSpec& spec) {
-  const double c = spec.d_model, l = spec.n_layer, t = spec.context;
-  const double block = 12.0 * c * c + 13.0 * c;
-  const double matmul_params = double(spec.vocab_size) * c + l * block + 2.0 * c;
-  return 6.0 * matmul_params + 12.0 * l * c * t;
-}
-
-Model Model::gpt(const GptSpec& spec, AttentionKind attention) {
-  const auto positive = [](const char* key, int v) {
-    if (v < 1) throw std::invalid_argument(fmt::format("gpt: {} must be at least 1, got {}", key, v));
-  };
-  positive("vocab_size", spec.vocab_size);
-  positive("context", spec.context);
-  positive("n_layer", spec.n_layer);
-  positive("n_head", spec.n_head);
-  positive("d_model", spec.d_model);
-  if (spec.d_model % spec.n_head != 0)
-    throw std::invalid_argument(fmt::format("gpt: d_model {} is not a multiple of n_head {}",
-                                            spec.d_model, spec.n_head));
-  if (spec.vocab_size > (1 << 24))
-    throw std::invalid_argument(fmt::format(
-        "gpt: vocab_size {} is above 2^24, the largest token id a float carries exactly",
-        spec.vocab_size));
-  std::vector<std::unique_ptr<Layer>> layers;
-  std::vector<std::string> names;
-  layers.push_back(make_embedding(spec.vocab_size, spec.context, spec.d_model));
-  names.push_back("transformer");
-  for (int i = 0; i < spec.n_layer; ++i) {
-    layers.push_back(
-        make_block(spec.context, spec.d_model, spec.n_head, spec.n_layer, attention));
-    names.push_back(fmt::format("transformer.h.{}", i));
-  }
-  layers.push_back(make_layernorm(spec.context, spec.d_model));
-  names.push_back("transformer.ln_f");
-  layers.push_back(make_tied_lm_head(0, spec.vocab_size, spec.context, spec.d_model));
-  names.push_back("lm_head");
-  Model model(std::move(layers), std::move(names));
-  for (int i = 1; i <= spec.n_layer; ++i) model.mark_recomputable(static_cast<std::size_t>(i));
-  return model;
 }
 
 }  // namespace lockstep

@@ -206,6 +206,21 @@ Replica::Replica(Device& device, const Model& model, int max_batch, Precision pr
   if (precision == Precision::bf16 && last.dout_bf16())
     dlogits_bf16_ = DeviceArray<std::uint16_t>(device, elements(max_batch, last.out_features()));
   for (DeviceArray<float>& d : dbuf_) d = DeviceArray<float>(device, elements(max_batch, din_width));
+  // Note [Layer constants]: one device copy of each distinct table.
+  std::vector<const std::vector<float>*> tables;
+  for (const auto& layer : model.layers()) {
+    const std::shared_ptr<const std::vector<float>> table = layer->constants();
+    if (!table) {
+      constant_of_.push_back(-1);
+      continue;
+    }
+    const auto it = std::find(tables.begin(), tables.end(), table.get());
+    constant_of_.push_back(static_cast<int>(it - tables.begin()));
+    if (it != tables.end()) continue;
+    tables.push_back(table.get());
+    constants_.emplace_back(device, table->size());
+    constants_.back().upload(*table);
+  }
 }
 
 void Replica::load_parameters(std::span<const float> host) {
@@ -231,7 +246,8 @@ LayerWorkspace Replica::workspace(std::size_t layer) {
           .precision = precision_,
           .params_bf16 = bf16 ? bf16 + model_->read_offset(layer) : nullptr,
           .dout_bf16 = layer + 1 == model_->layers().size() ? dlogits_bf16_.data() : nullptr,
-          .out_bf16 = layer + 1 == model_->layers().size() ? dlogits_bf16_.data() : nullptr};
+          .out_bf16 = layer + 1 == model_->layers().size() ? dlogits_bf16_.data() : nullptr,
+          .constants = constant_of_[layer] >= 0 ? constants_[constant_of_[layer]].data() : nullptr};
 }
 
 std::vector<float> Replica::parameters() const { return params_.download(); }

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "common/linear.hpp"
+#include "common/random.hpp"
 #include "lockstep/device.hpp"
 #include "lockstep/model.hpp"
 
@@ -133,6 +134,13 @@ constexpr std::size_t bf16_floats(std::size_t n) {
   return ((n + 1) / 2 + line - 1) / line * line;
 }
 
+// The layers' initialisation: GPT-2's N(0, 0.02), also Hugging Face's initializer_range.
+constexpr double kInitStd = 0.02;
+
+inline void fill_normal(float* p, std::size_t n, double stddev, std::uint64_t& rng) {
+  for (std::size_t i = 0; i < n; ++i) p[i] = static_cast<float>(stddev * normal(rng));
+}
+
 // Carves consecutive regions out of one buffer; with a null base it only measures.
 class Carver {
  public:
@@ -153,6 +161,28 @@ class Carver {
  private:
   float* base_;
   std::size_t used_ = 0;
+};
+
+// A tensor forward keeps for backward: in fp32, or as bf16 bits under Precision::bf16 (Note
+// [bf16 compute]). Exactly one pointer is set.
+struct Kept {
+  float* f32 = nullptr;
+  std::uint16_t* bf16 = nullptr;
+
+  static Kept take(Carver& k, std::size_t n, bool bf16) {
+    return bf16 ? Kept{nullptr, k.take_bf16(n)} : Kept{k.take(n), nullptr};
+  }
+  // Calls write(p) with the one pointer that is set (float* or std::uint16_t*): a Device op's
+  // overload for that storage writes the tensor, rounding as it stores in bf16.
+  template <class Write>
+  void store(const Write& write) const {
+    if (bf16)
+      write(bf16);
+    else
+      write(f32);
+  }
+  MatOut output() const { return {f32, bf16}; }
+  MatIn input() const { return {f32, bf16}; }
 };
 
 }  // namespace lockstep::detail

@@ -13,20 +13,18 @@
 #include <optional>
 #include <vector>
 
+#include "lockstep/model.hpp"
+
 namespace lockstep::detail {
 
-// rope_scaling {"rope_type": "llama3", ...} of a Hugging Face config (Llama 3.1 and later).
-struct Llama3Scaling {
-  double factor = 8.0;
-  double low_freq_factor = 1.0;
-  double high_freq_factor = 4.0;
-  double original_max_position_embeddings = 8192.0;
-};
+// rope_scaling {"rope_type": "llama3", ...} of a Hugging Face config (Llama 3.1 and later),
+// as GptSpec carries it.
+using lockstep::Llama3Scaling;
 
 // rope_theta and, when set, the llama3 scaling of the frequencies.
 struct RopeFrequencies {
   double theta = 10000.0;
-  std::optional<Llama3Scaling> llama3;
+  std::optional<Llama3Scaling> llama3{};
 };
 
 // inv_freq (head_size / 2) as transformers' _compute_default_rope_parameters and

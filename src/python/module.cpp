@@ -295,11 +295,11 @@ void bind_generation(nb::module_& m) {
       "_export",
       [](const std::filesystem::path& checkpoint, const std::filesystem::path& out,
          const std::string& format, const std::string& dtype,
-         const std::filesystem::path& tokenizer) {
+         const std::filesystem::path& tokenizer, const std::string& max_shard_size) {
         std::vector<std::string> warnings;
         ExportRequest request{.checkpoint = checkpoint, .out = out, .format = format,
-                              .dtype = dtype, .tokenizer = tokenizer,
-                              .warn = collect(warnings)};
+                              .dtype = dtype, .max_shard_size = max_shard_size,
+                              .tokenizer = tokenizer, .warn = collect(warnings)};
         ExportResult r;
         {
           nb::gil_scoped_release unlocked;
@@ -312,7 +312,7 @@ void bind_generation(nb::module_& m) {
         d["warnings"] = warnings;
         return d;
       },
-      "checkpoint"_a, "out"_a, "format"_a, "dtype"_a, "tokenizer"_a);
+      "checkpoint"_a, "out"_a, "format"_a, "dtype"_a, "tokenizer"_a, "max_shard_size"_a);
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 
 #include "lockstep/comm.hpp"
 #include "lockstep/error.hpp"
+#include "lockstep/trainer.hpp"
 #include "train/reducer.hpp"
 
 namespace lockstep::detail {
@@ -93,8 +94,14 @@ double activation_bytes(const Model& model, int batch, Precision precision, Reco
   const bool dlogits_bf16 = precision == Precision::bf16 && last.dout_bf16();
   double per_sample = dlogits_bf16 ? last.out_features() / 2.0 : last.out_features();
   double kept = 0, shared = 0, scratch = 0, din = 1;
+  std::vector<const std::vector<float>*> constants;  // Note [Layer constants]: one copy each
   for (std::size_t i = 0; i < model.layers().size(); ++i) {
     const Layer& layer = *model.layers()[i];
+    const auto table = layer.constants();
+    if (table && std::find(constants.begin(), constants.end(), table.get()) == constants.end()) {
+      constants.push_back(table.get());
+      kept += static_cast<double>(table->size());
+    }
     per_sample += static_cast<double>(layer.out_features());
     const double saved = floats_for([&](int b) { return layer.workspace_size(b, precision); }, batch);
     if (recompute == Recompute::full && model.recomputable(i))
@@ -115,14 +122,18 @@ double dataset_bytes(const Dataset& d) {
 }
 
 // The config key (or data property) behind the largest term of the plan.
-std::string driver_of(const MemoryPlan& p, const Config& cfg, const Dataset& train) {
+std::string driver_of(const MemoryPlan& p, const Config& cfg, const Dataset& train,
+                      std::size_t model_params) {
   const int batch = cfg.data.batch_size;
   const bool weights = p.parameters + p.gradients + p.optimizer > p.activations + p.staging;
   if (cfg.model.type == "gpt") {
     if (!weights)
       return fmt::format("data.batch_size = {} with model.context = {}", batch, cfg.model.context);
-    const double c = cfg.model.d_model, blocks = 12.0 * cfg.model.n_layer * c * c;
-    return blocks >= static_cast<double>(train.classes()) * c
+    // The blocks' weights against the embedding's and an untied head's.
+    const double c = cfg.model.d_model, vocab = static_cast<double>(train.classes()) * c;
+    const double embeddings = (cfg.model.tie_embeddings ? 1.0 : 2.0) * vocab;
+    const double blocks = static_cast<double>(model_params) - embeddings;
+    return blocks >= embeddings
                ? fmt::format("model.d_model = {} (model.n_layer = {})", cfg.model.d_model,
                              cfg.model.n_layer)
                : fmt::format("model.vocab_size = {}", train.classes());
@@ -190,7 +201,8 @@ MemoryPlan plan_memory(const Config& cfg, const Model& model, const Dataset& tra
   if (cudnn_attention) {
     const int heads = cfg.model.n_head;
     p.attention_workspace = cudnn_attention_backward_bytes(
-        {batch, cfg.model.context, heads, cfg.model.d_model / heads}, /*deterministic=*/true);
+        {batch, cfg.model.context, heads, gpt_spec(cfg.model, 1).head_size()},
+        /*deterministic=*/true);
   }
   // Two staged batches in flight: inputs as floats, targets as int32.
   p.staging = 2.0 * batch * (train.features() + train.targets()) * kFloat;
@@ -202,7 +214,7 @@ MemoryPlan plan_memory(const Config& cfg, const Model& model, const Dataset& tra
     p.snapshots = 2 * (1 + optimizer_vectors(cfg.optimizer)) * params;
   for (std::size_t i = 0; i < model.layers().size(); ++i)
     p.recomputable = p.recomputable || model.recomputable(i);
-  p.driver = driver_of(p, cfg, train);
+  p.driver = driver_of(p, cfg, train, model.param_count());
   return p;
 }
 

@@ -164,7 +164,9 @@ struct Trainer::Impl {
   std::shared_ptr<ProcessGroup> processes;  // null: this process alone
   std::shared_ptr<Backend> backend;         // null: make_backend(trainer.backend) at each run
   Model model;
-  std::map<std::string, std::string> tokenizer_record;  // empty: no data.tokenizer
+  // For checkpoints' metadata: data.tokenizer's record (empty: none), and the model's bos and
+  // eos ids when the weights it started from record them (keep_token_ids).
+  std::map<std::string, std::string> tokenizer_record;
   detail::TrainerCallbacks callbacks;
   std::int64_t total_steps = 0;
   std::optional<Checkpoint> resume;
@@ -178,13 +180,35 @@ struct Trainer::Impl {
   bool abandoned = false;  // a run left a worker behind: Note [Bounded stop]
 };
 
+GptSpec gpt_spec(const ModelConfig& m, int vocab_size) {
+  const RopeScalingConfig& r = m.rope_scaling;
+  std::optional<Llama3Scaling> scaling;
+  if (m.positions == PositionKind::rope && r.type == RopeScalingKind::llama3)
+    scaling = Llama3Scaling{r.factor, r.low_freq_factor, r.high_freq_factor,
+                            double(r.original_max_position_embeddings)};
+  const bool rope = m.positions == PositionKind::rope;
+  return {.vocab_size = vocab_size,
+          .context = m.context,
+          .n_layer = m.n_layer,
+          .n_head = m.n_head,
+          .d_model = m.d_model,
+          .norm = m.norm,
+          .norm_eps = m.norm == NormKind::rmsnorm ? m.norm_eps : 1e-5,
+          .positions = m.positions,
+          .rope_theta = rope ? m.rope_theta : GptSpec{}.rope_theta,
+          .rope_scaling = scaling,
+          .mlp = m.mlp,
+          .intermediate_size = m.mlp == MlpKind::gelu ? 0 : m.intermediate_size,
+          .n_kv_head = m.n_kv_head == m.n_head ? 0 : m.n_kv_head,
+          .head_dim = m.head_dim > 0 && m.head_dim * m.n_head == m.d_model ? 0 : m.head_dim,
+          .qkv_bias = m.qkv_bias,
+          .proj_bias = m.proj_bias,
+          .tie_embeddings = m.tie_embeddings};
+}
+
 GptSpec gpt_spec(const Config& config, const Dataset& train) {
   const ModelConfig& m = config.model;
-  const GptSpec spec{.vocab_size = m.vocab_size > 0 ? m.vocab_size : train.classes(),
-                     .context = m.context,
-                     .n_layer = m.n_layer,
-                     .n_head = m.n_head,
-                     .d_model = m.d_model};
+  const GptSpec spec = gpt_spec(m, m.vocab_size > 0 ? m.vocab_size : train.classes());
   if (train.features() != spec.context || train.targets() != spec.context)
     throw InputError(fmt::format(
         "{}: model.context is {}, but the data has samples of {} tokens with {} targets (a GPT "
@@ -197,6 +221,49 @@ GptSpec gpt_spec(const Config& config, const Dataset& train) {
 }
 
 namespace {
+
+// Every setting of a decoder's spec as text, by its name in the config (model.NAME).
+std::vector<std::pair<std::string, std::string>> spec_settings(const GptSpec& s) {
+  const auto flag = [](bool b) { return std::string(b ? "true" : "false"); };
+  const std::string scaling =
+      s.rope_scaling ? fmt::format("llama3 (factor {}, low_freq_factor {}, high_freq_factor {}, "
+                                   "original_max_position_embeddings {})",
+                                   s.rope_scaling->factor, s.rope_scaling->low_freq_factor,
+                                   s.rope_scaling->high_freq_factor,
+                                   s.rope_scaling->original_max_position_embeddings)
+                     : "none";
+  return {{"vocab_size", std::to_string(s.vocab_size)},
+          {"context", std::to_string(s.context)},
+          {"n_layer", std::to_string(s.n_layer)},
+          {"n_head", std::to_string(s.n_head)},
+          {"d_model", std::to_string(s.d_model)},
+          {"norm", std::string(to_string(s.norm))},
+          {"norm_eps", fmt::format("{}", s.norm_eps)},
+          {"positions", std::string(to_string(s.positions))},
+          {"rope_theta", fmt::format("{}", s.rope_theta)},
+          {"rope_scaling", scaling},
+          {"mlp", std::string(to_string(s.mlp))},
+          {"intermediate_size", std::to_string(s.hidden_size())},
+          {"n_kv_head", std::to_string(s.kv_heads())},
+          {"head_dim", std::to_string(s.head_size())},
+          {"qkv_bias", flag(s.qkv_bias)},
+          {"proj_bias", flag(s.proj_bias)},
+          {"tie_embeddings", flag(s.tie_embeddings)}};
+}
+
+// The first setting where two specs differ, as (name, a's value); empty when none does.
+std::pair<std::string, std::string> first_difference(const GptSpec& a, const GptSpec& b) {
+  const auto as = spec_settings(a), bs = spec_settings(b);
+  for (std::size_t i = 0; i < as.size(); ++i)
+    if (as[i].second != bs[i].second) return as[i];
+  return {};
+}
+
+std::string spec_value(const GptSpec& spec, const std::string& name) {
+  for (const auto& [key, value] : spec_settings(spec))
+    if (key == name) return value;
+  return {};
+}
 
 MlpSpec mlp_spec(const Config& config, const Dataset& train) {
   if (train.targets() != 1)
@@ -216,7 +283,7 @@ AttentionChoice attention_choice(const Config& config, std::string_view backend)
   return choose_attention(config.model.attention,
                           backend.empty() ? backend_name(tc.backend, tc.devices) : backend,
                           tc.precision, config.model.context,
-                          config.model.n_head > 0 ? config.model.d_model / config.model.n_head : 0);
+                          config.model.n_head > 0 ? gpt_spec(config.model, 1).head_size() : 0);
 }
 
 Model make_model(const Config& config, const Dataset& train, std::string_view backend) {
@@ -317,8 +384,22 @@ void Trainer::Impl::check_processes_agree() const {
     }
 }
 
+namespace {
+
+// The model's bos and eos ids that the weights record (a Hugging Face config.json's, as
+// load_weights gives them, or a checkpoint's), kept for the run's checkpoints: what sampling
+// stops at and `export --format hf` writes back.
+void keep_token_ids(const std::map<std::string, std::string>& from,
+                    std::map<std::string, std::string>& record) {
+  for (const char* key : {"lockstep.bos_token_ids", "lockstep.eos_token_ids"})
+    if (const auto it = from.find(key); it != from.end()) record.insert_or_assign(key, it->second);
+}
+
+}  // namespace
+
 void Trainer::resume_from(Checkpoint checkpoint) {
   Impl& im = *impl_;
+  keep_token_ids(checkpoint.metadata, im.tokenizer_record);
   const std::string source = checkpoint.weights_file.string();
   const std::uint64_t expected = config_hash(im.cfg);
   const bool hashes_differ = checkpoint.state.config_hash != expected;
@@ -359,17 +440,15 @@ void Trainer::init_from(Weights weights) {
       throw InputError(fmt::format("{}: {}", weights.file.string(), e.what()));
     }
     const GptSpec mine = gpt_spec(im.cfg, *im.train);
-    const std::pair<std::string_view, int GptSpec::*> fields[] = {
-        {"vocab_size", &GptSpec::vocab_size}, {"context", &GptSpec::context},
-        {"n_layer", &GptSpec::n_layer},       {"n_head", &GptSpec::n_head},
-        {"d_model", &GptSpec::d_model}};
-    for (const auto& [name, field] : fields)
-      if (file.*field != mine.*field)
-        throw InputError(fmt::format("{}: the file's model has {} {}, the config's model.{} is {}",
-                                     weights.file.string(), name, file.*field, name, mine.*field));
+    const std::pair<std::string, std::string> differs = first_difference(file, mine);
+    if (!differs.first.empty())
+      throw InputError(fmt::format("{}: the file's model has {} {}, the config's model.{} is {}",
+                                   weights.file.string(), differs.first, differs.second,
+                                   differs.first, spec_value(mine, differs.first)));
   }
   im.resume.reset();
   im.resume_changes.clear();
+  keep_token_ids(weights.metadata, im.tokenizer_record);
   im.init = std::move(weights.params);
 }
 

@@ -7,9 +7,12 @@
 
 #include <string>
 
+#include <fmt/format.h>
+
 #include "../data/temp_files.hpp"
 #include "../text/vocab_files.hpp"
 #include "cli_runner.hpp"
+#include "lockstep/checkpoint.hpp"
 #include "lockstep/tokenizer.hpp"
 
 namespace {
@@ -135,6 +138,9 @@ TEST_CASE("cli: --init-from a Hugging Face directory with a tokenizer: the model
                                  "model.n_layer 1, model.n_head 4, model.d_model 32, data.tokenizer " +
                                  hf + " (the keys the config does not set)") != std::string::npos,
                 tune.output);
+  // config.json's eos id goes into the run's checkpoints (Note [Hugging Face token ids]).
+  const std::string eos_ids = fmt::format("[{}]", *ranks.end_of_text());
+  CHECK(lockstep::CheckpointManager::load(dir.path() / "tuned").metadata.at("lockstep.eos_token_ids") == eos_ids);
   const auto text = run_cli("sample --checkpoint " + (dir.path() / "tuned").string() +
                             " --prompt \"abc d\" --tokens 4 --temperature 0");
   REQUIRE_MESSAGE(text.code == 0, text.output);

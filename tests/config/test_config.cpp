@@ -236,7 +236,10 @@ TEST_CASE("config: unknown keys and sections are rejected with a suggestion") {
   // Nothing close: list the section's keys instead.
   CHECK(error_of("model:\n  depth: 3\n") ==
         "q.yaml:2:3: model.depth: unknown key; valid keys: type, hidden, activation, vocab_size, "
-        "context, n_layer, n_head, d_model, attention");
+        "context, n_layer, n_head, d_model, attention, family, norm, norm_eps, positions, "
+        "rope_theta, mlp, intermediate_size, n_kv_head, head_dim, qkv_bias, proj_bias, "
+        "tie_embeddings, rope_scaling.type, rope_scaling.factor, rope_scaling.low_freq_factor, "
+        "rope_scaling.high_freq_factor, rope_scaling.original_max_position_embeddings");
   CHECK(error_of("trainer: {steps: 1}\ntraner:\n  steps: 5\n") ==
         "q.yaml:2:1: traner: unknown section; did you mean 'trainer'?");
   CHECK(error_of("logging: {level: 3}\n") ==

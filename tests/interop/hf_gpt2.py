@@ -12,10 +12,13 @@ virtual environment of tests/interop/hf_venv.sh (transformers, and Debian's torc
         loaded torch.bfloat16" for `--dtype bf16`.
     hf_gpt2.py tokenize DIR TEXT
         prints the ids AutoTokenizer.from_pretrained(DIR) gives TEXT's contents, one line.
-    hf_gpt2.py random DIR TEXT CONTEXT
+    hf_gpt2.py random DIR TEXT CONTEXT [BF16_DIR]
         saves a randomly initialised GPT-2 (vocabulary 256, context CONTEXT, 1 layer, 2 heads,
         width 32) to DIR with save_pretrained, and prints its mean next-token loss over the
         windows of TEXT's bytes (CONTEXT + 1 tokens at stride CONTEXT), as lockstep reads text.
+        With BF16_DIR, also the model in bfloat16 there, in shards of at most 20KB with
+        model.safetensors.index.json, and its loss with those weights widened to fp32
+        ("loss_bf16 X").
 """
 
 import sys
@@ -24,6 +27,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 import transformers
+
+transformers.utils.logging.disable_progress_bar()  # shards' loading bars would mix into the output
 
 
 def logits(directory, tokens_file, logits_file):
@@ -51,7 +56,7 @@ def tokenize(directory, text_file):
     return 0
 
 
-def random_model(directory, text_file, context):
+def random_model(directory, text_file, context, bf16_directory=None):
     torch.manual_seed(0)
     config = transformers.GPT2Config(vocab_size=256, n_positions=context, n_embd=32, n_layer=1,
                                      n_head=2, activation_function="gelu_new")
@@ -60,10 +65,17 @@ def random_model(directory, text_file, context):
     data = np.frombuffer(open(text_file, "rb").read(), dtype=np.uint8).astype(np.int64)
     n = (len(data) - 1) // context
     windows = torch.stack([torch.from_numpy(data[i * context:i * context + context + 1]) for i in range(n)])
-    with torch.no_grad():
-        out = model(windows[:, :-1]).logits
-        loss = F.cross_entropy(out.reshape(-1, 256), windows[:, 1:].reshape(-1))
-    print(f"loss {loss.item():.9g}")
+
+    def loss_of(m):
+        with torch.no_grad():
+            out = m(windows[:, :-1]).logits
+            return F.cross_entropy(out.reshape(-1, 256), windows[:, 1:].reshape(-1)).item()
+
+    print(f"loss {loss_of(model):.9g}")
+    if bf16_directory:
+        model = model.to(torch.bfloat16)
+        model.save_pretrained(bf16_directory, safe_serialization=True, max_shard_size="20KB")
+        print(f"loss_bf16 {loss_of(model.to(torch.float32)):.9g}")
     return 0
 
 
@@ -74,7 +86,7 @@ def main():
         return dtype(sys.argv[2])
     if sys.argv[1] == "tokenize":
         return tokenize(sys.argv[2], sys.argv[3])
-    return random_model(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    return random_model(sys.argv[2], sys.argv[3], int(sys.argv[4]), *sys.argv[5:6])
 
 
 if __name__ == "__main__":

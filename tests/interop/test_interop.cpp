@@ -104,8 +104,10 @@ TEST_CASE("interop: export --format hf loads in transformers with lockstep's log
                              "--set trainer.steps=5 --set trainer.eval_every=0 "
                              "--set trainer.checkpoint.dir=" + ckpt);
   REQUIRE_MESSAGE(train.code == 0, train.output);
-  const auto exported = run_cli("export " + ckpt + " --format hf --out " + hf);
+  // In shards of at most 20KB, as transformers reads them (model.safetensors.index.json).
+  const auto exported = run_cli("export " + ckpt + " --format hf --max-shard-size 20KB --out " + hf);
   REQUIRE_MESSAGE(exported.code == 0, exported.output);
+  REQUIRE(fs::exists(hf + "/model.safetensors.index.json"));
 
   // lockstep's logits for one window of 16 tokens, on the CPU.
   const lockstep::Checkpoint c = lockstep::CheckpointManager::load(ckpt);
@@ -149,7 +151,7 @@ TEST_CASE("interop: export --format hf loads in transformers with lockstep's log
   }
 }
 
-TEST_CASE("interop: --init-from a transformers GPT-2 starts at transformers' loss") {
+TEST_CASE("interop: --init-from a transformers GPT-2 starts at transformers' loss, also sharded in bf16") {
   const std::string python = lockstep::test::hf_python();
   if (python.empty()) return;
   const lockstep::test::TempDir dir;
@@ -157,22 +159,28 @@ TEST_CASE("interop: --init-from a transformers GPT-2 starts at transformers' los
   std::string text;
   for (int i = 0; i < 8 * 16 + 1; ++i) text += static_cast<char>(32 + (i * 37 + i / 5) % 95);
   const std::string file = dir.write("t.txt", text).string(), hf = (dir.path() / "hf").string();
-  const auto made = run_command(python + " \"" + kSource + "/tests/interop/hf_gpt2.py\" random " + hf + " " + file + " 16");
+  const std::string sharded = (dir.path() / "hf_bf16").string();
+  const auto made = run_command(python + " \"" + kSource + "/tests/interop/hf_gpt2.py\" random " + hf + " " +
+                                file + " 16 " + sharded);
   REQUIRE_MESSAGE(made.code == 0, made.output);
-  const double theirs = number_after(made.output, "loss ");
+  REQUIRE(fs::exists(sharded + "/model.safetensors.index.json"));
 
-  const std::string summary = (dir.path() / "s.json").string();
-  const auto tune = run_cli("train \"" + kGptTiny + "\" --set model.context=16 --set model.n_layer=1 "
-                            "--set model.n_head=2 --set model.d_model=32 --set trainer.devices=1 "
-                            "--set data.batch_size=8 --set data.path=" + file + " --set data.eval_path=" + file +
-                            " --set trainer.steps=1 --set trainer.log_every=1 --set trainer.eval_every=0 "
-                            "--init-from " + hf + " --summary-json " + summary +
-                            " --set trainer.checkpoint.dir=" + (dir.path() / "tuned").string());
-  REQUIRE_MESSAGE(tune.code == 0, tune.output);
-  const double ours = lockstep::test::json_number(lockstep::test::read_text(summary), "final_train_loss");
-  MESSAGE("first-step loss: lockstep " << ours << ", transformers " << theirs << ", relative difference "
-                                       << std::abs(ours - theirs) / theirs);
-  CHECK(ours == doctest::Approx(theirs).epsilon(1e-5));
+  // The bf16 shards widen exactly: the loss is transformers' with the same weights in fp32.
+  for (const auto& [from, key] : {std::pair{hf, "loss "}, std::pair{sharded, "loss_bf16 "}}) {
+    const double theirs = number_after(made.output, key);
+    const std::string summary = (dir.path() / "s.json").string();
+    const auto tune = run_cli("train \"" + kGptTiny + "\" --set model.context=16 --set model.n_layer=1 "
+                              "--set model.n_head=2 --set model.d_model=32 --set trainer.devices=1 "
+                              "--set data.batch_size=8 --set data.path=" + file + " --set data.eval_path=" + file +
+                              " --set trainer.steps=1 --set trainer.log_every=1 --set trainer.eval_every=0 "
+                              "--init-from " + from + " --summary-json " + summary +
+                              " --set trainer.checkpoint.dir=" + from + "_tuned");
+    REQUIRE_MESSAGE(tune.code == 0, tune.output);
+    const double ours = lockstep::test::json_number(lockstep::test::read_text(summary), "final_train_loss");
+    MESSAGE(from << ": first-step loss: lockstep " << ours << ", transformers " << theirs
+                 << ", relative difference " << std::abs(ours - theirs) / theirs);
+    CHECK(ours == doctest::Approx(theirs).epsilon(1e-5));
+  }
 
   // The gpt keys the config sets must be config.json's.
   const auto other = run_cli("train \"" + kGptTiny + "\" --set model.context=16 --set model.n_layer=1 "

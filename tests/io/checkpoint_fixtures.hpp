@@ -69,6 +69,16 @@ inline std::filesystem::path save_gpt_checkpoint(const std::filesystem::path& di
   return dir;
 }
 
+// An untrained GPT of `spec` as a checkpoint in memory, its metadata recording the architecture.
+inline Checkpoint gpt_checkpoint(const GptSpec& spec, std::uint64_t seed) {
+  const Model model = Model::gpt(spec);
+  Checkpoint c;
+  c.tensors = model.param_tensors();
+  c.params = model.initial_parameters(seed);
+  c.metadata["lockstep.model"] = to_string(spec);
+  return c;
+}
+
 inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }

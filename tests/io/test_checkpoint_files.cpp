@@ -441,24 +441,21 @@ TEST_CASE("export --dtype bf16: BF16 tensors, each float_to_bf16 of the fp32 wei
             std::stoull(t32.members[2].second.items[k].text));
   }
   CHECK(tensors == c.tensors.size());
-  // lockstep reads only F32: a BF16 export is refused, by name, as an input.
+  // read_safetensors (checkpoints) reads only F32: a BF16 file is refused, by name (load_weights
+  // widens one: tests/io/test_hf_weights.cpp).
   CHECK_THROWS_WITH_AS(read_safetensors(b16), doctest::Contains("dtype: expected \"F32\", got a string BF16"),
                        InputError);
 }
 
 TEST_CASE("export --format hf: config.json names the dtype of the weights (torch_dtype)") {
   TempDir dir;
-  const GptSpec spec{.vocab_size = 30, .context = 8, .n_layer = 1, .n_head = 2, .d_model = 8};
-  const Model model = Model::gpt(spec);
-  Checkpoint c;
-  c.tensors = model.param_tensors();
-  c.params = model.initial_parameters(3);
-  c.metadata["lockstep.model"] = to_string(spec);
+  const Checkpoint c = lockstep::test::gpt_checkpoint(
+      {.vocab_size = 30, .context = 8, .n_layer = 1, .n_head = 2, .d_model = 8}, 3);
   for (const auto& [dtype, name] : {std::pair{TensorDtype::f32, "float32"},
                                     std::pair{TensorDtype::bf16, "bfloat16"}}) {
     CAPTURE(name);
     const fs::path out = dir.path() / name;
-    export_hf_gpt2(c, out, dtype);
+    export_hf(c, out, dtype);
     const detail::JsonValue config = detail::parse_json(slurp(out / "config.json"));
     const auto it = std::find_if(config.members.begin(), config.members.end(),
                                  [](const auto& m) { return m.first == "torch_dtype"; });
@@ -473,8 +470,8 @@ TEST_CASE("export --format hf: a checkpoint of another model is bad input, named
   Checkpoint c;
   c.weights_file = dir.path() / "mlp.safetensors";
   c.metadata["lockstep.model"] = "mlp 4-8-3";
-  CHECK_THROWS_WITH_AS(export_hf_gpt2(c, dir.path() / "out", TensorDtype::f32),
+  CHECK_THROWS_WITH_AS(export_hf(c, dir.path() / "out", TensorDtype::f32),
                        doctest::Contains("not a GPT checkpoint (lockstep.model: mlp 4-8-3); the "
-                                         "Hugging Face GPT-2 format (hf) needs model.type gpt"),
+                                         "Hugging Face format (hf) needs model.type gpt"),
                        InputError);
 }

@@ -64,7 +64,12 @@ inline LayerGradients layer_gradients(const Layer& layer, int batch, std::vector
   auto dev = lockstep::make_cpu_device(0, 1);
   DeviceArray<float> saved(*dev, layer.workspace_size(batch));
   DeviceArray<float> scratch(*dev, layer.scratch_size(batch));
-  const lockstep::LayerWorkspace ws{saved.data(), scratch.data()};
+  // The layer's constants (a Llama block's RoPE table), as a Replica uploads them.
+  const auto table = layer.constants();
+  DeviceArray<float> constants(*dev, table ? table->size() : 0);
+  if (table) constants.upload(*table);
+  lockstep::LayerWorkspace ws{saved.data(), scratch.data()};
+  ws.constants = table ? constants.data() : nullptr;
   const auto r = random_floats(std::size_t(batch) * layer.out_features(), seed);
   const auto g0 = random_floats(params.size(), seed + 1);
   auto pd = on_device(*dev, params), xd = on_device(*dev, x), rd = on_device(*dev, r);

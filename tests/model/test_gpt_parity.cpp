@@ -82,15 +82,31 @@ TEST_CASE("gpt parity with PyTorch through lockstep train: bf16 against torch.au
   }
 }
 
-TEST_CASE("gpt parity with PyTorch: the loss at 12 AdamW steps (two decay groups), every step-1 gradient, the final weights") {
+namespace {
+
+// The manifest's model: GPT-2's five numbers, and a Llama-family decoder's settings after them.
+std::string manifest_model(const lockstep::GptSpec& spec) {
+  std::string out = fmt::format(
+      "\"vocab_size\": {}, \"context\": {}, \"n_layer\": {}, \"n_head\": {}, \"d_model\": {}",
+      spec.vocab_size, spec.context, spec.n_layer, spec.n_head, spec.d_model);
+  if (!spec.llama_parts()) return out;
+  return out + fmt::format(
+      ", \"norm\": \"rmsnorm\", \"norm_eps\": {:.9g}, \"rope_theta\": {:.9g}, "
+      "\"n_kv_head\": {}, \"head_dim\": {}, \"intermediate_size\": {}, \"qkv_bias\": {}, "
+      "\"proj_bias\": {}, \"tie_embeddings\": {}",
+      spec.norm_eps, spec.rope_theta, spec.kv_heads(), spec.head_size(), spec.hidden_size(),
+      spec.qkv_bias, spec.proj_bias, spec.tie_embeddings);
+}
+
+// lockstep trains `spec` for 12 AdamW steps; gpt_parity.py trains its PyTorch transcription
+// from the same weights on the same windows and compares.
+void check_parity(const lockstep::GptSpec& spec) {
   const std::string python = python_interpreter();
   if (lockstep::test::run_command(python + " -c 'import torch, numpy'").code != 0) {
     lockstep::test::skip(lockstep::test::Skip::missing,
                          python + " cannot import torch and numpy (Debian: python3-torch)");
     return;
   }
-  const lockstep::GptSpec spec{.vocab_size = 61, .context = 12, .n_layer = 2, .n_head = 4,
-                               .d_model = 32};
   const int batch = 3, steps = 12, rows = batch * spec.context;
   const lockstep::AdamWParams opt{.beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f,
                                   .weight_decay = 0.1f};
@@ -159,16 +175,42 @@ TEST_CASE("gpt parity with PyTorch: the loss at 12 AdamW steps (two decay groups
                            tensors.empty() ? "" : ", ", t.name, t.offset, fmt::join(t.shape, ", "));
   for (double l : losses) loss_list += fmt::format("{}{:.9g}", loss_list.empty() ? "" : ", ", l);
   std::ofstream(dir.path() / "manifest.json") << fmt::format(
-      "{{\"model\": {{\"vocab_size\": {}, \"context\": {}, \"n_layer\": {}, \"n_head\": {}, "
-      "\"d_model\": {}}}, \"optimizer\": {{\"lr\": {:.9g}, \"beta1\": {:.9g}, \"beta2\": {:.9g}, "
+      "{{\"model\": {{{}}}, \"optimizer\": {{\"lr\": {:.9g}, \"beta1\": {:.9g}, \"beta2\": {:.9g}, "
       "\"eps\": {:.9g}, \"weight_decay\": {:.9g}}}, \"steps\": {}, \"batch\": {}, "
       "\"tensors\": [{}], \"losses\": [{}]}}\n",
-      spec.vocab_size, spec.context, spec.n_layer, spec.n_head, spec.d_model, lr, opt.beta1,
-      opt.beta2, opt.eps, opt.weight_decay, steps, batch, tensors, loss_list);
+      manifest_model(spec), lr, opt.beta1, opt.beta2, opt.eps, opt.weight_decay, steps, batch,
+      tensors, loss_list);
 
   const auto r = lockstep::test::run_command(
       python + " \"" LOCKSTEP_SOURCE_DIR "/tests/model/gpt_parity.py\" \"" + dir.path().string() +
       "\"" + (cuda ? " --device cuda" : ""));
   MESSAGE(r.output);
   CHECK_MESSAGE(r.code == 0, r.output);
+}
+
+}  // namespace
+
+TEST_CASE("gpt parity with PyTorch: the loss at 12 AdamW steps (two decay groups), every step-1 gradient, the final weights") {
+  check_parity({.vocab_size = 61, .context = 12, .n_layer = 2, .n_head = 4, .d_model = 32});
+}
+
+// A transcription of transformers' LlamaForCausalLM (gpt_parity.py's Llama): RMSNorm, RoPE,
+// SwiGLU, no biases, untied; then Qwen2's q/k/v biases with a tied head, and a head size of
+// its own.
+TEST_CASE("llama parity with PyTorch: the loss at 12 AdamW steps, every step-1 gradient, the final weights") {
+  const lockstep::GptSpec llama{.vocab_size = 61, .context = 12, .n_layer = 2, .n_head = 4,
+                                .d_model = 32, .norm = lockstep::NormKind::rmsnorm,
+                                .norm_eps = 1e-6, .positions = lockstep::PositionKind::rope,
+                                .rope_theta = 10000.0, .mlp = lockstep::MlpKind::swiglu,
+                                .intermediate_size = 88, .qkv_bias = false,
+                                .proj_bias = false, .tie_embeddings = false};
+  SUBCASE("llama: no biases, untied") { check_parity(llama); }
+  SUBCASE("qwen2: q/k/v biases, tied, head_dim 12, rope_theta 1e6") {
+    lockstep::GptSpec qwen2 = llama;
+    qwen2.qkv_bias = true;
+    qwen2.tie_embeddings = true;
+    qwen2.head_dim = 12;
+    qwen2.rope_theta = 1e6;
+    check_parity(qwen2);
+  }
 }

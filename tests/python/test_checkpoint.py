@@ -105,6 +105,12 @@ def test_export_writes_what_the_cli_writes(tmp_path):
     assert (tmp_path / "mine.safetensors").read_bytes() == (tmp_path / "cli.safetensors").read_bytes()
     with pytest.raises(lockstep.InputError, match="^format: expected torch or hf, got 'onnx'"):
         lockstep.export(weights, tmp_path / "x", format="onnx")
+    # Hugging Face's layout, in shards above max_shard_size, as transformers' save_pretrained cuts them.
+    lockstep.export(weights, tmp_path / "hf", format="hf", max_shard_size="2KB")
+    assert (tmp_path / "hf" / "model.safetensors.index.json").exists()
+    assert not (tmp_path / "hf" / "model.safetensors").exists()
+    with pytest.raises(lockstep.InputError, match="^max_shard_size: expected a size in bytes"):
+        lockstep.export(weights, tmp_path / "hf2", format="hf", max_shard_size="lots")
 
 
 def test_a_new_run_leaves_another_runs_checkpoints_alone(tmp_path):

@@ -80,6 +80,20 @@ inline Config small_gpt_config(int devices, int batch) {
   return cfg;
 }
 
+// small_gpt_config with the Llama family's parts (set by hand, as load_config's model.family
+// llama preset sets them): RMSNorm, rotary positions, SwiGLU, no biases, an untied head.
+inline Config small_llama_config(int devices, int batch) {
+  Config cfg = small_gpt_config(devices, batch);
+  cfg.model.family = ModelFamily::llama;
+  cfg.model.norm = NormKind::rmsnorm;
+  cfg.model.norm_eps = 1e-6;
+  cfg.model.positions = PositionKind::rope;
+  cfg.model.mlp = MlpKind::swiglu;
+  cfg.model.intermediate_size = 40;
+  cfg.model.qkv_bias = cfg.model.proj_bias = cfg.model.tie_embeddings = false;
+  return cfg;
+}
+
 // Sets an environment variable (LOCKSTEP_FAULT) for the scope of a test. Each doctest case runs
 // in its own process under CTest, so nothing leaks into other tests.
 struct ScopedEnv {

@@ -1,10 +1,12 @@
 // Token and position embeddings, forward and backward (CUDA: src/cuda/ops/embedding.cu).
+#include <algorithm>
+
 #include "cpu/cpu_device.hpp"
 #include "cpu/ops/isa_dispatch.hpp"
 
 namespace lockstep::cpu {
 
-// out (B, T, C) = wte[ids] + wpe[t], a block of rows at a time.
+// out (B, T, C) = wte[ids] + wpe[t] (wte[ids] without wpe), a block of rows at a time.
 void CpuDevice::embedding_forward(const float* ids, const float* wte, const float* wpe, float* out,
                                   int batch, int T, int C) {
   const std::size_t nc = static_cast<std::size_t>(C), rows = std::size_t(batch) * T;
@@ -12,6 +14,10 @@ void CpuDevice::embedding_forward(const float* ids, const float* wte, const floa
   for_blocks(blocks_of(rows, block), vectorized([=](std::size_t blk) {
     for (std::size_t r = blk * block; r < std::min(rows, (blk + 1) * block); ++r) {
       const float* tok = wte + static_cast<std::size_t>(ids[r]) * nc;
+      if (!wpe) {
+        std::copy(tok, tok + nc, out + r * nc);
+        continue;
+      }
       const float* pos = wpe + (r % static_cast<std::size_t>(T)) * nc;
       for (std::size_t c = 0; c < nc; ++c) out[r * nc + c] = tok[c] + pos[c];
     }
@@ -29,8 +35,12 @@ void CpuDevice::embedding_backward(const float* ids, const float* dout, float* d
     const std::size_t c0 = blk * kCols, c1 = std::min(nc, c0 + kCols);
     for (std::size_t r = 0; r < rows; ++r) {
       float* tok = dwte + static_cast<std::size_t>(ids[r]) * nc;
-      float* pos = dwpe + (r % nt) * nc;
       const float* d = dout + r * nc;
+      if (!dwpe) {
+        for (std::size_t c = c0; c < c1; ++c) tok[c] += d[c];
+        continue;
+      }
+      float* pos = dwpe + (r % nt) * nc;
       for (std::size_t c = c0; c < c1; ++c) {
         tok[c] += d[c];
         pos[c] += d[c];

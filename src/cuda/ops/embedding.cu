@@ -11,15 +11,19 @@
 namespace lockstep::cuda {
 namespace {
 
-// out (rows, C) = wte[ids[r]] + wpe[r % T]: a block per row (grid-stride over rows), threads
+// out (rows, C) = wte[ids[r]] + wpe[r % T] (wte[ids[r]] without wpe): a block per row (grid-stride over rows), threads
 // over the channels.
 __global__ void embedding_forward_kernel(const float* ids, const float* wte, const float* wpe,
                                          float* out, std::size_t rows, std::size_t T,
                                          std::size_t C) {
   for (std::size_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const float* tok = wte + static_cast<std::size_t>(ids[r]) * C;
-    const float* pos = wpe + (r % T) * C;
     float* o = out + r * C;
+    if (!wpe) {
+      for (std::size_t c = threadIdx.x; c < C; c += kThreads) o[c] = tok[c];
+      continue;
+    }
+    const float* pos = wpe + (r % T) * C;
     for (std::size_t c = threadIdx.x; c < C; c += kThreads) o[c] = tok[c] + pos[c];
   }
 }
@@ -135,6 +139,7 @@ void launch_embedding_backward(cudaStream_t stream, const float* ids, const floa
   embedding_dwte_kernel<<<blocks, kThreads, 0, stream>>>(s.token, s.row, dout, dwte, rows,
                                                          static_cast<std::size_t>(C));
   CUDA_CHECK(cudaGetLastError());
+  if (!dwpe) return;  // rotary positions: no position embedding
   const std::size_t tc = static_cast<std::size_t>(T) * static_cast<std::size_t>(C);
   embedding_dwpe_kernel<<<blocks_for(tc), kThreads, 0, stream>>>(dout, dwpe, batch, tc);
   CUDA_CHECK(cudaGetLastError());

@@ -450,11 +450,13 @@ class ExportResult:
 
 
 def export(checkpoint: PathLike, out: PathLike, *, format: str = "torch", dtype: str = "fp32",
-           tokenizer: Optional[PathLike] = None) -> ExportResult:
+           tokenizer: Optional[PathLike] = None, max_shard_size: str = "5GB") -> ExportResult:
     """Writes a checkpoint's weights for other tools, as ``lockstep export`` does: ``format``
-    "torch" (a safetensors file with PyTorch's names) or "hf" (a Hugging Face GPT-2 directory,
-    with the run's tokenizer), in ``dtype`` "fp32" or "bf16"."""
+    "torch" (a safetensors file with PyTorch's names) or "hf" (a Hugging Face directory, with
+    the run's tokenizer, in shards above ``max_shard_size`` as transformers' save_pretrained
+    cuts them), in ``dtype`` "fp32" or "bf16"."""
     values = _lockstep._export(os.fspath(checkpoint), os.fspath(out), format, dtype,
-                               os.fspath(tokenizer) if tokenizer is not None else "")
+                               os.fspath(tokenizer) if tokenizer is not None else "",
+                               max_shard_size)
     _warn_all(values)
     return ExportResult(**values)

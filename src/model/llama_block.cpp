@@ -1,0 +1,352 @@
+// A Llama-family decoder block (Llama, Qwen2, Mistral, SmolLM2; Note [One decoder] in
+// decoder.cpp), as a layer over flattened sequences:
+//   h = rmsnorm(x); qkv = h Wqkv^T (+ bqkv); q, k rotated (RoPE); a = attention(q, k, v);
+//   res1 = x + a Wo^T (+ bo); h2 = rmsnorm(res1); gu = h2 Wgu^T (+ bgu);
+//   out = res1 + swiglu(gu) Wdown^T (+ bdown).
+//
+// Notation: B sequences of T positions, C = d_model channels, H query heads and Hkv key/value
+// heads of D channels, Q = H D, KV = Hkv D, W = Q + 2 KV (the qkv row), F = intermediate_size,
+// N = B T rows. A sample is (T * C) floats. Every matrix is row-major, weights (out, in) as
+// torch.nn.Linear.
+//
+// Invariants (as every layer): stateless; backward accumulates into parameter gradients (+=) and
+// overwrites din (=). What backward needs from forward is in LayerWorkspace::saved (Saved);
+// temporaries in the shared LayerWorkspace::scratch (Scratch). bf16 keeps the tensors that are
+// only matrix-product inputs in bf16, as GPT-2's block does (Note [bf16 compute]).
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "lockstep/model.hpp"
+#include "model/attention.hpp"
+#include "model/ops.hpp"
+#include "model/rope.hpp"
+
+namespace lockstep {
+namespace {
+
+using detail::Carver;
+using detail::Kept;
+
+// The block's tensors in storage order, Hugging Face's names: q, k and v contiguous (one (W, C)
+// product) and gate, up contiguous (one (2F, C) product). The biases exist as the spec says.
+enum LlamaParam {
+  kInNorm, kQkvW, kQkvB, kOW, kOB, kPostNorm, kGateUpW, kGateUpB, kDownW, kDownB, kLlamaParams
+};
+
+struct Widths {
+  std::int64_t c, q, kv, f;
+  bool qkv_bias, proj_bias;
+};
+
+std::vector<ParamTensor> llama_block_tensors(const std::string& p, const Widths& w,
+                                             std::size_t (&offsets)[kLlamaParams]) {
+  std::vector<ParamTensor> out;
+  std::size_t offset = 0;
+  const auto add = [&](const std::string& name, std::vector<std::int64_t> shape) {
+    out.push_back({p + name, offset, std::move(shape)});
+    offset += out.back().numel();
+  };
+  const auto mark = [&](LlamaParam i) { offsets[i] = offset; };
+  mark(kInNorm);
+  add(".input_layernorm.weight", {w.c});
+  mark(kQkvW);
+  add(".self_attn.q_proj.weight", {w.q, w.c});
+  add(".self_attn.k_proj.weight", {w.kv, w.c});
+  add(".self_attn.v_proj.weight", {w.kv, w.c});
+  mark(kQkvB);
+  if (w.qkv_bias) {
+    add(".self_attn.q_proj.bias", {w.q});
+    add(".self_attn.k_proj.bias", {w.kv});
+    add(".self_attn.v_proj.bias", {w.kv});
+  }
+  mark(kOW);
+  add(".self_attn.o_proj.weight", {w.c, w.q});
+  mark(kOB);
+  if (w.proj_bias) add(".self_attn.o_proj.bias", {w.c});
+  mark(kPostNorm);
+  add(".post_attention_layernorm.weight", {w.c});
+  mark(kGateUpW);
+  add(".mlp.gate_proj.weight", {w.f, w.c});
+  add(".mlp.up_proj.weight", {w.f, w.c});
+  mark(kGateUpB);
+  if (w.proj_bias) {
+    add(".mlp.gate_proj.bias", {w.f});
+    add(".mlp.up_proj.bias", {w.f});
+  }
+  mark(kDownW);
+  add(".mlp.down_proj.weight", {w.c, w.f});
+  mark(kDownB);
+  if (w.proj_bias) add(".mlp.down_proj.bias", {w.c});
+  return out;
+}
+
+// A linear map whose bias may be absent (a Llama's projections have none): with a bias the
+// Device's fused linear op (Note [Fused linear]); without, the product alone, into y or (bf16 y)
+// into `product` and rounded into y.
+struct Projection {
+  MatIn weight;
+  const float* bias = nullptr;           // fp32 master, or null
+  const std::uint16_t* bias_bf16 = nullptr;
+  int in = 0, out = 0;
+
+  void forward(Device& dev, MatIn x, MatOut y, float* product, int rows) const {
+    if (bias) {
+      dev.linear_forward({.rows = rows, .in = in, .out = out, .x = x, .weight = weight,
+                          .bias = y.bf16 ? MatIn{nullptr, bias_bf16} : MatIn{bias, nullptr},
+                          .y = y, .product = product});
+      return;
+    }
+    float* c = y.bf16 ? product : y.f32;
+    detail::matmul(dev, Transpose::no, Transpose::yes, rows, out, in, x, in, weight, in, 0.0f, c,
+                   out);
+    if (y.bf16) dev.to_bf16(c, y.bf16, std::size_t(rows) * std::size_t(out));
+  }
+  // dweight += g^T x; dbias += column sums of dy (when the map has a bias); dx = g weight (when
+  // dx is set), rounded into dx_bf16 when that is set (bf16 weights).
+  void backward(Device& dev, MatIn x, const float* dy, MatIn g, float* dweight, float* dbias,
+                float* dx, std::uint16_t* dx_bf16, int rows) const {
+    dev.linear_backward({.rows = rows, .in = in, .out = out, .x = x, .weight = weight, .dy = dy,
+                         .g = g, .dweight = dweight, .dbias = bias ? dbias : nullptr, .dx = dx,
+                         .dx_bf16 = dx_bf16});
+  }
+};
+
+class LlamaBlock final : public Layer {
+ public:
+  LlamaBlock(const GptSpec& spec, AttentionKind attention, RopeConstants rope)
+      : t_(spec.context), c_(spec.d_model), h_(spec.n_head), hkv_(spec.kv_heads()),
+        d_(spec.head_size()), f_(spec.hidden_size()), eps_(static_cast<float>(spec.norm_eps)),
+        qkv_bias_(spec.qkv_bias), proj_bias_(spec.proj_bias),
+        fused_(attention == AttentionKind::fused), rope_(std::move(rope)) {
+    if (attention == AttentionKind::automatic)
+      throw std::invalid_argument(
+          "llama block: attention 'auto' must be resolved first (choose_attention)");
+    if (!rope_.table || rope_.positions < t_ || rope_.half != d_ / 2)
+      throw std::invalid_argument("llama block: the RoPE table does not fit its shape");
+    const std::vector<ParamTensor> tensors = llama_block_tensors("", widths(), offsets_);
+    count_ = tensors.back().offset + tensors.back().numel();
+  }
+
+  std::string_view kind() const noexcept override { return "llama_block"; }
+  int in_features() const noexcept override { return t_ * c_; }
+  int out_features() const noexcept override { return t_ * c_; }
+  std::size_t param_count() const noexcept override { return count_; }
+  std::vector<ParamTensor> param_tensors(const std::string& prefix) const override {
+    std::size_t offsets[kLlamaParams];
+    return llama_block_tensors(prefix, widths(), offsets);
+  }
+  std::shared_ptr<const std::vector<float>> constants() const override { return rope_.table; }
+
+  // RMSNorm weights 1, linear weights N(0, 0.02) (transformers' initializer_range), biases 0;
+  // draws in storage order.
+  void init_parameters(float* params, std::uint64_t& rng) const override {
+    std::fill(params, params + count_, 0.0f);
+    for (const ParamTensor& t : param_tensors("")) {
+      float* p = params + t.offset;
+      if (t.name.ends_with("layernorm.weight"))
+        std::fill(p, p + t.numel(), 1.0f);
+      else if (t.name.ends_with(".weight"))
+        detail::fill_normal(p, t.numel(), detail::kInitStd, rng);
+    }
+  }
+
+  std::size_t workspace_size(int batch, Precision precision) const noexcept override {
+    return Saved::at(nullptr, *this, batch, precision == Precision::bf16).size;
+  }
+  std::size_t scratch_size(int batch, Precision precision) const noexcept override {
+    return Scratch::at(nullptr, *this, batch, precision == Precision::bf16).size;
+  }
+
+  void forward(Device& dev, const float* params, const float* x, float* out, int batch,
+               const LayerWorkspace& ws) const override {
+    const Maps m = maps(params, ws);
+    const bool bf16 = ws.precision == Precision::bf16;
+    const Saved s = Saved::at(ws.saved, *this, batch, bf16);
+    const Scratch d = Scratch::at(ws.scratch, *this, batch, bf16);
+    const int n = batch * t_;
+    s.ln1.store([&](auto* y) {
+      dev.residual_rmsnorm_forward(x, nullptr, nullptr, params + offsets_[kInNorm], y, s.rstd1,
+                                   n, c_, eps_);
+    });
+    m.qkv.forward(dev, s.ln1.input(), s.qkv.output(), d.qkv, n);
+    s.qkv.store([&](auto* qkv) { dev.rope_forward(rope_shape(batch), rope_table(ws), qkv); });
+    detail::attention_forward(dev, attention_shape(batch), s.qkv.input(), s.atty.output(),
+                              attention_buffers(s, d));
+    m.o.forward(dev, s.atty.input(), {s.res1, nullptr}, nullptr, n);
+    // res1 += x, and the post-attention RMSNorm of it, in one pass (Note [Residual LayerNorm]).
+    s.ln2.store([&](auto* y) {
+      dev.residual_rmsnorm_forward(s.res1, x, s.res1, params + offsets_[kPostNorm], y, s.rstd2,
+                                   n, c_, eps_);
+    });
+    m.gate_up.forward(dev, s.ln2.input(), s.gu.output(), d.dgu, n);
+    if (bf16)
+      dev.swiglu_forward(s.gu.bf16, s.act.bf16, n, f_);
+    else
+      dev.swiglu_forward(s.gu.f32, s.act.f32, n, f_);
+    m.down.forward(dev, s.act.input(), {out, nullptr}, nullptr, n);
+    dev.add(out, s.res1, out, elements(n, c_));
+  }
+
+  void backward(Device& dev, const float* params, float* grads, const float* x,
+                const float* /*out*/, const float* dout, float* din, int batch,
+                const LayerWorkspace& ws) const override {
+    const Maps m = maps(params, ws);
+    const bool bf16 = ws.precision == Precision::bf16;
+    const Saved s = Saved::at(ws.saved, *this, batch, bf16);
+    const Scratch d = Scratch::at(ws.scratch, *this, batch, bf16);
+    const int n = batch * t_;
+    const auto g = [&](LlamaParam i) { return grads + offsets_[i]; };
+    // MLP branch: out = res1 + down(swiglu(gate_up(h2))). Under bf16 the products read dout
+    // rounded into d.dout16.
+    const MatIn dout_g = detail::as_input(dev, dout, d.dout16, elements(n, c_));
+    m.down.backward(dev, s.act.input(), dout, dout_g, g(kDownW), g(kDownB), d.h, nullptr, n);
+    if (bf16)
+      dev.swiglu_backward(s.gu.bf16, d.h, d.dgu, d.grad16, n, f_);
+    else
+      dev.swiglu_backward(s.gu.f32, d.h, d.dgu, n, f_);
+    const MatIn dgu = bf16 ? MatIn{nullptr, d.grad16} : MatIn{d.dgu, nullptr};
+    m.gate_up.backward(dev, s.ln2.input(), d.dgu, dgu, g(kGateUpW), g(kGateUpB), d.tmp, nullptr,
+                       n);
+    // d res1 = dout + the post-attention norm's input gradient, in bf16 rounded in the same
+    // pass into d.grad16, o_proj's products' input.
+    dev.residual_rmsnorm_backward(s.res1, params + offsets_[kPostNorm], s.rstd2, d.tmp, dout,
+                                  d.res1, bf16 ? d.grad16 : nullptr, g(kPostNorm), n, c_);
+    // Attention branch: res1 = x + o_proj(attention(rope(qkv(h)))). Under bf16 the gradient of
+    // atty is written rounded into d.dout16 (free once down's products have run).
+    const MatIn dres1 = bf16 ? MatIn{nullptr, d.grad16} : MatIn{d.res1, nullptr};
+    m.o.backward(dev, s.atty.input(), d.res1, dres1, g(kOW), g(kOB), d.tmp,
+                 bf16 ? d.dout16 : nullptr, n);
+    const MatIn datty = bf16 ? MatIn{nullptr, d.dout16} : MatIn{d.tmp, nullptr};
+    detail::attention_backward(dev, attention_shape(batch), s.qkv.input(), s.atty.input(), datty,
+                               attention_buffers(s, d), d.qkv);
+    // q and k rotated back, and under bf16 the whole dqkv rounded into d.grad16 in that pass.
+    dev.rope_backward(rope_shape(batch), rope_table(ws), d.qkv, bf16 ? d.grad16 : nullptr);
+    const MatIn dqkv = bf16 ? MatIn{nullptr, d.grad16} : MatIn{d.qkv, nullptr};
+    m.qkv.backward(dev, s.ln1.input(), d.qkv, dqkv, g(kQkvW), g(kQkvB), d.tmp, nullptr, n);
+    // The input norm's weight needs its backward even without a din (a first layer): then
+    // d.res1 takes dx.
+    dev.residual_rmsnorm_backward(x, params + offsets_[kInNorm], s.rstd1, d.tmp, d.res1,
+                                  din ? din : d.res1, nullptr, g(kInNorm), n, c_);
+  }
+
+ private:
+  Widths widths() const {
+    return {c_, std::int64_t(h_) * d_, std::int64_t(hkv_) * d_, f_, qkv_bias_, proj_bias_};
+  }
+  int q_width() const { return h_ * d_; }
+  int qkv_width() const { return (h_ + 2 * hkv_) * d_; }
+
+  struct Maps {
+    Projection qkv, o, gate_up, down;
+  };
+  Maps maps(const float* params, const LayerWorkspace& ws) const {
+    const auto map = [&](LlamaParam w, LlamaParam b, bool has_bias, int in, int out) {
+      const detail::LinearParams p = detail::linear_params(params, ws, offsets_[w], offsets_[b]);
+      return has_bias ? Projection{p.weight, p.bias, p.bias_bf16, in, out}
+                      : Projection{p.weight, nullptr, nullptr, in, out};
+    };
+    return {map(kQkvW, kQkvB, qkv_bias_, c_, qkv_width()),
+            map(kOW, kOB, proj_bias_, q_width(), c_),
+            map(kGateUpW, kGateUpB, proj_bias_, c_, 2 * f_),
+            map(kDownW, kDownB, proj_bias_, f_, c_)};
+  }
+
+  // Grouped-query attention's shape is the GQA branch's to add (kv_heads); until then the block
+  // has Hkv = H (Model::gpt refuses fewer).
+  AttentionShape attention_shape(int batch) const { return {batch, t_, h_, d_}; }
+  RopeShape rope_shape(int batch) const { return {batch, t_, h_, hkv_, d_, 0}; }
+  // cos then sin (positions, D / 2) in the replica's copy of the table (Note [Layer constants]).
+  RopeTable rope_table(const LayerWorkspace& ws) const {
+    if (!ws.constants) throw std::logic_error("llama block: no RoPE table in the workspace");
+    const std::size_t plane = std::size_t(rope_.positions) * std::size_t(rope_.half);
+    return {ws.constants, ws.constants + plane, rope_.positions};
+  }
+
+  // What forward keeps for backward, rows N. Under bf16 the matrix-product inputs (the norms'
+  // outputs, qkv after RoPE, the probabilities, atty, gate|up and the SwiGLU output) are bf16;
+  // res1 and the norms' statistics stay fp32.
+  struct Saved {
+    Kept ln1;        // (N, C)
+    float* rstd1;    // (N)
+    Kept qkv;        // (N, W), q and k rotated
+    Kept att;        // materialised: (B, H, T, T) probabilities
+    float* lse;      // fused: (B, H, T)
+    Kept atty;       // (N, Q)
+    float* res1;     // (N, C)
+    Kept ln2;        // (N, C)
+    float* rstd2;    // (N)
+    Kept gu;         // (N, 2F) gate | up
+    Kept act;        // (N, F) silu(gate) * up
+    std::size_t size;
+    static Saved at(float* base, const LlamaBlock& b, int batch, bool bf16) {
+      const std::size_t n = std::size_t(batch) * b.t_, c = b.c_, f = b.f_;
+      const std::size_t rows = std::size_t(batch) * b.h_ * b.t_;  // (B, H, T)
+      Carver k(base);
+      const auto kept = [&](std::size_t count) { return Kept::take(k, count, bf16); };
+      Saved s{kept(n * c), k.take(n), kept(n * b.qkv_width()),
+              kept(b.fused_ ? 0 : rows * b.t_), k.take(b.fused_ ? rows : 0),
+              kept(n * b.q_width()), k.take(n * c), kept(n * c), k.take(n), kept(2 * n * f),
+              kept(n * f), 0};
+      s.size = k.used();
+      return s;
+    }
+  };
+
+  // Backward's temporaries; forward's too under bf16 (products' fp32 outputs before rounding).
+  struct Scratch {
+    float* h;     // (N, F) gradient of the SwiGLU output
+    float* dgu;   // (N, 2F) gradient of gate | up; forward: gate_up's product under bf16
+    float* tmp;   // (N, max(C, Q)) gradient at a norm's output or of atty; atty's product
+    float* res1;  // (N, C) gradient of the first residual
+    float* qkv;   // (N, W) gradient of qkv; forward: qkv's product under bf16
+    float* att;   // materialised: (B, H, T, T)
+    // bf16 only: a gradient rounded as a matrix-product input, max((N, 2F), (N, W), att).
+    std::uint16_t* grad16;
+    // bf16 only: (N, max(C, Q)) dout rounded, then the gradient of atty rounded.
+    std::uint16_t* dout16;
+    std::size_t size;
+    static Scratch at(float* base, const LlamaBlock& b, int batch, bool bf16) {
+      const std::size_t n = std::size_t(batch) * b.t_, c = b.c_, f = b.f_;
+      const std::size_t wide = std::max<std::size_t>(c, b.q_width());
+      const std::size_t att = b.fused_ ? 0 : std::size_t(batch) * b.h_ * b.t_ * b.t_;
+      const std::size_t widest = std::max({2 * n * f, n * b.qkv_width(), n * c, att});
+      Carver k(base);
+      Scratch s{k.take(n * f), k.take(2 * n * f), k.take(n * wide), k.take(n * c),
+                k.take(n * b.qkv_width()), k.take(att),
+                bf16 ? k.take_bf16(widest) : nullptr, bf16 ? k.take_bf16(n * wide) : nullptr, 0};
+      s.size = k.used();
+      return s;
+    }
+  };
+
+  detail::AttentionBuffers attention_buffers(const Saved& s, const Scratch& d) const {
+    if (fused_) return {.path = AttentionKind::fused, .lse = s.lse};
+    return {.path = AttentionKind::materialized, .probs = s.att.output(), .squares = d.att,
+            .squares16 = d.grad16, .y_product = d.tmp};
+  }
+
+  static std::size_t elements(int rows, int cols) { return std::size_t(rows) * std::size_t(cols); }
+
+  int t_, c_, h_, hkv_, d_, f_;
+  float eps_;
+  bool qkv_bias_, proj_bias_, fused_;
+  RopeConstants rope_;
+  std::size_t offsets_[kLlamaParams] = {};
+  std::size_t count_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Layer> make_llama_block(const GptSpec& spec, AttentionKind attention,
+                                        RopeConstants rope) {
+  return std::make_unique<LlamaBlock>(spec, attention, std::move(rope));
+}
+
+}  // namespace lockstep

@@ -1,0 +1,148 @@
+// The LM head of a decoder: logits of every position over the (padded) vocabulary, from the
+// token embedding's weight (tied) or a weight of its own.
+//
+// Invariants (as every layer): stateless; backward accumulates into parameter gradients (+=) and
+// overwrites din (=).
+#include <algorithm>
+#include <limits>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "lockstep/model.hpp"
+#include "model/ops.hpp"
+
+namespace lockstep {
+namespace {
+
+using detail::Carver;
+
+// Note [Padded vocabulary]
+// The logits of a position are a row of P = V rounded up to a multiple of kVocabAlign floats
+// (GPT-2: 50257 -> 50304, as nanoGPT and llm.c pad it), so that every row of the logits and of
+// their gradient starts 256-byte aligned and the LM head's GEMMs get aligned leading dimensions.
+// Only the logits are padded, not wte: the GEMMs compute the V real columns into rows of stride
+// P, and the P - V padding columns are set to -inf. softmax_cross_entropy then gives them no
+// mass (exp(-inf) = 0 adds nothing to any sum), argmax never picks them, their dlogits are
+// exactly 0 and no GEMM reads them; the sampler looks at the V real ones only. The parameters,
+// checkpoints and exports keep their unpadded layout, bit for bit, and the loss is the unpadded
+// model's (the padding adds exact zeros to its sums).
+constexpr int kVocabAlign = 64;
+
+int padded_vocab(int vocab) { return (vocab + kVocabAlign - 1) / kVocabAlign * kVocabAlign; }
+
+// Its weight W (V, C): tied to the embedding layer, the first V * C of that layer's parameters
+// (its wte, GPT-2's and tied Llamas'), or a weight of its own (an untied Llama's lm_head.weight,
+// N(0, 0.02)). in (B, T * C), out (B, T * P) logits = in W^T per position, -inf in the padding.
+class LmHead final : public Layer {
+ public:
+  // embedding_layer: the layer whose weight it reads, or -1 for a weight of its own.
+  LmHead(int embedding_layer, int vocab, int context, int channels)
+      : tied_(embedding_layer), v_(vocab), p_(padded_vocab(vocab)), t_(context), c_(channels) {}
+
+  std::string_view kind() const noexcept override { return "lm_head"; }
+  int in_features() const noexcept override { return t_ * c_; }
+  int out_features() const noexcept override { return t_ * p_; }
+  int tied_to() const noexcept override { return tied_; }
+  std::size_t param_count() const noexcept override {
+    return tied_ >= 0 ? 0 : std::size_t(v_) * std::size_t(c_);
+  }
+  std::vector<ParamTensor> param_tensors(const std::string& prefix) const override {
+    if (tied_ >= 0) return {};
+    return {{prefix + ".weight", 0, {v_, c_}}};
+  }
+  void init_parameters(float* params, std::uint64_t& rng) const override {
+    detail::fill_normal(params, param_count(), detail::kInitStd, rng);
+  }
+  int vocab_padding() const noexcept override { return p_ - v_; }
+  // No bias: the gradient of the logits feeds the two matrix products only.
+  bool dout_bf16() const noexcept override { return true; }
+  std::size_t workspace_size(int batch, Precision precision) const noexcept override {
+    return Saved::at(nullptr, batch * t_, p_ - v_, c_, p_, precision == Precision::bf16).size;
+  }
+
+  // bf16 with ws.out_bf16: the logits rounded to bf16 there, computed in fp32 kChunkRows rows
+  // at a time, so that no fp32 copy of them exists in full (Note [Fused classifier] in
+  // src/cpu/ops/softmax.cpp); `out` is left alone.
+  void forward(Device& dev, const float* wte, const float* in, float* out, int batch,
+               const LayerWorkspace& ws) const override {
+    const int n = batch * t_;
+    const Saved s = Saved::at(ws.saved, n, p_ - v_, c_, p_, ws.precision == Precision::bf16);
+    const MatIn x = detail::as_input(dev, in, s.in16, std::size_t(n) * c_);
+    const MatIn w = detail::param_input(wte, ws, 0);
+    if (!ws.out_bf16) return logits(dev, x, w, s, out, n);
+    for (int r = 0; r < n; r += kChunkRows) {
+      const int rows = std::min(kChunkRows, n - r);
+      logits(dev, x + std::int64_t(r) * c_, w, s, s.chunk, rows);
+      dev.to_bf16(s.chunk, ws.out_bf16 + std::size_t(r) * p_, std::size_t(rows) * p_);
+    }
+  }
+  // dwte (V, C) += dout^T (V, N) in (N, C); din (N, C) = dout (N, V) wte (V, C); dout's rows
+  // have stride P, and its padding (zero) is never read. bf16: reads ws.dout_bf16 instead, the
+  // gradient rounded by whoever computed it (the loss, or Replica::backward).
+  void backward(Device& dev, const float* wte, float* dwte, const float* in, const float* /*out*/,
+                const float* dout, float* din, int batch,
+                const LayerWorkspace& ws) const override {
+    const int n = batch * t_;
+    const bool bf16 = ws.precision == Precision::bf16;
+    if (bf16 && !ws.dout_bf16)
+      throw std::logic_error("lm_head: bf16 backward needs LayerWorkspace::dout_bf16");
+    const Saved s = Saved::at(ws.saved, n, p_ - v_, c_, p_, bf16);
+    const MatIn x = bf16 ? MatIn{nullptr, s.in16} : MatIn{in, nullptr};
+    const MatIn dy = bf16 ? MatIn{nullptr, ws.dout_bf16} : MatIn{dout, nullptr};
+    detail::matmul(dev, Transpose::yes, Transpose::no, v_, c_, n, dy, p_, x, c_, 1.0f, dwte, c_);
+    if (din)
+      detail::matmul(dev, Transpose::no, Transpose::no, n, c_, v_, dy, p_,
+                     detail::param_input(wte, ws, 0), c_, 0.0f, din, c_);
+  }
+
+ private:
+  // Rows of fp32 logits a bf16 forward computes at a time (GPT-2: 51 MB).
+  static constexpr int kChunkRows = 256;
+
+  // ones (N) and minus_inf (P - V), the two factors of the padding (none without padding);
+  // bf16: the input rounded to bf16 (N, C), for backward, and the fp32 logits of a chunk
+  // (min(N, kChunkRows), P).
+  struct Saved {
+    float *ones, *minus_inf;
+    std::uint16_t* in16;
+    float* chunk;
+    std::size_t size;
+    static Saved at(float* base, int rows, int padding, int channels, int p, bool bf16) {
+      Carver k(base);
+      Saved s{k.take(padding > 0 ? std::size_t(rows) : 0), k.take(std::size_t(padding)),
+              bf16 ? k.take_bf16(std::size_t(rows) * channels) : nullptr,
+              k.take(bf16 ? std::size_t(std::min(rows, kChunkRows)) * p : 0), 0};
+      s.size = k.used();
+      return s;
+    }
+  };
+
+  // out (rows, P) = x (rows, C) wte^T in fp32, -inf in the padding.
+  void logits(Device& dev, MatIn x, MatIn wte, const Saved& s, float* out, int rows) const {
+    detail::matmul(dev, Transpose::no, Transpose::yes, rows, v_, c_, x, c_, wte, c_, 0.0f, out,
+                   p_);
+    if (p_ == v_) return;
+    // The padding (rows, P - V), rows of stride P, = ones (rows, 1) minus_inf (1, P - V): a
+    // GEMM is the device's one strided write, and each element is the single product 1 * -inf.
+    dev.fill(s.ones, 1.0f, std::size_t(rows));
+    dev.fill(s.minus_inf, -std::numeric_limits<float>::infinity(), std::size_t(p_ - v_));
+    dev.gemm(Transpose::no, Transpose::no, rows, p_ - v_, 1, 1.0f, s.ones, 1, s.minus_inf,
+             p_ - v_, 0.0f, out + v_, p_);
+  }
+
+  int tied_, v_, p_, t_, c_;
+};
+
+}  // namespace
+
+std::unique_ptr<Layer> make_tied_lm_head(int embedding_layer, int vocab, int context,
+                                         int channels) {
+  return std::make_unique<LmHead>(embedding_layer, vocab, context, channels);
+}
+std::unique_ptr<Layer> make_lm_head(int vocab, int context, int channels) {
+  return std::make_unique<LmHead>(-1, vocab, context, channels);
+}
+
+}  // namespace lockstep

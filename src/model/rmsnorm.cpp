@@ -1,0 +1,63 @@
+// A Llama-family decoder's final RMSNorm, as a layer over flattened sequences (the blocks'
+// own norms are inside them, fused with the residual adds).
+//
+// Invariants (as every layer): stateless; backward accumulates into parameter gradients (+=) and
+// overwrites din (=).
+#include <algorithm>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "lockstep/model.hpp"
+
+namespace lockstep {
+namespace {
+
+// Parameters: weight (C). in, out (B, T * C): y = x / sqrt(mean_c(x^2) + eps) * weight per
+// position (Note [RMSNorm] in src/cpu/ops/layernorm.cpp).
+class RmsNorm final : public Layer {
+ public:
+  RmsNorm(int context, int channels, double eps)
+      : t_(context), c_(channels), eps_(static_cast<float>(eps)) {}
+
+  std::string_view kind() const noexcept override { return "rmsnorm"; }
+  int in_features() const noexcept override { return t_ * c_; }
+  int out_features() const noexcept override { return t_ * c_; }
+  std::size_t param_count() const noexcept override { return std::size_t(c_); }
+  std::vector<ParamTensor> param_tensors(const std::string& prefix) const override {
+    return {{prefix + ".weight", 0, {c_}}};
+  }
+  void init_parameters(float* params, std::uint64_t& /*rng*/) const override {
+    std::fill(params, params + c_, 1.0f);
+  }
+  // rstd (N).
+  std::size_t workspace_size(int batch, Precision /*precision*/) const noexcept override {
+    return std::size_t(batch) * t_;
+  }
+
+  void forward(Device& dev, const float* params, const float* in, float* out, int batch,
+               const LayerWorkspace& ws) const override {
+    dev.residual_rmsnorm_forward(in, nullptr, nullptr, params, out, ws.saved, batch * t_, c_,
+                                 eps_);
+  }
+  void backward(Device& dev, const float* params, float* grads, const float* in,
+                const float* /*out*/, const float* dout, float* din, int batch,
+                const LayerWorkspace& ws) const override {
+    if (!din) throw std::logic_error("rmsnorm: needs an input gradient (not a first layer)");
+    dev.residual_rmsnorm_backward(in, params, ws.saved, dout, nullptr, din, nullptr, grads,
+                                  batch * t_, c_);
+  }
+
+ private:
+  int t_, c_;
+  float eps_;
+};
+
+}  // namespace
+
+std::unique_ptr<Layer> make_rmsnorm(int context, int channels, double eps) {
+  return std::make_unique<RmsNorm>(context, channels, eps);
+}
+
+}  // namespace lockstep
