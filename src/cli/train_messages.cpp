@@ -160,7 +160,9 @@ void write_exit_now_line(std::int64_t saving_step, const char* checkpoint_dir,
 }
 
 std::int64_t newest_complete_step(const fs::path& dir) {
-  if (dir.empty()) return -1;
+  // Not a directory (yet, or ever: the Trainer's own check names what is wrong with it).
+  std::error_code ec;
+  if (dir.empty() || !fs::is_directory(dir, ec)) return -1;
   const std::vector<std::int64_t> steps = CheckpointManager(dir, 0).steps_with_files();
   for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
     char padded[24];

@@ -99,7 +99,8 @@ TEST_CASE("cli: SIGTERM with a stalled worker ends within the grace period and e
   const auto start = std::chrono::steady_clock::now();
   lockstep::test::run_command("pkill -TERM" + lockstep_in_shell);
   std::string text;
-  while (seconds_since(start) < 30 && text.find("exit ") == std::string::npos) {
+  // The shell's own line, "exit CODE" (the stop line says "then exit" too).
+  while (seconds_since(start) < 30 && text.find("\nexit ") == std::string::npos) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     text = lockstep::test::read_text(log);
   }

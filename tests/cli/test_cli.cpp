@@ -273,7 +273,7 @@ TEST_CASE("cli: an unknown option that names a config key is told the --set that
             "write --set trainer.devices=2") != std::string::npos);
   // A last part several keys share: each is named.
   CHECK(run_cli("eval " + kQuickstart + " --type sgd").output.find(
-            "with KEY one of model.type, optimizer.type, schedule.type") != std::string::npos);
+            "with KEY one of model.type, model.rope_scaling.type, optimizer.type, schedule.type") != std::string::npos);
   // Dashes alone name no key, and are an unknown option like any other.
   for (const std::string dashes : {" --", " --=3", " -"}) {
     CAPTURE(dashes);

@@ -300,7 +300,7 @@ std::string as_version(std::string bytes, std::uint32_t version) {
   return bytes;
 }
 
-TEST_CASE("state file: the config's keys and epoch_start round trip; versions 3 (no "
+TEST_CASE("state file: the config's keys and epoch_start round trip, and versions 3 (no "
           "epoch_start) and 2 (the config's hash alone) still read") {
   TempDir dir;
   Checkpoint c = make_checkpoint(small_model(), 42);

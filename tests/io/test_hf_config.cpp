@@ -77,7 +77,7 @@ TEST_CASE("hf config: Llama 3.2's config.json gives every model key, GQA and lla
   CHECK(!plain.rope_scaling);
 }
 
-TEST_CASE("hf config: Qwen2 has q, k, v biases; Mistral its sliding window; GPT-2 its five keys") {
+TEST_CASE("hf config: Qwen2 has q, k, v biases, Mistral its sliding window and GPT-2 its five keys") {
   const TempDir dir;
   const HfConfig qwen = read_text(dir, llama_json(R"("num_key_value_heads": 2,
       "use_sliding_window": false, "sliding_window": 32768, "max_window_layers": 21,

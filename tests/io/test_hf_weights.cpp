@@ -134,7 +134,7 @@ std::string load_error(const fs::path& dir, const std::vector<ParamTensor>& expe
 
 }  // namespace
 
-TEST_CASE("hf weights: a sharded BF16 export (and a torch one) loads as the F32 one rounded; one file replaces the shards") {
+TEST_CASE("hf weights: a sharded BF16 export (and a torch one) loads as the F32 one rounded, and one file replaces the shards") {
   const TempDir dir;
   const GptSpec spec{.vocab_size = 30, .context = 8, .n_layer = 2, .n_head = 2, .d_model = 8};
   const Checkpoint c = lockstep::test::gpt_checkpoint(spec, 5);
@@ -186,7 +186,7 @@ TEST_CASE("hf weights: a sharded BF16 export (and a torch one) loads as the F32 
   CHECK(lockstep::test::same_bits(load_weights(sharded, c.tensors).params, c.params));
 }
 
-TEST_CASE("hf weights: Llama tensors load by name from shards in any order; F16 and BF16 widen exactly") {
+TEST_CASE("hf weights: Llama tensors load by name from shards in any order, and F16 and BF16 widen exactly") {
   const TempDir dir;
   const std::vector<ParamTensor> expected = llama_tensors();
   std::vector<RawTensor> tensors = llama_file_tensors();
