@@ -165,11 +165,6 @@ void check_decoder(const ModelConfig& m, const Rules& r) {
   if (r.readable({"model.n_kv_head"}) && m.n_kv_head > 0 && heads % m.n_kv_head != 0)
     r.fail_at("model.n_kv_head", fmt::format("must divide {}, got {}",
                                              r.other("model.n_head", heads), m.n_kv_head));
-  else if (r.readable({"model.n_kv_head"}) && m.n_kv_head > 0 && m.n_kv_head != heads)
-    r.fail_at("model.n_kv_head",
-              fmt::format("grouped-query attention (fewer key/value heads than {}) is not "
-                          "implemented yet; set it to n_head or 0",
-                          r.other("model.n_head", heads)));
   if (r.readable({"model.head_dim"}) && head_dim % 2 != 0)
     r.fail_at(m.head_dim > 0 ? "model.head_dim" : "model.d_model",
               fmt::format("rope rotates pairs of channels: the head size must be even, got {}",

@@ -94,10 +94,6 @@ void check_spec(const GptSpec& spec) {
         spec.n_head % spec.kv_heads() != 0)
       throw std::invalid_argument(fmt::format(
           "gpt: n_kv_head {} must divide n_head {}", spec.kv_heads(), spec.n_head));
-    if (spec.kv_heads() != spec.n_head)
-      throw std::invalid_argument(fmt::format(
-          "gpt: grouped-query attention (n_kv_head {} < n_head {}) is not implemented yet",
-          spec.kv_heads(), spec.n_head));
     if (!(spec.norm_eps > 0.0))
       throw std::invalid_argument(fmt::format("gpt: norm_eps {} is not > 0", spec.norm_eps));
   }

@@ -258,9 +258,8 @@ class LlamaBlock final : public Layer {
             map(kDownW, kDownB, proj_bias_, f_, c_)};
   }
 
-  // Grouped-query attention's shape is the GQA branch's to add (kv_heads); until then the block
-  // has Hkv = H (Model::gpt refuses fewer).
-  AttentionShape attention_shape(int batch) const { return {batch, t_, h_, d_}; }
+  // Grouped-query attention: query head h reads kv head h / (H / Hkv).
+  AttentionShape attention_shape(int batch) const { return {batch, t_, h_, d_, hkv_}; }
   RopeShape rope_shape(int batch) const { return {batch, t_, h_, hkv_, d_, 0}; }
   // cos then sin (positions, D / 2) in the replica's copy of the table (Note [Layer constants]).
   RopeTable rope_table(const LayerWorkspace& ws) const {

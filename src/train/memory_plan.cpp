@@ -201,7 +201,8 @@ MemoryPlan plan_memory(const Config& cfg, const Model& model, const Dataset& tra
   if (cudnn_attention) {
     const int heads = cfg.model.n_head;
     p.attention_workspace = cudnn_attention_backward_bytes(
-        {batch, cfg.model.context, heads, gpt_spec(cfg.model, 1).head_size()},
+        {batch, cfg.model.context, heads, gpt_spec(cfg.model, 1).head_size(),
+         gpt_spec(cfg.model, 1).n_kv_head},
         /*deterministic=*/true);
   }
   // Two staged batches in flight: inputs as floats, targets as int32.

@@ -105,6 +105,7 @@ TEST_CASE("config: decoder keys that do not apply, mixes of parts and bad values
                   "model.rope_scaling.high_freq_factor=0.5"})
             .find("model.rope_scaling.high_freq_factor: must be > "
                   "model.rope_scaling.low_freq_factor (1)") != std::string::npos);
+  CHECK(parse({"model.family=llama", "model.n_kv_head=2"}).model.n_kv_head == 2);
   // A head size of its own frees d_model from being a multiple of n_head.
   CHECK(parse({"model.family=llama", "model.d_model=30", "model.head_dim=8"}).model.head_dim == 8);
 }

@@ -195,8 +195,8 @@ TEST_CASE("gpt parity with PyTorch: the loss at 12 AdamW steps (two decay groups
 }
 
 // A transcription of transformers' LlamaForCausalLM (gpt_parity.py's Llama): RMSNorm, RoPE,
-// SwiGLU, no biases, untied; then Qwen2's q/k/v biases with a tied head, and a head size of
-// its own.
+// SwiGLU, no biases, untied; grouped-query attention; then Qwen2's q/k/v biases with a tied head,
+// a head size of its own and 2 kv heads.
 TEST_CASE("llama parity with PyTorch: the loss at 12 AdamW steps, every step-1 gradient, the final weights") {
   const lockstep::GptSpec llama{.vocab_size = 61, .context = 12, .n_layer = 2, .n_head = 4,
                                 .d_model = 32, .norm = lockstep::NormKind::rmsnorm,
@@ -205,8 +205,16 @@ TEST_CASE("llama parity with PyTorch: the loss at 12 AdamW steps, every step-1 g
                                 .intermediate_size = 88, .qkv_bias = false,
                                 .proj_bias = false, .tie_embeddings = false};
   SUBCASE("llama: no biases, untied") { check_parity(llama); }
-  SUBCASE("qwen2: q/k/v biases, tied, head_dim 12, rope_theta 1e6") {
+  SUBCASE("grouped-query attention: 4 query heads on 2 kv heads, and multi-query") {
+    for (const int kv : {2, 1}) {
+      lockstep::GptSpec gqa = llama;
+      gqa.n_kv_head = kv;
+      check_parity(gqa);
+    }
+  }
+  SUBCASE("qwen2: q/k/v biases, tied, head_dim 12, rope_theta 1e6, 2 kv heads") {
     lockstep::GptSpec qwen2 = llama;
+    qwen2.n_kv_head = 2;
     qwen2.qkv_bias = true;
     qwen2.tie_embeddings = true;
     qwen2.head_dim = 12;

@@ -90,6 +90,19 @@ TEST_SUITE("gradcheck") {
     check_block(spec, lockstep::AttentionKind::materialized);
   }
 
+  TEST_CASE("llama block with grouped-query attention: 4 query heads on 2 and on 1 kv heads") {
+    lockstep::GptSpec spec = kLlama;
+    spec.n_head = 4;
+    spec.head_dim = 2;
+    for (const int kv : {2, 1}) {
+      CAPTURE(kv);
+      spec.n_kv_head = kv;
+      spec.qkv_bias = kv == 1;
+      check_block(spec, lockstep::AttentionKind::materialized);
+      check_block(spec, lockstep::AttentionKind::fused);
+    }
+  }
+
   TEST_CASE("a tiny Llama through a Replica: untied and tied heads, every parameter") {
     check_model(kLlama);
     lockstep::GptSpec tied = kLlama;
@@ -209,7 +222,7 @@ TEST_SUITE("model") {
     }
   }
 
-  TEST_CASE("decoder mixes of parts, and grouped-query attention until it lands, are refused") {
+  TEST_CASE("decoder mixes of parts, and kv heads that do not divide the heads, are refused") {
     lockstep::GptSpec mix = kLlama;
     mix.positions = lockstep::PositionKind::learned;
     CHECK_THROWS_AS(Model::gpt(mix), std::invalid_argument);
@@ -217,6 +230,10 @@ TEST_SUITE("model") {
                                   .d_model = 8};
     gpt2_untied.tie_embeddings = false;
     CHECK_THROWS_AS(Model::gpt(gpt2_untied), std::invalid_argument);
+    lockstep::GptSpec odd = kLlama;
+    odd.n_head = 4;
+    odd.n_kv_head = 3;
+    CHECK_THROWS_AS(Model::gpt(odd), std::invalid_argument);
   }
 
   TEST_CASE("decoder FLOPs per token: 6 per multiplying weight plus attention's products") {

@@ -90,6 +90,7 @@ inline Config small_llama_config(int devices, int batch) {
   cfg.model.positions = PositionKind::rope;
   cfg.model.mlp = MlpKind::swiglu;
   cfg.model.intermediate_size = 40;
+  cfg.model.n_kv_head = 1;  // grouped-query attention: both query heads read one kv head
   cfg.model.qkv_bias = cfg.model.proj_bias = cfg.model.tie_embeddings = false;
   return cfg;
 }
