@@ -221,16 +221,19 @@ TEST_CASE("interop: transformers' GPT-2, Llama, Qwen2 and Mistral give lockstep 
                R"({"vocab_size": 96, "n_positions": 16, "n_embd": 32, "n_layer": 2, "n_head": 4,
                    "activation_function": "gelu_new"})",
                "bfloat16 20KB");
-  // The Llama family (grouped-query attention is not in the decoder yet: as many kv heads as
-  // heads). llama3 scaling: transformers 4.40 predates it, hf_parity.py sets its frequencies.
+  // The Llama family, with grouped-query attention (4 query heads on 2 kv heads, and on 1) and
+  // without (Mistral's 4). llama3 scaling: transformers 4.40 predates it, hf_parity.py sets its
+  // frequencies.
   const std::string sizes = R"("vocab_size": 96, "max_position_embeddings": 16, "hidden_size": 32,
-      "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4,)";
+      "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 4,)";
   check_parity(python, dir, "llama_bf16_sharded", "llama",
-               "{" + sizes + R"("tie_word_embeddings": false, "rope_theta": 500000.0,
+               "{" + sizes + R"("num_key_value_heads": 2, "tie_word_embeddings": false, "rope_theta": 500000.0,
                    "rope_scaling": {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
                    "high_freq_factor": 4.0, "original_max_position_embeddings": 8}})",
                "bfloat16 20KB");
-  check_parity(python, dir, "qwen2_tied", "qwen2", "{" + sizes + R"("tie_word_embeddings": true})");
-  check_parity(python, dir, "mistral_sharded", "mistral", "{" + sizes + R"("sliding_window": null})",
+  check_parity(python, dir, "qwen2_tied", "qwen2",
+               "{" + sizes + R"("num_key_value_heads": 1, "tie_word_embeddings": true})");
+  check_parity(python, dir, "mistral_sharded", "mistral",
+               "{" + sizes + R"("num_key_value_heads": 4, "sliding_window": null})",
                "float32 20KB");
 }
