@@ -29,6 +29,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -36,6 +37,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -233,7 +235,11 @@ int main(int argc, char** argv) {
     }
   }
   for (int fd : {data[0], data[1], control[0], control[1]}) ::close(fd);
-  // As mpirun: the first process to fail ends the other; the job's status is its status.
+  // As mpirun: the first process to fail ends the other; the job's status is its status. The
+  // other gets kGraceSeconds to end on its own first: a failure in one process aborts the
+  // sockets, so the process that failed first in fact is often the second to exit, and killing
+  // it at once would lose the message that says what happened.
+  constexpr double kGraceSeconds = 5.0;
   int job = 0, running = 2;
   while (running > 0) {
     int status = 0;
@@ -245,9 +251,21 @@ int main(int argc, char** argv) {
     if (code != 0 && job == 0) {
       job = code;
       if (running > 0) {
-        fmt::print(stderr, "lockstep_two_process_run: process {} exited with {}: ending process {}\n",
-                   rank, code, 1 - rank);
-        ::kill(pids[1 - rank], SIGKILL);
+        const auto since = std::chrono::steady_clock::now();
+        int other = 0;
+        pid_t ended = 0;
+        while ((ended = ::waitpid(pids[1 - rank], &other, WNOHANG)) == 0 &&
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - since).count() <
+                   kGraceSeconds)
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        if (ended == pids[1 - rank]) {
+          --running;
+        } else {
+          fmt::print(stderr,
+                     "lockstep_two_process_run: process {} exited with {}: ending process {}\n",
+                     rank, code, 1 - rank);
+          ::kill(pids[1 - rank], SIGKILL);
+        }
       }
     }
   }
