@@ -202,11 +202,16 @@ class LOCKSTEP_API DistributedSampler {
   void start_at(std::uint64_t epoch, std::size_t position);
   // Where the current epoch begins in its order: 0 but in start_at's epoch.
   std::size_t start() const noexcept { return epoch_ == start_epoch_ ? start_ : 0; }
-  std::size_t num_samples() const noexcept;  // per rank, in the current epoch
+  std::size_t num_samples() const noexcept { return samples_from(start()); }  // per rank, now
+  std::size_t whole_epoch_samples() const noexcept { return samples_from(0); }  // per rank
+  int num_replicas() const noexcept { return num_replicas_; }
   std::size_t total_size() const noexcept { return num_samples() * num_replicas_; }
   std::vector<std::size_t> indices() const;
 
  private:
+  // Per rank, of an epoch begun at `start`.
+  std::size_t samples_from(std::size_t start) const noexcept;
+
   std::size_t size_;
   int num_replicas_;
   int rank_;

@@ -133,15 +133,15 @@ ShardLoader::ShardLoader(std::shared_ptr<const Dataset> data, DistributedSampler
     throw std::invalid_argument(
         fmt::format("ShardLoader: prefetch must be >= 0, got {}", prefetch));
   }
-  // Batches of a whole epoch (the next one's: the sampler's own may begin at a start position).
-  DistributedSampler whole = sampler;
-  whole.set_epoch(sampler.epoch() + 1);
-  const std::size_t per_epoch = batches_in(whole.num_samples(), batch_size, drop_last);
+  // Batches of a whole epoch (the sampler's first may begin at a start position).
+  const std::size_t per_epoch = batches_in(sampler.whole_epoch_samples(), batch_size, drop_last);
   if (per_epoch == 0) {
     throw InputError(fmt::format(
         "dataset too small: worker shard has no full batch ({} samples of {} per worker over "
         "{} sampled positions, batch_size {}, drop_last {})",
-        whole.num_samples(), data->size(), whole.total_size(), batch_size, drop_last));
+        sampler.whole_epoch_samples(), data->size(),
+        sampler.whole_epoch_samples() * static_cast<std::size_t>(sampler.num_replicas()),
+        batch_size, drop_last));
   }
   const std::size_t first_epoch = batches_in(sampler.num_samples(), batch_size, drop_last);
   if (skip_batches > first_epoch) {

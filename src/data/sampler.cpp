@@ -34,12 +34,12 @@ void DistributedSampler::start_at(std::uint64_t epoch, std::size_t position) {
   start_ = position;
 }
 
-std::size_t DistributedSampler::num_samples() const noexcept {
+std::size_t DistributedSampler::samples_from(std::size_t start) const noexcept {
   // PyTorch: drop_last gives ceil((size - N) / N) when size % N != 0, which is floor(size / N)
   // (0 when size < N); otherwise ceil(size / N), the tail padded by wrap-around. From a start
   // position, the same of the size - start positions left.
   const auto n = static_cast<std::size_t>(num_replicas_);
-  const std::size_t left = size_ - start();
+  const std::size_t left = size_ - start;
   return drop_last_ ? left / n : (left + n - 1) / n;
 }
 

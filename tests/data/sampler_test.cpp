@@ -129,6 +129,7 @@ TEST_CASE("DistributedSampler: start_at begins one epoch at a position, the next
   r2.set_epoch(2);
   CHECK(r0.start() == 4);
   CHECK(r0.num_samples() == 2);
+  CHECK(r0.whole_epoch_samples() == 4);
   CHECK(r0.indices() == V{4, 7});
   CHECK(r2.indices() == V{6, 9});
   // The other epochs are whole.
