@@ -70,3 +70,14 @@ for text in shakespeare8.txt unicode.txt; do
     taskset -c 0 "$hf_python" "$families" bench-hf "$work/trained/$family/tokenizer.json" "$work/$text" 5
   done
 done
+
+# 4. Memory: the peak resident size of `lockstep tokenize` (2 threads) on 12 bytes, and on a
+# 50 MB line with no space or newline (one pre-token; Note [Long pre-tokens] and the forced cuts
+# of Note [Tokenizing files]), and the same as a .jsonl line (parsed whole).
+echo "== memory: peak resident size of lockstep tokenize; load: $(cut -d' ' -f1-3 /proc/loadavg)"
+printf 'hello world\n' > "$work/tiny.txt"
+head -c 50000000 /dev/zero | tr '\0' 'a' > "$work/line50.txt"
+for input in tiny.txt line50.txt; do
+  /usr/bin/time -f "$input: %M KB peak, %e s" "$build/lockstep" tokenize --tokenizer "$ranks" \
+    --out "$work/out.bin" "$work/$input" > /dev/null
+done

@@ -86,6 +86,16 @@ void heap_merges(std::string_view piece, const Vocabulary& v, std::vector<TokenI
 
 void byte_pair_encode(std::string_view piece, const Vocabulary& vocabulary,
                       std::vector<TokenId>& out, MergeSearch search) {
+  while (piece.size() > kMaxPieceBytes) {  // Note [Long pre-tokens]
+    std::size_t cut = kMaxPieceBytes;
+    // Back to the first byte of the character the cut falls in (at most 3 continuation bytes;
+    // bytes that are not UTF-8 at all are cut where they are).
+    for (int back = 0; back < 3 && (static_cast<unsigned char>(piece[cut]) & 0xC0) == 0x80; ++back)
+      --cut;
+    if ((static_cast<unsigned char>(piece[cut]) & 0xC0) == 0x80) cut = kMaxPieceBytes;
+    byte_pair_encode(piece.substr(0, cut), vocabulary, out, search);
+    piece.remove_prefix(cut);
+  }
   if (search == MergeSearch::automatic)
     search = piece.size() <= kScanPieceBytes ? MergeSearch::scan : MergeSearch::heap;
   if (search == MergeSearch::scan) scan_merges(piece, vocabulary, out);

@@ -19,7 +19,21 @@ enum class MergeSearch {
 
 inline constexpr std::size_t kScanPieceBytes = 64;
 
-// Appends the ids of `piece` (not empty) to `out`.
+// Note [Long pre-tokens]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// A pre-token longer than kMaxPieceBytes (a run of tens of megabytes of letters, a base64 blob
+// with no space) is encoded as consecutive pieces of at most kMaxPieceBytes, each cut at a UTF-8
+// character boundary counted from the pre-token's start, each merged on its own. The merges of
+// a whole pre-token hold about 30 bytes per byte of it (its ids, the list's links and the heap
+// of pairs), so memory would grow with the input; this way it is at most about 2 MB per thread
+// whatever the input. The cost: in such a pre-token the ids may differ from the tokenizers' and
+// tiktoken's around each cut, where a merge across it is not made. No pre-token of natural text,
+// code or data comes near 64 KiB; a test pins the rule (the ids equal those of the pieces
+// encoded one by one) and another that shorter pre-tokens are merged whole.
+inline constexpr std::size_t kMaxPieceBytes = 64u << 10;
+
+// Appends the ids of `piece` (not empty) to `out`, by Note [Long pre-tokens] when it is longer
+// than kMaxPieceBytes.
 void byte_pair_encode(std::string_view piece, const Vocabulary& vocabulary,
                       std::vector<TokenId>& out, MergeSearch search = MergeSearch::automatic);
 

@@ -37,9 +37,17 @@
 // most 4 bytes of ids per byte of text; 4 on average for English), each thread's pre-token
 // cache (at most 65,536 pieces, a few MB) and output buffer, and whatever one part holds beyond
 // kPartBytes: the longest stretch of a document with no safe cut, or the longest JSON line.
-// So about 25 MiB plus those stretches, whatever the size of the input. Measured (GPT-2, 2
-// threads): a peak resident size of 237 MB for 12 bytes of input, 250-285 MB for 1.3 to 40 MB
-// (one document or thirty); the 229 MB of `lockstep --version` are the libraries it loads.
+// So about 25 MiB plus those stretches.
+//
+// Forced cuts. A stretch with no safe cut is at most kMaxStretchBytes (1 MiB): past that the
+// document is cut at 1 MiB (at the first byte of the character there) and the two sides are
+// encoded as two texts. Such a stretch is a run of megabytes with no "a\nb" (a long line of
+// letters, a base64 blob), or any document over 1 MiB under a tokenizer with no cut rule; only
+// there may the ids differ from the whole document's, around the cut. With Note [Long
+// pre-tokens] (a pre-token is merged in pieces of 64 KiB, and 1 MiB is a multiple of that), a
+// line that is one run of ASCII letters gets exactly the ids of the whole line. A JSON line is
+// parsed whole, so its memory is that of its line. So memory stays bounded whatever the input:
+// measured (GPT-2, 2 threads, bench/measure_tokenizer.sh), see bench/RESULTS.md.
 #include "text/tokenize_files.hpp"
 
 #include <fcntl.h>
@@ -90,6 +98,16 @@ std::size_t safe_cut(std::string_view text, std::size_t from, CutRule rule) noex
       return p;
   }
   return std::string_view::npos;
+}
+
+std::size_t part_cut(std::string_view text, std::size_t from, CutRule rule) noexcept {
+  const std::size_t cut = safe_cut(text.substr(0, kMaxStretchBytes + 2), from, rule);
+  if (cut <= kMaxStretchBytes) return cut;
+  if (text.size() <= kMaxStretchBytes + 1) return std::string_view::npos;
+  std::size_t at = kMaxStretchBytes;
+  for (int back = 0; back < 3 && (static_cast<unsigned char>(text[at]) & 0xC0) == 0x80; ++back)
+    --at;
+  return (static_cast<unsigned char>(text[at]) & 0xC0) == 0x80 ? kMaxStretchBytes : at;
 }
 
 }  // namespace detail
@@ -167,11 +185,11 @@ class ByteSource {
 
 constexpr std::size_t kReadBytes = 1u << 20;
 
-// Cuts `text` into parts of about kPartBytes at safe cuts; the last part holds the rest.
+// Cuts `text` into parts of about kPartBytes (detail::part_cut); the last part holds the rest.
 std::vector<std::string_view> cut_parts(std::string_view text, detail::CutRule rule) {
   std::vector<std::string_view> parts;
   while (text.size() > kPartBytes) {
-    const std::size_t cut = detail::safe_cut(text, kPartBytes, rule);
+    const std::size_t cut = detail::part_cut(text, kPartBytes, rule);
     if (cut == std::string_view::npos) break;
     parts.push_back(text.substr(0, cut));
     text.remove_prefix(cut);
@@ -205,13 +223,13 @@ class InputReader {
   std::uint64_t documents() const noexcept { return documents_; }
 
  private:
-  // Cuts the buffer into parts at safe cuts past kPartBytes; at the end of the input, the rest
+  // Cuts the buffer into parts (detail::part_cut); at the end of the input, the rest
   // is the last part.
   void take_parts(std::vector<Unit>& batch) {
     std::size_t start = 0;
     while (buffer_.size() - start > kPartBytes) {
       const std::string_view rest = std::string_view(buffer_).substr(start);
-      const std::size_t cut = detail::safe_cut(rest, std::max(kPartBytes, scanned_), rule_);
+      const std::size_t cut = detail::part_cut(rest, std::max(kPartBytes, scanned_), rule_);
       if (cut == std::string_view::npos) {
         scanned_ = rest.size() - 1;  // no cut before here (a cut there needs the next byte)
         break;

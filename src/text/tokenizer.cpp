@@ -190,7 +190,9 @@ TokenizerImpl::TokenizerImpl(TokenizerSpec spec, std::filesystem::path from, Tok
   if (whole_pieces.append(piece, h, out) || local.cache.append(piece, h, out)) return;
   const std::size_t first = out.size();
   byte_pair_encode(piece, vocabulary, out);
-  if (local.cache.size() >= kMaxCachedPieces) local.cache.clear();
+  if (piece.size() > kMaxCachedPieceBytes) return;
+  if (local.cache.size() >= kMaxCachedPieces || local.cache.bytes() >= kMaxCacheBytes)
+    local.cache.clear();
   local.cache.insert(piece, h, std::span(out).subspan(first));
 }
 

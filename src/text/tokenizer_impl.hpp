@@ -33,6 +33,8 @@ class PieceTable {
   // Stores `piece` -> `ids` (not already present).
   void insert(std::string_view piece, std::uint64_t h, std::span<const TokenId> ids);
   std::size_t size() const noexcept { return size_; }
+  // The keys' and ids' bytes (the slots aside).
+  std::size_t bytes() const noexcept { return keys_.size() + ids_.size() * sizeof(TokenId); }
   void clear();
 
  private:
@@ -47,8 +49,12 @@ class PieceTable {
   std::size_t size_ = 0;
 };
 
-// The per-thread cache: cleared when it holds kMaxPieces (a few MB), so its memory is bounded.
+// The per-thread cache: cleared when it holds kMaxCachedPieces or kMaxCacheBytes of keys and
+// ids, so its memory is bounded (about 8 MB with its slots) whatever the pieces. A piece longer
+// than kMaxCachedPieceBytes is not kept: such pieces rarely recur, and a few would fill it.
 inline constexpr std::size_t kMaxCachedPieces = 1u << 16;
+inline constexpr std::size_t kMaxCacheBytes = 4u << 20;
+inline constexpr std::size_t kMaxCachedPieceBytes = 1u << 10;
 
 struct ThreadScratch {
   PieceSplitter splitter;  // GPT-2's

@@ -127,6 +127,45 @@ TEST_CASE("tokenize_files: Llama 3's and Qwen2's pieces break in \"a\\nb\", and 
   }
 }
 
+TEST_CASE("tokenize_files: a stretch with no safe cut is cut at kMaxStretchBytes, at a character") {
+  using lockstep::detail::kMaxStretchBytes;
+  using lockstep::detail::part_cut;
+  constexpr auto npos = std::string_view::npos;
+  constexpr auto gpt2 = lockstep::detail::CutRule::gpt2;
+  std::string letters(kMaxStretchBytes + 2, 'a');
+  for (std::size_t i = 0; i < letters.size(); i += 3) letters[i] = "bcde"[i % 4];
+  const std::string_view view = letters;
+  // Whether a safe cut lies at kMaxStretchBytes needs the byte after it: one byte short, npos.
+  CHECK(part_cut(view.substr(0, kMaxStretchBytes + 1), lockstep::detail::kPartBytes, gpt2) == npos);
+  CHECK(part_cut(view, lockstep::detail::kPartBytes, gpt2) == kMaxStretchBytes);
+  // A safe cut within the stretch wins; one past it does not.
+  std::string with_cut = letters;
+  with_cut.replace(500'000, 3, "x\nA");
+  CHECK(part_cut(with_cut, lockstep::detail::kPartBytes, gpt2) == 500'002);
+  with_cut = letters + "x\nA";
+  CHECK(part_cut(with_cut, lockstep::detail::kPartBytes, gpt2) == kMaxStretchBytes);
+  // A 3-byte character across the limit: the cut moves back to its first byte.
+  std::string cjk = letters;
+  cjk.replace(kMaxStretchBytes - 1, 3, "\xe4\xb8\xad");
+  CHECK(part_cut(cjk, lockstep::detail::kPartBytes, gpt2) == kMaxStretchBytes - 1);
+
+  // Through tokenize_files: the document is encoded as its two sides. A line of ASCII letters
+  // is one pre-token merged in 64 KiB pieces (Note [Long pre-tokens]), and the cut falls on
+  // one of theirs: the ids of the whole line.
+  const TempDir dir;
+  const Tokenizer t = small_tokenizer(dir);
+  const std::string line = letters + std::string(100'000, 'e');
+  lockstep::TokenizeOptions opt;
+  opt.inputs = {dir.write("line.txt", line), dir.write("cjk.txt", cjk)};
+  opt.out = dir.path() / "out.bin";
+  lockstep::tokenize_files(t, opt);
+  std::vector<TokenId> expected = document_ids(t, line);
+  const std::vector<TokenId> first = document_ids(t, std::string_view(cjk).substr(0, kMaxStretchBytes - 1));
+  expected.insert(expected.end(), first.begin(), first.end());
+  t.encode(std::string_view(cjk).substr(kMaxStretchBytes - 1), expected);
+  CHECK(lockstep::test::read_llmc(opt.out) == expected);
+}
+
 TEST_CASE("tokenize_files: documents become <|endoftext|> and their ids, read back as llm.c tokens") {
   const TempDir dir;
   const Tokenizer t = small_tokenizer(dir);

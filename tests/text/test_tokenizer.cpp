@@ -168,6 +168,39 @@ TEST_CASE("tokenizer: a megabyte-long piece encodes (the heap search, and PCRE2'
   CHECK(t.ranks.decode(t.ranks.encode(spaces)) == spaces);
 }
 
+TEST_CASE("tokenizer: a pre-token past kMaxPieceBytes is merged in pieces cut at characters") {
+  // Note [Long pre-tokens]: 'a' x (limit - 1), a 3-byte character across the limit, then 'b's
+  // past a second limit. The first cut backs up to the character's first byte; the second
+  // falls between two 'b's, kMaxPieceBytes on.
+  using lockstep::detail::byte_pair_encode;
+  using lockstep::detail::kMaxPieceBytes;
+  using lockstep::detail::MergeSearch;
+  const BothForms t(lockstep::test::random_vocab(400, 3));
+  const auto& vocabulary = t.hf.impl().vocabulary;
+  std::string piece(kMaxPieceBytes - 1, 'a');
+  piece += "\xE2\x82\xAC";  // U+20AC
+  piece += std::string(kMaxPieceBytes + 100, 'b');
+  const std::string_view all = piece;
+  std::vector<TokenId> expected;
+  for (const auto [at, size] : {std::pair<std::size_t, std::size_t>{0, kMaxPieceBytes - 1},
+                                {kMaxPieceBytes - 1, kMaxPieceBytes},
+                                {2 * kMaxPieceBytes - 1, std::string_view::npos}}) {
+    REQUIRE(all.substr(at, size).size() <= kMaxPieceBytes);
+    byte_pair_encode(all.substr(at, size), vocabulary, expected, MergeSearch::heap);
+  }
+  std::vector<TokenId> got;
+  byte_pair_encode(all, vocabulary, got);
+  CHECK(got == expected);
+  CHECK(t.hf.decode(got) == piece);
+  // Through the tokenizer: a run of letters is one pre-token, merged in three pieces.
+  std::string letters(2 * kMaxPieceBytes + 5, 'a');
+  for (std::size_t i = 0; i < letters.size(); i += 7) letters[i] = "bcde"[i % 4];
+  std::vector<TokenId> pieces;
+  for (std::size_t at = 0; at < letters.size(); at += kMaxPieceBytes)
+    byte_pair_encode(std::string_view(letters).substr(at, kMaxPieceBytes), vocabulary, pieces);
+  CHECK(t.hf.encode(letters) == pieces);
+}
+
 TEST_CASE("tokenizer: a tiktoken rank file is refused with its line for each flaw") {
   const TempDir dir;
   const std::string good = lockstep::test::rank_file(lockstep::test::hand_vocab());
