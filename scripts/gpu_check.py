@@ -60,6 +60,7 @@ import shlex
 import shutil
 import signal
 import statistics
+import struct
 import subprocess
 import sys
 import tarfile
@@ -765,6 +766,39 @@ def gpt_bf16_figure(log, check):
     return "; ".join(rows + ([best] if best else []))
 
 
+def llama_run(check, limit):
+    """Issue 41: Llama 3.2 1B's shape (configs/llama3_2_1b.yaml, from scratch) in bf16 with fused
+    attention (cuDNN, grouped-query) on one GPU, 12 steps of 4 x 2048 random tokens: the
+    decoder's first run on a GPU. Passes when the run ends with exit 0 (a non-finite loss stops
+    it); the figure is its step time, tokens/s and MFU (goal >= 45% of the dense bf16 peak)."""
+    if check.stub:
+        status, _ = check.stubbed("llama", limit)
+        return status == 0, "stubbed"
+    tokens = os.path.join(check.work, "llama_tokens.bin")
+    count = 13 * 4 * 2048 + 1
+    with open(tokens, "wb") as f:  # llm.c's header, then uint16 ids below the vocabulary
+        f.write(struct.pack("<256i", 20240520, 1, count, *([0] * 253)))
+        f.write(os.urandom(2 * count))
+    summary = check.log_path("llama.json")
+    status, log = check.run("llama", [
+        tool(check, "lockstep"), "train", "configs/llama3_2_1b.yaml", "--set",
+        f"data.path={tokens}", "--set", "data.eval_path=null", "--set", "data.eval_fraction=0",
+        "--set", "trainer.backend=cuda", "--set", "trainer.devices=1", "--set",
+        "trainer.steps=12", "--set", "trainer.log_every=1", "--set", "trainer.eval_every=0",
+        "--set", "trainer.checkpoint.dir=null", "--set", "schedule.warmup_steps=2",
+        "--summary-json", summary], limit)
+    if status != 0:
+        return False, ("timed out" if status == 124 else f"exit {status}") + ", see llama.log"
+    s = json.load(open(summary))
+    mfu = s.get("mfu")
+    step_ms = 1e3 * s["wall_s"] / max(1, s["steps"])
+    return True, ("%s attention, %.0f ms per step (whole run), %.0f tokens/s, MFU %s, final loss "
+                  "%.3f, host syncs per step %s"
+                  % (s.get("attention"), step_ms, s.get("tokens_per_s") or 0,
+                     "n/a" if mfu is None else "%.1f%%" % (100 * mfu),
+                     s.get("final_train_loss") or float("nan"), s.get("host_syncs_per_step")))
+
+
 def py(check, script, *args):
     return [sys.executable, os.path.join(ROOT, "bench", script), "--build", check.build, *args]
 
@@ -801,6 +835,8 @@ PHASES = [
               "--set", "trainer.eval_every=0", "--set",
               f"trainer.checkpoint.dir={os.path.join(c.work, 'gpu_step')}",
               "--summary-json", c.log_path("gpu_step.json")], gpu_step_figure)),
+    Phase("llama", 60, 120, "Llama 3.2 1B's shape, bf16, fused GQA attention: step time and MFU",
+          llama_run),
     Phase("graphs", 50, 120, "GPT-2 124M bf16 with trainer.cuda_graphs off, on and auto",
           command_phase("graphs", lambda c: py(
               c, "graph_step.py", "--device", "cuda", "--preset", "124m", "--batch", "8",
