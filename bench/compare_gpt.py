@@ -101,6 +101,29 @@ def run_lockstep(cli, folder, preset, args, precision, attention="auto", graphs=
             "warnings": [l for l in done.stderr.splitlines() if "warning" in l]}
 
 
+def round_robin(names, rounds, run_one, skip=lambda i, name: False):
+    """run_one(framework, precision) for each (framework, precision) of `names` in turn,
+    `rounds` times, so that every run sees the same machine load; a name whose run fails (its
+    result has "error") is reported and not run again, and skip(round, name) leaves a run out.
+    Prints each round's step times. Returns (runs: name -> results, errors: name -> message)."""
+    runs = {name: [] for name in names}
+    errors = {}
+    for i in range(rounds):
+        for name in names:
+            if name in errors or skip(i, name):
+                continue
+            r = run_one(*name)
+            if "error" in r:
+                errors[name] = r["error"]
+                print(f"{name[0]} {name[1]}: not measured: {r['error']}", flush=True)
+                continue
+            runs[name].append(r)
+        print(f"round {i + 1}: " + ", ".join(
+            f"{f} {p} {runs[(f, p)][-1]['step_ms']:.1f} ms" for f, p in names
+            if (f, p) not in errors and len(runs[(f, p)]) > i), flush=True)
+    return runs, errors
+
+
 def bf16_main(args):
     """--precision bf16: lockstep fp32 and bf16 against PyTorch fp32 and autocast bf16."""
     from gpt_torch import PRESETS  # the presets of both benchmarks (imports torch)
@@ -116,30 +139,18 @@ def bf16_main(args):
     names = [(f, p) for p in precisions for f in clis] + [("torch", p) for p in precisions]
     if args.torch_best:
         names.append(("torch", "best"))
-    runs = {name: [] for name in names}
-    errors = {}
     with tempfile.TemporaryDirectory() as folder:
         windows = (args.warmup + args.steps) * args.batch + 1
         write_random_tokens(folder, preset, windows)
-        for i in range(args.pairs):
-            for framework, precision in names:
-                if (framework, precision) in errors:
-                    continue
-                if precision == "best" and i >= args.torch_best_rounds:
-                    continue  # compiled and timed in the first rounds only (--torch-best-rounds)
-                if framework in clis:
-                    r = run_lockstep(clis[framework], folder, preset, args, precision)
-                else:
-                    r = run(torch_cmd + {"fp32": [], "bf16": ["--bf16"], "best": ["--best"]}[
-                        precision])
-                if "error" in r:
-                    errors[(framework, precision)] = r["error"]
-                    print(f"{framework} {precision}: not measured: {r['error']}", flush=True)
-                    continue
-                runs[(framework, precision)].append(r)
-            print(f"round {i + 1}: " + ", ".join(
-                f"{f} {p} {runs[(f, p)][-1]['step_ms']:.1f} ms" for f, p in names
-                if (f, p) not in errors and len(runs[(f, p)]) > i), flush=True)
+
+        def run_one(framework, precision):
+            if framework in clis:
+                return run_lockstep(clis[framework], folder, preset, args, precision)
+            return run(torch_cmd + {"fp32": [], "bf16": ["--bf16"], "best": ["--best"]}[precision])
+
+        # PyTorch at its best compiles each time: the first --torch-best-rounds rounds only.
+        runs, errors = round_robin(names, args.pairs, run_one, lambda i, name: (
+            name[1] == "best" and i >= args.torch_best_rounds))
     return report_bf16(args, names, runs, errors)
 
 
