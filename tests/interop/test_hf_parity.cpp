@@ -237,3 +237,21 @@ TEST_CASE("interop: transformers' GPT-2, Llama, Qwen2 and Mistral give lockstep 
                "{" + sizes + R"("num_key_value_heads": 4, "sliding_window": null})",
                "float32 20KB");
 }
+
+TEST_CASE("interop: 20 AdamW steps of a Llama with grouped-query attention, in lockstep and in transformers") {
+  const std::string python = lockstep::test::hf_python();
+  if (python.empty()) return;
+  const lockstep::test::TempDir dir;
+  // 4 query heads on 2 kv heads, untied, fp32; hf_parity.py train runs `lockstep train
+  // --init-from` on it and transformers' model with torch.optim.AdamW, the same settings.
+  const fs::path hf = dir.path() / "llama";
+  const auto made = run_command(python + " \"" + kScript + "\" make llama " + hf.string() + R"( '{
+      "vocab_size": 96, "max_position_embeddings": 16, "hidden_size": 32, "intermediate_size": 48,
+      "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+      "tie_word_embeddings": false}')");
+  REQUIRE_MESSAGE(made.code == 0, made.output);
+  const auto r = run_command(python + " \"" + kScript + "\" train " + hf.string() + " " +
+                             lockstep::test::cli_path() + " 20 4");
+  MESSAGE(r.output);
+  CHECK_MESSAGE(r.code == 0, r.output);
+}
