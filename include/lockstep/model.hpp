@@ -322,7 +322,7 @@ class LOCKSTEP_API KvCache {
  private:
   friend class Replica;
   std::vector<DeviceArray<float>> layers_;  // layers_[i]: layer i's cache
-  DeviceArray<float> acts_[2];              // ping-pong (context, widest per position)
+  DeviceArray<float> acts_[2];              // ping-pong: layer i writes acts_[i % 2]
   DeviceArray<float> scratch_;
 };
 

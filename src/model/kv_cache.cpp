@@ -44,16 +44,19 @@ void Layer::decode(Device& /*dev*/, const float* /*params*/, const float* /*in*/
 
 KvCache::KvCache(Device& device, const Model& model) {
   const int context = model.inputs();
-  std::size_t widest = 0, scratch = 0;
-  for (const auto& layer : model.layers()) {
-    if (!layer->decodes())
+  // Layer i writes acts_[i % 2]: each as wide as the widest of its writers (one holds the
+  // logits, the other the residual stream).
+  std::size_t widest[2] = {0, 0}, scratch = 0;
+  for (std::size_t i = 0; i < model.layers().size(); ++i) {
+    const Layer& layer = *model.layers()[i];
+    if (!layer.decodes())
       throw std::invalid_argument(fmt::format(
-          "kv cache: layer '{}' cannot decode (only a decoder generates)", layer->kind()));
-    layers_.emplace_back(device, layer->cache_size());
-    widest = std::max<std::size_t>(widest, layer->out_features() / context);
-    scratch = std::max(scratch, layer->decode_scratch_size(context));
+          "kv cache: layer '{}' cannot decode (only a decoder generates)", layer.kind()));
+    layers_.emplace_back(device, layer.cache_size());
+    widest[i % 2] = std::max<std::size_t>(widest[i % 2], layer.out_features() / context);
+    scratch = std::max(scratch, layer.decode_scratch_size(context));
   }
-  for (DeviceArray<float>& acts : acts_) acts = DeviceArray<float>(device, context * widest);
+  for (int k = 0; k < 2; ++k) acts_[k] = DeviceArray<float>(device, context * widest[k]);
   scratch_ = DeviceArray<float>(device, scratch);
 }
 
