@@ -34,7 +34,7 @@ TEST_SUITE("cuda") {
     }
   }
 
-  TEST_CASE("cuda: decode's logits are forward's and the CPU's; greedy sampling the same cached") {
+  TEST_CASE("cuda: decode's logits are forward's and the CPU's, and greedy sampling draws the same cached") {
     auto backend = cuda_or_skip();
     if (!backend) return;
     auto gpu = backend->create_device(0, 1, 0);
