@@ -7,8 +7,11 @@
 // `train --init-from` reads it, gives transformers' logits and, for one batch, the gradient of
 // the mean next-token loss of every parameter, each within 1e-5 relative (norm of the
 // difference over the norm of transformers'), in fp32 on the CPU; and the same of `export
-// --format hf` of those weights, read back by transformers. Skips without the
-// transformers environment (tests/interop/hf_venv.sh).
+// --format hf` of those weights, read back by transformers. And 20 AdamW steps of `lockstep
+// train --init-from` a Llama with grouped-query attention against transformers' model under
+// torch.optim.AdamW with lockstep's settings, from the same weights on the same windows: losses
+// within 1e-4 relative (hf_parity.py train). Skips without the transformers environment
+// (tests/interop/hf_venv.sh).
 #include <doctest/doctest.h>
 
 #include <algorithm>
