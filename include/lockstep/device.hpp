@@ -587,6 +587,12 @@ class LOCKSTEP_API LayerOps {
   // For each of `count` (T, T) score matrices s: p[i][j] = softmax over j' <= i of
   // scale * s[i][j'], and 0 for j > i (causal mask). p may alias s.
   virtual void causal_softmax_forward(const float* s, float* p, int count, int T, float scale) = 0;
+  // The same for the newest `rows` positions of sequences of `cols` (queries against a
+  // key/value cache, Note [KV cache] in src/model/kv_cache.cpp): `count` (rows, cols) score
+  // matrices whose row i is position cols - rows + i and sees columns j <= cols - rows + i.
+  // rows = cols = T is causal_softmax_forward, bit for bit. p may alias s.
+  virtual void causal_softmax_tail_forward(const float* s, float* p, int count, int rows,
+                                           int cols, float scale) = 0;
   // ds[i][j] = scale * p[i][j] * (dp[i][j] - sum over j' <= i of p[i][j'] dp[i][j']), 0 for
   // j > i. ds may alias dp.
   virtual void causal_softmax_backward(const float* p, const float* dp, float* ds, int count,

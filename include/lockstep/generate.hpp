@@ -1,15 +1,18 @@
-// Text generation with a trained language model (Model::gpt), one token at a time.
+// Text generation with a trained language model (Model::gpt: GPT-2 or a Llama-family
+// decoder), one token at a time.
 //
 //   lockstep::Replica replica(device, model, /*max_batch=*/1);
 //   replica.load_parameters(checkpoint.params);
 //   std::vector<int> out = lockstep::generate(replica, prompt, {.tokens = 200, .top_k = 40},
 //                                             [](int token) { std::putchar(token); });
 //
-// Each step runs the model on the last `context` tokens (left-aligned; positions after them are
-// padding, which causal attention keeps from affecting the ones before), takes the logits at the
-// last real position, divides them by the temperature, keeps the top_k largest, and draws the
-// next token from their softmax with a generator seeded by `seed`: the same seed, weights and
-// prompt give the same text. Temperature 0 is greedy (argmax).
+// Each step takes the model's logits after the last of the last `context` tokens: with the
+// key/value cache (the default) the prompt is run once and each drawn token then costs one
+// position (Note [KV cache] in src/model/kv_cache.cpp; past the context the window slides and
+// is run again in full); without it each step runs the whole window. It divides them by the
+// temperature, keeps the top_k largest, and draws the next token from their softmax with a
+// generator seeded by `seed`: the same seed, weights and prompt give the same text. Temperature
+// 0 is greedy (argmax). Drawing a stop token (an EOS) ends it.
 //
 // `lockstep sample` is one call, sample(), on a checkpoint:
 //
@@ -25,6 +28,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -42,6 +46,13 @@ struct LOCKSTEP_API SamplingOptions {
   double temperature = 1.0;  // >= 0; 0 picks the most likely token
   int top_k = 0;             // 0: the whole vocabulary
   std::uint64_t seed = 0;
+  // Each token one position through a key/value cache (Note [KV cache] in
+  // src/model/kv_cache.cpp); false: the whole window again per token, the reference. The same
+  // tokens either way, to rounding in the logits.
+  bool kv_cache = true;
+  // Drawing one of these (a model's end-of-sequence ids) ends the generation; it is neither
+  // returned nor passed to on_token.
+  std::vector<int> stop_tokens{};
 };
 
 // Returns the generated tokens (without the prompt); on_token sees each as it is drawn. The
@@ -73,6 +84,14 @@ struct LOCKSTEP_API SampleRequest {
   // DIR|FILE, checked against the hash the checkpoint records (recorded_tokenizer in
   // lockstep/tokenizer.hpp); empty: the recorded one, or none.
   std::filesystem::path tokenizer{};
+  // Where sampling stops (SamplingOptions::stop_tokens, which this sets): unset, the model's
+  // end-of-sequence ids: those the checkpoint records (config.json's eos_token_id, an int or a
+  // list, when training began from a Hugging Face directory; Note [Hugging Face token ids] in
+  // src/io/hf_model.cpp), else its tokenizer's end token, else none (a byte model, token ids).
+  // Set: these ids (none when empty), each in [0, vocab).
+  std::optional<std::vector<int>> stop_at{};
+  // Each token one position through a key/value cache (SamplingOptions::kv_cache).
+  bool kv_cache = true;
   OptionSpelling spelling = OptionSpelling::field;
   CheckpointManager::Warn warn{};  // what loading the checkpoint warns about (a skipped newer one)
 };
@@ -85,6 +104,7 @@ struct LOCKSTEP_API SampleResult {
   std::string prompt_text{};         // the prompt as given (text model), else its ids, spaced
   std::string text{};                // the pieces of `tokens`, joined
   bool text_model = false;           // the pieces are text, not " <id>"
+  bool stopped = false;              // drew a stop token (not in `tokens`) before the last
 };
 
 // Called with each token as it is drawn and its piece: its bytes for a text model (a token may
@@ -107,6 +127,7 @@ class LOCKSTEP_API CheckpointSampler {
   const std::vector<int>& prompt_tokens() const noexcept;
   const std::string& prompt_text() const noexcept;  // as SampleResult's
   bool text_model() const noexcept;
+  const std::vector<int>& stop_tokens() const noexcept;  // where run() stops (stop_at)
 
   // Draws request.options.tokens tokens after the prompt (generate() above). Each run starts
   // again from the prompt and the seed, so runs are the same.

@@ -73,6 +73,16 @@ struct LOCKSTEP_API LayerWorkspace {
   const float* constants = nullptr;
 };
 
+// One call of Layer::decode: `count` positions from `start` of one sequence, the layer's
+// cache (Layer::cache_size() floats, its first `start` positions filled), decode's scratch, and
+// the layer's constants as LayerWorkspace::constants.
+struct LOCKSTEP_API DecodeStep {
+  int start = 0, count = 0;
+  float* cache = nullptr;
+  float* scratch = nullptr;
+  const float* constants = nullptr;
+};
+
 class LOCKSTEP_API Layer {
  public:
   virtual ~Layer() = default;
@@ -112,6 +122,20 @@ class LOCKSTEP_API Layer {
   // share one table: a Replica uploads each distinct table once, at its construction, and hands
   // it as LayerWorkspace::constants (Note [Layer constants] in src/model/decoder.cpp).
   virtual std::shared_ptr<const std::vector<float>> constants() const { return nullptr; }
+
+  // ---- Generation with a key/value cache (Note [KV cache] in src/model/kv_cache.cpp) ----
+  // Whether decode() runs this layer: a decoder's layers do, an MLP's do not.
+  virtual bool decodes() const noexcept { return false; }
+  // Floats of one sequence's cache for this layer (a block's), and of decode()'s scratch for
+  // `count` positions.
+  virtual std::size_t cache_size() const noexcept { return 0; }
+  virtual std::size_t decode_scratch_size(int /*count*/) const noexcept { return 0; }
+  // Positions [step.start, step.start + step.count) of one sequence, in fp32: in (count,
+  // in_features() / context), out (count, out_features() / context), where context is the
+  // model's; a block reads the cached positions before step.start and appends these. The
+  // default throws std::logic_error (a layer that does not decode).
+  virtual void decode(Device& dev, const float* params, const float* in, float* out,
+                      const DecodeStep& step) const;
 
   // in (B, in_features), out (B, out_features)
   virtual void forward(Device& dev, const float* params, const float* in, float* out, int batch,
@@ -287,6 +311,21 @@ class LOCKSTEP_API Model {
 // buffer. ZeRO-2 hands out its bucket buffers instead (Note [ZeRO-2] in src/train/reducer.hpp).
 using GradientTarget = std::function<float*(std::size_t layer)>;
 
+// One sequence's key/value cache for a decoder (Replica::decode, Note [KV cache] in
+// src/model/kv_cache.cpp), with the activations and scratch of its steps, on one device.
+class LOCKSTEP_API KvCache {
+ public:
+  // std::invalid_argument when a layer of `model` does not decode (an MLP).
+  KvCache(Device& device, const Model& model);
+  std::size_t bytes() const noexcept;  // on the device, all told
+
+ private:
+  friend class Replica;
+  std::vector<DeviceArray<float>> layers_;  // layers_[i]: layer i's cache
+  DeviceArray<float> acts_[2];              // ping-pong: layer i writes acts_[i % 2]
+  DeviceArray<float> scratch_;
+};
+
 class LOCKSTEP_API Replica {
  public:
   // own_gradients false: no gradient buffer (grads() is null, gradients() empty); backward and
@@ -337,6 +376,13 @@ class LOCKSTEP_API Replica {
   // (softmax_cross_entropy's bf16 forms) before backward(x, nullptr, ...); forward and
   // forward_bf16 leave the bf16 logits here. Null otherwise.
   std::uint16_t* dlogits_bf16() noexcept { return dlogits_bf16_.data(); }
+
+  // Token ids (count) on the device, positions [start, start + count) of one sequence, ->
+  // their logits (count, outputs() / inputs()), owned by `cache`: forward through every layer's
+  // decode(), reading the positions before `start` from the cache and appending these (Note [KV
+  // cache] in src/model/kv_cache.cpp). fp32, from the master parameters, at any precision.
+  // std::invalid_argument when start + count exceeds the context or a layer does not decode.
+  const float* decode(const float* ids, int start, int count, KvCache& cache);
 
   // Forward and backward once at `batch` on zeros (token 0 for a GPT) with a zero gradient of
   // the logits, then the gradients zeroed: what a device makes on the first product of each

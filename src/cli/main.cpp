@@ -81,13 +81,19 @@ constexpr CommandHelp kCommandHelp[] = {
 )"},
     {"sample", R"(sample CKPT [--prompt TEXT] [--tokens N] [--temperature T]
          [--top-k K] [--seed S] [--backend auto|cpu|cuda] [--tokenizer DIR|FILE]
+         [--stop-at ID,...|none] [--kv-cache on|off]
                       continue TEXT with a GPT checkpoint CKPT (model.type gpt;
                       --checkpoint CKPT says the same): N
                       tokens (200), temperature T (0.8; 0 is greedy), from the K
                       most likely (0: all), seeded by S (0). A text model reads
                       and writes bytes; a model trained with data.tokenizer text,
                       through the tokenizer it records (--tokenizer when it has
-                      moved); another token model ids, or text with --tokenizer
+                      moved); another token model ids, or text with --tokenizer.
+                      It stops at the model's end-of-sequence ids (config.json's
+                      eos_token_id from --init-from, else the tokenizer's end
+                      token), or at --stop-at's. Each token costs one position
+                      through a key/value cache (--kv-cache off: the whole
+                      window per token, the same tokens)
 )"},
     {"tokenize", R"(tokenize --tokenizer DIR|FILE --out FILE [--eval-out FILE --eval-fraction F]
            [--format llmc|raw] [--tokenizer-family llama3|qwen2|gpt2]

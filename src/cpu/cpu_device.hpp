@@ -137,6 +137,8 @@ class CpuDevice : public Device {
                               float scale) override;
   void causal_softmax_backward(const std::uint16_t* p, const float* dp, std::uint16_t* ds,
                                int count, int T, float scale) override;
+  void causal_softmax_tail_forward(const float* s, float* p, int count, int rows, int cols,
+                                   float scale) override;
 
   // ---- Attention (ops/attention.cpp): tiled, online softmax (Note [Tiled attention]) ----------
 
@@ -281,7 +283,7 @@ class CpuDevice : public Device {
   template <class G>
   void bias_grad_of(float* dbias, const G* dy, int rows, int cols);
   template <class Fn>
-  void for_rows_of_squares(int count, int T, const Fn& fn);
+  void for_rows_of_causal(int count, int rows, int cols, const Fn& fn);
   // softmax_cross_entropy for the storages L of the logits and D of dlogits.
   template <class L, class D>
   void softmax_cross_entropy_of(const L* logits, const std::int32_t* labels, int rows,
@@ -310,7 +312,8 @@ class CpuDevice : public Device {
   void rope_rotate_of(const RopeShape& shape, const RopeTable& table, Q* x, float sign,
                       std::uint16_t* x_bf16);
   template <class P>
-  void causal_softmax_forward_of(const float* s, P* p, int count, int T, float scale);
+  void causal_softmax_forward_of(const float* s, P* p, int count, int rows, int cols,
+                                 float scale);
   template <class P, class DS>
   void causal_softmax_backward_of(const P* p, const float* dp, DS* ds, int count, int T,
                                   float scale);

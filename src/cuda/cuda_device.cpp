@@ -876,6 +876,16 @@ void CudaDevice::causal_softmax_forward(const float* s, float* p, int count, int
   launch_causal_softmax_forward(stream(), s, p, count, T, scale);
 }
 
+void CudaDevice::causal_softmax_tail_forward(const float* s, float* p, int count, int rows,
+                                             int cols, float scale) {
+  check_sizes("causal_softmax_tail_forward", std::int64_t{count} * rows,
+              {{"count", count}, {"rows", rows}, {"cols", cols}});
+  if (rows > cols)
+    throw std::invalid_argument(fmt::format(
+        "causal_softmax_tail_forward: rows {} > cols {}", rows, cols));
+  launch_causal_softmax_tail_forward(stream(), s, p, count, rows, cols, scale);
+}
+
 void CudaDevice::causal_softmax_backward(const float* p, const float* dp, float* ds, int count,
                                          int T, float scale) {
   check_sizes("causal_softmax_backward", std::int64_t{count} * T, {{"count", count}, {"T", T}});

@@ -141,6 +141,8 @@ class CudaDevice final : public Device {
                           const float* rstd, const float* dy, float* dx, float* dweight,
                           float* dbias, int rows, int C) override;
   void causal_softmax_forward(const float* s, float* p, int count, int T, float scale) override;
+  void causal_softmax_tail_forward(const float* s, float* p, int count, int rows, int cols,
+                                   float scale) override;
   void causal_softmax_backward(const float* p, const float* dp, float* ds, int count, int T,
                                float scale) override;
   void layernorm_forward(const float* x, const float* weight, const float* bias,

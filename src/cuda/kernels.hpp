@@ -120,6 +120,10 @@ void launch_causal_softmax_forward(cudaStream_t stream, const float* s, float* p
                                    int T, float scale);
 void launch_causal_softmax_backward(cudaStream_t stream, const float* p, const float* dp,
                                     float* ds, int count, int T, float scale);
+// `count` (rows, cols) matrices of the newest rows of sequences of cols positions
+// (LayerOps::causal_softmax_tail_forward).
+void launch_causal_softmax_tail_forward(cudaStream_t stream, const float* s, float* p, int count,
+                                        int rows, int cols, float scale);
 // bf16 storage (LayerOps in device.hpp): p rounded; backward reads p in bf16, writes ds rounded.
 void launch_causal_softmax_forward_bf16(cudaStream_t stream, const float* s, std::uint16_t* p,
                                         int count, int T, float scale);

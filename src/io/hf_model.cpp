@@ -170,22 +170,6 @@ std::vector<std::pair<std::size_t, std::size_t>> shard_ranges(std::span<const Pa
   return out;
 }
 
-// Note [Hugging Face token ids]: a JSON array of ids in the checkpoint's metadata.
-std::vector<int> recorded_ids(const Checkpoint& ckpt, const std::string& key) {
-  const auto it = ckpt.metadata.find(key);
-  if (it == ckpt.metadata.end()) return {};
-  std::vector<int> out;
-  try {
-    const detail::JsonValue ids = detail::parse_json(it->second);
-    if (ids.kind != detail::JsonValue::Kind::array) throw std::invalid_argument("not an array");
-    for (const detail::JsonValue& id : ids.items) out.push_back(std::stoi(id.text));
-  } catch (const std::exception&) {
-    detail::fail_input(ckpt.weights_file, fmt::format("metadata {}: expected a JSON array of "
-                                                      "token ids, got '{}'", key, it->second));
-  }
-  return out;
-}
-
 void write_text(const fs::path& file, const std::string& text) {
   const std::span<const std::byte> bytes = std::as_bytes(std::span(text));
   detail::write_file_atomically(file, std::span(&bytes, 1));
@@ -244,6 +228,22 @@ void write_hf_weights(const fs::path& dir, const ExportTensors& out, TensorDtype
 }  // namespace
 
 namespace detail {
+
+// Note [Hugging Face token ids]: a JSON array of ids in the checkpoint's metadata.
+std::vector<int> recorded_ids(const Checkpoint& ckpt, const std::string& key) {
+  const auto it = ckpt.metadata.find(key);
+  if (it == ckpt.metadata.end()) return {};
+  std::vector<int> out;
+  try {
+    const detail::JsonValue ids = detail::parse_json(it->second);
+    if (ids.kind != detail::JsonValue::Kind::array) throw std::invalid_argument("not an array");
+    for (const detail::JsonValue& id : ids.items) out.push_back(std::stoi(id.text));
+  } catch (const std::exception&) {
+    detail::fail_input(ckpt.weights_file, fmt::format("metadata {}: expected a JSON array of "
+                                                      "token ids, got '{}'", key, it->second));
+  }
+  return out;
+}
 
 bool is_hf_dir(const fs::path& path) {
   std::error_code ec;
@@ -339,8 +339,8 @@ void export_hf(const Checkpoint& ckpt, const fs::path& dir, TensorDtype dtype,
   fs::create_directories(dir, ec);
   if (ec) detail::fail_input(dir, "cannot create the directory: " + ec.message());
   write_hf_weights(dir, export_tensors(ckpt, config), dtype, max_shard_bytes);
-  config.bos_token_ids = recorded_ids(ckpt, "lockstep.bos_token_ids");
-  config.eos_token_ids = recorded_ids(ckpt, "lockstep.eos_token_ids");
+  config.bos_token_ids = detail::recorded_ids(ckpt, "lockstep.bos_token_ids");
+  config.eos_token_ids = detail::recorded_ids(ckpt, "lockstep.eos_token_ids");
   if (tokenizer) {
     detail::write_hf_tokenizer(*tokenizer, dir, config.context);
     const auto eot = tokenizer->end_of_text();

@@ -9,7 +9,9 @@
 #include <cstdint>
 #include <filesystem>
 #include <span>
+#include <string>
 #include <string_view>
+#include <vector>
 
 #include "io/hf_config.hpp"
 #include "lockstep/checkpoint.hpp"
@@ -31,6 +33,11 @@ GptSpec gpt_spec_of(const HfConfig& config);
 // by tensor into Weights::params; "lockstep.model" in the metadata for a GPT-2. InputError
 // naming the file and tensor (load_hf_tensors in hf_weights.hpp).
 Weights load_hf_weights(const std::filesystem::path& path, std::span<const ParamTensor> expected);
+
+// The token ids a checkpoint records under `key` ("lockstep.eos_token_ids"; Note [Hugging Face
+// token ids] in hf_model.cpp), empty when it records none; InputError naming the file when the
+// value is not a JSON array of ids.
+std::vector<int> recorded_ids(const Checkpoint& ckpt, const std::string& key);
 
 // Hugging Face's max_shard_size: an integer of bytes, or one with a unit, "5GB" (10^9 bytes),
 // "500MB", "100KB", "2GiB" (2^30), "512MiB", "64KiB". std::invalid_argument for anything else.

@@ -123,4 +123,25 @@ void attention_backward(Device& dev, const AttentionShape& s, MatIn qkv, MatIn y
                 in_qkv(s, qkv, Part::q), in_qkv(s, dqkv, Part::k));
 }
 
+// Query head h = kv G + g reads kv head kv (G = H / Hkv): for each g one batched product over
+// the kv heads, matrices G query heads (one kv head) apart, as per_head_gemm's second form.
+void cached_attention(Device& dev, const AttentionShape& s, const float* cache, int start,
+                      int count, float* scores, float* y) {
+  const int kv = kv_heads_of(s), group = s.heads / kv, d = s.head_size, keys = start + count;
+  const int width = int(qkv_width(s)), yw = s.heads * d;
+  const std::int64_t square = std::int64_t(count) * keys;
+  const float* q = cache + std::int64_t(start) * width;
+  const float* k = cache + std::int64_t(s.heads) * d;
+  const float* v = k + std::int64_t(kv) * d;
+  for (int g = 0; g < group; ++g)
+    matmul_batched(dev, Transpose::no, Transpose::yes, count, keys, d, {q + g * d, nullptr},
+                   width, std::int64_t(group) * d, {k, nullptr}, width, d, scores + g * square,
+                   keys, group * square, kv);
+  dev.causal_softmax_tail_forward(scores, scores, s.heads, count, keys, scale_of(s));
+  for (int g = 0; g < group; ++g)
+    matmul_batched(dev, Transpose::no, Transpose::no, count, d, keys,
+                   {scores + g * square, nullptr}, keys, group * square, {v, nullptr}, width, d,
+                   y + g * d, yw, std::int64_t(group) * d, kv);
+}
+
 }  // namespace lockstep::detail

@@ -45,4 +45,13 @@ void attention_forward(Device& dev, const AttentionShape& shape, MatIn qkv, MatO
 void attention_backward(Device& dev, const AttentionShape& shape, MatIn qkv, MatIn y, MatIn dy,
                         const AttentionBuffers& buf, float* dqkv);
 
+// Attention of the newest `count` positions of one sequence against a key/value cache (Note
+// [KV cache] in src/model/kv_cache.cpp), fp32: `cache` holds the qkv rows (start + count, (H +
+// 2 Hkv) D) of the sequence so far in forward's layout (shape.batch 1, shape.T the model's
+// context, unused here), the queries being rows [start, start + count); y (count, H D) =
+// softmax(q k^T / sqrt(D)) v over keys 0 .. each query's own position; `scores` is (H, count,
+// start + count) working memory.
+void cached_attention(Device& dev, const AttentionShape& shape, const float* cache, int start,
+                      int count, float* scores, float* y);
+
 }  // namespace lockstep::detail

@@ -14,6 +14,7 @@
 #include <fmt/ranges.h>
 
 #include "common/option_name.hpp"
+#include "io/hf_model.hpp"
 #include "lockstep/device.hpp"
 #include "lockstep/error.hpp"
 #include "lockstep/generate.hpp"
@@ -77,6 +78,24 @@ std::vector<int> parse_token_ids(const std::string& text, int vocab, const std::
   return prompt;
 }
 
+// Where sampling stops: request.stop_at, else the model's end-of-sequence ids (SampleRequest).
+std::vector<int> model_stop_tokens(const Checkpoint& ckpt, const GptSpec& spec,
+                                   const std::optional<Tokenizer>& tokenizer,
+                                   const SampleRequest& request) {
+  if (request.stop_at) {
+    for (const int id : *request.stop_at)
+      if (id < 0 || id >= spec.vocab_size)
+        throw InputError(fmt::format("{}: token {} is outside the model's vocabulary [0, {})",
+                                     detail::option_name(request.spelling, "stop_at"), id,
+                                     spec.vocab_size));
+    return *request.stop_at;
+  }
+  std::vector<int> ids = detail::recorded_ids(ckpt, "lockstep.eos_token_ids");
+  if (ids.empty() && tokenizer && tokenizer->end_of_text())
+    ids.push_back(static_cast<int>(*tokenizer->end_of_text()));
+  return ids;
+}
+
 }  // namespace
 
 struct CheckpointSampler::Impl {
@@ -136,6 +155,9 @@ CheckpointSampler::CheckpointSampler(const SampleRequest& request) {
     s.prompt_text = fmt::format("{}", fmt::join(s.prompt_tokens, " "));
   }
 
+  s.options.kv_cache = request.kv_cache;
+  s.options.stop_tokens = model_stop_tokens(ckpt, spec, s.tokenizer, request);
+
   const int device_id = 0;
   s.backend = make_backend(request.backend, std::span(&device_id, 1));
   s.device = s.backend->create_device(device_id, 1, 0);
@@ -150,6 +172,9 @@ CheckpointSampler& CheckpointSampler::operator=(CheckpointSampler&&) noexcept = 
 const std::vector<int>& CheckpointSampler::prompt_tokens() const noexcept { return impl_->prompt_tokens; }
 const std::string& CheckpointSampler::prompt_text() const noexcept { return impl_->prompt_text; }
 bool CheckpointSampler::text_model() const noexcept { return impl_->bytes || impl_->tokenizer; }
+const std::vector<int>& CheckpointSampler::stop_tokens() const noexcept {
+  return impl_->options.stop_tokens;
+}
 
 SampleResult CheckpointSampler::run(const TokenCallback& on_token) {
   SampleResult result{.prompt_tokens = impl_->prompt_tokens, .prompt_text = impl_->prompt_text,
@@ -160,6 +185,7 @@ SampleResult CheckpointSampler::run(const TokenCallback& on_token) {
     result.text += piece;
     if (on_token) on_token(token, piece);
   });
+  result.stopped = static_cast<int>(result.tokens.size()) < impl_->options.tokens;
   return result;
 }
 

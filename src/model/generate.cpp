@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <optional>
 #include <stdexcept>
 
 #include <fmt/format.h>
@@ -41,6 +42,64 @@ int sample_token(std::span<const float> logits, double temperature, int top_k,
   return ids[k - 1];  // rounding left u just above the total
 }
 
+namespace {
+
+// The model's next-token logits for a sequence, one position per token with a key/value cache
+// (Note [KV cache] in kv_cache.cpp), or the whole window per token without one (the reference).
+// Both read the same window: the last `context` tokens.
+class NextLogits {
+ public:
+  NextLogits(Replica& replica, bool cached)
+      : replica_(replica), context_(replica.model().inputs()),
+        stride_(replica.model().outputs() / context_),
+        window_(static_cast<std::size_t>(context_), 0.0f),
+        input_(replica.device(), window_.size()) {
+    if (cached) cache_.emplace(replica.device(), replica.model());
+  }
+
+  // row (vocab) = the logits after the last token of `sequence`.
+  void next(const std::vector<int>& sequence, std::span<float> row) {
+    const int len = static_cast<int>(std::min<std::size_t>(sequence.size(), context_));
+    const float* logits = nullptr;
+    if (!cache_) {
+      // Left-aligned: positions after the window are padding, which causal attention keeps
+      // from affecting the ones before.
+      std::fill(window_.begin(), window_.end(), 0.0f);
+      fill_window(sequence, len);
+      input_.upload(window_);
+      logits = replica_.forward(input_.data(), 1) + std::size_t(len - 1) * stride_;
+    } else if (cached_ > 0 && cached_ + 1 == int(sequence.size()) && cached_ < context_) {
+      // One new token at position cached_.
+      window_[0] = static_cast<float>(sequence.back());
+      input_.upload(std::span<const float>(window_.data(), 1));
+      logits = replica_.decode(input_.data(), cached_, 1, *cache_);
+      ++cached_;
+    } else {
+      // The prompt, or a window that slid past the context: every position again.
+      fill_window(sequence, len);
+      input_.upload(std::span<const float>(window_.data(), std::size_t(len)));
+      logits = replica_.decode(input_.data(), 0, len, *cache_) + std::size_t(len - 1) * stride_;
+      cached_ = len;
+    }
+    replica_.device().copy_to_host(row.data(), logits, row.size() * sizeof(float));
+  }
+
+ private:
+  void fill_window(const std::vector<int>& sequence, int len) {
+    for (int p = 0; p < len; ++p)
+      window_[p] = static_cast<float>(sequence[sequence.size() - len + p]);
+  }
+
+  Replica& replica_;
+  int context_, stride_;
+  std::vector<float> window_;
+  DeviceArray<float> input_;
+  std::optional<KvCache> cache_;
+  int cached_ = 0;  // positions in the cache: the sequence's first ones, or its last window
+};
+
+}  // namespace
+
 std::vector<int> generate(Replica& replica, std::span<const int> prompt,
                           const SamplingOptions& options, const std::function<void(int)>& on_token) {
   const Model& model = replica.model();
@@ -49,7 +108,7 @@ std::vector<int> generate(Replica& replica, std::span<const int> prompt,
     throw std::invalid_argument("generate: the model is not a language model (outputs are not "
                                 "context x vocab)");
   // Each position's row of logits has `stride` entries, the first `vocab` real: the padding
-  // (Note [Padded vocabulary] in gpt.cpp) is never sampled nor a valid prompt token.
+  // (Note [Padded vocabulary] in lm_head.cpp) is never sampled nor a valid prompt token.
   const int stride = model.outputs() / context;
   const int vocab = stride - model.layers().back()->vocab_padding();
   if (prompt.empty()) throw std::invalid_argument("generate: the prompt is empty");
@@ -60,22 +119,17 @@ std::vector<int> generate(Replica& replica, std::span<const int> prompt,
   if (options.tokens < 0)
     throw std::invalid_argument(fmt::format("generate: tokens {} < 0", options.tokens));
 
-  Device& dev = replica.device();
+  NextLogits logits(replica, options.kv_cache);
   std::vector<int> sequence(prompt.begin(), prompt.end());
   std::vector<int> generated;
-  std::vector<float> window(static_cast<std::size_t>(context), 0.0f), row(vocab);
-  DeviceArray<float> input(dev, window.size());
+  std::vector<float> row(vocab);
   std::uint64_t rng = options.seed;
   for (int i = 0; i < options.tokens; ++i) {
-    const std::size_t len = std::min<std::size_t>(sequence.size(), context);
-    std::fill(window.begin(), window.end(), 0.0f);
-    for (std::size_t p = 0; p < len; ++p)
-      window[p] = static_cast<float>(sequence[sequence.size() - len + p]);
-    input.upload(window);
-    const float* logits = replica.forward(input.data(), 1);
-    dev.copy_to_host(row.data(), logits + (len - 1) * static_cast<std::size_t>(stride),
-                     row.size() * sizeof(float));
+    logits.next(sequence, row);
     const int next = sample_token(row, options.temperature, options.top_k, rng);
+    if (std::find(options.stop_tokens.begin(), options.stop_tokens.end(), next) !=
+        options.stop_tokens.end())
+      break;
     sequence.push_back(next);
     generated.push_back(next);
     if (on_token) on_token(next);

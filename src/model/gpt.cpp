@@ -60,6 +60,13 @@ class Embedding final : public Layer {
                 const LayerWorkspace& /*ws*/) const override {
     dev.embedding_backward(in, dout, grads, grads + product(v_, c_), batch, t_, c_);
   }
+  // Note [KV cache]: the position rows from step.start.
+  bool decodes() const noexcept override { return true; }
+  void decode(Device& dev, const float* params, const float* in, float* out,
+              const DecodeStep& step) const override {
+    dev.embedding_forward(in, params, params + product(v_ + step.start, c_), out, 1, step.count,
+                          c_);
+  }
 
  private:
   int v_, t_, c_;
@@ -216,6 +223,36 @@ class Block final : public Layer {
                                     din ? din : d.res1, nullptr, g.ln1_w, g.ln1_b, n, c);
   }
 
+  // forward for the newest positions of one sequence (Note [KV cache]): c_attn writes their qkv
+  // rows into the cache, which attention reads in full.
+  bool decodes() const noexcept override { return true; }
+  std::size_t cache_size() const noexcept override { return elements(t_, 3 * c_); }
+  std::size_t decode_scratch_size(int count) const noexcept override {
+    return Decode::at(nullptr, *this, count).size;
+  }
+  void decode(Device& dev, const float* params, const float* x, float* out,
+              const DecodeStep& step) const override {
+    const Params p = at(const_cast<float*>(params));
+    const Linears w = linears(params, LayerWorkspace{});
+    const Decode d = Decode::at(step.scratch, *this, step.count);
+    const int n = step.count, c = c_;
+    float* qkv = step.cache + elements(step.start, 3 * c);
+    dev.layernorm_forward(x, p.ln1_w, p.ln1_b, d.ln, d.mean, d.rstd, n, c);
+    detail::linear_forward(dev, w.attn, {d.ln, nullptr}, {qkv, nullptr}, nullptr, n, c, 3 * c);
+    detail::cached_attention(dev, shape(1), step.cache, step.start, n, d.scores, d.atty);
+    detail::linear_forward(dev, w.attn_proj, {d.atty, nullptr}, {d.res1, nullptr}, nullptr, n, c,
+                           c);
+    dev.residual_layernorm_forward(d.res1, x, d.res1, p.ln2_w, p.ln2_b, d.ln, d.mean, d.rstd, n,
+                                   c);
+    dev.linear_forward({.rows = n, .in = c, .out = 4 * c, .x = {d.ln, nullptr},
+                        .weight = w.fc.weight, .bias = {w.fc.bias, nullptr},
+                        .act = FusedActivation::gelu, .pre = {d.fc, nullptr},
+                        .y = {d.gelu, nullptr}});
+    detail::linear_forward(dev, w.fc_proj, {d.gelu, nullptr}, {out, nullptr}, nullptr, n, 4 * c,
+                           c);
+    dev.add(out, d.res1, out, elements(n, c));
+  }
+
  private:
   // Pointers to the tensors of a parameter (or gradient) block.
   struct Params {
@@ -299,6 +336,23 @@ class Block final : public Layer {
     }
   };
 
+  // decode()'s scratch for n positions.
+  struct Decode {
+    float *ln, *mean, *rstd;  // (n, C), (n), (n)
+    float* scores;            // (H, n, up to T)
+    float *atty, *res1;       // (n, C) each
+    float *fc, *gelu;         // (n, 4C) each
+    std::size_t size;
+    static Decode at(float* base, const Block& b, int count) {
+      const std::size_t n = std::size_t(count), c = std::size_t(b.c_);
+      Carver k(base);
+      Decode d{k.take(n * c), k.take(n), k.take(n), k.take(std::size_t(b.h_) * n * b.t_),
+               k.take(n * c), k.take(n * c), k.take(4 * n * c), k.take(4 * n * c), 0};
+      d.size = k.used();
+      return d;
+    }
+  };
+
   static std::size_t elements(int rows, int cols) { return std::size_t(rows) * std::size_t(cols); }
 
   // The attention's buffers in the block's workspace (model/attention.hpp): the fused path's
@@ -365,6 +419,16 @@ class LayerNorm final : public Layer {
     if (!din) throw std::logic_error("layernorm: needs an input gradient (not a first layer)");
     dev.residual_layernorm_backward(in, params, ws.saved, ws.saved + n, dout, nullptr, din,
                                     nullptr, grads, grads + c_, static_cast<int>(n), c_);
+  }
+  // Note [KV cache]: mean and rstd (count) each in the scratch.
+  bool decodes() const noexcept override { return true; }
+  std::size_t decode_scratch_size(int count) const noexcept override {
+    return 2 * std::size_t(count);
+  }
+  void decode(Device& dev, const float* params, const float* in, float* out,
+              const DecodeStep& step) const override {
+    dev.layernorm_forward(in, params, params + c_, out, step.scratch, step.scratch + step.count,
+                          step.count, c_);
   }
 
  private:

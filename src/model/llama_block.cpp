@@ -236,6 +236,36 @@ class LlamaBlock final : public Layer {
                                   din ? din : d.res1, nullptr, g(kInNorm), n, c_);
   }
 
+  // forward for the newest positions of one sequence (Note [KV cache]): the qkv projection
+  // writes their rows into the cache, RoPE rotates them at their positions, and attention reads
+  // the cache in full.
+  bool decodes() const noexcept override { return true; }
+  std::size_t cache_size() const noexcept override { return elements(t_, qkv_width()); }
+  std::size_t decode_scratch_size(int count) const noexcept override {
+    return Decode::at(nullptr, *this, count).size;
+  }
+  void decode(Device& dev, const float* params, const float* x, float* out,
+              const DecodeStep& step) const override {
+    const LayerWorkspace ws{.constants = step.constants};
+    const Maps m = maps(params, ws);
+    const Decode d = Decode::at(step.scratch, *this, step.count);
+    const int n = step.count;
+    float* qkv = step.cache + elements(step.start, qkv_width());
+    dev.residual_rmsnorm_forward(x, nullptr, nullptr, params + offsets_[kInNorm], d.ln, d.rstd,
+                                 n, c_, eps_);
+    m.qkv.forward(dev, {d.ln, nullptr}, {qkv, nullptr}, nullptr, n);
+    dev.rope_forward({1, n, h_, hkv_, d_, step.start}, rope_table(ws), qkv);
+    detail::cached_attention(dev, attention_shape(1), step.cache, step.start, n, d.scores,
+                             d.atty);
+    m.o.forward(dev, {d.atty, nullptr}, {d.res1, nullptr}, nullptr, n);
+    dev.residual_rmsnorm_forward(d.res1, x, d.res1, params + offsets_[kPostNorm], d.ln, d.rstd,
+                                 n, c_, eps_);
+    m.gate_up.forward(dev, {d.ln, nullptr}, {d.gu, nullptr}, nullptr, n);
+    dev.swiglu_forward(d.gu, d.act, n, f_);
+    m.down.forward(dev, {d.act, nullptr}, {out, nullptr}, nullptr, n);
+    dev.add(out, d.res1, out, elements(n, c_));
+  }
+
  private:
   Widths widths() const {
     return {c_, std::int64_t(h_) * d_, std::int64_t(hkv_) * d_, f_, qkv_bias_, proj_bias_};
@@ -322,6 +352,24 @@ class LlamaBlock final : public Layer {
                 bf16 ? k.take_bf16(widest) : nullptr, bf16 ? k.take_bf16(n * wide) : nullptr, 0};
       s.size = k.used();
       return s;
+    }
+  };
+
+  // decode()'s scratch for n positions.
+  struct Decode {
+    float *ln, *rstd;  // (n, C), (n)
+    float* scores;     // (H, n, up to T)
+    float *atty;       // (n, Q)
+    float *res1;       // (n, C)
+    float *gu, *act;   // (n, 2F), (n, F)
+    std::size_t size;
+    static Decode at(float* base, const LlamaBlock& b, int count) {
+      const std::size_t n = std::size_t(count), c = b.c_, f = b.f_;
+      Carver k(base);
+      Decode d{k.take(n * c), k.take(n), k.take(std::size_t(b.h_) * n * b.t_),
+               k.take(n * b.q_width()), k.take(n * c), k.take(2 * n * f), k.take(n * f), 0};
+      d.size = k.used();
+      return d;
     }
   };
 

@@ -97,6 +97,18 @@ class LmHead final : public Layer {
                      detail::param_input(wte, ws, 0), c_, 0.0f, din, c_);
   }
 
+  // Note [KV cache]: the logits of the step's positions, fp32; the padding's factors in the
+  // scratch.
+  bool decodes() const noexcept override { return true; }
+  std::size_t decode_scratch_size(int count) const noexcept override {
+    return Saved::at(nullptr, count, p_ - v_, c_, p_, false).size;
+  }
+  void decode(Device& dev, const float* wte, const float* in, float* out,
+              const DecodeStep& step) const override {
+    const Saved s = Saved::at(step.scratch, step.count, p_ - v_, c_, p_, false);
+    logits(dev, {in, nullptr}, {wte, nullptr}, s, out, step.count);
+  }
+
  private:
   // Rows of fp32 logits a bf16 forward computes at a time (GPT-2: 51 MB).
   static constexpr int kChunkRows = 256;

@@ -48,6 +48,16 @@ class RmsNorm final : public Layer {
     dev.residual_rmsnorm_backward(in, params, ws.saved, dout, nullptr, din, nullptr, grads,
                                   batch * t_, c_);
   }
+  // Note [KV cache]: rstd (count) in the scratch.
+  bool decodes() const noexcept override { return true; }
+  std::size_t decode_scratch_size(int count) const noexcept override {
+    return std::size_t(count);
+  }
+  void decode(Device& dev, const float* params, const float* in, float* out,
+              const DecodeStep& step) const override {
+    dev.residual_rmsnorm_forward(in, nullptr, nullptr, params, out, step.scratch, step.count, c_,
+                                 eps_);
+  }
 
  private:
   int t_, c_;

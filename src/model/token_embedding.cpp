@@ -39,6 +39,12 @@ class TokenEmbedding final : public Layer {
                 const LayerWorkspace& /*ws*/) const override {
     dev.embedding_backward(in, dout, grads, nullptr, batch, t_, c_);
   }
+  // Note [KV cache]: the rows of the step's tokens.
+  bool decodes() const noexcept override { return true; }
+  void decode(Device& dev, const float* params, const float* in, float* out,
+              const DecodeStep& step) const override {
+    dev.embedding_forward(in, params, nullptr, out, 1, step.count, c_);
+  }
 
  private:
   int v_, t_, c_;

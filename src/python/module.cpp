@@ -17,6 +17,7 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/filesystem.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/string_view.h>
@@ -269,6 +270,7 @@ void bind_generation(nb::module_& m) {
         out["prompt_text"] = nb::bytes(r.prompt_text.data(), r.prompt_text.size());
         out["text"] = nb::bytes(r.text.data(), r.text.size());
         out["text_model"] = r.text_model;
+        out["stopped"] = r.stopped;
         out["warnings"] = warnings;
         return out;
       },
@@ -289,7 +291,9 @@ void bind_generation(nb::module_& m) {
       .def_prop_rw(
           "seed", [](const SampleRequest& r) { return r.options.seed; },
           [](SampleRequest& r, std::uint64_t v) { r.options.seed = v; })
-      .def_rw("tokenizer", &SampleRequest::tokenizer);
+      .def_rw("tokenizer", &SampleRequest::tokenizer)
+      .def_rw("stop_at", &SampleRequest::stop_at)
+      .def_rw("kv_cache", &SampleRequest::kv_cache);
 
   m.def(
       "_export",

@@ -26,10 +26,15 @@ namespace {
 
 const fs::path kSource = LOCKSTEP_SOURCE_DIR;
 constexpr std::string_view kMarker = "<!-- run by tests/cli/test_readme.cpp, verbatim -->";
+// Blocks that make a Hugging Face directory with transformers: run with the environment of
+// tests/interop/hf_venv.sh first on the PATH.
+constexpr std::string_view kTransformersMarker =
+    "<!-- run by tests/cli/test_readme.cpp with transformers, verbatim -->";
 
-// The bodies of the marked blocks that open with `fence` ("```sh"), in order; a block indented
-// in a list item is read without its indentation.
-std::vector<std::string> marked_blocks(const std::string& readme, std::string_view fence) {
+// The bodies of the blocks marked `marker` that open with `fence` ("```sh"), in order; a block
+// indented in a list item is read without its indentation.
+std::vector<std::string> marked_blocks(const std::string& readme, std::string_view fence,
+                                       std::string_view marker = kMarker) {
   std::vector<std::string> blocks;
   std::istringstream in(readme);
   std::string line;
@@ -42,7 +47,7 @@ std::vector<std::string> marked_blocks(const std::string& readme, std::string_vi
     if (inside) {
       if (text == "```") inside = false;
       else blocks.back() += (line.size() >= indent ? line.substr(indent) : std::string()) + "\n";
-    } else if (text == kMarker) {
+    } else if (text == marker) {
       marked = true;
     } else if (marked && text.starts_with("```")) {
       inside = text == fence;
@@ -72,6 +77,15 @@ void copy_configs(const fs::path& to) {
   }
 }
 
+// A scratch copy of the repository root: configs/ (shortened), third_party/ (linked) and
+// build/lockstep (a link to the binary under test).
+void make_root(const fs::path& root) {
+  copy_configs(root / "configs");
+  fs::create_directory_symlink(kSource / "third_party", root / "third_party");
+  fs::create_directories(root / "build");
+  fs::create_symlink(fs::absolute(LOCKSTEP_CLI_PATH), root / "build" / "lockstep");
+}
+
 }  // namespace
 
 TEST_CASE("README: the marked command blocks run verbatim from the repository root") {
@@ -83,10 +97,7 @@ TEST_CASE("README: the marked command blocks run verbatim from the repository ro
   const std::vector<std::string> blocks = marked_blocks(readme, "```sh");
   REQUIRE(blocks.size() >= 3);
   const lockstep::test::TempDir root;
-  copy_configs(root.path() / "configs");
-  fs::create_directory_symlink(kSource / "third_party", root.path() / "third_party");
-  fs::create_directories(root.path() / "build");
-  fs::create_symlink(fs::absolute(LOCKSTEP_CLI_PATH), root.path() / "build" / "lockstep");
+  make_root(root.path());
 
   for (const std::string& block : blocks) {
     CAPTURE(block);
@@ -114,6 +125,29 @@ TEST_CASE("README: the marked command blocks run verbatim from the repository ro
   CHECK_MESSAGE(r.code == 0, r.output);
   CHECK_MESSAGE(std::regex_search(r.output, std::regex("^accuracy 0\\.9[0-9]* on 1797 samples\n$")),
                 r.output);
+}
+
+TEST_CASE("README: the Hugging Face Llama story runs verbatim, its directory made by transformers") {
+  if (lockstep::test::kSanitized)
+    return lockstep::test::skip(lockstep::test::Skip::setup,
+                                "the README's commands run in the plain build (scripts/test.sh)");
+  const std::string python = lockstep::test::hf_python();
+  if (python.empty()) return;  // skipped, saying why
+  const std::vector<std::string> blocks =
+      marked_blocks(lockstep::test::read_text(kSource / "README.md"), "```sh", kTransformersMarker);
+  REQUIRE(blocks.size() == 1);
+  const lockstep::test::TempDir root;
+  make_root(root.path());
+  const fs::path script = root.write("block.sh", blocks.front());
+  const auto r = lockstep::test::run_command(
+      "cd '" + root.path().string() + "' && PATH='" + fs::path(python).parent_path().string() +
+      "':\"$PATH\" bash -e " + script.string());
+  CHECK_MESSAGE(r.code == 0, r.output);
+  // The model keys came from transformers' config.json, and the export is a Llama directory.
+  CHECK_MESSAGE(r.output.find("model.family llama") != std::string::npos, r.output);
+  CHECK_MESSAGE(r.output.find("model.n_kv_head 2") != std::string::npos, r.output);
+  CHECK(lockstep::test::read_text(root.path() / "runs" / "tiny_llama_tuned_hf" / "config.json")
+            .find("LlamaForCausalLM") != std::string::npos);
 }
 
 TEST_CASE("README: the C++ embedding example is tests/cli/readme_example.cpp, and it trains") {

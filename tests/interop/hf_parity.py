@@ -17,11 +17,20 @@ test_hf_parity.cpp); run with the virtual environment of tests/interop/hf_venv.s
         and its gradient of the mean next-token loss for every parameter (lockstep's names;
         GPT-2's Conv1D weights transposed). Prints the relative errors (norm of the difference
         over the norm of transformers') and exits 1 when one exceeds 1e-5.
+    hf_parity.py train DIR LOCKSTEP_CLI STEPS BATCH
+        trains the model of DIR for STEPS steps of BATCH windows both ways, from its weights on
+        the same tokens: `LOCKSTEP_CLI train --init-from DIR` (one CPU worker, a raw token file
+        read in order, AdamW with weight decay on the tensors of 2 or more dimensions, a constant
+        learning rate, fp32; the losses from its metrics stream), and transformers' model with
+        torch.optim.AdamW of the same settings in the same two groups. Prints the losses side by
+        side and exits 1 when one differs by more than 1e-4 relative.
 """
 
 import json
 import os
+import subprocess
 import sys
+import tempfile
 
 import numpy as np
 import torch
@@ -152,9 +161,98 @@ def check(directory, tokens_file, batch, logits_file, grads_file):
     return 0 if worst <= TOLERANCE and grad_worst <= TOLERANCE else 1
 
 
+# lockstep's AdamW as `train` configures it (the config keys of the same names).
+ADAMW = {"lr": 3e-3, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.1}
+TRAIN_TOLERANCE = 1e-4
+
+
+def train_config(tokens, metrics, batch, steps):
+    """`lockstep train` with every model key from --init-from's config.json: one CPU worker,
+    the windows of a raw token file in order, AdamW with a constant learning rate, fp32."""
+    optimizer = "\n".join(f"  {k}: {v}" for k, v in ADAMW.items())
+    return f"""model:
+  type: gpt
+data:
+  dataset: tokens
+  path: {tokens}
+  format: raw
+  eval_fraction: 0.0
+  batch_size: {batch}
+  shuffle: false
+optimizer:
+  type: adamw
+{optimizer}
+  decay_all: false
+  clip_grad_norm: 0
+schedule:
+  type: constant
+trainer:
+  backend: cpu
+  devices: 1
+  steps: {steps}
+  log_every: 1
+  eval_every: 0
+  check_replicas_every: 0
+  precision: fp32
+  metrics: {metrics}
+  checkpoint:
+    dir: null
+"""
+
+
+def train(directory, cli, steps, batch):
+    steps, batch = int(steps), int(batch)
+    family, model = load(directory)
+    t, vocab = model.config.max_position_embeddings, model.config.vocab_size
+    n = steps * batch * t + 1
+    rng = np.random.default_rng(5)
+    tokens = ((np.arange(n) * 7 + rng.integers(0, 3, n)) % vocab).astype(np.uint16)
+    with tempfile.TemporaryDirectory() as folder:
+        tokens.tofile(os.path.join(folder, "tokens.bin"))
+        config = os.path.join(folder, "train.yaml")
+        with open(config, "w") as f:
+            f.write(train_config(os.path.join(folder, "tokens.bin"),
+                                 os.path.join(folder, "metrics.jsonl"), batch, steps))
+        run = subprocess.run([cli, "train", config, "--init-from", directory],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if run.returncode != 0:
+            print(f"{cli} train exited with {run.returncode}:\n{run.stdout}")
+            return 1
+        with open(os.path.join(folder, "metrics.jsonl")) as f:
+            ours = [m["loss"] for m in map(json.loads, f) if m["kind"] == "step"]
+    # Window i is tokens [i T, i T + T]; step s takes windows s B .. s B + B - 1.
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    adamw = torch.optim.AdamW([{"params": decay, "weight_decay": ADAMW["weight_decay"]},
+                               {"params": rest, "weight_decay": 0.0}], lr=ADAMW["lr"],
+                              betas=(ADAMW["beta1"], ADAMW["beta2"]), eps=ADAMW["eps"])
+    windows = torch.from_numpy(tokens.astype(np.int64))
+    model.train()
+    theirs = []
+    for step in range(steps):
+        w = torch.stack([windows[i * t:i * t + t + 1] for i in range(step * batch, (step + 1) * batch)])
+        logits = model(w[:, :-1]).logits
+        loss = F.cross_entropy(logits.reshape(-1, vocab), w[:, 1:].reshape(-1))
+        adamw.zero_grad()
+        loss.backward()
+        adamw.step()
+        theirs.append(loss.item())
+    print(f"{'step':>4} {'lockstep loss':>14} {'torch loss':>14} {'rel err':>9}")
+    worst = 0.0
+    for step, (a, b) in enumerate(zip(ours, theirs)):
+        worst = max(worst, abs(a - b) / abs(b))
+        print(f"{step + 1:>4} {a:>14.8f} {b:>14.8f} {abs(a - b) / abs(b):>9.2e}")
+    ok = len(ours) == steps and worst <= TRAIN_TOLERANCE
+    print(f"{family}: worst loss relative error {worst:.2e} over {len(ours)} steps (of {steps}); "
+          f"tolerance {TRAIN_TOLERANCE:g}: {'PASS' if ok else 'FAIL'}")
+    return 0 if ok else 1
+
+
 def main():
     if sys.argv[1] == "make":
         return make(*sys.argv[2:])
+    if sys.argv[1] == "train":
+        return train(*sys.argv[2:6])
     return check(*sys.argv[2:7])
 
 

@@ -7,8 +7,11 @@
 // `train --init-from` reads it, gives transformers' logits and, for one batch, the gradient of
 // the mean next-token loss of every parameter, each within 1e-5 relative (norm of the
 // difference over the norm of transformers'), in fp32 on the CPU; and the same of `export
-// --format hf` of those weights, read back by transformers. Skips without the
-// transformers environment (tests/interop/hf_venv.sh).
+// --format hf` of those weights, read back by transformers. And 20 AdamW steps of `lockstep
+// train --init-from` a Llama with grouped-query attention against transformers' model under
+// torch.optim.AdamW with lockstep's settings, from the same weights on the same windows: losses
+// within 1e-4 relative (hf_parity.py train). Skips without the transformers environment
+// (tests/interop/hf_venv.sh).
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -236,4 +239,22 @@ TEST_CASE("interop: transformers' GPT-2, Llama, Qwen2 and Mistral give lockstep 
   check_parity(python, dir, "mistral_sharded", "mistral",
                "{" + sizes + R"("num_key_value_heads": 4, "sliding_window": null})",
                "float32 20KB");
+}
+
+TEST_CASE("interop: 20 AdamW steps of a Llama with grouped-query attention, in lockstep and in transformers") {
+  const std::string python = lockstep::test::hf_python();
+  if (python.empty()) return;
+  const lockstep::test::TempDir dir;
+  // 4 query heads on 2 kv heads, untied, fp32; hf_parity.py train runs `lockstep train
+  // --init-from` on it and transformers' model with torch.optim.AdamW, the same settings.
+  const fs::path hf = dir.path() / "llama";
+  const auto made = run_command(python + " \"" + kScript + "\" make llama " + hf.string() + R"( '{
+      "vocab_size": 96, "max_position_embeddings": 16, "hidden_size": 32, "intermediate_size": 48,
+      "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+      "tie_word_embeddings": false}')");
+  REQUIRE_MESSAGE(made.code == 0, made.output);
+  const auto r = run_command(python + " \"" + kScript + "\" train " + hf.string() + " " +
+                             lockstep::test::cli_path() + " 20 4");
+  MESSAGE(r.output);
+  CHECK_MESSAGE(r.code == 0, r.output);
 }

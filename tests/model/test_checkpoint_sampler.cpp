@@ -104,6 +104,55 @@ TEST_SUITE("generate") {
     CHECK(lockstep::sample(request).prompt_tokens == std::vector<int>{0});
   }
 
+  TEST_CASE("sample: stops at the end-of-sequence ids the checkpoint records, or at stop_at") {
+    const lockstep::test::TempDir dir;
+    SampleRequest request{
+        .checkpoint = lockstep::test::save_gpt_checkpoint(dir.path() / "plain", kIds, "ids"),
+        .prompt = "3 4",
+        .options = {.tokens = 12, .temperature = 1.0, .seed = 2},
+        .backend = lockstep::BackendKind::cpu};
+    const SampleResult all = lockstep::sample(request);
+    REQUIRE(all.tokens.size() == 12);
+    CHECK_FALSE(all.stopped);
+    // The first token drawn that differs from the first: where a recorded eos_token_id stops it.
+    const auto eos = std::find_if(all.tokens.begin(), all.tokens.end(),
+                                  [&](int t) { return t != all.tokens[0]; });
+    REQUIRE(eos != all.tokens.end());
+    const std::vector<int> before(all.tokens.begin(), eos);
+    lockstep::Checkpoint c = lockstep::test::gpt_checkpoint(kIds, 7);
+    c.state.workers = 1;
+    c.metadata["lockstep.tokenizer"] = "ids";
+    // A list, as Llama 3.1's config.json has; its other id one never drawn, if there is one.
+    int unseen = *eos;
+    for (int id = 0; id < kIds.vocab_size; ++id)
+      if (std::find(all.tokens.begin(), all.tokens.end(), id) == all.tokens.end()) unseen = id;
+    c.metadata["lockstep.eos_token_ids"] = fmt::format("[{}, {}]", *eos, unseen);
+    lockstep::CheckpointManager(dir.path() / "eos", 0).save(c);
+    request.checkpoint = dir.path() / "eos";
+    const SampleResult stopped = lockstep::sample(request);
+    CHECK(stopped.tokens == before);
+    CHECK(stopped.stopped);
+    CHECK(lockstep::CheckpointSampler(request).stop_tokens() == std::vector<int>{*eos, unseen});
+    CHECK(cli_output(request) == stopped.prompt_text + stopped.text + "\n");
+    // stop_at overrides them: none at all, or others.
+    request.stop_at = std::vector<int>{};
+    CHECK(lockstep::sample(request).tokens == all.tokens);
+    const auto cli_none = lockstep::test::run_cli("sample --checkpoint '" + request.checkpoint.string() +
+                                                  "' --prompt '3 4' --tokens 12 --temperature 1 --seed 2 "
+                                                  "--backend cpu --stop-at none --kv-cache off");
+    CHECK(cli_none.output == all.prompt_text + all.text + "\n");
+    request.stop_at = std::vector<int>{all.tokens[0]};
+    CHECK(lockstep::sample(request).tokens.empty());
+    request.stop_at = std::vector<int>{11};
+    CHECK(input_error_of([&] { lockstep::sample(request); }).find("stop_at: token 11 is outside") !=
+          std::string::npos);
+    const auto bad = lockstep::test::run_cli("sample --checkpoint '" + request.checkpoint.string() +
+                                             "' --stop-at 3,x");
+    CHECK(bad.code == 2);
+    CHECK(bad.output.find("--stop-at: expected token ids separated by commas, or none") !=
+          std::string::npos);
+  }
+
   TEST_CASE("sample: a token model with a tokenizer reads and writes text, as the CLI does") {
     const lockstep::test::TempDir dir;
     const std::filesystem::path vocab =

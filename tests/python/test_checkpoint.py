@@ -82,6 +82,15 @@ def test_sample_draws_what_the_cli_draws(tmp_path):
                                    "--tokens", 40, "--seed", 5, "--top-k", 20)
     assert code == 0, stderr
     assert stdout == drawn.prompt_text + drawn.text + "\n"
+    assert not drawn.stopped
+    # The same tokens without the key/value cache; stop_at ends them at the first other token.
+    assert lockstep.sample(weights, "ROSALIND.", tokens=40, seed=5, top_k=20, kv_cache=False) == drawn
+    other = next(i for i, t in enumerate(drawn.tokens) if t != drawn.tokens[0])
+    stopped = lockstep.sample(weights, "ROSALIND.", tokens=40, seed=5, top_k=20,
+                              stop_at=[drawn.tokens[other]])
+    assert stopped.tokens == drawn.tokens[:other] and stopped.stopped
+    with pytest.raises(lockstep.InputError, match=r"^stop_at: token 256 is outside"):
+        lockstep.sample(weights, stop_at=[256])
     with pytest.raises(lockstep.InputError, match=r"^top_k: expected >= 0, got -2"):
         lockstep.sample(weights, top_k=-2)
     with pytest.raises(lockstep.InputError, match="backend: expected auto, cpu or cuda"):

@@ -115,19 +115,13 @@ TEST_CASE("gpt: a checkpoint records the architecture and the tokenizer for samp
 // rounds elsewhere), yet stays close.
 TEST_CASE("gpt: a resume may change model.attention, and the path it names is the one taken") {
   auto train = std::make_shared<TokenDataset>(token_stream(961, 8, 1));
-  const std::filesystem::path dir =
-      test::fresh_dir(fmt::format("lockstep_gpt_attention_resume_{}", getpid()));
   Config cfg = gpt_config(1, 6);
   cfg.model.attention = AttentionKind::materialized;
   cfg.trainer.steps = 8;
   Trainer full(cfg, train, nullptr);
   full.run();
-  Config first = cfg;
-  first.trainer.steps = 4;
-  first.trainer.checkpoint.dir = dir.string();
-  Trainer(first, train, nullptr).run();
-  const Checkpoint at4 = *CheckpointManager(dir, 0).load_latest();
-  std::filesystem::remove_all(dir);
+  const Checkpoint at4 = test::checkpoint_after(
+      cfg, 4, train, fmt::format("lockstep_gpt_attention_resume_{}", getpid()));
   for (const AttentionKind attention : {AttentionKind::materialized, AttentionKind::fused}) {
     CAPTURE(to_string(attention));
     Config c = cfg;

@@ -1,7 +1,8 @@
 // The trainer with a Llama-family decoder (Note [One decoder]) on token windows, as GPT-2 has
 // it (test_gpt_trainer.cpp): N workers x batch B take the steps of 1 worker x batch N*B with
 // bit-identical replicas, in fp32 and bf16; a resume ends bit-identical to the uninterrupted
-// run; the checkpoint records the decoder's settings.
+// run, with the optimiser state replicated or sharded (zero 1); the checkpoint records the
+// decoder's settings. ZeRO against the replicated optimiser: test_zero.cpp, both families.
 #include <doctest/doctest.h>
 
 #include <unistd.h>
@@ -51,28 +52,27 @@ TEST_CASE("llama bf16: N workers x batch B match 1 worker x batch N*B, replicas 
   CHECK(so.eval_loss < 2.4);
 }
 
-TEST_CASE("llama: a resume is bit-exact, and the checkpoint records the decoder's settings") {
+TEST_CASE("llama: a resume is bit-exact, with zero 0 and 1, and the checkpoint records the "
+          "decoder's settings") {
   auto train = std::make_shared<TokenDataset>(token_stream(961, 8, 1));
-  const std::filesystem::path dir =
-      test::fresh_dir(fmt::format("lockstep_llama_resume_{}", getpid()));
-  Config cfg = test::small_llama_config(2, 3);
-  cfg.trainer.steps = 8;
-  Trainer full(cfg, train, nullptr);
-  full.run();
-  Config first = cfg;
-  first.trainer.steps = 4;
-  first.trainer.checkpoint.dir = dir.string();
-  Trainer(first, train, nullptr).run();
-  const Checkpoint at4 = *CheckpointManager(dir, 0).load_latest();
-  std::filesystem::remove_all(dir);
-  const GptSpec spec = parse_gpt_spec(at4.metadata.at("lockstep.model"));
-  CHECK(spec.llama_parts());
-  CHECK(spec.positions == PositionKind::rope);
-  CHECK(spec.hidden_size() == 40);
-  CHECK(!spec.tie_embeddings);
-  check_layout(at4, Model::gpt(spec).param_tensors());
-  Trainer resumed(cfg, train, nullptr);
-  resumed.resume_from(at4);
-  resumed.run();
-  CHECK(resumed.final_parameters() == full.final_parameters());
+  for (const int zero : {0, 1}) {
+    CAPTURE(zero);
+    Config cfg = test::small_llama_config(2, 3);
+    cfg.trainer.steps = 8;
+    cfg.trainer.zero = zero;
+    Trainer full(cfg, train, nullptr);
+    full.run();
+    const Checkpoint at4 = test::checkpoint_after(
+        cfg, 4, train, fmt::format("lockstep_llama_resume_{}_{}", zero, getpid()));
+    const GptSpec spec = parse_gpt_spec(at4.metadata.at("lockstep.model"));
+    CHECK(spec.llama_parts());
+    CHECK(spec.positions == PositionKind::rope);
+    CHECK(spec.hidden_size() == 40);
+    CHECK(!spec.tie_embeddings);
+    check_layout(at4, Model::gpt(spec).param_tensors());
+    Trainer resumed(cfg, train, nullptr);
+    resumed.resume_from(at4);
+    resumed.run();
+    CHECK(resumed.final_parameters() == full.final_parameters());
+  }
 }

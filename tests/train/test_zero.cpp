@@ -3,7 +3,8 @@
 //   - the same run ends with bit-identical parameters, for SGD with momentum and AdamW, with
 //     clipping active, N = 2, 3, 4; each worker holds its shards' state, together the whole;
 //   - checkpoints hold the whole state: a zero 1 checkpoint is bit-identical to zero 0's, and
-//     resumes on another device count and with zero 0, as zero 0's does.
+//     resumes on another device count and with zero 0, as zero 0's does;
+//   - a decoder, GPT-2 or a Llama, ends bit-identical under zero 1 and 2 too.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -264,28 +265,34 @@ TEST_CASE("zero 2 retires buckets without overlap and inline as with it: the sam
   }
 }
 
-TEST_CASE("zero 2 on a GPT (the LM head tied to the token embedding: a held bucket), fp32 and "
-          "bf16, ends bit-identical to zero 0") {
+TEST_CASE("zero 1 and 2 on a decoder, GPT-2 (the LM head tied to the token embedding: a held "
+          "bucket) and a Llama (untied, grouped-query), fp32 and bf16, end bit-identical to zero 0") {
   auto train = std::make_shared<TokenDataset>(test::token_stream(4000, 8, 1));
-  for (Precision precision : {Precision::fp32, Precision::bf16}) {
-    CAPTURE(to_string(precision));
-    auto config = [&](int zero) {
-      Config cfg = test::small_gpt_config(3, 4);
-      cfg.model.n_layer = 4;
-      cfg.trainer.precision = precision;
-      cfg.trainer.bucket_cap_mb = 0.004;  // a bucket per layer or so: several rotate
-      cfg.trainer.zero = zero;
-      return cfg;
-    };
-    Trainer replicated(config(0), train, nullptr), sharded(config(2), train, nullptr);
-    const Summary r = replicated.run();
-    const Summary s = sharded.run();
-    CHECK(s.replicas_identical);
-    CHECK(sharded.final_parameters() == replicated.final_parameters());
-    CHECK(s.final_train_loss == r.final_train_loss);
-    // Buckets smaller than a grain: rank 0 holds every shard; the plan knows.
-    CHECK(s.worker_times.front().gradient_bytes == s.grad_bytes);
-  }
+  for (const bool llama : {false, true})
+    for (Precision precision : {Precision::fp32, Precision::bf16}) {
+      CAPTURE(llama);
+      CAPTURE(to_string(precision));
+      auto config = [&](int zero) {
+        Config cfg = llama ? test::small_llama_config(3, 4) : test::small_gpt_config(3, 4);
+        cfg.model.n_layer = 4;
+        cfg.trainer.precision = precision;
+        cfg.trainer.bucket_cap_mb = 0.004;  // a bucket per layer or so: several rotate
+        cfg.trainer.zero = zero;
+        return cfg;
+      };
+      Trainer replicated(config(0), train, nullptr);
+      const Summary r = replicated.run();
+      for (const int zero : {1, 2}) {
+        CAPTURE(zero);
+        Trainer sharded(config(zero), train, nullptr);
+        const Summary s = sharded.run();
+        CHECK(s.replicas_identical);
+        CHECK(sharded.final_parameters() == replicated.final_parameters());
+        CHECK(s.final_train_loss == r.final_train_loss);
+        // zero 2, buckets smaller than a grain: rank 0 holds every shard; the plan knows.
+        if (zero == 2) CHECK(s.worker_times.front().gradient_bytes == s.grad_bytes);
+      }
+    }
 }
 
 TEST_CASE("a zero 2 checkpoint is zero 0's, and resumes with zero 0, 1 and 2 on other counts") {

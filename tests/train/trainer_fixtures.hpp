@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -18,6 +19,8 @@
 #include "common/random.hpp"
 #include "lockstep/config.hpp"
 #include "lockstep/dataset.hpp"
+#include "lockstep/checkpoint.hpp"
+#include "lockstep/trainer.hpp"
 
 namespace lockstep::test {
 
@@ -112,6 +115,20 @@ inline std::filesystem::path fresh_dir(const std::string& name) {
   const std::filesystem::path dir = std::filesystem::temp_directory_path() / name;
   std::filesystem::remove_all(dir);
   return dir;
+}
+
+// The checkpoint after the first `steps` steps of `cfg` on `train`, written into a fresh
+// directory `name` of the temporary folder and removed once read.
+inline Checkpoint checkpoint_after(Config cfg, std::int64_t steps,
+                                   const std::shared_ptr<const Dataset>& train,
+                                   const std::string& name) {
+  const std::filesystem::path dir = fresh_dir(name);
+  cfg.trainer.steps = steps;
+  cfg.trainer.checkpoint.dir = dir.string();
+  Trainer(cfg, train, nullptr).run();
+  Checkpoint at = *CheckpointManager(dir, 0).load_latest();
+  std::filesystem::remove_all(dir);
+  return at;
 }
 
 // max |a - b| / max |b|; infinity where either holds a NaN or an infinity, so that a diverged

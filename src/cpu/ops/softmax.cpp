@@ -12,15 +12,21 @@
 
 namespace lockstep::cpu {
 
-// Calls fn(row, i, T) for every row of `count` (T, T) matrices, row = matrix * T + i.
+// Calls fn(row, last, cols) for every row of `count` (rows, cols) matrices whose row i is
+// position cols - rows + i of a sequence (row = matrix * rows + i): it sees columns
+// j <= last = cols - rows + i. Square matrices (rows = cols = T) are the causal softmax's; fewer
+// rows are the newest positions against a key/value cache's (Note [KV cache] in
+// src/model/kv_cache.cpp).
 template <class Fn>
-void CpuDevice::for_rows_of_squares(int count, int T, const Fn& fn) {
-  if (count < 0 || T < 0)
-    throw std::invalid_argument(fmt::format("causal softmax: bad shape count={} T={}", count, T));
-  const std::size_t nt = static_cast<std::size_t>(T), rows = std::size_t(count) * nt;
-  const std::size_t block = rows_per_block(nt);
-  for_blocks(blocks_of(rows, block), vectorized([=, &fn](std::size_t blk) {
-    for (std::size_t r = blk * block; r < std::min(rows, (blk + 1) * block); ++r) fn(r, r % nt, nt);
+void CpuDevice::for_rows_of_causal(int count, int rows, int cols, const Fn& fn) {
+  if (count < 0 || rows < 0 || cols < rows)
+    throw std::invalid_argument(fmt::format(
+        "causal softmax: bad shape count={} rows={} cols={}", count, rows, cols));
+  const std::size_t nr = static_cast<std::size_t>(rows), nc = static_cast<std::size_t>(cols);
+  const std::size_t all = std::size_t(count) * nr, block = rows_per_block(nc);
+  for_blocks(blocks_of(all, block), vectorized([=, &fn](std::size_t blk) {
+    for (std::size_t r = blk * block; r < std::min(all, (blk + 1) * block); ++r)
+      fn(r, nc - nr + r % nr, nc);
   }));
 }
 
@@ -107,8 +113,9 @@ void CpuDevice::softmax_cross_entropy(const std::uint16_t* logits, const std::in
 // are divided; bf16 keeps them in an fp32 row of the calling thread's, so each probability is
 // rounded once, from the fp32 quotient.
 template <class P>
-void CpuDevice::causal_softmax_forward_of(const float* s, P* p, int count, int T, float scale) {
-  for_rows_of_squares(count, T, [&](std::size_t row, std::size_t i, std::size_t nt) {
+void CpuDevice::causal_softmax_forward_of(const float* s, P* p, int count, int rows, int cols,
+                                           float scale) {
+  for_rows_of_causal(count, rows, cols, [&](std::size_t row, std::size_t i, std::size_t nt) {
     const float* sr = s + row * nt;
     P* pr = p + row * nt;
     float* er;
@@ -137,7 +144,7 @@ void CpuDevice::causal_softmax_forward_of(const float* s, P* p, int count, int T
 template <class P, class DS>
 void CpuDevice::causal_softmax_backward_of(const P* p, const float* dp, DS* ds, int count, int T,
                                            float scale) {
-  for_rows_of_squares(count, T, [&](std::size_t row, std::size_t i, std::size_t nt) {
+  for_rows_of_causal(count, T, T, [&](std::size_t row, std::size_t i, std::size_t nt) {
     const P* pr = p + row * nt;
     const float* dpr = dp + row * nt;
     DS* dsr = ds + row * nt;
@@ -151,12 +158,17 @@ void CpuDevice::causal_softmax_backward_of(const P* p, const float* dp, DS* ds, 
 }
 
 void CpuDevice::causal_softmax_forward(const float* s, float* p, int count, int T, float scale) {
-  causal_softmax_forward_of(s, p, count, T, scale);
+  causal_softmax_forward_of(s, p, count, T, T, scale);
 }
 
 void CpuDevice::causal_softmax_forward(const float* s, std::uint16_t* p, int count, int T,
                                        float scale) {
-  causal_softmax_forward_of(s, p, count, T, scale);
+  causal_softmax_forward_of(s, p, count, T, T, scale);
+}
+
+void CpuDevice::causal_softmax_tail_forward(const float* s, float* p, int count, int rows,
+                                            int cols, float scale) {
+  causal_softmax_forward_of(s, p, count, rows, cols, scale);
 }
 
 void CpuDevice::causal_softmax_backward(const float* p, const float* dp, float* ds, int count,

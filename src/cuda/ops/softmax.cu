@@ -225,27 +225,29 @@ __global__ void softmax_xent_total_kernel(const double* row_loss, const int* row
   }
 }
 
-// One warp per row of `count` (T, T) matrices (row = matrix * T + i): p[j] = softmax over
-// j <= i of scale * s[j], 0 above the diagonal. p may alias s: each lane reads its own
-// elements of the row, and writes them only in the last pass, after its last read.
-// __fmul_rn keeps scale * s a rounded product (no fused multiply-add), as on the CPU. P: the
-// storage of p (float, or bf16 rounded from the fp32 quotient).
+// One warp per row of `count` (R, cols) matrices (row = matrix * R + i), row i being position
+// cols - R + i of its sequence (R = cols = T: the causal softmax's squares; fewer rows: queries
+// against a key/value cache): p[j] = softmax over j <= last = cols - R + i of scale * s[j], 0
+// past it. p may alias s: each lane reads its own elements of the row, and writes them only in
+// the last pass, after its last read. __fmul_rn keeps scale * s a rounded product (no fused
+// multiply-add), as on the CPU. P: the storage of p (float, or bf16 rounded from the fp32
+// quotient).
 template <class P>
-__global__ void causal_softmax_forward_kernel(const float* s, P* p, std::size_t rows, int T,
-                                              float scale) {
+__global__ void causal_softmax_forward_kernel(const float* s, P* p, std::size_t rows, int R,
+                                              int cols, float scale) {
   const std::size_t row = warp_row();
   if (row >= rows) return;
-  const int i = static_cast<int>(row % static_cast<std::size_t>(T));
-  const float* sr = s + row * T;
-  P* pr = p + row * T;
+  const int last = cols - R + static_cast<int>(row % static_cast<std::size_t>(R));
+  const float* sr = s + row * cols;
+  P* pr = p + row * cols;
   float zmax = -INFINITY;
-  for (int j = lane(); j <= i; j += kWarp) zmax = fmaxf(zmax, __fmul_rn(scale, sr[j]));
+  for (int j = lane(); j <= last; j += kWarp) zmax = fmaxf(zmax, __fmul_rn(scale, sr[j]));
   zmax = warp_max(zmax);
   double sum = 0.0;
-  for (int j = lane(); j <= i; j += kWarp) sum += expf(__fmul_rn(scale, sr[j]) - zmax);
+  for (int j = lane(); j <= last; j += kWarp) sum += expf(__fmul_rn(scale, sr[j]) - zmax);
   const float inv = static_cast<float>(1.0 / warp_sum(sum));
-  for (int j = lane(); j < T; j += kWarp)
-    detail::store_value(&pr[j], j <= i ? expf(__fmul_rn(scale, sr[j]) - zmax) * inv : 0.0f);
+  for (int j = lane(); j < cols; j += kWarp)
+    detail::store_value(&pr[j], j <= last ? expf(__fmul_rn(scale, sr[j]) - zmax) * inv : 0.0f);
 }
 
 // One warp per row: ds[j] = scale * p[j] * (dp[j] - sum over j' <= i of p[j'] dp[j']), the sum
@@ -297,12 +299,12 @@ void softmax_cross_entropy_of(cudaStream_t stream, const L* logits, const std::i
 }
 
 template <class P>
-void causal_softmax_forward_of(cudaStream_t stream, const float* s, P* p, int count, int T,
-                               float scale) {
-  const std::size_t rows = static_cast<std::size_t>(count) * static_cast<std::size_t>(T);
+void causal_softmax_forward_of(cudaStream_t stream, const float* s, P* p, int count, int R,
+                               int cols, float scale) {
+  const std::size_t rows = static_cast<std::size_t>(count) * static_cast<std::size_t>(R);
   if (rows == 0) return;
-  causal_softmax_forward_kernel<<<blocks_for_rows(rows), kThreads, 0, stream>>>(s, p, rows, T,
-                                                                                scale);
+  causal_softmax_forward_kernel<<<blocks_for_rows(rows), kThreads, 0, stream>>>(s, p, rows, R,
+                                                                                cols, scale);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -343,12 +345,17 @@ void launch_fused_classifier(cudaStream_t stream, const std::uint16_t* logits,
 
 void launch_causal_softmax_forward(cudaStream_t stream, const float* s, float* p, int count,
                                    int T, float scale) {
-  causal_softmax_forward_of(stream, s, p, count, T, scale);
+  causal_softmax_forward_of(stream, s, p, count, T, T, scale);
+}
+
+void launch_causal_softmax_tail_forward(cudaStream_t stream, const float* s, float* p, int count,
+                                        int rows, int cols, float scale) {
+  causal_softmax_forward_of(stream, s, p, count, rows, cols, scale);
 }
 
 void launch_causal_softmax_forward_bf16(cudaStream_t stream, const float* s, std::uint16_t* p,
                                         int count, int T, float scale) {
-  causal_softmax_forward_of(stream, s, p, count, T, scale);
+  causal_softmax_forward_of(stream, s, p, count, T, T, scale);
 }
 
 void launch_causal_softmax_backward(cudaStream_t stream, const float* p, const float* dp,

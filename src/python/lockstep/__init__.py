@@ -27,7 +27,7 @@ import dataclasses
 import json
 import os
 import re
-from typing import Any, Callable, Iterable, Mapping, Optional, Union
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
@@ -417,24 +417,33 @@ class Sample:
     prompt_text: str  # the prompt as given (a text model's), else its ids, spaced
     text: str         # the drawn tokens' text, or " <id>" each for a model without a tokenizer
     text_model: bool
+    stopped: bool     # it drew a stop token (an end of sequence) before ``tokens``
 
 
 def sample(checkpoint: PathLike, prompt: str = "", *, tokens: int = 200,
            temperature: float = 0.8, top_k: int = 0, seed: int = 0, backend: str = "auto",
-           tokenizer: Optional[PathLike] = None,
+           tokenizer: Optional[PathLike] = None, stop_at: Optional[Sequence[int]] = None,
+           kv_cache: bool = True,
            on_token: Optional[Callable[[int, bytes], Any]] = None) -> Sample:
     """Continues ``prompt`` with a GPT checkpoint, as ``lockstep sample`` does (the same
     defaults, checks and draws: the same seed gives the same text). The text is decoded with
     the tokenizer the checkpoint records (or ``tokenizer``); a byte-level model's is its bytes.
     ``on_token(token: int, piece: bytes) -> None`` sees each token as it is drawn, with its
     bytes (a token may hold part of a UTF-8 character); what it returns is ignored. The
-    interpreter's lock is released while the model runs."""
+    interpreter's lock is released while the model runs. Sampling stops at the model's
+    end-of-sequence ids (config.json's eos_token_id for a run begun from a Hugging Face
+    directory, else the tokenizer's end token), or at ``stop_at`` (none when empty). Each token
+    costs one position through a key/value cache; ``kv_cache=False`` runs the whole window per
+    token instead (the same tokens, slower)."""
     request = _lockstep._SampleRequest()
     request.checkpoint = os.fspath(checkpoint)
     request.prompt = prompt
     request.tokens, request.temperature, request.top_k, request.seed = tokens, temperature, top_k, seed
     if tokenizer is not None:
         request.tokenizer = os.fspath(tokenizer)
+    if stop_at is not None:
+        request.stop_at = [int(t) for t in stop_at]
+    request.kv_cache = bool(kv_cache)
     values = _lockstep._sample(request, backend, on_token)
     _warn_all(values)
     for key in ("prompt_text", "text"):
