@@ -3,14 +3,16 @@
 
 1. From the memory plan (`lockstep train --dry-run`): GPT-2 124M (configs/gpt2_124m.yaml) at
    B 8 x T 1024, bf16, fused attention, AdamW, as a Markdown table of activations, gradients,
-   optimiser state and the total per worker, for recompute none/full x zero 0/1/2 x N 1, 2, 4,
-   8. The plan needs no GPU: the backend is set to cpu, whose fused attention has the same
+   optimiser state and the total per worker, for recompute none/selective/full x zero 0/1/2 x
+   N 1, 2, 4, 8. The plan needs no GPU: the backend is set to cpu, whose fused attention has the same
    saved values (the cuDNN workspace of a GPU run is left out).
 2. The largest GPT-2-family model (d_model = 64 x n_head, n_head = n_layer, GPT-2's
    vocabulary, context 1024, B 8) whose plan fits in --budget-gib per worker at N 4 with
    zero 2 + recompute full, against zero 0 + recompute none.
-3. Measured: the peak resident memory (ru_maxrss of the `lockstep train` process) of a smaller
-   GPT on the CPU for each recompute x zero at N 2, against the plan's host bytes.
+3. Measured: the peak resident memory (ru_maxrss of the `lockstep train` process) of GPT-2
+   124M at B --measure-batch x T 1024 (bf16, fused attention, one worker, 1 step) on the CPU for
+   each recompute mode, against the plan's host bytes, and the drop from none against the
+   plan's drop in activations.
 
     /usr/bin/python3 bench/memory_table.py [--lockstep build/lockstep] [--skip-measure]
 """
@@ -70,7 +72,7 @@ def table(lockstep, data):
     print("## Memory plan per worker, GPT-2 124M, B 8 x T 1024, bf16, fused attention, AdamW\n")
     print("| recompute | zero | N | activations GiB | gradients GiB | optimizer GiB | total GiB |")
     print("|---|---|---|---|---|---|---|")
-    for recompute in ("none", "full"):
+    for recompute in ("none", "selective", "full"):
         for zero in (0, 1, 2):
             for n in (1, 2, 4, 8):
                 p = plan(lockstep, data, [f"trainer.recompute={recompute}", f"trainer.zero={zero}",
@@ -97,35 +99,38 @@ def largest(lockstep, data, budget, settings):
     return best
 
 
-def measured(lockstep, data):
-    print("\n## Measured peak resident memory on the CPU, GPT d_model 256, 4 layers, B 4 x T 256, "
-          "N 2, 3 steps\n")
-    print("| recompute | zero | peak RSS MiB | plan: host MiB |")
-    print("|---|---|---|---|")
-    for recompute in ("none", "full"):
-        for zero in (0, 2):
-            overrides = [f"data.path={data}", "data.eval_path=", "trainer.backend=cpu",
-                         "trainer.checkpoint.dir=", "model.attention=fused", "model.n_layer=4",
-                         "model.n_head=4", "model.d_model=256", "model.context=256",
-                         "data.batch_size=4", "trainer.steps=3", "trainer.devices=2",
-                         "trainer.threads_per_device=1", "trainer.eval_every=0",
-                         "schedule.warmup_steps=1", f"trainer.recompute={recompute}",
-                         f"trainer.zero={zero}", "trainer.bucket_cap_mb=4"]
-            cmd = [lockstep, "train", str(ROOT / "configs/gpt2_124m.yaml")]
-            for o in overrides:
-                cmd += ["--set", o]
-            dry = subprocess.run(cmd + ["--dry-run"], capture_output=True, text=True, check=True)
-            host = to_bytes(re.search(r"; host ([\d.]+ [KMGT]?i?B)", dry.stdout)[1])
-            pid = os.fork()
-            if pid == 0:
-                devnull = os.open(os.devnull, os.O_WRONLY)
-                os.dup2(devnull, 1)
-                os.dup2(devnull, 2)
-                os.execv(lockstep, cmd)
-            _, status, usage = os.wait4(pid, 0)
-            if status != 0:
-                raise RuntimeError(f"{' '.join(cmd)} failed: {status}")
-            print(f"| {recompute} | {zero} | {usage.ru_maxrss / 1024:.0f} | {host / 2**20:.0f} |")
+def measured(lockstep, data, batch):
+    print(f"\n## Measured peak resident memory on the CPU, GPT-2 124M, B {batch} x T 1024, bf16, "
+          "fused attention, AdamW, 1 worker, 1 step\n")
+    print("| recompute | peak RSS MiB | plan: host MiB | plan: activations MiB | "
+          "RSS drop from none MiB | plan's drop MiB |")
+    print("|---|---|---|---|---|---|")
+    first = None
+    for recompute in ("none", "selective", "full"):
+        overrides = [f"data.path={data}", "data.eval_path=", "trainer.backend=cpu",
+                     "trainer.checkpoint.dir=", "model.attention=fused", "trainer.precision=bf16",
+                     f"data.batch_size={batch}", "trainer.steps=1", "trainer.devices=1",
+                     "trainer.threads_per_device=2", "trainer.eval_every=0",
+                     "schedule.warmup_steps=1", f"trainer.recompute={recompute}"]
+        cmd = [lockstep, "train", str(ROOT / "configs/gpt2_124m.yaml")]
+        for o in overrides:
+            cmd += ["--set", o]
+        dry = subprocess.run(cmd + ["--dry-run"], capture_output=True, text=True, check=True)
+        host = to_bytes(re.search(r"; host ([\d.]+ [KMGT]?i?B)", dry.stdout)[1])
+        acts = to_bytes(re.search(r"activations ([\d.]+ [KMGT]?i?B)", dry.stdout)[1])
+        pid = os.fork()
+        if pid == 0:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 1)
+            os.dup2(devnull, 2)
+            os.execv(lockstep, cmd)
+        _, status, usage = os.wait4(pid, 0)
+        if status != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed: {status}")
+        rss = usage.ru_maxrss * 1024
+        first = first or (rss, acts)
+        print(f"| {recompute} | {rss / 2**20:.0f} | {host / 2**20:.0f} | {acts / 2**20:.0f} | "
+              f"{(first[0] - rss) / 2**20:.0f} | {(first[1] - acts) / 2**20:.0f} |", flush=True)
 
 
 def main():
@@ -133,6 +138,7 @@ def main():
     ap.add_argument("--lockstep", default=str(ROOT / "build/lockstep"))
     ap.add_argument("--budget-gib", type=float, default=24.0)
     ap.add_argument("--skip-measure", action="store_true")
+    ap.add_argument("--measure-batch", type=int, default=2)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as d:
         data = token_file(d, 64 * 1024 + 1, 50257)
@@ -146,7 +152,7 @@ def main():
             print(f"- {name}: n_layer = n_head = {b[0]}, d_model {b[1]}: {b[2] / 1e6:.0f}M "
                   f"parameters, {gib(b[3])} GiB per worker")
         if not args.skip_measure:
-            measured(args.lockstep, data)
+            measured(args.lockstep, data, args.measure_batch)
 
 
 if __name__ == "__main__":

@@ -71,6 +71,10 @@ struct LOCKSTEP_API LayerWorkspace {
   // The replica's device copy of the layer's constants() (Note [Layer constants] in
   // src/model/decoder.cpp), null when it has none.
   const float* constants = nullptr;
+  // Recompute::selective: where the layer's recomputed_size() floats live, a buffer the replica
+  // shares between layers; null: they are part of `saved`, after the rest, and saved holds
+  // workspace_size() floats (with this set, workspace_size() - recomputed_size()).
+  float* recomputed = nullptr;
 };
 
 // One call of Layer::decode: `count` positions from `start` of one sequence, the layer's
@@ -122,6 +126,18 @@ class LOCKSTEP_API Layer {
   // share one table: a Replica uploads each distinct table once, at its construction, and hands
   // it as LayerWorkspace::constants (Note [Layer constants] in src/model/decoder.cpp).
   virtual std::shared_ptr<const std::vector<float>> constants() const { return nullptr; }
+  // Recompute::selective (Note [Recomputation] in src/model/model.cpp): the floats of
+  // workspace_size() that recompute() rewrites from the rest of the saved values and the input
+  // by element-wise kernels only (normalisations, GELU, SwiGLU), with no matrix product and no
+  // attention; 0 when the layer has none.
+  virtual std::size_t recomputed_size(int /*batch*/,
+                                      Precision /*precision*/ = Precision::fp32) const noexcept {
+    return 0;
+  }
+  // Writes those values into ws.recomputed again, bit for bit what forward wrote there, from
+  // the same parameters and input and what forward kept in ws.saved.
+  virtual void recompute(Device& /*dev*/, const float* /*params*/, const float* /*in*/,
+                         int /*batch*/, const LayerWorkspace& /*ws*/) const {}
 
   // ---- Generation with a key/value cache (Note [KV cache] in src/model/kv_cache.cpp) ----
   // Whether decode() runs this layer: a decoder's layers do, an MLP's do not.
@@ -289,7 +305,8 @@ class LOCKSTEP_API Model {
   // tied to.
   std::size_t read_offset(std::size_t layer) const;
   // Recomputable layers (a transformer block): under Recompute::full a replica keeps only their
-  // input and reruns their forward in backward (Note [Recomputation] in src/model/model.cpp).
+  // input and reruns their forward in backward, under Recompute::selective their
+  // recomputed_size() part (Note [Recomputation] in src/model/model.cpp).
   // A layer so marked must have a forward that is a pure function of its parameters and input,
   // writing only its output and LayerWorkspace::saved, never a last layer.
   void mark_recomputable(std::size_t layer);
@@ -330,7 +347,8 @@ class LOCKSTEP_API Replica {
  public:
   // own_gradients false: no gradient buffer (grads() is null, gradients() empty); backward and
   // warm_up then need a GradientTarget. recompute full: the model's recomputable layers share
-  // one saved workspace and rerun their forward in backward (Note [Recomputation]).
+  // one saved workspace and rerun their forward in backward; selective: they share one buffer
+  // for their recomputed_size() part and rerun Layer::recompute (Note [Recomputation]).
   Replica(Device& device, const Model& model, int max_batch,
           Precision precision = Precision::fp32, bool own_gradients = true,
           Recompute recompute = Recompute::none);
@@ -357,7 +375,8 @@ class LOCKSTEP_API Replica {
 
   // x (B, inputs) on the device -> logits (B, outputs), owned by the replica. With a bf16 LM
   // head (dlogits_bf16() not null) these are its bf16 logits widened, one pass more than
-  // forward_bf16: for evaluation, sampling and tests.
+  // forward_bf16: for sampling and tests. Their fp32 buffer is then allocated by the first
+  // call (a step never makes one: it calls forward_bf16), not with the replica.
   const float* forward(const float* x, int batch);
   // The same for a bf16 LM head: its logits in bf16, as it wrote them (B, outputs), in the
   // buffer of dlogits_bf16(), where the fused classifier (softmax_cross_entropy with bf16
@@ -391,6 +410,11 @@ class LOCKSTEP_API Replica {
   // and gradients keep nothing that a later forward and backward would read. `target`: as for
   // backward; the gradients written there are left as they are.
   void warm_up(int batch, const GradientTarget& target = {});
+  // Device bytes of the layers' outputs, saved values, the shared scratch and recomputation
+  // buffer, the activation gradients, the bf16 logits and the layers' constants: the memory
+  // plan's activations less a worker's fp32 dlogits (activation_bytes in
+  // src/train/memory_plan.cpp), until forward() makes a bf16 LM head's fp32 logits.
+  std::size_t activation_bytes() const;
 
  private:
   // Layer i's workspace: its saved buffer, the shared scratch, and its bf16 parameters.
@@ -407,11 +431,13 @@ class LOCKSTEP_API Replica {
   DeviceArray<float> params_;
   DeviceArray<std::uint16_t> params_bf16_;  // bf16 only: to_bf16(params_)
   DeviceArray<float> grads_;
-  std::vector<DeviceArray<float>> acts_;   // acts_[i] = output of layer i
+  // acts_[i] = output of layer i; the last is empty until forward() with a bf16 LM head, whose
+  // output is dlogits_bf16_.
+  std::vector<DeviceArray<float>> acts_;
   Recompute recompute_;
   std::vector<DeviceArray<float>> saved_;  // saved_[i] = layer i's LayerWorkspace::saved
-  // Recompute::full: the saved workspace every recomputed layer shares, and the layer whose
-  // forward of the latest batch it holds (npos: none).
+  // Recompute::full: the saved workspace every recomputed layer shares (selective: their
+  // recomputed parts), and the layer whose values of the latest batch it holds (npos: none).
   DeviceArray<float> shared_saved_;
   std::size_t shared_holds_ = static_cast<std::size_t>(-1);
   DeviceArray<float> scratch_;             // shared LayerWorkspace::scratch

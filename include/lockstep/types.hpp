@@ -40,9 +40,10 @@ enum class AttentionKind { automatic, fused, materialized };
 // keeps them only where they measured faster than launching each kernel.
 enum class GraphMode { automatic, on, off };
 // trainer.recompute (Note [Recomputation] in src/model/model.cpp): none keeps every layer's
-// saved activations; full keeps a recomputable layer's input only and reruns its forward in
-// backward.
-enum class Recompute { none, full };
+// saved activations; selective drops a recomputable layer's element-wise outputs (norms, GELU,
+// SwiGLU) and recomputes them in backward; full keeps a recomputable layer's input only and
+// reruns its forward in backward.
+enum class Recompute { none, selective, full };
 // A decoder's parts (model.family, model.norm, model.positions, model.mlp; Note [One decoder]
 // in src/model/decoder.cpp): GPT-2's LayerNorm, learned positions and GELU MLP, or the Llama
 // family's RMSNorm, rotary embeddings and SwiGLU MLP. A family is a preset of the parts.

@@ -66,8 +66,8 @@ constexpr Spelling<GraphMode> kGraphModes[] = {
     {GraphMode::automatic, "auto"}, {GraphMode::on, "on"}, {GraphMode::off, "off"}};
 
 // trainer.recompute: selective (the element-wise parts of a block) is not implemented yet.
-constexpr Spelling<Recompute> kRecomputeModes[] = {{Recompute::none, "none"},
-                                                   {Recompute::full, "full"}};
+constexpr Spelling<Recompute> kRecomputeModes[] = {
+    {Recompute::none, "none"}, {Recompute::selective, "selective"}, {Recompute::full, "full"}};
 
 constexpr std::string_view kModelTypes[] = {"mlp", "gpt"};
 
@@ -330,7 +330,8 @@ void visit_schema(Visitor& v, C& c) {
             "1: ZeRO-1, each worker keeps its shard of the optimiser state; 2: and of the "
             "gradients");
   v.enumeration("recompute", c.trainer.recompute, kRecomputeModes,
-                "full: each block keeps only its input and reruns its forward in backward");
+                "selective: blocks recompute norms and GELU/SwiGLU in backward; full: each block "
+                "keeps only its input and reruns its forward in backward");
   v.enumeration("cuda_graphs", c.trainer.cuda_graphs, kGraphModes,
                 "cuda: replay each micro-batch as graphs; auto: where that measured faster");
   v.path("trace", c.trainer.trace, "write a Chrome trace-event JSON of every worker here");

@@ -144,10 +144,35 @@ class Block final : public Layer {
   }
 
   std::size_t workspace_size(int batch, Precision precision) const noexcept override {
-    return Saved::at(nullptr, shape(batch), fused_, precision == Precision::bf16).size;
+    return Saved::at(nullptr, nullptr, shape(batch), fused_, precision == Precision::bf16).size;
   }
   std::size_t scratch_size(int batch, Precision precision) const noexcept override {
     return Scratch::at(nullptr, shape(batch), fused_, precision == Precision::bf16).size;
+  }
+  // ln_1's and ln_2's outputs and GELU's (Note [Recomputation] in src/model/model.cpp).
+  std::size_t recomputed_size(int batch, Precision precision) const noexcept override {
+    return Saved::at(nullptr, nullptr, shape(batch), fused_, precision == Precision::bf16)
+        .recomputed;
+  }
+  // The calls forward made, on what it kept: ln_1 of x (mean1 and rstd1 rewritten with their
+  // own bits), ln_2 of res1 (bit for bit residual_layernorm_forward's; Device), GELU of fc.
+  // On the CPU forward's GELU is that activation_forward on the kept fc (Note [Fused linear]).
+  void recompute(Device& dev, const float* params, const float* x, int batch,
+                 const LayerWorkspace& ws) const override {
+    const Params p = at(const_cast<float*>(params));
+    const Saved s = Saved::at(ws.saved, ws.recomputed, shape(batch), fused_,
+                              ws.precision == Precision::bf16);
+    const int n = batch * t_, c = c_;
+    s.ln1.store([&](auto* y) {
+      dev.layernorm_forward(x, p.ln1_w, p.ln1_b, y, s.mean1, s.rstd1, n, c);
+    });
+    s.ln2.store([&](auto* y) {
+      dev.layernorm_forward(s.res1, p.ln2_w, p.ln2_b, y, s.mean2, s.rstd2, n, c);
+    });
+    if (s.fc.bf16)
+      dev.activation_forward(Activation::gelu, s.fc.bf16, s.gelu.bf16, elements(n, 4 * c));
+    else
+      dev.activation_forward(Activation::gelu, s.fc.f32, s.gelu.f32, elements(n, 4 * c));
   }
 
   // In bf16 the kernels that produce a kept tensor round it as they store it into saved; a
@@ -157,7 +182,7 @@ class Block final : public Layer {
     const Params p = at(const_cast<float*>(params));
     const Linears w = linears(params, ws);
     const bool bf16 = ws.precision == Precision::bf16;
-    const Saved s = Saved::at(ws.saved, shape(batch), fused_, bf16);
+    const Saved s = Saved::at(ws.saved, ws.recomputed, shape(batch), fused_, bf16);
     const Scratch d = Scratch::at(ws.scratch, shape(batch), fused_, bf16);
     const int n = batch * t_, c = c_;
     s.ln1.store([&](auto* y) {
@@ -187,7 +212,7 @@ class Block final : public Layer {
     const Linears w = linears(params, ws);
     const Params g = at(grads);
     const bool bf16 = ws.precision == Precision::bf16;
-    const Saved s = Saved::at(ws.saved, shape(batch), fused_, bf16);
+    const Saved s = Saved::at(ws.saved, ws.recomputed, shape(batch), fused_, bf16);
     const Scratch d = Scratch::at(ws.scratch, shape(batch), fused_, bf16);
     const int n = batch * t_, c = c_;
     // MLP branch: out = res1 + c_proj(gelu(c_fc(ln_2(res1)))). c_proj's backward runs GELU's
@@ -281,29 +306,37 @@ class Block final : public Layer {
 
   // What forward keeps for backward, rows N = B * T. Under bf16 the tensors that are only
   // matrix-product inputs (and fc, GELU's input) are kept in bf16; res1 and the LayerNorm
-  // statistics stay fp32.
+  // statistics stay fp32. ln1, ln2 and gelu, what recompute() rewrites, come last, or from
+  // `recomputed` when that is set (LayerWorkspace::recomputed); `recomputed` counts their floats.
   struct Saved {
-    Kept ln1;                    // (N, C)
     float *mean1, *rstd1;        // (N), (N)
     Kept qkv;                    // (N, 3C): q, k, v, each (N, C) with heads side by side
     Kept att;                    // materialised: (B, H, T, T) attention probabilities
     float* lse;                  // fused: (B, H, T) log-sum-exp of each row's scores
     Kept atty;                   // (N, C) attention output, heads side by side
     float* res1;                 // (N, C) first residual
-    Kept ln2;                    // (N, C)
     float *mean2, *rstd2;        // (N), (N)
-    Kept fc, gelu;               // (N, 4C) each
-    std::size_t size;
-    static Saved at(float* base, AttentionShape a, bool fused, bool bf16) {
+    Kept fc;                     // (N, 4C)
+    Kept ln1, ln2;               // (N, C) each
+    Kept gelu;                   // (N, 4C)
+    std::size_t size, recomputed;
+    static Saved at(float* base, float* recomputed, AttentionShape a, bool fused, bool bf16) {
       const std::size_t n = std::size_t(a.batch) * a.T, c = std::size_t(a.heads) * a.head_size;
       const std::size_t rows = std::size_t(a.batch) * a.heads * a.T;  // (B, H, T)
       Carver k(base);
-      const auto kept = [&](std::size_t count) { return Kept::take(k, count, bf16); };
-      Saved s{kept(n * c), k.take(n), k.take(n), kept(3 * n * c),
-              kept(fused ? 0 : rows * a.T), k.take(fused ? rows : 0), kept(n * c),
-              k.take(n * c), kept(n * c), k.take(n), k.take(n), kept(4 * n * c),
-              kept(4 * n * c), 0};
+      const auto kept = [&](Carver& in, std::size_t count) { return Kept::take(in, count, bf16); };
+      Saved s{k.take(n), k.take(n), kept(k, 3 * n * c), kept(k, fused ? 0 : rows * a.T),
+              k.take(fused ? rows : 0), kept(k, n * c), k.take(n * c), k.take(n), k.take(n),
+              kept(k, 4 * n * c), {}, {}, {}, 0, 0};
+      // ln1, ln2 and gelu after the rest, or in `recomputed`; counted as a buffer of their own.
+      Carver apart(recomputed), measure(nullptr);
+      Carver& r = recomputed ? apart : k;
+      s.ln1 = kept(r, n * c);
+      s.ln2 = kept(r, n * c);
+      s.gelu = kept(r, 4 * n * c);
+      for (std::size_t count : {n * c, n * c, 4 * n * c}) (void)kept(measure, count);
       s.size = k.used();
+      s.recomputed = measure.used();
       return s;
     }
   };

@@ -158,17 +158,39 @@ class LlamaBlock final : public Layer {
   }
 
   std::size_t workspace_size(int batch, Precision precision) const noexcept override {
-    return Saved::at(nullptr, *this, batch, precision == Precision::bf16).size;
+    return Saved::at(nullptr, nullptr, *this, batch, precision == Precision::bf16).size;
   }
   std::size_t scratch_size(int batch, Precision precision) const noexcept override {
     return Scratch::at(nullptr, *this, batch, precision == Precision::bf16).size;
+  }
+  // The two RMSNorms' outputs and SwiGLU's (Note [Recomputation] in src/model/model.cpp).
+  std::size_t recomputed_size(int batch, Precision precision) const noexcept override {
+    return Saved::at(nullptr, nullptr, *this, batch, precision == Precision::bf16).recomputed;
+  }
+  // The calls forward made, on what it kept: the input norm of x, the post-attention norm of
+  // res1 (bit for bit the residual form's, which stores the sum and reads it back; Device),
+  // with their rstd rewritten with their own bits, and SwiGLU of gate | up.
+  void recompute(Device& dev, const float* params, const float* x, int batch,
+                 const LayerWorkspace& ws) const override {
+    const bool bf16 = ws.precision == Precision::bf16;
+    const Saved s = Saved::at(ws.saved, ws.recomputed, *this, batch, bf16);
+    const int n = batch * t_;
+    s.ln1.store([&](auto* y) {
+      dev.residual_rmsnorm_forward(x, nullptr, nullptr, params + offsets_[kInNorm], y, s.rstd1,
+                                   n, c_, eps_);
+    });
+    s.ln2.store([&](auto* y) {
+      dev.residual_rmsnorm_forward(s.res1, nullptr, nullptr, params + offsets_[kPostNorm], y,
+                                   s.rstd2, n, c_, eps_);
+    });
+    swiglu(dev, s, n);
   }
 
   void forward(Device& dev, const float* params, const float* x, float* out, int batch,
                const LayerWorkspace& ws) const override {
     const Maps m = maps(params, ws);
     const bool bf16 = ws.precision == Precision::bf16;
-    const Saved s = Saved::at(ws.saved, *this, batch, bf16);
+    const Saved s = Saved::at(ws.saved, ws.recomputed, *this, batch, bf16);
     const Scratch d = Scratch::at(ws.scratch, *this, batch, bf16);
     const int n = batch * t_;
     s.ln1.store([&](auto* y) {
@@ -186,10 +208,7 @@ class LlamaBlock final : public Layer {
                                    n, c_, eps_);
     });
     m.gate_up.forward(dev, s.ln2.input(), s.gu.output(), d.dgu, n);
-    if (bf16)
-      dev.swiglu_forward(s.gu.bf16, s.act.bf16, n, f_);
-    else
-      dev.swiglu_forward(s.gu.f32, s.act.f32, n, f_);
+    swiglu(dev, s, n);
     m.down.forward(dev, s.act.input(), {out, nullptr}, nullptr, n);
     dev.add(out, s.res1, out, elements(n, c_));
   }
@@ -199,7 +218,7 @@ class LlamaBlock final : public Layer {
                 const LayerWorkspace& ws) const override {
     const Maps m = maps(params, ws);
     const bool bf16 = ws.precision == Precision::bf16;
-    const Saved s = Saved::at(ws.saved, *this, batch, bf16);
+    const Saved s = Saved::at(ws.saved, ws.recomputed, *this, batch, bf16);
     const Scratch d = Scratch::at(ws.scratch, *this, batch, bf16);
     const int n = batch * t_;
     const auto g = [&](LlamaParam i) { return grads + offsets_[i]; };
@@ -300,33 +319,48 @@ class LlamaBlock final : public Layer {
 
   // What forward keeps for backward, rows N. Under bf16 the matrix-product inputs (the norms'
   // outputs, qkv after RoPE, the probabilities, atty, gate|up and the SwiGLU output) are bf16;
-  // res1 and the norms' statistics stay fp32.
+  // res1 and the norms' statistics stay fp32. ln1, ln2 and act, what recompute() rewrites, come
+  // last, or from `recomputed` when that is set (LayerWorkspace::recomputed); `recomputed`
+  // counts their floats.
   struct Saved {
-    Kept ln1;        // (N, C)
     float* rstd1;    // (N)
     Kept qkv;        // (N, W), q and k rotated
     Kept att;        // materialised: (B, H, T, T) probabilities
     float* lse;      // fused: (B, H, T)
     Kept atty;       // (N, Q)
     float* res1;     // (N, C)
-    Kept ln2;        // (N, C)
     float* rstd2;    // (N)
     Kept gu;         // (N, 2F) gate | up
+    Kept ln1, ln2;   // (N, C) each
     Kept act;        // (N, F) silu(gate) * up
-    std::size_t size;
-    static Saved at(float* base, const LlamaBlock& b, int batch, bool bf16) {
+    std::size_t size, recomputed;
+    static Saved at(float* base, float* recomputed, const LlamaBlock& b, int batch, bool bf16) {
       const std::size_t n = std::size_t(batch) * b.t_, c = b.c_, f = b.f_;
       const std::size_t rows = std::size_t(batch) * b.h_ * b.t_;  // (B, H, T)
       Carver k(base);
-      const auto kept = [&](std::size_t count) { return Kept::take(k, count, bf16); };
-      Saved s{kept(n * c), k.take(n), kept(n * b.qkv_width()),
-              kept(b.fused_ ? 0 : rows * b.t_), k.take(b.fused_ ? rows : 0),
-              kept(n * b.q_width()), k.take(n * c), kept(n * c), k.take(n), kept(2 * n * f),
-              kept(n * f), 0};
+      const auto kept = [&](Carver& in, std::size_t count) { return Kept::take(in, count, bf16); };
+      Saved s{k.take(n), kept(k, n * b.qkv_width()), kept(k, b.fused_ ? 0 : rows * b.t_),
+              k.take(b.fused_ ? rows : 0), kept(k, n * b.q_width()), k.take(n * c), k.take(n),
+              kept(k, 2 * n * f), {}, {}, {}, 0, 0};
+      Carver apart(recomputed), measure(nullptr);
+      Carver& r = recomputed ? apart : k;
+      s.ln1 = kept(r, n * c);
+      s.ln2 = kept(r, n * c);
+      s.act = kept(r, n * f);
+      for (std::size_t count : {n * c, n * c, n * f}) (void)kept(measure, count);
       s.size = k.used();
+      s.recomputed = measure.used();
       return s;
     }
   };
+
+  // act = silu(gate) * up, from the kept gate | up.
+  void swiglu(Device& dev, const Saved& s, int n) const {
+    if (s.gu.bf16)
+      dev.swiglu_forward(s.gu.bf16, s.act.bf16, n, f_);
+    else
+      dev.swiglu_forward(s.gu.f32, s.act.f32, n, f_);
+  }
 
   // Backward's temporaries; forward's too under bf16 (products' fp32 outputs before rounding).
   struct Scratch {

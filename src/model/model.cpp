@@ -10,21 +10,33 @@
 //    alternate between two ping-pong buffers, so a layer's din is never its dout.
 //
 // Note [Recomputation]
-//   trainer.recompute: full (Replica's Recompute::full) is block-level activation
-//   checkpointing, done here, for any model: a layer the model marks recomputable (GPT's blocks)
-//   keeps its input, the output of the layer before, which the replica keeps anyway, and no
-//   saved workspace of its own. Every recomputed layer shares one saved workspace, as large as
-//   the largest of theirs. Forward runs as before, each recomputed layer writing its saved
-//   values into the shared one over the layer's before. Backward, before a recomputed layer's
-//   backward, runs its forward again on the same input and parameters into the shared
-//   workspace and its output buffer; the last one forward ran still has its values there and
-//   is not rerun. So one block's saved activations are alive at a time.
-//   What makes it bit-identical to Recompute::none: the rerun is the same call, forward(params,
-//   in, out, batch, workspace) with the same parameters, input bits, batch, precision and bf16
-//   parameter copy, on the same device, so the same kernels run in the same order on the same
-//   values and write the same bits into the saved workspace and the output (which already holds
-//   them); backward then reads exactly what it read without recomputation. Nothing is allocated
-//   (the shared workspace is the replica's, sized once) and nothing is read back to the host.
+//   trainer.recompute (Replica's Recompute) trades backward time for activation memory in the
+//   layers a model marks recomputable (a decoder's blocks), for any model, here:
+//   - full is block-level activation checkpointing: a recomputable layer keeps its input, the
+//     output of the layer before, which the replica keeps anyway, and no saved workspace of its
+//     own. Every recomputed layer shares one saved workspace, as large as the largest of
+//     theirs. Forward runs as before, each recomputed layer writing its saved values into the
+//     shared one over the layer's before. Backward, before a recomputed layer's backward, runs
+//     its forward again on the same input and parameters into the shared workspace and its
+//     output buffer. So one block's saved activations are alive at a time.
+//   - selective keeps what a matrix product or the attention made (qkv, atty, res1, GELU's
+//     input fc or SwiGLU's gate | up, the attention's log-sum-exp or probabilities, the norms'
+//     statistics) and drops what element-wise kernels make from those: the norms' outputs and
+//     GELU's or SwiGLU's (Layer::recomputed_size; a GPT-2 block's 3 (N, C)-equivalents of its 8,
+//     llm.c's recompute of GELU and LayerNorm, torchtitan's selective checkpointing by op). The
+//     recomputable layers' dropped parts share one buffer (LayerWorkspace::recomputed), and
+//     backward calls Layer::recompute, which reruns those kernels on what was kept.
+//   In both, the last layer forward ran still has its values in the shared buffer and is not
+//   rerun. Nothing is allocated (the shared buffer is the replica's, sized once) and nothing
+//   is read back to the host, so the step's guards hold; the bytes are Replica's and the memory
+//   plan's alike (activation_bytes in src/train/memory_plan.cpp).
+//   What makes it bit-identical to Recompute::none: the rerun is the same call on the same
+//   values: forward(params, in, out, batch, workspace) with the same parameters, input bits,
+//   batch, precision and bf16 parameter copy, on the same device, or for selective the same
+//   element-wise kernels on the values forward gave them (the norms of the kept input and res1,
+//   Device's residual norms being bit for bit the add then the plain norm; GELU of the kept fc,
+//   SwiGLU of the kept gate | up), so they write the same bits (the norms' statistics are
+//   rewritten with their own), and backward reads exactly what it read without recomputation.
 //   What would break it: a forward that is not a pure function of (parameters, input) (dropout
 //   drawing from a generator state, a counter, anything kept between calls); kernels whose
 //   result depends on timing (atomics summing in arrival order, an autotuner choosing another
@@ -35,6 +47,12 @@
 //   logits, which the loss overwrites with their gradient, are why a last layer never is).
 //   The CPU's kernels are deterministic; on a GPU the forward kernels used (cuBLAS(Lt) products
 //   with a fixed algorithm, the fused attention's forward) are run-to-run deterministic too.
+//   One known difference, selective on CUDA: where cuBLASLt fuses GELU into c_fc's product
+//   (Note [Fused linear]) forward applies its GELU to the fp32 pre-activation, while the
+//   recompute applies lockstep's GELU kernel to the kept fc, so a GPT-2 block's GELU output may
+//   differ from none's in the last bit (bf16) or in cuBLASLt's GELU formula (fp32); the CPU,
+//   the Llama blocks' SwiGLU and LOCKSTEP_CUDA_LINEAR=bias or composed run the same kernel both
+//   times. full has no such case: it reruns the forward itself.
 #include <algorithm>
 #include <functional>
 #include <stdexcept>
@@ -191,19 +209,26 @@ Replica::Replica(Device& device, const Model& model, int max_batch, Precision pr
   // Activation gradients are layers' din: as wide as the widest input after the first layer.
   int din_width = 1;
   std::size_t scratch = 0, shared = 0;
+  const Layer& last = *model.layers().back();  // a model has at least one layer
+  const bool logits_bf16 = precision == Precision::bf16 && last.dout_bf16();
   for (std::size_t i = 0; i < model.layers().size(); ++i) {
     const Layer& layer = *model.layers()[i];
     if (i > 0) din_width = std::max(din_width, layer.in_features());
-    acts_.emplace_back(device, elements(max_batch, layer.out_features()));
+    // A bf16 LM head writes its logits into dlogits_bf16_ instead (see forward()).
+    const bool head = i + 1 == model.layers().size() && logits_bf16;
+    acts_.emplace_back(device, head ? 0 : elements(max_batch, layer.out_features()));
     const std::size_t saved = layer.workspace_size(max_batch, precision);
-    saved_.emplace_back(device, recomputes(i) ? 0 : saved);
-    if (recomputes(i)) shared = std::max(shared, saved);
+    // Note [Recomputation]: what a recomputed layer keeps of its own, and what it shares.
+    const std::size_t dropped = !recomputes(i)                    ? 0
+                                : recompute == Recompute::full ? saved
+                                                               : layer.recomputed_size(max_batch, precision);
+    saved_.emplace_back(device, saved - dropped);
+    shared = std::max(shared, dropped);
     scratch = std::max(scratch, layer.scratch_size(max_batch, precision));
   }
   scratch_ = DeviceArray<float>(device, scratch);
   shared_saved_ = DeviceArray<float>(device, shared);
-  const Layer& last = *model.layers().back();  // a model has at least one layer
-  if (precision == Precision::bf16 && last.dout_bf16())
+  if (logits_bf16)
     dlogits_bf16_ = DeviceArray<std::uint16_t>(device, elements(max_batch, last.out_features()));
   for (DeviceArray<float>& d : dbuf_) d = DeviceArray<float>(device, elements(max_batch, din_width));
   // Note [Layer constants]: one device copy of each distinct table.
@@ -236,18 +261,21 @@ void Replica::refresh_bf16() {
 }
 
 bool Replica::recomputes(std::size_t layer) const {
-  return recompute_ == Recompute::full && model_->recomputable(layer);
+  return recompute_ != Recompute::none && model_->recomputable(layer);
 }
 
 LayerWorkspace Replica::workspace(std::size_t layer) {
   const std::uint16_t* bf16 = params_bf16_.data();
-  return {.saved = recomputes(layer) ? shared_saved_.data() : saved_[layer].data(),
+  const bool full = recompute_ == Recompute::full && recomputes(layer);
+  const bool selective = recompute_ == Recompute::selective && recomputes(layer);
+  return {.saved = full ? shared_saved_.data() : saved_[layer].data(),
           .scratch = scratch_.data(),
           .precision = precision_,
           .params_bf16 = bf16 ? bf16 + model_->read_offset(layer) : nullptr,
           .dout_bf16 = layer + 1 == model_->layers().size() ? dlogits_bf16_.data() : nullptr,
           .out_bf16 = layer + 1 == model_->layers().size() ? dlogits_bf16_.data() : nullptr,
-          .constants = constant_of_[layer] >= 0 ? constants_[constant_of_[layer]].data() : nullptr};
+          .constants = constant_of_[layer] >= 0 ? constants_[constant_of_[layer]].data() : nullptr,
+          .recomputed = selective ? shared_saved_.data() : nullptr};
 }
 
 std::vector<float> Replica::parameters() const { return params_.download(); }
@@ -270,6 +298,8 @@ void Replica::run_forward(const float* x, int batch) {
 
 const float* Replica::forward(const float* x, int batch) {
   run_forward(x, batch);
+  if (dlogits_bf16_.size() && !acts_.back().size())
+    acts_.back() = DeviceArray<float>(*device_, dlogits_bf16_.size());
   if (dlogits_bf16_.size())
     device_->from_bf16(dlogits_bf16_.data(), acts_.back().data(),
                        elements(batch, model_->layers().back()->out_features()));
@@ -302,8 +332,11 @@ void Replica::backward(const float* x, const float* dlogits, int batch,
     const std::size_t offset = model_->read_offset(i);
     if (recomputes(i) && shared_holds_ != i) {  // Note [Recomputation]
       const detail::NvtxRange recompute("recompute layers.", i);
-      layers[i]->forward(*device_, params_.data() + offset, in, acts_[i].data(), batch,
-                         workspace(i));
+      if (recompute_ == Recompute::full)
+        layers[i]->forward(*device_, params_.data() + offset, in, acts_[i].data(), batch,
+                           workspace(i));
+      else
+        layers[i]->recompute(*device_, params_.data() + offset, in, batch, workspace(i));
       shared_holds_ = i;
     }
     const detail::NvtxRange range("backward layers.", i);
@@ -315,16 +348,32 @@ void Replica::backward(const float* x, const float* dlogits, int batch,
   }
 }
 
+std::size_t Replica::activation_bytes() const {
+  std::size_t floats = scratch_.size() + shared_saved_.size() + dbuf_[0].size() + dbuf_[1].size();
+  for (const auto* buffers : {&acts_, &saved_, &constants_})
+    for (const DeviceArray<float>& a : *buffers) floats += a.size();
+  return floats * sizeof(float) + dlogits_bf16_.size() * sizeof(std::uint16_t);
+}
+
 // The logits' buffer, zeroed, serves as their gradient: the last layer's backward only reads
-// it, as it reads its output, and the next forward overwrites it. With a bf16 LM head backward
-// rounds it into dlogits_bf16_, the buffer the loss writes in a step.
+// it, as it reads its output, and the next forward overwrites it. With a bf16 LM head it is
+// dlogits_bf16_ (zero bits are bf16 zeros, two to a float; the head's rows have an even P),
+// the buffer the loss writes in a step.
 void Replica::warm_up(int batch, const GradientTarget& target) {
   check_batch(batch, max_batch_);
   const DeviceArray<float> x(*device_, elements(batch, model_->inputs()));  // allocated zeroed
-  forward(x.data(), batch);
-  float* dlogits = acts_.back().data();
-  device_->fill(dlogits, 0.0f, elements(batch, model_->outputs()));
-  backward(x.data(), dlogits, batch, {}, target);
+  const std::size_t n = elements(batch, model_->outputs());
+  if (dlogits_bf16_.size()) {
+    if (n % 2 != 0) throw std::logic_error("replica: a bf16 LM head's logits have an odd count");
+    run_forward(x.data(), batch);
+    device_->fill(reinterpret_cast<float*>(dlogits_bf16_.data()), 0.0f, n / 2);
+    backward(x.data(), nullptr, batch, {}, target);
+  } else {
+    forward(x.data(), batch);
+    float* dlogits = acts_.back().data();
+    device_->fill(dlogits, 0.0f, n);
+    backward(x.data(), dlogits, batch, {}, target);
+  }
   zero_grads();
 }
 

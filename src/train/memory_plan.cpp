@@ -85,14 +85,17 @@ double floats_for(Size size, int batch) {
 
 // Activations, what layers keep for backward, the shared scratch, the two activation gradients
 // and the gradient of the logits (the worker's fp32 dlogits, or under bf16 with a GPT's LM head
-// the replica's bf16 one, Replica::dlogits_bf16), for a batch of `batch`; per sample sizes
-// times the batch, in double, so that no size multiplies out of range.
+// the replica's bf16 one, Replica::dlogits_bf16, which holds the logits too: that head's fp32
+// output buffer is made only by Replica::forward, never in training), for a batch of `batch`;
+// per sample sizes times the batch, in double, so that no size multiplies out of range.
 // Under trainer.recompute full the recomputable layers share one saved workspace, the largest of
-// theirs (Note [Recomputation] in src/model/model.cpp).
+// theirs; under selective their recomputed parts share one buffer, the largest of those (Note
+// [Recomputation] in src/model/model.cpp), as Replica allocates them.
 double activation_bytes(const Model& model, int batch, Precision precision, Recompute recompute) {
   const Layer& last = *model.layers().back();
   const bool dlogits_bf16 = precision == Precision::bf16 && last.dout_bf16();
-  double per_sample = dlogits_bf16 ? last.out_features() / 2.0 : last.out_features();
+  // The worker's fp32 dlogits; the layers' outputs are added below.
+  double per_sample = dlogits_bf16 ? 0.0 : last.out_features();
   double kept = 0, shared = 0, scratch = 0, din = 1;
   std::vector<const std::vector<float>*> constants;  // Note [Layer constants]: one copy each
   for (std::size_t i = 0; i < model.layers().size(); ++i) {
@@ -102,12 +105,16 @@ double activation_bytes(const Model& model, int batch, Precision precision, Reco
       constants.push_back(table.get());
       kept += static_cast<double>(table->size());
     }
-    per_sample += static_cast<double>(layer.out_features());
+    const bool head16 = dlogits_bf16 && i + 1 == model.layers().size();  // in bf16, once
+    per_sample += static_cast<double>(layer.out_features()) / (head16 ? 2.0 : 1.0);
     const double saved = floats_for([&](int b) { return layer.workspace_size(b, precision); }, batch);
-    if (recompute == Recompute::full && model.recomputable(i))
-      shared = std::max(shared, saved);
-    else
-      kept += saved;
+    const double dropped =
+        recompute == Recompute::none || !model.recomputable(i) ? 0.0
+        : recompute == Recompute::full
+            ? saved
+            : floats_for([&](int b) { return layer.recomputed_size(b, precision); }, batch);
+    shared = std::max(shared, dropped);
+    kept += saved - dropped;
     scratch = std::max(
         scratch, floats_for([&](int b) { return layer.scratch_size(b, precision); }, batch));
     if (i > 0) din = std::max(din, static_cast<double>(layer.in_features()));
@@ -221,8 +228,9 @@ MemoryPlan plan_memory(const Config& cfg, const Model& model, const Dataset& tra
 
 std::string memory_suggestion(const MemoryPlan& plan) {
   const bool activations = plan.activations > plan.parameters + plan.gradients + plan.optimizer;
-  if (activations && plan.recompute == Recompute::none && plan.recomputable)
-    return " (activations are most of it: trainer.recompute: full keeps a block's input only)";
+  if (activations && plan.recompute != Recompute::full && plan.recomputable)
+    return " (activations are most of it: trainer.recompute: full keeps a block's input only, "
+           "selective drops its norms' and activation functions' outputs)";
   if (!activations && plan.zero < 2)
     return " (the model's state is most of it: trainer.zero: 2 shards gradients and optimiser "
            "state across workers)";
@@ -251,7 +259,9 @@ std::string describe(const MemoryPlan& p, const MemoryLimit& limit) {
       p.zero_ranks > 1 ? fmt::format(" as a ZeRO-{} shard of {}", p.zero, p.zero_ranks)
                        : std::string(),
       format_bytes(p.activations),
-      p.recompute == Recompute::full ? std::string(" with trainer.recompute full") : std::string(),
+      p.recompute != Recompute::none
+          ? fmt::format(" with trainer.recompute {}", to_string(p.recompute))
+          : std::string(),
       format_bytes(p.staging),
       p.attention_workspace > 0
           ? fmt::format(", cuDNN attention {}", format_bytes(p.attention_workspace))
