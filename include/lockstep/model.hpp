@@ -71,6 +71,9 @@ struct LOCKSTEP_API LayerWorkspace {
   // The replica's device copy of the layer's constants() (Note [Layer constants] in
   // src/model/decoder.cpp), null when it has none.
   const float* constants = nullptr;
+  // Packed sequences: the batch's segment ids on the device, (B, T) int32, or null for one
+  // sequence per row (Replica::set_segments; Note [Segments] in src/model/attention.hpp).
+  const std::int32_t* segments = nullptr;
 };
 
 class LOCKSTEP_API Layer {
@@ -324,6 +327,11 @@ class LOCKSTEP_API Replica {
   // buffer of dlogits_bf16(), where the fused classifier (softmax_cross_entropy with bf16
   // logits) writes their gradient over them. Null, computing nothing, without one.
   const std::uint16_t* forward_bf16(const float* x, int batch);
+  // Packed sequences: (B, T) int32 segment ids on the device for the forward and backward
+  // calls that follow, until set again; null (the default) for one sequence per row. Attention
+  // stays inside a segment and positions restart at each (Note [Segments] in
+  // src/model/attention.hpp).
+  void set_segments(const std::int32_t* segments) noexcept { segments_ = segments; }
   // dlogits (B, outputs). After each layer's parameter gradients are final, calls
   // grads_ready(layer index) so a reducer can start on them; layers run last to first.
   // When dlogits_bf16() is not null, dlogits is first rounded into it; or dlogits may be null,
@@ -374,6 +382,7 @@ class LOCKSTEP_API Replica {
   // Each distinct Layer::constants() table, uploaded once; constant_of_[i]: layer i's, or -1.
   std::vector<DeviceArray<float>> constants_;
   std::vector<int> constant_of_;
+  const std::int32_t* segments_ = nullptr;
 };
 
 }  // namespace lockstep

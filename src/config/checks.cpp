@@ -57,6 +57,13 @@ class Checker {
       integer(fmt::format("{}[{}]", key, i), values[i], rule);
   }
 
+  void choice_list(std::string_view key, const std::vector<std::string>& values,
+                   std::span<const std::string_view> choices, std::string_view) {
+    for (const std::string& v : values)
+      if (std::find(choices.begin(), choices.end(), v) == choices.end())
+        reject(key, fmt::format("some of {}", fmt::join(choices, ", ")), v);
+  }
+
   void devices(std::string_view key, const std::vector<int>& ids, std::string_view) {
     if (ids.empty()) reject(key, "a non-empty list of device ids", "[]");
     integer_list(key, ids, IntRule{.min = 0});
@@ -247,7 +254,8 @@ void check_data_source(const Config& c, const Origins& origins, Problems& proble
                    fmt::format("required when data.dataset is {}", to_string(c.data.dataset)));
   };
   const DatasetKind kind = c.data.dataset;
-  const bool language = kind == DatasetKind::tokens || kind == DatasetKind::text;
+  const bool language =
+      kind == DatasetKind::tokens || kind == DatasetKind::text || kind == DatasetKind::chat;
   if (kind == DatasetKind::csv || language) require_file("data.path", c.data.path);
   if (c.data.dataset == DatasetKind::idx) {
     require_file("data.images", c.data.images);
@@ -261,11 +269,21 @@ void check_data_source(const Config& c, const Origins& origins, Problems& proble
                              c.model.type));
   if (!language && kind != DatasetKind::given && c.model.type == "gpt")
     problems.add(origins.of("model.type"), "model.type",
-                 fmt::format("gpt needs data.dataset tokens or text, got {}", to_string(kind)));
+                 fmt::format("gpt needs data.dataset tokens, text or chat, got {}",
+                             to_string(kind)));
   if (!c.data.tokenizer.empty() && !language)
     problems.add(origins.of("data.tokenizer"), "data.tokenizer",
                  fmt::format("a key of tokens and text data, got data.dataset {}",
                              to_string(kind)));
+  if (kind == DatasetKind::chat && c.data.tokenizer.empty())
+    problems.add(written_or_dataset("data.tokenizer"), "data.tokenizer",
+                 "required when data.dataset is chat: conversations are tokenised with the "
+                 "model's tokenizer, its special tokens included");
+  if (kind != DatasetKind::chat)
+    for (const char* key : {"data.template", "data.train_on", "data.pack", "data.skip_bad_records"})
+      if (origins.written(key))
+        problems.add(origins.of(key), key,
+                     fmt::format("a key of chat data, got data.dataset {}", to_string(kind)));
   if (problems.failed("model.vocab_size")) return;
   if (!c.data.tokenizer.empty()) return;  // the vocabulary is checked against it at load
   const int vocab = c.model.vocab_size;

@@ -247,7 +247,8 @@ LayerWorkspace Replica::workspace(std::size_t layer) {
           .params_bf16 = bf16 ? bf16 + model_->read_offset(layer) : nullptr,
           .dout_bf16 = layer + 1 == model_->layers().size() ? dlogits_bf16_.data() : nullptr,
           .out_bf16 = layer + 1 == model_->layers().size() ? dlogits_bf16_.data() : nullptr,
-          .constants = constant_of_[layer] >= 0 ? constants_[constant_of_[layer]].data() : nullptr};
+          .constants = constant_of_[layer] >= 0 ? constants_[constant_of_[layer]].data() : nullptr,
+          .segments = segments_};
 }
 
 std::vector<float> Replica::parameters() const { return params_.download(); }

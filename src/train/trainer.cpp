@@ -309,7 +309,7 @@ EvalMetrics evaluate(const Config& config, const Model& model, std::span<const f
                                  data.features(), features));
   Replica replica(*device, model, batch, config.trainer.precision);
   replica.load_parameters(params);
-  return detail::eval_metrics(detail::loss_totals(replica, data, 0, 1, batch), 0, data.targets());
+  return detail::eval_metrics(detail::loss_totals(replica, data, 0, 1, batch), 0);
 }
 
 Trainer::Trainer(Config config, std::shared_ptr<const Dataset> train,
@@ -1061,6 +1061,10 @@ Summary Trainer::run() {
   r->failures.rethrow_first();
   im.summary.samples_per_s = im.summary.samples / std::max(1e-9, im.summary.wall_s);
   im.summary.tokens_per_s = im.summary.samples_per_s * im.train->targets();
+  im.summary.loss_tokens_per_s =
+      static_cast<double>(im.summary.loss_tokens) / std::max(1e-9, im.summary.wall_s);
+  if (const auto* chat = dynamic_cast<const ChatDataset*>(im.train.get()))
+    im.summary.skipped_records = static_cast<std::int64_t>(chat->skipped());
   im.summary.mfu = r->context->mfu(im.summary.tokens_per_s);
   if (r->report) r->report->write(im.cfg, im.summary);
   return im.summary;

@@ -39,14 +39,15 @@ void CpuDevice::for_rows_of_squares(int count, int T, const Fn& fn) {
 // logits (rows, classes) stored as L (float, or bf16 widened as read), labels (rows), dlogits
 // (rows, classes) or null, stored as D (float, or bf16 rounded); dlogits may be the logits
 // (each element is read before its own gradient is written). The labels are checked before
-// anything is written: a bad one leaves the sums and dlogits alone and is recorded.
+// anything is written: a bad one leaves the sums and dlogits alone and is recorded. A row
+// labelled kIgnoreLabel adds nothing to the sums and gets a zero gradient.
 template <class L, class D>
 void CpuDevice::softmax_cross_entropy_of(const L* logits, const std::int32_t* labels,
                                          int rows, int classes, D* dlogits, float grad_scale,
                                          LossStats* stats) {
   detail::check_loss_shape(rows, classes);
   for (int r = 0; r < rows; ++r)
-    if (labels[r] < 0 || labels[r] >= classes) {
+    if ((labels[r] < 0 && labels[r] != kIgnoreLabel) || labels[r] >= classes) {
       stats->label_error = std::max(stats->label_error, detail::label_error_key(r, labels[r]));
       return;
     }
@@ -55,6 +56,11 @@ void CpuDevice::softmax_cross_entropy_of(const L* logits, const std::int32_t* la
     LossStats s;
     for (std::size_t r = r0; r < r1; ++r) {
       const L* row = logits + r * nc;
+      if (labels[r] == kIgnoreLabel) {
+        if (dlogits)
+          for (std::size_t j = 0; j < nc; ++j) detail::store_value(&dlogits[r * nc + j], 0.0f);
+        continue;
+      }
       const auto z = [row](std::size_t j) { return detail::load_value(row[j]); };
       const std::size_t label = static_cast<std::size_t>(labels[r]);
       std::size_t argmax = 0;
