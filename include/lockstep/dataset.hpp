@@ -51,11 +51,12 @@ class LOCKSTEP_API Dataset {
   // Whether a label may be kIgnoreLabel: a target that does not count toward the loss (a
   // conversation's prompt, padding; Note [Global token mean] in src/train/worker_loop.cpp).
   virtual bool masks_targets() const noexcept { return false; }
-  // Whether samples are packed: several sequences in one window, each position tagged with the
-  // sequence it belongs to (Note [Packed windows] in src/data/chat.cpp). get_segments() then
-  // copies sample i's segment ids, one per feature, into segments[0..features()).
-  virtual bool segmented() const noexcept { return false; }
-  virtual void get_segments(std::size_t /*i*/, std::int32_t* /*segments*/) const {}
+  // Whether samples are packed: several sequences in one window, each position numbered within
+  // its own sequence (0 where one starts; Note [Packed windows] in src/data/chat.cpp).
+  // get_positions() then copies sample i's positions, one per feature, into
+  // positions[0..features()).
+  virtual bool packed() const noexcept { return false; }
+  virtual void get_positions(std::size_t /*i*/, std::int32_t* /*positions*/) const {}
 };
 
 // Samples held in memory: x (size, features) row-major, y (size).
@@ -228,8 +229,8 @@ class LOCKSTEP_API ChatDataset final : public Dataset {
   int classes() const noexcept override { return vocab_size_; }
   void get(std::size_t i, float* x, std::int32_t* y) const override;
   bool masks_targets() const noexcept override { return true; }
-  bool segmented() const noexcept override { return pack_; }
-  void get_segments(std::size_t i, std::int32_t* segments) const override;
+  bool packed() const noexcept override { return pack_; }
+  void get_positions(std::size_t i, std::int32_t* positions) const override;
 
   std::size_t conversations() const noexcept { return conversations_; }
   std::size_t skipped() const noexcept { return skipped_; }  // bad records left out
@@ -239,7 +240,7 @@ class LOCKSTEP_API ChatDataset final : public Dataset {
  private:
   std::vector<std::uint32_t> inputs_;   // (windows, context)
   std::vector<std::int32_t> labels_;    // (windows, context), kIgnoreLabel where nothing counts
-  std::vector<std::int32_t> segments_;  // (windows, context) when packed
+  std::vector<std::int32_t> positions_;  // (windows, context) when packed
   std::size_t windows_ = 0;
   std::size_t conversations_ = 0;
   std::size_t skipped_ = 0;
@@ -319,7 +320,7 @@ class LOCKSTEP_API DistributedSampler {
 struct LOCKSTEP_API Batch {
   std::vector<float> x;             // (size, features)
   std::vector<std::int32_t> y;      // (size, targets)
-  std::vector<std::int32_t> segments;  // (size, features) when the data is segmented, else empty
+  std::vector<std::int32_t> positions;  // (size, features) when the data is packed, else empty
   std::int64_t counted = 0;         // labels that count toward the loss (not kIgnoreLabel)
   int size = 0;
   std::uint64_t epoch = 0;

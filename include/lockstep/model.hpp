@@ -71,9 +71,10 @@ struct LOCKSTEP_API LayerWorkspace {
   // The replica's device copy of the layer's constants() (Note [Layer constants] in
   // src/model/decoder.cpp), null when it has none.
   const float* constants = nullptr;
-  // Packed sequences: the batch's segment ids on the device, (B, T) int32, or null for one
-  // sequence per row (Replica::set_segments; Note [Segments] in src/model/attention.hpp).
-  const std::int32_t* segments = nullptr;
+  // Packed sequences: each row's position in its own sequence on the device, (B, T) int32, or
+  // null for one sequence per row, at positions 0..T-1 (Replica::set_positions; Note [Packed
+  // attention] in src/model/attention.hpp).
+  const std::int32_t* positions = nullptr;
 };
 
 class LOCKSTEP_API Layer {
@@ -327,11 +328,12 @@ class LOCKSTEP_API Replica {
   // buffer of dlogits_bf16(), where the fused classifier (softmax_cross_entropy with bf16
   // logits) writes their gradient over them. Null, computing nothing, without one.
   const std::uint16_t* forward_bf16(const float* x, int batch);
-  // Packed sequences: (B, T) int32 segment ids on the device for the forward and backward
-  // calls that follow, until set again; null (the default) for one sequence per row. Attention
-  // stays inside a segment and positions restart at each (Note [Segments] in
+  // Packed sequences: (B, T) int32 positions on the device, each row's place in its own
+  // sequence (0 where one starts), for the forward and backward calls that follow, until set
+  // again; null (the default) for one sequence per row. Attention stays inside a sequence and
+  // positions (RoPE, learned) restart at each (Note [Packed attention] in
   // src/model/attention.hpp).
-  void set_segments(const std::int32_t* segments) noexcept { segments_ = segments; }
+  void set_positions(const std::int32_t* positions) noexcept { positions_ = positions; }
   // dlogits (B, outputs). After each layer's parameter gradients are final, calls
   // grads_ready(layer index) so a reducer can start on them; layers run last to first.
   // When dlogits_bf16() is not null, dlogits is first rounded into it; or dlogits may be null,
@@ -382,7 +384,7 @@ class LOCKSTEP_API Replica {
   // Each distinct Layer::constants() table, uploaded once; constant_of_[i]: layer i's, or -1.
   std::vector<DeviceArray<float>> constants_;
   std::vector<int> constant_of_;
-  const std::int32_t* segments_ = nullptr;
+  const std::int32_t* positions_ = nullptr;
 };
 
 }  // namespace lockstep

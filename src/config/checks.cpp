@@ -279,9 +279,20 @@ void check_data_source(const Config& c, const Origins& origins, Problems& proble
     problems.add(written_or_dataset("data.tokenizer"), "data.tokenizer",
                  "required when data.dataset is chat: conversations are tokenised with the "
                  "model's tokenizer, its special tokens included");
+  if (kind == DatasetKind::chat && c.data.pack && c.model.positions != PositionKind::rope)
+    problems.add(origins.of("data.pack"), "data.pack",
+                 "packed conversations need model.positions rope (a Llama-family decoder): "
+                 "GPT-2's learned positions do not yet restart at each conversation");
+  // The chat keys away from their defaults (a printed config lists them at their defaults).
+  const DataConfig defaults;
+  const std::pair<const char*, bool> chat_keys[] = {
+      {"data.template", c.data.chat_template != defaults.chat_template},
+      {"data.train_on", c.data.train_on != defaults.train_on},
+      {"data.pack", c.data.pack},
+      {"data.skip_bad_records", c.data.skip_bad_records}};
   if (kind != DatasetKind::chat)
-    for (const char* key : {"data.template", "data.train_on", "data.pack", "data.skip_bad_records"})
-      if (origins.written(key))
+    for (const auto& [key, set] : chat_keys)
+      if (set)
         problems.add(origins.of(key), key,
                      fmt::format("a key of chat data, got data.dataset {}", to_string(kind)));
   if (problems.failed("model.vocab_size")) return;

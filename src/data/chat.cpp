@@ -6,12 +6,12 @@
 // A template is data, not a code path per model: a row of the table below says what goes
 // before the first message, before each message (with {role} for its role), after its content
 // (the end-of-turn token, which counts toward the loss with the content) and after that (which
-// does not). Its pieces' special tokens ("<|im_start|>") are the tokenizer's special tokens; the
-// content is ordinary text, encoded piece by piece. Hugging Face's tokenizers split text at
-// special tokens first and pre-tokenise each run between them, and every pattern we read breaks
-// a newline from the letters after it, so encoding the pieces one by one gives the ids that
-// apply_chat_template gives the rendered string (tests/interop/test_chat_template.cpp checks it
-// against transformers for both templates).
+// does not). The conversation is rendered to one string and encoded whole, special tokens'
+// text ("<|im_start|>") as those tokens, as apply_chat_template renders and tokenises it
+// (tests/interop/test_chat_template.cpp checks the ids against transformers for both
+// templates): encoding the pieces one by one would not do, as a pre-token may run across them
+// (llama3's "\n\n" after the header is two pre-tokens before a letter, one at a string's end).
+// A token counts when its first byte lies in a counted piece.
 //   chatml (Qwen2, SmolLM2): <|im_start|>{role}\n{content}<|im_end|>\n
 //   llama3 (Llama 3):        <|begin_of_text|> once, then
 //                            <|start_header_id|>{role}<|end_header_id|>\n\n{content, trimmed}<|eot_id|>
@@ -25,11 +25,12 @@
 // window of its own, filled out with padding (input 0, target kIgnoreLabel): with causal
 // attention, padding after the conversation changes none of its positions. Packed, conversations
 // go into windows in file order, a conversation starting a new window when the current one has
-// no room for it whole (none is split: its positions restart at 0, like its RoPE angles); each
-// position carries its conversation's index in the window as its segment id (padding takes the
-// next id, a segment of its own), and attention never crosses segments (Note [Segments] in
-// src/model/attention.hpp). A packed window then computes what the same conversations each in
-// a window of its own would.
+// no room for it whole (none is split). Each position carries its place in its own
+// conversation, 0 where one starts (the padding after the last counts on from 0 too, a sequence
+// of its own): the positions the model embeds (RoPE's angles, GPT-2's learned rows), and the
+// bound of attention, which for a query at position p reads only the p keys before it (Note
+// [Packed attention] in src/model/attention.hpp). A packed window then computes what the same
+// conversations each in a window of its own would.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -95,9 +96,10 @@ std::string_view trimmed(std::string_view s) {
   return s.substr(first, s.find_last_not_of(kSpace) - first + 1);
 }
 
-void append(ChatTokens& out, const std::vector<TokenId>& ids, bool counted) {
-  out.ids.insert(out.ids.end(), ids.begin(), ids.end());
-  out.counted.insert(out.counted.end(), ids.size(), counted ? 1 : 0);
+// Appends `piece` to the rendering, and whether each of its bytes counts.
+void append(std::string& text, std::vector<char>& counted, std::string_view piece, bool counts) {
+  text.append(piece);
+  counted.insert(counted.end(), piece.size(), counts ? 1 : 0);
 }
 
 }  // namespace
@@ -115,21 +117,31 @@ ChatTokens render_chat(const Tokenizer& tokenizer, std::string_view chat_templat
           "data.template {}: the tokenizer {} has no special token {}: expected a tokenizer of "
           "a model trained with this template",
           t.name, tokenizer.source().string(), special));
-  ChatTokens out;
-  append(out, tokenizer.encode_with_special(t.start), false);
+  std::string text;
+  std::vector<char> byte_counts;
+  append(text, byte_counts, t.start, false);
   for (const ChatMessage& m : messages) {
     if (std::find(std::begin(kRoles), std::end(kRoles), m.role) == std::end(kRoles))
       throw InputError(fmt::format("unknown role '{}': expected one of {}", m.role,
                                    fmt::join(kRoles, ", ")));
-    const bool counted = std::find(train_on.begin(), train_on.end(), m.role) != train_on.end();
+    const bool counts = std::find(train_on.begin(), train_on.end(), m.role) != train_on.end();
     std::string before(t.before);
     before.replace(before.find("{role}"), 6, m.role);
-    append(out, tokenizer.encode_with_special(before), false);
-    append(out, tokenizer.encode(t.trim ? trimmed(m.content) : std::string_view(m.content)),
-           counted);
-    append(out, tokenizer.encode_with_special(t.end_of_turn), counted);
-    append(out, tokenizer.encode_with_special(t.after), false);
+    append(text, byte_counts, before, false);
+    append(text, byte_counts, t.trim ? trimmed(m.content) : std::string_view(m.content), counts);
+    append(text, byte_counts, t.end_of_turn, counts);
+    append(text, byte_counts, t.after, false);
   }
+  ChatTokens out;
+  out.ids = tokenizer.encode_with_special(text);
+  std::size_t at = 0;  // the byte each token starts at
+  for (const TokenId id : out.ids) {
+    out.counted.push_back(at < byte_counts.size() ? byte_counts[at] : 0);
+    at += tokenizer.token_bytes(id).size();
+  }
+  if (at != text.size())
+    throw std::logic_error(fmt::format("render_chat: the ids spell {} bytes of {}", at,
+                                       text.size()));
   return out;
 }
 
@@ -142,19 +154,18 @@ ChatDataset::ChatDataset(std::span<const ChatTokens> conversations, int context,
   if (context < 1) throw InputError(fmt::format("chat dataset: context {}: expected >= 1", context));
   const auto t = static_cast<std::size_t>(context);
   std::size_t used = t;  // positions filled in the current window: none open yet
-  int segment = 0;
   const auto open_window = [&] {
     inputs_.resize(inputs_.size() + t, 0);
     labels_.resize(labels_.size() + t, kIgnoreLabel);
-    if (pack_) segments_.resize(segments_.size() + t, 0);
+    if (pack_) positions_.resize(positions_.size() + t, 0);
     ++windows_;
     used = 0;
-    segment = 0;
   };
-  // Pads the open window's tail as a segment of its own.
+  // Numbers the open window's padding as a sequence of its own.
   const auto close_window = [&] {
     if (!pack_ || windows_ == 0) return;
-    for (std::size_t k = used; k < t; ++k) segments_[(windows_ - 1) * t + k] = segment;
+    for (std::size_t k = used; k < t; ++k)
+      positions_[(windows_ - 1) * t + k] = static_cast<std::int32_t>(k - used);
   };
   for (const ChatTokens& c : conversations) {
     if (c.ids.size() < 2) continue;  // no position
@@ -178,10 +189,9 @@ ChatDataset::ChatDataset(std::span<const ChatTokens> conversations, int context,
         labels_[at + k] = static_cast<std::int32_t>(c.ids[k + 1]);
         ++counted_;
       }
-      if (pack_) segments_[at + k] = segment;
+      if (pack_) positions_[at + k] = static_cast<std::int32_t>(k);
     }
     used += positions;
-    ++segment;
   }
   close_window();
 }
@@ -194,14 +204,12 @@ void ChatDataset::get(std::size_t i, float* x, std::int32_t* y) const {
   std::memcpy(y, labels_.data() + i * t, t * sizeof(std::int32_t));
 }
 
-void ChatDataset::get_segments(std::size_t i, std::int32_t* segments) const {
+void ChatDataset::get_positions(std::size_t i, std::int32_t* positions) const {
   if (i >= windows_)
     throw std::out_of_range(fmt::format("chat dataset: sample {} of {}", i, windows_));
   const auto t = static_cast<std::size_t>(context_);
-  if (pack_)
-    std::memcpy(segments, segments_.data() + i * t, t * sizeof(std::int32_t));
-  else
-    std::fill_n(segments, t, 0);
+  for (std::size_t k = 0; k < t; ++k)
+    positions[k] = pack_ ? positions_[i * t + k] : static_cast<std::int32_t>(k);
 }
 
 // ---- The reader -----------------------------------------------------------------------------

@@ -65,7 +65,7 @@ Batch ShardLoader::State::assemble(std::span<const std::size_t> indices, std::ui
   Batch b;
   b.x.resize(indices.size() * features);
   b.y.resize(indices.size() * targets);
-  if (data->segmented()) b.segments.resize(indices.size() * features);
+  if (data->packed()) b.positions.resize(indices.size() * features);
   b.size = static_cast<int>(indices.size());
   b.epoch = epoch;
   b.index_in_epoch = index_in_epoch;
@@ -73,7 +73,7 @@ Batch ShardLoader::State::assemble(std::span<const std::size_t> indices, std::ui
   for (std::size_t k = 0; k < indices.size(); ++k) {
     std::int32_t* y = b.y.data() + k * targets;
     data->get(indices[k], b.x.data() + k * features, y);
-    if (!b.segments.empty()) data->get_segments(indices[k], b.segments.data() + k * features);
+    if (!b.positions.empty()) data->get_positions(indices[k], b.positions.data() + k * features);
     // Dataset is open to user subclasses; a bad label is bad input (the loss would also catch
     // it on the device, but here the sample is known).
     for (std::size_t t = 0; t < targets; ++t) {

@@ -248,7 +248,7 @@ LayerWorkspace Replica::workspace(std::size_t layer) {
           .dout_bf16 = layer + 1 == model_->layers().size() ? dlogits_bf16_.data() : nullptr,
           .out_bf16 = layer + 1 == model_->layers().size() ? dlogits_bf16_.data() : nullptr,
           .constants = constant_of_[layer] >= 0 ? constants_[constant_of_[layer]].data() : nullptr,
-          .segments = segments_};
+          .positions = positions_};
 }
 
 std::vector<float> Replica::parameters() const { return params_.download(); }

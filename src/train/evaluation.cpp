@@ -18,9 +18,9 @@ LossTotals loss_totals(Replica& replica, const Dataset& data, std::size_t first,
   std::vector<std::int32_t> y(static_cast<std::size_t>(batch) * targets);
   DeviceArray<float> xd(dev, x.size());
   DeviceArray<std::int32_t> yd(dev, y.size());
-  // Packed data: each batch's segment ids (Note [Packed windows] in src/data/chat.cpp).
-  std::vector<std::int32_t> segments(data.segmented() ? x.size() : 0);
-  DeviceArray<std::int32_t> segments_d(dev, segments.size());
+  // Packed data: each batch's positions (Note [Packed windows] in src/data/chat.cpp).
+  std::vector<std::int32_t> positions(data.packed() ? x.size() : 0);
+  DeviceArray<std::int32_t> positions_d(dev, positions.size());
   DeviceArray<LossStats> stats(dev, 1);  // summed on the device over every batch, read once
   LossTotals totals;
   for (std::size_t i = first; i < data.size();) {
@@ -28,16 +28,16 @@ LossTotals loss_totals(Replica& replica, const Dataset& data, std::size_t first,
     for (; rows < batch && i < data.size(); ++rows, i += stride) {
       data.get(i, x.data() + static_cast<std::size_t>(rows) * features,
                y.data() + static_cast<std::size_t>(rows) * targets);
-      if (!segments.empty())
-        data.get_segments(i, segments.data() + static_cast<std::size_t>(rows) * features);
+      if (!positions.empty())
+        data.get_positions(i, positions.data() + static_cast<std::size_t>(rows) * features);
     }
     const std::size_t labels = static_cast<std::size_t>(rows) * targets;
     xd.upload(std::span<const float>(x.data(), static_cast<std::size_t>(rows) * features));
     yd.upload(std::span<const std::int32_t>(y.data(), labels));
-    if (!segments.empty()) {
-      segments_d.upload(
-          std::span<const std::int32_t>(segments.data(), static_cast<std::size_t>(rows) * features));
-      replica.set_segments(segments_d.data());
+    if (!positions.empty()) {
+      positions_d.upload(
+          std::span<const std::int32_t>(positions.data(), static_cast<std::size_t>(rows) * features));
+      replica.set_positions(positions_d.data());
     }
     // A bf16 LM head's logits as the step reads them (Note [Fused classifier]).
     if (const std::uint16_t* logits16 = replica.forward_bf16(xd.data(), rows))
@@ -52,7 +52,7 @@ LossTotals loss_totals(Replica& replica, const Dataset& data, std::size_t first,
     totals.samples += rows;
     if (after_batch) after_batch();
   }
-  replica.set_segments(nullptr);
+  replica.set_positions(nullptr);
   const LossStats s = stats.download().front();
   check_labels(s, classes, "eval data, a batch");
   totals.loss_sum = s.loss_sum;

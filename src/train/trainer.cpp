@@ -280,10 +280,24 @@ MlpSpec mlp_spec(const Config& config, const Dataset& train) {
 
 AttentionChoice attention_choice(const Config& config, std::string_view backend) {
   const TrainerConfig& tc = config.trainer;
-  return choose_attention(config.model.attention,
-                          backend.empty() ? backend_name(tc.backend, tc.devices) : backend,
-                          tc.precision, config.model.context,
-                          config.model.n_head > 0 ? gpt_spec(config.model, 1).head_size() : 0);
+  const std::string_view name = backend.empty() ? backend_name(tc.backend, tc.devices) : backend;
+  AttentionChoice choice =
+      choose_attention(config.model.attention, name, tc.precision, config.model.context,
+                       config.model.n_head > 0 ? gpt_spec(config.model, 1).head_size() : 0);
+  // Packed windows on cuda: cuDNN's fused attention takes no per-row bound (Note [Packed
+  // attention] in src/model/attention.hpp), so the materialised path, which does.
+  const bool packed = config.data.dataset == DatasetKind::chat && config.data.pack;
+  if (packed && name == "cuda" && choice.path == AttentionKind::fused) {
+    if (config.model.attention == AttentionKind::fused)
+      throw InputError(fmt::format(
+          "{}: model.attention fused: cuDNN's fused attention takes no mask for packed "
+          "conversations (data.pack: true); set model.attention materialized or auto",
+          config.source));
+    choice = {.path = AttentionKind::materialized,
+              .detail = "(T, T) matrices (auto: data.pack on cuda, where cuDNN's fused attention "
+                        "takes no mask for packed sequences)"};
+  }
+  return choice;
 }
 
 Model make_model(const Config& config, const Dataset& train, std::string_view backend) {

@@ -65,13 +65,13 @@ Totals all_reduce_fields(Communicator& comm, const Totals& mine) {
 // ---- Double buffering ---------------------------------------------------------------------------
 
 StagedBatches::StagedBatches(Device& device, ShardLoader& loader, std::size_t x_bytes,
-                             std::size_t y_bytes, std::size_t segment_bytes, std::int64_t batches,
+                             std::size_t y_bytes, std::size_t position_bytes, std::int64_t batches,
                              std::vector<TraceEvent>* track)
     : loader_(loader), track_(track), left_(batches) {
   for (Staged& s : staged_) {
     s.x = device.make_staged_buffer(x_bytes);
     s.y = device.make_staged_buffer(y_bytes);
-    if (segment_bytes > 0) s.segments = device.make_staged_buffer(segment_bytes);
+    if (position_bytes > 0) s.positions = device.make_staged_buffer(position_bytes);
   }
   if (left_ > 0) stage(staged_[current_]);
 }
@@ -90,7 +90,7 @@ void StagedBatches::stage(Staged& s) {
   }
   s.x->stage(std::as_bytes(std::span(s.batch.x)));
   s.y->stage(std::as_bytes(std::span(s.batch.y)));
-  if (s.segments) s.segments->stage(std::as_bytes(std::span(s.batch.segments)));
+  if (s.positions) s.positions->stage(std::as_bytes(std::span(s.batch.positions)));
   --left_;
 }
 
@@ -119,7 +119,7 @@ const StagedBatches::Staged& StagedBatches::take() {
   Staged& ready = staged_[current_];
   ready.x->wait();
   ready.y->wait();
-  if (ready.segments) ready.segments->wait();
+  if (ready.positions) ready.positions->wait();
   current_ = 1 - current_;
   if (left_ > 0) stage(staged_[current_]);  // the next batch travels while this one computes
   return ready;
@@ -303,7 +303,7 @@ void WorkerLoop::set_up_data(bool cores_scarce) {
   res_.batches = std::make_unique<StagedBatches>(
       *res_.device, *res_.loader, static_cast<std::size_t>(batch) * train.features() * sizeof(float),
       static_cast<std::size_t>(batch) * train.targets() * sizeof(std::int32_t),
-      train.segmented() ? static_cast<std::size_t>(batch) * train.features() * sizeof(std::int32_t)
+      train.packed() ? static_cast<std::size_t>(batch) * train.features() * sizeof(std::int32_t)
                         : 0,
       (run_.total_steps - pos_.step) * k, track_);
 }
@@ -456,7 +456,7 @@ bool WorkerLoop::run_micro_batch(int micro, StepTotals& mine) {
   // model predicts `targets` tokens per sample.
   const int predictions = b.size * targets;
   const float grad_scale = loss_scale(micro, b);
-  replica.set_segments(in.segments ? in.segments->data<std::int32_t>() : nullptr);
+  replica.set_positions(in.positions ? in.positions->data<std::int32_t>() : nullptr);
   StepGraphs& graphs = *res_.graphs;  // Note [Step graphs]: each part captured, replayed or not
   {
     TraceSpan span(track_, "forward", pos_.step);

@@ -196,14 +196,14 @@ class StagedBatches {
   struct Staged {
     std::unique_ptr<StagedBuffer> x;  // (batch, features) floats
     std::unique_ptr<StagedBuffer> y;  // (batch, targets) int32
-    // (batch, features) int32 segment ids of packed data (Note [Packed windows] in
+    // (batch, features) int32 positions of packed data (Note [Packed windows] in
     // src/data/chat.cpp); null otherwise.
-    std::unique_ptr<StagedBuffer> segments;
+    std::unique_ptr<StagedBuffer> positions;
     Batch batch;                      // its host copy: size, epoch and position
   };
-  // `batches`: how many the run will take. Stages the first. `segment_bytes` 0: no segments.
+  // `batches`: how many the run will take. Stages the first. `position_bytes` 0: no positions.
   StagedBatches(Device& device, ShardLoader& loader, std::size_t x_bytes, std::size_t y_bytes,
-                std::size_t segment_bytes, std::int64_t batches, std::vector<TraceEvent>* track);
+                std::size_t position_bytes, std::int64_t batches, std::vector<TraceEvent>* track);
   // The next batch, ready for kernels; the one after starts on its way.
   const Staged& take();
   // The labels that count (Batch::counted) in the next `n` batches take() returns, read ahead

@@ -289,7 +289,28 @@ __global__ void causal_softmax_backward_kernel(const P* p, const float* dp, DS* 
     detail::store_value(&dsr[j], j <= i ? scale * detail::load_value(pr[j]) * (dpr[j] - d) : 0.0f);
 }
 
+// One warp per row of the (B, H, T, T) scores: the keys j < i - positions[b][i] get -inf.
+__global__ void mask_packed_scores_kernel(float* s, const std::int32_t* positions,
+                                          std::size_t rows, int heads, int T) {
+  const std::size_t row = warp_row();
+  if (row >= rows) return;
+  const int i = static_cast<int>(row % static_cast<std::size_t>(T));
+  const std::size_t b = row / static_cast<std::size_t>(T) / static_cast<std::size_t>(heads);
+  const int first = i - positions[b * static_cast<std::size_t>(T) + i];
+  float* sr = s + row * T;
+  for (int j = lane(); j < first; j += kWarp) sr[j] = -INFINITY;
+}
+
 }  // namespace
+
+void launch_mask_packed_scores(cudaStream_t stream, float* s, const std::int32_t* positions,
+                               int batch, int heads, int T) {
+  const std::size_t rows = static_cast<std::size_t>(batch) * heads * T;
+  if (rows == 0) return;
+  mask_packed_scores_kernel<<<blocks_for_rows(rows), kThreads, 0, stream>>>(s, positions, rows,
+                                                                            heads, T);
+  CUDA_CHECK(cudaGetLastError());
+}
 
 // L, D: the storages of the logits and dlogits; bf16 logits take the fused classifier.
 template <class L, class D>
