@@ -97,6 +97,13 @@ struct LOCKSTEP_API DataConfig {
                                  // (not for tokens and text)
   int prefetch = 2;              // batches each worker's loader thread assembles ahead of
                                  // compute; 0: no thread (see ShardLoader)
+  // chat (ChatOptions in lockstep/dataset.hpp): the template conversations are rendered with,
+  // the roles whose tokens count toward the loss, several conversations to a window, and bad
+  // records skipped rather than refused.
+  std::string chat_template = "chatml";
+  std::vector<std::string> train_on = {"assistant"};
+  bool pack = false;
+  bool skip_bad_records = false;
 };
 
 struct LOCKSTEP_API OptimizerConfig {

@@ -20,6 +20,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -47,6 +48,15 @@ class LOCKSTEP_API Dataset {
   // (x = (raw - mean) / std), for checkpoints to record; empty when they were not.
   virtual std::span<const float> feature_mean() const noexcept { return {}; }
   virtual std::span<const float> feature_std() const noexcept { return {}; }
+  // Whether a label may be kIgnoreLabel: a target that does not count toward the loss (a
+  // conversation's prompt, padding; Note [Global token mean] in src/train/worker_loop.cpp).
+  virtual bool masks_targets() const noexcept { return false; }
+  // Whether samples are packed: several sequences in one window, each position numbered within
+  // its own sequence (0 where one starts; Note [Packed windows] in src/data/chat.cpp).
+  // get_positions() then copies sample i's positions, one per feature, into
+  // positions[0..features()).
+  virtual bool packed() const noexcept { return false; }
+  virtual void get_positions(std::size_t /*i*/, std::int32_t* /*positions*/) const {}
 };
 
 // Samples held in memory: x (size, features) row-major, y (size).
@@ -167,6 +177,90 @@ LOCKSTEP_API TokenDataset load_text(const std::filesystem::path& file, int conte
 LOCKSTEP_API TokenDataset load_text(const std::filesystem::path& file, int context,
                                     int vocab_size, const Tokenizer& tokenizer);
 
+// Conversations for supervised fine-tuning: JSON Lines of {"messages": [{"role", "content"},
+// ...]} (or {"prompt", "response"}, a user turn and an assistant turn), rendered through a chat
+// template and tokenised with the model's tokenizer (Note [Chat templates] in src/data/chat.cpp).
+// A sample is a window of `context` next-token positions; only the tokens of the roles in
+// `train_on` (each turn's content and its end-of-turn token) are labels, every other target is
+// kIgnoreLabel. Unpacked, each conversation has a window of its own, padded; packed, windows
+// hold several, each position tagged with its conversation (Note [Packed windows]).
+//
+//   lockstep::ChatOptions opt{.context = 512, .pack = true};
+//   lockstep::ChatDataset chat = lockstep::load_chat("chat.jsonl", tokenizer, opt);
+struct LOCKSTEP_API ChatOptions {
+  int context = 64;
+  std::string chat_template = "chatml";            // chatml or llama3 (chat_template_names())
+  std::vector<std::string> train_on = {"assistant"};  // roles whose tokens count
+  bool pack = false;
+  // A bad record (bad JSON, a missing field, an unknown role, a conversation longer than the
+  // window) is skipped and counted rather than an InputError naming its file and line.
+  bool skip_bad_records = false;
+};
+
+// The built-in templates' names, and the roles a message may have.
+LOCKSTEP_API std::span<const std::string_view> chat_template_names() noexcept;
+LOCKSTEP_API std::span<const std::string_view> chat_roles() noexcept;
+
+// One conversation, tokenised: its ids and, per id, whether it counts toward the loss.
+struct LOCKSTEP_API ChatTokens {
+  std::vector<std::uint32_t> ids;  // TokenId
+  std::vector<char> counted;
+};
+struct ChatMessage {
+  std::string role;
+  std::string content;
+};
+// Renders `messages` through the template named `chat_template` and tokenises them. Throws
+// InputError naming the template for a special token `tokenizer` lacks, and for a role the
+// template does not know.
+LOCKSTEP_API ChatTokens render_chat(const Tokenizer& tokenizer, std::string_view chat_template,
+                                    std::span<const ChatMessage> messages,
+                                    std::span<const std::string> train_on);
+
+class LOCKSTEP_API ChatDataset final : public Dataset {
+ public:
+  // Windows cut from tokenised conversations (each ChatTokens at most context + 1 ids), one per
+  // window or packed; `vocab_size` >= every id.
+  ChatDataset(std::span<const ChatTokens> conversations, int context, int vocab_size, bool pack);
+
+  std::size_t size() const noexcept override { return windows_; }
+  int features() const noexcept override { return context_; }
+  int targets() const noexcept override { return context_; }
+  int classes() const noexcept override { return vocab_size_; }
+  void get(std::size_t i, float* x, std::int32_t* y) const override;
+  bool masks_targets() const noexcept override { return true; }
+  bool packed() const noexcept override { return pack_; }
+  void get_positions(std::size_t i, std::int32_t* positions) const override;
+
+  std::size_t conversations() const noexcept { return conversations_; }
+  std::size_t skipped() const noexcept { return skipped_; }  // bad records left out
+  void set_skipped(std::size_t n) noexcept { skipped_ = n; }
+  std::int64_t counted_targets() const noexcept { return counted_; }
+
+ private:
+  std::vector<std::uint32_t> inputs_;   // (windows, context)
+  std::vector<std::int32_t> labels_;    // (windows, context), kIgnoreLabel where nothing counts
+  std::vector<std::int32_t> positions_;  // (windows, context) when packed
+  std::size_t windows_ = 0;
+  std::size_t conversations_ = 0;
+  std::size_t skipped_ = 0;
+  std::int64_t counted_ = 0;
+  int context_;
+  int vocab_size_;
+  bool pack_;
+};
+
+// Reads a JSON Lines file of conversations (see ChatDataset), tokenised as render_chat says.
+// Bad records are InputErrors naming the file and line, or skipped (options.skip_bad_records).
+// Conversations are split: the last round(eval_fraction * count) go to eval.
+struct LOCKSTEP_API ChatSplit {
+  std::shared_ptr<const ChatDataset> train;
+  std::shared_ptr<const ChatDataset> eval;
+};
+LOCKSTEP_API ChatSplit load_chat(const std::filesystem::path& file, const Tokenizer& tokenizer,
+                                 int vocab_size, const ChatOptions& options,
+                                 double eval_fraction = 0.0);
+
 struct LOCKSTEP_API DataSplit {
   std::shared_ptr<const Dataset> train;
   std::shared_ptr<const Dataset> eval;  // may be empty (size 0) when eval_fraction is 0
@@ -226,6 +320,8 @@ class LOCKSTEP_API DistributedSampler {
 struct LOCKSTEP_API Batch {
   std::vector<float> x;             // (size, features)
   std::vector<std::int32_t> y;      // (size, targets)
+  std::vector<std::int32_t> positions;  // (size, features) when the data is packed, else empty
+  std::int64_t counted = 0;         // labels that count toward the loss (not kIgnoreLabel)
   int size = 0;
   std::uint64_t epoch = 0;
   std::size_t index_in_epoch = 0;  // counted from the epoch's start position

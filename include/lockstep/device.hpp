@@ -529,6 +529,8 @@ class LOCKSTEP_API ElementwiseOps {
 struct LOCKSTEP_API RopeShape {
   int batch = 0, T = 0, heads = 0, kv_heads = 0, head_size = 0;
   int position = 0;
+  // Packed sequences: (B, T) int32 in device memory, row t's position (replacing position + t).
+  const std::int32_t* positions = nullptr;
 };
 
 // The cos and sin of every position's angles, each (positions, D / 2) in device memory, made
@@ -597,6 +599,11 @@ class LOCKSTEP_API LayerOps {
   // j > i. ds may alias dp.
   virtual void causal_softmax_backward(const float* p, const float* dp, float* ds, int count,
                                        int T, float scale) = 0;
+  // Packed sequences (Note [Packed attention] in src/model/attention.hpp): in the (B, H, T, T)
+  // score matrices s, s[b][h][i][j] = -inf for every key j < i - positions[b][i], a key of an
+  // earlier sequence, which the causal softmax then gives no weight (and so no gradient).
+  virtual void mask_packed_scores(float* s, const std::int32_t* positions, int batch, int heads,
+                                  int T) = 0;
 
   // bf16 storage, as ElementwiseOps' overloads: the fp32 op with its bf16 operands widened as
   // read and its bf16 results rounded as written, bit for bit. LayerNorm's y (a matrix
@@ -676,6 +683,10 @@ class LOCKSTEP_API LayerOps {
 struct LOCKSTEP_API AttentionShape {
   int batch = 0, T = 0, heads = 0, head_size = 0;
   int kv_heads = 0;
+  // Packed sequences: (B, T) int32 in device memory, each row's position in its own sequence;
+  // the query of row t at position p then reads keys t - p .. t only. Null: keys 0 .. t (Note
+  // [Packed attention] in src/model/attention.hpp).
+  const std::int32_t* positions = nullptr;
 };
 
 // The key/value heads a shape reads: kv_heads, or heads when kv_heads is 0.

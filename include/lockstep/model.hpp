@@ -75,6 +75,10 @@ struct LOCKSTEP_API LayerWorkspace {
   // shares between layers; null: they are part of `saved`, after the rest, and saved holds
   // workspace_size() floats (with this set, workspace_size() - recomputed_size()).
   float* recomputed = nullptr;
+  // Packed sequences: each row's position in its own sequence on the device, (B, T) int32, or
+  // null for one sequence per row, at positions 0..T-1 (Replica::set_positions; Note [Packed
+  // attention] in src/model/attention.hpp).
+  const std::int32_t* positions = nullptr;
 };
 
 // One call of Layer::decode: `count` positions from `start` of one sequence, the layer's
@@ -382,6 +386,12 @@ class LOCKSTEP_API Replica {
   // buffer of dlogits_bf16(), where the fused classifier (softmax_cross_entropy with bf16
   // logits) writes their gradient over them. Null, computing nothing, without one.
   const std::uint16_t* forward_bf16(const float* x, int batch);
+  // Packed sequences: (B, T) int32 positions on the device, each row's place in its own
+  // sequence (0 where one starts), for the forward and backward calls that follow, until set
+  // again; null (the default) for one sequence per row. Attention stays inside a sequence and
+  // positions (RoPE, learned) restart at each (Note [Packed attention] in
+  // src/model/attention.hpp).
+  void set_positions(const std::int32_t* positions) noexcept { positions_ = positions; }
   // dlogits (B, outputs). After each layer's parameter gradients are final, calls
   // grads_ready(layer index) so a reducer can start on them; layers run last to first.
   // When dlogits_bf16() is not null, dlogits is first rounded into it; or dlogits may be null,
@@ -446,6 +456,7 @@ class LOCKSTEP_API Replica {
   // Each distinct Layer::constants() table, uploaded once; constant_of_[i]: layer i's, or -1.
   std::vector<DeviceArray<float>> constants_;
   std::vector<int> constant_of_;
+  const std::int32_t* positions_ = nullptr;
 };
 
 }  // namespace lockstep

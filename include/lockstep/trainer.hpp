@@ -95,6 +95,13 @@ struct LOCKSTEP_API Summary {
   // is unknown, as for the CPU.
   double tokens_per_s = 0.0;
   double flops_per_token = 0.0;
+  // Data whose labels may not count (Dataset::masks_targets, a chat dataset): the labels that
+  // counted toward the loss in this run, over all workers, and their rate; and the bad records
+  // its loader left out (data.skip_bad_records).
+  bool masked = false;
+  std::int64_t loss_tokens = 0;
+  double loss_tokens_per_s = 0.0;
+  std::int64_t skipped_records = 0;
   double mfu = 0.0;
   double final_train_loss = 0.0;      // the mean over the last log window (StepMetrics)
   double final_train_accuracy = 0.0;

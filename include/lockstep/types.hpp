@@ -16,7 +16,7 @@ namespace lockstep {
 enum class Activation { relu, gelu, tanh };
 // given: the program passes the datasets to the Trainer itself (a C++ embedder, Python's
 // lockstep.Trainer(config, train=...)); the config names no data, and load_dataset() refuses it.
-enum class DatasetKind { csv, idx, synthetic, tokens, text, given };
+enum class DatasetKind { csv, idx, synthetic, tokens, text, chat, given };
 enum class TokenFormat { automatic, llmc, raw };
 enum class OptimizerKind { sgd, adamw };
 enum class ScheduleKind { constant, warmup_cosine };
@@ -83,5 +83,8 @@ LOCKSTEP_API std::optional<BackendKind> backend_kind(std::string_view spelling);
 inline constexpr int kMaxVocabSize = 1 << 24;
 // data.dataset text: one token per byte.
 inline constexpr int kByteVocabSize = 256;
+// A label that does not count: softmax_cross_entropy gives its row no loss, no correct count
+// and a zero gradient (a conversation's prompt, padding; Dataset::masks_targets).
+inline constexpr std::int32_t kIgnoreLabel = -1;
 
 }  // namespace lockstep

@@ -104,6 +104,12 @@ void print_summary(std::FILE* out, const Summary& s) {
   fmt::print(out, "  samples/s           {}\n", detail::format_rate(s.samples_per_s));
   if (s.flops_per_token > 0.0) {
     fmt::print(out, "  tokens/s            {}\n", detail::format_rate(s.tokens_per_s));
+    if (s.masked)
+      fmt::print(out, "  loss tokens/s       {} ({} labels counted{})\n",
+                 detail::format_rate(s.loss_tokens_per_s), s.loss_tokens,
+                 s.skipped_records > 0
+                     ? fmt::format("; {} bad records skipped", s.skipped_records)
+                     : std::string());
     if (s.mfu > 0.0)
       fmt::print(out, "  mfu                 {:.1f}% ({:.3g} GFLOP per token)\n", 100.0 * s.mfu,
                  s.flops_per_token / 1e9);

@@ -57,6 +57,13 @@ class Checker {
       integer(fmt::format("{}[{}]", key, i), values[i], rule);
   }
 
+  void choice_list(std::string_view key, const std::vector<std::string>& values,
+                   std::span<const std::string_view> choices, std::string_view) {
+    for (const std::string& v : values)
+      if (std::find(choices.begin(), choices.end(), v) == choices.end())
+        reject(key, fmt::format("some of {}", fmt::join(choices, ", ")), v);
+  }
+
   void devices(std::string_view key, const std::vector<int>& ids, std::string_view) {
     if (ids.empty()) reject(key, "a non-empty list of device ids", "[]");
     integer_list(key, ids, IntRule{.min = 0});
@@ -247,7 +254,8 @@ void check_data_source(const Config& c, const Origins& origins, Problems& proble
                    fmt::format("required when data.dataset is {}", to_string(c.data.dataset)));
   };
   const DatasetKind kind = c.data.dataset;
-  const bool language = kind == DatasetKind::tokens || kind == DatasetKind::text;
+  const bool language =
+      kind == DatasetKind::tokens || kind == DatasetKind::text || kind == DatasetKind::chat;
   if (kind == DatasetKind::csv || language) require_file("data.path", c.data.path);
   if (c.data.dataset == DatasetKind::idx) {
     require_file("data.images", c.data.images);
@@ -261,11 +269,32 @@ void check_data_source(const Config& c, const Origins& origins, Problems& proble
                              c.model.type));
   if (!language && kind != DatasetKind::given && c.model.type == "gpt")
     problems.add(origins.of("model.type"), "model.type",
-                 fmt::format("gpt needs data.dataset tokens or text, got {}", to_string(kind)));
+                 fmt::format("gpt needs data.dataset tokens, text or chat, got {}",
+                             to_string(kind)));
   if (!c.data.tokenizer.empty() && !language)
     problems.add(origins.of("data.tokenizer"), "data.tokenizer",
                  fmt::format("a key of tokens and text data, got data.dataset {}",
                              to_string(kind)));
+  if (kind == DatasetKind::chat && c.data.tokenizer.empty())
+    problems.add(written_or_dataset("data.tokenizer"), "data.tokenizer",
+                 "required when data.dataset is chat: conversations are tokenised with the "
+                 "model's tokenizer, its special tokens included");
+  if (kind == DatasetKind::chat && c.data.pack && c.model.positions != PositionKind::rope)
+    problems.add(origins.of("data.pack"), "data.pack",
+                 "packed conversations need model.positions rope (a Llama-family decoder): "
+                 "GPT-2's learned positions do not yet restart at each conversation");
+  // The chat keys away from their defaults (a printed config lists them at their defaults).
+  const DataConfig defaults;
+  const std::pair<const char*, bool> chat_keys[] = {
+      {"data.template", c.data.chat_template != defaults.chat_template},
+      {"data.train_on", c.data.train_on != defaults.train_on},
+      {"data.pack", c.data.pack},
+      {"data.skip_bad_records", c.data.skip_bad_records}};
+  if (kind != DatasetKind::chat)
+    for (const auto& [key, set] : chat_keys)
+      if (set)
+        problems.add(origins.of(key), key,
+                     fmt::format("a key of chat data, got data.dataset {}", to_string(kind)));
   if (problems.failed("model.vocab_size")) return;
   if (!c.data.tokenizer.empty()) return;  // the vocabulary is checked against it at load
   const int vocab = c.model.vocab_size;

@@ -29,7 +29,8 @@ using namespace config_impl;
 //
 // The decoder's part keys (model.family to model.rope_scaling, issue 41) came after checkpoints
 // had recorded hashes: each is hashed only when it differs from its default, GPT-2's, so that
-// a GPT-2 config hashes as it did before they existed and its checkpoints resume.
+// a GPT-2 config hashes as it did before they existed and its checkpoints resume. So are the
+// chat keys (data.template to data.skip_bad_records, issue 44).
 class Hasher {
  public:
   Hasher() = default;
@@ -73,6 +74,10 @@ class Hasher {
                     std::string_view) {
     add(key, fmt::format("[{}]", fmt::join(values, ",")));
   }
+  void choice_list(std::string_view key, const std::vector<std::string>& values,
+                   std::span<const std::string_view>, std::string_view) {
+    add(key, fmt::format("[{}]", fmt::join(values, ",")));
+  }
   void devices(std::string_view key, const std::vector<int>& ids, std::string_view) {
     add(key, fmt::format("[{}]", fmt::join(ids, ",")));
   }
@@ -102,16 +107,21 @@ class Hasher {
 
   // A decoder part key (model.family and the keys after it) at its default.
   bool at_later_default(const std::string& path, std::string_view hashed) const {
-    if (!defaults_ || !path.starts_with("model.")) return false;
-    const bool later = path.starts_with("model.rope_scaling.") ||
-                       std::find(std::begin(kDecoderKeys), std::end(kDecoderKeys),
-                                 std::string_view(path).substr(6)) != std::end(kDecoderKeys);
+    if (!defaults_) return false;
+    const bool later =
+        path.starts_with("model.")
+            ? path.starts_with("model.rope_scaling.") ||
+                  std::find(std::begin(kDecoderKeys), std::end(kDecoderKeys),
+                            std::string_view(path).substr(6)) != std::end(kDecoderKeys)
+            : std::find(std::begin(kChatKeys), std::end(kChatKeys), path) != std::end(kChatKeys);
     const auto it = defaults_->find(path);
     return later && it != defaults_->end() && it->second == hashed;
   }
   static constexpr std::string_view kDecoderKeys[] = {
       "family", "norm", "norm_eps", "positions", "rope_theta", "mlp", "intermediate_size",
       "n_kv_head", "head_dim", "qkv_bias", "proj_bias", "tie_embeddings"};
+  static constexpr std::string_view kChatKeys[] = {"data.template", "data.train_on", "data.pack",
+                                                   "data.skip_bad_records"};
 
   const std::map<std::string, std::string, std::less<>>* defaults_ = nullptr;
   std::map<std::string, std::string, std::less<>> hashed_;

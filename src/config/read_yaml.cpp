@@ -450,6 +450,26 @@ class Parser {
     });
   }
 
+  // A list of words, each one of `choices`: [a, b], or one word alone.
+  void choice_list(std::string_view key, std::vector<std::string>& out,
+                   std::span<const std::string_view> choices, std::string_view) {
+    read(key, [&](const std::string& path, const YAML::Node& node) {
+      const std::string what = fmt::format("a list of {}", fmt::join(choices, ", "));
+      std::vector<std::string> words;
+      if (node.IsScalar()) words.push_back(node.Scalar());
+      else if (node.IsSequence())
+        for (const YAML::Node& item : node) {
+          if (!item.IsScalar()) expected(path, node, what);
+          words.push_back(item.Scalar());
+        }
+      else
+        expected(path, node, what);
+      for (const std::string& w : words)
+        if (std::find(choices.begin(), choices.end(), w) == choices.end()) expected(path, node, what);
+      out = std::move(words);
+    });
+  }
+
   // Either a count n, meaning ids 0..n-1, or a non-empty list of ids.
   void devices(std::string_view key, std::vector<int>& out, std::string_view) {
     read(key, [&](const std::string& path, const YAML::Node& node) {
@@ -644,6 +664,7 @@ class PathResolver {
   template <class... Any> void choice(Any&&...) {}
   template <class... Any> void enumeration(Any&&...) {}
   template <class... Any> void integer_list(Any&&...) {}
+  template <class... Any> void choice_list(Any&&...) {}
   template <class... Any> void devices(Any&&...) {}
   template <class... Any> void number_pair(Any&&...) {}
   template <class... Any> void nested(Any&&...) {}

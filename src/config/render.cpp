@@ -65,6 +65,11 @@ class Renderer {
     add(key, fmt::format("a list of integers >= {}", rule.min),
         fmt::format("[{}]", fmt::join(values, ", ")), doc);
   }
+  void choice_list(std::string_view key, const std::vector<std::string>& values,
+                   std::span<const std::string_view> choices, std::string_view doc) {
+    add(key, fmt::format("a list of {}", fmt::join(choices, ", ")),
+        fmt::format("[{}]", fmt::join(values, ", ")), doc);
+  }
   void devices(std::string_view key, const std::vector<int>& ids, std::string_view doc) {
     add(key, "an integer or a list of device ids", fmt::format("[{}]", fmt::join(ids, ", ")), doc);
   }

@@ -22,6 +22,7 @@ class KeyCollector {
   template <class... Rest> void choice(std::string_view key, Rest&&...) { add(key); }
   template <class... Rest> void enumeration(std::string_view key, Rest&&...) { add(key); }
   template <class... Rest> void integer_list(std::string_view key, Rest&&...) { add(key); }
+  template <class... Rest> void choice_list(std::string_view key, Rest&&...) { add(key); }
   template <class... Rest> void devices(std::string_view key, Rest&&...) { add(key); }
   template <class... Rest> void number_pair(std::string_view key, Rest&&...) { add(key); }
   void nested(std::string_view key) { add(key); }

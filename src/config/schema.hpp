@@ -32,6 +32,7 @@ constexpr Spelling<DatasetKind> kDatasetKinds[] = {{DatasetKind::csv, "csv"},
                                                    {DatasetKind::synthetic, "synthetic"},
                                                    {DatasetKind::tokens, "tokens"},
                                                    {DatasetKind::text, "text"},
+                                                   {DatasetKind::chat, "chat"},
                                                    {DatasetKind::given, "given"}};
 constexpr Spelling<TokenFormat> kTokenFormats[] = {
     {TokenFormat::automatic, "auto"}, {TokenFormat::llmc, "llmc"}, {TokenFormat::raw, "raw"}};
@@ -70,6 +71,9 @@ constexpr Spelling<Recompute> kRecomputeModes[] = {
     {Recompute::none, "none"}, {Recompute::selective, "selective"}, {Recompute::full, "full"}};
 
 constexpr std::string_view kModelTypes[] = {"mlp", "gpt"};
+// The chat templates and roles (chat_template_names() and chat_roles() in lockstep/dataset.hpp).
+constexpr std::string_view kChatTemplates[] = {"chatml", "llama3"};
+constexpr std::string_view kChatRoles[] = {"system", "user", "assistant"};
 
 constexpr Spelling<ModelFamily> kModelFamilies[] = {{ModelFamily::gpt2, "gpt2"},
                                                     {ModelFamily::llama, "llama"},
@@ -273,6 +277,14 @@ void visit_schema(Visitor& v, C& c) {
          "standardise features with the train split's statistics (not tokens and text)");
   v.integer("prefetch", c.data.prefetch, IntRule{.min = 0},
             "batches each worker's loader thread assembles ahead; 0: no loader thread");
+  v.choice("template", c.data.chat_template, kChatTemplates,
+           "chat: the chat template conversations are rendered with");
+  v.choice_list("train_on", c.data.train_on, kChatRoles,
+                "chat: the roles whose tokens (and end-of-turn token) count toward the loss");
+  v.flag("pack", c.data.pack,
+         "chat: several conversations to a window, attention and positions kept apart");
+  v.flag("skip_bad_records", c.data.skip_bad_records,
+         "chat: skip and count bad records (else exit 2 naming file and line)");
 
   v.section("optimizer");
   v.enumeration("type", c.optimizer.type, kOptimizerKinds, "the optimiser");

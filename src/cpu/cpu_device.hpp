@@ -133,6 +133,8 @@ class CpuDevice : public Device {
   void causal_softmax_forward(const float* s, float* p, int count, int T, float scale) override;
   void causal_softmax_backward(const float* p, const float* dp, float* ds, int count, int T,
                                float scale) override;
+  void mask_packed_scores(float* s, const std::int32_t* positions, int batch, int heads,
+                          int T) override;
   void causal_softmax_forward(const float* s, std::uint16_t* p, int count, int T,
                               float scale) override;
   void causal_softmax_backward(const std::uint16_t* p, const float* dp, std::uint16_t* ds,

@@ -851,7 +851,7 @@ void CudaDevice::rope_forward(const RopeShape& shape, const RopeTable& table, fl
   detail::check_rope_shape("rope_forward", shape, table);
   check_sizes("rope_forward", std::int64_t{shape.batch} * shape.T, {});
   launch_rope_forward(stream(), qkv, table.cos, table.sin, shape.batch * shape.T, shape.T,
-                      shape.position, shape.heads, shape.kv_heads, shape.head_size);
+                      shape.position, shape.positions, shape.heads, shape.kv_heads, shape.head_size);
 }
 
 void CudaDevice::rope_forward(const RopeShape& shape, const RopeTable& table,
@@ -859,7 +859,7 @@ void CudaDevice::rope_forward(const RopeShape& shape, const RopeTable& table,
   detail::check_rope_shape("rope_forward", shape, table);
   check_sizes("rope_forward", std::int64_t{shape.batch} * shape.T, {});
   launch_rope_forward_bf16(stream(), qkv, table.cos, table.sin, shape.batch * shape.T, shape.T,
-                           shape.position, shape.heads, shape.kv_heads, shape.head_size);
+                           shape.position, shape.positions, shape.heads, shape.kv_heads, shape.head_size);
 }
 
 void CudaDevice::rope_backward(const RopeShape& shape, const RopeTable& table, float* dqkv,
@@ -867,7 +867,7 @@ void CudaDevice::rope_backward(const RopeShape& shape, const RopeTable& table, f
   detail::check_rope_shape("rope_backward", shape, table);
   check_sizes("rope_backward", std::int64_t{shape.batch} * shape.T, {});
   launch_rope_backward(stream(), dqkv, table.cos, table.sin, shape.batch * shape.T, shape.T,
-                       shape.position, shape.heads, shape.kv_heads, shape.head_size, dqkv_bf16);
+                       shape.position, shape.positions, shape.heads, shape.kv_heads, shape.head_size, dqkv_bf16);
 }
 
 // `count` (T, T) matrices
@@ -890,6 +890,13 @@ void CudaDevice::causal_softmax_backward(const float* p, const float* dp, float*
                                          int T, float scale) {
   check_sizes("causal_softmax_backward", std::int64_t{count} * T, {{"count", count}, {"T", T}});
   launch_causal_softmax_backward(stream(), p, dp, ds, count, T, scale);
+}
+
+void CudaDevice::mask_packed_scores(float* s, const std::int32_t* positions, int batch,
+                                    int heads, int T) {
+  check_sizes("mask_packed_scores", std::int64_t{batch} * heads * T,
+              {{"batch", batch}, {"heads", heads}, {"T", T}});
+  launch_mask_packed_scores(stream(), s, positions, batch, heads, T);
 }
 
 void CudaDevice::causal_softmax_forward(const float* s, std::uint16_t* p, int count, int T,
@@ -926,6 +933,10 @@ void refuse_cudnn_shape(const char* op, const AttentionShape& shape) {
 // (B T, (H + 2 Hkv) D).
 void CudaDevice::attention_forward(const AttentionShape& shape, MatIn qkv, MatOut y, float* lse) {
   detail::check_attention_shape("attention_forward", shape);
+  // Note [Packed attention]: cuDNN's graph here takes no per-row bound.
+  if (shape.positions)
+    throw std::invalid_argument("attention_forward: packed sequences run the materialised path "
+                                "on cuda (choose the attention with attention_choice)");
 #ifdef LOCKSTEP_HAVE_CUDNN_ATTENTION
   if (!qkv.bf16 || !y.bf16)
     throw std::invalid_argument(
@@ -946,6 +957,9 @@ void CudaDevice::attention_forward(const AttentionShape& shape, MatIn qkv, MatOu
 void CudaDevice::attention_backward(const AttentionShape& shape, MatIn qkv, MatIn y, MatIn dy,
                                     const float* lse, float* dqkv) {
   detail::check_attention_shape("attention_backward", shape);
+  if (shape.positions)
+    throw std::invalid_argument("attention_backward: packed sequences run the materialised path "
+                                "on cuda (choose the attention with attention_choice)");
 #ifdef LOCKSTEP_HAVE_CUDNN_ATTENTION
   if (!qkv.bf16 || !y.bf16 || !dy.bf16)
     throw std::invalid_argument(

@@ -145,6 +145,8 @@ class CudaDevice final : public Device {
                                    float scale) override;
   void causal_softmax_backward(const float* p, const float* dp, float* ds, int count, int T,
                                float scale) override;
+  void mask_packed_scores(float* s, const std::int32_t* positions, int batch, int heads,
+                          int T) override;
   void layernorm_forward(const float* x, const float* weight, const float* bias,
                          std::uint16_t* y, float* mean, float* rstd, int rows, int C) override;
   void residual_layernorm_forward(const float* a, const float* b, float* sum,

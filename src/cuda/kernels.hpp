@@ -124,6 +124,9 @@ void launch_causal_softmax_backward(cudaStream_t stream, const float* p, const f
 // (LayerOps::causal_softmax_tail_forward).
 void launch_causal_softmax_tail_forward(cudaStream_t stream, const float* s, float* p, int count,
                                         int rows, int cols, float scale);
+// Packed sequences: s[b][h][i][j] = -inf for j < i - positions[b][i] (LayerOps::mask_packed_scores).
+void launch_mask_packed_scores(cudaStream_t stream, float* s, const std::int32_t* positions,
+                               int batch, int heads, int T);
 // bf16 storage (LayerOps in device.hpp): p rounded; backward reads p in bf16, writes ds rounded.
 void launch_causal_softmax_forward_bf16(cudaStream_t stream, const float* s, std::uint16_t* p,
                                         int count, int T, float scale);
@@ -223,16 +226,19 @@ void launch_rmsnorm_backward(cudaStream_t stream, const float* x, const float* w
 
 // In place on the first heads + kv_heads heads (q's and k's) of each of `rows` rows of qkv
 // (rows, (heads + 2 kv_heads) head_size); row r at position `position` + r % T of the tables
-// cos, sin (positions, head_size / 2). Note [RoPE] in src/cpu/ops/rope.cpp. Backward rotates
-// back, and rounds the whole dqkv into dqkv_bf16 too when that is not null.
+// cos, sin (positions, head_size / 2), or at positions[r] when that is not null (packed
+// sequences). Note [RoPE] in src/cpu/ops/rope.cpp. Backward rotates back, and rounds the whole
+// dqkv into dqkv_bf16 too when that is not null.
 void launch_rope_forward(cudaStream_t stream, float* qkv, const float* cos, const float* sin,
-                         int rows, int T, int position, int heads, int kv_heads, int head_size);
+                         int rows, int T, int position, const std::int32_t* positions, int heads,
+                         int kv_heads, int head_size);
 void launch_rope_forward_bf16(cudaStream_t stream, std::uint16_t* qkv, const float* cos,
-                              const float* sin, int rows, int T, int position, int heads,
-                              int kv_heads, int head_size);
+                              const float* sin, int rows, int T, int position,
+                              const std::int32_t* positions, int heads, int kv_heads,
+                              int head_size);
 void launch_rope_backward(cudaStream_t stream, float* dqkv, const float* cos, const float* sin,
-                          int rows, int T, int position, int heads, int kv_heads, int head_size,
-                          std::uint16_t* dqkv_bf16);
+                          int rows, int T, int position, const std::int32_t* positions, int heads,
+                          int kv_heads, int head_size, std::uint16_t* dqkv_bf16);
 
 // ---- Peer all-reduce (peer_reduce.cu) -----------------------------------------------------
 

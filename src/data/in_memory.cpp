@@ -217,6 +217,29 @@ DataSplit load_token_split(const Config& cfg, const std::filesystem::path& base_
   }
 }
 
+// data.path's conversations (the tail held out for eval), or data.path for training and
+// data.eval_path for eval.
+DataSplit load_chat_split(const Config& cfg, const std::filesystem::path& base_dir) {
+  const DataConfig& d = cfg.data;
+  require_path(d.path, "data.path", "the JSON Lines file of a chat dataset");
+  require_path(d.tokenizer, "data.tokenizer", "the tokenizer of a chat dataset");
+  const Tokenizer tokenizer = detail::load_data_tokenizer(cfg, resolve(base_dir, d.tokenizer));
+  const int vocab = cfg.model.vocab_size != 0 ? cfg.model.vocab_size
+                                              : static_cast<int>(tokenizer.vocab_size());
+  const ChatOptions options{.context = cfg.model.context,
+                            .chat_template = d.chat_template,
+                            .train_on = d.train_on,
+                            .pack = d.pack,
+                            .skip_bad_records = d.skip_bad_records};
+  if (d.eval_path.empty()) {
+    ChatSplit split = load_chat(resolve(base_dir, d.path), tokenizer, vocab, options,
+                                d.eval_fraction);
+    return {std::move(split.train), std::move(split.eval)};
+  }
+  return {load_chat(resolve(base_dir, d.path), tokenizer, vocab, options).train,
+          load_chat(resolve(base_dir, d.eval_path), tokenizer, vocab, options).train};
+}
+
 }  // namespace
 
 DataSplit load_dataset(const Config& config, const std::filesystem::path& base_dir) {
@@ -243,6 +266,8 @@ DataSplit load_dataset(const Config& config, const std::filesystem::path& base_d
     case DatasetKind::tokens:
     case DatasetKind::text:
       return load_token_split(config, base_dir);  // never normalised: the ids are not features
+    case DatasetKind::chat:
+      return load_chat_split(config, base_dir);
     case DatasetKind::given:
       throw InputError("data.dataset is given: the program passes the datasets to the Trainer "
                        "(there is no data to load); name the data here to train from the config");

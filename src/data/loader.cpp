@@ -65,18 +65,24 @@ Batch ShardLoader::State::assemble(std::span<const std::size_t> indices, std::ui
   Batch b;
   b.x.resize(indices.size() * features);
   b.y.resize(indices.size() * targets);
+  if (data->packed()) b.positions.resize(indices.size() * features);
   b.size = static_cast<int>(indices.size());
   b.epoch = epoch;
   b.index_in_epoch = index_in_epoch;
+  const bool masks = data->masks_targets();
   for (std::size_t k = 0; k < indices.size(); ++k) {
     std::int32_t* y = b.y.data() + k * targets;
     data->get(indices[k], b.x.data() + k * features, y);
+    if (!b.positions.empty()) data->get_positions(indices[k], b.positions.data() + k * features);
     // Dataset is open to user subclasses; a bad label is bad input (the loss would also catch
     // it on the device, but here the sample is known).
-    for (std::size_t t = 0; t < targets; ++t)
+    for (std::size_t t = 0; t < targets; ++t) {
+      if (masks && y[t] == kIgnoreLabel) continue;
       if (y[t] < 0 || y[t] >= data->classes())
         throw InputError(fmt::format("dataset: sample {}: label {} is outside [0, {})",
                                      indices[k], y[t], data->classes()));
+      ++b.counted;
+    }
   }
   return b;
 }

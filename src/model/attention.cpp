@@ -83,6 +83,7 @@ void attention_forward(Device& dev, const AttentionShape& s, MatIn qkv, MatOut y
   float* scores = buf.probs.bf16 ? buf.squares : buf.probs.f32;
   per_head_gemm(dev, s, Transpose::no, Transpose::yes, t, t, dh, in_qkv(s, qkv, Part::q),
                 in_qkv(s, qkv, Part::k), in_squares(s, scores));
+  if (s.positions) dev.mask_packed_scores(scores, s.positions, s.batch, s.heads, t);
   if (buf.probs.bf16)
     dev.causal_softmax_forward(scores, buf.probs.bf16, s.batch * s.heads, t, scale_of(s));
   else

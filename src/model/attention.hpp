@@ -13,6 +13,20 @@
 // without grouping); query head h reads kv head h / (H / Hkv); y and dy (B T, H D), heads side
 // by side; dqkv in qkv's layout, overwritten. bf16 (qkv stored in bf16): the rounding points of
 // Note [bf16 compute] in model/ops.hpp.
+//
+// Note [Packed attention]
+// ~~~~~~~~~~~~~~~~~~~~~~~
+// A packed window holds several sequences (Note [Packed windows] in src/data/chat.cpp), each of
+// its rows tagged with its position in its own sequence (AttentionShape::positions, from
+// LayerWorkspace::positions). Sequences are contiguous and a position counts up from 0 where one
+// starts, so the query of row t at position p belongs to the sequence of rows t - p .. t: it
+// reads those keys and no other. Both paths take the bound per row: the materialised one sets
+// the scores of earlier keys to -inf before its causal softmax (mask_packed_scores), whose
+// probabilities, and so gradients, are then 0 there; the tiled one masks the same keys in its
+// tiles. RoPE's angles (RopeShape::positions) restart likewise. A packed window thus computes
+// what its sequences would each in a window of its own, up to the order of summation. On CUDA
+// the fused path (cuDNN) takes no such mask: packed data runs the materialised path there
+// (choose_attention).
 #pragma once
 
 #include <cstddef>

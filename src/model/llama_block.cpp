@@ -198,8 +198,8 @@ class LlamaBlock final : public Layer {
                                    n, c_, eps_);
     });
     m.qkv.forward(dev, s.ln1.input(), s.qkv.output(), d.qkv, n);
-    s.qkv.store([&](auto* qkv) { dev.rope_forward(rope_shape(batch), rope_table(ws), qkv); });
-    detail::attention_forward(dev, attention_shape(batch), s.qkv.input(), s.atty.output(),
+    s.qkv.store([&](auto* qkv) { dev.rope_forward(rope_shape(batch, ws), rope_table(ws), qkv); });
+    detail::attention_forward(dev, attention_shape(batch, ws), s.qkv.input(), s.atty.output(),
                               attention_buffers(s, d));
     m.o.forward(dev, s.atty.input(), {s.res1, nullptr}, nullptr, n);
     // res1 += x, and the post-attention RMSNorm of it, in one pass (Note [Residual LayerNorm]).
@@ -243,10 +243,10 @@ class LlamaBlock final : public Layer {
     m.o.backward(dev, s.atty.input(), d.res1, dres1, g(kOW), g(kOB), d.tmp,
                  bf16 ? d.dout16 : nullptr, n);
     const MatIn datty = bf16 ? MatIn{nullptr, d.dout16} : MatIn{d.tmp, nullptr};
-    detail::attention_backward(dev, attention_shape(batch), s.qkv.input(), s.atty.input(), datty,
+    detail::attention_backward(dev, attention_shape(batch, ws), s.qkv.input(), s.atty.input(), datty,
                                attention_buffers(s, d), d.qkv);
     // q and k rotated back, and under bf16 the whole dqkv rounded into d.grad16 in that pass.
-    dev.rope_backward(rope_shape(batch), rope_table(ws), d.qkv, bf16 ? d.grad16 : nullptr);
+    dev.rope_backward(rope_shape(batch, ws), rope_table(ws), d.qkv, bf16 ? d.grad16 : nullptr);
     const MatIn dqkv = bf16 ? MatIn{nullptr, d.grad16} : MatIn{d.qkv, nullptr};
     m.qkv.backward(dev, s.ln1.input(), d.qkv, dqkv, g(kQkvW), g(kQkvB), d.tmp, nullptr, n);
     // The input norm's weight needs its backward even without a din (a first layer): then
@@ -308,8 +308,13 @@ class LlamaBlock final : public Layer {
   }
 
   // Grouped-query attention: query head h reads kv head h / (H / Hkv).
-  AttentionShape attention_shape(int batch) const { return {batch, t_, h_, d_, hkv_}; }
-  RopeShape rope_shape(int batch) const { return {batch, t_, h_, hkv_, d_, 0}; }
+  // Packed sequences: the rows' own positions (Note [Packed attention] in attention.hpp).
+  AttentionShape attention_shape(int batch, const LayerWorkspace& ws) const {
+    return {batch, t_, h_, d_, hkv_, ws.positions};
+  }
+  RopeShape rope_shape(int batch, const LayerWorkspace& ws) const {
+    return {batch, t_, h_, hkv_, d_, 0, ws.positions};
+  }
   // cos then sin (positions, D / 2) in the replica's copy of the table (Note [Layer constants]).
   RopeTable rope_table(const LayerWorkspace& ws) const {
     if (!ws.constants) throw std::logic_error("llama block: no RoPE table in the workspace");

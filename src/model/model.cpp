@@ -275,7 +275,8 @@ LayerWorkspace Replica::workspace(std::size_t layer) {
           .dout_bf16 = layer + 1 == model_->layers().size() ? dlogits_bf16_.data() : nullptr,
           .out_bf16 = layer + 1 == model_->layers().size() ? dlogits_bf16_.data() : nullptr,
           .constants = constant_of_[layer] >= 0 ? constants_[constant_of_[layer]].data() : nullptr,
-          .recomputed = selective ? shared_saved_.data() : nullptr};
+          .recomputed = selective ? shared_saved_.data() : nullptr,
+          .positions = positions_};
 }
 
 std::vector<float> Replica::parameters() const { return params_.download(); }

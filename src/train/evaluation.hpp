@@ -18,10 +18,11 @@ namespace lockstep::detail {
 struct LossTotals {
   double loss_sum = 0.0;
   double correct = 0.0;
-  double predictions = 0.0;  // samples x targets
+  double predictions = 0.0;  // the labels that count: samples x targets unless masked
+  double samples = 0.0;
 
-  std::array<double, 3> fields() const { return {loss_sum, correct, predictions}; }
-  static LossTotals from(std::span<const double, 3> f) { return {f[0], f[1], f[2]}; }
+  std::array<double, 4> fields() const { return {loss_sum, correct, predictions, samples}; }
+  static LossTotals from(std::span<const double, 4> f) { return {f[0], f[1], f[2], f[3]}; }
 };
 
 // The totals of `replica` over samples first, first + stride, ... of `data`, in batches of at
@@ -31,8 +32,8 @@ LossTotals loss_totals(Replica& replica, const Dataset& data, std::size_t first,
                        std::size_t stride, int batch,
                        const std::function<void()>& after_batch = {});
 
-// Loss and accuracy are per prediction: per sample, or per token for a language model. NaN
-// without predictions.
-EvalMetrics eval_metrics(const LossTotals& totals, std::int64_t step, int targets);
+// Loss and accuracy are per prediction that counts: per sample, or per token for a language
+// model (not kIgnoreLabel's). NaN without predictions.
+EvalMetrics eval_metrics(const LossTotals& totals, std::int64_t step);
 
 }  // namespace lockstep::detail

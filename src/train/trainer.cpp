@@ -280,10 +280,24 @@ MlpSpec mlp_spec(const Config& config, const Dataset& train) {
 
 AttentionChoice attention_choice(const Config& config, std::string_view backend) {
   const TrainerConfig& tc = config.trainer;
-  return choose_attention(config.model.attention,
-                          backend.empty() ? backend_name(tc.backend, tc.devices) : backend,
-                          tc.precision, config.model.context,
-                          config.model.n_head > 0 ? gpt_spec(config.model, 1).head_size() : 0);
+  const std::string_view name = backend.empty() ? backend_name(tc.backend, tc.devices) : backend;
+  AttentionChoice choice =
+      choose_attention(config.model.attention, name, tc.precision, config.model.context,
+                       config.model.n_head > 0 ? gpt_spec(config.model, 1).head_size() : 0);
+  // Packed windows on cuda: cuDNN's fused attention takes no per-row bound (Note [Packed
+  // attention] in src/model/attention.hpp), so the materialised path, which does.
+  const bool packed = config.data.dataset == DatasetKind::chat && config.data.pack;
+  if (packed && name == "cuda" && choice.path == AttentionKind::fused) {
+    if (config.model.attention == AttentionKind::fused)
+      throw InputError(fmt::format(
+          "{}: model.attention fused: cuDNN's fused attention takes no mask for packed "
+          "conversations (data.pack: true); set model.attention materialized or auto",
+          config.source));
+    choice = {.path = AttentionKind::materialized,
+              .detail = "(T, T) matrices (auto: data.pack on cuda, where cuDNN's fused attention "
+                        "takes no mask for packed sequences)"};
+  }
+  return choice;
 }
 
 Model make_model(const Config& config, const Dataset& train, std::string_view backend) {
@@ -309,7 +323,7 @@ EvalMetrics evaluate(const Config& config, const Model& model, std::span<const f
                                  data.features(), features));
   Replica replica(*device, model, batch, config.trainer.precision);
   replica.load_parameters(params);
-  return detail::eval_metrics(detail::loss_totals(replica, data, 0, 1, batch), 0, data.targets());
+  return detail::eval_metrics(detail::loss_totals(replica, data, 0, 1, batch), 0);
 }
 
 Trainer::Trainer(Config config, std::shared_ptr<const Dataset> train,
@@ -1061,6 +1075,10 @@ Summary Trainer::run() {
   r->failures.rethrow_first();
   im.summary.samples_per_s = im.summary.samples / std::max(1e-9, im.summary.wall_s);
   im.summary.tokens_per_s = im.summary.samples_per_s * im.train->targets();
+  im.summary.loss_tokens_per_s =
+      static_cast<double>(im.summary.loss_tokens) / std::max(1e-9, im.summary.wall_s);
+  if (const auto* chat = dynamic_cast<const ChatDataset*>(im.train.get()))
+    im.summary.skipped_records = static_cast<std::int64_t>(chat->skipped());
   im.summary.mfu = r->context->mfu(im.summary.tokens_per_s);
   if (r->report) r->report->write(im.cfg, im.summary);
   return im.summary;

@@ -65,12 +65,13 @@ Totals all_reduce_fields(Communicator& comm, const Totals& mine) {
 // ---- Double buffering ---------------------------------------------------------------------------
 
 StagedBatches::StagedBatches(Device& device, ShardLoader& loader, std::size_t x_bytes,
-                             std::size_t y_bytes, std::int64_t batches,
+                             std::size_t y_bytes, std::size_t position_bytes, std::int64_t batches,
                              std::vector<TraceEvent>* track)
     : loader_(loader), track_(track), left_(batches) {
   for (Staged& s : staged_) {
     s.x = device.make_staged_buffer(x_bytes);
     s.y = device.make_staged_buffer(y_bytes);
+    if (position_bytes > 0) s.positions = device.make_staged_buffer(position_bytes);
   }
   if (left_ > 0) stage(staged_[current_]);
 }
@@ -79,18 +80,46 @@ void StagedBatches::stage(Staged& s) {
   {
     TraceSpan span(track_, "data wait");
     const double t0 = steady_now_s();
-    s.batch = loader_.next();
+    if (ahead_.empty()) {
+      s.batch = loader_.next();
+    } else {
+      s.batch = std::move(ahead_.front());
+      ahead_.pop_front();
+    }
     data_wait_s_ += steady_now_s() - t0;
   }
   s.x->stage(std::as_bytes(std::span(s.batch.x)));
   s.y->stage(std::as_bytes(std::span(s.batch.y)));
+  if (s.positions) s.positions->stage(std::as_bytes(std::span(s.batch.positions)));
   --left_;
+}
+
+std::int64_t StagedBatches::counted_ahead(int n) {
+  // staged_[current_] is the next take() returns; then ahead_, in order, and left_ batches
+  // not staged yet (those in ahead_ among them).
+  std::int64_t count = 0;
+  for (int i = 0; i < n && i <= left_; ++i) {
+    if (i == 0) {
+      count += staged_[current_].batch.counted;
+      continue;
+    }
+    const auto k = static_cast<std::size_t>(i - 1);
+    if (k >= ahead_.size()) {
+      TraceSpan span(track_, "data wait");
+      const double t0 = steady_now_s();
+      ahead_.push_back(loader_.next());
+      data_wait_s_ += steady_now_s() - t0;
+    }
+    count += ahead_[k].counted;
+  }
+  return count;
 }
 
 const StagedBatches::Staged& StagedBatches::take() {
   Staged& ready = staged_[current_];
   ready.x->wait();
   ready.y->wait();
+  if (ready.positions) ready.positions->wait();
   current_ = 1 - current_;
   if (left_ > 0) stage(staged_[current_]);  // the next batch travels while this one computes
   return ready;
@@ -198,7 +227,8 @@ void WorkerLoop::set_up(Backend& backend) {
   }
   // ZeRO-2 retires buckets mid-backward: no graphs (Note [ZeRO-2]).
   res_.graphs = std::make_unique<StepGraphs>(
-      dev, shards_gradients() ? GraphMode::off : tc.cuda_graphs, pos_.step + 1, run_.total_steps,
+      dev,
+      shards_gradients() || run_.train->masks_targets() ? GraphMode::off : tc.cuda_graphs, pos_.step + 1, run_.total_steps,
       /*speaks=*/global_ == 0);
   if (rank_ == 0) {
     run_.summary.buckets = res_.reducer->buckets().size();
@@ -273,6 +303,8 @@ void WorkerLoop::set_up_data(bool cores_scarce) {
   res_.batches = std::make_unique<StagedBatches>(
       *res_.device, *res_.loader, static_cast<std::size_t>(batch) * train.features() * sizeof(float),
       static_cast<std::size_t>(batch) * train.targets() * sizeof(std::int32_t),
+      train.packed() ? static_cast<std::size_t>(batch) * train.features() * sizeof(std::int32_t)
+                        : 0,
       (run_.total_steps - pos_.step) * k, track_);
 }
 
@@ -356,6 +388,40 @@ void WorkerLoop::count_host_syncs(std::uint64_t n) {
     syncs_.steady_max = std::max(syncs_.steady_max, n);
 }
 
+// Note [Global token mean]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// The loss of a step is the mean over the labels that count (not kIgnoreLabel) of the whole
+// global batch: every worker's k micro-batches. Its gradient is sum(dloss) / C, C the global
+// count. The reducer averages the workers' gradients (a sum over N ranks, divided by N), so
+// each worker's loss kernel scales its rows by N / C: sum_w (N / C) g_w / N = sum(dloss) / C,
+// whatever the mask's shape and however the counted labels fall among workers and
+// micro-batches. C is known before the step's first forward: each worker counts the labels of
+// its k micro-batches on the host (StagedBatches::counted_ahead reads ahead of the loader as
+// far as it must) and one host all-reduce sums them. Unmasked data needs none of it: C = N B T
+// k on every step, and N / C rounds to the 1 / (B T k) of every worker's own mean.
+// A per-worker mean (each worker dividing by its own count, the all-reduce then averaging the
+// means) would weigh a label of a worker with few counted labels more than one of a worker with
+// many: N workers x batch B would then train on another loss than 1 worker x batch N B, which
+// sees the same labels in one mean (tests/train/test_chat_trainer.cpp shows it cannot pass).
+// Accumulation is the same argument over micro-batches. The scale differs from step to step, so
+// device graphs are off for masked data (their captured loss would keep the first step's).
+
+// The gradient scale of this step's loss (Note [Global token mean]): the first micro-batch
+// counts the step's labels, which the rest reuse.
+float WorkerLoop::loss_scale(int micro, const Batch& b) {
+  const int k = run_.cfg.trainer.accumulate_steps;
+  const int targets = run_.train->targets();
+  if (!run_.train->masks_targets()) return 1.0f / static_cast<float>(b.size * targets * k);
+  if (micro == 0) {
+    double counted[1] = {static_cast<double>(b.counted + res_.batches->counted_ahead(k - 1))};
+    comm_.all_reduce_host(counted);
+    step_counted_ = counted[0];
+  }
+  return step_counted_ > 0.0
+             ? static_cast<float>(comm_.size()) / static_cast<float>(step_counted_)
+             : 0.0f;
+}
+
 // Forward, loss and backward of one micro-batch: its loss and correct count go to the step
 // record on the device, its samples to `mine`. Micro-batch 0 closes the step before between its
 // forward and its backward (Note [Deferred step read]); false: the run stops there.
@@ -386,11 +452,11 @@ bool WorkerLoop::run_micro_batch(int micro, StepTotals& mine) {
   const float* x = in.x->data<float>();
   const std::int32_t* y = in.y->data<std::int32_t>();
   LossStats* loss = res_.records[pos_.step % 2]->loss();
-  // Each worker averages over its own k micro-batches; the all-reduce then averages over
-  // workers: the mean over the global batch, since every shard has the same batch size.
-  // A language model predicts `targets` tokens per sample; the loss is their mean.
+  // The mean over the global batch's counted labels (Note [Global token mean]); a language
+  // model predicts `targets` tokens per sample.
   const int predictions = b.size * targets;
-  const float grad_scale = 1.0f / static_cast<float>(predictions * k);
+  const float grad_scale = loss_scale(micro, b);
+  replica.set_positions(in.positions ? in.positions->data<std::int32_t>() : nullptr);
   StepGraphs& graphs = *res_.graphs;  // Note [Step graphs]: each part captured, replayed or not
   {
     TraceSpan span(track_, "forward", pos_.step);
@@ -412,6 +478,7 @@ bool WorkerLoop::run_micro_batch(int micro, StepTotals& mine) {
                forward, nullptr, nullptr);
   }
   mine.samples += b.size;
+  mine.counted += static_cast<double>(b.counted);
   if (micro == 0) {
     beat();  // the first forward is queued: a worker stalled before it is the one behind
     if (pending_ && close_step(/*deferred=*/true)) return false;
@@ -478,6 +545,7 @@ StepTotals WorkerLoop::agree_totals(StepTotals mine) {
   mine.stop = run_.stop_requested.load() ? 1.0 : 0.0;
   const StepTotals totals = all_reduce_fields(comm_, mine);
   pos_.samples += static_cast<std::int64_t>(totals.samples);
+  pos_.loss_tokens += static_cast<std::int64_t>(totals.counted);
   return totals;
 }
 
@@ -581,9 +649,10 @@ bool WorkerLoop::close_step(bool deferred) {
   }
   if (deferred) {
     syncs_.other_step += res_.device->host_syncs() - syncs_before;
-    const std::int64_t samples = pos_.samples;
+    const std::int64_t samples = pos_.samples, loss_tokens = pos_.loss_tokens;
     pos_ = queued;
     pos_.samples = samples;
+    pos_.loss_tokens = loss_tokens;
     beat();
     enter(Phase::forward);
   }
@@ -597,7 +666,7 @@ WorkerLoop::UpdateResult WorkerLoop::after_update(const StepTotals& totals,
                                                   const StepControl& control) {
   const Config& cfg = run_.cfg;
   UpdateResult r;
-  r.loss = totals.loss_sum / (totals.samples * run_.train->targets());
+  r.loss = totals.counted > 0.0 ? totals.loss_sum / totals.counted : 0.0;
   r.lr = learning_rate(cfg.optimizer, cfg.schedule, pos_.step - 1, run_.total_steps);
   r.grad_norm = control.grad_norm;
   if (!std::isfinite(r.grad_norm) || !std::isfinite(r.loss))
@@ -701,10 +770,12 @@ void WorkerLoop::report(const StepTotals& totals, const UpdateResult& update, bo
   window_.loss_sum += totals.loss_sum;
   window_.correct += totals.correct;
   window_.samples += totals.samples;
-  // Loss and accuracy over `samples`; throughput: `counted` samples in `seconds`.
-  const auto metrics = [&](double loss_sum, double correct, double samples, double counted,
+  window_.counted += totals.counted;
+  // Loss and accuracy over the `predictions` that count; throughput: `counted` samples in
+  // `seconds`.
+  const auto metrics = [&](double loss_sum, double correct, double predictions, double counted,
                            double seconds, double now) {
-    const double predictions = samples * targets;
+    predictions = std::max(predictions, 1.0);
     const double tokens_per_s = counted * targets / std::max(1e-9, seconds);
     return StepMetrics{.step = step,
                        .total_steps = total_steps,
@@ -720,7 +791,7 @@ void WorkerLoop::report(const StepTotals& totals, const UpdateResult& update, bo
   };
   if (global_ == 0 && (run_.callbacks.progress || run_.report)) {
     const double now = steady_now_s();
-    const StepMetrics m = metrics(totals.loss_sum, totals.correct, totals.samples,
+    const StepMetrics m = metrics(totals.loss_sum, totals.correct, totals.counted,
                                   static_cast<double>(pos_.samples), now - run_.start_s, now);
     if (run_.report) run_.report->step(m);
     if (run_.callbacks.progress) run_.callbacks.progress(m);
@@ -728,7 +799,7 @@ void WorkerLoop::report(const StepTotals& totals, const UpdateResult& update, bo
   const bool log = step % run_.cfg.trainer.log_every == 0 || step == total_steps || stop_now;
   if (rank_ == 0 && log) {
     const double now = steady_now_s();
-    window_.last = metrics(window_.loss_sum, window_.correct, window_.samples, window_.samples,
+    window_.last = metrics(window_.loss_sum, window_.correct, window_.counted, window_.samples,
                            now - window_.last_report_s, now);
     window_.last_report_s = now;
     add_window_times(window_.last);
@@ -739,6 +810,7 @@ void WorkerLoop::report(const StepTotals& totals, const UpdateResult& update, bo
     window_.loss_sum = 0.0;
     window_.correct = 0.0;
     window_.samples = 0.0;
+    window_.counted = 0.0;
   }
 }
 
@@ -911,7 +983,7 @@ EvalMetrics WorkerLoop::evaluate() {
                        static_cast<std::size_t>(comm_.size()), run_.cfg.data.batch_size,
                        [this] { run_.heartbeats.alive(rank_); });
   const EvalMetrics m =
-      eval_metrics(all_reduce_fields(comm_, mine), pos_.step, run_.train->targets());
+      eval_metrics(all_reduce_fields(comm_, mine), pos_.step);
   if (global_ == 0 && m.samples > 0) {
     if (run_.metrics) run_.metrics->write(m);
     if (run_.report) run_.report->eval(m);
@@ -1077,6 +1149,8 @@ void WorkerLoop::fill_summary(std::span<const double> time_rows, const EvalMetri
   const int world = comm_.size();
   summary.steps = pos_.step;
   summary.samples = pos_.samples;
+  summary.masked = run_.train->masks_targets();
+  summary.loss_tokens = pos_.loss_tokens;
   summary.final_train_loss = window_.last.loss;
   summary.final_train_accuracy = window_.last.accuracy;
   summary.eval_loss = final_eval.loss;

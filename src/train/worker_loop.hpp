@@ -100,6 +100,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -179,10 +180,13 @@ struct StepTotals {
   double loss_sum = 0.0;
   double correct = 0.0;
   double samples = 0.0;
+  double counted = 0.0;  // labels that count toward the loss (samples x targets unless masked)
   double stop = 0.0;  // > 0: some process asked to stop (request_stop)
 
-  std::array<double, 4> fields() const { return {loss_sum, correct, samples, stop}; }
-  static StepTotals from(std::span<const double, 4> f) { return {f[0], f[1], f[2], f[3]}; }
+  std::array<double, 5> fields() const { return {loss_sum, correct, samples, counted, stop}; }
+  static StepTotals from(std::span<const double, 5> f) {
+    return {f[0], f[1], f[2], f[3], f[4]};
+  }
 };
 
 // Double buffering: while the device computes on one batch, the next is already on its way
@@ -192,13 +196,19 @@ class StagedBatches {
   struct Staged {
     std::unique_ptr<StagedBuffer> x;  // (batch, features) floats
     std::unique_ptr<StagedBuffer> y;  // (batch, targets) int32
+    // (batch, features) int32 positions of packed data (Note [Packed windows] in
+    // src/data/chat.cpp); null otherwise.
+    std::unique_ptr<StagedBuffer> positions;
     Batch batch;                      // its host copy: size, epoch and position
   };
-  // `batches`: how many the run will take. Stages the first.
+  // `batches`: how many the run will take. Stages the first. `position_bytes` 0: no positions.
   StagedBatches(Device& device, ShardLoader& loader, std::size_t x_bytes, std::size_t y_bytes,
-                std::int64_t batches, std::vector<TraceEvent>* track);
+                std::size_t position_bytes, std::int64_t batches, std::vector<TraceEvent>* track);
   // The next batch, ready for kernels; the one after starts on its way.
   const Staged& take();
+  // The labels that count (Batch::counted) in the next `n` batches take() returns, read ahead
+  // from the loader as far as needed (Note [Global token mean]).
+  std::int64_t counted_ahead(int n);
   double data_wait_s() const noexcept { return data_wait_s_; }
 
  private:
@@ -207,6 +217,7 @@ class StagedBatches {
   ShardLoader& loader_;
   std::vector<TraceEvent>* track_;
   Staged staged_[2];
+  std::deque<Batch> ahead_;  // loaded, not yet staged (counted_ahead)
   int current_ = 0;
   std::int64_t left_;
   double data_wait_s_ = 0.0;
@@ -259,12 +270,14 @@ class WorkerLoop {
     std::uint64_t batch_in_epoch = 0;
     std::uint64_t epoch_start = 0;  // TrainState::epoch_start
     std::int64_t samples = 0;  // consumed over all workers, this run
+    std::int64_t loss_tokens = 0;  // labels that counted, over all workers, this run
   };
   // Metrics since the last log_every report.
   struct Window {
     double loss_sum = 0.0;
     double correct = 0.0;
     double samples = 0.0;
+    double counted = 0.0;
     double last_report_s = 0.0;
     double comm_s = 0.0, exposed_s = 0.0, data_wait_s = 0.0;  // cumulative, at the last report
     StepMetrics last{};
@@ -312,6 +325,7 @@ class WorkerLoop {
   void mark_step_start();
   void count_host_syncs(std::uint64_t n);
   bool run_micro_batch(int micro, StepTotals& mine);
+  float loss_scale(int micro, const Batch& b);
   StepTotals agree_totals(StepTotals mine);
   void reduce_and_update();
   void queue_end(const StepTotals& mine);
@@ -363,6 +377,7 @@ class WorkerLoop {
   Communicator& comm_;
   std::vector<TraceEvent>* track_;
   Resources res_;
+  double step_counted_ = 0.0;  // the step's counted labels, all workers (Note [Global token mean])
   Position pos_;
   // The position and the optimiser's step count the next step starts from (the last step's
   // end, until that next step's update begins), and whether it has: a recovery's state (Note

@@ -562,7 +562,7 @@ TEST_CASE("config: gpt model and token data") {
   CHECK(error_of("trainer: {steps: 5}\ndata:\n  dataset: text\n  path: t\n") ==
         "q.yaml:3:3: data.dataset: text data needs model.type gpt, got mlp");
   CHECK(error_of("model:\n  type: gpt\n" + std::string(kMinimal)) ==
-        "q.yaml:2:3: model.type: gpt needs data.dataset tokens or text, got synthetic");
+        "q.yaml:2:3: model.type: gpt needs data.dataset tokens, text or chat, got synthetic");
   CHECK(error_of("data: {eval_pth: v.bin}\n") ==
         "q.yaml:1:8: data.eval_pth: unknown key; did you mean 'data.eval_path'?");
   // Existing mlp configs are unchanged by the gpt keys.

@@ -279,7 +279,7 @@ TEST_SUITE("cpu device") {
     CHECK(acc.download()[0].loss_sum == stats.loss_sum + stats.loss_sum);
     CHECK(acc.download()[0].correct == 2 * correct);
     CHECK(acc.download()[0].label_error == 0);
-    for (std::int32_t bad : {-1, classes}) {
+    for (std::int32_t bad : {-2, classes}) {  // -1 is kIgnoreLabel: a row that does not count
       labels[5] = bad;
       labels[9] = bad;
       yd.upload(labels);

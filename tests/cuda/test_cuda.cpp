@@ -355,10 +355,11 @@ TEST_SUITE("cuda") {
     auto gpu = backend->create_device(0, 1, 0);
     // Row 2's label is bad; rows 0 and 1 (and 3) must not be written either, as on the CPU.
     auto ld = on_device(*gpu, random_floats(4 * 5, 47));
-    auto yd = on_device(*gpu, std::vector<std::int32_t>{0, 1, -1, 4});
+    // (-1 is kIgnoreLabel, a row that does not count; -2 is outside.)
+    auto yd = on_device(*gpu, std::vector<std::int32_t>{0, 1, -2, 4});
     auto dd = on_device(*gpu, std::vector<float>(4 * 5, 7.0f));
     CHECK_THROWS_WITH(gpu->softmax_cross_entropy(ld.data(), yd.data(), 4, 5, dd.data(), 1.0f),
-                      doctest::Contains("label -1 of row 2"));
+                      doctest::Contains("label -2 of row 2"));
     const auto d = dd.download();
     CHECK(std::all_of(d.begin(), d.end(), [](float v) { return v == 7.0f; }));
   }

@@ -6,6 +6,8 @@
 #   tests/interop/hf_venv.sh BUILD_DIR
 set -euo pipefail
 readonly TRANSFORMERS=transformers==4.40.2
+# apply_chat_template's renderer (tests/interop/chat_template.py)
+readonly JINJA2=jinja2==3.1.4
 venv="$1/python-hf"
 # CTest runs cases in parallel: one makes the environment, the others wait for it.
 exec 9>"$venv.lock"
@@ -14,6 +16,9 @@ if [[ ! -x "$venv/bin/python" ]] || ! "$venv/bin/python" -c 'import transformers
   rm -rf "$venv"
   /usr/bin/python3 -m venv --system-site-packages "$venv" >&2
   "$venv/bin/python" -m pip install --disable-pip-version-check --quiet "$TRANSFORMERS" >&2
+fi
+if ! "$venv/bin/python" -c 'import jinja2' 2>/dev/null; then
+  "$venv/bin/python" -m pip install --disable-pip-version-check --quiet "$JINJA2" >&2
 fi
 "$venv/bin/python" -c 'import torch, transformers' >&2
 echo "$venv/bin/python"

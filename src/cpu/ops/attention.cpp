@@ -107,24 +107,25 @@ void load_rows(MatIn m, std::int64_t first_row, std::int64_t ld, std::int64_t co
 // vector width (Note [Wide vectors for the CPU kernels]).
 constexpr int kLanes = 8;
 
-// The larger of `init` and the largest scale * s[c] for c < valid.
-float row_max(const float* s, float scale, int valid, int tile, float init) {
+// The larger of `init` and the largest scale * s[c] for first <= c < valid.
+float row_max(const float* s, float scale, int first, int valid, int tile, float init) {
   float lanes[kLanes];
   std::fill(lanes, lanes + kLanes, init);
   for (int c = 0; c < tile; c += kLanes)
     for (int l = 0; l < kLanes; ++l)
-      lanes[l] = std::max(lanes[l], c + l < valid ? scale * s[c + l] : init);
+      lanes[l] = std::max(lanes[l], c + l < valid && c + l >= first ? scale * s[c + l] : init);
   for (int l = 1; l < kLanes; ++l) lanes[0] = std::max(lanes[0], lanes[l]);
   return lanes[0];
 }
 
-// p[c] = exp(scale s[c] - shift) for c < valid, 0 from there; returns their sum.
-float exp_row(const float* s, float scale, float shift, int valid, int tile, float* p) {
+// p[c] = exp(scale s[c] - shift) for first <= c < valid, 0 elsewhere; returns their sum.
+float exp_row(const float* s, float scale, float shift, int first, int valid, int tile,
+              float* p) {
   float lanes[kLanes] = {};
   for (int c = 0; c < tile; c += kLanes)
     for (int l = 0; l < kLanes; ++l) {
       const float e = detail::exp_poly(scale * s[c + l] - shift);
-      p[c + l] = c + l < valid ? e : 0.0f;
+      p[c + l] = c + l < valid && c + l >= first ? e : 0.0f;
       lanes[l] += p[c + l];
     }
   for (int l = 1; l < kLanes; ++l) lanes[0] += lanes[l];
@@ -160,6 +161,14 @@ TileBuffers& buffers() {
   return b;
 }
 
+// The first key column of tile column c0 that row `row` of sequence `seq` may read: 0, or for
+// packed sequences (AttentionShape::positions) the start of its own, row - position, relative
+// to c0 (Note [Packed attention] in src/model/attention.hpp).
+int first_key(const AttentionShape& s, std::int64_t seq, int row, int c0) {
+  if (!s.positions) return 0;
+  return std::max(0, row - s.positions[seq + row] - c0);
+}
+
 }  // namespace
 
 void CpuDevice::attention_forward(const AttentionShape& shape, MatIn qkv, MatOut y, float* lse) {
@@ -190,12 +199,15 @@ void CpuDevice::attention_forward(const AttentionShape& shape, MatIn qkv, MatOut
       load_rows(qkv, seq + c0, cols.width, cols.v(h), tile, valid_cols, D, w.v.data());
       tiles_.run(prod.nt, w.q.data(), w.k.data(), w.s.data());
       for (int r = 0; r < tile; ++r) {
-        // Keys c0 .. r0 + r (the causal mask), none for a padding row.
-        const int valid = r < rows ? std::min(tile, r0 + r - c0 + 1) : 0;
+        // Keys c0 .. r0 + r (the causal mask), from its sequence's start when packed; none for
+        // a padding row.
+        int valid = r < rows ? std::min(tile, r0 + r - c0 + 1) : 0;
+        const int first = r < rows ? first_key(shape, seq, r0 + r, c0) : 0;
+        if (first >= valid) valid = 0;
         const float* sr = w.s.data() + std::size_t(r) * tile;
         float* pr = w.p.data() + std::size_t(r) * tile;
-        const float m = row_max(sr, scale, valid, tile, w.m[r]);
-        const float sum = exp_row(sr, scale, m, valid, tile, pr);
+        const float m = row_max(sr, scale, first, valid, tile, w.m[r]);
+        const float sum = exp_row(sr, scale, m, first, valid, tile, pr);
         if (valid == 0) continue;
         const float alpha = detail::exp_poly(w.m[r] - m);
         w.l[r] = alpha * w.l[r] + sum;
@@ -274,8 +286,9 @@ void CpuDevice::attention_backward(const AttentionShape& shape, MatIn qkv, MatIn
           tiles_.run(prod.nt, qi, kj, w.s.data());
           for (int r = 0; r < tile; ++r) {
             const int valid = r < rows ? std::min(tile, r0 + r - c0 + 1) : 0;
+            const int first = r < rows ? first_key(shape, seq, r0 + r, c0) : 0;
             const float row_lse = r < rows ? lse_head[r0 + r] : 0.0f;
-            exp_row(w.s.data() + std::size_t(r) * tile, scale, row_lse, valid, tile,
+            exp_row(w.s.data() + std::size_t(r) * tile, scale, row_lse, first, valid, tile,
                     w.p.data() + std::size_t(r) * tile);
           }
           if (bf16) round_to_bf16(w.p.data(), tt);

@@ -38,9 +38,12 @@ void CpuDevice::rope_rotate_of(const RopeShape& shape, const RopeTable& table, Q
   const std::size_t first = static_cast<std::size_t>(shape.position);
   const float* cos = table.cos;
   const float* sin = table.sin;
+  const std::int32_t* positions = shape.positions;
   for_rows(nr, width, [=](std::size_t r) {
-    const float* cr = cos + (first + r % T) * half;
-    const float* sr = sin + (first + r % T) * half;
+    const std::size_t p =
+        positions ? static_cast<std::size_t>(positions[r]) : first + r % T;  // packed: its own
+    const float* cr = cos + p * half;
+    const float* sr = sin + p * half;
     Q* row = x + r * width;
     for (std::size_t h = 0; h < rotated; ++h) {
       Q* lo = row + h * 2 * half;

@@ -45,14 +45,15 @@ void CpuDevice::for_rows_of_causal(int count, int rows, int cols, const Fn& fn) 
 // logits (rows, classes) stored as L (float, or bf16 widened as read), labels (rows), dlogits
 // (rows, classes) or null, stored as D (float, or bf16 rounded); dlogits may be the logits
 // (each element is read before its own gradient is written). The labels are checked before
-// anything is written: a bad one leaves the sums and dlogits alone and is recorded.
+// anything is written: a bad one leaves the sums and dlogits alone and is recorded. A row
+// labelled kIgnoreLabel adds nothing to the sums and gets a zero gradient.
 template <class L, class D>
 void CpuDevice::softmax_cross_entropy_of(const L* logits, const std::int32_t* labels,
                                          int rows, int classes, D* dlogits, float grad_scale,
                                          LossStats* stats) {
   detail::check_loss_shape(rows, classes);
   for (int r = 0; r < rows; ++r)
-    if (labels[r] < 0 || labels[r] >= classes) {
+    if ((labels[r] < 0 && labels[r] != kIgnoreLabel) || labels[r] >= classes) {
       stats->label_error = std::max(stats->label_error, detail::label_error_key(r, labels[r]));
       return;
     }
@@ -61,6 +62,11 @@ void CpuDevice::softmax_cross_entropy_of(const L* logits, const std::int32_t* la
     LossStats s;
     for (std::size_t r = r0; r < r1; ++r) {
       const L* row = logits + r * nc;
+      if (labels[r] == kIgnoreLabel) {
+        if (dlogits)
+          for (std::size_t j = 0; j < nc; ++j) detail::store_value(&dlogits[r * nc + j], 0.0f);
+        continue;
+      }
       const auto z = [row](std::size_t j) { return detail::load_value(row[j]); };
       const std::size_t label = static_cast<std::size_t>(labels[r]);
       std::size_t argmax = 0;
@@ -154,6 +160,16 @@ void CpuDevice::causal_softmax_backward_of(const P* p, const float* dp, DS* ds, 
     for (std::size_t j = 0; j <= i; ++j)
       detail::store_value(&dsr[j], scale * detail::load_value(pr[j]) * (dpr[j] - d));
     for (std::size_t j = i + 1; j < nt; ++j) detail::store_value(&dsr[j], 0.0f);
+  });
+}
+
+// Row i of matrix (b, h): the keys before i - positions[b][i] (earlier sequences) get -inf.
+void CpuDevice::mask_packed_scores(float* s, const std::int32_t* positions, int batch, int heads,
+                                   int T) {
+  for_rows_of_squares(batch * heads, T, [&](std::size_t row, std::size_t i, std::size_t nt) {
+    const std::size_t b = row / nt / static_cast<std::size_t>(heads);
+    const std::size_t first = i - static_cast<std::size_t>(positions[b * nt + i]);
+    std::fill_n(s + row * nt, first, -INFINITY);
   });
 }
 

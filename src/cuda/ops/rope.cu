@@ -15,10 +15,11 @@ namespace {
 // receives the whole row rounded. Q: float or bf16 (widened, rounded).
 template <class Q>
 __global__ void rope_kernel(Q* x, const float* cos, const float* sin, int T, int position,
-                            int rotated, int half, int width, float sign,
-                            std::uint16_t* x_bf16) {
+                            const std::int32_t* positions, int rotated, int half, int width,
+                            float sign, std::uint16_t* x_bf16) {
   const std::size_t row = blockIdx.x;
-  const std::size_t angles = static_cast<std::size_t>(position + static_cast<int>(row % T)) * half;
+  const int at = positions ? positions[row] : position + static_cast<int>(row % T);
+  const std::size_t angles = static_cast<std::size_t>(at) * half;
   Q* xr = x + row * width;
   for (int j = static_cast<int>(threadIdx.x); j < rotated * half; j += blockDim.x) {
     const int h = j / half, i = j % half;
@@ -42,32 +43,36 @@ __global__ void rope_kernel(Q* x, const float* cos, const float* sin, int T, int
 
 template <class Q>
 void rope_of(cudaStream_t stream, Q* x, const float* cos, const float* sin, int rows, int T,
-             int position, int heads, int kv_heads, int head_size, float sign,
-             std::uint16_t* x_bf16) {
+             int position, const std::int32_t* positions, int heads, int kv_heads, int head_size,
+             float sign, std::uint16_t* x_bf16) {
   if (rows == 0 || T == 0) return;
   const int half = head_size / 2;
   rope_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream>>>(
-      x, cos, sin, T, position, heads + kv_heads, half, (heads + 2 * kv_heads) * head_size, sign,
+      x, cos, sin, T, position, positions, heads + kv_heads, half, (heads + 2 * kv_heads) * head_size, sign,
       x_bf16);
   CUDA_CHECK(cudaGetLastError());
 }
 
 void launch_rope_forward(cudaStream_t stream, float* qkv, const float* cos, const float* sin,
-                         int rows, int T, int position, int heads, int kv_heads, int head_size) {
-  rope_of(stream, qkv, cos, sin, rows, T, position, heads, kv_heads, head_size, 1.0f, nullptr);
+                         int rows, int T, int position, const std::int32_t* positions, int heads,
+                         int kv_heads, int head_size) {
+  rope_of(stream, qkv, cos, sin, rows, T, position, positions, heads, kv_heads, head_size, 1.0f,
+          nullptr);
 }
 
 void launch_rope_forward_bf16(cudaStream_t stream, std::uint16_t* qkv, const float* cos,
-                              const float* sin, int rows, int T, int position, int heads,
-                              int kv_heads, int head_size) {
-  rope_of(stream, qkv, cos, sin, rows, T, position, heads, kv_heads, head_size, 1.0f, nullptr);
+                              const float* sin, int rows, int T, int position,
+                              const std::int32_t* positions, int heads, int kv_heads,
+                              int head_size) {
+  rope_of(stream, qkv, cos, sin, rows, T, position, positions, heads, kv_heads, head_size, 1.0f,
+          nullptr);
 }
 
 void launch_rope_backward(cudaStream_t stream, float* dqkv, const float* cos, const float* sin,
-                          int rows, int T, int position, int heads, int kv_heads, int head_size,
-                          std::uint16_t* dqkv_bf16) {
-  rope_of(stream, dqkv, cos, sin, rows, T, position, heads, kv_heads, head_size, -1.0f,
-          dqkv_bf16);
+                          int rows, int T, int position, const std::int32_t* positions, int heads,
+                          int kv_heads, int head_size, std::uint16_t* dqkv_bf16) {
+  rope_of(stream, dqkv, cos, sin, rows, T, position, positions, heads, kv_heads, head_size,
+          -1.0f, dqkv_bf16);
 }
 
 }  // namespace lockstep::cuda

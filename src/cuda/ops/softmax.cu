@@ -14,6 +14,26 @@
 namespace lockstep::cuda {
 namespace {
 
+// kIgnoreLabel (lockstep/types.hpp): a row that adds nothing and gets a zero gradient.
+constexpr std::int32_t kIgnored = -1;
+
+// An ignored row (label kIgnored): no loss, not correct, a zero gradient row. True when the row
+// is one; the block then has nothing more to do.
+template <class D>
+__device__ bool skip_ignored_row(int label, int row, int classes, D* dlogits, double* row_loss,
+                                 int* row_correct) {
+  if (label != kIgnored) return false;
+  if (dlogits) {
+    D* d = dlogits + static_cast<std::size_t>(row) * classes;
+    for (int j = threadIdx.x; j < classes; j += kThreads) detail::store_value(&d[j], 0.0f);
+  }
+  if (threadIdx.x == 0) {
+    row_loss[row] = 0.0;
+    row_correct[row] = 0;
+  }
+  return true;
+}
+
 // One block: *bad_row = the first row whose label is outside [0, classes), or stays above every
 // row, and that row's key (detail::label_error_key: the lowest row has the largest key) into
 // stats->label_error. Runs before the row kernel, so that a bad label anywhere leaves dlogits
@@ -21,7 +41,7 @@ namespace {
 __global__ void check_labels_kernel(const std::int32_t* labels, int rows, int classes,
                                     int* bad_row, LossAccumulator* stats) {
   for (int r = threadIdx.x; r < rows; r += kThreads)
-    if (labels[r] < 0 || labels[r] >= classes) {
+    if ((labels[r] < 0 && labels[r] != kIgnored) || labels[r] >= classes) {
       atomicMin(bad_row, r);
       atomicMax(&stats->label_error, detail::label_error_key(r, labels[r]));
       return;  // this thread's later rows come after r
@@ -43,6 +63,7 @@ __global__ void softmax_xent_rows_kernel(const float* logits, const std::int32_t
   const int row = blockIdx.x;
   if (*bad_row < static_cast<int>(gridDim.x)) return;  // a bad label (one block a row)
   const int label = labels[row];
+  if (skip_ignored_row(label, row, classes, dlogits, row_loss, row_correct)) return;
   const float* z = logits + static_cast<std::size_t>(row) * classes;
 
   // argmax: the first index of the largest value, as the CPU's scan with a strict '>' finds it.
@@ -144,6 +165,7 @@ __global__ void fused_classifier_rows_kernel(const std::uint16_t* logits,
   const int row = blockIdx.x;
   if (*bad_row < static_cast<int>(gridDim.x)) return;  // a bad label (one block a row)
   const int label = labels[row];
+  if (skip_ignored_row(label, row, classes, dlogits, row_loss, row_correct)) return;
   const std::size_t offset = static_cast<std::size_t>(row) * classes;
   const std::uint16_t* z = logits + offset;
   // fn(j, v) for this thread's logits in increasing j: 8 at a time when packed.
@@ -269,7 +291,28 @@ __global__ void causal_softmax_backward_kernel(const P* p, const float* dp, DS* 
     detail::store_value(&dsr[j], j <= i ? scale * detail::load_value(pr[j]) * (dpr[j] - d) : 0.0f);
 }
 
+// One warp per row of the (B, H, T, T) scores: the keys j < i - positions[b][i] get -inf.
+__global__ void mask_packed_scores_kernel(float* s, const std::int32_t* positions,
+                                          std::size_t rows, int heads, int T) {
+  const std::size_t row = warp_row();
+  if (row >= rows) return;
+  const int i = static_cast<int>(row % static_cast<std::size_t>(T));
+  const std::size_t b = row / static_cast<std::size_t>(T) / static_cast<std::size_t>(heads);
+  const int first = i - positions[b * static_cast<std::size_t>(T) + i];
+  float* sr = s + row * T;
+  for (int j = lane(); j < first; j += kWarp) sr[j] = -INFINITY;
+}
+
 }  // namespace
+
+void launch_mask_packed_scores(cudaStream_t stream, float* s, const std::int32_t* positions,
+                               int batch, int heads, int T) {
+  const std::size_t rows = static_cast<std::size_t>(batch) * heads * T;
+  if (rows == 0) return;
+  mask_packed_scores_kernel<<<blocks_for_rows(rows), kThreads, 0, stream>>>(s, positions, rows,
+                                                                            heads, T);
+  CUDA_CHECK(cudaGetLastError());
+}
 
 // L, D: the storages of the logits and dlogits; bf16 logits take the fused classifier.
 template <class L, class D>
