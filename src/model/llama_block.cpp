@@ -310,7 +310,10 @@ class LlamaBlock final : public Layer {
   // Grouped-query attention: query head h reads kv head h / (H / Hkv).
   // Packed sequences: the rows' own positions (Note [Packed attention] in attention.hpp).
   AttentionShape attention_shape(int batch, const LayerWorkspace& ws) const {
-    return {batch, t_, h_, d_, hkv_, ws.positions};
+    return attention_shape(batch, ws.positions);
+  }
+  AttentionShape attention_shape(int batch, const std::int32_t* positions = nullptr) const {
+    return {batch, t_, h_, d_, hkv_, positions};
   }
   RopeShape rope_shape(int batch, const LayerWorkspace& ws) const {
     return {batch, t_, h_, hkv_, d_, 0, ws.positions};
