@@ -228,7 +228,9 @@ struct LOCKSTEP_API TrainerHooks {
 // "cuda"; empty: the backend make_backend would make for trainer.backend and trainer.devices).
 LOCKSTEP_API Model make_model(const Config& config, const Dataset& train,
                               std::string_view backend = {});
-// model.attention resolved for `backend` (empty: as make_model resolves it).
+// model.attention resolved for `backend` (empty: as make_model resolves it); packed chat data
+// (data.pack) on cuda takes the materialised path (Note [Packed attention] in
+// src/model/attention.hpp).
 LOCKSTEP_API AttentionChoice attention_choice(const Config& config, std::string_view backend = {});
 // The GPT a config describes for a dataset (model.type gpt), as make_model builds it.
 LOCKSTEP_API GptSpec gpt_spec(const Config& config, const Dataset& train);

@@ -17,8 +17,10 @@ if [[ ! -x "$venv/bin/python" ]] || ! "$venv/bin/python" -c 'import transformers
   /usr/bin/python3 -m venv --system-site-packages "$venv" >&2
   "$venv/bin/python" -m pip install --disable-pip-version-check --quiet "$TRANSFORMERS" >&2
 fi
+# Not fatal: only the chat template test needs it, and it skips without it.
 if ! "$venv/bin/python" -c 'import jinja2' 2>/dev/null; then
-  "$venv/bin/python" -m pip install --disable-pip-version-check --quiet "$JINJA2" >&2
+  "$venv/bin/python" -m pip install --disable-pip-version-check --quiet "$JINJA2" >&2 ||
+    echo "hf_venv.sh: could not install $JINJA2" >&2
 fi
 "$venv/bin/python" -c 'import torch, transformers' >&2
 echo "$venv/bin/python"

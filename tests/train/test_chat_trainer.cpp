@@ -179,3 +179,45 @@ TEST_CASE("chat: a packed window gives the loss and gradients of its conversatio
     CHECK(std::abs(leaky.loss_sum - one.loss_sum) > 1e-3 * std::abs(one.loss_sum));
   }
 }
+
+TEST_CASE("chat: packing needs rotary positions, and on cuda the materialised attention") {
+  Config cfg = test::small_llama_config(1, 2);
+  cfg.data.dataset = DatasetKind::chat;
+  cfg.data.path = "chat.jsonl";
+  cfg.data.tokenizer = "tokenizer";
+  cfg.data.pack = true;
+  cfg.validate();
+  cfg.trainer.precision = Precision::bf16;
+  cfg.model.head_dim = 8;
+  cfg.model.attention = AttentionKind::automatic;
+  Config unpacked = cfg;
+  unpacked.data.pack = false;
+  // Where this build's cuda would run cuDNN's fused attention, packed data does not.
+  if (attention_choice(unpacked, "cuda").path == AttentionKind::fused) {
+    const AttentionChoice choice = attention_choice(cfg, "cuda");
+    CHECK(choice.path == AttentionKind::materialized);
+    CHECK(choice.detail.find("data.pack") != std::string::npos);
+    cfg.model.attention = AttentionKind::fused;
+    CHECK_THROWS_WITH_AS(attention_choice(cfg, "cuda"),
+                         doctest::Contains("takes no mask for packed conversations"), InputError);
+  }
+  cfg.model.attention = AttentionKind::fused;
+  CHECK(attention_choice(cfg, "cpu").path == AttentionKind::fused);  // the tiled path takes it
+
+  // GPT-2's learned positions do not restart: refused by the config and by the trainer.
+  const std::string yaml =
+      "model: {type: gpt, context: 8, n_layer: 1, n_head: 2, d_model: 8}\n"
+      "data: {dataset: chat, path: c.jsonl, tokenizer: t, pack: true}\n";
+  CHECK_THROWS_WITH_AS(parse_config(yaml, "s.yaml"),
+                       doctest::Contains("s.yaml:2:52: data.pack: packed conversations need "
+                                         "model.positions rope"),
+                       ConfigError);
+  Config gpt2 = test::small_gpt_config(1, 2);
+  CHECK_THROWS_WITH_AS(
+      Trainer(gpt2, std::make_shared<ChatDataset>(conversations(4), 8, 13, true), nullptr),
+      doctest::Contains("packed conversations need model.positions rope"), InputError);
+  CHECK_THROWS_WITH_AS(
+      parse_config("data: {dataset: synthetic, skip_bad_records: true}\n", "k.yaml"),
+      doctest::Contains("data.skip_bad_records: a key of chat data, got data.dataset synthetic"),
+      ConfigError);
+}
