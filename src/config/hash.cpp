@@ -103,7 +103,7 @@ class Hasher {
   // A decoder part key (model.family and the keys after it) at its default.
   bool at_later_default(const std::string& path, std::string_view hashed) const {
     if (!defaults_ || !path.starts_with("model.")) return false;
-    const bool later = path.starts_with("model.rope_scaling.") ||
+    const bool later = path.starts_with("model.rope_scaling.") || path.starts_with("model.lora.") ||
                        std::find(std::begin(kDecoderKeys), std::end(kDecoderKeys),
                                  std::string_view(path).substr(6)) != std::end(kDecoderKeys);
     const auto it = defaults_->find(path);
