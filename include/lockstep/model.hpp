@@ -251,7 +251,7 @@ struct LOCKSTEP_API LoraSpec {
 };
 // The names LoraSpec::targets may hold, in the order a block's adapters are stored.
 LOCKSTEP_API const std::vector<std::string>& lora_target_names();
-// "q_proj,v_proj" (model.lora.targets) as names, "all" as every one; throws
+// "q_proj,v_proj" (model.lora.targets) as names in storage order, "all" as every one; throws
 // std::invalid_argument naming an unknown or repeated name.
 LOCKSTEP_API std::vector<std::string> parse_lora_targets(std::string_view text);
 // Every parameter of `inner` frozen: it reads them from LayerWorkspace::frozen and computes no

@@ -131,7 +131,11 @@ std::vector<std::string> parse_lora_targets(std::string_view text) {
     out.push_back(std::move(name));
     start = comma + 1;
   }
-  return out;
+  // In storage order, whatever order they were named in (PEFT writes a set).
+  std::vector<std::string> ordered;
+  for (const std::string& name : lora_target_names())
+    if (std::find(out.begin(), out.end(), name) != out.end()) ordered.push_back(name);
+  return ordered;
 }
 
 std::unique_ptr<Layer> make_frozen(std::unique_ptr<Layer> inner) {
