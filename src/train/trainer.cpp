@@ -349,6 +349,11 @@ std::string describe_model(const Config& config, const Dataset& train) {
 
 EvalMetrics evaluate(const Config& config, const Model& model, std::span<const float> params,
                      const Dataset& data) {
+  if (model.frozen_count() > 0)
+    throw InputError(fmt::format(
+        "{}: model.lora: evaluating adapters needs their base, which eval does not read yet; "
+        "`lockstep export --format hf` merges them into a model to evaluate",
+        config.source));
   const int device_id = config.trainer.devices.at(0);
   std::unique_ptr<Backend> backend = make_backend(config.trainer.backend, std::span(&device_id, 1),
                    {.comm = config.trainer.comm, .precision = config.trainer.precision});
