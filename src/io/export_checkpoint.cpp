@@ -123,8 +123,11 @@ ExportResult export_checkpoint(const ExportRequest& request) {
                                  peft ? name("format") + " peft" : name("base")));
   if (peft) {
     refuse_own_inputs(request, ckpt, nullptr, out_option);
+    // PEFT names its base by directory: a Hugging Face directory's, not its weights file.
+    const fs::path source(lora->base_source);
+    const bool weights_file = detail::is_hf_dir(source) && !fs::is_directory(source);
     detail::write_peft_adapter(request.out, ckpt.tensors, ckpt.params, lora->lora,
-                               lora->base_source);
+                               weights_file ? source.parent_path().string() : lora->base_source);
     return {.tensors = ckpt.tensors.size(), .parameters = ckpt.params.size(),
             .step = ckpt.state.step};
   }
