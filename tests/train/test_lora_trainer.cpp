@@ -110,3 +110,13 @@ TEST_CASE("lora: a resume is bit-exact on the same base, refused on another nami
   CHECK(adapter.lora.targets == lora.targets);
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("lora: trainer.recompute full reruns the adapted blocks bit for bit") {
+  auto train = std::make_shared<TokenDataset>(token_stream(961, 8, 1));
+  Config none = lora_config(2, 3), full = none;
+  full.trainer.recompute = Recompute::full;
+  Trainer a(none, train, nullptr), b(full, train, nullptr);
+  a.run();
+  b.run();
+  CHECK(a.final_parameters() == b.final_parameters());
+}
