@@ -7,12 +7,14 @@ virtual environment of tests/interop/hf_venv.sh (transformers 4.40.2, peft 0.10.
         with save_pretrained, and a LoRA adapter on every projection (r 4, lora_alpha 8, B drawn
         so that it is not zero) to DIR/adapter with PeftModel.save_pretrained.
     peft_parity.py check DIR TOKENS.i32 BATCH LOGITS.f32 GRADS.safetensors MERGED.safetensors
-                         LOCKSTEP_ADAPTER_DIR
+                         LOCKSTEP_ADAPTER_DIR LOSSES.f64
         loads DIR/base with DIR/adapter in fp32 and compares with lockstep's logits (B, T, V)
         (relative error 1e-5), its adapters' gradients of the mean next-token loss (lockstep's
         names; 1e-5), its merged weights with merge_and_unload's (largest absolute difference
         1e-6), and loads lockstep's `export --format peft` directory on DIR/base, whose adapters
-        must equal DIR/adapter's. Prints the errors; exits 1 when one is over its bound.
+        must equal DIR/adapter's; then trains DIR/adapter 20 steps with torch.optim.AdamW (lr
+        0.01, no weight decay) on the same batch, whose losses must be lockstep's within 1e-4
+        relative. Prints the errors; exits 1 when one is over its bound.
 """
 
 import sys
@@ -64,7 +66,22 @@ def lockstep_name(name):
     return name.replace("base_model.model.", "", 1).replace(".default.", ".")
 
 
-def check(directory, tokens_file, batch, logits_file, grads_file, merged_file, ours_dir):
+def adamw_losses(directory, inputs, targets, steps=20):
+    model = load(directory, f"{directory}/adapter")
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=0.01, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    losses = []
+    for _ in range(steps):
+        logits = model(inputs).logits
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return np.array(losses)
+
+
+def check(directory, tokens_file, batch, logits_file, grads_file, merged_file, ours_dir, losses_file):
     model = load(directory, f"{directory}/adapter")
     tokens = torch.from_numpy(np.fromfile(tokens_file, dtype=np.int32).astype(np.int64)).reshape(int(batch), -1)
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
@@ -94,16 +111,21 @@ def check(directory, tokens_file, batch, logits_file, grads_file, merged_file, o
     original = load(directory, f"{directory}/adapter")
     mine = dict(theirs.named_parameters())
     same = all(torch.equal(p, mine[n]) for n, p in original.named_parameters() if "lora_" in n)
+    torch_losses = adamw_losses(directory, inputs, targets)
+    our_losses = np.fromfile(losses_file, dtype=np.float64)
+    loss_err = np.max(np.abs(our_losses - torch_losses) / np.abs(torch_losses))
     print(f"logits relative error {logit_err:.2e}; adapter gradients ({len(seen)}) worst "
           f"{grad_err:.2e}; merged weights largest difference {merge_err:.2e}; lockstep's PEFT "
-          f"export {'loads with the same adapters' if same else 'DIFFERS'}")
-    return 0 if logit_err <= 1e-5 and grad_err <= 1e-5 and merge_err <= 1e-6 and same else 1
+          f"export {'loads with the same adapters' if same else 'DIFFERS'}; 20 AdamW steps' "
+          f"losses ({torch_losses[0]:.6f} to {torch_losses[-1]:.6f}) worst relative error {loss_err:.2e}")
+    return 0 if (logit_err <= 1e-5 and grad_err <= 1e-5 and merge_err <= 1e-6 and same
+                 and loss_err <= 1e-4) else 1
 
 
 def main():
     if sys.argv[1] == "make":
         return make(sys.argv[2])
-    return check(*sys.argv[2:9])
+    return check(*sys.argv[2:10])
 
 
 if __name__ == "__main__":

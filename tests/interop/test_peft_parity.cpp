@@ -4,7 +4,8 @@
 // its frozen parameters, the adapter by PEFT's names), which gives PEFT's logits and adapter
 // gradients of the mean next-token loss within 1e-5 relative; merge_lora equals PEFT's
 // merge_and_unload within 1e-6; and the adapter written back as a PEFT directory loads in PEFT
-// with the same values. Skips without the transformers environment (tests/interop/hf_venv.sh).
+// with the same values; 20 AdamW steps' losses agree with PEFT's under torch.optim.AdamW within
+// 1e-4 relative. Skips without the transformers environment (tests/interop/hf_venv.sh).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -52,26 +53,33 @@ TEST_CASE("interop: LoRA against PEFT: logits, adapter gradients, merged weights
   lockstep::DeviceArray<float> x(*dev, inputs.size());
   x.upload(inputs);
   std::vector<float> padded(std::size_t(model.outputs()) * batch);
-  dev->copy_to_host(padded.data(), replica.forward(x.data(), batch), padded.size() * sizeof(float));
   const std::size_t width = std::size_t(model.outputs()) / T;
-  // The logits without the padding, and the mean loss's gradient: (softmax - one-hot) / (B T).
   std::vector<float> logits, dlogits(padded.size(), 0.0f);
-  for (int r = 0; r < batch * T; ++r) {
-    const float* z = padded.data() + std::size_t(r) * width;
-    logits.insert(logits.end(), z, z + V);
-    double max = z[0], sum = 0;
-    for (int v = 0; v < V; ++v) max = std::max(max, double(z[v]));
-    for (int v = 0; v < V; ++v) sum += std::exp(z[v] - max);
-    const int target = tokens[std::size_t(r / T) * (T + 1) + r % T + 1];
-    for (int v = 0; v < V; ++v)
-      dlogits[std::size_t(r) * width + v] =
-          static_cast<float>((std::exp(z[v] - max) / sum - (v == target)) / (batch * T));
-  }
   lockstep::DeviceArray<float> dl(*dev, dlogits.size());
-  dl.upload(dlogits);
-  replica.zero_grads();
-  replica.backward(x.data(), dl.data(), batch);
-  CHECK(replica.frozen() == frozen);
+  // Forward and backward of the mean next-token loss at the replica's adapters: the logits
+  // without the padding, the gradient (softmax - one-hot) / (B T); returns the loss.
+  const auto forward_backward = [&] {
+    dev->copy_to_host(padded.data(), replica.forward(x.data(), batch), padded.size() * sizeof(float));
+    logits.clear();
+    double loss = 0;
+    for (int r = 0; r < batch * T; ++r) {
+      const float* z = padded.data() + std::size_t(r) * width;
+      logits.insert(logits.end(), z, z + V);
+      double max = z[0], sum = 0;
+      for (int v = 0; v < V; ++v) max = std::max(max, double(z[v]));
+      for (int v = 0; v < V; ++v) sum += std::exp(z[v] - max);
+      const int target = tokens[std::size_t(r / T) * (T + 1) + r % T + 1];
+      loss += (std::log(sum) + max - z[target]) / (batch * T);
+      for (int v = 0; v < V; ++v)
+        dlogits[std::size_t(r) * width + v] =
+            static_cast<float>((std::exp(z[v] - max) / sum - (v == target)) / (batch * T));
+    }
+    dl.upload(dlogits);
+    replica.zero_grads();
+    replica.backward(x.data(), dl.data(), batch);
+    return loss;
+  };
+  forward_backward();
 
   const fs::path out = dir.path() / "out";
   fs::create_directories(out);
@@ -83,10 +91,23 @@ TEST_CASE("interop: LoRA against PEFT: logits, adapter gradients, merged weights
                               lockstep::merge_lora(model, config.lora, adapter.adapters, frozen));
   lockstep::detail::write_peft_adapter(out / "peft", model.param_tensors(), adapter.adapters,
                                        config.lora, base.string());
+  // 20 AdamW steps on this batch (lr 0.01, betas 0.9 and 0.999, eps 1e-8, no weight decay), as
+  // torch.optim.AdamW takes them on PEFT's adapters: the loss before each.
+  const std::size_t n = model.param_count();
+  lockstep::DeviceArray<float> m(*dev, n), v(*dev, n);
+  std::vector<double> losses;
+  for (int t = 1; t <= 20; ++t) {
+    losses.push_back(forward_backward());
+    dev->adamw_step({}, 0.01f, t, replica.params(), replica.grads(), m.data(), v.data(), n,
+                    nullptr, nullptr);
+  }
+  write_raw(out / "losses.f64", losses);
+  CHECK(replica.frozen() == frozen);  // bit for bit after 20 steps
   const auto r = run_command(python + " \"" + script + "\" check " + dir.path().string() + " " +
                              (out / "tokens.i32").string() + " " + std::to_string(batch) + " " +
                              (out / "logits.f32").string() + " " + (out / "grads.safetensors").string() +
-                             " " + (out / "merged.safetensors").string() + " " + (out / "peft").string());
+                             " " + (out / "merged.safetensors").string() + " " + (out / "peft").string() + " " +
+                             (out / "losses.f64").string());
   MESSAGE(r.output);
   CHECK_MESSAGE(r.code == 0, r.output);
 }
