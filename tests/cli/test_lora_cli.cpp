@@ -42,7 +42,8 @@ TEST_CASE("cli: LoRA runs chain through export --base and --format peft; a resum
   REQUIRE_MESSAGE(peft.code == 0, peft.output);
   CHECK(lockstep::test::read_text(dir.path() / "peft" / "adapter_config.json")
             .find("\"base_model_name_or_path\": \"" + at("base") + "\"") != std::string::npos);
-  const auto third = run_cli(kLora + "--set trainer.steps=1 --init-from " + at("peft"));
+  const auto third = run_cli(kLora + "--set trainer.steps=1 --set trainer.checkpoint.dir=" +
+                             at("c3") + " --init-from " + at("peft"));
   REQUIRE_MESSAGE(third.code == 0, third.output);
   CHECK(third.output.find("adapters from " + at("peft")) != std::string::npos);
 
