@@ -268,7 +268,12 @@ enum class OptionSpelling { field, flag };
 struct LOCKSTEP_API ExportRequest {
   std::filesystem::path checkpoint{};  // a checkpoint directory (its newest) or either file of one
   std::filesystem::path out{};         // the file (torch) or the directory (hf) to write
-  std::string format = "torch";      // "torch": export_torch; "hf": export_hf
+  // "torch": export_torch; "hf": export_hf (a LoRA checkpoint's adapters merged into its base:
+  // W + (alpha / rank) B A in fp32); "peft": a LoRA checkpoint's adapters as a PEFT adapter
+  // directory (Note [PEFT adapters] in src/io/peft.cpp).
+  std::string format = "torch";
+  // hf, a LoRA checkpoint: the frozen base alone, without the adapters.
+  bool base = false;
   std::string dtype = "fp32";        // "fp32" or "bf16"
   // hf only: the largest shard, as transformers' max_shard_size ("5GB", "500MB", "2GiB", bytes);
   // larger weights are written in shards with model.safetensors.index.json.

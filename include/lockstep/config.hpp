@@ -40,6 +40,15 @@ struct LOCKSTEP_API RopeScalingConfig {
   int original_max_position_embeddings = 8192;
 };
 
+// model.lora: LoRA adapters on a Llama-family decoder's projections (Note [LoRA] in
+// src/model/lora.cpp); rank 0: none, every parameter trained.
+struct LOCKSTEP_API LoraConfig {
+  int rank = 0;
+  double alpha = 16.0;                 // the adapters' output is scaled by alpha / rank
+  std::string targets = "q_proj,v_proj";  // PEFT's module names, comma-separated, or "all"
+  double dropout = 0.0;                // on the adapters' input; only 0 is built
+};
+
 struct LOCKSTEP_API ModelConfig {
   std::string type = "mlp";      // "mlp" (classification data) or "gpt" (tokens or text data)
   // mlp
@@ -71,6 +80,7 @@ struct LOCKSTEP_API ModelConfig {
   bool qkv_bias = true;          // biases on the q, k and v projections
   bool proj_bias = true;         // biases on the attention's output projection and the MLP's
   bool tie_embeddings = true;    // the LM head reads the token embedding (no weight of its own)
+  LoraConfig lora;               // gpt, Llama family: LoRA adapters, the base frozen
 };
 
 struct LOCKSTEP_API DataConfig {

@@ -79,6 +79,9 @@ struct LOCKSTEP_API LayerWorkspace {
   // null for one sequence per row, at positions 0..T-1 (Replica::set_positions; Note [Packed
   // attention] in src/model/attention.hpp).
   const std::int32_t* positions = nullptr;
+  // The layer's frozen parameters (Layer::frozen_count(), at Model::frozen_read_offset), which
+  // have no gradient; null when it has none (Note [Frozen parameters] in src/model/lora.cpp).
+  const float* frozen = nullptr;
 };
 
 // One call of Layer::decode: `count` positions from `start` of one sequence, the layer's
@@ -102,6 +105,14 @@ class LOCKSTEP_API Layer {
   virtual std::vector<ParamTensor> param_tensors(const std::string& /*prefix*/) const { return {}; }
   // Fills params[0..param_count()) on the host from rng draws (a 64-bit generator).
   virtual void init_parameters(float* /*params*/, std::uint64_t& /*rng_state*/) const {}
+  // Frozen parameters (Note [Frozen parameters] in src/model/lora.cpp): read through
+  // LayerWorkspace::frozen, never given a gradient; their tensors, offsets relative to the
+  // layer's first frozen parameter, and their initial values (a base drawn from a seed).
+  virtual std::size_t frozen_count() const noexcept { return 0; }
+  virtual std::vector<ParamTensor> frozen_tensors(const std::string& /*prefix*/) const {
+    return {};
+  }
+  virtual void init_frozen(float* /*frozen*/, std::uint64_t& /*rng_state*/) const {}
   // Floats of LayerWorkspace::saved and ::scratch for a batch of `batch` computed in
   // `precision` (bf16 keeps the inputs of matrix products as bf16, two to a float).
   // LayerWorkspace::saved holds what forward keeps for backward; ::scratch is free at every
@@ -271,6 +282,26 @@ LOCKSTEP_API GptSpec parse_gpt_spec(std::string_view text);
 // plus 12 * n_layer * n_head * head_size * context for attention's two matrix products.
 LOCKSTEP_API double gpt_flops_per_token(const GptSpec& spec);
 
+// LoRA adapters on a decoder's projections (Note [LoRA] in src/model/lora.cpp): each target
+// W (out, in) gains A (rank, in) and B (out, rank), y = x W^T + (alpha / rank) (x A^T) B^T; the
+// base weights are frozen. Targets by PEFT's module names (q_proj, k_proj, v_proj, o_proj,
+// gate_proj, up_proj, down_proj). rank 0: no adapters, every parameter trained.
+struct LOCKSTEP_API LoraSpec {
+  int rank = 0;
+  double alpha = 8.0;
+  std::vector<std::string> targets;
+  bool enabled() const noexcept { return rank > 0; }
+  float scale() const noexcept { return static_cast<float>(alpha / rank); }
+};
+// The names LoraSpec::targets may hold, in the order a block's adapters are stored.
+LOCKSTEP_API const std::vector<std::string>& lora_target_names();
+// "q_proj,v_proj" (model.lora.targets) as names in storage order, "all" as every one; throws
+// std::invalid_argument naming an unknown or repeated name.
+LOCKSTEP_API std::vector<std::string> parse_lora_targets(std::string_view text);
+// Every parameter of `inner` frozen: it reads them from LayerWorkspace::frozen and computes no
+// gradient for them (the embedding, norms and LM head of a LoRA model).
+LOCKSTEP_API std::unique_ptr<Layer> make_frozen(std::unique_ptr<Layer> inner);
+
 // The Llama-family layers (see Model::gpt). Token embedding: embed_tokens (V, C), no positions;
 // in (B, T) token ids as floats, out (B, T * C). RMSNorm: weight (C) per position, epsilon
 // `eps`. Llama block: RMSNorm, grouped-query attention with rotary embeddings and a SwiGLU MLP
@@ -285,16 +316,28 @@ struct LOCKSTEP_API RopeConstants {
 LOCKSTEP_API RopeConstants make_rope_constants(const GptSpec& spec);
 LOCKSTEP_API std::unique_ptr<Layer> make_token_embedding(int vocab, int context, int channels);
 LOCKSTEP_API std::unique_ptr<Layer> make_rmsnorm(int context, int channels, double eps);
+// With `lora` enabled the block's own parameters are its adapters and its base weights are
+// frozen (Note [LoRA] in src/model/lora.cpp).
 LOCKSTEP_API std::unique_ptr<Layer> make_llama_block(
-    const GptSpec& spec, AttentionKind attention, RopeConstants rope);
+    const GptSpec& spec, AttentionKind attention, RopeConstants rope, const LoraSpec& lora = {});
+
+class Model;
+// A LoRA model's base with its adapters merged (Note [LoRA] in src/model/lora.cpp): the frozen
+// parameters (Model::frozen_tensors()' layout) with W + (alpha / rank) B A for every adapted W,
+// computed in fp32 as PEFT's merge_and_unload does.
+LOCKSTEP_API std::vector<float> merge_lora(const Model& model, const LoraSpec& lora,
+                                           std::span<const float> adapters,
+                                           std::span<const float> frozen);
 
 class LOCKSTEP_API Model {
  public:
   // `names` prefixes each layer's tensors; by default "layers.{i}", as torch.nn.Sequential.
   explicit Model(std::vector<std::unique_ptr<Layer>> layers, std::vector<std::string> names = {});
   static Model mlp(const MlpSpec& spec);
-  // `attention` fused or materialized, for every block (the reference by default).
-  static Model gpt(const GptSpec& spec, AttentionKind attention = AttentionKind::materialized);
+  // `attention` fused or materialized, for every block (the reference by default). With `lora`
+  // enabled (a Llama-family spec only): the adapters are the parameters, the rest frozen.
+  static Model gpt(const GptSpec& spec, AttentionKind attention = AttentionKind::materialized,
+                   const LoraSpec& lora = {});
 
   const std::vector<std::unique_ptr<Layer>>& layers() const noexcept { return layers_; }
   // Offset of layer i's parameters in the parameter buffer (see Layout above).
@@ -319,11 +362,22 @@ class LOCKSTEP_API Model {
   // The initial parameters, drawn on the host from `seed` alone: the same for any device count.
   std::vector<float> initial_parameters(std::uint64_t seed) const;
 
+  // Frozen parameters (Note [Frozen parameters] in src/model/lora.cpp): a second buffer with the
+  // same reverse layer order, which no gradient, reducer or optimiser touches.
+  std::size_t frozen_count() const noexcept { return frozen_count_; }
+  std::vector<ParamTensor> frozen_tensors() const;
+  // Where layer i reads its frozen parameters (a tied layer: the tied layer's).
+  std::size_t frozen_read_offset(std::size_t layer) const;
+  // The frozen parameters drawn from `seed` (a base that no file supplies: tests, a scratch run).
+  std::vector<float> initial_frozen(std::uint64_t seed) const;
+
  private:
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<std::string> names_;
   std::vector<std::size_t> offsets_;
   std::size_t param_count_ = 0;
+  std::vector<std::size_t> frozen_offsets_;
+  std::size_t frozen_count_ = 0;
   std::vector<char> recomputable_;
 };
 
@@ -371,6 +425,9 @@ class LOCKSTEP_API Replica {
 
   // Also writes the bf16 copy.
   void load_parameters(std::span<const float> host);
+  // The model's frozen parameters (Model::frozen_count() floats), once, before the first forward.
+  void load_frozen(std::span<const float> host);
+  std::vector<float> frozen() const;  // to host
   // bf16: rounds the whole parameter buffer into the bf16 copy (one pass); nothing otherwise.
   void refresh_bf16();
   std::vector<float> parameters() const;  // to host
@@ -441,6 +498,7 @@ class LOCKSTEP_API Replica {
   DeviceArray<float> params_;
   DeviceArray<std::uint16_t> params_bf16_;  // bf16 only: to_bf16(params_)
   DeviceArray<float> grads_;
+  DeviceArray<float> frozen_;              // Model::frozen_count() floats, no gradient
   // acts_[i] = output of layer i; the last is empty until forward() with a bf16 LM head, whose
   // output is dlogits_bf16_.
   std::vector<DeviceArray<float>> acts_;

@@ -130,6 +130,17 @@ struct LOCKSTEP_API Summary {
   // (with trainer.grad_reduce_dtype bf16 also the reducer's bf16 copy), and the activations,
   // saved tensors, scratch and activation gradients of one micro-batch.
   std::size_t param_bytes = 0, grad_bytes = 0, activation_bytes = 0;
+  // What is trained (Note [Frozen parameters] in src/model/lora.cpp): the parameters with
+  // gradients and optimiser state, the frozen ones (a LoRA model's base), the gradient bytes a
+  // worker hands to its collectives per step, and the plan's optimiser-state bytes per worker.
+  struct TrainingCost {
+    std::size_t trainable_parameters = 0, frozen_parameters = 0, gradient_bytes_per_step = 0,
+                optimizer_state_bytes = 0;
+  };
+  TrainingCost training;
+  // With model.lora: the same for a full fine-tune of the same model (every weight trained),
+  // from its memory plan, for comparison.
+  std::optional<TrainingCost> full_finetune;
   // Waits of the host for a device (Note [Host syncs] in device.hpp) in one step, the most of
   // any worker and any step after the first (eval, replica checks and checkpoints excluded).
   std::uint64_t host_syncs_per_step = 0;
@@ -190,6 +201,10 @@ LOCKSTEP_API std::string describe_optimizer_state(const Summary& s);
 // "parameters 19240 B, gradients 19240 B, optimizer state 19240 B, activations 34048 B": one
 // worker's memory by part, for the summary.
 LOCKSTEP_API std::string describe_worker_memory(const Summary& s);
+// "1.6 M of 136.1 M parameters (frozen 134.5 M); gradients 6.3 MiB per step, 85x fewer than a
+// full fine-tune's 513.1 MiB; optimiser state 12.6 MiB, 85x less than 1.0 GiB"; empty without
+// a full_finetune to compare.
+LOCKSTEP_API std::string describe_training_cost(const Summary& s);
 // trainer.cuda_graphs as the run used them: "on (12 captured, 380 launches)", "off (why)".
 LOCKSTEP_API std::string describe_graphs(const Summary::Graphs& g);
 // "1 (1 recovery, 0 steps redone, 0.02 s; ...)": the workers lost and what it took to go on.
@@ -241,6 +256,16 @@ LOCKSTEP_API GptSpec gpt_spec(const ModelConfig& model, int vocab_size);
 // The model a config describes for a dataset as text ("mlp inputs=64 hidden=64 ...", "gpt
 // vocab_size=256 ..."): what checkpoints record as "lockstep.model".
 LOCKSTEP_API std::string describe_model(const Config& config, const Dataset& train);
+// model.lora as the model takes it (disabled at rank 0); the targets must parse (the config's
+// checks ensure it).
+LOCKSTEP_API LoraSpec lora_spec(const ModelConfig& model);
+// model.lora as checkpoints record it ("lockstep.lora": "rank=8 alpha=16 targets=q_proj,v_proj"),
+// and back; the parse throws std::invalid_argument naming what it could not read.
+LOCKSTEP_API std::string describe_lora(const ModelConfig& model);
+LOCKSTEP_API LoraSpec parse_lora_record(std::string_view text);
+// The content hash of a LoRA model's frozen base (FNV-1a 64 of its fp32 bytes, in hex), which
+// checkpoints record as "lockstep.lora_base".
+LOCKSTEP_API std::string base_hash(std::span<const float> base);
 
 // Loss and accuracy of `params` (in `model`'s layout) over all of `data`, on the first
 // configured device of the config's backend.
@@ -303,7 +328,12 @@ class LOCKSTEP_API Trainer {
   // Start from these weights (load_weights() in the model's layout), with the config's fresh
   // optimiser, schedule and sampler at step 0: fine-tuning. Throws InputError when the file's
   // recorded architecture ("lockstep.model") differs from the config's model.
+  // With model.lora the weights are the frozen base (Model::frozen_tensors()), needed by every
+  // run, a resumed one too, which must find the base its checkpoint names ("lockstep.lora_base").
   void init_from(Weights weights);
+  // LoRA: start the adapters from these values (a PEFT adapter's, in param_tensors()' layout)
+  // instead of drawing them from trainer.seed.
+  void init_adapters(std::vector<float> adapters);
 
   // Asks every worker to stop after the current step. The workers agree on the step, and a
   // checkpoint is written when trainer.checkpoint.dir is set; the final eval is skipped (the

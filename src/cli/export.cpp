@@ -14,10 +14,15 @@
 namespace lockstep::cli {
 
 int export_weights(const std::vector<std::string_view>& argv) {
-  const CommandArgs args = parse_command_args("export", argv, {"--out", "--format", "--dtype", "--tokenizer", "--max-shard-size"});
+  // --base (a LoRA checkpoint's frozen base alone) is the one flag without a value.
+  std::vector<std::string_view> rest;
+  bool base = false;
+  for (const std::string_view a : argv) (a == "--base" ? base = true : (rest.push_back(a), false));
+  const CommandArgs args = parse_command_args("export", rest, {"--out", "--format", "--dtype", "--tokenizer", "--max-shard-size"});
   if (args.positional.empty()) throw InputError("export: expected a checkpoint CKPT; see lockstep --help");
   ExportRequest request{.checkpoint = args.positional,
                         .out = args.get("--out"),
+                        .base = base,
                         .tokenizer = args.get("--tokenizer"),
                         .spelling = OptionSpelling::flag,
                         .warn = warn};

@@ -69,7 +69,8 @@ constexpr CommandHelp kCommandHelp[] = {
 )"},
     {"export", R"(export CKPT --out FILE [--format torch] [--dtype fp32|bf16]
   export CKPT --format hf --out DIR [--dtype fp32|bf16] [--tokenizer DIR|FILE]
-         [--max-shard-size SIZE]
+         [--max-shard-size SIZE] [--base]
+  export CKPT --format peft --out DIR
                       write a checkpoint's weights as one safetensors file (with an
                       MLP's standardisation as normalize.mean and normalize.std), or
                       a GPT's as a Hugging Face directory (config.json and
@@ -77,7 +78,9 @@ constexpr CommandHelp kCommandHelp[] = {
                       with model.safetensors.index.json above SIZE, 5GB by default,
                       and the run's data.tokenizer for AutoTokenizer; --tokenizer
                       when it has moved); --dtype bf16 stores every tensor as BF16
-                      (rounded to nearest even)
+                      (rounded to nearest even). A LoRA checkpoint (model.lora):
+                      hf merges the adapters into the base, hf --base writes the
+                      base alone, peft the adapters as a PEFT adapter directory
 )"},
     {"sample", R"(sample CKPT [--prompt TEXT] [--tokens N] [--temperature T]
          [--top-k K] [--seed S] [--backend auto|cpu|cuda] [--tokenizer DIR|FILE]

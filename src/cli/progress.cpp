@@ -142,6 +142,8 @@ void print_summary(std::FILE* out, const Summary& s) {
              s.reduce_bytes_per_step, s.reduce_dtype);
   fmt::print(out, "  optimizer state     {}\n", describe_optimizer_state(s));
   fmt::print(out, "  worker memory       {}\n", describe_worker_memory(s));
+  if (const std::string cost = describe_training_cost(s); !cost.empty())
+    fmt::print(out, "  trained             {}\n", cost);
   fmt::print(out, "  host syncs          {} per step\n", s.host_syncs_per_step);
   if (s.device_busy)
     fmt::print(out, "  device busy         {:.1f}% of a step (median; else waiting for the host)\n",

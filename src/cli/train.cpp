@@ -24,6 +24,7 @@
 #include "cli/signals.hpp"
 #include "cli/train_messages.hpp"
 #include "io/output_path.hpp"
+#include "io/peft.hpp"
 #include "train/run_files.hpp"
 #include "lockstep/lockstep.hpp"
 
@@ -105,9 +106,6 @@ TrainArgs parse_train_args(const std::vector<std::string_view>& args) {
   if (out.config.empty()) throw InputError("train: expected a CONFIG file; see lockstep --help");
   if (out.compare_zero && !out.dry_run)
     throw InputError("train: --compare-zero shows the memory plans of a --dry-run: add --dry-run");
-  if (!out.init_from.empty() && out.resume)
-    throw InputError("train: --resume continues a run exactly, --init-from starts a new one from "
-                     "weights: give one or the other");
   if (!out.init_from.empty() && !out.scaling.empty())
     throw InputError("train: --scaling trains from the config's initial weights: drop --init-from");
   return out;
@@ -404,13 +402,56 @@ Config config_with_weights(const std::string& config, const std::vector<std::str
   return cfg;
 }
 
-Config load_config_for(const TrainArgs& args, bool leader) {
-  return config_with_weights(args.config, args.overrides, args.init_from, leader, {});
+// --init-from a PEFT adapter directory (Note [PEFT adapters] in src/io/peft.cpp): its base is
+// the directory its adapter_config.json names (base_model_name_or_path, taken as it is, or
+// relative to the adapter directory); anything else is its own weights.
+std::string weights_of(const std::string& path) {
+  if (!detail::is_peft_dir(path)) return path;
+  const detail::PeftAdapter adapter = detail::read_peft_config(path);
+  for (const fs::path& base : {fs::path(adapter.base), fs::path(path) / adapter.base})
+    if (!adapter.base.empty() && fs::exists(base)) return base.string();
+  throw InputError(fmt::format(
+      "{}: base_model_name_or_path '{}' is not a directory here: the adapter's base must be a "
+      "local Hugging Face directory",
+      (fs::path(path) / detail::kPeftConfigName).string(), adapter.base));
 }
 
-// --init-from PATH: the weights alone, in the config's model.
-void init_from(Trainer& trainer, const std::string& path, bool leader) {
-  Weights weights = load_weights(path, trainer.model().param_tensors());
+Config load_config_for(const TrainArgs& args, bool leader) {
+  Config cfg = config_with_weights(args.config, args.overrides, weights_of(args.init_from), leader, {});
+  // LoRA: a resumed run reads its frozen base again (Note [Frozen parameters]).
+  if (!args.init_from.empty() && args.resume && cfg.model.lora.rank == 0)
+    throw InputError("train: --resume continues a run exactly, --init-from starts a new one from "
+                     "weights: give one or the other (with model.lora, --init-from gives the "
+                     "frozen base a resumed run needs)");
+  return cfg;
+}
+
+// --init-from PATH: the weights alone, in the config's model. A LoRA model's are its frozen
+// base; from a PEFT adapter directory, the base it names and the adapters too, which must be
+// the config's model.lora.
+void init_from(Trainer& trainer, const Config& cfg, const std::string& path, bool leader) {
+  const Model& model = trainer.model();
+  const bool lora = model.frozen_count() > 0;
+  if (detail::is_peft_dir(path)) {
+    if (!lora)
+      throw InputError(fmt::format("--init-from {}: a PEFT adapter, but model.lora.rank is 0: "
+                                   "set model.lora as its adapter_config.json says", path));
+    detail::PeftAdapter adapter = detail::read_peft_adapter(path, model.param_tensors());
+    const LoraSpec mine = lora_spec(cfg.model);
+    if (adapter.lora.rank != mine.rank || adapter.lora.alpha != mine.alpha ||
+        adapter.lora.targets != mine.targets || adapter.dropout != 0.0)
+      throw InputError(fmt::format(
+          "{}: r {}, lora_alpha {}, target_modules {}, lora_dropout {}; the config's model.lora "
+          "has rank {}, alpha {}, targets {}, dropout 0",
+          (fs::path(path) / detail::kPeftConfigName).string(), adapter.lora.rank,
+          adapter.lora.alpha, fmt::join(adapter.lora.targets, ","), adapter.dropout, mine.rank,
+          mine.alpha, fmt::join(mine.targets, ",")));
+    init_from(trainer, cfg, weights_of(path), leader);
+    if (!trainer.resumed_step()) trainer.init_adapters(std::move(adapter.adapters));
+    if (leader) fmt::print("adapters from {}\n", adapter.file.string());
+    return;
+  }
+  Weights weights = load_weights(path, lora ? model.frozen_tensors() : model.param_tensors());
   if (leader)
     fmt::print("initialised from {} (weights only: step 0, a fresh optimiser and schedule)\n",
                weights.file.string());
@@ -511,7 +552,7 @@ int train(const std::vector<std::string_view>& argv,
 
   Trainer trainer(cfg, data.train, data.eval, processes);
   if (args.resume) resume(trainer, cfg, args, leader);
-  if (!args.init_from.empty()) init_from(trainer, args.init_from, leader);
+  if (!args.init_from.empty()) init_from(trainer, cfg, args.init_from, leader);
   if (trainer.resumed_step() >= trainer.total_steps()) {
     if (leader)
       fmt::print("nothing to do: the checkpoint is at step {} and the run has {} steps (raise "

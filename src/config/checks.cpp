@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <initializer_list>
+#include <stdexcept>
 #include <utility>
 
 #include <fmt/format.h>
@@ -11,6 +12,7 @@
 #include "config/problems.hpp"
 #include "config/schema.hpp"
 #include "lockstep/config.hpp"
+#include "lockstep/model.hpp"
 
 namespace lockstep {
 namespace config_impl {
@@ -186,6 +188,34 @@ void check_decoder(const ModelConfig& m, const Rules& r) {
                           s.high_freq_factor));
 }
 
+// model.lora (Note [LoRA] in src/model/lora.cpp): what is built is LoRA on the Llama family's
+// blocks, in fp32 or tf32, without dropout.
+void check_lora(const Config& c, const Rules& r) {
+  const ModelConfig& m = c.model;
+  if (!r.readable({"model.lora.rank"}) || m.lora.rank == 0) return;
+  if (r.readable({"model.type", "model.norm"}) &&
+      (m.type != "gpt" || m.norm != NormKind::rmsnorm))
+    r.fail_at("model.lora.rank",
+              fmt::format("LoRA is built for the Llama family's decoder ({}, {}): GPT-2's and "
+                          "the mlp's layers have no adapters",
+                          r.other("model.type", m.type), r.other("model.norm", to_string(m.norm))));
+  if (r.readable({"model.lora.targets"})) {
+    try {
+      (void)parse_lora_targets(m.lora.targets);
+    } catch (const std::invalid_argument& e) {
+      r.fail_at("model.lora.targets", e.what());
+    }
+  }
+  if (r.readable({"model.lora.dropout"}) && m.lora.dropout != 0.0)
+    r.fail_at("model.lora.dropout",
+              fmt::format("dropout on the adapters' input is not built: only 0 is taken, got {}",
+                          m.lora.dropout));
+  if (r.readable({"trainer.precision"}) && c.trainer.precision == Precision::bf16)
+    r.fail_at("model.lora.rank",
+              fmt::format("LoRA under {} is not built (a bf16-only frozen base): use fp32 or "
+                          "tf32", r.other("trainer.precision", "bf16")));
+}
+
 }  // namespace
 
 void check_config(const Config& c, const Origins& origins, Problems& problems) {
@@ -236,6 +266,7 @@ void check_config(const Config& c, const Origins& origins, Problems& problems) {
     fail_at("model.n_head", fmt::format("must divide {}, got {}", other("model.d_model", m.d_model),
                                         m.n_head));
   if (m.type == "gpt") check_decoder(m, rules);
+  check_lora(c, rules);
   if (readable({"schedule.min_lr", "optimizer.lr"}) && c.schedule.min_lr > o.lr)
     fail_at("schedule.min_lr",
             fmt::format("must be <= {}, got {}", other("optimizer.lr", o.lr), c.schedule.min_lr));

@@ -110,7 +110,7 @@ class Hasher {
     if (!defaults_) return false;
     const bool later =
         path.starts_with("model.")
-            ? path.starts_with("model.rope_scaling.") ||
+            ? path.starts_with("model.rope_scaling.") || path.starts_with("model.lora.") ||
                   std::find(std::begin(kDecoderKeys), std::end(kDecoderKeys),
                             std::string_view(path).substr(6)) != std::end(kDecoderKeys)
             : std::find(std::begin(kChatKeys), std::end(kChatKeys), path) != std::end(kChatKeys);

@@ -236,6 +236,7 @@ void visit_schema(Visitor& v, C& c) {
   v.flag("tie_embeddings", c.model.tie_embeddings,
          "gpt: the LM head reads the token embedding; false: a weight of its own");
   v.nested("rope_scaling");
+  v.nested("lora");
 
   v.section("model.rope_scaling");
   v.enumeration("type", c.model.rope_scaling.type, kRopeScalingKinds,
@@ -248,6 +249,15 @@ void visit_schema(Visitor& v, C& c) {
   v.integer("original_max_position_embeddings",
             c.model.rope_scaling.original_max_position_embeddings, IntRule{.min = 1},
             "llama3: the context the model was first trained at");
+
+  v.section("model.lora");
+  v.integer("rank", c.model.lora.rank, IntRule{.min = 0},
+            "LoRA adapters' rank on a Llama-family model; 0: none, every weight trained");
+  v.number("alpha", c.model.lora.alpha, kPositive, "LoRA: the adapters are scaled by alpha / rank");
+  v.text("targets", c.model.lora.targets,
+         "LoRA: projections by PEFT's names, comma-separated (q_proj,...,down_proj), or all");
+  v.number("dropout", c.model.lora.dropout, kFraction,
+           "LoRA: dropout on the adapters' input (only 0 is built)");
 
   v.section("data");
   v.enumeration("dataset", c.data.dataset, kDatasetKinds,

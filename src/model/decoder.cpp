@@ -108,8 +108,11 @@ Model with_recomputable_blocks(Model model, int n_layer) {
 
 }  // namespace
 
-Model Model::gpt(const GptSpec& spec, AttentionKind attention) {
+Model Model::gpt(const GptSpec& spec, AttentionKind attention, const LoraSpec& lora) {
   check_spec(spec);
+  if (lora.enabled() && !spec.llama_parts())
+    throw std::invalid_argument(
+        "gpt: LoRA adapters are built for the Llama family's blocks only, not GPT-2's");
   std::vector<std::unique_ptr<Layer>> layers;
   std::vector<std::string> names;
   const auto add = [&](std::unique_ptr<Layer> layer, std::string name) {
@@ -126,11 +129,17 @@ Model Model::gpt(const GptSpec& spec, AttentionKind attention) {
     return with_recomputable_blocks(Model(std::move(layers), std::move(names)), spec.n_layer);
   }
   const RopeConstants rope = make_rope_constants(spec);
-  add(make_token_embedding(v, t, c), "model");
+  // LoRA: every layer but the blocks is frozen whole; a block freezes its base and trains its
+  // adapters (Note [LoRA] in lora.cpp).
+  const auto frozen = [&](std::unique_ptr<Layer> layer) {
+    return lora.enabled() ? make_frozen(std::move(layer)) : std::move(layer);
+  };
+  add(frozen(make_token_embedding(v, t, c)), "model");
   for (int i = 0; i < spec.n_layer; ++i)
-    add(make_llama_block(spec, attention, rope), fmt::format("model.layers.{}", i));
-  add(make_rmsnorm(t, c, spec.norm_eps), "model.norm");
-  add(spec.tie_embeddings ? make_tied_lm_head(0, v, t, c) : make_lm_head(v, t, c), "lm_head");
+    add(make_llama_block(spec, attention, rope, lora), fmt::format("model.layers.{}", i));
+  add(frozen(make_rmsnorm(t, c, spec.norm_eps)), "model.norm");
+  add(frozen(spec.tie_embeddings ? make_tied_lm_head(0, v, t, c) : make_lm_head(v, t, c)),
+      "lm_head");
   return with_recomputable_blocks(Model(std::move(layers), std::move(names)), spec.n_layer);
 }
 

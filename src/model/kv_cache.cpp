@@ -43,6 +43,10 @@ void Layer::decode(Device& /*dev*/, const float* /*params*/, const float* /*in*/
 }
 
 KvCache::KvCache(Device& device, const Model& model) {
+  if (model.frozen_count() > 0)  // Layer::decode reads one parameter buffer (Note [LoRA])
+    throw std::invalid_argument(
+        "kv cache: a LoRA model's decode would need its frozen base; `lockstep export --format "
+        "hf` merges the adapters into a model to sample from");
   const int context = model.inputs();
   // Layer i writes acts_[i % 2]: each as wide as the widest of its writers (one holds the
   // logits, the other the residual stream).

@@ -9,6 +9,10 @@
 // N = B T rows. A sample is (T * C) floats. Every matrix is row-major, weights (out, in) as
 // torch.nn.Linear.
 //
+// With LoRA adapters (Note [LoRA] in lora.cpp) the block's parameters are the adapters of its
+// targeted projections and the tensors above are its frozen parameters; the adapters add into
+// the products' outputs and their input gradients.
+//
 // Invariants (as every layer): stateless; backward accumulates into parameter gradients (+=) and
 // overwrites din (=). What backward needs from forward is in LayerWorkspace::saved (Saved);
 // temporaries in the shared LayerWorkspace::scratch (Scratch). bf16 keeps the tensors that are
@@ -25,6 +29,7 @@
 
 #include "lockstep/model.hpp"
 #include "model/attention.hpp"
+#include "model/lora.hpp"
 #include "model/ops.hpp"
 #include "model/rope.hpp"
 
@@ -33,6 +38,8 @@ namespace {
 
 using detail::Carver;
 using detail::Kept;
+using detail::LoraAdapter;
+using detail::LoraTarget;
 
 // The block's tensors in storage order, Hugging Face's names: q, k and v contiguous (one (W, C)
 // product) and gate, up contiguous (one (2F, C) product). The biases exist as the spec says.
@@ -118,13 +125,18 @@ struct Projection {
   }
 };
 
+// The block's four products, which LoRA targets add into.
+enum Product { kQkvProduct, kOProduct, kGateUpProduct, kDownProduct };
+
 class LlamaBlock final : public Layer {
  public:
-  LlamaBlock(const GptSpec& spec, AttentionKind attention, RopeConstants rope)
+  LlamaBlock(const GptSpec& spec, AttentionKind attention, RopeConstants rope,
+             const LoraSpec& lora)
       : t_(spec.context), c_(spec.d_model), h_(spec.n_head), hkv_(spec.kv_heads()),
         d_(spec.head_size()), f_(spec.hidden_size()), eps_(static_cast<float>(spec.norm_eps)),
         qkv_bias_(spec.qkv_bias), proj_bias_(spec.proj_bias),
-        fused_(attention == AttentionKind::fused), rope_(std::move(rope)) {
+        fused_(attention == AttentionKind::fused), rope_(std::move(rope)),
+        rank_(lora.enabled() ? lora.rank : 0), lora_scale_(lora.enabled() ? lora.scale() : 0.0f) {
     if (attention == AttentionKind::automatic)
       throw std::invalid_argument(
           "llama block: attention 'auto' must be resolved first (choose_attention)");
@@ -132,23 +144,39 @@ class LlamaBlock final : public Layer {
       throw std::invalid_argument("llama block: the RoPE table does not fit its shape");
     const std::vector<ParamTensor> tensors = llama_block_tensors("", widths(), offsets_);
     count_ = tensors.back().offset + tensors.back().numel();
+    if (lora.enabled()) add_targets(lora);
   }
 
   std::string_view kind() const noexcept override { return "llama_block"; }
   int in_features() const noexcept override { return t_ * c_; }
   int out_features() const noexcept override { return t_ * c_; }
-  std::size_t param_count() const noexcept override { return count_; }
+  std::size_t param_count() const noexcept override { return lora() ? lora_count_ : count_; }
   std::vector<ParamTensor> param_tensors(const std::string& prefix) const override {
-    std::size_t offsets[kLlamaParams];
-    return llama_block_tensors(prefix, widths(), offsets);
+    if (lora()) return detail::lora_tensors(prefix, lora_targets(), rank_);
+    return base_tensors(prefix);
+  }
+  std::size_t frozen_count() const noexcept override { return lora() ? count_ : 0; }
+  std::vector<ParamTensor> frozen_tensors(const std::string& prefix) const override {
+    if (!lora()) return {};
+    return base_tensors(prefix);
   }
   std::shared_ptr<const std::vector<float>> constants() const override { return rope_.table; }
 
   // RMSNorm weights 1, linear weights N(0, 0.02) (transformers' initializer_range), biases 0;
-  // draws in storage order.
+  // draws in storage order. With LoRA these are the frozen base's, and the parameters are the
+  // adapters (detail::init_lora).
   void init_parameters(float* params, std::uint64_t& rng) const override {
+    if (lora())
+      detail::init_lora(params, lora_targets(), rank_, rng);
+    else
+      init_base(params, rng);
+  }
+  void init_frozen(float* frozen, std::uint64_t& rng) const override {
+    if (lora()) init_base(frozen, rng);
+  }
+  void init_base(float* params, std::uint64_t& rng) const {
     std::fill(params, params + count_, 0.0f);
-    for (const ParamTensor& t : param_tensors("")) {
+    for (const ParamTensor& t : base_tensors("")) {
       float* p = params + t.offset;
       if (t.name.ends_with("layernorm.weight"))
         std::fill(p, p + t.numel(), 1.0f);
@@ -170,8 +198,9 @@ class LlamaBlock final : public Layer {
   // The calls forward made, on what it kept: the input norm of x, the post-attention norm of
   // res1 (bit for bit the residual form's, which stores the sum and reads it back; Device),
   // with their rstd rewritten with their own bits, and SwiGLU of gate | up.
-  void recompute(Device& dev, const float* params, const float* x, int batch,
+  void recompute(Device& dev, const float* own, const float* x, int batch,
                  const LayerWorkspace& ws) const override {
+    const float* params = base(own, ws);  // the norms' weights: frozen under LoRA
     const bool bf16 = ws.precision == Precision::bf16;
     const Saved s = Saved::at(ws.saved, ws.recomputed, *this, batch, bf16);
     const int n = batch * t_;
@@ -186,73 +215,100 @@ class LlamaBlock final : public Layer {
     swiglu(dev, s, n);
   }
 
-  void forward(Device& dev, const float* params, const float* x, float* out, int batch,
+  void forward(Device& dev, const float* own, const float* x, float* out, int batch,
                const LayerWorkspace& ws) const override {
+    const float* params = base(own, ws);
     const Maps m = maps(params, ws);
     const bool bf16 = ws.precision == Precision::bf16;
     const Saved s = Saved::at(ws.saved, ws.recomputed, *this, batch, bf16);
     const Scratch d = Scratch::at(ws.scratch, *this, batch, bf16);
     const int n = batch * t_;
+    // The adapters of one product add into its output (Note [LoRA] in lora.cpp).
+    const auto adapt = [&](Product p, const float* in, float* y) {
+      for (std::size_t i = 0; i < targets_.size(); ++i)
+        if (products_[i] == p) adapter(own, i).forward(dev, in, y, s.lora_u + u_offset(i, n), n);
+    };
     s.ln1.store([&](auto* y) {
       dev.residual_rmsnorm_forward(x, nullptr, nullptr, params + offsets_[kInNorm], y, s.rstd1,
                                    n, c_, eps_);
     });
     m.qkv.forward(dev, s.ln1.input(), s.qkv.output(), d.qkv, n);
+    adapt(kQkvProduct, s.ln1.f32, s.qkv.f32);
     s.qkv.store([&](auto* qkv) { dev.rope_forward(rope_shape(batch, ws), rope_table(ws), qkv); });
     detail::attention_forward(dev, attention_shape(batch, ws), s.qkv.input(), s.atty.output(),
                               attention_buffers(s, d));
     m.o.forward(dev, s.atty.input(), {s.res1, nullptr}, nullptr, n);
+    adapt(kOProduct, s.atty.f32, s.res1);
     // res1 += x, and the post-attention RMSNorm of it, in one pass (Note [Residual LayerNorm]).
     s.ln2.store([&](auto* y) {
       dev.residual_rmsnorm_forward(s.res1, x, s.res1, params + offsets_[kPostNorm], y, s.rstd2,
                                    n, c_, eps_);
     });
     m.gate_up.forward(dev, s.ln2.input(), s.gu.output(), d.dgu, n);
+    adapt(kGateUpProduct, s.ln2.f32, s.gu.f32);
     swiglu(dev, s, n);
     m.down.forward(dev, s.act.input(), {out, nullptr}, nullptr, n);
+    adapt(kDownProduct, s.act.f32, out);
     dev.add(out, s.res1, out, elements(n, c_));
   }
 
-  void backward(Device& dev, const float* params, float* grads, const float* x,
+  void backward(Device& dev, const float* own, float* grads, const float* x,
                 const float* /*out*/, const float* dout, float* din, int batch,
                 const LayerWorkspace& ws) const override {
+    const float* params = base(own, ws);
     const Maps m = maps(params, ws);
     const bool bf16 = ws.precision == Precision::bf16;
     const Saved s = Saved::at(ws.saved, ws.recomputed, *this, batch, bf16);
     const Scratch d = Scratch::at(ws.scratch, *this, batch, bf16);
     const int n = batch * t_;
-    const auto g = [&](LlamaParam i) { return grads + offsets_[i]; };
+    // The base's gradients; with LoRA it has none (the norms' weights' go to a discarded sink).
+    const auto g = [&](LlamaParam i) { return lora() ? nullptr : grads + offsets_[i]; };
+    const auto norm_g = [&](LlamaParam i) { return lora() ? d.sink : g(i); };
+    // A product's backward: the base's (input gradient alone with LoRA), then its adapters'.
+    const auto project = [&](Product p, const Projection& map, MatIn in, const float* dy,
+                             MatIn dy_g, LlamaParam w, LlamaParam b, float* dx,
+                             std::uint16_t* dx16) {
+      if (!lora()) return map.backward(dev, in, dy, dy_g, g(w), g(b), dx, dx16, n);
+      dev.gemm(Transpose::no, Transpose::no, n, map.in, map.out, 1.0f, dy, map.out,
+               map.weight.f32, map.in, 0.0f, dx, map.in);
+      for (std::size_t i = 0; i < targets_.size(); ++i) {
+        if (products_[i] != p) continue;
+        float* da = grads + lora_offsets_[i];
+        adapter(own, i).backward(dev, in.f32, s.lora_u + u_offset(i, n), dy, da,
+                                 da + a_count(i), d.lora_du, dx, n);
+      }
+    };
     // MLP branch: out = res1 + down(swiglu(gate_up(h2))). Under bf16 the products read dout
     // rounded into d.dout16.
     const MatIn dout_g = detail::as_input(dev, dout, d.dout16, elements(n, c_));
-    m.down.backward(dev, s.act.input(), dout, dout_g, g(kDownW), g(kDownB), d.h, nullptr, n);
+    project(kDownProduct, m.down, s.act.input(), dout, dout_g, kDownW, kDownB, d.h, nullptr);
     if (bf16)
       dev.swiglu_backward(s.gu.bf16, d.h, d.dgu, d.grad16, n, f_);
     else
       dev.swiglu_backward(s.gu.f32, d.h, d.dgu, n, f_);
     const MatIn dgu = bf16 ? MatIn{nullptr, d.grad16} : MatIn{d.dgu, nullptr};
-    m.gate_up.backward(dev, s.ln2.input(), d.dgu, dgu, g(kGateUpW), g(kGateUpB), d.tmp, nullptr,
-                       n);
+    project(kGateUpProduct, m.gate_up, s.ln2.input(), d.dgu, dgu, kGateUpW, kGateUpB, d.tmp,
+            nullptr);
     // d res1 = dout + the post-attention norm's input gradient, in bf16 rounded in the same
     // pass into d.grad16, o_proj's products' input.
     dev.residual_rmsnorm_backward(s.res1, params + offsets_[kPostNorm], s.rstd2, d.tmp, dout,
-                                  d.res1, bf16 ? d.grad16 : nullptr, g(kPostNorm), n, c_);
+                                  d.res1, bf16 ? d.grad16 : nullptr, norm_g(kPostNorm), n, c_);
     // Attention branch: res1 = x + o_proj(attention(rope(qkv(h)))). Under bf16 the gradient of
     // atty is written rounded into d.dout16 (free once down's products have run).
     const MatIn dres1 = bf16 ? MatIn{nullptr, d.grad16} : MatIn{d.res1, nullptr};
-    m.o.backward(dev, s.atty.input(), d.res1, dres1, g(kOW), g(kOB), d.tmp,
-                 bf16 ? d.dout16 : nullptr, n);
+    project(kOProduct, m.o, s.atty.input(), d.res1, dres1, kOW, kOB, d.tmp,
+            bf16 ? d.dout16 : nullptr);
     const MatIn datty = bf16 ? MatIn{nullptr, d.dout16} : MatIn{d.tmp, nullptr};
     detail::attention_backward(dev, attention_shape(batch, ws), s.qkv.input(), s.atty.input(), datty,
                                attention_buffers(s, d), d.qkv);
     // q and k rotated back, and under bf16 the whole dqkv rounded into d.grad16 in that pass.
     dev.rope_backward(rope_shape(batch, ws), rope_table(ws), d.qkv, bf16 ? d.grad16 : nullptr);
     const MatIn dqkv = bf16 ? MatIn{nullptr, d.grad16} : MatIn{d.qkv, nullptr};
-    m.qkv.backward(dev, s.ln1.input(), d.qkv, dqkv, g(kQkvW), g(kQkvB), d.tmp, nullptr, n);
+    project(kQkvProduct, m.qkv, s.ln1.input(), d.qkv, dqkv, kQkvW, kQkvB, d.tmp, nullptr);
     // The input norm's weight needs its backward even without a din (a first layer): then
     // d.res1 takes dx.
     dev.residual_rmsnorm_backward(x, params + offsets_[kInNorm], s.rstd1, d.tmp, d.res1,
-                                  din ? din : d.res1, nullptr, g(kInNorm), n, c_);
+                                  din ? din : d.res1, nullptr, norm_g(kInNorm), n, c_);
   }
 
   // forward for the newest positions of one sequence (Note [KV cache]): the qkv projection
@@ -286,6 +342,62 @@ class LlamaBlock final : public Layer {
   }
 
  private:
+  bool lora() const noexcept { return rank_ > 0; }
+  std::vector<ParamTensor> base_tensors(const std::string& prefix) const {
+    std::size_t offsets[kLlamaParams];
+    return llama_block_tensors(prefix, widths(), offsets);
+  }
+  // The base weights: the frozen ones with LoRA (bf16 is refused: Note [Frozen parameters]).
+  const float* base(const float* own, const LayerWorkspace& ws) const {
+    if (!lora()) return own;
+    if (ws.precision == Precision::bf16)
+      throw std::logic_error("llama block: LoRA under bf16 is not built (Note [Frozen parameters])");
+    if (!ws.frozen) throw std::logic_error("llama block: LoRA needs the frozen base weights");
+    return ws.frozen;
+  }
+
+  // The targets in storage order (lora_target_names()), each with its product.
+  void add_targets(const LoraSpec& lora) {
+    const int q = q_width(), kv = hkv_ * d_, w = qkv_width();
+    struct Known {
+      const char* name;
+      const char* module;
+      Product product;
+      int in, out, col, ldy;
+    };
+    const Known known[] = {
+        {"q_proj", ".self_attn.q_proj", kQkvProduct, c_, q, 0, w},
+        {"k_proj", ".self_attn.k_proj", kQkvProduct, c_, kv, q, w},
+        {"v_proj", ".self_attn.v_proj", kQkvProduct, c_, kv, q + kv, w},
+        {"o_proj", ".self_attn.o_proj", kOProduct, q, c_, 0, c_},
+        {"gate_proj", ".mlp.gate_proj", kGateUpProduct, c_, f_, 0, 2 * f_},
+        {"up_proj", ".mlp.up_proj", kGateUpProduct, c_, f_, f_, 2 * f_},
+        {"down_proj", ".mlp.down_proj", kDownProduct, f_, c_, 0, c_}};
+    for (const std::string& name : lora.targets)
+      if (std::none_of(std::begin(known), std::end(known), [&](const Known& k) { return name == k.name; }))
+        throw std::invalid_argument(fmt::format(
+            "llama block: LoRA target '{}' is none of q_proj, k_proj, v_proj, o_proj, "
+            "gate_proj, up_proj, down_proj", name));
+    for (const Known& k : known) {
+      if (std::find(lora.targets.begin(), lora.targets.end(), k.name) == lora.targets.end())
+        continue;
+      targets_.push_back({k.name, k.module, k.in, k.out, k.col, k.ldy});
+      products_.push_back(k.product);
+      lora_offsets_.push_back(lora_count_);
+      lora_count_ += std::size_t(rank_) * (k.in + k.out);
+    }
+    if (targets_.empty())
+      throw std::invalid_argument("llama block: LoRA needs at least one target");
+  }
+  const std::vector<LoraTarget>& lora_targets() const { return targets_; }
+  std::size_t a_count(std::size_t i) const { return std::size_t(rank_) * targets_[i].in; }
+  LoraAdapter adapter(const float* own, std::size_t i) const {
+    const float* a = own + lora_offsets_[i];
+    return {a, a + a_count(i), rank_, lora_scale_, targets_[i]};
+  }
+  // Target i's u (N, rank) in Saved::lora_u.
+  std::size_t u_offset(std::size_t i, int rows) const { return i * std::size_t(rows) * rank_; }
+
   Widths widths() const {
     return {c_, std::int64_t(h_) * d_, std::int64_t(hkv_) * d_, f_, qkv_bias_, proj_bias_};
   }
@@ -341,6 +453,7 @@ class LlamaBlock final : public Layer {
     Kept gu;         // (N, 2F) gate | up
     Kept ln1, ln2;   // (N, C) each
     Kept act;        // (N, F) silu(gate) * up
+    float* lora_u;   // LoRA: (targets, N, rank), each target's s x A^T
     std::size_t size, recomputed;
     static Saved at(float* base, float* recomputed, const LlamaBlock& b, int batch, bool bf16) {
       const std::size_t n = std::size_t(batch) * b.t_, c = b.c_, f = b.f_;
@@ -349,7 +462,7 @@ class LlamaBlock final : public Layer {
       const auto kept = [&](Carver& in, std::size_t count) { return Kept::take(in, count, bf16); };
       Saved s{k.take(n), kept(k, n * b.qkv_width()), kept(k, b.fused_ ? 0 : rows * b.t_),
               k.take(b.fused_ ? rows : 0), kept(k, n * b.q_width()), k.take(n * c), k.take(n),
-              kept(k, 2 * n * f), {}, {}, {}, 0, 0};
+              kept(k, 2 * n * f), {}, {}, {}, k.take(b.targets_.size() * n * b.rank_), 0, 0};
       Carver apart(recomputed), measure(nullptr);
       Carver& r = recomputed ? apart : k;
       s.ln1 = kept(r, n * c);
@@ -382,6 +495,8 @@ class LlamaBlock final : public Layer {
     std::uint16_t* grad16;
     // bf16 only: (N, max(C, Q)) dout rounded, then the gradient of atty rounded.
     std::uint16_t* dout16;
+    float* lora_du;  // LoRA: (N, rank), an adapter's du
+    float* sink;     // LoRA: (C), the frozen norms' weight gradients, discarded
     std::size_t size;
     static Scratch at(float* base, const LlamaBlock& b, int batch, bool bf16) {
       const std::size_t n = std::size_t(batch) * b.t_, c = b.c_, f = b.f_;
@@ -391,7 +506,8 @@ class LlamaBlock final : public Layer {
       Carver k(base);
       Scratch s{k.take(n * f), k.take(2 * n * f), k.take(n * wide), k.take(n * c),
                 k.take(n * b.qkv_width()), k.take(att),
-                bf16 ? k.take_bf16(widest) : nullptr, bf16 ? k.take_bf16(n * wide) : nullptr, 0};
+                bf16 ? k.take_bf16(widest) : nullptr, bf16 ? k.take_bf16(n * wide) : nullptr,
+                k.take(b.lora() ? n * b.rank_ : 0), k.take(b.lora() ? c : 0), 0};
       s.size = k.used();
       return s;
     }
@@ -429,13 +545,23 @@ class LlamaBlock final : public Layer {
   RopeConstants rope_;
   std::size_t offsets_[kLlamaParams] = {};
   std::size_t count_ = 0;
+  // LoRA (rank_ 0: none): the targets, the product each adds into, and where each one's A then
+  // B lie in the block's parameters.
+  int rank_ = 0;
+  float lora_scale_ = 0.0f;
+  std::vector<LoraTarget> targets_;
+  std::vector<Product> products_;
+  std::vector<std::size_t> lora_offsets_;
+  std::size_t lora_count_ = 0;
 };
 
 }  // namespace
 
 std::unique_ptr<Layer> make_llama_block(const GptSpec& spec, AttentionKind attention,
-                                        RopeConstants rope) {
-  return std::make_unique<LlamaBlock>(spec, attention, std::move(rope));
+                                        RopeConstants rope, const LoraSpec& lora) {
+  if (lora.rank < 0)
+    throw std::invalid_argument(fmt::format("llama block: LoRA rank {} is negative", lora.rank));
+  return std::make_unique<LlamaBlock>(spec, attention, std::move(rope), lora);
 }
 
 }  // namespace lockstep

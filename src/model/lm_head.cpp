@@ -91,7 +91,8 @@ class LmHead final : public Layer {
     const Saved s = Saved::at(ws.saved, n, p_ - v_, c_, p_, bf16);
     const MatIn x = bf16 ? MatIn{nullptr, s.in16} : MatIn{in, nullptr};
     const MatIn dy = bf16 ? MatIn{nullptr, ws.dout_bf16} : MatIn{dout, nullptr};
-    detail::matmul(dev, Transpose::yes, Transpose::no, v_, c_, n, dy, p_, x, c_, 1.0f, dwte, c_);
+    if (dwte)  // null: the weight is frozen (Note [Frozen parameters] in lora.cpp)
+      detail::matmul(dev, Transpose::yes, Transpose::no, v_, c_, n, dy, p_, x, c_, 1.0f, dwte, c_);
     if (din)
       detail::matmul(dev, Transpose::no, Transpose::no, n, c_, v_, dy, p_,
                      detail::param_input(wte, ws, 0), c_, 0.0f, din, c_);

@@ -91,7 +91,8 @@ Model::Model(std::vector<std::unique_ptr<Layer>> layers, std::vector<std::string
           layers_[i]->in_features()));
     const int tied = layers_[i]->tied_to();
     if (tied >= 0 && (static_cast<std::size_t>(tied) >= i || layers_[i]->param_count() != 0 ||
-                      layers_[tied]->param_count() == 0))
+                      layers_[i]->frozen_count() != 0 ||
+                      layers_[tied]->param_count() + layers_[tied]->frozen_count() == 0))
       throw std::invalid_argument(fmt::format(
           "model: layer {} ({}) is tied to layer {}: it must be an earlier layer with parameters, "
           "and the tied layer must have none of its own",
@@ -99,9 +100,12 @@ Model::Model(std::vector<std::unique_ptr<Layer>> layers, std::vector<std::string
   }
   recomputable_.assign(layers_.size(), 0);
   offsets_.resize(layers_.size());
+  frozen_offsets_.resize(layers_.size());
   for (std::size_t i = layers_.size(); i-- > 0;) {
     offsets_[i] = param_count_;
     param_count_ += layers_[i]->param_count();
+    frozen_offsets_[i] = frozen_count_;
+    frozen_count_ += layers_[i]->frozen_count();
   }
 }
 
@@ -136,14 +140,50 @@ Model Model::mlp(const MlpSpec& spec) {
 int Model::inputs() const { return layers_.front()->in_features(); }
 int Model::outputs() const { return layers_.back()->out_features(); }
 
-std::vector<ParamTensor> Model::param_tensors() const {
+namespace {
+
+// Every layer's tensors from `of(layer, name)`, offsets moved by the layer's in `offsets`.
+template <class Of>
+std::vector<ParamTensor> all_tensors(const std::vector<std::unique_ptr<Layer>>& layers,
+                                     const std::vector<std::string>& names,
+                                     const std::vector<std::size_t>& offsets, const Of& of) {
   std::vector<ParamTensor> out;
-  for (std::size_t i = 0; i < layers_.size(); ++i)
-    for (ParamTensor& t : layers_[i]->param_tensors(names_[i])) {
-      t.offset += offsets_[i];
+  for (std::size_t i = 0; i < layers.size(); ++i)
+    for (ParamTensor& t : of(*layers[i], names[i])) {
+      t.offset += offsets[i];
       out.push_back(std::move(t));
     }
   return out;
+}
+
+}  // namespace
+
+std::vector<ParamTensor> Model::param_tensors() const {
+  return all_tensors(layers_, names_, offsets_, [](const Layer& l, const std::string& name) {
+    return l.param_tensors(name);
+  });
+}
+
+std::vector<ParamTensor> Model::frozen_tensors() const {
+  return all_tensors(layers_, names_, frozen_offsets_, [](const Layer& l, const std::string& name) {
+    return l.frozen_tensors(name);
+  });
+}
+
+std::size_t Model::frozen_read_offset(std::size_t layer) const {
+  const int tied = layers_.at(layer)->tied_to();
+  return frozen_offsets_[tied >= 0 ? static_cast<std::size_t>(tied) : layer];
+}
+
+// Drawn as the model without adapters draws its parameters from the same seed (each frozen layer
+// draws what it drew as a trainable one), so a LoRA model's base from trainer.seed is the full
+// model's initialisation; the adapters draw from a generator of their own, seeded alike.
+std::vector<float> Model::initial_frozen(std::uint64_t seed) const {
+  std::vector<float> frozen(frozen_count_);
+  std::uint64_t rng_state = seed;
+  for (std::size_t i = 0; i < layers_.size(); ++i)
+    layers_[i]->init_frozen(frozen.data() + frozen_offsets_[i], rng_state);
+  return frozen;
 }
 
 int Model::max_width() const {
@@ -205,7 +245,8 @@ Replica::Replica(Device& device, const Model& model, int max_batch, Precision pr
       recompute_(recompute),
       params_(device, model.param_count()),
       params_bf16_(device, precision == Precision::bf16 ? model.param_count() : 0),
-      grads_(device, own_gradients ? model.param_count() : 0) {
+      grads_(device, own_gradients ? model.param_count() : 0),
+      frozen_(device, model.frozen_count()) {
   // Activation gradients are layers' din: as wide as the widest input after the first layer.
   int din_width = 1;
   std::size_t scratch = 0, shared = 0;
@@ -256,6 +297,15 @@ void Replica::load_parameters(std::span<const float> host) {
   refresh_bf16();
 }
 
+void Replica::load_frozen(std::span<const float> host) {
+  if (host.size() != frozen_.size())
+    throw std::invalid_argument(fmt::format("replica: got {} frozen parameters, the model has {}",
+                                            host.size(), frozen_.size()));
+  frozen_.upload(host);
+}
+
+std::vector<float> Replica::frozen() const { return frozen_.download(); }
+
 void Replica::refresh_bf16() {
   if (params_bf16_.size()) device_->to_bf16(params_.data(), params_bf16_.data(), params_.size());
 }
@@ -276,7 +326,8 @@ LayerWorkspace Replica::workspace(std::size_t layer) {
           .out_bf16 = layer + 1 == model_->layers().size() ? dlogits_bf16_.data() : nullptr,
           .constants = constant_of_[layer] >= 0 ? constants_[constant_of_[layer]].data() : nullptr,
           .recomputed = selective ? shared_saved_.data() : nullptr,
-          .positions = positions_};
+          .positions = positions_,
+          .frozen = frozen_.size() ? frozen_.data() + model_->frozen_read_offset(layer) : nullptr};
 }
 
 std::vector<float> Replica::parameters() const { return params_.download(); }
@@ -341,7 +392,9 @@ void Replica::backward(const float* x, const float* dlogits, int batch,
       shared_holds_ = i;
     }
     const detail::NvtxRange range("backward layers.", i);
-    const bool has_grads = layers[i]->param_count() > 0 || layers[i]->tied_to() >= 0;
+    const int tied = layers[i]->tied_to();
+    const bool has_grads = layers[i]->param_count() > 0 ||
+                           (tied >= 0 && layers[static_cast<std::size_t>(tied)]->param_count() > 0);
     float* grads = !has_grads ? nullptr : target ? target(i) : grads_.data() + offset;
     layers[i]->backward(*device_, params_.data() + offset, grads, in, acts_[i].data(), dout, din,
                         batch, workspace(i));

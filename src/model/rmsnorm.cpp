@@ -35,6 +35,10 @@ class RmsNorm final : public Layer {
   std::size_t workspace_size(int batch, Precision /*precision*/) const noexcept override {
     return std::size_t(batch) * t_;
   }
+  // (C): the weight's gradient when the weight is frozen (grads null), discarded.
+  std::size_t scratch_size(int /*batch*/, Precision /*precision*/) const noexcept override {
+    return std::size_t(c_);
+  }
 
   void forward(Device& dev, const float* params, const float* in, float* out, int batch,
                const LayerWorkspace& ws) const override {
@@ -45,8 +49,8 @@ class RmsNorm final : public Layer {
                 const float* /*out*/, const float* dout, float* din, int batch,
                 const LayerWorkspace& ws) const override {
     if (!din) throw std::logic_error("rmsnorm: needs an input gradient (not a first layer)");
-    dev.residual_rmsnorm_backward(in, params, ws.saved, dout, nullptr, din, nullptr, grads,
-                                  batch * t_, c_);
+    dev.residual_rmsnorm_backward(in, params, ws.saved, dout, nullptr, din, nullptr,
+                                  grads ? grads : ws.scratch, batch * t_, c_);
   }
   // Note [KV cache]: rstd (count) in the scratch.
   bool decodes() const noexcept override { return true; }

@@ -33,11 +33,11 @@ class TokenEmbedding final : public Layer {
                const LayerWorkspace& /*ws*/) const override {
     dev.embedding_forward(in, params, nullptr, out, batch, t_, c_);
   }
-  // Token ids have no gradient: din is ignored.
+  // Token ids have no gradient: din is ignored. grads null (frozen): nothing to do.
   void backward(Device& dev, const float* /*params*/, float* grads, const float* in,
                 const float* /*out*/, const float* dout, float* /*din*/, int batch,
                 const LayerWorkspace& /*ws*/) const override {
-    dev.embedding_backward(in, dout, grads, nullptr, batch, t_, c_);
+    if (grads) dev.embedding_backward(in, dout, grads, nullptr, batch, t_, c_);
   }
   // Note [KV cache]: the rows of the step's tokens.
   bool decodes() const noexcept override { return true; }

@@ -128,10 +128,13 @@ class PyTrainer {
     return trainer_->resumed_step();
   }
 
-  // Starts from the weights at `path` (load_weights()), as `lockstep train --init-from` does.
+  // Starts from the weights at `path` (load_weights()), as `lockstep train --init-from` does;
+  // with model.lora they are the frozen base.
   void init_from(const std::filesystem::path& path) {
     nb::gil_scoped_release unlocked;
-    trainer_->init_from(load_weights(path, trainer_->model().param_tensors()));
+    const Model& model = trainer_->model();
+    trainer_->init_from(load_weights(
+        path, model.frozen_count() > 0 ? model.frozen_tensors() : model.param_tensors()));
   }
 
   // The summary as --summary-json writes it.

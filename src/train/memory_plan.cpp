@@ -196,6 +196,9 @@ MemoryPlan plan_memory(const Config& cfg, const Model& model, const Dataset& tra
   MemoryPlan p;
   // bf16 compute: the replica's bf16 copy of the parameters too (2 bytes each).
   p.parameters = cfg.trainer.precision == Precision::bf16 ? 1.5 * params : params;
+  p.frozen = static_cast<double>(model.frozen_count()) * kFloat;
+  p.gradient_wire = static_cast<double>(model.param_count()) *
+                    (cfg.trainer.grad_reduce_dtype == ReduceDtype::bf16 ? 2.0 : kFloat);
   // With a bf16 all-reduce, the reducer's bf16 copy of the buckets too (2 bytes a parameter).
   p.gradients = gradient_elements(cfg, model, ranks) * kFloat +
                 (cfg.trainer.grad_reduce_dtype == ReduceDtype::bf16 ? 0.5 * params : 0.0);
@@ -217,7 +220,7 @@ MemoryPlan plan_memory(const Config& cfg, const Model& model, const Dataset& tra
   p.workers = static_cast<int>(cfg.trainer.devices.size());
   p.workers_on_host = workers_on_host;
   p.dataset = dataset_bytes(train) + (eval ? dataset_bytes(*eval) : 0.0);
-  p.host_copies = kHostCopies * params;
+  p.host_copies = kHostCopies * params + p.frozen;  // and the base, once
   if (cfg.trainer.snapshot_every > 0 && cfg.trainer.on_worker_failure == WorkerFailurePolicy::shrink)
     p.snapshots = 2 * (1 + optimizer_vectors(cfg.optimizer)) * params;
   for (std::size_t i = 0; i < model.layers().size(); ++i)

@@ -26,6 +26,12 @@ struct MemoryPlan {
   // One worker's bytes; under trainer.zero 1 the optimiser state of the worker that holds the
   // most (shards differ by at most a grain per bucket), as the summary reports it.
   double parameters = 0, gradients = 0, optimizer = 0, activations = 0, staging = 0;
+  // The frozen parameters (a LoRA model's base; Note [Frozen parameters] in
+  // src/model/lora.cpp): held by every worker, without gradients or optimiser state.
+  double frozen = 0;
+  // Gradient bytes a worker hands to its collectives per step (4 a trainable parameter, 2 with
+  // trainer.grad_reduce_dtype bf16).
+  double gradient_wire = 0;
   int zero_ranks = 0;              // trainer.zero 1, 2: the ranks that share the optimiser state
   int zero = 0;                    // trainer.zero
   // trainer.zero 2 without accumulation: `gradients` are the worker's shards and the buckets'
@@ -48,7 +54,8 @@ struct MemoryPlan {
   std::string driver;              // "model.hidden[0] = 2000000000": what makes it large
 
   double per_worker() const {
-    return parameters + gradients + optimizer + activations + staging + attention_workspace;
+    return parameters + frozen + gradients + optimizer + activations + staging +
+           attention_workspace;
   }
   double host() const {
     return dataset + host_copies + snapshots + (workers_on_host ? workers * per_worker() : 0.0);

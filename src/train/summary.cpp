@@ -52,6 +52,30 @@ std::string describe_worker_memory(const Summary& s) {
                      size(s.activation_bytes));
 }
 
+std::string describe_training_cost(const Summary& s) {
+  if (!s.full_finetune) return {};
+  const Summary::TrainingCost &t = s.training, &f = *s.full_finetune;
+  const auto size = [](std::size_t bytes) { return detail::format_bytes(double(bytes)); };
+  const auto ratio = [](std::size_t full, std::size_t mine) {
+    return mine ? fmt::format("{:.0f}x", double(full) / double(mine)) : std::string("-");
+  };
+  return fmt::format("{} of {} parameters trained (frozen {}); gradients {} per step, {} fewer "
+                     "than a full fine-tune's {}; optimiser state {}, {} less than {}",
+                     t.trainable_parameters, t.trainable_parameters + t.frozen_parameters,
+                     t.frozen_parameters, size(t.gradient_bytes_per_step),
+                     ratio(f.gradient_bytes_per_step, t.gradient_bytes_per_step),
+                     size(f.gradient_bytes_per_step), size(t.optimizer_state_bytes),
+                     ratio(f.optimizer_state_bytes, t.optimizer_state_bytes),
+                     size(f.optimizer_state_bytes));
+}
+
+std::string training_cost_json(const Summary::TrainingCost& c) {
+  return fmt::format("{{\"trainable_parameters\": {}, \"frozen_parameters\": {}, "
+                     "\"gradient_bytes_per_step\": {}, \"optimizer_state_bytes\": {}}}",
+                     c.trainable_parameters, c.frozen_parameters, c.gradient_bytes_per_step,
+                     c.optimizer_state_bytes);
+}
+
 std::string describe_graphs(const Summary::Graphs& g) {
   std::string timed;
   if (g.eager_step_s > 0.0 && g.graph_step_s > 0.0)
@@ -111,6 +135,11 @@ std::string Summary::to_json() const {
       "  \"param_bytes\": {},\n"
       "  \"grad_bytes\": {},\n"
       "  \"activation_bytes\": {},\n"
+      "  \"trainable_parameters\": {},\n"
+      "  \"frozen_parameters\": {},\n"
+      "  \"gradient_bytes_per_step\": {},\n"
+      "  \"planned_optimizer_state_bytes\": {},\n"
+      "  \"full_finetune\": {},\n"
       "  \"host_syncs_per_step\": {},\n"
       "  \"device_busy\": {},\n"
       "  \"fused_linear\": {{\"fused\": {}, \"partial\": {}, \"composed\": {}}},\n"
@@ -151,6 +180,9 @@ std::string Summary::to_json() const {
       replicas_identical ? "true" : "false", replica_checks, param_hash, accumulate_steps, buckets,
       reduce_bytes_per_step, reduce_dtype,
       overlap ? "true" : "false", comm_mode, loader, zero, optimizer_state_bytes, param_bytes, grad_bytes, activation_bytes,
+      training.trainable_parameters, training.frozen_parameters, training.gradient_bytes_per_step,
+      training.optimizer_state_bytes,
+      full_finetune ? training_cost_json(*full_finetune) : std::string("null"),
       host_syncs_per_step, device_busy ? number(*device_busy) : std::string("null"),
       fused_linear.fused, fused_linear.partial, fused_linear.composed,
       graphs.used ? "true" : "false",

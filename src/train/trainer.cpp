@@ -147,6 +147,7 @@ struct Trainer::Impl {
   std::optional<Recovery> recovery_point(RunResources& r) const;
   void shrink(RunResources& r, Recovery recovery);
   WorkerError left_behind(const RunResources& r, const std::vector<int>& ranks) const;
+  void check_resume_base(std::span<const float> base_weights) const;
   std::optional<std::string> lost_left_behind(const RunResources& r,
                                               const std::vector<int>& ranks) const;
   void check_processes_agree() const;
@@ -171,6 +172,10 @@ struct Trainer::Impl {
   std::int64_t total_steps = 0;
   std::optional<Checkpoint> resume;
   std::vector<float> init;  // init_from()'s weights; empty: drawn from trainer.seed
+  // LoRA: the frozen base (Note [Frozen parameters] in src/model/lora.cpp) init_from() gave;
+  // empty: drawn from trainer.seed. base_source: the weights file it came from.
+  std::vector<float> base;
+  std::string base_source;
   std::vector<ConfigChange> resume_changes;  // accepted by resume_from()
   std::atomic<bool> stop_requested{false};
   std::atomic<std::int64_t> saving_step{-1};  // Trainer::saving_step()
@@ -305,9 +310,54 @@ AttentionChoice attention_choice(const Config& config, std::string_view backend)
   return choice;
 }
 
+LoraSpec lora_spec(const ModelConfig& m) {
+  if (m.lora.rank == 0) return {};
+  return {.rank = m.lora.rank, .alpha = m.lora.alpha, .targets = parse_lora_targets(m.lora.targets)};
+}
+
+std::string describe_lora(const ModelConfig& m) {
+  return fmt::format("rank={} alpha={} targets={}", m.lora.rank, m.lora.alpha,
+                     fmt::join(parse_lora_targets(m.lora.targets), ","));
+}
+
+LoraSpec parse_lora_record(std::string_view text) {
+  LoraSpec spec;
+  std::size_t start = 0;
+  while (start < text.size()) {
+    const std::size_t end = std::min(text.find(' ', start), text.size());
+    const std::string_view word = text.substr(start, end - start);
+    const std::size_t eq = word.find('=');
+    const std::string_view key = word.substr(0, eq), value = word.substr(eq + 1);
+    try {
+      if (eq == std::string_view::npos)
+        throw std::invalid_argument("no '='");
+      else if (key == "rank")
+        spec.rank = std::stoi(std::string(value));
+      else if (key == "alpha")
+        spec.alpha = std::stod(std::string(value));
+      else if (key == "targets")
+        spec.targets = parse_lora_targets(value);
+      else
+        throw std::invalid_argument("unknown key");
+    } catch (const std::exception& e) {
+      throw std::invalid_argument(fmt::format("LoRA record '{}': cannot read '{}' ({})", text,
+                                              word, e.what()));
+    }
+    start = end + 1;
+  }
+  if (spec.rank < 1 || spec.targets.empty())
+    throw std::invalid_argument(fmt::format("LoRA record '{}': needs rank >= 1 and targets", text));
+  return spec;
+}
+
+std::string base_hash(std::span<const float> base) {
+  return fmt::format("{:016x}", detail::fnv1a64(base.data(), base.size_bytes()));
+}
+
 Model make_model(const Config& config, const Dataset& train, std::string_view backend) {
   if (config.model.type == "gpt")
-    return Model::gpt(gpt_spec(config, train), attention_choice(config, backend).path);
+    return Model::gpt(gpt_spec(config, train), attention_choice(config, backend).path,
+                      lora_spec(config.model));
   return Model::mlp(mlp_spec(config, train));
 }
 
@@ -318,6 +368,11 @@ std::string describe_model(const Config& config, const Dataset& train) {
 
 EvalMetrics evaluate(const Config& config, const Model& model, std::span<const float> params,
                      const Dataset& data) {
+  if (model.frozen_count() > 0)
+    throw InputError(fmt::format(
+        "{}: model.lora: evaluating adapters needs their base, which eval does not read yet; "
+        "`lockstep export --format hf` merges them into a model to evaluate",
+        config.source));
   const int device_id = config.trainer.devices.at(0);
   std::unique_ptr<Backend> backend = make_backend(config.trainer.backend, std::span(&device_id, 1),
                    {.comm = config.trainer.comm, .precision = config.trainer.precision});
@@ -447,7 +502,13 @@ const std::vector<ConfigChange>& Trainer::resume_changes() const noexcept {
 // config's too: the same shapes with other heads would train another model.
 void Trainer::init_from(Weights weights) {
   Impl& im = *impl_;
-  if (weights.params.size() != im.model.param_count())
+  // A LoRA model starts from a base (Note [Frozen parameters]): the weights are its frozen
+  // parameters, and the adapters are drawn from trainer.seed (or set by init_adapters()).
+  const bool base = im.model.frozen_count() > 0;
+  if (base && weights.params.size() != im.model.frozen_count())
+    throw std::invalid_argument(fmt::format("init_from: {} base weights, the model has {}",
+                                            weights.params.size(), im.model.frozen_count()));
+  if (!base && weights.params.size() != im.model.param_count())
     throw std::invalid_argument(fmt::format("init_from: {} parameters, the model has {}",
                                             weights.params.size(), im.model.param_count()));
   const auto recorded = weights.metadata.find("lockstep.model");
@@ -465,10 +526,39 @@ void Trainer::init_from(Weights weights) {
                                    weights.file.string(), differs.first, differs.second,
                                    differs.first, spec_value(mine, differs.first)));
   }
+  if (base) {  // a resume keeps its adapters, and needs the base again
+    im.base = std::move(weights.params);
+    im.base_source = std::filesystem::absolute(weights.file).lexically_normal().string();
+    return;
+  }
   im.resume.reset();
   im.resume_changes.clear();
   keep_token_ids(weights.metadata, im.tokenizer_record);
   im.init = std::move(weights.params);
+}
+
+void Trainer::init_adapters(std::vector<float> adapters) {
+  Impl& im = *impl_;
+  if (adapters.size() != im.model.param_count() || im.model.frozen_count() == 0)
+    throw std::invalid_argument(fmt::format("init_adapters: {} adapter values, the model has {}",
+                                            adapters.size(), im.model.param_count()));
+  im.resume.reset();
+  im.resume_changes.clear();
+  im.init = std::move(adapters);
+}
+
+// A checkpoint's adapters were trained on one base: resuming them on another would train a
+// different model without a word.
+void Trainer::Impl::check_resume_base(std::span<const float> base_weights) const {
+  if (!resume) return;
+  const auto it = resume->metadata.find("lockstep.lora_base");
+  const std::string mine = base_hash(base_weights);
+  if (it == resume->metadata.end() || it->second != mine)
+    throw InputError(fmt::format(
+        "{}: the adapters were trained on a base with content hash {}, this run's base has {}: "
+        "resume with the same base (--init-from the directory the run started from)",
+        resume->weights_file.string(),
+        it == resume->metadata.end() ? std::string("(none recorded)") : it->second, mine));
 }
 
 void Trainer::request_stop() noexcept { impl_->stop_requested.store(true); }
@@ -602,6 +692,8 @@ struct Trainer::Impl::RunResources {
   std::unique_ptr<detail::MetricsLog> metrics;
   std::unique_ptr<detail::RunReport> report;
   std::vector<float> initial;
+  std::vector<float> base;  // the model's frozen parameters; empty without
+  std::string base_source;  // Note [LoRA exports] in src/io/export_checkpoint.cpp
   std::optional<detail::Trace> trace;
   // Per group (the first, then the survivors' after each shrink); on the heap, so that a group's
   // worker left behind keeps them where it found them (abandoned_groups).
@@ -980,6 +1072,20 @@ std::unique_ptr<Trainer::Impl::RunResources> Trainer::Impl::prepare_run() {
   summary.param_bytes = static_cast<std::size_t>(memory_plan.parameters);
   summary.grad_bytes = static_cast<std::size_t>(memory_plan.gradients);
   summary.activation_bytes = static_cast<std::size_t>(memory_plan.activations);
+  const auto cost = [](const detail::MemoryPlan& plan, const Model& m) {
+    return Summary::TrainingCost{m.param_count(), m.frozen_count(),
+                                 static_cast<std::size_t>(plan.gradient_wire),
+                                 static_cast<std::size_t>(plan.optimizer)};
+  };
+  summary.training = cost(memory_plan, model);
+  if (model.frozen_count() > 0) {  // LoRA: against a full fine-tune of the same model
+    Config full_cfg = cfg;
+    full_cfg.model.lora.rank = 0;
+    const Model full = make_model(full_cfg, *train, r->backend->name());
+    summary.full_finetune = cost(detail::plan_memory(full_cfg, full, *train, eval.get(),
+                                                     r->backend->name() == "cpu", world()),
+                                 full);
+  }
   final_params.clear();
   const double peak = job_peak_flops(*r->backend, tc.devices, tc.precision) * summary.processes;
   r->trace.emplace(n, !tc.trace.empty());
@@ -1003,6 +1109,11 @@ std::unique_ptr<Trainer::Impl::RunResources> Trainer::Impl::prepare_run() {
   }
   if (!tc.report.empty() && writer) r->report = std::make_unique<detail::RunReport>(tc.report);
   if (!resume) r->initial = !init.empty() ? init : model.initial_parameters(tc.seed);
+  if (model.frozen_count() > 0) {
+    r->base = !base.empty() ? base : model.initial_frozen(tc.seed);
+    r->base_source = !base.empty() ? base_source : fmt::format("seed={}", tc.seed);
+    check_resume_base(r->base);
+  }
   r->peak_flops = peak;
   make_context(*r, resume ? &*resume : nullptr, steady_now_s());
   return r;
@@ -1020,6 +1131,8 @@ void Trainer::Impl::make_context(RunResources& r, const Checkpoint* from, double
                                        .callbacks = callbacks,
                                        .resume = from,
                                        .initial = r.initial,
+                                       .base = r.base,
+                                       .base_source = r.base_source,
                                        .total_steps = total_steps,
                                        .start_s = start_s,
                                        .peak_flops = r.peak_flops,

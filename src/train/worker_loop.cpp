@@ -188,6 +188,7 @@ void WorkerLoop::set_up(Backend& backend) {
   });
   Replica& replica = *res_.replica;
   replica.load_parameters(resume ? std::span<const float>(resume->params) : run_.initial);
+  if (!run_.base.empty()) replica.load_frozen(run_.base);
   if (run_.callbacks.hooks.restoring) run_.callbacks.hooks.restoring(global_);
   // The replicas start from the same host copy; the broadcast makes rank 0 the authority anyway,
   // as any later backend (several processes) needs.
@@ -1015,6 +1016,11 @@ Checkpoint WorkerLoop::describe_state(const Position& at, std::int64_t optimizer
   // What it takes to rebuild the model and prepare its inputs: `lockstep sample` and `eval`,
   // an export's reader.
   ckpt.metadata["lockstep.model"] = describe_model(cfg, *run_.train);
+  if (!run_.base.empty()) {  // Note [LoRA] in src/model/lora.cpp
+    ckpt.metadata["lockstep.lora"] = describe_lora(cfg.model);
+    ckpt.metadata["lockstep.lora_base"] = base_hash(run_.base);
+    ckpt.metadata["lockstep.lora_base_source"] = std::string(run_.base_source);
+  }
   if (cfg.model.type == "gpt")
     ckpt.metadata["lockstep.tokenizer"] = cfg.data.dataset == DatasetKind::text ? "bytes" : "ids";
   for (const auto& [key, value] : run_.tokenizer_record) ckpt.metadata[key] = value;  // "bpe"

@@ -239,7 +239,8 @@ TEST_CASE("config: unknown keys and sections are rejected with a suggestion") {
         "context, n_layer, n_head, d_model, attention, family, norm, norm_eps, positions, "
         "rope_theta, mlp, intermediate_size, n_kv_head, head_dim, qkv_bias, proj_bias, "
         "tie_embeddings, rope_scaling.type, rope_scaling.factor, rope_scaling.low_freq_factor, "
-        "rope_scaling.high_freq_factor, rope_scaling.original_max_position_embeddings");
+        "rope_scaling.high_freq_factor, rope_scaling.original_max_position_embeddings, "
+                 "lora.rank, lora.alpha, lora.targets, lora.dropout");
   CHECK(error_of("trainer: {steps: 1}\ntraner:\n  steps: 5\n") ==
         "q.yaml:2:1: traner: unknown section; did you mean 'trainer'?");
   CHECK(error_of("logging: {level: 3}\n") ==
@@ -789,4 +790,19 @@ TEST_CASE("config: the help lists every key of the schema with its type and defa
   REQUIRE(lr != help.end());
   CHECK(lr->type == "a number > 0");
   CHECK(lr->default_value == "0.01");
+}
+
+TEST_CASE("config: model.lora takes PEFT's target names, and refuses what is not built") {
+  const std::string llama =
+      "model: {type: gpt, family: llama, vocab_size: 13, lora: {rank: 4, targets: 'q_proj,v_proj'}}\n"
+      "data: {dataset: tokens, path: t.bin}\ntrainer: {steps: 1}\n";
+  CHECK(parse_config(llama, "q.yaml").model.lora.rank == 4);
+  CHECK(contains(errors_of(llama, {"model.lora.targets=q_proj,c_attn"}),
+                 "model.lora.targets: 'c_attn' is not a projection: expected q_proj, k_proj"));
+  CHECK(contains(errors_of(llama, {"model.lora.dropout=0.1"}),
+                 "model.lora.dropout: dropout on the adapters' input is not built"));
+  CHECK(contains(errors_of(llama, {"trainer.precision=bf16"}),
+                 "model.lora.rank: LoRA under trainer.precision (bf16"));
+  CHECK(contains(errors_of(llama, {"model.family=gpt2"}),
+                 "model.lora.rank: LoRA is built for the Llama family's decoder"));
 }

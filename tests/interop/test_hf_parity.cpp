@@ -25,21 +25,16 @@
 #include "../data/temp_files.hpp"
 #include "io/hf_config.hpp"
 #include "lockstep/lockstep.hpp"
+#include "parity_batch.hpp"
 #include "python_env.hpp"
 
 namespace fs = std::filesystem;
 using lockstep::test::run_command;
+using lockstep::test::write_raw;
 
 namespace {
 
 const std::string kScript = std::string(LOCKSTEP_SOURCE_DIR) + "/tests/interop/hf_parity.py";
-
-template <class T>
-void write_raw(const fs::path& file, const std::vector<T>& v) {
-  std::ofstream out(file, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(v.data()), static_cast<std::streamsize>(v.size() * sizeof(T)));
-  REQUIRE(out.good());
-}
 
 // lockstep's logits (B, T, vocab) and parameter gradients of the mean next-token loss for
 // `batch` windows of context + 1 tokens, of the model the directory `hf` describes, written
@@ -55,13 +50,7 @@ void lockstep_logits_and_grads(const fs::path& hf, int batch, const fs::path& ou
   replica.load_parameters(weights.params);
 
   const int T = spec.context, V = spec.vocab_size;
-  std::vector<std::int32_t> tokens;
-  std::vector<float> inputs;
-  for (int b = 0; b < batch; ++b)
-    for (int t = 0; t <= T; ++t) {
-      tokens.push_back((b * 131 + t * 37 + t * t) % V);
-      if (t < T) inputs.push_back(static_cast<float>(tokens.back()));
-    }
+  const auto [tokens, inputs] = lockstep::test::parity_batch(batch, T, V);
   lockstep::DeviceArray<float> x(*dev, inputs.size());
   x.upload(inputs);
   std::vector<float> padded(static_cast<std::size_t>(model.outputs()) * static_cast<std::size_t>(batch));

@@ -64,8 +64,8 @@ TEST_CASE("export_checkpoint: bad options throw InputError naming them as the ca
   const auto format = [](ExportRequest& r) { r.format = "onnx"; };
   const auto dtype = [](ExportRequest& r) { r.dtype = "fp16"; };
   const auto no_out = [](ExportRequest& r) { r.out.clear(); };
-  CHECK(message(format, field) == "format: expected torch or hf, got 'onnx'");
-  CHECK(message(format, flag) == "--format: expected torch or hf, got 'onnx'");
+  CHECK(message(format, field) == "format: expected torch, hf or peft, got 'onnx'");
+  CHECK(message(format, flag) == "--format: expected torch, hf or peft, got 'onnx'");
   CHECK(message(dtype, field) == "dtype: expected fp32 or bf16, got 'fp16'");
   CHECK(message(dtype, flag) == "--dtype: expected fp32 or bf16, got 'fp16'");
   CHECK(message(no_out, field) == "export: expected out FILE");

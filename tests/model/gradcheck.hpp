@@ -58,9 +58,11 @@ struct LayerGradients {
 // Gradients of J(P, X) = sum(forward(P, X) * R) for a random R (batch, out_features). The
 // parameter gradient buffer starts non-zero to check that backward accumulates into it. The
 // layer's workspace and scratch are allocated; `input_grad` false skips the input (token ids).
+// `frozen`: the layer's frozen parameters (LayerWorkspace::frozen), held fixed.
 inline LayerGradients layer_gradients(const Layer& layer, int batch, std::vector<float> params,
                                       std::vector<float> x, std::uint64_t seed,
-                                      bool input_grad = true) {
+                                      bool input_grad = true,
+                                      const std::vector<float>& frozen = {}) {
   auto dev = lockstep::make_cpu_device(0, 1);
   DeviceArray<float> saved(*dev, layer.workspace_size(batch));
   DeviceArray<float> scratch(*dev, layer.scratch_size(batch));
@@ -70,6 +72,11 @@ inline LayerGradients layer_gradients(const Layer& layer, int batch, std::vector
   if (table) constants.upload(*table);
   lockstep::LayerWorkspace ws{saved.data(), scratch.data()};
   ws.constants = table ? constants.data() : nullptr;
+  DeviceArray<float> frozen_d(*dev, frozen.size());
+  if (!frozen.empty()) {
+    frozen_d.upload(frozen);
+    ws.frozen = frozen_d.data();
+  }
   const auto r = random_floats(std::size_t(batch) * layer.out_features(), seed);
   const auto g0 = random_floats(params.size(), seed + 1);
   auto pd = on_device(*dev, params), xd = on_device(*dev, x), rd = on_device(*dev, r);

@@ -1,0 +1,208 @@
+// Frozen parameters and LoRA adapters (Model::gpt with a LoraSpec).
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "common/random.hpp"
+#include "lockstep/model.hpp"
+#include "model/lora.hpp"
+
+namespace lockstep {
+
+// Note [Frozen parameters]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// A model may hold parameters that are never trained (a LoRA model's base). They live in a
+// second buffer of the Replica, `frozen`, with the same reverse-layer layout as the parameter
+// buffer (Model::frozen_tensors, Model::frozen_read_offset), and a layer reads its share through
+// LayerWorkspace::frozen. Everything the trainer does to parameters it does to params() alone:
+// the gradient buffer, the reducer's buckets and all-reduce, ZeRO's shards, the optimiser's
+// state, clipping, the replica check and checkpoints see only the trainable parameters, because
+// Model::param_count() and param_tensors() count only them. So no code of the trainer changes to
+// freeze a weight: a frozen weight is simply not a parameter. The frozen buffer is loaded once
+// per replica (Replica::load_frozen) from the base on the host, and nothing writes it after, so
+// it stays bit-identical through a run, and each worker holds one copy, as it holds one copy of
+// the parameters.
+// A layer frozen as a whole (make_frozen: a LoRA model's embedding, norms and LM head) is the
+// layer itself reading ws.frozen instead of params, and its backward computes only its input
+// gradient: it is skipped when there is none (a first layer), and the layer is handed no
+// gradient buffer (grads null), which the decoder's embedding, RMSNorm and LM head accept.
+// Under bf16 a frozen weight would be read in bf16 only (no fp32 master is needed for a weight
+// that never changes); that path is not built yet, and the config refuses LoRA with bf16.
+
+// Note [LoRA]
+// ~~~~~~~~~~~
+// LoRA (Hu et al. 2021, as PEFT implements it): a targeted projection y = x W^T (+ b) becomes
+//   y = x W^T (+ b) + s (x A^T) B^T,   A (r, in), B (out, r), s = alpha / r,
+// with W and b frozen and only A and B trained. A starts as PEFT's default, kaiming_uniform_
+// with a = sqrt(5), which is U(-1/sqrt(in), 1/sqrt(in)); B starts at zero, so the first forward
+// is the base model's. The block computes the base projection as before, then adds the
+// adapter's two thin products into the same output (for q, k and v a column block of the one
+// qkv product; for gate and up of the one gate|up product); it keeps u = s x A^T (N, r) for
+// backward. Backward computes the base projection's input gradient alone (dx = dy W, no dW, no
+// db) and adds the adapter's: dB += dy^T u, du = s dy B, dA += du^T x, dx += du A. The block's
+// trainable parameters are the adapters alone, stored target by target in PEFT's order
+// (q, k, v, o, gate, up, down; A then B), named as PEFT names them under its wrapper
+// ("model.layers.0.self_attn.q_proj.lora_A.weight"), so an adapter file copies in by name. Its
+// base weights are its frozen parameters, in the layout and names of the block without
+// adapters, so a Hugging Face checkpoint loads into them unchanged.
+// Dropout on the adapter's input (PEFT's lora_dropout) is not built: the config takes only 0.
+
+namespace {
+
+// A layer whose parameters are all frozen (Note [Frozen parameters]).
+class Frozen final : public Layer {
+ public:
+  explicit Frozen(std::unique_ptr<Layer> inner) : inner_(std::move(inner)) {}
+
+  std::string_view kind() const noexcept override { return inner_->kind(); }
+  int in_features() const noexcept override { return inner_->in_features(); }
+  int out_features() const noexcept override { return inner_->out_features(); }
+  std::size_t frozen_count() const noexcept override { return inner_->param_count(); }
+  std::vector<ParamTensor> frozen_tensors(const std::string& prefix) const override {
+    return inner_->param_tensors(prefix);
+  }
+  void init_frozen(float* frozen, std::uint64_t& rng) const override {
+    inner_->init_parameters(frozen, rng);
+  }
+  std::size_t workspace_size(int batch, Precision precision) const noexcept override {
+    return inner_->workspace_size(batch, precision);
+  }
+  std::size_t scratch_size(int batch, Precision precision) const noexcept override {
+    return inner_->scratch_size(batch, precision);
+  }
+  int tied_to() const noexcept override { return inner_->tied_to(); }
+  int vocab_padding() const noexcept override { return inner_->vocab_padding(); }
+  bool dout_bf16() const noexcept override { return inner_->dout_bf16(); }
+  std::shared_ptr<const std::vector<float>> constants() const override {
+    return inner_->constants();
+  }
+
+  void forward(Device& dev, const float* /*params*/, const float* in, float* out, int batch,
+               const LayerWorkspace& ws) const override {
+    inner_->forward(dev, frozen(ws), in, out, batch, ws);
+  }
+  void backward(Device& dev, const float* /*params*/, float* /*grads*/, const float* in,
+                const float* out, const float* dout, float* din, int batch,
+                const LayerWorkspace& ws) const override {
+    if (din) inner_->backward(dev, frozen(ws), nullptr, in, out, dout, din, batch, ws);
+  }
+
+ private:
+  const float* frozen(const LayerWorkspace& ws) const {
+    if (ws.precision == Precision::bf16)
+      throw std::logic_error("frozen layer: bf16 frozen weights are not built (Note [Frozen "
+                             "parameters])");
+    if (!ws.frozen) throw std::logic_error("frozen layer: no frozen parameters in the workspace");
+    return ws.frozen;
+  }
+  std::unique_ptr<Layer> inner_;
+};
+
+}  // namespace
+
+const std::vector<std::string>& lora_target_names() {
+  static const std::vector<std::string> names = {"q_proj", "k_proj",  "v_proj",   "o_proj",
+                                                 "gate_proj", "up_proj", "down_proj"};
+  return names;
+}
+
+std::vector<std::string> parse_lora_targets(std::string_view text) {
+  if (text == "all") return lora_target_names();
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    const std::size_t comma = std::min(text.find(',', start), text.size());
+    std::string name(text.substr(start, comma - start));
+    std::erase(name, ' ');
+    const auto& known = lora_target_names();
+    if (std::find(known.begin(), known.end(), name) == known.end())
+      throw std::invalid_argument(fmt::format("'{}' is not a projection: expected {} or all",
+                                              name, fmt::join(known, ", ")));
+    if (std::find(out.begin(), out.end(), name) != out.end())
+      throw std::invalid_argument(fmt::format("'{}' is named twice", name));
+    out.push_back(std::move(name));
+    start = comma + 1;
+  }
+  // In storage order, whatever order they were named in (PEFT writes a set).
+  std::vector<std::string> ordered;
+  for (const std::string& name : lora_target_names())
+    if (std::find(out.begin(), out.end(), name) != out.end()) ordered.push_back(name);
+  return ordered;
+}
+
+std::unique_ptr<Layer> make_frozen(std::unique_ptr<Layer> inner) {
+  if (!inner) throw std::invalid_argument("make_frozen: null layer");
+  return std::make_unique<Frozen>(std::move(inner));
+}
+
+std::vector<float> merge_lora(const Model& model, const LoraSpec& lora,
+                              std::span<const float> adapters, std::span<const float> frozen) {
+  if (adapters.size() != model.param_count() || frozen.size() != model.frozen_count())
+    throw std::invalid_argument(fmt::format(
+        "merge_lora: {} adapter and {} base values, the model has {} and {}", adapters.size(),
+        frozen.size(), model.param_count(), model.frozen_count()));
+  std::map<std::string, ParamTensor> base;
+  for (ParamTensor& t : model.frozen_tensors()) base.emplace(t.name, std::move(t));
+  const std::vector<ParamTensor> tensors = model.param_tensors();
+  std::vector<float> merged(frozen.begin(), frozen.end());
+  const float scale = lora.scale();
+  const std::string a_suffix = ".lora_A.weight";
+  for (std::size_t i = 0; i + 1 < tensors.size(); ++i) {
+    const ParamTensor& a = tensors[i];
+    if (!a.name.ends_with(a_suffix)) continue;
+    const std::string module = a.name.substr(0, a.name.size() - a_suffix.size());
+    const ParamTensor& b = tensors[i + 1];
+    const auto w = base.find(module + ".weight");
+    if (b.name != module + ".lora_B.weight" || w == base.end())
+      throw std::logic_error("merge_lora: " + module + " has no B or no base weight");
+    const std::size_t r = std::size_t(a.shape[0]), in = std::size_t(a.shape[1]);
+    const std::size_t out = std::size_t(b.shape[0]);
+    // delta (out, in) = (B A) * s, then W += delta: PEFT's get_delta_weight and merge.
+    for (std::size_t o = 0; o < out; ++o)
+      for (std::size_t c = 0; c < in; ++c) {
+        float ba = 0.0f;
+        for (std::size_t k = 0; k < r; ++k)
+          ba += adapters[b.offset + o * r + k] * adapters[a.offset + k * in + c];
+        merged[w->second.offset + o * in + c] += ba * scale;
+      }
+  }
+  return merged;
+}
+
+namespace detail {
+
+std::vector<ParamTensor> lora_tensors(const std::string& prefix,
+                                      const std::vector<LoraTarget>& targets, int rank) {
+  std::vector<ParamTensor> out;
+  std::size_t offset = 0;
+  for (const LoraTarget& t : targets) {
+    out.push_back({prefix + t.module + ".lora_A.weight", offset, {rank, t.in}});
+    offset += out.back().numel();
+    out.push_back({prefix + t.module + ".lora_B.weight", offset, {t.out, rank}});
+    offset += out.back().numel();
+  }
+  return out;
+}
+
+void init_lora(float* params, const std::vector<LoraTarget>& targets, int rank,
+               std::uint64_t& rng) {
+  for (const LoraTarget& t : targets) {
+    const double bound = 1.0 / std::sqrt(static_cast<double>(t.in));
+    const std::size_t a = std::size_t(rank) * t.in, b = std::size_t(t.out) * rank;
+    for (std::size_t i = 0; i < a; ++i)
+      params[i] = static_cast<float>((2.0 * uniform01(rng) - 1.0) * bound);
+    std::fill(params + a, params + a + b, 0.0f);
+    params += a + b;
+  }
+}
+
+}  // namespace detail
+}  // namespace lockstep

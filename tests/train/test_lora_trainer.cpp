@@ -1,0 +1,122 @@
+// The trainer with LoRA adapters (Note [LoRA], Note [Frozen parameters] in src/model/lora.cpp):
+// N workers x batch B take the steps of 1 worker x batch N*B with identical replicas, ZeRO and
+// accumulation on the adapters alone; the summary's trainable and frozen counts against a full
+// fine-tune; a resume is bit-exact on the same base and refused on another, naming both hashes;
+// the exports (merged, base, PEFT) read back.
+#include <doctest/doctest.h>
+
+#include <unistd.h>
+
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "io/peft.hpp"
+#include "trainer_fixtures.hpp"
+#include "lockstep/lockstep.hpp"
+
+using namespace lockstep;
+
+namespace {
+
+using test::token_stream;
+
+Config lora_config(int devices, int batch) {
+  Config cfg = test::small_llama_config(devices, batch);
+  cfg.model.lora = {.rank = 4, .alpha = 8.0, .targets = "all"};
+  cfg.optimizer.type = OptimizerKind::adamw;
+  cfg.optimizer.lr = 0.01;
+  cfg.trainer.steps = 6;
+  return cfg;
+}
+
+}  // namespace
+
+TEST_CASE("lora: N workers x batch B match 1 worker x batch N*B; ZeRO and accumulation on the adapters") {
+  auto train = std::make_shared<TokenDataset>(token_stream(961, 8, 1));
+  auto eval = std::make_shared<TokenDataset>(token_stream(161, 8, 2));
+  Config many_cfg = lora_config(3, 2), one_cfg = lora_config(1, 12);
+  many_cfg.trainer.zero = 2;
+  many_cfg.trainer.accumulate_steps = 2;
+  many_cfg.optimizer.clip_grad_norm = one_cfg.optimizer.clip_grad_norm = 0.5;
+  Trainer many(many_cfg, train, eval);
+  Trainer one(one_cfg, train, eval);
+  const Summary sm = many.run(), so = one.run();
+  CHECK(sm.replicas_identical);
+  const Model& model = one.model();
+  CHECK(so.parameters == model.param_count());
+  CHECK(test::relative_difference(many.final_parameters(), one.final_parameters()) <= 1e-4);
+  CHECK(sm.eval_loss == doctest::Approx(so.eval_loss).epsilon(1e-4));
+  // The adapters moved: B started at zero.
+  CHECK(one.final_parameters() != model.initial_parameters(one_cfg.trainer.seed));
+  // Only the adapters are trained; the full fine-tune trains every weight of the same model.
+  CHECK(so.training.trainable_parameters == model.param_count());
+  CHECK(so.training.frozen_parameters == model.frozen_count());
+  CHECK(so.training.gradient_bytes_per_step == 4 * model.param_count());
+  CHECK(so.training.optimizer_state_bytes == 8 * model.param_count());  // AdamW: m and v
+  REQUIRE(so.full_finetune);
+  CHECK(so.full_finetune->trainable_parameters == model.frozen_count());
+  CHECK(so.full_finetune->gradient_bytes_per_step == 4 * model.frozen_count());
+  CHECK(so.full_finetune->optimizer_state_bytes == 8 * model.frozen_count());
+  CHECK(so.to_json().find("\"full_finetune\": {\"trainable_parameters\"") != std::string::npos);
+  CHECK(!describe_training_cost(so).empty());
+}
+
+TEST_CASE("lora: a resume is bit-exact on the same base, refused on another naming both hashes") {
+  auto train = std::make_shared<TokenDataset>(token_stream(961, 8, 1));
+  const std::filesystem::path dir = test::fresh_dir(fmt::format("lockstep_lora_resume_{}", getpid()));
+  Config cfg = lora_config(2, 3);
+  cfg.trainer.steps = 6;
+  Trainer full(cfg, train, nullptr);
+  full.run();
+  Config first = cfg;
+  first.trainer.steps = 3;
+  first.trainer.checkpoint.dir = dir.string();
+  Trainer(first, train, nullptr).run();
+  const Checkpoint at3 = *CheckpointManager(dir, 0).load_latest();
+  const Model& model = full.model();
+  const std::vector<float> base = model.initial_frozen(cfg.trainer.seed);
+  CHECK(at3.metadata.at("lockstep.lora_base") == base_hash(base));
+  CHECK(at3.metadata.at("lockstep.lora_base_source") == fmt::format("seed={}", cfg.trainer.seed));
+  CHECK(at3.params.size() == model.param_count());  // the adapters alone
+  Trainer resumed(cfg, train, nullptr);
+  resumed.resume_from(at3);
+  resumed.run();
+  CHECK(resumed.final_parameters() == full.final_parameters());
+
+  std::vector<float> other = base;
+  other[0] += 1.0f;
+  Trainer elsewhere(cfg, train, nullptr);
+  elsewhere.resume_from(at3);
+  elsewhere.init_from({.params = other, .metadata = {}, .file = "other.safetensors"});
+  const std::string both =
+      fmt::format("content hash {}, this run's base has {}", base_hash(base), base_hash(other));
+  CHECK_THROWS_WITH_AS(elsewhere.run(), doctest::Contains(both.c_str()), InputError);
+
+  // Exports: merged (W + s B A), the base alone, and the adapters as PEFT's.
+  const LoraSpec lora = lora_spec(cfg.model);
+  const Model plain = Model::gpt(parse_gpt_spec(at3.metadata.at("lockstep.model")));
+  const std::filesystem::path merged = dir / "merged", base_dir = dir / "base", peft = dir / "peft";
+  export_checkpoint({.checkpoint = dir, .out = merged, .format = "hf"});
+  export_checkpoint({.checkpoint = dir, .out = base_dir, .format = "hf", .base = true});
+  export_checkpoint({.checkpoint = dir, .out = peft, .format = "peft"});
+  CHECK(load_weights(merged, plain.param_tensors()).params ==
+        merge_lora(model, lora, at3.params, base));
+  CHECK(load_weights(base_dir, plain.param_tensors()).params == base);
+  const detail::PeftAdapter adapter = detail::read_peft_adapter(peft, model.param_tensors());
+  CHECK(adapter.adapters == at3.params);
+  CHECK(adapter.lora.rank == 4);
+  CHECK(adapter.lora.alpha == 8.0);
+  CHECK(adapter.lora.targets == lora.targets);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("lora: trainer.recompute full reruns the adapted blocks bit for bit") {
+  auto train = std::make_shared<TokenDataset>(token_stream(961, 8, 1));
+  Config none = lora_config(2, 3), full = none;
+  full.trainer.recompute = Recompute::full;
+  Trainer a(none, train, nullptr), b(full, train, nullptr);
+  a.run();
+  b.run();
+  CHECK(a.final_parameters() == b.final_parameters());
+}
