@@ -166,7 +166,7 @@ void CpuDevice::causal_softmax_backward_of(const P* p, const float* dp, DS* ds, 
 // Row i of matrix (b, h): the keys before i - positions[b][i] (earlier sequences) get -inf.
 void CpuDevice::mask_packed_scores(float* s, const std::int32_t* positions, int batch, int heads,
                                    int T) {
-  for_rows_of_squares(batch * heads, T, [&](std::size_t row, std::size_t i, std::size_t nt) {
+  for_rows_of_causal(batch * heads, T, T, [&](std::size_t row, std::size_t i, std::size_t nt) {
     const std::size_t b = row / nt / static_cast<std::size_t>(heads);
     const std::size_t first = i - static_cast<std::size_t>(positions[b * nt + i]);
     std::fill_n(s + row * nt, first, -INFINITY);
