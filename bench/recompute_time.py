@@ -33,7 +33,7 @@ def step_time(lockstep, data, directory, mode, args):
                  f"trainer.steps={args.steps}", "trainer.devices=1",
                  f"trainer.threads_per_device={args.threads}", "trainer.eval_every=0",
                  "trainer.log_every=1", "schedule.warmup_steps=1", f"trainer.metrics={metrics}",
-                 f"trainer.recompute={mode}"]
+                 "data.eval_fraction=0", f"trainer.recompute={mode}"]
     cmd = [lockstep, "train", str(ROOT / "configs/gpt2_124m.yaml")]
     for o in overrides:
         cmd += ["--set", o]
@@ -46,10 +46,10 @@ def step_time(lockstep, data, directory, mode, args):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lockstep", default=str(ROOT / "build/lockstep"))
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--context", type=int, default=512)
+    ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     times = {m: [] for m in MODES}

@@ -50,9 +50,10 @@
 //   One known difference, selective on CUDA: where cuBLASLt fuses GELU into c_fc's product
 //   (Note [Fused linear]) forward applies its GELU to the fp32 pre-activation, while the
 //   recompute applies lockstep's GELU kernel to the kept fc, so a GPT-2 block's GELU output may
-//   differ from none's in the last bit (bf16) or in cuBLASLt's GELU formula (fp32); the CPU,
-//   the Llama blocks' SwiGLU and LOCKSTEP_CUDA_LINEAR=bias or composed run the same kernel both
-//   times. full has no such case: it reruns the forward itself.
+//   differ from none's in the last bit (bf16) or in cuBLASLt's GELU formula (fp32). The CPU and
+//   the Llama blocks' SwiGLU run the same kernel both times, and so should CUDA with
+//   LOCKSTEP_CUDA_LINEAR=bias or composed (GELU as its own kernel on the kept pre), not yet run
+//   on a GPU. full has no such case: it reruns the forward itself.
 #include <algorithm>
 #include <functional>
 #include <stdexcept>
