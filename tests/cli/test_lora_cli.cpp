@@ -23,7 +23,7 @@ const std::string kLora = "train \"" + std::string(LOCKSTEP_SOURCE_DIR) +
 
 }  // namespace
 
-TEST_CASE("cli: LoRA runs chain through export --base and --format peft; a resume on another base exits 2") {
+TEST_CASE("cli: LoRA runs chain through export --base and --format peft, and a resume on another base exits 2") {
   const lockstep::test::TempDir dir;
   const auto at = [&](const char* name) { return (dir.path() / name).string(); };
   const auto first = run_cli(kLora + "--set trainer.steps=2 --set trainer.checkpoint.dir=" + at("c1"));

@@ -74,7 +74,7 @@ TEST_SUITE("gradcheck") {
     }
   }
 
-  TEST_CASE("lora model through a Replica: the adapters' gradients by finite differences; the base gets none") {
+  TEST_CASE("lora model through a Replica: the adapters' gradients by finite differences, and the base gets none") {
     const Model model = Model::gpt(kLlama, lockstep::AttentionKind::materialized, kAll);
     auto dev = lockstep::make_cpu_device(0, 2);
     const int batch = 2, t = kLlama.context, v = kLlama.vocab_size;
@@ -142,7 +142,7 @@ TEST_SUITE("model") {
     CHECK(a_nonzero);
   }
 
-  TEST_CASE("lora with B = 0 is the base model bit for bit; merged weights give the adapted logits") {
+  TEST_CASE("lora with B = 0 is the base model bit for bit, and merged weights give the adapted logits") {
     const Model full = Model::gpt(kLlama);
     const Model lora = Model::gpt(kLlama, lockstep::AttentionKind::materialized, kAll);
     const auto base = lora.initial_frozen(8);

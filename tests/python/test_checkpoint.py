@@ -112,7 +112,7 @@ def test_export_writes_what_the_cli_writes(tmp_path):
                               "--dtype", "bf16")
     assert code == 0, stderr
     assert (tmp_path / "mine.safetensors").read_bytes() == (tmp_path / "cli.safetensors").read_bytes()
-    with pytest.raises(lockstep.InputError, match="^format: expected torch or hf, got 'onnx'"):
+    with pytest.raises(lockstep.InputError, match="^format: expected torch, hf or peft, got 'onnx'"):
         lockstep.export(weights, tmp_path / "x", format="onnx")
     # Hugging Face's layout, in shards above max_shard_size, as transformers' save_pretrained cuts them.
     lockstep.export(weights, tmp_path / "hf", format="hf", max_shard_size="2KB")

@@ -32,7 +32,7 @@ Config lora_config(int devices, int batch) {
 
 }  // namespace
 
-TEST_CASE("lora: N workers x batch B match 1 worker x batch N*B; ZeRO and accumulation on the adapters") {
+TEST_CASE("lora: N workers x batch B match 1 worker x batch N*B, with ZeRO and accumulation on the adapters") {
   auto train = std::make_shared<TokenDataset>(token_stream(961, 8, 1));
   auto eval = std::make_shared<TokenDataset>(token_stream(161, 8, 2));
   Config many_cfg = lora_config(3, 2), one_cfg = lora_config(1, 12);
