@@ -92,6 +92,9 @@ struct LOCKSTEP_API DataConfig {
   // Text is then tokenised with it at load, and checkpoints record it for `lockstep sample`;
   // model.vocab_size defaults to its size. Empty: text is read one token per byte.
   std::string tokenizer;
+  // How `tokenizer` is read when it is a tiktoken rank file, which does not say: auto (GPT-2's
+  // pattern), gpt2, llama3 or qwen2 (lockstep tokenize's --tokenizer-family).
+  std::string tokenizer_family = "auto";
   int label_column = -1;         // csv: column holding the class; negative counts from the end
   bool header = false;           // csv: skip the first line
   std::string images;            // idx: images file (e.g. train-images-idx3-ubyte)

@@ -306,6 +306,9 @@ void check_data_source(const Config& c, const Origins& origins, Problems& proble
     problems.add(origins.of("data.tokenizer"), "data.tokenizer",
                  fmt::format("a key of tokens and text data, got data.dataset {}",
                              to_string(kind)));
+  if (c.data.tokenizer_family != DataConfig{}.tokenizer_family && c.data.tokenizer.empty())
+    problems.add(origins.of("data.tokenizer_family"), "data.tokenizer_family",
+                 "says how to read data.tokenizer, which is not set");
   if (kind == DatasetKind::chat && c.data.tokenizer.empty())
     problems.add(written_or_dataset("data.tokenizer"), "data.tokenizer",
                  "required when data.dataset is chat: conversations are tokenised with the "

@@ -105,7 +105,9 @@ class Hasher {
       rendering_ += fmt::format("{}={}\n", path, hashed);
   }
 
-  // A decoder part key (model.family and the keys after it) at its default.
+  // A key added after the hash was first defined (the decoder's, LoRA's, the chat data's,
+  // data.tokenizer_family) at its default: left out, so older configs and checkpoints keep
+  // their hash.
   bool at_later_default(const std::string& path, std::string_view hashed) const {
     if (!defaults_) return false;
     const bool later =
@@ -113,15 +115,16 @@ class Hasher {
             ? path.starts_with("model.rope_scaling.") || path.starts_with("model.lora.") ||
                   std::find(std::begin(kDecoderKeys), std::end(kDecoderKeys),
                             std::string_view(path).substr(6)) != std::end(kDecoderKeys)
-            : std::find(std::begin(kChatKeys), std::end(kChatKeys), path) != std::end(kChatKeys);
+            : std::find(std::begin(kLaterDataKeys), std::end(kLaterDataKeys), path) != std::end(kLaterDataKeys);
     const auto it = defaults_->find(path);
     return later && it != defaults_->end() && it->second == hashed;
   }
   static constexpr std::string_view kDecoderKeys[] = {
       "family", "norm", "norm_eps", "positions", "rope_theta", "mlp", "intermediate_size",
       "n_kv_head", "head_dim", "qkv_bias", "proj_bias", "tie_embeddings"};
-  static constexpr std::string_view kChatKeys[] = {"data.template", "data.train_on", "data.pack",
-                                                   "data.skip_bad_records"};
+  static constexpr std::string_view kLaterDataKeys[] = {
+      "data.template", "data.train_on", "data.pack", "data.skip_bad_records",
+      "data.tokenizer_family"};
 
   const std::map<std::string, std::string, std::less<>>* defaults_ = nullptr;
   std::map<std::string, std::string, std::less<>> hashed_;

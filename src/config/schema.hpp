@@ -73,6 +73,7 @@ constexpr Spelling<Recompute> kRecomputeModes[] = {
 constexpr std::string_view kModelTypes[] = {"mlp", "gpt"};
 // The chat templates and roles (chat_template_names() and chat_roles() in lockstep/dataset.hpp).
 constexpr std::string_view kChatTemplates[] = {"chatml", "llama3"};
+constexpr std::string_view kTokenizerFamilies[] = {"auto", "gpt2", "llama3", "qwen2"};
 constexpr std::string_view kChatRoles[] = {"system", "user", "assistant"};
 
 constexpr Spelling<ModelFamily> kModelFamilies[] = {{ModelFamily::gpt2, "gpt2"},
@@ -269,6 +270,9 @@ void visit_schema(Visitor& v, C& c) {
          "tokens, text: a separate eval file instead of the held-out tail");
   v.path("tokenizer", c.data.tokenizer,
          "tokens, text: the BPE tokenizer (lockstep tokenize's); text is tokenised at load");
+  v.choice("tokenizer_family", c.data.tokenizer_family, kTokenizerFamilies,
+           "a tiktoken rank file as data.tokenizer: its family's pattern (tokenize "
+           "--tokenizer-family); auto: GPT-2's, or what a tokenizer.json says");
   v.integer("label_column", c.data.label_column, IntRule{},
             "csv: the column of the class; negative counts from the end");
   v.flag("header", c.data.header, "csv: skip the first line");

@@ -500,9 +500,14 @@ namespace detail {
 Tokenizer load_data_tokenizer(const Config& config, const std::filesystem::path& path) {
   std::optional<Tokenizer> tokenizer;
   try {
-    tokenizer = Tokenizer::load(path);
+    tokenizer = Tokenizer::load(path, parse_tokenizer_family(config.data.tokenizer_family)
+                                          .value_or(TokenizerFamily::automatic));
   } catch (const InputError& e) {
-    throw InputError(fmt::format("data.tokenizer: {}", e.what()));
+    const std::string what = e.what();
+    throw InputError(fmt::format("data.tokenizer: {}{}", what,
+                                 what.find("--tokenizer-family") != std::string::npos
+                                     ? " (in a config: data.tokenizer_family)"
+                                     : ""));
   }
   const int vocab = config.model.vocab_size;
   if (vocab != 0 && tokenizer->vocab_size() > static_cast<std::size_t>(vocab))

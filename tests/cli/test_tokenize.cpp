@@ -155,6 +155,33 @@ TEST_CASE("cli: text trained through data.tokenizer samples as text with the rec
                                  "--tokenizer DIR|FILE") != std::string::npos, gone.output);
 }
 
+TEST_CASE("cli: data.tokenizer_family reads a rank file as Llama 3's in training, and sample reads it back") {
+  const Setup s;
+  const fs::path model = s.dir.write("tokenizer.model",
+                                     lockstep::test::rank_file(lockstep::test::random_vocab(300, 9)));
+  const fs::path ckpt = s.dir.path() / "ckpt";
+  const std::string train = "train \"" LOCKSTEP_SOURCE_DIR "/configs/gpt_tiny.yaml\" --set data.tokenizer=" +
+                            q(model) + " --set model.context=16 --set model.n_layer=1 "
+                            "--set model.d_model=32 --set trainer.steps=2 --set trainer.eval_every=0 "
+                            "--set trainer.checkpoint.dir=" + q(ckpt);
+  // A rank file under a name that does not say its family: refused, naming the key that does.
+  const auto unnamed = run_cli(train);
+  CHECK(unnamed.code == 2);
+  CHECK_MESSAGE(unnamed.output.find("data.tokenizer_family") != std::string::npos, unnamed.output);
+  const auto llama = run_cli(train + " --set data.tokenizer_family=llama3");
+  REQUIRE_MESSAGE(llama.code == 0, llama.output);
+  // The checkpoint records the family, and sample reads its text with it.
+  const auto text = run_cli("sample --checkpoint " + q(ckpt) + " --prompt \"abc de\" --tokens 4 --temperature 0");
+  REQUIRE_MESSAGE(text.code == 0, text.output);
+  CHECK(text.output.starts_with("abc de"));
+  const auto bad = run_cli(train + " --set data.tokenizer_family=llama2");
+  CHECK(bad.code == 2);
+  CHECK_MESSAGE(bad.output.find("data.tokenizer_family") != std::string::npos, bad.output);
+  // The checkpoint's metadata (the safetensors header) names the family.
+  const std::string header = lockstep::test::read_text(ckpt / "step_00000002.safetensors").substr(0, 16384);
+  CHECK_MESSAGE(header.find("\"lockstep.tokenizer.family\":\"llama3\"") != std::string::npos, header);
+}
+
 TEST_CASE("cli tokenize: --eval-out holds about --eval-fraction of the tokens") {
   const Setup s;
   const fs::path train = s.dir.path() / "train.bin", val = s.dir.path() / "val.bin";
