@@ -77,7 +77,9 @@ LOCKSTEP_API int sample_token(std::span<const float> logits, double temperature,
 // starts from a newline (bytes), <|endoftext|> (a tokenizer) or token 0. Every field has a
 // default ({} at least), so that a designated initializer may leave any out.
 struct LOCKSTEP_API SampleRequest {
-  std::filesystem::path checkpoint{};  // a checkpoint directory (its newest) or either file of one
+  // A checkpoint directory (its newest) or either file of one, or a Hugging Face directory
+  // (`export --format hf`'s): its config.json and weights, its tokenizer unless `tokenizer`.
+  std::filesystem::path checkpoint{};
   std::string prompt{};
   SamplingOptions options{};  // its defaults; the CLI's are 200 tokens at temperature 0.8
   BackendKind backend = BackendKind::automatic;  // the model runs on device 0 of it
@@ -92,6 +94,9 @@ struct LOCKSTEP_API SampleRequest {
   std::optional<std::vector<int>> stop_at{};
   // Each token one position through a key/value cache (SamplingOptions::kv_cache).
   bool kv_cache = true;
+  // The prompt's text of the tokenizer's special tokens ("<|im_start|>") encodes as those
+  // tokens, as a chat template renders them (`tokenize --allow-special`); false: as text.
+  bool allow_special = false;
   OptionSpelling spelling = OptionSpelling::field;
   CheckpointManager::Warn warn{};  // what loading the checkpoint warns about (a skipped newer one)
 };

@@ -84,9 +84,10 @@ constexpr CommandHelp kCommandHelp[] = {
 )"},
     {"sample", R"(sample CKPT [--prompt TEXT] [--tokens N] [--temperature T]
          [--top-k K] [--seed S] [--backend auto|cpu|cuda] [--tokenizer DIR|FILE]
-         [--stop-at ID,...|none] [--kv-cache on|off]
+         [--stop-at ID,...|none] [--kv-cache on|off] [--allow-special]
                       continue TEXT with a GPT checkpoint CKPT (model.type gpt;
-                      --checkpoint CKPT says the same): N
+                      --checkpoint CKPT says the same), or a Hugging Face
+                      directory (export --format hf; its own tokenizer): N
                       tokens (200), temperature T (0.8; 0 is greedy), from the K
                       most likely (0: all), seeded by S (0). A text model reads
                       and writes bytes; a model trained with data.tokenizer text,
@@ -96,7 +97,9 @@ constexpr CommandHelp kCommandHelp[] = {
                       eos_token_id from --init-from, else the tokenizer's end
                       token), or at --stop-at's. Each token costs one position
                       through a key/value cache (--kv-cache off: the whole
-                      window per token, the same tokens)
+                      window per token, the same tokens). Special tokens' text
+                      in TEXT is ordinary text unless --allow-special (a prompt
+                      in a chat template: <|im_start|>user...)
 )"},
     {"tokenize", R"(tokenize --tokenizer DIR|FILE --out FILE [--eval-out FILE --eval-fraction F]
            [--format llmc|raw] [--tokenizer-family llama3|qwen2|gpt2]

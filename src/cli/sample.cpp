@@ -49,8 +49,13 @@ bool on_off_flag(const CommandArgs& args, std::string_view flag, bool fallback) 
 }  // namespace
 
 int sample(const std::vector<std::string_view>& argv) {
+  // --allow-special (the prompt's special tokens' text as those tokens) takes no value.
+  std::vector<std::string_view> rest;
+  bool allow_special = false;
+  for (const std::string_view a : argv)
+    (a == "--allow-special" ? allow_special = true : (rest.push_back(a), false));
   const CommandArgs args = parse_command_args(
-      "sample", argv,
+      "sample", rest,
       {"--checkpoint", "--prompt", "--tokens", "--temperature", "--top-k", "--seed", "--backend",
        "--tokenizer", "--stop-at", "--kv-cache"});
   // The checkpoint as export takes it, or by --checkpoint; both must name the same.
@@ -71,6 +76,7 @@ int sample(const std::vector<std::string_view>& argv) {
   request.backend = backend_flag(args);
   if (args.named.contains("--stop-at")) request.stop_at = stop_ids(args.get("--stop-at"));
   request.kv_cache = on_off_flag(args, "--kv-cache", true);
+  request.allow_special = allow_special;
 
   CheckpointSampler sampler(request);
   fmt::print("{}", sampler.prompt_text());

@@ -33,6 +33,11 @@ void check_options(const SamplingOptions& opt, OptionSpelling spelling) {
 
 // The GPT architecture a checkpoint records in its metadata.
 GptSpec checkpoint_gpt_spec(const Checkpoint& ckpt) {
+  if (ckpt.metadata.contains("lockstep.lora_base"))
+    throw InputError(fmt::format("{}: a LoRA checkpoint, which holds its adapters but not their "
+                                 "base: sample the merged model that `lockstep export {} --format "
+                                 "hf --out DIR` writes (sample DIR)",
+                                 ckpt.weights_file.string(), ckpt.weights_file.string()));
   const auto model_it = ckpt.metadata.find("lockstep.model");
   if (model_it == ckpt.metadata.end() || !model_it->second.starts_with("gpt "))
     throw InputError(fmt::format("{}: {}: not a GPT checkpoint (sample needs model.type gpt)",
@@ -96,6 +101,17 @@ std::vector<int> model_stop_tokens(const Checkpoint& ckpt, const GptSpec& spec,
   return ids;
 }
 
+// A Hugging Face directory (`export --format hf`'s, a downloaded model's) as a checkpoint of its
+// weights: config.json gives the architecture and the bos and eos ids (load_weights).
+Checkpoint hf_dir_checkpoint(const std::filesystem::path& dir) {
+  const GptSpec spec = weights_model(dir)->spec;
+  Weights weights = load_weights(dir, Model::gpt(spec).param_tensors());
+  Checkpoint ckpt{.tensors = Model::gpt(spec).param_tensors(), .params = std::move(weights.params),
+                  .metadata = std::move(weights.metadata), .weights_file = weights.file};
+  ckpt.metadata["lockstep.model"] = to_string(spec);
+  return ckpt;
+}
+
 }  // namespace
 
 struct CheckpointSampler::Impl {
@@ -128,14 +144,20 @@ CheckpointSampler::CheckpointSampler(const SampleRequest& request) {
     throw InputError(fmt::format("sample: expected {} CKPT", name("checkpoint")));
   check_options(request.options, request.spelling);
 
-  const Checkpoint ckpt = CheckpointManager::load(request.checkpoint, request.warn);
+  // A Hugging Face directory's tokenizer is its own files unless --tokenizer names another.
+  const bool hf_dir = detail::is_hf_dir(request.checkpoint);
+  const Checkpoint ckpt = hf_dir ? hf_dir_checkpoint(request.checkpoint)
+                                 : CheckpointManager::load(request.checkpoint, request.warn);
   const GptSpec spec = checkpoint_gpt_spec(ckpt);
   impl_ = std::make_unique<Impl>(request.options, spec);
   Impl& s = *impl_;
   check_layout(ckpt, s.model.param_tensors());
   const auto recorded = ckpt.metadata.find("lockstep.tokenizer");
   s.bytes = recorded != ckpt.metadata.end() && recorded->second == "bytes";
-  if (!s.bytes) s.tokenizer = sample_tokenizer(ckpt, spec, request.tokenizer);
+  if (!s.bytes)
+    s.tokenizer = sample_tokenizer(ckpt, spec,
+                                   hf_dir && request.tokenizer.empty() ? request.checkpoint
+                                                                       : request.tokenizer);
 
   s.prompt_text = request.prompt;
   if (s.bytes) {
@@ -147,7 +169,8 @@ CheckpointSampler::CheckpointSampler(const SampleRequest& request) {
     const std::span<const TokenId> prefix = s.tokenizer->sequence_prefix();
     const std::optional<TokenId> eos = s.tokenizer->end_of_text();
     std::vector<TokenId> ids(prefix.begin(), prefix.end());
-    s.tokenizer->encode(request.prompt, ids);
+    if (request.allow_special) s.tokenizer->encode_with_special(request.prompt, ids);
+    else s.tokenizer->encode(request.prompt, ids);
     if (ids.empty() && eos) ids.push_back(*eos);
     for (const TokenId id : ids) s.prompt_tokens.push_back(static_cast<int>(id));
   } else {

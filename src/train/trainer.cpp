@@ -526,6 +526,8 @@ void Trainer::init_from(Weights weights) {
                                    weights.file.string(), differs.first, differs.second,
                                    differs.first, spec_value(mine, differs.first)));
   }
+  // A base's eos ids too: the adapters' run samples and exports the same model's.
+  keep_token_ids(weights.metadata, im.tokenizer_record);
   if (base) {  // a resume keeps its adapters, and needs the base again
     im.base = std::move(weights.params);
     im.base_source = std::filesystem::absolute(weights.file).lexically_normal().string();
@@ -533,7 +535,6 @@ void Trainer::init_from(Weights weights) {
   }
   im.resume.reset();
   im.resume_changes.clear();
-  keep_token_ids(weights.metadata, im.tokenizer_record);
   im.init = std::move(weights.params);
 }
 

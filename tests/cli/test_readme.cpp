@@ -9,9 +9,11 @@
 
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <regex>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "../data/temp_files.hpp"
@@ -60,20 +62,32 @@ std::vector<std::string> marked_blocks(const std::string& readme, std::string_vi
   return blocks;
 }
 
+// `text`, the config `name`, with each (pattern, replacement) of `edits` applied; a config that
+// no longer has them fails the test.
+std::string shortened(const std::string& text, const std::string& name,
+                      std::initializer_list<std::pair<const char*, const char*>> edits) {
+  std::string out = text;
+  for (const auto& [pattern, replacement] : edits)
+    out = std::regex_replace(out, std::regex(pattern), replacement);
+  REQUIRE_MESSAGE(out != text, "configs/" << name << " changed: update the shortening here");
+  return out;
+}
+
 // The shipped configs with the long runs shortened: gpt_tiny trains 12 steps, evaluating and
-// checkpointing every 6. Nothing else changes.
+// checkpointing every 6; sft_lora_tiny 40 steps, evaluating and checking replicas every 20.
+// Nothing else changes.
 void copy_configs(const fs::path& to) {
   fs::create_directories(to);
   for (const fs::directory_entry& e : fs::directory_iterator(kSource / "configs")) {
     std::string text = lockstep::test::read_text(e.path());
-    if (e.path().filename() == "gpt_tiny.yaml") {
-      const std::string shipped = text;
-      text = std::regex_replace(text, std::regex("\n  steps: 600"), "\n  steps: 12");
-      text = std::regex_replace(text, std::regex("eval_every: 200"), "eval_every: 6");
-      text = std::regex_replace(text, std::regex("every_steps: 200"), "every_steps: 6");
-      REQUIRE_MESSAGE(text != shipped, "configs/gpt_tiny.yaml changed: update the shortening here");
-    }
-    std::ofstream(to / e.path().filename()) << text;
+    const std::string name = e.path().filename().string();
+    if (name == "gpt_tiny.yaml")
+      text = shortened(text, name, {{"\n  steps: 600", "\n  steps: 12"},
+                                    {"eval_every: 200", "eval_every: 6"},
+                                    {"every_steps: 200", "every_steps: 6"}});
+    else if (name == "sft_lora_tiny.yaml")
+      text = shortened(text, name, {{"\n  steps: 600", "\n  steps: 40"}, {"every: 200", "every: 20"}});
+    std::ofstream(to / name) << text;
   }
 }
 
@@ -135,19 +149,30 @@ TEST_CASE("README: the Hugging Face Llama story runs verbatim, its directory mad
   if (python.empty()) return;  // skipped, saying why
   const std::vector<std::string> blocks =
       marked_blocks(lockstep::test::read_text(kSource / "README.md"), "```sh", kTransformersMarker);
-  REQUIRE(blocks.size() == 1);
+  REQUIRE(blocks.size() == 2);  // the story, then LoRA on conversations
   const lockstep::test::TempDir root;
   make_root(root.path());
-  const fs::path script = root.write("block.sh", blocks.front());
-  const auto r = lockstep::test::run_command(
-      "cd '" + root.path().string() + "' && PATH='" + fs::path(python).parent_path().string() +
-      "':\"$PATH\" bash -e " + script.string());
-  CHECK_MESSAGE(r.code == 0, r.output);
+  std::string output;
+  for (const std::string& block : blocks) {
+    CAPTURE(block);
+    const fs::path script = root.write("block.sh", block);
+    const auto r = lockstep::test::run_command(
+        "cd '" + root.path().string() + "' && PATH='" + fs::path(python).parent_path().string() +
+        "':\"$PATH\" bash -e " + script.string());
+    REQUIRE_MESSAGE(r.code == 0, r.output);
+    output += r.output;
+  }
   // The model keys came from transformers' config.json, and the export is a Llama directory.
-  CHECK_MESSAGE(r.output.find("model.family llama") != std::string::npos, r.output);
-  CHECK_MESSAGE(r.output.find("model.n_kv_head 2") != std::string::npos, r.output);
+  CHECK_MESSAGE(output.find("model.family llama") != std::string::npos, output);
+  CHECK_MESSAGE(output.find("model.n_kv_head 2") != std::string::npos, output);
   CHECK(lockstep::test::read_text(root.path() / "runs" / "tiny_llama_tuned_hf" / "config.json")
             .find("LlamaForCausalLM") != std::string::npos);
+  // LoRA: only the adapters trained; the merged export and the PEFT adapter are written.
+  CHECK_MESSAGE(output.find("27648 of 428832 parameters trained") != std::string::npos, output);
+  // The base's end of sequence (<|im_end|>) went through the LoRA run into the merged export.
+  CHECK(lockstep::test::read_text(root.path() / "runs" / "chat_lora_hf" / "config.json")
+            .find("\"eos_token_id\": 1026") != std::string::npos);
+  CHECK(fs::exists(root.path() / "runs" / "chat_lora_peft" / "adapter_config.json"));
 }
 
 TEST_CASE("README: the C++ embedding example is tests/cli/readme_example.cpp, and it trains") {
