@@ -37,11 +37,6 @@ namespace lockstep {
 // tokens either way, on both architectures. Decode computes in fp32 from the master parameters,
 // whatever the replica's precision (sampling is not a training step).
 
-void Layer::decode(Device& /*dev*/, const float* /*params*/, const float* /*in*/,
-                   float* /*out*/, const DecodeStep& /*step*/) const {
-  throw std::logic_error(fmt::format("layer '{}' has no cached decode", kind()));
-}
-
 KvCache::KvCache(Device& device, const Model& model) {
   if (model.frozen_count() > 0)  // Layer::decode reads one parameter buffer (Note [LoRA])
     throw std::invalid_argument(

@@ -331,6 +331,13 @@ LayerWorkspace Replica::workspace(std::size_t layer) {
           .frozen = frozen_.size() ? frozen_.data() + model_->frozen_read_offset(layer) : nullptr};
 }
 
+// Layer's key function (its vtable and typeinfo are emitted here, with the rest of Layer's
+// defaults): a layer with no cached decode (Note [KV cache] in src/model/kv_cache.cpp).
+void Layer::decode(Device& /*dev*/, const float* /*params*/, const float* /*in*/,
+                   float* /*out*/, const DecodeStep& /*step*/) const {
+  throw std::logic_error(fmt::format("layer '{}' has no cached decode", kind()));
+}
+
 std::vector<float> Replica::parameters() const { return params_.download(); }
 std::vector<float> Replica::gradients() const { return grads_.download(); }
 
