@@ -56,6 +56,8 @@ class MergeTable {
     }
   }
   std::size_t size() const noexcept { return size_; }
+  // Room for `count` pairs without growing.
+  void reserve(std::size_t count);
   // Every merge, in no particular order.
   std::vector<Merge> merges() const;
 
@@ -72,7 +74,7 @@ class MergeTable {
   std::size_t slot_of(std::uint64_t key) const noexcept {
     return static_cast<std::size_t>((key * 0x9E3779B97F4A7C15ull) >> shift_);
   }
-  void grow();
+  void grow(std::size_t slots = 0);  // to `slots` (a power of two), or twice the size
 
   std::vector<Slot> slots_;  // a power of two, at most half full
   std::size_t size_ = 0;

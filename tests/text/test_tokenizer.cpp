@@ -12,6 +12,7 @@
 #include "lockstep/tokenizer.hpp"
 #include "text/byte_pair.hpp"
 #include "text/tokenizer_impl.hpp"
+#include "text/vocabulary.hpp"
 #include "vocab_files.hpp"
 
 namespace fs = std::filesystem;
@@ -227,6 +228,69 @@ TEST_CASE("tokenizer: a tiktoken rank file is refused with its line for each fla
   }();
   CHECK(error(good.substr(0, line_255)).starts_with(name + ": byte 0xff has no token"));
   CHECK(error("") == name + ": no tokens: an empty tiktoken rank file");
+}
+
+TEST_CASE("tokenizer: a rank file of many pieces loads as read line by line, and its first bad line is named") {
+  // 30,000 ranks (about 330 KB: six of parse_tiktoken's 64 KiB pieces): the 256 bytes, then
+  // every 2- and 3-letter string of a..z (which merge), then unmergeable 4-byte strings.
+  std::vector<std::string> tokens;
+  for (int b = 0; b < 256; ++b) tokens.emplace_back(1, static_cast<char>(b));
+  for (char a = 'a'; a <= 'z'; ++a)
+    for (char b = 'a'; b <= 'z'; ++b) tokens.push_back({a, b});
+  for (char a = 'a'; a <= 'z'; ++a)
+    for (char b = 'a'; b <= 'z'; ++b)
+      for (char c = 'a'; c <= 'z'; ++c) tokens.push_back({a, b, c});
+  for (int i = 0; tokens.size() < 30000; ++i)
+    tokens.push_back({'\x01', static_cast<char>('A' + i % 26), static_cast<char>('A' + i / 26 % 26),
+                      static_cast<char>('0' + i / 676)});
+  std::string text;
+  for (std::size_t id = 0; id < tokens.size(); ++id)
+    text += fmt::format("{} {}\n", lockstep::test::base64(tokens[id]), id);
+  REQUIRE(text.size() > 5 * (std::size_t{1} << 16));
+
+  // Every split into two tokens merges at the token's rank, as the serial rule gives them.
+  const lockstep::detail::Vocabulary v = lockstep::detail::parse_tiktoken(text, "big.tiktoken");
+  REQUIRE(v.tokens.size() == tokens.size() + 1);  // and <|endoftext|>
+  std::size_t expected = 0;
+  for (std::size_t id = 0; id < tokens.size(); ++id)
+    for (std::size_t k = 1; k < tokens[id].size(); ++k) {
+      const auto left = v.by_bytes.find(tokens[id].substr(0, k));
+      const auto right = v.by_bytes.find(tokens[id].substr(k));
+      if (left == v.by_bytes.end() || right == v.by_bytes.end()) continue;
+      ++expected;
+      const lockstep::detail::Merge* m = v.find_merge(left->second, right->second);
+      REQUIRE(m != nullptr);
+      CHECK(m->merged == id);
+      CHECK(m->priority == id);
+    }
+  CHECK(expected == 26 * 26 + 2 * 26 * 26 * 26);
+  CHECK(v.merges.size() == expected);
+
+  // A bad line in a late piece is named by its line in the file; of two, the first.
+  const auto line_start = [&](std::size_t line) {
+    std::size_t at = 0;
+    for (std::size_t i = 1; i < line; ++i) at = text.find('\n', at) + 1;
+    return at;
+  };
+  const auto with_bad = [&](std::size_t line) {
+    std::string t = text;
+    t.replace(line_start(line), text.find('\n', line_start(line)) - line_start(line), "Yg==");
+    return t;
+  };
+  const auto error = [](const std::string& t) {
+    try {
+      lockstep::detail::parse_tiktoken(t, "big.tiktoken");
+    } catch (const lockstep::InputError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  CHECK(error(with_bad(27000)) == "big.tiktoken:27000: expected \"BASE64 RANK\", got \"Yg==\"");
+  std::string two = with_bad(29000);
+  two.replace(line_start(12000), two.find('\n', line_start(12000)) - line_start(12000), "Yw==");
+  CHECK(error(two) == "big.tiktoken:12000: expected \"BASE64 RANK\", got \"Yw==\"");
+  CHECK(error(text.substr(0, text.size() - 1)) ==
+        "big.tiktoken:30000: the last line has no line end: a truncated file?");
 }
 
 TEST_CASE("tokenizer: vocab.json and merges.txt are refused with their line for each flaw") {
