@@ -5,6 +5,10 @@
 //   tbb::parallel_for(range, [&](auto r) { fork_join.task_begins(); ...; fork_join.task_ends(); });
 //   fork_join.joined();       // after it: what the tasks wrote is visible to the caller
 //
+// A oneTBB pipeline's stages hand an item from task to task: the stage that made it calls
+// release(item) when done, the next acquire(item) before it reads; and the calls of a serial
+// stage, on whichever threads, are ordered by acquire and release of an object of that stage.
+//
 // Note [TSan and oneTBB]
 // ~~~~~~~~~~~~~~~~~~~~~~
 // Debian's oneTBB is not built with TSan, so TSan sees neither how a parallel loop hands its
@@ -40,6 +44,8 @@ class TsanForkJoin {
   void task_begins() { __tsan_acquire(&fork_); }
   void task_ends() { __tsan_release(&join_); }
   void joined() { __tsan_acquire(&join_); }
+  void release(void* item) { __tsan_release(item); }
+  void acquire(void* item) { __tsan_acquire(item); }
   TsanForkJoin(const TsanForkJoin&) = delete;
   TsanForkJoin& operator=(const TsanForkJoin&) = delete;
 
@@ -52,6 +58,8 @@ class TsanForkJoin {
   void task_begins() {}
   void task_ends() {}
   void joined() {}
+  void release(void*) {}
+  void acquire(void*) {}
 };
 #endif
 

@@ -33,11 +33,15 @@
 //
 // Memory. The reader collects parts into a batch of about kBatchBytes (4 MiB) of text, oneTBB
 // tokenizes the batch's parts in parallel, and the writer appends their ids to the outputs'
-// temp files before the next batch is read. Held at once: one batch of text and its ids (at
-// most 4 bytes of ids per byte of text; 4 on average for English), each thread's pre-token
+// temp files.
+// Overlap. The three run as a oneTBB pipeline with kLiveBatches (2) batches in flight: the next
+// batch is read, and the last one written, while one is encoded, so the cores are not idle
+// while one thread reads or writes; the order of the outputs is the batches' (the reader's and
+// the writer's stages are serial and in order). Held at once: two batches of text and their
+// ids (at most 4 bytes of ids per byte of text; about 1 for English), each thread's pre-token
 // cache (at most 65,536 pieces, a few MB) and output buffer, and whatever one part holds beyond
 // kPartBytes: the longest stretch of a document with no safe cut, or the longest JSON line.
-// So about 25 MiB plus those stretches.
+// So about 30 MiB plus those stretches.
 //
 // Forced cuts. A stretch with no safe cut is at most kMaxStretchBytes (1 MiB): past that the
 // document is cut at 1 MiB (at the first byte of the character there) and the two sides are
@@ -55,12 +59,14 @@
 
 #include <fmt/format.h>
 #include <tbb/parallel_for.h>
+#include <tbb/parallel_pipeline.h>
 #include <tbb/task_arena.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <system_error>
 
@@ -116,6 +122,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using detail::kBatchBytes;
+using detail::kLiveBatches;
 using detail::kPartBytes;
 
 // llm.c's .bin header (as src/data/tokens.cpp reads it): 256 int32, then the tokens.
@@ -467,37 +474,72 @@ TokenizeCounts tokenize_files(const Tokenizer& tokenizer, const TokenizeOptions&
   counts.token_bytes = token_bytes;
   std::uint64_t finished_bytes = 0, finished_documents = 0;
   const std::vector<TokenId> document_start = tokenizer.document_start();
-  std::vector<Unit> batch;
-  std::vector<UnitIds> ids;
   std::size_t next_input = 0;
   std::optional<InputReader> reader;
-  while (true) {
-    batch.clear();
+
+  // A batch on its way through the pipeline, with what had been read when it was.
+  struct Batch {
+    std::vector<Unit> units;
+    std::vector<UnitIds> ids;
+    std::uint64_t bytes_read = 0, documents_read = 0;
+  };
+  // Note [Tokenizing files], "Overlap": read, encode (in parallel), write, kLiveBatches batches
+  // in flight, so that reading the next batch and writing the last overlap the encoding.
+  detail::TsanForkJoin fork_join;  // Note [TSan and oneTBB]
+  char read_order = 0, write_order = 0;
+  const auto read = [&](tbb::flow_control& control) -> std::shared_ptr<Batch> {
+    fork_join.task_begins();
+    fork_join.acquire(&read_order);
+    auto batch = std::make_shared<Batch>();
     std::size_t bytes = 0;
     while (bytes < kBatchBytes && (reader || next_input < o.inputs.size())) {
       if (!reader) {
         reader.emplace(o.inputs[next_input], next_input, o.stop, tokenizer.impl().pipeline.cut);
         ++next_input;
       }
-      if (!reader->fill(batch, bytes)) {
+      if (!reader->fill(batch->units, bytes)) {
         finished_bytes += reader->bytes_read();
         finished_documents += reader->documents();
         reader.reset();
       }
     }
-    if (batch.empty()) break;
+    batch->bytes_read = finished_bytes + (reader ? reader->bytes_read() : 0);
+    batch->documents_read = finished_documents + (reader ? reader->documents() : 0);
+    fork_join.release(&read_order);
+    fork_join.release(batch.get());
+    fork_join.task_ends();
+    if (batch->units.empty()) {
+      control.stop();
+      return nullptr;
+    }
     if (o.stop && o.stop->load()) throw Interrupted();
-
-    ids.assign(batch.size(), {});
-    detail::TsanForkJoin fork_join;  // Note [TSan and oneTBB]
-    tbb::parallel_for(std::size_t{0}, batch.size(), [&](std::size_t i) {
-      fork_join.task_begins();
-      ids[i] = encode_unit(tokenizer, batch[i], names[batch[i].input], document_start,
-                           o.allow_special);
-      fork_join.task_ends();
+    return batch;
+  };
+  const auto encode = [&](std::shared_ptr<Batch> batch) {
+    fork_join.task_begins();
+    fork_join.acquire(batch.get());
+    if (o.stop && o.stop->load()) throw Interrupted();
+    batch->ids.assign(batch->units.size(), {});
+    detail::TsanForkJoin units_fork_join;
+    tbb::parallel_for(std::size_t{0}, batch->units.size(), [&](std::size_t i) {
+      units_fork_join.task_begins();
+      const Unit& unit = batch->units[i];
+      batch->ids[i] =
+          encode_unit(tokenizer, unit, names[unit.input], document_start, o.allow_special);
+      units_fork_join.task_ends();
     });
-    fork_join.joined();
-    for (UnitIds& unit : ids) {
+    units_fork_join.joined();
+    fork_join.release(batch.get());
+    fork_join.task_ends();
+    return batch;
+  };
+  const auto write = [&](std::shared_ptr<Batch> batch) {
+    fork_join.task_begins();
+    fork_join.acquire(&write_order);
+    fork_join.acquire(batch.get());
+    // A stop writes no batch after it: those in flight were read before it was seen.
+    if (o.stop && o.stop->load()) throw Interrupted();
+    for (UnitIds& unit : batch->ids) {
       if (!unit.error.empty()) throw InputError(unit.error);
       for (const std::vector<TokenId>& part : unit.parts) {
         // The eval file when that brings its share closer to the fraction: e + u/2 < f (T + u).
@@ -511,13 +553,24 @@ TokenizeCounts tokenize_files(const Tokenizer& tokenizer, const TokenizeOptions&
     }
     if (o.on_progress) {
       TokenizeProgress p;
-      p.bytes = finished_bytes + (reader ? reader->bytes_read() : 0);
-      p.documents = finished_documents + (reader ? reader->documents() : 0);
+      p.bytes = batch->bytes_read;
+      p.documents = batch->documents_read;
       p.tokens = train.count() + (eval ? eval->count() : 0);
       p.elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       o.on_progress(p);
     }
-  }
+    batch.reset();  // freed here, in the stage's order (the release below covers the free)
+    fork_join.release(&write_order);
+    fork_join.task_ends();
+  };
+  tbb::parallel_pipeline(
+      kLiveBatches,
+      tbb::make_filter<void, std::shared_ptr<Batch>>(tbb::filter_mode::serial_in_order, read) &
+          tbb::make_filter<std::shared_ptr<Batch>, std::shared_ptr<Batch>>(
+              tbb::filter_mode::parallel, encode) &
+          tbb::make_filter<std::shared_ptr<Batch>, void>(tbb::filter_mode::serial_in_order,
+                                                         write));
+  fork_join.joined();
   if (eval) {
     // Note [Tokenizing files]: the stream's tail makes up a share that whole parts missed.
     const std::uint64_t total = train.count() + eval->count();
