@@ -5,9 +5,14 @@
 //   tbb::parallel_for(range, [&](auto r) { fork_join.task_begins(); ...; fork_join.task_ends(); });
 //   fork_join.joined();       // after it: what the tasks wrote is visible to the caller
 //
-// A oneTBB pipeline's stages hand an item from task to task: the stage that made it calls
-// release(item) when done, the next acquire(item) before it reads; and the calls of a serial
-// stage, on whichever threads, are ordered by acquire and release of an object of that stage.
+// A task reads the loop's closure (its captures, made on the caller's stack) before it can call
+// task_begins(), and when oneTBB's workers are already running (a loop right after another)
+// nothing TSan sees orders the two. A loop that can follow another therefore names a static
+// object of its call site, which a task reaches without reading the closure:
+//   static char site;
+//   const auto task = [&](std::size_t i) { tsan_acquire(&site); fork_join.task_begins(); ...
+//   tsan_release(&site);  // after the closure is made
+//   tbb::parallel_for(std::size_t{0}, n, task);
 //
 // Note [TSan and oneTBB]
 // ~~~~~~~~~~~~~~~~~~~~~~
@@ -44,22 +49,22 @@ class TsanForkJoin {
   void task_begins() { __tsan_acquire(&fork_); }
   void task_ends() { __tsan_release(&join_); }
   void joined() { __tsan_acquire(&join_); }
-  void release(void* item) { __tsan_release(item); }
-  void acquire(void* item) { __tsan_acquire(item); }
   TsanForkJoin(const TsanForkJoin&) = delete;
   TsanForkJoin& operator=(const TsanForkJoin&) = delete;
 
  private:
   char fork_ = 0, join_ = 0;
 };
+inline void tsan_release(void* site) { __tsan_release(site); }
+inline void tsan_acquire(void* site) { __tsan_acquire(site); }
 #else
+inline void tsan_release(void*) {}
+inline void tsan_acquire(void*) {}
 class TsanForkJoin {
  public:
   void task_begins() {}
   void task_ends() {}
   void joined() {}
-  void release(void*) {}
-  void acquire(void*) {}
 };
 #endif
 

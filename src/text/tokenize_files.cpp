@@ -34,14 +34,13 @@
 // Memory. The reader collects parts into a batch of about kBatchBytes (4 MiB) of text, oneTBB
 // tokenizes the batch's parts in parallel, and the writer appends their ids to the outputs'
 // temp files.
-// Overlap. The three run as a oneTBB pipeline with kLiveBatches (2) batches in flight: the next
-// batch is read, and the last one written, while one is encoded, so the cores are not idle
-// while one thread reads or writes; the order of the outputs is the batches' (the reader's and
-// the writer's stages are serial and in order). Held at once: two batches of text and their
-// ids (at most 4 bytes of ids per byte of text; about 1 for English), each thread's pre-token
-// cache (at most 65,536 pieces, a few MB) and output buffer, and whatever one part holds beyond
-// kPartBytes: the longest stretch of a document with no safe cut, or the longest JSON line.
-// So about 30 MiB plus those stretches.
+// Overlap. A thread of its own reads the next batch (kBatchesAhead, 1) while the caller's
+// thread encodes one with oneTBB and writes it, so the cores are not idle while the next files
+// are read; the outputs are written in the batches' order, on one thread. Held at once: two
+// batches of text and one batch's ids (at most 4 bytes of ids per byte of text; about 1 for
+// English), each thread's pre-token cache (at most 65,536 pieces, a few MB) and output buffer,
+// and whatever one part holds beyond kPartBytes: the longest stretch of a document with no
+// safe cut, or the longest JSON line. So about 30 MiB plus those stretches.
 //
 // Forced cuts. A stretch with no safe cut is at most kMaxStretchBytes (1 MiB): past that the
 // document is cut at 1 MiB (at the first byte of the character there) and the two sides are
@@ -55,18 +54,24 @@
 #include "text/tokenize_files.hpp"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
 #include <tbb/parallel_for.h>
-#include <tbb/parallel_pipeline.h>
 #include <tbb/task_arena.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <functional>
 #include <limits>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <optional>
 #include <system_error>
 
@@ -122,7 +127,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using detail::kBatchBytes;
-using detail::kLiveBatches;
+using detail::kBatchesAhead;
 using detail::kPartBytes;
 
 // llm.c's .bin header (as src/data/tokens.cpp reads it): 256 int32, then the tokens.
@@ -148,7 +153,9 @@ struct UnitIds {
 // Reads one input's bytes: a file, or standard input.
 class ByteSource {
  public:
-  ByteSource(const fs::path& path, const std::atomic<bool>* stop) : path_(path), stop_(stop) {
+  // stop: the caller's (a signal's); cancel: the prefetcher's, when nobody waits any more.
+  ByteSource(const fs::path& path, const std::atomic<bool>* stop, const std::atomic<bool>* cancel)
+      : path_(path), stop_(stop), cancel_(cancel) {
     if (path == "-") {
       fd_ = STDIN_FILENO;
     } else {
@@ -168,7 +175,12 @@ class ByteSource {
     const std::size_t before = out.size();
     out.resize(before + size);
     while (true) {
-      if (stop_ && stop_->load()) throw Interrupted();
+      if ((stop_ && stop_->load()) || (cancel_ && cancel_->load())) throw Interrupted();
+      // Waits in slices of 100 ms while standard input or a FIFO has nothing to give, so that
+      // a stop is seen here even when the signal was handled on another thread.
+      ::pollfd ready{fd_, POLLIN, 0};
+      const int polled = ::poll(&ready, 1, 100);
+      if (polled == 0 || (polled < 0 && errno == EINTR)) continue;
       const ::ssize_t n = ::read(fd_, out.data() + before, size);
       if (n < 0 && errno == EINTR) continue;  // a signal: look at stop again
       if (n < 0)
@@ -185,6 +197,7 @@ class ByteSource {
  private:
   fs::path path_;
   const std::atomic<bool>* stop_;
+  const std::atomic<bool>* cancel_;
   int fd_ = -1;
   bool owned_ = false;
   std::uint64_t bytes_ = 0;
@@ -209,8 +222,8 @@ std::vector<std::string_view> cut_parts(std::string_view text, detail::CutRule r
 class InputReader {
  public:
   InputReader(const fs::path& path, std::size_t index, const std::atomic<bool>* stop,
-              detail::CutRule rule)
-      : source_(path, stop), index_(index), jsonl_(path.extension() == ".jsonl"), rule_(rule) {}
+              const std::atomic<bool>* cancel, detail::CutRule rule)
+      : source_(path, stop, cancel), index_(index), jsonl_(path.extension() == ".jsonl"), rule_(rule) {}
 
   // Appends units to `batch` until it holds about kBatchBytes of text (counted in `bytes`);
   // false once this input is exhausted.
@@ -421,6 +434,83 @@ class TokenFileOut {
   std::uint64_t count_ = 0;
 };
 
+// A batch of units, with what had been read when it was.
+struct Batch {
+  std::vector<Unit> units;
+  std::uint64_t bytes_read = 0, documents_read = 0;
+};
+
+// Note [Tokenizing files], "Overlap": a thread of its own calls `read` for the next batches, up
+// to kBatchesAhead ahead of the one the caller takes, so that reading overlaps encoding. What
+// `read` throws reaches the caller after the batches read before it, as if read in line.
+// Destroying it (at the end, or while an exception leaves the caller) stops and joins the
+// thread: a read waiting on standard input sees the cancel within 100 ms.
+class Prefetcher {
+ public:
+  using Read = std::function<std::optional<Batch>()>;  // the next batch, or nullopt at the end
+  // cancel: set when it is destroyed, for `read` to stop at (ByteSource's reads do).
+  Prefetcher(std::atomic<bool>& cancel, Read read)
+      : cancel_(cancel), read_(std::move(read)), thread_([this] { run(); }) {}
+  ~Prefetcher() {
+    cancel_.store(true);
+    {
+      const std::lock_guard lock(mutex_);
+      cancelled_ = true;
+    }
+    changed_.notify_all();
+    thread_.join();
+  }
+  Prefetcher(const Prefetcher&) = delete;
+  Prefetcher& operator=(const Prefetcher&) = delete;
+
+  // The next batch, nullopt after the last, or what the reader threw.
+  std::optional<Batch> next() {
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [this] { return !ready_.empty() || done_; });
+    if (!ready_.empty()) {
+      Batch batch = std::move(ready_.front());
+      ready_.pop_front();
+      changed_.notify_all();
+      return batch;
+    }
+    if (error_) std::rethrow_exception(error_);
+    return std::nullopt;
+  }
+
+ private:
+  void run() {
+    try {
+      while (true) {
+        {
+          std::unique_lock lock(mutex_);
+          changed_.wait(lock, [this] { return ready_.size() < kBatchesAhead || cancelled_; });
+          if (cancelled_) return;
+        }
+        std::optional<Batch> batch = read_();
+        const std::lock_guard lock(mutex_);
+        if (!batch) done_ = true;
+        else ready_.push_back(std::move(*batch));
+        changed_.notify_all();
+        if (done_) return;
+      }
+    } catch (...) {
+      const std::lock_guard lock(mutex_);
+      error_ = std::current_exception();
+      done_ = true;
+      changed_.notify_all();
+    }
+  }
+
+  std::atomic<bool>& cancel_;
+  Read read_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<Batch> ready_;
+  bool done_ = false, cancelled_ = false;
+  std::exception_ptr error_;
+  std::thread thread_;  // last: it starts once the rest is made
+};
+
 void check_options(const Tokenizer& tokenizer, const TokenizeOptions& o, int token_bytes) {
   if (o.inputs.empty()) throw InputError("tokenize: expected at least one INPUT");
   if (o.out.empty()) throw InputError("tokenize: expected --out FILE");
@@ -472,105 +562,72 @@ TokenizeCounts tokenize_files(const Tokenizer& tokenizer, const TokenizeOptions&
 
   TokenizeCounts counts;
   counts.token_bytes = token_bytes;
-  std::uint64_t finished_bytes = 0, finished_documents = 0;
   const std::vector<TokenId> document_start = tokenizer.document_start();
-  std::size_t next_input = 0;
-  std::optional<InputReader> reader;
-
-  // A batch on its way through the pipeline, with what had been read when it was.
-  struct Batch {
-    std::vector<Unit> units;
-    std::vector<UnitIds> ids;
-    std::uint64_t bytes_read = 0, documents_read = 0;
-  };
-  // Note [Tokenizing files], "Overlap": read, encode (in parallel), write, kLiveBatches batches
-  // in flight, so that reading the next batch and writing the last overlap the encoding.
-  detail::TsanForkJoin fork_join;  // Note [TSan and oneTBB]
-  char read_order = 0, write_order = 0;
-  const auto read = [&](tbb::flow_control& control) -> std::shared_ptr<Batch> {
-    fork_join.task_begins();
-    fork_join.acquire(&read_order);
-    auto batch = std::make_shared<Batch>();
-    std::size_t bytes = 0;
-    while (bytes < kBatchBytes && (reader || next_input < o.inputs.size())) {
-      if (!reader) {
-        reader.emplace(o.inputs[next_input], next_input, o.stop, tokenizer.impl().pipeline.cut);
-        ++next_input;
+  // The reader's, read on its thread and here once it has joined.
+  std::uint64_t finished_bytes = 0, finished_documents = 0;
+  {
+    std::size_t next_input = 0;
+    std::optional<InputReader> reader;
+    std::atomic<bool> cancel{false};
+    Prefetcher prefetcher(cancel, [&]() -> std::optional<Batch> {
+      Batch batch;
+      std::size_t bytes = 0;
+      while (bytes < kBatchBytes && (reader || next_input < o.inputs.size())) {
+        if (!reader) {
+          reader.emplace(o.inputs[next_input], next_input, o.stop, &cancel,
+                         tokenizer.impl().pipeline.cut);
+          ++next_input;
+        }
+        if (!reader->fill(batch.units, bytes)) {
+          finished_bytes += reader->bytes_read();
+          finished_documents += reader->documents();
+          reader.reset();
+        }
       }
-      if (!reader->fill(batch->units, bytes)) {
-        finished_bytes += reader->bytes_read();
-        finished_documents += reader->documents();
-        reader.reset();
-      }
-    }
-    batch->bytes_read = finished_bytes + (reader ? reader->bytes_read() : 0);
-    batch->documents_read = finished_documents + (reader ? reader->documents() : 0);
-    fork_join.release(&read_order);
-    fork_join.release(batch.get());
-    fork_join.task_ends();
-    if (batch->units.empty()) {
-      control.stop();
-      return nullptr;
-    }
-    if (o.stop && o.stop->load()) throw Interrupted();
-    return batch;
-  };
-  const auto encode = [&](std::shared_ptr<Batch> batch) {
-    fork_join.task_begins();
-    fork_join.acquire(batch.get());
-    if (o.stop && o.stop->load()) throw Interrupted();
-    batch->ids.assign(batch->units.size(), {});
-    detail::TsanForkJoin units_fork_join;
-    tbb::parallel_for(std::size_t{0}, batch->units.size(), [&](std::size_t i) {
-      units_fork_join.task_begins();
-      const Unit& unit = batch->units[i];
-      batch->ids[i] =
-          encode_unit(tokenizer, unit, names[unit.input], document_start, o.allow_special);
-      units_fork_join.task_ends();
+      if (batch.units.empty()) return std::nullopt;
+      batch.bytes_read = finished_bytes + (reader ? reader->bytes_read() : 0);
+      batch.documents_read = finished_documents + (reader ? reader->documents() : 0);
+      return batch;
     });
-    units_fork_join.joined();
-    fork_join.release(batch.get());
-    fork_join.task_ends();
-    return batch;
-  };
-  const auto write = [&](std::shared_ptr<Batch> batch) {
-    fork_join.task_begins();
-    fork_join.acquire(&write_order);
-    fork_join.acquire(batch.get());
-    // A stop writes no batch after it: those in flight were read before it was seen.
-    if (o.stop && o.stop->load()) throw Interrupted();
-    for (UnitIds& unit : batch->ids) {
-      if (!unit.error.empty()) throw InputError(unit.error);
-      for (const std::vector<TokenId>& part : unit.parts) {
-        // The eval file when that brings its share closer to the fraction: e + u/2 < f (T + u).
-        const auto total =
-            static_cast<double>(train.count() + (eval ? eval->count() : 0) + part.size());
-        const bool to_eval =
-            eval && static_cast<double>(eval->count()) + 0.5 * static_cast<double>(part.size()) <
-                        o.eval_fraction * total;
-        (to_eval ? *eval : train).append(part);
+    std::vector<UnitIds> ids;
+    while (std::optional<Batch> batch = prefetcher.next()) {
+      if (o.stop && o.stop->load()) throw Interrupted();
+      ids.assign(batch->units.size(), {});
+      detail::TsanForkJoin fork_join;
+      static char site;  // Note [TSan and oneTBB]: a loop that may follow another
+      const auto task = [&](std::size_t i) {
+        detail::tsan_acquire(&site);
+        fork_join.task_begins();
+        const Unit& unit = batch->units[i];
+        ids[i] = encode_unit(tokenizer, unit, names[unit.input], document_start, o.allow_special);
+        fork_join.task_ends();
+      };
+      detail::tsan_release(&site);
+      tbb::parallel_for(std::size_t{0}, batch->units.size(), task);
+      fork_join.joined();
+      for (UnitIds& unit : ids) {
+        if (!unit.error.empty()) throw InputError(unit.error);
+        for (const std::vector<TokenId>& part : unit.parts) {
+          // The eval file when that brings its share closer to the fraction: e + u/2 < f (T + u).
+          const auto total =
+              static_cast<double>(train.count() + (eval ? eval->count() : 0) + part.size());
+          const bool to_eval =
+              eval && static_cast<double>(eval->count()) + 0.5 * static_cast<double>(part.size()) <
+                          o.eval_fraction * total;
+          (to_eval ? *eval : train).append(part);
+        }
+      }
+      if (o.on_progress) {
+        TokenizeProgress p;
+        p.bytes = batch->bytes_read;
+        p.documents = batch->documents_read;
+        p.tokens = train.count() + (eval ? eval->count() : 0);
+        p.elapsed_s =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        o.on_progress(p);
       }
     }
-    if (o.on_progress) {
-      TokenizeProgress p;
-      p.bytes = batch->bytes_read;
-      p.documents = batch->documents_read;
-      p.tokens = train.count() + (eval ? eval->count() : 0);
-      p.elapsed_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      o.on_progress(p);
-    }
-    batch.reset();  // freed here, in the stage's order (the release below covers the free)
-    fork_join.release(&write_order);
-    fork_join.task_ends();
-  };
-  tbb::parallel_pipeline(
-      kLiveBatches,
-      tbb::make_filter<void, std::shared_ptr<Batch>>(tbb::filter_mode::serial_in_order, read) &
-          tbb::make_filter<std::shared_ptr<Batch>, std::shared_ptr<Batch>>(
-              tbb::filter_mode::parallel, encode) &
-          tbb::make_filter<std::shared_ptr<Batch>, void>(tbb::filter_mode::serial_in_order,
-                                                         write));
-  fork_join.joined();
+  }  // the reader's thread has joined
   if (eval) {
     // Note [Tokenizing files]: the stream's tail makes up a share that whole parts missed.
     const std::uint64_t total = train.count() + eval->count();

@@ -12,8 +12,8 @@ namespace lockstep::detail {
 inline constexpr std::size_t kPartBytes = 16u << 10;
 // Text tokenized at once, in parallel; the memory bound is a few times this.
 inline constexpr std::size_t kBatchBytes = 4u << 20;
-// Batches in flight at once: one read or written while one is encoded.
-inline constexpr std::size_t kLiveBatches = 2;
+// Batches read ahead of the one being encoded (Note [Tokenizing files], "Overlap").
+inline constexpr std::size_t kBatchesAhead = 1;
 // The longest stretch of a document without a cut (Note [Tokenizing files], "Forced cuts").
 inline constexpr std::size_t kMaxStretchBytes = 1u << 20;
 

@@ -220,11 +220,15 @@ template <class Result, class Body>
 std::vector<Result> in_blocks(std::size_t count, std::size_t block, Body body) {
   std::vector<Result> results((count + block - 1) / block);
   detail::TsanForkJoin fork_join;  // Note [TSan and oneTBB]
-  tbb::parallel_for(std::size_t{0}, results.size(), [&](std::size_t b) {
+  static char site;                // a loop that may follow another
+  const auto task = [&](std::size_t b) {
+    detail::tsan_acquire(&site);
     fork_join.task_begins();
     results[b] = body(b * block, std::min(count, (b + 1) * block));
     fork_join.task_ends();
-  });
+  };
+  detail::tsan_release(&site);
+  tbb::parallel_for(std::size_t{0}, results.size(), task);
   fork_join.joined();
   return results;
 }
