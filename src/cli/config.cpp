@@ -1,7 +1,6 @@
 // `lockstep config --print`: the resolved config as YAML; the config keys that `lockstep train
 // --help` lists, and docs/config.md (`config --schema --markdown`). All come from the schema the parser reads (visit_schema() in
 // src/config/schema.hpp), so neither can drift from it.
-#include <algorithm>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -44,9 +43,11 @@ void print_schema_markdown() {
       fmt::print("\n## {}\n\n| key | type | default | meaning |\n|---|---|---|---|\n", section);
     }
     const bool unset = key.default_value == "null" || key.default_value == "\"\"";
-    // The schema's further lines (what `train --help` leaves out) continue the cell.
+    // The schema's further lines (what `train --help` leaves out) continue the cell, as
+    // sentences after the first line's.
     std::string meaning = key.description;
-    std::replace(meaning.begin(), meaning.end(), '\n', ' ');
+    if (const std::size_t n = meaning.find('\n'); n != std::string::npos)
+      meaning.replace(n, 1, ". ");
     fmt::print("| `{}` | {} | {} | {} |\n", key.key, cell(key.type),
                unset ? std::string("unset") : fmt::format("`{}`", cell(key.default_value)),
                cell(meaning));

@@ -321,7 +321,7 @@ void visit_schema(Visitor& v, C& c) {
          "standardise features with the train split's statistics (not tokens and text)");
   v.integer("prefetch", c.data.prefetch, IntRule{.min = 0},
             "batches each worker's loader thread assembles ahead; 0: no loader thread"
-            "\n0: no loader thread, the worker assembles each batch when it needs it (the CPU "
+            "\nWithout one, the worker assembles each batch when it needs it (the CPU "
             "backend does so anyway when its compute threads take every core: the summary's "
             "\"loader inline\").");
   v.choice("template", c.data.chat_template, kChatTemplates,

@@ -120,10 +120,13 @@ void copy_configs(const fs::path& to) {
   }
 }
 
-// A scratch copy of the repository root: configs/ (shortened), third_party/ (linked) and
-// build/lockstep (a link to the binary under test).
+// A scratch copy of the repository root: configs/ (shortened), third_party/ (linked),
+// build/lockstep (a link to the binary under test), and my_text.txt, the user's own text that
+// the README fine-tunes on (a copy of the shipped notes on third-party files: prose the models
+// were not trained on).
 void make_root(const fs::path& root) {
   copy_configs(root / "configs");
+  fs::copy_file(kSource / "third_party" / "README.md", root / "my_text.txt");
   fs::create_directory_symlink(kSource / "third_party", root / "third_party");
   fs::create_directories(root / "build");
   fs::create_symlink(fs::absolute(LOCKSTEP_CLI_PATH), root / "build" / "lockstep");
