@@ -10,6 +10,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <initializer_list>
@@ -132,6 +133,31 @@ void make_root(const fs::path& root) {
   fs::create_symlink(fs::absolute(LOCKSTEP_CLI_PATH), root / "build" / "lockstep");
 }
 
+
+// GitHub's anchor of a heading: lower case, letters, digits, '-' and '_' kept, spaces as '-'.
+std::string anchor_of(std::string_view heading) {
+  std::string out;
+  for (const char c : heading) {
+    const auto u = static_cast<unsigned char>(c);
+    if (std::isalnum(u) || c == '-' || c == '_') out += static_cast<char>(std::tolower(u));
+    else if (c == ' ') out += '-';
+  }
+  return out;
+}
+
+// The anchors of a Markdown file's headings, outside code blocks.
+std::vector<std::string> anchors_of(const std::string& text) {
+  std::vector<std::string> anchors;
+  std::istringstream in(text);
+  std::string line;
+  bool code = false;
+  while (std::getline(in, line)) {
+    if (line.starts_with("```")) code = !code;
+    else if (!code && line.starts_with("#"))
+      anchors.push_back(anchor_of(line.substr(line.find_first_not_of("# "))));
+  }
+  return anchors;
+}
 }  // namespace
 
 TEST_CASE("README: the marked command blocks run verbatim from the repository root") {
@@ -227,4 +253,42 @@ TEST_CASE("README: the C++ embedding example is tests/cli/readme_example.cpp, an
   const std::regex summary("eval accuracy ([0-9.]+), replicas identical: 1\n");
   REQUIRE_MESSAGE(std::regex_search(r.output, m, summary), r.output);
   CHECK(std::stod(m[1]) > 0.85);
+}
+
+TEST_CASE("README and docs: every relative link names a file, and its anchor a heading there") {
+  std::vector<fs::path> files = {kSource / "README.md"};
+  for (const fs::directory_entry& e : fs::directory_iterator(kSource / "docs"))
+    if (e.path().extension() == ".md") files.push_back(e.path());
+  const std::regex link(R"(\]\(([^)\s]+)\))");
+  int checked = 0;
+  for (const fs::path& file : files) {
+    const std::string text = lockstep::test::read_text(file);
+    // Links outside code blocks.
+    std::string prose;
+    bool code = false;
+    std::istringstream in(text);
+    for (std::string line; std::getline(in, line);) {
+      if (line.find("```") != std::string::npos) code = !code;
+      else if (!code) prose += line + "\n";
+    }
+    for (auto it = std::sregex_iterator(prose.begin(), prose.end(), link);
+         it != std::sregex_iterator(); ++it) {
+      const std::string target = (*it)[1];
+      if (target.starts_with("http://") || target.starts_with("https://")) continue;
+      CAPTURE(file);
+      CAPTURE(target);
+      const std::size_t hash = target.find('#');
+      const fs::path named = file.parent_path() / target.substr(0, hash);
+      const fs::path linked = hash == 0 ? file : named;
+      REQUIRE_MESSAGE(fs::exists(linked), "a link to a file that does not exist");
+      if (hash != std::string::npos) {
+        const std::vector<std::string> anchors = anchors_of(lockstep::test::read_text(linked));
+        CHECK_MESSAGE(std::find(anchors.begin(), anchors.end(), target.substr(hash + 1)) !=
+                          anchors.end(),
+                      "no heading with that anchor");
+      }
+      ++checked;
+    }
+  }
+  CHECK(checked >= 30);
 }
