@@ -292,3 +292,20 @@ TEST_CASE("README and docs: every relative link names a file, and its anchor a h
   }
   CHECK(checked >= 30);
 }
+
+TEST_CASE("docs/config.md carries the schema's longer explanations; train --help their first line") {
+  // What the README's old key table explained at length now lives in the schema, after each
+  // key's first line (visit_schema() in src/config/schema.hpp).
+  const std::string docs = lockstep::test::read_text(kSource / "docs" / "config.md");
+  const auto help = lockstep::test::run_cli("train --help");
+  REQUIRE(help.code == 0);
+  for (const char* longer : {"FlashAttention-2's algorithm", "bf16_compress_hook",
+                             "tail -f follows a live run", "Note [Step graphs]"}) {
+    CAPTURE(longer);
+    CHECK(docs.find(longer) != std::string::npos);
+    CHECK(help.output.find(longer) == std::string::npos);
+  }
+  // Each key's entry in --help stays two lines: the key, then one line of meaning.
+  CHECK_MESSAGE(help.output.find("auto: the faster here\n  model.family") != std::string::npos,
+                help.output);
+}
