@@ -281,9 +281,9 @@ void visit_schema(Visitor& v, C& c) {
   v.section("data");
   v.enumeration("dataset", c.data.dataset, kDatasetKinds,
                 "where the samples come from (given: the program passes them to the Trainer)"
-                "\nSee docs/data-formats.md. chat: conversations as JSON Lines, rendered with "
-                "data.template (docs/hugging-face.md). given: the program passes the "
-                "datasets to the Trainer (C++ or Python), and the config names none.");
+                "\nThe formats: docs/data-formats.md. chat: conversations as JSON Lines, "
+                "rendered with data.template (docs/hugging-face.md). given: from C++ or "
+                "Python; the config names no data.");
   v.path("path", c.data.path, "csv, tokens, text: the data file");
   v.enumeration("format", c.data.format, kTokenFormats,
                 "tokens: llm.c .bin with its header, headerless uint16, or auto: by the header"
@@ -295,9 +295,8 @@ void visit_schema(Visitor& v, C& c) {
   v.path("tokenizer", c.data.tokenizer,
          "tokens, text: the BPE tokenizer (lockstep tokenize's); text is tokenised at load"
          "\nWhat lockstep tokenize --tokenizer takes: a Hugging Face directory, a "
-         "tokenizer.json, or a tiktoken rank file. Text is tokenised with it at load, "
-         "model.vocab_size defaults to its size, and checkpoints record it for lockstep "
-         "sample and export --format hf.");
+         "tokenizer.json, or a tiktoken rank file. model.vocab_size defaults to its size, "
+         "and checkpoints record it for lockstep sample and export --format hf.");
   v.choice("tokenizer_family", c.data.tokenizer_family, kTokenizerFamilies,
            "a tiktoken rank file as data.tokenizer: its family's pattern (tokenize "
            "--tokenizer-family); auto: GPT-2's, or what a tokenizer.json says");

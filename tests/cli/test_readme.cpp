@@ -293,7 +293,7 @@ TEST_CASE("README and docs: every relative link names a file, and its anchor a h
   CHECK(checked >= 30);
 }
 
-TEST_CASE("docs/config.md carries the schema's longer explanations; train --help their first line") {
+TEST_CASE("docs/config.md: the schema's longer explanations, which train --help leaves out") {
   // What the README's old key table explained at length now lives in the schema, after each
   // key's first line (visit_schema() in src/config/schema.hpp).
   const std::string docs = lockstep::test::read_text(kSource / "docs" / "config.md");
