@@ -3,7 +3,7 @@
 
 LOCKSTEP_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 LOCKSTEP_BUILD="${LOCKSTEP_BUILD:-$LOCKSTEP_ROOT/build}"
-# What the build needs (the README's dependency section and third_party/README.md list the same),
+# What the build needs (docs/dependencies.md and third_party/README.md list the same),
 # and what the test suite adds: PyTorch (CPU) for the parity tests, venv for the interop tests'
 # environment with transformers from PyPI. scripts/check_packages.sh checks that the build and
 # those tests read no file of a package outside these lists and what they depend on.

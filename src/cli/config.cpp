@@ -30,7 +30,11 @@ void print_schema_markdown() {
              "edit. -->\n\n"
              "Every key `lockstep train` reads, by section, with its type and default. Set them in "
              "the YAML file or with `--set KEY=VALUE`; `null` keeps the default. `lockstep config "
-             "--print CONFIG` shows a config with every key resolved.\n");
+             "--print CONFIG` shows a config with every key resolved, and `lockstep train --help` "
+             "lists the keys with the first part of each meaning. A relative path in a config "
+             "file is relative to the file's directory; one given with `--set`, to the working "
+             "directory. `data.batch_size` is per device, as in PyTorch's DDP: the global batch is "
+             "`batch_size` x devices (x `trainer.accumulate_steps`).\n");
   std::string section;
   for (const ConfigKeyHelp& key : config_key_help()) {
     const std::string head = key.key.substr(0, key.key.find('.'));
@@ -39,9 +43,14 @@ void print_schema_markdown() {
       fmt::print("\n## {}\n\n| key | type | default | meaning |\n|---|---|---|---|\n", section);
     }
     const bool unset = key.default_value == "null" || key.default_value == "\"\"";
+    // The schema's further lines (what `train --help` leaves out) continue the cell, as
+    // sentences after the first line's.
+    std::string meaning = key.description;
+    if (const std::size_t n = meaning.find('\n'); n != std::string::npos)
+      meaning.replace(n, 1, ". ");
     fmt::print("| `{}` | {} | {} | {} |\n", key.key, cell(key.type),
                unset ? std::string("unset") : fmt::format("`{}`", cell(key.default_value)),
-               cell(key.description));
+               cell(meaning));
   }
 }
 
@@ -77,8 +86,11 @@ void print_config_keys() {
   fmt::print("\nconfig keys (in CONFIG, or --set KEY=VALUE; null keeps the default):\n");
   for (const ConfigKeyHelp& key : config_key_help()) {
     const bool unset = key.default_value == "null" || key.default_value == "\"\"";
+    // The first line: the rest is docs/config.md's (visit_schema() in src/config/schema.hpp).
+    const std::string_view line = std::string_view(key.description).substr(
+        0, key.description.find('\n'));
     fmt::print("  {}: {}; default {}\n      {}\n", key.key, key.type,
-               unset ? "unset" : key.default_value, key.description);
+               unset ? "unset" : key.default_value, line);
   }
 }
 

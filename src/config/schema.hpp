@@ -197,7 +197,8 @@ constexpr int kMaxDevices = 1024;
 // ---- The schema -----------------------------------------------------------------------------
 
 // Every section and key, in the order of config.hpp, each with one line for
-// `lockstep train --help`. C is Config or const Config.
+// `lockstep train --help`; a key that needs more says it after a newline, which only
+// docs/config.md shows (`lockstep config --schema --markdown`). C is Config or const Config.
 template <class Visitor, class C>
 void visit_schema(Visitor& v, C& c) {
   v.section("model");
@@ -208,14 +209,31 @@ void visit_schema(Visitor& v, C& c) {
   v.enumeration("activation", c.model.activation, kActivations,
                 "mlp: between the Linear layers (gelu is the tanh approximation)");
   v.integer("vocab_size", c.model.vocab_size, IntRule{.min = 0},
-            "gpt: token ids are below it; 0: 256 for text, required for tokens (GPT-2: 50257)");
+            "gpt: token ids are below it; 0: 256 for text, required for tokens (GPT-2: 50257)"
+            "\nText needs 256 or more; with data.tokenizer, 0 means the tokenizer's size.");
   v.integer("context", c.model.context, IntRule{.min = 1}, "gpt: tokens per sample");
   v.integer("n_layer", c.model.n_layer, IntRule{.min = 1}, "gpt: transformer blocks");
   v.integer("n_head", c.model.n_head, IntRule{.min = 1},
             "gpt: attention heads; divides model.d_model");
   v.integer("d_model", c.model.d_model, IntRule{.min = 1}, "gpt: width of the residual stream");
   v.enumeration("attention", c.model.attention, kAttentionKinds,
-                "gpt: fused (tiled, no (T, T) matrices), materialized, or auto: the faster here");
+                "gpt: fused (tiled, no (T, T) matrices), materialized, or auto: the faster here"
+                "\nfused never holds the (B, H, T, T) score and probability matrices: on the "
+                "CPU a tiled online softmax (FlashAttention-2's algorithm, Note [Tiled "
+                "attention] in src/cpu/ops/attention.cpp) that keeps one log-sum-exp per row "
+                "for backward, so activation memory no longer grows with the square of the "
+                "context; materialized computes and keeps those matrices (the reference). "
+                "auto: fused where the backend has it and it measured at least as fast (the "
+                "CPU in bf16, and in fp32 from context 256: bench/RESULTS.md), materialized "
+                "otherwise. On CUDA, fused is cuDNN's fused flash attention (Note [cuDNN "
+                "attention] in src/cuda/cudnn_attention.hpp), which takes half-precision "
+                "inputs, so it runs under trainer.precision bf16 only, and auto picks it "
+                "there; fp32 and tf32 keep the materialised path on CUDA, as do a head size "
+                "cuDNN refuses (not a multiple of 8, or above 256), a context of 1, and a "
+                "build without cuDNN 9: auto says which path runs and why in the summary, "
+                "fused exits with 2. The same function either way, summed in another order, "
+                "so it is not part of the config hash. The summary, --summary-json "
+                "(attention), --dry-run and lockstep devices say which runs.");
   v.enumeration("family", c.model.family, kModelFamilies,
                 "gpt: a preset of the part keys below that the config does not set");
   v.enumeration("norm", c.model.norm, kNormKinds, "gpt: layernorm (with bias) or rmsnorm");
@@ -262,14 +280,23 @@ void visit_schema(Visitor& v, C& c) {
 
   v.section("data");
   v.enumeration("dataset", c.data.dataset, kDatasetKinds,
-                "where the samples come from (given: the program passes them to the Trainer)");
+                "where the samples come from (given: the program passes them to the Trainer)"
+                "\nThe formats: docs/data-formats.md. chat: conversations as JSON Lines, "
+                "rendered with data.template (docs/hugging-face.md). given: from C++ or "
+                "Python; the config names no data.");
   v.path("path", c.data.path, "csv, tokens, text: the data file");
   v.enumeration("format", c.data.format, kTokenFormats,
-                "tokens: llm.c .bin with its header, headerless uint16, or auto: by the header");
+                "tokens: llm.c .bin with its header, headerless uint16, or auto: by the header"
+                "\nauto reads the header when the file starts with llm.c's magic number "
+                "(20240520).");
   v.path("eval_path", c.data.eval_path,
-         "tokens, text: a separate eval file instead of the held-out tail");
+         "tokens, text: a separate eval file instead of the held-out tail"
+         "\nFor token files, llm.c's *_val.bin.");
   v.path("tokenizer", c.data.tokenizer,
-         "tokens, text: the BPE tokenizer (lockstep tokenize's); text is tokenised at load");
+         "tokens, text: the BPE tokenizer (lockstep tokenize's); text is tokenised at load"
+         "\nWhat lockstep tokenize --tokenizer takes: a Hugging Face directory, a "
+         "tokenizer.json, or a tiktoken rank file. model.vocab_size defaults to its size, "
+         "and checkpoints record it for lockstep sample and export --format hf.");
   v.choice("tokenizer_family", c.data.tokenizer_family, kTokenizerFamilies,
            "a tiktoken rank file as data.tokenizer: its family's pattern (tokenize "
            "--tokenizer-family); auto: GPT-2's, or what a tokenizer.json says");
@@ -282,7 +309,9 @@ void visit_schema(Visitor& v, C& c) {
   v.integer("features", c.data.features, IntRule{.min = 1}, "synthetic: features per sample");
   v.integer("classes", c.data.classes, IntRule{.min = 2}, "synthetic: number of classes");
   v.number("eval_fraction", c.data.eval_fraction, kFraction,
-           "share of the samples held out for eval (tokens, text: the stream's tail)");
+           "share of the samples held out for eval (tokens, text: the stream's tail)"
+           "\nFor tokens and text, the last share of the token stream, so that no window spans "
+           "both splits; a split shorter than one window is an error naming the fix.");
   v.integer("batch_size", c.data.batch_size, IntRule{.min = 1},
             "samples per device and step; the global batch is batch_size x devices");
   v.flag("shuffle", c.data.shuffle, "reshuffle every epoch (seed + epoch)");
@@ -290,7 +319,10 @@ void visit_schema(Visitor& v, C& c) {
   v.flag("normalize", c.data.normalize,
          "standardise features with the train split's statistics (not tokens and text)");
   v.integer("prefetch", c.data.prefetch, IntRule{.min = 0},
-            "batches each worker's loader thread assembles ahead; 0: no loader thread");
+            "batches each worker's loader thread assembles ahead; 0: no loader thread"
+            "\nWithout one, the worker assembles each batch when it needs it (the CPU "
+            "backend does so anyway when its compute threads take every core: the summary's "
+            "\"loader inline\").");
   v.choice("template", c.data.chat_template, kChatTemplates,
            "chat: the chat template conversations are rendered with");
   v.choice_list("train_on", c.data.train_on, kChatRoles,
@@ -306,9 +338,12 @@ void visit_schema(Visitor& v, C& c) {
   v.number("momentum", c.optimizer.momentum, kFraction, "sgd: momentum");
   v.flag("nesterov", c.optimizer.nesterov, "sgd: Nesterov momentum; needs momentum > 0");
   v.number("weight_decay", c.optimizer.weight_decay, kNonNegative,
-           "sgd: L2 added to the gradient; adamw: decoupled; matrices only unless decay_all");
+           "sgd: L2 added to the gradient; adamw: decoupled; matrices only unless decay_all"
+           "\nApplied to the matrices only (tensors of 2 or more dimensions: linear weights, "
+           "embeddings), not to biases and norms, as nanoGPT and llm.c do.");
   v.flag("decay_all", c.optimizer.decay_all,
-         "weight_decay on every tensor, biases and LayerNorms too");
+         "weight_decay on every tensor, biases and LayerNorms too"
+         "\nThe behaviour before decay groups.");
   v.number("beta1", c.optimizer.beta1, kFraction, "adamw: first-moment decay");
   v.number("beta2", c.optimizer.beta2, kFraction, "adamw: second-moment decay");
   v.number_pair("betas", "beta1", c.optimizer.beta1, "beta2", c.optimizer.beta2, kFraction,
@@ -340,45 +375,110 @@ void visit_schema(Visitor& v, C& c) {
   v.integer("check_replicas_every", c.trainer.check_replicas_every, IntRule{.min = 0},
             "steps between replica hash checks; 0: at the end only");
   v.integer("threads_per_device", c.trainer.threads_per_device, IntRule{.min = 0},
-            "cpu: threads of each worker; 0: hardware threads / workers");
+            "cpu: threads of each worker; 0: hardware threads / workers"
+            "\nThe size of each worker's oneTBB arena. Set on cuda: a warning on stderr before "
+            "step 1.");
   v.enumeration("comm", c.trainer.comm, kCommKinds,
-                "cuda: nccl, or peer (one process; chosen when ids repeat)");
+                "cuda: nccl, or peer (one process; chosen when ids repeat)"
+                "\npeer is the single-process communicator for replicas that share a GPU. Set "
+                "on the CPU backend: a warning on stderr before step 1.");
   v.enumeration("precision", c.trainer.precision, kPrecisions,
-                "tf32: cuda TF32 GEMMs; bf16: bf16 products, fp32 master weights");
+                "tf32: cuda TF32 GEMMs; bf16: bf16 products, fp32 master weights"
+                "\ntf32: TF32 tensor-core products on cuda (the CPU computes fp32). bf16: "
+                "mixed precision: fp32 master weights and optimiser state with a bf16 copy "
+                "of the weights, bf16 inputs to every matrix product (fp32 accumulation), "
+                "activations kept for backward in bf16, norms, softmax, GELU and the loss in "
+                "fp32 (Note [bf16 compute] in src/model/ops.hpp); checkpoints keep the fp32 "
+                "weights, so a bf16 run resumes exactly. Replaces trainer.tf32 (tf32: true "
+                "is precision: tf32).");
   v.number("bucket_cap_mb", c.trainer.bucket_cap_mb, kPositive,
-           "gradient bucket size; the first bucket is capped at 1 MB");
+           "gradient bucket size; the first bucket is capped at 1 MB"
+           "\nAs in PyTorch's DDP; the buckets are laid out in reverse layer order, so that "
+           "the ones backward fills first are all-reduced first (docs/how-it-works.md).");
   v.flag("overlap", c.trainer.overlap, "all-reduce each bucket as soon as backward fills it");
   v.enumeration("grad_reduce_dtype", c.trainer.grad_reduce_dtype, kReduceDtypes,
-                "bf16: buckets rounded to bf16 for the all-reduce");
+                "bf16: buckets rounded to bf16 for the all-reduce"
+                "\nEach bucket is rounded to bf16 for the all-reduce and back (PyTorch DDP's "
+                "bf16_compress_hook): half the bytes on the wire with NCCL; the CPU's "
+                "communicators sum the values in fp32. The summary reports the gradient "
+                "bytes per step. Not with trainer.zero 1 or 2 yet.");
   v.integer("accumulate_steps", c.trainer.accumulate_steps, IntRule{.min = 1},
-            "micro-batches per optimiser step; all-reduce after the last");
+            "micro-batches per optimiser step; all-reduce after the last"
+            "\nThe gradients are all-reduced after the last micro-batch only (DDP's no_sync); "
+            "trainer.steps counts optimiser steps, each of which takes accumulate_steps "
+            "batches per worker.");
   v.integer("zero", c.trainer.zero, IntRule{.min = 0, .max = 2},
             "1: ZeRO-1, each worker keeps its shard of the optimiser state; 2: and of the "
-            "gradients");
+            "gradients"
+            "\nSharding the optimiser state saves its memory at the same bytes on the wire; on "
+            "the CPU a zero 1 run ends with the bit-identical weights of zero 0 "
+            "(docs/zero.md).");
   v.enumeration("recompute", c.trainer.recompute, kRecomputeModes,
                 "selective: blocks recompute norms and GELU/SwiGLU in backward; full: each block "
                 "keeps only its input and reruns its forward in backward");
   v.enumeration("cuda_graphs", c.trainer.cuda_graphs, kGraphModes,
-                "cuda: replay each micro-batch as graphs; auto: where that measured faster");
-  v.path("trace", c.trainer.trace, "write a Chrome trace-event JSON of every worker here");
-  v.path("report", c.trainer.report, "write an HTML report of the run here");
-  v.path("metrics", c.trainer.metrics, "append JSON lines, one per logged step and eval, here");
+                "cuda: replay each micro-batch as graphs; auto: where that measured faster"
+                "\nEach micro-batch's forward (with its loss) and backward are captured once "
+                "as CUDA graphs and replayed with one launch each, backward cut into a graph "
+                "per gradient bucket so that its all-reduces still start while it runs; the "
+                "collectives, optimiser and waits stay as they were, and the bits are the "
+                "same either way. on: from the second step; auto: times steps each way and "
+                "keeps the graphs only where a step was faster with them. A part whose "
+                "capture is refused runs as launched; where the first capture is refused, or "
+                "on the CPU, the run goes on without them and the summary's cuda_graphs says "
+                "why (on, on the CPU backend, also warns on stderr) (Note [Step graphs] in "
+                "src/train/step_graphs.hpp).");
+  v.path("trace", c.trainer.trace, "write a Chrome trace-event JSON of every worker here"
+         "\nChrome trace-event JSON (Perfetto, chrome://tracing): one track per worker and per "
+         "communication thread, with forward, backward per layer, each bucket's all-reduce, "
+         "the optimiser, eval, checkpoints and the waits.");
+  v.path("report", c.trainer.report, "write an HTML report of the run here"
+         "\nA self-contained HTML file: loss and eval curves, throughput per step, per-worker "
+         "compute, communication, data-wait and barrier-wait times, the precision and the "
+         "matrix products' library.");
+  v.path("metrics", c.trainer.metrics, "append JSON lines, one per logged step and eval, here"
+         "\nOne JSON object per line, flushed as written (tail -f follows a live run; a "
+         "resumed run appends): each run starts with a \"kind\": \"run\" line (start_time in "
+         "UTC, config_hash, resumed_from_step, resumed_from, steps, workers); then \"step\" "
+         "lines (step, epoch, loss, accuracy, lr, grad_norm, samples_per_s, tokens_per_s, "
+         "mfu, comm_hidden_fraction, data_wait_s, elapsed_s), \"eval\" lines (step, loss, "
+         "accuracy, samples) and \"recovery\" lines after a shrink. Unknown numbers (mfu on "
+         "the CPU) are null. Global rank 0 writes it.");
   v.enumeration("on_nonfinite", c.trainer.on_nonfinite, kNonfinitePolicies,
-                "a NaN/Inf loss or gradient norm: stop the run, or skip the update");
+                "a NaN/Inf loss or gradient norm: stop the run, or skip the update"
+                "\nstop names the step and the tensor.");
   v.integer("max_nonfinite_skips", c.trainer.max_nonfinite_skips, IntRule{.min = 1},
             "skip: stop after this many skipped steps in a row");
   v.number("step_timeout_s", c.trainer.step_timeout_s, kNonNegative,
-           "stop the run when no worker progresses this long; 0: off");
+           "stop the run when no worker progresses this long; 0: off"
+           "\nThe message names each worker's phase (forward, backward bucket 2, all-reduce 3, "
+           "optimiser, eval, checkpoint, ...); eval batches and the stages of a checkpoint "
+           "save count as progress.");
   v.number("stop_grace_s", c.trainer.stop_grace_s, kPositive,
-           "after a stop, wait this long for the workers, then report and leave them");
+           "after a stop, wait this long for the workers, then report and leave them"
+           "\nA worker still out then is reported by rank, phase and step and left running, "
+           "and the run fails (Note [Bounded stop] in src/train/trainer.cpp).");
   v.enumeration("on_worker_failure", c.trainer.on_worker_failure, kWorkerFailurePolicies,
-                "a lost device: stop the run, or shrink: go on with the other workers");
+                "a lost device: stop the run, or shrink: go on with the other workers"
+                "\nshrink goes on in the same process with the workers whose devices remain, "
+                "from the state they hold alike (docs/embedding.md). The shrink keys "
+                "(min_workers, snapshot_every, keep_global_batch) set under stop, like any "
+                "setting that cannot apply to the run (cuda_graphs on and comm on the CPU "
+                "backend, threads_per_device on cuda), are named in a warning on stderr "
+                "before step 1; one that contradicts the run is an error (exit 2).");
   v.integer("min_workers", c.trainer.min_workers, IntRule{.min = 1},
-            "shrink: stop instead once fewer workers than this are left");
+            "shrink: stop instead once fewer workers than this are left"
+            "\nAbove the run's workers: exit 2.");
   v.flag("keep_global_batch", c.trainer.keep_global_batch,
-         "shrink: raise accumulate_steps to keep the global batch, where it divides");
+         "shrink: raise accumulate_steps to keep the global batch, where it divides"
+         "\naccumulate_steps becomes N x k / (N - 1) where that is whole; else each worker "
+         "keeps its batch, and the global batch shrinks by 1/N per lost worker.");
   v.integer("snapshot_every", c.trainer.snapshot_every, IntRule{.min = 0},
-            "steps between in-memory copies of the state a shrink can go on from; 0: none");
+            "steps between in-memory copies of the state a shrink can go on from; 0: none"
+            "\nEvery K steps each worker copies its share of the parameters and optimiser "
+            "state (1/N of it) to host memory, on a GPU on a stream of its own: the state to "
+            "go on from when the failed step's start is gone (updates per bucket applied, or "
+            "trainer.zero 1).");
   v.nested("checkpoint");
 
   v.section("trainer.checkpoint");
@@ -388,7 +488,9 @@ void visit_schema(Visitor& v, C& c) {
   v.integer("keep_last", c.trainer.checkpoint.keep_last, IntRule{.min = 1},
             "checkpoints kept; older ones go once a newer one is complete");
   v.flag("overwrite", c.trainer.checkpoint.overwrite,
-         "a new run may replace the checkpoints already in dir; false: it refuses to start");
+         "a new run may replace the checkpoints already in dir; false: it refuses to start"
+         "\nA new run (not a resume) in a dir that holds checkpoints: false refuses to start "
+         "(exit 2), true removes them before step 1 (train --overwrite).");
 }
 
 struct SectionKeys {

@@ -21,7 +21,7 @@ int main() try {
   lockstep::DataSplit split = lockstep::split_dataset(data, /*eval_fraction=*/0.2,
                                                       /*normalize=*/true, /*seed=*/0);
 
-  lockstep::Config cfg;                 // defaults, as in the schema above
+  lockstep::Config cfg;                 // defaults, as docs/config.md lists them
   cfg.model.hidden = {32};
   cfg.optimizer.lr = 0.1;
   cfg.optimizer.momentum = 0.9;

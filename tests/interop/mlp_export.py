@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Reads an MLP export of `lockstep export` in PyTorch, as the README says to, and counts the
+"""Reads an MLP export of `lockstep export` in PyTorch, as docs/cli.md says to, and counts the
 correct predictions on raw samples after the stored standardisation.
 
     python3 tests/interop/mlp_export.py EXPORT X.f32 Y.i32
@@ -44,7 +44,7 @@ def main():
         layers.append(torch.nn.Linear(widths[i], widths[i + 1]))
         if i + 2 < len(widths):
             layers.append(act())
-    # The README's recipe: take the standardisation out, strip "layers." for Sequential.
+    # docs/cli.md's recipe: take the standardisation out, strip "layers." for Sequential.
     mean, std = state.pop("normalize.mean"), state.pop("normalize.std")
     model = torch.nn.Sequential(*layers)
     model.load_state_dict({k.removeprefix("layers."): v for k, v in state.items()})

@@ -1,5 +1,5 @@
 // Exports read by PyTorch and Hugging Face transformers, and Hugging Face weights read back:
-//   - an MLP export, loaded into torch.nn.Sequential as the README says and fed raw samples with
+//   - an MLP export, loaded into torch.nn.Sequential as docs/cli.md says and fed raw samples with
 //     the stored standardisation, predicts exactly what `lockstep eval` counts as correct;
 //   - `lockstep export --format hf` loads in transformers.GPT2LMHeadModel with lockstep's
 //     logits (1e-4 relative), as the dtype its config.json names (--dtype bf16: bfloat16), and `--init-from` a GPT-2 that transformers saved starts at the
