@@ -10,8 +10,9 @@
 //     a CUDA-only setting on the CPU backend (trainer.cuda_graphs: on, trainer.comm: nccl or
 //     peer), a CPU-only one on cuda (trainer.threads_per_device), and a shrink-only one
 //     (trainer.min_workers, keep_global_batch, snapshot_every) under on_worker_failure: stop.
-// Settings whose CPU meaning the README gives (trainer.precision: tf32 computes fp32 there) are
-// not in this class. The backend is the one the run will use (backend_name() for auto).
+// Settings whose CPU meaning docs/config.md gives (trainer.precision: tf32 computes fp32
+// there) are not in this class. The backend is the one the run will use (backend_name() for
+// auto).
 #pragma once
 
 #include <string>
