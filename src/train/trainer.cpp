@@ -370,8 +370,8 @@ EvalMetrics evaluate(const Config& config, const Model& model, std::span<const f
                      const Dataset& data) {
   if (model.frozen_count() > 0)
     throw InputError(fmt::format(
-        "{}: model.lora: evaluating adapters needs their base, which eval does not read yet; "
-        "`lockstep export --format hf` merges them into a model to evaluate",
+        "{}: model.lora: evaluating adapters needs their base: merge_lora_checkpoint (what "
+        "`lockstep eval` does) makes a LoRA checkpoint the merged model's, to evaluate",
         config.source));
   const int device_id = config.trainer.devices.at(0);
   std::unique_ptr<Backend> backend = make_backend(config.trainer.backend, std::span(&device_id, 1),
@@ -694,7 +694,7 @@ struct Trainer::Impl::RunResources {
   std::unique_ptr<detail::RunReport> report;
   std::vector<float> initial;
   std::vector<float> base;  // the model's frozen parameters; empty without
-  std::string base_source;  // Note [LoRA exports] in src/io/export_checkpoint.cpp
+  std::string base_source;  // Note [LoRA exports] in src/io/lora_checkpoint.cpp
   std::optional<detail::Trace> trace;
   // Per group (the first, then the survivors' after each shrink); on the heap, so that a group's
   // worker left behind keeps them where it found them (abandoned_groups).
