@@ -312,12 +312,15 @@ AttentionChoice attention_choice(const Config& config, std::string_view backend)
 
 LoraSpec lora_spec(const ModelConfig& m) {
   if (m.lora.rank == 0) return {};
-  return {.rank = m.lora.rank, .alpha = m.lora.alpha, .targets = parse_lora_targets(m.lora.targets)};
+  return {.rank = m.lora.rank, .alpha = m.lora.alpha, .targets = parse_lora_targets(m.lora.targets),
+          .dropout = m.lora.dropout};
 }
 
 std::string describe_lora(const ModelConfig& m) {
-  return fmt::format("rank={} alpha={} targets={}", m.lora.rank, m.lora.alpha,
-                     fmt::join(parse_lora_targets(m.lora.targets), ","));
+  std::string out = fmt::format("rank={} alpha={} targets={}", m.lora.rank, m.lora.alpha,
+                                fmt::join(parse_lora_targets(m.lora.targets), ","));
+  if (m.lora.dropout != 0.0) out += fmt::format(" dropout={}", m.lora.dropout);
+  return out;
 }
 
 LoraSpec parse_lora_record(std::string_view text) {
@@ -337,6 +340,8 @@ LoraSpec parse_lora_record(std::string_view text) {
         spec.alpha = std::stod(std::string(value));
       else if (key == "targets")
         spec.targets = parse_lora_targets(value);
+      else if (key == "dropout")
+        spec.dropout = std::stod(std::string(value));
       else
         throw std::invalid_argument("unknown key");
     } catch (const std::exception& e) {
