@@ -123,7 +123,7 @@ TEST_CASE("lora: trainer.recompute full reruns the adapted blocks bit for bit") 
   CHECK(a.final_parameters() == b.final_parameters());
 }
 
-TEST_CASE("lora dropout: a resume is bit-exact, recompute full bit-identical, and eval drops nothing") {
+TEST_CASE("lora dropout: a resume is bit-exact, recompute full bit-identical, eval drops nothing, and the PEFT export says the rate") {
   auto train = std::make_shared<TokenDataset>(token_stream(961, 8, 1));
   auto eval = std::make_shared<TokenDataset>(token_stream(161, 8, 2));
   const std::filesystem::path dir =
@@ -154,6 +154,9 @@ TEST_CASE("lora dropout: a resume is bit-exact, recompute full bit-identical, an
   Trainer again(recomputed, train, nullptr);
   again.run();
   CHECK(again.final_parameters() == whole.final_parameters());
+  // The PEFT export says the rate, as lora_dropout.
+  export_checkpoint({.checkpoint = dir, .out = dir / "peft", .format = "peft"});
+  CHECK(detail::read_peft_config(dir / "peft").dropout == 0.3);
   std::filesystem::remove_all(dir);
 
   // Eval drops nothing, whatever key a training forward left in the replica.
