@@ -124,6 +124,13 @@ struct LOCKSTEP_API Checkpoint {
 // (names, shapes and offsets; Model::param_tensors()).
 LOCKSTEP_API void check_layout(const Checkpoint& ckpt, std::span<const ParamTensor> expected);
 
+// A LoRA checkpoint (one recording "lockstep.lora") made, in place, the checkpoint of its merged
+// model: the base read again from where its run read it and checked by content hash, then
+// W + (alpha / r) B A in the layout of the model without adapters, the LoRA records gone (Note
+// [LoRA exports] in src/io/lora_checkpoint.cpp); true. Any other checkpoint: unchanged, false.
+// InputError naming the checkpoint when its base is gone or differs, ending with `way_out`.
+LOCKSTEP_API bool merge_lora_checkpoint(Checkpoint& ckpt, const std::string& way_out = {});
+
 // ---- starting from weights (`lockstep train --init-from`) -----------------------------------
 
 struct LOCKSTEP_API Weights {

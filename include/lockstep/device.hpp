@@ -471,6 +471,12 @@ class LOCKSTEP_API ElementwiseOps {
   virtual void scale(float* x, float alpha, std::size_t n) = 0;
   // y = a + b, elementwise over n; y may alias a or b.
   virtual void add(const float* a, const float* b, float* y, std::size_t n) = 0;
+  // Dropout by a counter-based mask (Note [LoRA dropout] in src/model/lora.cpp): over n
+  // elements, y[i] = x[i] / (1 - p) where dropout_keeps(key, i, p) (common/elementwise_math.hpp)
+  // and 0 elsewhere; accumulate: y[i] += that instead. The mask is a function of (key, i, p)
+  // alone, the same bits on every backend. p in [0, 1); y may alias x unless accumulating.
+  virtual void dropout(const float* x, float* y, std::size_t n, std::uint64_t key, float p,
+                       bool accumulate) = 0;
   // y (rows, cols) += bias (cols), broadcast over rows
   virtual void add_bias(float* y, const float* bias, int rows, int cols) = 0;
   // dbias (cols) += column sums of dy (rows, cols)

@@ -82,6 +82,10 @@ struct LOCKSTEP_API LayerWorkspace {
   // The layer's frozen parameters (Layer::frozen_count(), at Model::frozen_read_offset), which
   // have no gradient; null when it has none (Note [Frozen parameters] in src/model/lora.cpp).
   const float* frozen = nullptr;
+  // Training with dropout (LoRA's, Note [LoRA dropout] in src/model/lora.cpp): the key of this
+  // layer's masks in this forward (Replica::set_dropout_key, mixed with the layer's index), the
+  // same when backward or a recompute draws them again; 0: no dropout (eval, sampling).
+  std::uint64_t dropout_key = 0;
 };
 
 // One call of Layer::decode: `count` positions from `start` of one sequence, the layer's
@@ -290,6 +294,9 @@ struct LOCKSTEP_API LoraSpec {
   int rank = 0;
   double alpha = 8.0;
   std::vector<std::string> targets;
+  // In training, dropout on each adapter's input with this probability, as PEFT's lora_dropout
+  // (Note [LoRA dropout] in src/model/lora.cpp); the base's input is never dropped.
+  double dropout = 0.0;
   bool enabled() const noexcept { return rank > 0; }
   float scale() const noexcept { return static_cast<float>(alpha / rank); }
 };
@@ -449,6 +456,11 @@ class LOCKSTEP_API Replica {
   // positions (RoPE, learned) restart at each (Note [Packed attention] in
   // src/model/attention.hpp).
   void set_positions(const std::int32_t* positions) noexcept { positions_ = positions; }
+  // Training with dropout (Note [LoRA dropout] in src/model/lora.cpp): the key from which the
+  // forward and backward calls that follow draw their masks, until set again (each layer mixes
+  // in its index); 0 (the default): no dropout, as eval and sampling run. Nothing else changes
+  // it, so a backward, or a recompute in it, draws the forward's masks again.
+  void set_dropout_key(std::uint64_t key) noexcept { dropout_key_ = key; }
   // dlogits (B, outputs). After each layer's parameter gradients are final, calls
   // grads_ready(layer index) so a reducer can start on them; layers run last to first.
   // When dlogits_bf16() is not null, dlogits is first rounded into it; or dlogits may be null,
@@ -515,6 +527,7 @@ class LOCKSTEP_API Replica {
   std::vector<DeviceArray<float>> constants_;
   std::vector<int> constant_of_;
   const std::int32_t* positions_ = nullptr;
+  std::uint64_t dropout_key_ = 0;
 };
 
 }  // namespace lockstep

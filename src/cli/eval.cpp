@@ -51,15 +51,21 @@ int eval(const std::vector<std::string_view>& argv) {
   const DataSplit data = load_dataset(cfg);
   if (!data.eval || data.eval->size() == 0)
     throw InputError(fmt::format("{}: data.eval_fraction: the eval split is empty", cfg.source));
-  const Checkpoint ckpt = CheckpointManager::load(args.get("--checkpoint"), warn);
+  Checkpoint ckpt = CheckpointManager::load(args.get("--checkpoint"), warn);
   check_recorded_model(ckpt, cfg, *data.train);
-  const Model model = make_model(cfg, *data.train);
+  // A LoRA checkpoint is evaluated as its merged model, from its base read again and checked by
+  // hash (Note [LoRA exports] in src/io/lora_checkpoint.cpp): the model without adapters.
+  Config model_cfg = cfg;
+  if (merge_lora_checkpoint(
+          ckpt, "eval needs that base back where it was (the adapters alone are not a model)"))
+    model_cfg.model.lora = {};
+  const Model model = make_model(model_cfg, *data.train);
   check_layout(ckpt, model.param_tensors());
   const std::optional<Standardization> standardization = read_standardization(ckpt.metadata);
   const EvalMetrics m =
       standardization
-          ? evaluate(cfg, model, ckpt.params, prepared_eval_split(cfg, *standardization))
-          : evaluate(cfg, model, ckpt.params, *data.eval);
+          ? evaluate(model_cfg, model, ckpt.params, prepared_eval_split(cfg, *standardization))
+          : evaluate(model_cfg, model, ckpt.params, *data.eval);
   fmt::print("checkpoint {} (step {})\n", ckpt.weights_file.string(), ckpt.state.step);
   fmt::print("eval loss {:.6f} accuracy {:.4f} ({} samples)\n", m.loss, m.accuracy, m.samples);
   return kExitOk;

@@ -439,13 +439,13 @@ void init_from(Trainer& trainer, const Config& cfg, const std::string& path, boo
     detail::PeftAdapter adapter = detail::read_peft_adapter(path, model.param_tensors());
     const LoraSpec mine = lora_spec(cfg.model);
     if (adapter.lora.rank != mine.rank || adapter.lora.alpha != mine.alpha ||
-        adapter.lora.targets != mine.targets || adapter.dropout != 0.0)
+        adapter.lora.targets != mine.targets || adapter.dropout != mine.dropout)
       throw InputError(fmt::format(
           "{}: r {}, lora_alpha {}, target_modules {}, lora_dropout {}; the config's model.lora "
-          "has rank {}, alpha {}, targets {}, dropout 0",
+          "has rank {}, alpha {}, targets {}, dropout {}",
           (fs::path(path) / detail::kPeftConfigName).string(), adapter.lora.rank,
           adapter.lora.alpha, fmt::join(adapter.lora.targets, ","), adapter.dropout, mine.rank,
-          mine.alpha, fmt::join(mine.targets, ",")));
+          mine.alpha, fmt::join(mine.targets, ","), mine.dropout));
     init_from(trainer, cfg, weights_of(path), leader);
     if (!trainer.resumed_step()) trainer.init_adapters(std::move(adapter.adapters));
     if (leader) fmt::print("adapters from {}\n", adapter.file.string());

@@ -221,4 +221,21 @@ LOCKSTEP_HOST_DEVICE inline std::uint64_t hash_term(std::uint32_t bits, std::uin
   return mix64(bits ^ mix64(i));
 }
 
+// ---- Dropout (Note [LoRA dropout] in src/model/lora.cpp) -----------------------------------
+
+// Element i of the mask keyed by `key` is kept when the top 24 bits of the i-th draw of a
+// SplitMix64 stream seeded with `key` lie at or above dropout_threshold(p): kept with
+// probability 1 - p to within 2^-25, a pure function of (key, i, p), so that a forward, its
+// backward and a recompute see one mask, on either backend, whatever the launch's shape.
+LOCKSTEP_HOST_DEVICE inline std::uint32_t dropout_threshold(float p) {
+  return static_cast<std::uint32_t>(p * 16777216.0f + 0.5f);
+}
+LOCKSTEP_HOST_DEVICE inline bool dropout_keeps(std::uint64_t key, std::uint64_t i,
+                                               std::uint32_t threshold) {
+  std::uint64_t state = key + i * 0x9E3779B97F4A7C15ull;
+  return static_cast<std::uint32_t>(splitmix64(state) >> 40) >= threshold;
+}
+// A kept element's factor, 1 / (1 - p) in float, as torch's dropout scales.
+LOCKSTEP_HOST_DEVICE inline float dropout_scale(float p) { return 1.0f / (1.0f - p); }
+
 }  // namespace lockstep::detail

@@ -24,6 +24,13 @@ LOCKSTEP_HOST_DEVICE inline std::uint64_t mix64(std::uint64_t x) noexcept {
   return splitmix64(s);
 }
 
+// A key drawn from `key` and `part`, never 0 (which callers take as "none"): chained, a key of
+// several parts, (seed, step, ...) for the dropout masks of Note [LoRA dropout].
+inline std::uint64_t derive_key(std::uint64_t key, std::uint64_t part) noexcept {
+  const std::uint64_t k = mix64(key ^ mix64(part));
+  return k != 0 ? k : 1;
+}
+
 // Uniform in [0, 1) with 53 random bits.
 inline double uniform01(std::uint64_t& state) noexcept {
   return static_cast<double>(splitmix64(state) >> 11) * 0x1.0p-53;

@@ -276,7 +276,7 @@ void visit_schema(Visitor& v, C& c) {
   v.text("targets", c.model.lora.targets,
          "LoRA: projections by PEFT's names, comma-separated (q_proj,...,down_proj), or all");
   v.number("dropout", c.model.lora.dropout, kFraction,
-           "LoRA: dropout on the adapters' input (only 0 is built)");
+           "LoRA: in training, dropout on each adapter's input, as PEFT's lora_dropout");
 
   v.section("data");
   v.enumeration("dataset", c.data.dataset, kDatasetKinds,

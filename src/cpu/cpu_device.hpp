@@ -74,6 +74,8 @@ class CpuDevice : public Device {
   void fill(float* x, float value, std::size_t n) override;
   void scale(float* x, float alpha, std::size_t n) override;
   void add(const float* a, const float* b, float* y, std::size_t n) override;
+  void dropout(const float* x, float* y, std::size_t n, std::uint64_t key, float p,
+               bool accumulate) override;
   void add_bias(float* y, const float* bias, int rows, int cols) override;
   void bias_grad(float* dbias, const float* dy, int rows, int cols) override;
   void bias_grad(float* dbias, const std::uint16_t* dy, int rows, int cols) override;

@@ -715,6 +715,11 @@ void CudaDevice::add(const float* a, const float* b, float* y, std::size_t n) {
   launch_add(stream(), a, b, y, n);
 }
 
+void CudaDevice::dropout(const float* x, float* y, std::size_t n, std::uint64_t key, float p,
+                         bool accumulate) {
+  launch_dropout(stream(), x, y, n, key, p, accumulate);
+}
+
 // As gemm(), count times: C_i = alpha * op(A_i) * op(B_i) + beta * C_i, each matrix swapped into
 // cuBLAS's column-major view the same way, the strides unchanged.
 void CudaDevice::gemm_batched(Transpose ta, Transpose tb, int m, int n, int k, float alpha,

@@ -121,6 +121,8 @@ class CudaDevice final : public Device {
                   const StepControl* control, std::uint16_t* params_bf16) override;
 
   void add(const float* a, const float* b, float* y, std::size_t n) override;
+  void dropout(const float* x, float* y, std::size_t n, std::uint64_t key, float p,
+               bool accumulate) override;
   void gemm_batched(Transpose ta, Transpose tb, int m, int n, int k, float alpha, const float* a,
                     int lda, std::int64_t stride_a, const float* b, int ldb, std::int64_t stride_b,
                     float beta, float* c, int ldc, std::int64_t stride_c, int count) override;

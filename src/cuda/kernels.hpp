@@ -68,6 +68,9 @@ void launch_swiglu_backward_bf16(cudaStream_t stream, const std::uint16_t* h, co
                                  float* dh, std::uint16_t* dh_bf16, int rows, int F);
 // y = a + b; y may alias a or b.
 void launch_add(cudaStream_t stream, const float* a, const float* b, float* y, std::size_t n);
+// Device::dropout: y[i] (+)= x[i] / (1 - p) where dropout_keeps(key, i) (Note [LoRA dropout]).
+void launch_dropout(cudaStream_t stream, const float* x, float* y, std::size_t n,
+                    std::uint64_t key, float p, bool accumulate);
 // dbias (cols) += column sums of dy (rows, cols), in double, in parallel over the rows in an
 // order fixed by the shape: deterministic, and equal to the CPU device's rows-in-order sum up to
 // double roundings (the floats are the same or neighbours; elementwise.cu says more).

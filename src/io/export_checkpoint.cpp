@@ -11,6 +11,7 @@
 #include "common/option_name.hpp"
 #include "io/file_roles.hpp"
 #include "io/hf_model.hpp"
+#include "io/lora_checkpoint.hpp"
 #include "io/output_path.hpp"
 #include "io/peft.hpp"
 #include "lockstep/checkpoint.hpp"
@@ -37,54 +38,6 @@ void refuse_own_inputs(const ExportRequest& request, const Checkpoint& ckpt,
       files.output(request.out / name, what);
   }
   files.check();
-}
-
-// Note [LoRA exports]
-// ~~~~~~~~~~~~~~~~~~~
-// A LoRA checkpoint holds the adapters and names its base by content hash ("lockstep.lora_base")
-// and by where it came from ("lockstep.lora_base_source": the weights file --init-from read, or
-// "seed=N" for a base drawn from trainer.seed). An export reads the base again from there and
-// refuses one whose hash differs. --format hf writes the merged weights (merge_lora), hf with
-// --base the base alone, peft the adapters for that base, torch the adapters as they are.
-struct LoraCheckpoint {
-  Model model;
-  LoraSpec lora;
-  std::vector<float> base;
-  std::string base_source;
-};
-
-std::optional<LoraCheckpoint> lora_checkpoint(const Checkpoint& ckpt) {
-  const auto record = ckpt.metadata.find("lockstep.lora");
-  if (record == ckpt.metadata.end()) return std::nullopt;
-  const std::string file = ckpt.weights_file.string();
-  const auto meta = [&](const char* key) {
-    const auto it = ckpt.metadata.find(key);
-    if (it == ckpt.metadata.end())
-      throw InputError(fmt::format("{}: a LoRA checkpoint without \"{}\"", file, key));
-    return it->second;
-  };
-  LoraSpec lora;
-  GptSpec spec;
-  try {
-    lora = parse_lora_record(record->second);
-    spec = parse_gpt_spec(meta("lockstep.model"));
-  } catch (const std::invalid_argument& e) {
-    throw InputError(fmt::format("{}: {}", file, e.what()));
-  }
-  LoraCheckpoint out{Model::gpt(spec, AttentionKind::materialized, lora), lora, {},
-                     meta("lockstep.lora_base_source")};
-  check_layout(ckpt, out.model.param_tensors());
-  if (out.base_source.starts_with("seed=")) {
-    out.base = out.model.initial_frozen(std::stoull(out.base_source.substr(5)));
-  } else {
-    out.base = load_weights(out.base_source, out.model.frozen_tensors()).params;
-  }
-  const std::string expected = meta("lockstep.lora_base"), found = base_hash(out.base);
-  if (found != expected)
-    throw InputError(fmt::format("{}: the adapters were trained on a base with content hash {}, "
-                                 "but {} now has {}",
-                                 file, expected, out.base_source, found));
-  return out;
 }
 
 }  // namespace
@@ -116,7 +69,8 @@ ExportResult export_checkpoint(const ExportRequest& request) {
   else detail::check_output_file(request.out, out_option);
 
   Checkpoint ckpt = CheckpointManager::load(request.checkpoint, request.warn);
-  const std::optional<LoraCheckpoint> lora = lora_checkpoint(ckpt);
+  // Note [LoRA exports] in lora_checkpoint.cpp.
+  const std::optional<detail::LoraCheckpoint> lora = detail::lora_checkpoint(ckpt);
   if ((peft || request.base) && !lora)
     throw InputError(fmt::format("{}: not a LoRA checkpoint (no \"lockstep.lora\"): {} needs one",
                                  ckpt.weights_file.string(),
@@ -131,12 +85,8 @@ ExportResult export_checkpoint(const ExportRequest& request) {
     return {.tensors = ckpt.tensors.size(), .parameters = ckpt.params.size(),
             .step = ckpt.state.step};
   }
-  if (hf && lora) {  // Note [LoRA exports]: the merged model, or the base
-    ckpt.params = request.base ? lora->base
-                               : merge_lora(lora->model, lora->lora, ckpt.params, lora->base);
-    ckpt.tensors = lora->model.frozen_tensors();
-    for (const char* key : {"lockstep.lora", "lockstep.lora_base", "lockstep.lora_base_source"})
-      ckpt.metadata.erase(key);
+  if (hf && lora) {  // the merged model, or the base
+    detail::as_full_model(ckpt, *lora, request.base ? lora->base : detail::merged(ckpt, *lora));
   }
   // The run's tokenizer goes beside the weights (`tokenizer` when it has moved).
   const std::optional<Tokenizer> tokenizer =

@@ -114,11 +114,11 @@ void write_peft_adapter(const fs::path& dir, std::span<const ParamTensor> tensor
   for (const std::string& t : lora.targets) quoted.push_back(json_quote(t));
   const std::string config = fmt::format(
       "{{\n  \"peft_type\": \"LORA\",\n  \"task_type\": \"CAUSAL_LM\",\n  \"r\": {},\n"
-      "  \"lora_alpha\": {},\n  \"lora_dropout\": 0.0,\n  \"target_modules\": [{}],\n"
+      "  \"lora_alpha\": {},\n  \"lora_dropout\": {},\n  \"target_modules\": [{}],\n"
       "  \"bias\": \"none\",\n  \"fan_in_fan_out\": false,\n  \"use_rslora\": false,\n"
       "  \"use_dora\": false,\n  \"init_lora_weights\": true,\n  \"inference_mode\": true,\n"
       "  \"modules_to_save\": null,\n  \"base_model_name_or_path\": {}\n}}\n",
-      lora.rank, lora.alpha, fmt::join(quoted, ", "), json_quote(base));
+      lora.rank, lora.alpha, lora.dropout, fmt::join(quoted, ", "), json_quote(base));
   const std::span<const std::byte> bytes = std::as_bytes(std::span(config));
   write_file_atomically(dir / kPeftConfigName, std::span(&bytes, 1));
   write_safetensors(dir / kPeftWeightsName, peft_named(tensors), adapters);

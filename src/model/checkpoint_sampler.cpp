@@ -33,11 +33,6 @@ void check_options(const SamplingOptions& opt, OptionSpelling spelling) {
 
 // The GPT architecture a checkpoint records in its metadata.
 GptSpec checkpoint_gpt_spec(const Checkpoint& ckpt) {
-  if (ckpt.metadata.contains("lockstep.lora_base"))
-    throw InputError(fmt::format("{}: a LoRA checkpoint, which holds its adapters but not their "
-                                 "base: sample the merged model that `lockstep export {} --format "
-                                 "hf --out DIR` writes (sample DIR)",
-                                 ckpt.weights_file.string(), ckpt.weights_file.string()));
   const auto model_it = ckpt.metadata.find("lockstep.model");
   if (model_it == ckpt.metadata.end() || !model_it->second.starts_with("gpt "))
     throw InputError(fmt::format("{}: {}: not a GPT checkpoint (sample needs model.type gpt)",
@@ -50,6 +45,13 @@ GptSpec checkpoint_gpt_spec(const Checkpoint& ckpt) {
   } catch (const std::invalid_argument& e) {
     throw InputError(fmt::format("{}: {}", ckpt.weights_file.string(), e.what()));
   }
+}
+
+// What to do when a LoRA checkpoint's base is gone or changed.
+std::string lora_way_out(const Checkpoint& ckpt) {
+  return fmt::format("sample needs that base there, or a merged model that `lockstep export {} "
+                     "--format hf --out DIR` wrote while the base was there (sample DIR)",
+                     ckpt.weights_file.string());
 }
 
 // The tokenizer of a token model: `path`, else the one the checkpoint records (its hash
@@ -146,8 +148,11 @@ CheckpointSampler::CheckpointSampler(const SampleRequest& request) {
 
   // A Hugging Face directory's tokenizer is its own files unless --tokenizer names another.
   const bool hf_dir = detail::is_hf_dir(request.checkpoint);
-  const Checkpoint ckpt = hf_dir ? hf_dir_checkpoint(request.checkpoint)
-                                 : CheckpointManager::load(request.checkpoint, request.warn);
+  Checkpoint ckpt = hf_dir ? hf_dir_checkpoint(request.checkpoint)
+                           : CheckpointManager::load(request.checkpoint, request.warn);
+  // A LoRA checkpoint samples as its merged model, from its base read again and checked by
+  // hash (Note [LoRA exports] in src/io/lora_checkpoint.cpp).
+  merge_lora_checkpoint(ckpt, lora_way_out(ckpt));
   const GptSpec spec = checkpoint_gpt_spec(ckpt);
   impl_ = std::make_unique<Impl>(request.options, spec);
   Impl& s = *impl_;

@@ -28,6 +28,7 @@
 #include <fmt/format.h>
 
 #include "lockstep/model.hpp"
+#include "common/random.hpp"
 #include "model/attention.hpp"
 #include "model/lora.hpp"
 #include "model/ops.hpp"
@@ -136,7 +137,8 @@ class LlamaBlock final : public Layer {
         d_(spec.head_size()), f_(spec.hidden_size()), eps_(static_cast<float>(spec.norm_eps)),
         qkv_bias_(spec.qkv_bias), proj_bias_(spec.proj_bias),
         fused_(attention == AttentionKind::fused), rope_(std::move(rope)),
-        rank_(lora.enabled() ? lora.rank : 0), lora_scale_(lora.enabled() ? lora.scale() : 0.0f) {
+        rank_(lora.enabled() ? lora.rank : 0), lora_scale_(lora.enabled() ? lora.scale() : 0.0f),
+        lora_dropout_(lora.enabled() ? static_cast<float>(lora.dropout) : 0.0f) {
     if (attention == AttentionKind::automatic)
       throw std::invalid_argument(
           "llama block: attention 'auto' must be resolved first (choose_attention)");
@@ -226,7 +228,8 @@ class LlamaBlock final : public Layer {
     // The adapters of one product add into its output (Note [LoRA] in lora.cpp).
     const auto adapt = [&](Product p, const float* in, float* y) {
       for (std::size_t i = 0; i < targets_.size(); ++i)
-        if (products_[i] == p) adapter(own, i).forward(dev, in, y, s.lora_u + u_offset(i, n), n);
+        if (products_[i] == p)
+          adapter(own, i, ws).forward(dev, in, y, s.lora_u + u_offset(i, n), d.lora_x, n);
     };
     s.ln1.store([&](auto* y) {
       dev.residual_rmsnorm_forward(x, nullptr, nullptr, params + offsets_[kInNorm], y, s.rstd1,
@@ -274,8 +277,8 @@ class LlamaBlock final : public Layer {
       for (std::size_t i = 0; i < targets_.size(); ++i) {
         if (products_[i] != p) continue;
         float* da = grads + lora_offsets_[i];
-        adapter(own, i).backward(dev, in.f32, s.lora_u + u_offset(i, n), dy, da,
-                                 da + a_count(i), d.lora_du, dx, n);
+        adapter(own, i, ws).backward(dev, in.f32, s.lora_u + u_offset(i, n), dy, da,
+                                     da + a_count(i), d.lora_du, dx, d.lora_x, n);
       }
     };
     // MLP branch: out = res1 + down(swiglu(gate_up(h2))). Under bf16 the products read dout
@@ -391,9 +394,11 @@ class LlamaBlock final : public Layer {
   }
   const std::vector<LoraTarget>& lora_targets() const { return targets_; }
   std::size_t a_count(std::size_t i) const { return std::size_t(rank_) * targets_[i].in; }
-  LoraAdapter adapter(const float* own, std::size_t i) const {
+  // Target i's adapter in this forward: its mask's key from the layer's (Note [LoRA dropout]).
+  LoraAdapter adapter(const float* own, std::size_t i, const LayerWorkspace& ws) const {
     const float* a = own + lora_offsets_[i];
-    return {a, a + a_count(i), rank_, lora_scale_, targets_[i]};
+    return {a, a + a_count(i), rank_, lora_scale_, targets_[i], lora_dropout_,
+            ws.dropout_key != 0 ? detail::derive_key(ws.dropout_key, i) : 0};
   }
   // Target i's u (N, rank) in Saved::lora_u.
   std::size_t u_offset(std::size_t i, int rows) const { return i * std::size_t(rows) * rank_; }
@@ -497,6 +502,9 @@ class LlamaBlock final : public Layer {
     std::uint16_t* dout16;
     float* lora_du;  // LoRA: (N, rank), an adapter's du
     float* sink;     // LoRA: (C), the frozen norms' weight gradients, discarded
+    // LoRA with dropout: (N, max(C, Q, F)), an adapter's dropped input; in its backward, its
+    // input gradient before the mask.
+    float* lora_x;
     std::size_t size;
     static Scratch at(float* base, const LlamaBlock& b, int batch, bool bf16) {
       const std::size_t n = std::size_t(batch) * b.t_, c = b.c_, f = b.f_;
@@ -507,7 +515,8 @@ class LlamaBlock final : public Layer {
       Scratch s{k.take(n * f), k.take(2 * n * f), k.take(n * wide), k.take(n * c),
                 k.take(n * b.qkv_width()), k.take(att),
                 bf16 ? k.take_bf16(widest) : nullptr, bf16 ? k.take_bf16(n * wide) : nullptr,
-                k.take(b.lora() ? n * b.rank_ : 0), k.take(b.lora() ? c : 0), 0};
+                k.take(b.lora() ? n * b.rank_ : 0), k.take(b.lora() ? c : 0),
+                k.take(b.lora_dropout_ > 0.0f ? n * std::max({c, wide, f}) : 0), 0};
       s.size = k.used();
       return s;
     }
@@ -549,6 +558,7 @@ class LlamaBlock final : public Layer {
   // B lie in the block's parameters.
   int rank_ = 0;
   float lora_scale_ = 0.0f;
+  float lora_dropout_ = 0.0f;
   std::vector<LoraTarget> targets_;
   std::vector<Product> products_;
   std::vector<std::size_t> lora_offsets_;

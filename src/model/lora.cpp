@@ -53,7 +53,33 @@ namespace lockstep {
 // ("model.layers.0.self_attn.q_proj.lora_A.weight"), so an adapter file copies in by name. Its
 // base weights are its frozen parameters, in the layout and names of the block without
 // adapters, so a Hugging Face checkpoint loads into them unchanged.
-// Dropout on the adapter's input (PEFT's lora_dropout) is not built: the config takes only 0.
+// With dropout, the adapters read dropout(x), not x (Note [LoRA dropout]).
+
+// Note [LoRA dropout]
+// ~~~~~~~~~~~~~~~~~~~
+// PEFT's lora_dropout drops the adapter's input alone, in training:
+//   y = x W^T (+ b) + s (dropout(x) A^T) B^T,   dropout(x) = x * m / (1 - p), m in {0, 1},
+// one mask per target (q, k and v read the same x through three masks, as PEFT's three
+// nn.Dropout modules draw three); the base's input is never dropped, and eval and sampling
+// (and the merged export, which has no adapters) drop nothing. The mask is not drawn from a
+// generator's state but is a function of a key and the element's index (Device::dropout,
+// dropout_keeps in common/elementwise_math.hpp: the i-th draw of a SplitMix64 stream seeded
+// with the key, kept when its top 24 bits reach p 2^24). The key of a target's mask is derived
+// (derive_key) from (trainer.seed, step, micro-batch, the worker's rank) by the worker
+// (Replica::set_dropout_key, before each training forward), then the layer's index
+// (Replica::workspace), then the target's index in the block. So:
+//   - the mask is not kept from forward to backward: backward draws it again from the same
+//     key (the dropped input for dA, and the mask on dx), which costs one pass over x instead of
+//     (N, in) floats per target;
+//   - a recompute (Note [Recomputation] in src/model/model.cpp) reruns the same forward with the
+//     same key, so trainer.recompute: full stays bit-identical to none;
+//   - an exact resume redraws the same masks for the same step, micro-batch
+//     and rank, on any backend and with any thread count: nothing but the key and the index
+//     decide them;
+//   - N workers at B are not 1 worker at N B with dropout (the masks differ by rank), nor is a
+//     run that shrank after losing a worker the run that did not: the masks are keyed by the
+//     worker, as each worker's data is its own.
+// CUDA graphs are off with dropout (a captured forward would replay the first step's key).
 
 namespace {
 

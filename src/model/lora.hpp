@@ -5,7 +5,8 @@
 // are column blocks [col, col + out) of a wider row (stride ldy: q, k and v share one (N, W)
 // product, gate and up one (N, 2F)). A (rank, in), B (out, rank); u (N, rank) = s x A^T, kept
 // from forward for backward. Backward accumulates into dA, dB (+=) and into dx (+=: the base
-// projection's input gradient is already there).
+// projection's input gradient is already there). With dropout the adapter reads xd = dropout(x)
+// instead of x, drawn again in backward, not kept.
 #pragma once
 
 #include <cstddef>
@@ -31,28 +32,48 @@ struct LoraAdapter {
   int rank;
   float scale;     // alpha / rank
   LoraTarget target;
+  // Dropout on x (Note [LoRA dropout] in lora.cpp): its probability, and this forward's key for
+  // this target's mask; 0 for either: none.
+  float dropout = 0.0f;
+  std::uint64_t key = 0;
 
-  // y[:, col:col+out] += (s x A^T) B^T; u (N, rank) = s x A^T.
-  void forward(Device& dev, const float* x, float* y, float* u, int rows) const {
+  bool drops() const { return dropout > 0.0f && key != 0; }
+  // The adapter's input: x, or x with the mask applied, written into `dropped` (N, in).
+  const float* input(Device& dev, const float* x, float* dropped, int rows) const {
+    if (!drops()) return x;
+    dev.dropout(x, dropped, std::size_t(rows) * std::size_t(target.in), key, dropout, false);
+    return dropped;
+  }
+  // y[:, col:col+out] += (s xd A^T) B^T; u (N, rank) = s xd A^T, xd = input(x).
+  void forward(Device& dev, const float* x, float* y, float* u, float* dropped, int rows) const {
     const LoraTarget& t = target;
-    dev.gemm(Transpose::no, Transpose::yes, rows, rank, t.in, scale, x, t.in, a, t.in, 0.0f, u,
+    const float* xd = input(dev, x, dropped, rows);
+    dev.gemm(Transpose::no, Transpose::yes, rows, rank, t.in, scale, xd, t.in, a, t.in, 0.0f, u,
              rank);
     dev.gemm(Transpose::no, Transpose::yes, rows, t.out, rank, 1.0f, u, rank, b, rank, 1.0f,
              y + t.col, t.ldy);
   }
-  // dB (out, rank) += dy^T u; du (N, rank) = s dy B; dA (rank, in) += du^T x; dx (N, in) += du A.
+  // dB (out, rank) += dy^T u; du (N, rank) = s dy B; dA (rank, in) += du^T xd; dx (N, in) +=
+  // du A, through the mask when it drops (the mask drawn again into `dropped`, which then
+  // holds du A before the mask).
   void backward(Device& dev, const float* x, const float* u, const float* dy, float* da,
-                float* db, float* du, float* dx, int rows) const {
+                float* db, float* du, float* dx, float* dropped, int rows) const {
     const LoraTarget& t = target;
     const float* g = dy + t.col;
     dev.gemm(Transpose::yes, Transpose::no, t.out, rank, rows, 1.0f, g, t.ldy, u, rank, 1.0f, db,
              rank);
     dev.gemm(Transpose::no, Transpose::no, rows, rank, t.out, scale, g, t.ldy, b, rank, 0.0f, du,
              rank);
-    dev.gemm(Transpose::yes, Transpose::no, rank, t.in, rows, 1.0f, du, rank, x, t.in, 1.0f, da,
-             t.in);
-    dev.gemm(Transpose::no, Transpose::no, rows, t.in, rank, 1.0f, du, rank, a, t.in, 1.0f, dx,
-             t.in);
+    dev.gemm(Transpose::yes, Transpose::no, rank, t.in, rows, 1.0f, du, rank,
+             input(dev, x, dropped, rows), t.in, 1.0f, da, t.in);
+    if (!drops()) {
+      dev.gemm(Transpose::no, Transpose::no, rows, t.in, rank, 1.0f, du, rank, a, t.in, 1.0f, dx,
+               t.in);
+      return;
+    }
+    dev.gemm(Transpose::no, Transpose::no, rows, t.in, rank, 1.0f, du, rank, a, t.in, 0.0f,
+             dropped, t.in);
+    dev.dropout(dropped, dx, std::size_t(rows) * std::size_t(t.in), key, dropout, true);
   }
 };
 

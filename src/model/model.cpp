@@ -37,14 +37,15 @@
 //   Device's residual norms being bit for bit the add then the plain norm; GELU of the kept fc,
 //   SwiGLU of the kept gate | up), so they write the same bits (the norms' statistics are
 //   rewritten with their own), and backward reads exactly what it read without recomputation.
-//   What would break it: a forward that is not a pure function of (parameters, input) (dropout
-//   drawing from a generator state, a counter, anything kept between calls); kernels whose
-//   result depends on timing (atomics summing in arrival order, an autotuner choosing another
-//   algorithm on the second call, split-K chosen by load); a forward that reads its previous
-//   output or scratch left by another layer as input; the optimiser or anything else changing
-//   the parameters or their bf16 copy between forward and backward; and marking a layer
-//   whose forward writes anything but its output and saved workspace (the LM head's bf16
-//   logits, which the loss overwrites with their gradient, are why a last layer never is).
+//   What would break it: a forward that is not a pure function of (parameters, input) and the
+//   workspace's keys (dropout drawing from a generator state, a counter, anything kept between
+//   calls; LoRA's dropout draws from LayerWorkspace::dropout_key, Note [LoRA dropout] in
+//   src/model/lora.cpp); kernels whose result depends on timing (atomics summing in arrival order,
+//   an autotuner choosing another algorithm on the second call, split-K chosen by load); a forward
+//   that reads its previous output or scratch left by another layer as input; the optimiser or
+//   anything else changing the parameters or their bf16 copy between forward and backward; and
+//   marking a layer whose forward writes anything but its output and saved workspace (the LM head's
+//   bf16 logits, which the loss overwrites with their gradient, are why a last layer never is).
 //   The CPU's kernels are deterministic; on a GPU the forward kernels used (cuBLAS(Lt) products
 //   with a fixed algorithm, the fused attention's forward) are run-to-run deterministic too.
 //   One known difference, selective on CUDA: where cuBLASLt fuses GELU into c_fc's product
@@ -64,6 +65,7 @@
 #include "lockstep/model.hpp"
 
 #include "common/nvtx_range.hpp"
+#include "common/random.hpp"
 
 namespace lockstep {
 
@@ -328,7 +330,8 @@ LayerWorkspace Replica::workspace(std::size_t layer) {
           .constants = constant_of_[layer] >= 0 ? constants_[constant_of_[layer]].data() : nullptr,
           .recomputed = selective ? shared_saved_.data() : nullptr,
           .positions = positions_,
-          .frozen = frozen_.size() ? frozen_.data() + model_->frozen_read_offset(layer) : nullptr};
+          .frozen = frozen_.size() ? frozen_.data() + model_->frozen_read_offset(layer) : nullptr,
+          .dropout_key = dropout_key_ != 0 ? detail::derive_key(dropout_key_, layer) : 0};
 }
 
 // Layer's key function (its vtable and typeinfo are emitted here, with the rest of Layer's

@@ -293,7 +293,8 @@ void bind_generation(nb::module_& m) {
           [](SampleRequest& r, std::uint64_t v) { r.options.seed = v; })
       .def_rw("tokenizer", &SampleRequest::tokenizer)
       .def_rw("stop_at", &SampleRequest::stop_at)
-      .def_rw("kv_cache", &SampleRequest::kv_cache);
+      .def_rw("kv_cache", &SampleRequest::kv_cache)
+      .def_rw("allow_special", &SampleRequest::allow_special);
 
   m.def(
       "_export",

@@ -23,6 +23,7 @@ LossTotals loss_totals(Replica& replica, const Dataset& data, std::size_t first,
   DeviceArray<std::int32_t> positions_d(dev, positions.size());
   DeviceArray<LossStats> stats(dev, 1);  // summed on the device over every batch, read once
   LossTotals totals;
+  replica.set_dropout_key(0);  // eval drops nothing (Note [LoRA dropout] in src/model/lora.cpp)
   for (std::size_t i = first; i < data.size();) {
     int rows = 0;
     for (; rows < batch && i < data.size(); ++rows, i += stride) {

@@ -312,12 +312,15 @@ AttentionChoice attention_choice(const Config& config, std::string_view backend)
 
 LoraSpec lora_spec(const ModelConfig& m) {
   if (m.lora.rank == 0) return {};
-  return {.rank = m.lora.rank, .alpha = m.lora.alpha, .targets = parse_lora_targets(m.lora.targets)};
+  return {.rank = m.lora.rank, .alpha = m.lora.alpha, .targets = parse_lora_targets(m.lora.targets),
+          .dropout = m.lora.dropout};
 }
 
 std::string describe_lora(const ModelConfig& m) {
-  return fmt::format("rank={} alpha={} targets={}", m.lora.rank, m.lora.alpha,
-                     fmt::join(parse_lora_targets(m.lora.targets), ","));
+  std::string out = fmt::format("rank={} alpha={} targets={}", m.lora.rank, m.lora.alpha,
+                                fmt::join(parse_lora_targets(m.lora.targets), ","));
+  if (m.lora.dropout != 0.0) out += fmt::format(" dropout={}", m.lora.dropout);
+  return out;
 }
 
 LoraSpec parse_lora_record(std::string_view text) {
@@ -337,6 +340,8 @@ LoraSpec parse_lora_record(std::string_view text) {
         spec.alpha = std::stod(std::string(value));
       else if (key == "targets")
         spec.targets = parse_lora_targets(value);
+      else if (key == "dropout")
+        spec.dropout = std::stod(std::string(value));
       else
         throw std::invalid_argument("unknown key");
     } catch (const std::exception& e) {
@@ -370,8 +375,8 @@ EvalMetrics evaluate(const Config& config, const Model& model, std::span<const f
                      const Dataset& data) {
   if (model.frozen_count() > 0)
     throw InputError(fmt::format(
-        "{}: model.lora: evaluating adapters needs their base, which eval does not read yet; "
-        "`lockstep export --format hf` merges them into a model to evaluate",
+        "{}: model.lora: evaluating adapters needs their base: merge_lora_checkpoint (what "
+        "`lockstep eval` does) makes a LoRA checkpoint the merged model's, to evaluate",
         config.source));
   const int device_id = config.trainer.devices.at(0);
   std::unique_ptr<Backend> backend = make_backend(config.trainer.backend, std::span(&device_id, 1),
@@ -694,7 +699,7 @@ struct Trainer::Impl::RunResources {
   std::unique_ptr<detail::RunReport> report;
   std::vector<float> initial;
   std::vector<float> base;  // the model's frozen parameters; empty without
-  std::string base_source;  // Note [LoRA exports] in src/io/export_checkpoint.cpp
+  std::string base_source;  // Note [LoRA exports] in src/io/lora_checkpoint.cpp
   std::optional<detail::Trace> trace;
   // Per group (the first, then the survivors' after each shrink); on the heap, so that a group's
   // worker left behind keeps them where it found them (abandoned_groups).

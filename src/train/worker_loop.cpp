@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "common/elementwise_math.hpp"
+#include "common/random.hpp"
 #include "lockstep/comm.hpp"
 #include "lockstep/error.hpp"
 #include "train/evaluation.hpp"
@@ -158,6 +159,15 @@ bool WorkerLoop::cores_scarce(const Backend& backend) const {
 
 namespace {
 
+// The key of a training micro-batch's dropout masks (Note [LoRA dropout] in src/model/lora.cpp):
+// the same for the same seed, step, micro-batch and rank, in any run, resumed or not.
+std::uint64_t dropout_key(std::uint64_t seed, std::int64_t step, int micro, int rank) {
+  using detail::derive_key;
+  return derive_key(derive_key(derive_key(seed, static_cast<std::uint64_t>(step)),
+                               static_cast<std::uint64_t>(micro)),
+                    static_cast<std::uint64_t>(rank));
+}
+
 // A std::bad_alloc in a worker's set-up says what was being made, and (from the device) how much
 // and where: "out of memory allocating the model replica (...): 12.0 MiB on cpu:1" (Note
 // [Naming an allocation] in lockstep/error.hpp).
@@ -226,10 +236,14 @@ void WorkerLoop::set_up(Backend& backend) {
         SnapshotSlot::part_floats(snapshot_ranges(), res_.optimizer->state_names().size()),
         [&dev](std::size_t bytes) { return dev.allocate_host(bytes); });
   }
-  // ZeRO-2 retires buckets mid-backward: no graphs (Note [ZeRO-2]).
+  // ZeRO-2 retires buckets mid-backward: no graphs (Note [ZeRO-2]); nor with LoRA dropout, whose
+  // key changes every micro-batch (Note [LoRA dropout]).
   res_.graphs = std::make_unique<StepGraphs>(
       dev,
-      shards_gradients() || run_.train->masks_targets() ? GraphMode::off : tc.cuda_graphs, pos_.step + 1, run_.total_steps,
+      shards_gradients() || run_.train->masks_targets() || run_.cfg.model.lora.dropout > 0.0
+          ? GraphMode::off
+          : tc.cuda_graphs,
+      pos_.step + 1, run_.total_steps,
       /*speaks=*/global_ == 0);
   if (rank_ == 0) {
     run_.summary.buckets = res_.reducer->buckets().size();
@@ -458,6 +472,12 @@ bool WorkerLoop::run_micro_batch(int micro, StepTotals& mine) {
   const int predictions = b.size * targets;
   const float grad_scale = loss_scale(micro, b);
   replica.set_positions(in.positions ? in.positions->data<std::int32_t>() : nullptr);
+  // This micro-batch's masks (Note [LoRA dropout]), set again before backward: closing the step
+  // before, between the two, may evaluate, which drops nothing.
+  const std::uint64_t masks = run_.cfg.model.lora.dropout > 0.0
+                                  ? dropout_key(run_.cfg.trainer.seed, pos_.step, micro, global_)
+                                  : 0;
+  replica.set_dropout_key(masks);
   StepGraphs& graphs = *res_.graphs;  // Note [Step graphs]: each part captured, replayed or not
   {
     TraceSpan span(track_, "forward", pos_.step);
@@ -485,6 +505,7 @@ bool WorkerLoop::run_micro_batch(int micro, StepTotals& mine) {
     if (pending_ && close_step(/*deferred=*/true)) return false;
     replica.zero_grads();
   }
+  replica.set_dropout_key(masks);
   // Gradients accumulate over the micro-batches; only the last one is reduced (no_sync).
   const bool last_micro = micro == k - 1;
   backward_.inject_nan = last_micro && run_.fault.at(global_, pos_.step, Fault::Kind::nan);

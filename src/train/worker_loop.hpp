@@ -156,7 +156,7 @@ struct RunContext {
   // The model's frozen parameters, loaded into every replica (Note [Frozen parameters] in
   // src/model/lora.cpp); empty without.
   std::span<const float> base;
-  std::string_view base_source;  // where it came from (Note [LoRA exports])
+  std::string_view base_source;  // where it came from (Note [LoRA exports] in src/io/lora_checkpoint.cpp)
   std::int64_t total_steps;
   double start_s;
   double peak_flops;  // of every worker of the job together; 0 when unknown (see mfu())

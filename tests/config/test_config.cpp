@@ -799,8 +799,9 @@ TEST_CASE("config: model.lora takes PEFT's target names, and refuses what is not
   CHECK(parse_config(llama, "q.yaml").model.lora.rank == 4);
   CHECK(contains(errors_of(llama, {"model.lora.targets=q_proj,c_attn"}),
                  "model.lora.targets: 'c_attn' is not a projection: expected q_proj, k_proj"));
-  CHECK(contains(errors_of(llama, {"model.lora.dropout=0.1"}),
-                 "model.lora.dropout: dropout on the adapters' input is not built"));
+  const std::vector<std::string> dropout{"model.lora.dropout=0.1"};  // Note [LoRA dropout]
+  CHECK(parse_config(llama, "q.yaml", dropout).model.lora.dropout == 0.1);
+  CHECK(contains(errors_of(llama, {"model.lora.dropout=1"}), "model.lora.dropout"));
   CHECK(contains(errors_of(llama, {"trainer.precision=bf16"}),
                  "model.lora.rank: LoRA under trainer.precision (bf16"));
   CHECK(contains(errors_of(llama, {"model.family=gpt2"}),

@@ -2,7 +2,8 @@
 // [Comparing with the CPU] in gpu_vs_cpu.hpp), on fresh random inputs: RMSNorm with its
 // residual add, RoPE in place on q and k, SwiGLU; fp32 and bf16, each backward too. RoPE and
 // SwiGLU compute the CPU's bits (Note [Numerics of the CUDA kernels] in src/cuda/ops/common.cuh);
-// RMSNorm sums its rows in another order. Skip without a GPU.
+// RMSNorm sums its rows in another order. LoRA's dropout draws the CPU's mask. Skip without a
+// GPU.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -126,6 +127,31 @@ TEST_SUITE("cuda") {
           return Outputs{y.download(), widened(y16.download()), dh.download(),
                          dh_of16.download(), widened(dh16.download())};
         }, kSameBits, NaNs::where_cpu_has_them);
+      }
+    }
+  }
+
+  TEST_CASE("cuda: LoRA's dropout gives the CPU device's mask and bits") {
+    auto backend = cuda_or_skip();
+    if (!backend) return;
+    auto gpu = backend->create_device(0, 1, 0);
+    // Lengths around the kernel's packs, an unaligned start (at 1), and two probabilities.
+    for (const std::size_t n : {1ul, 7ul, 4099ul, 300000ul}) {
+      for (const std::size_t at : {0, 1}) {
+        for (const float p : {0.1f, 0.5f}) {
+          CAPTURE(n);
+          CAPTURE(at);
+          CAPTURE(p);
+          const std::uint64_t key = 0x5eed0000ull + n;
+          const auto x = random_floats(n + at, 930 + n, -3.0, 3.0);
+          const auto y0 = random_floats(n + at, 931 + n);
+          compare(*gpu, [&](Device& d) {
+            auto xd = on_device(d, x), acc = on_device(d, y0), y = poisoned(d, n + at);
+            d.dropout(xd.data() + at, y.data() + at, n, key, p, false);
+            d.dropout(xd.data() + at, acc.data() + at, n, key, p, true);
+            return Outputs{y.download(), acc.download()};
+          }, kSameBits, NaNs::where_cpu_has_them);
+        }
       }
     }
   }

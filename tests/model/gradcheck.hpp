@@ -59,10 +59,12 @@ struct LayerGradients {
 // parameter gradient buffer starts non-zero to check that backward accumulates into it. The
 // layer's workspace and scratch are allocated; `input_grad` false skips the input (token ids).
 // `frozen`: the layer's frozen parameters (LayerWorkspace::frozen), held fixed.
+// `dropout_key`: LayerWorkspace::dropout_key, one mask for every call (0: none).
 inline LayerGradients layer_gradients(const Layer& layer, int batch, std::vector<float> params,
                                       std::vector<float> x, std::uint64_t seed,
                                       bool input_grad = true,
-                                      const std::vector<float>& frozen = {}) {
+                                      const std::vector<float>& frozen = {},
+                                      std::uint64_t dropout_key = 0) {
   auto dev = lockstep::make_cpu_device(0, 1);
   DeviceArray<float> saved(*dev, layer.workspace_size(batch));
   DeviceArray<float> scratch(*dev, layer.scratch_size(batch));
@@ -72,6 +74,7 @@ inline LayerGradients layer_gradients(const Layer& layer, int batch, std::vector
   if (table) constants.upload(*table);
   lockstep::LayerWorkspace ws{saved.data(), scratch.data()};
   ws.constants = table ? constants.data() : nullptr;
+  ws.dropout_key = dropout_key;  // a fixed mask: every forward and the backward draw the same
   DeviceArray<float> frozen_d(*dev, frozen.size());
   if (!frozen.empty()) {
     frozen_d.upload(frozen);

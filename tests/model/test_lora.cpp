@@ -1,9 +1,11 @@
 // LoRA adapters on the Llama block (Note [LoRA] in src/model/lora.cpp): finite differences of
 // the adapters' gradients and the input's, through a block and a whole model; the base has no
 // gradient and is never written; zero B is the base model exactly; the merged weights give the
-// adapted model's logits.
+// adapted model's logits; dropout on the adapters' input (Note [LoRA dropout]): finite
+// differences through a fixed mask, PEFT's formula with the device's mask, key 0 drops nothing.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -11,6 +13,7 @@
 
 #include "gradcheck.hpp"
 #include "lockstep/model.hpp"
+#include "model/lora.hpp"
 
 namespace {
 
@@ -31,12 +34,14 @@ const LoraSpec kAll{.rank = 2, .alpha = 3.0,
                                 "down_proj"}};
 
 // The logits of `model` at `params` (and `frozen`) on fixed tokens.
+// `dropout_key`: Replica::set_dropout_key's (0: none).
 std::vector<float> logits(const Model& model, const std::vector<float>& params,
-                          const std::vector<float>& frozen) {
+                          const std::vector<float>& frozen, std::uint64_t dropout_key = 0) {
   auto dev = lockstep::make_cpu_device(0, 1);
   lockstep::Replica replica(*dev, model, 2);
   replica.load_parameters(params);
   if (!frozen.empty()) replica.load_frozen(frozen);
+  replica.set_dropout_key(dropout_key);
   const auto x = on_device(*dev, random_tokens(2 * std::size_t(kLlama.context), kLlama.vocab_size, 9));
   const float* y = replica.forward(x.data(), 2);
   std::vector<float> out(std::size_t(2) * model.outputs());
@@ -72,6 +77,24 @@ TEST_SUITE("gradcheck") {
         CHECK_MESSAGE(miss.empty(), "input: ", miss);
       }
     }
+  }
+
+  TEST_CASE("lora block with dropout: the adapters' gradients and the input's through one fixed mask") {
+    LoraSpec lora = kAll;
+    lora.dropout = 0.4;
+    const auto layer = lockstep::make_llama_block(kLlama, lockstep::AttentionKind::materialized,
+                                                  lockstep::make_rope_constants(kLlama), lora);
+    const auto adapters = random_floats(layer->param_count(), 14, -0.5, 0.5);
+    const auto base = random_floats(layer->frozen_count(), 15, -0.5, 0.5);
+    const int batch = 2;
+    const auto g = layer_gradients(
+        *layer, batch, adapters,
+        random_floats(std::size_t(batch) * kLlama.context * kLlama.d_model, 16, -2.0, 2.0), 17,
+        true, base, /*dropout_key=*/0xd40d);
+    std::string miss = mismatch(g.fd_params, g.params);
+    CHECK_MESSAGE(miss.empty(), "adapters: ", miss);
+    miss = mismatch(g.fd_input, g.input);
+    CHECK_MESSAGE(miss.empty(), "input: ", miss);
   }
 
   TEST_CASE("lora model through a Replica: the adapters' gradients by finite differences, and the base gets none") {
@@ -159,10 +182,77 @@ TEST_SUITE("model") {
     CHECK_THROWS_WITH_AS(Model::gpt(kLlama, lockstep::AttentionKind::materialized,
                                     {.rank = 2, .targets = {"c_attn"}}),
                          doctest::Contains("LoRA target 'c_attn'"), std::invalid_argument);
-    CHECK_THROWS_AS(Model::gpt(kLlama, lockstep::AttentionKind::materialized, {.rank = 2}),
+    CHECK_THROWS_AS(Model::gpt(kLlama, lockstep::AttentionKind::materialized,
+                               {.rank = 2, .targets = {}}),
                     std::invalid_argument);
     CHECK_THROWS_WITH_AS(Model::gpt(lockstep::GptSpec{}, lockstep::AttentionKind::materialized,
                                     kAll),
                          doctest::Contains("Llama family"), std::invalid_argument);
+  }
+
+  TEST_CASE("lora dropout: the adapter reads x m / (1 - p) with the device's mask (PEFT's formula), and key 0 drops nothing") {
+    auto dev = lockstep::make_cpu_device(0, 1);
+    const int rows = 6, in = 10, out = 7, rank = 3;
+    const float p = 0.25f, s = 1.5f;
+    const std::uint64_t key = 0x1234567ull;
+    const std::size_t nx = std::size_t(rows) * in, ny = std::size_t(rows) * out;
+    const auto a = random_floats(std::size_t(rank) * in, 40);
+    const auto b = random_floats(std::size_t(out) * rank, 41);
+    const auto x = random_floats(nx, 42), y0 = random_floats(ny, 43);
+    auto ad = on_device(*dev, a), bd = on_device(*dev, b), xd = on_device(*dev, x);
+    // The mask: what dropout makes of ones, each element 0 or 1 / (1 - p).
+    auto ones = on_device(*dev, std::vector<float>(nx, 1.0f));
+    DeviceArray<float> md(*dev, nx);
+    dev->dropout(ones.data(), md.data(), nx, key, p, false);
+    const auto m = md.download();
+    for (const float v : m) CHECK((v == 0.0f || v == 1.0f / (1.0f - p)));
+    const lockstep::detail::LoraTarget target{"q_proj", ".self_attn.q_proj", in, out, 0, out};
+    for (const std::uint64_t k : {key, std::uint64_t(0)}) {
+      CAPTURE(k);
+      const lockstep::detail::LoraAdapter adapter{ad.data(), bd.data(), rank, s, target, p, k};
+      auto yd = on_device(*dev, y0);
+      DeviceArray<float> u(*dev, std::size_t(rows) * rank), dropped(*dev, nx);
+      adapter.forward(*dev, xd.data(), yd.data(), u.data(), dropped.data(), rows);
+      const auto y = yd.download();
+      // y = y0 + s ((x * m) A^T) B^T in double; without a key, m = 1.
+      for (int r = 0; r < rows; ++r)
+        for (int o = 0; o < out; ++o) {
+          double want = y0[std::size_t(r) * out + o];
+          for (int j = 0; j < rank; ++j) {
+            double xa = 0.0;
+            for (int c = 0; c < in; ++c) {
+              const std::size_t i = std::size_t(r) * in + c;
+              xa += double(x[i]) * (k ? m[i] : 1.0) * a[std::size_t(j) * in + c];
+            }
+            want += s * xa * b[std::size_t(o) * rank + j];
+          }
+          CHECK(y[std::size_t(r) * out + o] == doctest::Approx(want).epsilon(1e-5));
+        }
+    }
+    // 1 - p of a long mask is kept, and the same key draws the same mask on a second call.
+    const std::size_t many = 200000;
+    auto long_ones = on_device(*dev, std::vector<float>(many, 1.0f));
+    DeviceArray<float> first(*dev, many), second(*dev, many);
+    dev->dropout(long_ones.data(), first.data(), many, key, p, false);
+    dev->dropout(long_ones.data(), second.data(), many, key, p, false);
+    const auto f = first.download();
+    CHECK(f == second.download());
+    const double kept = double(std::ranges::count_if(f, [](float v) { return v != 0.0f; }));
+    CHECK(kept / double(many) == doctest::Approx(1.0 - p).epsilon(0.01));
+  }
+
+  TEST_CASE("lora dropout through a Replica: key 0 is the model without dropout bit for bit, and a key draws its own masks alike each time") {
+    LoraSpec lora = kAll;
+    lora.dropout = 0.5;
+    const Model drop = Model::gpt(kLlama, lockstep::AttentionKind::materialized, lora);
+    const Model plain = Model::gpt(kLlama, lockstep::AttentionKind::materialized, kAll);
+    const auto adapters = random_floats(drop.param_count(), 51, -0.5, 0.5);
+    const auto base = drop.initial_frozen(4);
+    const auto none = logits(plain, adapters, base);
+    CHECK(logits(drop, adapters, base) == none);  // eval and sampling
+    const auto k7 = logits(drop, adapters, base, 7);
+    CHECK(k7 != none);
+    CHECK(logits(drop, adapters, base, 7) == k7);
+    CHECK(logits(drop, adapters, base, 8) != k7);
   }
 }

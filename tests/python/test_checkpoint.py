@@ -137,3 +137,22 @@ def test_a_new_run_leaves_another_runs_checkpoints_alone(tmp_path):
     over.run()
     assert not os.path.exists(weights)
     assert lockstep.load_checkpoint(ckpt).step == 2
+
+
+def test_sample_allow_special_encodes_a_chat_prompts_special_tokens(tmp_path):
+    config = lockstep.Config.from_yaml(
+        os.path.join(SOURCE_DIR, "configs", "sft_tiny.yaml"),
+        {"trainer.steps": 2, "trainer.eval_every": 0, "trainer.log_every": 2,
+         "trainer.checkpoint.dir": str(tmp_path / "sft")})
+    weights = lockstep.Trainer(config).run().checkpoint
+    # The chatml template's turn, as the shipped tokenizer's special tokens 1025 and 1026 open
+    # and close it.
+    prompt = "<|im_start|>user\nSpell river backwards.<|im_end|>\n<|im_start|>assistant\n"
+    special = lockstep.sample(weights, prompt, tokens=3, temperature=0, allow_special=True)
+    assert special.prompt_tokens.count(1025) == 2 and special.prompt_tokens.count(1026) == 1
+    text = lockstep.sample(weights, prompt, tokens=3, temperature=0)
+    assert 1025 not in text.prompt_tokens and len(text.prompt_tokens) > len(special.prompt_tokens)
+    code, stdout, stderr = run_cli("sample", weights, "--allow-special", "--prompt", prompt,
+                                   "--tokens", 3, "--temperature", 0)
+    assert code == 0, stderr
+    assert stdout == special.prompt_text + special.text + "\n"

@@ -2,7 +2,8 @@
 // N workers x batch B take the steps of 1 worker x batch N*B with identical replicas, ZeRO and
 // accumulation on the adapters alone; the summary's trainable and frozen counts against a full
 // fine-tune; a resume is bit-exact on the same base and refused on another, naming both hashes;
-// the exports (merged, base, PEFT) read back.
+// the exports (merged, base, PEFT) read back; with dropout on the adapters' input (Note [LoRA
+// dropout]) a resume and recompute full stay bit-exact and eval drops nothing.
 #include <doctest/doctest.h>
 
 #include <unistd.h>
@@ -12,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "io/peft.hpp"
+#include "train/evaluation.hpp"
 #include "trainer_fixtures.hpp"
 #include "lockstep/lockstep.hpp"
 
@@ -119,4 +121,53 @@ TEST_CASE("lora: trainer.recompute full reruns the adapted blocks bit for bit") 
   a.run();
   b.run();
   CHECK(a.final_parameters() == b.final_parameters());
+}
+
+TEST_CASE("lora dropout: a resume is bit-exact, recompute full bit-identical, eval drops nothing, and the PEFT export says the rate") {
+  auto train = std::make_shared<TokenDataset>(token_stream(961, 8, 1));
+  auto eval = std::make_shared<TokenDataset>(token_stream(161, 8, 2));
+  const std::filesystem::path dir =
+      test::fresh_dir(fmt::format("lockstep_lora_dropout_{}", getpid()));
+  Config cfg = lora_config(2, 3);
+  cfg.model.lora.dropout = 0.3;
+  cfg.trainer.accumulate_steps = 2;  // two micro-batches, two masks a step
+  Trainer whole(cfg, train, nullptr);
+  whole.run();
+  // The masks changed the steps: without dropout the adapters end elsewhere.
+  Config plain = cfg;
+  plain.model.lora.dropout = 0.0;
+  Trainer undropped(plain, train, nullptr);
+  undropped.run();
+  CHECK(undropped.final_parameters() != whole.final_parameters());
+  // Stopped at step 3 and resumed: the same masks for the same steps (Note [LoRA dropout]).
+  Config first = cfg;
+  first.trainer.steps = 3;
+  first.trainer.checkpoint.dir = dir.string();
+  Trainer(first, train, nullptr).run();
+  Trainer resumed(cfg, train, nullptr);
+  resumed.resume_from(*CheckpointManager(dir, 0).load_latest());
+  resumed.run();
+  CHECK(resumed.final_parameters() == whole.final_parameters());
+  // recompute full reruns each block's forward with the same key: the same masks.
+  Config recomputed = cfg;
+  recomputed.trainer.recompute = Recompute::full;
+  Trainer again(recomputed, train, nullptr);
+  again.run();
+  CHECK(again.final_parameters() == whole.final_parameters());
+  // The PEFT export says the rate, as lora_dropout.
+  export_checkpoint({.checkpoint = dir, .out = dir / "peft", .format = "peft"});
+  CHECK(detail::read_peft_config(dir / "peft").dropout == 0.3);
+  std::filesystem::remove_all(dir);
+
+  // Eval drops nothing, whatever key a training forward left in the replica.
+  const Model& model = whole.model();
+  auto dev = make_cpu_device(0, 1);
+  const auto totals = [&](std::uint64_t key) {
+    Replica replica(*dev, model, 2);
+    replica.load_parameters(whole.final_parameters());
+    replica.load_frozen(model.initial_frozen(cfg.trainer.seed));
+    replica.set_dropout_key(key);
+    return detail::loss_totals(replica, *eval, 0, 1, 2).loss_sum;
+  };
+  CHECK(totals(12345) == totals(0));
 }

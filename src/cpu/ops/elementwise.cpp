@@ -100,6 +100,20 @@ void CpuDevice::add(const float* a, const float* b, float* y, std::size_t n) {
   }));
 }
 
+// Note [LoRA dropout] in src/model/lora.cpp: each element's keep from (key, i) alone, so the
+// blocks for_range cuts do not matter.
+void CpuDevice::dropout(const float* x, float* y, std::size_t n, std::uint64_t key, float p,
+                        bool accumulate) {
+  const std::uint32_t threshold = detail::dropout_threshold(p);
+  const float scale = detail::dropout_scale(p);
+  for_range(n, [=](std::size_t i0, std::size_t i1) {
+    for (std::size_t i = i0; i < i1; ++i) {
+      const float kept = detail::dropout_keeps(key, i, threshold) ? x[i] * scale : 0.0f;
+      y[i] = accumulate ? y[i] + kept : kept;
+    }
+  });
+}
+
 // y (rows, cols) += bias (cols)
 void CpuDevice::add_bias(float* y, const float* bias, int rows, int cols) {
   add_bias_of(y, bias, y, rows, cols);

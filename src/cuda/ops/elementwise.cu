@@ -156,6 +156,24 @@ __global__ void add_kernel(const float* a, const float* b, float* y, std::size_t
   });
 }
 
+// y[i] (+)= x[i] / (1 - p) where the mask keeps i (Note [LoRA dropout] in src/model/lora.cpp):
+// the keep of element i is dropout_keeps(key, i), as on the CPU.
+__global__ void dropout_kernel(const float* x, float* y, std::size_t n, std::uint64_t key,
+                               std::uint32_t threshold, float scale, bool accumulate, bool wide) {
+  for_each_pack(n, wide, [=](std::size_t i, auto width) {
+    constexpr int W = decltype(width)::value;
+    float u[W], v[W];
+    load(x + i, u);
+    if (accumulate) load(y + i, v);
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      const float kept = detail::dropout_keeps(key, i + k, threshold) ? u[k] * scale : 0.0f;
+      u[k] = accumulate ? v[k] + kept : kept;
+    }
+    store(y + i, u);
+  });
+}
+
 // dbias[c] += the sum of column c of dy (rows, cols), in double. A block takes 32 neighbouring
 // columns (a warp reads 128 contiguous bytes of a row) and kBiasRowGroups groups of rows: thread
 // (g, c) adds rows g, g + kBiasRowGroups, ... in order, eight loads in flight; the groups'
@@ -233,6 +251,15 @@ void launch_add(cudaStream_t stream, const float* a, const float* b, float* y, s
   if (n == 0) return;
   const bool wide = aligned16(a, b, y);
   add_kernel<<<blocks_for_packs(n, wide), kThreads, 0, stream>>>(a, b, y, n, wide);
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_dropout(cudaStream_t stream, const float* x, float* y, std::size_t n,
+                    std::uint64_t key, float p, bool accumulate) {
+  if (n == 0) return;
+  const bool wide = aligned16(x, y);
+  dropout_kernel<<<blocks_for_packs(n, wide), kThreads, 0, stream>>>(
+      x, y, n, key, detail::dropout_threshold(p), detail::dropout_scale(p), accumulate, wide);
   CUDA_CHECK(cudaGetLastError());
 }
 

@@ -423,7 +423,7 @@ class Sample:
 def sample(checkpoint: PathLike, prompt: str = "", *, tokens: int = 200,
            temperature: float = 0.8, top_k: int = 0, seed: int = 0, backend: str = "auto",
            tokenizer: Optional[PathLike] = None, stop_at: Optional[Sequence[int]] = None,
-           kv_cache: bool = True,
+           kv_cache: bool = True, allow_special: bool = False,
            on_token: Optional[Callable[[int, bytes], Any]] = None) -> Sample:
     """Continues ``prompt`` with a GPT checkpoint, as ``lockstep sample`` does (the same
     defaults, checks and draws: the same seed gives the same text). The text is decoded with
@@ -434,7 +434,9 @@ def sample(checkpoint: PathLike, prompt: str = "", *, tokens: int = 200,
     end-of-sequence ids (config.json's eos_token_id for a run begun from a Hugging Face
     directory, else the tokenizer's end token), or at ``stop_at`` (none when empty). Each token
     costs one position through a key/value cache; ``kv_cache=False`` runs the whole window per
-    token instead (the same tokens, slower)."""
+    token instead (the same tokens, slower). ``allow_special=True`` encodes the text of the
+    tokenizer's special tokens in the prompt ("<|im_start|>") as those tokens, as a chat
+    template renders them (``lockstep sample --allow-special``); by default it is text."""
     request = _lockstep._SampleRequest()
     request.checkpoint = os.fspath(checkpoint)
     request.prompt = prompt
@@ -444,6 +446,7 @@ def sample(checkpoint: PathLike, prompt: str = "", *, tokens: int = 200,
     if stop_at is not None:
         request.stop_at = [int(t) for t in stop_at]
     request.kv_cache = bool(kv_cache)
+    request.allow_special = bool(allow_special)
     values = _lockstep._sample(request, backend, on_token)
     _warn_all(values)
     for key in ("prompt_text", "text"):
