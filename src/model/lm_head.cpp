@@ -59,7 +59,9 @@ class LmHead final : public Layer {
   // No bias: the gradient of the logits feeds the two matrix products only.
   bool dout_bf16() const noexcept override { return true; }
   std::size_t workspace_size(int batch, Precision precision) const noexcept override {
-    return Saved::at(nullptr, batch * t_, p_ - v_, c_, p_, precision == Precision::bf16).size;
+    return Saved::at(nullptr, batch * t_, p_ - v_, c_, p_, precision == Precision::bf16,
+                     /*chunks=*/true)
+        .size;
   }
 
   // bf16 with ws.out_bf16: the logits rounded to bf16 there, computed in fp32 kChunkRows rows
@@ -68,7 +70,8 @@ class LmHead final : public Layer {
   void forward(Device& dev, const float* wte, const float* in, float* out, int batch,
                const LayerWorkspace& ws) const override {
     const int n = batch * t_;
-    const Saved s = Saved::at(ws.saved, n, p_ - v_, c_, p_, ws.precision == Precision::bf16);
+    const Saved s = Saved::at(ws.saved, n, p_ - v_, c_, p_, ws.precision == Precision::bf16,
+                              /*chunks=*/true);
     const MatIn x = detail::as_input(dev, in, s.in16, std::size_t(n) * c_);
     const MatIn w = detail::param_input(wte, ws, 0);
     if (!ws.out_bf16) return logits(dev, x, w, s, out, n);
@@ -88,7 +91,7 @@ class LmHead final : public Layer {
     const bool bf16 = ws.precision == Precision::bf16;
     if (bf16 && !ws.dout_bf16)
       throw std::logic_error("lm_head: bf16 backward needs LayerWorkspace::dout_bf16");
-    const Saved s = Saved::at(ws.saved, n, p_ - v_, c_, p_, bf16);
+    const Saved s = Saved::at(ws.saved, n, p_ - v_, c_, p_, bf16, /*chunks=*/true);
     const MatIn x = bf16 ? MatIn{nullptr, s.in16} : MatIn{in, nullptr};
     const MatIn dy = bf16 ? MatIn{nullptr, ws.dout_bf16} : MatIn{dout, nullptr};
     if (dwte)  // null: the weight is frozen (Note [Frozen parameters] in lora.cpp)
@@ -98,35 +101,97 @@ class LmHead final : public Layer {
                      detail::param_input(wte, ws, 0), c_, 0.0f, din, c_);
   }
 
+  // Note [Chunked classifier]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // A training step never needs all the logits at once: each row's loss and gradient depend on
+  // that row alone, and the head's two backward products are sums over rows. So the head and
+  // the loss run kChunkRows rows at a time (as Liger-Kernel's fused linear cross-entropy and
+  // llm.c's classifier do): for each chunk of x (rows, C),
+  //   logits (rows, P) = x W^T, -inf in the padding (Note [Padded vocabulary]), in the fp32
+  //     chunk; bf16: rounded into the bf16 chunk, as forward rounds the whole logits;
+  //   the fused classifier (Note [Fused classifier] in src/cpu/ops/softmax.cpp) adds the
+  //     chunk's loss and correct count and writes dlogits over the chunk, in place;
+  //   din rows (rows, C) = dlogits W, and dW (V, C) += dlogits^T x (skipped when W is frozen).
+  // The loss scale (Note [Global token mean] in src/train/worker_loop.cpp) is known before the
+  // step, so the gradient can be made while the logits are at hand. What remains of the
+  // (B T, P) logits and their gradient (GPT-2 at 8 x 1024: 0.82 GB in bf16, 3.3 GB in fp32)
+  // is one chunk: 256 x 50304 x 6 bytes = 77 MB in bf16, 51 MB in fp32.
+  // What it guarantees: the loss, correct count, dlogits and din of every row are the bits of
+  // the unchunked head's (the same products per row, the same classifier per row); only dW's
+  // sum over rows is cut at chunk boundaries, an fp32 reordering of the same products (tests/
+  // model/test_chunked_classifier.cpp bounds it, with a row count no chunk divides, tied and
+  // untied, fp32 and bf16, masked labels). Hence chunked and unchunked training steps differ
+  // by fp32 rounding, and each is deterministic by itself; a run is bit-identical across
+  // recompute modes, ZeRO settings and graphs, which all take this path.
+  // Its costs: the head's weight gradient is read and written once per chunk (32 times for
+  // 8 x 1024 rows): the chunk's product has 2 x 256 flops per byte of dW moved, plenty on a
+  // CPU, near a large GPU's balance point. A bad label is named by its row within its chunk.
+  // Who needs the logits themselves (sampling, a KV cache, Replica::forward for tests and
+  // Python) still runs forward(), which writes them all.
+  bool fuses_loss() const noexcept override { return true; }
+  void forward_loss(Device& dev, const float* wte, float* dwte, const float* in, float* din,
+                    const LossInput& loss, int batch, const LayerWorkspace& ws) const override {
+    const int n = batch * t_;
+    const bool bf16 = ws.precision == Precision::bf16;
+    const Saved s = Saved::at(ws.saved, n, p_ - v_, c_, p_, bf16, /*chunks=*/true);
+    const MatIn x = detail::as_input(dev, in, s.in16, std::size_t(n) * c_);
+    const MatIn w = detail::param_input(wte, ws, 0);
+    for (int r = 0; r < n; r += kChunkRows) {
+      const int rows = std::min(kChunkRows, n - r);
+      const MatIn xr = x + std::int64_t(r) * c_;
+      logits(dev, xr, w, s, s.chunk, rows);
+      if (bf16) {
+        dev.to_bf16(s.chunk, s.chunk16, std::size_t(rows) * p_);
+        dev.softmax_cross_entropy(s.chunk16, loss.labels + r, rows, p_,
+                                  din ? s.chunk16 : nullptr, loss.grad_scale, loss.stats);
+      } else {
+        dev.softmax_cross_entropy(s.chunk, loss.labels + r, rows, p_, din ? s.chunk : nullptr,
+                                  loss.grad_scale, loss.stats);
+      }
+      if (!din) continue;
+      const MatIn dy = bf16 ? MatIn{nullptr, s.chunk16} : MatIn{s.chunk, nullptr};
+      if (dwte)
+        detail::matmul(dev, Transpose::yes, Transpose::no, v_, c_, rows, dy, p_, xr, c_, 1.0f,
+                       dwte, c_);
+      detail::matmul(dev, Transpose::no, Transpose::no, rows, c_, v_, dy, p_, w, c_, 0.0f,
+                     din + std::size_t(r) * c_, c_);
+    }
+  }
+
   // Note [KV cache]: the logits of the step's positions, fp32; the padding's factors in the
   // scratch.
   bool decodes() const noexcept override { return true; }
   std::size_t decode_scratch_size(int count) const noexcept override {
-    return Saved::at(nullptr, count, p_ - v_, c_, p_, false).size;
+    return Saved::at(nullptr, count, p_ - v_, c_, p_, false, /*chunks=*/false).size;
   }
   void decode(Device& dev, const float* wte, const float* in, float* out,
               const DecodeStep& step) const override {
-    const Saved s = Saved::at(step.scratch, step.count, p_ - v_, c_, p_, false);
+    const Saved s = Saved::at(step.scratch, step.count, p_ - v_, c_, p_, false, /*chunks=*/false);
     logits(dev, {in, nullptr}, {wte, nullptr}, s, out, step.count);
   }
 
  private:
-  // Rows of fp32 logits a bf16 forward computes at a time (GPT-2: 51 MB).
+  // Rows of logits a bf16 forward and forward_loss compute at a time (GPT-2: 51 MB in fp32;
+  // Note [Chunked classifier]).
   static constexpr int kChunkRows = 256;
 
   // ones (N) and minus_inf (P - V), the two factors of the padding (none without padding);
-  // bf16: the input rounded to bf16 (N, C), for backward, and the fp32 logits of a chunk
-  // (min(N, kChunkRows), P).
+  // bf16: the input rounded to bf16 (N, C), for backward. With chunks (a replica's workspace,
+  // not decode's scratch): the fp32 logits of a chunk (min(N, kChunkRows), P), and under bf16
+  // the same rounded to bf16, which the fused classifier overwrites with their gradient.
   struct Saved {
     float *ones, *minus_inf;
     std::uint16_t* in16;
     float* chunk;
+    std::uint16_t* chunk16;
     std::size_t size;
-    static Saved at(float* base, int rows, int padding, int channels, int p, bool bf16) {
+    static Saved at(float* base, int rows, int padding, int channels, int p, bool bf16,
+                    bool chunks) {
       Carver k(base);
+      const std::size_t chunk = chunks ? std::size_t(std::min(rows, kChunkRows)) * p : 0;
       Saved s{k.take(padding > 0 ? std::size_t(rows) : 0), k.take(std::size_t(padding)),
-              bf16 ? k.take_bf16(std::size_t(rows) * channels) : nullptr,
-              k.take(bf16 ? std::size_t(std::min(rows, kChunkRows)) * p : 0), 0};
+              bf16 ? k.take_bf16(std::size_t(rows) * channels) : nullptr, k.take(chunk),
+              bf16 ? k.take_bf16(chunk) : nullptr, 0};
       s.size = k.used();
       return s;
     }

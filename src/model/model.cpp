@@ -252,12 +252,13 @@ Replica::Replica(Device& device, const Model& model, int max_batch, Precision pr
   int din_width = 1;
   std::size_t scratch = 0, shared = 0;
   const Layer& last = *model.layers().back();  // a model has at least one layer
-  const bool logits_bf16 = precision == Precision::bf16 && last.dout_bf16();
+  logits_bf16_ = precision == Precision::bf16 && last.dout_bf16();
   for (std::size_t i = 0; i < model.layers().size(); ++i) {
     const Layer& layer = *model.layers()[i];
     if (i > 0) din_width = std::max(din_width, layer.in_features());
-    // A bf16 LM head writes its logits into dlogits_bf16_ instead (see forward()).
-    const bool head = i + 1 == model.layers().size() && logits_bf16;
+    // A bf16 LM head writes its logits into dlogits_bf16_ instead (see forward()); a head that
+    // fuses its loss gets them from the first forward() (Note [Chunked classifier]).
+    const bool head = i + 1 == model.layers().size() && (logits_bf16_ || layer.fuses_loss());
     acts_.emplace_back(device, head ? 0 : elements(max_batch, layer.out_features()));
     const std::size_t saved = layer.workspace_size(max_batch, precision);
     // Note [Recomputation]: what a recomputed layer keeps of its own, and what it shares.
@@ -270,7 +271,7 @@ Replica::Replica(Device& device, const Model& model, int max_batch, Precision pr
   }
   scratch_ = DeviceArray<float>(device, scratch);
   shared_saved_ = DeviceArray<float>(device, shared);
-  if (logits_bf16)
+  if (logits_bf16_ && !last.fuses_loss())
     dlogits_bf16_ = DeviceArray<std::uint16_t>(device, elements(max_batch, last.out_features()));
   for (DeviceArray<float>& d : dbuf_) d = DeviceArray<float>(device, elements(max_batch, din_width));
   // Note [Layer constants]: one device copy of each distinct table.
@@ -331,6 +332,12 @@ LayerWorkspace Replica::workspace(std::size_t layer) {
           .frozen = frozen_.size() ? frozen_.data() + model_->frozen_read_offset(layer) : nullptr};
 }
 
+void Layer::forward_loss(Device& /*dev*/, const float* /*params*/, float* /*grads*/,
+                         const float* /*in*/, float* /*din*/, const LossInput& /*loss*/,
+                         int /*batch*/, const LayerWorkspace& /*ws*/) const {
+  throw std::logic_error(fmt::format("layer '{}' does not fuse a loss", kind()));
+}
+
 // Layer's key function (its vtable and typeinfo are emitted here, with the rest of Layer's
 // defaults): a layer with no cached decode (Note [KV cache] in src/model/kv_cache.cpp).
 void Layer::decode(Device& /*dev*/, const float* /*params*/, const float* /*in*/,
@@ -347,6 +354,7 @@ void Replica::zero_grads() {
 
 void Replica::run_forward(const float* x, int batch) {
   check_batch(batch, max_batch_);
+  (void)dlogits_bf16();  // the bf16 logits' buffer, made now if the head fuses its loss
   const auto& layers = model_->layers();
   for (std::size_t i = 0; i < layers.size(); ++i) {
     const float* in = i == 0 ? x : acts_[i - 1].data();
@@ -357,9 +365,9 @@ void Replica::run_forward(const float* x, int batch) {
 }
 
 const float* Replica::forward(const float* x, int batch) {
+  if (!acts_.back().size())  // a bf16 head's widened logits, or those of a head fusing its loss
+    acts_.back() = DeviceArray<float>(*device_, elements(max_batch_, model_->outputs()));
   run_forward(x, batch);
-  if (dlogits_bf16_.size() && !acts_.back().size())
-    acts_.back() = DeviceArray<float>(*device_, dlogits_bf16_.size());
   if (dlogits_bf16_.size())
     device_->from_bf16(dlogits_bf16_.data(), acts_.back().data(),
                        elements(batch, model_->layers().back()->out_features()));
@@ -367,9 +375,62 @@ const float* Replica::forward(const float* x, int batch) {
 }
 
 const std::uint16_t* Replica::forward_bf16(const float* x, int batch) {
-  if (!dlogits_bf16_.size()) return nullptr;
+  if (!logits_bf16_) return nullptr;
   run_forward(x, batch);
   return dlogits_bf16_.data();
+}
+
+std::uint16_t* Replica::dlogits_bf16() {
+  if (logits_bf16_ && !dlogits_bf16_.size())
+    dlogits_bf16_ = DeviceArray<std::uint16_t>(*device_, elements(max_batch_, model_->outputs()));
+  return dlogits_bf16_.data();
+}
+
+bool Replica::fuses_loss() const noexcept { return model_->layers().back()->fuses_loss(); }
+
+void Replica::forward_hidden(const float* x, int batch) {
+  check_batch(batch, max_batch_);
+  if (!fuses_loss())
+    throw std::logic_error("replica: forward_hidden needs an LM head that fuses its loss");
+  const auto& layers = model_->layers();
+  for (std::size_t i = 0; i + 1 < layers.size(); ++i) {
+    const float* in = i == 0 ? x : acts_[i - 1].data();
+    layers[i]->forward(*device_, params_.data() + model_->read_offset(i), in, acts_[i].data(),
+                       batch, workspace(i));
+    if (recomputes(i)) shared_holds_ = i;
+  }
+  head_done_ = false;
+}
+
+// The head's input gradient goes where backward's layer L - 1 would have written it,
+// dbuf_[(L - 1) % 2], which layer L - 2 reads as its dout.
+void Replica::head_loss(int batch, const LossInput& loss, bool gradients,
+                        const GradientTarget& target) {
+  check_batch(batch, max_batch_);
+  const auto& layers = model_->layers();
+  const std::size_t head = layers.size() - 1;
+  if (!fuses_loss() || head == 0)
+    throw std::logic_error("replica: head_loss needs an LM head that fuses its loss, after "
+                           "other layers");
+  const detail::NvtxRange range("loss layers.", head);
+  const std::size_t offset = model_->read_offset(head);
+  float* grads = nullptr;
+  if (gradients && has_gradients(head)) {
+    if (!target && grads_.size() != model_->param_count())
+      throw std::invalid_argument("replica: head_loss without a gradient buffer needs a target");
+    grads = target ? target(head) : grads_.data() + offset;
+  }
+  layers[head]->forward_loss(*device_, params_.data() + offset, grads, acts_[head - 1].data(),
+                             gradients ? dbuf_[head % 2].data() : nullptr, loss, batch,
+                             workspace(head));
+  head_done_ = gradients;
+}
+
+bool Replica::has_gradients(std::size_t layer) const {
+  const auto& layers = model_->layers();
+  const int tied = layers[layer]->tied_to();
+  return layers[layer]->param_count() > 0 ||
+         (tied >= 0 && layers[static_cast<std::size_t>(tied)]->param_count() > 0);
 }
 
 // Layer i writes its din into dbuf_[i % 2] and reads its dout from dbuf_[(i + 1) % 2], which
@@ -381,11 +442,17 @@ void Replica::backward(const float* x, const float* dlogits, int batch,
   if (!target && grads_.size() != model_->param_count())
     throw std::invalid_argument("replica: backward without a gradient buffer needs a target");
   const auto& layers = model_->layers();
-  if (dlogits_bf16_.size() && dlogits)
-    device_->to_bf16(dlogits, dlogits_bf16_.data(), elements(batch, layers.back()->out_features()));
-  if (!dlogits && !dlogits_bf16_.size())
-    throw std::invalid_argument("replica: backward without dlogits needs a bf16 LM head");
-  for (std::size_t i = layers.size(); i-- > 0;) {
+  // After head_loss: the head's backward is done, its input gradient in dbuf_.
+  const bool from_head = !dlogits && head_done_;
+  head_done_ = false;
+  if (logits_bf16_ && dlogits)
+    device_->to_bf16(dlogits, dlogits_bf16(), elements(batch, layers.back()->out_features()));
+  if (!dlogits && !from_head && !dlogits_bf16_.size())
+    throw std::invalid_argument(
+        "replica: backward without dlogits needs a bf16 LM head or head_loss first");
+  if (from_head && grads_ready && layers.back()->param_count() > 0)
+    grads_ready(layers.size() - 1);
+  for (std::size_t i = layers.size() - (from_head ? 1 : 0); i-- > 0;) {
     const float* in = i == 0 ? x : acts_[i - 1].data();
     const float* dout = i + 1 == layers.size() ? dlogits : dbuf_[(i + 1) % 2].data();
     float* din = i == 0 ? nullptr : dbuf_[i % 2].data();
@@ -400,10 +467,7 @@ void Replica::backward(const float* x, const float* dlogits, int batch,
       shared_holds_ = i;
     }
     const detail::NvtxRange range("backward layers.", i);
-    const int tied = layers[i]->tied_to();
-    const bool has_grads = layers[i]->param_count() > 0 ||
-                           (tied >= 0 && layers[static_cast<std::size_t>(tied)]->param_count() > 0);
-    float* grads = !has_grads ? nullptr : target ? target(i) : grads_.data() + offset;
+    float* grads = !has_gradients(i) ? nullptr : target ? target(i) : grads_.data() + offset;
     layers[i]->backward(*device_, params_.data() + offset, grads, in, acts_[i].data(), dout, din,
                         batch, workspace(i));
     if (grads_ready && layers[i]->param_count() > 0) grads_ready(i);
@@ -425,7 +489,16 @@ void Replica::warm_up(int batch, const GradientTarget& target) {
   check_batch(batch, max_batch_);
   const DeviceArray<float> x(*device_, elements(batch, model_->inputs()));  // allocated zeroed
   const std::size_t n = elements(batch, model_->outputs());
-  if (dlogits_bf16_.size()) {
+  if (fuses_loss()) {
+    // Label 0 at every position with a zero scale: a zero gradient of the logits, as below,
+    // through the step's own path (Note [Chunked classifier]).
+    const DeviceArray<std::int32_t> labels(*device_, elements(batch, model_->inputs()));
+    DeviceArray<LossStats> stats(*device_, 1);
+    forward_hidden(x.data(), batch);
+    head_loss(batch, {.labels = labels.data(), .grad_scale = 0.0f, .stats = stats.data()},
+              /*gradients=*/true, target);
+    backward(x.data(), nullptr, batch, {}, target);
+  } else if (dlogits_bf16_.size()) {
     if (n % 2 != 0) throw std::logic_error("replica: a bf16 LM head's logits have an odd count");
     run_forward(x.data(), batch);
     device_->fill(reinterpret_cast<float*>(dlogits_bf16_.data()), 0.0f, n / 2);

@@ -259,7 +259,8 @@ class WorkerLoop {
     std::unique_ptr<StepRecord> records[2];  // steps use them in turn (Note [Deferred step read])
     std::unique_ptr<ShardLoader> loader;
     std::unique_ptr<StagedBatches> batches;
-    // (batch x targets, classes); empty where the loss writes the replica's dlogits_bf16().
+    // (batch x targets, classes); empty where the replica's LM head fuses the loss (Note
+    // [Chunked classifier] in src/model/lm_head.cpp).
     DeviceArray<float> dlogits;
     // trainer.snapshot_every's copies (Note [Snapshots]); last, so that it is destroyed first:
     // its copies read the replica's and the optimiser's memory.
