@@ -43,8 +43,9 @@
 //   algorithm on the second call, split-K chosen by load); a forward that reads its previous
 //   output or scratch left by another layer as input; the optimiser or anything else changing
 //   the parameters or their bf16 copy between forward and backward; and marking a layer
-//   whose forward writes anything but its output and saved workspace (the LM head's bf16
-//   logits, which the loss overwrites with their gradient, are why a last layer never is).
+//   whose forward writes anything but its output and saved workspace (the LM head's logits,
+//   which the loss overwrites with their gradient, are why a last layer never is; the head
+//   fused with the loss runs its backward with its forward: Note [Chunked classifier]).
 //   The CPU's kernels are deterministic; on a GPU the forward kernels used (cuBLAS(Lt) products
 //   with a fixed algorithm, the fused attention's forward) are run-to-run deterministic too.
 //   One known difference, selective on CUDA: where cuBLASLt fuses GELU into c_fc's product
@@ -481,10 +482,10 @@ std::size_t Replica::activation_bytes() const {
   return floats * sizeof(float) + dlogits_bf16_.size() * sizeof(std::uint16_t);
 }
 
-// The logits' buffer, zeroed, serves as their gradient: the last layer's backward only reads
-// it, as it reads its output, and the next forward overwrites it. With a bf16 LM head it is
-// dlogits_bf16_ (zero bits are bf16 zeros, two to a float; the head's rows have an even P),
-// the buffer the loss writes in a step.
+// An LM head fused with its loss warms up as a step runs it. Otherwise the logits' buffer,
+// zeroed, serves as their gradient: the last layer's backward only reads it, as it reads its
+// output, and the next forward overwrites it. With a bf16 LM head it is dlogits_bf16_ (zero
+// bits are bf16 zeros, two to a float; the head's rows have an even P).
 void Replica::warm_up(int batch, const GradientTarget& target) {
   check_batch(batch, max_batch_);
   const DeviceArray<float> x(*device_, elements(batch, model_->inputs()));  // allocated zeroed
