@@ -244,11 +244,11 @@ Replica::Replica(Device& device, const Model& model, int max_batch, Precision pr
       model_(&model),
       max_batch_(checked_max_batch(max_batch)),
       precision_(precision),
-      recompute_(recompute),
       params_(device, model.param_count()),
       params_bf16_(device, precision == Precision::bf16 ? model.param_count() : 0),
       grads_(device, own_gradients ? model.param_count() : 0),
-      frozen_(device, model.frozen_count()) {
+      frozen_(device, model.frozen_count()),
+      recompute_(recompute) {
   // Activation gradients are layers' din: as wide as the widest input after the first layer.
   int din_width = 1;
   std::size_t scratch = 0, shared = 0;
