@@ -116,16 +116,18 @@ class LmHead final : public Layer {
   // step, so the gradient can be made while the logits are at hand. What remains of the
   // (B T, P) logits and their gradient (GPT-2 at 8 x 1024: 0.82 GB in bf16, 3.3 GB in fp32)
   // is one chunk: 256 x 50304 x 6 bytes = 77 MB in bf16, 51 MB in fp32.
-  // What it guarantees: the loss, correct count, dlogits and din of every row are the bits of
-  // the unchunked head's (the same products per row, the same classifier per row); only dW's
-  // sum over rows is cut at chunk boundaries, an fp32 reordering of the same products (tests/
-  // model/test_chunked_classifier.cpp bounds it, with a row count no chunk divides, tied and
-  // untied, fp32 and bf16, masked labels). Hence chunked and unchunked training steps differ
-  // by fp32 rounding, and each is deterministic by itself; a run is bit-identical across
-  // recompute modes, ZeRO settings and graphs, which all take this path.
+  // What it guarantees: every row gets the unchunked head's arithmetic (the same products
+  // over C and V, the same classifier, the same bf16 roundings), so its loss, dlogits and din
+  // differ from the unchunked head's at most where a matrix product blocks a shorter M
+  // differently; dW's sum over rows is cut at chunk boundaries. Both are fp32 reorderings of
+  // the same products (tests/model/test_chunked_classifier.cpp bounds them, with a row count
+  // no chunk divides, tied and untied heads, fp32 and bf16, masked labels: gradients measured
+  // within 1e-7 of their largest, allowed 1e-5 (bf16 1e-4)). Each path is deterministic itself,
+  // and every training run takes this one: a run stays bit-identical across recompute modes,
+  // ZeRO settings and device graphs (the rows' order and the chunks do not depend on them).
   // Its costs: the head's weight gradient is read and written once per chunk (32 times for
-  // 8 x 1024 rows): the chunk's product has 2 x 256 flops per byte of dW moved, plenty on a
-  // CPU, near a large GPU's balance point. A bad label is named by its row within its chunk.
+  // 8 x 1024 rows): the chunk's product does 2 x 256 flops per 8 bytes of dW moved, plenty on
+  // a CPU, near a large GPU's balance point. A bad label is named by its row within its chunk.
   // Who needs the logits themselves (sampling, a KV cache, Replica::forward for tests and
   // Python) still runs forward(), which writes them all.
   bool fuses_loss() const noexcept override { return true; }
