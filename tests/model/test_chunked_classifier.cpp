@@ -152,6 +152,63 @@ TEST_CASE("chunked classifier: the loss and every gradient (the head's dW and di
     }
 }
 
+// The head alone: forward_loss's din, dW and loss against the head's forward, the classifier
+// over all its logits and its backward (bf16: the fused classifier in place, as before).
+TEST_CASE("chunked classifier: the head's din, dW and loss equal its forward, loss and backward's, "
+          "tied and untied, fp32 and bf16, masked labels, 300 rows") {
+  constexpr int kVocab = 70, kT = 100, kC = 16, kRows = kBatch * kT;
+  for (const bool tied : {true, false})
+    for (const Precision precision : {Precision::fp32, Precision::bf16}) {
+      CAPTURE(tied);
+      CAPTURE(lockstep::to_string(precision));
+      const auto head = tied ? lockstep::make_tied_lm_head(0, kVocab, kT, kC)
+                             : lockstep::make_lm_head(kVocab, kT, kC);
+      REQUIRE(head->fuses_loss());
+      const int classes = head->out_features() / kT;  // 128: 58 columns of -inf padding
+      auto dev = lockstep::make_cpu_device(0, 1);
+      const std::vector<float> w = random_floats(std::size_t(kVocab) * kC, 31);
+      auto wd = on_device(*dev, w);
+      auto w16 = on_device(*dev, to_bits(w));
+      auto x = on_device(*dev, random_floats(std::size_t(kRows) * kC, 32, -2.0, 2.0));
+      auto y = on_device(*dev, masked_labels(kRows, kVocab));
+      DeviceArray<float> saved(*dev, head->workspace_size(kBatch, precision));
+      const bool bf16 = precision == Precision::bf16;
+      lockstep::LayerWorkspace ws{.saved = saved.data(), .precision = precision,
+                                  .params_bf16 = bf16 ? w16.data() : nullptr};
+      const float scale = 1.0f / kRows;
+      // Unchunked.
+      DeviceArray<float> logits(*dev, std::size_t(kRows) * classes), dlogits(*dev, logits.size());
+      DeviceArray<std::uint16_t> logits16(*dev, bf16 ? logits.size() : 0);
+      auto dw_want = on_device(*dev, std::vector<float>(w.size(), 0.0f));
+      DeviceArray<float> din_want(*dev, std::size_t(kRows) * kC);
+      DeviceArray<LossStats> want(*dev, 1);
+      lockstep::LayerWorkspace whole = ws;
+      whole.out_bf16 = logits16.data();
+      whole.dout_bf16 = logits16.data();
+      head->forward(*dev, wd.data(), x.data(), logits.data(), kBatch, whole);
+      if (bf16)
+        dev->softmax_cross_entropy(logits16.data(), y.data(), kRows, classes, logits16.data(),
+                                   scale, want.data());
+      else
+        dev->softmax_cross_entropy(logits.data(), y.data(), kRows, classes, dlogits.data(), scale,
+                                   want.data());
+      head->backward(*dev, wd.data(), dw_want.data(), x.data(), logits.data(), dlogits.data(),
+                     din_want.data(), kBatch, whole);
+      // Chunked.
+      auto dw_got = on_device(*dev, std::vector<float>(w.size(), 0.0f));
+      DeviceArray<float> din_got(*dev, din_want.size());
+      DeviceArray<LossStats> got(*dev, 1);
+      head->forward_loss(*dev, wd.data(), dw_got.data(), x.data(), din_got.data(),
+                         {.labels = y.data(), .grad_scale = scale, .stats = got.data()}, kBatch,
+                         ws);
+      const LossStats g = got.download()[0], h = want.download()[0];
+      CHECK(g.correct == h.correct);
+      CHECK(g.loss_sum == doctest::Approx(h.loss_sum).epsilon(1e-6));
+      check_close(din_got.download(), din_want.download(), 1e-6);
+      check_close(dw_got.download(), dw_want.download(), bf16 ? 1e-5 : 1e-6);
+    }
+}
+
 // Three SGD steps each way from the same parameters: the chunked head trains the model the
 // unchunked one does, to fp32 rounding.
 TEST_CASE("chunked classifier: three training steps end where the unchunked head's end, tied "
