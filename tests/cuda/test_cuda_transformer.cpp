@@ -305,11 +305,12 @@ TEST_SUITE("cuda") {
       auto yd = on_device(d, labels);
       auto dwte = on_device(d, std::vector<float>(wte.size(), 0.0f));
       auto din = poisoned(d, in.size());
-      DeviceArray<float> saved(d, head->workspace_size(kBatch));
+      DeviceArray<float> saved(d, head->workspace_size(kBatch)),
+          scratch(d, head->scratch_size(kBatch));
       DeviceArray<LossStats> stats(d, 1);
       head->forward_loss(d, wd.data(), dwte.data(), xd.data(), din.data(),
                          {.labels = yd.data(), .grad_scale = 0.25f, .stats = stats.data()},
-                         kBatch, LayerWorkspace{saved.data(), nullptr});
+                         kBatch, LayerWorkspace{saved.data(), scratch.data()});
       const LossStats s = stats.download().front();
       REQUIRE(s.label_error == 0);
       return Outputs{{static_cast<float>(s.loss_sum)}, {static_cast<float>(s.correct)},

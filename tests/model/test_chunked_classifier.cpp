@@ -171,9 +171,11 @@ TEST_CASE("chunked classifier: the head's din, dW and loss equal its forward, lo
       auto w16 = on_device(*dev, to_bits(w));
       auto x = on_device(*dev, random_floats(std::size_t(kRows) * kC, 32, -2.0, 2.0));
       auto y = on_device(*dev, masked_labels(kRows, kVocab));
-      DeviceArray<float> saved(*dev, head->workspace_size(kBatch, precision));
+      DeviceArray<float> saved(*dev, head->workspace_size(kBatch, precision)),
+          scratch(*dev, head->scratch_size(kBatch, precision));
       const bool bf16 = precision == Precision::bf16;
-      lockstep::LayerWorkspace ws{.saved = saved.data(), .precision = precision,
+      lockstep::LayerWorkspace ws{.saved = saved.data(), .scratch = scratch.data(),
+                                  .precision = precision,
                                   .params_bf16 = bf16 ? w16.data() : nullptr};
       const float scale = 1.0f / kRows;
       // Unchunked.
