@@ -85,7 +85,7 @@ double floats_for(Size size, int batch) {
 
 // Activations, what layers keep for backward, the shared scratch, the two activation gradients
 // and the gradient of the logits, for a batch of `batch`. An LM head fused with the loss (a
-// decoder's) keeps neither logits nor their gradient: one chunk of each lives in its workspace
+XX
 // (Note [Chunked classifier] in src/model/lm_head.cpp); Replica::forward makes the logits,
 // never a step. Other models: the last layer's output and the worker's fp32 dlogits.
 // Per sample sizes times the batch, in double, so that no size multiplies out of range.
