@@ -85,9 +85,9 @@ double floats_for(Size size, int batch) {
 
 // Activations, what layers keep for backward, the shared scratch, the two activation gradients
 // and the gradient of the logits, for a batch of `batch`. An LM head fused with the loss (a
-XX
-// (Note [Chunked classifier] in src/model/lm_head.cpp); Replica::forward makes the logits,
-// never a step. Other models: the last layer's output and the worker's fp32 dlogits.
+// decoder's) keeps neither logits nor their gradient: one chunk of them is its scratch (Note
+// [Chunked classifier] in src/model/lm_head.cpp); Replica::forward makes the logits, never a
+// step. Other models: the last layer's output and the worker's fp32 dlogits.
 // Per sample sizes times the batch, in double, so that no size multiplies out of range.
 // Under trainer.recompute full the recomputable layers share one saved workspace, the largest of
 // theirs; under selective their recomputed parts share one buffer, the largest of those (Note
