@@ -5,12 +5,17 @@
 //
 //   build/bench/bench_gpt [--preset tiny|small|124m] [--batch B] [--steps N] [--warmup W]
 //                         [--backend cpu|cuda] [--tf32 | --bf16] [--threads T]
-//                         [--attention materialized|fused]
+//                         [--attention materialized|fused] [--context T]
+//                         [--head chunked|whole]
 //
 // --bf16 runs the step as the trainer does under trainer.precision: bf16 (Note [bf16 compute]
 // in src/model/ops.hpp): the LM head's bf16 logits, the fused classifier writing their gradient
 // over them, and AdamW writing the bf16 copy of the weights; so a build before and after a
 // change to the bf16 kernels can be timed on the same step (issue 25).
+// --head chunked (the default, as the trainer's step) runs the LM head and the loss a chunk of
+// rows at a time (Note [Chunked classifier] in src/model/lm_head.cpp); whole writes every logit
+// first, as the step did before, so the two can be timed side by side. --context T shortens
+// the preset's sequences.
 // Presets: tiny = configs/gpt_tiny.yaml's shapes (V 256, T 64, L 4, H 4, C 128); small = V 512,
 // T 128, L 4, H 4, C 256; 124m = GPT-2 small (V 50257, T 1024, L 12, H 12, C 768).
 // Without a usable GPU, --backend cuda prints {"error": ...} and exits 0.
@@ -41,6 +46,8 @@ struct Options {
   bool bf16 = false;
   int threads = 0;
   AttentionKind attention = AttentionKind::materialized;  // model.attention, resolved
+  int context = 0;     // 0: the preset's
+  bool chunked = true;  // --head
 };
 
 GptSpec preset(const std::string& name) {
@@ -63,6 +70,12 @@ Options parse(int argc, char** argv) {
     else if (flag == "--steps") o.steps = std::stoi(value());
     else if (flag == "--warmup") o.warmup = std::stoi(value());
     else if (flag == "--threads") o.threads = std::stoi(value());
+    else if (flag == "--context") o.context = std::stoi(value());
+    else if (flag == "--head") {
+      const std::string h = value();
+      if (h != "chunked" && h != "whole") throw std::invalid_argument("--head: expected chunked or whole");
+      o.chunked = h == "chunked";
+    }
     else if (flag == "--tf32") o.tf32 = true;
     else if (flag == "--bf16") o.bf16 = true;
     else if (flag == "--attention") {
@@ -84,7 +97,8 @@ Options parse(int argc, char** argv) {
 }
 
 int run(const Options& o) {
-  const GptSpec spec = preset(o.preset);
+  GptSpec spec = preset(o.preset);
+  if (o.context > 0) spec.context = o.context;
   const Precision precision = o.bf16 ? Precision::bf16 : o.tf32 ? Precision::tf32 : Precision::fp32;
   const int id = 0;
   std::unique_ptr<Backend> backend;
@@ -110,7 +124,7 @@ int run(const Options& o) {
   }
   const int width = model.outputs() / spec.context;  // the padded vocabulary
   // bf16's gradient of the logits is written over its bf16 logits (Replica::dlogits_bf16).
-  DeviceArray<float> xd(*dev, rows), dlogits(*dev, o.bf16 ? 0 : rows * width), m(*dev, n),
+  DeviceArray<float> xd(*dev, rows), dlogits(*dev, o.bf16 || o.chunked ? 0 : rows * width), m(*dev, n),
       v(*dev, n);
   DeviceArray<std::int32_t> yd(*dev, rows);
   xd.upload(x);
@@ -125,7 +139,12 @@ int run(const Options& o) {
     const double t0 = bench::now_s();
     replica.zero_grads();
     const float scale = 1.0f / static_cast<float>(rows);
-    if (std::uint16_t* logits16 = replica.dlogits_bf16()) {  // bf16: as the trainer's step
+    if (o.chunked) {  // as the trainer's step
+      replica.forward_hidden(xd.data(), o.batch);
+      replica.head_loss(o.batch, {.labels = yd.data(), .grad_scale = scale, .stats = stats.data()},
+                        /*gradients=*/true);
+      replica.backward(xd.data(), nullptr, o.batch);
+    } else if (std::uint16_t* logits16 = replica.dlogits_bf16()) {  // bf16
       (void)replica.forward_bf16(xd.data(), o.batch);
       dev->softmax_cross_entropy(logits16, yd.data(), static_cast<int>(rows), width, logits16,
                                  scale, stats.data());
@@ -151,9 +170,10 @@ int run(const Options& o) {
       "{{\"framework\": \"lockstep\", \"device\": \"{}\", \"preset\": \"{}\", \"attention\": \"{}\", "
       "\"precision\": \"{}\", \"params\": {}, "
       "\"batch\": {}, \"context\": {}, \"steps\": {}, \"step_ms\": {:.4f}, \"tokens_per_s\": {:.1f}, "
-      "\"mfu\": {}, \"last_loss\": {:.6f}}}\n",
+      "\"mfu\": {}, \"last_loss\": {:.6f}, \"head\": \"{}\"}}\n",
       name, o.preset, to_string(o.attention), to_string(precision), n, o.batch, spec.context, o.steps, 1e3 * step_s, tokens_per_s,
-      peak ? fmt::format("{:.4f}", gpt_flops_per_token(spec) * tokens_per_s / *peak) : "null", loss);
+      peak ? fmt::format("{:.4f}", gpt_flops_per_token(spec) * tokens_per_s / *peak) : "null", loss,
+      o.chunked ? "chunked" : "whole");
   return 0;
 }
 

@@ -88,6 +88,14 @@ struct LOCKSTEP_API LayerWorkspace {
   std::uint64_t dropout_key = 0;
 };
 
+// The labels of Layer::forward_loss (device memory, kIgnoreLabel where a row does not count),
+// the scale of the loss's gradient, and where its sums go.
+struct LOCKSTEP_API LossInput {
+  const std::int32_t* labels = nullptr;
+  float grad_scale = 0.0f;
+  LossStats* stats = nullptr;
+};
+
 // One call of Layer::decode: `count` positions from `start` of one sequence, the layer's
 // cache (Layer::cache_size() floats, its first `start` positions filled), decode's scratch, and
 // the layer's constants as LayerWorkspace::constants.
@@ -171,6 +179,19 @@ class LOCKSTEP_API Layer {
   // default throws std::logic_error (a layer that does not decode).
   virtual void decode(Device& dev, const float* params, const float* in, float* out,
                       const DecodeStep& step) const;
+
+  // ---- An LM head fused with its loss (Note [Chunked classifier] in src/model/lm_head.cpp) ----
+  // Whether forward_loss() runs this layer (a model's last) with softmax cross-entropy.
+  virtual bool fuses_loss() const noexcept { return false; }
+  // Forward, the loss against loss.labels (B x out_features / classes rows) and backward, a
+  // fixed count of rows at a time, so that only one chunk's logits ever exist: the loss and
+  // correct count are added to *loss.stats as softmax_cross_entropy adds them. With din not
+  // null, din (B, in_features) = the gradient of grad_scale x the summed loss (overwritten) and
+  // grads += the parameters' (null: a frozen weight, none). din null: the loss alone, no
+  // gradient (evaluation). The default throws std::logic_error.
+  virtual void forward_loss(Device& dev, const float* params, float* grads, const float* in,
+                            float* din, const LossInput& loss, int batch,
+                            const LayerWorkspace& ws) const;
 
   // in (B, in_features), out (B, out_features)
   virtual void forward(Device& dev, const float* params, const float* in, float* out, int batch,
@@ -443,8 +464,9 @@ class LOCKSTEP_API Replica {
 
   // x (B, inputs) on the device -> logits (B, outputs), owned by the replica. With a bf16 LM
   // head (dlogits_bf16() not null) these are its bf16 logits widened, one pass more than
-  // forward_bf16: for sampling and tests. Their fp32 buffer is then allocated by the first
-  // call (a step never makes one: it calls forward_bf16), not with the replica.
+  // forward_bf16: for sampling and tests. The logits of an LM head that fuses its loss are
+  // allocated by the first call (a step never makes them: Note [Chunked classifier]), not with
+  // the replica.
   const float* forward(const float* x, int batch);
   // The same for a bf16 LM head: its logits in bf16, as it wrote them (B, outputs), in the
   // buffer of dlogits_bf16(), where the fused classifier (softmax_cross_entropy with bf16
@@ -472,8 +494,26 @@ class LOCKSTEP_API Replica {
   // bf16 with a last layer whose dout_bf16() is true (a GPT's LM head): the gradient of the
   // logits rounded to bf16 (B, outputs), which a loss may write directly
   // (softmax_cross_entropy's bf16 forms) before backward(x, nullptr, ...); forward and
-  // forward_bf16 leave the bf16 logits here. Null otherwise.
-  std::uint16_t* dlogits_bf16() noexcept { return dlogits_bf16_.data(); }
+  // forward_bf16 leave the bf16 logits here; allocated by the first call of any of them when
+  // the head fuses its loss. Null otherwise.
+  std::uint16_t* dlogits_bf16();
+
+  // Training and evaluation with an LM head fused with the loss (Layer::fuses_loss; Note
+  // [Chunked classifier] in src/model/lm_head.cpp), which never makes the logits:
+  //   forward_hidden(x, batch);                        // every layer but the head
+  //   head_loss(batch, {.labels, .grad_scale, .stats}, /*gradients=*/true, target);
+  //   backward(x, nullptr, batch, grads_ready, target);  // from the layer below the head
+  // Whether the model's last layer fuses its loss.
+  bool fuses_loss() const noexcept;
+  // x (B, inputs) on the device: the forward of every layer but the last.
+  void forward_hidden(const float* x, int batch);
+  // After forward_hidden: the head's forward and the loss (Layer::forward_loss); gradients:
+  // also the head's backward, its parameter gradients added (into `target`'s when set) and its
+  // input gradient kept for the next backward(x, nullptr, ...), which starts below the head
+  // (reporting the head's parameters first, as when it ran the head). Without gradients: the
+  // loss alone (evaluation).
+  void head_loss(int batch, const LossInput& loss, bool gradients,
+                 const GradientTarget& target = {});
 
   // Token ids (count) on the device, positions [start, start + count) of one sequence, ->
   // their logits (count, outputs() / inputs()), owned by `cache`: forward through every layer's
@@ -492,7 +532,8 @@ class LOCKSTEP_API Replica {
   // Device bytes of the layers' outputs, saved values, the shared scratch and recomputation
   // buffer, the activation gradients, the bf16 logits and the layers' constants: the memory
   // plan's activations less a worker's fp32 dlogits (activation_bytes in
-  // src/train/memory_plan.cpp), until forward() makes a bf16 LM head's fp32 logits.
+  // src/train/memory_plan.cpp), until forward() makes the logits of a head that fuses its
+  // loss (which a step never makes).
   std::size_t activation_bytes() const;
 
  private:
@@ -500,6 +541,8 @@ class LOCKSTEP_API Replica {
   LayerWorkspace workspace(std::size_t layer);
   // Whether layer i's forward is rerun in backward (Note [Recomputation]).
   bool recomputes(std::size_t layer) const;
+  // Whether layer i writes parameter gradients (its own, or those of the layer it is tied to).
+  bool has_gradients(std::size_t layer) const;
   // The layers' forward; the last writes bf16 logits into dlogits_bf16_ when there is one.
   void run_forward(const float* x, int batch);
 
@@ -528,6 +571,11 @@ class LOCKSTEP_API Replica {
   std::vector<int> constant_of_;
   const std::int32_t* positions_ = nullptr;
   std::uint64_t dropout_key_ = 0;
+  // A bf16 LM head's logits are bf16 (dlogits_bf16_), made by the first call that needs them
+  // when the head fuses its loss.
+  bool logits_bf16_ = false;
+  // head_loss left the head's input gradient for the next backward.
+  bool head_done_ = false;
 };
 
 }  // namespace lockstep

@@ -59,7 +59,12 @@ class LmHead final : public Layer {
   // No bias: the gradient of the logits feeds the two matrix products only.
   bool dout_bf16() const noexcept override { return true; }
   std::size_t workspace_size(int batch, Precision precision) const noexcept override {
-    return Saved::at(nullptr, batch * t_, p_ - v_, c_, p_, precision == Precision::bf16).size;
+    return Saved::at(nullptr, batch * t_, p_ - v_, c_, precision == Precision::bf16).size;
+  }
+  // A chunk of logits (Chunk), working memory of one call: scratch, shared with the other layers
+  // (a GPT-2 block's backward needs more).
+  std::size_t scratch_size(int batch, Precision precision) const noexcept override {
+    return Chunk::at(nullptr, batch * t_, p_, precision == Precision::bf16).size;
   }
 
   // bf16 with ws.out_bf16: the logits rounded to bf16 there, computed in fp32 kChunkRows rows
@@ -68,14 +73,15 @@ class LmHead final : public Layer {
   void forward(Device& dev, const float* wte, const float* in, float* out, int batch,
                const LayerWorkspace& ws) const override {
     const int n = batch * t_;
-    const Saved s = Saved::at(ws.saved, n, p_ - v_, c_, p_, ws.precision == Precision::bf16);
+    const Saved s = Saved::at(ws.saved, n, p_ - v_, c_, ws.precision == Precision::bf16);
+    const Chunk chunk = Chunk::at(ws.scratch, n, p_, /*bf16=*/false);
     const MatIn x = detail::as_input(dev, in, s.in16, std::size_t(n) * c_);
     const MatIn w = detail::param_input(wte, ws, 0);
     if (!ws.out_bf16) return logits(dev, x, w, s, out, n);
     for (int r = 0; r < n; r += kChunkRows) {
       const int rows = std::min(kChunkRows, n - r);
-      logits(dev, x + std::int64_t(r) * c_, w, s, s.chunk, rows);
-      dev.to_bf16(s.chunk, ws.out_bf16 + std::size_t(r) * p_, std::size_t(rows) * p_);
+      logits(dev, x + std::int64_t(r) * c_, w, s, chunk.f32, rows);
+      dev.to_bf16(chunk.f32, ws.out_bf16 + std::size_t(r) * p_, std::size_t(rows) * p_);
     }
   }
   // dwte (V, C) += dout^T (V, N) in (N, C); din (N, C) = dout (N, V) wte (V, C); dout's rows
@@ -88,7 +94,7 @@ class LmHead final : public Layer {
     const bool bf16 = ws.precision == Precision::bf16;
     if (bf16 && !ws.dout_bf16)
       throw std::logic_error("lm_head: bf16 backward needs LayerWorkspace::dout_bf16");
-    const Saved s = Saved::at(ws.saved, n, p_ - v_, c_, p_, bf16);
+    const Saved s = Saved::at(ws.saved, n, p_ - v_, c_, bf16);
     const MatIn x = bf16 ? MatIn{nullptr, s.in16} : MatIn{in, nullptr};
     const MatIn dy = bf16 ? MatIn{nullptr, ws.dout_bf16} : MatIn{dout, nullptr};
     if (dwte)  // null: the weight is frozen (Note [Frozen parameters] in lora.cpp)
@@ -98,37 +104,111 @@ class LmHead final : public Layer {
                      detail::param_input(wte, ws, 0), c_, 0.0f, din, c_);
   }
 
+  // Note [Chunked classifier]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // A training step never needs all the logits at once: each row's loss and gradient depend on
+  // that row alone, and the head's two backward products are sums over rows. So the head and
+  // the loss run kChunkRows rows at a time (as Liger-Kernel's fused linear cross-entropy and
+  // llm.c's classifier do): for each chunk of x (rows, C),
+  //   logits (rows, P) = x W^T, -inf in the padding (Note [Padded vocabulary]), in the fp32
+  //     chunk; bf16: rounded into the bf16 chunk, as forward rounds the whole logits;
+  //   the fused classifier (Note [Fused classifier] in src/cpu/ops/softmax.cpp) adds the
+  //     chunk's loss and correct count and writes dlogits over the chunk, in place;
+  //   din rows (rows, C) = dlogits W, and dW (V, C) += dlogits^T x (skipped when W is frozen).
+  // The loss scale (Note [Global token mean] in src/train/worker_loop.cpp) is known before the
+  // step, so the gradient can be made while the logits are at hand. What remains of the
+  // (B T, P) logits and their gradient (GPT-2 at 8 x 1024: 0.82 GB in bf16, 3.3 GB in fp32)
+  // is one chunk, 256 x 50304 x 6 bytes = 77 MB in bf16 (51 MB in fp32), working memory of
+  // one call: it lives in the scratch every layer shares, which a GPT-2 block's backward
+  // already makes larger (276 MiB at 8 x 1024), so that it costs GPT-2 nothing at all.
+  // What it guarantees: every row gets the unchunked head's arithmetic (the same products
+  // over C and V, the same classifier, the same bf16 roundings), so its loss, dlogits and din
+  // differ from the unchunked head's at most where a matrix product blocks a shorter M
+  // differently; dW's sum over rows is cut at chunk boundaries. Both are fp32 reorderings of
+  // the same products (tests/model/test_chunked_classifier.cpp bounds them, with a row count
+  // no chunk divides, tied and untied heads, fp32 and bf16, masked labels: gradients measured
+  // within 1e-7 of their largest, allowed 1e-5 (bf16 1e-4)). Each path is deterministic itself,
+  // and every training run takes this one: a run stays bit-identical across recompute modes,
+  // ZeRO settings and device graphs (the rows' order and the chunks do not depend on them).
+  // Its costs: the head's weight gradient is read and written once per chunk (32 times for
+  // 8 x 1024 rows): the chunk's product does 2 x 256 flops per 8 bytes of dW moved, plenty on
+  // a CPU, near a large GPU's balance point. A bad label is named by its row within its chunk.
+  // Who needs the logits themselves (sampling, a KV cache, Replica::forward for tests and
+  // Python) still runs forward(), which writes them all.
+  bool fuses_loss() const noexcept override { return true; }
+  void forward_loss(Device& dev, const float* wte, float* dwte, const float* in, float* din,
+                    const LossInput& loss, int batch, const LayerWorkspace& ws) const override {
+    const int n = batch * t_;
+    const bool bf16 = ws.precision == Precision::bf16;
+    const Saved s = Saved::at(ws.saved, n, p_ - v_, c_, bf16);
+    const Chunk chunk = Chunk::at(ws.scratch, n, p_, bf16);
+    const MatIn x = detail::as_input(dev, in, s.in16, std::size_t(n) * c_);
+    const MatIn w = detail::param_input(wte, ws, 0);
+    for (int r = 0; r < n; r += kChunkRows) {
+      const int rows = std::min(kChunkRows, n - r);
+      const MatIn xr = x + std::int64_t(r) * c_;
+      logits(dev, xr, w, s, chunk.f32, rows);
+      if (bf16) {
+        dev.to_bf16(chunk.f32, chunk.bf16, std::size_t(rows) * p_);
+        dev.softmax_cross_entropy(chunk.bf16, loss.labels + r, rows, p_,
+                                  din ? chunk.bf16 : nullptr, loss.grad_scale, loss.stats);
+      } else {
+        dev.softmax_cross_entropy(chunk.f32, loss.labels + r, rows, p_,
+                                  din ? chunk.f32 : nullptr, loss.grad_scale, loss.stats);
+      }
+      if (!din) continue;
+      const MatIn dy = bf16 ? MatIn{nullptr, chunk.bf16} : MatIn{chunk.f32, nullptr};
+      if (dwte)
+        detail::matmul(dev, Transpose::yes, Transpose::no, v_, c_, rows, dy, p_, xr, c_, 1.0f,
+                       dwte, c_);
+      detail::matmul(dev, Transpose::no, Transpose::no, rows, c_, v_, dy, p_, w, c_, 0.0f,
+                     din + std::size_t(r) * c_, c_);
+    }
+  }
+
   // Note [KV cache]: the logits of the step's positions, fp32; the padding's factors in the
   // scratch.
   bool decodes() const noexcept override { return true; }
   std::size_t decode_scratch_size(int count) const noexcept override {
-    return Saved::at(nullptr, count, p_ - v_, c_, p_, false).size;
+    return Saved::at(nullptr, count, p_ - v_, c_, false).size;
   }
   void decode(Device& dev, const float* wte, const float* in, float* out,
               const DecodeStep& step) const override {
-    const Saved s = Saved::at(step.scratch, step.count, p_ - v_, c_, p_, false);
+    const Saved s = Saved::at(step.scratch, step.count, p_ - v_, c_, false);
     logits(dev, {in, nullptr}, {wte, nullptr}, s, out, step.count);
   }
 
  private:
-  // Rows of fp32 logits a bf16 forward computes at a time (GPT-2: 51 MB).
+  // Rows of logits a bf16 forward and forward_loss compute at a time (GPT-2: 51 MB in fp32;
+  // Note [Chunked classifier]).
   static constexpr int kChunkRows = 256;
 
   // ones (N) and minus_inf (P - V), the two factors of the padding (none without padding);
-  // bf16: the input rounded to bf16 (N, C), for backward, and the fp32 logits of a chunk
-  // (min(N, kChunkRows), P).
+  // bf16: the input rounded to bf16 (N, C), for backward.
   struct Saved {
     float *ones, *minus_inf;
     std::uint16_t* in16;
-    float* chunk;
     std::size_t size;
-    static Saved at(float* base, int rows, int padding, int channels, int p, bool bf16) {
+    static Saved at(float* base, int rows, int padding, int channels, bool bf16) {
       Carver k(base);
       Saved s{k.take(padding > 0 ? std::size_t(rows) : 0), k.take(std::size_t(padding)),
-              bf16 ? k.take_bf16(std::size_t(rows) * channels) : nullptr,
-              k.take(bf16 ? std::size_t(std::min(rows, kChunkRows)) * p : 0), 0};
+              bf16 ? k.take_bf16(std::size_t(rows) * channels) : nullptr, 0};
       s.size = k.used();
       return s;
+    }
+  };
+  // The fp32 logits of a chunk (min(N, kChunkRows), P), and under bf16 the same rounded to
+  // bf16, which the fused classifier overwrites with their gradient.
+  struct Chunk {
+    float* f32;
+    std::uint16_t* bf16;
+    std::size_t size;
+    static Chunk at(float* base, int rows, int p, bool bf16) {
+      const std::size_t n = std::size_t(std::min(rows, kChunkRows)) * p;
+      Carver k(base);
+      Chunk c{k.take(n), bf16 ? k.take_bf16(n) : nullptr, 0};
+      c.size = k.used();
+      return c;
     }
   };
 

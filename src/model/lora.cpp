@@ -120,6 +120,12 @@ class Frozen final : public Layer {
                 const LayerWorkspace& ws) const override {
     if (din) inner_->backward(dev, frozen(ws), nullptr, in, out, dout, din, batch, ws);
   }
+  bool fuses_loss() const noexcept override { return inner_->fuses_loss(); }
+  void forward_loss(Device& dev, const float* /*params*/, float* /*grads*/, const float* in,
+                    float* din, const LossInput& loss, int batch,
+                    const LayerWorkspace& ws) const override {
+    inner_->forward_loss(dev, frozen(ws), nullptr, in, din, loss, batch, ws);
+  }
 
  private:
   const float* frozen(const LayerWorkspace& ws) const {

@@ -40,12 +40,14 @@
 //   What would break it: a forward that is not a pure function of (parameters, input) and the
 //   workspace's keys (dropout drawing from a generator state, a counter, anything kept between
 //   calls; LoRA's dropout draws from LayerWorkspace::dropout_key, Note [LoRA dropout] in
-//   src/model/lora.cpp); kernels whose result depends on timing (atomics summing in arrival order,
-//   an autotuner choosing another algorithm on the second call, split-K chosen by load); a forward
-//   that reads its previous output or scratch left by another layer as input; the optimiser or
-//   anything else changing the parameters or their bf16 copy between forward and backward; and
-//   marking a layer whose forward writes anything but its output and saved workspace (the LM head's
-//   bf16 logits, which the loss overwrites with their gradient, are why a last layer never is).
+//   src/model/lora.cpp); kernels whose result depends on timing (atomics summing in arrival
+//   order, an autotuner choosing another algorithm on the second call, split-K chosen by load); a
+//   forward that reads its previous output or scratch left by another layer as input; the
+//   optimiser or anything else changing the parameters or their bf16 copy between forward and
+//   backward; and marking a layer whose forward writes anything but its output and saved
+//   workspace (the LM head's logits, which the loss overwrites with their gradient, are why a
+//   last layer never is; the head fused with the loss runs its backward with its forward: Note
+//   [Chunked classifier]).
 //   The CPU's kernels are deterministic; on a GPU the forward kernels used (cuBLAS(Lt) products
 //   with a fixed algorithm, the fused attention's forward) are run-to-run deterministic too.
 //   One known difference, selective on CUDA: where cuBLASLt fuses GELU into c_fc's product
@@ -245,21 +247,22 @@ Replica::Replica(Device& device, const Model& model, int max_batch, Precision pr
       model_(&model),
       max_batch_(checked_max_batch(max_batch)),
       precision_(precision),
-      recompute_(recompute),
       params_(device, model.param_count()),
       params_bf16_(device, precision == Precision::bf16 ? model.param_count() : 0),
       grads_(device, own_gradients ? model.param_count() : 0),
-      frozen_(device, model.frozen_count()) {
+      frozen_(device, model.frozen_count()),
+      recompute_(recompute) {
   // Activation gradients are layers' din: as wide as the widest input after the first layer.
   int din_width = 1;
   std::size_t scratch = 0, shared = 0;
   const Layer& last = *model.layers().back();  // a model has at least one layer
-  const bool logits_bf16 = precision == Precision::bf16 && last.dout_bf16();
+  logits_bf16_ = precision == Precision::bf16 && last.dout_bf16();
   for (std::size_t i = 0; i < model.layers().size(); ++i) {
     const Layer& layer = *model.layers()[i];
     if (i > 0) din_width = std::max(din_width, layer.in_features());
-    // A bf16 LM head writes its logits into dlogits_bf16_ instead (see forward()).
-    const bool head = i + 1 == model.layers().size() && logits_bf16;
+    // A bf16 LM head writes its logits into dlogits_bf16_ instead (see forward()); a head that
+    // fuses its loss gets them from the first forward() (Note [Chunked classifier]).
+    const bool head = i + 1 == model.layers().size() && (logits_bf16_ || layer.fuses_loss());
     acts_.emplace_back(device, head ? 0 : elements(max_batch, layer.out_features()));
     const std::size_t saved = layer.workspace_size(max_batch, precision);
     // Note [Recomputation]: what a recomputed layer keeps of its own, and what it shares.
@@ -272,7 +275,7 @@ Replica::Replica(Device& device, const Model& model, int max_batch, Precision pr
   }
   scratch_ = DeviceArray<float>(device, scratch);
   shared_saved_ = DeviceArray<float>(device, shared);
-  if (logits_bf16)
+  if (logits_bf16_ && !last.fuses_loss())
     dlogits_bf16_ = DeviceArray<std::uint16_t>(device, elements(max_batch, last.out_features()));
   for (DeviceArray<float>& d : dbuf_) d = DeviceArray<float>(device, elements(max_batch, din_width));
   // Note [Layer constants]: one device copy of each distinct table.
@@ -334,6 +337,12 @@ LayerWorkspace Replica::workspace(std::size_t layer) {
           .dropout_key = dropout_key_ != 0 ? detail::derive_key(dropout_key_, layer) : 0};
 }
 
+void Layer::forward_loss(Device& /*dev*/, const float* /*params*/, float* /*grads*/,
+                         const float* /*in*/, float* /*din*/, const LossInput& /*loss*/,
+                         int /*batch*/, const LayerWorkspace& /*ws*/) const {
+  throw std::logic_error(fmt::format("layer '{}' does not fuse a loss", kind()));
+}
+
 // Layer's key function (its vtable and typeinfo are emitted here, with the rest of Layer's
 // defaults): a layer with no cached decode (Note [KV cache] in src/model/kv_cache.cpp).
 void Layer::decode(Device& /*dev*/, const float* /*params*/, const float* /*in*/,
@@ -350,6 +359,7 @@ void Replica::zero_grads() {
 
 void Replica::run_forward(const float* x, int batch) {
   check_batch(batch, max_batch_);
+  (void)dlogits_bf16();  // the bf16 logits' buffer, made now if the head fuses its loss
   const auto& layers = model_->layers();
   for (std::size_t i = 0; i < layers.size(); ++i) {
     const float* in = i == 0 ? x : acts_[i - 1].data();
@@ -360,9 +370,9 @@ void Replica::run_forward(const float* x, int batch) {
 }
 
 const float* Replica::forward(const float* x, int batch) {
+  if (!acts_.back().size())  // a bf16 head's widened logits, or those of a head fusing its loss
+    acts_.back() = DeviceArray<float>(*device_, elements(max_batch_, model_->outputs()));
   run_forward(x, batch);
-  if (dlogits_bf16_.size() && !acts_.back().size())
-    acts_.back() = DeviceArray<float>(*device_, dlogits_bf16_.size());
   if (dlogits_bf16_.size())
     device_->from_bf16(dlogits_bf16_.data(), acts_.back().data(),
                        elements(batch, model_->layers().back()->out_features()));
@@ -370,9 +380,62 @@ const float* Replica::forward(const float* x, int batch) {
 }
 
 const std::uint16_t* Replica::forward_bf16(const float* x, int batch) {
-  if (!dlogits_bf16_.size()) return nullptr;
+  if (!logits_bf16_) return nullptr;
   run_forward(x, batch);
   return dlogits_bf16_.data();
+}
+
+std::uint16_t* Replica::dlogits_bf16() {
+  if (logits_bf16_ && !dlogits_bf16_.size())
+    dlogits_bf16_ = DeviceArray<std::uint16_t>(*device_, elements(max_batch_, model_->outputs()));
+  return dlogits_bf16_.data();
+}
+
+bool Replica::fuses_loss() const noexcept { return model_->layers().back()->fuses_loss(); }
+
+void Replica::forward_hidden(const float* x, int batch) {
+  check_batch(batch, max_batch_);
+  if (!fuses_loss())
+    throw std::logic_error("replica: forward_hidden needs an LM head that fuses its loss");
+  const auto& layers = model_->layers();
+  for (std::size_t i = 0; i + 1 < layers.size(); ++i) {
+    const float* in = i == 0 ? x : acts_[i - 1].data();
+    layers[i]->forward(*device_, params_.data() + model_->read_offset(i), in, acts_[i].data(),
+                       batch, workspace(i));
+    if (recomputes(i)) shared_holds_ = i;
+  }
+  head_done_ = false;
+}
+
+// The head's input gradient goes where backward's layer L - 1 would have written it,
+// dbuf_[(L - 1) % 2], which layer L - 2 reads as its dout.
+void Replica::head_loss(int batch, const LossInput& loss, bool gradients,
+                        const GradientTarget& target) {
+  check_batch(batch, max_batch_);
+  const auto& layers = model_->layers();
+  const std::size_t head = layers.size() - 1;
+  if (!fuses_loss() || head == 0)
+    throw std::logic_error("replica: head_loss needs an LM head that fuses its loss, after "
+                           "other layers");
+  const detail::NvtxRange range("loss layers.", head);
+  const std::size_t offset = model_->read_offset(head);
+  float* grads = nullptr;
+  if (gradients && has_gradients(head)) {
+    if (!target && grads_.size() != model_->param_count())
+      throw std::invalid_argument("replica: head_loss without a gradient buffer needs a target");
+    grads = target ? target(head) : grads_.data() + offset;
+  }
+  layers[head]->forward_loss(*device_, params_.data() + offset, grads, acts_[head - 1].data(),
+                             gradients ? dbuf_[head % 2].data() : nullptr, loss, batch,
+                             workspace(head));
+  head_done_ = gradients;
+}
+
+bool Replica::has_gradients(std::size_t layer) const {
+  const auto& layers = model_->layers();
+  const int tied = layers[layer]->tied_to();
+  return layers[layer]->param_count() > 0 ||
+         (tied >= 0 && layers[static_cast<std::size_t>(tied)]->param_count() > 0);
 }
 
 // Layer i writes its din into dbuf_[i % 2] and reads its dout from dbuf_[(i + 1) % 2], which
@@ -384,11 +447,17 @@ void Replica::backward(const float* x, const float* dlogits, int batch,
   if (!target && grads_.size() != model_->param_count())
     throw std::invalid_argument("replica: backward without a gradient buffer needs a target");
   const auto& layers = model_->layers();
-  if (dlogits_bf16_.size() && dlogits)
-    device_->to_bf16(dlogits, dlogits_bf16_.data(), elements(batch, layers.back()->out_features()));
-  if (!dlogits && !dlogits_bf16_.size())
-    throw std::invalid_argument("replica: backward without dlogits needs a bf16 LM head");
-  for (std::size_t i = layers.size(); i-- > 0;) {
+  // After head_loss: the head's backward is done, its input gradient in dbuf_.
+  const bool from_head = !dlogits && head_done_;
+  head_done_ = false;
+  if (logits_bf16_ && dlogits)
+    device_->to_bf16(dlogits, dlogits_bf16(), elements(batch, layers.back()->out_features()));
+  if (!dlogits && !from_head && !dlogits_bf16_.size())
+    throw std::invalid_argument(
+        "replica: backward without dlogits needs a bf16 LM head or head_loss first");
+  if (from_head && grads_ready && layers.back()->param_count() > 0)
+    grads_ready(layers.size() - 1);
+  for (std::size_t i = layers.size() - (from_head ? 1 : 0); i-- > 0;) {
     const float* in = i == 0 ? x : acts_[i - 1].data();
     const float* dout = i + 1 == layers.size() ? dlogits : dbuf_[(i + 1) % 2].data();
     float* din = i == 0 ? nullptr : dbuf_[i % 2].data();
@@ -403,10 +472,7 @@ void Replica::backward(const float* x, const float* dlogits, int batch,
       shared_holds_ = i;
     }
     const detail::NvtxRange range("backward layers.", i);
-    const int tied = layers[i]->tied_to();
-    const bool has_grads = layers[i]->param_count() > 0 ||
-                           (tied >= 0 && layers[static_cast<std::size_t>(tied)]->param_count() > 0);
-    float* grads = !has_grads ? nullptr : target ? target(i) : grads_.data() + offset;
+    float* grads = !has_gradients(i) ? nullptr : target ? target(i) : grads_.data() + offset;
     layers[i]->backward(*device_, params_.data() + offset, grads, in, acts_[i].data(), dout, din,
                         batch, workspace(i));
     if (grads_ready && layers[i]->param_count() > 0) grads_ready(i);
@@ -420,15 +486,24 @@ std::size_t Replica::activation_bytes() const {
   return floats * sizeof(float) + dlogits_bf16_.size() * sizeof(std::uint16_t);
 }
 
-// The logits' buffer, zeroed, serves as their gradient: the last layer's backward only reads
-// it, as it reads its output, and the next forward overwrites it. With a bf16 LM head it is
-// dlogits_bf16_ (zero bits are bf16 zeros, two to a float; the head's rows have an even P),
-// the buffer the loss writes in a step.
+// An LM head fused with its loss warms up as a step runs it. Otherwise the logits' buffer,
+// zeroed, serves as their gradient: the last layer's backward only reads it, as it reads its
+// output, and the next forward overwrites it. With a bf16 LM head it is dlogits_bf16_ (zero
+// bits are bf16 zeros, two to a float; the head's rows have an even P).
 void Replica::warm_up(int batch, const GradientTarget& target) {
   check_batch(batch, max_batch_);
   const DeviceArray<float> x(*device_, elements(batch, model_->inputs()));  // allocated zeroed
   const std::size_t n = elements(batch, model_->outputs());
-  if (dlogits_bf16_.size()) {
+  if (fuses_loss()) {
+    // Label 0 at every position with a zero scale: a zero gradient of the logits, as below,
+    // through the step's own path (Note [Chunked classifier]).
+    const DeviceArray<std::int32_t> labels(*device_, elements(batch, model_->inputs()));
+    DeviceArray<LossStats> stats(*device_, 1);
+    forward_hidden(x.data(), batch);
+    head_loss(batch, {.labels = labels.data(), .grad_scale = 0.0f, .stats = stats.data()},
+              /*gradients=*/true, target);
+    backward(x.data(), nullptr, batch, {}, target);
+  } else if (dlogits_bf16_.size()) {
     if (n % 2 != 0) throw std::logic_error("replica: a bf16 LM head's logits have an odd count");
     run_forward(x.data(), batch);
     device_->fill(reinterpret_cast<float*>(dlogits_bf16_.data()), 0.0f, n / 2);

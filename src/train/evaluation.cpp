@@ -40,13 +40,16 @@ LossTotals loss_totals(Replica& replica, const Dataset& data, std::size_t first,
           std::span<const std::int32_t>(positions.data(), static_cast<std::size_t>(rows) * features));
       replica.set_positions(positions_d.data());
     }
-    // A bf16 LM head's logits as the step reads them (Note [Fused classifier]).
-    if (const std::uint16_t* logits16 = replica.forward_bf16(xd.data(), rows))
-      dev.softmax_cross_entropy(logits16, yd.data(), rows * targets, classes,
-                                static_cast<std::uint16_t*>(nullptr), 0.0f, stats.data());
-    else
+    // An LM head's loss as the step computes it, chunk by chunk without the logits (Note
+    // [Chunked classifier] in src/model/lm_head.cpp).
+    if (replica.fuses_loss()) {
+      replica.forward_hidden(xd.data(), rows);
+      replica.head_loss(rows, {.labels = yd.data(), .grad_scale = 0.0f, .stats = stats.data()},
+                        /*gradients=*/false);
+    } else {
       dev.softmax_cross_entropy(replica.forward(xd.data(), rows), yd.data(), rows * targets,
                                 classes, static_cast<float*>(nullptr), 0.0f, stats.data());
+    }
     // The labels that count (kIgnoreLabel's do not).
     totals.predictions += static_cast<double>(
         labels - static_cast<std::size_t>(std::count(y.begin(), y.begin() + labels, kIgnoreLabel)));

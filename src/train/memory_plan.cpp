@@ -84,18 +84,19 @@ double floats_for(Size size, int batch) {
 }
 
 // Activations, what layers keep for backward, the shared scratch, the two activation gradients
-// and the gradient of the logits (the worker's fp32 dlogits, or under bf16 with a GPT's LM head
-// the replica's bf16 one, Replica::dlogits_bf16, which holds the logits too: that head's fp32
-// output buffer is made only by Replica::forward, never in training), for a batch of `batch`;
-// per sample sizes times the batch, in double, so that no size multiplies out of range.
+// and the gradient of the logits, for a batch of `batch`. An LM head fused with the loss (a
+// decoder's) keeps neither logits nor their gradient: one chunk of them is its scratch (Note
+// [Chunked classifier] in src/model/lm_head.cpp); Replica::forward makes the logits, never a
+// step. Other models: the last layer's output and the worker's fp32 dlogits.
+// Per sample sizes times the batch, in double, so that no size multiplies out of range.
 // Under trainer.recompute full the recomputable layers share one saved workspace, the largest of
 // theirs; under selective their recomputed parts share one buffer, the largest of those (Note
 // [Recomputation] in src/model/model.cpp), as Replica allocates them.
 double activation_bytes(const Model& model, int batch, Precision precision, Recompute recompute) {
   const Layer& last = *model.layers().back();
-  const bool dlogits_bf16 = precision == Precision::bf16 && last.dout_bf16();
+  const bool fused = last.fuses_loss();
   // The worker's fp32 dlogits; the layers' outputs are added below.
-  double per_sample = dlogits_bf16 ? 0.0 : last.out_features();
+  double per_sample = fused ? 0.0 : last.out_features();
   double kept = 0, shared = 0, scratch = 0, din = 1;
   std::vector<const std::vector<float>*> constants;  // Note [Layer constants]: one copy each
   for (std::size_t i = 0; i < model.layers().size(); ++i) {
@@ -105,8 +106,8 @@ double activation_bytes(const Model& model, int batch, Precision precision, Reco
       constants.push_back(table.get());
       kept += static_cast<double>(table->size());
     }
-    const bool head16 = dlogits_bf16 && i + 1 == model.layers().size();  // in bf16, once
-    per_sample += static_cast<double>(layer.out_features()) / (head16 ? 2.0 : 1.0);
+    if (!fused || i + 1 < model.layers().size())
+      per_sample += static_cast<double>(layer.out_features());
     const double saved = floats_for([&](int b) { return layer.workspace_size(b, precision); }, batch);
     const double dropped =
         recompute == Recompute::none || !model.recomputable(i) ? 0.0

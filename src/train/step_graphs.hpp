@@ -2,9 +2,10 @@
 //
 // Note [Step graphs]
 //   A GPT-2 step launches over a thousand kernels, each costing its host a few microseconds; once
-//   the kernels are fast, that enqueue is the step's floor. So each micro-batch's forward (with
-//   its loss) and backward are captured once as device graphs (Note [Device graphs] in
-//   lockstep/device.hpp) and replayed with a launch each, every step after.
+//   the kernels are fast, that enqueue is the step's floor. So each micro-batch's forward and
+//   backward (the loss with one of them: with backward where the LM head fuses it, Note
+//   [Chunked classifier] in src/model/lm_head.cpp) are captured once as device graphs (Note
+//   [Device graphs] in lockstep/device.hpp) and replayed with a launch each, every step after.
 //   - Only the replica's kernels are captured. The collectives, the optimiser, the step record's
 //     copy, snapshots and every wait stay launched by the host as before. So overlap, ZeRO-1,
 //     both CUDA communicators and the failure path are unchanged, every rank may capture or not

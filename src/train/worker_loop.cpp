@@ -308,7 +308,7 @@ void WorkerLoop::set_up_data(bool cores_scarce) {
   if (rank_ == 0) run_.summary.loader = prefetch == 0 ? "inline" : "thread";
   // As wide as the logits: a GPT's padded vocabulary (Note [Padded vocabulary], model/gpt.cpp).
   const int logits = run_.model.outputs();
-  if (!res_.replica->dlogits_bf16())
+  if (!res_.replica->fuses_loss())
     res_.dlogits = DeviceArray<float>(*res_.device, static_cast<std::size_t>(logits) * batch);
   // Workspaces sized before the first step, which then allocates nothing (Note [Host syncs]):
   // rows of predictions, each no wider than the widest activation per prediction.
@@ -460,10 +460,11 @@ bool WorkerLoop::run_micro_batch(int micro, StepTotals& mine) {
   if (run_.callbacks.hooks.before_forward) run_.callbacks.hooks.before_forward(global_, pos_.step);
   run_.fault.before_forward(global_, pos_.step, comm_, dev);
   run_.fault.lose_device(global_, pos_.step, Fault::Phase::forward);
-  // bf16 with a GPT's LM head: its logits in bf16, and the fused classifier writing their
-  // gradient over them, where backward reads it (Note [Fused classifier] in
-  // src/cpu/ops/softmax.cpp).
-  std::uint16_t* logits16 = replica.dlogits_bf16();
+  // An LM head fused with the loss: forward stops below it; the head, the loss and the head's
+  // backward run a chunk of rows at a time at the start of backward, once the gradients are
+  // zeroed (Note [Chunked classifier] in src/model/lm_head.cpp). Other models: the logits,
+  // the loss and its gradient here.
+  const bool fused = replica.fuses_loss();
   const float* x = in.x->data<float>();
   const std::int32_t* y = in.y->data<std::int32_t>();
   LossStats* loss = res_.records[pos_.step % 2]->loss();
@@ -482,9 +483,8 @@ bool WorkerLoop::run_micro_batch(int micro, StepTotals& mine) {
   {
     TraceSpan span(track_, "forward", pos_.step);
     const auto forward = [&](const StepGraphs::Layer&) {
-      if (logits16) {
-        (void)replica.forward_bf16(x, b.size);
-        dev.softmax_cross_entropy(logits16, y, predictions, classes, logits16, grad_scale, loss);
+      if (fused) {
+        replica.forward_hidden(x, b.size);
       } else {
         const float* logits = replica.forward(x, b.size);
         dev.softmax_cross_entropy(logits, y, predictions, classes, res_.dlogits.data(),
@@ -493,8 +493,8 @@ bool WorkerLoop::run_micro_batch(int micro, StepTotals& mine) {
     };
     graphs.run({.part = StepGraphs::Part::forward,
                 .input = x,
-                .labels = y,
-                .record = loss,
+                .labels = fused ? nullptr : y,
+                .record = fused ? nullptr : loss,
                 .batch = b.size},
                forward, nullptr, nullptr);
   }
@@ -516,10 +516,18 @@ bool WorkerLoop::run_micro_batch(int micro, StepTotals& mine) {
   // A captured backward ends a graph where the reducer starts a bucket (Note [Step graphs]).
   Reducer::DryRun dry;
   if (graphs.active()) dry = res_.reducer->dry_run();
-  graphs.run({.part = StepGraphs::Part::backward, .input = x, .batch = b.size,
+  graphs.run({.part = StepGraphs::Part::backward,
+              .input = x,
+              .labels = fused ? y : nullptr,
+              .record = fused ? loss : nullptr,
+              .batch = b.size,
               .reports_layers = last_micro},
              [&](const StepGraphs::Layer& report) {
-               replica.backward(x, res_.dlogits.data(), b.size, report, gradient_target());
+               if (fused)
+                 replica.head_loss(b.size, {.labels = y, .grad_scale = grad_scale, .stats = loss},
+                                   /*gradients=*/true, gradient_target());
+               replica.backward(x, fused ? nullptr : res_.dlogits.data(), b.size, report,
+                                gradient_target());
              },
              last_micro ? StepGraphs::Layer([this](std::size_t layer) { grads_ready(layer); })
                         : nullptr,

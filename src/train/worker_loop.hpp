@@ -10,8 +10,10 @@
 //              -> staged to the device a batch ahead (StagedBatches) -> forward -> loss
 //              -> backward
 //   The loss and correct count stay on the device, in the step record (step_record.hpp).
-//   On a GPU the forward (with the loss) and the backward may each run as device graphs,
-//   captured once and replayed (trainer.cuda_graphs; Note [Step graphs] in step_graphs.hpp).
+//   A decoder's LM head runs with the loss and its own backward, a chunk of rows at a time,
+//   once the gradients are zeroed (Note [Chunked classifier] in src/model/lm_head.cpp).
+//   On a GPU the forward and the backward, the loss inside whichever runs it, may each run as
+//   device graphs, captured once and replayed (trainer.cuda_graphs; Note [Step graphs] in step_graphs.hpp).
 //   During the last micro-batch's backward the reducer all-reduces (avg) each gradient bucket as
 //   soon as backward has filled it (see Note [Buckets] in reducer.hpp); every replica then holds
 //   the average over the global batch.
@@ -259,7 +261,8 @@ class WorkerLoop {
     std::unique_ptr<StepRecord> records[2];  // steps use them in turn (Note [Deferred step read])
     std::unique_ptr<ShardLoader> loader;
     std::unique_ptr<StagedBatches> batches;
-    // (batch x targets, classes); empty where the loss writes the replica's dlogits_bf16().
+    // (batch x targets, classes); empty where the replica's LM head fuses the loss (Note
+    // [Chunked classifier] in src/model/lm_head.cpp).
     DeviceArray<float> dlogits;
     // trainer.snapshot_every's copies (Note [Snapshots]); last, so that it is destroyed first:
     // its copies read the replica's and the optimiser's memory.

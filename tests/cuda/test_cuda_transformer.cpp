@@ -287,6 +287,37 @@ TEST_SUITE("cuda") {
     }, fp32_sums(kVocab + kC + 4, kVocab));  // a product over C, a softmax over V
   }
 
+  TEST_CASE("transformer: the LM head fused with the loss, chunk by chunk, against the CPU") {
+    auto backend = cuda_or_skip();
+    if (!backend) return;
+    auto gpu = backend->create_device(0, 1, 0);
+    // 300 rows: chunks of 256 and 44 (Note [Chunked classifier]); V 300 padded to 320; every
+    // seventh label ignored. The loss, dwte and din close to the CPU's.
+    constexpr int kVocab = 300, kT = 100, kC = 24, kBatch = 3, kRows = kBatch * kT;
+    const auto head = make_tied_lm_head(0, kVocab, kT, kC);
+    REQUIRE(head->fuses_loss());
+    const auto wte = random_floats(std::size_t(kVocab) * kC, 610);
+    const auto in = random_floats(std::size_t(kRows) * kC, 611, -2.0, 2.0);
+    auto labels = random_labels(kRows, kVocab, 612);
+    for (int r = 0; r < kRows; r += 7) labels[std::size_t(r)] = kIgnoreLabel;
+    compare(*gpu, [&](Device& d) {
+      auto wd = on_device(d, wte), xd = on_device(d, in);
+      auto yd = on_device(d, labels);
+      auto dwte = on_device(d, std::vector<float>(wte.size(), 0.0f));
+      auto din = poisoned(d, in.size());
+      DeviceArray<float> saved(d, head->workspace_size(kBatch)),
+          scratch(d, head->scratch_size(kBatch));
+      DeviceArray<LossStats> stats(d, 1);
+      head->forward_loss(d, wd.data(), dwte.data(), xd.data(), din.data(),
+                         {.labels = yd.data(), .grad_scale = 0.25f, .stats = stats.data()},
+                         kBatch, LayerWorkspace{saved.data(), scratch.data()});
+      const LossStats s = stats.download().front();
+      REQUIRE(s.label_error == 0);
+      return Outputs{{static_cast<float>(s.loss_sum)}, {static_cast<float>(s.correct)},
+                     dwte.download(), din.download()};
+    }, fp32_sums(kVocab + kC + 4, kVocab));
+  }
+
   TEST_CASE("transformer: GPT-2 124M sizes (C 768, V 50257, T 1024, 12 heads)") {
     auto backend = cuda_or_skip();
     if (!backend) return;

@@ -247,10 +247,12 @@ TEST_CASE("bf16 lm head: logits written in bf16 chunk by chunk are the fp32 logi
   DeviceArray<std::uint16_t> p16(*dev, params.size());
   dev->to_bf16(pd.data(), p16.data(), params.size());
   DeviceArray<float> saved(*dev, layer->workspace_size(batch, Precision::bf16));
+  DeviceArray<float> scratch(*dev, layer->scratch_size(batch, Precision::bf16));  // the chunk
   const std::size_t n = std::size_t(batch) * layer->out_features();
   DeviceArray<float> logits(*dev, n);
   DeviceArray<std::uint16_t> logits16(*dev, n), want(*dev, n);
-  const lockstep::LayerWorkspace fp32_out{saved.data(), nullptr, Precision::bf16, p16.data()};
+  const lockstep::LayerWorkspace fp32_out{saved.data(), scratch.data(), Precision::bf16,
+                                          p16.data()};
   layer->forward(*dev, pd.data(), xd.data(), logits.data(), batch, fp32_out);
   dev->to_bf16(logits.data(), want.data(), n);
   lockstep::LayerWorkspace bf16_out = fp32_out;

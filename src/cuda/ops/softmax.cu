@@ -91,7 +91,11 @@ __global__ void softmax_xent_rows_kernel(const float* logits, const std::int32_t
     __syncthreads();
   }
   const int argmax = best_index[0];
-  const float zmax = z[argmax], zlabel = z[label];  // read before any dlogit is written
+  const float zmax = z[argmax], zlabel = z[label];
+  // Every thread has read them before any dlogit is written: where dlogits aliases the logits
+  // (the chunked LM head, Note [Chunked classifier] in src/model/lm_head.cpp) another warp's
+  // first parked e_j could otherwise overwrite z[argmax] or z[label] before this warp reads it.
+  __syncthreads();
 
   D* d = dlogits ? dlogits + static_cast<std::size_t>(row) * classes : nullptr;
   constexpr bool kParked = std::is_same_v<D, float>;
