@@ -233,24 +233,71 @@ std::vector<Result> in_blocks(std::size_t count, std::size_t block, Body body) {
   return results;
 }
 
+// FNV-1a, a byte at a time: a token's prefixes' hashes come in one pass over it.
+constexpr std::uint64_t kFnvOffset = 0xcbf29ce484222325ull;
+constexpr std::uint64_t kFnvPrime = 0x100000001b3ull;
+
+std::uint64_t fnv1a(std::string_view bytes, std::uint64_t h = kFnvOffset) {
+  for (const char c : bytes) h = (h ^ static_cast<unsigned char>(c)) * kFnvPrime;
+  return h;
+}
+
+// Token bytes -> id for merges_from_ranks: open addressing on FNV-1a hashes that the caller
+// computes (incrementally, for prefixes), each hit checked against the token's bytes. About 4x
+// faster there than Vocabulary::by_bytes, which hashes each substring anew and walks nodes.
+class TokenIndex {
+ public:
+  explicit TokenIndex(const std::vector<std::string>& tokens) : tokens_(tokens) {
+    std::size_t size = 1024;
+    while (size < 2 * tokens.size()) size *= 2;
+    slots_.assign(size, Slot{0, kEmpty});
+    for (std::size_t id = 0; id < tokens.size(); ++id) {
+      const std::uint64_t h = fnv1a(tokens[id]);
+      std::size_t i = h & (size - 1);
+      while (slots_[i].id != kEmpty) i = (i + 1) & (size - 1);
+      slots_[i] = {h, static_cast<TokenId>(id)};
+    }
+  }
+  // The id of `bytes`, whose hash is h, or kEmpty.
+  TokenId find(std::string_view bytes, std::uint64_t h) const {
+    for (std::size_t i = h & (slots_.size() - 1);; i = (i + 1) & (slots_.size() - 1)) {
+      const Slot& s = slots_[i];
+      if (s.id == kEmpty) return kEmpty;
+      if (s.hash == h && tokens_[s.id] == bytes) return s.id;
+    }
+  }
+  static constexpr TokenId kEmpty = ~TokenId{0};
+
+ private:
+  struct Slot {
+    std::uint64_t hash;
+    TokenId id;
+  };
+  const std::vector<std::string>& tokens_;
+  std::vector<Slot> slots_;  // a power of two, at most half full
+};
+
 // Every split of every token into two tokens may merge, at the token's rank. The lookups (two
-// hash probes per split: about 600,000 for GPT-2's 50,257 ranks, most of loading its rank file)
-// run in parallel over blocks of ids; the merges are inserted in id order.
+// per split: about 600,000 for GPT-2's 50,257 ranks, most of loading its rank file) run on a
+// TokenIndex, in parallel over blocks of ids; the merges are inserted in id order.
 void merges_from_ranks(Vocabulary& v) {
   struct Found {
     TokenId left, right, id;
   };
+  const TokenIndex index(v.tokens);
   const auto found = in_blocks<std::vector<Found>>(
-      v.tokens.size(), 4096, [&v](std::size_t first, std::size_t last) {
+      v.tokens.size(), 4096, [&v, &index](std::size_t first, std::size_t last) {
         std::vector<Found> out;
         for (std::size_t id = first; id < last; ++id) {
           const std::string_view t = v.tokens[id];
+          std::uint64_t prefix = kFnvOffset;
           for (std::size_t k = 1; k < t.size(); ++k) {
-            const auto left = v.by_bytes.find(t.substr(0, k));
-            if (left == v.by_bytes.end()) continue;
-            const auto right = v.by_bytes.find(t.substr(k));
-            if (right == v.by_bytes.end()) continue;
-            out.push_back({left->second, right->second, static_cast<TokenId>(id)});
+            prefix = fnv1a(t.substr(k - 1, 1), prefix);
+            const TokenId left = index.find(t.substr(0, k), prefix);
+            if (left == TokenIndex::kEmpty) continue;
+            const TokenId right = index.find(t.substr(k), fnv1a(t.substr(k)));
+            if (right == TokenIndex::kEmpty) continue;
+            out.push_back({left, right, static_cast<TokenId>(id)});
           }
         }
         return out;
