@@ -34,13 +34,13 @@
 // Memory. The reader collects parts into a batch of about kBatchBytes (4 MiB) of text, oneTBB
 // tokenizes the batch's parts in parallel, and the writer appends their ids to the outputs'
 // temp files.
-// Overlap. A thread of its own reads the next batch (kBatchesAhead, 1) while the caller's
-// thread encodes one with oneTBB and writes it, so the cores are not idle while the next files
-// are read; the outputs are written in the batches' order, on one thread. Held at once: two
-// batches of text and one batch's ids (at most 4 bytes of ids per byte of text; about 1 for
-// English), each thread's pre-token cache (at most 65,536 pieces, a few MB) and output buffer,
-// and whatever one part holds beyond kPartBytes: the longest stretch of a document with no
-// safe cut, or the longest JSON line. So about 30 MiB plus those stretches.
+// Overlap. A thread of its own reads the next batch (kBatchesAhead, 1) and another appends the
+// last one's ids to the outputs while the caller's thread encodes one with oneTBB, so the cores
+// are not idle while files are read or written; batches are written in order, on one thread.
+// Held at once: two batches of text and three batches' ids (at most 4 bytes of ids per byte of
+// text; about 1 for English), each thread's pre-token cache (at most 65,536 pieces, a few MB)
+// and output buffer, and whatever one part holds beyond kPartBytes: the longest stretch of a
+// document with no safe cut, or the longest JSON line. So about 40 MiB plus those stretches.
 //
 // Forced cuts. A stretch with no safe cut is at most kMaxStretchBytes (1 MiB): past that the
 // document is cut at 1 MiB (at the first byte of the character there) and the two sides are
@@ -511,6 +511,79 @@ class Prefetcher {
   std::thread thread_;  // last: it starts once the rest is made
 };
 
+// Note [Tokenizing files], "Overlap": a thread of its own calls `write` on each batch of ids, in
+// the order pushed, while the caller encodes the next; at most one batch waits. What `write`
+// throws (a bad unit's InputError) reaches the caller at its next push() or at finish(), and
+// no batch after it is written. Destroying it without finish() (an exception leaving the
+// caller) drops what waits and joins the thread.
+class Writer {
+ public:
+  using Write = std::function<void(std::vector<UnitIds>&)>;
+  explicit Writer(Write write) : write_(std::move(write)), thread_([this] { run(); }) {}
+  ~Writer() {
+    {
+      const std::lock_guard lock(mutex_);
+      closed_ = cancelled_ = true;
+    }
+    changed_.notify_all();
+    thread_.join();
+  }
+  Writer(const Writer&) = delete;
+  Writer& operator=(const Writer&) = delete;
+
+  void push(std::vector<UnitIds> ids) {
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [this] { return !pending_ || error_; });
+    if (error_) std::rethrow_exception(error_);
+    pending_ = std::move(ids);
+    changed_.notify_all();
+  }
+  // Waits until every batch pushed is written; rethrows what writing one threw.
+  void finish() {
+    std::unique_lock lock(mutex_);
+    closed_ = true;
+    changed_.notify_all();
+    changed_.wait(lock, [this] { return done_; });
+    if (error_) std::rethrow_exception(error_);
+  }
+
+ private:
+  void run() {
+    while (true) {
+      std::vector<UnitIds> ids;
+      {
+        std::unique_lock lock(mutex_);
+        changed_.wait(lock, [this] { return pending_ || closed_; });
+        if (!pending_ || cancelled_) {
+          done_ = true;
+          changed_.notify_all();
+          return;
+        }
+        ids = std::move(*pending_);
+        pending_.reset();
+        changed_.notify_all();
+      }
+      try {
+        write_(ids);
+      } catch (...) {
+        const std::lock_guard lock(mutex_);
+        error_ = std::current_exception();
+        done_ = true;
+        changed_.notify_all();
+        return;
+      }
+    }
+  }
+
+  Write write_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::optional<std::vector<UnitIds>> pending_;
+  bool closed_ = false, cancelled_ = false, done_ = false;
+  std::exception_ptr error_;
+  std::thread thread_;  // last: it starts once the rest is made
+};
+
 void check_options(const Tokenizer& tokenizer, const TokenizeOptions& o, int token_bytes) {
   if (o.inputs.empty()) throw InputError("tokenize: expected at least one INPUT");
   if (o.out.empty()) throw InputError("tokenize: expected --out FILE");
@@ -589,22 +662,9 @@ TokenizeCounts tokenize_files(const Tokenizer& tokenizer, const TokenizeOptions&
       batch.documents_read = finished_documents + (reader ? reader->documents() : 0);
       return batch;
     });
-    std::vector<UnitIds> ids;
-    while (std::optional<Batch> batch = prefetcher.next()) {
-      if (o.stop && o.stop->load()) throw Interrupted();
-      ids.assign(batch->units.size(), {});
-      detail::TsanForkJoin fork_join;
-      static char site;  // Note [TSan and oneTBB]: a loop that may follow another
-      const auto task = [&](std::size_t i) {
-        detail::tsan_acquire(&site);
-        fork_join.task_begins();
-        const Unit& unit = batch->units[i];
-        ids[i] = encode_unit(tokenizer, unit, names[unit.input], document_start, o.allow_special);
-        fork_join.task_ends();
-      };
-      detail::tsan_release(&site);
-      tbb::parallel_for(std::size_t{0}, batch->units.size(), task);
-      fork_join.joined();
+    // The writer's thread appends each batch's ids to the outputs (and, with eval_out, picks
+    // the file of each part) while this one encodes the next.
+    Writer writer([&](std::vector<UnitIds>& ids) {
       for (UnitIds& unit : ids) {
         if (!unit.error.empty()) throw InputError(unit.error);
         for (const std::vector<TokenId>& part : unit.parts) {
@@ -617,17 +677,38 @@ TokenizeCounts tokenize_files(const Tokenizer& tokenizer, const TokenizeOptions&
           (to_eval ? *eval : train).append(part);
         }
       }
+    });
+    std::uint64_t tokens = 0;  // encoded so far, for the progress
+    while (std::optional<Batch> batch = prefetcher.next()) {
+      if (o.stop && o.stop->load()) throw Interrupted();
+      std::vector<UnitIds> ids(batch->units.size());
+      detail::TsanForkJoin fork_join;
+      static char site;  // Note [TSan and oneTBB]: a loop that may follow another
+      const auto task = [&](std::size_t i) {
+        detail::tsan_acquire(&site);
+        fork_join.task_begins();
+        const Unit& unit = batch->units[i];
+        ids[i] = encode_unit(tokenizer, unit, names[unit.input], document_start, o.allow_special);
+        fork_join.task_ends();
+      };
+      detail::tsan_release(&site);
+      tbb::parallel_for(std::size_t{0}, batch->units.size(), task);
+      fork_join.joined();
+      for (const UnitIds& unit : ids)
+        for (const std::vector<TokenId>& part : unit.parts) tokens += part.size();
+      writer.push(std::move(ids));
       if (o.on_progress) {
         TokenizeProgress p;
         p.bytes = batch->bytes_read;
         p.documents = batch->documents_read;
-        p.tokens = train.count() + (eval ? eval->count() : 0);
+        p.tokens = tokens;
         p.elapsed_s =
             std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         o.on_progress(p);
       }
     }
-  }  // the reader's thread has joined
+    writer.finish();
+  }  // the reader's and the writer's threads have joined
   if (eval) {
     // Note [Tokenizing files]: the stream's tail makes up a share that whole parts missed.
     const std::uint64_t total = train.count() + eval->count();
