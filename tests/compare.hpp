@@ -98,4 +98,18 @@ inline double worse(double a, double b) {
   return std::isnan(b) || b > a ? b : a;
 }
 
+// ||a - b|| / ||b|| over the entries that differ (an LM head's -inf padding equals itself): a
+// bf16 result against its fp32 one, where element bounds do not fit (errors that grow through a
+// layer's products); NaN when either has one.
+inline double relative_error(const std::vector<float>& a, const std::vector<float>& b) {
+  REQUIRE(a.size() == b.size());
+  double diff = 0.0, norm = 0.0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (a[i] == b[i]) continue;
+    diff += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    norm += double(b[i]) * b[i];
+  }
+  return diff == 0.0 ? 0.0 : std::sqrt(diff / norm);
+}
+
 }  // namespace lockstep::test

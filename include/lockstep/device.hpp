@@ -579,6 +579,10 @@ class LOCKSTEP_API LayerOps {
   // positions has no position embedding).
   virtual void embedding_forward(const float* ids, const float* wte, const float* wpe, float* out,
                                  int batch, int T, int C) = 0;
+  // The same from a bf16 table (a frozen embedding held in bf16 only, Note [Frozen parameters]
+  // in src/model/lora.cpp), without wpe: out = wte[ids[b, t]] widened, exactly.
+  virtual void embedding_forward(const float* ids, const std::uint16_t* wte, float* out,
+                                 int batch, int T, int C) = 0;
   // dwte[ids[b, t]] += dout[b, t]; dwpe[t] += sum over b of dout[b, t] (skipped when null).
   virtual void embedding_backward(const float* ids, const float* dout, float* dwte, float* dwpe,
                                   int batch, int T, int C) = 0;

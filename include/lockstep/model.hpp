@@ -82,6 +82,9 @@ struct LOCKSTEP_API LayerWorkspace {
   // The layer's frozen parameters (Layer::frozen_count(), at Model::frozen_read_offset), which
   // have no gradient; null when it has none (Note [Frozen parameters] in src/model/lora.cpp).
   const float* frozen = nullptr;
+  // bf16: the layer's frozen parameters as bf16 bits, the only copy the replica holds (frozen
+  // is then null); null otherwise.
+  const std::uint16_t* frozen_bf16 = nullptr;
   // Training with dropout (LoRA's, Note [LoRA dropout] in src/model/lora.cpp): the key of this
   // layer's masks in this forward (Replica::set_dropout_key, mixed with the layer's index), the
   // same when backward or a recompute draws them again; 0: no dropout (eval, sampling).
@@ -453,9 +456,10 @@ class LOCKSTEP_API Replica {
 
   // Also writes the bf16 copy.
   void load_parameters(std::span<const float> host);
-  // The model's frozen parameters (Model::frozen_count() floats), once, before the first forward.
+  // The model's frozen parameters (Model::frozen_count() floats), once, before the first forward;
+  // under bf16 kept as their bf16 rounding only (Note [Frozen parameters] in src/model/lora.cpp).
   void load_frozen(std::span<const float> host);
-  std::vector<float> frozen() const;  // to host
+  std::vector<float> frozen() const;  // to host (bf16: the held bf16 values, widened)
   // bf16: rounds the whole parameter buffer into the bf16 copy (one pass); nothing otherwise.
   void refresh_bf16();
   std::vector<float> parameters() const;  // to host
@@ -553,7 +557,8 @@ class LOCKSTEP_API Replica {
   DeviceArray<float> params_;
   DeviceArray<std::uint16_t> params_bf16_;  // bf16 only: to_bf16(params_)
   DeviceArray<float> grads_;
-  DeviceArray<float> frozen_;              // Model::frozen_count() floats, no gradient
+  DeviceArray<float> frozen_;              // Model::frozen_count() floats, no gradient; bf16: none
+  DeviceArray<std::uint16_t> frozen_bf16_;  // bf16 only: the frozen parameters' bf16 bits
   // acts_[i] = output of layer i; the last is empty until forward() with a bf16 LM head, whose
   // output is dlogits_bf16_.
   std::vector<DeviceArray<float>> acts_;

@@ -14,11 +14,11 @@ namespace lockstep::detail {
 
 // C = alpha op(A) op(B) + beta C in the operands' precision (both fp32, or both bf16).
 inline void matmul(Device& dev, Transpose ta, Transpose tb, int m, int n, int k, MatIn a,
-                   int lda, MatIn b, int ldb, float beta, float* c, int ldc) {
+                   int lda, MatIn b, int ldb, float beta, float* c, int ldc, float alpha = 1.0f) {
   if (a.bf16)
-    dev.gemm_bf16(ta, tb, m, n, k, 1.0f, a.bf16, lda, b.bf16, ldb, beta, c, ldc);
+    dev.gemm_bf16(ta, tb, m, n, k, alpha, a.bf16, lda, b.bf16, ldb, beta, c, ldc);
   else
-    dev.gemm(ta, tb, m, n, k, 1.0f, a.f32, lda, b.f32, ldb, beta, c, ldc);
+    dev.gemm(ta, tb, m, n, k, alpha, a.f32, lda, b.f32, ldb, beta, c, ldc);
 }
 
 // The operands' storages agree and every pointer the call needs is there;

@@ -189,7 +189,7 @@ void check_decoder(const ModelConfig& m, const Rules& r) {
 }
 
 // model.lora (Note [LoRA] in src/model/lora.cpp): what is built is LoRA on the Llama family's
-// blocks, in fp32 or tf32.
+// blocks, in any precision (under bf16 the base is held in bf16 only: Note [Frozen parameters]).
 void check_lora(const Config& c, const Rules& r) {
   const ModelConfig& m = c.model;
   if (!r.readable({"model.lora.rank"}) || m.lora.rank == 0) return;
@@ -206,10 +206,6 @@ void check_lora(const Config& c, const Rules& r) {
       r.fail_at("model.lora.targets", e.what());
     }
   }
-  if (r.readable({"trainer.precision"}) && c.trainer.precision == Precision::bf16)
-    r.fail_at("model.lora.rank",
-              fmt::format("LoRA under {} is not built (a bf16-only frozen base): use fp32 or "
-                          "tf32", r.other("trainer.precision", "bf16")));
 }
 
 }  // namespace

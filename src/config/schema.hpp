@@ -389,8 +389,9 @@ void visit_schema(Visitor& v, C& c) {
                 "of the weights, bf16 inputs to every matrix product (fp32 accumulation), "
                 "activations kept for backward in bf16, norms, softmax, GELU and the loss in "
                 "fp32 (Note [bf16 compute] in src/model/ops.hpp); checkpoints keep the fp32 "
-                "weights, so a bf16 run resumes exactly. Replaces trainer.tf32 (tf32: true "
-                "is precision: tf32).");
+                "weights, so a bf16 run resumes exactly. With model.lora the frozen base is "
+                "held in bf16 only, 2 bytes a value (Note [Frozen parameters] in "
+                "src/model/lora.cpp). Replaces trainer.tf32 (tf32: true is precision: tf32).");
   v.number("bucket_cap_mb", c.trainer.bucket_cap_mb, kPositive,
            "gradient bucket size; the first bucket is capped at 1 MB"
            "\nAs in PyTorch's DDP; the buckets are laid out in reverse layer order, so that "

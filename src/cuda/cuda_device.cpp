@@ -770,6 +770,13 @@ void CudaDevice::embedding_forward(const float* ids, const float* wte, const flo
   launch_embedding_forward(stream(), ids, wte, wpe, out, batch, T, C);
 }
 
+void CudaDevice::embedding_forward(const float* ids, const std::uint16_t* wte, float* out,
+                                   int batch, int T, int C) {
+  check_sizes("embedding_forward", std::int64_t{batch} * T,
+              {{"batch", batch}, {"T", T}, {"C", C}});
+  launch_embedding_forward(stream(), ids, wte, out, batch, T, C);
+}
+
 void CudaDevice::embedding_backward(const float* ids, const float* dout, float* dwte,
                                     float* dwpe, int batch, int T, int C) {
   check_sizes("embedding_backward", std::int64_t{batch} * T,

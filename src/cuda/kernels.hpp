@@ -179,6 +179,9 @@ void launch_adamw_step(cudaStream_t stream, const AdamWScalars& s, float* params
 // ids (batch, T) as floats, wte (V, C), wpe (>= T, C): out (batch, T, C) = wte[ids] + wpe[t].
 void launch_embedding_forward(cudaStream_t stream, const float* ids, const float* wte,
                               const float* wpe, float* out, int batch, int T, int C);
+// The same from a bf16 table, without wpe: out = wte[ids] widened.
+void launch_embedding_forward(cudaStream_t stream, const float* ids, const std::uint16_t* wte,
+                              float* out, int batch, int T, int C);
 // dwte[ids[b, t]] += dout[b, t]; dwpe[t] += sum over b of dout[b, t]. Deterministic, and the
 // CPU's float additions in the CPU's order: the rows are sorted by token (stable), then each
 // token's rows added in order. `scratch` holds at least embedding_backward_scratch_bytes(batch,

@@ -202,84 +202,87 @@ class LlamaBlock final : public Layer {
   // with their rstd rewritten with their own bits, and SwiGLU of gate | up.
   void recompute(Device& dev, const float* own, const float* x, int batch,
                  const LayerWorkspace& ws) const override {
-    const float* params = base(own, ws);  // the norms' weights: frozen under LoRA
     const bool bf16 = ws.precision == Precision::bf16;
     const Saved s = Saved::at(ws.saved, ws.recomputed, *this, batch, bf16);
+    const Base base = base_of(dev, own, ws, Scratch::at(ws.scratch, *this, batch, bf16));
     const int n = batch * t_;
     s.ln1.store([&](auto* y) {
-      dev.residual_rmsnorm_forward(x, nullptr, nullptr, params + offsets_[kInNorm], y, s.rstd1,
-                                   n, c_, eps_);
+      dev.residual_rmsnorm_forward(x, nullptr, nullptr, base.in_norm, y, s.rstd1, n, c_, eps_);
     });
     s.ln2.store([&](auto* y) {
-      dev.residual_rmsnorm_forward(s.res1, nullptr, nullptr, params + offsets_[kPostNorm], y,
-                                   s.rstd2, n, c_, eps_);
+      dev.residual_rmsnorm_forward(s.res1, nullptr, nullptr, base.post_norm, y, s.rstd2, n, c_,
+                                   eps_);
     });
     swiglu(dev, s, n);
   }
 
   void forward(Device& dev, const float* own, const float* x, float* out, int batch,
                const LayerWorkspace& ws) const override {
-    const float* params = base(own, ws);
-    const Maps m = maps(params, ws);
     const bool bf16 = ws.precision == Precision::bf16;
     const Saved s = Saved::at(ws.saved, ws.recomputed, *this, batch, bf16);
     const Scratch d = Scratch::at(ws.scratch, *this, batch, bf16);
+    const Base base = base_of(dev, own, ws, d);
+    const Maps& m = base.maps;
     const int n = batch * t_;
-    // The adapters of one product add into its output (Note [LoRA] in lora.cpp).
-    const auto adapt = [&](Product p, const float* in, float* y) {
+    // A product and the adapters that add into its output (Note [LoRA] in lora.cpp): with
+    // adapters and a bf16 y, the base's product and theirs are summed in the fp32 `product`
+    // and rounded into y once.
+    const auto project = [&](Product p, const Projection& map, const Kept& in, MatOut y,
+                             float* product) {
+      const bool sum_first = lora() && y.bf16;
+      map.forward(dev, in.input(), sum_first ? MatOut{product, nullptr} : y, product, n);
+      float* sum = sum_first ? product : y.f32;
       for (std::size_t i = 0; i < targets_.size(); ++i)
         if (products_[i] == p)
-          adapter(own, i, ws).forward(dev, in, y, s.lora_u + u_offset(i, n), d.lora_x, n);
+          adapter(own, i, ws).forward(dev, in.input(), sum, lora_u(s, i, n).output(),
+                                      lora_scratch(d), n);
+      if (sum_first) dev.to_bf16(product, y.bf16, elements(n, map.out));
     };
     s.ln1.store([&](auto* y) {
-      dev.residual_rmsnorm_forward(x, nullptr, nullptr, params + offsets_[kInNorm], y, s.rstd1,
-                                   n, c_, eps_);
+      dev.residual_rmsnorm_forward(x, nullptr, nullptr, base.in_norm, y, s.rstd1, n, c_, eps_);
     });
-    m.qkv.forward(dev, s.ln1.input(), s.qkv.output(), d.qkv, n);
-    adapt(kQkvProduct, s.ln1.f32, s.qkv.f32);
+    project(kQkvProduct, m.qkv, s.ln1, s.qkv.output(), d.qkv);
     s.qkv.store([&](auto* qkv) { dev.rope_forward(rope_shape(batch, ws), rope_table(ws), qkv); });
     detail::attention_forward(dev, attention_shape(batch, ws), s.qkv.input(), s.atty.output(),
                               attention_buffers(s, d));
-    m.o.forward(dev, s.atty.input(), {s.res1, nullptr}, nullptr, n);
-    adapt(kOProduct, s.atty.f32, s.res1);
+    project(kOProduct, m.o, s.atty, {s.res1, nullptr}, nullptr);
     // res1 += x, and the post-attention RMSNorm of it, in one pass (Note [Residual LayerNorm]).
     s.ln2.store([&](auto* y) {
-      dev.residual_rmsnorm_forward(s.res1, x, s.res1, params + offsets_[kPostNorm], y, s.rstd2,
-                                   n, c_, eps_);
+      dev.residual_rmsnorm_forward(s.res1, x, s.res1, base.post_norm, y, s.rstd2, n, c_, eps_);
     });
-    m.gate_up.forward(dev, s.ln2.input(), s.gu.output(), d.dgu, n);
-    adapt(kGateUpProduct, s.ln2.f32, s.gu.f32);
+    project(kGateUpProduct, m.gate_up, s.ln2, s.gu.output(), d.dgu);
     swiglu(dev, s, n);
-    m.down.forward(dev, s.act.input(), {out, nullptr}, nullptr, n);
-    adapt(kDownProduct, s.act.f32, out);
+    project(kDownProduct, m.down, s.act, {out, nullptr}, nullptr);
     dev.add(out, s.res1, out, elements(n, c_));
   }
 
   void backward(Device& dev, const float* own, float* grads, const float* x,
                 const float* /*out*/, const float* dout, float* din, int batch,
                 const LayerWorkspace& ws) const override {
-    const float* params = base(own, ws);
-    const Maps m = maps(params, ws);
     const bool bf16 = ws.precision == Precision::bf16;
     const Saved s = Saved::at(ws.saved, ws.recomputed, *this, batch, bf16);
     const Scratch d = Scratch::at(ws.scratch, *this, batch, bf16);
+    const Base base = base_of(dev, own, ws, d);
+    const Maps& m = base.maps;
     const int n = batch * t_;
     // The base's gradients; with LoRA it has none (the norms' weights' go to a discarded sink).
     const auto g = [&](LlamaParam i) { return lora() ? nullptr : grads + offsets_[i]; };
     const auto norm_g = [&](LlamaParam i) { return lora() ? d.sink : g(i); };
-    // A product's backward: the base's (input gradient alone with LoRA), then its adapters'.
+    // A product's backward: the base's (input gradient alone with LoRA), then its adapters',
+    // then (dx16 set) dx rounded.
     const auto project = [&](Product p, const Projection& map, MatIn in, const float* dy,
                              MatIn dy_g, LlamaParam w, LlamaParam b, float* dx,
                              std::uint16_t* dx16) {
       if (!lora()) return map.backward(dev, in, dy, dy_g, g(w), g(b), dx, dx16, n);
-      dev.gemm(Transpose::no, Transpose::no, n, map.in, map.out, 1.0f, dy, map.out,
-               map.weight.f32, map.in, 0.0f, dx, map.in);
+      detail::matmul(dev, Transpose::no, Transpose::no, n, map.in, map.out, dy_g, map.out,
+                     map.weight, map.in, 0.0f, dx, map.in);
       for (std::size_t i = 0; i < targets_.size(); ++i) {
         if (products_[i] != p) continue;
         float* da = grads + lora_offsets_[i];
-        adapter(own, i, ws).backward(dev, in.f32, s.lora_u + u_offset(i, n), dy, da,
-                                     da + a_count(i), d.lora_du, dx, d.lora_x, n);
+        adapter(own, i, ws).backward(dev, in, lora_u(s, i, n).input(), dy_g, da, da + a_count(i),
+                                     dx, lora_scratch(d), n);
       }
+      if (dx16) dev.to_bf16(dx, dx16, elements(n, map.in));
     };
     // MLP branch: out = res1 + down(swiglu(gate_up(h2))). Under bf16 the products read dout
     // rounded into d.dout16.
@@ -294,7 +297,7 @@ class LlamaBlock final : public Layer {
             nullptr);
     // d res1 = dout + the post-attention norm's input gradient, in bf16 rounded in the same
     // pass into d.grad16, o_proj's products' input.
-    dev.residual_rmsnorm_backward(s.res1, params + offsets_[kPostNorm], s.rstd2, d.tmp, dout,
+    dev.residual_rmsnorm_backward(s.res1, base.post_norm, s.rstd2, d.tmp, dout,
                                   d.res1, bf16 ? d.grad16 : nullptr, norm_g(kPostNorm), n, c_);
     // Attention branch: res1 = x + o_proj(attention(rope(qkv(h)))). Under bf16 the gradient of
     // atty is written rounded into d.dout16 (free once down's products have run).
@@ -310,7 +313,7 @@ class LlamaBlock final : public Layer {
     project(kQkvProduct, m.qkv, s.ln1.input(), d.qkv, dqkv, kQkvW, kQkvB, d.tmp, nullptr);
     // The input norm's weight needs its backward even without a din (a first layer): then
     // d.res1 takes dx.
-    dev.residual_rmsnorm_backward(x, params + offsets_[kInNorm], s.rstd1, d.tmp, d.res1,
+    dev.residual_rmsnorm_backward(x, base.in_norm, s.rstd1, d.tmp, d.res1,
                                   din ? din : d.res1, nullptr, norm_g(kInNorm), n, c_);
   }
 
@@ -325,7 +328,7 @@ class LlamaBlock final : public Layer {
   void decode(Device& dev, const float* params, const float* x, float* out,
               const DecodeStep& step) const override {
     const LayerWorkspace ws{.constants = step.constants};
-    const Maps m = maps(params, ws);
+    const Maps m = maps(params, nullptr, [&](LlamaParam b) { return params + offsets_[b]; });
     const Decode d = Decode::at(step.scratch, *this, step.count);
     const int n = step.count;
     float* qkv = step.cache + elements(step.start, qkv_width());
@@ -345,18 +348,65 @@ class LlamaBlock final : public Layer {
   }
 
  private:
+  struct Saved;
+  struct Scratch;
   bool lora() const noexcept { return rank_ > 0; }
   std::vector<ParamTensor> base_tensors(const std::string& prefix) const {
     std::size_t offsets[kLlamaParams];
     return llama_block_tensors(prefix, widths(), offsets);
   }
-  // The base weights: the frozen ones with LoRA (bf16 is refused: Note [Frozen parameters]).
-  const float* base(const float* own, const LayerWorkspace& ws) const {
-    if (!lora()) return own;
-    if (ws.precision == Precision::bf16)
-      throw std::logic_error("llama block: LoRA under bf16 is not built (Note [Frozen parameters])");
-    if (!ws.frozen) throw std::logic_error("llama block: LoRA needs the frozen base weights");
-    return ws.frozen;
+  // The base tensors as a call reads them: the norms' fp32 weights and the four maps.
+  struct Maps {
+    Projection qkv, o, gate_up, down;
+  };
+  struct Base {
+    const float* in_norm;    // (C)
+    const float* post_norm;  // (C)
+    Maps maps;
+  };
+  // Without LoRA the block's own parameters (and their bf16 copy under bf16); with LoRA the
+  // frozen base's, which under bf16 are bf16 bits only (Note [Frozen parameters] in lora.cpp):
+  // the products read them as they are, and the few values read in fp32, the norms' weights and
+  // the biases, are widened into d.base32 (C, C, then the biases in storage order).
+  Base base_of(Device& dev, const float* own, const LayerWorkspace& ws, const Scratch& d) const {
+    const bool bf16 = ws.precision == Precision::bf16;
+    const float* params = own;
+    if (lora()) {
+      params = bf16 ? nullptr : ws.frozen;
+      if (!(bf16 ? ws.frozen_bf16 != nullptr : ws.frozen != nullptr))
+        throw std::logic_error("llama block: LoRA needs the frozen base weights");
+    }
+    const std::uint16_t* params16 = !bf16 ? nullptr : lora() ? ws.frozen_bf16 : ws.params_bf16;
+    if (params) {
+      const auto bias = [&](LlamaParam b) { return params + offsets_[b]; };
+      return {params + offsets_[kInNorm], params + offsets_[kPostNorm],
+              maps(params, params16, bias)};
+    }
+    float* widened[kLlamaParams] = {};
+    Carver k(d.base32);
+    for (const auto& [i, count] : widened_tensors()) {
+      widened[i] = k.take(count);
+      dev.from_bf16(params16 + offsets_[i], widened[i], count);
+    }
+    const auto bias = [&](LlamaParam b) -> const float* { return widened[b]; };
+    return {widened[kInNorm], widened[kPostNorm], maps(nullptr, params16, bias)};
+  }
+  // What base_of widens under bf16 with LoRA: the norms' weights and the biases the spec has.
+  std::vector<std::pair<LlamaParam, std::size_t>> widened_tensors() const {
+    const std::size_t c = std::size_t(c_), f = std::size_t(f_);
+    std::vector<std::pair<LlamaParam, std::size_t>> out = {{kInNorm, c}, {kPostNorm, c}};
+    if (qkv_bias_) out.emplace_back(kQkvB, std::size_t(qkv_width()));
+    if (proj_bias_) {
+      out.emplace_back(kOB, c);
+      out.emplace_back(kGateUpB, 2 * f);
+      out.emplace_back(kDownB, c);
+    }
+    return out;
+  }
+  std::size_t widened_count() const {
+    std::size_t count = 0;
+    for (const auto& t : widened_tensors()) count += t.second;
+    return count;
   }
 
   // The targets in storage order (lora_target_names()), each with its product.
@@ -395,13 +445,20 @@ class LlamaBlock final : public Layer {
   const std::vector<LoraTarget>& lora_targets() const { return targets_; }
   std::size_t a_count(std::size_t i) const { return std::size_t(rank_) * targets_[i].in; }
   // Target i's adapter in this forward: its mask's key from the layer's (Note [LoRA dropout]).
+  // Under bf16 its products read A's and B's bf16 copies.
   LoraAdapter adapter(const float* own, std::size_t i, const LayerWorkspace& ws) const {
     const float* a = own + lora_offsets_[i];
+    const std::uint16_t* a16 =
+        ws.precision == Precision::bf16 ? ws.params_bf16 + lora_offsets_[i] : nullptr;
     return {a, a + a_count(i), rank_, lora_scale_, targets_[i], lora_dropout_,
-            ws.dropout_key != 0 ? detail::derive_key(ws.dropout_key, i) : 0};
+            ws.dropout_key != 0 ? detail::derive_key(ws.dropout_key, i) : 0, a16,
+            a16 ? a16 + a_count(i) : nullptr};
   }
   // Target i's u (N, rank) in Saved::lora_u.
-  std::size_t u_offset(std::size_t i, int rows) const { return i * std::size_t(rows) * rank_; }
+  Kept lora_u(const Saved& s, std::size_t i, int rows) const {
+    const std::size_t at = i * std::size_t(rows) * rank_;
+    return s.lora_u.bf16 ? Kept{nullptr, s.lora_u.bf16 + at} : Kept{s.lora_u.f32 + at, nullptr};
+  }
 
   Widths widths() const {
     return {c_, std::int64_t(h_) * d_, std::int64_t(hkv_) * d_, f_, qkv_bias_, proj_bias_};
@@ -409,14 +466,15 @@ class LlamaBlock final : public Layer {
   int q_width() const { return h_ * d_; }
   int qkv_width() const { return (h_ + 2 * hkv_) * d_; }
 
-  struct Maps {
-    Projection qkv, o, gate_up, down;
-  };
-  Maps maps(const float* params, const LayerWorkspace& ws) const {
+  // The four maps: weights from the bf16 tensors `params16` when set, else from the fp32
+  // `params`; a bias from bias(b) (fp32) and, under bf16, its bf16 copy.
+  template <class Bias>
+  Maps maps(const float* params, const std::uint16_t* params16, const Bias& bias) const {
     const auto map = [&](LlamaParam w, LlamaParam b, bool has_bias, int in, int out) {
-      const detail::LinearParams p = detail::linear_params(params, ws, offsets_[w], offsets_[b]);
-      return has_bias ? Projection{p.weight, p.bias, p.bias_bf16, in, out}
-                      : Projection{p.weight, nullptr, nullptr, in, out};
+      const MatIn weight = params16 ? MatIn{nullptr, params16 + offsets_[w]}
+                                    : MatIn{params + offsets_[w], nullptr};
+      if (!has_bias) return Projection{weight, nullptr, nullptr, in, out};
+      return Projection{weight, bias(b), params16 ? params16 + offsets_[b] : nullptr, in, out};
     };
     return {map(kQkvW, kQkvB, qkv_bias_, c_, qkv_width()),
             map(kOW, kOB, proj_bias_, q_width(), c_),
@@ -458,7 +516,7 @@ class LlamaBlock final : public Layer {
     Kept gu;         // (N, 2F) gate | up
     Kept ln1, ln2;   // (N, C) each
     Kept act;        // (N, F) silu(gate) * up
-    float* lora_u;   // LoRA: (targets, N, rank), each target's s x A^T
+    Kept lora_u;     // LoRA: (targets, N, rank), each target's s x A^T
     std::size_t size, recomputed;
     static Saved at(float* base, float* recomputed, const LlamaBlock& b, int batch, bool bf16) {
       const std::size_t n = std::size_t(batch) * b.t_, c = b.c_, f = b.f_;
@@ -467,7 +525,7 @@ class LlamaBlock final : public Layer {
       const auto kept = [&](Carver& in, std::size_t count) { return Kept::take(in, count, bf16); };
       Saved s{k.take(n), kept(k, n * b.qkv_width()), kept(k, b.fused_ ? 0 : rows * b.t_),
               k.take(b.fused_ ? rows : 0), kept(k, n * b.q_width()), k.take(n * c), k.take(n),
-              kept(k, 2 * n * f), {}, {}, {}, k.take(b.targets_.size() * n * b.rank_), 0, 0};
+              kept(k, 2 * n * f), {}, {}, {}, kept(k, b.targets_.size() * n * b.rank_), 0, 0};
       Carver apart(recomputed), measure(nullptr);
       Carver& r = recomputed ? apart : k;
       s.ln1 = kept(r, n * c);
@@ -505,6 +563,9 @@ class LlamaBlock final : public Layer {
     // LoRA with dropout: (N, max(C, Q, F)), an adapter's dropped input; in its backward, its
     // input gradient before the mask.
     float* lora_x;
+    std::uint16_t* lora_du16;  // LoRA under bf16: (N, rank), du rounded
+    std::uint16_t* lora_x16;   // LoRA with dropout under bf16: (N, max(C, Q, F)), lora_x rounded
+    float* base32;             // LoRA under bf16: the widened base tensors (widened_tensors())
     std::size_t size;
     static Scratch at(float* base, const LlamaBlock& b, int batch, bool bf16) {
       const std::size_t n = std::size_t(batch) * b.t_, c = b.c_, f = b.f_;
@@ -516,7 +577,11 @@ class LlamaBlock final : public Layer {
                 k.take(n * b.qkv_width()), k.take(att),
                 bf16 ? k.take_bf16(widest) : nullptr, bf16 ? k.take_bf16(n * wide) : nullptr,
                 k.take(b.lora() ? n * b.rank_ : 0), k.take(b.lora() ? c : 0),
-                k.take(b.lora_dropout_ > 0.0f ? n * std::max({c, wide, f}) : 0), 0};
+                k.take(b.lora_dropout_ > 0.0f ? n * std::max({c, wide, f}) : 0),
+                bf16 && b.lora() ? k.take_bf16(n * b.rank_) : nullptr,
+                bf16 && b.lora_dropout_ > 0.0f ? k.take_bf16(n * std::max({c, wide, f}))
+                                               : nullptr,
+                k.take(bf16 && b.lora() ? b.widened_count() : 0), 0};
       s.size = k.used();
       return s;
     }
@@ -539,6 +604,10 @@ class LlamaBlock final : public Layer {
       return d;
     }
   };
+
+  static detail::LoraScratch lora_scratch(const Scratch& d) {
+    return {d.lora_x, d.lora_x16, d.lora_du, d.lora_du16};
+  }
 
   detail::AttentionBuffers attention_buffers(const Saved& s, const Scratch& d) const {
     if (fused_) return {.path = AttentionKind::fused, .lse = s.lse};

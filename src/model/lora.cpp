@@ -34,8 +34,21 @@ namespace lockstep {
 // layer itself reading ws.frozen instead of params, and its backward computes only its input
 // gradient: it is skipped when there is none (a first layer), and the layer is handed no
 // gradient buffer (grads null), which the decoder's embedding, RMSNorm and LM head accept.
-// Under bf16 a frozen weight would be read in bf16 only (no fp32 master is needed for a weight
-// that never changes); that path is not built yet, and the config refuses LoRA with bf16.
+// Under bf16 (trainer.precision: bf16) a frozen weight is held in bf16 only: no fp32 master is
+// needed for a weight that never changes, so the Replica rounds the base once as it loads it
+// (load_frozen, on the host, to nearest even as Device::to_bf16) and keeps only the bf16 bits
+// (Replica::frozen_bf16_, LayerWorkspace::frozen_bf16; frozen_ is empty). The matrix products
+// read those bits where a trained weight's products read its bf16 copy (a Frozen layer hands
+// them to the inner layer as its params_bf16 and null as its fp32 params). What a trained
+// weight's layer reads in fp32 a frozen one reads widened from bf16: the token embedding's
+// lookup reads the bf16 table (Device::embedding_forward's bf16 overload), and the RMSNorms'
+// weights (and a block's fp32-output biases) are widened into the layer's scratch, C values at
+// a time, each call. So the frozen base costs 2 bytes a value on each worker instead of 4 (the
+// full model's bf16 run pays 6: master and copy): for SmolLM2-135M's shape, 134.5 M frozen
+// values, 269 MB instead of 538 MB per worker. The memory plan counts it so (memory_plan.cpp).
+// The base a bf16 run computes with is then round_to_bf16(base): the same values a bf16 full
+// fine-tune's products read, while its embedding and norms read the fp32 master; the adapters
+// are ordinary bf16 parameters (fp32 master and copy, Note [bf16 compute] in ops.hpp).
 
 // Note [LoRA]
 // ~~~~~~~~~~~
@@ -113,27 +126,38 @@ class Frozen final : public Layer {
 
   void forward(Device& dev, const float* /*params*/, const float* in, float* out, int batch,
                const LayerWorkspace& ws) const override {
-    inner_->forward(dev, frozen(ws), in, out, batch, ws);
+    inner_->forward(dev, frozen(ws), in, out, batch, inner_workspace(ws));
   }
   void backward(Device& dev, const float* /*params*/, float* /*grads*/, const float* in,
                 const float* out, const float* dout, float* din, int batch,
                 const LayerWorkspace& ws) const override {
-    if (din) inner_->backward(dev, frozen(ws), nullptr, in, out, dout, din, batch, ws);
+    if (din)
+      inner_->backward(dev, frozen(ws), nullptr, in, out, dout, din, batch, inner_workspace(ws));
   }
   bool fuses_loss() const noexcept override { return inner_->fuses_loss(); }
   void forward_loss(Device& dev, const float* /*params*/, float* /*grads*/, const float* in,
                     float* din, const LossInput& loss, int batch,
                     const LayerWorkspace& ws) const override {
-    inner_->forward_loss(dev, frozen(ws), nullptr, in, din, loss, batch, ws);
+    inner_->forward_loss(dev, frozen(ws), nullptr, in, din, loss, batch, inner_workspace(ws));
   }
 
  private:
+  // The inner layer's fp32 parameters: the frozen ones, or null under bf16, where the inner
+  // layer reads the bf16 ones as its params_bf16 (inner_workspace) and widens what it reads in
+  // fp32 itself.
   const float* frozen(const LayerWorkspace& ws) const {
-    if (ws.precision == Precision::bf16)
-      throw std::logic_error("frozen layer: bf16 frozen weights are not built (Note [Frozen "
-                             "parameters])");
+    if (ws.precision == Precision::bf16) {
+      if (!ws.frozen_bf16)
+        throw std::logic_error("frozen layer: no bf16 frozen parameters in the workspace");
+      return nullptr;
+    }
     if (!ws.frozen) throw std::logic_error("frozen layer: no frozen parameters in the workspace");
     return ws.frozen;
+  }
+  static LayerWorkspace inner_workspace(const LayerWorkspace& ws) {
+    LayerWorkspace inner = ws;
+    if (ws.precision == Precision::bf16) inner.params_bf16 = ws.frozen_bf16;
+    return inner;
   }
   std::unique_ptr<Layer> inner_;
 };

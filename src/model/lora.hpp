@@ -1,12 +1,15 @@
 // LoRA adapters inside a decoder block (Note [LoRA] in lora.cpp): the math of one adapter on one
-// projection, forward and backward, in fp32 on the Device's GEMM.
+// projection, forward and backward, on the Device's GEMM, in fp32 or (bf16 copies of A and B
+// set) with bf16 operands as every bf16 product (Note [bf16 compute] in ops.hpp).
 //
-// Shapes: N rows; x (N, in) with row stride `in`; the projection's output y and its gradient dy
-// are column blocks [col, col + out) of a wider row (stride ldy: q, k and v share one (N, W)
-// product, gate and up one (N, 2F)). A (rank, in), B (out, rank); u (N, rank) = s x A^T, kept
-// from forward for backward. Backward accumulates into dA, dB (+=) and into dx (+=: the base
-// projection's input gradient is already there). With dropout the adapter reads xd = dropout(x)
-// instead of x, drawn again in backward, not kept.
+// Shapes: N rows; x (N, in) with row stride `in`, fp32 or bf16 (as the block keeps it); the
+// projection's fp32 output y and its gradient dy are column blocks [col, col + out) of a wider
+// row (stride ldy: q, k and v share one (N, W) product, gate and up one (N, 2F)); under bf16
+// the products read dy rounded (g). A (rank, in), B (out, rank); u (N, rank) = s x A^T, kept
+// from forward for backward (bf16: rounded, as the second product reads it). Backward
+// accumulates into dA, dB (+=) and into dx (+=: the base projection's input gradient is
+// already there). With dropout the adapter reads xd = dropout(x) instead of x, drawn again in
+// backward, not kept (bf16: x widened, dropped, rounded again).
 #pragma once
 
 #include <cstddef>
@@ -14,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "common/linear.hpp"
 #include "lockstep/device.hpp"
 #include "lockstep/model.hpp"
 
@@ -26,6 +30,14 @@ struct LoraTarget {
   int col = 0, ldy = 0;  // the output's column block in its product's rows
 };
 
+// An adapter's temporaries, shared by the block's targets.
+struct LoraScratch {
+  float* dropped = nullptr;            // dropout: (N, in) xd; in backward, du A before the mask
+  std::uint16_t* dropped16 = nullptr;  // dropout under bf16: (N, in) xd rounded
+  float* du = nullptr;                 // (N, rank) du; forward under bf16: u before rounding
+  std::uint16_t* du16 = nullptr;       // bf16: (N, rank) du rounded
+};
+
 struct LoraAdapter {
   const float* a;  // (rank, in)
   const float* b;  // (out, rank)
@@ -36,44 +48,68 @@ struct LoraAdapter {
   // this target's mask; 0 for either: none.
   float dropout = 0.0f;
   std::uint64_t key = 0;
+  // bf16: A's and B's bf16 copies, which the products read; null: fp32 products.
+  const std::uint16_t* a16 = nullptr;
+  const std::uint16_t* b16 = nullptr;
 
   bool drops() const { return dropout > 0.0f && key != 0; }
-  // The adapter's input: x, or x with the mask applied, written into `dropped` (N, in).
-  const float* input(Device& dev, const float* x, float* dropped, int rows) const {
+  MatIn a_input() const { return a16 ? MatIn{nullptr, a16} : MatIn{a, nullptr}; }
+  MatIn b_input() const { return b16 ? MatIn{nullptr, b16} : MatIn{b, nullptr}; }
+  // The adapter's input: x, or x with the mask applied, written into s.dropped (and rounded
+  // into s.dropped16 when x is bf16).
+  MatIn input(Device& dev, MatIn x, const LoraScratch& s, int rows) const {
     if (!drops()) return x;
-    dev.dropout(x, dropped, std::size_t(rows) * std::size_t(target.in), key, dropout, false);
-    return dropped;
+    const std::size_t n = std::size_t(rows) * std::size_t(target.in);
+    if (!x.bf16) {
+      dev.dropout(x.f32, s.dropped, n, key, dropout, false);
+      return {s.dropped, nullptr};
+    }
+    dev.from_bf16(x.bf16, s.dropped, n);
+    dev.dropout(s.dropped, s.dropped, n, key, dropout, false);
+    dev.to_bf16(s.dropped, s.dropped16, n);
+    return {nullptr, s.dropped16};
   }
   // y[:, col:col+out] += (s xd A^T) B^T; u (N, rank) = s xd A^T, xd = input(x).
-  void forward(Device& dev, const float* x, float* y, float* u, float* dropped, int rows) const {
+  void forward(Device& dev, MatIn x, float* y, MatOut u, const LoraScratch& s, int rows) const {
     const LoraTarget& t = target;
-    const float* xd = input(dev, x, dropped, rows);
-    dev.gemm(Transpose::no, Transpose::yes, rows, rank, t.in, scale, xd, t.in, a, t.in, 0.0f, u,
-             rank);
-    dev.gemm(Transpose::no, Transpose::yes, rows, t.out, rank, 1.0f, u, rank, b, rank, 1.0f,
-             y + t.col, t.ldy);
+    const MatIn xd = input(dev, x, s, rows);
+    float* u32 = u.bf16 ? s.du : u.f32;
+    matmul(dev, Transpose::no, Transpose::yes, rows, rank, t.in, xd, t.in, a_input(), t.in, 0.0f,
+           u32, rank, scale);
+    if (u.bf16) dev.to_bf16(u32, u.bf16, std::size_t(rows) * std::size_t(rank));
+    matmul(dev, Transpose::no, Transpose::yes, rows, t.out, rank, MatIn{u.f32, u.bf16}, rank,
+           b_input(), rank, 1.0f, y + t.col, t.ldy);
   }
-  // dB (out, rank) += dy^T u; du (N, rank) = s dy B; dA (rank, in) += du^T xd; dx (N, in) +=
-  // du A, through the mask when it drops (the mask drawn again into `dropped`, which then
-  // holds du A before the mask).
-  void backward(Device& dev, const float* x, const float* u, const float* dy, float* da,
-                float* db, float* du, float* dx, float* dropped, int rows) const {
+  // g: dy as the products read it (fp32, or rounded to bf16). dB (out, rank) += g^T u; du (N,
+  // rank) = s g B; dA (rank, in) += du^T xd; dx (N, in) += du A, through the mask when it
+  // drops (the mask drawn again, s.dropped then holding du A before the mask).
+  void backward(Device& dev, MatIn x, MatIn u, MatIn g, float* da, float* db, float* dx,
+                const LoraScratch& s, int rows) const {
     const LoraTarget& t = target;
-    const float* g = dy + t.col;
-    dev.gemm(Transpose::yes, Transpose::no, t.out, rank, rows, 1.0f, g, t.ldy, u, rank, 1.0f, db,
-             rank);
-    dev.gemm(Transpose::no, Transpose::no, rows, rank, t.out, scale, g, t.ldy, b, rank, 0.0f, du,
-             rank);
-    dev.gemm(Transpose::yes, Transpose::no, rank, t.in, rows, 1.0f, du, rank,
-             input(dev, x, dropped, rows), t.in, 1.0f, da, t.in);
+    const MatIn gy = g + t.col;
+    matmul(dev, Transpose::yes, Transpose::no, t.out, rank, rows, gy, t.ldy, u, rank, 1.0f, db,
+           rank);
+    matmul(dev, Transpose::no, Transpose::no, rows, rank, t.out, gy, t.ldy, b_input(), rank, 0.0f,
+           s.du, rank, scale);
+    const MatIn du = as_bf16(dev, s.du, s.du16, std::size_t(rows) * std::size_t(rank));
+    matmul(dev, Transpose::yes, Transpose::no, rank, t.in, rows, du, rank, input(dev, x, s, rows),
+           t.in, 1.0f, da, t.in);
     if (!drops()) {
-      dev.gemm(Transpose::no, Transpose::no, rows, t.in, rank, 1.0f, du, rank, a, t.in, 1.0f, dx,
-               t.in);
+      matmul(dev, Transpose::no, Transpose::no, rows, t.in, rank, du, rank, a_input(), t.in, 1.0f,
+             dx, t.in);
       return;
     }
-    dev.gemm(Transpose::no, Transpose::no, rows, t.in, rank, 1.0f, du, rank, a, t.in, 0.0f,
-             dropped, t.in);
-    dev.dropout(dropped, dx, std::size_t(rows) * std::size_t(t.in), key, dropout, true);
+    matmul(dev, Transpose::no, Transpose::no, rows, t.in, rank, du, rank, a_input(), t.in, 0.0f,
+           s.dropped, t.in);
+    dev.dropout(s.dropped, dx, std::size_t(rows) * std::size_t(t.in), key, dropout, true);
+  }
+
+ private:
+  // x (n) as a product reads it beside A and B: itself, or rounded into bf16 under bf16.
+  MatIn as_bf16(Device& dev, const float* x, std::uint16_t* bf16, std::size_t n) const {
+    if (!a16) return {x, nullptr};
+    dev.to_bf16(x, bf16, n);
+    return {nullptr, bf16};
   }
 };
 

@@ -66,6 +66,7 @@
 
 #include "lockstep/model.hpp"
 
+#include "common/bf16.hpp"
 #include "common/nvtx_range.hpp"
 #include "common/random.hpp"
 
@@ -250,7 +251,8 @@ Replica::Replica(Device& device, const Model& model, int max_batch, Precision pr
       params_(device, model.param_count()),
       params_bf16_(device, precision == Precision::bf16 ? model.param_count() : 0),
       grads_(device, own_gradients ? model.param_count() : 0),
-      frozen_(device, model.frozen_count()),
+      frozen_(device, precision == Precision::bf16 ? 0 : model.frozen_count()),
+      frozen_bf16_(device, precision == Precision::bf16 ? model.frozen_count() : 0),
       recompute_(recompute) {
   // Activation gradients are layers' din: as wide as the widest input after the first layer.
   int din_width = 1;
@@ -303,14 +305,25 @@ void Replica::load_parameters(std::span<const float> host) {
   refresh_bf16();
 }
 
+// Under bf16 the base is rounded on the host (to nearest even, as Device::to_bf16) and only its
+// bf16 bits reach the device (Note [Frozen parameters] in lora.cpp).
 void Replica::load_frozen(std::span<const float> host) {
-  if (host.size() != frozen_.size())
+  if (host.size() != model_->frozen_count())
     throw std::invalid_argument(fmt::format("replica: got {} frozen parameters, the model has {}",
-                                            host.size(), frozen_.size()));
-  frozen_.upload(host);
+                                            host.size(), model_->frozen_count()));
+  if (!frozen_bf16_.size()) return frozen_.upload(host);
+  std::vector<std::uint16_t> bits(host.size());
+  std::transform(host.begin(), host.end(), bits.begin(), detail::float_to_bf16);
+  frozen_bf16_.upload(bits);
 }
 
-std::vector<float> Replica::frozen() const { return frozen_.download(); }
+std::vector<float> Replica::frozen() const {
+  if (!frozen_bf16_.size()) return frozen_.download();
+  const std::vector<std::uint16_t> bits = frozen_bf16_.download();
+  std::vector<float> widened(bits.size());
+  std::transform(bits.begin(), bits.end(), widened.begin(), detail::bf16_to_float);
+  return widened;
+}
 
 void Replica::refresh_bf16() {
   if (params_bf16_.size()) device_->to_bf16(params_.data(), params_bf16_.data(), params_.size());
@@ -334,6 +347,9 @@ LayerWorkspace Replica::workspace(std::size_t layer) {
           .recomputed = selective ? shared_saved_.data() : nullptr,
           .positions = positions_,
           .frozen = frozen_.size() ? frozen_.data() + model_->frozen_read_offset(layer) : nullptr,
+          .frozen_bf16 = frozen_bf16_.size()
+                             ? frozen_bf16_.data() + model_->frozen_read_offset(layer)
+                             : nullptr,
           .dropout_key = dropout_key_ != 0 ? detail::derive_key(dropout_key_, layer) : 0};
 }
 

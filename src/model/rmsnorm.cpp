@@ -35,22 +35,23 @@ class RmsNorm final : public Layer {
   std::size_t workspace_size(int batch, Precision /*precision*/) const noexcept override {
     return std::size_t(batch) * t_;
   }
-  // (C): the weight's gradient when the weight is frozen (grads null), discarded.
-  std::size_t scratch_size(int /*batch*/, Precision /*precision*/) const noexcept override {
-    return std::size_t(c_);
+  // (C): the weight's gradient when the weight is frozen (grads null), discarded; bf16, (C)
+  // more: a frozen weight widened from its bf16 bits.
+  std::size_t scratch_size(int /*batch*/, Precision precision) const noexcept override {
+    return std::size_t(c_) * (precision == Precision::bf16 ? 2 : 1);
   }
 
   void forward(Device& dev, const float* params, const float* in, float* out, int batch,
                const LayerWorkspace& ws) const override {
-    dev.residual_rmsnorm_forward(in, nullptr, nullptr, params, out, ws.saved, batch * t_, c_,
-                                 eps_);
+    dev.residual_rmsnorm_forward(in, nullptr, nullptr, weight(dev, params, ws), out, ws.saved,
+                                 batch * t_, c_, eps_);
   }
   void backward(Device& dev, const float* params, float* grads, const float* in,
                 const float* /*out*/, const float* dout, float* din, int batch,
                 const LayerWorkspace& ws) const override {
     if (!din) throw std::logic_error("rmsnorm: needs an input gradient (not a first layer)");
-    dev.residual_rmsnorm_backward(in, params, ws.saved, dout, nullptr, din, nullptr,
-                                  grads ? grads : ws.scratch, batch * t_, c_);
+    dev.residual_rmsnorm_backward(in, weight(dev, params, ws), ws.saved, dout, nullptr, din,
+                                  nullptr, grads ? grads : ws.scratch, batch * t_, c_);
   }
   // Note [KV cache]: rstd (count) in the scratch.
   bool decodes() const noexcept override { return true; }
@@ -64,6 +65,15 @@ class RmsNorm final : public Layer {
   }
 
  private:
+  // The fp32 weight: params, or with params null (frozen, held in bf16 only: Note [Frozen
+  // parameters] in lora.cpp) its bf16 bits widened into the scratch after the sink.
+  const float* weight(Device& dev, const float* params, const LayerWorkspace& ws) const {
+    if (params) return params;
+    if (!ws.params_bf16) throw std::logic_error("rmsnorm: no weight, fp32 or bf16");
+    float* widened = ws.scratch + c_;
+    dev.from_bf16(ws.params_bf16, widened, std::size_t(c_));
+    return widened;
+  }
   int t_, c_;
   float eps_;
 };

@@ -29,8 +29,11 @@ class TokenEmbedding final : public Layer {
     detail::fill_normal(params, param_count(), detail::kInitStd, rng);
   }
 
+  // params null: a frozen table held in bf16 only, read from ws.params_bf16 (Note [Frozen
+  // parameters] in lora.cpp); a trained one reads its fp32 master under bf16 too.
   void forward(Device& dev, const float* params, const float* in, float* out, int batch,
-               const LayerWorkspace& /*ws*/) const override {
+               const LayerWorkspace& ws) const override {
+    if (!params) return dev.embedding_forward(in, ws.params_bf16, out, batch, t_, c_);
     dev.embedding_forward(in, params, nullptr, out, batch, t_, c_);
   }
   // Token ids have no gradient: din is ignored. grads null (frozen): nothing to do.

@@ -197,7 +197,10 @@ MemoryPlan plan_memory(const Config& cfg, const Model& model, const Dataset& tra
   MemoryPlan p;
   // bf16 compute: the replica's bf16 copy of the parameters too (2 bytes each).
   p.parameters = cfg.trainer.precision == Precision::bf16 ? 1.5 * params : params;
-  p.frozen = static_cast<double>(model.frozen_count()) * kFloat;
+  // The frozen base: 4 bytes a value, or under bf16 its bf16 bits alone, 2 (Note [Frozen
+  // parameters] in src/model/lora.cpp).
+  p.frozen = static_cast<double>(model.frozen_count()) *
+             (cfg.trainer.precision == Precision::bf16 ? 2.0 : kFloat);
   p.gradient_wire = static_cast<double>(model.param_count()) *
                     (cfg.trainer.grad_reduce_dtype == ReduceDtype::bf16 ? 2.0 : kFloat);
   // With a bf16 all-reduce, the reducer's bf16 copy of the buckets too (2 bytes a parameter).
@@ -221,7 +224,8 @@ MemoryPlan plan_memory(const Config& cfg, const Model& model, const Dataset& tra
   p.workers = static_cast<int>(cfg.trainer.devices.size());
   p.workers_on_host = workers_on_host;
   p.dataset = dataset_bytes(train) + (eval ? dataset_bytes(*eval) : 0.0);
-  p.host_copies = kHostCopies * params + p.frozen;  // and the base, once
+  // and the base, once, in fp32 on the host
+  p.host_copies = kHostCopies * params + static_cast<double>(model.frozen_count()) * kFloat;
   if (cfg.trainer.snapshot_every > 0 && cfg.trainer.on_worker_failure == WorkerFailurePolicy::shrink)
     p.snapshots = 2 * (1 + optimizer_vectors(cfg.optimizer)) * params;
   for (std::size_t i = 0; i < model.layers().size(); ++i)
@@ -253,9 +257,11 @@ void check_memory_plan(const MemoryPlan& plan, const MemoryLimit& limit, const C
 
 std::string describe(const MemoryPlan& p, const MemoryLimit& limit) {
   return fmt::format(
-      "{} per worker (parameters {}, gradients {}{}, optimizer {}{}, activations {}{}, staging {}{}) "
-      "x {} worker(s){}; host {} (dataset {}) of {} available ({})",
-      format_bytes(p.per_worker()), format_bytes(p.parameters), format_bytes(p.gradients),
+      "{} per worker (parameters {}{}, gradients {}{}, optimizer {}{}, activations {}{}, staging "
+      "{}{}) x {} worker(s){}; host {} (dataset {}) of {} available ({})",
+      format_bytes(p.per_worker()), format_bytes(p.parameters),
+      p.frozen > 0 ? fmt::format(", frozen base {}", format_bytes(p.frozen)) : std::string(),
+      format_bytes(p.gradients),
       p.gradients_sharded ? std::string(" as ZeRO-2 shards and buckets")
       : p.zero == 2       ? std::string(" whole: ZeRO-2 with accumulation")
                           : std::string(),

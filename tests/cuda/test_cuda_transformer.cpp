@@ -140,6 +140,33 @@ TEST_SUITE("cuda") {
     check_gemm_batched(*gpu, {{7, 5, 3, 3}, {37, 37, 16, 4}, {2, 300, 70, 5}}, tf32_sums);
   }
 
+  // A frozen table held in bf16 only (Note [Frozen parameters] in src/model/lora.cpp).
+  TEST_CASE("transformer: embedding forward from a bf16 table, bit-identical to the CPU") {
+    auto backend = cuda_or_skip();
+    if (!backend) return;
+    auto gpu = backend->create_device(0, 1, 0);
+    std::uint64_t seed = 300;
+    for (auto [vocab, batch, T, C] : {std::tuple{1, 3, 37, 33}, {5, 3, 1, 7}, {11, 4, 37, 45},
+                                      {50257, 4, 64, 40}}) {
+      CAPTURE(vocab);
+      CAPTURE(C);
+      const std::size_t rows = std::size_t(batch) * T, nc = std::size_t(C);
+      const auto ids = random_tokens(rows, vocab, seed += 5);
+      const auto wte = random_floats(std::size_t(vocab) * nc, seed += 5);
+      compare(
+          *gpu,
+          [&](Device& d) {
+            auto idd = on_device(d, ids), wted = on_device(d, wte);
+            DeviceArray<std::uint16_t> wte16(d, wte.size());
+            d.to_bf16(wted.data(), wte16.data(), wte.size());
+            auto out = poisoned(d, rows * nc);
+            d.embedding_forward(idd.data(), wte16.data(), out.data(), batch, T, C);
+            return Outputs{out.download()};
+          },
+          kSameBits);
+    }
+  }
+
   TEST_CASE("transformer: embedding forward and backward, bit-identical to the CPU") {
     auto backend = cuda_or_skip();
     if (!backend) return;
@@ -173,6 +200,9 @@ TEST_SUITE("cuda") {
     }
     auto x = poisoned(*gpu, 4);
     CHECK_THROWS_AS(gpu->embedding_forward(x.data(), x.data(), x.data(), x.data(), -1, 2, 2),
+                    std::invalid_argument);
+    DeviceArray<std::uint16_t> x16(*gpu, 4);
+    CHECK_THROWS_AS(gpu->embedding_forward(x.data(), x16.data(), x.data(), 1, -2, 2),
                     std::invalid_argument);
     CHECK_THROWS_AS(gpu->embedding_backward(x.data(), x.data(), x.data(), x.data(), 1, 2, -2),
                     std::invalid_argument);

@@ -12,6 +12,7 @@
 
 #include "common/bf16.hpp"
 #include "lockstep/model.hpp"
+#include "../compare.hpp"
 #include "../random_data.hpp"
 
 namespace {
@@ -49,18 +50,6 @@ LayerRun run_layer(const Layer& layer, Precision precision, int batch,
   layer.backward(*dev, pd.data(), gd.data(), xd.data(), yd.data(), dyd.data(), dxd.data(), batch,
                  ws);
   return {yd.download(), gd.download(), dxd.download()};
-}
-
-// ||a - b|| / ||b||, over the entries that differ (the LM head's -inf padding equals itself).
-double relative_error(const std::vector<float>& a, const std::vector<float>& b) {
-  REQUIRE(a.size() == b.size());
-  double diff = 0.0, norm = 0.0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    if (a[i] == b[i]) continue;
-    diff += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    norm += double(b[i]) * b[i];
-  }
-  return diff == 0.0 ? 0.0 : std::sqrt(diff / norm);
 }
 
 // bf16 against fp32: output, parameter and input gradients within 2e-2 of their norms, and not

@@ -3,7 +3,8 @@
 // accumulation on the adapters alone; the summary's trainable and frozen counts against a full
 // fine-tune; a resume is bit-exact on the same base and refused on another, naming both hashes;
 // the exports (merged, base, PEFT) read back; with dropout on the adapters' input (Note [LoRA
-// dropout]) a resume and recompute full stay bit-exact and eval drops nothing.
+// dropout]) a resume and recompute full stay bit-exact and eval drops nothing; under bf16 (the
+// base in bf16 only) the same, within bf16's tolerance of fp32.
 #include <doctest/doctest.h>
 
 #include <unistd.h>
@@ -14,6 +15,7 @@
 
 #include "io/peft.hpp"
 #include "train/evaluation.hpp"
+#include "train/memory_plan.hpp"
 #include "trainer_fixtures.hpp"
 #include "lockstep/lockstep.hpp"
 
@@ -30,6 +32,32 @@ Config lora_config(int devices, int batch) {
   cfg.optimizer.lr = 0.01;
   cfg.trainer.steps = 6;
   return cfg;
+}
+
+// `whole`, the final adapters of a run of `cfg` (with dropout), against: the run without dropout
+// (the masks changed the steps), the run stopped at step 3 into `dir` and resumed (the same
+// masks for the same steps, Note [LoRA dropout]), and with trainer.recompute full (each block's
+// forward rerun with the same key: the same masks), the last two bit for bit.
+void check_dropout_runs(const Config& cfg, const std::shared_ptr<TokenDataset>& train,
+                        const std::filesystem::path& dir, const std::vector<float>& whole) {
+  Config plain = cfg;
+  plain.model.lora.dropout = 0.0;
+  Trainer undropped(plain, train, nullptr);
+  undropped.run();
+  CHECK(undropped.final_parameters() != whole);
+  Config first = cfg;
+  first.trainer.steps = 3;
+  first.trainer.checkpoint.dir = dir.string();
+  Trainer(first, train, nullptr).run();
+  Trainer resumed(cfg, train, nullptr);
+  resumed.resume_from(*CheckpointManager(dir, 0).load_latest());
+  resumed.run();
+  CHECK(resumed.final_parameters() == whole);
+  Config recomputed = cfg;
+  recomputed.trainer.recompute = Recompute::full;
+  Trainer again(recomputed, train, nullptr);
+  again.run();
+  CHECK(again.final_parameters() == whole);
 }
 
 }  // namespace
@@ -133,27 +161,7 @@ TEST_CASE("lora dropout: a resume is bit-exact, recompute full bit-identical, ev
   cfg.trainer.accumulate_steps = 2;  // two micro-batches, two masks a step
   Trainer whole(cfg, train, nullptr);
   whole.run();
-  // The masks changed the steps: without dropout the adapters end elsewhere.
-  Config plain = cfg;
-  plain.model.lora.dropout = 0.0;
-  Trainer undropped(plain, train, nullptr);
-  undropped.run();
-  CHECK(undropped.final_parameters() != whole.final_parameters());
-  // Stopped at step 3 and resumed: the same masks for the same steps (Note [LoRA dropout]).
-  Config first = cfg;
-  first.trainer.steps = 3;
-  first.trainer.checkpoint.dir = dir.string();
-  Trainer(first, train, nullptr).run();
-  Trainer resumed(cfg, train, nullptr);
-  resumed.resume_from(*CheckpointManager(dir, 0).load_latest());
-  resumed.run();
-  CHECK(resumed.final_parameters() == whole.final_parameters());
-  // recompute full reruns each block's forward with the same key: the same masks.
-  Config recomputed = cfg;
-  recomputed.trainer.recompute = Recompute::full;
-  Trainer again(recomputed, train, nullptr);
-  again.run();
-  CHECK(again.final_parameters() == whole.final_parameters());
+  check_dropout_runs(cfg, train, dir, whole.final_parameters());
   // The PEFT export says the rate, as lora_dropout.
   export_checkpoint({.checkpoint = dir, .out = dir / "peft", .format = "peft"});
   CHECK(detail::read_peft_config(dir / "peft").dropout == 0.3);
@@ -170,4 +178,82 @@ TEST_CASE("lora dropout: a resume is bit-exact, recompute full bit-identical, ev
     return detail::loss_totals(replica, *eval, 0, 1, 2).loss_sum;
   };
   CHECK(totals(12345) == totals(0));
+}
+
+// Under trainer.precision bf16 (Note [Frozen parameters] in src/model/lora.cpp): each worker
+// holds the base as bf16 bits alone, the adapters train as any bf16 parameter.
+TEST_CASE("lora under bf16: losses within bf16's tolerance of fp32's, N x B as 1 x N*B, resume bit-exact, recompute full bit-identical, dropout, exports, and the plan's frozen bytes at 2 a value") {
+  auto train = std::make_shared<TokenDataset>(token_stream(961, 8, 1));
+  auto eval = std::make_shared<TokenDataset>(token_stream(161, 8, 2));
+  const auto losses_of = [&](const Config& cfg, std::vector<double>& losses) {
+    Trainer t(cfg, train, eval);
+    t.on_step([&](const StepMetrics& m) { losses.push_back(m.loss); });
+    t.run();
+    return t.final_parameters();
+  };
+  Config fp32 = lora_config(1, 6);
+  fp32.trainer.log_every = 1;  // a loss each step
+  Config bf16 = fp32;
+  bf16.trainer.precision = Precision::bf16;
+  std::vector<double> lf, lb;
+  const std::vector<float> pf = losses_of(fp32, lf), pb = losses_of(bf16, lb);
+  REQUIRE(lf.size() == lb.size());
+  REQUIRE(lf.size() == 6);
+  for (std::size_t i = 0; i < lf.size(); ++i) {
+    CAPTURE(i);
+    CHECK(lb[i] == doctest::Approx(lf[i]).epsilon(2e-2));
+  }
+  CHECK(lb != lf);  // the bf16 path was taken
+  CHECK(pb != pf);
+  // (Not the parameters: AdamW moves B, which starts at zero, by about lr a step in the sign of
+  // its gradient, so an element whose gradient is near zero ends elsewhere from any rounding.)
+
+  // N x B against 1 x N*B: the same losses to bf16's rounding of the sums' order.
+  Config many = lora_config(3, 2);
+  many.trainer.log_every = 1;
+  many.trainer.precision = Precision::bf16;
+  many.trainer.zero = 2;
+  std::vector<double> lm;
+  Trainer m(many, train, eval);
+  m.on_step([&](const StepMetrics& s) { lm.push_back(s.loss); });
+  const Summary sm = m.run();
+  CHECK(sm.replicas_identical);
+  REQUIRE(lm.size() == lb.size());
+  for (std::size_t i = 0; i < lm.size(); ++i) {
+    CAPTURE(i);
+    CHECK(lm[i] == doctest::Approx(lb[i]).epsilon(1e-2));
+  }
+
+  // Resume bit-exact and recompute full bit-identical, with dropout on the adapters' input.
+  const std::filesystem::path dir = test::fresh_dir(fmt::format("lockstep_lora_bf16_{}", getpid()));
+  Config cfg = lora_config(2, 3);
+  cfg.trainer.precision = Precision::bf16;
+  cfg.model.lora.dropout = 0.3;
+  Trainer whole(cfg, train, nullptr);
+  whole.run();
+  check_dropout_runs(cfg, train, dir, whole.final_parameters());
+  const Checkpoint at3 = *CheckpointManager(dir, 0).load_latest();
+
+  // The checkpoint holds the adapters' fp32 masters and the hash of the fp32 base; the exports
+  // merge them into the base from its source, in fp32.
+  const Model& model = whole.model();
+  const std::vector<float> base = model.initial_frozen(cfg.trainer.seed);
+  CHECK(at3.params.size() == model.param_count());
+  CHECK(at3.metadata.at("lockstep.lora_base") == base_hash(base));
+  const Model full = Model::gpt(parse_gpt_spec(at3.metadata.at("lockstep.model")));
+  export_checkpoint({.checkpoint = dir, .out = dir / "merged", .format = "hf"});
+  export_checkpoint({.checkpoint = dir, .out = dir / "peft", .format = "peft"});
+  CHECK(load_weights(dir / "merged", full.param_tensors()).params ==
+        merge_lora(model, lora_spec(cfg.model), at3.params, base));
+  CHECK(detail::read_peft_adapter(dir / "peft", model.param_tensors()).adapters == at3.params);
+  std::filesystem::remove_all(dir);
+
+  // The memory plan: the frozen base at 2 bytes a value under bf16, 4 under fp32.
+  const auto plan = [&](Precision precision) {
+    Config c = lora_config(1, 6);
+    c.trainer.precision = precision;
+    return detail::plan_memory(c, model, *train, nullptr, true, 1);
+  };
+  CHECK(plan(Precision::bf16).frozen == 2.0 * double(model.frozen_count()));
+  CHECK(plan(Precision::fp32).frozen == 4.0 * double(model.frozen_count()));
 }

@@ -1,6 +1,7 @@
 // Token and position embeddings, forward and backward (CUDA: src/cuda/ops/embedding.cu).
 #include <algorithm>
 
+#include "common/bf16.hpp"
 #include "cpu/cpu_device.hpp"
 #include "cpu/ops/isa_dispatch.hpp"
 
@@ -20,6 +21,19 @@ void CpuDevice::embedding_forward(const float* ids, const float* wte, const floa
       }
       const float* pos = wpe + (r % static_cast<std::size_t>(T)) * nc;
       for (std::size_t c = 0; c < nc; ++c) out[r * nc + c] = tok[c] + pos[c];
+    }
+  }));
+}
+
+// out (B, T, C) = wte[ids] widened from bf16.
+void CpuDevice::embedding_forward(const float* ids, const std::uint16_t* wte, float* out,
+                                  int batch, int T, int C) {
+  const std::size_t nc = static_cast<std::size_t>(C), rows = std::size_t(batch) * T;
+  const std::size_t block = rows_per_block(nc);
+  for_blocks(blocks_of(rows, block), vectorized([=](std::size_t blk) {
+    for (std::size_t r = blk * block; r < std::min(rows, (blk + 1) * block); ++r) {
+      const std::uint16_t* tok = wte + static_cast<std::size_t>(ids[r]) * nc;
+      for (std::size_t c = 0; c < nc; ++c) out[r * nc + c] = detail::bf16_to_float(tok[c]);
     }
   }));
 }

@@ -28,6 +28,16 @@ __global__ void embedding_forward_kernel(const float* ids, const float* wte, con
   }
 }
 
+// out (rows, C) = wte[ids[r]] widened from bf16: as above.
+__global__ void embedding_forward_bf16_kernel(const float* ids, const std::uint16_t* wte,
+                                              float* out, std::size_t rows, std::size_t C) {
+  for (std::size_t r = blockIdx.x; r < rows; r += gridDim.x) {
+    const std::uint16_t* tok = wte + static_cast<std::size_t>(ids[r]) * C;
+    float* o = out + r * C;
+    for (std::size_t c = threadIdx.x; c < C; c += kThreads) o[c] = detail::bf16_to_float(tok[c]);
+  }
+}
+
 // Sort keys of embedding_backward: token[r] = ids[r], row[r] = r.
 __global__ void embedding_keys_kernel(const float* ids, unsigned* token, int* row, int rows) {
   for (std::size_t r = first_index(); r < static_cast<std::size_t>(rows); r += grid_stride()) {
@@ -112,6 +122,16 @@ void launch_embedding_forward(cudaStream_t stream, const float* ids, const float
   embedding_forward_kernel<<<blocks, kThreads, 0, stream>>>(ids, wte, wpe, out, rows,
                                                             static_cast<std::size_t>(T),
                                                             static_cast<std::size_t>(C));
+  CUDA_CHECK(cudaGetLastError());
+}
+
+void launch_embedding_forward(cudaStream_t stream, const float* ids, const std::uint16_t* wte,
+                              float* out, int batch, int T, int C) {
+  const std::size_t rows = static_cast<std::size_t>(batch) * static_cast<std::size_t>(T);
+  if (rows == 0 || C == 0) return;
+  const auto blocks = static_cast<unsigned>(std::min(rows, kMaxBlocks));
+  embedding_forward_bf16_kernel<<<blocks, kThreads, 0, stream>>>(ids, wte, out, rows,
+                                                                 static_cast<std::size_t>(C));
   CUDA_CHECK(cudaGetLastError());
 }
 
