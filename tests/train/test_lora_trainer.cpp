@@ -37,7 +37,8 @@ Config lora_config(int devices, int batch) {
 // `whole`, the final adapters of a run of `cfg` (with dropout), against: the run without dropout
 // (the masks changed the steps), the run stopped at step 3 into `dir` and resumed (the same
 // masks for the same steps, Note [LoRA dropout]), and with trainer.recompute full (each block's
-// forward rerun with the same key: the same masks), the last two bit for bit.
+// forward rerun with the same key: the same masks) and selective (the norms and SwiGLU rerun on
+// what forward kept), the last three bit for bit.
 void check_dropout_runs(const Config& cfg, const std::shared_ptr<TokenDataset>& train,
                         const std::filesystem::path& dir, const std::vector<float>& whole) {
   Config plain = cfg;
@@ -53,11 +54,14 @@ void check_dropout_runs(const Config& cfg, const std::shared_ptr<TokenDataset>& 
   resumed.resume_from(*CheckpointManager(dir, 0).load_latest());
   resumed.run();
   CHECK(resumed.final_parameters() == whole);
-  Config recomputed = cfg;
-  recomputed.trainer.recompute = Recompute::full;
-  Trainer again(recomputed, train, nullptr);
-  again.run();
-  CHECK(again.final_parameters() == whole);
+  for (const Recompute recompute : {Recompute::full, Recompute::selective}) {
+    CAPTURE(to_string(recompute));
+    Config recomputed = cfg;
+    recomputed.trainer.recompute = recompute;
+    Trainer again(recomputed, train, nullptr);
+    again.run();
+    CHECK(again.final_parameters() == whole);
+  }
 }
 
 }  // namespace
