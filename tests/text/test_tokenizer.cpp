@@ -183,9 +183,9 @@ TEST_CASE("tokenizer: a pre-token past kMaxPieceBytes is merged in pieces cut at
   piece += std::string(kMaxPieceBytes + 100, 'b');
   const std::string_view all = piece;
   std::vector<TokenId> expected;
-  for (const auto [at, size] : {std::pair<std::size_t, std::size_t>{0, kMaxPieceBytes - 1},
-                                {kMaxPieceBytes - 1, kMaxPieceBytes},
-                                {2 * kMaxPieceBytes - 1, std::string_view::npos}}) {
+  for (const auto& [at, size] : {std::pair<std::size_t, std::size_t>{0, kMaxPieceBytes - 1},
+                                 {kMaxPieceBytes - 1, kMaxPieceBytes},
+                                 {2 * kMaxPieceBytes - 1, std::string_view::npos}}) {
     REQUIRE(all.substr(at, size).size() <= kMaxPieceBytes);
     byte_pair_encode(all.substr(at, size), vocabulary, expected, MergeSearch::heap);
   }
