@@ -71,9 +71,9 @@
 #include <limits>
 #include <memory>
 #include <mutex>
-#include <thread>
 #include <optional>
 #include <system_error>
+#include <thread>
 
 #include "common/tsan_fork_join.hpp"
 #include "io/durable_file.hpp"
@@ -223,7 +223,10 @@ class InputReader {
  public:
   InputReader(const fs::path& path, std::size_t index, const std::atomic<bool>* stop,
               const std::atomic<bool>* cancel, detail::CutRule rule)
-      : source_(path, stop, cancel), index_(index), jsonl_(path.extension() == ".jsonl"), rule_(rule) {}
+      : source_(path, stop, cancel),
+        index_(index),
+        jsonl_(path.extension() == ".jsonl"),
+        rule_(rule) {}
 
   // Appends units to `batch` until it holds about kBatchBytes of text (counted in `bytes`);
   // false once this input is exhausted.
@@ -452,10 +455,9 @@ class Prefetcher {
   Prefetcher(std::atomic<bool>& cancel, Read read)
       : cancel_(cancel), read_(std::move(read)), thread_([this] { run(); }) {}
   ~Prefetcher() {
-    cancel_.store(true);
     {
-      const std::lock_guard lock(mutex_);
-      cancelled_ = true;
+      const std::lock_guard lock(mutex_);  // so that run() cannot miss it between test and wait
+      cancel_.store(true);
     }
     changed_.notify_all();
     thread_.join();
@@ -483,8 +485,8 @@ class Prefetcher {
       while (true) {
         {
           std::unique_lock lock(mutex_);
-          changed_.wait(lock, [this] { return ready_.size() < kBatchesAhead || cancelled_; });
-          if (cancelled_) return;
+          changed_.wait(lock, [this] { return ready_.size() < kBatchesAhead || cancel_.load(); });
+          if (cancel_.load()) return;
         }
         std::optional<Batch> batch = read_();
         const std::lock_guard lock(mutex_);
@@ -506,7 +508,7 @@ class Prefetcher {
   std::mutex mutex_;
   std::condition_variable changed_;
   std::deque<Batch> ready_;
-  bool done_ = false, cancelled_ = false;
+  bool done_ = false;
   std::exception_ptr error_;
   std::thread thread_;  // last: it starts once the rest is made
 };
