@@ -945,10 +945,6 @@ void refuse_cudnn_shape(const char* op, const AttentionShape& shape) {
 // (B T, (H + 2 Hkv) D).
 void CudaDevice::attention_forward(const AttentionShape& shape, MatIn qkv, MatOut y, float* lse) {
   detail::check_attention_shape("attention_forward", shape);
-  // Note [Packed attention]: cuDNN's graph here takes no per-row bound.
-  if (shape.positions)
-    throw std::invalid_argument("attention_forward: packed sequences run the materialised path "
-                                "on cuda (choose the attention with attention_choice)");
 #ifdef LOCKSTEP_HAVE_CUDNN_ATTENTION
   if (!qkv.bf16 || !y.bf16)
     throw std::invalid_argument(
@@ -957,8 +953,15 @@ void CudaDevice::attention_forward(const AttentionShape& shape, MatIn qkv, MatOu
   if (shape.batch == 0) return;
   refuse_cudnn_shape("attention_forward", shape);
   CudnnAttention& attention = cudnn_attention();
-  void* workspace = scratch(attention.workspace_bytes(shape, /*backward=*/false));
-  attention.forward(shape, qkv.bf16, y.bf16, lse, workspace);
+  // Packed sequences: their mask first, then cuDNN's workspace (Note [cuDNN packed mask]).
+  const std::size_t bias_bytes = packed_bias_bytes(shape);
+  auto* base = static_cast<std::byte*>(
+      scratch(bias_bytes + attention.workspace_bytes(shape, /*backward=*/false)));
+  auto* bias = reinterpret_cast<std::uint16_t*>(base);
+  if (shape.positions)
+    launch_packed_attention_bias(stream(), bias, shape.positions, shape.batch, shape.T);
+  attention.forward(shape, qkv.bf16, y.bf16, lse, base + bias_bytes,
+                    shape.positions ? bias : nullptr);
 #else
   (void)qkv, (void)y, (void)lse;
   throw std::logic_error("cuda: attention_forward: this build has no cuDNN fused attention; "
@@ -969,9 +972,6 @@ void CudaDevice::attention_forward(const AttentionShape& shape, MatIn qkv, MatOu
 void CudaDevice::attention_backward(const AttentionShape& shape, MatIn qkv, MatIn y, MatIn dy,
                                     const float* lse, float* dqkv) {
   detail::check_attention_shape("attention_backward", shape);
-  if (shape.positions)
-    throw std::invalid_argument("attention_backward: packed sequences run the materialised path "
-                                "on cuda (choose the attention with attention_choice)");
 #ifdef LOCKSTEP_HAVE_CUDNN_ATTENTION
   if (!qkv.bf16 || !y.bf16 || !dy.bf16)
     throw std::invalid_argument(
@@ -982,10 +982,16 @@ void CudaDevice::attention_backward(const AttentionShape& shape, MatIn qkv, MatI
   const std::size_t n = std::size_t(shape.batch) * shape.T * qkv_width(shape);
   const std::size_t gradient_bytes = (n * sizeof(std::uint16_t) + 255) / 256 * 256;
   CudnnAttention& attention = cudnn_attention();
-  auto* base = static_cast<std::byte*>(
-      scratch(gradient_bytes + attention.workspace_bytes(shape, /*backward=*/true)));
-  auto* dqkv16 = reinterpret_cast<std::uint16_t*>(base);
-  attention.backward(shape, qkv.bf16, y.bf16, dy.bf16, lse, dqkv16, base + gradient_bytes);
+  // [packed sequences' mask | bf16 dqkv | cuDNN's workspace] (Note [cuDNN packed mask]).
+  const std::size_t bias_bytes = packed_bias_bytes(shape);
+  auto* base = static_cast<std::byte*>(scratch(
+      bias_bytes + gradient_bytes + attention.workspace_bytes(shape, /*backward=*/true)));
+  auto* bias = reinterpret_cast<std::uint16_t*>(base);
+  if (shape.positions)
+    launch_packed_attention_bias(stream(), bias, shape.positions, shape.batch, shape.T);
+  auto* dqkv16 = reinterpret_cast<std::uint16_t*>(base + bias_bytes);
+  attention.backward(shape, qkv.bf16, y.bf16, dy.bf16, lse, dqkv16,
+                     base + bias_bytes + gradient_bytes, shape.positions ? bias : nullptr);
   launch_from_bf16(stream(), dqkv16, dqkv, n);
 #else
   (void)qkv, (void)y, (void)dy, (void)lse, (void)dqkv;

@@ -22,13 +22,13 @@ namespace fe = cudnn_frontend;
 namespace {
 
 // The graphs' tensors, by uid. dO sits where O does in its own buffer; dQ, dK, dV where Q, K, V.
-enum Uid : std::int64_t { kQ = 1, kK, kV, kO, kStats, kDo, kDq, kDk, kDv };
+enum Uid : std::int64_t { kQ = 1, kK, kV, kO, kStats, kDo, kDq, kDk, kDv, kBias };
 
 std::string describe(const AttentionKey& k) {
-  return fmt::format("{} (B {}, T {}, H {}, Hkv {}, D {}{})",
+  return fmt::format("{} (B {}, T {}, H {}, Hkv {}, D {}{}{})",
                      k.backward ? "sdpa_backward" : "sdpa", k.batch, k.T, k.heads, k.kv_heads,
-                     k.head_size,
-                     k.backward && !k.deterministic ? ", nondeterministic" : "");
+                     k.head_size, k.backward && !k.deterministic ? ", nondeterministic" : "",
+                     k.packed ? ", packed: a (B, 1, T, T) bias" : "");
 }
 
 // A frontend call's error as an exception naming the call, the graph and cuDNN's message.
@@ -77,6 +77,8 @@ Built build(cudnnHandle_t handle, const AttentionKey& key) {
         as_vector(l.stride));
   };
   const auto q = tensor("Q", kQ, at.q), k = tensor("K", kK, at.k), v = tensor("V", kV, at.v);
+  // Packed sequences: their block-diagonal mask as an additive bias (Note [cuDNN packed mask]).
+  auto bias = key.packed ? tensor("Bias", kBias, at.bias) : nullptr;
   const float scale = 1.0f / std::sqrt(float(key.head_size));
   if (!key.backward) {
     // COMPOSITE: Pinned choices in cudnn_attention.hpp.
@@ -86,6 +88,7 @@ Built build(cudnnHandle_t handle, const AttentionKey& key) {
                           .set_generate_stats(true)
                           .set_causal_mask(true)
                           .set_attn_scale(scale);
+    if (bias) attributes.set_bias(bias);
     auto [o, stats] = graph->sdpa(q, k, v, attributes);
     output(o, kO, at.o);
     output(stats, kStats, at.stats).set_data_type(fe::DataType_t::FLOAT);
@@ -100,6 +103,7 @@ Built build(cudnnHandle_t handle, const AttentionKey& key) {
                           .set_causal_mask(true)
                           .set_attn_scale(scale)
                           .set_deterministic_algorithm(key.deterministic);
+    if (bias) attributes.set_bias(bias);
     auto [dq, dk, dv] = graph->sdpa_backward(q, k, v, o, d_o, stats, attributes);
     // The gradients in their own buffer of qkv's shape, laid out as q, k, v in qkv.
     output(dq, kDq, at.q);
@@ -259,22 +263,25 @@ std::size_t CudnnAttention::workspace_bytes(const AttentionShape& shape, bool ba
 }
 
 void CudnnAttention::forward(const AttentionShape& shape, const std::uint16_t* qkv,
-                             std::uint16_t* y, float* lse, void* workspace) {
+                             std::uint16_t* y, float* lse, void* workspace,
+                             const std::uint16_t* bias) {
   const AttentionLayout at = attention_layout(shape);
   std::unordered_map<std::int64_t, void*> pointers{
       {kQ, in(qkv, at.q.offset)}, {kK, in(qkv, at.k.offset)}, {kV, in(qkv, at.v.offset)},
       {kO, y}, {kStats, lse}};
+  if (shape.positions) pointers.emplace(kBias, in(bias));
   impl_->execute(shape, false, pointers, workspace);
 }
 
 void CudnnAttention::backward(const AttentionShape& shape, const std::uint16_t* qkv,
                               const std::uint16_t* y, const std::uint16_t* dy, const float* lse,
-                              std::uint16_t* dqkv, void* workspace) {
+                              std::uint16_t* dqkv, void* workspace, const std::uint16_t* bias) {
   const AttentionLayout at = attention_layout(shape);
   std::unordered_map<std::int64_t, void*> pointers{
       {kQ, in(qkv, at.q.offset)},   {kK, in(qkv, at.k.offset)},   {kV, in(qkv, at.v.offset)},
       {kO, in(y)},                  {kDo, in(dy)},                {kStats, in(lse)},
       {kDq, dqkv + at.q.offset},    {kDk, dqkv + at.k.offset},    {kDv, dqkv + at.v.offset}};
+  if (shape.positions) pointers.emplace(kBias, in(bias));
   impl_->execute(shape, true, pointers, workspace);
 }
 

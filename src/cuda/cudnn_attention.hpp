@@ -65,8 +65,10 @@ struct TensorLayout {
 // without grouping); o (and do) in y (B T, H D) with head h at columns h D; the statistics
 // (B, H, T, 1), contiguous. The gradients dq, dk, dv take q's, k's and v's layout in their own
 // buffer of qkv's shape.
+// Packed sequences (AttentionShape::positions): the additive mask `bias` (B, 1, T, T), one
+// (T, T) matrix per sequence that every head reads, contiguous.
 struct AttentionLayout {
-  TensorLayout q, k, v, o, stats;
+  TensorLayout q, k, v, o, stats, bias;
 };
 AttentionLayout attention_layout(const AttentionShape& s);
 
@@ -76,9 +78,34 @@ struct AttentionKey {
   int kv_heads = 0;  // kv_heads_of the shape: never 0 in a key
   bool backward = false;
   bool deterministic = true;  // backward only; forward keys keep true
+  bool packed = false;        // the graph adds the (B, 1, T, T) bias of Note [cuDNN packed mask]
   friend auto operator<=>(const AttentionKey&, const AttentionKey&) = default;
 };
+// packed: shape.positions is set.
 AttentionKey attention_key(const AttentionShape& s, bool backward, bool deterministic = true);
+
+// Note [cuDNN packed mask]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// A packed window (Note [Packed attention] in src/model/attention.hpp) needs a block-diagonal
+// causal mask: the query of row i at position p reads keys i - p .. i. cuDNN's SDPA has masks
+// for a causal band and for padding (a sequence length per batch entry), neither of which
+// cuts a window into several sequences; its ragged (THD) layout would, with one batch entry per
+// sequence, but the graph's batch dimension is fixed while the number of sequences changes
+// every step, so it would be sized for B T entries of at most one position each. So the graph
+// takes an additive score bias instead, `bias` (B, 1, T, T) in bf16: 0 where row i may read
+// key j (i - p <= j <= i), -inf elsewhere, shared by the heads (broadcast over H) and written
+// from the positions by a kernel before each call (forward and backward alike, into the front
+// of the device's working memory: 2 B T^2 bytes, which the memory plan counts), so nothing
+// is kept between them. The causal mask stays set; the bias adds the sequences' left edges.
+// With a 0 bias a score is unchanged (x + 0 is x in fp32) and a -inf one is masked out of the
+// softmax as the causal mask's are, so every row computes what its sequence would alone in a
+// window of its own, up to the order of summation, as on the CPU. The bias never takes a
+// gradient (no dBias output). dBias aside, the frontend's validation admits a bias with the
+// causal mask and the deterministic backward (cuDNN frontend 1.32); what a GPU's cuDNN builds
+// is checked by the GPU tests (tests/cuda/test_cudnn_attention.cpp), and model.attention auto
+// keeps packed data on the materialised path until a GPU run has measured this one.
+// The bias's bytes, rounded up to 256 (the working memory's alignment); 0 without positions.
+std::size_t packed_bias_bytes(const AttentionShape& s);
 
 // The oldest cuDNN whose SDPA backward runs bf16 causal attention deterministically.
 inline constexpr long kMinCudnnVersion = 90000;
@@ -120,10 +147,12 @@ class CudnnAttention {
   // it is not in the cache. Throws std::runtime_error if cuDNN refuses the shape.
   std::size_t workspace_bytes(const AttentionShape& shape, bool backward);
   // Enqueue on the stream; workspace holds workspace_bytes(shape, direction).
+  // Packed shapes (positions set) read `bias` (Note [cuDNN packed mask]); null otherwise.
   void forward(const AttentionShape& shape, const std::uint16_t* qkv, std::uint16_t* y,
-               float* lse, void* workspace);
+               float* lse, void* workspace, const std::uint16_t* bias = nullptr);
   void backward(const AttentionShape& shape, const std::uint16_t* qkv, const std::uint16_t* y,
-                const std::uint16_t* dy, const float* lse, std::uint16_t* dqkv, void* workspace);
+                const std::uint16_t* dy, const float* lse, std::uint16_t* dqkv, void* workspace,
+                const std::uint16_t* bias = nullptr);
 
  private:
   struct Impl;

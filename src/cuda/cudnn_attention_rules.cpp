@@ -24,12 +24,20 @@ AttentionLayout attention_layout(const AttentionShape& s) {
           .k = in_qkv(kv, c),
           .v = in_qkv(kv, c + kv * d),
           .o = {{b, h, t, d}, {t * c, d, c, 1}, 0},
-          .stats = {{b, h, t, 1}, {h * t, t, 1, 1}, 0}};
+          .stats = {{b, h, t, 1}, {h * t, t, 1, 1}, 0},
+          .bias = {{b, 1, t, t}, {t * t, t * t, t, 1}, 0}};
+}
+
+std::size_t packed_bias_bytes(const AttentionShape& s) {
+  if (!s.positions) return 0;
+  const std::size_t bytes = 2 * std::size_t(s.batch) * std::size_t(s.T) * std::size_t(s.T);
+  return (bytes + 255) / 256 * 256;
 }
 
 AttentionKey attention_key(const AttentionShape& s, bool backward, bool deterministic) {
   const bool forward_or_deterministic = !backward || deterministic;
-  return {s.batch, s.T, s.heads, s.head_size, kv_heads_of(s), backward, forward_or_deterministic};
+  return {s.batch,   s.T,      s.heads, s.head_size, kv_heads_of(s), backward, forward_or_deterministic,
+          s.positions != nullptr};
 }
 
 std::string cudnn_version_text(long version) {

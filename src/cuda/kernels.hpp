@@ -130,6 +130,10 @@ void launch_causal_softmax_tail_forward(cudaStream_t stream, const float* s, flo
 // Packed sequences: s[b][h][i][j] = -inf for j < i - positions[b][i] (LayerOps::mask_packed_scores).
 void launch_mask_packed_scores(cudaStream_t stream, float* s, const std::int32_t* positions,
                                int batch, int heads, int T);
+// Packed sequences under cuDNN's attention (Note [cuDNN packed mask]): bias (B, 1, T, T) bf16,
+// bias[b][i][j] = 0 for i - positions[b][i] <= j <= i, -inf elsewhere.
+void launch_packed_attention_bias(cudaStream_t stream, std::uint16_t* bias,
+                                  const std::int32_t* positions, int batch, int T);
 // bf16 storage (LayerOps in device.hpp): p rounded; backward reads p in bf16, writes ds rounded.
 void launch_causal_softmax_forward_bf16(cudaStream_t stream, const float* s, std::uint16_t* p,
                                         int count, int T, float scale);

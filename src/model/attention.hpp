@@ -25,8 +25,9 @@
 // probabilities, and so gradients, are then 0 there; the tiled one masks the same keys in its
 // tiles. RoPE's angles (RopeShape::positions) restart likewise. A packed window thus computes
 // what its sequences would each in a window of its own, up to the order of summation. On CUDA
-// the fused path (cuDNN) takes no such mask: packed data runs the materialised path there
-// (choose_attention).
+// the fused path (cuDNN) takes the same bound as an additive score bias (Note [cuDNN packed
+// mask] in src/cuda/cudnn_attention.hpp); model.attention auto runs packed data materialised
+// there until a GPU run has checked it (attention_choice).
 #pragma once
 
 #include <cstddef>

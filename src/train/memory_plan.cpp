@@ -218,6 +218,11 @@ MemoryPlan plan_memory(const Config& cfg, const Model& model, const Dataset& tra
         {batch, cfg.model.context, heads, gpt_spec(cfg.model, 1).head_size(),
          gpt_spec(cfg.model, 1).n_kv_head},
         /*deterministic=*/true);
+    // Packed windows: the mask cuDNN reads as a bias, (B, 1, T, T) bf16, in the same working
+    // memory (Note [cuDNN packed mask] in src/cuda/cudnn_attention.hpp).
+    if (cfg.data.dataset == DatasetKind::chat && cfg.data.pack)
+      p.attention_workspace += std::ceil(2.0 * batch * double(cfg.model.context) *
+                                         double(cfg.model.context) / 256.0) * 256.0;
   }
   // Two staged batches in flight: inputs as floats, targets as int32.
   p.staging = 2.0 * batch * (train.features() + train.targets()) * kFloat;

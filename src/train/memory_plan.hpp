@@ -42,7 +42,7 @@ struct MemoryPlan {
   Recompute recompute = Recompute::none;
   bool recomputable = false;
   // cuDNN's fused attention backward, in the device's own working memory (cuda, bf16, fused):
-  // cudnn_attention_backward_bytes at the run's shape.
+  // cudnn_attention_backward_bytes at the run's shape, and packed windows' (B, 1, T, T) bf16 mask.
   double attention_workspace = 0;
   int workers = 0;                 // in this process
   bool workers_on_host = true;     // CPU workers: their bytes are host memory

@@ -294,19 +294,17 @@ AttentionChoice attention_choice(const Config& config, std::string_view backend)
   AttentionChoice choice =
       choose_attention(config.model.attention, name, tc.precision, config.model.context,
                        config.model.n_head > 0 ? gpt_spec(config.model, 1).head_size() : 0);
-  // Packed windows on cuda: cuDNN's fused attention takes no per-row bound (Note [Packed
-  // attention] in src/model/attention.hpp), so the materialised path, which does.
+  // Packed windows on cuda: cuDNN's fused attention takes their mask as a score bias (Note
+  // [cuDNN packed mask] in src/cuda/cudnn_attention.hpp) when asked for by name; auto keeps the
+  // materialised path, which masks the same rows (Note [Packed attention]), until a GPU run has
+  // checked the bias against it (tests/cuda/test_cudnn_attention.cpp).
   const bool packed = config.data.dataset == DatasetKind::chat && config.data.pack;
-  if (packed && name == "cuda" && choice.path == AttentionKind::fused) {
-    if (config.model.attention == AttentionKind::fused)
-      throw InputError(fmt::format(
-          "{}: model.attention fused: cuDNN's fused attention takes no mask for packed "
-          "conversations (data.pack: true); set model.attention materialized or auto",
-          config.source));
+  if (packed && name == "cuda" && choice.path == AttentionKind::fused &&
+      config.model.attention == AttentionKind::automatic)
     choice = {.path = AttentionKind::materialized,
               .detail = "(T, T) matrices (auto: data.pack on cuda, where cuDNN's fused attention "
-                        "takes no mask for packed sequences)"};
-  }
+                        "with the packed sequences' mask has not yet run on a GPU; "
+                        "model.attention fused asks for it)"};
   return choice;
 }
 

@@ -80,6 +80,27 @@ TEST_SUITE("cuda") {
     // kv_heads = heads is the layout without grouping.
     CHECK(attention_layout({2, 5, 3, 8, 3}).k == at.k);
     CHECK(attention_layout({2, 5, 3, 8, 3}).v == at.v);
+    // Packed sequences' bias (Note [cuDNN packed mask]): (B, 1, T, T), one contiguous (T, T)
+    // per sequence that every head reads; element (b, 0, i, j) at (b T + i) T + j, as the
+    // kernel writes it.
+    CHECK(at.bias == TensorLayout{{2, 1, 5, 5}, {25, 25, 5, 1}, 0});
+  }
+
+  TEST_CASE("cuDNN attention, packed: the bias's bytes and its own graphs") {
+    const std::int32_t positions[1] = {0};  // only its being set matters here
+    const AttentionShape plain{8, 1024, 12, 64};
+    AttentionShape packed = plain;
+    packed.positions = positions;
+    CHECK(lockstep::cuda::packed_bias_bytes(plain) == 0);
+    CHECK(lockstep::cuda::packed_bias_bytes(packed) == 2u * 8 * 1024 * 1024);
+    AttentionShape odd{3, 5, 2, 8};
+    odd.positions = positions;
+    CHECK(lockstep::cuda::packed_bias_bytes(odd) == 256);  // 150 bytes, rounded up to 256
+    for (bool backward : {false, true}) {
+      CHECK(attention_key(packed, backward).packed);
+      CHECK_FALSE(attention_key(plain, backward).packed);
+      CHECK(attention_key(packed, backward) != attention_key(plain, backward));
+    }
   }
 
   TEST_CASE("cuDNN attention graphs: one per shape and direction") {
@@ -174,6 +195,57 @@ TEST_SUITE("cuda") {
 // Note [cuDNN plan cache]: the cases that build cuDNN graphs on a GPU are a suite of their own,
 // run after the other CUDA cases (scripts/gpu_check.sh: -ts='cuda*' -tse='cuda cudnn', then
 // -ts='cuda cudnn'), so that seconds of plan builds cannot starve them of the phase's time.
+#ifdef LOCKSTEP_HAVE_CUDNN_ATTENTION
+namespace {
+
+// Forward (y and the log-sum-exp) and backward (dq, dk, dv) of `s` on fresh random bf16 inputs,
+// the GPU's cuDNN path against the CPU's tiled one; `positions` (B T), when not empty, packs
+// the windows (Note [cuDNN packed mask]). Tolerances (Note [Comparing with the CPU]): both
+// sides round bf16 operands the same way and sum in fp32, but round the probabilities at
+// different points (cuDNN before normalising, the CPU after) and y, dq, dk, dv at the end: two
+// bf16 ulps of the value and of the position's largest, with the fp32 sums over T on top; the
+// log-sum-exp is fp32 throughout (the sums of T exponentials, each side's exp).
+void compare_with_cpu(Device& gpu, const AttentionShape& s,
+                      const std::vector<std::int32_t>& positions, std::uint64_t seed) {
+  const std::size_t n = std::size_t(s.batch) * s.T, c = std::size_t(s.heads) * s.head_size;
+  const std::size_t width = std::size_t(qkv_width(s));
+  const std::size_t rows = std::size_t(s.batch) * s.heads * s.T;
+  const std::vector<float> qkv = random_floats(n * width, seed, -2.0, 2.0);
+  const std::vector<float> dy = random_floats(n * c, seed + 100);
+  // y, lse, dq, dk, dv: y and the gradients of one position side by side (rows of C).
+  const auto op = [&](Device& dev) -> Outputs {
+    // (one unread element when not packed: no array of none)
+    auto pos = on_device(dev, positions.empty() ? std::vector<std::int32_t>{0} : positions);
+    AttentionShape shape = s;
+    if (!positions.empty()) shape.positions = pos.data();
+    auto qkv16 = on_device(dev, to_bits(qkv));
+    auto dy16 = on_device(dev, to_bits(dy));
+    auto y16 = poisoned_bf16(dev, n * c);
+    auto lse = poisoned(dev, rows);
+    auto dqkv = poisoned(dev, n * width);
+    dev.attention_forward(shape, {nullptr, qkv16.data()}, {nullptr, y16.data()}, lse.data());
+    dev.attention_backward(shape, {nullptr, qkv16.data()}, {nullptr, y16.data()},
+                           {nullptr, dy16.data()}, lse.data(), dqkv.data());
+    Outputs out{widened(y16.download()), lse.download()};
+    for (std::vector<float>& part : qkv_parts(dqkv.download(), s)) out.push_back(part);
+    return out;
+  };
+  Tolerance rounded = fp32_sums(s.T + s.head_size + 4, c);
+  rounded = {rounded.rel + 2 * kBf16Ulp, rounded.abs + 2 * kBf16Ulp, c};
+  // dk and dv of a kv head add the products of its G = H / Hkv query heads, which cuDNN's
+  // graph types bf16 before its sum (dK_fullhead, dV_fullhead in the frontend's
+  // sdpa_backward): a bf16 ulp more per query head, G + 1 in all (2 without grouping).
+  const int group = s.heads / kv_heads_of(s);
+  const Tolerance kv_sums = fp32_sums(group * s.T + s.head_size + 4);
+  const Tolerance kv{kv_sums.rel + (group + 1) * kBf16Ulp, kv_sums.abs + (group + 1) * kBf16Ulp,
+                     std::size_t(kv_heads_of(s)) * s.head_size};
+  const Tolerance lse_tol = fp32_sums(s.T + s.head_size + 4, std::size_t(s.T));
+  compare_each(gpu, op, {rounded, lse_tol, rounded, kv, kv});
+}
+
+}  // namespace
+#endif
+
 TEST_SUITE("cuda cudnn") {
 #ifdef LOCKSTEP_HAVE_CUDNN_ATTENTION
   TEST_CASE("model.attention on cuda: auto runs cuDNN's under bf16, the materialised path "
@@ -208,11 +280,7 @@ TEST_SUITE("cuda cudnn") {
   }
 
   // T = 1, 7, 64, 65, 257 at heads 1 and 12 and head sizes 16, 64, 128, and T = 1024 at two of
-  // them (the CPU's reference is the slow side). Tolerances (Note [Comparing with the CPU]):
-  // both sides round bf16 operands the same way and sum in fp32, but round the probabilities at
-  // different points (cuDNN before normalising, the CPU after) and y, dq, dk, dv at the end: two
-  // bf16 ulps of the value and of the position's largest, with the fp32 sums over T on top; the
-  // log-sum-exp is fp32 throughout (the sums of T exponentials, each side's exp).
+  // them (the CPU's reference is the slow side), at compare_with_cpu's tolerances.
   TEST_CASE("cuda: cuDNN attention forward and backward against the CPU's tiled attention, bf16") {
     auto backend = cuda_or_skip();
     if (!backend) return;
@@ -249,35 +317,42 @@ TEST_SUITE("cuda cudnn") {
                              doctest::Contains("s_q = s_kv = 1"), std::invalid_argument);
         continue;
       }
-      const std::size_t rows = std::size_t(s.batch) * s.heads * s.T;
-      const std::vector<float> qkv = random_floats(n * width, 500 + s.T, -2.0, 2.0);
-      const std::vector<float> dy = random_floats(n * c, 600 + s.T);
-      // y, lse, dq, dk, dv: y and the gradients of one position side by side (rows of C).
-      const auto op = [&](Device& dev) -> Outputs {
-        auto qkv16 = on_device(dev, to_bits(qkv));
-        auto dy16 = on_device(dev, to_bits(dy));
-        auto y16 = poisoned_bf16(dev, n * c);
-        auto lse = poisoned(dev, rows);
-        auto dqkv = poisoned(dev, n * width);
-        dev.attention_forward(s, {nullptr, qkv16.data()}, {nullptr, y16.data()}, lse.data());
-        dev.attention_backward(s, {nullptr, qkv16.data()}, {nullptr, y16.data()},
-                               {nullptr, dy16.data()}, lse.data(), dqkv.data());
-        Outputs out{widened(y16.download()), lse.download()};
-        for (std::vector<float>& part : qkv_parts(dqkv.download(), s)) out.push_back(part);
-        return out;
-      };
-      Tolerance rounded = fp32_sums(s.T + s.head_size + 4, c);
-      rounded = {rounded.rel + 2 * kBf16Ulp, rounded.abs + 2 * kBf16Ulp, c};
-      // dk and dv of a kv head add the products of its G = H / Hkv query heads, which cuDNN's
-      // graph types bf16 before its sum (dK_fullhead, dV_fullhead in the frontend's
-      // sdpa_backward): a bf16 ulp more per query head, G + 1 in all (2 without grouping).
-      const int group = s.heads / kv_heads_of(s);
-      const Tolerance kv_sums = fp32_sums(group * s.T + s.head_size + 4);
-      const Tolerance kv{kv_sums.rel + (group + 1) * kBf16Ulp,
-                         kv_sums.abs + (group + 1) * kBf16Ulp,
-                         std::size_t(kv_heads_of(s)) * s.head_size};
-      const Tolerance lse_tol = fp32_sums(s.T + s.head_size + 4, std::size_t(s.T));
-      compare_each(*gpu, op, {rounded, lse_tol, rounded, kv, kv});
+      compare_with_cpu(*gpu, s, {}, 500 + s.T);
+    }
+  }
+
+  // Packed windows (Note [cuDNN packed mask]): cuDNN with the bias its kernel writes against the
+  // CPU's tiled attention with the same positions, in bf16 (compare_with_cpu). Each window
+  // is cut into sequences of random lengths (1 position among them, and one sequence filling
+  // a window), so that a row reading a key of an earlier sequence, or missing one of its own,
+  // moves y, the log-sum-exp and every gradient past them.
+  TEST_CASE("cuda: cuDNN attention with packed sequences against the CPU's tiled attention") {
+    auto backend = cuda_or_skip();
+    if (!backend) return;
+    auto gpu = backend->create_device(0, 1, 0);
+    std::vector<AttentionShape> shapes{{3, 64, 2, 64}, {2, 257, 12, 64}, {2, 512, 9, 64, 3},
+                                       {1, 1024, 4, 128}};
+    std::uint64_t seed = 77;
+    for (AttentionShape s : shapes) {
+      CAPTURE(fmt::format("B={} T={} H={} Hkv={} D={}", s.batch, s.T, s.heads, kv_heads_of(s),
+                          s.head_size));
+      const std::size_t n = std::size_t(s.batch) * s.T;
+      // Positions: window 0 one sequence; the others cut where a random draw says.
+      std::vector<std::int32_t> positions(n);
+      int sequences = 0;
+      for (int b = 0; b < s.batch; ++b) {
+        int p = 0;
+        for (int t = 0; t < s.T; ++t) {
+          seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+          const bool cut = b > 0 && t > 0 && (seed >> 33) % 23 == 0;
+          p = t == 0 || cut ? 0 : p + 1;
+          sequences += p == 0;
+          positions[std::size_t(b) * s.T + t] = p;
+        }
+      }
+      CAPTURE(sequences);
+      REQUIRE(sequences > s.batch + 2);
+      compare_with_cpu(*gpu, s, positions, 900 + s.T);
     }
   }
 

@@ -180,7 +180,7 @@ TEST_CASE("chat: a packed window gives the loss and gradients of its conversatio
   }
 }
 
-TEST_CASE("chat: packing needs rotary positions, and on cuda the materialised attention") {
+TEST_CASE("chat: packing needs rotary positions, and on cuda auto runs the materialised attention") {
   Config cfg = test::small_llama_config(1, 2);
   cfg.data.dataset = DatasetKind::chat;
   cfg.data.path = "chat.jsonl";
@@ -192,14 +192,14 @@ TEST_CASE("chat: packing needs rotary positions, and on cuda the materialised at
   cfg.model.attention = AttentionKind::automatic;
   Config unpacked = cfg;
   unpacked.data.pack = false;
-  // Where this build's cuda would run cuDNN's fused attention, packed data does not.
+  // Where this build's cuda would run cuDNN's fused attention, packed data under auto does not
+  // (Note [cuDNN packed mask]: not yet run on a GPU); asked for by name, it does.
   if (attention_choice(unpacked, "cuda").path == AttentionKind::fused) {
     const AttentionChoice choice = attention_choice(cfg, "cuda");
     CHECK(choice.path == AttentionKind::materialized);
     CHECK(choice.detail.find("data.pack") != std::string::npos);
     cfg.model.attention = AttentionKind::fused;
-    CHECK_THROWS_WITH_AS(attention_choice(cfg, "cuda"),
-                         doctest::Contains("takes no mask for packed conversations"), InputError);
+    CHECK(attention_choice(cfg, "cuda").path == AttentionKind::fused);
   }
   cfg.model.attention = AttentionKind::fused;
   CHECK(attention_choice(cfg, "cpu").path == AttentionKind::fused);  // the tiled path takes it

@@ -209,6 +209,15 @@ TEST_CASE("memory plan: cuDNN's attention backward workspace, in closed form and
       {cfg.data.batch_size, cfg.model.context, 4, 16}, true);
   CHECK(with.attention_workspace == expected);
   CHECK(with.per_worker() == without.per_worker() + expected);
+  // Packed windows add the mask cuDNN reads as a bias, (B, 1, T, T) bf16, rounded up to 256
+  // bytes (Note [cuDNN packed mask]).
+  Config packed = cfg;
+  packed.data.dataset = DatasetKind::chat;
+  packed.data.pack = true;
+  const double bias = 2.0 * cfg.data.batch_size * cfg.model.context * cfg.model.context;
+  CHECK(detail::plan_memory(packed, model, data, nullptr, false, 1, true).attention_workspace ==
+        expected + std::ceil(bias / 256) * 256);
+  CHECK(detail::plan_memory(packed, model, data, nullptr, false, 1).attention_workspace == 0);
   CHECK(detail::describe(with, {.bytes = 1e12, .source = "test"}).find("cuDNN attention ") !=
         std::string::npos);
 }

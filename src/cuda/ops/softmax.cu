@@ -307,7 +307,29 @@ __global__ void mask_packed_scores_kernel(float* s, const std::int32_t* position
   for (int j = lane(); j < first; j += kWarp) sr[j] = -INFINITY;
 }
 
+// One warp per row (b, i) of the (B, 1, T, T) bias: 0 (bf16 0x0000) on the keys the row's
+// sequence lets it read, -inf (bf16 0xFF80) on every other.
+__global__ void packed_attention_bias_kernel(std::uint16_t* bias, const std::int32_t* positions,
+                                             std::size_t rows, int T) {
+  const std::size_t row = warp_row();
+  if (row >= rows) return;
+  const int i = static_cast<int>(row % static_cast<std::size_t>(T));
+  const int first = i - positions[row];
+  std::uint16_t* br = bias + row * T;
+  for (int j = lane(); j < T; j += kWarp)
+    br[j] = j >= first && j <= i ? std::uint16_t{0x0000} : std::uint16_t{0xFF80};
+}
+
 }  // namespace
+
+void launch_packed_attention_bias(cudaStream_t stream, std::uint16_t* bias,
+                                  const std::int32_t* positions, int batch, int T) {
+  const std::size_t rows = static_cast<std::size_t>(batch) * T;
+  if (rows == 0) return;
+  packed_attention_bias_kernel<<<blocks_for_rows(rows), kThreads, 0, stream>>>(bias, positions,
+                                                                               rows, T);
+  CUDA_CHECK(cudaGetLastError());
+}
 
 void launch_mask_packed_scores(cudaStream_t stream, float* s, const std::int32_t* positions,
                                int batch, int heads, int T) {
