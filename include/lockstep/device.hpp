@@ -575,17 +575,20 @@ class LOCKSTEP_API LayerOps {
                                      int rows, int classes, std::uint16_t* dlogits,
                                      float grad_scale, LossStats* stats) = 0;
   // ids (B, T) token ids stored as floats (exact below 2^24), wte (V, C), wpe (T_max, C):
-  // out (B, T, C) = wte[ids[b, t]] + wpe[t]; wpe null: wte[ids[b, t]] (a decoder with rotary
-  // positions has no position embedding).
+  // out (B, T, C) = wte[ids[b, t]] + wpe[p] with p = t, or positions[b, t] for packed
+  // sequences ((B, T) int32, each below T_max; Note [Packed attention] in
+  // src/model/attention.hpp); wpe null: wte[ids[b, t]] (a decoder with rotary positions has no
+  // position embedding).
   virtual void embedding_forward(const float* ids, const float* wte, const float* wpe, float* out,
-                                 int batch, int T, int C) = 0;
+                                 int batch, int T, int C, const std::int32_t* positions) = 0;
   // The same from a bf16 table (a frozen embedding held in bf16 only, Note [Frozen parameters]
   // in src/model/lora.cpp), without wpe: out = wte[ids[b, t]] widened, exactly.
   virtual void embedding_forward(const float* ids, const std::uint16_t* wte, float* out,
                                  int batch, int T, int C) = 0;
-  // dwte[ids[b, t]] += dout[b, t]; dwpe[t] += sum over b of dout[b, t] (skipped when null).
+  // dwte[ids[b, t]] += dout[b, t]; dwpe[p] += dout[b, t] with p as forward's (skipped when
+  // null). Each row of dwte and dwpe adds its rows in (b, t) order.
   virtual void embedding_backward(const float* ids, const float* dout, float* dwte, float* dwpe,
-                                  int batch, int T, int C) = 0;
+                                  int batch, int T, int C, const std::int32_t* positions) = 0;
   // x, y (rows, C); weight, bias (C): y = (x - mean) * rstd * weight + bias with rstd =
   // 1 / sqrt(var + 1e-5) (biased variance, as torch.nn.LayerNorm). mean, rstd (rows) are saved
   // for backward.

@@ -305,10 +305,6 @@ void check_data_source(const Config& c, const Origins& origins, Problems& proble
     problems.add(written_or_dataset("data.tokenizer"), "data.tokenizer",
                  "required when data.dataset is chat: conversations are tokenised with the "
                  "model's tokenizer, its special tokens included");
-  if (kind == DatasetKind::chat && c.data.pack && c.model.positions != PositionKind::rope)
-    problems.add(origins.of("data.pack"), "data.pack",
-                 "packed conversations need model.positions rope (a Llama-family decoder): "
-                 "GPT-2's learned positions do not yet restart at each conversation");
   // The chat keys away from their defaults (a printed config lists them at their defaults).
   const DataConfig defaults;
   const std::pair<const char*, bool> chat_keys[] = {

@@ -764,10 +764,11 @@ void CudaDevice::gemm_batched_bf16(Transpose ta, Transpose tb, int m, int n, int
 
 // ids (batch, T), wte (V, C), wpe (T_max, C), out (batch, T, C)
 void CudaDevice::embedding_forward(const float* ids, const float* wte, const float* wpe,
-                                   float* out, int batch, int T, int C) {
+                                   float* out, int batch, int T, int C,
+                                   const std::int32_t* positions) {
   check_sizes("embedding_forward", std::int64_t{batch} * T,
               {{"batch", batch}, {"T", T}, {"C", C}});
-  launch_embedding_forward(stream(), ids, wte, wpe, out, batch, T, C);
+  launch_embedding_forward(stream(), ids, wte, wpe, out, batch, T, C, positions);
 }
 
 void CudaDevice::embedding_forward(const float* ids, const std::uint16_t* wte, float* out,
@@ -778,13 +779,14 @@ void CudaDevice::embedding_forward(const float* ids, const std::uint16_t* wte, f
 }
 
 void CudaDevice::embedding_backward(const float* ids, const float* dout, float* dwte,
-                                    float* dwpe, int batch, int T, int C) {
+                                    float* dwpe, int batch, int T, int C,
+                                    const std::int32_t* positions) {
   check_sizes("embedding_backward", std::int64_t{batch} * T,
               {{"batch", batch}, {"T", T}, {"C", C}});
   if (batch == 0 || T == 0 || C == 0) return;
   void* buffer = scratch(embedding_backward_scratch_bytes(batch, T));
   launch_embedding_backward(stream(), ids, dout, dwte, dwpe, batch, T, C, buffer,
-                            scratch_bytes_);
+                            scratch_bytes_, positions);
 }
 
 // x, y (rows, C), weight, bias (C), mean, rstd (rows)

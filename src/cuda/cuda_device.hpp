@@ -134,11 +134,11 @@ class CudaDevice final : public Device {
                          const std::uint16_t* b, int ldb, std::int64_t stride_b, float beta,
                          float* c, int ldc, std::int64_t stride_c, int count) override;
   void embedding_forward(const float* ids, const float* wte, const float* wpe, float* out,
-                         int batch, int T, int C) override;
+                         int batch, int T, int C, const std::int32_t* positions) override;
   void embedding_forward(const float* ids, const std::uint16_t* wte, float* out, int batch, int T,
                          int C) override;
   void embedding_backward(const float* ids, const float* dout, float* dwte, float* dwpe,
-                          int batch, int T, int C) override;
+                          int batch, int T, int C, const std::int32_t* positions) override;
   void layernorm_forward(const float* x, const float* weight, const float* bias, float* y,
                          float* mean, float* rstd, int rows, int C) override;
   void layernorm_backward(const float* x, const float* weight, const float* mean,

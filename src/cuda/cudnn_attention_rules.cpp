@@ -36,8 +36,8 @@ std::size_t packed_bias_bytes(const AttentionShape& s) {
 
 AttentionKey attention_key(const AttentionShape& s, bool backward, bool deterministic) {
   const bool forward_or_deterministic = !backward || deterministic;
-  return {s.batch,   s.T,      s.heads, s.head_size, kv_heads_of(s), backward, forward_or_deterministic,
-          s.positions != nullptr};
+  return {s.batch,   s.T,     s.heads,  s.head_size, kv_heads_of(s),
+          backward, forward_or_deterministic, s.positions != nullptr};
 }
 
 std::string cudnn_version_text(long version) {

@@ -180,20 +180,23 @@ void launch_adamw_step(cudaStream_t stream, const AdamWScalars& s, float* params
 
 // ---- Embedding (embedding.cu); shapes and semantics as in device.hpp ---------------------
 
-// ids (batch, T) as floats, wte (V, C), wpe (>= T, C): out (batch, T, C) = wte[ids] + wpe[t].
+// ids (batch, T) as floats, wte (V, C), wpe (>= T, C): out (batch, T, C) = wte[ids] + wpe[p],
+// p = t, or positions[b, t] when positions is set (packed sequences).
 void launch_embedding_forward(cudaStream_t stream, const float* ids, const float* wte,
-                              const float* wpe, float* out, int batch, int T, int C);
+                              const float* wpe, float* out, int batch, int T, int C,
+                              const std::int32_t* positions);
 // The same from a bf16 table, without wpe: out = wte[ids] widened.
 void launch_embedding_forward(cudaStream_t stream, const float* ids, const std::uint16_t* wte,
                               float* out, int batch, int T, int C);
-// dwte[ids[b, t]] += dout[b, t]; dwpe[t] += sum over b of dout[b, t]. Deterministic, and the
-// CPU's float additions in the CPU's order: the rows are sorted by token (stable), then each
-// token's rows added in order. `scratch` holds at least embedding_backward_scratch_bytes(batch,
-// T) bytes (device memory; scratch_bytes is its size) and is in use until the kernels are done.
+// dwte[ids[b, t]] += dout[b, t]; dwpe[p] += dout[b, t] (p as forward's). Deterministic, and
+// the CPU's float additions in the CPU's order: the rows are sorted by token (stable), then each
+// token's rows added in order; packed positions likewise, sorted by position after the tokens.
+// `scratch` holds at least embedding_backward_scratch_bytes(batch, T) bytes (device memory;
+// scratch_bytes is its size) and is in use until the kernels are done.
 std::size_t embedding_backward_scratch_bytes(int batch, int T);
 void launch_embedding_backward(cudaStream_t stream, const float* ids, const float* dout,
                                float* dwte, float* dwpe, int batch, int T, int C, void* scratch,
-                               std::size_t scratch_bytes);
+                               std::size_t scratch_bytes, const std::int32_t* positions);
 
 // ---- LayerNorm (layernorm.cu) --------------------------------------------------------------
 

@@ -34,7 +34,9 @@ using detail::kInitStd;
 
 // ---- Embedding --------------------------------------------------------------------------------
 
-// Parameters: wte (V, C), then wpe (T, C). in (B, T) token ids as floats, out (B, T * C).
+// Parameters: wte (V, C), then wpe (T, C). in (B, T) token ids as floats, out (B, T * C). Packed
+// windows (LayerWorkspace::positions) read wpe at each row's position in its own sequence, so
+// positions restart at each one as RoPE's do (Note [Packed attention] in attention.hpp).
 class Embedding final : public Layer {
  public:
   Embedding(int vocab, int context, int channels) : v_(vocab), t_(context), c_(channels) {}
@@ -51,21 +53,23 @@ class Embedding final : public Layer {
   }
 
   void forward(Device& dev, const float* params, const float* in, float* out, int batch,
-               const LayerWorkspace& /*ws*/) const override {
-    dev.embedding_forward(in, params, params + product(v_, c_), out, batch, t_, c_);
+               const LayerWorkspace& ws) const override {
+    dev.embedding_forward(in, params, params + product(v_, c_), out, batch, t_, c_,
+                          ws.positions);
   }
   // Token ids have no gradient: din is ignored.
   void backward(Device& dev, const float* /*params*/, float* grads, const float* in,
                 const float* /*out*/, const float* dout, float* /*din*/, int batch,
-                const LayerWorkspace& /*ws*/) const override {
-    dev.embedding_backward(in, dout, grads, grads + product(v_, c_), batch, t_, c_);
+                const LayerWorkspace& ws) const override {
+    dev.embedding_backward(in, dout, grads, grads + product(v_, c_), batch, t_, c_,
+                           ws.positions);
   }
   // Note [KV cache]: the position rows from step.start.
   bool decodes() const noexcept override { return true; }
   void decode(Device& dev, const float* params, const float* in, float* out,
               const DecodeStep& step) const override {
     dev.embedding_forward(in, params, params + product(v_ + step.start, c_), out, 1, step.count,
-                          c_);
+                          c_, nullptr);
   }
 
  private:
@@ -189,7 +193,7 @@ class Block final : public Layer {
       dev.layernorm_forward(x, p.ln1_w, p.ln1_b, y, s.mean1, s.rstd1, n, c);
     });
     detail::linear_forward(dev, w.attn, s.ln1.input(), s.qkv.output(), d.qkv, n, c, 3 * c);
-    attention_forward(dev, s, d, batch);
+    attention_forward(dev, s, d, batch, ws.positions);
     detail::linear_forward(dev, w.attn_proj, s.atty.input(), {s.res1, nullptr}, nullptr, n, c, c);
     // res1 += x, and ln_2 of it, in one pass (Note [Residual LayerNorm]).
     s.ln2.store([&](auto* y) {
@@ -239,7 +243,7 @@ class Block final : public Layer {
                          .weight = w.attn_proj.weight, .dy = d.res1, .g = dres1,
                          .dweight = g.attn_proj_w, .dbias = g.attn_proj_b, .dx = d.tmp,
                          .dx_bf16 = bf16 ? d.dout16 : nullptr});
-    attention_backward(dev, s, d, batch);
+    attention_backward(dev, s, d, batch, ws.positions);
     detail::linear_backward(dev, w.attn, g.attn_w, g.attn_b, s.ln1.input(), d.qkv, d.tmp, n, c,
                             3 * c, d.grad16);
     // ln_1's parameters need its backward even without a din (the block as a first layer): then
@@ -303,6 +307,9 @@ class Block final : public Layer {
   }
 
   AttentionShape shape(int batch) const { return {batch, t_, h_, c_ / h_}; }
+  AttentionShape packed_shape(int batch, const std::int32_t* positions) const {
+    return {batch, t_, h_, c_ / h_, 0, positions};
+  }
 
   // What forward keeps for backward, rows N = B * T. Under bf16 the tensors that are only
   // matrix-product inputs (and fc, GELU's input) are kept in bf16; res1 and the LayerNorm
@@ -397,16 +404,19 @@ class Block final : public Layer {
   }
 
   // atty = attention(q, k, v) from s.qkv.
-  void attention_forward(Device& dev, const Saved& s, const Scratch& d, int batch) const {
-    detail::attention_forward(dev, shape(batch), s.qkv.input(), s.atty.output(),
-                              attention_buffers(s, d));
+  // Packed windows: positions (B, T), each row's in its own sequence (Note [Packed attention]).
+  void attention_forward(Device& dev, const Saved& s, const Scratch& d, int batch,
+                         const std::int32_t* positions) const {
+    detail::attention_forward(dev, packed_shape(batch, positions), s.qkv.input(),
+                              s.atty.output(), attention_buffers(s, d));
   }
 
   // From d atty (g.tmp, or under bf16 its rounding in g.dout16), writes g.qkv.
-  void attention_backward(Device& dev, const Saved& s, const Scratch& g, int batch) const {
+  void attention_backward(Device& dev, const Saved& s, const Scratch& g, int batch,
+                          const std::int32_t* positions) const {
     const MatIn dy = g.dout16 ? MatIn{nullptr, g.dout16} : MatIn{g.tmp, nullptr};
-    detail::attention_backward(dev, shape(batch), s.qkv.input(), s.atty.input(), dy,
-                               attention_buffers(s, g), g.qkv);
+    detail::attention_backward(dev, packed_shape(batch, positions), s.qkv.input(),
+                               s.atty.input(), dy, attention_buffers(s, g), g.qkv);
   }
 
   int t_, c_, h_, n_layer_;

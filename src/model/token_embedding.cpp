@@ -34,19 +34,19 @@ class TokenEmbedding final : public Layer {
   void forward(Device& dev, const float* params, const float* in, float* out, int batch,
                const LayerWorkspace& ws) const override {
     if (!params) return dev.embedding_forward(in, ws.params_bf16, out, batch, t_, c_);
-    dev.embedding_forward(in, params, nullptr, out, batch, t_, c_);
+    dev.embedding_forward(in, params, nullptr, out, batch, t_, c_, nullptr);
   }
   // Token ids have no gradient: din is ignored. grads null (frozen): nothing to do.
   void backward(Device& dev, const float* /*params*/, float* grads, const float* in,
                 const float* /*out*/, const float* dout, float* /*din*/, int batch,
                 const LayerWorkspace& /*ws*/) const override {
-    if (grads) dev.embedding_backward(in, dout, grads, nullptr, batch, t_, c_);
+    if (grads) dev.embedding_backward(in, dout, grads, nullptr, batch, t_, c_, nullptr);
   }
   // Note [KV cache]: the rows of the step's tokens.
   bool decodes() const noexcept override { return true; }
   void decode(Device& dev, const float* params, const float* in, float* out,
               const DecodeStep& step) const override {
-    dev.embedding_forward(in, params, nullptr, out, 1, step.count, c_);
+    dev.embedding_forward(in, params, nullptr, out, 1, step.count, c_, nullptr);
   }
 
  private:

@@ -219,11 +219,6 @@ GptSpec gpt_spec(const Config& config, const Dataset& train) {
         "{}: model.context is {}, but the data has samples of {} tokens with {} targets (a GPT "
         "trains on token windows: data.dataset tokens or text)",
         config.source, spec.context, train.features(), train.targets()));
-  if (train.packed() && spec.positions != PositionKind::rope)
-    throw InputError(fmt::format(
-        "{}: packed conversations need model.positions rope (a Llama-family decoder): GPT-2's "
-        "learned positions do not yet restart at each conversation; set data.pack: false",
-        config.source));
   if (train.classes() > spec.vocab_size)
     throw InputError(fmt::format("{}: model.vocab_size is {}, but the data's tokens go up to {}",
                                  config.source, spec.vocab_size, train.classes() - 1));

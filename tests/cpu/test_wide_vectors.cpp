@@ -465,8 +465,8 @@ TEST_CASE("wide vectors: embedding forward and backward give the baseline's bits
     auto wpe = on_device(dev, awkward_floats(std::size_t(T) * C, 62, -1.0, 1.0, 16));
     auto dout = on_device(dev, awkward_floats(rows * C, 63, -1.0, 1.0, 16));
     DeviceArray<float> y(dev, rows * C);
-    dev.embedding_forward(ids.data(), wte.data(), wpe.data(), y.data(), batch, T, C);
-    dev.embedding_backward(ids.data(), dout.data(), wte.data(), wpe.data(), batch, T, C);
+    dev.embedding_forward(ids.data(), wte.data(), wpe.data(), y.data(), batch, T, C, nullptr);
+    dev.embedding_backward(ids.data(), dout.data(), wte.data(), wpe.data(), batch, T, C, nullptr);
     for (const auto* a : {&y, &wte, &wpe}) append(out, *a);
     return out;
   });

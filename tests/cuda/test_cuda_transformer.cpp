@@ -167,6 +167,8 @@ TEST_SUITE("cuda") {
     }
   }
 
+  // Packed windows too (positions restarting inside a window, Note [Packed attention]): wpe read
+  // at each row's position, and dwpe summed per position in row order, as the CPU does.
   TEST_CASE("transformer: embedding forward and backward, bit-identical to the CPU") {
     auto backend = cuda_or_skip();
     if (!backend) return;
@@ -186,26 +188,39 @@ TEST_SUITE("cuda") {
       const auto wte = random_floats(std::size_t(vocab) * nc, seed += 5);
       const auto wpe = random_floats(std::size_t(t_max) * nc, seed += 5);
       const auto dout = random_floats(rows * nc, seed += 5);
-      compare(
-          *gpu,
-          [&](Device& d) {
-            auto idd = on_device(d, ids), wted = on_device(d, wte), wped = on_device(d, wpe);
-            auto out = poisoned(d, rows * nc);
-            d.embedding_forward(idd.data(), wted.data(), wped.data(), out.data(), batch, T, C);
-            auto doutd = on_device(d, dout);
-            d.embedding_backward(idd.data(), doutd.data(), wted.data(), wped.data(), batch, T, C);
-            return Outputs{out.download(), wted.download(), wped.download()};
-          },
-          kSameBits);
+      // Sequences cut every 5 + (b mod 3) positions.
+      std::vector<std::int32_t> packed(rows);
+      for (std::size_t r = 0; r < rows; ++r)
+        packed[r] = int(r % std::size_t(T)) % (5 + int(r / std::size_t(T)) % 3);
+      for (const bool pack : {false, true}) {
+        CAPTURE(pack);
+        compare(
+            *gpu,
+            [&](Device& d) {
+              auto idd = on_device(d, ids), wted = on_device(d, wte), wped = on_device(d, wpe);
+              auto posd = on_device(d, packed);
+              const std::int32_t* positions = pack ? posd.data() : nullptr;
+              auto out = poisoned(d, rows * nc);
+              d.embedding_forward(idd.data(), wted.data(), wped.data(), out.data(), batch, T, C,
+                                  positions);
+              auto doutd = on_device(d, dout);
+              d.embedding_backward(idd.data(), doutd.data(), wted.data(), wped.data(), batch, T,
+                                   C, positions);
+              return Outputs{out.download(), wted.download(), wped.download()};
+            },
+            kSameBits);
+      }
     }
     auto x = poisoned(*gpu, 4);
-    CHECK_THROWS_AS(gpu->embedding_forward(x.data(), x.data(), x.data(), x.data(), -1, 2, 2),
-                    std::invalid_argument);
+    CHECK_THROWS_AS(
+        gpu->embedding_forward(x.data(), x.data(), x.data(), x.data(), -1, 2, 2, nullptr),
+        std::invalid_argument);
     DeviceArray<std::uint16_t> x16(*gpu, 4);
     CHECK_THROWS_AS(gpu->embedding_forward(x.data(), x16.data(), x.data(), 1, -2, 2),
                     std::invalid_argument);
-    CHECK_THROWS_AS(gpu->embedding_backward(x.data(), x.data(), x.data(), x.data(), 1, 2, -2),
-                    std::invalid_argument);
+    CHECK_THROWS_AS(
+        gpu->embedding_backward(x.data(), x.data(), x.data(), x.data(), 1, 2, -2, nullptr),
+        std::invalid_argument);
   }
 
   TEST_CASE("transformer: layernorm forward and backward, deterministic") {
@@ -364,9 +379,10 @@ TEST_SUITE("cuda") {
           [&](Device& d) {
             auto idd = on_device(d, ids), wted = on_device(d, wte), wped = on_device(d, wpe);
             auto out = poisoned(d, rows * kC), doutd = on_device(d, dout);
-            d.embedding_forward(idd.data(), wted.data(), wped.data(), out.data(), kBatch, kT, kC);
+            d.embedding_forward(idd.data(), wted.data(), wped.data(), out.data(), kBatch, kT, kC,
+                                nullptr);
             d.embedding_backward(idd.data(), doutd.data(), wted.data(), wped.data(), kBatch, kT,
-                                 kC);
+                                 kC, nullptr);
             return Outputs{out.download(), wted.download(), wped.download()};
           },
           kSameBits);

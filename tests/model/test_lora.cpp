@@ -395,7 +395,8 @@ TEST_SUITE("model") {
     DeviceArray<std::uint16_t> table16(*dev, n);
     dev->to_bf16(table.data(), table16.data(), n);
     DeviceArray<float> a(*dev, std::size_t(rows) * kLlama.d_model), c(*dev, a.size());
-    dev->embedding_forward(ids.data(), table.data(), nullptr, a.data(), batch, t, kLlama.d_model);
+    dev->embedding_forward(ids.data(), table.data(), nullptr, a.data(), batch, t, kLlama.d_model,
+                          nullptr);
     dev->embedding_forward(ids.data(), table16.data(), c.data(), batch, t, kLlama.d_model);
     CHECK(a.download() == c.download());
   }

@@ -255,14 +255,15 @@ class GraphTestDevice final : public cpu::CpuDevice {
     });
   }
   void embedding_forward(const float* ids, const float* wte, const float* wpe, float* out,
-                         int batch, int T, int C) override {
+                         int batch, int T, int C, const std::int32_t* positions) override {
     op("embedding_forward",
-       [=, this] { CpuDevice::embedding_forward(ids, wte, wpe, out, batch, T, C); });
+       [=, this] { CpuDevice::embedding_forward(ids, wte, wpe, out, batch, T, C, positions); });
   }
   void embedding_backward(const float* ids, const float* dout, float* dwte, float* dwpe,
-                          int batch, int T, int C) override {
-    op("embedding_backward",
-       [=, this] { CpuDevice::embedding_backward(ids, dout, dwte, dwpe, batch, T, C); });
+                          int batch, int T, int C, const std::int32_t* positions) override {
+    op("embedding_backward", [=, this] {
+      CpuDevice::embedding_backward(ids, dout, dwte, dwpe, batch, T, C, positions);
+    });
   }
   void layernorm_forward(const float* x, const float* w, const float* b, float* y, float* mean,
                          float* rstd, int rows, int C) override {

@@ -4,7 +4,9 @@
 //   - N workers x batch B equal 1 worker x batch N*B when the workers' counted labels differ
 //     (Note [Global token mean] in src/train/worker_loop.cpp);
 //   - a packed window gives the loss and gradients of its conversations each in a window of its
-//     own, on both attention paths (Note [Packed attention] in src/model/attention.hpp).
+//     own, on both attention paths, for a Llama-family decoder (rotary positions) and GPT-2
+//     (learned positions, read at each row's position) (Note [Packed attention] in
+//     src/model/attention.hpp).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -25,6 +27,9 @@ constexpr GptSpec kLlama{.vocab_size = 13, .context = 12, .n_layer = 2, .n_head 
                          .positions = PositionKind::rope, .mlp = MlpKind::swiglu,
                          .intermediate_size = 12, .n_kv_head = 1, .qkv_bias = false,
                          .proj_bias = false, .tie_embeddings = false};
+// GPT-2's parts (layernorm, learned positions, gelu) at the same size.
+constexpr GptSpec kGpt2{.vocab_size = 13, .context = 12, .n_layer = 2, .n_head = 2,
+                        .d_model = 8};
 
 // Conversation i: 3 + i % 7 ids over 13 tokens; even ones count all but their first id, odd
 // ones their last only, so two workers interleaving them count very different numbers.
@@ -161,9 +166,11 @@ TEST_CASE("chat: a packed window gives the loss and gradients of its conversatio
   const ChatDataset padded(convs, kLlama.context, kLlama.vocab_size, false);
   REQUIRE(packed.size() == 1);
   REQUIRE(padded.size() == 3);
+  for (const auto& [name, spec] : {std::pair{"llama", kLlama}, std::pair{"gpt2", kGpt2}})
   for (const AttentionKind path : {AttentionKind::materialized, AttentionKind::fused}) {
+    CAPTURE(name);
     CAPTURE(to_string(path));
-    const Model model = Model::gpt(kLlama, path);
+    const Model model = Model::gpt(spec, path);
     auto dev = make_cpu_device(0, 2);
     Replica replica(*dev, model, 3);
     std::vector<float> params = model.initial_parameters(7);
@@ -180,7 +187,7 @@ TEST_CASE("chat: a packed window gives the loss and gradients of its conversatio
   }
 }
 
-TEST_CASE("chat: packing needs rotary positions, and on cuda auto runs the materialised attention") {
+TEST_CASE("chat: packing on cuda: auto runs the materialised attention, fused cuDNN's") {
   Config cfg = test::small_llama_config(1, 2);
   cfg.data.dataset = DatasetKind::chat;
   cfg.data.path = "chat.jsonl";
@@ -204,18 +211,17 @@ TEST_CASE("chat: packing needs rotary positions, and on cuda auto runs the mater
   cfg.model.attention = AttentionKind::fused;
   CHECK(attention_choice(cfg, "cpu").path == AttentionKind::fused);  // the tiled path takes it
 
-  // GPT-2's learned positions do not restart: refused by the config and by the trainer.
+  // GPT-2's learned positions restart at each conversation too: accepted by the config and by
+  // the trainer, whose run packs (the loss and gradients: the case above).
   const std::string yaml =
       "model: {type: gpt, context: 8, n_layer: 1, n_head: 2, d_model: 8}\n"
-      "data: {dataset: chat, path: c.jsonl, tokenizer: t, pack: true}\n";
-  CHECK_THROWS_WITH_AS(parse_config(yaml, "s.yaml"),
-                       doctest::Contains("s.yaml:2:52: data.pack: packed conversations need "
-                                         "model.positions rope"),
-                       ConfigError);
+      "data: {dataset: chat, path: c.jsonl, tokenizer: t, pack: true}\n"
+      "trainer: {steps: 1}\n";
+  CHECK(parse_config(yaml, "s.yaml").data.pack);
   Config gpt2 = test::small_gpt_config(1, 2);
-  CHECK_THROWS_WITH_AS(
-      Trainer(gpt2, std::make_shared<ChatDataset>(conversations(4), 8, 13, true), nullptr),
-      doctest::Contains("packed conversations need model.positions rope"), InputError);
+  gpt2.trainer.steps = 2;
+  Trainer packed_gpt2(gpt2, std::make_shared<ChatDataset>(conversations(8), 8, 13, true), nullptr);
+  CHECK(std::isfinite(packed_gpt2.run().final_train_loss));
   CHECK_THROWS_WITH_AS(
       parse_config("data: {dataset: synthetic, skip_bad_records: true}\n", "k.yaml"),
       doctest::Contains("data.skip_bad_records: a key of chat data, got data.dataset synthetic"),

@@ -7,9 +7,10 @@
 
 namespace lockstep::cpu {
 
-// out (B, T, C) = wte[ids] + wpe[t] (wte[ids] without wpe), a block of rows at a time.
+// out (B, T, C) = wte[ids] + wpe[t or positions[b, t]] (wte[ids] without wpe), a block of rows
+// at a time.
 void CpuDevice::embedding_forward(const float* ids, const float* wte, const float* wpe, float* out,
-                                  int batch, int T, int C) {
+                                  int batch, int T, int C, const std::int32_t* positions) {
   const std::size_t nc = static_cast<std::size_t>(C), rows = std::size_t(batch) * T;
   const std::size_t block = rows_per_block(nc);
   for_blocks(blocks_of(rows, block), vectorized([=](std::size_t blk) {
@@ -19,7 +20,9 @@ void CpuDevice::embedding_forward(const float* ids, const float* wte, const floa
         std::copy(tok, tok + nc, out + r * nc);
         continue;
       }
-      const float* pos = wpe + (r % static_cast<std::size_t>(T)) * nc;
+      const std::size_t p = positions ? static_cast<std::size_t>(positions[r])
+                                      : r % static_cast<std::size_t>(T);
+      const float* pos = wpe + p * nc;
       for (std::size_t c = 0; c < nc; ++c) out[r * nc + c] = tok[c] + pos[c];
     }
   }));
@@ -38,10 +41,10 @@ void CpuDevice::embedding_forward(const float* ids, const std::uint16_t* wte, fl
   }));
 }
 
-// Deterministic without atomics: each block of channels walks every position in order, so a
-// token's rows are summed in position order whatever the arena.
+// Deterministic without atomics: each block of channels walks every row in order, so a token's
+// (and a position's) rows are summed in row order whatever the arena.
 void CpuDevice::embedding_backward(const float* ids, const float* dout, float* dwte, float* dwpe,
-                                   int batch, int T, int C) {
+                                   int batch, int T, int C, const std::int32_t* positions) {
   constexpr std::size_t kCols = 64;
   const std::size_t nc = static_cast<std::size_t>(C), nt = static_cast<std::size_t>(T);
   const std::size_t rows = static_cast<std::size_t>(batch) * nt;
@@ -54,7 +57,7 @@ void CpuDevice::embedding_backward(const float* ids, const float* dout, float* d
         for (std::size_t c = c0; c < c1; ++c) tok[c] += d[c];
         continue;
       }
-      float* pos = dwpe + (r % nt) * nc;
+      float* pos = dwpe + (positions ? static_cast<std::size_t>(positions[r]) : r % nt) * nc;
       for (std::size_t c = c0; c < c1; ++c) {
         tok[c] += d[c];
         pos[c] += d[c];

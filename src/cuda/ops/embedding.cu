@@ -11,11 +11,11 @@
 namespace lockstep::cuda {
 namespace {
 
-// out (rows, C) = wte[ids[r]] + wpe[r % T] (wte[ids[r]] without wpe): a block per row (grid-stride over rows), threads
-// over the channels.
+// out (rows, C) = wte[ids[r]] + wpe[r % T, or positions[r]] (wte[ids[r]] without wpe): a block
+// per row (grid-stride over rows), threads over the channels.
 __global__ void embedding_forward_kernel(const float* ids, const float* wte, const float* wpe,
                                          float* out, std::size_t rows, std::size_t T,
-                                         std::size_t C) {
+                                         std::size_t C, const std::int32_t* positions) {
   for (std::size_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const float* tok = wte + static_cast<std::size_t>(ids[r]) * C;
     float* o = out + r * C;
@@ -23,7 +23,8 @@ __global__ void embedding_forward_kernel(const float* ids, const float* wte, con
       for (std::size_t c = threadIdx.x; c < C; c += kThreads) o[c] = tok[c];
       continue;
     }
-    const float* pos = wpe + (r % T) * C;
+    const std::size_t p = positions ? static_cast<std::size_t>(positions[r]) : r % T;
+    const float* pos = wpe + p * C;
     for (std::size_t c = threadIdx.x; c < C; c += kThreads) o[c] = tok[c] + pos[c];
   }
 }
@@ -42,6 +43,15 @@ __global__ void embedding_forward_bf16_kernel(const float* ids, const std::uint1
 __global__ void embedding_keys_kernel(const float* ids, unsigned* token, int* row, int rows) {
   for (std::size_t r = first_index(); r < static_cast<std::size_t>(rows); r += grid_stride()) {
     token[r] = static_cast<unsigned>(ids[r]);
+    row[r] = static_cast<int>(r);
+  }
+}
+
+// Sort keys of a packed dwpe: key[r] = positions[r], row[r] = r.
+__global__ void position_keys_kernel(const std::int32_t* positions, unsigned* key, int* row,
+                                     int rows) {
+  for (std::size_t r = first_index(); r < static_cast<std::size_t>(rows); r += grid_stride()) {
+    key[r] = static_cast<unsigned>(positions[r]);
     row[r] = static_cast<int>(r);
   }
 }
@@ -115,13 +125,15 @@ SortScratch sort_scratch(void* scratch, std::size_t scratch_bytes, int rows) {
 }  // namespace
 
 void launch_embedding_forward(cudaStream_t stream, const float* ids, const float* wte,
-                              const float* wpe, float* out, int batch, int T, int C) {
+                              const float* wpe, float* out, int batch, int T, int C,
+                              const std::int32_t* positions) {
   const std::size_t rows = static_cast<std::size_t>(batch) * static_cast<std::size_t>(T);
   if (rows == 0 || C == 0) return;
   const auto blocks = static_cast<unsigned>(std::min(rows, kMaxBlocks));
   embedding_forward_kernel<<<blocks, kThreads, 0, stream>>>(ids, wte, wpe, out, rows,
                                                             static_cast<std::size_t>(T),
-                                                            static_cast<std::size_t>(C));
+                                                            static_cast<std::size_t>(C),
+                                                            positions);
   CUDA_CHECK(cudaGetLastError());
 }
 
@@ -143,7 +155,8 @@ std::size_t embedding_backward_scratch_bytes(int batch, int T) {
 
 void launch_embedding_backward(cudaStream_t stream, const float* ids, const float* dout,
                                float* dwte, float* dwpe, int batch, int T, int C,
-                               void* scratch, std::size_t scratch_bytes) {
+                               void* scratch, std::size_t scratch_bytes,
+                               const std::int32_t* positions) {
   const int rows = batch * T;
   if (rows <= 0 || C == 0) return;
   const SortScratch s = sort_scratch(scratch, scratch_bytes, rows);
@@ -160,6 +173,23 @@ void launch_embedding_backward(cudaStream_t stream, const float* ids, const floa
                                                          static_cast<std::size_t>(C));
   CUDA_CHECK(cudaGetLastError());
   if (!dwpe) return;  // rotary positions: no position embedding
+  if (positions) {
+    // Packed: the rows sorted by position (stable) in the same scratch, which the token
+    // kernel above is done with (one stream), then each position's rows added in row order
+    // by the same kernel: dwpe[p] = ((dwpe[p] + dout[r0]) + dout[r1]) + ..., the CPU's order.
+    position_keys_kernel<<<blocks_for(static_cast<std::size_t>(rows)), kThreads, 0, stream>>>(
+        positions, s.token_in, s.row_in, rows);
+    CUDA_CHECK(cudaGetLastError());
+    temp_bytes = s.temp_bytes;
+    CUDA_CHECK(cub::DeviceRadixSort::SortPairs(s.temp, temp_bytes,
+                                               static_cast<const unsigned*>(s.token_in), s.token,
+                                               static_cast<const int*>(s.row_in), s.row, rows, 0,
+                                               static_cast<int>(8 * sizeof(unsigned)), stream));
+    embedding_dwte_kernel<<<blocks, kThreads, 0, stream>>>(s.token, s.row, dout, dwpe, rows,
+                                                           static_cast<std::size_t>(C));
+    CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   const std::size_t tc = static_cast<std::size_t>(T) * static_cast<std::size_t>(C);
   embedding_dwpe_kernel<<<blocks_for(tc), kThreads, 0, stream>>>(dout, dwpe, batch, tc);
   CUDA_CHECK(cudaGetLastError());
