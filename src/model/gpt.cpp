@@ -153,14 +153,15 @@ class Block final : public Layer {
   std::size_t scratch_size(int batch, Precision precision) const noexcept override {
     return Scratch::at(nullptr, shape(batch), fused_, precision == Precision::bf16).size;
   }
-  // ln_1's and ln_2's outputs and GELU's (Note [Recomputation] in src/model/model.cpp).
+  // ln_1's and ln_2's outputs, GELU's, and res1 (Note [Recomputation] in src/model/model.cpp).
   std::size_t recomputed_size(int batch, Precision precision) const noexcept override {
     return Saved::at(nullptr, nullptr, shape(batch), fused_, precision == Precision::bf16)
         .recomputed;
   }
   // The calls forward made, on what it kept: ln_1 of x (mean1 and rstd1 rewritten with their
-  // own bits), ln_2 of res1 (bit for bit residual_layernorm_forward's; Device), GELU of fc.
-  // On the CPU forward's GELU is that activation_forward on the kept fc (Note [Fused linear]).
+  // own bits), res1 and ln_2 of it (residual1: c_proj's product of the kept atty, then the
+  // residual add and the norm, forward's own calls), GELU of fc. On the CPU forward's GELU is
+  // that activation_forward on the kept fc (Note [Fused linear]).
   void recompute(Device& dev, const float* params, const float* x, int batch,
                  const LayerWorkspace& ws) const override {
     const Params p = at(const_cast<float*>(params));
@@ -170,9 +171,7 @@ class Block final : public Layer {
     s.ln1.store([&](auto* y) {
       dev.layernorm_forward(x, p.ln1_w, p.ln1_b, y, s.mean1, s.rstd1, n, c);
     });
-    s.ln2.store([&](auto* y) {
-      dev.layernorm_forward(s.res1, p.ln2_w, p.ln2_b, y, s.mean2, s.rstd2, n, c);
-    });
+    residual1(dev, p, linears(params, ws), s, x, n);
     if (s.fc.bf16)
       dev.activation_forward(Activation::gelu, s.fc.bf16, s.gelu.bf16, elements(n, 4 * c));
     else
@@ -194,12 +193,7 @@ class Block final : public Layer {
     });
     detail::linear_forward(dev, w.attn, s.ln1.input(), s.qkv.output(), d.qkv, n, c, 3 * c);
     attention_forward(dev, s, d, batch, ws.positions);
-    detail::linear_forward(dev, w.attn_proj, s.atty.input(), {s.res1, nullptr}, nullptr, n, c, c);
-    // res1 += x, and ln_2 of it, in one pass (Note [Residual LayerNorm]).
-    s.ln2.store([&](auto* y) {
-      dev.residual_layernorm_forward(s.res1, x, s.res1, p.ln2_w, p.ln2_b, y, s.mean2, s.rstd2, n,
-                                     c);
-    });
+    residual1(dev, p, w, s, x, n);
     // gelu = GELU(fc), fc kept for GELU's backward (Note [Fused linear]).
     dev.linear_forward({.rows = n, .in = c, .out = 4 * c, .x = s.ln2.input(), .weight = w.fc.weight,
                         .bias = w.fc.bias_for(s.fc.output()), .act = FusedActivation::gelu,
@@ -313,7 +307,7 @@ class Block final : public Layer {
 
   // What forward keeps for backward, rows N = B * T. Under bf16 the tensors that are only
   // matrix-product inputs (and fc, GELU's input) are kept in bf16; res1 and the LayerNorm
-  // statistics stay fp32. ln1, ln2 and gelu, what recompute() rewrites, come last, or from
+  // statistics stay fp32. ln1, ln2, gelu and res1, what recompute() rewrites, come last, or from
   // `recomputed` when that is set (LayerWorkspace::recomputed); `recomputed` counts their floats.
   struct Saved {
     float *mean1, *rstd1;        // (N), (N)
@@ -333,15 +327,18 @@ class Block final : public Layer {
       Carver k(base);
       const auto kept = [&](Carver& in, std::size_t count) { return Kept::take(in, count, bf16); };
       Saved s{k.take(n), k.take(n), kept(k, 3 * n * c), kept(k, fused ? 0 : rows * a.T),
-              k.take(fused ? rows : 0), kept(k, n * c), k.take(n * c), k.take(n), k.take(n),
+              k.take(fused ? rows : 0), kept(k, n * c), nullptr, k.take(n), k.take(n),
               kept(k, 4 * n * c), {}, {}, {}, 0, 0};
-      // ln1, ln2 and gelu after the rest, or in `recomputed`; counted as a buffer of their own.
+      // ln1, ln2, gelu and res1 after the rest, or in `recomputed`; counted as a buffer of their
+      // own.
       Carver apart(recomputed), measure(nullptr);
       Carver& r = recomputed ? apart : k;
       s.ln1 = kept(r, n * c);
       s.ln2 = kept(r, n * c);
       s.gelu = kept(r, 4 * n * c);
+      s.res1 = r.take(n * c);
       for (std::size_t count : {n * c, n * c, 4 * n * c}) (void)kept(measure, count);
+      (void)measure.take(n * c);
       s.size = k.used();
       s.recomputed = measure.used();
       return s;
@@ -375,6 +372,18 @@ class Block final : public Layer {
       return s;
     }
   };
+
+  // res1 = x + c_proj(atty), and ln_2 of it, in one pass (Note [Residual LayerNorm]): forward's
+  // calls, which recompute() makes again on the kept atty and x.
+  void residual1(Device& dev, const Params& p, const Linears& w, const Saved& s, const float* x,
+                 int n) const {
+    detail::linear_forward(dev, w.attn_proj, s.atty.input(), {s.res1, nullptr}, nullptr, n, c_,
+                           c_);
+    s.ln2.store([&](auto* y) {
+      dev.residual_layernorm_forward(s.res1, x, s.res1, p.ln2_w, p.ln2_b, y, s.mean2, s.rstd2, n,
+                                     c_);
+    });
+  }
 
   // decode()'s scratch for n positions.
   struct Decode {

@@ -193,26 +193,24 @@ class LlamaBlock final : public Layer {
   std::size_t scratch_size(int batch, Precision precision) const noexcept override {
     return Scratch::at(nullptr, *this, batch, precision == Precision::bf16).size;
   }
-  // The two RMSNorms' outputs and SwiGLU's (Note [Recomputation] in src/model/model.cpp).
+  // The two RMSNorms' outputs, SwiGLU's and res1 (Note [Recomputation] in src/model/model.cpp).
   std::size_t recomputed_size(int batch, Precision precision) const noexcept override {
     return Saved::at(nullptr, nullptr, *this, batch, precision == Precision::bf16).recomputed;
   }
-  // The calls forward made, on what it kept: the input norm of x, the post-attention norm of
-  // res1 (bit for bit the residual form's, which stores the sum and reads it back; Device),
-  // with their rstd rewritten with their own bits, and SwiGLU of gate | up.
+  // The calls forward made, on what it kept: the input norm of x, res1 and the post-attention
+  // norm of it (residual1: o_proj's product of the kept atty with its adapters, the residual
+  // add and the norm), with their rstd rewritten with their own bits, and SwiGLU of gate | up.
   void recompute(Device& dev, const float* own, const float* x, int batch,
                  const LayerWorkspace& ws) const override {
     const bool bf16 = ws.precision == Precision::bf16;
     const Saved s = Saved::at(ws.saved, ws.recomputed, *this, batch, bf16);
-    const Base base = base_of(dev, own, ws, Scratch::at(ws.scratch, *this, batch, bf16));
+    const Scratch d = Scratch::at(ws.scratch, *this, batch, bf16);
+    const Base base = base_of(dev, own, ws, d);
     const int n = batch * t_;
     s.ln1.store([&](auto* y) {
       dev.residual_rmsnorm_forward(x, nullptr, nullptr, base.in_norm, y, s.rstd1, n, c_, eps_);
     });
-    s.ln2.store([&](auto* y) {
-      dev.residual_rmsnorm_forward(s.res1, nullptr, nullptr, base.post_norm, y, s.rstd2, n, c_,
-                                   eps_);
-    });
+    residual1(dev, own, ws, s, d, base, x, n);
     swiglu(dev, s, n);
   }
 
@@ -224,19 +222,9 @@ class LlamaBlock final : public Layer {
     const Base base = base_of(dev, own, ws, d);
     const Maps& m = base.maps;
     const int n = batch * t_;
-    // A product and the adapters that add into its output (Note [LoRA] in lora.cpp): with
-    // adapters and a bf16 y, the base's product and theirs are summed in the fp32 `product`
-    // and rounded into y once.
     const auto project = [&](Product p, const Projection& map, const Kept& in, MatOut y,
                              float* product) {
-      const bool sum_first = lora() && y.bf16;
-      map.forward(dev, in.input(), sum_first ? MatOut{product, nullptr} : y, product, n);
-      float* sum = sum_first ? product : y.f32;
-      for (std::size_t i = 0; i < targets_.size(); ++i)
-        if (products_[i] == p)
-          adapter(own, i, ws).forward(dev, in.input(), sum, lora_u(s, i, n).output(),
-                                      lora_scratch(d), n);
-      if (sum_first) dev.to_bf16(product, y.bf16, elements(n, map.out));
+      project_forward(dev, own, ws, s, d, {p, map, in, y, product}, n);
     };
     s.ln1.store([&](auto* y) {
       dev.residual_rmsnorm_forward(x, nullptr, nullptr, base.in_norm, y, s.rstd1, n, c_, eps_);
@@ -245,11 +233,7 @@ class LlamaBlock final : public Layer {
     s.qkv.store([&](auto* qkv) { dev.rope_forward(rope_shape(batch, ws), rope_table(ws), qkv); });
     detail::attention_forward(dev, attention_shape(batch, ws), s.qkv.input(), s.atty.output(),
                               attention_buffers(s, d));
-    project(kOProduct, m.o, s.atty, {s.res1, nullptr}, nullptr);
-    // res1 += x, and the post-attention RMSNorm of it, in one pass (Note [Residual LayerNorm]).
-    s.ln2.store([&](auto* y) {
-      dev.residual_rmsnorm_forward(s.res1, x, s.res1, base.post_norm, y, s.rstd2, n, c_, eps_);
-    });
+    residual1(dev, own, ws, s, d, base, x, n);
     project(kGateUpProduct, m.gate_up, s.ln2, s.gu.output(), d.dgu);
     swiglu(dev, s, n);
     project(kDownProduct, m.down, s.act, {out, nullptr}, nullptr);
@@ -502,8 +486,8 @@ class LlamaBlock final : public Layer {
 
   // What forward keeps for backward, rows N. Under bf16 the matrix-product inputs (the norms'
   // outputs, qkv after RoPE, the probabilities, atty, gate|up and the SwiGLU output) are bf16;
-  // res1 and the norms' statistics stay fp32. ln1, ln2 and act, what recompute() rewrites, come
-  // last, or from `recomputed` when that is set (LayerWorkspace::recomputed); `recomputed`
+  // res1 and the norms' statistics stay fp32. ln1, ln2, act and res1, what recompute() rewrites,
+  // come last, or from `recomputed` when that is set (LayerWorkspace::recomputed); `recomputed`
   // counts their floats.
   struct Saved {
     float* rstd1;    // (N)
@@ -524,19 +508,56 @@ class LlamaBlock final : public Layer {
       Carver k(base);
       const auto kept = [&](Carver& in, std::size_t count) { return Kept::take(in, count, bf16); };
       Saved s{k.take(n), kept(k, n * b.qkv_width()), kept(k, b.fused_ ? 0 : rows * b.t_),
-              k.take(b.fused_ ? rows : 0), kept(k, n * b.q_width()), k.take(n * c), k.take(n),
+              k.take(b.fused_ ? rows : 0), kept(k, n * b.q_width()), nullptr, k.take(n),
               kept(k, 2 * n * f), {}, {}, {}, kept(k, b.targets_.size() * n * b.rank_), 0, 0};
       Carver apart(recomputed), measure(nullptr);
       Carver& r = recomputed ? apart : k;
       s.ln1 = kept(r, n * c);
       s.ln2 = kept(r, n * c);
       s.act = kept(r, n * f);
+      s.res1 = r.take(n * c);
       for (std::size_t count : {n * c, n * c, n * f}) (void)kept(measure, count);
+      (void)measure.take(n * c);
       s.size = k.used();
       s.recomputed = measure.used();
       return s;
     }
   };
+
+  // One of forward's products: the map's, and the adapters that add into its output (Note
+  // [LoRA] in lora.cpp): with adapters and a bf16 y, the base's product and theirs are summed in
+  // the fp32 `product` and rounded into y once.
+  struct ProductCall {
+    Product p;
+    const Projection& map;
+    const Kept& in;
+    MatOut y;
+    float* product;
+  };
+  void project_forward(Device& dev, const float* own, const LayerWorkspace& ws, const Saved& s,
+                       const Scratch& d, const ProductCall& call, int n) const {
+    const bool sum_first = lora() && call.y.bf16;
+    call.map.forward(dev, call.in.input(), sum_first ? MatOut{call.product, nullptr} : call.y,
+                     call.product, n);
+    float* sum = sum_first ? call.product : call.y.f32;
+    for (std::size_t i = 0; i < targets_.size(); ++i)
+      if (products_[i] == call.p)
+        adapter(own, i, ws).forward(dev, call.in.input(), sum, lora_u(s, i, n).output(),
+                                    lora_scratch(d), n);
+    if (sum_first) dev.to_bf16(call.product, call.y.bf16, elements(n, call.map.out));
+  }
+
+  // res1 = x + o_proj(atty) (its adapters too), and the post-attention RMSNorm of it, in one
+  // pass (Note [Residual LayerNorm]): forward's calls, which recompute() makes again on the kept
+  // atty and x (Note [Recomputation] in src/model/model.cpp).
+  void residual1(Device& dev, const float* own, const LayerWorkspace& ws, const Saved& s,
+                 const Scratch& d, const Base& base, const float* x, int n) const {
+    project_forward(dev, own, ws, s, d, {kOProduct, base.maps.o, s.atty, {s.res1, nullptr},
+                                         nullptr}, n);
+    s.ln2.store([&](auto* y) {
+      dev.residual_rmsnorm_forward(s.res1, x, s.res1, base.post_norm, y, s.rstd2, n, c_, eps_);
+    });
+  }
 
   // act = silu(gate) * up, from the kept gate | up.
   void swiglu(Device& dev, const Saved& s, int n) const {

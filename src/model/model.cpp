@@ -19,24 +19,32 @@
 //     shared one over the layer's before. Backward, before a recomputed layer's backward, runs
 //     its forward again on the same input and parameters into the shared workspace and its
 //     output buffer. So one block's saved activations are alive at a time.
-//   - selective keeps what a matrix product or the attention made (qkv, atty, res1, GELU's
-//     input fc or SwiGLU's gate | up, the attention's log-sum-exp or probabilities, the norms'
-//     statistics) and drops what element-wise kernels make from those: the norms' outputs and
-//     GELU's or SwiGLU's (Layer::recomputed_size; a GPT-2 block's 3 (N, C)-equivalents of its 8,
-//     llm.c's recompute of GELU and LayerNorm, torchtitan's selective checkpointing by op). The
+//   - selective keeps what a matrix product or the attention made (qkv, atty, res1, GELU's input fc
+//     or SwiGLU's gate | up, the attention's log-sum-exp or probabilities, the norms' statistics)
+//     and drops what element-wise kernels make from those: the norms' outputs and GELU's or
+//     SwiGLU's (Layer::recomputed_size; llm.c's recompute of GELU and LayerNorm, torchtitan's
+//     selective checkpointing by op). A decoder block drops res1 as well, the fp32 (N, C) first
+//     residual, and makes it again from the kept atty and the block's input with the attention's
+//     output product (c_proj, o_proj with its adapters) and the residual add: the block's cheapest
+//     product ((N, C) x (C, C), a twelfth of a GPT-2 block's forward products, about 2% of a GPT-2
+//     124M step), where res1 is the largest thing selective would keep in bf16 (fp32, 24 of a
+//     block's 120 MiB at B 8 x T 1024) and keeping it held selective above two thirds of none's
+//     activations (issue 45; bench/RESULTS.md). So under bf16 a GPT-2 block recomputes 4 of the 8
+//     fp32 (N, C)-equivalents it keeps (res1 1, ln_1's and ln_2's outputs 1/2 each, GELU's 2). The
 //     recomputable layers' dropped parts share one buffer (LayerWorkspace::recomputed), and
 //     backward calls Layer::recompute, which reruns those kernels on what was kept.
 //   In both, the last layer forward ran still has its values in the shared buffer and is not
 //   rerun. Nothing is allocated (the shared buffer is the replica's, sized once) and nothing
 //   is read back to the host, so the step's guards hold; the bytes are Replica's and the memory
 //   plan's alike (activation_bytes in src/train/memory_plan.cpp).
-//   What makes it bit-identical to Recompute::none: the rerun is the same call on the same
-//   values: forward(params, in, out, batch, workspace) with the same parameters, input bits,
-//   batch, precision and bf16 parameter copy, on the same device, or for selective the same
-//   element-wise kernels on the values forward gave them (the norms of the kept input and res1,
-//   Device's residual norms being bit for bit the add then the plain norm; GELU of the kept fc,
-//   SwiGLU of the kept gate | up), so they write the same bits (the norms' statistics are
-//   rewritten with their own), and backward reads exactly what it read without recomputation.
+//   What makes it bit-identical to Recompute::none: the rerun is the same call on the same values:
+//   forward(params, in, out, batch, workspace) with the same parameters, input bits, batch,
+//   precision and bf16 parameter copy, on the same device, or for selective the same kernels on the
+//   values forward gave them (the input norm of the kept input; the output product of the kept
+//   atty, its adapters and the residual norm, the very calls forward made, through one function
+//   both call; GELU of the kept fc, SwiGLU of the kept gate | up; LoRA's dropout masks drawn again
+//   from the same keys), so they write the same bits (the norms' statistics are rewritten with
+//   their own), and backward reads exactly what it read without recomputation.
 //   What would break it: a forward that is not a pure function of (parameters, input) and the
 //   workspace's keys (dropout drawing from a generator state, a counter, anything kept between
 //   calls; LoRA's dropout draws from LayerWorkspace::dropout_key, Note [LoRA dropout] in

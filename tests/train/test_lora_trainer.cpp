@@ -37,8 +37,9 @@ Config lora_config(int devices, int batch) {
 // `whole`, the final adapters of a run of `cfg` (with dropout), against: the run without dropout
 // (the masks changed the steps), the run stopped at step 3 into `dir` and resumed (the same
 // masks for the same steps, Note [LoRA dropout]), and with trainer.recompute full (each block's
-// forward rerun with the same key: the same masks) and selective (the norms and SwiGLU rerun on
-// what forward kept), the last three bit for bit.
+// forward rerun with the same key: the same masks) and selective (res1 through o_proj and its
+// adapters with the same masks, the norms and SwiGLU rerun on what forward kept), the last
+// three bit for bit.
 void check_dropout_runs(const Config& cfg, const std::shared_ptr<TokenDataset>& train,
                         const std::filesystem::path& dir, const std::vector<float>& whole) {
   Config plain = cfg;
