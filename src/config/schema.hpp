@@ -66,7 +66,7 @@ constexpr Spelling<AttentionKind> kAttentionKinds[] = {{AttentionKind::automatic
 constexpr Spelling<GraphMode> kGraphModes[] = {
     {GraphMode::automatic, "auto"}, {GraphMode::on, "on"}, {GraphMode::off, "off"}};
 
-// trainer.recompute: selective (the element-wise parts of a block) is not implemented yet.
+// trainer.recompute (Note [Recomputation] in src/model/model.cpp).
 constexpr Spelling<Recompute> kRecomputeModes[] = {
     {Recompute::none, "none"}, {Recompute::selective, "selective"}, {Recompute::full, "full"}};
 
@@ -418,8 +418,15 @@ void visit_schema(Visitor& v, C& c) {
             "the CPU a zero 1 run ends with the bit-identical weights of zero 0 "
             "(docs/zero.md).");
   v.enumeration("recompute", c.trainer.recompute, kRecomputeModes,
-                "selective: blocks recompute norms and GELU/SwiGLU in backward; full: each block "
-                "keeps only its input and reruns its forward in backward");
+                "selective: blocks recompute norms, GELU/SwiGLU and the first residual in "
+                "backward; full: each block keeps only its input and reruns its forward in "
+                "backward"
+                "\nBoth end with the bits of none. selective keeps what a matrix product or the "
+                "attention made except the first residual, which it makes again with the "
+                "attention's output projection (a block's cheapest product, (N, C) x (C, C)); "
+                "full keeps one block's activations at a time "
+                "and costs about a block's forward more. --dry-run gives the activation bytes "
+                "of each mode (Note [Recomputation] in src/model/model.cpp; bench/RESULTS.md).");
   v.enumeration("cuda_graphs", c.trainer.cuda_graphs, kGraphModes,
                 "cuda: replay each micro-batch as graphs; auto: where that measured faster"
                 "\nEach micro-batch's forward (with its loss) and backward are captured once "

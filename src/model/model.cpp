@@ -26,8 +26,8 @@
 //     selective checkpointing by op). A decoder block drops res1 as well, the fp32 (N, C) first
 //     residual, and makes it again from the kept atty and the block's input with the attention's
 //     output product (c_proj, o_proj with its adapters) and the residual add: the block's cheapest
-//     product ((N, C) x (C, C), a twelfth of a GPT-2 block's forward products, about 2% of a GPT-2
-//     124M step), where res1 is the largest thing selective would keep in bf16 (fp32, 24 of a
+//     product ((N, C) x (C, C), a twelfth of a GPT-2 block's forward products, by its FLOPs about
+//     2% of a GPT-2 124M step), where res1 is the largest thing selective would keep in bf16 (fp32, 24 of a
 //     block's 120 MiB at B 8 x T 1024) and keeping it held selective above two thirds of none's
 //     activations (issue 45; bench/RESULTS.md). So under bf16 a GPT-2 block recomputes 4 of the 8
 //     fp32 (N, C)-equivalents it keeps (res1 1, ln_1's and ln_2's outputs 1/2 each, GELU's 2). The
