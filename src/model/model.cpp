@@ -27,11 +27,11 @@
 //     residual, and makes it again from the kept atty and the block's input with the attention's
 //     output product (c_proj, o_proj with its adapters) and the residual add: the block's cheapest
 //     product ((N, C) x (C, C), a twelfth of a GPT-2 block's forward products, by its FLOPs about
-//     2% of a GPT-2 124M step), where res1 is the largest thing selective would keep in bf16 (fp32, 24 of a
-//     block's 120 MiB at B 8 x T 1024) and keeping it held selective above two thirds of none's
-//     activations (issue 45; bench/RESULTS.md). So under bf16 a GPT-2 block recomputes 4 of the 8
-//     fp32 (N, C)-equivalents it keeps (res1 1, ln_1's and ln_2's outputs 1/2 each, GELU's 2). The
-//     recomputable layers' dropped parts share one buffer (LayerWorkspace::recomputed), and
+//     2% of a GPT-2 124M step), where res1 is the largest thing selective would keep in bf16 (fp32,
+//     24 of a block's 120 MiB at B 8 x T 1024) and keeping it held selective above two thirds of
+//     none's activations (issue 45; bench/RESULTS.md). So under bf16 a GPT-2 block recomputes 4 of
+//     the 8 fp32 (N, C)-equivalents it keeps (res1 1, ln_1's and ln_2's outputs 1/2 each, GELU's
+//     2). The recomputable layers' dropped parts share one buffer (LayerWorkspace::recomputed), and
 //     backward calls Layer::recompute, which reruns those kernels on what was kept.
 //   In both, the last layer forward ran still has its values in the shared buffer and is not
 //   rerun. Nothing is allocated (the shared buffer is the replica's, sized once) and nothing
