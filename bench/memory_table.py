@@ -87,7 +87,7 @@ def table(lockstep, data):
 def largest(lockstep, data, budget, settings):
     """The largest n_layer (= n_head, d_model 64 n_layer) whose plan per worker is within budget."""
     best = None
-    for layers in range(12, 80, 2):
+    for layers in range(12, 80):
         p = plan(lockstep, data, settings + [f"model.n_layer={layers}", f"model.n_head={layers}",
                                              f"model.d_model={64 * layers}", "trainer.devices=4",
                                              "trainer.threads_per_device=1"])
