@@ -11,9 +11,11 @@ the ZeRO setting one GPU can show. For each run:
   - measured: what the run added to the GPU as its driver counts it, the summary's
     device_memory peak_bytes - baseline_bytes (Note [Device memory measured] in
     src/train/device_memory.hpp), and its ratio to the plan (goal: within 10%);
-  - the same from outside: NVML's memory.used (nvidia-smi, every 100 ms through the run) at its
-    most, less before the run (MiB; it also counts the CUDA context lockstep's baseline leaves
-    out), and the CUDA context and libraries as the baseline shows them;
+  - the baseline (the CUDA context, and whatever else was on the GPU);
+  - the check from outside: NVML's memory.used (nvidia-smi, every 100 ms through the run) at its
+    most, less the driver's peak (both the whole GPU's use): a constant near 0 from run to run
+    (NVML counts the driver's reserved memory apart), unless something was in use between the
+    trainer's two samples;
   - the median step time after --warmup steps (elapsed_s of trainer.metrics), and its cost
     against none (goals: selective <= +8%, full <= +35%).
 Prints a Markdown table, then lines `device_memory: ...` (the figures gpu_check reads).
@@ -43,18 +45,6 @@ from memory_table import token_file  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 MODES = ("none", "selective", "full")
 GIB = 2**30
-
-
-def nvml_used_mib(device):
-    """NVML's memory.used of `device` in MiB, or None without nvidia-smi."""
-    if not shutil.which("nvidia-smi"):
-        return None
-    done = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits",
-                           "-i", str(device)], capture_output=True, text=True)
-    try:
-        return float(done.stdout.split()[0])
-    except (IndexError, ValueError):
-        return None
 
 
 def run(args, name, data, folder, sets, timeout_s):
@@ -109,12 +99,13 @@ def run(args, name, data, folder, sets, timeout_s):
 
 
 def measured_bytes(s):
-    """(what the run added: device peak - baseline, or on the CPU the peak RSS; the baseline)."""
-    gpus = s.get("device_memory") or []
+    """(what the run added: device peak - baseline, or on the CPU the peak RSS; the baseline;
+    the device's peak), GPU 0's."""
+    gpus = [g for g in s.get("device_memory") or [] if g["device"] == 0]
     if gpus:
-        g = max(gpus, key=lambda g: g["peak_bytes"] - g["baseline_bytes"])
-        return g["peak_bytes"] - g["baseline_bytes"], g["baseline_bytes"]
-    return s["peak_rss_bytes"], None
+        g = gpus[0]
+        return g["peak_bytes"] - g["baseline_bytes"], g["baseline_bytes"], g["peak_bytes"]
+    return s["peak_rss_bytes"], None, None
 
 
 def gib(x):
@@ -141,7 +132,6 @@ def main():
         context = 1024
         windows = (args.warmup + args.steps + 2) * args.batch * 2
         data = token_file(folder, windows * (context + 1) + 1, 50257)
-        nvml_before = nvml_used_mib(0) if args.device == "cuda" else None
         plans = [(f"recompute {m}", 1, [f"trainer.recompute={m}", "trainer.devices=[0]"])
                  for m in MODES]
         plans += [(f"zero {z}, N 2, full", 2, ["trainer.recompute=full", f"trainer.zero={z}",
@@ -166,16 +156,16 @@ def main():
             if name.endswith((".log", ".json")):
                 shutil.copy(os.path.join(folder, name),
                             os.path.join(args.logs, "device_memory_" + name))
-    report(args, rows, nvml_before)
+    report(args, rows)
     return 1 if any("error" in r for _, _, r in rows) or not rows else 0
 
 
-def report(args, rows, nvml_before):
+def report(args, rows):
     what = "device peak - baseline" if args.device == "cuda" else "peak RSS"
     print(f"\n## Memory plan against the measured memory, {args.config}, B {args.batch}, bf16, "
           f"fused attention, {args.device}\n")
     print(f"| run | plan: activations GiB | plan: total GiB (x workers) | measured: {what} GiB | "
-          "measured / plan | NVML peak - before GiB | baseline GiB | step ms | cost vs none |")
+          "measured / plan | baseline GiB | NVML peak - driver's MiB | step ms | cost vs none |")
     print("|---|---|---|---|---|---|---|---|---|")
     none_s = next((r["step_s"] for n, _, r in rows if n == "recompute none" and "step_s" in r),
                   None)
@@ -186,24 +176,28 @@ def report(args, rows, nvml_before):
             continue
         s = r["summary"]
         plan = s["planned_worker_bytes"] * workers
-        got, baseline = measured_bytes(s)
+        got, baseline, peak = measured_bytes(s)
         nvml = None
-        if r["nvml_mib"] is not None and nvml_before is not None:
-            nvml = (r["nvml_mib"] - nvml_before) * 2**20
+        if r["nvml_mib"] is not None and peak is not None:
+            nvml = r["nvml_mib"] - peak / 2**20
         cost = (r["step_s"] / none_s - 1) if none_s and name.startswith("recompute") else None
         ratio = got / plan if plan else float("nan")
         print(f"| {name} | {gib(s['activation_bytes'])} | {gib(plan)} | {gib(got)} | "
-              f"{ratio:.3f} | {gib(nvml)} | {gib(baseline)} | {1e3 * r['step_s']:.1f} | "
+              f"{ratio:.3f} | {gib(baseline)} | {'-' if nvml is None else f'{nvml:+.0f}'} | "
+              f"{1e3 * r['step_s']:.1f} | "
               f"{'-' if cost is None else f'{100 * cost:+.1f}%'} |")
         goal = ""
         if args.device == "cuda":
             goal = " (goal within 10%: " + ("met" if abs(ratio - 1) <= 0.1 else "NOT MET") + ")"
-        lines.append(f"{name}: plan {gib(plan)} GiB, measured {gib(got)} GiB = {ratio:.3f}x"
-                     f"{goal}, {1e3 * r['step_s']:.1f} ms/step")
+        line = (f"{name}: plan {gib(plan)} GiB, measured {gib(got)} GiB = {ratio:.3f}x{goal}, "
+                f"{1e3 * r['step_s']:.1f} ms/step")
         if cost is not None and name != "recompute none":
             bound = 0.08 if "selective" in name else 0.35
-            lines[-1] += (f" ({100 * cost:+.1f}% vs none, goal <= +{100 * bound:.0f}%: "
-                          + ("met" if cost <= bound else "NOT MET") + ")")
+            line += (f" ({100 * cost:+.1f}% vs none, goal <= +{100 * bound:.0f}%: "
+                     + ("met" if cost <= bound else "NOT MET") + ")")
+        if nvml is not None:
+            line += f"; NVML {nvml:+.0f} MiB against the driver's peak"
+        lines.append(line)
     print()
     for line in lines:
         print("device_memory: " + line)

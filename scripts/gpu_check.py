@@ -833,7 +833,8 @@ def memory_run(check, limit):
         return status == 0, "stubbed"
     status, log = check.run("memory", py(check, "device_memory.py", "--deadline-s",
                                          str(max(10, limit - 15)), "--logs", check.logs), limit)
-    rows = "\n".join(lines_after(log, "device_memory:").split("; "))
+    rows = "\n".join(l[len("device_memory:"):].strip() for l in log.splitlines()
+                     if l.startswith("device_memory:"))
     if status == 124:
         return False, "timed out; " + (rows or "see memory.log")
     return status == 0, rows or f"exit {status}, see memory.log"

@@ -38,21 +38,23 @@ def test_the_ratio_is_what_the_run_added_to_the_gpu_against_the_plan_times_its_w
             ("zero 0, N 2, full", 2, {"error": "exit 1: out of memory"})]
     out = io.StringIO()
     with redirect_stdout(out):
-        device_memory.report(args, rows, nvml_before=0.0)
+        device_memory.report(args, rows)
     lines = [l[len("device_memory: "):] for l in out.getvalue().splitlines()
              if l.startswith("device_memory: ")]
     assert lines == [
         "recompute none: plan 8.00 GiB, measured 8.40 GiB = 1.050x (goal within 10%: met), "
-        "60.0 ms/step",
+        "60.0 ms/step; NVML +10 MiB against the driver's peak",
         "recompute selective: plan 6.00 GiB, measured 7.00 GiB = 1.167x (goal within 10%: NOT "
-        "MET), 63.0 ms/step (+5.0% vs none, goal <= +8%: met)",
+        "MET), 63.0 ms/step (+5.0% vs none, goal <= +8%: met); NVML +10 MiB against the "
+        "driver's peak",
         "recompute full: plan 2.00 GiB, measured 2.10 GiB = 1.050x (goal within 10%: met), "
-        "84.0 ms/step (+40.0% vs none, goal <= +35%: NOT MET)",
+        "84.0 ms/step (+40.0% vs none, goal <= +35%: NOT MET); NVML +10 MiB against the "
+        "driver's peak",
         "zero 2, N 2, full: plan 4.00 GiB, measured 4.20 GiB = 1.050x (goal within 10%: met), "
-        "150.0 ms/step"]
+        "150.0 ms/step; NVML +10 MiB against the driver's peak"]
     assert "| zero 0, N 2, full | failed: exit 1: out of memory |" in out.getvalue()
-    # NVML's figure counts the context too: peak + 10 MiB less the 0 before.
-    assert "| recompute none | 1.00 | 8.00 | 8.40 | 1.050 | 8.91 | 0.50 | 60.0 | +0.0% |" in \
+    # NVML saw the whole GPU's use 10 MiB above the driver's peak.
+    assert "| recompute none | 1.00 | 8.00 | 8.40 | 1.050 | 0.50 | +10 | 60.0 | +0.0% |" in \
         out.getvalue()
 
 
