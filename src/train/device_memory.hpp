@@ -16,7 +16,8 @@
 // the run, and its end holds the most. Growing a device's scratch frees the old buffer before
 // it allocates the new. A library's allocation made and freed within a step would not show; the
 // libraries lockstep calls take their workspaces from lockstep (cuBLASLt's, cuDNN's) or keep
-// them (cuBLAS's). scripts/gpu_check.py checks that from outside, polling NVML as the run goes.
+// them (cuBLAS's). bench/device_memory.py (gpu_check's memory phase) checks that from outside,
+// polling NVML as the run goes.
 // peak - baseline is what the run added to the GPU: the plan's per-worker total times the
 // workers on it, plus the libraries' code and workspaces and the communicators' buffers.
 #pragma once
