@@ -89,7 +89,8 @@ def run(args, name, data, folder, sets, timeout_s):
     elapsed = [json.loads(line)["elapsed_s"] for line in metrics.read_text().splitlines()
                if json.loads(line).get("kind") == "step"]
     # elapsed[i]: the end of step i + 1; steps warmup + 1 onwards are timed.
-    step_s = statistics.median(b - a for a, b in zip(elapsed[args.warmup - 1:], elapsed[args.warmup:]))
+    timed = elapsed[args.warmup - 1:]
+    step_s = statistics.median(b - a for a, b in zip(timed, timed[1:]))
     nvml = None
     if poll:
         values = [float(v) for v in (Path(folder) / f"{name}.nvml").read_text().split()

@@ -860,7 +860,8 @@ PHASES = [
     Phase("build", 150, 300, "cmake --build with every core", phase_build, gpu=False),
     Phase("probe", 5, 30, "bench_gpu --probe: the GPU and the cuDNN that runs", phase_probe,
           gpu=False),
-    Phase("tests", 60, 150, "lockstep_tests -ts='cuda*', the cuDNN cases last, the cuBLAS loader's alone", phase_tests),
+    Phase("tests", 60, 150, "lockstep_tests -ts='cuda*', the cuDNN cases last, then the cuBLAS "
+          "loader's alone", phase_tests),
     # Never run on a GPU yet, cheapest first (Note [Phase order]).
     Phase("attention", 40, 100, "cuDNN fused attention against the materialised path",
           command_phase("attention", extra("gpu_extra_attention.sh"), attention_figure,
