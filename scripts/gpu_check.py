@@ -26,10 +26,14 @@ as the phase ends.
 Note [Phase order]
 The budget (LOCKSTEP_GPU_BUDGET_S, default 540 s of the device's 600 s per command) is spent in
 the order of PHASES: the build, the GPU tests (the cuDNN cases last, as their plans take seconds
-to build), then the phases that measure code that has never run on a GPU, cheapest first, then
-what earlier runs measured already. Each phase runs under its own cap, cut to what the budget
-has left (keeping RESERVE_S for the table and the archive); one that cannot have MIN_START_S
-does not start and is listed as "not run".
+to build; the kernels no GPU has run yet are there, each against the CPU device), then the
+phases that measure code that has never run on a GPU: attention and memory first (issue 45's
+plan against the device, what the issue waits on), then the rest, cheapest first; then what
+earlier runs measured already. Each phase runs under its own cap, cut to what the budget has
+left (keeping RESERVE_S for the table and the archive); one that cannot have MIN_START_S does
+not start and is listed as "not run". The table's last line names every phase that did not run
+(not run, skipped without a GPU, or not reached when the run was cut short), to run next time
+with LOCKSTEP_GPU_PHASES.
 
 Note [Rehearsal]
 `--rehearse` runs the check here, where no GPU is (CI runs it after scripts/test.sh): the
@@ -103,6 +107,20 @@ def plan(phases, budget_s):
         if limit:
             t += min(p.expect_s, limit)
     return out
+
+
+def did_not_run(phases, results):
+    """The table's last line: every phase that did not run, by why (Note [Phase order])."""
+    why = {}
+    for p in phases:
+        r = results.get(p.name)
+        status = "not reached" if r is None else r.status
+        if status in ("not reached", "not run", "skipped"):
+            why.setdefault(status, []).append(p.name)
+    if not why:
+        return "did not run   none: every phase ran"
+    return "did not run   " + "; ".join(f"{status}: {' '.join(names)}"
+                                        for status, names in why.items())
 
 
 def phase_limit(cap_s, left_s):
@@ -271,14 +289,14 @@ class Check:
             head = f"{p.name:<14}{r.status}"
             if r.seconds:
                 head += f" ({r.seconds:.0f} s)"
-            rows.append(head + (f": {r.figure}" if r.figure else ""))
+            # A figure of several lines (a phase's table) goes on under the row, indented.
+            rows.append(head + (": " + r.figure.replace("\n", "\n" + " " * 14)
+                                if r.figure else ""))
         if self.failing_tests:
             rows.append("failing GPU tests:")
             rows += [f"  {t}" for t in self.failing_tests]
-        not_run = [p.name for p in self.phases if p.name not in self.results]
-        if not_run:
-            rows.append("not reached   " + " ".join(not_run))
         rows.append(f"logs          {ARCHIVE} (in $OUT), {SUMMARY}")
+        rows.append(did_not_run(self.phases, self.results))
         return "\n".join(rows)
 
     def save(self):
@@ -551,8 +569,11 @@ def phase_probe(check, limit):
 
 
 def phase_tests(check, limit):
-    """The GPU tests (the cuda test suite) in one process, the cuDNN cases last: their plans
-    take seconds each to build. Skips are counted from tests/skip.hpp's log."""
+    """The GPU tests (the cuda test suites) in one process, the cuDNN cases last: their plans
+    take seconds each to build; then the cuBLAS loader's case in a process of its own (it checks
+    that nothing mapped cuBLAS before its first call: Note [cuBLAS loaded on first use]), which
+    here finds the machine's cuBLAS as every GPU test's product does. Skips are counted from
+    tests/skip.hpp's log."""
     tests = os.path.join(check.build, "tests", "lockstep_tests")
     skip_log = check.log_path("skipped.tsv")
     env = {"LOCKSTEP_SKIP_LOG": skip_log}
@@ -562,7 +583,8 @@ def phase_tests(check, limit):
     deadline = time.monotonic() + limit
     # The cuDNN cases are the test suite "cuda cudnn" (tests/cuda/test_cudnn_attention.cpp).
     for part, filters in (("tests", ["-ts=cuda*", "-tse=cuda cudnn"]),
-                          ("tests_cudnn", ["-ts=cuda cudnn"])):
+                          ("tests_cudnn", ["-ts=cuda cudnn"]),
+                          ("tests_loader", ["-tc=cuBLAS loads on first use*"])):
         left = int(deadline - time.monotonic())
         if left < 5:
             failing.append(f"({part} not run: the phase's time was spent)")
@@ -799,6 +821,25 @@ def llama_run(check, limit):
                      s.get("final_train_loss") or float("nan"), s.get("host_syncs_per_step")))
 
 
+def memory_run(check, limit):
+    """Issue 45 on a GPU (bench/device_memory.py): GPT-2 124M at B 8 x T 1024, bf16, fused
+    attention, one short run per trainer.recompute mode (then zero 0 and 2 on 2 peer replicas
+    while time is left): the memory plan against what the run added to the GPU as its driver
+    counts it (goal: within 10%), NVML's peak from outside, and the step time's cost against
+    none (goals: selective <= +8%, full <= +35%). Fails when a run fails; a goal not met is a
+    figure ("NOT MET"), not a failure. One figure line per run."""
+    if check.stub:
+        status, _ = check.stubbed("memory", limit)
+        return status == 0, "stubbed"
+    status, log = check.run("memory", py(check, "device_memory.py", "--deadline-s",
+                                         str(max(10, limit - 15)), "--logs", check.logs), limit)
+    rows = "\n".join(l[len("device_memory:"):].strip() for l in log.splitlines()
+                     if l.startswith("device_memory:"))
+    if status == 124:
+        return False, "timed out; " + (rows or "see memory.log")
+    return status == 0, rows or f"exit {status}, see memory.log"
+
+
 def py(check, script, *args):
     return [sys.executable, os.path.join(ROOT, "bench", script), "--build", check.build, *args]
 
@@ -819,11 +860,14 @@ PHASES = [
     Phase("build", 150, 300, "cmake --build with every core", phase_build, gpu=False),
     Phase("probe", 5, 30, "bench_gpu --probe: the GPU and the cuDNN that runs", phase_probe,
           gpu=False),
-    Phase("tests", 60, 150, "lockstep_tests -ts='cuda*', the cuDNN cases last", phase_tests),
+    Phase("tests", 60, 150, "lockstep_tests -ts='cuda*', the cuDNN cases last, then the cuBLAS "
+          "loader's alone", phase_tests),
     # Never run on a GPU yet, cheapest first (Note [Phase order]).
     Phase("attention", 40, 100, "cuDNN fused attention against the materialised path",
           command_phase("attention", extra("gpu_extra_attention.sh"), attention_figure,
                         build_env)),
+    Phase("memory", 45, 90, "GPT-2 124M bf16 across trainer.recompute: the plan against the "
+          "device's memory, step times", memory_run),
     Phase("linear", 60, 120, "cuBLASLt fused epilogues against plain kernels, GPT-2 124M",
           command_phase("linear", extra("gpu_extra_linear.sh"),
                         lambda log, c: lines_after(log, "gpu_extra_linear:"), build_env)),

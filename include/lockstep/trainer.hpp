@@ -130,6 +130,7 @@ struct LOCKSTEP_API Summary {
   // (with trainer.grad_reduce_dtype bf16 also the reducer's bf16 copy), and the activations,
   // saved tensors, scratch and activation gradients of one micro-batch.
   std::size_t param_bytes = 0, grad_bytes = 0, activation_bytes = 0;
+  std::size_t planned_worker_bytes = 0;  // the plan's total per worker, these and the rest
   // What is trained (Note [Frozen parameters] in src/model/lora.cpp): the parameters with
   // gradients and optimiser state, the frozen ones (a LoRA model's base), the gradient bytes a
   // worker hands to its collectives per step, and the plan's optimiser-state bytes per worker.
@@ -190,6 +191,16 @@ struct LOCKSTEP_API Summary {
   double recovery_s = 0.0;
   std::string last_checkpoint;         // the weights file of the last checkpoint written
   std::string memory_plan;             // Trainer::memory_plan(), as checked before step 1
+  // Measured: the process's peak resident memory (ru_maxrss) at the run's end, bytes; and on
+  // a GPU, per GPU of this process, the memory in use as its driver counts it, every process's
+  // and context's (Note [Device memory measured] in src/train/device_memory.hpp): before the run
+  // allocated, and the most after the workers' last step (the run's peak). Empty on the CPU.
+  std::size_t peak_rss_bytes = 0;
+  struct DeviceMemory {
+    int device = 0;
+    std::size_t total_bytes = 0, baseline_bytes = 0, peak_bytes = 0;
+  };
+  std::vector<DeviceMemory> device_memory;
 
   std::string to_json() const;
 };
@@ -207,6 +218,9 @@ LOCKSTEP_API std::string describe_worker_memory(const Summary& s);
 LOCKSTEP_API std::string describe_training_cost(const Summary& s);
 // trainer.cuda_graphs as the run used them: "on (12 captured, 380 launches)", "off (why)".
 LOCKSTEP_API std::string describe_graphs(const Summary::Graphs& g);
+// "cuda:0 4.2 GiB at the peak, 512.0 MiB of it before the run (...), 3.7 GiB added by the
+// run; 139.8 GiB on the GPU": one GPU's Summary::device_memory.
+LOCKSTEP_API std::string describe_device_memory(const Summary::DeviceMemory& g);
 // "1 (1 recovery, 0 steps redone, 0.02 s; ...)": the workers lost and what it took to go on.
 LOCKSTEP_API std::string describe_recoveries(const Summary& s);
 

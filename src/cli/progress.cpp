@@ -99,6 +99,8 @@ void print_summary(std::FILE* out, const Summary& s) {
     fmt::print(out, "  attention           {}: {}\n", s.attention, s.attention_detail);
   fmt::print(out, "  parameters          {}\n", s.parameters);
   if (!s.memory_plan.empty()) fmt::print(out, "  memory plan         {}\n", s.memory_plan);
+  for (const Summary::DeviceMemory& g : s.device_memory)
+    fmt::print(out, "  device memory       {}\n", describe_device_memory(g));
   fmt::print(out, "  steps               {}\n", s.steps);
   fmt::print(out, "  wall time           {:.3f} s\n", s.wall_s);
   fmt::print(out, "  samples/s           {}\n", detail::format_rate(s.samples_per_s));

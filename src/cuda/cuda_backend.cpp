@@ -8,6 +8,7 @@
 #include <library_types.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <set>
 #include <span>
 #include <stdexcept>
@@ -15,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "cuda/check.hpp"
+#include "cuda/handles.hpp"
 #include "cuda/cuda_device.hpp"
 #include "cuda/nccl_comm.hpp"
 #include "cuda/peer_comm.hpp"
@@ -155,6 +157,16 @@ GpuProbe probe_gpus() {
   if (status == cudaSuccess && count > 0) return {count, {}};
   (void)cudaDriverGetVersion(&driver);  // 0 without a driver
   return {0, driver_state(status, driver, 0)};
+}
+
+std::optional<std::pair<std::size_t, std::size_t>> gpu_memory_in_use(int id) {
+  cuda::DeviceGuard guard(id);  // a worker's thread or the host's: the GPU asked about
+  std::size_t free = 0, total = 0;
+  if (cudaMemGetInfo(&free, &total) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return std::nullopt;
+  }
+  return std::pair{total - std::min(free, total), total};
 }
 
 CudaSupport cuda_backend_support() {

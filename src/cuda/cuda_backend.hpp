@@ -6,8 +6,11 @@
 //   else std::puts(probe.reason.c_str());   // e.g. no driver
 #pragma once
 
+#include <cstddef>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 
 #include "lockstep/device.hpp"
 
@@ -31,6 +34,11 @@ inline std::string no_gpu_message(const GpuProbe& probe) {
 // Asks the CUDA runtime for the GPUs. Reports a missing driver or device in `reason`; does not
 // throw for them.
 GpuProbe probe_gpus();
+
+// GPU `id`'s memory as its driver counts it, bytes: {in use (the total less what is free,
+// every process's and context's), total}; nullopt when the query fails. Makes the primary
+// context if nothing had (Note [Device memory measured] in src/train/device_memory.hpp).
+std::optional<std::pair<std::size_t, std::size_t>> gpu_memory_in_use(int id);
 
 // The driver's state and the linked CUDA runtime, cuBLAS and NCCL versions, in words.
 CudaSupport cuda_backend_support();

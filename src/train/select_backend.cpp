@@ -6,6 +6,7 @@
 #include "lockstep/comm.hpp"
 #include "lockstep/device.hpp"
 #include "lockstep/error.hpp"
+#include "train/device_memory.hpp"
 
 #ifdef LOCKSTEP_HAVE_CUDA
 #include "cuda/cuda_backend.hpp"
@@ -32,6 +33,20 @@ CudaSupport cuda_support() {
   return {};
 #endif
 }
+
+namespace detail {
+
+std::optional<DeviceMemoryUse> device_memory_in_use(std::string_view backend,
+                                                    [[maybe_unused]] int device) {
+#ifdef LOCKSTEP_HAVE_CUDA
+  if (backend == "cuda")
+    if (const auto use = gpu_memory_in_use(device)) return DeviceMemoryUse{use->first, use->second};
+#endif
+  (void)backend;
+  return std::nullopt;
+}
+
+}  // namespace detail
 
 namespace {
 

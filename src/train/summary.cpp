@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cmath>
 
 #include <fmt/format.h>
@@ -24,6 +25,16 @@ std::string worker_times_json(const std::vector<WorkerTimes>& rows) {
         number(w.data_wait_s), number(w.barrier_wait_s), w.optimizer_state_bytes);
   }
   return rows.empty() ? out : out + "\n  ";
+}
+
+std::string device_memory_json(const std::vector<Summary::DeviceMemory>& gpus) {
+  std::string out;
+  for (const Summary::DeviceMemory& g : gpus)
+    out += fmt::format("{}{{\"device\": {}, \"total_bytes\": {}, \"baseline_bytes\": {}, "
+                       "\"peak_bytes\": {}}}",
+                       out.empty() ? "" : ", ", g.device, g.total_bytes, g.baseline_bytes,
+                       g.peak_bytes);
+  return out;
 }
 
 }  // namespace
@@ -91,6 +102,15 @@ std::string describe_graphs(const Summary::Graphs& g) {
   return fmt::format("off ({})", g.why_not.empty() ? "nothing captured" : g.why_not);
 }
 
+std::string describe_device_memory(const Summary::DeviceMemory& g) {
+  const auto size = [](std::size_t bytes) { return detail::format_bytes(double(bytes)); };
+  return fmt::format("cuda:{} {} at the peak, {} of it before the run (the CUDA context and "
+                     "others'), {} added by the run; {} on the GPU",
+                     g.device, size(g.peak_bytes), size(g.baseline_bytes),
+                     size(g.peak_bytes - std::min(g.peak_bytes, g.baseline_bytes)),
+                     size(g.total_bytes));
+}
+
 std::string describe_recoveries(const Summary& s) {
   return fmt::format("{} ({} recover{}, {} steps redone, {:.2f} s; trainer.on_worker_failure: "
                      "shrink)",
@@ -135,6 +155,9 @@ std::string Summary::to_json() const {
       "  \"param_bytes\": {},\n"
       "  \"grad_bytes\": {},\n"
       "  \"activation_bytes\": {},\n"
+      "  \"planned_worker_bytes\": {},\n"
+      "  \"peak_rss_bytes\": {},\n"
+      "  \"device_memory\": [{}],\n"
       "  \"trainable_parameters\": {},\n"
       "  \"frozen_parameters\": {},\n"
       "  \"gradient_bytes_per_step\": {},\n"
@@ -180,6 +203,7 @@ std::string Summary::to_json() const {
       replicas_identical ? "true" : "false", replica_checks, param_hash, accumulate_steps, buckets,
       reduce_bytes_per_step, reduce_dtype,
       overlap ? "true" : "false", comm_mode, loader, zero, optimizer_state_bytes, param_bytes, grad_bytes, activation_bytes,
+      planned_worker_bytes, peak_rss_bytes, device_memory_json(device_memory),
       training.trainable_parameters, training.frozen_parameters, training.gradient_bytes_per_step,
       training.optimizer_state_bytes,
       full_finetune ? training_cost_json(*full_finetune) : std::string("null"),

@@ -36,6 +36,7 @@
 #include "lockstep/comm.hpp"
 #include "train/evaluation.hpp"
 #include "train/failures.hpp"
+#include "train/device_memory.hpp"
 #include "train/fault_injection.hpp"
 #include "train/metrics_log.hpp"
 #include "train/recovery.hpp"
@@ -694,6 +695,7 @@ struct Trainer::Impl::RunResources {
   std::vector<float> base;  // the model's frozen parameters; empty without
   std::string base_source;  // Note [LoRA exports] in src/io/lora_checkpoint.cpp
   std::optional<detail::Trace> trace;
+  detail::DeviceMemoryRecord device_memory;  // Note [Device memory measured]
   // Per group (the first, then the survivors' after each shrink); on the heap, so that a group's
   // worker left behind keeps them where it found them (abandoned_groups).
   std::unique_ptr<detail::Heartbeats> heartbeats;
@@ -1061,6 +1063,8 @@ std::unique_ptr<Trainer::Impl::RunResources> Trainer::Impl::prepare_run() {
         "surviving devices, which the {} backend cannot do yet for these devices (the CUDA "
         "backend can for replicas of one GPU, trainer.comm peer); use stop",
         cfg.source, r->backend->name()));
+  // Before the communicators' buffers and the workers' arenas (Note [Device memory measured]).
+  r->device_memory.take_baseline(r->backend->name(), tc.devices);
   r->comms = r->backend->create_communicators(tc.devices, processes);
   const int n = static_cast<int>(r->comms.size());
   const bool writer = process_rank() == 0;  // Note [Processes]
@@ -1071,6 +1075,7 @@ std::unique_ptr<Trainer::Impl::RunResources> Trainer::Impl::prepare_run() {
   summary.param_bytes = static_cast<std::size_t>(memory_plan.parameters);
   summary.grad_bytes = static_cast<std::size_t>(memory_plan.gradients);
   summary.activation_bytes = static_cast<std::size_t>(memory_plan.activations);
+  summary.planned_worker_bytes = static_cast<std::size_t>(memory_plan.per_worker());
   const auto cost = [](const detail::MemoryPlan& plan, const Model& m) {
     return Summary::TrainingCost{m.param_count(), m.frozen_count(),
                                  static_cast<std::size_t>(plan.gradient_wire),
@@ -1145,6 +1150,7 @@ void Trainer::Impl::make_context(RunResources& r, const Checkpoint* from, double
                                        .report = r.report.get(),
                                        .snapshot = r.snapshot,
                                        .summary = summary,
+                                       .device_memory = r.device_memory,
                                        .final_params = final_params,
                                        .tokenizer_record = tokenizer_record});
 }
@@ -1197,6 +1203,8 @@ Summary Trainer::run() {
   if (const auto* chat = dynamic_cast<const ChatDataset*>(im.train.get()))
     im.summary.skipped_records = static_cast<std::int64_t>(chat->skipped());
   im.summary.mfu = r->context->mfu(im.summary.tokens_per_s);
+  im.summary.peak_rss_bytes = detail::peak_resident_bytes();
+  im.summary.device_memory = r->device_memory.figures();
   if (r->report) r->report->write(im.cfg, im.summary);
   return im.summary;
 }

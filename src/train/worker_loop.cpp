@@ -16,6 +16,7 @@
 #include "common/random.hpp"
 #include "lockstep/comm.hpp"
 #include "lockstep/error.hpp"
+#include "train/device_memory.hpp"
 #include "train/evaluation.hpp"
 #include "train/metrics_log.hpp"
 #include "train/optimizer.hpp"
@@ -1147,6 +1148,8 @@ void WorkerLoop::finish() {
     TraceSpan span(track_, "eval", pos_.step);
     final_eval = evaluate();
   }
+  // Everything the run allocated is still held (Note [Device memory measured]).
+  run_.device_memory.sample(run_.cfg.trainer.devices[static_cast<std::size_t>(rank_)]);
   {
     enter(Phase::replica_check);
     TraceSpan span(track_, "replica check", pos_.step);

@@ -132,6 +132,7 @@ class Communicator;
 
 namespace lockstep::detail {
 
+class DeviceMemoryRecord;
 class MetricsLog;
 class RunReport;
 class Optimizer;
@@ -172,6 +173,7 @@ struct RunContext {
   RunReport* report;               // trainer.report; null: unset, or not the writing process
   SnapshotSlot& snapshot;
   Summary& summary;
+  DeviceMemoryRecord& device_memory;  // Note [Device memory measured]
   std::vector<float>& final_params;
   const std::map<std::string, std::string>& tokenizer_record;  // for checkpoints' metadata
 

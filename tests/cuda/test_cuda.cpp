@@ -349,6 +349,38 @@ TEST_SUITE("cuda") {
     CHECK(stats[1].correct == stats[0].correct);
   }
 
+  TEST_CASE("cuda: softmax_cross_entropy in place, dlogits over the logits, against the CPU") {
+    // The chunked LM head's fp32 path (Note [Chunked classifier] in src/model/lm_head.cpp)
+    // writes each row's gradient over its logits. The kernel parks e_j = exp(z_j - z_max) in
+    // dlogits in its first pass: every thread must have read z[argmax] and z[label] before the
+    // first warp's e_j lands on them. Both sit in the first warp's columns here, which that warp
+    // overwrites first; a GPT-2 row (50304 columns, padded) keeps the other warps busy longest.
+    auto backend = cuda_or_skip();
+    if (!backend) return;
+    auto gpu = backend->create_device(0, 1, 0);
+    for (auto [rows, classes] : {std::pair{64, 1000}, {48, 50304}}) {
+      CAPTURE(rows);
+      CAPTURE(classes);
+      auto logits = random_floats(std::size_t(rows) * classes, 48 + classes, -8.0, 8.0);
+      std::vector<std::int32_t> labels(static_cast<std::size_t>(rows));
+      for (int r = 0; r < rows; ++r) {
+        logits[std::size_t(r) * classes + std::size_t(r % 32)] = 12.0f;  // the argmax
+        labels[std::size_t(r)] = r % 3 == 0 ? r % 32 : (r * 7 + 1) % 32;
+      }
+      std::vector<LossStats> stats;
+      compare(*gpu, [&](Device& d) {
+        auto ld = on_device(d, logits);
+        auto yd = on_device(d, labels);
+        stats.push_back(d.softmax_cross_entropy(ld.data(), yd.data(), rows, classes, ld.data(),
+                                                0.5f));
+        return Outputs{ld.download()};
+      }, fp32_sums(classes + 4, std::size_t(classes)));
+      CHECK(stats[1].loss_sum == doctest::Approx(stats[0].loss_sum).epsilon(1e-6));
+      CHECK(stats[1].correct == stats[0].correct);
+      CHECK(stats[0].correct == (rows + 2) / 3);
+    }
+  }
+
   TEST_CASE("cuda: softmax_cross_entropy checks every label before it writes a dlogit") {
     auto backend = cuda_or_skip();
     if (!backend) return;
@@ -673,6 +705,39 @@ TEST_SUITE("cuda trainer") {
         CHECK(relative_difference(one.final_parameters(), init) > 1e-3);
       }
     }
+  }
+
+  TEST_CASE("cuda trainer: the summary's device memory holds the plan, and grows with it") {
+    // Note [Device memory measured]: what the run added to GPU 0 (peak - baseline) holds at
+    // least the plan's bytes, and what a batch 64 times larger adds is what its plan adds,
+    // within 10% and cudaMalloc's rounding (a 3-2048-2048-4 MLP, activations about 200 MB at
+    // batch 4096). The first run loads the libraries' kernels into the context (lazily, at
+    // their first launch): the two compared come after it.
+    if (!cuda_or_skip()) return;
+    auto train = synthetic(4096, 5);
+    std::size_t added[3] = {}, planned[3] = {};
+    int which = 0;
+    for (const int batch : {64, 64, 4096}) {
+      CAPTURE(batch);
+      Config cfg = gpu_config({0}, batch, OptimizerKind::adamw);
+      cfg.model.hidden = {2048, 2048};
+      cfg.trainer.steps = 2;
+      const Summary s = Trainer(cfg, train, nullptr).run();
+      REQUIRE(s.device_memory.size() == 1);
+      const Summary::DeviceMemory& g = s.device_memory[0];
+      CHECK(g.device == 0);
+      CHECK(g.baseline_bytes > 0);  // the CUDA context at least
+      REQUIRE(g.peak_bytes >= g.baseline_bytes);
+      CHECK(g.peak_bytes <= g.total_bytes);
+      added[which] = g.peak_bytes - g.baseline_bytes;
+      planned[which] = s.planned_worker_bytes;
+      CHECK(added[which] >= planned[which]);  // the plan is a lower bound
+      ++which;
+    }
+    const double grown = double(added[2]) - double(added[1]);
+    const double plan_grown = double(planned[2]) - double(planned[1]);
+    REQUIRE(plan_grown > 100e6);
+    CHECK(std::abs(grown - plan_grown) <= 0.1 * plan_grown + 16.0 * (1 << 20));
   }
 
   TEST_CASE("NCCL across GPUs equals one GPU with the whole batch") {

@@ -363,6 +363,50 @@ TEST_SUITE("cuda") {
     }, fp32_sums(kVocab + kC + 4, kVocab));
   }
 
+  TEST_CASE("transformer: the LM head fused with the loss under bf16, chunk by chunk, tied and "
+            "untied, against the CPU") {
+    // The bf16 path of Note [Chunked classifier]: each chunk's logits from the bf16 products,
+    // rounded to bf16, the fused classifier in place over them, and the products of backward
+    // from the bf16 gradient. 300 rows: chunks of 256 and 44; every seventh label ignored. Both
+    // sides round the same fp32 sums to bf16, which may land on neighbours: the gradients within
+    // a few bf16 ulps of their row's largest.
+    auto backend = cuda_or_skip();
+    if (!backend) return;
+    auto gpu = backend->create_device(0, 1, 0);
+    constexpr int kVocab = 300, kT = 100, kC = 24, kBatch = 3, kRows = kBatch * kT;
+    for (const bool tied : {true, false}) {
+      CAPTURE(tied);
+      const auto head = tied ? make_tied_lm_head(0, kVocab, kT, kC) : make_lm_head(kVocab, kT, kC);
+      REQUIRE(head->fuses_loss());
+      const auto w = random_floats(std::size_t(kVocab) * kC, 620);
+      const auto in = random_floats(std::size_t(kRows) * kC, 621, -2.0, 2.0);
+      auto labels = random_labels(kRows, kVocab, 622);
+      for (int r = 0; r < kRows; r += 7) labels[std::size_t(r)] = kIgnoreLabel;
+      std::vector<LossStats> stats;
+      compare(*gpu, [&](Device& d) {
+        auto wd = on_device(d, w), xd = on_device(d, in);
+        auto w16 = on_device(d, to_bits(w));
+        auto yd = on_device(d, labels);
+        auto dw = on_device(d, std::vector<float>(w.size(), 0.0f));
+        auto din = poisoned(d, in.size());
+        DeviceArray<float> saved(d, head->workspace_size(kBatch, Precision::bf16)),
+            scratch(d, head->scratch_size(kBatch, Precision::bf16));
+        DeviceArray<LossStats> acc(d, 1);
+        head->forward_loss(d, wd.data(), dw.data(), xd.data(), din.data(),
+                           {.labels = yd.data(), .grad_scale = 1.0f / kRows, .stats = acc.data()},
+                           kBatch,
+                           LayerWorkspace{.saved = saved.data(), .scratch = scratch.data(),
+                                          .precision = Precision::bf16,
+                                          .params_bf16 = w16.data()});
+        stats.push_back(acc.download().front());
+        REQUIRE(stats.back().label_error == 0);
+        return Outputs{dw.download(), din.download()};
+      }, Tolerance{.rel = 4 * kBf16Ulp, .abs = 16 * kBf16Ulp, .row = std::size_t(kC)});
+      CHECK(stats[1].correct == stats[0].correct);
+      CHECK(stats[1].loss_sum == doctest::Approx(stats[0].loss_sum).epsilon(1e-3));
+    }
+  }
+
   TEST_CASE("transformer: GPT-2 124M sizes (C 768, V 50257, T 1024, 12 heads)") {
     auto backend = cuda_or_skip();
     if (!backend) return;

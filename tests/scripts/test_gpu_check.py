@@ -253,3 +253,54 @@ def test_the_archive_keeps_under_the_size_a_file_may_have_to_come_back(tmp_path,
         member = [m for m in tar.getmembers() if "runaway" in m.name][0]
     assert member.name.endswith(".TRUNCATED-last-4-MiB") and member.size == 4 << 20
     assert os.path.getsize(os.path.join(check.out, gpu_check.ARCHIVE)) < gpu_check.MAX_FILE_BYTES
+
+
+def test_the_memory_phase_follows_the_tests_and_attention_and_is_reached():
+    names = [p.name for p in gpu_check.PHASES]
+    assert names[names.index("tests") + 1:names.index("tests") + 3] == ["attention", "memory"]
+    planned = {name: limit for name, _, limit in gpu_check.plan(gpu_check.PHASES, 540)}
+    memory = next(p for p in gpu_check.PHASES if p.name == "memory")
+    assert planned["memory"] == memory.cap_s  # its whole cap, in the default budget
+    assert memory.expect_s <= 60
+
+
+def test_the_table_ends_with_the_phases_that_did_not_run(tmp_path, monkeypatch):
+    check = make_check(tmp_path, monkeypatch, budget=200)
+    check.phases = [Phase(n, 1, 10, "", None) for n in ("a", "b", "c", "d", "e")]
+    R = gpu_check.Result
+    check.results = {"a": R("ok", "fine\nsecond line"), "b": R("not run", "budget spent"),
+                     "c": R("skipped", "no usable GPU"), "d": R("FAILED", "exit 1")}
+    table = check.table().splitlines()
+    assert table[-1] == "did not run   not run: b; skipped: c; not reached: e"
+    # A figure of several lines goes on under its row, indented past the names.
+    assert table[table.index("a             ok: fine") + 1] == " " * 14 + "second line"
+    check.results["b"] = check.results["c"] = check.results["e"] = R("ok")
+    assert check.table().splitlines()[-1] == "did not run   none: every phase ran"
+
+
+def test_the_memory_phase_figure_has_a_line_per_run_and_fails_with_a_run():
+    log = ("| table |\n"
+           "device_memory: recompute none: plan 5.20 GiB, measured 5.40 GiB = 1.038x (goal within "
+           "10%: met), 61.0 ms/step; NVML -2 MiB against the driver's peak\n"
+           "device_memory: recompute full: plan 3.10 GiB, measured 3.30 GiB = 1.065x (goal within "
+           "10%: met), 72.0 ms/step (+18.0% vs none, goal <= +35%: met)\n")
+    calls = []
+
+    def run(name, cmd, limit):
+        calls.append(cmd)
+        return (0 if "FAILED" not in log else 1), log
+
+    fake = types.SimpleNamespace(stub=False, build="/b", logs="/l", run=run)
+    ok, figure = gpu_check.memory_run(fake, 90)
+    assert ok
+    assert figure.splitlines() == [
+        "recompute none: plan 5.20 GiB, measured 5.40 GiB = 1.038x (goal within 10%: met), "
+        "61.0 ms/step; NVML -2 MiB against the driver's peak",
+        "recompute full: plan 3.10 GiB, measured 3.30 GiB = 1.065x (goal within 10%: met), "
+        "72.0 ms/step (+18.0% vs none, goal <= +35%: met)"]
+    cmd = calls[0]
+    assert cmd[1].endswith("bench/device_memory.py") and cmd[cmd.index("--build") + 1] == "/b"
+    assert int(cmd[cmd.index("--deadline-s") + 1]) < 90  # its runs end before the phase's cap
+    log += "device_memory: zero 0, N 2, full: FAILED: exit 1: out of memory\n"
+    ok, figure = gpu_check.memory_run(fake, 90)
+    assert not ok and figure.endswith("zero 0, N 2, full: FAILED: exit 1: out of memory")

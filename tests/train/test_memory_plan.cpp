@@ -84,6 +84,44 @@ TEST_CASE("summary: per-worker bytes of parameters, gradients, optimiser state a
   }
 }
 
+TEST_CASE("summary: the plan's total per worker and the measured peak RSS, no GPU figures on the CPU") {
+  // A 3-2048-2048-2 MLP, 4.2 M parameters, AdamW: 67 MB a worker before activations, so that
+  // two workers' arrays (zeroed, so resident) outweigh what the test process held before.
+  Config cfg = test::cpu_config(/*devices=*/2, /*batch=*/8, /*steps=*/2, /*seed=*/0);
+  cfg.model.hidden = {2048, 2048};
+  const auto data = std::make_shared<InMemoryDataset>(tiny_data());
+  Trainer trainer(cfg, data, data);
+  const Summary s = trainer.run();
+  const detail::MemoryPlan plan =
+      detail::plan_memory(cfg, trainer.model(), *data, data.get(), true, 2);
+  CHECK(s.planned_worker_bytes == static_cast<std::size_t>(plan.per_worker()));
+  CHECK(s.planned_worker_bytes > 64'000'000);
+  CHECK(s.peak_rss_bytes >= 2 * s.planned_worker_bytes);  // bytes, not KiB
+  CHECK(s.peak_rss_bytes < 64 * s.planned_worker_bytes);
+  CHECK(s.device_memory.empty());  // Note [Device memory measured]: a GPU's driver's figures
+  const std::string json = s.to_json();
+  CHECK(json.find(fmt::format("\"planned_worker_bytes\": {},", s.planned_worker_bytes)) !=
+        std::string::npos);
+  CHECK(json.find(fmt::format("\"peak_rss_bytes\": {},", s.peak_rss_bytes)) != std::string::npos);
+  CHECK(json.find("\"device_memory\": [],") != std::string::npos);
+}
+
+TEST_CASE("summary: a GPU's memory in the JSON and in words") {
+  Summary s;
+  s.device_memory = {{.device = 0, .total_bytes = 8ull << 30, .baseline_bytes = 512ull << 20,
+                      .peak_bytes = 3ull << 30},
+                     {.device = 2, .total_bytes = 8ull << 30, .baseline_bytes = 1 << 20,
+                      .peak_bytes = 2 << 20}};
+  CHECK(s.to_json().find(
+            "\"device_memory\": [{\"device\": 0, \"total_bytes\": 8589934592, "
+            "\"baseline_bytes\": 536870912, \"peak_bytes\": 3221225472}, {\"device\": 2, "
+            "\"total_bytes\": 8589934592, \"baseline_bytes\": 1048576, \"peak_bytes\": 2097152}],") !=
+        std::string::npos);
+  CHECK(describe_device_memory(s.device_memory[0]) ==
+        "cuda:0 3.0 GiB at the peak, 512.0 MiB of it before the run (the CUDA context and "
+        "others'), 2.5 GiB added by the run; 8.0 GiB on the GPU");
+}
+
 TEST_CASE("memory plan: the key that drives it, and a refusal that names it") {
   Config cfg = test::cpu_config(1, 1, 1, 0);
   const InMemoryDataset data = tiny_data();
