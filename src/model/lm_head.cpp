@@ -120,7 +120,7 @@ class LmHead final : public Layer {
   // (B T, P) logits and their gradient (GPT-2 at 8 x 1024: 0.82 GB in bf16, 3.3 GB in fp32)
   // is one chunk, 256 x 50304 x 6 bytes = 77 MB in bf16 (51 MB in fp32), working memory of
   // one call: it lives in the scratch every layer shares, which a GPT-2 block's backward
-  // already makes larger (276 MiB at 8 x 1024), so that it costs GPT-2 nothing at all.
+  // already makes larger (156 MiB at 8 x 1024), so that it costs GPT-2 nothing at all.
   // What it guarantees: every row gets the unchunked head's arithmetic (the same products
   // over C and V, the same classifier, the same bf16 roundings), so its loss, dlogits and din
   // differ from the unchunked head's at most where a matrix product blocks a shorter M
