@@ -557,23 +557,41 @@ class LOCKSTEP_API LayerOps {
   // *stats (device memory) without waiting; a label outside [0, classes) is recorded in
   // stats->label_error instead of throwing, and the call's sums and dlogits are then not to be
   // used (the CPU leaves both alone). If dlogits is not null it receives
-  // (softmax(logits) - onehot(label)) * grad_scale.
+  // (softmax(logits) - onehot(label)) * grad_scale. first_row: the batch's row of logits' row
+  // 0, for a caller that passes its rows a chunk at a time (Note [Chunked classifier] in
+  // src/model/lm_head.cpp): a bad label is recorded as of row first_row + r, so that
+  // label_error names (and, over several calls, picks the lowest of) the batch's rows.
   virtual void softmax_cross_entropy(const float* logits, const std::int32_t* labels, int rows,
                                      int classes, float* dlogits, float grad_scale,
-                                     LossStats* stats) = 0;
+                                     LossStats* stats, int first_row) = 0;
   // The same with dlogits (not null) rounded to bf16 as it is written, bit for bit to_bf16 of
   // the fp32 dlogits: the gradient a bf16 LM head reads (Note [bf16 compute] in
   // src/model/ops.hpp), without the fp32 copy.
   virtual void softmax_cross_entropy(const float* logits, const std::int32_t* labels, int rows,
                                      int classes, std::uint16_t* dlogits, float grad_scale,
-                                     LossStats* stats) = 0;
+                                     LossStats* stats, int first_row) = 0;
   // The fused classifier (Note [Fused classifier] in src/cpu/ops/softmax.cpp): the same with
   // bf16 logits, as a bf16 LM head writes them, widened as read; the loss and softmax in fp32
   // or wider row by row, so no fp32 copy of the logits exists. dlogits (bf16, or null) may be
   // the logits themselves: each row's gradient then overwrites the row.
   virtual void softmax_cross_entropy(const std::uint16_t* logits, const std::int32_t* labels,
                                      int rows, int classes, std::uint16_t* dlogits,
-                                     float grad_scale, LossStats* stats) = 0;
+                                     float grad_scale, LossStats* stats, int first_row) = 0;
+  // The three above for a whole batch (first_row 0).
+  void softmax_cross_entropy(const float* logits, const std::int32_t* labels, int rows,
+                             int classes, float* dlogits, float grad_scale, LossStats* stats) {
+    softmax_cross_entropy(logits, labels, rows, classes, dlogits, grad_scale, stats, 0);
+  }
+  void softmax_cross_entropy(const float* logits, const std::int32_t* labels, int rows,
+                             int classes, std::uint16_t* dlogits, float grad_scale,
+                             LossStats* stats) {
+    softmax_cross_entropy(logits, labels, rows, classes, dlogits, grad_scale, stats, 0);
+  }
+  void softmax_cross_entropy(const std::uint16_t* logits, const std::int32_t* labels, int rows,
+                             int classes, std::uint16_t* dlogits, float grad_scale,
+                             LossStats* stats) {
+    softmax_cross_entropy(logits, labels, rows, classes, dlogits, grad_scale, stats, 0);
+  }
   // ids (B, T) token ids stored as floats (exact below 2^24), wte (V, C), wpe (T_max, C):
   // out (B, T, C) = wte[ids[b, t]] + wpe[p] with p = t, or positions[b, t] for packed
   // sequences ((B, T) int32, each below T_max; Note [Packed attention] in

@@ -123,14 +123,14 @@ class CpuDevice : public Device {
   // ---- Softmax (ops/softmax.cpp) --------------------------------------------------------------
 
   void softmax_cross_entropy(const float* logits, const std::int32_t* labels, int rows,
-                             int classes, float* dlogits, float grad_scale,
-                             LossStats* stats) override;
+                             int classes, float* dlogits, float grad_scale, LossStats* stats,
+                             int first_row) override;
   void softmax_cross_entropy(const float* logits, const std::int32_t* labels, int rows,
                              int classes, std::uint16_t* dlogits, float grad_scale,
-                             LossStats* stats) override;
+                             LossStats* stats, int first_row) override;
   void softmax_cross_entropy(const std::uint16_t* logits, const std::int32_t* labels, int rows,
                              int classes, std::uint16_t* dlogits, float grad_scale,
-                             LossStats* stats) override;
+                             LossStats* stats, int first_row) override;
   using Device::softmax_cross_entropy;
   void causal_softmax_forward(const float* s, float* p, int count, int T, float scale) override;
   void causal_softmax_backward(const float* p, const float* dp, float* ds, int count, int T,
@@ -293,7 +293,8 @@ class CpuDevice : public Device {
   // softmax_cross_entropy for the storages L of the logits and D of dlogits.
   template <class L, class D>
   void softmax_cross_entropy_of(const L* logits, const std::int32_t* labels, int rows,
-                                int classes, D* dlogits, float grad_scale, LossStats* stats);
+                                int classes, D* dlogits, float grad_scale, LossStats* stats,
+                                int first_row);
   // The fp32 and bf16 forms of layernorm_forward and the causal softmax, for the storage of
   // their outputs Y and P (ops/layernorm.cpp, ops/softmax.cpp); LayerNorm's input is a, or
   // a + b stored into sum when b is not null (Note [Residual LayerNorm]).

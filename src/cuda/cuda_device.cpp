@@ -629,38 +629,38 @@ void CudaDevice::bias_grad(float* dbias, const std::uint16_t* dy, int rows, int 
 // logits (rows, classes), labels (rows), dlogits (rows, classes) or null.
 void CudaDevice::softmax_cross_entropy(const float* logits, const std::int32_t* labels, int rows,
                                        int classes, float* dlogits, float grad_scale,
-                                       LossStats* stats) {
+                                       LossStats* stats, int first_row) {
   detail::check_loss_shape(rows, classes);
   if (rows == 0) return;
   reserve_rows(rows);  // sized before the first step (reserve_workspace): no wait here
   launch_softmax_cross_entropy(stream(), logits, labels, rows, classes, dlogits, grad_scale,
                                static_cast<double*>(row_loss_.get()),
                                static_cast<int*>(row_correct_.get()),
-                               reinterpret_cast<LossAccumulator*>(stats));
+                               reinterpret_cast<LossAccumulator*>(stats), first_row);
 }
 
 void CudaDevice::softmax_cross_entropy(const float* logits, const std::int32_t* labels, int rows,
                                        int classes, std::uint16_t* dlogits, float grad_scale,
-                                       LossStats* stats) {
+                                       LossStats* stats, int first_row) {
   detail::check_loss_shape(rows, classes);
   if (rows == 0) return;
   reserve_rows(rows);
   launch_softmax_cross_entropy_bf16(stream(), logits, labels, rows, classes, dlogits, grad_scale,
                                     static_cast<double*>(row_loss_.get()),
                                     static_cast<int*>(row_correct_.get()),
-                                    reinterpret_cast<LossAccumulator*>(stats));
+                                    reinterpret_cast<LossAccumulator*>(stats), first_row);
 }
 
 void CudaDevice::softmax_cross_entropy(const std::uint16_t* logits, const std::int32_t* labels,
                                        int rows, int classes, std::uint16_t* dlogits,
-                                       float grad_scale, LossStats* stats) {
+                                       float grad_scale, LossStats* stats, int first_row) {
   detail::check_loss_shape(rows, classes);
   if (rows == 0) return;
   reserve_rows(rows);
   launch_fused_classifier(stream(), logits, labels, rows, classes, dlogits, grad_scale,
                           static_cast<double*>(row_loss_.get()),
                           static_cast<int*>(row_correct_.get()),
-                          reinterpret_cast<LossAccumulator*>(stats));
+                          reinterpret_cast<LossAccumulator*>(stats), first_row);
 }
 
 double CudaDevice::sum_squares(const float* x, std::size_t n) {

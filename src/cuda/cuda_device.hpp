@@ -98,14 +98,14 @@ class CudaDevice final : public Device {
   void to_bf16(const float* x, std::uint16_t* y, std::size_t n) override;
   void from_bf16(const std::uint16_t* x, float* y, std::size_t n) override;
   void softmax_cross_entropy(const float* logits, const std::int32_t* labels, int rows,
-                             int classes, float* dlogits, float grad_scale,
-                             LossStats* stats) override;
+                             int classes, float* dlogits, float grad_scale, LossStats* stats,
+                             int first_row) override;
   void softmax_cross_entropy(const float* logits, const std::int32_t* labels, int rows,
                              int classes, std::uint16_t* dlogits, float grad_scale,
-                             LossStats* stats) override;
+                             LossStats* stats, int first_row) override;
   void softmax_cross_entropy(const std::uint16_t* logits, const std::int32_t* labels, int rows,
                              int classes, std::uint16_t* dlogits, float grad_scale,
-                             LossStats* stats) override;
+                             LossStats* stats, int first_row) override;
   using Device::softmax_cross_entropy;
   double sum_squares(const float* x, std::size_t n) override;
   void sum_squares_grains(const float* x, std::size_t n, std::size_t grain,

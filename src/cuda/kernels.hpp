@@ -96,19 +96,19 @@ struct StepControlValues {
 
 // logits (rows, classes), labels (rows), dlogits (rows, classes) or null. Adds the rows' loss
 // and correct count to *stats. The labels are checked first: a label outside [0, classes) goes
-// to stats->label_error, and then dlogits is left unwritten and nothing is added. exp in float,
-// once per logit. Scratch: row_loss holds `rows` elements, row_correct `rows + 1` (the last: the
-// call's first bad row).
+// to stats->label_error (as of row first_row + r of the caller's batch), and then dlogits is left
+// unwritten and nothing is added. exp in float, once per logit. Scratch: row_loss holds `rows`
+// elements, row_correct `rows + 1` (the last: the call's first bad row).
 void launch_softmax_cross_entropy(cudaStream_t stream, const float* logits,
                                   const std::int32_t* labels, int rows, int classes,
                                   float* dlogits, float grad_scale, double* row_loss,
-                                  int* row_correct, LossAccumulator* stats);
+                                  int* row_correct, LossAccumulator* stats, int first_row);
 // The same with dlogits (not null) rounded to bf16 as written.
 void launch_softmax_cross_entropy_bf16(cudaStream_t stream, const float* logits,
                                        const std::int32_t* labels, int rows, int classes,
                                        std::uint16_t* dlogits, float grad_scale,
                                        double* row_loss, int* row_correct,
-                                       LossAccumulator* stats);
+                                       LossAccumulator* stats, int first_row);
 
 // The fused classifier: the same with bf16 logits, one read of each row and one write of its
 // bf16 gradient (dlogits, or null; it may alias logits). Note [Fused classifier] in
@@ -116,7 +116,7 @@ void launch_softmax_cross_entropy_bf16(cudaStream_t stream, const float* logits,
 void launch_fused_classifier(cudaStream_t stream, const std::uint16_t* logits,
                              const std::int32_t* labels, int rows, int classes,
                              std::uint16_t* dlogits, float grad_scale, double* row_loss,
-                             int* row_correct, LossAccumulator* stats);
+                             int* row_correct, LossAccumulator* stats, int first_row);
 
 // `count` (T, T) matrices, one warp per row. p may alias s; ds may alias dp.
 void launch_causal_softmax_forward(cudaStream_t stream, const float* s, float* p, int count,

@@ -226,24 +226,27 @@ class Block final : public Layer {
     dev.linear_backward({.rows = n, .in = c, .out = 4 * c, .x = s.ln2.input(),
                          .weight = w.fc.weight, .g = dh, .dweight = g.fc_w, .dx = d.tmp});
     // d res1 = dout + ln_2's input gradient, in bf16 rounded in the same pass into d.grad16, the
-    // input of c_proj's products (Note [Residual LayerNorm]).
-    dev.residual_layernorm_backward(s.res1, p.ln2_w, s.mean2, s.rstd2, d.tmp, dout, d.res1,
+    // input of c_proj's products (Note [Residual LayerNorm]). It is written straight into din,
+    // which ln_1's backward then adds to in place (Note [Backward scratch lifetimes]).
+    float* dres1 = din ? din : d.res1;
+    dev.residual_layernorm_backward(s.res1, p.ln2_w, s.mean2, s.rstd2, d.tmp, dout, dres1,
                                     bf16 ? d.grad16 : nullptr, g.ln2_w, g.ln2_b, n, c);
     // Attention branch: res1 = x + c_proj(attention(c_attn(ln_1(x)))). Under bf16 the gradient
     // of atty is written rounded into d.dout16 (free once c_fc's backward has run), attention's
     // input, by c_proj's product.
-    const MatIn dres1 = bf16 ? MatIn{nullptr, d.grad16} : MatIn{d.res1, nullptr};
+    const MatIn dres1_g = bf16 ? MatIn{nullptr, d.grad16} : MatIn{dres1, nullptr};
     dev.linear_backward({.rows = n, .in = c, .out = c, .x = s.atty.input(),
-                         .weight = w.attn_proj.weight, .dy = d.res1, .g = dres1,
+                         .weight = w.attn_proj.weight, .dy = dres1, .g = dres1_g,
                          .dweight = g.attn_proj_w, .dbias = g.attn_proj_b, .dx = d.tmp,
                          .dx_bf16 = bf16 ? d.dout16 : nullptr});
     attention_backward(dev, s, d, batch, ws.positions);
     detail::linear_backward(dev, w.attn, g.attn_w, g.attn_b, s.ln1.input(), d.qkv, d.tmp, n, c,
                             3 * c, d.grad16);
-    // ln_1's parameters need its backward even without a din (the block as a first layer): then
-    // d.res1 takes dx.
-    dev.residual_layernorm_backward(x, p.ln1_w, s.mean1, s.rstd1, d.tmp, d.res1,
-                                    din ? din : d.res1, nullptr, g.ln1_w, g.ln1_b, n, c);
+    // din += ln_1's input gradient. ln_1's parameters need its backward even without a din (the
+    // block as a first layer): its dx then goes to d.res1, from no residual (d.res1 shares
+    // storage with d.qkv, read by now; the parameters' gradients do not read the residual).
+    dev.residual_layernorm_backward(x, p.ln1_w, s.mean1, s.rstd1, d.tmp, din, din ? din : d.res1,
+                                    nullptr, g.ln1_w, g.ln1_b, n, c);
   }
 
   // forward for the newest positions of one sequence (Note [KV cache]): c_attn writes their qkv
@@ -346,11 +349,41 @@ class Block final : public Layer {
   };
 
   // Backward's temporaries; forward's too under bf16 (matrix products' fp32 outputs before
-  // rounding).
+  // rounding). Those whose lifetimes are disjoint share storage (Note [Backward scratch
+  // lifetimes]): qkv and res1 lie at the front of h, and under bf16 tmp at its back.
+  //
+  // Note [Backward scratch lifetimes]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // backward() runs, in order (fp32 | bf16; "reads" are what a call reads, "writes" what it
+  // leaves):
+  //   1 dout16 = bf16(dout)                              (bf16)
+  //   2 c_proj (MLP): reads dout(16), writes h, grad16   (h fp32: working memory under bf16)
+  //   3 c_fc: reads h | grad16, writes tmp
+  //   4 ln_2: reads tmp, dout, writes d res1, grad16
+  //   5 c_proj (attn): reads d res1, grad16, writes tmp (bf16: working memory), dout16
+  //   6 attention: reads tmp | dout16 (materialised: att, grad16 as working memory), writes qkv
+  //   7 c_attn: reads qkv (rounded into grad16), writes tmp
+  //   8 ln_1: reads tmp, d res1, writes din
+  // So h is dead after 3 (after 2 under bf16), qkv lives in 6-7 only: qkv takes the front
+  // 3 (N, C) of h. Under bf16, c_fc (3) reads grad16, not h, so tmp (3-8) takes the back (N, C)
+  // of h, beside qkv; in fp32 c_fc reads h while it writes tmp, which keeps its own region.
+  // d res1 (4-8) is written into din itself (ln_1's backward adds to it in place, as
+  // residual_layernorm_backward allows): din is one of the replica's two ping-pong activation
+  // gradients, never dout (src/model/model.cpp's invariants), and backward overwrites it, so
+  // nothing reads its old contents. Without a din (a block as a first layer), d res1 is
+  // needed only in 4-5 (ln_1's parameter gradients do not read the residual): it takes the
+  // front of h, dead by 4 and qkv's only from 6, and ln_1's discarded dx goes there in 8.
+  // Forward uses qkv, then (materialised bf16) tmp, then h, each as a product's fp32 output
+  // rounded within its own call: one at a time. The devices run a block's calls in order on
+  // one stream and keep nothing of a call's operands for later (the CUDA device's cuDNN and
+  // cuBLASLt workspaces are its own), so the sharing holds there too. What would break it: a
+  // call that reads h or qkv beyond the steps above (e.g. c_fc reading h under bf16), or a
+  // din that aliases dout or x. Tests: tests/model/test_gpt.cpp, a block's gradients with a
+  // din and without one, and finite differences.
   struct Scratch {
     float* h;     // (N, 4C) gradient of the MLP's hidden layer, before and after GELU
     float* tmp;   // (N, C) gradient at a LayerNorm's output or of the attention output
-    float* res1;  // (N, C) gradient of the first residual
+    float* res1;  // (N, C) gradient of the first residual, for a block without din
     float* qkv;   // (N, 3C)
     float* att;   // materialised: (B, H, T, T) gradient of the probabilities, then of the scores
     // bf16 only (null otherwise), max((N, 4C), att): a gradient rounded to bf16 as a
@@ -361,13 +394,16 @@ class Block final : public Layer {
     // input, while the materialised path's score gradients use grad16.
     std::uint16_t* dout16;
     std::size_t size;
+    // fp32: (N, 4C) + (N, C) + att floats; bf16: (N, 4C) + att floats, then grad16 and dout16.
     static Scratch at(float* base, AttentionShape a, bool fused, bool bf16) {
       const std::size_t n = std::size_t(a.batch) * a.T, c = std::size_t(a.heads) * a.head_size;
       const std::size_t att = fused ? 0 : std::size_t(a.batch) * a.heads * a.T * a.T;
       const std::size_t widest = std::max(4 * n * c, att);
       Carver k(base);
-      Scratch s{k.take(4 * n * c), k.take(n * c), k.take(n * c), k.take(3 * n * c), k.take(att),
-                bf16 ? k.take_bf16(widest) : nullptr, bf16 ? k.take_bf16(n * c) : nullptr, 0};
+      float* h = k.take(4 * n * c);
+      float* tmp = bf16 ? (h ? h + 3 * n * c : nullptr) : k.take(n * c);
+      Scratch s{h, tmp, h, h, k.take(att), bf16 ? k.take_bf16(widest) : nullptr,
+                bf16 ? k.take_bf16(n * c) : nullptr, 0};
       s.size = k.used();
       return s;
     }

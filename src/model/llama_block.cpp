@@ -280,13 +280,15 @@ class LlamaBlock final : public Layer {
     project(kGateUpProduct, m.gate_up, s.ln2.input(), d.dgu, dgu, kGateUpW, kGateUpB, d.tmp,
             nullptr);
     // d res1 = dout + the post-attention norm's input gradient, in bf16 rounded in the same
-    // pass into d.grad16, o_proj's products' input.
-    dev.residual_rmsnorm_backward(s.res1, base.post_norm, s.rstd2, d.tmp, dout,
-                                  d.res1, bf16 ? d.grad16 : nullptr, norm_g(kPostNorm), n, c_);
+    // pass into d.grad16, o_proj's products' input; written straight into din, which the input
+    // norm's backward then adds to in place (Note [Backward scratch lifetimes] in gpt.cpp).
+    float* dres1 = din ? din : d.res1;
+    dev.residual_rmsnorm_backward(s.res1, base.post_norm, s.rstd2, d.tmp, dout, dres1,
+                                  bf16 ? d.grad16 : nullptr, norm_g(kPostNorm), n, c_);
     // Attention branch: res1 = x + o_proj(attention(rope(qkv(h)))). Under bf16 the gradient of
     // atty is written rounded into d.dout16 (free once down's products have run).
-    const MatIn dres1 = bf16 ? MatIn{nullptr, d.grad16} : MatIn{d.res1, nullptr};
-    project(kOProduct, m.o, s.atty.input(), d.res1, dres1, kOW, kOB, d.tmp,
+    const MatIn dres1_g = bf16 ? MatIn{nullptr, d.grad16} : MatIn{dres1, nullptr};
+    project(kOProduct, m.o, s.atty.input(), dres1, dres1_g, kOW, kOB, d.tmp,
             bf16 ? d.dout16 : nullptr);
     const MatIn datty = bf16 ? MatIn{nullptr, d.dout16} : MatIn{d.tmp, nullptr};
     detail::attention_backward(dev, attention_shape(batch, ws), s.qkv.input(), s.atty.input(), datty,
@@ -295,10 +297,11 @@ class LlamaBlock final : public Layer {
     dev.rope_backward(rope_shape(batch, ws), rope_table(ws), d.qkv, bf16 ? d.grad16 : nullptr);
     const MatIn dqkv = bf16 ? MatIn{nullptr, d.grad16} : MatIn{d.qkv, nullptr};
     project(kQkvProduct, m.qkv, s.ln1.input(), d.qkv, dqkv, kQkvW, kQkvB, d.tmp, nullptr);
-    // The input norm's weight needs its backward even without a din (a first layer): then
-    // d.res1 takes dx.
-    dev.residual_rmsnorm_backward(x, base.in_norm, s.rstd1, d.tmp, d.res1,
-                                  din ? din : d.res1, nullptr, norm_g(kInNorm), n, c_);
+    // din += the input norm's input gradient. Its weight needs its backward even without a din
+    // (a first layer): its dx then goes to d.res1, from no residual (d.res1 shares storage with
+    // d.qkv, read by now; the weight's gradient does not read the residual).
+    dev.residual_rmsnorm_backward(x, base.in_norm, s.rstd1, d.tmp, din, din ? din : d.res1,
+                                  nullptr, norm_g(kInNorm), n, c_);
   }
 
   // forward for the newest positions of one sequence (Note [KV cache]): the qkv projection
@@ -568,12 +571,22 @@ class LlamaBlock final : public Layer {
   }
 
   // Backward's temporaries; forward's too under bf16 (products' fp32 outputs before rounding).
+  // As in a GPT-2 block (Note [Backward scratch lifetimes] in gpt.cpp), those whose lifetimes
+  // are disjoint share storage, in two regions. backward() runs: down (writes h) -> SwiGLU's
+  // backward (reads h, writes dgu) -> gate_up (reads dgu, writes tmp) -> post norm (reads tmp,
+  // dout, writes d res1) -> o_proj (reads d res1, writes tmp | dout16) -> attention (reads tmp
+  // | dout16, writes qkv) -> RoPE, qkv (reads qkv, writes tmp) -> input norm (reads tmp, d
+  // res1, writes din). So region 1 holds h (dead once SwiGLU's backward has read it), then tmp;
+  // region 2 dgu (dead after gate_up), then qkv; d res1 is din itself, or without a din (a first
+  // layer) the front of region 2 between the post norm and o_proj, where the input norm's
+  // discarded dx goes too. LoRA's adapters read and write only their own temporaries below
+  // and the products' operands named here.
   struct Scratch {
-    float* h;     // (N, F) gradient of the SwiGLU output
-    float* dgu;   // (N, 2F) gradient of gate | up; forward: gate_up's product under bf16
-    float* tmp;   // (N, max(C, Q)) gradient at a norm's output or of atty; atty's product
-    float* res1;  // (N, C) gradient of the first residual
-    float* qkv;   // (N, W) gradient of qkv; forward: qkv's product under bf16
+    float* h;     // region 1: (N, F) gradient of the SwiGLU output
+    float* tmp;   // region 1: (N, max(C, Q)) gradient at a norm's output or of atty; atty's product
+    float* dgu;   // region 2: (N, 2F) gradient of gate | up; forward: gate_up's product under bf16
+    float* qkv;   // region 2: (N, W) gradient of qkv; forward: qkv's product under bf16
+    float* res1;  // region 2: (N, C) gradient of the first residual, for a block without din
     float* att;   // materialised: (B, H, T, T)
     // bf16 only: a gradient rounded as a matrix-product input, max((N, 2F), (N, W), att).
     std::uint16_t* grad16;
@@ -594,8 +607,9 @@ class LlamaBlock final : public Layer {
       const std::size_t att = b.fused_ ? 0 : std::size_t(batch) * b.h_ * b.t_ * b.t_;
       const std::size_t widest = std::max({2 * n * f, n * b.qkv_width(), n * c, att});
       Carver k(base);
-      Scratch s{k.take(n * f), k.take(2 * n * f), k.take(n * wide), k.take(n * c),
-                k.take(n * b.qkv_width()), k.take(att),
+      float* region1 = k.take(std::max(n * f, n * wide));
+      float* region2 = k.take(std::max({2 * n * f, n * b.qkv_width(), n * c}));
+      Scratch s{region1, region1, region2, region2, region2, k.take(att),
                 bf16 ? k.take_bf16(widest) : nullptr, bf16 ? k.take_bf16(n * wide) : nullptr,
                 k.take(b.lora() ? n * b.rank_ : 0), k.take(b.lora() ? c : 0),
                 k.take(b.lora_dropout_ > 0.0f ? n * std::max({c, wide, f}) : 0),

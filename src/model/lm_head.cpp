@@ -120,7 +120,7 @@ class LmHead final : public Layer {
   // (B T, P) logits and their gradient (GPT-2 at 8 x 1024: 0.82 GB in bf16, 3.3 GB in fp32)
   // is one chunk, 256 x 50304 x 6 bytes = 77 MB in bf16 (51 MB in fp32), working memory of
   // one call: it lives in the scratch every layer shares, which a GPT-2 block's backward
-  // already makes larger (276 MiB at 8 x 1024), so that it costs GPT-2 nothing at all.
+  // already makes larger (156 MiB at 8 x 1024), so that it costs GPT-2 nothing at all.
   // What it guarantees: every row gets the unchunked head's arithmetic (the same products
   // over C and V, the same classifier, the same bf16 roundings), so its loss, dlogits and din
   // differ from the unchunked head's at most where a matrix product blocks a shorter M
@@ -132,7 +132,8 @@ class LmHead final : public Layer {
   // ZeRO settings and device graphs (the rows' order and the chunks do not depend on them).
   // Its costs: the head's weight gradient is read and written once per chunk (32 times for
   // 8 x 1024 rows): the chunk's product does 2 x 256 flops per 8 bytes of dW moved, plenty on
-  // a CPU, near a large GPU's balance point. A bad label is named by its row within its chunk.
+  // a CPU, near a large GPU's balance point. A bad label is named by its row in the batch (each
+  // chunk's call is told its first row), and of several the lowest, as unchunked.
   // Who needs the logits themselves (sampling, a KV cache, Replica::forward for tests and
   // Python) still runs forward(), which writes them all.
   bool fuses_loss() const noexcept override { return true; }
@@ -151,10 +152,10 @@ class LmHead final : public Layer {
       if (bf16) {
         dev.to_bf16(chunk.f32, chunk.bf16, std::size_t(rows) * p_);
         dev.softmax_cross_entropy(chunk.bf16, loss.labels + r, rows, p_,
-                                  din ? chunk.bf16 : nullptr, loss.grad_scale, loss.stats);
+                                  din ? chunk.bf16 : nullptr, loss.grad_scale, loss.stats, r);
       } else {
         dev.softmax_cross_entropy(chunk.f32, loss.labels + r, rows, p_,
-                                  din ? chunk.f32 : nullptr, loss.grad_scale, loss.stats);
+                                  din ? chunk.f32 : nullptr, loss.grad_scale, loss.stats, r);
       }
       if (!din) continue;
       const MatIn dy = bf16 ? MatIn{nullptr, chunk.bf16} : MatIn{chunk.f32, nullptr};

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "common/elementwise_math.hpp"
 #include "lockstep/model.hpp"
 #include "../random_data.hpp"
 
@@ -240,5 +241,46 @@ TEST_CASE("chunked classifier: three training steps end where the unchunked head
         CHECK(losses[1][step] == doctest::Approx(losses[0][step]).epsilon(1e-5));
       CHECK(losses[1][2] < losses[1][0]);  // it trains
       check_close(params[1], params[0], precision == Precision::bf16 ? 1e-4 : 1e-5);
+    }
+}
+
+// A bad label is named by its row in the batch, not within its chunk, and of several the lowest
+// (as the unchunked classifier names them): 512 rows are two chunks of 256.
+TEST_CASE("chunked classifier: a bad label is named by its row in the batch, the lowest of "
+          "several, fp32 and bf16") {
+  constexpr int kVocab = 70, kT = 128, kC = 16, kSequences = 4, kRows = kSequences * kT;
+  const auto head = lockstep::make_tied_lm_head(0, kVocab, kT, kC);
+  auto dev = lockstep::make_cpu_device(0, 1);
+  const std::vector<float> w = random_floats(std::size_t(kVocab) * kC, 31);
+  auto wd = on_device(*dev, w);
+  auto w16 = on_device(*dev, to_bits(w));
+  auto x = on_device(*dev, random_floats(std::size_t(kRows) * kC, 32, -2.0, 2.0));
+  struct Bad {
+    std::vector<int> rows;
+    int named;
+  };
+  // Row 300 is row 44 of the second chunk; rows 40 and 260 are rows 40 and 4 of theirs.
+  for (const Bad& bad : {Bad{{300}, 300}, Bad{{40, 260}, 40}})
+    for (const Precision precision : {Precision::fp32, Precision::bf16}) {
+      CAPTURE(bad.named);
+      CAPTURE(lockstep::to_string(precision));
+      std::vector<std::int32_t> labels = random_labels(kRows, kVocab, 33);
+      for (int r : bad.rows) labels[std::size_t(r)] = 1000 + r;
+      auto y = on_device(*dev, labels);
+      DeviceArray<float> saved(*dev, head->workspace_size(kSequences, precision)),
+          scratch(*dev, head->scratch_size(kSequences, precision));
+      const lockstep::LayerWorkspace ws{
+          .saved = saved.data(), .scratch = scratch.data(), .precision = precision,
+          .params_bf16 = precision == Precision::bf16 ? w16.data() : nullptr};
+      auto dw = on_device(*dev, std::vector<float>(w.size(), 0.0f));
+      DeviceArray<float> din(*dev, std::size_t(kRows) * kC);
+      DeviceArray<LossStats> stats(*dev, 1);
+      head->forward_loss(*dev, wd.data(), dw.data(), x.data(), din.data(),
+                         {.labels = y.data(), .grad_scale = 1.0f, .stats = stats.data()},
+                         kSequences, ws);
+      const std::uint64_t key = stats.download()[0].label_error;
+      REQUIRE(key != 0);
+      CHECK(lockstep::detail::label_error_row(key) == bad.named);
+      CHECK(lockstep::detail::label_error_label(key) == 1000 + bad.named);
     }
 }

@@ -187,23 +187,26 @@ class GraphTestDevice final : public cpu::CpuDevice {
   }
   void softmax_cross_entropy(const float* logits, const std::int32_t* labels, int rows,
                              int classes, float* dlogits, float grad_scale,
-                             LossStats* stats) override {
+                             LossStats* stats, int first_row) override {
     op("softmax_cross_entropy", [=, this] {
-      CpuDevice::softmax_cross_entropy(logits, labels, rows, classes, dlogits, grad_scale, stats);
+      CpuDevice::softmax_cross_entropy(logits, labels, rows, classes, dlogits, grad_scale, stats,
+                                       first_row);
     });
   }
   void softmax_cross_entropy(const float* logits, const std::int32_t* labels, int rows,
                              int classes, std::uint16_t* dlogits, float grad_scale,
-                             LossStats* stats) override {
+                             LossStats* stats, int first_row) override {
     op("softmax_cross_entropy", [=, this] {
-      CpuDevice::softmax_cross_entropy(logits, labels, rows, classes, dlogits, grad_scale, stats);
+      CpuDevice::softmax_cross_entropy(logits, labels, rows, classes, dlogits, grad_scale, stats,
+                                       first_row);
     });
   }
   void softmax_cross_entropy(const std::uint16_t* logits, const std::int32_t* labels, int rows,
                              int classes, std::uint16_t* dlogits, float grad_scale,
-                             LossStats* stats) override {
+                             LossStats* stats, int first_row) override {
     op("softmax_cross_entropy", [=, this] {
-      CpuDevice::softmax_cross_entropy(logits, labels, rows, classes, dlogits, grad_scale, stats);
+      CpuDevice::softmax_cross_entropy(logits, labels, rows, classes, dlogits, grad_scale, stats,
+                                       first_row);
     });
   }
   using Device::softmax_cross_entropy;

@@ -45,16 +45,18 @@ void CpuDevice::for_rows_of_causal(int count, int rows, int cols, const Fn& fn) 
 // logits (rows, classes) stored as L (float, or bf16 widened as read), labels (rows), dlogits
 // (rows, classes) or null, stored as D (float, or bf16 rounded); dlogits may be the logits
 // (each element is read before its own gradient is written). The labels are checked before
-// anything is written: a bad one leaves the sums and dlogits alone and is recorded. A row
+// anything is written: a bad one leaves the sums and dlogits alone and is recorded, as of row
+// first_row + r of the caller's batch. A row
 // labelled kIgnoreLabel adds nothing to the sums and gets a zero gradient.
 template <class L, class D>
 void CpuDevice::softmax_cross_entropy_of(const L* logits, const std::int32_t* labels,
                                          int rows, int classes, D* dlogits, float grad_scale,
-                                         LossStats* stats) {
+                                         LossStats* stats, int first_row) {
   detail::check_loss_shape(rows, classes);
   for (int r = 0; r < rows; ++r)
     if ((labels[r] < 0 && labels[r] != kIgnoreLabel) || labels[r] >= classes) {
-      stats->label_error = std::max(stats->label_error, detail::label_error_key(r, labels[r]));
+      stats->label_error =
+          std::max(stats->label_error, detail::label_error_key(first_row + r, labels[r]));
       return;
     }
   const std::size_t nc = static_cast<std::size_t>(classes);
@@ -99,20 +101,20 @@ void CpuDevice::softmax_cross_entropy_of(const L* logits, const std::int32_t* la
 
 void CpuDevice::softmax_cross_entropy(const float* logits, const std::int32_t* labels, int rows,
                                       int classes, float* dlogits, float grad_scale,
-                                      LossStats* stats) {
-  softmax_cross_entropy_of(logits, labels, rows, classes, dlogits, grad_scale, stats);
+                                      LossStats* stats, int first_row) {
+  softmax_cross_entropy_of(logits, labels, rows, classes, dlogits, grad_scale, stats, first_row);
 }
 
 void CpuDevice::softmax_cross_entropy(const float* logits, const std::int32_t* labels, int rows,
                                       int classes, std::uint16_t* dlogits, float grad_scale,
-                                      LossStats* stats) {
-  softmax_cross_entropy_of(logits, labels, rows, classes, dlogits, grad_scale, stats);
+                                      LossStats* stats, int first_row) {
+  softmax_cross_entropy_of(logits, labels, rows, classes, dlogits, grad_scale, stats, first_row);
 }
 
 void CpuDevice::softmax_cross_entropy(const std::uint16_t* logits, const std::int32_t* labels,
                                       int rows, int classes, std::uint16_t* dlogits,
-                                      float grad_scale, LossStats* stats) {
-  softmax_cross_entropy_of(logits, labels, rows, classes, dlogits, grad_scale, stats);
+                                      float grad_scale, LossStats* stats, int first_row) {
+  softmax_cross_entropy_of(logits, labels, rows, classes, dlogits, grad_scale, stats, first_row);
 }
 
 // P: the storage of p. fp32 keeps the exponentials in p itself (which may alias s) until they

@@ -35,15 +35,15 @@ __device__ bool skip_ignored_row(int label, int row, int classes, D* dlogits, do
 }
 
 // One block: *bad_row = the first row whose label is outside [0, classes), or stays above every
-// row, and that row's key (detail::label_error_key: the lowest row has the largest key) into
-// stats->label_error. Runs before the row kernel, so that a bad label anywhere leaves dlogits
+// row, and that row's key as row first_row + r of the caller's batch (detail::label_error_key:
+// the lowest row has the largest key) into stats->label_error. Runs before the row kernel, so that a bad label anywhere leaves dlogits
 // unwritten, as on the CPU (which checks every label before it computes anything).
 __global__ void check_labels_kernel(const std::int32_t* labels, int rows, int classes,
-                                    int* bad_row, LossAccumulator* stats) {
+                                    int first_row, int* bad_row, LossAccumulator* stats) {
   for (int r = threadIdx.x; r < rows; r += kThreads)
     if ((labels[r] < 0 && labels[r] != kIgnored) || labels[r] >= classes) {
       atomicMin(bad_row, r);
-      atomicMax(&stats->label_error, detail::label_error_key(r, labels[r]));
+      atomicMax(&stats->label_error, detail::label_error_key(first_row + r, labels[r]));
       return;  // this thread's later rows come after r
     }
 }
@@ -344,13 +344,15 @@ void launch_mask_packed_scores(cudaStream_t stream, float* s, const std::int32_t
 template <class L, class D>
 void softmax_cross_entropy_of(cudaStream_t stream, const L* logits, const std::int32_t* labels,
                               int rows, int classes, D* dlogits, float grad_scale,
-                              double* row_loss, int* row_correct, LossAccumulator* stats) {
+                              double* row_loss, int* row_correct, LossAccumulator* stats,
+                              int first_row) {
   if (rows <= 0) return;
   // The call's first bad row, in the scratch int after the rows' correct counts: it starts above
   // any row (0x7f7f7f7f) and check_labels_kernel lowers it with atomicMin.
   int* bad_row = row_correct + rows;
   CUDA_CHECK(cudaMemsetAsync(bad_row, 0x7f, sizeof(int), stream));
-  check_labels_kernel<<<1, kThreads, 0, stream>>>(labels, rows, classes, bad_row, stats);
+  check_labels_kernel<<<1, kThreads, 0, stream>>>(labels, rows, classes, first_row, bad_row,
+                                                  stats);
   CUDA_CHECK(cudaGetLastError());
   if constexpr (std::is_same_v<L, std::uint16_t>) {
     static_assert(std::is_same_v<D, std::uint16_t>);
@@ -390,26 +392,26 @@ void causal_softmax_backward_of(cudaStream_t stream, const P* p, const float* dp
 void launch_softmax_cross_entropy(cudaStream_t stream, const float* logits,
                                   const std::int32_t* labels, int rows, int classes,
                                   float* dlogits, float grad_scale, double* row_loss,
-                                  int* row_correct, LossAccumulator* stats) {
+                                  int* row_correct, LossAccumulator* stats, int first_row) {
   softmax_cross_entropy_of(stream, logits, labels, rows, classes, dlogits, grad_scale, row_loss,
-                           row_correct, stats);
+                           row_correct, stats, first_row);
 }
 
 void launch_softmax_cross_entropy_bf16(cudaStream_t stream, const float* logits,
                                        const std::int32_t* labels, int rows, int classes,
                                        std::uint16_t* dlogits, float grad_scale,
                                        double* row_loss, int* row_correct,
-                                       LossAccumulator* stats) {
+                                       LossAccumulator* stats, int first_row) {
   softmax_cross_entropy_of(stream, logits, labels, rows, classes, dlogits, grad_scale, row_loss,
-                           row_correct, stats);
+                           row_correct, stats, first_row);
 }
 
 void launch_fused_classifier(cudaStream_t stream, const std::uint16_t* logits,
                              const std::int32_t* labels, int rows, int classes,
                              std::uint16_t* dlogits, float grad_scale, double* row_loss,
-                             int* row_correct, LossAccumulator* stats) {
+                             int* row_correct, LossAccumulator* stats, int first_row) {
   softmax_cross_entropy_of(stream, logits, labels, rows, classes, dlogits, grad_scale, row_loss,
-                           row_correct, stats);
+                           row_correct, stats, first_row);
 }
 
 void launch_causal_softmax_forward(cudaStream_t stream, const float* s, float* p, int count,
