@@ -16,6 +16,11 @@ work=${3:-$(mktemp -d)}
 root=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$work"
 
+# Every logged step's loss and gradient norm in a metrics file (the other fields are times).
+losses() {
+  grep '"kind": "step"' "$1" | sed -E 's/.*"loss": ([^,]*),.*"grad_norm": ([^,]*),.*/\1 \2/'
+}
+
 # run NAME CONFIG SETTINGS...: both builds, then the comparison.
 failures=0 runs=0
 run() {
@@ -44,16 +49,16 @@ run() {
   for f in "$work/$name.old/ck"/step_*; do
     cmp -s "$f" "$work/$name.new/ck/$(basename "$f")" || diff+=" $(basename "$f")"
   done
-  # Every logged step's loss and gradient norm (the other fields are times).
-  local losses
-  losses() { grep '"kind": "step"' "$1" | sed -E 's/.*"loss": ([^,]*),.*"grad_norm": ([^,]*),.*/\1 \2/'; }
   [ "$(losses "$work/$name.old/metrics.jsonl")" = "$(losses "$work/$name.new/metrics.jsonl")" ] ||
     diff+=" losses"
   if [ -n "$diff" ]; then
     echo "FAIL $name:$diff"
     failures=$((failures + 1))
   else
-    echo "same $name ($(ls "$work/$name.old/ck" | grep -c step_) files, $(losses "$work/$name.old/metrics.jsonl" | wc -l) steps)"
+    local files steps
+    files=$(ls "$work/$name.old/ck" | grep -c step_)
+    steps=$(losses "$work/$name.old/metrics.jsonl" | wc -l)
+    echo "same $name ($files files, $steps steps)"
   fi
 }
 

@@ -378,13 +378,14 @@ class Block final : public Layer {
   // one stream and keep nothing of a call's operands for later (the CUDA device's cuDNN and
   // cuBLASLt workspaces are its own), so the sharing holds there too. What would break it: a
   // call that reads h or qkv beyond the steps above (e.g. c_fc reading h under bf16), or a
-  // din that aliases dout or x. Tests: tests/model/test_gpt.cpp, a block's gradients with a
-  // din and without one, and finite differences.
+  // din that aliases dout or x. Tests: tests/model/test_backward_scratch.cpp (a block's
+  // gradients with a din and without one, scratch and din filled with NaN first, bf16 against
+  // fp32) and the finite differences of test_gpt.cpp.
   struct Scratch {
     float* h;     // (N, 4C) gradient of the MLP's hidden layer, before and after GELU
     float* tmp;   // (N, C) gradient at a LayerNorm's output or of the attention output
-    float* res1;  // (N, C) gradient of the first residual, for a block without din
-    float* qkv;   // (N, 3C)
+    float* res1;  // (N, C) gradient of the first residual, for a block without din: h's front
+    float* qkv;   // (N, 3C) gradient of qkv: h's front
     float* att;   // materialised: (B, H, T, T) gradient of the probabilities, then of the scores
     // bf16 only (null otherwise), max((N, 4C), att): a gradient rounded to bf16 as a
     // matrix-product input.

@@ -309,6 +309,28 @@ TEST_SUITE("cuda") {
     CHECK(keys[0] == keys[1]);
     CHECK(detail::label_error_row(keys[0]) == 2);
     CHECK(detail::label_error_label(keys[0]) == -3);
+    // A chunk of a batch (first_row 300: the chunked LM head's second chunk of 256 rows and
+    // more) names its rows in the batch, fp32 and bf16 logits: rows 301 and 303 bad, 301 named.
+    std::uint64_t chunk_keys[2][2] = {};
+    which = 0;
+    for (Device* d : {gpu.get(), cpu.get()}) {
+      const std::vector<float> logits = random_floats(16, 6);
+      auto lx = on_device(*d, logits);
+      auto lx16 = on_device(*d, to_bits(logits));
+      auto yx = on_device(*d, std::vector<std::int32_t>{0, 8, 1, -5});
+      DeviceArray<LossStats> acc(*d, 2);
+      d->softmax_cross_entropy(lx.data(), yx.data(), 4, 4, static_cast<float*>(nullptr), 0.0f,
+                               acc.data(), 300);
+      d->softmax_cross_entropy(lx16.data(), yx.data(), 4, 4, nullptr, 0.0f, acc.data() + 1, 300);
+      const std::vector<LossStats> got = acc.download();
+      chunk_keys[which][0] = got[0].label_error;
+      chunk_keys[which++][1] = got[1].label_error;
+    }
+    for (int k = 0; k < 2; ++k) {
+      CHECK(chunk_keys[0][k] == chunk_keys[1][k]);
+      CHECK(detail::label_error_row(chunk_keys[0][k]) == 301);
+      CHECK(detail::label_error_label(chunk_keys[0][k]) == 8);
+    }
     auto ld = on_device(*gpu, random_floats(12, 5));
     auto yd = on_device(*gpu, std::vector<std::int32_t>{0, 4, 1});
     CHECK_THROWS_WITH_AS(gpu->softmax_cross_entropy(ld.data(), yd.data(), 3, 4, nullptr, 1.0f),

@@ -36,8 +36,9 @@ __device__ bool skip_ignored_row(int label, int row, int classes, D* dlogits, do
 
 // One block: *bad_row = the first row whose label is outside [0, classes), or stays above every
 // row, and that row's key as row first_row + r of the caller's batch (detail::label_error_key:
-// the lowest row has the largest key) into stats->label_error. Runs before the row kernel, so that a bad label anywhere leaves dlogits
-// unwritten, as on the CPU (which checks every label before it computes anything).
+// the lowest row has the largest key) into stats->label_error. Runs before the row kernel, so
+// that a bad label anywhere leaves dlogits unwritten, as on the CPU (which checks every label
+// before it computes anything).
 __global__ void check_labels_kernel(const std::int32_t* labels, int rows, int classes,
                                     int first_row, int* bad_row, LossAccumulator* stats) {
   for (int r = threadIdx.x; r < rows; r += kThreads)
