@@ -602,6 +602,10 @@ class LayerNorm final : public Layer {
   std::size_t workspace_size(int batch, Precision /*precision*/) const noexcept override {
     return 2 * std::size_t(batch) * t_;
   }
+  // (2C): the weight's and bias's gradients when they are frozen (grads null), discarded.
+  std::size_t scratch_size(int /*batch*/, Precision /*precision*/) const noexcept override {
+    return 2 * std::size_t(c_);
+  }
 
   void forward(Device& dev, const float* params, const float* in, float* out, int batch,
                const LayerWorkspace& ws) const override {
@@ -615,8 +619,9 @@ class LayerNorm final : public Layer {
     const std::size_t n = std::size_t(batch) * t_;
     // A GPT's final LayerNorm always has a din, which it writes (no residual: a null one).
     if (!din) throw std::logic_error("layernorm: needs an input gradient (not a first layer)");
+    float* g = grads ? grads : ws.scratch;
     dev.residual_layernorm_backward(in, params, ws.saved, ws.saved + n, dout, nullptr, din,
-                                    nullptr, grads, grads + c_, static_cast<int>(n), c_);
+                                    nullptr, g, g + c_, static_cast<int>(n), c_);
   }
   // Note [KV cache]: mean and rstd (count) each in the scratch.
   bool decodes() const noexcept override { return true; }
