@@ -36,7 +36,7 @@ void check_chain(const Tiny& tiny) {
   const auto first = run_cli(kLora + "--set trainer.steps=2 --set trainer.checkpoint.dir=" + at("c1"));
   REQUIRE_MESSAGE(first.code == 0, first.output);
   CHECK(first.output.find("parameters trained (frozen") != std::string::npos);
-  for (const std::string args : {"--format hf --base --out " + at("base"),
+  for (const std::string& args : {"--format hf --base --out " + at("base"),
                                  "--format hf --out " + at("merged"),
                                  "--format peft --out " + at("peft_seed")}) {
     const auto r = run_cli("export " + at("c1") + " " + args);
