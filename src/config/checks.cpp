@@ -13,6 +13,7 @@
 #include "config/schema.hpp"
 #include "lockstep/config.hpp"
 #include "lockstep/model.hpp"
+#include "model/lora_targets.hpp"
 
 namespace lockstep {
 namespace config_impl {
@@ -188,20 +189,26 @@ void check_decoder(const ModelConfig& m, const Rules& r) {
                           s.high_freq_factor));
 }
 
-// model.lora (Note [LoRA] in src/model/lora.cpp): what is built is LoRA on the Llama family's
-// blocks, in any precision (under bf16 the base is held in bf16 only: Note [Frozen parameters]).
+// model.lora (Note [LoRA] in src/model/lora.cpp): LoRA on a decoder's blocks, the Llama
+// family's in any precision (under bf16 the base is held in bf16 only: Note [Frozen
+// parameters]), GPT-2's in fp32 and tf32; targets by the family's PEFT module names.
 void check_lora(const Config& c, const Rules& r) {
   const ModelConfig& m = c.model;
   if (!r.readable({"model.lora.rank"}) || m.lora.rank == 0) return;
-  if (r.readable({"model.type", "model.norm"}) &&
-      (m.type != "gpt" || m.norm != NormKind::rmsnorm))
+  if (!r.readable({"model.type", "model.norm"})) return;
+  if (m.type != "gpt")
     r.fail_at("model.lora.rank",
-              fmt::format("LoRA is built for the Llama family's decoder ({}, {}): GPT-2's and "
-                          "the mlp's layers have no adapters",
-                          r.other("model.type", m.type), r.other("model.norm", to_string(m.norm))));
+              fmt::format("LoRA is built for the decoders (model.type gpt), not {}: the mlp's "
+                          "layers have no adapters",
+                          r.other("model.type", m.type)));
+  const bool gpt2 = m.norm != NormKind::rmsnorm;
+  if (gpt2 && r.readable({"trainer.precision"}) && c.trainer.precision == Precision::bf16)
+    r.fail_at("model.lora.rank",
+              fmt::format("LoRA on GPT-2's blocks is built in fp32 (or tf32) only, not with {}",
+                          r.other("trainer.precision", to_string(c.trainer.precision))));
   if (r.readable({"model.lora.targets"})) {
     try {
-      (void)parse_lora_targets(m.lora.targets);
+      (void)detail::parse_lora_targets(m.lora.targets, gpt2);
     } catch (const std::invalid_argument& e) {
       r.fail_at("model.lora.targets", e.what());
     }

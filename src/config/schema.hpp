@@ -274,10 +274,12 @@ void visit_schema(Visitor& v, C& c) {
 
   v.section("model.lora");
   v.integer("rank", c.model.lora.rank, IntRule{.min = 0},
-            "LoRA adapters' rank on a Llama-family model; 0: none, every weight trained");
+            "LoRA adapters' rank on a decoder's blocks (Llama family, or GPT-2's in fp32 and "
+            "tf32); 0: none, every weight trained");
   v.number("alpha", c.model.lora.alpha, kPositive, "LoRA: the adapters are scaled by alpha / rank");
   v.text("targets", c.model.lora.targets,
-         "LoRA: projections by PEFT's names, comma-separated (q_proj,...,down_proj), or all");
+         "LoRA: projections by PEFT's names, comma-separated (q_proj,...,down_proj; GPT-2: "
+         "c_attn, attn.c_proj, c_fc, mlp.c_proj, c_proj for both), or all");
   v.number("dropout", c.model.lora.dropout, kFraction,
            "LoRA: in training, dropout on each adapter's input, as PEFT's lora_dropout");
 

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "lockstep/model.hpp"
+#include "model/lora.hpp"
 #include "model/rope.hpp"
 
 namespace lockstep {
@@ -110,9 +111,6 @@ Model with_recomputable_blocks(Model model, int n_layer) {
 
 Model Model::gpt(const GptSpec& spec, AttentionKind attention, const LoraSpec& lora) {
   check_spec(spec);
-  if (lora.enabled() && !spec.llama_parts())
-    throw std::invalid_argument(
-        "gpt: LoRA adapters are built for the Llama family's blocks only, not GPT-2's");
   std::vector<std::unique_ptr<Layer>> layers;
   std::vector<std::string> names;
   const auto add = [&](std::unique_ptr<Layer> layer, std::string name) {
@@ -120,20 +118,21 @@ Model Model::gpt(const GptSpec& spec, AttentionKind attention, const LoraSpec& l
     names.push_back(std::move(name));
   };
   const int v = spec.vocab_size, t = spec.context, c = spec.d_model;
-  if (!spec.llama_parts()) {
-    add(make_embedding(v, t, c), "transformer");
-    for (int i = 0; i < spec.n_layer; ++i)
-      add(make_block(t, c, spec.n_head, spec.n_layer, attention), fmt::format("transformer.h.{}", i));
-    add(make_layernorm(t, c), "transformer.ln_f");
-    add(make_tied_lm_head(0, v, t, c), "lm_head");
-    return with_recomputable_blocks(Model(std::move(layers), std::move(names)), spec.n_layer);
-  }
-  const RopeConstants rope = make_rope_constants(spec);
   // LoRA: every layer but the blocks is frozen whole; a block freezes its base and trains its
   // adapters (Note [LoRA] in lora.cpp).
   const auto frozen = [&](std::unique_ptr<Layer> layer) {
     return lora.enabled() ? make_frozen(std::move(layer)) : std::move(layer);
   };
+  if (!spec.llama_parts()) {
+    add(frozen(make_embedding(v, t, c)), "transformer");
+    for (int i = 0; i < spec.n_layer; ++i)
+      add(detail::make_gpt_block(t, c, spec.n_head, spec.n_layer, attention, lora),
+          fmt::format("transformer.h.{}", i));
+    add(frozen(make_layernorm(t, c)), "transformer.ln_f");
+    add(frozen(make_tied_lm_head(0, v, t, c)), "lm_head");
+    return with_recomputable_blocks(Model(std::move(layers), std::move(names)), spec.n_layer);
+  }
+  const RopeConstants rope = make_rope_constants(spec);
   add(frozen(make_token_embedding(v, t, c)), "model");
   for (int i = 0; i < spec.n_layer; ++i)
     add(make_llama_block(spec, attention, rope, lora), fmt::format("model.layers.{}", i));

@@ -16,10 +16,13 @@
 #include <string_view>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "common/random.hpp"
 #include "lockstep/model.hpp"
 #include "model/attention.hpp"
+#include "model/lora.hpp"
+#include "model/lora_targets.hpp"
 #include "model/ops.hpp"
 
 namespace lockstep {
@@ -31,6 +34,8 @@ using detail::Carver;
 using detail::fill_normal;
 using detail::Kept;
 using detail::kInitStd;
+using detail::LoraAdapter;
+using detail::LoraTarget;
 
 // ---- Embedding --------------------------------------------------------------------------------
 
@@ -107,38 +112,64 @@ std::vector<ParamTensor> block_tensors(const std::string& prefix, std::int64_t c
 // attn(h) = c_proj(softmax_causal(q k^T / sqrt(D)) v), (q, k, v) = c_attn(h), per head, and
 // mlp(h) = c_proj(gelu(c_fc(h))).
 //
+// With LoRA adapters (Note [LoRA] in lora.cpp) the block's parameters are the adapters of its
+// targeted projections and the tensors above are its frozen parameters (fp32 and tf32 only);
+// the adapters add into the products' outputs and their input gradients. An adapter on c_fc adds
+// into the pre-activation: c_fc's fused product and GELU run as the product, the adapter's
+// terms, then GELU on the kept sum, so GELU's fused backward reads the right fc.
+//
 // Attention runs one of two ways (model.attention): materialised, as gemm_batched products
 // around the causal softmax over (B, H, T, T) matrices kept for backward (the reference), or
 // fused, as Device::attention_forward/backward, which keep the log-sum-exp (B, H, T) only (Note
 // [Tiled attention] in src/cpu/ops/attention.cpp).
 class Block final : public Layer {
  public:
-  Block(int context, int channels, int heads, int n_layer, AttentionKind attention)
+  Block(int context, int channels, int heads, int n_layer, AttentionKind attention,
+        const LoraSpec& lora = {})
       : t_(context), c_(channels), h_(heads), n_layer_(n_layer),
-        fused_(attention == AttentionKind::fused) {
+        fused_(attention == AttentionKind::fused), rank_(lora.enabled() ? lora.rank : 0),
+        lora_scale_(lora.enabled() ? lora.scale() : 0.0f),
+        lora_dropout_(lora.enabled() ? static_cast<float>(lora.dropout) : 0.0f) {
     if (attention == AttentionKind::automatic)
       throw std::invalid_argument(
           "gpt block: attention 'auto' must be resolved first (choose_attention)");
     const std::vector<ParamTensor> tensors = block_tensors("", c_);
     for (int i = 0; i < kBlockParams; ++i) offsets_[i] = tensors[i].offset;
     count_ = tensors.back().offset + tensors.back().numel();
+    if (lora.enabled()) add_targets(lora);
   }
 
   std::string_view kind() const noexcept override { return "block"; }
   int in_features() const noexcept override { return t_ * c_; }
   int out_features() const noexcept override { return t_ * c_; }
-  std::size_t param_count() const noexcept override { return count_; }
+  std::size_t param_count() const noexcept override { return lora() ? lora_count_ : count_; }
   std::vector<ParamTensor> param_tensors(const std::string& prefix) const override {
+    if (lora()) return detail::lora_tensors(prefix, targets_, rank_);
+    return block_tensors(prefix, c_);
+  }
+  std::size_t frozen_count() const noexcept override { return lora() ? count_ : 0; }
+  std::vector<ParamTensor> frozen_tensors(const std::string& prefix) const override {
+    if (!lora()) return {};
     return block_tensors(prefix, c_);
   }
 
   // LayerNorms 1 and 0, linear weights N(0, 0.02), biases 0; the two residual projections
-  // N(0, 0.02 / sqrt(2 n_layer)). Draws in storage order.
+  // N(0, 0.02 / sqrt(2 n_layer)). Draws in storage order. With LoRA these are the frozen base's,
+  // and the parameters are the adapters (detail::init_lora).
   void init_parameters(float* params, std::uint64_t& rng) const override {
+    if (lora())
+      detail::init_lora(params, targets_, rank_, rng);
+    else
+      init_base(params, rng);
+  }
+  void init_frozen(float* frozen, std::uint64_t& rng) const override {
+    if (lora()) init_base(frozen, rng);
+  }
+  void init_base(float* params, std::uint64_t& rng) const {
     const Params p = at(params);
     const std::size_t c = static_cast<std::size_t>(c_);
     const double proj_std = kInitStd / std::sqrt(2.0 * n_layer_);
-    std::fill(params, params + param_count(), 0.0f);
+    std::fill(params, params + count_, 0.0f);
     std::fill(p.ln1_w, p.ln1_w + c, 1.0f);
     std::fill(p.ln2_w, p.ln2_w + c, 1.0f);
     fill_normal(p.attn_w, 3 * c * c, kInitStd, rng);
@@ -148,30 +179,30 @@ class Block final : public Layer {
   }
 
   std::size_t workspace_size(int batch, Precision precision) const noexcept override {
-    return Saved::at(nullptr, nullptr, shape(batch), fused_, precision == Precision::bf16).size;
+    return saved({.precision = precision}, batch).size;
   }
   std::size_t scratch_size(int batch, Precision precision) const noexcept override {
-    return Scratch::at(nullptr, shape(batch), fused_, precision == Precision::bf16).size;
+    return scratch({.precision = precision}, batch).size;
   }
   // ln_1's and ln_2's outputs, GELU's, and res1 (Note [Recomputation] in src/model/model.cpp).
   std::size_t recomputed_size(int batch, Precision precision) const noexcept override {
-    return Saved::at(nullptr, nullptr, shape(batch), fused_, precision == Precision::bf16)
-        .recomputed;
+    return saved({.precision = precision}, batch).recomputed;
   }
   // The calls forward made, on what it kept: ln_1 of x (mean1 and rstd1 rewritten with their
-  // own bits), res1 and ln_2 of it (residual1: c_proj's product of the kept atty, then the
-  // residual add and the norm, forward's own calls), GELU of fc. On the CPU forward's GELU is
-  // that activation_forward on the kept fc (Note [Fused linear]).
-  void recompute(Device& dev, const float* params, const float* x, int batch,
+  // own bits), res1 and ln_2 of it (residual1: c_proj's product of the kept atty with its
+  // adapters, then the residual add and the norm, forward's own calls), GELU of fc. On the CPU
+  // forward's GELU is that activation_forward on the kept fc (Note [Fused linear]); with an
+  // adapter on c_fc, forward's GELU is that call too.
+  void recompute(Device& dev, const float* own, const float* x, int batch,
                  const LayerWorkspace& ws) const override {
+    const float* params = base_of(own, ws);
     const Params p = at(const_cast<float*>(params));
-    const Saved s = Saved::at(ws.saved, ws.recomputed, shape(batch), fused_,
-                              ws.precision == Precision::bf16);
+    const Saved s = saved(ws, batch);
     const int n = batch * t_, c = c_;
     s.ln1.store([&](auto* y) {
       dev.layernorm_forward(x, p.ln1_w, p.ln1_b, y, s.mean1, s.rstd1, n, c);
     });
-    residual1(dev, p, linears(params, ws), s, x, n);
+    residual1(dev, own, ws, p, linears(params, ws), s, scratch(ws, batch), x, n);
     if (s.fc.bf16)
       dev.activation_forward(Activation::gelu, s.fc.bf16, s.gelu.bf16, elements(n, 4 * c));
     else
@@ -180,38 +211,52 @@ class Block final : public Layer {
 
   // In bf16 the kernels that produce a kept tensor round it as they store it into saved; a
   // matrix product's output (the linear maps', attention's) is computed in fp32 in scratch first.
-  void forward(Device& dev, const float* params, const float* x, float* out, int batch,
+  void forward(Device& dev, const float* own, const float* x, float* out, int batch,
                const LayerWorkspace& ws) const override {
+    const float* params = base_of(own, ws);
     const Params p = at(const_cast<float*>(params));
     const Linears w = linears(params, ws);
-    const bool bf16 = ws.precision == Precision::bf16;
-    const Saved s = Saved::at(ws.saved, ws.recomputed, shape(batch), fused_, bf16);
-    const Scratch d = Scratch::at(ws.scratch, shape(batch), fused_, bf16);
+    const Saved s = saved(ws, batch);
+    const Scratch d = scratch(ws, batch);
     const int n = batch * t_, c = c_;
+    const auto adapt = [&](Projection proj, MatIn in, float* y) {
+      adapt_forward(dev, own, ws, s, d, proj, in, y, n);
+    };
     s.ln1.store([&](auto* y) {
       dev.layernorm_forward(x, p.ln1_w, p.ln1_b, y, s.mean1, s.rstd1, n, c);
     });
     detail::linear_forward(dev, w.attn, s.ln1.input(), s.qkv.output(), d.qkv, n, c, 3 * c);
+    adapt(kCAttn, s.ln1.input(), s.qkv.f32);
     attention_forward(dev, s, d, batch, ws.positions);
-    residual1(dev, p, w, s, x, n);
-    // gelu = GELU(fc), fc kept for GELU's backward (Note [Fused linear]).
-    dev.linear_forward({.rows = n, .in = c, .out = 4 * c, .x = s.ln2.input(), .weight = w.fc.weight,
-                        .bias = w.fc.bias_for(s.fc.output()), .act = FusedActivation::gelu,
-                        .pre = s.fc.output(),
-                        .y = s.gelu.output(), .product = d.h});
+    residual1(dev, own, ws, p, w, s, d, x, n);
+    // gelu = GELU(fc), fc kept for GELU's backward (Note [Fused linear]); with an adapter on
+    // c_fc, fc is the product plus the adapter's terms, and GELU runs on it after.
+    if (has_target(kFc)) {
+      detail::linear_forward(dev, w.fc, s.ln2.input(), s.fc.output(), d.h, n, c, 4 * c);
+      adapt(kFc, s.ln2.input(), s.fc.f32);
+      dev.activation_forward(Activation::gelu, s.fc.f32, s.gelu.f32, elements(n, 4 * c));
+    } else {
+      dev.linear_forward({.rows = n, .in = c, .out = 4 * c, .x = s.ln2.input(),
+                          .weight = w.fc.weight, .bias = w.fc.bias_for(s.fc.output()),
+                          .act = FusedActivation::gelu, .pre = s.fc.output(),
+                          .y = s.gelu.output(), .product = d.h});
+    }
     detail::linear_forward(dev, w.fc_proj, s.gelu.input(), {out, nullptr}, nullptr, n, 4 * c, c);
+    adapt(kFcProj, s.gelu.input(), out);
     dev.add(out, s.res1, out, elements(n, c));
   }
 
-  void backward(Device& dev, const float* params, float* grads, const float* x,
+  void backward(Device& dev, const float* own, float* grads, const float* x,
                 const float* /*out*/, const float* dout, float* din, int batch,
                 const LayerWorkspace& ws) const override {
+    if (lora()) return lora_backward(dev, own, grads, x, dout, din, batch, ws);
+    const float* params = own;
     const Params p = at(const_cast<float*>(params));
     const Linears w = linears(params, ws);
     const Params g = at(grads);
     const bool bf16 = ws.precision == Precision::bf16;
-    const Saved s = Saved::at(ws.saved, ws.recomputed, shape(batch), fused_, bf16);
-    const Scratch d = Scratch::at(ws.scratch, shape(batch), fused_, bf16);
+    const Saved s = saved(ws, batch);
+    const Scratch d = scratch(ws, batch);
     const int n = batch * t_, c = c_;
     // MLP branch: out = res1 + c_proj(gelu(c_fc(ln_2(res1)))). c_proj's backward runs GELU's
     // too, giving the gradient of fc in d.h (and in bf16 rounded into d.grad16, c_fc's products'
@@ -247,6 +292,45 @@ class Block final : public Layer {
     // storage with d.qkv, read by now; the parameters' gradients do not read the residual).
     dev.residual_layernorm_backward(x, p.ln1_w, s.mean1, s.rstd1, d.tmp, din, din ? din : d.res1,
                                     nullptr, g.ln1_w, g.ln1_b, n, c);
+  }
+
+  // With LoRA: the base's input gradients alone (no weight, bias or LayerNorm gradients, the
+  // latter into a discarded sink), each followed by its adapters' (Note [LoRA] in lora.cpp),
+  // which add into the input gradient before GELU's backward where c_proj of the MLP has one.
+  // fp32 and tf32 only (check_lora).
+  void lora_backward(Device& dev, const float* own, float* grads, const float* x,
+                     const float* dout, float* din, int batch, const LayerWorkspace& ws) const {
+    const float* params = base_of(own, ws);
+    const Params p = at(const_cast<float*>(params));
+    const Linears w = linears(params, ws);
+    const Saved s = saved(ws, batch);
+    const Scratch d = scratch(ws, batch);
+    const int n = batch * t_, c = c_;
+    // dx (N, in) = dy W, then the adapters on `proj` add theirs.
+    const auto project = [&](Projection proj, const detail::LinearParams& map, MatIn in,
+                             MatIn dy, float* dx, int in_f, int out_f) {
+      detail::matmul(dev, Transpose::no, Transpose::no, n, in_f, out_f, dy, out_f, map.weight,
+                     in_f, 0.0f, dx, in_f);
+      for (std::size_t i = 0; i < targets_.size(); ++i) {
+        if (projections_[i] != proj) continue;
+        float* da = grads + lora_offsets_[i];
+        adapter(own, i, ws).backward(dev, in, lora_u(s, i, n).input(), dy, da, da + a_count(i),
+                                     dx, lora_scratch(d), n);
+      }
+    };
+    project(kFcProj, w.fc_proj, s.gelu.input(), {dout, nullptr}, d.h, 4 * c, c);
+    dev.activation_backward(Activation::gelu, s.fc.f32, d.h, d.h, elements(n, 4 * c));
+    project(kFc, w.fc, s.ln2.input(), {d.h, nullptr}, d.tmp, c, 4 * c);
+    // d res1 into din, or without one into h's front, as backward() (Note [Backward scratch
+    // lifetimes]; this path is fp32: tmp has its own region).
+    float* dres1 = din ? din : d.res1;
+    dev.residual_layernorm_backward(s.res1, p.ln2_w, s.mean2, s.rstd2, d.tmp, dout, dres1,
+                                    nullptr, d.sink, d.sink + c, n, c);
+    project(kAttnProj, w.attn_proj, s.atty.input(), {dres1, nullptr}, d.tmp, c, c);
+    attention_backward(dev, s, d, batch, ws.positions);
+    project(kCAttn, w.attn, s.ln1.input(), {d.qkv, nullptr}, d.tmp, c, 3 * c);
+    dev.residual_layernorm_backward(x, p.ln1_w, s.mean1, s.rstd1, d.tmp, din, din ? din : d.res1,
+                                    nullptr, d.sink, d.sink + c, n, c);
   }
 
   // forward for the newest positions of one sequence (Note [KV cache]): c_attn writes their qkv
@@ -323,15 +407,17 @@ class Block final : public Layer {
     Kept fc;                     // (N, 4C)
     Kept ln1, ln2;               // (N, C) each
     Kept gelu;                   // (N, 4C)
+    Kept lora_u;                 // LoRA: (targets, N, rank), each target's s x A^T
     std::size_t size, recomputed;
-    static Saved at(float* base, float* recomputed, AttentionShape a, bool fused, bool bf16) {
+    static Saved at(float* base, float* recomputed, AttentionShape a, bool fused, bool bf16,
+                    std::size_t lora_u) {
       const std::size_t n = std::size_t(a.batch) * a.T, c = std::size_t(a.heads) * a.head_size;
       const std::size_t rows = std::size_t(a.batch) * a.heads * a.T;  // (B, H, T)
       Carver k(base);
       const auto kept = [&](Carver& in, std::size_t count) { return Kept::take(in, count, bf16); };
       Saved s{k.take(n), k.take(n), kept(k, 3 * n * c), kept(k, fused ? 0 : rows * a.T),
               k.take(fused ? rows : 0), kept(k, n * c), nullptr, k.take(n), k.take(n),
-              kept(k, 4 * n * c), {}, {}, {}, 0, 0};
+              kept(k, 4 * n * c), {}, {}, {}, kept(k, lora_u), 0, 0};
       // ln1, ln2, gelu and res1 after the rest, or in `recomputed`; counted as a buffer of their
       // own.
       Carver apart(recomputed), measure(nullptr);
@@ -394,9 +480,15 @@ class Block final : public Layer {
     // they write the gradient of fc into grad16; then the gradient of atty rounded, attention's
     // input, while the materialised path's score gradients use grad16.
     std::uint16_t* dout16;
+    float* lora_du;  // LoRA: (N, rank), an adapter's du
+    float* sink;     // LoRA: (2C), the frozen LayerNorms' weight and bias gradients, discarded
+    // LoRA with dropout: (N, 4C), an adapter's dropped input; in its backward, its input
+    // gradient before the mask.
+    float* lora_x;
     std::size_t size;
-    // fp32: (N, 4C) + (N, C) + att floats; bf16: (N, 4C) + att floats, then grad16 and dout16.
-    static Scratch at(float* base, AttentionShape a, bool fused, bool bf16) {
+    // fp32: (N, 4C) + (N, C) + att floats; bf16: (N, 4C) + att floats, then grad16 and dout16;
+    // then LoRA's: rank (0: none), and whether its adapters drop their input.
+    static Scratch at(float* base, AttentionShape a, bool fused, bool bf16, int rank, bool drops) {
       const std::size_t n = std::size_t(a.batch) * a.T, c = std::size_t(a.heads) * a.head_size;
       const std::size_t att = fused ? 0 : std::size_t(a.batch) * a.heads * a.T * a.T;
       const std::size_t widest = std::max(4 * n * c, att);
@@ -404,22 +496,95 @@ class Block final : public Layer {
       float* h = k.take(4 * n * c);
       float* tmp = bf16 ? (h ? h + 3 * n * c : nullptr) : k.take(n * c);
       Scratch s{h, tmp, h, h, k.take(att), bf16 ? k.take_bf16(widest) : nullptr,
-                bf16 ? k.take_bf16(n * c) : nullptr, 0};
+                bf16 ? k.take_bf16(n * c) : nullptr, k.take(n * std::size_t(rank)),
+                k.take(rank > 0 ? 2 * c : 0), k.take(drops ? 4 * n * c : 0), 0};
       s.size = k.used();
       return s;
     }
   };
 
-  // res1 = x + c_proj(atty), and ln_2 of it, in one pass (Note [Residual LayerNorm]): forward's
-  // calls, which recompute() makes again on the kept atty and x.
-  void residual1(Device& dev, const Params& p, const Linears& w, const Saved& s, const float* x,
+  // res1 = x + c_proj(atty) with c_proj's adapters, and ln_2 of it, in one pass (Note [Residual
+  // LayerNorm]): forward's calls, which recompute() makes again on the kept atty and x.
+  void residual1(Device& dev, const float* own, const LayerWorkspace& ws, const Params& p,
+                 const Linears& w, const Saved& s, const Scratch& d, const float* x,
                  int n) const {
     detail::linear_forward(dev, w.attn_proj, s.atty.input(), {s.res1, nullptr}, nullptr, n, c_,
                            c_);
+    adapt_forward(dev, own, ws, s, d, kAttnProj, s.atty.input(), s.res1, n);
     s.ln2.store([&](auto* y) {
       dev.residual_layernorm_forward(s.res1, x, s.res1, p.ln2_w, p.ln2_b, y, s.mean2, s.rstd2, n,
                                      c_);
     });
+  }
+
+  Saved saved(const LayerWorkspace& ws, int batch) const {
+    const std::size_t lora_u = targets_.size() * std::size_t(batch) * t_ * rank_;
+    return Saved::at(ws.saved, ws.recomputed, shape(batch), fused_,
+                     ws.precision == Precision::bf16, lora_u);
+  }
+  Scratch scratch(const LayerWorkspace& ws, int batch) const {
+    return Scratch::at(ws.scratch, shape(batch), fused_, ws.precision == Precision::bf16, rank_,
+                       lora_dropout_ > 0.0f);
+  }
+
+  // ---- LoRA (Note [LoRA] in lora.cpp) ----
+  // The four projections, in the order of gpt2_lora_target_names().
+  enum Projection { kCAttn, kAttnProj, kFc, kFcProj };
+  bool lora() const noexcept { return rank_ > 0; }
+  bool has_target(Projection p) const {
+    return std::find(projections_.begin(), projections_.end(), p) != projections_.end();
+  }
+  // The base's fp32 tensors: the block's own parameters, or with LoRA the frozen ones.
+  const float* base_of(const float* own, const LayerWorkspace& ws) const {
+    if (!lora()) return own;
+    if (ws.precision == Precision::bf16)
+      throw std::logic_error("gpt block: LoRA on GPT-2's blocks is built in fp32 only");
+    if (!ws.frozen) throw std::logic_error("gpt block: LoRA needs the frozen base weights");
+    return ws.frozen;
+  }
+  // The targets in storage order, each with its projection's shape and output columns.
+  void add_targets(const LoraSpec& lora) {
+    const std::vector<std::string>& names = detail::gpt2_lora_target_names();
+    const int c = c_;
+    const LoraTarget known[] = {{names[0], ".attn.c_attn", c, 3 * c, 0, 3 * c},
+                                {names[1], ".attn.c_proj", c, c, 0, c},
+                                {names[2], ".mlp.c_fc", c, 4 * c, 0, 4 * c},
+                                {names[3], ".mlp.c_proj", 4 * c, c, 0, c}};
+    for (const std::string& name : lora.targets)
+      if (std::find(names.begin(), names.end(), name) == names.end())
+        throw std::invalid_argument(fmt::format(
+            "gpt block: LoRA target '{}' is none of {}", name, fmt::join(names, ", ")));
+    for (int i = 0; i < 4; ++i) {
+      if (std::find(lora.targets.begin(), lora.targets.end(), names[i]) == lora.targets.end())
+        continue;
+      targets_.push_back(known[i]);
+      projections_.push_back(static_cast<Projection>(i));
+      lora_offsets_.push_back(lora_count_);
+      lora_count_ += std::size_t(rank_) * (known[i].in + known[i].out);
+    }
+    if (targets_.empty()) throw std::invalid_argument("gpt block: LoRA needs at least one target");
+  }
+  std::size_t a_count(std::size_t i) const { return std::size_t(rank_) * targets_[i].in; }
+  // Target i's adapter in this forward: its mask's key from the layer's (Note [LoRA dropout]).
+  LoraAdapter adapter(const float* own, std::size_t i, const LayerWorkspace& ws) const {
+    const float* a = own + lora_offsets_[i];
+    return {a, a + a_count(i), rank_, lora_scale_, targets_[i], lora_dropout_,
+            ws.dropout_key != 0 ? detail::derive_key(ws.dropout_key, i) : 0};
+  }
+  // Target i's u (N, rank) in Saved::lora_u.
+  Kept lora_u(const Saved& s, std::size_t i, int rows) const {
+    return {s.lora_u.f32 + i * std::size_t(rows) * rank_, nullptr};
+  }
+  static detail::LoraScratch lora_scratch(const Scratch& d) {
+    return {d.lora_x, nullptr, d.lora_du, nullptr};
+  }
+
+  // The adapters on projection `proj` add into its fp32 output y (Note [LoRA] in lora.cpp).
+  void adapt_forward(Device& dev, const float* own, const LayerWorkspace& ws, const Saved& s,
+                     const Scratch& d, Projection proj, MatIn in, float* y, int n) const {
+    for (std::size_t i = 0; i < targets_.size(); ++i)
+      if (projections_[i] == proj)
+        adapter(own, i, ws).forward(dev, in, y, lora_u(s, i, n).output(), lora_scratch(d), n);
   }
 
   // decode()'s scratch for n positions.
@@ -469,6 +634,15 @@ class Block final : public Layer {
   bool fused_;
   std::size_t offsets_[kBlockParams] = {};
   std::size_t count_ = 0;
+  // LoRA (rank_ 0: none): the targets, the projection each adds into, and where each one's A
+  // then B lie in the block's parameters.
+  int rank_ = 0;
+  float lora_scale_ = 0.0f;
+  float lora_dropout_ = 0.0f;
+  std::vector<LoraTarget> targets_;
+  std::vector<Projection> projections_;
+  std::vector<std::size_t> lora_offsets_;
+  std::size_t lora_count_ = 0;
 };
 
 // ---- Final LayerNorm --------------------------------------------------------------------------
@@ -493,6 +667,10 @@ class LayerNorm final : public Layer {
   std::size_t workspace_size(int batch, Precision /*precision*/) const noexcept override {
     return 2 * std::size_t(batch) * t_;
   }
+  // (2C): the weight's and bias's gradients when they are frozen (grads null), discarded.
+  std::size_t scratch_size(int /*batch*/, Precision /*precision*/) const noexcept override {
+    return 2 * std::size_t(c_);
+  }
 
   void forward(Device& dev, const float* params, const float* in, float* out, int batch,
                const LayerWorkspace& ws) const override {
@@ -506,8 +684,9 @@ class LayerNorm final : public Layer {
     const std::size_t n = std::size_t(batch) * t_;
     // A GPT's final LayerNorm always has a din, which it writes (no residual: a null one).
     if (!din) throw std::logic_error("layernorm: needs an input gradient (not a first layer)");
+    float* g = grads ? grads : ws.scratch;
     dev.residual_layernorm_backward(in, params, ws.saved, ws.saved + n, dout, nullptr, din,
-                                    nullptr, grads, grads + c_, static_cast<int>(n), c_);
+                                    nullptr, g, g + c_, static_cast<int>(n), c_);
   }
   // Note [KV cache]: mean and rstd (count) each in the scratch.
   bool decodes() const noexcept override { return true; }
@@ -533,6 +712,14 @@ std::unique_ptr<Layer> make_block(int context, int channels, int heads, int n_la
                                   AttentionKind attention) {
   return std::make_unique<Block>(context, channels, heads, n_layer, attention);
 }
+namespace detail {
+std::unique_ptr<Layer> make_gpt_block(int context, int channels, int heads, int n_layer,
+                                      AttentionKind attention, const LoraSpec& lora) {
+  if (lora.rank < 0)
+    throw std::invalid_argument(fmt::format("gpt block: LoRA rank {} is negative", lora.rank));
+  return std::make_unique<Block>(context, channels, heads, n_layer, attention, lora);
+}
+}  // namespace detail
 std::unique_ptr<Layer> make_layernorm(int context, int channels) {
   return std::make_unique<LayerNorm>(context, channels);
 }

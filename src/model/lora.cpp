@@ -67,6 +67,17 @@ namespace lockstep {
 // base weights are its frozen parameters, in the layout and names of the block without
 // adapters, so a Hugging Face checkpoint loads into them unchanged.
 // With dropout, the adapters read dropout(x), not x (Note [LoRA dropout]).
+// GPT-2's block (gpt.cpp) carries adapters the same way on c_attn (one (N, 3C) product),
+// attn.c_proj, c_fc and mlp.c_proj, stored in that order and named by transformers' module paths
+// ("transformer.h.0.attn.c_attn.lora_A.weight"). Hugging Face's Conv1D stores W as (in, out),
+// but lockstep's blocks hold every W as (out, in) (the import and export transpose it: Note
+// [Hugging Face GPT-2] in src/io/hf_model.cpp), and PEFT's A and B on a Conv1D are Linear
+// weights as on a Linear, so the adapters, the merge and the PEFT files are the same as the
+// Llama block's. c_fc's product feeds GELU, which the Device fuses into it: with an adapter on
+// c_fc the block runs the product, adds the adapter's terms into the pre-activation it keeps,
+// then GELU, so backward's GELU reads the adapted pre-activation; without one, the fused call
+// as before. GPT-2's LoRA is built in fp32 and tf32 (under bf16 the frozen embedding's and
+// LayerNorms' fp32 reads have no widening yet; check_lora refuses it).
 
 // Note [LoRA dropout]
 // ~~~~~~~~~~~~~~~~~~~

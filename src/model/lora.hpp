@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -121,5 +122,10 @@ std::vector<ParamTensor> lora_tensors(const std::string& prefix,
 // order.
 void init_lora(float* params, const std::vector<LoraTarget>& targets, int rank,
                std::uint64_t& rng);
+
+// GPT-2's block (make_block) with adapters on `lora`'s targets (gpt2_lora_target_names() in
+// model/lora_targets.hpp); lora.rank 0: make_block's.
+std::unique_ptr<Layer> make_gpt_block(int context, int channels, int heads, int n_layer,
+                                      AttentionKind attention, const LoraSpec& lora);
 
 }  // namespace lockstep::detail

@@ -34,6 +34,7 @@
 #include "io/durable_file.hpp"
 #include "io/output_path.hpp"
 #include "lockstep/comm.hpp"
+#include "model/lora_targets.hpp"
 #include "train/evaluation.hpp"
 #include "train/failures.hpp"
 #include "train/device_memory.hpp"
@@ -304,15 +305,22 @@ AttentionChoice attention_choice(const Config& config, std::string_view backend)
   return choice;
 }
 
+namespace {
+// model.lora.targets as names: GPT-2's (LayerNorm blocks) or the Llama family's.
+std::vector<std::string> lora_targets(const ModelConfig& m) {
+  return detail::parse_lora_targets(m.lora.targets, m.norm != NormKind::rmsnorm);
+}
+}  // namespace
+
 LoraSpec lora_spec(const ModelConfig& m) {
   if (m.lora.rank == 0) return {};
-  return {.rank = m.lora.rank, .alpha = m.lora.alpha, .targets = parse_lora_targets(m.lora.targets),
+  return {.rank = m.lora.rank, .alpha = m.lora.alpha, .targets = lora_targets(m),
           .dropout = m.lora.dropout};
 }
 
 std::string describe_lora(const ModelConfig& m) {
   std::string out = fmt::format("rank={} alpha={} targets={}", m.lora.rank, m.lora.alpha,
-                                fmt::join(parse_lora_targets(m.lora.targets), ","));
+                                fmt::join(lora_targets(m), ","));
   if (m.lora.dropout != 0.0) out += fmt::format(" dropout={}", m.lora.dropout);
   return out;
 }

@@ -2,7 +2,8 @@
 // Note [LoRA exports] in src/io/lora_checkpoint.cpp): a run's base exported (export --base) is
 // the base of the next (--init-from), whose adapters export as a PEFT directory that --init-from
 // reads back with the base it names; a resume needs the same base and refuses another with exit
-// 2, naming both hashes; sample and eval read a LoRA checkpoint with its base.
+// 2, naming both hashes; sample and eval read a LoRA checkpoint with its base. On the Llama
+// family's blocks and on GPT-2's.
 #include <doctest/doctest.h>
 
 #include <filesystem>
@@ -15,22 +16,27 @@ namespace {
 
 using lockstep::test::run_cli;
 
-// configs/llama_tiny.yaml made small, with rank-2 adapters on every projection.
-const std::string kLora = "train \"" + std::string(LOCKSTEP_SOURCE_DIR) +
-                          "/configs/llama_tiny.yaml\" --set model.context=16 --set model.n_layer=1 "
-                          "--set model.d_model=32 --set model.intermediate_size=48 "
-                          "--set data.batch_size=4 --set trainer.eval_every=0 "
-                          "--set model.lora.rank=2 --set model.lora.targets=all ";
+// configs/llama_tiny.yaml (or gpt_tiny.yaml, GPT-2's blocks) made small, with rank-2 adapters
+// on every projection: the config and its settings, for train and eval.
+struct Tiny {
+  std::string config, settings;
+};
+const Tiny kLlama{"\"" + std::string(LOCKSTEP_SOURCE_DIR) + "/configs/llama_tiny.yaml\"",
+                  " --set model.context=16 --set model.n_layer=1 --set model.d_model=32 "
+                  "--set model.intermediate_size=48 --set data.batch_size=4 "
+                  "--set model.lora.rank=2 --set model.lora.targets=all "};
+const Tiny kGpt2{"\"" + std::string(LOCKSTEP_SOURCE_DIR) + "/configs/gpt_tiny.yaml\"",
+                 " --set model.context=16 --set model.n_layer=1 --set model.d_model=32 "
+                 "--set data.batch_size=4 --set model.lora.rank=2 --set model.lora.targets=all "};
 
-}  // namespace
-
-TEST_CASE("cli: LoRA runs chain through export --base and --format peft, and a resume on another base exits 2") {
+void check_chain(const Tiny& tiny) {
+  const std::string kLora = "train " + tiny.config + tiny.settings + "--set trainer.eval_every=0 ";
   const lockstep::test::TempDir dir;
   const auto at = [&](const char* name) { return (dir.path() / name).string(); };
   const auto first = run_cli(kLora + "--set trainer.steps=2 --set trainer.checkpoint.dir=" + at("c1"));
   REQUIRE_MESSAGE(first.code == 0, first.output);
   CHECK(first.output.find("parameters trained (frozen") != std::string::npos);
-  for (const std::string args : {"--format hf --base --out " + at("base"),
+  for (const std::string& args : {"--format hf --base --out " + at("base"),
                                  "--format hf --out " + at("merged"),
                                  "--format peft --out " + at("peft_seed")}) {
     const auto r = run_cli("export " + at("c1") + " " + args);
@@ -58,7 +64,8 @@ TEST_CASE("cli: LoRA runs chain through export --base and --format peft, and a r
   CHECK_MESSAGE(same.code == 0, same.output);
 }
 
-TEST_CASE("cli: sample and eval run a LoRA checkpoint on its base, and exit 2 when the base is gone or changed") {
+void check_sample_and_eval(const Tiny& tiny) {
+  const std::string kLora = "train " + tiny.config + tiny.settings + "--set trainer.eval_every=0 ";
   const lockstep::test::TempDir dir;
   const auto at = [&](const char* name) { return (dir.path() / name).string(); };
   const auto first = run_cli(kLora + "--set trainer.steps=1 --set trainer.checkpoint.dir=" + at("c1"));
@@ -82,11 +89,7 @@ TEST_CASE("cli: sample and eval run a LoRA checkpoint on its base, and exit 2 wh
 
   // eval's loss is the run's last eval loss: the merged model computes the adapted model's
   // function (to fp32 rounding; Note [LoRA exports]).
-  const std::string eval = "eval \"" + std::string(LOCKSTEP_SOURCE_DIR) +
-                           "/configs/llama_tiny.yaml\" --set model.context=16 --set model.n_layer=1 "
-                           "--set model.d_model=32 --set model.intermediate_size=48 "
-                           "--set data.batch_size=4 --set model.lora.rank=2 "
-                           "--set model.lora.targets=all --checkpoint " + at("c2");
+  const std::string eval = "eval " + tiny.config + tiny.settings + "--checkpoint " + at("c2");
   const auto evaluated = run_cli(eval);
   REQUIRE_MESSAGE(evaluated.code == 0, evaluated.output);
   const std::size_t loss_at = evaluated.output.find("eval loss ");
@@ -114,4 +117,23 @@ TEST_CASE("cli: sample and eval run a LoRA checkpoint on its base, and exit 2 wh
   CHECK_MESSAGE(gone.output.find("it reads the base (content hash") != std::string::npos,
                 gone.output);
   CHECK_MESSAGE(gone.output.find(at("base")) != std::string::npos, gone.output);
+}
+
+}  // namespace
+
+TEST_CASE("cli: LoRA runs chain through export --base and --format peft, and a resume on another base exits 2") {
+  check_chain(kLlama);
+}
+
+TEST_CASE("cli: sample and eval run a LoRA checkpoint on its base, and exit 2 when the base is gone or changed") {
+  check_sample_and_eval(kLlama);
+}
+
+// GPT-2's blocks (c_attn, attn.c_proj, c_fc, mlp.c_proj), the Hugging Face export's Conv1D layout.
+TEST_CASE("cli: LoRA on GPT-2 chains through export --base and --format peft, resumes, and refuses another base") {
+  check_chain(kGpt2);
+}
+
+TEST_CASE("cli: sample and eval run a GPT-2 LoRA checkpoint on its base") {
+  check_sample_and_eval(kGpt2);
 }

@@ -2,16 +2,19 @@
 """PEFT's side of the LoRA parity test (tests/interop/test_peft_parity.cpp); run with the
 virtual environment of tests/interop/hf_venv.sh (transformers 4.40.2, peft 0.10.0).
 
-    peft_parity.py make DIR
-        saves a random LlamaForCausalLM (torch.manual_seed(0), weights std 0.2) to DIR/base
-        with save_pretrained, and a LoRA adapter on every projection (r 4, lora_alpha 8, B drawn
-        so that it is not zero) to DIR/adapter with PeftModel.save_pretrained.
+    peft_parity.py make DIR [llama|gpt2]
+        saves a random LlamaForCausalLM (or GPT2LMHeadModel; torch.manual_seed(0), weights std
+        0.2) to DIR/base with save_pretrained, and a LoRA adapter on every projection (r 4,
+        lora_alpha 8, B drawn so that it is not zero) to DIR/adapter with
+        PeftModel.save_pretrained. On GPT-2 the projections are transformers' Conv1D, weight
+        (in, out), which PEFT adapts with fan_in_fan_out set; "attn.c_proj" and "mlp.c_proj"
+        name one module each by PEFT's suffix match.
     peft_parity.py check DIR TOKENS.i32 BATCH LOGITS.f32 GRADS.safetensors MERGED.safetensors
                          LOCKSTEP_ADAPTER_DIR LOSSES.f64
         loads DIR/base with DIR/adapter in fp32 and compares with lockstep's logits (B, T, V)
         (relative error 1e-5), its adapters' gradients of the mean next-token loss (lockstep's
         names; 1e-5), its merged weights with merge_and_unload's (largest absolute difference
-        1e-6), and loads lockstep's `export --format peft` directory on DIR/base, whose adapters
+        1e-6; lockstep's (out, in) against Conv1D's (in, out) transposed), and loads lockstep's `export --format peft` directory on DIR/base, whose adapters
         must equal DIR/adapter's; then trains DIR/adapter 20 steps with torch.optim.AdamW (lr
         0.01, no weight decay) on the same batch, whose losses must be lockstep's within 1e-4
         relative. Prints the errors; exits 1 when one is over its bound.
@@ -26,28 +29,34 @@ import torch.nn.functional as F
 import transformers
 from safetensors.torch import load_file
 
-TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+TARGETS = {"llama": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+           "gpt2": ["c_attn", "attn.c_proj", "c_fc", "mlp.c_proj"]}
 
 
 def relative(a, b):
     return (a - b).norm().item() / max(b.norm().item(), 1e-30)
 
 
-def make(directory):
+def make(directory, family):
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=96, max_position_embeddings=16, hidden_size=32, intermediate_size=48,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        tie_word_embeddings=False)
-    model = transformers.LlamaForCausalLM(config)
+    if family == "gpt2":
+        config = transformers.GPT2Config(vocab_size=96, n_positions=16, n_embd=32, n_layer=2,
+                                         n_head=4)
+    else:
+        config = transformers.LlamaConfig(
+            vocab_size=96, max_position_embeddings=16, hidden_size=32, intermediate_size=48,
+            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            tie_word_embeddings=False)
+    model = transformers.AutoModelForCausalLM.from_config(config)
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() == 2:
                 p.normal_(0.0, 0.2)
     model.save_pretrained(f"{directory}/base", safe_serialization=True)
-    base = transformers.LlamaForCausalLM.from_pretrained(f"{directory}/base")
+    base = transformers.AutoModelForCausalLM.from_pretrained(f"{directory}/base")
     lora = peft.get_peft_model(base, peft.LoraConfig(
-        r=4, lora_alpha=8, target_modules=TARGETS, lora_dropout=0.0, task_type="CAUSAL_LM"))
+        r=4, lora_alpha=8, target_modules=TARGETS[family], lora_dropout=0.0,
+        fan_in_fan_out=family == "gpt2", task_type="CAUSAL_LM"))
     with torch.no_grad():
         for name, p in lora.named_parameters():
             if "lora_B" in name:
@@ -57,7 +66,8 @@ def make(directory):
 
 
 def load(directory, adapter):
-    base = transformers.LlamaForCausalLM.from_pretrained(f"{directory}/base", torch_dtype=torch.float32)
+    base = transformers.AutoModelForCausalLM.from_pretrained(f"{directory}/base",
+                                                             torch_dtype=torch.float32)
     return peft.PeftModel.from_pretrained(base, adapter, is_trainable=True)
 
 
@@ -104,9 +114,13 @@ def check(directory, tokens_file, batch, logits_file, grads_file, merged_file, o
     if set(grads) != seen:
         print(f"lockstep's adapters differ from PEFT's: {sorted(set(grads) ^ seen)}")
         return 1
-    merged = model.merge_and_unload().state_dict()
+    unloaded = model.merge_and_unload()
+    merged = unloaded.state_dict()
+    conv1d = {f"{n}.weight" for n, m in unloaded.named_modules()
+              if isinstance(m, transformers.pytorch_utils.Conv1D)}
     lockstep_merged = load_file(merged_file)
-    merge_err = max((lockstep_merged[k] - merged[k]).abs().max().item() for k in lockstep_merged)
+    merge_err = max((lockstep_merged[k] - (merged[k].t() if k in conv1d else merged[k]))
+                    .abs().max().item() for k in lockstep_merged)
     theirs = load(directory, ours_dir)
     original = load(directory, f"{directory}/adapter")
     mine = dict(theirs.named_parameters())
@@ -124,7 +138,7 @@ def check(directory, tokens_file, batch, logits_file, grads_file, merged_file, o
 
 def main():
     if sys.argv[1] == "make":
-        return make(sys.argv[2])
+        return make(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else "llama")
     return check(*sys.argv[2:10])
 
 

@@ -1,5 +1,5 @@
 // LoRA against PEFT 0.10 (Note [LoRA] in src/model/lora.cpp, Note [PEFT adapters] in
-// src/io/peft.cpp): a random Llama saved by transformers and a LoRA adapter on every projection
+// src/io/peft.cpp): a random Llama (and a random GPT-2) saved by transformers and a LoRA adapter on every projection
 // saved by PEFT (tests/interop/peft_parity.py make) load into lockstep's LoRA model (the base as
 // its frozen parameters, the adapter by PEFT's names), which gives PEFT's logits and adapter
 // gradients of the mean next-token loss within 1e-5 relative; merge_lora equals PEFT's
@@ -16,6 +16,7 @@
 #include "../cli/cli_runner.hpp"
 #include "../data/temp_files.hpp"
 #include "io/peft.hpp"
+#include "model/lora_targets.hpp"
 #include "lockstep/lockstep.hpp"
 #include "parity_batch.hpp"
 #include "python_env.hpp"
@@ -24,12 +25,16 @@ namespace fs = std::filesystem;
 using lockstep::test::run_command;
 using lockstep::test::write_raw;
 
-TEST_CASE("interop: LoRA against PEFT: logits, adapter gradients, merged weights, adapter files both ways") {
+namespace {
+
+// `family` llama or gpt2 (peft_parity.py make's), whose adapters are on `targets`.
+void check_against_peft(const std::string& family, const std::vector<std::string>& targets) {
   const std::string python = lockstep::test::hf_python();
   if (python.empty()) return;
   const lockstep::test::TempDir dir;
   const std::string script = std::string(LOCKSTEP_SOURCE_DIR) + "/tests/interop/peft_parity.py";
-  const auto made = run_command(python + " \"" + script + "\" make " + dir.path().string());
+  const auto made =
+      run_command(python + " \"" + script + "\" make " + dir.path().string() + " " + family);
   REQUIRE_MESSAGE(made.code == 0, made.output);
   const fs::path base = dir.path() / "base", adapter_dir = dir.path() / "adapter";
 
@@ -37,7 +42,7 @@ TEST_CASE("interop: LoRA against PEFT: logits, adapter gradients, merged weights
   REQUIRE(described);
   const lockstep::GptSpec& spec = described->spec;
   const lockstep::detail::PeftAdapter config = lockstep::detail::read_peft_config(adapter_dir);
-  CHECK(config.lora.targets == lockstep::lora_target_names());
+  CHECK(config.lora.targets == targets);
   const lockstep::Model model =
       lockstep::Model::gpt(spec, lockstep::AttentionKind::materialized, config.lora);
   const std::vector<float> frozen = lockstep::load_weights(base, model.frozen_tensors()).params;
@@ -110,4 +115,15 @@ TEST_CASE("interop: LoRA against PEFT: logits, adapter gradients, merged weights
                              (out / "losses.f64").string());
   MESSAGE(r.output);
   CHECK_MESSAGE(r.code == 0, r.output);
+}
+
+}  // namespace
+
+TEST_CASE("interop: LoRA against PEFT: logits, adapter gradients, merged weights, adapter files both ways") {
+  check_against_peft("llama", lockstep::lora_target_names());
+}
+
+// GPT-2's Conv1D projections (Note [PEFT adapters] in src/io/peft.cpp).
+TEST_CASE("interop: LoRA on GPT-2 against PEFT: logits, adapter gradients, merged weights, adapter files both ways") {
+  check_against_peft("gpt2", lockstep::detail::gpt2_lora_target_names());
 }

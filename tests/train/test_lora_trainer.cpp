@@ -25,8 +25,10 @@ namespace {
 
 using test::token_stream;
 
-Config lora_config(int devices, int batch) {
-  Config cfg = test::small_llama_config(devices, batch);
+// On the Llama family's blocks, or (gpt2) GPT-2's.
+Config lora_config(int devices, int batch, bool gpt2 = false) {
+  Config cfg = gpt2 ? test::small_gpt_config(devices, batch)
+                    : test::small_llama_config(devices, batch);
   cfg.model.lora = {.rank = 4, .alpha = 8.0, .targets = "all"};
   cfg.optimizer.type = OptimizerKind::adamw;
   cfg.optimizer.lr = 0.01;
@@ -65,12 +67,10 @@ void check_dropout_runs(const Config& cfg, const std::shared_ptr<TokenDataset>& 
   }
 }
 
-}  // namespace
-
-TEST_CASE("lora: N workers x batch B match 1 worker x batch N*B, with ZeRO and accumulation on the adapters") {
+void check_many_as_one(bool gpt2) {
   auto train = std::make_shared<TokenDataset>(token_stream(961, 8, 1));
   auto eval = std::make_shared<TokenDataset>(token_stream(161, 8, 2));
-  Config many_cfg = lora_config(3, 2), one_cfg = lora_config(1, 12);
+  Config many_cfg = lora_config(3, 2, gpt2), one_cfg = lora_config(1, 12, gpt2);
   many_cfg.trainer.zero = 2;
   many_cfg.trainer.accumulate_steps = 2;
   many_cfg.optimizer.clip_grad_norm = one_cfg.optimizer.clip_grad_norm = 0.5;
@@ -97,10 +97,13 @@ TEST_CASE("lora: N workers x batch B match 1 worker x batch N*B, with ZeRO and a
   CHECK(!describe_training_cost(so).empty());
 }
 
-TEST_CASE("lora: a resume is bit-exact on the same base, refused on another naming both hashes") {
+// A run, stopped at step 3 and resumed, is the run; another base is refused; the exports read
+// back (merged W + s B A, the base alone, the adapters as PEFT's).
+void check_resume_and_exports(bool gpt2) {
   auto train = std::make_shared<TokenDataset>(token_stream(961, 8, 1));
-  const std::filesystem::path dir = test::fresh_dir(fmt::format("lockstep_lora_resume_{}", getpid()));
-  Config cfg = lora_config(2, 3);
+  const std::filesystem::path dir =
+      test::fresh_dir(fmt::format("lockstep_lora_resume_{}_{}", gpt2, getpid()));
+  Config cfg = lora_config(2, 3, gpt2);
   cfg.trainer.steps = 6;
   Trainer full(cfg, train, nullptr);
   full.run();
@@ -143,6 +146,37 @@ TEST_CASE("lora: a resume is bit-exact on the same base, refused on another nami
   CHECK(adapter.lora.rank == 4);
   CHECK(adapter.lora.alpha == 8.0);
   CHECK(adapter.lora.targets == lora.targets);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+
+TEST_CASE("lora: N workers x batch B match 1 worker x batch N*B, with ZeRO and accumulation on the adapters") {
+  check_many_as_one(false);
+}
+
+TEST_CASE("lora: a resume is bit-exact on the same base, refused on another naming both hashes") {
+  check_resume_and_exports(false);
+}
+
+// GPT-2's blocks (Note [LoRA]): the same trainer, targets c_attn, attn.c_proj, c_fc, mlp.c_proj.
+TEST_CASE("lora on GPT-2: N workers x batch B match 1 worker x batch N*B, replicas identical, the summary's counts") {
+  check_many_as_one(true);
+}
+
+TEST_CASE("lora on GPT-2: a resume is bit-exact, another base refused, the exports read back") {
+  check_resume_and_exports(true);
+}
+
+TEST_CASE("lora on GPT-2: trainer.recompute full and selective rerun the adapted blocks bit for bit, with dropout") {
+  auto train = std::make_shared<TokenDataset>(token_stream(961, 8, 1));
+  const std::filesystem::path dir =
+      test::fresh_dir(fmt::format("lockstep_lora_gpt2_dropout_{}", getpid()));
+  Config cfg = lora_config(2, 3, true);
+  cfg.model.lora.dropout = 0.3;
+  Trainer whole(cfg, train, nullptr);
+  whole.run();
+  check_dropout_runs(cfg, train, dir, whole.final_parameters());
   std::filesystem::remove_all(dir);
 }
 

@@ -1,0 +1,178 @@
+// LoRA adapters on GPT-2's block (Note [LoRA] in src/model/lora.cpp): finite differences of the
+// adapters' gradients and the input's through a block (each target set, c_fc's adapter before
+// GELU, with and without dropout) and a whole model, whose base gets no gradient and is never
+// written; zero B is the base model bit for bit; merged weights give the adapted logits; the
+// layout names tensors as PEFT does on Hugging Face's GPT-2.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "../compare.hpp"
+#include "gradcheck.hpp"
+#include "lockstep/model.hpp"
+#include "model/lora.hpp"
+#include "model/lora_targets.hpp"
+
+namespace {
+
+using lockstep::DeviceArray;
+using lockstep::LoraSpec;
+using lockstep::Model;
+using namespace lockstep::test;
+
+constexpr lockstep::GptSpec kGpt2{.vocab_size = 11, .context = 5, .n_layer = 2, .n_head = 2,
+                                  .d_model = 8};
+
+const LoraSpec kAll{.rank = 2, .alpha = 3.0, .targets = lockstep::detail::gpt2_lora_target_names()};
+
+// The logits of `model` at `params` (and `frozen`) on fixed tokens.
+std::vector<float> logits(const Model& model, const std::vector<float>& params,
+                          const std::vector<float>& frozen) {
+  auto dev = lockstep::make_cpu_device(0, 1);
+  lockstep::Replica replica(*dev, model, 2);
+  replica.load_parameters(params);
+  if (!frozen.empty()) replica.load_frozen(frozen);
+  const auto x = on_device(*dev, random_tokens(2 * std::size_t(kGpt2.context), kGpt2.vocab_size, 9));
+  const float* y = replica.forward(x.data(), 2);
+  std::vector<float> out(std::size_t(2) * model.outputs());
+  dev->copy_to_host(out.data(), y, out.size() * sizeof(float));
+  return out;
+}
+
+// The adapters' and the input's gradients of a GPT-2 block with `lora` against finite
+// differences, B away from zero so that A has a gradient.
+void check_block(const LoraSpec& lora, lockstep::AttentionKind attention,
+                 std::uint64_t dropout_key = 0) {
+  const auto layer = lockstep::detail::make_gpt_block(kGpt2.context, kGpt2.d_model, kGpt2.n_head,
+                                                      kGpt2.n_layer, attention, lora);
+  REQUIRE(layer->frozen_count() > 0);
+  const auto adapters = random_floats(layer->param_count(), 4, -0.5, 0.5);
+  const auto base = random_floats(layer->frozen_count(), 7, -0.5, 0.5);
+  const int batch = 2;
+  const auto g = layer_gradients(
+      *layer, batch, adapters,
+      random_floats(std::size_t(batch) * kGpt2.context * kGpt2.d_model, 5, -2.0, 2.0), 6, true,
+      base, dropout_key);
+  std::string miss = mismatch(g.fd_params, g.params);
+  CHECK_MESSAGE(miss.empty(), "adapters: ", miss);
+  miss = mismatch(g.fd_input, g.input);
+  CHECK_MESSAGE(miss.empty(), "input: ", miss);
+}
+
+}  // namespace
+
+TEST_SUITE("gradcheck") {
+  TEST_CASE("gpt2 lora block: the adapters' gradients and the input's, each target set, both attention paths") {
+    for (const auto& targets : std::vector<std::vector<std::string>>{
+             kAll.targets, {"c_attn"}, {"attn.c_proj"}, {"c_fc"}, {"mlp.c_proj"},
+             {"c_attn", "mlp.c_proj"}}) {
+      for (const auto attention : {lockstep::AttentionKind::materialized,
+                                   lockstep::AttentionKind::fused}) {
+        CAPTURE(targets.front());
+        CAPTURE(targets.size());
+        LoraSpec lora = kAll;
+        lora.targets = targets;
+        check_block(lora, attention);
+      }
+    }
+  }
+
+  TEST_CASE("gpt2 lora block with dropout: the adapters' gradients and the input's through one fixed mask") {
+    LoraSpec lora = kAll;
+    lora.dropout = 0.4;
+    check_block(lora, lockstep::AttentionKind::materialized, 0xd40d);
+  }
+
+  TEST_CASE("gpt2 lora model through a Replica: the adapters' gradients by finite differences, and the base gets none") {
+    const Model model = Model::gpt(kGpt2, lockstep::AttentionKind::materialized, kAll);
+    auto dev = lockstep::make_cpu_device(0, 2);
+    const int batch = 2, t = kGpt2.context, v = kGpt2.vocab_size;
+    lockstep::Replica replica(*dev, model, batch);
+    std::vector<float> adapters = random_floats(model.param_count(), 21, -0.3, 0.3);
+    std::vector<float> base = model.initial_frozen(3);
+    for (float& p : base) p *= 4.0f;
+    replica.load_frozen(base);
+    auto xd = on_device(*dev, random_tokens(std::size_t(batch) * t, v, 16));
+    auto yd = on_device(*dev, random_labels(std::size_t(batch) * t, v, 17));
+    const int padded = model.outputs() / t, rows = batch * t;
+    DeviceArray<float> dlogits(*dev, std::size_t(rows) * padded);
+    const auto loss = [&](float* grad) {
+      replica.load_parameters(adapters);
+      const float* y = replica.forward(xd.data(), batch);
+      return dev->softmax_cross_entropy(y, yd.data(), rows, padded, grad, 1.0f / rows).loss_sum /
+             rows;
+    };
+    replica.zero_grads();
+    loss(dlogits.data());
+    replica.backward(xd.data(), dlogits.data(), batch);
+    const auto analytic = replica.gradients();
+    REQUIRE(analytic.size() == model.param_count());
+    std::vector<double> fd;
+    for (std::size_t i = 0; i < adapters.size(); ++i)
+      fd.push_back(central_difference(adapters, i, [&] { return loss(nullptr); }, 1e-3f));
+    const std::string miss = mismatch(fd, analytic);
+    CHECK_MESSAGE(miss.empty(), miss);
+    CHECK(replica.frozen() == base);  // bit for bit: nothing wrote the base
+  }
+}
+
+TEST_SUITE("model") {
+  TEST_CASE("gpt2 lora layout: PEFT's names on Hugging Face's GPT-2, the base in the full model's layout") {
+    const Model full = Model::gpt(kGpt2);
+    const Model lora = Model::gpt(kGpt2, lockstep::AttentionKind::materialized,
+                                  {.rank = 2, .alpha = 4.0, .targets = {"mlp.c_proj", "c_fc"}});
+    const auto tensors = lora.param_tensors();
+    REQUIRE(tensors.size() == 8);  // 2 blocks x (c_fc, mlp.c_proj) x (A, B)
+    CHECK(tensors[0].name == "transformer.h.0.mlp.c_fc.lora_A.weight");
+    CHECK(tensors[0].shape == std::vector<std::int64_t>{2, 8});
+    CHECK(tensors[1].name == "transformer.h.0.mlp.c_fc.lora_B.weight");
+    CHECK(tensors[1].shape == std::vector<std::int64_t>{32, 2});
+    CHECK(tensors[2].name == "transformer.h.0.mlp.c_proj.lora_A.weight");
+    CHECK(tensors[2].shape == std::vector<std::int64_t>{2, 32});
+    const auto base = lora.frozen_tensors(), mine = full.param_tensors();
+    REQUIRE(base.size() == mine.size());
+    for (std::size_t i = 0; i < base.size(); ++i) {
+      CHECK(base[i].name == mine[i].name);
+      CHECK(base[i].offset == mine[i].offset);
+    }
+    CHECK(lora.initial_frozen(5) == full.initial_parameters(5));
+    CHECK(lora.param_count() == 2 * (2 * (8 + 32) + 2 * (32 + 8)));
+  }
+
+  TEST_CASE("gpt2 lora with B = 0 is the base model bit for bit, and merged weights give the adapted logits") {
+    const Model full = Model::gpt(kGpt2);
+    for (const auto& targets : std::vector<std::vector<std::string>>{kAll.targets, {"c_fc"}}) {
+      CAPTURE(targets.size());
+      LoraSpec spec = kAll;
+      spec.targets = targets;
+      const Model lora = Model::gpt(kGpt2, lockstep::AttentionKind::materialized, spec);
+      const auto base = lora.initial_frozen(8);
+      CHECK(logits(lora, lora.initial_parameters(8), base) == logits(full, base, {}));
+      const auto adapters = random_floats(lora.param_count(), 31, -0.5, 0.5);
+      const auto merged = lockstep::merge_lora(lora, spec, adapters, base);
+      const auto a = logits(lora, adapters, base), b = logits(full, merged, {});
+      REQUIRE(a.size() == b.size());
+      for (std::size_t i = 0; i < a.size(); ++i)
+        if (std::isfinite(a[i])) CHECK(a[i] == doctest::Approx(b[i]).epsilon(1e-5));
+    }
+  }
+
+  TEST_CASE("gpt2 lora targets: PEFT's c_proj names both, Llama's names are refused on GPT-2's blocks") {
+    using lockstep::detail::parse_lora_targets;
+    CHECK(parse_lora_targets("c_fc, c_proj", true) ==
+          std::vector<std::string>{"attn.c_proj", "c_fc", "mlp.c_proj"});
+    CHECK(parse_lora_targets("all", true) == kAll.targets);
+    CHECK(lockstep::parse_lora_targets("c_attn,mlp.c_proj") ==
+          std::vector<std::string>{"c_attn", "mlp.c_proj"});
+    CHECK_THROWS_WITH_AS(parse_lora_targets("c_attn,q_proj", true),
+                         doctest::Contains("'q_proj' is not a projection of GPT-2's: expected "
+                                           "c_attn, attn.c_proj, c_fc, mlp.c_proj, c_proj"),
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(Model::gpt(kGpt2, lockstep::AttentionKind::materialized,
+                                    {.rank = 2, .targets = {"q_proj"}}),
+                         doctest::Contains("LoRA target 'q_proj'"), std::invalid_argument);
+  }
+}
