@@ -14,6 +14,7 @@
 #include "common/bf16.hpp"
 #include "../compare.hpp"
 #include "gradcheck.hpp"
+#include "lora_gradcheck.hpp"
 #include "lockstep/model.hpp"
 #include "model/lora.hpp"
 
@@ -101,34 +102,7 @@ TEST_SUITE("gradcheck") {
 
   TEST_CASE("lora model through a Replica: the adapters' gradients by finite differences, and the base gets none") {
     const Model model = Model::gpt(kLlama, lockstep::AttentionKind::materialized, kAll);
-    auto dev = lockstep::make_cpu_device(0, 2);
-    const int batch = 2, t = kLlama.context, v = kLlama.vocab_size;
-    lockstep::Replica replica(*dev, model, batch);
-    std::vector<float> adapters = random_floats(model.param_count(), 21, -0.3, 0.3);
-    std::vector<float> base = model.initial_frozen(3);
-    for (float& p : base) p *= 2.0f;
-    replica.load_frozen(base);
-    auto xd = on_device(*dev, random_tokens(std::size_t(batch) * t, v, 16));
-    auto yd = on_device(*dev, random_labels(std::size_t(batch) * t, v, 17));
-    const int padded = model.outputs() / t, rows = batch * t;
-    DeviceArray<float> dlogits(*dev, std::size_t(rows) * padded);
-    const auto loss = [&](float* grad) {
-      replica.load_parameters(adapters);
-      const float* y = replica.forward(xd.data(), batch);
-      return dev->softmax_cross_entropy(y, yd.data(), rows, padded, grad, 1.0f / rows).loss_sum /
-             rows;
-    };
-    replica.zero_grads();
-    loss(dlogits.data());
-    replica.backward(xd.data(), dlogits.data(), batch);
-    const auto analytic = replica.gradients();
-    REQUIRE(analytic.size() == model.param_count());
-    std::vector<double> fd;
-    for (std::size_t i = 0; i < adapters.size(); ++i)
-      fd.push_back(central_difference(adapters, i, [&] { return loss(nullptr); }, 1e-3f));
-    const std::string miss = mismatch(fd, analytic);
-    CHECK_MESSAGE(miss.empty(), miss);
-    CHECK(replica.frozen() == base);  // bit for bit: nothing wrote the base
+    check_lora_model_gradients(model, kLlama, 2.0f);
   }
 }
 
