@@ -29,7 +29,9 @@
 //      one that the lost worker never joined completes on none; between collectives a worker
 //      never looks at the abort on the CPU. So each survivor runs on until the first collective
 //      the lost worker did not join, and stops there: after the teardown meeting it reports
-//      (WorkerLoop::progress, SurvivorProgress) the newest step whose update it applied whole,
+//      (WorkerLoop::progress, SurvivorProgress; its device reads wait though the group is
+//      aborted: Note [Survivor reads] in worker_loop.cpp) the newest step whose update it
+//      applied whole,
 //      and whether its memory holds the state after that step (not when it had begun the next
 //      step's update: with per-bucket updates a bucket that landed was applied). A step whose
 //      update is whole but whose record is unread (Note [Deferred step read] in worker_loop.hpp:

@@ -2,6 +2,7 @@
 #include "train/worker_loop.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <new>
@@ -1097,10 +1098,40 @@ void WorkerLoop::save_checkpoint(std::vector<StateVector> optimizer_state) {
   if (run_.callbacks.checkpoint) run_.callbacks.checkpoint(pos_.step, run_.summary.last_checkpoint);
 }
 
+// Note [Survivor reads]
+//   progress() and recovery_state() read the device (the parameters' hash, the state's bytes)
+//   after the teardown meeting, when the group is aborted: every wait_until of the device would
+//   throw CommAborted at once (Note [Abortable waits] in lockstep/device.hpp), so a survivor on
+//   a GPU could report nothing and the run stop (the H200, 2026-12-04: "worker 0 could not
+//   report its state"; a CPU device never waits). By then its queue ends: drain() emptied the
+//   comm stream, and the compute stream waits only on events of collectives that every rank
+//   joined (the peer group's, Note [Peer all-reduce]) or on an aborted NCCL communicator's
+//   kernels. So these reads wait, for trainer.stop_grace_s at most (a survivor whose queue
+//   does not end within it reports nothing, and the run stops), and the group's abort is
+//   back in force after them.
+class WorkerLoop::SurvivorReads {
+ public:
+  SurvivorReads(Device& device, double grace_s) : device_(device) {
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                              std::chrono::duration<double>(grace_s));
+    device_.set_abort_check([deadline] { return std::chrono::steady_clock::now() > deadline; });
+  }
+  ~SurvivorReads() {
+    device_.set_abort_check([] { return true; });  // the group stays aborted
+  }
+  SurvivorReads(const SurvivorReads&) = delete;
+  SurvivorReads& operator=(const SurvivorReads&) = delete;
+
+ private:
+  Device& device_;
+};
+
 // Note [Shrink] in recovery.hpp, step 2. A step whose update is whole and whose record is
 // read, but whose totals were never agreed (Note [Deferred step read]), counts as done where
 // that record is finite and its update not skipped: the same on every replica.
 SurvivorProgress WorkerLoop::progress() const {
+  const SurvivorReads reads(*res_.device, run_.cfg.trainer.stop_grace_s);
   Replica& replica = *res_.replica;
   SurvivorProgress p{.updated = pos_.step,
                      .param_hash = replica.device().hash(replica.params(), replica.param_count()),
@@ -1129,6 +1160,7 @@ SurvivorProgress WorkerLoop::progress() const {
 // worker's batch has the same size), and its step count as the optimiser holds it; else the
 // count recorded as the next step began (begin_step() of the optimiser may have counted it).
 Checkpoint WorkerLoop::recovery_state() const {
+  const SurvivorReads reads(*res_.device, run_.cfg.trainer.stop_grace_s);
   if (!pending_)
     return make_checkpoint(step_start_->pos, step_start_->optimizer_steps, res_.optimizer->state());
   Position end = pending_->end;

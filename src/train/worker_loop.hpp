@@ -254,6 +254,7 @@ class WorkerLoop {
   Checkpoint recovery_state() const;
 
  private:
+  class SurvivorReads;  // Note [Survivor reads] in worker_loop.cpp
   // Everything this worker owns, in dependency order: later members use earlier ones.
   struct Resources {
     std::unique_ptr<Device> device;

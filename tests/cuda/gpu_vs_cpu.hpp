@@ -81,7 +81,7 @@ constexpr Tolerance tf32_sums(double terms, std::size_t row = 0) {
 }
 // No floor, for values no cancellation stands behind (a softmax's probabilities, quotients of
 // positive sums): each held to its own size.
-constexpr Tolerance without_floor(Tolerance t) { return {t.rel, 0.0, t.row}; }
+constexpr Tolerance without_floor(Tolerance t) { return {t.rel, 0.0, t.row, t.whole}; }
 
 // A fused linear layer's outputs (test_cuda_linear.cpp, test_cublaslt_plan.cpp), element by
 // element: fp32 sums of `terms` products, the summation order each side's; with GELU also
@@ -94,7 +94,7 @@ inline constexpr double kGeluApproximation = 0x1p-10;
 
 inline Tolerance linear_tolerance(bool gelu, bool bf16, int terms, int row) {
   Tolerance t = fp32_sums(terms + 4, static_cast<std::size_t>(row));
-  if (gelu) t = {t.rel + kGeluApproximation, t.abs + kGeluApproximation, t.row};
+  if (gelu) t = {t.rel + kGeluApproximation, t.abs + kGeluApproximation, t.row, t.whole};
   if (!bf16) return t;
   t = bf16_rounded(t);
   t.abs += kBf16Ulp;
@@ -114,6 +114,34 @@ constexpr SoftmaxTolerance softmax_tolerance(int T, bool bf16) {
   const Tolerance sums = fp32_sums(T + 4, static_cast<std::size_t>(T));
   if (!bf16) return {without_floor(sums), sums};
   return {without_floor(bf16_rounded(sums)), bf16_rounded(bf16_rounded(sums))};
+}
+
+
+// cuDNN's bf16 attention against the CPU's tiled one (test_cudnn_attention.cpp; test_comparison.cpp
+// runs the CPU's own outputs through them). Both sides round bf16 operands the same way and sum
+// in fp32, but round the probabilities at different points (cuDNN before normalising, the CPU
+// after) and y, dq, dk, dv at the end: two bf16 ulps of the value and of the position's
+// largest, with the fp32 sums over T on top; the log-sum-exp is fp32 throughout (the sums of T
+// exponentials, each side's exp). dq at a sequence's first position is 0 (one key, probability
+// 1: dP - D cancels), each side left with fp32 noise of its terms' size, not of its row's: fp32
+// sums of the whole array's largest on top (Tolerance::whole). dk and dv of a kv head add the
+// products of its G = H / Hkv query heads, which cuDNN's graph types bf16 before its sum
+// (dK_fullhead, dV_fullhead in the frontend's sdpa_backward): a bf16 ulp more per query head,
+// G + 1 in all (2 without grouping).
+struct AttentionTolerance {
+  Tolerance y, lse, dq, kv;
+};
+inline AttentionTolerance attention_tolerance(const AttentionShape& s) {
+  const std::size_t c = std::size_t(s.heads) * s.head_size;
+  Tolerance rounded = fp32_sums(s.T + s.head_size + 4, c);
+  rounded = {rounded.rel + 2 * kBf16Ulp, rounded.abs + 2 * kBf16Ulp, c};
+  Tolerance dq = rounded;
+  dq.whole = fp32_sums(s.T + s.head_size + 4).abs;
+  const int group = s.heads / kv_heads_of(s);
+  const Tolerance kv_sums = fp32_sums(group * s.T + s.head_size + 4);
+  const Tolerance kv{kv_sums.rel + (group + 1) * kBf16Ulp, kv_sums.abs + (group + 1) * kBf16Ulp,
+                     std::size_t(kv_heads_of(s)) * s.head_size};
+  return {rounded, fp32_sums(s.T + s.head_size + 4, std::size_t(s.T)), dq, kv};
 }
 
 

@@ -128,6 +128,49 @@ TEST_CASE("gpu_vs_cpu: NaN passes only where the CPU has it and the test expects
   CHECK(mismatches({1.0f}, {1.0f, 2.0f}, tol).size() == 1);
 }
 
+// test_cudnn_attention.cpp's bound for dq (attention_tolerance), on the CPU's own bf16
+// attention: what the H200 gave at each sequence's first position, where dq is 0 and each side
+// holds fp32 noise of about 1e-7 (2026-12-04, bench/GPU.md), passes only with the whole array's
+// term; rows left zero past it still fail, every one.
+TEST_CASE("gpu_vs_cpu: attention's dq check passes a first position's noise, fails rows of zeros") {
+  const AttentionShape s{2, 64, 4, 64};
+  const std::size_t n = std::size_t(s.batch) * s.T, c = std::size_t(s.heads) * s.head_size;
+  const std::size_t width = std::size_t(qkv_width(s));
+  auto cpu = make_cpu_device(0, 1);
+  auto qkv = on_device(*cpu, to_bits(random_floats(n * width, 564, -2.0, 2.0)));
+  auto dy = on_device(*cpu, to_bits(random_floats(n * c, 664)));
+  auto y = poisoned_bf16(*cpu, n * c);
+  auto lse = poisoned(*cpu, std::size_t(s.batch) * s.heads * s.T);
+  auto dqkv = poisoned(*cpu, n * width);
+  cpu->attention_forward(s, {nullptr, qkv.data()}, {nullptr, y.data()}, lse.data());
+  cpu->attention_backward(s, {nullptr, qkv.data()}, {nullptr, y.data()}, {nullptr, dy.data()},
+                          lse.data(), dqkv.data());
+  const std::vector<float> all = dqkv.download();
+  std::vector<float> dq;
+  for (std::size_t r = 0; r < n; ++r)
+    dq.insert(dq.end(), all.begin() + std::ptrdiff_t(r * width),
+              all.begin() + std::ptrdiff_t(r * width + c));
+  const AttentionTolerance tol = attention_tolerance(s);
+  REQUIRE(mismatches(dq, dq, tol.dq).empty());
+  // The first positions' rows at about 1e-7, alternating in sign.
+  std::vector<float> noisy(dq);
+  std::set<std::size_t> first;
+  for (std::size_t b = 0; b < std::size_t(s.batch); ++b) {
+    const std::size_t r = b * std::size_t(s.T);
+    for (std::size_t i = 0; i < c; ++i) {
+      CHECK(std::abs(dq[r * c + i]) < 1e-6f);
+      noisy[r * c + i] = (i % 2 ? 1.0f : -1.0f) * 1.1e-7f;
+    }
+    first.insert(r);
+  }
+  CHECK(mismatches(noisy, dq, tol.dq).empty());
+  CHECK(rows_failing(noisy, dq, tol.y) == first);  // the row's own bound alone refuses it
+  // Odd positions left zero: each fails.
+  std::vector<float> zeros(dq);
+  const std::set<std::size_t> skipped = set_odd_rows(zeros, c, 0.0f);
+  CHECK(rows_failing(zeros, dq, tol.dq) == skipped);
+}
+
 // The GPU GPT-step comparisons (test_cudnn_attention.cpp, test_cuda_linear.cpp) check each
 // parameter tensor's gradient on its own. What one bound of 4 bf16 ulps of the model's largest
 // gradient, a std::max of the differences, let through (issue 40): a NaN (std::max drops it),

@@ -200,11 +200,7 @@ namespace {
 
 // Forward (y and the log-sum-exp) and backward (dq, dk, dv) of `s` on fresh random bf16 inputs,
 // the GPU's cuDNN path against the CPU's tiled one; `positions` (B T), when not empty, packs
-// the windows (Note [cuDNN packed mask]). Tolerances (Note [Comparing with the CPU]): both
-// sides round bf16 operands the same way and sum in fp32, but round the probabilities at
-// different points (cuDNN before normalising, the CPU after) and y, dq, dk, dv at the end: two
-// bf16 ulps of the value and of the position's largest, with the fp32 sums over T on top; the
-// log-sum-exp is fp32 throughout (the sums of T exponentials, each side's exp).
+// the windows (Note [cuDNN packed mask]); attention_tolerance's bounds.
 void compare_with_cpu(Device& gpu, const AttentionShape& s,
                       const std::vector<std::int32_t>& positions, std::uint64_t seed) {
   const std::size_t n = std::size_t(s.batch) * s.T, c = std::size_t(s.heads) * s.head_size;
@@ -230,17 +226,8 @@ void compare_with_cpu(Device& gpu, const AttentionShape& s,
     for (std::vector<float>& part : qkv_parts(dqkv.download(), s)) out.push_back(part);
     return out;
   };
-  Tolerance rounded = fp32_sums(s.T + s.head_size + 4, c);
-  rounded = {rounded.rel + 2 * kBf16Ulp, rounded.abs + 2 * kBf16Ulp, c};
-  // dk and dv of a kv head add the products of its G = H / Hkv query heads, which cuDNN's
-  // graph types bf16 before its sum (dK_fullhead, dV_fullhead in the frontend's
-  // sdpa_backward): a bf16 ulp more per query head, G + 1 in all (2 without grouping).
-  const int group = s.heads / kv_heads_of(s);
-  const Tolerance kv_sums = fp32_sums(group * s.T + s.head_size + 4);
-  const Tolerance kv{kv_sums.rel + (group + 1) * kBf16Ulp, kv_sums.abs + (group + 1) * kBf16Ulp,
-                     std::size_t(kv_heads_of(s)) * s.head_size};
-  const Tolerance lse_tol = fp32_sums(s.T + s.head_size + 4, std::size_t(s.T));
-  compare_each(gpu, op, {rounded, lse_tol, rounded, kv, kv});
+  const AttentionTolerance tol = attention_tolerance(s);
+  compare_each(gpu, op, {tol.y, tol.lse, tol.dq, tol.kv, tol.kv});
 }
 
 }  // namespace
