@@ -1099,11 +1099,12 @@ void WorkerLoop::save_checkpoint(std::vector<StateVector> optimizer_state) {
 }
 
 // Note [Survivor reads]
-//   progress() and recovery_state() read the device (the parameters' hash, the state's bytes)
-//   after the teardown meeting, when the group is aborted: every wait_until of the device would
-//   throw CommAborted at once (Note [Abortable waits] in lockstep/device.hpp), so a survivor on
-//   a GPU could report nothing and the run stop (the H200, 2026-12-04: "worker 0 could not
-//   report its state"; a CPU device never waits). By then its queue ends: drain() emptied the
+//   progress() and recovery_state() read the device (the parameters' hash, a deferred step
+//   record whose read the abort cut short, the state's bytes) after the teardown meeting, when
+//   the group is aborted: every wait_until of the device would throw CommAborted at once (Note
+//   [Abortable waits] in lockstep/device.hpp), so a survivor on a GPU could report nothing and
+//   the run stop (the H200, 2026-12-04: "worker 0 could not report its state", then "had not
+//   read the record of step 19"; a CPU device never waits). By then its queue ends: drain() emptied the
 //   comm stream, and the compute stream waits only on events of collectives that every rank
 //   joined (the peer group's, Note [Peer all-reduce]) or on an aborted NCCL communicator's
 //   kernels. So these reads wait, for trainer.stop_grace_s at most (a survivor whose queue
@@ -1137,12 +1138,12 @@ SurvivorProgress WorkerLoop::progress() const {
                      .param_hash = replica.device().hash(replica.params(), replica.param_count()),
                      .lacks = {}};
   if (pending_) {
-    const std::optional<StepRecord::Host>& read = pending_->read;
+    // A read that the abort cut short (a GPU's: its wait threw CommAborted) ends here; one that
+    // cannot throws, and the survivor reports nothing.
+    const StepRecord::Host read = pending_->read ? *pending_->read : pending_->record->read();
     p.updated = pending_->end.step;
-    if (!read)
-      p.lacks = fmt::format("had not read the record of step {}", p.updated);
-    else if (read->control.skip || !std::isfinite(read->control.grad_norm) ||
-             read->loss.label_error != 0 || !std::isfinite(read->loss.loss_sum))
+    if (read.control.skip || !std::isfinite(read.control.grad_norm) ||
+        read.loss.label_error != 0 || !std::isfinite(read.loss.loss_sum))
       p.lacks = fmt::format("had a non-finite or skipped update at step {}", p.updated);
   } else if (!step_start_) {
     p.lacks = "had begun no step";

@@ -124,7 +124,8 @@ constexpr SoftmaxTolerance softmax_tolerance(int T, bool bf16) {
 // largest, with the fp32 sums over T on top; the log-sum-exp is fp32 throughout (the sums of T
 // exponentials, each side's exp). dq at a sequence's first position is 0 (one key, probability
 // 1: dP - D cancels), each side left with fp32 noise of its terms' size, not of its row's: fp32
-// sums of the whole array's largest on top (Tolerance::whole). dk and dv of a kv head add the
+// sums of the whole array's largest on top (Tolerance::whole); so at dk of a packed sequence of
+// one position (dk_j = dS_jj q_j, and dS_jj = 0 as P_jj = 1). dk and dv of a kv head add the
 // products of its G = H / Hkv query heads, which cuDNN's graph types bf16 before its sum
 // (dK_fullhead, dV_fullhead in the frontend's sdpa_backward): a bf16 ulp more per query head,
 // G + 1 in all (2 without grouping).
@@ -140,7 +141,7 @@ inline AttentionTolerance attention_tolerance(const AttentionShape& s) {
   const int group = s.heads / kv_heads_of(s);
   const Tolerance kv_sums = fp32_sums(group * s.T + s.head_size + 4);
   const Tolerance kv{kv_sums.rel + (group + 1) * kBf16Ulp, kv_sums.abs + (group + 1) * kBf16Ulp,
-                     std::size_t(kv_heads_of(s)) * s.head_size};
+                     std::size_t(kv_heads_of(s)) * s.head_size, kv_sums.abs};
   return {rounded, fp32_sums(s.T + s.head_size + 4, std::size_t(s.T)), dq, kv};
 }
 

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <limits>
 #include <set>
+#include <tuple>
 #include <vector>
 
 #include "gpu_vs_cpu.hpp"
@@ -128,15 +129,24 @@ TEST_CASE("gpu_vs_cpu: NaN passes only where the CPU has it and the test expects
   CHECK(mismatches({1.0f}, {1.0f, 2.0f}, tol).size() == 1);
 }
 
-// test_cudnn_attention.cpp's bound for dq (attention_tolerance), on the CPU's own bf16
-// attention: what the H200 gave at each sequence's first position, where dq is 0 and each side
-// holds fp32 noise of about 1e-7 (2026-12-04, bench/GPU.md), passes only with the whole array's
-// term; rows left zero past it still fail, every one.
-TEST_CASE("gpu_vs_cpu: attention's dq check passes a first position's noise, fails rows of zeros") {
-  const AttentionShape s{2, 64, 4, 64};
+// test_cudnn_attention.cpp's bounds for dq and dk (attention_tolerance), on the CPU's own bf16
+// attention over packed windows: window 0 one sequence, window 1 cut at 10 and 11, so position
+// 10 is a sequence of one. What the H200 gave where the value is 0 and each side holds fp32
+// noise of about 1e-7 (2026-12-04, bench/GPU.md): dq at each sequence's first position, dk at
+// the sequence of one. It passes only with the whole array's term; rows left zero still fail.
+TEST_CASE("gpu_vs_cpu: attention's dq and dk checks pass noise where the value is 0, fail rows "
+          "of zeros") {
+  AttentionShape s{2, 64, 4, 64, 2};
   const std::size_t n = std::size_t(s.batch) * s.T, c = std::size_t(s.heads) * s.head_size;
-  const std::size_t width = std::size_t(qkv_width(s));
+  const std::size_t width = std::size_t(qkv_width(s)), ckv = std::size_t(kv_heads_of(s)) * 64;
+  std::vector<std::int32_t> positions(n);
+  for (std::size_t t = 0; t < std::size_t(s.T); ++t) {
+    positions[t] = std::int32_t(t);
+    positions[std::size_t(s.T) + t] = std::int32_t(t < 10 ? t : t == 10 ? 0 : t - 11);
+  }
   auto cpu = make_cpu_device(0, 1);
+  auto pos = on_device(*cpu, positions);
+  s.positions = pos.data();
   auto qkv = on_device(*cpu, to_bits(random_floats(n * width, 564, -2.0, 2.0)));
   auto dy = on_device(*cpu, to_bits(random_floats(n * c, 664)));
   auto y = poisoned_bf16(*cpu, n * c);
@@ -146,29 +156,34 @@ TEST_CASE("gpu_vs_cpu: attention's dq check passes a first position's noise, fai
   cpu->attention_backward(s, {nullptr, qkv.data()}, {nullptr, y.data()}, {nullptr, dy.data()},
                           lse.data(), dqkv.data());
   const std::vector<float> all = dqkv.download();
-  std::vector<float> dq;
-  for (std::size_t r = 0; r < n; ++r)
-    dq.insert(dq.end(), all.begin() + std::ptrdiff_t(r * width),
-              all.begin() + std::ptrdiff_t(r * width + c));
-  const AttentionTolerance tol = attention_tolerance(s);
-  REQUIRE(mismatches(dq, dq, tol.dq).empty());
-  // The first positions' rows at about 1e-7, alternating in sign.
-  std::vector<float> noisy(dq);
-  std::set<std::size_t> first;
-  for (std::size_t b = 0; b < std::size_t(s.batch); ++b) {
-    const std::size_t r = b * std::size_t(s.T);
-    for (std::size_t i = 0; i < c; ++i) {
-      CHECK(std::abs(dq[r * c + i]) < 1e-6f);
-      noisy[r * c + i] = (i % 2 ? 1.0f : -1.0f) * 1.1e-7f;
-    }
-    first.insert(r);
+  std::vector<float> dq, dk;
+  for (std::size_t r = 0; r < n; ++r) {
+    const auto row = all.begin() + std::ptrdiff_t(r * width);
+    dq.insert(dq.end(), row, row + std::ptrdiff_t(c));
+    dk.insert(dk.end(), row + std::ptrdiff_t(c), row + std::ptrdiff_t(c + ckv));
   }
-  CHECK(mismatches(noisy, dq, tol.dq).empty());
-  CHECK(rows_failing(noisy, dq, tol.y) == first);  // the row's own bound alone refuses it
-  // Odd positions left zero: each fails.
-  std::vector<float> zeros(dq);
-  const std::set<std::size_t> skipped = set_odd_rows(zeros, c, 0.0f);
-  CHECK(rows_failing(zeros, dq, tol.dq) == skipped);
+  const AttentionTolerance tol = attention_tolerance(s);
+  const std::size_t one = std::size_t(s.T) + 10;  // the sequence of one position
+  const std::set<std::size_t> dq_zero{0, std::size_t(s.T), one, one + 1}, dk_zero{one};
+  for (auto [got, tight, loose, width_of, zero] :
+       {std::tuple{&dq, tol.y, tol.dq, c, dq_zero}, std::tuple{&dk, tol.kv, tol.kv, ckv, dk_zero}}) {
+    const std::vector<float>& want = *got;
+    REQUIRE(mismatches(want, want, loose).empty());
+    std::vector<float> noisy(want);
+    for (const std::size_t r : zero)
+      for (std::size_t i = 0; i < width_of; ++i) {
+        CHECK(std::abs(want[r * width_of + i]) < 1e-6f);
+        noisy[r * width_of + i] = (i % 2 ? 1.0f : -1.0f) * 1.1e-7f;
+      }
+    CHECK(mismatches(noisy, want, loose).empty());
+    tight.whole = 0.0;  // the row's own bound alone refuses it
+    CHECK(rows_failing(noisy, want, tight) == zero);
+    // Odd positions left zero: each fails but those that are 0.
+    std::vector<float> zeros(want);
+    std::set<std::size_t> skipped = set_odd_rows(zeros, width_of, 0.0f);
+    for (const std::size_t r : zero) skipped.erase(r);
+    CHECK(rows_failing(zeros, want, loose) == skipped);
+  }
 }
 
 // The GPU GPT-step comparisons (test_cudnn_attention.cpp, test_cuda_linear.cpp) check each
