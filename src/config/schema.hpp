@@ -232,8 +232,8 @@ void visit_schema(Visitor& v, C& c) {
                 "cuDNN refuses (not a multiple of 8, or above 256), a context of 1, and a "
                 "build without cuDNN 9: auto says which path runs and why in the summary, "
                 "fused exits with 2. Packed conversations (data.pack) on CUDA: fused reads "
-                "their mask as a score bias (Note [cuDNN packed mask]); auto keeps them on "
-                "the materialised path until that has run on a GPU. "
+                "their mask as a score bias (Note [cuDNN packed mask]), and auto chooses "
+                "as for unpacked data. "
                 "The same function either way, summed in another order, "
                 "so it is not part of the config hash. The summary, --summary-json "
                 "(attention), --dry-run and lockstep devices say which runs.");

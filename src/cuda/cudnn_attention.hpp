@@ -102,8 +102,9 @@ AttentionKey attention_key(const AttentionShape& s, bool backward, bool determin
 // window of its own, up to the order of summation, as on the CPU. The bias never takes a
 // gradient (no dBias output). dBias aside, the frontend's validation admits a bias with the
 // causal mask and the deterministic backward (cuDNN frontend 1.32); what a GPU's cuDNN builds
-// is checked by the GPU tests (tests/cuda/test_cudnn_attention.cpp), and model.attention auto
-// keeps packed data on the materialised path until a GPU run has measured this one.
+// is checked by the GPU tests (tests/cuda/test_cudnn_attention.cpp: on an H200 with cuDNN
+// 9.19, 2026-12-04, bench/GPU.md), and model.attention auto takes it for packed data as for
+// unpacked.
 // The bias's bytes, rounded up to 256 (the working memory's alignment); 0 without positions.
 std::size_t packed_bias_bytes(const AttentionShape& s);
 

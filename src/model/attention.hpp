@@ -26,8 +26,8 @@
 // tiles. RoPE's angles (RopeShape::positions) restart likewise. A packed window thus computes
 // what its sequences would each in a window of its own, up to the order of summation. On CUDA
 // the fused path (cuDNN) takes the same bound as an additive score bias (Note [cuDNN packed
-// mask] in src/cuda/cudnn_attention.hpp); model.attention auto runs packed data materialised
-// there until a GPU run has checked it (attention_choice).
+// mask] in src/cuda/cudnn_attention.hpp), and model.attention auto chooses as for unpacked
+// data (attention_choice).
 #pragma once
 
 #include <cstddef>

@@ -288,21 +288,11 @@ MlpSpec mlp_spec(const Config& config, const Dataset& train) {
 AttentionChoice attention_choice(const Config& config, std::string_view backend) {
   const TrainerConfig& tc = config.trainer;
   const std::string_view name = backend.empty() ? backend_name(tc.backend, tc.devices) : backend;
-  AttentionChoice choice =
-      choose_attention(config.model.attention, name, tc.precision, config.model.context,
-                       config.model.n_head > 0 ? gpt_spec(config.model, 1).head_size() : 0);
-  // Packed windows on cuda: cuDNN's fused attention takes their mask as a score bias (Note
-  // [cuDNN packed mask] in src/cuda/cudnn_attention.hpp) when asked for by name; auto keeps the
-  // materialised path, which masks the same rows (Note [Packed attention]), until a GPU run has
-  // checked the bias against it (tests/cuda/test_cudnn_attention.cpp).
-  const bool packed = config.data.dataset == DatasetKind::chat && config.data.pack;
-  if (packed && name == "cuda" && choice.path == AttentionKind::fused &&
-      config.model.attention == AttentionKind::automatic)
-    choice = {.path = AttentionKind::materialized,
-              .detail = "(T, T) matrices (auto: data.pack on cuda, where cuDNN's fused attention "
-                        "with the packed sequences' mask has not yet run on a GPU; "
-                        "model.attention fused asks for it)"};
-  return choice;
+  // Packed windows (data.pack) choose as unpacked ones: on cuda the fused path takes their mask
+  // as a score bias (Note [cuDNN packed mask] in src/cuda/cudnn_attention.hpp), checked against
+  // the CPU on an H200 (bench/GPU.md, 2026-12-04).
+  return choose_attention(config.model.attention, name, tc.precision, config.model.context,
+                          config.model.n_head > 0 ? gpt_spec(config.model, 1).head_size() : 0);
 }
 
 namespace {

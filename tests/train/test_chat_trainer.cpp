@@ -187,7 +187,7 @@ TEST_CASE("chat: a packed window gives the loss and gradients of its conversatio
   }
 }
 
-TEST_CASE("chat: packing on cuda: auto runs the materialised attention, fused cuDNN's") {
+TEST_CASE("chat: packing on cuda: auto chooses the attention as for unpacked data") {
   Config cfg = test::small_llama_config(1, 2);
   cfg.data.dataset = DatasetKind::chat;
   cfg.data.path = "chat.jsonl";
@@ -199,15 +199,11 @@ TEST_CASE("chat: packing on cuda: auto runs the materialised attention, fused cu
   cfg.model.attention = AttentionKind::automatic;
   Config unpacked = cfg;
   unpacked.data.pack = false;
-  // Where this build's cuda would run cuDNN's fused attention, packed data under auto does not
-  // (Note [cuDNN packed mask]: not yet run on a GPU); asked for by name, it does.
-  if (attention_choice(unpacked, "cuda").path == AttentionKind::fused) {
-    const AttentionChoice choice = attention_choice(cfg, "cuda");
-    CHECK(choice.path == AttentionKind::materialized);
-    CHECK(choice.detail.find("data.pack") != std::string::npos);
-    cfg.model.attention = AttentionKind::fused;
-    CHECK(attention_choice(cfg, "cuda").path == AttentionKind::fused);
-  }
+  // cuDNN's fused attention takes packed windows' mask as a score bias (Note [cuDNN packed
+  // mask], checked on an H200): auto picks the same path, for the same reason, packed or not.
+  const AttentionChoice packed = attention_choice(cfg, "cuda");
+  CHECK(packed.path == attention_choice(unpacked, "cuda").path);
+  CHECK(packed.detail == attention_choice(unpacked, "cuda").detail);
   cfg.model.attention = AttentionKind::fused;
   CHECK(attention_choice(cfg, "cpu").path == AttentionKind::fused);  // the tiled path takes it
 
