@@ -5,7 +5,7 @@ trainer.recompute on one GPU (issue 45; scripts/gpu_check.py's memory phase).
 GPT-2 124M (configs/gpt2_124m.yaml) at B --batch x T 1024, bf16, fused attention (cuDNN), AdamW,
 one worker on GPU 0: one short `lockstep train` per recompute mode (none, selective, full), then,
 while --deadline-s allows, 2 peer replicas of GPU 0 with trainer.zero 0 and 2 (recompute full),
-the ZeRO setting one GPU can show. For each run:
+the ZeRO setting one GPU can show, and one worker with the peer communicator instead of NCCL's. For each run:
   - the plan (the summary's activation_bytes and planned_worker_bytes: Trainer::memory_plan(),
     which --dry-run prints), times the workers on the GPU;
   - measured: what the run added to the GPU as its driver counts it, the summary's
@@ -141,6 +141,13 @@ def main():
                    ["trainer.recompute=full", f"trainer.zero={z}", "trainer.devices=2",
                     "trainer.threads_per_device=1"])
                   for z in (0, 2)]
+        if args.device == "cuda":
+            # One worker's communicator: trainer.comm auto makes a one-rank NCCL one, which the
+            # plan leaves out; the peer group's is a few events. The H200 measured one worker
+            # 1.18 GiB above its plan in every mode, two peer replicas 0.24 GiB (bench/GPU.md,
+            # 2026-12-04): this row says whether NCCL is the difference.
+            plans.append(("comm peer, recompute full", 1,
+                          ["trainer.recompute=full", "trainer.devices=[0]", "trainer.comm=peer"]))
         longest = 0.0
         for name, workers, sets in plans:
             left = args.deadline_s - (time.monotonic() - start)

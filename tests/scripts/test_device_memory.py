@@ -35,7 +35,8 @@ def test_the_ratio_is_what_the_run_added_to_the_gpu_against_the_plan_times_its_w
             ("recompute selective", 1, gpu_run(6 * GIB, ctx, ctx + int(7.0 * GIB), 0.063)),
             ("recompute full", 1, gpu_run(2 * GIB, ctx, ctx + int(2.1 * GIB), 0.084)),
             ("zero 2, N 2, full", 2, gpu_run(2 * GIB, ctx, ctx + int(4.2 * GIB), 0.150)),
-            ("zero 0, N 2, full", 2, {"error": "exit 1: out of memory"})]
+            ("zero 0, N 2, full", 2, {"error": "exit 1: out of memory"}),
+            ("comm peer, recompute full", 1, gpu_run(2 * GIB, ctx, ctx + int(2.0 * GIB), 0.083))]
     out = io.StringIO()
     with redirect_stdout(out):
         device_memory.report(args, rows)
@@ -51,7 +52,10 @@ def test_the_ratio_is_what_the_run_added_to_the_gpu_against_the_plan_times_its_w
         "84.0 ms/step (+40.0% vs none, goal <= +35%: NOT MET); NVML +10 MiB against the "
         "driver's peak",
         "zero 2, N 2, full: plan 4.00 GiB, measured 4.20 GiB = 1.050x (goal within 10%: met), "
-        "150.0 ms/step; NVML +10 MiB against the driver's peak"]
+        "150.0 ms/step; NVML +10 MiB against the driver's peak",
+        # not a recompute mode: no cost against none
+        "comm peer, recompute full: plan 2.00 GiB, measured 2.00 GiB = 1.000x (goal within 10%: "
+        "met), 83.0 ms/step; NVML +10 MiB against the driver's peak"]
     assert "| zero 0, N 2, full | failed: exit 1: out of memory |" in out.getvalue()
     # NVML saw the whole GPU's use 10 MiB above the driver's peak.
     assert "| recompute none | 1.00 | 8.00 | 8.40 | 1.050 | 0.50 | +10 | 60.0 | +0.0% |" in \
