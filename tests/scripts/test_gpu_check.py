@@ -255,13 +255,15 @@ def test_the_archive_keeps_under_the_size_a_file_may_have_to_come_back(tmp_path,
     assert os.path.getsize(os.path.join(check.out, gpu_check.ARCHIVE)) < gpu_check.MAX_FILE_BYTES
 
 
-def test_the_memory_phase_follows_the_tests_and_attention_and_is_reached():
+def test_what_has_not_passed_on_a_gpu_follows_the_tests_and_is_reached():
     names = [p.name for p in gpu_check.PHASES]
-    assert names[names.index("tests") + 1:names.index("tests") + 3] == ["attention", "memory"]
+    assert names[names.index("tests") + 1:names.index("tests") + 4] == [
+        "shrink", "memory", "gpt_bf16"]
     planned = {name: limit for name, _, limit in gpu_check.plan(gpu_check.PHASES, 540)}
     memory = next(p for p in gpu_check.PHASES if p.name == "memory")
     assert planned["memory"] == memory.cap_s  # its whole cap, in the default budget
     assert memory.expect_s <= 60
+    assert planned["gpt_bf16"] == next(p for p in gpu_check.PHASES if p.name == "gpt_bf16").cap_s
 
 
 def test_the_table_ends_with_the_phases_that_did_not_run(tmp_path, monkeypatch):
