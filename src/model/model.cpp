@@ -91,9 +91,12 @@
 //   and its head, tied or not, are the same. The memory plan counts the same buffers
 //   (activation_bytes in src/train/memory_plan.cpp reads head_input_in_gradient too).
 //   What would break it: a final layer whose backward reads its output while claiming not to
-//   (it must say backward_reads_output, and then keeps acts_), anything that reads the hidden
-//   state after the head's backward, or a head that writes its din anywhere but dbuf_[(L - 1)
-//   % 2]. Tests: tests/model/test_backward_scratch.cpp and tests/train/test_recompute.cpp.
+//   (it must say backward_reads_output, and then keeps acts_), anything that reads the norm's
+//   output after the norm's backward has begun, or a head given its din in the buffer of its
+//   input (dbuf_[(L - 1) % 2] is the other one).
+//   Tests: tests/train/test_recompute.cpp (a replica's gradients and bytes, the plan's figures),
+//   tests/model/test_chunked_classifier.cpp (the head's calls on their scratch) and
+//   bench/compare_builds.sh against a build from before (bit for bit).
 #include <algorithm>
 #include <functional>
 #include <stdexcept>
