@@ -140,6 +140,19 @@ class LOCKSTEP_API Layer {
                                    Precision /*precision*/ = Precision::fp32) const noexcept {
     return 0;
   }
+  // The floats of ::scratch enough when backward gets a din (every layer but a model's first),
+  // where that is less than scratch_size(), which is enough for every call: a decoder block
+  // keeps its output gradient rounded to bf16 in din's storage until it writes din (Note
+  // [Backward scratch lifetimes] in src/model/gpt.cpp). Replica and the memory plan size the
+  // scratch by it for the layers after the first.
+  virtual std::size_t scratch_size_with_din(int batch,
+                                            Precision precision = Precision::fp32) const noexcept {
+    return scratch_size(batch, precision);
+  }
+  // Whether backward reads `out`, its forward's output. A final norm's does not: the replica
+  // then keeps its output, an LM head's input, in an activation gradient's buffer (Note [Head
+  // input] in src/model/model.cpp).
+  virtual bool backward_reads_output() const noexcept { return true; }
   // Tied weights: the index of an earlier layer whose parameters this layer reads (and whose
   // gradients it accumulates into), or -1 for its own. A tied layer has no parameters itself.
   virtual int tied_to() const noexcept { return -1; }
@@ -389,6 +402,10 @@ class LOCKSTEP_API Model {
   // writing only its output and LayerWorkspace::saved, never a last layer.
   void mark_recomputable(std::size_t layer);
   bool recomputable(std::size_t layer) const { return recomputable_.at(layer) != 0; }
+  // Whether a replica keeps the output of the layer below the last, the input of an LM head that
+  // fuses its loss, in an activation gradient's buffer rather than a buffer of its own: when
+  // that layer's backward does not read its output (Note [Head input] in src/model/model.cpp).
+  bool head_input_in_gradient() const noexcept;
 
   // The initial parameters, drawn on the host from `seed` alone: the same for any device count.
   std::vector<float> initial_parameters(std::uint64_t seed) const;
@@ -549,6 +566,9 @@ class LOCKSTEP_API Replica {
   bool has_gradients(std::size_t layer) const;
   // The layers' forward; the last writes bf16 logits into dlogits_bf16_ when there is one.
   void run_forward(const float* x, int batch);
+  // Where layer i's output lives: acts_[i], or for the layer below a head that fuses its loss,
+  // when acts_[i] is empty, dbuf_[L % 2] for L layers (Note [Head input]).
+  float* output(std::size_t layer);
 
   Device* device_;
   const Model* model_;
@@ -560,7 +580,8 @@ class LOCKSTEP_API Replica {
   DeviceArray<float> frozen_;              // Model::frozen_count() floats, no gradient; bf16: none
   DeviceArray<std::uint16_t> frozen_bf16_;  // bf16 only: the frozen parameters' bf16 bits
   // acts_[i] = output of layer i; the last is empty until forward() with a bf16 LM head, whose
-  // output is dlogits_bf16_.
+  // output is dlogits_bf16_. The one below a head that fuses its loss may be empty too: its
+  // output is then in dbuf_ (output(); Note [Head input] in src/model/model.cpp).
   std::vector<DeviceArray<float>> acts_;
   Recompute recompute_;
   std::vector<DeviceArray<float>> saved_;  // saved_[i] = layer i's LayerWorkspace::saved

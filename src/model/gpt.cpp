@@ -182,7 +182,12 @@ class Block final : public Layer {
     return saved({.precision = precision}, batch).size;
   }
   std::size_t scratch_size(int batch, Precision precision) const noexcept override {
-    return scratch({.precision = precision}, batch).size;
+    return scratch({.precision = precision}, batch, /*with_din=*/false).size;
+  }
+  // With a din, bf16 and fused attention: without a region for the rounded gradients (Note
+  // [Backward scratch lifetimes]).
+  std::size_t scratch_size_with_din(int batch, Precision precision) const noexcept override {
+    return scratch({.precision = precision}, batch, /*with_din=*/true).size;
   }
   // ln_1's and ln_2's outputs, GELU's, and res1 (Note [Recomputation] in src/model/model.cpp).
   std::size_t recomputed_size(int batch, Precision precision) const noexcept override {
@@ -256,11 +261,13 @@ class Block final : public Layer {
     const Params g = at(grads);
     const bool bf16 = ws.precision == Precision::bf16;
     const Saved s = saved(ws, batch);
-    const Scratch d = scratch(ws, batch);
+    const Scratch d = scratch(ws, batch, din != nullptr, din);
     const int n = batch * t_, c = c_;
     // MLP branch: out = res1 + c_proj(gelu(c_fc(ln_2(res1)))). c_proj's backward runs GELU's
     // too, giving the gradient of fc in d.h (and in bf16 rounded into d.grad16, c_fc's products'
-    // input) and c_fc's bias gradient; c_fc's backward then needs no dy of its own.
+    // input) and c_fc's bias gradient; c_fc's backward then needs no dy of its own. Under bf16
+    // dout is read rounded from d.dout16: din's storage, or a region of the scratch (Note
+    // [Backward scratch lifetimes]).
     const MatIn dout_g = detail::as_input(dev, dout, d.dout16, elements(n, c));
     dev.linear_backward({.rows = n, .in = 4 * c, .out = c, .x = s.gelu.input(),
                          .weight = w.fc_proj.weight, .dy = dout, .g = dout_g,
@@ -277,13 +284,13 @@ class Block final : public Layer {
     dev.residual_layernorm_backward(s.res1, p.ln2_w, s.mean2, s.rstd2, d.tmp, dout, dres1,
                                     bf16 ? d.grad16 : nullptr, g.ln2_w, g.ln2_b, n, c);
     // Attention branch: res1 = x + c_proj(attention(c_attn(ln_1(x)))). Under bf16 the gradient
-    // of atty is written rounded into d.dout16 (free once c_fc's backward has run), attention's
-    // input, by c_proj's product.
+    // of atty is written rounded into d.datty16 (grad16 past d res1's rounding, or the scratch's
+    // region, free once c_fc's backward has run), attention's input, by c_proj's product.
     const MatIn dres1_g = bf16 ? MatIn{nullptr, d.grad16} : MatIn{dres1, nullptr};
     dev.linear_backward({.rows = n, .in = c, .out = c, .x = s.atty.input(),
                          .weight = w.attn_proj.weight, .dy = dres1, .g = dres1_g,
                          .dweight = g.attn_proj_w, .dbias = g.attn_proj_b, .dx = d.tmp,
-                         .dx_bf16 = bf16 ? d.dout16 : nullptr});
+                         .dx_bf16 = bf16 ? d.datty16 : nullptr});
     attention_backward(dev, s, d, batch, ws.positions);
     detail::linear_backward(dev, w.attn, g.attn_w, g.attn_b, s.ln1.input(), d.qkv, d.tmp, n, c,
                             3 * c, d.grad16);
@@ -446,8 +453,8 @@ class Block final : public Layer {
   //   2 c_proj (MLP): reads dout(16), writes h, grad16   (h fp32: working memory under bf16)
   //   3 c_fc: reads h | grad16, writes tmp
   //   4 ln_2: reads tmp, dout, writes d res1, grad16
-  //   5 c_proj (attn): reads d res1, grad16, writes tmp (bf16: working memory), dout16
-  //   6 attention: reads tmp | dout16 (materialised: att, grad16 as working memory), writes qkv
+  //   5 c_proj (attn): reads d res1, grad16, writes tmp (bf16: working memory), datty16
+  //   6 attention: reads tmp | datty16 (materialised: att, grad16 as working memory), writes qkv
   //   7 c_attn: reads qkv (rounded into grad16), writes tmp
   //   8 ln_1: reads tmp, d res1, writes din
   // So h is dead after 3 (after 2 under bf16), qkv lives in 6-7 only: qkv takes the front
@@ -459,12 +466,24 @@ class Block final : public Layer {
   // nothing reads its old contents. Without a din (a block as a first layer), d res1 is
   // needed only in 4-5 (ln_1's parameter gradients do not read the residual): it takes the
   // front of h, dead by 4 and qkv's only from 6, and ln_1's discarded dx goes there in 8.
+  // The bf16 roundings of dout (1-2) and of d atty (5-6), (N, C) each, need no region of
+  // their own with a din and the fused path (issue 45: 12 of a GPT-2 124M block's 156 MiB of
+  // scratch at B 8 x T 1024, bf16, the scratch's peak being step 2): dout16 lies in din's
+  // storage (its first half: N C bf16 in N C floats), read by 2 only, before anything writes
+  // din (4, d res1), and datty16 in grad16 from the first 64-byte line past d res1's rounding
+  // (which 5 reads while it writes datty16; 7 writes over both after 6 has read datty16; the
+  // fused attention's backward uses no scratch). The materialised path's attention uses grad16 as
+  // working memory while it reads datty16, and a block without din has none to lend, so
+  // either keeps a region of (N, C) bf16 for both, one after the other: that is why the
+  // scratch a block needs depends on its place (Layer::scratch_size_with_din: Replica and the
+  // memory plan size the scratch by it for every layer but the first).
   // Forward uses qkv, then (materialised bf16) tmp, then h, each as a product's fp32 output
   // rounded within its own call: one at a time. The devices run a block's calls in order on
   // one stream and keep nothing of a call's operands for later (the CUDA device's cuDNN and
   // cuBLASLt workspaces are its own), so the sharing holds there too. What would break it: a
-  // call that reads h or qkv beyond the steps above (e.g. c_fc reading h under bf16), or a
-  // din that aliases dout or x. Tests: tests/model/test_backward_scratch.cpp (a block's
+  // call that reads h or qkv beyond the steps above (e.g. c_fc reading h under bf16), a
+  // product that reads dout16 after 4 or writes din before it, an attention backward that
+  // reads grad16 on the fused path, or a din that aliases dout or x. Tests: tests/model/test_backward_scratch.cpp (a block's
   // gradients with a din and without one, scratch and din filled with NaN first, bf16 against
   // fp32) and the finite differences of test_gpt.cpp.
   struct Scratch {
@@ -477,27 +496,41 @@ class Block final : public Layer {
     // matrix-product input.
     std::uint16_t* grad16;
     // bf16 only: (N, C) the block's output gradient rounded, read by c_proj's products while
-    // they write the gradient of fc into grad16; then the gradient of atty rounded, attention's
-    // input, while the materialised path's score gradients use grad16.
+    // they write the gradient of fc into grad16: in din's storage, or without a din (or with
+    // the materialised path) in a region of its own.
     std::uint16_t* dout16;
+    // bf16 only: (N, C) the gradient of atty rounded, attention's input: with the fused path
+    // and a din, in grad16 past d res1's rounding (from a 64-byte line), else dout16's region,
+    // free by then, while the materialised path's score gradients use grad16.
+    std::uint16_t* datty16;
     float* lora_du;  // LoRA: (N, rank), an adapter's du
     float* sink;     // LoRA: (2C), the frozen LayerNorms' weight and bias gradients, discarded
     // LoRA with dropout: (N, 4C), an adapter's dropped input; in its backward, its input
     // gradient before the mask.
     float* lora_x;
     std::size_t size;
-    // fp32: (N, 4C) + (N, C) + att floats; bf16: (N, 4C) + att floats, then grad16 and dout16;
-    // then LoRA's: rank (0: none), and whether its adapters drop their input.
-    static Scratch at(float* base, AttentionShape a, bool fused, bool bf16, int rank, bool drops) {
+    // fp32: (N, 4C) + (N, C) + att floats; bf16: (N, 4C) + att floats, then grad16 and (see
+    // dout16) a region of (N, C) bf16; then LoRA's: rank (0: none), and whether its adapters
+    // drop their input. with_din: for a backward that gets din (its storage when set).
+    static Scratch at(float* base, AttentionShape a, bool fused, bool bf16, int rank, bool drops,
+                      bool with_din, float* din) {
       const std::size_t n = std::size_t(a.batch) * a.T, c = std::size_t(a.heads) * a.head_size;
       const std::size_t att = fused ? 0 : std::size_t(a.batch) * a.heads * a.T * a.T;
       const std::size_t widest = std::max(4 * n * c, att);
+      // d res1's rounding takes grad16's first (N, C), to a whole 64-byte line.
+      const std::size_t past_dres1 = 2 * detail::bf16_floats(n * c);
+      const bool in_din = bf16 && fused && with_din && past_dres1 + n * c <= widest;
       Carver k(base);
       float* h = k.take(4 * n * c);
       float* tmp = bf16 ? (h ? h + 3 * n * c : nullptr) : k.take(n * c);
-      Scratch s{h, tmp, h, h, k.take(att), bf16 ? k.take_bf16(widest) : nullptr,
-                bf16 ? k.take_bf16(n * c) : nullptr, k.take(n * std::size_t(rank)),
-                k.take(rank > 0 ? 2 * c : 0), k.take(drops ? 4 * n * c : 0), 0};
+      float* att_d = k.take(att);
+      std::uint16_t* grad16 = bf16 ? k.take_bf16(widest) : nullptr;
+      std::uint16_t* region = bf16 && !in_din ? k.take_bf16(n * c) : nullptr;
+      std::uint16_t* datty16 = in_din && grad16 ? grad16 + past_dres1 : region;
+      Scratch s{h, tmp, h, h, att_d, grad16,
+                in_din ? reinterpret_cast<std::uint16_t*>(din) : region, datty16,
+                k.take(n * std::size_t(rank)), k.take(rank > 0 ? 2 * c : 0),
+                k.take(drops ? 4 * n * c : 0), 0};
       s.size = k.used();
       return s;
     }
@@ -522,9 +555,11 @@ class Block final : public Layer {
     return Saved::at(ws.saved, ws.recomputed, shape(batch), fused_,
                      ws.precision == Precision::bf16, lora_u);
   }
-  Scratch scratch(const LayerWorkspace& ws, int batch) const {
+  // with_din: backward with this din (forward: none needed, the smaller layout).
+  Scratch scratch(const LayerWorkspace& ws, int batch, bool with_din = true,
+                  float* din = nullptr) const {
     return Scratch::at(ws.scratch, shape(batch), fused_, ws.precision == Precision::bf16, rank_,
-                       lora_dropout_ > 0.0f);
+                       lora_dropout_ > 0.0f, with_din, din);
   }
 
   // ---- LoRA (Note [LoRA] in lora.cpp) ----
@@ -622,10 +657,10 @@ class Block final : public Layer {
                               s.atty.output(), attention_buffers(s, d));
   }
 
-  // From d atty (g.tmp, or under bf16 its rounding in g.dout16), writes g.qkv.
+  // From d atty (g.tmp, or under bf16 its rounding in g.datty16), writes g.qkv.
   void attention_backward(Device& dev, const Saved& s, const Scratch& g, int batch,
                           const std::int32_t* positions) const {
-    const MatIn dy = g.dout16 ? MatIn{nullptr, g.dout16} : MatIn{g.tmp, nullptr};
+    const MatIn dy = g.datty16 ? MatIn{nullptr, g.datty16} : MatIn{g.tmp, nullptr};
     detail::attention_backward(dev, packed_shape(batch, positions), s.qkv.input(),
                                s.atty.input(), dy, attention_buffers(s, g), g.qkv);
   }
@@ -671,6 +706,8 @@ class LayerNorm final : public Layer {
   std::size_t scratch_size(int /*batch*/, Precision /*precision*/) const noexcept override {
     return 2 * std::size_t(c_);
   }
+  // Backward reads the input and the statistics (Note [Head input] in src/model/model.cpp).
+  bool backward_reads_output() const noexcept override { return false; }
 
   void forward(Device& dev, const float* params, const float* in, float* out, int batch,
                const LayerWorkspace& ws) const override {

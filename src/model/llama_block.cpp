@@ -191,7 +191,12 @@ class LlamaBlock final : public Layer {
     return Saved::at(nullptr, nullptr, *this, batch, precision == Precision::bf16).size;
   }
   std::size_t scratch_size(int batch, Precision precision) const noexcept override {
-    return Scratch::at(nullptr, *this, batch, precision == Precision::bf16).size;
+    return Scratch::at(nullptr, *this, batch, precision == Precision::bf16, false).size;
+  }
+  // With a din, bf16 and fused attention: without a region for the rounded gradients (Note
+  // [Backward scratch lifetimes] in gpt.cpp).
+  std::size_t scratch_size_with_din(int batch, Precision precision) const noexcept override {
+    return Scratch::at(nullptr, *this, batch, precision == Precision::bf16, true).size;
   }
   // The two RMSNorms' outputs, SwiGLU's and res1 (Note [Recomputation] in src/model/model.cpp).
   std::size_t recomputed_size(int batch, Precision precision) const noexcept override {
@@ -204,7 +209,7 @@ class LlamaBlock final : public Layer {
                  const LayerWorkspace& ws) const override {
     const bool bf16 = ws.precision == Precision::bf16;
     const Saved s = Saved::at(ws.saved, ws.recomputed, *this, batch, bf16);
-    const Scratch d = Scratch::at(ws.scratch, *this, batch, bf16);
+    const Scratch d = Scratch::at(ws.scratch, *this, batch, bf16, true);
     const Base base = base_of(dev, own, ws, d);
     const int n = batch * t_;
     s.ln1.store([&](auto* y) {
@@ -218,7 +223,7 @@ class LlamaBlock final : public Layer {
                const LayerWorkspace& ws) const override {
     const bool bf16 = ws.precision == Precision::bf16;
     const Saved s = Saved::at(ws.saved, ws.recomputed, *this, batch, bf16);
-    const Scratch d = Scratch::at(ws.scratch, *this, batch, bf16);
+    const Scratch d = Scratch::at(ws.scratch, *this, batch, bf16, true);
     const Base base = base_of(dev, own, ws, d);
     const Maps& m = base.maps;
     const int n = batch * t_;
@@ -245,7 +250,7 @@ class LlamaBlock final : public Layer {
                 const LayerWorkspace& ws) const override {
     const bool bf16 = ws.precision == Precision::bf16;
     const Saved s = Saved::at(ws.saved, ws.recomputed, *this, batch, bf16);
-    const Scratch d = Scratch::at(ws.scratch, *this, batch, bf16);
+    const Scratch d = Scratch::at(ws.scratch, *this, batch, bf16, din != nullptr, din);
     const Base base = base_of(dev, own, ws, d);
     const Maps& m = base.maps;
     const int n = batch * t_;
@@ -269,7 +274,8 @@ class LlamaBlock final : public Layer {
       if (dx16) dev.to_bf16(dx, dx16, elements(n, map.in));
     };
     // MLP branch: out = res1 + down(swiglu(gate_up(h2))). Under bf16 the products read dout
-    // rounded into d.dout16.
+    // rounded into d.dout16, din's storage or a region of the scratch (Note [Backward scratch
+    // lifetimes] in gpt.cpp).
     const MatIn dout_g = detail::as_input(dev, dout, d.dout16, elements(n, c_));
     project(kDownProduct, m.down, s.act.input(), dout, dout_g, kDownW, kDownB, d.h, nullptr);
     if (bf16)
@@ -286,11 +292,12 @@ class LlamaBlock final : public Layer {
     dev.residual_rmsnorm_backward(s.res1, base.post_norm, s.rstd2, d.tmp, dout, dres1,
                                   bf16 ? d.grad16 : nullptr, norm_g(kPostNorm), n, c_);
     // Attention branch: res1 = x + o_proj(attention(rope(qkv(h)))). Under bf16 the gradient of
-    // atty is written rounded into d.dout16 (free once down's products have run).
+    // atty is written rounded into d.datty16 (grad16 past d res1's rounding, or dout16's region,
+    // free once down's products have run).
     const MatIn dres1_g = bf16 ? MatIn{nullptr, d.grad16} : MatIn{dres1, nullptr};
     project(kOProduct, m.o, s.atty.input(), dres1, dres1_g, kOW, kOB, d.tmp,
-            bf16 ? d.dout16 : nullptr);
-    const MatIn datty = bf16 ? MatIn{nullptr, d.dout16} : MatIn{d.tmp, nullptr};
+            bf16 ? d.datty16 : nullptr);
+    const MatIn datty = bf16 ? MatIn{nullptr, d.datty16} : MatIn{d.tmp, nullptr};
     detail::attention_backward(dev, attention_shape(batch, ws), s.qkv.input(), s.atty.input(), datty,
                                attention_buffers(s, d), d.qkv);
     // q and k rotated back, and under bf16 the whole dqkv rounded into d.grad16 in that pass.
@@ -574,13 +581,16 @@ class LlamaBlock final : public Layer {
   // As in a GPT-2 block (Note [Backward scratch lifetimes] in gpt.cpp), those whose lifetimes
   // are disjoint share storage, in two regions. backward() runs: down (writes h) -> SwiGLU's
   // backward (reads h, writes dgu) -> gate_up (reads dgu, writes tmp) -> post norm (reads tmp,
-  // dout, writes d res1) -> o_proj (reads d res1, writes tmp | dout16) -> attention (reads tmp
-  // | dout16, writes qkv) -> RoPE, qkv (reads qkv, writes tmp) -> input norm (reads tmp, d
-  // res1, writes din). So region 1 holds h (dead once SwiGLU's backward has read it), then tmp;
-  // region 2 dgu (dead after gate_up), then qkv; d res1 is din itself, or without a din (a first
-  // layer) the front of region 2 between the post norm and o_proj, where the input norm's
-  // discarded dx goes too. LoRA's adapters read and write only their own temporaries below
-  // and the products' operands named here.
+  // dout, writes d res1) -> o_proj (reads d res1, writes tmp | datty16) -> attention (reads
+  // tmp | datty16, writes qkv) -> RoPE, qkv (reads qkv, writes tmp) -> input norm (reads tmp,
+  // d res1, writes din). So region 1 holds h (dead once SwiGLU's backward has read it), then
+  // tmp; region 2 dgu (dead after gate_up), then qkv; d res1 is din itself, or without a din (a
+  // first layer) the front of region 2 between the post norm and o_proj, where the input
+  // norm's discarded dx goes too. Under bf16 with a din and the fused path, dout16 (read by
+  // down's products, before the post norm writes d res1) lies in din's storage and datty16 in
+  // grad16 past d res1's rounding, as a GPT-2 block's; otherwise both share a region of their
+  // own. LoRA's adapters read and write only their own temporaries below and the products'
+  // operands named here.
   struct Scratch {
     float* h;     // region 1: (N, F) gradient of the SwiGLU output
     float* tmp;   // region 1: (N, max(C, Q)) gradient at a norm's output or of atty; atty's product
@@ -590,8 +600,11 @@ class LlamaBlock final : public Layer {
     float* att;   // materialised: (B, H, T, T)
     // bf16 only: a gradient rounded as a matrix-product input, max((N, 2F), (N, W), att).
     std::uint16_t* grad16;
-    // bf16 only: (N, max(C, Q)) dout rounded, then the gradient of atty rounded.
+    // bf16 only: (N, C) dout rounded, and (N, Q) the gradient of atty rounded: with a din and
+    // the fused path in din's storage and in grad16 from the first 64-byte line past d res1's
+    // rounding; otherwise both in one (N, max(C, Q)) region, one after the other.
     std::uint16_t* dout16;
+    std::uint16_t* datty16;
     float* lora_du;  // LoRA: (N, rank), an adapter's du
     float* sink;     // LoRA: (C), the frozen norms' weight gradients, discarded
     // LoRA with dropout: (N, max(C, Q, F)), an adapter's dropped input; in its backward, its
@@ -601,16 +614,24 @@ class LlamaBlock final : public Layer {
     std::uint16_t* lora_x16;   // LoRA with dropout under bf16: (N, max(C, Q, F)), lora_x rounded
     float* base32;             // LoRA under bf16: the widened base tensors (widened_tensors())
     std::size_t size;
-    static Scratch at(float* base, const LlamaBlock& b, int batch, bool bf16) {
+    // with_din: for a backward that gets din (its storage when set).
+    static Scratch at(float* base, const LlamaBlock& b, int batch, bool bf16, bool with_din,
+                      float* din = nullptr) {
       const std::size_t n = std::size_t(batch) * b.t_, c = b.c_, f = b.f_;
       const std::size_t wide = std::max<std::size_t>(c, b.q_width());
       const std::size_t att = b.fused_ ? 0 : std::size_t(batch) * b.h_ * b.t_ * b.t_;
       const std::size_t widest = std::max({2 * n * f, n * b.qkv_width(), n * c, att});
+      const std::size_t past_dres1 = 2 * detail::bf16_floats(n * c);
+      const bool in_din = bf16 && b.fused_ && with_din && past_dres1 + n * b.q_width() <= widest;
       Carver k(base);
       float* region1 = k.take(std::max(n * f, n * wide));
       float* region2 = k.take(std::max({2 * n * f, n * b.qkv_width(), n * c}));
-      Scratch s{region1, region1, region2, region2, region2, k.take(att),
-                bf16 ? k.take_bf16(widest) : nullptr, bf16 ? k.take_bf16(n * wide) : nullptr,
+      float* att_d = k.take(att);
+      std::uint16_t* grad16 = bf16 ? k.take_bf16(widest) : nullptr;
+      std::uint16_t* region = bf16 && !in_din ? k.take_bf16(n * wide) : nullptr;
+      Scratch s{region1, region1, region2, region2, region2, att_d, grad16,
+                in_din ? reinterpret_cast<std::uint16_t*>(din) : region,
+                in_din && grad16 ? grad16 + past_dres1 : region,
                 k.take(b.lora() ? n * b.rank_ : 0), k.take(b.lora() ? c : 0),
                 k.take(b.lora_dropout_ > 0.0f ? n * std::max({c, wide, f}) : 0),
                 bf16 && b.lora() ? k.take_bf16(n * b.rank_) : nullptr,

@@ -58,13 +58,13 @@ class LmHead final : public Layer {
   int vocab_padding() const noexcept override { return p_ - v_; }
   // No bias: the gradient of the logits feeds the two matrix products only.
   bool dout_bf16() const noexcept override { return true; }
-  std::size_t workspace_size(int batch, Precision precision) const noexcept override {
-    return Saved::at(nullptr, batch * t_, p_ - v_, c_, precision == Precision::bf16).size;
+  std::size_t workspace_size(int batch, Precision /*precision*/) const noexcept override {
+    return Saved::at(nullptr, batch * t_, p_ - v_).size;
   }
-  // A chunk of logits (Chunk), working memory of one call: scratch, shared with the other layers
-  // (a GPT-2 block's backward needs more).
+  // A chunk of logits and under bf16 the input rounded (Chunk), working memory of one call:
+  // scratch, shared with the other layers (a GPT-2 block's backward needs more).
   std::size_t scratch_size(int batch, Precision precision) const noexcept override {
-    return Chunk::at(nullptr, batch * t_, p_, precision == Precision::bf16).size;
+    return Chunk::at(nullptr, batch * t_, p_, c_, precision == Precision::bf16).size;
   }
 
   // bf16 with ws.out_bf16: the logits rounded to bf16 there, computed in fp32 kChunkRows rows
@@ -73,9 +73,9 @@ class LmHead final : public Layer {
   void forward(Device& dev, const float* wte, const float* in, float* out, int batch,
                const LayerWorkspace& ws) const override {
     const int n = batch * t_;
-    const Saved s = Saved::at(ws.saved, n, p_ - v_, c_, ws.precision == Precision::bf16);
-    const Chunk chunk = Chunk::at(ws.scratch, n, p_, /*bf16=*/false);
-    const MatIn x = detail::as_input(dev, in, s.in16, std::size_t(n) * c_);
+    const Saved s = Saved::at(ws.saved, n, p_ - v_);
+    const Chunk chunk = Chunk::at(ws.scratch, n, p_, c_, ws.precision == Precision::bf16);
+    const MatIn x = detail::as_input(dev, in, chunk.in16, std::size_t(n) * c_);
     const MatIn w = detail::param_input(wte, ws, 0);
     if (!ws.out_bf16) return logits(dev, x, w, s, out, n);
     for (int r = 0; r < n; r += kChunkRows) {
@@ -86,7 +86,9 @@ class LmHead final : public Layer {
   }
   // dwte (V, C) += dout^T (V, N) in (N, C); din (N, C) = dout (N, V) wte (V, C); dout's rows
   // have stride P, and its padding (zero) is never read. bf16: reads ws.dout_bf16 instead, the
-  // gradient rounded by whoever computed it (the loss, or Replica::backward).
+  // gradient rounded by whoever computed it (the loss, or Replica::backward), and `in` rounded
+  // again into the scratch, the bits forward's products read (nothing of it is kept between
+  // the calls: Note [Head input] in src/model/model.cpp).
   void backward(Device& dev, const float* wte, float* dwte, const float* in, const float* /*out*/,
                 const float* dout, float* din, int batch,
                 const LayerWorkspace& ws) const override {
@@ -94,11 +96,12 @@ class LmHead final : public Layer {
     const bool bf16 = ws.precision == Precision::bf16;
     if (bf16 && !ws.dout_bf16)
       throw std::logic_error("lm_head: bf16 backward needs LayerWorkspace::dout_bf16");
-    const Saved s = Saved::at(ws.saved, n, p_ - v_, c_, bf16);
-    const MatIn x = bf16 ? MatIn{nullptr, s.in16} : MatIn{in, nullptr};
     const MatIn dy = bf16 ? MatIn{nullptr, ws.dout_bf16} : MatIn{dout, nullptr};
-    if (dwte)  // null: the weight is frozen (Note [Frozen parameters] in lora.cpp)
+    if (dwte) {  // null: the weight is frozen (Note [Frozen parameters] in lora.cpp)
+      const Chunk chunk = Chunk::at(ws.scratch, n, p_, c_, bf16);
+      const MatIn x = detail::as_input(dev, in, chunk.in16, std::size_t(n) * c_);
       detail::matmul(dev, Transpose::yes, Transpose::no, v_, c_, n, dy, p_, x, c_, 1.0f, dwte, c_);
+    }
     if (din)
       detail::matmul(dev, Transpose::no, Transpose::no, n, c_, v_, dy, p_,
                      detail::param_input(wte, ws, 0), c_, 0.0f, din, c_);
@@ -120,7 +123,8 @@ class LmHead final : public Layer {
   // (B T, P) logits and their gradient (GPT-2 at 8 x 1024: 0.82 GB in bf16, 3.3 GB in fp32)
   // is one chunk, 256 x 50304 x 6 bytes = 77 MB in bf16 (51 MB in fp32), working memory of
   // one call: it lives in the scratch every layer shares, which a GPT-2 block's backward
-  // already makes larger (156 MiB at 8 x 1024), so that it costs GPT-2 nothing at all.
+  // already makes larger (144 MiB at 8 x 1024, against the chunk and the head's bf16 input,
+  // 74 + 12 MiB: Note [Head input] in src/model/model.cpp), so that it costs GPT-2 nothing.
   // What it guarantees: every row gets the unchunked head's arithmetic (the same products
   // over C and V, the same classifier, the same bf16 roundings), so its loss, dlogits and din
   // differ from the unchunked head's at most where a matrix product blocks a shorter M
@@ -141,9 +145,9 @@ class LmHead final : public Layer {
                     const LossInput& loss, int batch, const LayerWorkspace& ws) const override {
     const int n = batch * t_;
     const bool bf16 = ws.precision == Precision::bf16;
-    const Saved s = Saved::at(ws.saved, n, p_ - v_, c_, bf16);
-    const Chunk chunk = Chunk::at(ws.scratch, n, p_, bf16);
-    const MatIn x = detail::as_input(dev, in, s.in16, std::size_t(n) * c_);
+    const Saved s = Saved::at(ws.saved, n, p_ - v_);
+    const Chunk chunk = Chunk::at(ws.scratch, n, p_, c_, bf16);
+    const MatIn x = detail::as_input(dev, in, chunk.in16, std::size_t(n) * c_);
     const MatIn w = detail::param_input(wte, ws, 0);
     for (int r = 0; r < n; r += kChunkRows) {
       const int rows = std::min(kChunkRows, n - r);
@@ -171,11 +175,11 @@ class LmHead final : public Layer {
   // scratch.
   bool decodes() const noexcept override { return true; }
   std::size_t decode_scratch_size(int count) const noexcept override {
-    return Saved::at(nullptr, count, p_ - v_, c_, false).size;
+    return Saved::at(nullptr, count, p_ - v_).size;
   }
   void decode(Device& dev, const float* wte, const float* in, float* out,
               const DecodeStep& step) const override {
-    const Saved s = Saved::at(step.scratch, step.count, p_ - v_, c_, false);
+    const Saved s = Saved::at(step.scratch, step.count, p_ - v_);
     logits(dev, {in, nullptr}, {wte, nullptr}, s, out, step.count);
   }
 
@@ -184,30 +188,32 @@ class LmHead final : public Layer {
   // Note [Chunked classifier]).
   static constexpr int kChunkRows = 256;
 
-  // ones (N) and minus_inf (P - V), the two factors of the padding (none without padding);
-  // bf16: the input rounded to bf16 (N, C), for backward.
+  // ones (N) and minus_inf (P - V), the two factors of the padding (none without padding).
   struct Saved {
     float *ones, *minus_inf;
-    std::uint16_t* in16;
     std::size_t size;
-    static Saved at(float* base, int rows, int padding, int channels, bool bf16) {
+    static Saved at(float* base, int rows, int padding) {
       Carver k(base);
-      Saved s{k.take(padding > 0 ? std::size_t(rows) : 0), k.take(std::size_t(padding)),
-              bf16 ? k.take_bf16(std::size_t(rows) * channels) : nullptr, 0};
+      Saved s{k.take(padding > 0 ? std::size_t(rows) : 0), k.take(std::size_t(padding)), 0};
       s.size = k.used();
       return s;
     }
   };
   // The fp32 logits of a chunk (min(N, kChunkRows), P), and under bf16 the same rounded to
-  // bf16, which the fused classifier overwrites with their gradient.
+  // bf16, which the fused classifier overwrites with their gradient, and the input rounded to
+  // bf16 (N, C), the products' x: working memory of one call (forward, forward_loss or
+  // backward), each of which rounds it from `in` itself (Note [Head input] in
+  // src/model/model.cpp).
   struct Chunk {
     float* f32;
     std::uint16_t* bf16;
+    std::uint16_t* in16;
     std::size_t size;
-    static Chunk at(float* base, int rows, int p, bool bf16) {
+    static Chunk at(float* base, int rows, int p, int channels, bool bf16) {
       const std::size_t n = std::size_t(std::min(rows, kChunkRows)) * p;
       Carver k(base);
-      Chunk c{k.take(n), bf16 ? k.take_bf16(n) : nullptr, 0};
+      Chunk c{k.take(n), bf16 ? k.take_bf16(n) : nullptr,
+              bf16 ? k.take_bf16(std::size_t(rows) * channels) : nullptr, 0};
       c.size = k.used();
       return c;
     }

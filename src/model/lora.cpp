@@ -128,6 +128,10 @@ class Frozen final : public Layer {
   std::size_t scratch_size(int batch, Precision precision) const noexcept override {
     return inner_->scratch_size(batch, precision);
   }
+  std::size_t scratch_size_with_din(int batch, Precision precision) const noexcept override {
+    return inner_->scratch_size_with_din(batch, precision);
+  }
+  bool backward_reads_output() const noexcept override { return inner_->backward_reads_output(); }
   int tied_to() const noexcept override { return inner_->tied_to(); }
   int vocab_padding() const noexcept override { return inner_->vocab_padding(); }
   bool dout_bf16() const noexcept override { return inner_->dout_bf16(); }

@@ -65,6 +65,38 @@
 //   the Llama blocks' SwiGLU run the same kernel both times, and so should CUDA with
 //   LOCKSTEP_CUDA_LINEAR=bias or composed (GELU as its own kernel on the kept pre), not yet run
 //   on a GPU. full has no such case: it reruns the forward itself.
+//
+// Note [Head input]
+//   An LM head that fuses its loss (Note [Chunked classifier] in src/model/lm_head.cpp) reads
+//   its input, the final norm's output (B, T * C) fp32, in head_loss (or in forward(), for
+//   logits, and in a backward given dlogits), and nothing of it is needed once the head's
+//   backward has run; the final norm's backward reads the norm's input and statistics, not its
+//   output (Layer::backward_reads_output). So when both hold (Model::head_input_in_gradient)
+//   that output has no buffer of its own: it lives in dbuf_[L % 2] for L layers, the
+//   activation gradient the norm (layer L - 2) writes its din into, which no forward touches:
+//   - forward_hidden() and run_forward() write it last; head_loss() reads it and writes the
+//     head's din into the other buffer, dbuf_[(L - 1) % 2]; a backward given dlogits runs the
+//     head's backward first, which reads it and writes that other buffer too;
+//   - then the norm's backward reads its input acts_[L - 3] and its dout dbuf_[(L - 1) % 2] and
+//     overwrites its din, which held its output, read by nobody after the head; the layers
+//     below it run on the two buffers as ever. Under recompute the blocks rerun their forward
+//     into their own outputs, acts_[i], never this one.
+//   The head keeps nothing of its input either: under bf16 its products read the input rounded
+//   to bf16, which each call that needs it (forward, forward_loss, backward with a weight
+//   gradient) rounds again into its scratch, after the chunk of logits: the same to_bf16 of the
+//   same bits, hence the same bits. For GPT-2 124M at B 8 x T 1024 in bf16 that is 24 MiB (the
+//   norm's output) + 12 MiB (the head's bf16 input) less in every recompute mode, with the
+//   head's scratch (74 + 12 MiB) still below a block's (144 MiB), which the replica allocates
+//   anyway (issue 45: recompute full at a quarter of none). The Llama decoder's final RMSNorm
+//   and its head, tied or not, are the same. The memory plan counts the same buffers
+//   (activation_bytes in src/train/memory_plan.cpp reads head_input_in_gradient too).
+//   What would break it: a final layer whose backward reads its output while claiming not to
+//   (it must say backward_reads_output, and then keeps acts_), anything that reads the norm's
+//   output after the norm's backward has begun, or a head given its din in the buffer of its
+//   input (dbuf_[(L - 1) % 2] is the other one).
+//   Tests: tests/train/test_recompute.cpp (a replica's gradients and bytes, the plan's figures),
+//   tests/model/test_chunked_classifier.cpp (the head's calls on their scratch) and
+//   bench/compare_builds.sh against a build from before (bit for bit).
 #include <algorithm>
 #include <functional>
 #include <stdexcept>
@@ -219,6 +251,12 @@ void Model::mark_recomputable(std::size_t layer) {
   recomputable_.at(layer) = 1;
 }
 
+bool Model::head_input_in_gradient() const noexcept {
+  const std::size_t count = layers_.size();
+  return count >= 2 && layers_.back()->fuses_loss() &&
+         !layers_[count - 2]->backward_reads_output();
+}
+
 std::vector<float> Model::initial_parameters(std::uint64_t seed) const {
   std::vector<float> params(param_count_);
   std::uint64_t rng_state = seed;
@@ -267,13 +305,16 @@ Replica::Replica(Device& device, const Model& model, int max_batch, Precision pr
   std::size_t scratch = 0, shared = 0;
   const Layer& last = *model.layers().back();  // a model has at least one layer
   logits_bf16_ = precision == Precision::bf16 && last.dout_bf16();
-  for (std::size_t i = 0; i < model.layers().size(); ++i) {
+  const std::size_t count = model.layers().size();
+  for (std::size_t i = 0; i < count; ++i) {
     const Layer& layer = *model.layers()[i];
     if (i > 0) din_width = std::max(din_width, layer.in_features());
     // A bf16 LM head writes its logits into dlogits_bf16_ instead (see forward()); a head that
-    // fuses its loss gets them from the first forward() (Note [Chunked classifier]).
-    const bool head = i + 1 == model.layers().size() && (logits_bf16_ || layer.fuses_loss());
-    acts_.emplace_back(device, head ? 0 : elements(max_batch, layer.out_features()));
+    // fuses its loss gets them from the first forward() (Note [Chunked classifier]); the
+    // layer below it may write into dbuf_ (Note [Head input]).
+    const bool head = i + 1 == count && (logits_bf16_ || layer.fuses_loss());
+    const bool head_input = i + 2 == count && model.head_input_in_gradient();
+    acts_.emplace_back(device, head || head_input ? 0 : elements(max_batch, layer.out_features()));
     const std::size_t saved = layer.workspace_size(max_batch, precision);
     // Note [Recomputation]: what a recomputed layer keeps of its own, and what it shares.
     const std::size_t dropped = !recomputes(i)                    ? 0
@@ -281,7 +322,8 @@ Replica::Replica(Device& device, const Model& model, int max_batch, Precision pr
                                                                : layer.recomputed_size(max_batch, precision);
     saved_.emplace_back(device, saved - dropped);
     shared = std::max(shared, dropped);
-    scratch = std::max(scratch, layer.scratch_size(max_batch, precision));
+    scratch = std::max(scratch, i == 0 ? layer.scratch_size(max_batch, precision)
+                                       : layer.scratch_size_with_din(max_batch, precision));
   }
   scratch_ = DeviceArray<float>(device, scratch);
   shared_saved_ = DeviceArray<float>(device, shared);
@@ -337,6 +379,11 @@ void Replica::refresh_bf16() {
   if (params_bf16_.size()) device_->to_bf16(params_.data(), params_bf16_.data(), params_.size());
 }
 
+float* Replica::output(std::size_t layer) {
+  if (layer + 2 == acts_.size() && !acts_[layer].size()) return dbuf_[acts_.size() % 2].data();
+  return acts_[layer].data();
+}
+
 bool Replica::recomputes(std::size_t layer) const {
   return recompute_ != Recompute::none && model_->recomputable(layer);
 }
@@ -386,9 +433,9 @@ void Replica::run_forward(const float* x, int batch) {
   (void)dlogits_bf16();  // the bf16 logits' buffer, made now if the head fuses its loss
   const auto& layers = model_->layers();
   for (std::size_t i = 0; i < layers.size(); ++i) {
-    const float* in = i == 0 ? x : acts_[i - 1].data();
-    layers[i]->forward(*device_, params_.data() + model_->read_offset(i), in, acts_[i].data(),
-                       batch, workspace(i));
+    const float* in = i == 0 ? x : output(i - 1);
+    layers[i]->forward(*device_, params_.data() + model_->read_offset(i), in, output(i), batch,
+                       workspace(i));
     if (recomputes(i)) shared_holds_ = i;
   }
 }
@@ -423,9 +470,9 @@ void Replica::forward_hidden(const float* x, int batch) {
     throw std::logic_error("replica: forward_hidden needs an LM head that fuses its loss");
   const auto& layers = model_->layers();
   for (std::size_t i = 0; i + 1 < layers.size(); ++i) {
-    const float* in = i == 0 ? x : acts_[i - 1].data();
-    layers[i]->forward(*device_, params_.data() + model_->read_offset(i), in, acts_[i].data(),
-                       batch, workspace(i));
+    const float* in = i == 0 ? x : output(i - 1);
+    layers[i]->forward(*device_, params_.data() + model_->read_offset(i), in, output(i), batch,
+                       workspace(i));
     if (recomputes(i)) shared_holds_ = i;
   }
   head_done_ = false;
@@ -449,7 +496,7 @@ void Replica::head_loss(int batch, const LossInput& loss, bool gradients,
       throw std::invalid_argument("replica: head_loss without a gradient buffer needs a target");
     grads = target ? target(head) : grads_.data() + offset;
   }
-  layers[head]->forward_loss(*device_, params_.data() + offset, grads, acts_[head - 1].data(),
+  layers[head]->forward_loss(*device_, params_.data() + offset, grads, output(head - 1),
                              gradients ? dbuf_[head % 2].data() : nullptr, loss, batch,
                              workspace(head));
   head_done_ = gradients;
@@ -482,14 +529,14 @@ void Replica::backward(const float* x, const float* dlogits, int batch,
   if (from_head && grads_ready && layers.back()->param_count() > 0)
     grads_ready(layers.size() - 1);
   for (std::size_t i = layers.size() - (from_head ? 1 : 0); i-- > 0;) {
-    const float* in = i == 0 ? x : acts_[i - 1].data();
+    const float* in = i == 0 ? x : output(i - 1);
     const float* dout = i + 1 == layers.size() ? dlogits : dbuf_[(i + 1) % 2].data();
     float* din = i == 0 ? nullptr : dbuf_[i % 2].data();
     const std::size_t offset = model_->read_offset(i);
     if (recomputes(i) && shared_holds_ != i) {  // Note [Recomputation]
       const detail::NvtxRange recompute("recompute layers.", i);
       if (recompute_ == Recompute::full)
-        layers[i]->forward(*device_, params_.data() + offset, in, acts_[i].data(), batch,
+        layers[i]->forward(*device_, params_.data() + offset, in, output(i), batch,
                            workspace(i));
       else
         layers[i]->recompute(*device_, params_.data() + offset, in, batch, workspace(i));
@@ -497,8 +544,8 @@ void Replica::backward(const float* x, const float* dlogits, int batch,
     }
     const detail::NvtxRange range("backward layers.", i);
     float* grads = !has_gradients(i) ? nullptr : target ? target(i) : grads_.data() + offset;
-    layers[i]->backward(*device_, params_.data() + offset, grads, in, acts_[i].data(), dout, din,
-                        batch, workspace(i));
+    layers[i]->backward(*device_, params_.data() + offset, grads, in, output(i), dout, din, batch,
+                        workspace(i));
     if (grads_ready && layers[i]->param_count() > 0) grads_ready(i);
   }
 }

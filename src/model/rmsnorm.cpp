@@ -40,6 +40,8 @@ class RmsNorm final : public Layer {
   std::size_t scratch_size(int /*batch*/, Precision precision) const noexcept override {
     return std::size_t(c_) * (precision == Precision::bf16 ? 2 : 1);
   }
+  // Backward reads the input and rstd (Note [Head input] in src/model/model.cpp).
+  bool backward_reads_output() const noexcept override { return false; }
 
   void forward(Device& dev, const float* params, const float* in, float* out, int batch,
                const LayerWorkspace& ws) const override {

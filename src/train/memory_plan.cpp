@@ -106,7 +106,10 @@ double activation_bytes(const Model& model, int batch, Precision precision, Reco
       constants.push_back(table.get());
       kept += static_cast<double>(table->size());
     }
-    if (!fused || i + 1 < model.layers().size())
+    // The head's input may live in an activation gradient's buffer (Note [Head input] in
+    // src/model/model.cpp).
+    const bool head_input = i + 2 == model.layers().size() && model.head_input_in_gradient();
+    if ((!fused || i + 1 < model.layers().size()) && !head_input)
       per_sample += static_cast<double>(layer.out_features());
     const double saved = floats_for([&](int b) { return layer.workspace_size(b, precision); }, batch);
     const double dropped =
@@ -116,8 +119,13 @@ double activation_bytes(const Model& model, int batch, Precision precision, Reco
             : floats_for([&](int b) { return layer.recomputed_size(b, precision); }, batch);
     shared = std::max(shared, dropped);
     kept += saved - dropped;
-    scratch = std::max(
-        scratch, floats_for([&](int b) { return layer.scratch_size(b, precision); }, batch));
+    // A first layer's backward gets no din (Layer::scratch_size_with_din).
+    scratch = std::max(scratch, floats_for(
+                                    [&](int b) {
+                                      return i == 0 ? layer.scratch_size(b, precision)
+                                                    : layer.scratch_size_with_din(b, precision);
+                                    },
+                                    batch));
     if (i > 0) din = std::max(din, static_cast<double>(layer.in_features()));
   }
   return ((per_sample + 2 * din) * batch + kept + shared + scratch) * kFloat;

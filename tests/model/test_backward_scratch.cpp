@@ -41,7 +41,9 @@ struct Gradients {
 };
 
 // forward, then backward of dout in `precision` (parameter gradients from zero), with a din or
-// without one; the scratch filled with NaN between the two, din with NaN before backward.
+// without one; the scratch filled with NaN between the two, din with NaN before backward. With
+// a din the scratch is as large as the replica gives a layer after the first
+// (scratch_size_with_din), without one as a first layer's (scratch_size).
 // `frozen`: a LoRA block's base (its params are the adapters), else empty.
 Gradients run(const Layer& layer, Precision precision, bool with_din,
               const std::vector<float>& params, const std::vector<float>& frozen,
@@ -50,7 +52,8 @@ Gradients run(const Layer& layer, Precision precision, bool with_din,
   const bool bf16 = precision == Precision::bf16;
   auto dev = lockstep::make_cpu_device(0, 1);
   DeviceArray<float> saved(*dev, layer.workspace_size(kBatch, precision));
-  DeviceArray<float> scratch(*dev, layer.scratch_size(kBatch, precision));
+  DeviceArray<float> scratch(*dev, with_din ? layer.scratch_size_with_din(kBatch, precision)
+                                            : layer.scratch_size(kBatch, precision));
   const auto table = layer.constants();
   DeviceArray<float> constants = on_device(*dev, table ? *table : std::vector<float>{});
   auto pd = on_device(*dev, params), fd = on_device(*dev, frozen);
@@ -84,7 +87,8 @@ bool all_finite(const std::vector<float>& v) {
 }
 
 // In fp32 and bf16: every gradient finite, the parameters' the same bits with a din and
-// without one, and bf16's within 3e-2 of fp32's.
+// without one (under bf16 with the fused path, the rounded gradients in din's storage and in
+// grad16 against a region of their own), and bf16's within 3e-2 of fp32's.
 void check_block(const Layer& layer, const std::vector<float>& params,
                  const std::vector<float>& frozen = {}, std::uint64_t dropout_key = 0) {
   const std::size_t n = std::size_t(kBatch) * layer.in_features();
@@ -123,6 +127,10 @@ TEST_CASE("backward scratch: a gpt block's temporaries share storage, and its cl
     CHECK(layer->scratch_size(kBatch, Precision::fp32) == 5 * nc + squares);
     CHECK(layer->scratch_size(kBatch, Precision::bf16) ==
           4 * nc + squares + lockstep::detail::bf16_floats(std::max(4 * nc, squares)) + nc / 2);
+    // With a din and the fused path, no dout16: din's storage and grad16 hold the roundings.
+    CHECK(layer->scratch_size_with_din(kBatch, Precision::fp32) == 5 * nc + squares);
+    CHECK(layer->scratch_size_with_din(kBatch, Precision::bf16) ==
+          layer->scratch_size(kBatch, Precision::bf16) - (fused ? nc / 2 : 0));
     check_block(*layer, block_params(*layer));
   }
 }
@@ -141,6 +149,12 @@ TEST_CASE("backward scratch: a llama block's temporaries share storage, and its 
         attention == AttentionKind::fused ? 0 : std::size_t(kBatch) * 4 * kContext * kContext;
     CHECK(layer->scratch_size(kBatch, Precision::fp32) ==
           std::max(n * f, n * c) + std::max({2 * n * f, n * w, n * c}) + att);
+    // bf16 with a din and the fused path: no region for dout16 (N, max(C, Q)) = (N, 8).
+    CHECK(layer->scratch_size_with_din(kBatch, Precision::fp32) ==
+          layer->scratch_size(kBatch, Precision::fp32));
+    CHECK(layer->scratch_size_with_din(kBatch, Precision::bf16) ==
+          layer->scratch_size(kBatch, Precision::bf16) -
+              (attention == AttentionKind::fused ? lockstep::detail::bf16_floats(n * c) : 0));
     check_block(*layer, block_params(*layer));
     for (double dropout : {0.0, 0.25}) {
       CAPTURE(dropout);
