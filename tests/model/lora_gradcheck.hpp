@@ -53,6 +53,11 @@ inline void check_lora_model_gradients(const Model& model, const GptSpec& spec,
 
 // LoRA under trainer.precision bf16 (Note [Frozen parameters] in src/model/lora.cpp): the base
 // held as bf16 bits only, the adapters as any bf16 parameter (fp32 master, bf16 copy).
+inline std::vector<float> rounded_to_bf16(std::vector<float> v) {
+  for (float& x : v) x = detail::round_to_bf16(x);
+  return v;
+}
+
 struct BlockRun {
   std::vector<float> y, dadapters, dx;
 };
@@ -90,6 +95,33 @@ inline BlockRun run_block(const Layer& layer, Precision precision, int batch,
   return {yd.download(), gd.download(), dxd.download()};
 }
 
+// A LoRA block (batch 2 of `sample` floats each) under bf16 against fp32 on the same values:
+// random adapters, and a random base already rounded, so that only the bf16 products and
+// roundings differ; output, adapters' and input's gradients within 2e-2 of the norms, and not
+// equal (as the repo's bf16 layers are checked, tests/model/test_bf16_layers.cpp).
+inline void check_block_bf16(const Layer& layer, std::size_t sample, std::uint64_t dropout_key) {
+  const auto adapters = random_floats(layer.param_count(), 61, -0.5, 0.5);
+  const auto base = rounded_to_bf16(random_floats(layer.frozen_count(), 62, -0.5, 0.5));
+  const int batch = 2;
+  const auto x = random_floats(std::size_t(batch) * sample, 63, -2, 2);
+  const auto dout = random_floats(x.size(), 64);
+  const BlockRun f =
+      run_block(layer, Precision::fp32, batch, adapters, base, x, dout, dropout_key);
+  const BlockRun b =
+      run_block(layer, Precision::bf16, batch, adapters, base, x, dout, dropout_key);
+  const double ey = relative_error(b.y, f.y), ea = relative_error(b.dadapters, f.dadapters),
+               ex = relative_error(b.dx, f.dx);
+  CAPTURE(ey);
+  CAPTURE(ea);
+  CAPTURE(ex);
+  CHECK(ey < 2e-2);
+  CHECK(ea < 2e-2);
+  CHECK(ex < 2e-2);
+  CHECK(ey > 0.0);
+  CHECK(ea > 0.0);
+  CHECK(ex > 0.0);
+}
+
 struct ModelRun {
   std::vector<float> logits, grads, frozen;
 };
@@ -117,9 +149,5 @@ inline ModelRun run_model(const Model& model, Precision precision, int batch,
   return {out, replica.gradients(), replica.frozen()};
 }
 
-inline std::vector<float> rounded_to_bf16(std::vector<float> v) {
-  for (float& x : v) x = detail::round_to_bf16(x);
-  return v;
-}
 
 }  // namespace lockstep::test

@@ -156,10 +156,9 @@ TEST_SUITE("model") {
 // and the blocks' biases widened, wte and wpe looked up from them), the adapters as any bf16
 // parameter.
 TEST_SUITE("model") {
-  // Against the fp32 block on the same values (the base already rounded, so that only the bf16
-  // products and roundings differ), within 2e-2 of the norms, and not equal, as the Llama
-  // block's (test_lora.cpp). Every target (c_attn's and c_fc's adapters summed with the product
-  // before the bf16 output is rounded), and c_proj's alone (qkv and fc from the bias epilogue).
+  // check_block_bf16, as the Llama block's (test_lora.cpp): every target (c_attn's and c_fc's
+  // adapters summed with the product before the bf16 output is rounded), and the c_projs' alone
+  // (qkv and fc from the bias epilogue).
   TEST_CASE("gpt2 lora block under bf16: output, adapters' and input's gradients against fp32, the base read from its bf16 bits alone") {
     for (const auto& targets : std::vector<std::vector<std::string>>{
              kAll.targets, {"attn.c_proj", "mlp.c_proj"}}) {
@@ -173,31 +172,9 @@ TEST_SUITE("model") {
           lora.dropout = dropout;
           const auto layer = lockstep::detail::make_gpt_block(
               kGpt2.context, kGpt2.d_model, kGpt2.n_head, kGpt2.n_layer, attention, lora);
-          const auto adapters = random_floats(layer->param_count(), 61, -0.5, 0.5);
-          // LayerNorm weights and biases away from 1 and 0, so that a norm that ignored them
-          // would show.
-          const auto base = rounded_to_bf16(random_floats(layer->frozen_count(), 62, -0.5, 0.5));
-          const int batch = 2;
-          const auto x =
-              random_floats(std::size_t(batch) * kGpt2.context * kGpt2.d_model, 63, -2, 2);
-          const auto dout = random_floats(x.size(), 64);
-          const std::uint64_t key = dropout > 0.0 ? 0xbf16 : 0;
-          const BlockRun f = run_block(*layer, lockstep::Precision::fp32, batch, adapters, base,
-                                       x, dout, key);
-          const BlockRun b = run_block(*layer, lockstep::Precision::bf16, batch, adapters, base,
-                                       x, dout, key);
-          const double ey = relative_error(b.y, f.y),
-                       ea = relative_error(b.dadapters, f.dadapters),
-                       ex = relative_error(b.dx, f.dx);
-          CAPTURE(ey);
-          CAPTURE(ea);
-          CAPTURE(ex);
-          CHECK(ey < 2e-2);
-          CHECK(ea < 2e-2);
-          CHECK(ex < 2e-2);
-          CHECK(ey > 0.0);
-          CHECK(ea > 0.0);
-          CHECK(ex > 0.0);
+          // The base is random: LayerNorms' weights and biases away from 1 and 0.
+          check_block_bf16(*layer, std::size_t(kGpt2.context) * kGpt2.d_model,
+                           dropout > 0.0 ? 0xbf16 : 0);
         }
       }
     }

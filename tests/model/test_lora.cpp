@@ -238,9 +238,6 @@ TEST_SUITE("model") {
 // LoRA under trainer.precision bf16 (Note [Frozen parameters] in src/model/lora.cpp): the base
 // held as bf16 bits only, the adapters as any bf16 parameter (fp32 master, bf16 copy).
 TEST_SUITE("model") {
-  // As the repo's bf16 layers are checked (tests/model/test_bf16_layers.cpp): against the fp32
-  // layer on the same values (here the base already rounded, so that only the bf16 products
-  // differ), within 2e-2 of the norms, and not equal.
   TEST_CASE("lora block under bf16: output, adapters' and input's gradients against fp32, the base read from its bf16 bits alone") {
     for (const double dropout : {0.0, 0.3}) {
       for (const auto attention : {lockstep::AttentionKind::materialized,
@@ -252,27 +249,8 @@ TEST_SUITE("model") {
         spec.proj_bias = true;  // every bias widened (qkv's from kLlama)
         const auto layer =
             lockstep::make_llama_block(spec, attention, lockstep::make_rope_constants(spec), lora);
-        const auto adapters = random_floats(layer->param_count(), 61, -0.5, 0.5);
-        const auto base = rounded_to_bf16(random_floats(layer->frozen_count(), 62, -0.5, 0.5));
-        const int batch = 2;
-        const auto x = random_floats(std::size_t(batch) * spec.context * spec.d_model, 63, -2, 2);
-        const auto dout = random_floats(x.size(), 64);
-        const std::uint64_t key = dropout > 0.0 ? 0xbf16 : 0;
-        const BlockRun f = run_block(*layer, lockstep::Precision::fp32, batch, adapters, base, x,
-                                     dout, key);
-        const BlockRun b = run_block(*layer, lockstep::Precision::bf16, batch, adapters, base, x,
-                                     dout, key);
-        const double ey = relative_error(b.y, f.y), ea = relative_error(b.dadapters, f.dadapters),
-                     ex = relative_error(b.dx, f.dx);
-        CAPTURE(ey);
-        CAPTURE(ea);
-        CAPTURE(ex);
-        CHECK(ey < 2e-2);
-        CHECK(ea < 2e-2);
-        CHECK(ex < 2e-2);
-        CHECK(ey > 0.0);
-        CHECK(ea > 0.0);
-        CHECK(ex > 0.0);
+        check_block_bf16(*layer, std::size_t(spec.context) * spec.d_model,
+                         dropout > 0.0 ? 0xbf16 : 0);
       }
     }
   }
