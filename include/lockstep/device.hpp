@@ -599,10 +599,12 @@ class LOCKSTEP_API LayerOps {
   // position embedding).
   virtual void embedding_forward(const float* ids, const float* wte, const float* wpe, float* out,
                                  int batch, int T, int C, const std::int32_t* positions) = 0;
-  // The same from a bf16 table (a frozen embedding held in bf16 only, Note [Frozen parameters]
-  // in src/model/lora.cpp), without wpe: out = wte[ids[b, t]] widened, exactly.
-  virtual void embedding_forward(const float* ids, const std::uint16_t* wte, float* out,
-                                 int batch, int T, int C) = 0;
+  // The same from bf16 tables (a frozen embedding held in bf16 only, Note [Frozen parameters]
+  // in src/model/lora.cpp): out = widened wte[ids[b, t]] + widened wpe[p], summed in fp32, so
+  // exactly the fp32 op on the widened tables; wpe null: wte[ids[b, t]] widened.
+  virtual void embedding_forward(const float* ids, const std::uint16_t* wte,
+                                 const std::uint16_t* wpe, float* out, int batch, int T, int C,
+                                 const std::int32_t* positions) = 0;
   // dwte[ids[b, t]] += dout[b, t]; dwpe[p] += dout[b, t] with p as forward's (skipped when
   // null). Each row of dwte and dwpe adds its rows in (b, t) order.
   virtual void embedding_backward(const float* ids, const float* dout, float* dwte, float* dwpe,

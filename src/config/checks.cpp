@@ -190,8 +190,8 @@ void check_decoder(const ModelConfig& m, const Rules& r) {
 }
 
 // model.lora (Note [LoRA] in src/model/lora.cpp): LoRA on a decoder's blocks, the Llama
-// family's in any precision (under bf16 the base is held in bf16 only: Note [Frozen
-// parameters]), GPT-2's in fp32 and tf32; targets by the family's PEFT module names.
+// family's and GPT-2's, in any precision (under bf16 the base is held in bf16 only: Note
+// [Frozen parameters]); targets by the family's PEFT module names.
 void check_lora(const Config& c, const Rules& r) {
   const ModelConfig& m = c.model;
   if (!r.readable({"model.lora.rank"}) || m.lora.rank == 0) return;
@@ -202,10 +202,6 @@ void check_lora(const Config& c, const Rules& r) {
                           "layers have no adapters",
                           r.other("model.type", m.type)));
   const bool gpt2 = m.norm != NormKind::rmsnorm;
-  if (gpt2 && r.readable({"trainer.precision"}) && c.trainer.precision == Precision::bf16)
-    r.fail_at("model.lora.rank",
-              fmt::format("LoRA on GPT-2's blocks is built in fp32 (or tf32) only, not with {}",
-                          r.other("trainer.precision", to_string(c.trainer.precision))));
   if (r.readable({"model.lora.targets"})) {
     try {
       (void)detail::parse_lora_targets(m.lora.targets, gpt2);

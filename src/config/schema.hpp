@@ -274,8 +274,8 @@ void visit_schema(Visitor& v, C& c) {
 
   v.section("model.lora");
   v.integer("rank", c.model.lora.rank, IntRule{.min = 0},
-            "LoRA adapters' rank on a decoder's blocks (Llama family, or GPT-2's in fp32 and "
-            "tf32); 0: none, every weight trained");
+            "LoRA adapters' rank on a decoder's blocks (Llama family or GPT-2); 0: none, every "
+            "weight trained");
   v.number("alpha", c.model.lora.alpha, kPositive, "LoRA: the adapters are scaled by alpha / rank");
   v.text("targets", c.model.lora.targets,
          "LoRA: projections by PEFT's names, comma-separated (q_proj,...,down_proj; GPT-2: "

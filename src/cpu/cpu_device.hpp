@@ -172,8 +172,9 @@ class CpuDevice : public Device {
 
   void embedding_forward(const float* ids, const float* wte, const float* wpe, float* out,
                          int batch, int T, int C, const std::int32_t* positions) override;
-  void embedding_forward(const float* ids, const std::uint16_t* wte, float* out, int batch, int T,
-                         int C) override;
+  void embedding_forward(const float* ids, const std::uint16_t* wte, const std::uint16_t* wpe,
+                         float* out, int batch, int T, int C,
+                         const std::int32_t* positions) override;
   void embedding_backward(const float* ids, const float* dout, float* dwte, float* dwpe,
                           int batch, int T, int C, const std::int32_t* positions) override;
 

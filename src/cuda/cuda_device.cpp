@@ -771,11 +771,12 @@ void CudaDevice::embedding_forward(const float* ids, const float* wte, const flo
   launch_embedding_forward(stream(), ids, wte, wpe, out, batch, T, C, positions);
 }
 
-void CudaDevice::embedding_forward(const float* ids, const std::uint16_t* wte, float* out,
-                                   int batch, int T, int C) {
+void CudaDevice::embedding_forward(const float* ids, const std::uint16_t* wte,
+                                   const std::uint16_t* wpe, float* out, int batch, int T, int C,
+                                   const std::int32_t* positions) {
   check_sizes("embedding_forward", std::int64_t{batch} * T,
               {{"batch", batch}, {"T", T}, {"C", C}});
-  launch_embedding_forward(stream(), ids, wte, out, batch, T, C);
+  launch_embedding_forward(stream(), ids, wte, wpe, out, batch, T, C, positions);
 }
 
 void CudaDevice::embedding_backward(const float* ids, const float* dout, float* dwte,

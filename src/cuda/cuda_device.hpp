@@ -135,8 +135,9 @@ class CudaDevice final : public Device {
                          float* c, int ldc, std::int64_t stride_c, int count) override;
   void embedding_forward(const float* ids, const float* wte, const float* wpe, float* out,
                          int batch, int T, int C, const std::int32_t* positions) override;
-  void embedding_forward(const float* ids, const std::uint16_t* wte, float* out, int batch, int T,
-                         int C) override;
+  void embedding_forward(const float* ids, const std::uint16_t* wte, const std::uint16_t* wpe,
+                         float* out, int batch, int T, int C,
+                         const std::int32_t* positions) override;
   void embedding_backward(const float* ids, const float* dout, float* dwte, float* dwpe,
                           int batch, int T, int C, const std::int32_t* positions) override;
   void layernorm_forward(const float* x, const float* weight, const float* bias, float* y,

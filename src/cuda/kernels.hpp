@@ -185,9 +185,10 @@ void launch_adamw_step(cudaStream_t stream, const AdamWScalars& s, float* params
 void launch_embedding_forward(cudaStream_t stream, const float* ids, const float* wte,
                               const float* wpe, float* out, int batch, int T, int C,
                               const std::int32_t* positions);
-// The same from a bf16 table, without wpe: out = wte[ids] widened.
+// The same from bf16 tables, widened, the sum in fp32 (wpe null: out = wte[ids] widened).
 void launch_embedding_forward(cudaStream_t stream, const float* ids, const std::uint16_t* wte,
-                              float* out, int batch, int T, int C);
+                              const std::uint16_t* wpe, float* out, int batch, int T, int C,
+                              const std::int32_t* positions);
 // dwte[ids[b, t]] += dout[b, t]; dwpe[p] += dout[b, t] (p as forward's). Deterministic, and
 // the CPU's float additions in the CPU's order: the rows are sorted by token (stable), then each
 // token's rows added in order; packed positions likewise, sorted by position after the tokens.

@@ -57,17 +57,23 @@ class Embedding final : public Layer {
     fill_normal(params, param_count(), kInitStd, rng);
   }
 
+  // params null: frozen tables held in bf16 only, read from ws.params_bf16 (Note [Frozen
+  // parameters] in lora.cpp); trained ones read their fp32 masters under bf16 too.
   void forward(Device& dev, const float* params, const float* in, float* out, int batch,
                const LayerWorkspace& ws) const override {
+    if (!params)
+      return dev.embedding_forward(in, ws.params_bf16, ws.params_bf16 + product(v_, c_), out,
+                                   batch, t_, c_, ws.positions);
     dev.embedding_forward(in, params, params + product(v_, c_), out, batch, t_, c_,
                           ws.positions);
   }
-  // Token ids have no gradient: din is ignored.
+  // Token ids have no gradient: din is ignored. grads null (frozen): nothing to do.
   void backward(Device& dev, const float* /*params*/, float* grads, const float* in,
                 const float* /*out*/, const float* dout, float* /*din*/, int batch,
                 const LayerWorkspace& ws) const override {
-    dev.embedding_backward(in, dout, grads, grads + product(v_, c_), batch, t_, c_,
-                           ws.positions);
+    if (grads)
+      dev.embedding_backward(in, dout, grads, grads + product(v_, c_), batch, t_, c_,
+                             ws.positions);
   }
   // Note [KV cache]: the position rows from step.start.
   bool decodes() const noexcept override { return true; }
@@ -113,10 +119,11 @@ std::vector<ParamTensor> block_tensors(const std::string& prefix, std::int64_t c
 // mlp(h) = c_proj(gelu(c_fc(h))).
 //
 // With LoRA adapters (Note [LoRA] in lora.cpp) the block's parameters are the adapters of its
-// targeted projections and the tensors above are its frozen parameters (fp32 and tf32 only);
-// the adapters add into the products' outputs and their input gradients. An adapter on c_fc adds
-// into the pre-activation: c_fc's fused product and GELU run as the product, the adapter's
-// terms, then GELU on the kept sum, so GELU's fused backward reads the right fc.
+// targeted projections and the tensors above are its frozen parameters (under bf16 held in bf16
+// only: Note [Frozen parameters]); the adapters add into the products' outputs and their input
+// gradients. An adapter on c_fc adds into the pre-activation: c_fc's fused product and GELU run
+// as the product, the adapter's terms, then GELU on the kept sum, so GELU's backward reads the
+// right fc.
 //
 // Attention runs one of two ways (model.attention): materialised, as gemm_batched products
 // around the causal softmax over (B, H, T, T) matrices kept for backward (the reference), or
@@ -200,14 +207,15 @@ class Block final : public Layer {
   // adapter on c_fc, forward's GELU is that call too.
   void recompute(Device& dev, const float* own, const float* x, int batch,
                  const LayerWorkspace& ws) const override {
-    const float* params = base_of(own, ws);
-    const Params p = at(const_cast<float*>(params));
     const Saved s = saved(ws, batch);
+    const Scratch d = scratch(ws, batch);
+    const Base base = base_of(dev, own, ws, d);
+    const Params& p = base.p;
     const int n = batch * t_, c = c_;
     s.ln1.store([&](auto* y) {
       dev.layernorm_forward(x, p.ln1_w, p.ln1_b, y, s.mean1, s.rstd1, n, c);
     });
-    residual1(dev, own, ws, p, linears(params, ws), s, scratch(ws, batch), x, n);
+    residual1(dev, own, ws, p, base.w, s, d, x, n);
     if (s.fc.bf16)
       dev.activation_forward(Activation::gelu, s.fc.bf16, s.gelu.bf16, elements(n, 4 * c));
     else
@@ -218,11 +226,11 @@ class Block final : public Layer {
   // matrix product's output (the linear maps', attention's) is computed in fp32 in scratch first.
   void forward(Device& dev, const float* own, const float* x, float* out, int batch,
                const LayerWorkspace& ws) const override {
-    const float* params = base_of(own, ws);
-    const Params p = at(const_cast<float*>(params));
-    const Linears w = linears(params, ws);
     const Saved s = saved(ws, batch);
     const Scratch d = scratch(ws, batch);
+    const Base base = base_of(dev, own, ws, d);
+    const Params& p = base.p;
+    const Linears& w = base.w;
     const int n = batch * t_, c = c_;
     const auto adapt = [&](Projection proj, MatIn in, float* y) {
       adapt_forward(dev, own, ws, s, d, proj, in, y, n);
@@ -230,16 +238,19 @@ class Block final : public Layer {
     s.ln1.store([&](auto* y) {
       dev.layernorm_forward(x, p.ln1_w, p.ln1_b, y, s.mean1, s.rstd1, n, c);
     });
-    detail::linear_forward(dev, w.attn, s.ln1.input(), s.qkv.output(), d.qkv, n, c, 3 * c);
-    adapt(kCAttn, s.ln1.input(), s.qkv.f32);
+    project_forward(dev, own, ws, s, d, {kCAttn, w.attn, c, 3 * c}, s.ln1.input(),
+                    s.qkv.output(), d.qkv, n);
     attention_forward(dev, s, d, batch, ws.positions);
     residual1(dev, own, ws, p, w, s, d, x, n);
     // gelu = GELU(fc), fc kept for GELU's backward (Note [Fused linear]); with an adapter on
     // c_fc, fc is the product plus the adapter's terms, and GELU runs on it after.
     if (has_target(kFc)) {
-      detail::linear_forward(dev, w.fc, s.ln2.input(), s.fc.output(), d.h, n, c, 4 * c);
-      adapt(kFc, s.ln2.input(), s.fc.f32);
-      dev.activation_forward(Activation::gelu, s.fc.f32, s.gelu.f32, elements(n, 4 * c));
+      project_forward(dev, own, ws, s, d, {kFc, w.fc, c, 4 * c}, s.ln2.input(), s.fc.output(),
+                      d.h, n);
+      if (s.fc.bf16)
+        dev.activation_forward(Activation::gelu, s.fc.bf16, s.gelu.bf16, elements(n, 4 * c));
+      else
+        dev.activation_forward(Activation::gelu, s.fc.f32, s.gelu.f32, elements(n, 4 * c));
     } else {
       dev.linear_forward({.rows = n, .in = c, .out = 4 * c, .x = s.ln2.input(),
                           .weight = w.fc.weight, .bias = w.fc.bias_for(s.fc.output()),
@@ -304,38 +315,56 @@ class Block final : public Layer {
   // With LoRA: the base's input gradients alone (no weight, bias or LayerNorm gradients, the
   // latter into a discarded sink), each followed by its adapters' (Note [LoRA] in lora.cpp),
   // which add into the input gradient before GELU's backward where c_proj of the MLP has one.
-  // fp32 and tf32 only (check_lora).
+  // Under bf16 the products read the gradients rounded where backward() rounds them (dout,
+  // GELU's output gradient, d res1, d atty, d qkv), the adapters' sums included, and the base
+  // weights' bf16 bits (Note [Frozen parameters]).
   void lora_backward(Device& dev, const float* own, float* grads, const float* x,
                      const float* dout, float* din, int batch, const LayerWorkspace& ws) const {
-    const float* params = base_of(own, ws);
-    const Params p = at(const_cast<float*>(params));
-    const Linears w = linears(params, ws);
+    const bool bf16 = ws.precision == Precision::bf16;
     const Saved s = saved(ws, batch);
-    const Scratch d = scratch(ws, batch);
+    const Scratch d = scratch(ws, batch, din != nullptr, din);
+    const Base base = base_of(dev, own, ws, d);
+    const Params& p = base.p;
+    const Linears& w = base.w;
     const int n = batch * t_, c = c_;
-    // dx (N, in) = dy W, then the adapters on `proj` add theirs.
+    // dx (N, in) = g W, g the output gradient as the products read it; then the adapters on
+    // `proj` add theirs.
     const auto project = [&](Projection proj, const detail::LinearParams& map, MatIn in,
-                             MatIn dy, float* dx, int in_f, int out_f) {
-      detail::matmul(dev, Transpose::no, Transpose::no, n, in_f, out_f, dy, out_f, map.weight,
+                             MatIn g, float* dx, int in_f, int out_f) {
+      detail::matmul(dev, Transpose::no, Transpose::no, n, in_f, out_f, g, out_f, map.weight,
                      in_f, 0.0f, dx, in_f);
       for (std::size_t i = 0; i < targets_.size(); ++i) {
         if (projections_[i] != proj) continue;
         float* da = grads + lora_offsets_[i];
-        adapter(own, i, ws).backward(dev, in, lora_u(s, i, n).input(), dy, da, da + a_count(i),
+        adapter(own, i, ws).backward(dev, in, lora_u(s, i, n).input(), g, da, da + a_count(i),
                                      dx, lora_scratch(d), n);
       }
     };
-    project(kFcProj, w.fc_proj, s.gelu.input(), {dout, nullptr}, d.h, 4 * c, c);
-    dev.activation_backward(Activation::gelu, s.fc.f32, d.h, d.h, elements(n, 4 * c));
-    project(kFc, w.fc, s.ln2.input(), {d.h, nullptr}, d.tmp, c, 4 * c);
+    project(kFcProj, w.fc_proj, s.gelu.input(),
+            detail::as_input(dev, dout, d.dout16, elements(n, c)), d.h, 4 * c, c);
+    // GELU's backward on the kept fc; under bf16 its output rounded into grad16 too, c_fc's
+    // products' input (h is dead after it: tmp is h's back, Note [Backward scratch lifetimes]).
+    if (bf16)
+      dev.activation_backward(Activation::gelu, s.fc.bf16, d.h, d.h, d.grad16,
+                              elements(n, 4 * c));
+    else
+      dev.activation_backward(Activation::gelu, s.fc.f32, d.h, d.h, elements(n, 4 * c));
+    const MatIn dh = bf16 ? MatIn{nullptr, d.grad16} : MatIn{d.h, nullptr};
+    project(kFc, w.fc, s.ln2.input(), dh, d.tmp, c, 4 * c);
     // d res1 into din, or without one into h's front, as backward() (Note [Backward scratch
-    // lifetimes]; this path is fp32: tmp has its own region).
+    // lifetimes]), under bf16 rounded into grad16 in the same pass.
     float* dres1 = din ? din : d.res1;
     dev.residual_layernorm_backward(s.res1, p.ln2_w, s.mean2, s.rstd2, d.tmp, dout, dres1,
-                                    nullptr, d.sink, d.sink + c, n, c);
-    project(kAttnProj, w.attn_proj, s.atty.input(), {dres1, nullptr}, d.tmp, c, c);
+                                    bf16 ? d.grad16 : nullptr, d.sink, d.sink + c, n, c);
+    const MatIn dres1_g = bf16 ? MatIn{nullptr, d.grad16} : MatIn{dres1, nullptr};
+    project(kAttnProj, w.attn_proj, s.atty.input(), dres1_g, d.tmp, c, c);
+    // Under bf16 attention reads d atty rounded in datty16, as backward() writes it there (Note
+    // [Backward scratch lifetimes]: dout16 may be din's storage, which holds d res1 by now).
+    if (bf16) dev.to_bf16(d.tmp, d.datty16, elements(n, c));
     attention_backward(dev, s, d, batch, ws.positions);
-    project(kCAttn, w.attn, s.ln1.input(), {d.qkv, nullptr}, d.tmp, c, 3 * c);
+    project(kCAttn, w.attn, s.ln1.input(),
+            detail::as_input(dev, d.qkv, bf16 ? d.grad16 : nullptr, elements(n, 3 * c)), d.tmp,
+            c, 3 * c);
     dev.residual_layernorm_backward(x, p.ln1_w, s.mean1, s.rstd1, d.tmp, din, din ? din : d.res1,
                                     nullptr, d.sink, d.sink + c, n, c);
   }
@@ -508,6 +537,9 @@ class Block final : public Layer {
     // LoRA with dropout: (N, 4C), an adapter's dropped input; in its backward, its input
     // gradient before the mask.
     float* lora_x;
+    std::uint16_t* lora_du16;  // LoRA under bf16: (N, rank), du rounded
+    std::uint16_t* lora_x16;   // LoRA with dropout under bf16: (N, 4C), lora_x rounded
+    float* base32;             // LoRA under bf16: (13C), the widened base tensors (kWidened)
     std::size_t size;
     // fp32: (N, 4C) + (N, C) + att floats; bf16: (N, 4C) + att floats, then grad16 and (see
     // dout16) a region of (N, C) bf16; then LoRA's: rank (0: none), and whether its adapters
@@ -530,7 +562,10 @@ class Block final : public Layer {
       Scratch s{h, tmp, h, h, att_d, grad16,
                 in_din ? reinterpret_cast<std::uint16_t*>(din) : region, datty16,
                 k.take(n * std::size_t(rank)), k.take(rank > 0 ? 2 * c : 0),
-                k.take(drops ? 4 * n * c : 0), 0};
+                k.take(drops ? 4 * n * c : 0),
+                bf16 && rank > 0 ? k.take_bf16(n * std::size_t(rank)) : nullptr,
+                bf16 && drops ? k.take_bf16(4 * n * c) : nullptr,
+                k.take(bf16 && rank > 0 ? widened_count(c) : 0), 0};
       s.size = k.used();
       return s;
     }
@@ -569,13 +604,50 @@ class Block final : public Layer {
   bool has_target(Projection p) const {
     return std::find(projections_.begin(), projections_.end(), p) != projections_.end();
   }
-  // The base's fp32 tensors: the block's own parameters, or with LoRA the frozen ones.
-  const float* base_of(const float* own, const LayerWorkspace& ws) const {
-    if (!lora()) return own;
-    if (ws.precision == Precision::bf16)
-      throw std::logic_error("gpt block: LoRA on GPT-2's blocks is built in fp32 only");
-    if (!ws.frozen) throw std::logic_error("gpt block: LoRA needs the frozen base weights");
-    return ws.frozen;
+  // The base tensors as a call reads them: the fp32 values (the LayerNorms' weights and biases,
+  // the biases) and the four linear maps.
+  struct Base {
+    Params p;
+    Linears w;
+  };
+  // What base_of widens under bf16 with LoRA, in this order in Scratch::base32: the LayerNorms'
+  // weights and biases and the biases, 13C values.
+  static constexpr std::pair<BlockParam, int> kWidened[] = {
+      {kLn1W, 1}, {kLn1B, 1}, {kAttnB, 3}, {kAttnProjB, 1},
+      {kLn2W, 1}, {kLn2B, 1}, {kFcB, 4},   {kFcProjB, 1}};
+  static std::size_t widened_count(std::size_t c) {
+    std::size_t count = 0;
+    for (const auto& [i, width] : kWidened) count += std::size_t(width) * c;
+    return count;
+  }
+  // The block's own parameters (and their bf16 copy under bf16), or with LoRA the frozen base's,
+  // which under bf16 are bf16 bits only (Note [Frozen parameters] in lora.cpp): the products
+  // read them as they are, and what is read in fp32 (kWidened) is widened into d.base32 each
+  // call; the weights' fp32 pointers are then null, never read.
+  Base base_of(Device& dev, const float* own, const LayerWorkspace& ws, const Scratch& d) const {
+    if (!lora()) return {at(const_cast<float*>(own)), linears(own, ws)};
+    if (ws.precision != Precision::bf16) {
+      if (!ws.frozen) throw std::logic_error("gpt block: LoRA needs the frozen base weights");
+      return {at(const_cast<float*>(ws.frozen)), linears(ws.frozen, ws)};
+    }
+    const std::uint16_t* bits = ws.frozen_bf16;
+    if (!bits) throw std::logic_error("gpt block: LoRA needs the frozen base weights");
+    float* widened[kBlockParams] = {};
+    Carver k(d.base32);
+    for (const auto& [i, width] : kWidened) {
+      const std::size_t count = std::size_t(width) * std::size_t(c_);
+      widened[i] = k.take(count);
+      dev.from_bf16(bits + offsets_[i], widened[i], count);
+    }
+    const auto linear = [&](BlockParam weight, BlockParam bias) {
+      return detail::LinearParams{{nullptr, bits + offsets_[weight]}, widened[bias],
+                                  bits + offsets_[bias]};
+    };
+    const Params p{widened[kLn1W], widened[kLn1B], nullptr, widened[kAttnB], nullptr,
+                   widened[kAttnProjB], widened[kLn2W], widened[kLn2B], nullptr, widened[kFcB],
+                   nullptr, widened[kFcProjB]};
+    return {p, {linear(kAttnW, kAttnB), linear(kAttnProjW, kAttnProjB), linear(kFcW, kFcB),
+                linear(kFcProjW, kFcProjB)}};
   }
   // The targets in storage order, each with its projection's shape and output columns.
   void add_targets(const LoraSpec& lora) {
@@ -601,17 +673,22 @@ class Block final : public Layer {
   }
   std::size_t a_count(std::size_t i) const { return std::size_t(rank_) * targets_[i].in; }
   // Target i's adapter in this forward: its mask's key from the layer's (Note [LoRA dropout]).
+  // Under bf16 its products read A's and B's bf16 copies.
   LoraAdapter adapter(const float* own, std::size_t i, const LayerWorkspace& ws) const {
     const float* a = own + lora_offsets_[i];
+    const std::uint16_t* a16 =
+        ws.precision == Precision::bf16 ? ws.params_bf16 + lora_offsets_[i] : nullptr;
     return {a, a + a_count(i), rank_, lora_scale_, targets_[i], lora_dropout_,
-            ws.dropout_key != 0 ? detail::derive_key(ws.dropout_key, i) : 0};
+            ws.dropout_key != 0 ? detail::derive_key(ws.dropout_key, i) : 0, a16,
+            a16 ? a16 + a_count(i) : nullptr};
   }
   // Target i's u (N, rank) in Saved::lora_u.
   Kept lora_u(const Saved& s, std::size_t i, int rows) const {
-    return {s.lora_u.f32 + i * std::size_t(rows) * rank_, nullptr};
+    const std::size_t at = i * std::size_t(rows) * rank_;
+    return s.lora_u.bf16 ? Kept{nullptr, s.lora_u.bf16 + at} : Kept{s.lora_u.f32 + at, nullptr};
   }
   static detail::LoraScratch lora_scratch(const Scratch& d) {
-    return {d.lora_x, nullptr, d.lora_du, nullptr};
+    return {d.lora_x, d.lora_x16, d.lora_du, d.lora_du16};
   }
 
   // The adapters on projection `proj` add into its fp32 output y (Note [LoRA] in lora.cpp).
@@ -620,6 +697,24 @@ class Block final : public Layer {
     for (std::size_t i = 0; i < targets_.size(); ++i)
       if (projections_[i] == proj)
         adapter(own, i, ws).forward(dev, in, y, lora_u(s, i, n).output(), lora_scratch(d), n);
+  }
+  // A linear map of forward and the projection its adapters add into.
+  struct ProductCall {
+    Projection proj;
+    const detail::LinearParams& map;
+    int in, out;
+  };
+  // y (N, out) = in W^T + b in y's storage, then the adapters on call.proj add theirs. With
+  // adapters and a bf16 y (qkv, fc), the base's product and theirs are summed in the fp32
+  // `product` (N, out) and rounded into y once, as the Llama block does.
+  void project_forward(Device& dev, const float* own, const LayerWorkspace& ws, const Saved& s,
+                       const Scratch& d, const ProductCall& call, MatIn in, MatOut y,
+                       float* product, int n) const {
+    const bool sum_first = has_target(call.proj) && y.bf16;
+    detail::linear_forward(dev, call.map, in, sum_first ? MatOut{product, nullptr} : y,
+                           sum_first ? nullptr : product, n, call.in, call.out);
+    adapt_forward(dev, own, ws, s, d, call.proj, in, sum_first ? product : y.f32, n);
+    if (sum_first) dev.to_bf16(product, y.bf16, elements(n, call.out));
   }
 
   // decode()'s scratch for n positions.
@@ -702,9 +797,10 @@ class LayerNorm final : public Layer {
   std::size_t workspace_size(int batch, Precision /*precision*/) const noexcept override {
     return 2 * std::size_t(batch) * t_;
   }
-  // (2C): the weight's and bias's gradients when they are frozen (grads null), discarded.
-  std::size_t scratch_size(int /*batch*/, Precision /*precision*/) const noexcept override {
-    return 2 * std::size_t(c_);
+  // (2C): the weight's and bias's gradients when they are frozen (grads null), discarded;
+  // bf16, (2C) more: a frozen weight and bias widened from their bf16 bits.
+  std::size_t scratch_size(int /*batch*/, Precision precision) const noexcept override {
+    return std::size_t(c_) * (precision == Precision::bf16 ? 4 : 2);
   }
   // Backward reads the input and the statistics (Note [Head input] in src/model/model.cpp).
   bool backward_reads_output() const noexcept override { return false; }
@@ -712,6 +808,7 @@ class LayerNorm final : public Layer {
   void forward(Device& dev, const float* params, const float* in, float* out, int batch,
                const LayerWorkspace& ws) const override {
     const std::size_t n = std::size_t(batch) * t_;
+    params = weights(dev, params, ws);
     dev.layernorm_forward(in, params, params + c_, out, ws.saved, ws.saved + n,
                           static_cast<int>(n), c_);
   }
@@ -722,6 +819,7 @@ class LayerNorm final : public Layer {
     // A GPT's final LayerNorm always has a din, which it writes (no residual: a null one).
     if (!din) throw std::logic_error("layernorm: needs an input gradient (not a first layer)");
     float* g = grads ? grads : ws.scratch;
+    params = weights(dev, params, ws);
     dev.residual_layernorm_backward(in, params, ws.saved, ws.saved + n, dout, nullptr, din,
                                     nullptr, g, g + c_, static_cast<int>(n), c_);
   }
@@ -737,6 +835,15 @@ class LayerNorm final : public Layer {
   }
 
  private:
+  // The fp32 weight then bias: params, or with params null (frozen, held in bf16 only: Note
+  // [Frozen parameters] in lora.cpp) their bf16 bits widened into the scratch after the sink.
+  const float* weights(Device& dev, const float* params, const LayerWorkspace& ws) const {
+    if (params) return params;
+    if (!ws.params_bf16) throw std::logic_error("layernorm: no weights, fp32 or bf16");
+    float* widened = ws.scratch + 2 * c_;
+    dev.from_bf16(ws.params_bf16, widened, 2 * std::size_t(c_));
+    return widened;
+  }
   int t_, c_;
 };
 

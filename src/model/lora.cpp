@@ -40,12 +40,14 @@ namespace lockstep {
 // (Replica::frozen_bf16_, LayerWorkspace::frozen_bf16; frozen_ is empty). The matrix products
 // read those bits where a trained weight's products read its bf16 copy (a Frozen layer hands
 // them to the inner layer as its params_bf16 and null as its fp32 params). What a trained
-// weight's layer reads in fp32 a frozen one reads widened from bf16: the token embedding's
-// lookup reads the bf16 table (Device::embedding_forward's bf16 overload), and the RMSNorms'
-// weights (and a block's fp32-output biases) are widened into the layer's scratch, C values at
-// a time, each call. So the frozen base costs 2 bytes a value on each worker instead of 4 (the
-// full model's bf16 run pays 6: master and copy): for SmolLM2-135M's shape, 134.5 M frozen
-// values, 269 MB instead of 538 MB per worker. The memory plan counts it so (memory_plan.cpp).
+// weight's layer reads in fp32 a frozen one reads widened from bf16: the embedding's lookup
+// reads the bf16 tables (Device::embedding_forward's bf16 overload: wte, and GPT-2's wpe at each
+// row's position, packed windows included, summed in fp32 as the fp32 lookup on the widened
+// tables), and the norms' weights (RMSNorm's; LayerNorm's weight and bias) and a block's biases
+// are widened into the layer's scratch, a few C values each, each call (GPT-2's block: 13C).
+// So the frozen base costs 2 bytes a value on each worker instead of 4 (the full model's bf16
+// run pays 6: master and copy): for SmolLM2-135M's shape, 134.5 M frozen values, 269 MB
+// instead of 538 MB per worker. The memory plan counts it so (memory_plan.cpp).
 // The base a bf16 run computes with is then round_to_bf16(base): the same values a bf16 full
 // fine-tune's products read, while its embedding and norms read the fp32 master; the adapters
 // are ordinary bf16 parameters (fp32 master and copy, Note [bf16 compute] in ops.hpp).
@@ -76,8 +78,11 @@ namespace lockstep {
 // Llama block's. c_fc's product feeds GELU, which the Device fuses into it: with an adapter on
 // c_fc the block runs the product, adds the adapter's terms into the pre-activation it keeps,
 // then GELU, so backward's GELU reads the adapted pre-activation; without one, the fused call
-// as before. GPT-2's LoRA is built in fp32 and tf32 (under bf16 the frozen embedding's and
-// LayerNorms' fp32 reads have no widening yet; check_lora refuses it).
+// as before. Under bf16 GPT-2's frozen base is held in bf16 only as the Llama block's is (Note
+// [Frozen parameters]); with an adapter on c_attn or c_fc, whose outputs (qkv, fc) are kept in
+// bf16, the base's product, its bias and the adapter's terms are summed in fp32 and rounded
+// once, and backward's products read the gradients rounded where the bf16 block without
+// adapters rounds them.
 
 // Note [LoRA dropout]
 // ~~~~~~~~~~~~~~~~~~~

@@ -38,8 +38,9 @@ namespace lockstep::detail {
 //   stream and the loss, reading widened bf16 values where the input is stored in bf16. A
 //   linear map whose output is kept in bf16 (qkv, c_fc) adds its bias's bf16 copy, as
 //   cuBLASLt's bias epilogue reads it (Note [Fused linear]). The embedding lookup reads the
-//   fp32 master wte and wpe (autocast does not cast embeddings either); the LM head's -inf
-//   padding product stays fp32.
+//   fp32 master wte and wpe (autocast does not cast embeddings either; a frozen embedding, held
+//   in bf16 only, reads its bf16 tables widened: Note [Frozen parameters] in lora.cpp); the LM
+//   head's -inf padding product stays fp32.
 // - Activations kept for backward are stored in bf16 where they are only matrix-product inputs
 //   (a GPT block's ln_1, qkv, attention probabilities, attention output, ln_2 and GELU output;
 //   a Linear's and the LM head's input). The block's c_fc output (GELU's input) is stored in

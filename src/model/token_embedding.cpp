@@ -33,7 +33,7 @@ class TokenEmbedding final : public Layer {
   // parameters] in lora.cpp); a trained one reads its fp32 master under bf16 too.
   void forward(Device& dev, const float* params, const float* in, float* out, int batch,
                const LayerWorkspace& ws) const override {
-    if (!params) return dev.embedding_forward(in, ws.params_bf16, out, batch, t_, c_);
+    if (!params) return dev.embedding_forward(in, ws.params_bf16, nullptr, out, batch, t_, c_, nullptr);
     dev.embedding_forward(in, params, nullptr, out, batch, t_, c_, nullptr);
   }
   // Token ids have no gradient: din is ignored. grads null (frozen): nothing to do.

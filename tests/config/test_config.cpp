@@ -805,13 +805,13 @@ TEST_CASE("config: model.lora takes PEFT's target names, and refuses what is not
   // Under bf16 the base is held in bf16 only (Note [Frozen parameters]).
   const std::vector<std::string> bf16{"trainer.precision=bf16"};
   CHECK(parse_config(llama, "q.yaml", bf16).trainer.precision == lockstep::Precision::bf16);
-  // GPT-2's blocks by PEFT's module names on Hugging Face's GPT-2, in fp32 (or tf32) only.
+  // GPT-2's blocks by PEFT's module names on Hugging Face's GPT-2, in any precision.
   const std::vector<std::string> gpt2{"model.family=gpt2", "model.lora.targets=c_attn,c_proj"};
   CHECK(parse_config(llama, "q.yaml", gpt2).model.lora.targets == "c_attn,c_proj");
   CHECK(contains(errors_of(llama, {"model.family=gpt2"}),
                  "model.lora.targets: 'q_proj' is not a projection of GPT-2's: expected c_attn, "
                  "attn.c_proj, c_fc, mlp.c_proj, c_proj or all"));
-  CHECK(contains(errors_of(llama, {"model.family=gpt2", "model.lora.targets=all",
-                                   "trainer.precision=bf16"}),
-                 "model.lora.rank: LoRA on GPT-2's blocks is built in fp32 (or tf32) only"));
+  const std::vector<std::string> gpt2_bf16{"model.family=gpt2", "model.lora.targets=all",
+                                           "trainer.precision=bf16"};
+  CHECK(parse_config(llama, "q.yaml", gpt2_bf16).trainer.precision == lockstep::Precision::bf16);
 }

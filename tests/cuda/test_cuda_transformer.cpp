@@ -140,8 +140,9 @@ TEST_SUITE("cuda") {
     check_gemm_batched(*gpu, {{7, 5, 3, 3}, {37, 37, 16, 4}, {2, 300, 70, 5}}, tf32_sums);
   }
 
-  // A frozen table held in bf16 only (Note [Frozen parameters] in src/model/lora.cpp).
-  TEST_CASE("transformer: embedding forward from a bf16 table, bit-identical to the CPU") {
+  // Frozen tables held in bf16 only (Note [Frozen parameters] in src/model/lora.cpp): wte alone
+  // (a Llama's), and wte + wpe (GPT-2's), at t or at packed positions.
+  TEST_CASE("transformer: embedding forward from bf16 tables, bit-identical to the CPU") {
     auto backend = cuda_or_skip();
     if (!backend) return;
     auto gpu = backend->create_device(0, 1, 0);
@@ -150,20 +151,31 @@ TEST_SUITE("cuda") {
                                       {50257, 4, 64, 40}}) {
       CAPTURE(vocab);
       CAPTURE(C);
+      const int t_max = T + 2;
       const std::size_t rows = std::size_t(batch) * T, nc = std::size_t(C);
       const auto ids = random_tokens(rows, vocab, seed += 5);
       const auto wte = random_floats(std::size_t(vocab) * nc, seed += 5);
-      compare(
-          *gpu,
-          [&](Device& d) {
-            auto idd = on_device(d, ids), wted = on_device(d, wte);
-            DeviceArray<std::uint16_t> wte16(d, wte.size());
-            d.to_bf16(wted.data(), wte16.data(), wte.size());
-            auto out = poisoned(d, rows * nc);
-            d.embedding_forward(idd.data(), wte16.data(), out.data(), batch, T, C);
-            return Outputs{out.download()};
-          },
-          kSameBits);
+      const auto wpe = random_floats(std::size_t(t_max) * nc, seed += 5);
+      std::vector<std::int32_t> packed(rows);
+      for (std::size_t r = 0; r < rows; ++r)
+        packed[r] = int(r % std::size_t(T)) % (5 + int(r / std::size_t(T)) % 3);
+      for (const int mode : {0, 1, 2}) {  // no wpe, wpe at t, wpe at packed positions
+        CAPTURE(mode);
+        compare(
+            *gpu,
+            [&](Device& d) {
+              auto idd = on_device(d, ids), wted = on_device(d, wte), wped = on_device(d, wpe);
+              auto posd = on_device(d, packed);
+              DeviceArray<std::uint16_t> wte16(d, wte.size()), wpe16(d, wpe.size());
+              d.to_bf16(wted.data(), wte16.data(), wte.size());
+              d.to_bf16(wped.data(), wpe16.data(), wpe.size());
+              auto out = poisoned(d, rows * nc);
+              d.embedding_forward(idd.data(), wte16.data(), mode ? wpe16.data() : nullptr,
+                                  out.data(), batch, T, C, mode == 2 ? posd.data() : nullptr);
+              return Outputs{out.download()};
+            },
+            kSameBits);
+      }
     }
   }
 
@@ -216,7 +228,8 @@ TEST_SUITE("cuda") {
         gpu->embedding_forward(x.data(), x.data(), x.data(), x.data(), -1, 2, 2, nullptr),
         std::invalid_argument);
     DeviceArray<std::uint16_t> x16(*gpu, 4);
-    CHECK_THROWS_AS(gpu->embedding_forward(x.data(), x16.data(), x.data(), 1, -2, 2),
+    CHECK_THROWS_AS(gpu->embedding_forward(x.data(), x16.data(), nullptr, x.data(), 1, -2, 2,
+                                           nullptr),
                     std::invalid_argument);
     CHECK_THROWS_AS(
         gpu->embedding_backward(x.data(), x.data(), x.data(), x.data(), 1, 2, -2, nullptr),

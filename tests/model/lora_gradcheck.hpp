@@ -1,13 +1,16 @@
-// The adapters' gradients of a whole LoRA model through a Replica, by finite differences, for
-// tests/model/test_lora.cpp (Llama blocks) and test_gpt_lora.cpp (GPT-2's).
+// The adapters' gradients of a whole LoRA model through a Replica, by finite differences, and a
+// LoRA block's run in fp32 or bf16, for tests/model/test_lora.cpp (Llama blocks) and
+// test_gpt_lora.cpp (GPT-2's).
 #pragma once
 
 #include <doctest/doctest.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "../compare.hpp"
+#include "common/bf16.hpp"
 #include "gradcheck.hpp"
 #include "lockstep/model.hpp"
 
@@ -47,5 +50,104 @@ inline void check_lora_model_gradients(const Model& model, const GptSpec& spec,
   CHECK_MESSAGE(miss.empty(), miss);
   CHECK(replica.frozen() == base);  // bit for bit: nothing wrote the base
 }
+
+// LoRA under trainer.precision bf16 (Note [Frozen parameters] in src/model/lora.cpp): the base
+// held as bf16 bits only, the adapters as any bf16 parameter (fp32 master, bf16 copy).
+inline std::vector<float> rounded_to_bf16(std::vector<float> v) {
+  for (float& x : v) x = detail::round_to_bf16(x);
+  return v;
+}
+
+struct BlockRun {
+  std::vector<float> y, dadapters, dx;
+};
+
+// A LoRA block's forward then backward of dout in `precision`, the adapters' gradients from
+// zero. fp32: the base from `frozen`; bf16: from its bf16 rounding alone (ws.frozen null), the
+// adapters' products reading their bf16 copy, as a Replica hands them over.
+inline BlockRun run_block(const Layer& layer, Precision precision, int batch,
+                          const std::vector<float>& adapters, const std::vector<float>& frozen,
+                          const std::vector<float>& x, const std::vector<float>& dout,
+                          std::uint64_t dropout_key = 0) {
+  const bool bf16 = precision == Precision::bf16;
+  auto dev = make_cpu_device(0, 1);
+  DeviceArray<float> saved(*dev, layer.workspace_size(batch, precision));
+  DeviceArray<float> scratch(*dev, layer.scratch_size(batch, precision));
+  const auto table = layer.constants();
+  auto constants = on_device(*dev, table ? *table : std::vector<float>{});
+  auto pd = on_device(*dev, adapters), fd = on_device(*dev, frozen);
+  DeviceArray<std::uint16_t> p16(*dev, bf16 ? adapters.size() : 0);
+  DeviceArray<std::uint16_t> f16(*dev, bf16 ? frozen.size() : 0);
+  if (bf16) {
+    dev->to_bf16(pd.data(), p16.data(), adapters.size());
+    dev->to_bf16(fd.data(), f16.data(), frozen.size());
+  }
+  const LayerWorkspace ws{.saved = saved.data(), .scratch = scratch.data(),
+                          .precision = precision, .params_bf16 = p16.data(),
+                          .constants = constants.data(), .frozen = bf16 ? nullptr : fd.data(),
+                          .frozen_bf16 = f16.data(), .dropout_key = dropout_key};
+  auto xd = on_device(*dev, x), dyd = on_device(*dev, dout);
+  auto gd = on_device(*dev, std::vector<float>(adapters.size(), 0.0f));
+  DeviceArray<float> yd(*dev, dout.size()), dxd(*dev, x.size());
+  layer.forward(*dev, pd.data(), xd.data(), yd.data(), batch, ws);
+  layer.backward(*dev, pd.data(), gd.data(), xd.data(), yd.data(), dyd.data(), dxd.data(), batch,
+                 ws);
+  return {yd.download(), gd.download(), dxd.download()};
+}
+
+// A LoRA block (batch 2 of `sample` floats each) under bf16 against fp32 on the same values:
+// random adapters, and a random base already rounded, so that only the bf16 products and
+// roundings differ; output, adapters' and input's gradients within 2e-2 of the norms, and not
+// equal (as the repo's bf16 layers are checked, tests/model/test_bf16_layers.cpp).
+inline void check_block_bf16(const Layer& layer, std::size_t sample, std::uint64_t dropout_key) {
+  const auto adapters = random_floats(layer.param_count(), 61, -0.5, 0.5);
+  const auto base = rounded_to_bf16(random_floats(layer.frozen_count(), 62, -0.5, 0.5));
+  const int batch = 2;
+  const auto x = random_floats(std::size_t(batch) * sample, 63, -2, 2);
+  const auto dout = random_floats(x.size(), 64);
+  const BlockRun f =
+      run_block(layer, Precision::fp32, batch, adapters, base, x, dout, dropout_key);
+  const BlockRun b =
+      run_block(layer, Precision::bf16, batch, adapters, base, x, dout, dropout_key);
+  const double ey = relative_error(b.y, f.y), ea = relative_error(b.dadapters, f.dadapters),
+               ex = relative_error(b.dx, f.dx);
+  CAPTURE(ey);
+  CAPTURE(ea);
+  CAPTURE(ex);
+  CHECK(ey < 2e-2);
+  CHECK(ea < 2e-2);
+  CHECK(ex < 2e-2);
+  CHECK(ey > 0.0);
+  CHECK(ea > 0.0);
+  CHECK(ex > 0.0);
+}
+
+struct ModelRun {
+  std::vector<float> logits, grads, frozen;
+};
+
+// A LoRA model's forward, mean cross-entropy over `labels` and backward through a Replica in
+// `precision` (batch sequences of `tokens`): its logits, the adapters' gradients and the frozen
+// base as the replica holds it after.
+inline ModelRun run_model(const Model& model, Precision precision, int batch,
+                          const std::vector<float>& adapters, const std::vector<float>& frozen,
+                          const std::vector<float>& tokens, const std::vector<std::int32_t>& labels) {
+  auto dev = make_cpu_device(0, 1);
+  Replica replica(*dev, model, batch, precision);
+  replica.load_parameters(adapters);
+  replica.load_frozen(frozen);
+  auto xd = on_device(*dev, tokens);
+  auto yd = on_device(*dev, labels);
+  const int rows = batch * model.inputs(), padded = model.outputs() / model.inputs();
+  DeviceArray<float> dlogits(*dev, std::size_t(rows) * padded);
+  const float* y = replica.forward(xd.data(), batch);
+  std::vector<float> out(std::size_t(rows) * padded);
+  dev->copy_to_host(out.data(), y, out.size() * sizeof(float));
+  dev->softmax_cross_entropy(y, yd.data(), rows, padded, dlogits.data(), 1.0f / rows);
+  replica.zero_grads();
+  replica.backward(xd.data(), dlogits.data(), batch);
+  return {out, replica.gradients(), replica.frozen()};
+}
+
 
 }  // namespace lockstep::test

@@ -150,3 +150,84 @@ TEST_SUITE("model") {
                          doctest::Contains("LoRA target 'q_proj'"), std::invalid_argument);
   }
 }
+
+// LoRA on GPT-2 under trainer.precision bf16 (Note [Frozen parameters] in src/model/lora.cpp):
+// the base held as bf16 bits only (the products read them, the LayerNorms' weights and biases
+// and the blocks' biases widened, wte and wpe looked up from them), the adapters as any bf16
+// parameter.
+TEST_SUITE("model") {
+  // check_block_bf16, as the Llama block's (test_lora.cpp): every target (c_attn's and c_fc's
+  // adapters summed with the product before the bf16 output is rounded), and the c_projs' alone
+  // (qkv and fc from the bias epilogue).
+  TEST_CASE("gpt2 lora block under bf16: output, adapters' and input's gradients against fp32, the base read from its bf16 bits alone") {
+    for (const auto& targets : std::vector<std::vector<std::string>>{
+             kAll.targets, {"attn.c_proj", "mlp.c_proj"}}) {
+      for (const double dropout : {0.0, 0.3}) {
+        for (const auto attention : {lockstep::AttentionKind::materialized,
+                                     lockstep::AttentionKind::fused}) {
+          CAPTURE(targets.size());
+          CAPTURE(dropout);
+          LoraSpec lora = kAll;
+          lora.targets = targets;
+          lora.dropout = dropout;
+          const auto layer = lockstep::detail::make_gpt_block(
+              kGpt2.context, kGpt2.d_model, kGpt2.n_head, kGpt2.n_layer, attention, lora);
+          // The base is random: LayerNorms' weights and biases away from 1 and 0.
+          check_block_bf16(*layer, std::size_t(kGpt2.context) * kGpt2.d_model,
+                           dropout > 0.0 ? 0xbf16 : 0);
+        }
+      }
+    }
+  }
+
+  TEST_CASE("gpt2 lora model under bf16: the Replica holds the base as bf16 bits alone, unchanged by a step, its logits and gradients fp32's within bf16's tolerance, and the bf16 lookup of wte and wpe the fp32 one") {
+    const Model model = Model::gpt(kGpt2, lockstep::AttentionKind::materialized, kAll);
+    const int batch = 2, t = kGpt2.context, v = kGpt2.vocab_size, rows = batch * t;
+    const auto adapters = random_floats(model.param_count(), 71, -0.5, 0.5);
+    // The base away from its initial values (LayerNorms 1 and 0, biases 0), so that each
+    // widened tensor counts.
+    const auto base = random_floats(model.frozen_count(), 72, -0.5, 0.5);
+    const auto rounded = rounded_to_bf16(base);
+    REQUIRE(rounded != base);
+    const auto tokens = random_tokens(std::size_t(rows), v, 73);
+    const auto labels = random_labels(std::size_t(rows), v, 74);
+    const auto run = [&](lockstep::Precision precision, const std::vector<float>& frozen) {
+      return run_model(model, precision, batch, adapters, frozen, tokens, labels);
+    };
+    const ModelRun f = run(lockstep::Precision::fp32, rounded);
+    const ModelRun b = run(lockstep::Precision::bf16, base);
+    CHECK(b.frozen == rounded);  // the bf16 bits, and nothing wrote them
+    const double el = relative_error(b.logits, f.logits), eg = relative_error(b.grads, f.grads);
+    CAPTURE(el);
+    CAPTURE(eg);
+    CHECK(el < 2e-2);
+    CHECK(el > 0.0);
+    // As the Llama model's (test_lora.cpp): the first block's gradients are sums of a few terms
+    // on this 8-channel model; a wrong path is off by its whole size.
+    CHECK(eg < 1e-1);
+    CHECK(eg > 0.0);
+
+    // The bf16 lookup of wte + wpe, at t and at packed positions, is the fp32 one on the widened
+    // tables, bit for bit.
+    auto dev = lockstep::make_cpu_device(0, 1);
+    const std::size_t c = std::size_t(kGpt2.d_model), wte = std::size_t(v) * c;
+    const std::size_t tables = wte + std::size_t(t) * c;
+    auto ids = on_device(*dev, tokens);
+    auto table = on_device(*dev, std::vector<float>(rounded.begin(), rounded.begin() + tables));
+    DeviceArray<std::uint16_t> table16(*dev, tables);
+    dev->to_bf16(table.data(), table16.data(), tables);
+    std::vector<std::int32_t> packed(static_cast<std::size_t>(rows));
+    for (std::size_t r = 0; r < packed.size(); ++r) packed[r] = std::int32_t(r % t % 3);
+    auto positions = on_device(*dev, packed);
+    for (const bool pack : {false, true}) {
+      CAPTURE(pack);
+      const std::int32_t* p = pack ? positions.data() : nullptr;
+      DeviceArray<float> a(*dev, std::size_t(rows) * c), e(*dev, a.size());
+      dev->embedding_forward(ids.data(), table.data(), table.data() + wte, a.data(), batch, t,
+                             kGpt2.d_model, p);
+      dev->embedding_forward(ids.data(), table16.data(), table16.data() + wte, e.data(), batch,
+                             t, kGpt2.d_model, p);
+      CHECK(a.download() == e.download());
+    }
+  }
+}

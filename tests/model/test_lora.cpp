@@ -237,57 +237,7 @@ TEST_SUITE("model") {
 
 // LoRA under trainer.precision bf16 (Note [Frozen parameters] in src/model/lora.cpp): the base
 // held as bf16 bits only, the adapters as any bf16 parameter (fp32 master, bf16 copy).
-namespace {
-
-struct BlockRun {
-  std::vector<float> y, dadapters, dx;
-};
-
-// A LoRA block's forward then backward of dout in `precision`, the adapters' gradients from
-// zero. fp32: the base from `frozen`; bf16: from its bf16 rounding alone (ws.frozen null), the
-// adapters' products reading their bf16 copy, as a Replica hands them over.
-BlockRun run_block(const lockstep::Layer& layer, lockstep::Precision precision, int batch,
-                   const std::vector<float>& adapters, const std::vector<float>& frozen,
-                   const std::vector<float>& x, const std::vector<float>& dout,
-                   std::uint64_t dropout_key = 0) {
-  const bool bf16 = precision == lockstep::Precision::bf16;
-  auto dev = lockstep::make_cpu_device(0, 1);
-  DeviceArray<float> saved(*dev, layer.workspace_size(batch, precision));
-  DeviceArray<float> scratch(*dev, layer.scratch_size(batch, precision));
-  const auto table = layer.constants();
-  auto constants = on_device(*dev, *table);
-  auto pd = on_device(*dev, adapters), fd = on_device(*dev, frozen);
-  DeviceArray<std::uint16_t> p16(*dev, bf16 ? adapters.size() : 0);
-  DeviceArray<std::uint16_t> f16(*dev, bf16 ? frozen.size() : 0);
-  if (bf16) {
-    dev->to_bf16(pd.data(), p16.data(), adapters.size());
-    dev->to_bf16(fd.data(), f16.data(), frozen.size());
-  }
-  const lockstep::LayerWorkspace ws{.saved = saved.data(), .scratch = scratch.data(),
-                                    .precision = precision, .params_bf16 = p16.data(),
-                                    .constants = constants.data(),
-                                    .frozen = bf16 ? nullptr : fd.data(),
-                                    .frozen_bf16 = f16.data(), .dropout_key = dropout_key};
-  auto xd = on_device(*dev, x), dyd = on_device(*dev, dout);
-  auto gd = on_device(*dev, std::vector<float>(adapters.size(), 0.0f));
-  DeviceArray<float> yd(*dev, dout.size()), dxd(*dev, x.size());
-  layer.forward(*dev, pd.data(), xd.data(), yd.data(), batch, ws);
-  layer.backward(*dev, pd.data(), gd.data(), xd.data(), yd.data(), dyd.data(), dxd.data(), batch,
-                 ws);
-  return {yd.download(), gd.download(), dxd.download()};
-}
-
-std::vector<float> rounded_to_bf16(std::vector<float> v) {
-  for (float& x : v) x = lockstep::detail::round_to_bf16(x);
-  return v;
-}
-
-}  // namespace
-
 TEST_SUITE("model") {
-  // As the repo's bf16 layers are checked (tests/model/test_bf16_layers.cpp): against the fp32
-  // layer on the same values (here the base already rounded, so that only the bf16 products
-  // differ), within 2e-2 of the norms, and not equal.
   TEST_CASE("lora block under bf16: output, adapters' and input's gradients against fp32, the base read from its bf16 bits alone") {
     for (const double dropout : {0.0, 0.3}) {
       for (const auto attention : {lockstep::AttentionKind::materialized,
@@ -299,27 +249,8 @@ TEST_SUITE("model") {
         spec.proj_bias = true;  // every bias widened (qkv's from kLlama)
         const auto layer =
             lockstep::make_llama_block(spec, attention, lockstep::make_rope_constants(spec), lora);
-        const auto adapters = random_floats(layer->param_count(), 61, -0.5, 0.5);
-        const auto base = rounded_to_bf16(random_floats(layer->frozen_count(), 62, -0.5, 0.5));
-        const int batch = 2;
-        const auto x = random_floats(std::size_t(batch) * spec.context * spec.d_model, 63, -2, 2);
-        const auto dout = random_floats(x.size(), 64);
-        const std::uint64_t key = dropout > 0.0 ? 0xbf16 : 0;
-        const BlockRun f = run_block(*layer, lockstep::Precision::fp32, batch, adapters, base, x,
-                                     dout, key);
-        const BlockRun b = run_block(*layer, lockstep::Precision::bf16, batch, adapters, base, x,
-                                     dout, key);
-        const double ey = relative_error(b.y, f.y), ea = relative_error(b.dadapters, f.dadapters),
-                     ex = relative_error(b.dx, f.dx);
-        CAPTURE(ey);
-        CAPTURE(ea);
-        CAPTURE(ex);
-        CHECK(ey < 2e-2);
-        CHECK(ea < 2e-2);
-        CHECK(ex < 2e-2);
-        CHECK(ey > 0.0);
-        CHECK(ea > 0.0);
-        CHECK(ex > 0.0);
+        check_block_bf16(*layer, std::size_t(spec.context) * spec.d_model,
+                         dropout > 0.0 ? 0xbf16 : 0);
       }
     }
   }
@@ -333,28 +264,11 @@ TEST_SUITE("model") {
     REQUIRE(rounded != base);
     const auto tokens = random_tokens(std::size_t(rows), v, 73);
     const auto labels = random_labels(std::size_t(rows), v, 74);
-    struct Result {
-      std::vector<float> logits, grads, frozen;
-    };
     const auto run = [&](lockstep::Precision precision, const std::vector<float>& frozen) {
-      auto dev = lockstep::make_cpu_device(0, 1);
-      lockstep::Replica replica(*dev, model, batch, precision);
-      replica.load_parameters(adapters);
-      replica.load_frozen(frozen);
-      auto xd = on_device(*dev, tokens);
-      auto yd = on_device(*dev, labels);
-      const int padded = model.outputs() / t;
-      DeviceArray<float> dlogits(*dev, std::size_t(rows) * padded);
-      const float* y = replica.forward(xd.data(), batch);
-      std::vector<float> out(std::size_t(rows) * padded);
-      dev->copy_to_host(out.data(), y, out.size() * sizeof(float));
-      dev->softmax_cross_entropy(y, yd.data(), rows, padded, dlogits.data(), 1.0f / rows);
-      replica.zero_grads();
-      replica.backward(xd.data(), dlogits.data(), batch);
-      return Result{out, replica.gradients(), replica.frozen()};
+      return run_model(model, precision, batch, adapters, frozen, tokens, labels);
     };
-    const Result f = run(lockstep::Precision::fp32, rounded);
-    const Result b = run(lockstep::Precision::bf16, base);
+    const ModelRun f = run(lockstep::Precision::fp32, rounded);
+    const ModelRun b = run(lockstep::Precision::bf16, base);
     CHECK(b.frozen == rounded);  // the bf16 bits, and nothing wrote them
     CHECK(relative_error(b.logits, f.logits) < 2e-2);
     CHECK(relative_error(b.logits, f.logits) > 0.0);
@@ -372,7 +286,8 @@ TEST_SUITE("model") {
     DeviceArray<float> a(*dev, std::size_t(rows) * kLlama.d_model), c(*dev, a.size());
     dev->embedding_forward(ids.data(), table.data(), nullptr, a.data(), batch, t, kLlama.d_model,
                           nullptr);
-    dev->embedding_forward(ids.data(), table16.data(), c.data(), batch, t, kLlama.d_model);
+    dev->embedding_forward(ids.data(), table16.data(), nullptr, c.data(), batch, t,
+                          kLlama.d_model, nullptr);
     CHECK(a.download() == c.download());
   }
 }

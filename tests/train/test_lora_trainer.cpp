@@ -220,8 +220,11 @@ TEST_CASE("lora dropout: a resume is bit-exact, recompute full bit-identical, ev
 }
 
 // Under trainer.precision bf16 (Note [Frozen parameters] in src/model/lora.cpp): each worker
-// holds the base as bf16 bits alone, the adapters train as any bf16 parameter.
-TEST_CASE("lora under bf16: losses within bf16's tolerance of fp32's, N x B as 1 x N*B, resume bit-exact, recompute full bit-identical, dropout, exports, and the plan's frozen bytes at 2 a value") {
+// holds the base as bf16 bits alone, the adapters train as any bf16 parameter. On the Llama
+// family's blocks, or (gpt2) GPT-2's.
+namespace {
+
+void check_bf16(bool gpt2) {
   auto train = std::make_shared<TokenDataset>(token_stream(961, 8, 1));
   auto eval = std::make_shared<TokenDataset>(token_stream(161, 8, 2));
   const auto losses_of = [&](const Config& cfg, std::vector<double>& losses) {
@@ -230,7 +233,7 @@ TEST_CASE("lora under bf16: losses within bf16's tolerance of fp32's, N x B as 1
     t.run();
     return t.final_parameters();
   };
-  Config fp32 = lora_config(1, 6);
+  Config fp32 = lora_config(1, 6, gpt2);
   fp32.trainer.log_every = 1;  // a loss each step
   Config bf16 = fp32;
   bf16.trainer.precision = Precision::bf16;
@@ -248,7 +251,7 @@ TEST_CASE("lora under bf16: losses within bf16's tolerance of fp32's, N x B as 1
   // its gradient, so an element whose gradient is near zero ends elsewhere from any rounding.)
 
   // N x B against 1 x N*B: the same losses to bf16's rounding of the sums' order.
-  Config many = lora_config(3, 2);
+  Config many = lora_config(3, 2, gpt2);
   many.trainer.log_every = 1;
   many.trainer.precision = Precision::bf16;
   many.trainer.zero = 2;
@@ -264,8 +267,8 @@ TEST_CASE("lora under bf16: losses within bf16's tolerance of fp32's, N x B as 1
   }
 
   // Resume bit-exact and recompute full bit-identical, with dropout on the adapters' input.
-  const std::filesystem::path dir = test::fresh_dir(fmt::format("lockstep_lora_bf16_{}", getpid()));
-  Config cfg = lora_config(2, 3);
+  const std::filesystem::path dir = test::fresh_dir(fmt::format("lockstep_lora_bf16_{}_{}", gpt2, getpid()));
+  Config cfg = lora_config(2, 3, gpt2);
   cfg.trainer.precision = Precision::bf16;
   cfg.model.lora.dropout = 0.3;
   Trainer whole(cfg, train, nullptr);
@@ -289,10 +292,22 @@ TEST_CASE("lora under bf16: losses within bf16's tolerance of fp32's, N x B as 1
 
   // The memory plan: the frozen base at 2 bytes a value under bf16, 4 under fp32.
   const auto plan = [&](Precision precision) {
-    Config c = lora_config(1, 6);
+    Config c = lora_config(1, 6, gpt2);
     c.trainer.precision = precision;
     return detail::plan_memory(c, model, *train, nullptr, true, 1);
   };
   CHECK(plan(Precision::bf16).frozen == 2.0 * double(model.frozen_count()));
   CHECK(plan(Precision::fp32).frozen == 4.0 * double(model.frozen_count()));
+}
+
+}  // namespace
+
+TEST_CASE("lora under bf16: losses within bf16's tolerance of fp32's, N x B as 1 x N*B, resume bit-exact, recompute full bit-identical, dropout, exports, and the plan's frozen bytes at 2 a value") {
+  check_bf16(false);
+}
+
+// GPT-2's: wte and wpe looked up from bf16, the LayerNorms' weights and biases and the blocks'
+// biases widened from bf16.
+TEST_CASE("lora on GPT-2 under bf16: losses within bf16's tolerance of fp32's, N x B as 1 x N*B, resume bit-exact, recompute full and selective bit-identical, dropout, exports, the plan's frozen bytes at 2 a value") {
+  check_bf16(true);
 }

@@ -1,7 +1,7 @@
 // trainer.recompute: selective and full (Note [Recomputation] in src/model/model.cpp) on the
 // CPU backend:
-//   - a replica that recomputes its blocks (GPT-2's and the Llama family's) writes
-//     bit-identical gradients, and allocates the activation bytes the memory plan gives;
+//   - a replica that recomputes its blocks (GPT-2's and the Llama family's, with LoRA adapters
+//     too) writes bit-identical gradients, and allocates the activation bytes the memory plan gives;
 //   - a run ends bit-identical to one without (fp32 and bf16, fused and materialised attention,
 //     accumulation, ZeRO-2, overlap off), with the same host syncs per step (an allocation or
 //     a read inside the step would add one: Note [Host syncs]);
@@ -17,6 +17,8 @@
 #include <vector>
 
 #include "lockstep/lockstep.hpp"
+#include "model/lora_targets.hpp"
+#include "random_data.hpp"
 #include "train/memory_plan.hpp"
 #include "trainer_fixtures.hpp"
 
@@ -26,15 +28,20 @@ namespace {
 
 // The gradients of two backward passes (the second finds the shared buffer holding the last
 // block's values) of `model` on fixed tokens and a gradient of the logits from them.
+// A LoRA model (frozen_count() > 0): random adapters (B away from zero, so that A has a
+// gradient) on the base's initial values, loaded as the trainer loads them.
 std::vector<float> replica_gradients(const Model& model, Precision precision,
                                      Recompute recompute) {
-  const std::vector<float> init = model.initial_parameters(7);
+  const bool lora = model.frozen_count() > 0;
+  const std::vector<float> init =
+      lora ? test::random_floats(model.param_count(), 7, -0.3, 0.3) : model.initial_parameters(7);
   const int batch = 3, context = model.inputs(), vocab = 32;
   std::vector<float> ids(static_cast<std::size_t>(batch) * context);
   for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<float>((i * 7) % vocab);
   auto device = make_cpu_device(0, 1);
   Replica replica(*device, model, batch, precision, true, recompute);
   replica.load_parameters(init);
+  if (lora) replica.load_frozen(model.initial_frozen(7));
   DeviceArray<float> x(*device, ids.size());
   x.upload(ids);
   const float* logits = replica.forward(x.data(), batch);
@@ -50,10 +57,8 @@ std::vector<float> replica_gradients(const Model& model, Precision precision,
   return replica.gradients();
 }
 
-}  // namespace
-
-TEST_CASE("recompute selective and full: a replica's gradients are bit-identical to none's, "
-          "GPT-2 and Llama blocks") {
+// Small GPT-2 and Llama-family decoders.
+std::vector<std::pair<const char*, GptSpec>> specs() {
   GptSpec llama{.vocab_size = 32, .context = 8, .n_layer = 3, .n_head = 4, .d_model = 16};
   llama.norm = NormKind::rmsnorm;
   llama.norm_eps = 1e-6;
@@ -64,21 +69,49 @@ TEST_CASE("recompute selective and full: a replica's gradients are bit-identical
   llama.qkv_bias = true;
   llama.proj_bias = false;
   llama.tie_embeddings = false;
-  for (const auto& [name, spec] :
-       {std::pair<const char*, GptSpec>{"gpt2", {.vocab_size = 32, .context = 8, .n_layer = 3,
-                                                 .n_head = 2, .d_model = 16}},
-        {"llama", llama}})
+  return {{"gpt2", {.vocab_size = 32, .context = 8, .n_layer = 3, .n_head = 2, .d_model = 16}},
+          {"llama", llama}};
+}
+
+// selective and full against none, fp32 and bf16.
+void check_modes(const Model& model) {
+  for (Precision precision : {Precision::fp32, Precision::bf16}) {
+    CAPTURE(to_string(precision));
+    const std::vector<float> none = replica_gradients(model, precision, Recompute::none);
+    CHECK(replica_gradients(model, precision, Recompute::selective) == none);
+    CHECK(replica_gradients(model, precision, Recompute::full) == none);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("recompute selective and full: a replica's gradients are bit-identical to none's, "
+          "GPT-2 and Llama blocks") {
+  for (const auto& [name, spec] : specs())
     for (AttentionKind attention : {AttentionKind::fused, AttentionKind::materialized}) {
       const Model model = Model::gpt(spec, attention);
       CHECK(model.layers()[1]->recomputed_size(3, Precision::fp32) > 0);
-      for (Precision precision : {Precision::fp32, Precision::bf16}) {
-        CAPTURE(std::string(name));
-        CAPTURE(to_string(attention));
-        CAPTURE(to_string(precision));
-        const std::vector<float> none = replica_gradients(model, precision, Recompute::none);
-        CHECK(replica_gradients(model, precision, Recompute::selective) == none);
-        CHECK(replica_gradients(model, precision, Recompute::full) == none);
-      }
+      CAPTURE(std::string(name));
+      CAPTURE(to_string(attention));
+      check_modes(model);
+    }
+}
+
+// With LoRA adapters on every projection (Note [LoRA] in src/model/lora.cpp): the rerun blocks
+// read the frozen base (under bf16 its bf16 bits, the norms' weights and the biases widened
+// again) and the adapters' kept u.
+TEST_CASE("recompute selective and full with LoRA: a replica's gradients are bit-identical to "
+          "none's, GPT-2 and Llama blocks, fp32 and bf16") {
+  for (const auto& [name, spec] : specs())
+    for (AttentionKind attention : {AttentionKind::fused, AttentionKind::materialized}) {
+      const bool gpt2 = spec.norm == NormKind::layernorm;
+      const Model model = Model::gpt(
+          spec, attention, {.rank = 2, .alpha = 4.0,
+                            .targets = gpt2 ? detail::gpt2_lora_target_names()
+                                            : parse_lora_targets("all")});
+      CAPTURE(std::string(name));
+      CAPTURE(to_string(attention));
+      check_modes(model);
     }
 }
 

@@ -28,15 +28,25 @@ void CpuDevice::embedding_forward(const float* ids, const float* wte, const floa
   }));
 }
 
-// out (B, T, C) = wte[ids] widened from bf16.
-void CpuDevice::embedding_forward(const float* ids, const std::uint16_t* wte, float* out,
-                                  int batch, int T, int C) {
+// The same from bf16 tables: out (B, T, C) = widened wte[ids] (+ widened wpe[p]), the sum in
+// fp32 as above.
+void CpuDevice::embedding_forward(const float* ids, const std::uint16_t* wte,
+                                  const std::uint16_t* wpe, float* out, int batch, int T, int C,
+                                  const std::int32_t* positions) {
   const std::size_t nc = static_cast<std::size_t>(C), rows = std::size_t(batch) * T;
   const std::size_t block = rows_per_block(nc);
   for_blocks(blocks_of(rows, block), vectorized([=](std::size_t blk) {
     for (std::size_t r = blk * block; r < std::min(rows, (blk + 1) * block); ++r) {
       const std::uint16_t* tok = wte + static_cast<std::size_t>(ids[r]) * nc;
-      for (std::size_t c = 0; c < nc; ++c) out[r * nc + c] = detail::bf16_to_float(tok[c]);
+      if (!wpe) {
+        for (std::size_t c = 0; c < nc; ++c) out[r * nc + c] = detail::bf16_to_float(tok[c]);
+        continue;
+      }
+      const std::size_t p = positions ? static_cast<std::size_t>(positions[r])
+                                      : r % static_cast<std::size_t>(T);
+      const std::uint16_t* pos = wpe + p * nc;
+      for (std::size_t c = 0; c < nc; ++c)
+        out[r * nc + c] = detail::bf16_to_float(tok[c]) + detail::bf16_to_float(pos[c]);
     }
   }));
 }

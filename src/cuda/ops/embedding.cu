@@ -29,13 +29,22 @@ __global__ void embedding_forward_kernel(const float* ids, const float* wte, con
   }
 }
 
-// out (rows, C) = wte[ids[r]] widened from bf16: as above.
+// The same from bf16 tables, widened, the sum in fp32: as above.
 __global__ void embedding_forward_bf16_kernel(const float* ids, const std::uint16_t* wte,
-                                              float* out, std::size_t rows, std::size_t C) {
+                                              const std::uint16_t* wpe, float* out,
+                                              std::size_t rows, std::size_t T, std::size_t C,
+                                              const std::int32_t* positions) {
   for (std::size_t r = blockIdx.x; r < rows; r += gridDim.x) {
     const std::uint16_t* tok = wte + static_cast<std::size_t>(ids[r]) * C;
     float* o = out + r * C;
-    for (std::size_t c = threadIdx.x; c < C; c += kThreads) o[c] = detail::bf16_to_float(tok[c]);
+    if (!wpe) {
+      for (std::size_t c = threadIdx.x; c < C; c += kThreads) o[c] = detail::bf16_to_float(tok[c]);
+      continue;
+    }
+    const std::size_t p = positions ? static_cast<std::size_t>(positions[r]) : r % T;
+    const std::uint16_t* pos = wpe + p * C;
+    for (std::size_t c = threadIdx.x; c < C; c += kThreads)
+      o[c] = detail::bf16_to_float(tok[c]) + detail::bf16_to_float(pos[c]);
   }
 }
 
@@ -138,12 +147,14 @@ void launch_embedding_forward(cudaStream_t stream, const float* ids, const float
 }
 
 void launch_embedding_forward(cudaStream_t stream, const float* ids, const std::uint16_t* wte,
-                              float* out, int batch, int T, int C) {
+                              const std::uint16_t* wpe, float* out, int batch, int T, int C,
+                              const std::int32_t* positions) {
   const std::size_t rows = static_cast<std::size_t>(batch) * static_cast<std::size_t>(T);
   if (rows == 0 || C == 0) return;
   const auto blocks = static_cast<unsigned>(std::min(rows, kMaxBlocks));
-  embedding_forward_bf16_kernel<<<blocks, kThreads, 0, stream>>>(ids, wte, out, rows,
-                                                                 static_cast<std::size_t>(C));
+  embedding_forward_bf16_kernel<<<blocks, kThreads, 0, stream>>>(
+      ids, wte, wpe, out, rows, static_cast<std::size_t>(T), static_cast<std::size_t>(C),
+      positions);
   CUDA_CHECK(cudaGetLastError());
 }
 
