@@ -149,5 +149,35 @@ inline ModelRun run_model(const Model& model, Precision precision, int batch,
   return {out, replica.gradients(), replica.frozen()};
 }
 
+// A LoRA model of `base` (frozen values away from their rounding) under bf16 against fp32 on the
+// rounded base, batch sequences of t tokens below `vocab`: the Replica holds the base as its
+// bf16 bits alone and no step writes them; the logits within bf16's tolerance of fp32's; the
+// adapters' gradients too, with room for the first block's (their error grows with the
+// distance from the loss: up to 0.12 on these 8-channel models, whose gradients are sums of a
+// few terms; a wrong path is off by its whole size). Returns the tokens and the rounded base,
+// for the caller's embedding checks.
+struct Bf16ModelInputs {
+  std::vector<float> tokens, rounded;
+};
+inline Bf16ModelInputs check_model_bf16(const Model& model, const std::vector<float>& base,
+                                        int batch, int t, int vocab) {
+  const auto adapters = random_floats(model.param_count(), 71, -0.5, 0.5);
+  const auto rounded = rounded_to_bf16(base);
+  REQUIRE(rounded != base);
+  const auto tokens = random_tokens(std::size_t(batch) * t, vocab, 73);
+  const auto labels = random_labels(std::size_t(batch) * t, vocab, 74);
+  const ModelRun f = run_model(model, Precision::fp32, batch, adapters, rounded, tokens, labels);
+  const ModelRun b = run_model(model, Precision::bf16, batch, adapters, base, tokens, labels);
+  CHECK(b.frozen == rounded);  // the bf16 bits, and nothing wrote them
+  const double el = relative_error(b.logits, f.logits), eg = relative_error(b.grads, f.grads);
+  CAPTURE(el);
+  CAPTURE(eg);
+  CHECK(el < 2e-2);
+  CHECK(el > 0.0);
+  CHECK(eg < 1e-1);
+  CHECK(eg > 0.0);
+  return {tokens, rounded};
+}
+
 
 }  // namespace lockstep::test

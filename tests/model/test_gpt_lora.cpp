@@ -183,29 +183,10 @@ TEST_SUITE("model") {
   TEST_CASE("gpt2 lora model under bf16: the Replica holds the base as bf16 bits alone, unchanged by a step, its logits and gradients fp32's within bf16's tolerance, and the bf16 lookup of wte and wpe the fp32 one") {
     const Model model = Model::gpt(kGpt2, lockstep::AttentionKind::materialized, kAll);
     const int batch = 2, t = kGpt2.context, v = kGpt2.vocab_size, rows = batch * t;
-    const auto adapters = random_floats(model.param_count(), 71, -0.5, 0.5);
     // The base away from its initial values (LayerNorms 1 and 0, biases 0), so that each
     // widened tensor counts.
-    const auto base = random_floats(model.frozen_count(), 72, -0.5, 0.5);
-    const auto rounded = rounded_to_bf16(base);
-    REQUIRE(rounded != base);
-    const auto tokens = random_tokens(std::size_t(rows), v, 73);
-    const auto labels = random_labels(std::size_t(rows), v, 74);
-    const auto run = [&](lockstep::Precision precision, const std::vector<float>& frozen) {
-      return run_model(model, precision, batch, adapters, frozen, tokens, labels);
-    };
-    const ModelRun f = run(lockstep::Precision::fp32, rounded);
-    const ModelRun b = run(lockstep::Precision::bf16, base);
-    CHECK(b.frozen == rounded);  // the bf16 bits, and nothing wrote them
-    const double el = relative_error(b.logits, f.logits), eg = relative_error(b.grads, f.grads);
-    CAPTURE(el);
-    CAPTURE(eg);
-    CHECK(el < 2e-2);
-    CHECK(el > 0.0);
-    // As the Llama model's (test_lora.cpp): the first block's gradients are sums of a few terms
-    // on this 8-channel model; a wrong path is off by its whole size.
-    CHECK(eg < 1e-1);
-    CHECK(eg > 0.0);
+    const auto [tokens, rounded] =
+        check_model_bf16(model, random_floats(model.frozen_count(), 72, -0.5, 0.5), batch, t, v);
 
     // The bf16 lookup of wte + wpe, at t and at packed positions, is the fp32 one on the widened
     // tables, bit for bit.

@@ -258,25 +258,7 @@ TEST_SUITE("model") {
   TEST_CASE("lora model under bf16: the Replica holds the base as bf16 bits alone, unchanged by a step, and its logits and gradients are fp32's within bf16's tolerance") {
     const Model model = Model::gpt(kLlama, lockstep::AttentionKind::materialized, kAll);
     const int batch = 2, t = kLlama.context, v = kLlama.vocab_size, rows = batch * t;
-    const auto adapters = random_floats(model.param_count(), 71, -0.5, 0.5);
-    const auto base = model.initial_frozen(72);
-    const auto rounded = rounded_to_bf16(base);
-    REQUIRE(rounded != base);
-    const auto tokens = random_tokens(std::size_t(rows), v, 73);
-    const auto labels = random_labels(std::size_t(rows), v, 74);
-    const auto run = [&](lockstep::Precision precision, const std::vector<float>& frozen) {
-      return run_model(model, precision, batch, adapters, frozen, tokens, labels);
-    };
-    const ModelRun f = run(lockstep::Precision::fp32, rounded);
-    const ModelRun b = run(lockstep::Precision::bf16, base);
-    CHECK(b.frozen == rounded);  // the bf16 bits, and nothing wrote them
-    CHECK(relative_error(b.logits, f.logits) < 2e-2);
-    CHECK(relative_error(b.logits, f.logits) > 0.0);
-    // The adapters' gradients: the error grows with the distance from the loss (the last
-    // block's tensors within 2e-2, the first's up to 0.12 on this 8-channel model, whose
-    // gradients are sums of a few terms); a wrong path is off by its whole size.
-    CHECK(relative_error(b.grads, f.grads) < 1e-1);
-    CHECK(relative_error(b.grads, f.grads) > 0.0);
+    const auto [tokens, rounded] = check_model_bf16(model, model.initial_frozen(72), batch, t, v);
     // The bf16 embedding lookup is the fp32 one on the widened table, bit for bit.
     auto dev = lockstep::make_cpu_device(0, 1);
     auto ids = on_device(*dev, tokens), table = on_device(*dev, rounded);
