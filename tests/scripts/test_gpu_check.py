@@ -306,3 +306,24 @@ def test_the_memory_phase_figure_has_a_line_per_run_and_fails_with_a_run():
     log += "device_memory: zero 0, N 2, full: FAILED: exit 1: out of memory\n"
     ok, figure = gpu_check.memory_run(fake, 90)
     assert not ok and figure.endswith("zero 0, N 2, full: FAILED: exit 1: out of memory")
+
+
+def test_the_llama_figure_is_the_steady_steps_not_the_whole_run_with_its_start():
+    # The H200's log of 2026-12-04 (steps 1-4 and 12): the summary's whole-run rate was 14,680
+    # tokens/s, MFU 12.2%, most of its wall time the start.
+    log = "\n".join([
+        "training 1235814400 parameters on 1 worker(s), 12 steps, batch 4 per worker",
+        "step 1/12 epoch 0 loss 12.1750 acc 0.0000 lr 1e-05 grad_norm 5.119 23.8 samples/s "
+        "48725 tokens/s mfu 40.5%",
+        "step 2/12 epoch 0 loss 12.1764 acc 0.0000 lr 2e-05 grad_norm 5.22 23.6 samples/s "
+        "48337 tokens/s mfu 40.2%",
+        "step 3/12 epoch 0 loss 12.1712 acc 0.0000 lr 2e-05 grad_norm 5.128 23.6 samples/s "
+        "48263 tokens/s mfu 40.1%",
+        "step 4/12 epoch 0 loss 12.1894 acc 0.0000 lr 1.946e-05 grad_norm 5.167 23.5 samples/s "
+        "48106 tokens/s mfu 40.0%",
+        "step 12/12 epoch 0 loss 12.1625 acc 0.0000 lr 2e-06 grad_norm 5.223 22.5 samples/s "
+        "46148 tokens/s mfu 38.3%",
+        "  tokens/s            14680"])
+    assert gpu_check.steady_steps(log) == (48106.0, 40.0)
+    assert gpu_check.steady_steps(log, skip=0) == (48263.0, 40.1)  # 5 steps: the middle one
+    assert gpu_check.steady_steps("no steps") is None
