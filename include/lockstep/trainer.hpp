@@ -103,6 +103,14 @@ struct LOCKSTEP_API Summary {
   double loss_tokens_per_s = 0.0;
   std::int64_t skipped_records = 0;
   double mfu = 0.0;
+  // The steady step, for a language model: the (upper) median over the steps after the first two (the
+  // first build the libraries' plans and warm the caches; every step of a run of three or fewer)
+  // of each step's own rate, its tokens over the seconds since the step before it was reported
+  // (worker 0's clock); 0 without a step; and its MFU. tokens_per_s and mfu above are the whole
+  // run's, its start (the model built on the host and copied to every device), final eval and
+  // replica check included: for a short run of a large model most of its wall time.
+  double step_tokens_per_s = 0.0;
+  double step_mfu = 0.0;
   double final_train_loss = 0.0;      // the mean over the last log window (StepMetrics)
   double final_train_accuracy = 0.0;
   double eval_loss = 0.0;       // NaN when there is no eval split, or the run was stopped

@@ -106,6 +106,13 @@ void print_summary(std::FILE* out, const Summary& s) {
   fmt::print(out, "  samples/s           {}\n", detail::format_rate(s.samples_per_s));
   if (s.flops_per_token > 0.0) {
     fmt::print(out, "  tokens/s            {}\n", detail::format_rate(s.tokens_per_s));
+    // The steady step beside the whole run's rate, which counts the start (Summary).
+    if (s.step_tokens_per_s > 0.0)
+      fmt::print(out, "  step tokens/s       {}{} (a step's, the median after the first two; "
+                      "the line above is the whole run's, its start included)\n",
+                 detail::format_rate(s.step_tokens_per_s),
+                 s.step_mfu > 0.0 ? fmt::format(", mfu {:.1f}%", 100.0 * s.step_mfu)
+                                  : std::string());
     if (s.masked)
       fmt::print(out, "  loss tokens/s       {} ({} labels counted{})\n",
                  detail::format_rate(s.loss_tokens_per_s), s.loss_tokens,

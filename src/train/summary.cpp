@@ -190,8 +190,10 @@ std::string Summary::to_json() const {
       number(wall_s), number(samples_per_s),
       // A language model's token fields; an MLP has no tokens.
       flops_per_token > 0.0
-          ? fmt::format("  \"tokens_per_s\": {},\n  \"flops_per_token\": {},\n{}",
-                        number(tokens_per_s), number(flops_per_token),
+          ? fmt::format("  \"tokens_per_s\": {},\n  \"step_tokens_per_s\": {},\n  \"step_mfu\": "
+                        "{},\n  \"flops_per_token\": {},\n{}",
+                        number(tokens_per_s), number(step_tokens_per_s),
+                        step_mfu > 0.0 ? number(step_mfu) : "null", number(flops_per_token),
                         masked ? fmt::format("  \"loss_tokens\": {},\n  \"loss_tokens_per_s\": "
                                              "{},\n  \"skipped_records\": {},\n",
                                              loss_tokens, number(loss_tokens_per_s),

@@ -1201,6 +1201,7 @@ Summary Trainer::run() {
   if (const auto* chat = dynamic_cast<const ChatDataset*>(im.train.get()))
     im.summary.skipped_records = static_cast<std::int64_t>(chat->skipped());
   im.summary.mfu = r->context->mfu(im.summary.tokens_per_s);
+  im.summary.step_mfu = r->context->mfu(im.summary.step_tokens_per_s);
   im.summary.peak_rss_bytes = detail::peak_resident_bytes();
   im.summary.device_memory = r->device_memory.figures();
   if (r->report) r->report->write(im.cfg, im.summary);

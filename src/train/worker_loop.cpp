@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include "common/elementwise_math.hpp"
+#include "common/median.hpp"
 #include "common/random.hpp"
 #include "lockstep/comm.hpp"
 #include "lockstep/error.hpp"
@@ -334,6 +335,7 @@ void WorkerLoop::run(Backend& backend) {
   const int k = run_.cfg.trainer.accumulate_steps;
   times_.loop_start_s = steady_now_s();
   window_.last_report_s = times_.loop_start_s;
+  window_.last_step_s = times_.loop_start_s;
   while (pos_.step < run_.total_steps) {
     begin_step();
     StepTotals mine;
@@ -821,6 +823,12 @@ void WorkerLoop::report(const StepTotals& totals, const UpdateResult& update, bo
                        .mfu = run_.mfu(tokens_per_s),
                        .elapsed_s = now - run_.start_s};
   };
+  if (global_ == 0) {  // Summary::step_tokens_per_s
+    const double now = steady_now_s();
+    window_.step_rates.push_back(totals.samples * targets /
+                                 std::max(1e-9, now - window_.last_step_s));
+    window_.last_step_s = now;
+  }
   if (global_ == 0 && (run_.callbacks.progress || run_.report)) {
     const double now = steady_now_s();
     const StepMetrics m = metrics(totals.loss_sum, totals.correct, totals.counted,
@@ -1224,6 +1232,10 @@ void WorkerLoop::fill_summary(std::span<const double> time_rows, const EvalMetri
   summary.loss_tokens = pos_.loss_tokens;
   summary.final_train_loss = window_.last.loss;
   summary.final_train_accuracy = window_.last.accuracy;
+  // The steady step: the steps after the first two (all of three or fewer), worker 0's rates.
+  std::vector<double> rates = window_.step_rates;
+  if (rates.size() > 3) rates.erase(rates.begin(), rates.begin() + 2);
+  summary.step_tokens_per_s = rates.empty() ? 0.0 : upper_median(std::move(rates));
   summary.eval_loss = final_eval.loss;
   summary.eval_accuracy = final_eval.accuracy;
   summary.replicas_identical = true;

@@ -289,6 +289,8 @@ class WorkerLoop {
     double samples = 0.0;
     double counted = 0.0;
     double last_report_s = 0.0;
+    double last_step_s = 0.0;         // when the step before was reported (Summary::step_*)
+    std::vector<double> step_rates;   // each step's tokens/s, worker 0's (Summary::step_*)
     double comm_s = 0.0, exposed_s = 0.0, data_wait_s = 0.0;  // cumulative, at the last report
     StepMetrics last{};
   };

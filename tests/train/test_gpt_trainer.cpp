@@ -11,6 +11,7 @@
 #include <cmath>
 #include <filesystem>
 #include <numeric>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -89,6 +90,28 @@ TEST_CASE("gpt: the summary counts windows, loss is per token, and the data must
   wrong.model.type = "mlp";
   CHECK_THROWS_WITH_AS(Trainer(wrong, train, nullptr), doctest::Contains("model.type gpt"),
                        InputError);
+}
+
+// Summary::step_tokens_per_s is the steady step's rate, the start left out. Worker 0's report of
+// each step sleeps in on_progress, 2 s at step 1 and 0.1 s after, so every step's interval holds
+// the sleep of the step before: the steps after the first two take 0.1 s and a tiny model's
+// compute, their rate at most a step's 64 tokens (2 workers x 4 windows x 8) over 0.1 s; the
+// whole run's counts the 2 s too.
+TEST_CASE("gpt: the summary's step tokens/s is the steady step's, the whole run's counts its start") {
+  auto train = std::make_shared<TokenDataset>(token_stream(961, 8, 1));
+  Trainer t(gpt_config(2, 4), train, nullptr);  // 10 steps
+  t.on_progress([](const StepMetrics& m) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(m.step == 1 ? 2000 : 100));
+  });
+  const Summary s = t.run();
+  const double step_tokens = 2 * 4 * 8;
+  CAPTURE(s.step_tokens_per_s);
+  CAPTURE(s.tokens_per_s);
+  CHECK(s.step_tokens_per_s <= step_tokens / 0.1);
+  CHECK(s.step_tokens_per_s >= step_tokens / 0.3);
+  CHECK(s.tokens_per_s < 0.7 * s.step_tokens_per_s);
+  CHECK(s.step_mfu == 0.0);  // no peak FLOP/s for the CPU
+  CHECK(s.to_json().find("\"step_tokens_per_s\": ") != std::string::npos);
 }
 
 TEST_CASE("gpt: a checkpoint records the architecture and the tokenizer for sampling") {
