@@ -336,6 +336,9 @@ void WorkerLoop::run(Backend& backend) {
   times_.loop_start_s = steady_now_s();
   window_.last_report_s = times_.loop_start_s;
   window_.last_step_s = times_.loop_start_s;
+  if (global_ == 0)  // Summary::step_tokens_per_s, without growing inside a step
+    window_.step_rates.reserve(
+        static_cast<std::size_t>(std::max<std::int64_t>(0, run_.total_steps - pos_.step)));
   while (pos_.step < run_.total_steps) {
     begin_step();
     StepTotals mine;

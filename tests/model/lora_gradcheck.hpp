@@ -5,6 +5,7 @@
 
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -120,6 +121,51 @@ inline void check_block_bf16(const Layer& layer, std::size_t sample, std::uint64
   CHECK(ey > 0.0);
   CHECK(ea > 0.0);
   CHECK(ex > 0.0);
+}
+
+// The logits of `model` at `params` (and `frozen`) on 2 sequences of fixed tokens below `vocab`.
+// `dropout_key`: Replica::set_dropout_key's (0: none).
+inline std::vector<float> lora_logits(const Model& model, int vocab,
+                                      const std::vector<float>& params,
+                                      const std::vector<float>& frozen,
+                                      std::uint64_t dropout_key = 0) {
+  auto dev = make_cpu_device(0, 1);
+  Replica replica(*dev, model, 2);
+  replica.load_parameters(params);
+  if (!frozen.empty()) replica.load_frozen(frozen);
+  replica.set_dropout_key(dropout_key);
+  const auto x = on_device(*dev, random_tokens(2 * std::size_t(model.inputs()), vocab, 9));
+  const float* y = replica.forward(x.data(), 2);
+  std::vector<float> out(std::size_t(2) * model.outputs());
+  dev->copy_to_host(out.data(), y, out.size() * sizeof(float));
+  return out;
+}
+
+// The base of `lora` (`full` with adapters) is `full`'s parameters: the same tensors at the same
+// offsets, the same initial values.
+inline void check_base_layout(const Model& full, const Model& lora) {
+  const auto base = lora.frozen_tensors(), mine = full.param_tensors();
+  REQUIRE(base.size() == mine.size());
+  for (std::size_t i = 0; i < base.size(); ++i) {
+    CHECK(base[i].name == mine[i].name);
+    CHECK(base[i].offset == mine[i].offset);
+  }
+  CHECK(lora.initial_frozen(5) == full.initial_parameters(5));
+}
+
+// `lora` (`full` with `spec`'s adapters) at B = 0 is `full` bit for bit; with random adapters,
+// `full` with merge_lora's weights gives its logits within 1e-5.
+inline void check_lora_merge(const Model& full, const Model& lora, const LoraSpec& spec,
+                             int vocab) {
+  const auto base = lora.initial_frozen(8);
+  CHECK(lora_logits(lora, vocab, lora.initial_parameters(8), base) ==
+        lora_logits(full, vocab, base, {}));
+  const auto adapters = random_floats(lora.param_count(), 31, -0.5, 0.5);
+  const auto merged = merge_lora(lora, spec, adapters, base);
+  const auto a = lora_logits(lora, vocab, adapters, base), b = lora_logits(full, vocab, merged, {});
+  REQUIRE(a.size() == b.size());
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (std::isfinite(a[i])) CHECK(a[i] == doctest::Approx(b[i]).epsilon(1e-5));
 }
 
 struct ModelRun {

@@ -32,15 +32,7 @@ const LoraSpec kAll{.rank = 2, .alpha = 3.0, .targets = lockstep::detail::gpt2_l
 // The logits of `model` at `params` (and `frozen`) on fixed tokens.
 std::vector<float> logits(const Model& model, const std::vector<float>& params,
                           const std::vector<float>& frozen) {
-  auto dev = lockstep::make_cpu_device(0, 1);
-  lockstep::Replica replica(*dev, model, 2);
-  replica.load_parameters(params);
-  if (!frozen.empty()) replica.load_frozen(frozen);
-  const auto x = on_device(*dev, random_tokens(2 * std::size_t(kGpt2.context), kGpt2.vocab_size, 9));
-  const float* y = replica.forward(x.data(), 2);
-  std::vector<float> out(std::size_t(2) * model.outputs());
-  dev->copy_to_host(out.data(), y, out.size() * sizeof(float));
-  return out;
+  return lora_logits(model, kGpt2.vocab_size, params, frozen);
 }
 
 // The adapters' and the input's gradients of a GPT-2 block with `lora` against finite
@@ -106,13 +98,7 @@ TEST_SUITE("model") {
     CHECK(tensors[1].shape == std::vector<std::int64_t>{32, 2});
     CHECK(tensors[2].name == "transformer.h.0.mlp.c_proj.lora_A.weight");
     CHECK(tensors[2].shape == std::vector<std::int64_t>{2, 32});
-    const auto base = lora.frozen_tensors(), mine = full.param_tensors();
-    REQUIRE(base.size() == mine.size());
-    for (std::size_t i = 0; i < base.size(); ++i) {
-      CHECK(base[i].name == mine[i].name);
-      CHECK(base[i].offset == mine[i].offset);
-    }
-    CHECK(lora.initial_frozen(5) == full.initial_parameters(5));
+    check_base_layout(full, lora);
     CHECK(lora.param_count() == 2 * (2 * (8 + 32) + 2 * (32 + 8)));
   }
 
@@ -122,15 +108,8 @@ TEST_SUITE("model") {
       CAPTURE(targets.size());
       LoraSpec spec = kAll;
       spec.targets = targets;
-      const Model lora = Model::gpt(kGpt2, lockstep::AttentionKind::materialized, spec);
-      const auto base = lora.initial_frozen(8);
-      CHECK(logits(lora, lora.initial_parameters(8), base) == logits(full, base, {}));
-      const auto adapters = random_floats(lora.param_count(), 31, -0.5, 0.5);
-      const auto merged = lockstep::merge_lora(lora, spec, adapters, base);
-      const auto a = logits(lora, adapters, base), b = logits(full, merged, {});
-      REQUIRE(a.size() == b.size());
-      for (std::size_t i = 0; i < a.size(); ++i)
-        if (std::isfinite(a[i])) CHECK(a[i] == doctest::Approx(b[i]).epsilon(1e-5));
+      check_lora_merge(full, Model::gpt(kGpt2, lockstep::AttentionKind::materialized, spec),
+                       spec, kGpt2.vocab_size);
     }
   }
 

@@ -40,16 +40,7 @@ const LoraSpec kAll{.rank = 2, .alpha = 3.0,
 // `dropout_key`: Replica::set_dropout_key's (0: none).
 std::vector<float> logits(const Model& model, const std::vector<float>& params,
                           const std::vector<float>& frozen, std::uint64_t dropout_key = 0) {
-  auto dev = lockstep::make_cpu_device(0, 1);
-  lockstep::Replica replica(*dev, model, 2);
-  replica.load_parameters(params);
-  if (!frozen.empty()) replica.load_frozen(frozen);
-  replica.set_dropout_key(dropout_key);
-  const auto x = on_device(*dev, random_tokens(2 * std::size_t(kLlama.context), kLlama.vocab_size, 9));
-  const float* y = replica.forward(x.data(), 2);
-  std::vector<float> out(std::size_t(2) * model.outputs());
-  dev->copy_to_host(out.data(), y, out.size() * sizeof(float));
-  return out;
+  return lora_logits(model, kLlama.vocab_size, params, frozen, dropout_key);
 }
 
 }  // namespace
@@ -119,13 +110,7 @@ TEST_SUITE("model") {
     CHECK(tensors[1].shape == std::vector<std::int64_t>{8, 2});
     CHECK(tensors[3].name == "model.layers.0.self_attn.v_proj.lora_B.weight");
     CHECK(tensors[3].shape == std::vector<std::int64_t>{4, 2});  // 2 kv heads of 2
-    const auto base = lora.frozen_tensors(), mine = full.param_tensors();
-    REQUIRE(base.size() == mine.size());
-    for (std::size_t i = 0; i < base.size(); ++i) {
-      CHECK(base[i].name == mine[i].name);
-      CHECK(base[i].offset == mine[i].offset);
-    }
-    CHECK(lora.initial_frozen(5) == full.initial_parameters(5));
+    check_base_layout(full, lora);
     // A ~ U(-1/sqrt(in), 1/sqrt(in)), not all zero; B = 0.
     const auto init = lora.initial_parameters(5);
     bool a_nonzero = false;
@@ -142,16 +127,9 @@ TEST_SUITE("model") {
   }
 
   TEST_CASE("lora with B = 0 is the base model bit for bit, and merged weights give the adapted logits") {
-    const Model full = Model::gpt(kLlama);
-    const Model lora = Model::gpt(kLlama, lockstep::AttentionKind::materialized, kAll);
-    const auto base = lora.initial_frozen(8);
-    CHECK(logits(lora, lora.initial_parameters(8), base) == logits(full, base, {}));
-    const auto adapters = random_floats(lora.param_count(), 31, -0.5, 0.5);
-    const auto merged = lockstep::merge_lora(lora, kAll, adapters, base);
-    const auto a = logits(lora, adapters, base), b = logits(full, merged, {});
-    REQUIRE(a.size() == b.size());
-    for (std::size_t i = 0; i < a.size(); ++i)
-      if (std::isfinite(a[i])) CHECK(a[i] == doctest::Approx(b[i]).epsilon(1e-5));
+    check_lora_merge(Model::gpt(kLlama),
+                     Model::gpt(kLlama, lockstep::AttentionKind::materialized, kAll), kAll,
+                     kLlama.vocab_size);
   }
 
   TEST_CASE("lora refuses unknown targets, no targets, and Llama's names on GPT-2's blocks") {
