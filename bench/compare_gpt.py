@@ -96,7 +96,11 @@ def run_lockstep(cli, folder, preset, args, precision, attention="auto", graphs=
     return {"framework": "lockstep", "precision": precision, "device": s["backend"],
             "params": s["parameters"], "context": preset["context"], "step_ms": 1e3 * step_s,
             "tokens_per_s": tokens / step_s, "flops_per_token": s["flops_per_token"],
-            "mfu": s["mfu"], "attention": s.get("attention"),
+            # The summary's mfu is the whole run's, its start included; this is the timed
+            # steps' (the same peak and FLOPs per token, at their rate).
+            "mfu": (s["mfu"] * tokens / step_s / s["tokens_per_s"]
+                    if s.get("mfu") is not None and s.get("tokens_per_s") else None),
+            "attention": s.get("attention"),
             "device_busy": s.get("device_busy"), "cuda_graphs": s.get("cuda_graphs"),
             "warnings": [l for l in done.stderr.splitlines() if "warning" in l]}
 
