@@ -384,8 +384,10 @@ void visit_schema(Visitor& v, C& c) {
             "\nThe size of each worker's oneTBB arena. Set on cuda: a warning on stderr before "
             "step 1.");
   v.enumeration("comm", c.trainer.comm, kCommKinds,
-                "cuda: nccl, or peer (one process; chosen when ids repeat)"
-                "\npeer is the single-process communicator for replicas that share a GPU. Set "
+                "cuda: nccl, or peer (one process; chosen when ids repeat or one worker)"
+                "\npeer is the single-process communicator for replicas that share a GPU; a "
+                "worker alone gets it too (a one-rank NCCL communicator costs device memory "
+                "and moves nothing). Set "
                 "on the CPU backend: a warning on stderr before step 1.");
   v.enumeration("precision", c.trainer.precision, kPrecisions,
                 "tf32: cuda TF32 GEMMs; bf16: bf16 products, fp32 master weights"

@@ -87,7 +87,7 @@ class CudaBackend final : public Backend {
       throw InputError(
           "trainer.devices: NCCL needs a distinct GPU per worker, and these ids repeat; use the "
           "peer communicator for several workers on one GPU");
-    const bool nccl = uses_nccl(device_ids);
+    const bool nccl = uses_nccl(device_ids, several);
     if (!nccl && several)
       throw InputError(
           "trainer.comm: the peer communicator joins the workers of one process only; across "
@@ -120,9 +120,13 @@ class CudaBackend final : public Backend {
     return std::set<int>(ids.begin(), ids.end()).size() == ids.size();
   }
   // NCCL when asked for, or by default over distinct GPUs; else the peer communicator.
-  bool uses_nccl(std::span<const int> ids) const {
+  // automatic: NCCL where the workers have a GPU each and there is another rank to reach. One
+  // worker of one process gets the peer group of one rank, whose collectives move nothing: a
+  // one-rank NCCL communicator held 1.2 GiB of the H200's memory that the plan does not count
+  // (bench/GPU.md, 2026-12-04), for collectives that move nothing either.
+  bool uses_nccl(std::span<const int> ids, bool several) const {
     return options_.comm == CommKind::nccl ||
-           (options_.comm == CommKind::automatic && distinct(ids));
+           (options_.comm == CommKind::automatic && distinct(ids) && (ids.size() > 1 || several));
   }
 
   BackendOptions options_;

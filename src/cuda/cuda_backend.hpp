@@ -44,8 +44,9 @@ std::optional<std::pair<std::size_t, std::size_t>> gpu_memory_in_use(int id);
 CudaSupport cuda_backend_support();
 
 // options.comm picks the data plane: NCCL when every worker has its own GPU (automatic with
-// distinct ids; NCCL refuses two ranks on one GPU), or the peer communicator, our in-process
-// all-reduce over device memory, for any ids including repeated ones. options.precision tf32
+// distinct ids and more than one rank; NCCL refuses two ranks on one GPU), or the peer
+// communicator, our in-process all-reduce over device memory, for any ids including repeated
+// ones, and for one worker alone. options.precision tf32
 // switches cuBLAS to TF32 tensor-core math on every device.
 std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options = {});
 

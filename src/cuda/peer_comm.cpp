@@ -136,7 +136,10 @@ class PeerCommunicator final : public Communicator {
   }
 
   // Its reduction kernel sums floats only; the default would read device memory on the host.
-  void all_reduce_bf16(std::uint16_t*, std::size_t, ReduceOp) override {
+  // One rank has nothing to sum (one worker alone gets this group: cuda_backend.cpp).
+  void all_reduce_bf16(std::uint16_t*, std::size_t count, ReduceOp) override {
+    check_attached();
+    if (size() == 1 || count == 0) return check_not_aborted();
     throw InputError(
         "trainer.grad_reduce_dtype: bf16 needs the NCCL communicator (trainer.comm: nccl, one "
         "GPU per worker); the peer communicator reduces fp32 only");

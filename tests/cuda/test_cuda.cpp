@@ -769,6 +769,42 @@ TEST_SUITE("cuda trainer") {
     CHECK(std::abs(grown - plan_grown) <= 0.1 * plan_grown + 16.0 * (1 << 20));
   }
 
+  TEST_CASE("cuda trainer: one worker alone makes no NCCL communicator (trainer.comm auto)") {
+    // A one-rank NCCL communicator held 1.06 GiB of the H200's memory that the plan leaves out
+    // (bench/GPU.md, 2026-12-04) for collectives that move nothing: auto gives one worker the
+    // peer group of one rank, so it adds what comm peer adds, not what comm nccl adds. The
+    // parameters end bit-identical either way (one rank's collectives are identities), and the
+    // bf16 reduction, which the peer group refuses for several ranks, runs.
+    if (!cuda_or_skip()) return;
+    auto train = synthetic(256, 5);
+    const auto run = [&](CommKind comm, ReduceDtype dtype) {
+      Config cfg = gpu_config({0}, 64, OptimizerKind::adamw);
+      cfg.model.hidden = {512, 512};
+      cfg.trainer.steps = 3;
+      cfg.trainer.comm = comm;
+      cfg.trainer.grad_reduce_dtype = dtype;
+      Trainer t(cfg, train, nullptr);
+      const Summary s = t.run();
+      REQUIRE(s.device_memory.size() == 1);
+      const Summary::DeviceMemory& g = s.device_memory[0];
+      REQUIRE(g.peak_bytes >= g.baseline_bytes);
+      return std::pair{double(g.peak_bytes - g.baseline_bytes), t.final_parameters()};
+    };
+    run(CommKind::peer, ReduceDtype::fp32);  // loads the libraries' kernels into the context
+    const auto [peer, peer_params] = run(CommKind::peer, ReduceDtype::fp32);
+    const auto [automatic, auto_params] = run(CommKind::automatic, ReduceDtype::fp32);
+    const auto [nccl, nccl_params] = run(CommKind::nccl, ReduceDtype::fp32);
+    MESSAGE("one worker adds " << peer / (1 << 20) << " MiB with comm peer, "
+            << automatic / (1 << 20) << " MiB with auto, " << nccl / (1 << 20)
+            << " MiB with nccl");
+    CHECK(std::abs(automatic - peer) <= 16.0 * (1 << 20));
+    CHECK(auto_params == peer_params);
+    CHECK(nccl_params == peer_params);
+    const auto [bf16, bf16_params] = run(CommKind::automatic, ReduceDtype::bf16);
+    CHECK(bf16 > 0.0);
+    CHECK(bf16_params.size() == peer_params.size());
+  }
+
   TEST_CASE("NCCL across GPUs equals one GPU with the whole batch") {
     auto backend = cuda_or_skip();
     if (!backend) return;
