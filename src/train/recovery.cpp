@@ -97,3 +97,36 @@ SurvivorsBatch survivors_batch(int workers, int left, int accumulate_steps, int 
 }
 
 }  // namespace lockstep::detail
+
+namespace lockstep::detail {
+
+CarriedWindow carried_window(std::span<const std::optional<SurvivorProgress>> survivors,
+                             std::int64_t resumed_step) {
+  CarriedWindow out;
+  const auto first = std::find_if(survivors.begin(), survivors.end(),
+                                  [](const auto& p) { return p.has_value(); });
+  if (first == survivors.end()) return out;
+  out.start_s = (*first)->window_start_s;
+  for (const WindowStep& w : (*first)->window)
+    if (w.step <= resumed_step) out.agreed.push_back(w);
+  // The unagreed step: every survivor's own totals, or none (a survivor that could not report
+  // took its samples' totals with it).
+  std::optional<WindowStep> sum;
+  for (const std::optional<SurvivorProgress>& p : survivors) {
+    if (!p || !p->unagreed || (sum && p->unagreed->step != sum->step)) return out;
+    const WindowStep& mine = *p->unagreed;
+    if (!sum) {
+      sum = mine;
+      continue;
+    }
+    sum->loss_sum += mine.loss_sum;
+    sum->correct += mine.correct;
+    sum->samples += mine.samples;
+    sum->counted += mine.counted;
+  }
+  if (sum->step <= resumed_step && (out.agreed.empty() || sum->step > out.agreed.back().step))
+    out.unagreed = sum;
+  return out;
+}
+
+}  // namespace lockstep::detail

@@ -37,9 +37,10 @@
 //      update is whole but whose record is unread (Note [Deferred step read] in worker_loop.hpp:
 //      the lost worker died before agreeing its totals) counts as done: the survivor reads its
 //      own record (finite and not skipped, the same on every replica) and its state is the one
-//      a checkpoint at that step's end holds, its samples those of the whole group; only its
-//      metrics are never reported, as the lost worker's loss is gone. The first survivor copies
-//      that state (WorkerLoop::recovery_state).
+//      a checkpoint at that step's end holds, its samples those of the whole group; its metrics
+//      are the survivors' (the lost worker's loss is gone), reported as their run starts (Note
+//      [Window across a shrink]). The first survivor copies that state
+//      (WorkerLoop::recovery_state).
 //      So, by failure point (LOCKSTEP_FAULT=RANK:K:lost:PHASE):
 //        forward, backward   the state after step K - 1;
 //        all-reduce          the buckets it handed over land (with overlap the first, without
@@ -99,12 +100,48 @@
 
 namespace lockstep::detail {
 
+// One step's totals in the log window, kept from the step's report until the line that covers
+// it is written (trainer.log_every); Note [Window across a shrink].
+struct WindowStep {
+  std::int64_t step = 0;
+  double loss_sum = 0.0;
+  double correct = 0.0;
+  double samples = 0.0;
+  double counted = 0.0;
+  double grad_norm = 0.0;  // of the unagreed step (the line's own); unused for the others
+};
+
 // Where a survivor stood once its group was aborted (WorkerLoop::progress).
 struct SurvivorProgress {
   std::int64_t updated = 0;      // the newest step whose optimiser update it had applied whole
   std::uint64_t param_hash = 0;  // of its parameters, as the replica check hashes them
   std::string lacks;  // why its memory does not hold the state after `updated`; empty: it does
+  // The log window: the agreed steps since the last line (the same on every survivor), when it
+  // began (steady seconds), and the step whose update stands but whose totals were never
+  // agreed, with this survivor's own totals (nullopt: none).
+  std::vector<WindowStep> window = {};
+  double window_start_s = 0.0;
+  std::optional<WindowStep> unagreed = std::nullopt;
 };
+
+// Note [Window across a shrink]
+//   A log line (trainer.log_every) covers the steps since the one before; a shrink must not
+//   lose the steps of the window it cuts. The survivors' first worker goes on from the failed
+//   group's window: its steps up to the state the run goes on from (a step redone is reported
+//   again, so it is left out), and the step whose update stands though the lost worker never
+//   agreed its totals (Note [Shrink], step 2), with the survivors' totals summed: its loss and
+//   accuracy over the samples that are left (the lost worker's are gone with its device),
+//   reported as the survivors' run starts. So every step that stands has its line, or is in
+//   the next one, once: tests/train/test_shrink.cpp.
+struct CarriedWindow {
+  std::vector<WindowStep> agreed;
+  std::optional<WindowStep> unagreed;  // summed over the survivors
+  double start_s = 0.0;
+};
+// The window the survivors go on from, after state `resumed_step`, from each survivor's
+// progress (nullopt: it could not report), in rank order.
+CarriedWindow carried_window(std::span<const std::optional<SurvivorProgress>> survivors,
+                             std::int64_t resumed_step);
 
 struct Survivor {
   int rank = 0;                             // in the group that failed

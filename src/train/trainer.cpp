@@ -724,6 +724,7 @@ struct Trainer::Impl::RunResources {
   std::optional<Checkpoint> recovery;
   std::optional<Checkpoint> recovered_from;
   detail::SnapshotSlot snapshot;  // trainer.snapshot_every
+  detail::CarriedWindow carried;  // the survivors' context points here (Note [Window across a shrink])
   std::atomic<double> aborted_s{-1.0};
   std::int64_t samples_before = 0;
 };
@@ -882,6 +883,13 @@ void Trainer::Impl::shrink(RunResources& r, Recovery recovery) {
   r.samples_before += from.state.samples - (r.recovered_from ? r.recovered_from->state.samples
                                             : resume                ? resume->state.samples
                                                                     : 0);
+  // Note [Window across a shrink] in recovery.hpp, before make_context() forgets where the
+  // survivors stood.
+  std::vector<std::optional<detail::SurvivorProgress>> standing;
+  for (int rank = 0; rank < static_cast<int>(r.comms.size()); ++rank)
+    if (std::find(lost.begin(), lost.end(), global_rank(rank)) == lost.end())
+      standing.push_back(r.stopped[rank]);
+  r.carried = detail::carried_window(standing, from.state.step);
   const double start_s = r.context->start_s;
   if (r.abandoning.load())  // step 1: what the worker left behind may touch stays where it is
     r.abandoned_groups.push_back({.comms = std::move(r.comms),
@@ -897,6 +905,7 @@ void Trainer::Impl::shrink(RunResources& r, Recovery recovery) {
   const double seconds = steady_now_s() - r.aborted_s.load();
   r.aborted_s.store(-1.0);
   make_context(r, &*r.recovered_from, start_s);
+  r.context->carried_window = &r.carried;
   summary.devices = cfg.trainer.devices;
   summary.workers_lost += static_cast<int>(lost.size());
   summary.recoveries += 1;

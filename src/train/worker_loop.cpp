@@ -339,6 +339,9 @@ void WorkerLoop::run(Backend& backend) {
   if (global_ == 0)  // Summary::step_tokens_per_s, without growing inside a step
     window_.step_rates.reserve(
         static_cast<std::size_t>(std::max<std::int64_t>(0, run_.total_steps - pos_.step)));
+  window_.steps.reserve(static_cast<std::size_t>(
+      std::clamp<std::int64_t>(run_.cfg.trainer.log_every, 1, std::max<std::int64_t>(1, run_.total_steps)) + 1));
+  if (run_.carried_window) carry_window(*run_.carried_window);
   while (pos_.step < run_.total_steps) {
     begin_step();
     StepTotals mine;
@@ -801,13 +804,20 @@ void WorkerLoop::report_nonfinite(double loss, double grad_norm) {
 }
 
 // The callbacks: every step's progress, and the log window's metrics every log_every steps.
-void WorkerLoop::report(const StepTotals& totals, const UpdateResult& update, bool stop_now) {
+void WorkerLoop::report(const StepTotals& totals, const UpdateResult& update, bool stop_now,
+                        bool carried) {
   const std::int64_t step = pos_.step, total_steps = run_.total_steps;
   const int targets = run_.train->targets();
   window_.loss_sum += totals.loss_sum;
   window_.correct += totals.correct;
   window_.samples += totals.samples;
   window_.counted += totals.counted;
+  window_.steps.push_back({.step = step,
+                           .loss_sum = totals.loss_sum,
+                           .correct = totals.correct,
+                           .samples = totals.samples,
+                           .counted = totals.counted,
+                           .grad_norm = update.grad_norm});
   // Loss and accuracy over the `predictions` that count; throughput: `counted` samples in
   // `seconds`.
   const auto metrics = [&](double loss_sum, double correct, double predictions, double counted,
@@ -826,7 +836,7 @@ void WorkerLoop::report(const StepTotals& totals, const UpdateResult& update, bo
                        .mfu = run_.mfu(tokens_per_s),
                        .elapsed_s = now - run_.start_s};
   };
-  if (global_ == 0) {  // Summary::step_tokens_per_s
+  if (global_ == 0 && !carried) {  // Summary::step_tokens_per_s
     const double now = steady_now_s();
     window_.step_rates.push_back(totals.samples * targets /
                                  std::max(1e-9, now - window_.last_step_s));
@@ -854,7 +864,39 @@ void WorkerLoop::report(const StepTotals& totals, const UpdateResult& update, bo
     window_.correct = 0.0;
     window_.samples = 0.0;
     window_.counted = 0.0;
+    window_.steps.clear();
   }
+}
+
+// Note [Window across a shrink] in recovery.hpp: the failed group's window, summed in the order
+// its steps were reported (the sums a run without the loss holds), then the unagreed step, which
+// is the state this loop starts from, reported now.
+void WorkerLoop::carry_window(const CarriedWindow& w) {
+  if (w.agreed.empty() && !w.unagreed) return;
+  window_.last_report_s = w.start_s;
+  for (const WindowStep& step : w.agreed) {
+    window_.loss_sum += step.loss_sum;
+    window_.correct += step.correct;
+    window_.samples += step.samples;
+    window_.counted += step.counted;
+    window_.steps.push_back(step);
+  }
+  if (!w.unagreed) return;
+  const WindowStep& u = *w.unagreed;
+  const StepTotals totals{.loss_sum = u.loss_sum,
+                          .correct = u.correct,
+                          .samples = u.samples,
+                          .counted = u.counted,
+                          .stop = 0.0};
+  const Config& cfg = run_.cfg;
+  const UpdateResult update{
+      .loss = u.counted > 0.0 ? u.loss_sum / u.counted : 0.0,
+      .lr = learning_rate(cfg.optimizer, cfg.schedule, u.step - 1, run_.total_steps),
+      .grad_norm = u.grad_norm};
+  const std::int64_t at = pos_.step;
+  pos_.step = u.step;  // the state this loop starts from follows it (carried_window())
+  report(totals, update, /*stop_now=*/false, /*carried=*/true);
+  pos_.step = at;
 }
 
 // This worker's all-reduce and data-wait times since the last report, into `m`.
@@ -1148,6 +1190,8 @@ SurvivorProgress WorkerLoop::progress() const {
   SurvivorProgress p{.updated = pos_.step,
                      .param_hash = replica.device().hash(replica.params(), replica.param_count()),
                      .lacks = {}};
+  p.window = window_.steps;
+  p.window_start_s = window_.last_report_s;
   if (pending_) {
     // A read that the abort cut short (a GPU's: its wait threw CommAborted) ends here; one that
     // cannot throws, and the survivor reports nothing.
@@ -1156,6 +1200,13 @@ SurvivorProgress WorkerLoop::progress() const {
     if (read.control.skip || !std::isfinite(read.control.grad_norm) ||
         read.loss.label_error != 0 || !std::isfinite(read.loss.loss_sum))
       p.lacks = fmt::format("had a non-finite or skipped update at step {}", p.updated);
+    else  // Note [Window across a shrink] in recovery.hpp
+      p.unagreed = WindowStep{.step = p.updated,
+                              .loss_sum = read.loss.loss_sum,
+                              .correct = static_cast<double>(read.loss.correct),
+                              .samples = pending_->mine.samples,
+                              .counted = pending_->mine.counted,
+                              .grad_norm = read.control.grad_norm};
   } else if (!step_start_) {
     p.lacks = "had begun no step";
   } else {

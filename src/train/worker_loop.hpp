@@ -176,6 +176,9 @@ struct RunContext {
   DeviceMemoryRecord& device_memory;  // Note [Device memory measured]
   std::vector<float>& final_params;
   const std::map<std::string, std::string>& tokenizer_record;  // for checkpoints' metadata
+  // The failed group's log window, after a shrink (Note [Window across a shrink] in
+  // recovery.hpp); null: none.
+  const CarriedWindow* carried_window = nullptr;
 
   // Model FLOPs utilisation at `tokens_per_s` over the job: 0 without a known peak or FLOP count.
   double mfu(double tokens_per_s) const {
@@ -291,6 +294,7 @@ class WorkerLoop {
     double last_report_s = 0.0;
     double last_step_s = 0.0;         // when the step before was reported (Summary::step_*)
     std::vector<double> step_rates;   // each step's tokens/s, worker 0's (Summary::step_*)
+    std::vector<WindowStep> steps;    // the steps summed above (Note [Window across a shrink])
     double comm_s = 0.0, exposed_s = 0.0, data_wait_s = 0.0;  // cumulative, at the last report
     StepMetrics last{};
   };
@@ -355,7 +359,11 @@ class WorkerLoop {
   // Backward's GradientTarget: the reducer's under ZeRO-2, else unset (the replica's buffer).
   GradientTarget gradient_target();
   void on_nonfinite(double loss, double grad_norm, bool skipped);
-  void report(const StepTotals& totals, const UpdateResult& update, bool stop_now);
+  // `carried`: the unagreed step of a failed group, reported as the survivors start (Note
+  // [Window across a shrink]); not a step this loop timed.
+  void report(const StepTotals& totals, const UpdateResult& update, bool stop_now,
+              bool carried = false);
+  void carry_window(const CarriedWindow& w);
   void add_window_times(StepMetrics& m);
   void end_of_step(bool stop_now);
   void finish();

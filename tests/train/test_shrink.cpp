@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -219,6 +220,78 @@ TEST_CASE("shrink: lost before the step before was agreed, the same recovery eve
     CHECK(s.devices == std::vector<int>{0, 2});
     CHECK(s.samples == 4 * 3 * 8 + 8 * 2 * 8);  // step 4 on three workers, counted once
     CHECK(trainer.final_parameters() == want);
+  }
+}
+
+// Note [Window across a shrink]: the loss in forward at step 5 leaves step 4's update applied
+// and its totals unagreed. Every step has one line (log_every 1): steps 1-3 and step 4's update
+// (its norm and rate) are those of a run without the loss; step 4's loss and accuracy are over
+// the survivors' 16 samples. A longer window (log_every 3 and 4) holds each of its steps once:
+// its line is the mean of the single-step lines weighted by their samples (24 before the loss,
+// 16 from step 4 on).
+TEST_CASE("shrink: the log window goes on across a shrink, and the step never agreed has its line") {
+  struct Line {
+    double loss, accuracy, grad_norm, lr;
+  };
+  const auto run = [](int log_every, const char* fault) {
+    Config cfg = shrink_config({0, 1, 2});
+    cfg.optimizer.clip_grad_norm = 0.0;
+    cfg.trainer.check_replicas_every = 0;
+    cfg.trainer.log_every = log_every;
+    Trainer trainer(cfg, train_split(), eval_split());
+    std::vector<std::pair<std::int64_t, Line>> lines, progress;
+    trainer.on_step([&](const StepMetrics& m) {
+      lines.push_back({m.step, {m.loss, m.accuracy, m.grad_norm, m.lr}});
+    });
+    trainer.on_progress([&](const StepMetrics& m) {
+      progress.push_back({m.step, {m.loss, m.accuracy, m.grad_norm, m.lr}});
+    });
+    ScopedEnv env("LOCKSTEP_FAULT", fault);
+    const Summary s = trainer.run();
+    CHECK(s.recoveries == (*fault ? 1 : 0));
+    CHECK(s.steps_redone == 0);
+    return std::pair{lines, progress};
+  };
+  const auto [plain, plain_progress] = run(1, "");
+  const auto [each, each_progress] = run(1, "1:5:lost:forward");
+  REQUIRE(plain.size() == 12);
+  REQUIRE(each.size() == 12);
+  REQUIRE(each_progress.size() == 12);
+  for (std::size_t i = 0; i < each.size(); ++i) {
+    CAPTURE(i);
+    CHECK(each[i].first == static_cast<std::int64_t>(i) + 1);
+    CHECK(each_progress[i].first == static_cast<std::int64_t>(i) + 1);
+  }
+  for (std::size_t i = 0; i < 3; ++i) {
+    CHECK(each[i].second.loss == plain[i].second.loss);
+    CHECK(each[i].second.accuracy == plain[i].second.accuracy);
+    CHECK(each[i].second.grad_norm == plain[i].second.grad_norm);
+  }
+  CHECK(each[3].second.grad_norm == plain[3].second.grad_norm);  // step 4's update stands
+  CHECK(each[3].second.lr == plain[3].second.lr);
+  CHECK(std::isfinite(each[3].second.loss));
+  CHECK(each[3].second.loss > 0.0);
+
+  const auto samples = [](std::int64_t step) { return step < 4 ? 24.0 : 16.0; };
+  for (const int log_every : {3, 4}) {
+    CAPTURE(log_every);
+    const auto lines = run(log_every, "1:5:lost:forward").first;
+    std::int64_t first = 1;
+    REQUIRE(lines.size() == static_cast<std::size_t>(12 / log_every));
+    for (const auto& [step, line] : lines) {
+      CAPTURE(step);
+      CHECK(step % log_every == 0);
+      double loss = 0.0, accuracy = 0.0, n = 0.0;
+      for (std::int64_t k = first; k <= step; ++k) {
+        loss += each[static_cast<std::size_t>(k - 1)].second.loss * samples(k);
+        accuracy += each[static_cast<std::size_t>(k - 1)].second.accuracy * samples(k);
+        n += samples(k);
+      }
+      CHECK(line.loss == doctest::Approx(loss / n).epsilon(1e-12));
+      CHECK(line.accuracy == doctest::Approx(accuracy / n).epsilon(1e-12));
+      CHECK(line.grad_norm == each[static_cast<std::size_t>(step - 1)].second.grad_norm);
+      first = step + 1;
+    }
   }
 }
 
