@@ -6,7 +6,7 @@
 //   build/bench/bench_gpt [--preset tiny|small|124m] [--batch B] [--steps N] [--warmup W]
 //                         [--backend cpu|cuda] [--tf32 | --bf16] [--threads T]
 //                         [--attention materialized|fused] [--context T]
-//                         [--head chunked|whole]
+//                         [--head chunked|whole] [--breakdown]
 //
 // --bf16 runs the step as the trainer does under trainer.precision: bf16 (Note [bf16 compute]
 // in src/model/ops.hpp): the LM head's bf16 logits, the fused classifier writing their gradient
@@ -16,6 +16,11 @@
 // rows at a time (Note [Chunked classifier] in src/model/lm_head.cpp); whole writes every logit
 // first, as the step did before, so the two can be timed side by side. --context T shortens
 // the preset's sequences.
+// --breakdown then runs --steps more steps with the device synchronised between their parts
+// (the blocks' forward, the LM head with the loss, the blocks' backward, AdamW) and adds each
+// part's median milliseconds to the JSON line ("parts"), beside "parts_sum_ms": where a step's
+// time goes, and what the synchronisations cost against "step_ms". With --head whole the
+// second part is forward's head and the loss, and backward includes the head's.
 // Presets: tiny = configs/gpt_tiny.yaml's shapes (V 256, T 64, L 4, H 4, C 128); small = V 512,
 // T 128, L 4, H 4, C 256; 124m = GPT-2 small (V 50257, T 1024, L 12, H 12, C 768).
 // Without a usable GPU, --backend cuda prints {"error": ...} and exits 0.
@@ -48,6 +53,7 @@ struct Options {
   AttentionKind attention = AttentionKind::materialized;  // model.attention, resolved
   int context = 0;     // 0: the preset's
   bool chunked = true;  // --head
+  bool breakdown = false;
 };
 
 GptSpec preset(const std::string& name) {
@@ -76,6 +82,7 @@ Options parse(int argc, char** argv) {
       if (h != "chunked" && h != "whole") throw std::invalid_argument("--head: expected chunked or whole");
       o.chunked = h == "chunked";
     }
+    else if (flag == "--breakdown") o.breakdown = true;
     else if (flag == "--tf32") o.tf32 = true;
     else if (flag == "--bf16") o.bf16 = true;
     else if (flag == "--attention") {
@@ -133,33 +140,67 @@ int run(const Options& o) {
   DeviceArray<LossStats> stats(*dev, 1);
   std::vector<double> times;
   double loss = 0.0;
-  for (int step = 1; step <= o.warmup + o.steps; ++step) {
-    stats.upload(std::vector<LossStats>(1));  // zeroed, before the clock starts
-    dev->synchronize();
-    const double t0 = bench::now_s();
+  // One step; `part(i)` is called after each of its four parts (a no-op when timing the whole).
+  const auto step_once = [&](int step, const auto& part) {
     replica.zero_grads();
     const float scale = 1.0f / static_cast<float>(rows);
     if (o.chunked) {  // as the trainer's step
       replica.forward_hidden(xd.data(), o.batch);
+      part(0);
       replica.head_loss(o.batch, {.labels = yd.data(), .grad_scale = scale, .stats = stats.data()},
                         /*gradients=*/true);
+      part(1);
       replica.backward(xd.data(), nullptr, o.batch);
     } else if (std::uint16_t* logits16 = replica.dlogits_bf16()) {  // bf16
       (void)replica.forward_bf16(xd.data(), o.batch);
+      part(0);
       dev->softmax_cross_entropy(logits16, yd.data(), static_cast<int>(rows), width, logits16,
                                  scale, stats.data());
+      part(1);
       replica.backward(xd.data(), nullptr, o.batch);
     } else {
-      dev->softmax_cross_entropy(replica.forward(xd.data(), o.batch), yd.data(),
-                                 static_cast<int>(rows), width, dlogits.data(), scale,
-                                 stats.data());
+      const float* logits = replica.forward(xd.data(), o.batch);
+      part(0);
+      dev->softmax_cross_entropy(logits, yd.data(), static_cast<int>(rows), width, dlogits.data(),
+                                 scale, stats.data());
+      part(1);
       replica.backward(xd.data(), dlogits.data(), o.batch);
     }
+    part(2);
     dev->adamw_step(adamw, 3e-4f, step, replica.params(), replica.grads(), m.data(), v.data(), n,
                     nullptr, replica.params_bf16());
+    part(3);
+  };
+  for (int step = 1; step <= o.warmup + o.steps; ++step) {
+    stats.upload(std::vector<LossStats>(1));  // zeroed, before the clock starts
+    dev->synchronize();
+    const double t0 = bench::now_s();
+    step_once(step, [](int) {});
     dev->synchronize();
     if (step > o.warmup) times.push_back(bench::now_s() - t0);
     loss = stats.download()[0].loss_sum / static_cast<double>(rows);  // after the clock stops
+  }
+  // --breakdown: each part between synchronisations (the forward without the head, then the
+  // head with the loss, and so on), medians over --steps more steps.
+  constexpr const char* kParts[] = {"forward", "head_loss", "backward", "adamw"};
+  std::vector<std::vector<double>> parts(o.breakdown ? 4 : 0);
+  for (int step = 1; o.breakdown && step <= o.steps; ++step) {
+    stats.upload(std::vector<LossStats>(1));
+    dev->synchronize();
+    double t = bench::now_s();
+    step_once(o.warmup + o.steps + step, [&](int i) {
+      dev->synchronize();
+      const double now = bench::now_s();
+      parts[static_cast<std::size_t>(i)].push_back(now - t);
+      t = now;
+    });
+  }
+  std::string parts_json;
+  double parts_sum = 0.0;
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    const double ms = 1e3 * bench::median(parts[i]);
+    parts_sum += ms;
+    parts_json += fmt::format("{}\"{}\": {:.4f}", i ? ", " : "", kParts[i], ms);
   }
   const double step_s = bench::median(times);
   const double tokens_per_s = static_cast<double>(rows) / step_s;
@@ -170,10 +211,12 @@ int run(const Options& o) {
       "{{\"framework\": \"lockstep\", \"device\": \"{}\", \"preset\": \"{}\", \"attention\": \"{}\", "
       "\"precision\": \"{}\", \"params\": {}, "
       "\"batch\": {}, \"context\": {}, \"steps\": {}, \"step_ms\": {:.4f}, \"tokens_per_s\": {:.1f}, "
-      "\"mfu\": {}, \"last_loss\": {:.6f}, \"head\": \"{}\"}}\n",
+      "\"mfu\": {}, \"last_loss\": {:.6f}, \"head\": \"{}\"{}}}\n",
       name, o.preset, to_string(o.attention), to_string(precision), n, o.batch, spec.context, o.steps, 1e3 * step_s, tokens_per_s,
       peak ? fmt::format("{:.4f}", gpt_flops_per_token(spec) * tokens_per_s / *peak) : "null", loss,
-      o.chunked ? "chunked" : "whole");
+      o.chunked ? "chunked" : "whole",
+      o.breakdown ? fmt::format(", \"parts\": {{{}}}, \"parts_sum_ms\": {:.4f}", parts_json, parts_sum)
+                  : std::string());
   return 0;
 }
 

@@ -642,6 +642,27 @@ def attention_figure(log, check):
     return "; ".join(rows + [lines_after(log, "gpu_extra_attention:")])
 
 
+def breakdown_figure(log, check):
+    """bench_gpt --breakdown's JSON lines: each head's step and its parts, milliseconds."""
+    rows = []
+    for line in log.splitlines():
+        if not line.startswith("{") or '"parts"' not in line:
+            continue
+        d = json.loads(line)
+        parts = ", ".join(f"{k} {v:.2f}" for k, v in d["parts"].items())
+        rows.append(f"head {d['head']}: step {d['step_ms']:.2f} ms ({parts}; "
+                    f"sum {d['parts_sum_ms']:.2f} synchronised)")
+    return "; ".join(rows)
+
+
+def gpt_breakdown_command(check):
+    gpt = tool(check, "bench", "bench_gpt")
+    common = ["--backend", "cuda", "--preset", "124m", "--batch", "8", "--bf16", "--attention",
+              "fused", "--steps", "10", "--warmup", "3", "--breakdown"]
+    return ["bash", "-c", " && ".join(
+        " ".join([gpt, *common, "--head", head]) for head in ("chunked", "whole"))]
+
+
 def gpu_step_figure(log, check):
     return summary_figure(os.path.join(check.logs, "gpu_step.json"))
 
@@ -910,6 +931,11 @@ PHASES = [
               c, "snapshot_cost.py", "--device", "cuda", "--preset", "124m", "--batch", "8",
               "--precision", "bf16", "--every", "5", "--snapshots", "6", "--warmup", "5"),
               lambda log, c: lines_after(log, "snapshot_cost:"))),
+    # New: where the GPT-2 bf16 step's time goes, for its 0.66x of compiled PyTorch (the fourth
+    # run of 2026-12-04).
+    Phase("gpt_breakdown", 25, 60, "GPT-2 124M bf16 step in parts (blocks' forward, head and "
+          "loss, backward, AdamW), head chunked and whole",
+          command_phase("gpt_breakdown", gpt_breakdown_command, breakdown_figure)),
     # Measured on 2026-12-04 (bench/GPU.md).
     Phase("attention", 40, 100, "cuDNN fused attention against the materialised path",
           command_phase("attention", extra("gpu_extra_attention.sh"), attention_figure,

@@ -326,3 +326,13 @@ def test_the_llama_figure_is_the_steady_steps_not_the_whole_run_with_its_start()
     assert gpu_check.steady_steps(log) == (48106.0, 40.0)
     assert gpu_check.steady_steps(log, skip=0) == (48263.0, 40.1)  # 5 steps: the middle one
     assert gpu_check.steady_steps("no steps") is None
+
+
+def test_the_breakdown_figure_reads_each_heads_parts():
+    line = ('{"framework": "lockstep", "step_ms": 36.8, "head": "%s", "parts": {"forward": 9.5, '
+            '"head_loss": 6.25, "backward": 19.0, "adamw": 2.5}, "parts_sum_ms": 37.25}')
+    log = "noise\n" + line % "chunked" + "\n" + line % "whole" + "\n"
+    figure = gpu_check.breakdown_figure(log, None)
+    assert figure.startswith("head chunked: step 36.80 ms (forward 9.50, head_loss 6.25, "
+                             "backward 19.00, adamw 2.50; sum 37.25 synchronised); head whole")
+    assert gpu_check.breakdown_figure('{"step_ms": 1}\n', None) == ""  # no parts, no figure
