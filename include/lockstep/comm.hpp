@@ -77,6 +77,9 @@ class LOCKSTEP_API Communicator {
 
   virtual int rank() const noexcept = 0;
   virtual int size() const noexcept = 0;
+  // What moves the data, in words, for the summary ("nccl", "peer: ...", "shared memory");
+  // empty where the communicator does not say.
+  virtual std::string describe() const { return {}; }
 
   // Tells the communicator which device its worker computes on: binds device.queue(), and makes
   // the device's waits end once the group is aborted (Device::set_abort_check), since work

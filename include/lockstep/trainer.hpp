@@ -83,6 +83,9 @@ struct LOCKSTEP_API Summary {
   std::string attention_detail;
   // On cuda, what runs the fused attention (CudaSupport::cudnn); empty elsewhere.
   std::string cudnn;
+  // What moves the gradients between workers (Communicator::describe; trainer.comm as it
+  // resolved): the survivors' after a shrink.
+  std::string communicator;
   std::vector<int> devices;     // this process's
   int processes = 1;            // of the job; workers = devices.size() x processes
   std::int64_t steps = 0;

@@ -94,6 +94,7 @@ void print_summary(std::FILE* out, const Summary& s) {
   fmt::print(out, "summary\n");
   fmt::print(out, "  backend             {}\n", describe_backend(s));
   if (!s.matmul.empty()) fmt::print(out, "  matrix products     {}\n", s.matmul);
+  if (!s.communicator.empty()) fmt::print(out, "  communicator        {}\n", s.communicator);
   fmt::print(out, "  precision           {}\n", s.precision);
   if (!s.attention.empty())
     fmt::print(out, "  attention           {}: {}\n", s.attention, s.attention_detail);

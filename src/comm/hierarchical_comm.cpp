@@ -22,7 +22,10 @@
 #include <memory>
 #include <span>
 #include <stdexcept>
+#include <string>
 #include <vector>
+
+#include <fmt/format.h>
 
 #include "comm/comm_thread.hpp"
 #include "lockstep/comm.hpp"
@@ -48,6 +51,11 @@ class HierarchicalCommunicator final : public Communicator {
   }
   int size() const noexcept override {
     return process_->processes->size() * process_->local_size;
+  }
+
+  std::string describe() const override {
+    return fmt::format("{} within each process, the process group across {} processes",
+                       local_->describe(), process_->processes->size());
   }
 
   void bind(const DeviceQueue& queue) override { local_->bind(queue); }

@@ -181,6 +181,7 @@ class SharedMemoryCommunicator final : public Communicator {
 
   int rank() const noexcept override { return rank_; }
   int size() const noexcept override { return group_->size; }
+  std::string describe() const override { return "shared memory: one process's workers"; }
 
   void all_reduce(float* data, std::size_t count, ReduceOp op) override {
     Group& g = *group_;

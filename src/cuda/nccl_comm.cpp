@@ -223,6 +223,7 @@ class NcclCommunicator final : public Communicator {
 
   int rank() const noexcept override { return rank_; }
   int size() const noexcept override { return size_; }
+  std::string describe() const override { return "nccl: a GPU per worker"; }
 
   void bind(const DeviceQueue& queue) override {
     compute_ = bound_stream("NCCL communicator", rank_, device_id_, queue);

@@ -108,6 +108,9 @@ class PeerCommunicator final : public Communicator {
 
   int rank() const noexcept override { return rank_; }
   int size() const noexcept override { return static_cast<int>(group_->device_ids.size()); }
+  std::string describe() const override {
+    return "peer: one process's workers over device memory";
+  }
 
   void bind(const DeviceQueue& queue) override {
     PeerGroup& g = *group_;

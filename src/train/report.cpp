@@ -284,6 +284,7 @@ std::string summary_table(const Summary& s) {
     rows.insert(after("samples/s"), {"tokens/s", detail::format_rate(s.tokens_per_s)});
   if (!s.attention.empty())
     rows.insert(after("precision"), {"attention", s.attention + ": " + s.attention_detail});
+  if (!s.communicator.empty()) rows.insert(rows.begin() + 1, {"communicator", s.communicator});
   if (!s.matmul.empty()) rows.insert(rows.begin() + 1, {"matrix products", s.matmul});
   if (s.resumed_from_step > 0) rows.emplace_back("resumed from step", std::to_string(s.resumed_from_step));
   if (s.stopped_early) rows.emplace_back("stopped early", "yes (request_stop)");

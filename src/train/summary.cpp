@@ -126,6 +126,7 @@ std::string Summary::to_json() const {
       "  \"precision\": \"{}\",\n"
       "  \"attention\": {},\n"
       "  \"cudnn\": {},\n"
+      "  \"communicator\": {},\n"
       "  \"devices\": [{}],\n"
       "  \"workers\": {},\n"
       "  \"processes\": {},\n"
@@ -186,7 +187,8 @@ std::string Summary::to_json() const {
       "}}\n",
       backend, detail::json_quote(matmul), precision,
       attention.empty() ? "null" : detail::json_quote(attention),
-      cudnn.empty() ? "null" : detail::json_quote(cudnn), fmt::join(devices, ", "), devices.size() * processes, processes, parameters, steps, samples,
+      cudnn.empty() ? "null" : detail::json_quote(cudnn),
+      communicator.empty() ? "null" : detail::json_quote(communicator), fmt::join(devices, ", "), devices.size() * processes, processes, parameters, steps, samples,
       number(wall_s), number(samples_per_s),
       // A language model's token fields; an MLP has no tokens.
       flops_per_token > 0.0

@@ -899,6 +899,7 @@ void Trainer::Impl::shrink(RunResources& r, Recovery recovery) {
                                   .stage = std::move(r.stage)});
   r.comms.clear();
   r.comms = r.backend->create_communicators(cfg.trainer.devices, processes);
+  summary.communicator = r.comms.front()->describe();
   r.failures.clear();
   r.recovery.reset();
   r.recovered_from = std::move(recovery.from);
@@ -1078,6 +1079,7 @@ std::unique_ptr<Trainer::Impl::RunResources> Trainer::Impl::prepare_run() {
   r->fault.check_reached(r->comms[0]->size(), resume ? resume->state.step : 0, total_steps);
 
   summary = begin_summary(*r->backend);
+  summary.communicator = r->comms[0]->describe();
   summary.memory_plan = detail::describe(memory_plan, detail::host_memory_limit());
   summary.param_bytes = static_cast<std::size_t>(memory_plan.parameters);
   summary.grad_bytes = static_cast<std::size_t>(memory_plan.gradients);

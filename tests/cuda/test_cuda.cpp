@@ -785,6 +785,7 @@ TEST_SUITE("cuda trainer") {
       cfg.trainer.grad_reduce_dtype = dtype;
       Trainer t(cfg, train, nullptr);
       const Summary s = t.run();
+      CHECK(s.communicator.starts_with(comm == CommKind::nccl ? "nccl" : "peer"));
       REQUIRE(s.device_memory.size() == 1);
       const Summary::DeviceMemory& g = s.device_memory[0];
       REQUIRE(g.peak_bytes >= g.baseline_bytes);

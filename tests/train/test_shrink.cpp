@@ -248,6 +248,8 @@ TEST_CASE("shrink: the log window goes on across a shrink, and the step never ag
     });
     ScopedEnv env("LOCKSTEP_FAULT", fault);
     const Summary s = trainer.run();
+    CHECK(s.communicator == "shared memory: one process's workers");
+    CHECK(s.to_json().find("\"communicator\": \"shared memory") != std::string::npos);
     CHECK(s.recoveries == (*fault ? 1 : 0));
     CHECK(s.steps_redone == 0);
     return std::pair{lines, progress};
