@@ -5,7 +5,8 @@ trainer.recompute on one GPU (issue 45; scripts/gpu_check.py's memory phase).
 GPT-2 124M (configs/gpt2_124m.yaml) at B --batch x T 1024, bf16, fused attention (cuDNN), AdamW,
 one worker on GPU 0: one short `lockstep train` per recompute mode (none, selective, full), then,
 while --deadline-s allows, 2 peer replicas of GPU 0 with trainer.zero 0 and 2 (recompute full),
-the ZeRO setting one GPU can show, and one worker with the peer communicator instead of NCCL's. For each run:
+the ZeRO setting one GPU can show, and one worker with a one-rank NCCL communicator (trainer.comm
+nccl), which trainer.comm auto no longer makes for one worker. For each run:
   - the plan (the summary's activation_bytes and planned_worker_bytes: Trainer::memory_plan(),
     which --dry-run prints), times the workers on the GPU;
   - measured: what the run added to the GPU as its driver counts it, the summary's
@@ -142,12 +143,12 @@ def main():
                     "trainer.threads_per_device=1"])
                   for z in (0, 2)]
         if args.device == "cuda":
-            # One worker's communicator: trainer.comm auto makes a one-rank NCCL one, which the
-            # plan leaves out; the peer group's is a few events. The H200 measured one worker
-            # 1.18 GiB above its plan in every mode, two peer replicas 0.24 GiB (bench/GPU.md,
-            # 2026-12-04): this row says whether NCCL is the difference.
-            plans.append(("comm peer, recompute full", 1,
-                          ["trainer.recompute=full", "trainer.devices=[0]", "trainer.comm=peer"]))
+            # One worker's communicator: trainer.comm auto gives it the peer group of one rank
+            # (a few events); nccl makes a one-rank NCCL communicator, which the plan leaves out:
+            # 1.06 GiB on the H200 (bench/GPU.md, 2026-12-04), for collectives that move
+            # nothing. This row keeps that cost in view beside auto's rows.
+            plans.append(("comm nccl, recompute full", 1,
+                          ["trainer.recompute=full", "trainer.devices=[0]", "trainer.comm=nccl"]))
         longest = 0.0
         for name, workers, sets in plans:
             left = args.deadline_s - (time.monotonic() - start)
@@ -199,6 +200,8 @@ def report(args, rows):
             goal = " (goal within 10%: " + ("met" if abs(ratio - 1) <= 0.1 else "NOT MET") + ")"
         line = (f"{name}: plan {gib(plan)} GiB, measured {gib(got)} GiB = {ratio:.3f}x{goal}, "
                 f"{1e3 * r['step_s']:.1f} ms/step")
+        if s.get("communicator"):
+            line += f" ({s['communicator'].split(':')[0]})"
         if cost is not None and name != "recompute none":
             bound = 0.08 if "selective" in name else 0.35
             line += (f" ({100 * cost:+.1f}% vs none, goal <= +{100 * bound:.0f}%: "

@@ -36,7 +36,9 @@ def test_the_ratio_is_what_the_run_added_to_the_gpu_against_the_plan_times_its_w
             ("recompute full", 1, gpu_run(2 * GIB, ctx, ctx + int(2.1 * GIB), 0.084)),
             ("zero 2, N 2, full", 2, gpu_run(2 * GIB, ctx, ctx + int(4.2 * GIB), 0.150)),
             ("zero 0, N 2, full", 2, {"error": "exit 1: out of memory"}),
-            ("comm peer, recompute full", 1, gpu_run(2 * GIB, ctx, ctx + int(2.0 * GIB), 0.083))]
+            ("comm nccl, recompute full", 1, gpu_run(2 * GIB, ctx, ctx + int(3.0 * GIB), 0.083))]
+    rows[0][2]["summary"]["communicator"] = "peer: one process's workers over device memory"
+    rows[-1][2]["summary"]["communicator"] = "nccl: a GPU per worker"
     out = io.StringIO()
     with redirect_stdout(out):
         device_memory.report(args, rows)
@@ -44,7 +46,7 @@ def test_the_ratio_is_what_the_run_added_to_the_gpu_against_the_plan_times_its_w
              if l.startswith("device_memory: ")]
     assert lines == [
         "recompute none: plan 8.00 GiB, measured 8.40 GiB = 1.050x (goal within 10%: met), "
-        "60.0 ms/step; NVML +10 MiB against the driver's peak",
+        "60.0 ms/step (peer); NVML +10 MiB against the driver's peak",
         "recompute selective: plan 6.00 GiB, measured 7.00 GiB = 1.167x (goal within 10%: NOT "
         "MET), 63.0 ms/step (+5.0% vs none, goal <= +8%: met); NVML +10 MiB against the "
         "driver's peak",
@@ -54,8 +56,8 @@ def test_the_ratio_is_what_the_run_added_to_the_gpu_against_the_plan_times_its_w
         "zero 2, N 2, full: plan 4.00 GiB, measured 4.20 GiB = 1.050x (goal within 10%: met), "
         "150.0 ms/step; NVML +10 MiB against the driver's peak",
         # not a recompute mode: no cost against none
-        "comm peer, recompute full: plan 2.00 GiB, measured 2.00 GiB = 1.000x (goal within 10%: "
-        "met), 83.0 ms/step; NVML +10 MiB against the driver's peak"]
+        "comm nccl, recompute full: plan 2.00 GiB, measured 3.00 GiB = 1.500x (goal within 10%: "
+        "NOT MET), 83.0 ms/step (nccl); NVML +10 MiB against the driver's peak"]
     assert "| zero 0, N 2, full | failed: exit 1: out of memory |" in out.getvalue()
     # NVML saw the whole GPU's use 10 MiB above the driver's peak.
     assert "| recompute none | 1.00 | 8.00 | 8.40 | 1.050 | 0.50 | +10 | 60.0 | +0.0% |" in \
