@@ -36,6 +36,8 @@
 #include <type_traits>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "comm/abortable_barrier.hpp"
 #include "comm/comm_thread.hpp"
 #include "comm/rank_order_sum.hpp"
@@ -181,7 +183,10 @@ class SharedMemoryCommunicator final : public Communicator {
 
   int rank() const noexcept override { return rank_; }
   int size() const noexcept override { return group_->size; }
-  std::string describe() const override { return "shared memory: one process's workers"; }
+  std::string describe() const override {
+    return fmt::format("shared memory: {} worker{} of one process", size(),
+                       size() == 1 ? "" : "s");
+  }
 
   void all_reduce(float* data, std::size_t count, ReduceOp op) override {
     Group& g = *group_;

@@ -223,7 +223,9 @@ class NcclCommunicator final : public Communicator {
 
   int rank() const noexcept override { return rank_; }
   int size() const noexcept override { return size_; }
-  std::string describe() const override { return "nccl: a GPU per worker"; }
+  std::string describe() const override {
+    return fmt::format("nccl: {} rank{}, a GPU each", size(), size() == 1 ? "" : "s");
+  }
 
   void bind(const DeviceQueue& queue) override {
     compute_ = bound_stream("NCCL communicator", rank_, device_id_, queue);

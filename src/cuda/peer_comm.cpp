@@ -109,7 +109,8 @@ class PeerCommunicator final : public Communicator {
   int rank() const noexcept override { return rank_; }
   int size() const noexcept override { return static_cast<int>(group_->device_ids.size()); }
   std::string describe() const override {
-    return "peer: one process's workers over device memory";
+    return fmt::format("peer: {} worker{} of one process, over device memory", size(),
+                       size() == 1 ? "" : "s");
   }
 
   void bind(const DeviceQueue& queue) override {

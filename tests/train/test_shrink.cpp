@@ -226,7 +226,8 @@ TEST_CASE("shrink: lost before the step before was agreed, the same recovery eve
 // Note [Window across a shrink]: the loss in forward at step 5 leaves step 4's update applied
 // and its totals unagreed. Every step has one line (log_every 1): steps 1-3 and step 4's update
 // (its norm and rate) are those of a run without the loss; step 4's loss and accuracy are over
-// the survivors' 16 samples. A longer window (log_every 3 and 4) holds each of its steps once:
+// the survivors' 16 samples (losing each worker in turn, the three such lines average to the
+// run's). A longer window (log_every 3 and 4) holds each of its steps once:
 // its line is the mean of the single-step lines weighted by their samples (24 before the loss,
 // 16 from step 4 on).
 TEST_CASE("shrink: the log window goes on across a shrink, and the step never agreed has its line") {
@@ -248,7 +249,8 @@ TEST_CASE("shrink: the log window goes on across a shrink, and the step never ag
     });
     ScopedEnv env("LOCKSTEP_FAULT", fault);
     const Summary s = trainer.run();
-    CHECK(s.communicator == "shared memory: one process's workers");
+    // The survivors' communicator after a shrink.
+    CHECK(s.communicator == fmt::format("shared memory: {} workers of one process", *fault ? 2 : 3));
     CHECK(s.to_json().find("\"communicator\": \"shared memory") != std::string::npos);
     CHECK(s.recoveries == (*fault ? 1 : 0));
     CHECK(s.steps_redone == 0);
@@ -271,8 +273,19 @@ TEST_CASE("shrink: the log window goes on across a shrink, and the step never ag
   }
   CHECK(each[3].second.grad_norm == plain[3].second.grad_norm);  // step 4's update stands
   CHECK(each[3].second.lr == plain[3].second.lr);
-  CHECK(std::isfinite(each[3].second.loss));
-  CHECK(each[3].second.loss > 0.0);
+  // Step 4's loss over two workers' samples, each worker's 8: losing each of the three in turn,
+  // the three lines' mean is the three workers' mean, the run without the loss.
+  double loss = each[3].second.loss, accuracy = each[3].second.accuracy;
+  for (const char* other : {"0:5:lost:forward", "2:5:lost:forward"}) {
+    const auto lines = run(1, other).first;
+    REQUIRE(lines.size() == 12);
+    CHECK(lines[3].first == 4);
+    CHECK(lines[3].second.loss != plain[3].second.loss);
+    loss += lines[3].second.loss;
+    accuracy += lines[3].second.accuracy;
+  }
+  CHECK(loss / 3 == doctest::Approx(plain[3].second.loss).epsilon(1e-12));
+  CHECK(accuracy / 3 == doctest::Approx(plain[3].second.accuracy).epsilon(1e-12));
 
   const auto samples = [](std::int64_t step) { return step < 4 ? 24.0 : 16.0; };
   for (const int log_every : {3, 4}) {
