@@ -660,7 +660,7 @@ def gpt_breakdown_command(check):
     common = ["--backend", "cuda", "--preset", "124m", "--batch", "8", "--bf16", "--attention",
               "fused", "--steps", "10", "--warmup", "3", "--breakdown"]
     return ["bash", "-c", " && ".join(
-        " ".join([gpt, *common, "--head", head]) for head in ("chunked", "whole"))]
+        shlex.join([gpt, *common, "--head", head]) for head in ("chunked", "whole"))]
 
 
 def gpu_step_figure(log, check):
@@ -681,9 +681,10 @@ def summary_figure(path):
 
 def shrink_figure(log, check):
     """The recovery's time on the log's clock: from the end of the last step reported before
-    the recovery line to the end of the first one after it. The step before the lost one may
-    have no line (its update stands, its totals were never agreed: Note [Shrink] in
-    src/train/recovery.hpp), so the steps are looked up around the recovery, not by number."""
+    the recovery line to the first line after it. The steps are looked up around the recovery
+    line, not by number: the step before the lost one, whose totals the lost worker never
+    agreed, is reported as the survivors start, after that line (Note [Window across a shrink]
+    in src/train/recovery.hpp; before it, it had no line at all)."""
     s = json.load(open(os.path.join(check.logs, "shrink.json")))
     before, after, recovered = None, None, False
     with open(os.path.join(check.logs, "shrink.jsonl")) as f:

@@ -122,8 +122,8 @@ class CudaBackend final : public Backend {
   // NCCL when asked for, or by default over distinct GPUs; else the peer communicator.
   // automatic: NCCL where the workers have a GPU each and there is another rank to reach. One
   // worker of one process gets the peer group of one rank, whose collectives move nothing: a
-  // one-rank NCCL communicator held 1.2 GiB of the H200's memory that the plan does not count
-  // (bench/GPU.md, 2026-12-04), for collectives that move nothing either.
+  // one-rank NCCL communicator held 1.06 GiB of the H200's memory that the plan does not count
+  // (bench/GPU.md, 2026-12-04).
   bool uses_nccl(std::span<const int> ids, bool several) const {
     return options_.comm == CommKind::nccl ||
            (options_.comm == CommKind::automatic && distinct(ids) && (ids.size() > 1 || several));

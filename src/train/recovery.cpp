@@ -96,10 +96,6 @@ SurvivorsBatch survivors_batch(int workers, int left, int accumulate_steps, int 
           .words = fmt::format("{} samples per step{}", left * accumulate_steps * batch_size, why)};
 }
 
-}  // namespace lockstep::detail
-
-namespace lockstep::detail {
-
 CarriedWindow carried_window(std::span<const std::optional<SurvivorProgress>> survivors,
                              std::int64_t resumed_step) {
   CarriedWindow out;
@@ -124,8 +120,8 @@ CarriedWindow carried_window(std::span<const std::optional<SurvivorProgress>> su
     sum->samples += mine.samples;
     sum->counted += mine.counted;
   }
-  if (sum->step <= resumed_step && (out.agreed.empty() || sum->step > out.agreed.back().step))
-    out.unagreed = sum;
+  // A state older than it (a snapshot's) takes the step again; none is newer.
+  if (sum->step == resumed_step) out.unagreed = sum;
   return out;
 }
 

@@ -139,7 +139,8 @@ struct CarriedWindow {
   double start_s = 0.0;
 };
 // The window the survivors go on from, after state `resumed_step`, from each survivor's
-// progress (nullopt: it could not report), in rank order.
+// progress (nullopt: it could not report), in rank order: the agreed steps up to it, and the
+// unagreed step where it is that state's.
 CarriedWindow carried_window(std::span<const std::optional<SurvivorProgress>> survivors,
                              std::int64_t resumed_step);
 

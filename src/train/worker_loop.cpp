@@ -808,10 +808,6 @@ void WorkerLoop::report(const StepTotals& totals, const UpdateResult& update, bo
                         bool carried) {
   const std::int64_t step = pos_.step, total_steps = run_.total_steps;
   const int targets = run_.train->targets();
-  window_.loss_sum += totals.loss_sum;
-  window_.correct += totals.correct;
-  window_.samples += totals.samples;
-  window_.counted += totals.counted;
   window_.steps.push_back({.step = step,
                            .loss_sum = totals.loss_sum,
                            .correct = totals.correct,
@@ -852,35 +848,30 @@ void WorkerLoop::report(const StepTotals& totals, const UpdateResult& update, bo
   const bool log = step % run_.cfg.trainer.log_every == 0 || step == total_steps || stop_now;
   if (rank_ == 0 && log) {
     const double now = steady_now_s();
-    window_.last = metrics(window_.loss_sum, window_.correct, window_.counted, window_.samples,
-                           now - window_.last_report_s, now);
+    // The window's sums, in the order its steps were reported.
+    double loss_sum = 0.0, correct = 0.0, samples = 0.0, counted = 0.0;
+    for (const WindowStep& w : window_.steps) {
+      loss_sum += w.loss_sum;
+      correct += w.correct;
+      samples += w.samples;
+      counted += w.counted;
+    }
+    window_.last = metrics(loss_sum, correct, counted, samples, now - window_.last_report_s, now);
     window_.last_report_s = now;
     add_window_times(window_.last);
     if (global_ == 0 && run_.metrics) run_.metrics->write(window_.last);
     if (global_ == 0 && run_.callbacks.step) run_.callbacks.step(window_.last);
   }
-  if (log) {
-    window_.loss_sum = 0.0;
-    window_.correct = 0.0;
-    window_.samples = 0.0;
-    window_.counted = 0.0;
-    window_.steps.clear();
-  }
+  if (log) window_.steps.clear();
 }
 
-// Note [Window across a shrink] in recovery.hpp: the failed group's window, summed in the order
-// its steps were reported (the sums a run without the loss holds), then the unagreed step, which
-// is the state this loop starts from, reported now.
+// Note [Window across a shrink] in recovery.hpp: the failed group's window, in the order its
+// steps were reported (so a line sums them as a run without the loss would), then the unagreed
+// step, the state this loop starts from (pos_), reported now.
 void WorkerLoop::carry_window(const CarriedWindow& w) {
   if (w.agreed.empty() && !w.unagreed) return;
   window_.last_report_s = w.start_s;
-  for (const WindowStep& step : w.agreed) {
-    window_.loss_sum += step.loss_sum;
-    window_.correct += step.correct;
-    window_.samples += step.samples;
-    window_.counted += step.counted;
-    window_.steps.push_back(step);
-  }
+  window_.steps.insert(window_.steps.end(), w.agreed.begin(), w.agreed.end());
   if (!w.unagreed) return;
   const WindowStep& u = *w.unagreed;
   const StepTotals totals{.loss_sum = u.loss_sum,
@@ -893,10 +884,10 @@ void WorkerLoop::carry_window(const CarriedWindow& w) {
       .loss = u.counted > 0.0 ? u.loss_sum / u.counted : 0.0,
       .lr = learning_rate(cfg.optimizer, cfg.schedule, u.step - 1, run_.total_steps),
       .grad_norm = u.grad_norm};
-  const std::int64_t at = pos_.step;
-  pos_.step = u.step;  // the state this loop starts from follows it (carried_window())
+  if (u.step != pos_.step)
+    throw std::logic_error(fmt::format("carry_window: the unagreed step {} is not step {}, where "
+                                       "the survivors start", u.step, pos_.step));
   report(totals, update, /*stop_now=*/false, /*carried=*/true);
-  pos_.step = at;
 }
 
 // This worker's all-reduce and data-wait times since the last report, into `m`.

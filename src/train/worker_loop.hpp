@@ -287,14 +287,10 @@ class WorkerLoop {
   };
   // Metrics since the last log_every report.
   struct Window {
-    double loss_sum = 0.0;
-    double correct = 0.0;
-    double samples = 0.0;
-    double counted = 0.0;
     double last_report_s = 0.0;
     double last_step_s = 0.0;         // when the step before was reported (Summary::step_*)
     std::vector<double> step_rates;   // each step's tokens/s, worker 0's (Summary::step_*)
-    std::vector<WindowStep> steps;    // the steps summed above (Note [Window across a shrink])
+    std::vector<WindowStep> steps;    // since the last line (Note [Window across a shrink])
     double comm_s = 0.0, exposed_s = 0.0, data_wait_s = 0.0;  // cumulative, at the last report
     StepMetrics last{};
   };
